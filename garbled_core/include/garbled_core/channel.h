@@ -1,0 +1,180 @@
+// The data link between the two parties: a TCP connection, optionally wrapped in
+// mutually authenticated TLS 1.3, with buffered sends, blocking receives with an
+// inactivity timeout, and byte counters per protocol phase.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+struct ssl_st;
+struct ssl_ctx_st;
+
+namespace gc {
+
+// Protocol phases; every byte sent or received is attributed to the phase that was
+// current when send()/recv() was called.
+enum class Phase : int { Setup = 0, BaseOT, OTExtension, Tables, Inputs, Outputs, kCount };
+constexpr int kPhaseCount = static_cast<int>(Phase::kCount);
+
+// "setup", "base_ot", "ot_extension", "tables", "inputs", "outputs".
+const char* phase_name(Phase p);
+
+// Base class of every link failure.
+class ChannelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The peer closed (or reset) the connection.
+class PeerClosedError : public ChannelError {
+ public:
+  using ChannelError::ChannelError;
+};
+
+// Nothing moved for longer than the timeout (or no connection within it).
+class TimeoutError : public ChannelError {
+ public:
+  using ChannelError::ChannelError;
+};
+
+// TLS setup, handshake or certificate failure; the message carries OpenSSL's reason.
+class TlsError : public ChannelError {
+ public:
+  using ChannelError::ChannelError;
+};
+
+// PEM file paths. Both sides present cert_file/key_file and verify the peer's
+// certificate chain against ca_file. TLS 1.3 only.
+struct TlsOptions {
+  std::string cert_file, key_file, ca_file;
+};
+
+class Channel;
+
+class Listener {
+ public:
+  // Binds and listens immediately. port 0 picks an ephemeral port; host "" = any.
+  Listener(const std::string& host, int port);
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  int port() const { return port_; }
+  // Waits up to timeout_s (<= 0: forever) for one connection, then runs the TLS
+  // server handshake when tls != nullptr (plaintext otherwise).
+  std::unique_ptr<Channel> accept(const TlsOptions* tls, double timeout_s);
+  void close();
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::string host_;
+};
+
+class Channel {
+ public:
+  static constexpr size_t kSendBufferSize = size_t(1) << 20;
+  static constexpr size_t kRecvBufferSize = size_t(1) << 20;
+
+  // Connects, retrying until timeout_s since the peer may not be listening yet,
+  // then runs the TLS client handshake when tls != nullptr.
+  static std::unique_ptr<Channel> connect(const std::string& host, int port, const TlsOptions* tls,
+                                          double timeout_s);
+  // Takes over a connected socket; the fd is dup()ed, so the caller keeps (and must
+  // eventually close) its own. Its file status flags are left unchanged.
+  static std::unique_ptr<Channel> adopt_fd(int fd, const TlsOptions* tls, bool tls_server_side,
+                                           double timeout_s);
+
+  ~Channel();  // best-effort flush (unless the link already failed), then close
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Buffered; large writes go straight out after flushing what is pending.
+  void send(const void* data, size_t n);
+  // Blocks until all n bytes arrived; flushes pending sends first.
+  void recv(void* data, size_t n);
+  void flush();
+
+  void set_phase(Phase p) { phase_ = p; }
+  Phase phase() const { return phase_; }
+
+  uint64_t bytes_sent(Phase p) const { return sent_[static_cast<int>(p)]; }
+  uint64_t bytes_received(Phase p) const { return received_[static_cast<int>(p)]; }
+  uint64_t total_sent() const;
+  uint64_t total_received() const;
+  void reset_counters();
+
+  // Inactivity timeout for every later read/write wait (<= 0: wait forever).
+  void set_timeout(double s) { timeout_s_ = s; }
+  double timeout() const { return timeout_s_; }
+
+  bool is_tls() const { return ssl_ != nullptr; }
+  bool is_open() const { return fd_ >= 0; }
+
+  // Flushes pending sends (may throw), then closes; resources are released either way.
+  // After a failed send/recv/flush it just closes.
+  void close();
+  // Closes at once, discarding pending sends. Never throws.
+  void abort() noexcept;
+
+  // Internal state shared with the socket BIO (public only so the BIO callbacks can
+  // reach it).
+  struct IoState {
+    int fd = -1;
+    int last_errno = 0;
+    bool eof = false;
+    std::string out;  // TLS records waiting to go out (sent in large writes)
+    // Bytes read from the socket while a write was blocked, not yet consumed.
+    // Reading while waiting to write means two parties that both send large
+    // messages at once can never deadlock on full socket buffers.
+    std::string ahead;
+    size_t ahead_pos = 0;
+    // Serves up to n bytes of read-ahead; returns how many.
+    size_t take_ahead(uint8_t* p, size_t n);
+  };
+
+ private:
+  explicit Channel(int fd);
+  void setup_tls(const TlsOptions& tls, bool server_side, double timeout_s);
+  void confirm_tls();
+
+  void write_all(const uint8_t* p, size_t n);
+  void raw_write(const uint8_t* p, size_t n);
+  void drain_tls();                     // sends every pending TLS record (may wait)
+  void drain_tls_nowait() noexcept;     // best effort, never waits or throws
+  size_t read_some(uint8_t* p, size_t n);
+  // Waits for POLLIN/POLLOUT up to the inactivity timeout (the handshake deadline
+  // while handshaking).
+  void wait_io(short events, bool for_read);
+  // Waits until the socket takes more data, reading what the peer sends meanwhile.
+  void wait_writable();
+  [[noreturn]] void fail_closed(bool reading);
+  [[noreturn]] void fail_ssl(int ssl_err, bool reading, const char* what);
+  void release() noexcept;
+
+  int fd_ = -1;
+  ssl_ctx_st* ctx_ = nullptr;
+  ssl_st* ssl_ = nullptr;
+  std::unique_ptr<IoState> io_;
+  bool handshaking_ = false;
+  double hs_deadline_ms_ = 0;
+  bool broken_ = false;
+
+  std::unique_ptr<uint8_t[]> sbuf_;
+  size_t slen_ = 0;
+  std::unique_ptr<uint8_t[]> rbuf_;
+  size_t rpos_ = 0, rlen_ = 0;
+
+  Phase phase_ = Phase::Setup;
+  double timeout_s_ = 30.0;
+  uint64_t sent_[kPhaseCount] = {};
+  uint64_t received_[kPhaseCount] = {};
+  uint64_t raw_sent_ = 0, raw_received_ = 0;  // whole connection, for error messages
+
+  friend class Listener;
+};
+
+}  // namespace gc

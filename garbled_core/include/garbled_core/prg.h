@@ -1,0 +1,47 @@
+// AES-CTR pseudorandom generator: expands a 128-bit seed into a stream of
+// blocks. Both parties of a shared seed get identical streams, which is how
+// garbler inputs cost no communication.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "garbled_core/aes.h"
+
+namespace gc {
+
+class Prg {
+ public:
+  explicit Prg(block seed) : key_(aes_key(seed)) {}
+
+  // Fills out[0..n) with the next n blocks of the stream.
+  void fill(block* out, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      block x[8];
+      for (int j = 0; j < 8; ++j) x[j] = make_block(0, counter_ + j);
+      counter_ += 8;
+      aes_encrypt_blocks<8>(key_, x);
+      for (int j = 0; j < 8; ++j) out[i + j] = x[j];
+    }
+    for (; i < n; ++i) {
+      block x[1] = {make_block(0, counter_++)};
+      aes_encrypt_blocks<1>(key_, x);
+      out[i] = x[0];
+    }
+  }
+
+  block next() {
+    block b;
+    fill(&b, 1);
+    return b;
+  }
+
+  uint64_t counter() const { return counter_; }
+
+ private:
+  AesKey key_;
+  uint64_t counter_ = 0;
+};
+
+}  // namespace gc

@@ -1,0 +1,115 @@
+// Two-party sessions: the garbler (H1) and the evaluator (H2) run compiled
+// circuits over batches of instances. A session does its setup (free-XOR
+// offset, hash salt, base OTs) once; every run then streams, chunk by chunk,
+// the OT extension for the evaluator's inputs, the garbled tables and the
+// output decoding bits. Labels of "keep" outputs stay in the session and feed
+// "carried" inputs of later runs.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "garbled_core/block.h"
+#include "garbled_core/channel.h"
+#include "garbled_core/circuit.h"
+#include "garbled_core/iknp.h"
+#include "garbled_core/prg.h"
+
+namespace gc {
+
+// The two parties disagree about what to run (circuit, sizes, roles).
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SessionOptions {
+  size_t chunk = 1024;  // instances garbled together (rounded up to a multiple of 8)
+};
+
+// Labels of one kept output port: this party's label for bit k of instance i
+// is labels[k * n + i] (the garbler holds zero-labels).
+struct KeptLabels {
+  uint64_t session_id = 0;
+  uint32_t run_id = 0;
+  std::string port;
+  int width = 0;
+  size_t n = 0;
+  BlockVector labels;
+};
+
+// A carried input: instance i reads instance indices[i] of the source (or i
+// when indices is empty). Both parties must pass the same indices.
+struct CarriedInput {
+  std::shared_ptr<const KeptLabels> source;
+  std::vector<uint64_t> indices;
+};
+
+struct RunInputs {
+  size_t n = 0;
+  std::vector<const uint64_t*> values;  // per input port, this party's ports only
+  std::vector<CarriedInput> carried;    // per input port, carried ports only
+};
+
+struct RunOutputs {
+  // Per output port: the values this party learns (revealed to it), its XOR
+  // share (Shares), or empty.
+  std::vector<std::vector<uint64_t>> values;
+  std::vector<std::shared_ptr<KeptLabels>> kept;  // per output port, Keep only
+};
+
+class Session {
+ public:
+  Session(Channel& ch, SessionOptions options);
+  virtual ~Session() = default;
+  Channel& channel() { return ch_; }
+  const SessionOptions& options() const { return options_; }
+  uint32_t runs() const { return run_id_; }
+
+ protected:
+  void check_inputs(const Circuit& c, const RunInputs& in, InputOwner self) const;
+  std::array<uint8_t, 32> carried_digest(const Circuit& c, const RunInputs& in) const;
+  void exchange_header(const Circuit& c, const RunInputs& in, bool garbler);
+  RunOutputs prepare_outputs(const Circuit& c, size_t n, bool garbler) const;
+
+  Channel& ch_;
+  SessionOptions options_;
+  bool ready_ = false;
+  uint64_t session_id_ = 0;
+  uint32_t run_id_ = 0;
+  block salt_{};
+  block const_label_{};  // label of the constant-zero wire
+  std::unique_ptr<Prg> garbler_input_prg_;
+};
+
+class GarblerSession : public Session {
+ public:
+  GarblerSession(Channel& ch, SessionOptions options) : Session(ch, options) {}
+  void setup();
+  RunOutputs run(const Circuit& c, const RunInputs& in);
+
+ private:
+  block delta_{};
+  CotSender cot_;
+};
+
+class EvaluatorSession : public Session {
+ public:
+  EvaluatorSession(Channel& ch, SessionOptions options) : Session(ch, options) {}
+  void setup();
+  RunOutputs run(const Circuit& c, const RunInputs& in);
+
+ private:
+  CotReceiver cot_;
+};
+
+// Garbles n instances with random inputs and no peer; returns seconds spent
+// garbling (the "garbling alone" figure of the benchmark).
+double garble_only_seconds(const Circuit& c, size_t n, size_t chunk);
+
+}  // namespace gc

@@ -1,0 +1,370 @@
+// Python bindings: circuits, the plaintext evaluator, garbler and evaluator
+// sessions. Arrays cross as numpy uint64 (one value per instance per port);
+// the GIL is released while a run computes or waits on the network.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <string>
+
+#include "garbled_core/bind_channel.h"
+#include "garbled_core/circuit.h"
+#include "garbled_core/halfgates.h"
+#include "garbled_core/iknp.h"
+#include "garbled_core/random.h"
+#include "garbled_core/session.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace {
+
+using U64Array = py::array_t<uint64_t, py::array::c_style>;
+
+gc::InputOwner parse_owner(const std::string& s) {
+  if (s == "garbler") return gc::InputOwner::Garbler;
+  if (s == "evaluator") return gc::InputOwner::Evaluator;
+  if (s == "carried") return gc::InputOwner::Carried;
+  throw py::value_error("input owner must be 'garbler', 'evaluator' or 'carried', not '" + s + "'");
+}
+
+const char* owner_name(gc::InputOwner o) {
+  switch (o) {
+    case gc::InputOwner::Garbler: return "garbler";
+    case gc::InputOwner::Evaluator: return "evaluator";
+    default: return "carried";
+  }
+}
+
+gc::Reveal parse_reveal(const std::string& s) {
+  if (s == "both") return gc::Reveal::Both;
+  if (s == "garbler") return gc::Reveal::Garbler;
+  if (s == "evaluator") return gc::Reveal::Evaluator;
+  if (s == "shares") return gc::Reveal::Shares;
+  if (s == "keep") return gc::Reveal::Keep;
+  throw py::value_error("output reveal must be one of both/garbler/evaluator/shares/keep, not '" + s + "'");
+}
+
+const char* reveal_name(gc::Reveal r) {
+  switch (r) {
+    case gc::Reveal::Both: return "both";
+    case gc::Reveal::Garbler: return "garbler";
+    case gc::Reveal::Evaluator: return "evaluator";
+    case gc::Reveal::Shares: return "shares";
+    default: return "keep";
+  }
+}
+
+std::shared_ptr<gc::Circuit> make_circuit(uint32_t num_wires,
+                                          const std::vector<std::tuple<std::string, std::string, int>>& inputs,
+                                          const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& gates,
+                                          const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>>& outputs,
+                                          const std::string& name) {
+  std::vector<gc::InputPort> ports;
+  for (auto& [pname, owner, width] : inputs) ports.push_back({pname, parse_owner(owner), width, 0});
+  if (gates.ndim() != 2 || (gates.shape(0) > 0 && gates.shape(1) != 4))
+    throw py::value_error("gates must be an integer array of shape (G, 4): (op, a, b, out)");
+  std::vector<gc::RawGate> raw;
+  raw.reserve((size_t)gates.shape(0));
+  auto g = gates.unchecked<2>();
+  for (py::ssize_t i = 0; i < gates.shape(0); ++i) {
+    for (int j = 0; j < 4; ++j)
+      if (g(i, j) < 0 || g(i, j) > 0xfffffffeLL)
+        throw py::value_error("gate " + std::to_string(i) + " has an out-of-range field");
+    raw.push_back({(gc::GateOp)g(i, 0), (uint32_t)g(i, 1), (uint32_t)g(i, 2), (uint32_t)g(i, 3)});
+    if (g(i, 0) > 2) throw py::value_error("gate " + std::to_string(i) + " has unknown op " + std::to_string(g(i, 0)));
+  }
+  std::vector<gc::OutputPort> outs;
+  for (auto& [oname, reveal, wires] : outputs) {
+    gc::OutputPort port{oname, parse_reveal(reveal), {}, {}};
+    for (int64_t w : wires) {
+      if (w < 0 || w >= (int64_t)num_wires)
+        throw py::value_error("output '" + oname + "' reads wire " + std::to_string(w) + " of " +
+                              std::to_string(num_wires));
+      port.wires.push_back((uint32_t)w);
+    }
+    outs.push_back(std::move(port));
+  }
+  try {
+    return std::make_shared<gc::Circuit>(num_wires, std::move(ports), raw, std::move(outs), name);
+  } catch (const std::runtime_error& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+// Checks one port's values: right length, nothing above the port's width.
+const uint64_t* port_values(const gc::InputPort& port, const py::handle& obj, size_t n,
+                            std::vector<U64Array>& keep_alive) {
+  py::array arr = py::reinterpret_borrow<py::array>(obj);
+  if (!py::isinstance<py::array>(obj) || !arr.dtype().is(py::dtype::of<uint64_t>()))
+    throw py::type_error("input '" + port.name + "' must be a numpy uint64 array");
+  U64Array a = U64Array::ensure(obj);
+  if (a.ndim() != 1 || (size_t)a.shape(0) != n)
+    throw py::value_error("input '" + port.name + "' must be 1-D with " + std::to_string(n) + " values");
+  if (port.width < 64) {
+    const uint64_t* v = a.data();
+    uint64_t limit = uint64_t(1) << port.width;
+    for (size_t i = 0; i < n; ++i)
+      if (v[i] >= limit)
+        throw py::value_error("input '" + port.name + "' has value " + std::to_string(v[i]) +
+                              " at instance " + std::to_string(i) + ", above its width of " +
+                              std::to_string(port.width) + " bits");
+  }
+  keep_alive.push_back(a);
+  return a.data();
+}
+
+size_t infer_n(const gc::Circuit& c, const py::dict& inputs, const py::dict& carried, py::object n_obj) {
+  if (!n_obj.is_none()) return n_obj.cast<size_t>();
+  for (auto item : inputs) {
+    py::array a = py::array::ensure(item.second);
+    if (a && a.ndim() == 1) return (size_t)a.shape(0);
+  }
+  for (auto item : carried) {
+    if (py::isinstance<gc::CarriedInput>(item.second)) {
+      auto& sel = item.second.cast<const gc::CarriedInput&>();
+      return sel.indices.empty() ? sel.source->n : sel.indices.size();
+    }
+    return item.second.cast<std::shared_ptr<gc::KeptLabels>>()->n;
+  }
+  (void)c;
+  throw py::value_error("cannot tell the number of instances: pass n=");
+}
+
+struct PreparedRun {
+  gc::RunInputs in;
+  std::vector<U64Array> arrays;
+};
+
+PreparedRun prepare_run(const gc::Circuit& c, const py::dict& inputs, const py::dict& carried,
+                        py::object n_obj, gc::InputOwner self) {
+  PreparedRun r;
+  r.in.n = infer_n(c, inputs, carried, n_obj);
+  r.in.values.assign(c.inputs().size(), nullptr);
+  r.in.carried.resize(c.inputs().size());
+  for (auto item : inputs) {
+    std::string name = item.first.cast<std::string>();
+    int p = c.input_index(name);
+    if (p < 0) throw py::value_error("circuit '" + c.name() + "' has no input '" + name + "'");
+    const gc::InputPort& port = c.inputs()[p];
+    if (port.owner != self)
+      throw py::value_error("input '" + name + "' belongs to the " + owner_name(port.owner) +
+                            ", not to this party");
+    r.in.values[p] = port_values(port, item.second, r.in.n, r.arrays);
+  }
+  for (auto item : carried) {
+    std::string name = item.first.cast<std::string>();
+    int p = c.input_index(name);
+    if (p < 0 || c.inputs()[p].owner != gc::InputOwner::Carried)
+      throw py::value_error("circuit '" + c.name() + "' has no carried input '" + name + "'");
+    if (py::isinstance<gc::CarriedInput>(item.second))
+      r.in.carried[p] = item.second.cast<gc::CarriedInput>();
+    else
+      r.in.carried[p] = gc::CarriedInput{item.second.cast<std::shared_ptr<gc::KeptLabels>>(), {}};
+  }
+  for (size_t p = 0; p < c.inputs().size(); ++p) {
+    const gc::InputPort& port = c.inputs()[p];
+    if (port.owner == self && !r.in.values[p])
+      throw py::value_error("missing input '" + port.name + "' of the " + owner_name(self));
+    if (port.owner == gc::InputOwner::Carried && !r.in.carried[p].source)
+      throw py::value_error("missing carried input '" + port.name + "'");
+  }
+  return r;
+}
+
+py::dict outputs_to_dict(const gc::Circuit& c, gc::RunOutputs& out) {
+  py::dict d;
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    const std::string& name = c.outputs()[o].name;
+    if (out.kept[o]) {
+      d[py::str(name)] = py::cast(out.kept[o]);
+    } else if (!out.values[o].empty() || c.outputs()[o].reveal != gc::Reveal::Keep) {
+      auto& v = out.values[o];
+      if (v.empty() && !(c.outputs()[o].reveal == gc::Reveal::Both || c.outputs()[o].reveal == gc::Reveal::Shares))
+        continue;  // revealed to the other party only
+      U64Array a((py::ssize_t)v.size());
+      if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(uint64_t));
+      d[py::str(name)] = a;
+    }
+  }
+  return d;
+}
+
+template <typename SessionT>
+py::dict run_session(SessionT& s, const gc::Circuit& c, const py::dict& inputs, const py::dict& carried,
+                     py::object n, gc::InputOwner self) {
+  PreparedRun prepared = prepare_run(c, inputs, carried, n, self);
+  gc::RunOutputs out;
+  {
+    py::gil_scoped_release release;
+    out = s.run(c, prepared.in);
+  }
+  py::dict d = outputs_to_dict(c, out);
+  // Outputs revealed only to the peer are absent; say so by name for clarity.
+  return d;
+}
+
+py::array_t<uint8_t> blocks_to_array(const gc::block* b, size_t m) {
+  py::array_t<uint8_t> a({(py::ssize_t)m, (py::ssize_t)16});
+  std::memcpy(a.mutable_data(), b, m * 16);
+  return a;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "SPGC garbled-circuit engine (half-gates, free-XOR, IKNP OT extension)";
+  bind_channel(m);
+  py::register_exception<gc::ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
+
+  py::class_<gc::Circuit, std::shared_ptr<gc::Circuit>>(m, "Circuit",
+      "A compiled circuit: inputs, gates (op, a, b, out) and outputs; see garbled_core.circuit.")
+      .def(py::init(&make_circuit), "num_wires"_a, "inputs"_a, "gates"_a, "outputs"_a, "name"_a = "")
+      .def_property_readonly("name", &gc::Circuit::name)
+      .def_property_readonly("and_count", &gc::Circuit::and_count)
+      .def_property_readonly("xor_count", &gc::Circuit::xor_count)
+      .def_property_readonly("not_count", &gc::Circuit::not_count)
+      .def_property_readonly("num_wires", &gc::Circuit::num_wires)
+      .def_property_readonly("num_slots", &gc::Circuit::num_slots)
+      .def_property_readonly("hash", &gc::Circuit::hex_digest)
+      .def_property_readonly("inputs", [](const gc::Circuit& c) {
+        py::list l;
+        for (auto& p : c.inputs()) l.append(py::make_tuple(p.name, owner_name(p.owner), p.width));
+        return l;
+      })
+      .def_property_readonly("outputs", [](const gc::Circuit& c) {
+        py::list l;
+        for (auto& p : c.outputs()) l.append(py::make_tuple(p.name, reveal_name(p.reveal), p.wires.size()));
+        return l;
+      })
+      .def("input_bits", [](const gc::Circuit& c, const std::string& owner) {
+        return c.input_bits(parse_owner(owner));
+      }, "owner"_a)
+      .def("evaluate", [](const gc::Circuit& c, const py::dict& inputs, py::object n) {
+        std::vector<U64Array> arrays;
+        size_t count = n.is_none() ? 0 : n.cast<size_t>();
+        if (n.is_none()) {
+          if (inputs.size() == 0) throw py::value_error("cannot tell the number of instances: pass n=");
+          count = (size_t)py::array::ensure(inputs.begin()->second).shape(0);
+        }
+        std::vector<const uint64_t*> ptrs(c.inputs().size(), nullptr);
+        for (auto item : inputs) {
+          std::string name = item.first.cast<std::string>();
+          int p = c.input_index(name);
+          if (p < 0) throw py::value_error("circuit '" + c.name() + "' has no input '" + name + "'");
+          ptrs[p] = port_values(c.inputs()[p], item.second, count, arrays);
+        }
+        for (size_t p = 0; p < ptrs.size(); ++p)
+          if (!ptrs[p]) throw py::value_error("missing input '" + c.inputs()[p].name + "'");
+        std::vector<std::vector<uint64_t>> result;
+        {
+          py::gil_scoped_release release;
+          result = c.evaluate(ptrs, count);
+        }
+        py::dict d;
+        for (size_t o = 0; o < result.size(); ++o) {
+          U64Array a((py::ssize_t)count);
+          if (count) std::memcpy(a.mutable_data(), result[o].data(), count * sizeof(uint64_t));
+          d[py::str(c.outputs()[o].name)] = a;
+        }
+        return d;
+      }, "inputs"_a, "n"_a = py::none(),
+      "Plaintext evaluation: every input port by value (carried ones too); returns every output.");
+
+  py::class_<gc::KeptLabels, std::shared_ptr<gc::KeptLabels>>(m, "Kept",
+      "Labels of a 'keep' output, held by this party for a later run of the same session.")
+      .def_property_readonly("width", [](const gc::KeptLabels& k) { return k.width; })
+      .def_property_readonly("n", [](const gc::KeptLabels& k) { return k.n; })
+      .def_property_readonly("port", [](const gc::KeptLabels& k) { return k.port; })
+      .def("select", [](std::shared_ptr<gc::KeptLabels> k, const U64Array& indices) {
+        gc::CarriedInput sel{k, std::vector<uint64_t>(indices.data(), indices.data() + indices.size())};
+        for (uint64_t i : sel.indices)
+          if (i >= k->n) throw py::index_error("select: instance " + std::to_string(i) + " of " + std::to_string(k->n));
+        return sel;
+      }, "indices"_a, "Instances to carry, in order (both parties must pass the same indices).")
+      .def("__repr__", [](const gc::KeptLabels& k) {
+        return "<Kept '" + k.port + "' width=" + std::to_string(k.width) + " n=" + std::to_string(k.n) + ">";
+      });
+  py::class_<gc::CarriedInput>(m, "KeptSelection")
+      .def_property_readonly("n", [](const gc::CarriedInput& c) { return c.indices.size(); });
+
+  py::class_<gc::GarblerSession>(m, "Garbler", "The garbling party (H1) of a two-party session.")
+      .def(py::init([](gc::Channel& ch, size_t chunk) {
+        if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
+        return new gc::GarblerSession(ch, gc::SessionOptions{chunk});
+      }), "channel"_a, "chunk"_a = 1024, py::keep_alive<1, 2>())
+      .def("setup", [](gc::GarblerSession& s) { py::gil_scoped_release r; s.setup(); })
+      .def("run", [](gc::GarblerSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
+        return run_session(s, c, inputs, carried, n, gc::InputOwner::Garbler);
+      }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
+      .def_property_readonly("runs", &gc::GarblerSession::runs);
+
+  py::class_<gc::EvaluatorSession>(m, "Evaluator", "The evaluating party (H2) of a two-party session.")
+      .def(py::init([](gc::Channel& ch, size_t chunk) {
+        if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
+        return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk});
+      }), "channel"_a, "chunk"_a = 1024, py::keep_alive<1, 2>())
+      .def("setup", [](gc::EvaluatorSession& s) { py::gil_scoped_release r; s.setup(); })
+      .def("run", [](gc::EvaluatorSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
+        return run_session(s, c, inputs, carried, n, gc::InputOwner::Evaluator);
+      }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
+      .def_property_readonly("runs", &gc::EvaluatorSession::runs);
+
+  m.def("garble_only", [](const gc::Circuit& c, size_t n, size_t chunk) {
+    py::gil_scoped_release r;
+    return gc::garble_only_seconds(c, n, chunk);
+  }, "circuit"_a, "n"_a, "chunk"_a = 1024, "Garbles n instances with random labels, no peer; returns seconds.");
+
+  m.def("and_kernel", []() { return std::string(gc::and_kernels().name); },
+        "Name of the AND-gate kernels in use ('vaes' or 'aesni').");
+  m.def("available_and_kernels", []() {
+    std::vector<std::string> names;
+    for (const char* const* p = gc::available_and_kernels(); *p; ++p) names.emplace_back(*p);
+    return names;
+  });
+  m.def("set_and_kernel", [](const std::string& name) {
+    if (!gc::select_and_kernels(name.c_str()))
+      throw py::value_error("AND kernel '" + name + "' is not available on this CPU");
+  }, "name"_a, "Both parties must produce identical tables whichever kernel they use.");
+
+  // Building blocks exposed for tests.
+  m.def("_transpose128", [](const py::array_t<uint8_t, py::array::c_style>& in) {
+    if (in.ndim() != 2 || in.shape(0) != 128 || in.shape(1) != 16)
+      throw py::value_error("expected a (128, 16) uint8 array");
+    gc::block rows[128], out[128];
+    for (int i = 0; i < 128; ++i) rows[i] = gc::load_block(in.data() + 16 * i);
+    gc::transpose128(rows, 1, out);
+    return blocks_to_array(out, 128);
+  });
+  m.def("_cot_send", [](gc::Channel& ch, size_t m_ots) {
+    gc::CotSender sender;
+    gc::block delta = gc::xor_block(gc::and_block(gc::random_block(), gc::make_block(~0ull, ~1ull)),
+                                    gc::make_block(0, 1));
+    gc::BlockVector q(m_ots);
+    {
+      py::gil_scoped_release r;
+      sender.setup(ch, delta);
+      sender.extend(ch, q.data(), m_ots);
+      ch.flush();
+    }
+    return py::make_tuple(blocks_to_array(&delta, 1), blocks_to_array(q.data(), m_ots));
+  }, "channel"_a, "m"_a, "Test hook: IKNP sender for m OTs; returns (delta, q).");
+  m.def("_cot_recv", [](gc::Channel& ch, const py::array_t<uint8_t, py::array::c_style>& choices) {
+    size_t m_ots = (size_t)choices.size() * 8;
+    gc::CotReceiver receiver;
+    gc::BlockVector t(m_ots);
+    std::vector<uint8_t> bits(choices.data(), choices.data() + choices.size());
+    {
+      py::gil_scoped_release r;
+      receiver.setup(ch);
+      receiver.extend(ch, bits.data(), t.data(), m_ots);
+    }
+    return blocks_to_array(t.data(), m_ots);
+  }, "channel"_a, "choices"_a, "Test hook: IKNP receiver with packed choice bits; returns the labels.");
+  m.def("_random_bytes", [](size_t n) {
+    std::string s(n, '\0');
+    gc::secure_random(s.data(), n);
+    return py::bytes(s);
+  });
+}

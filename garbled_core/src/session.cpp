@@ -1,0 +1,558 @@
+#include "garbled_core/session.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "garbled_core/halfgates.h"
+#include "garbled_core/random.h"
+
+namespace gc {
+
+namespace {
+
+constexpr uint32_t kProtocolVersion = 1;
+constexpr char kGarblerHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'G'};
+constexpr char kEvaluatorHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'E'};
+
+size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+struct Sha256 {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  Sha256() {
+    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1)
+      throw std::runtime_error("SHA-256 unavailable");
+  }
+  ~Sha256() { EVP_MD_CTX_free(ctx); }
+  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
+  std::array<uint8_t, 32> digest() {
+    std::array<uint8_t, 32> out{};
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx, out.data(), &len);
+    return out;
+  }
+};
+
+std::string hex(const uint8_t* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    s.push_back(digits[p[i] >> 4]);
+    s.push_back(digits[p[i] & 15]);
+  }
+  return s;
+}
+
+// Packs the colour bits of n labels, LSB first.
+void pack_lsbs(const block* labels, size_t n, uint8_t* out) {
+  std::memset(out, 0, (n + 7) / 8);
+  for (size_t i = 0; i < n; ++i) out[i >> 3] |= (uint8_t)(lsb(labels[i]) << (i & 7));
+}
+
+inline bool packed_bit(const uint8_t* bits, size_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
+
+// Runs the gates of one chunk. The garbler passes delta and tables to fill;
+// the evaluator passes the tables it received.
+void garble_gates(const Circuit& c, block* wires, size_t cap, size_t cn, uint64_t first_instance,
+                  block delta, block salt, uint32_t run_id, block* tables) {
+  const AndKernels& kernels = and_kernels();
+  for (const SlotGate& g : c.gates()) {
+    const block* a = wires + (size_t)g.a * cap;
+    const block* b = wires + (size_t)g.b * cap;
+    block* out = wires + (size_t)g.out * cap;
+    switch (g.op) {
+      case GateOp::Xor:
+        for (size_t i = 0; i < cn; ++i) out[i] = xor_block(a[i], b[i]);
+        break;
+      case GateOp::Not:  // free: the zero-label becomes the old one-label
+        for (size_t i = 0; i < cn; ++i) out[i] = xor_block(a[i], delta);
+        break;
+      case GateOp::And:
+        kernels.garble(a, b, out, tables, cn, first_instance, delta, salt,
+                       gate_tweak(run_id, g.and_index));
+        tables += 2 * cn;
+        break;
+    }
+  }
+}
+
+void evaluate_gates(const Circuit& c, block* wires, size_t cap, size_t cn, uint64_t first_instance,
+                    block salt, uint32_t run_id, const block* tables) {
+  const AndKernels& kernels = and_kernels();
+  for (const SlotGate& g : c.gates()) {
+    const block* a = wires + (size_t)g.a * cap;
+    const block* b = wires + (size_t)g.b * cap;
+    block* out = wires + (size_t)g.out * cap;
+    switch (g.op) {
+      case GateOp::Xor:
+        for (size_t i = 0; i < cn; ++i) out[i] = xor_block(a[i], b[i]);
+        break;
+      case GateOp::Not:  // the evaluator's label already means the negated value
+        if (out != a) std::memcpy(out, a, cn * sizeof(block));
+        break;
+      case GateOp::And:
+        kernels.eval(a, b, out, tables, cn, first_instance, salt, gate_tweak(run_id, g.and_index));
+        tables += 2 * cn;
+        break;
+    }
+  }
+}
+
+// Per-party layout of one run: which input bits come from where.
+struct RunPlan {
+  size_t n = 0, chunk = 0, chunks = 0;
+  uint64_t garbler_bits = 0, evaluator_bits = 0;
+  std::vector<uint64_t> bit_offset;  // per input port: first row in its owner's label table
+  std::vector<size_t> reveal_to_evaluator, reveal_to_garbler;  // output ports needing decoding
+  size_t evaluator_rows = 0, garbler_rows = 0;                 // output bits needing decoding
+
+  size_t start(size_t c) const { return c * chunk; }
+  size_t count(size_t c) const { return std::min(chunk, n - c * chunk); }
+  // OTs for the evaluator's inputs of chunk c: one per input bit, padded to 128.
+  size_t ots(size_t c) const { return round_up(evaluator_bits * count(c), 128); }
+};
+
+RunPlan plan_run(const Circuit& c, size_t n, const SessionOptions& opt) {
+  RunPlan p;
+  p.n = n;
+  p.chunk = std::max<size_t>(kHashGroup, round_up(opt.chunk, kHashGroup));
+  p.chunks = (n + p.chunk - 1) / p.chunk;
+  for (auto& port : c.inputs()) {
+    if (port.owner == InputOwner::Garbler) {
+      p.bit_offset.push_back(p.garbler_bits);
+      p.garbler_bits += (uint64_t)port.width;
+    } else if (port.owner == InputOwner::Evaluator) {
+      p.bit_offset.push_back(p.evaluator_bits);
+      p.evaluator_bits += (uint64_t)port.width;
+    } else {
+      p.bit_offset.push_back(0);
+    }
+  }
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    Reveal r = c.outputs()[o].reveal;
+    size_t w = c.outputs()[o].wires.size();
+    if (r == Reveal::Both || r == Reveal::Evaluator) {
+      p.reveal_to_evaluator.push_back(o);
+      p.evaluator_rows += w;
+    }
+    if (r == Reveal::Both || r == Reveal::Garbler) {
+      p.reveal_to_garbler.push_back(o);
+      p.garbler_rows += w;
+    }
+  }
+  return p;
+}
+
+// Loads the labels of carried inputs (and of the constant wire) for a chunk.
+void load_carried(const Circuit& c, const RunInputs& in, block* wires, size_t cap, size_t start,
+                  size_t cn) {
+  for (size_t p = 0; p < c.inputs().size(); ++p) {
+    if (c.inputs()[p].owner != InputOwner::Carried) continue;
+    const CarriedInput& src = in.carried[p];
+    const KeptLabels& kept = *src.source;
+    for (int k = 0; k < c.inputs()[p].width; ++k) {
+      block* dst = wires + (size_t)c.input_slots()[p][k] * cap;
+      const block* row = kept.labels.data() + (size_t)k * kept.n;
+      if (src.indices.empty()) {
+        std::memcpy(dst, row + start, cn * sizeof(block));
+      } else {
+        for (size_t i = 0; i < cn; ++i) dst[i] = row[src.indices[start + i]];
+      }
+    }
+  }
+}
+
+void store_kept(const Circuit& c, RunOutputs& out, const block* wires, size_t cap, size_t start,
+                size_t cn) {
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    if (!out.kept[o]) continue;
+    KeptLabels& kept = *out.kept[o];
+    const auto& slots = c.outputs()[o].slots;
+    for (size_t k = 0; k < slots.size(); ++k)
+      std::memcpy(kept.labels.data() + k * kept.n + start, wires + (size_t)slots[k] * cap,
+                  cn * sizeof(block));
+  }
+}
+
+}  // namespace
+
+Session::Session(Channel& ch, SessionOptions options) : ch_(ch), options_(options) {}
+
+void Session::check_inputs(const Circuit& c, const RunInputs& in, InputOwner self) const {
+  if (in.values.size() != c.inputs().size() || in.carried.size() != c.inputs().size())
+    throw std::invalid_argument("run: inputs do not match the circuit's ports");
+  for (size_t p = 0; p < c.inputs().size(); ++p) {
+    const InputPort& port = c.inputs()[p];
+    if (port.owner == self && !in.values[p] && in.n > 0)
+      throw std::invalid_argument("run: missing input '" + port.name + "'");
+    if (port.owner == InputOwner::Carried) {
+      const CarriedInput& src = in.carried[p];
+      if (!src.source) throw std::invalid_argument("run: missing carried input '" + port.name + "'");
+      if (src.source->session_id != session_id_)
+        throw std::invalid_argument("run: carried input '" + port.name + "' comes from another session");
+      if (src.source->width != port.width)
+        throw std::invalid_argument("run: carried input '" + port.name + "' has width " +
+                                    std::to_string(src.source->width) + ", the circuit expects " +
+                                    std::to_string(port.width));
+      if (src.indices.empty()) {
+        if (src.source->n != in.n)
+          throw std::invalid_argument("run: carried input '" + port.name + "' holds " +
+                                      std::to_string(src.source->n) + " instances, the run has " +
+                                      std::to_string(in.n));
+      } else {
+        if (src.indices.size() != in.n)
+          throw std::invalid_argument("run: carried input '" + port.name + "' selects " +
+                                      std::to_string(src.indices.size()) +
+                                      " instances, the run has " + std::to_string(in.n));
+        for (uint64_t idx : src.indices)
+          if (idx >= src.source->n)
+            throw std::invalid_argument("run: carried input '" + port.name + "' selects instance " +
+                                        std::to_string(idx) + " of " +
+                                        std::to_string(src.source->n));
+      }
+    }
+  }
+}
+
+std::array<uint8_t, 32> Session::carried_digest(const Circuit& c, const RunInputs& in) const {
+  Sha256 h;
+  for (size_t p = 0; p < c.inputs().size(); ++p) {
+    if (c.inputs()[p].owner != InputOwner::Carried) continue;
+    const CarriedInput& src = in.carried[p];
+    uint64_t fields[3] = {src.source->run_id, src.source->n, src.indices.size()};
+    h.update(fields, sizeof(fields));
+    h.update(src.source->port.data(), src.source->port.size());
+    h.update(src.indices.data(), src.indices.size() * sizeof(uint64_t));
+  }
+  return h.digest();
+}
+
+// Both parties state what they are about to run; any disagreement stops the
+// run on both sides before a single table is sent.
+void Session::exchange_header(const Circuit& c, const RunInputs& in, bool garbler) {
+  ch_.set_phase(Phase::Setup);
+  struct Header {
+    uint32_t run_id;
+    uint32_t reserved;
+    uint64_t n;
+    uint8_t circuit[32];
+    uint8_t carried[32];
+  } mine{}, theirs{};
+  mine.run_id = run_id_;
+  mine.n = in.n;
+  std::memcpy(mine.circuit, c.digest().data(), 32);
+  auto cd = carried_digest(c, in);
+  std::memcpy(mine.carried, cd.data(), 32);
+  ch_.send(&mine, sizeof(mine));
+  ch_.recv(&theirs, sizeof(theirs));
+  std::string problem;
+  if (std::memcmp(mine.circuit, theirs.circuit, 32) != 0)
+    problem = "circuit mismatch: this party runs '" + c.name() + "' (" + hex(mine.circuit, 8) +
+              "...), the peer a circuit with hash " + hex(theirs.circuit, 8) + "...";
+  else if (mine.n != theirs.n)
+    problem = "instance count mismatch: " + std::to_string(mine.n) + " here, " +
+              std::to_string(theirs.n) + " at the peer";
+  else if (mine.run_id != theirs.run_id)
+    problem = "run counter mismatch: run " + std::to_string(mine.run_id) + " here, " +
+              std::to_string(theirs.run_id) + " at the peer";
+  else if (std::memcmp(mine.carried, theirs.carried, 32) != 0)
+    problem = "carried inputs differ between the parties (source runs or selected instances)";
+  if (!problem.empty()) throw ProtocolError(problem);
+  (void)garbler;
+}
+
+RunOutputs Session::prepare_outputs(const Circuit& c, size_t n, bool garbler) const {
+  RunOutputs out;
+  out.values.resize(c.outputs().size());
+  out.kept.resize(c.outputs().size());
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    const OutputPort& port = c.outputs()[o];
+    bool learns = port.reveal == Reveal::Both || port.reveal == Reveal::Shares ||
+                  (port.reveal == Reveal::Garbler && garbler) ||
+                  (port.reveal == Reveal::Evaluator && !garbler);
+    if (learns) out.values[o].assign(n, 0);
+    if (port.reveal == Reveal::Keep) {
+      auto kept = std::make_shared<KeptLabels>();
+      kept->session_id = session_id_;
+      kept->run_id = run_id_;
+      kept->port = port.name;
+      kept->width = (int)port.wires.size();
+      kept->n = n;
+      kept->labels.resize(port.wires.size() * n);
+      out.kept[o] = kept;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- garbler
+
+void GarblerSession::setup() {
+  if (ready_) return;
+  ch_.set_phase(Phase::Setup);
+  uint32_t version = kProtocolVersion;
+  ch_.send(kGarblerHello, 8);
+  ch_.send(&version, 4);
+  char hello[8];
+  uint32_t peer_version = 0;
+  ch_.recv(hello, 8);
+  ch_.recv(&peer_version, 4);
+  if (std::memcmp(hello, kGarblerHello, 8) == 0)
+    throw ProtocolError("both parties are garblers: one side must run as the evaluator");
+  if (std::memcmp(hello, kEvaluatorHello, 8) != 0)
+    throw ProtocolError("the peer is not an SPGC garbled-circuit evaluator");
+  if (peer_version != kProtocolVersion)
+    throw ProtocolError("protocol version mismatch: " + std::to_string(kProtocolVersion) +
+                        " here, " + std::to_string(peer_version) + " at the peer");
+  // Delta's low bit is 1 so that a label's colour bit flips with its value.
+  delta_ = random_block();
+  delta_ = xor_block(and_block(delta_, make_block(~0ull, ~1ull)), make_block(0, 1));
+  secure_random(&session_id_, sizeof(session_id_));
+  salt_ = random_block();
+  const_label_ = random_block();
+  block input_seed = random_block();
+  ch_.send(&session_id_, 8);
+  ch_.send(&salt_, 16);
+  ch_.send(&const_label_, 16);
+  ch_.send(&input_seed, 16);
+  garbler_input_prg_ = std::make_unique<Prg>(input_seed);
+  cot_.setup(ch_, delta_);
+  ch_.flush();
+  ready_ = true;
+}
+
+// Message order, which lets both parties work at once: the evaluator sends
+// the OT matrices of chunks 0 and 1 up front, then after evaluating chunk c
+// its colour bits of chunk c and the matrix of chunk c + 2. The garbler, before
+// chunk c >= 2, reads the colour bits of chunk c - 2 and the matrix of chunk c,
+// and reads the last colour bits at the end.
+constexpr size_t kOtLookahead = 2;
+
+RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
+  setup();
+  check_inputs(c, in, InputOwner::Garbler);
+  exchange_header(c, in, true);
+  const RunPlan plan = plan_run(c, in.n, options_);
+  const size_t cap = plan.chunk;
+  RunOutputs out = prepare_outputs(c, in.n, true);
+
+  BlockVector wires((size_t)c.num_slots() * cap);
+  wires.fill(0, cap, const_label_);
+  BlockVector tables(2 * c.and_count() * cap);
+  BlockVector eval_labels(plan.ots(0)), input_labels(plan.garbler_bits * cap);
+  std::vector<uint8_t> decode(plan.evaluator_rows * ((cap + 7) / 8));
+  std::vector<uint8_t> peer_bits(plan.garbler_rows * ((cap + 7) / 8));
+
+  // The evaluator's colour bits complete the garbler-revealed outputs.
+  auto read_peer_bits = [&](size_t k) {
+    if (!plan.garbler_rows) return;
+    const size_t start = plan.start(k), cn = plan.count(k), row_bytes = (cn + 7) / 8;
+    ch_.set_phase(Phase::Outputs);
+    ch_.recv(peer_bits.data(), plan.garbler_rows * row_bytes);
+    size_t row = 0;
+    for (size_t o : plan.reveal_to_garbler)
+      for (size_t bit = 0; bit < c.outputs()[o].slots.size(); ++bit, ++row) {
+        uint64_t* dst = out.values[o].data() + start;
+        const uint8_t* bits = peer_bits.data() + row * row_bytes;
+        for (size_t i = 0; i < cn; ++i) dst[i] ^= (uint64_t)packed_bit(bits, i) << bit;
+      }
+  };
+
+  for (size_t k = 0; k < plan.chunks; ++k) {
+    const size_t start = plan.start(k), cn = plan.count(k);
+    if (k >= kOtLookahead) read_peer_bits(k - kOtLookahead);
+    // Evaluator inputs: row r of the OT batch is input bit r, one OT per instance.
+    if (plan.ots(k)) cot_.extend(ch_, eval_labels.data(), plan.ots(k));
+    // Garbler inputs: both parties expand the shared seed; the garbler's
+    // zero-label is that block, shifted by Delta where its bit is 1.
+    garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
+    for (size_t p = 0; p < c.inputs().size(); ++p) {
+      const InputPort& port = c.inputs()[p];
+      if (port.owner == InputOwner::Carried) continue;
+      for (int bit = 0; bit < port.width; ++bit) {
+        block* dst = wires.data() + (size_t)c.input_slots()[p][bit] * cap;
+        size_t row = (size_t)(plan.bit_offset[p] + bit) * cn;
+        if (port.owner == InputOwner::Evaluator) {
+          std::memcpy(dst, eval_labels.data() + row, cn * sizeof(block));
+        } else {
+          const uint64_t* v = in.values[p] + start;
+          for (size_t i = 0; i < cn; ++i)
+            dst[i] = xor_block(input_labels[row + i], and_block(select_mask((v[i] >> bit) & 1), delta_));
+        }
+      }
+    }
+    load_carried(c, in, wires.data(), cap, start, cn);
+    garble_gates(c, wires.data(), cap, cn, start, delta_, salt_, run_id_, tables.data());
+    ch_.set_phase(Phase::Tables);
+    ch_.send(tables.data(), 2 * c.and_count() * cn * sizeof(block));
+
+    // Decoding bits: the colour of each zero-label tells the evaluator the value.
+    size_t row_bytes = (cn + 7) / 8, pos = 0;
+    for (size_t o : plan.reveal_to_evaluator)
+      for (uint32_t slot : c.outputs()[o].slots) {
+        pack_lsbs(wires.data() + (size_t)slot * cap, cn, decode.data() + pos);
+        pos += row_bytes;
+      }
+    if (pos) {
+      ch_.set_phase(Phase::Outputs);
+      ch_.send(decode.data(), pos);
+    }
+    // This party's own view: shares, and its half of garbler-revealed values.
+    for (size_t o = 0; o < c.outputs().size(); ++o) {
+      const OutputPort& port = c.outputs()[o];
+      if (port.reveal != Reveal::Both && port.reveal != Reveal::Garbler && port.reveal != Reveal::Shares)
+        continue;
+      uint64_t* dst = out.values[o].data() + start;
+      for (size_t bit = 0; bit < port.slots.size(); ++bit) {
+        const block* labels = wires.data() + (size_t)port.slots[bit] * cap;
+        for (size_t i = 0; i < cn; ++i) dst[i] |= (uint64_t)lsb(labels[i]) << bit;
+      }
+    }
+    store_kept(c, out, wires.data(), cap, start, cn);
+  }
+  for (size_t k = plan.chunks > kOtLookahead ? plan.chunks - kOtLookahead : 0; k < plan.chunks; ++k)
+    read_peer_bits(k);
+  ch_.flush();
+  ++run_id_;
+  return out;
+}
+
+// -------------------------------------------------------------- evaluator
+
+void EvaluatorSession::setup() {
+  if (ready_) return;
+  ch_.set_phase(Phase::Setup);
+  uint32_t version = kProtocolVersion;
+  ch_.send(kEvaluatorHello, 8);
+  ch_.send(&version, 4);
+  char hello[8];
+  uint32_t peer_version = 0;
+  ch_.recv(hello, 8);
+  ch_.recv(&peer_version, 4);
+  if (std::memcmp(hello, kEvaluatorHello, 8) == 0)
+    throw ProtocolError("both parties are evaluators: one side must run as the garbler");
+  if (std::memcmp(hello, kGarblerHello, 8) != 0)
+    throw ProtocolError("the peer is not an SPGC garbled-circuit garbler");
+  if (peer_version != kProtocolVersion)
+    throw ProtocolError("protocol version mismatch: " + std::to_string(kProtocolVersion) +
+                        " here, " + std::to_string(peer_version) + " at the peer");
+  block input_seed;
+  ch_.recv(&session_id_, 8);
+  ch_.recv(&salt_, 16);
+  ch_.recv(&const_label_, 16);
+  ch_.recv(&input_seed, 16);
+  garbler_input_prg_ = std::make_unique<Prg>(input_seed);
+  cot_.setup(ch_);
+  ch_.flush();
+  ready_ = true;
+}
+
+RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
+  setup();
+  check_inputs(c, in, InputOwner::Evaluator);
+  exchange_header(c, in, false);
+  const RunPlan plan = plan_run(c, in.n, options_);
+  const size_t cap = plan.chunk;
+  RunOutputs out = prepare_outputs(c, in.n, false);
+
+  BlockVector wires((size_t)c.num_slots() * cap);
+  wires.fill(0, cap, const_label_);
+  BlockVector tables(2 * c.and_count() * cap);
+  BlockVector input_labels(plan.garbler_bits * cap);
+  // Labels of the evaluator's inputs for the chunks whose OTs are in flight.
+  std::vector<BlockVector> eval_labels(kOtLookahead + 1);
+  std::vector<uint8_t> choices, decode(plan.evaluator_rows * ((cap + 7) / 8));
+  std::vector<uint8_t> my_bits(plan.garbler_rows * ((cap + 7) / 8));
+
+  auto send_ot = [&](size_t k) {
+    const size_t ots = plan.ots(k), start = plan.start(k), cn = plan.count(k);
+    if (!ots) return;
+    choices.assign(ots / 8, 0);
+    for (size_t p = 0; p < c.inputs().size(); ++p) {
+      const InputPort& port = c.inputs()[p];
+      if (port.owner != InputOwner::Evaluator) continue;
+      const uint64_t* v = in.values[p] + start;
+      for (int bit = 0; bit < port.width; ++bit) {
+        size_t row = (size_t)(plan.bit_offset[p] + bit) * cn;
+        for (size_t i = 0; i < cn; ++i)
+          choices[(row + i) >> 3] |= (uint8_t)(((v[i] >> bit) & 1) << ((row + i) & 7));
+      }
+    }
+    BlockVector& labels = eval_labels[k % eval_labels.size()];
+    labels.resize(ots);
+    cot_.extend(ch_, choices.data(), labels.data(), ots);
+  };
+  for (size_t k = 0; k < std::min(kOtLookahead, plan.chunks); ++k) send_ot(k);
+
+  for (size_t k = 0; k < plan.chunks; ++k) {
+    const size_t start = plan.start(k), cn = plan.count(k);
+    garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
+    const BlockVector& my_labels = eval_labels[k % eval_labels.size()];
+    for (size_t p = 0; p < c.inputs().size(); ++p) {
+      const InputPort& port = c.inputs()[p];
+      if (port.owner == InputOwner::Carried) continue;
+      const BlockVector& src = port.owner == InputOwner::Evaluator ? my_labels : input_labels;
+      for (int bit = 0; bit < port.width; ++bit) {
+        size_t row = (size_t)(plan.bit_offset[p] + bit) * cn;
+        std::memcpy(wires.data() + (size_t)c.input_slots()[p][bit] * cap, src.data() + row,
+                    cn * sizeof(block));
+      }
+    }
+    load_carried(c, in, wires.data(), cap, start, cn);
+    ch_.set_phase(Phase::Tables);
+    ch_.recv(tables.data(), 2 * c.and_count() * cn * sizeof(block));
+    evaluate_gates(c, wires.data(), cap, cn, start, salt_, run_id_, tables.data());
+
+    const size_t row_bytes = (cn + 7) / 8;
+    if (plan.evaluator_rows) {
+      ch_.set_phase(Phase::Outputs);
+      ch_.recv(decode.data(), plan.evaluator_rows * row_bytes);
+    }
+    size_t decode_row = 0, garbler_row = 0;
+    for (size_t o = 0; o < c.outputs().size(); ++o) {
+      const OutputPort& port = c.outputs()[o];
+      bool to_me = port.reveal == Reveal::Both || port.reveal == Reveal::Evaluator;
+      bool share = port.reveal == Reveal::Shares;
+      bool to_garbler = port.reveal == Reveal::Both || port.reveal == Reveal::Garbler;
+      for (size_t bit = 0; bit < port.slots.size(); ++bit) {
+        const block* labels = wires.data() + (size_t)port.slots[bit] * cap;
+        if (to_me || share) {
+          uint64_t* dst = out.values[o].data() + start;
+          const uint8_t* d = to_me ? decode.data() + (decode_row++) * row_bytes : nullptr;
+          for (size_t i = 0; i < cn; ++i)
+            dst[i] |= (uint64_t)(lsb(labels[i]) ^ (d ? packed_bit(d, i) : false)) << bit;
+        }
+        if (to_garbler) pack_lsbs(labels, cn, my_bits.data() + (garbler_row++) * row_bytes);
+      }
+    }
+    store_kept(c, out, wires.data(), cap, start, cn);
+    if (plan.garbler_rows) {
+      ch_.set_phase(Phase::Outputs);
+      ch_.send(my_bits.data(), plan.garbler_rows * row_bytes);
+    }
+    if (k + kOtLookahead < plan.chunks) send_ot(k + kOtLookahead);
+  }
+  ch_.flush();
+  ++run_id_;
+  return out;
+}
+
+double garble_only_seconds(const Circuit& c, size_t n, size_t chunk) {
+  size_t cap = std::max<size_t>(kHashGroup, round_up(chunk, kHashGroup));
+  block delta = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  block salt = random_block();
+  BlockVector wires((size_t)c.num_slots() * cap);
+  secure_random(wires.data(), wires.size() * sizeof(block));
+  BlockVector tables(2 * c.and_count() * cap);
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t start = 0; start < n; start += cap) {
+    size_t cn = std::min(cap, n - start);
+    garble_gates(c, wires.data(), cap, cn, start, delta, salt, 0, tables.data());
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace gc
