@@ -1,0 +1,51 @@
+"""SPGC's two-party garbled-circuit engine.
+
+One circuit description (built with :class:`garbled_core.circuit.CircuitBuilder`) runs in three
+backends: plaintext (``Circuit.evaluate``), the garbler (``Garbler.run``) and the evaluator
+(``Evaluator.run``). Half-gates with free-XOR; evaluator inputs by IKNP correlated OT; the data
+link is TCP with TLS 1.3 (mutual certificates) unless ``insecure=True`` is passed explicitly.
+"""
+
+from garbled_core._core import (
+    Channel,
+    ChannelError,
+    ChannelTimeoutError,
+    Circuit,
+    Evaluator,
+    Garbler,
+    Kept,
+    KeptSelection,
+    Listener,
+    PeerClosedError,
+    ProtocolError,
+    TlsConfig,
+    TlsError,
+    and_kernel,
+    available_and_kernels,
+    garble_only,
+    set_and_kernel,
+)
+from garbled_core.circuit import Bits, CircuitBuilder, CircuitDescription
+
+__all__ = [
+    "Bits",
+    "Channel",
+    "ChannelError",
+    "ChannelTimeoutError",
+    "Circuit",
+    "CircuitBuilder",
+    "CircuitDescription",
+    "Evaluator",
+    "Garbler",
+    "Kept",
+    "KeptSelection",
+    "Listener",
+    "PeerClosedError",
+    "ProtocolError",
+    "TlsConfig",
+    "TlsError",
+    "and_kernel",
+    "available_and_kernels",
+    "garble_only",
+    "set_and_kernel",
+]
