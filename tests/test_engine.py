@@ -1,0 +1,339 @@
+"""Garbled evaluation agrees with plaintext evaluation of the same circuit.
+
+These tests double as a tour of the engine: build a circuit once, run it in
+plaintext, then as garbler and evaluator over loopback, and compare.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from garbled_core import CircuitBuilder, ProtocolError, _core, available_and_kernels, set_and_kernel
+from tests.conftest import tls_config
+
+MASK32 = (1 << 32) - 1
+
+
+@pytest.fixture(params=available_and_kernels())
+def kernel(request):
+    """Runs a test under every AND kernel this CPU has (VAES and plain AES-NI)."""
+    previous = _core.and_kernel()
+    set_and_kernel(request.param)
+    yield request.param
+    set_and_kernel(previous)
+
+
+def edge_and_random(n_random: int, width: int, seed: int) -> np.ndarray:
+    """Edge values of a width-bit two's-complement port, then random ones."""
+    top = (1 << width) - 1
+    edges = [0, 1, top, top - 1, 1 << (width - 1), (1 << (width - 1)) - 1]
+    rng = np.random.default_rng(seed)
+    rand = rng.integers(0, 1 << width, n_random, dtype=np.uint64) if width < 64 else (
+        rng.integers(0, 1 << 63, n_random, dtype=np.uint64) * np.uint64(2)
+        + rng.integers(0, 2, n_random, dtype=np.uint64)
+    )
+    return np.concatenate([np.array(edges, dtype=np.uint64), rand])
+
+
+def all_pairs(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.repeat(xs, len(ys)), np.tile(ys, len(xs))
+
+
+def gadget_circuit(width: int):
+    """Every gadget once, on a garbler input x and an evaluator input y."""
+    b = CircuitBuilder(f"gadgets{width}")
+    x = b.input("x", owner="garbler", width=width)
+    y = b.input("y", owner="evaluator", width=width)
+    b.output("add", b.add(x, y))
+    b.output("sub", b.sub(x, y))
+    b.output("neg", b.neg(y))
+    b.output("lt_s", b.lt_signed(x, y))
+    b.output("lt_u", b.lt_unsigned(x, y))
+    b.output("eq", b.eq(x, y))
+    b.output("mux", b.mux(b.lt_signed(x, y), x, y))
+    b.output("shl", b.shl(y, 3 % width))
+    b.output("sar", b.shr_arith(x, 1))
+    b.output("sext", b.sign_extend(y[: max(1, width // 2)], width))
+    b.output("mulc", b.mul_const(x, -7, width))
+    b.output("pop", b.popcount(b.xor(x, y)))
+    return b.build()
+
+
+@pytest.mark.parametrize("width", [1, 8, 32, 64])
+def test_every_gadget_garbled_equals_plaintext(two_party, kernel, width):
+    circuit = gadget_circuit(width)
+    xs, ys = all_pairs(edge_and_random(20, width, 1), edge_and_random(20, width, 2))
+    expected = circuit.evaluate({"x": xs, "y": ys})
+    out_g, out_e = two_party(chunk=64).run(circuit, {"x": xs}, {"y": ys})
+    for name, values in expected.items():
+        assert np.array_equal(out_g[name], values), name
+        assert np.array_equal(out_e[name], values), name
+
+
+def test_gadgets_over_tls(two_party, pki):
+    circuit = gadget_circuit(32)
+    xs, ys = all_pairs(edge_and_random(30, 32, 3), edge_and_random(30, 32, 4))
+    expected = circuit.evaluate({"x": xs, "y": ys})
+    tp = two_party(tls=(tls_config(pki, "h1"), tls_config(pki, "h2")))
+    assert tp.garbler_channel.is_tls and tp.evaluator_channel.is_tls
+    out_g, out_e = tp.run(circuit, {"x": xs}, {"y": ys})
+    for name, values in expected.items():
+        assert np.array_equal(out_e[name], values), name
+        assert np.array_equal(out_g[name], values), name
+
+
+def random_circuit(seed: int, gates: int = 400):
+    """A random soup of AND/XOR/NOT over inputs of both parties."""
+    rng = np.random.default_rng(seed)
+    b = CircuitBuilder(f"random{seed}")
+    pool = list(b.input("g", owner="garbler", width=13)) + list(b.input("e", owner="evaluator", width=11))
+    for _ in range(gates):
+        op = rng.integers(0, 3)
+        i, j = rng.integers(0, len(pool), 2)
+        if op == 0:
+            pool.append(b.and_(pool[i], pool[j]))
+        elif op == 1:
+            pool.append(b.xor(pool[i], pool[j]))
+        else:
+            pool.append(b.not_(pool[i]))
+    tail = pool[-64:]
+    b.output("out", b.concat(*tail))
+    b.output("mid", b.concat(*pool[len(pool) // 2 : len(pool) // 2 + 17]), reveal="evaluator")
+    return b.build()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_random_circuits(two_party, kernel, seed):
+    circuit = random_circuit(seed)
+    assert circuit.and_count > 50
+    rng = np.random.default_rng(seed)
+    n = 1000 + seed * 37  # not a multiple of the chunk or the hash group
+    g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+    e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+    expected = circuit.evaluate({"g": g, "e": e})
+    out_g, out_e = two_party(chunk=128).run(circuit, {"g": g}, {"e": e})
+    assert np.array_equal(out_g["out"], expected["out"])
+    assert np.array_equal(out_e["out"], expected["out"])
+    assert np.array_equal(out_e["mid"], expected["mid"])
+    assert "mid" not in out_g  # revealed to the evaluator only
+
+
+def test_reveal_modes(two_party):
+    b = CircuitBuilder("reveal")
+    x = b.input("x", owner="garbler", width=16)
+    y = b.input("y", owner="evaluator", width=16)
+    s = b.add(x, y)
+    b.output("both", s, reveal="both")
+    b.output("to_garbler", b.xor(x, y), reveal="garbler")
+    b.output("to_evaluator", b.sub(x, y), reveal="evaluator")
+    b.output("shared", s, reveal="shares")
+    circuit = b.build()
+    rng = np.random.default_rng(7)
+    xs = rng.integers(0, 1 << 16, 3001, dtype=np.uint64)
+    ys = rng.integers(0, 1 << 16, 3001, dtype=np.uint64)
+    expected = circuit.evaluate({"x": xs, "y": ys})
+    out_g, out_e = two_party(chunk=256).run(circuit, {"x": xs}, {"y": ys})
+    assert sorted(out_g) == ["both", "shared", "to_garbler"]
+    assert sorted(out_e) == ["both", "shared", "to_evaluator"]
+    assert np.array_equal(out_g["to_garbler"], expected["to_garbler"])
+    assert np.array_equal(out_e["to_evaluator"], expected["to_evaluator"])
+    # XOR shares: each alone looks random, together they are the value.
+    assert np.array_equal(out_g["shared"] ^ out_e["shared"], expected["shared"])
+    assert not np.array_equal(out_g["shared"], expected["shared"])
+
+
+def test_multi_stage_session_carries_selected_labels(two_party):
+    """Stage 1 reveals an accept bit and keeps a value; stage 2 continues from the
+    accepted instances only (the noise sampler's pattern)."""
+    b1 = CircuitBuilder("stage1")
+    x = b1.input("x", owner="garbler", width=24)
+    y = b1.input("y", owner="evaluator", width=24)
+    total = b1.add(x, y)
+    b1.output("accept", total[0], reveal="both")  # reveal one bit
+    b1.output("total", total, reveal="keep")  # keep the rest secret
+    stage1 = b1.build()
+    b2 = CircuitBuilder("stage2")
+    t = b2.input("total", owner="carried", width=24)
+    z = b2.input("z", owner="evaluator", width=24)
+    b2.output("result", b2.add(b2.mul_const(t, 3, 24), z))
+    stage2 = b2.build()
+
+    rng = np.random.default_rng(11)
+    n = 5000
+    xs = rng.integers(0, 1 << 24, n, dtype=np.uint64)
+    ys = rng.integers(0, 1 << 24, n, dtype=np.uint64)
+    tp = two_party(chunk=512)
+    g1, e1 = tp.run(stage1, {"x": xs}, {"y": ys})
+    assert np.array_equal(g1["accept"], e1["accept"])
+    assert g1["total"].n == n and g1["total"].width == 24
+    accepted = np.flatnonzero(e1["accept"]).astype(np.uint64)
+    zs = rng.integers(0, 1 << 24, len(accepted), dtype=np.uint64)
+    g2, e2 = tp.run(
+        stage2,
+        evaluator_inputs={"z": zs},
+        garbler_carried={"total": g1["total"].select(accepted)},
+        evaluator_carried={"total": e1["total"].select(accepted)},
+    )
+    totals = (xs + ys) & np.uint64((1 << 24) - 1)
+    want = (totals[accepted] * np.uint64(3) + zs) & np.uint64((1 << 24) - 1)
+    assert np.array_equal(e2["result"], want)
+    assert np.array_equal(g2["result"], want)
+    plain = stage2.evaluate({"total": totals[accepted], "z": zs})
+    assert np.array_equal(plain["result"], want)
+
+
+def expected_bytes(circuit, n: int, chunk: int, runs: int = 1) -> dict:
+    """Closed form of every byte each party sends in one session (chunk a multiple of 8)."""
+    and_gates = circuit.and_count
+    e_bits = circuit.input_bits("evaluator")
+    outputs = circuit.outputs
+    to_evaluator = sum(w for _, r, w in outputs if r in ("both", "evaluator"))
+    to_garbler = sum(w for _, r, w in outputs if r in ("both", "garbler"))
+    chunks = [min(chunk, n - start) for start in range(0, n, chunk)]
+    point = 33  # a compressed P-256 point
+    return {
+        "garbler": {
+            "setup": 12 + 56 + 80 * runs,
+            "base_ot": 128 * point,
+            "tables": 32 * and_gates * n * runs,
+            "outputs": runs * sum(to_evaluator * -(-c // 8) for c in chunks),
+            "ot_extension": 0,
+        },
+        "evaluator": {
+            "setup": 12 + 80 * runs,
+            "base_ot": point,
+            "tables": 0,
+            "outputs": runs * sum(to_garbler * -(-c // 8) for c in chunks),
+            # One 128-bit IKNP column per evaluator input bit, padded to 128 OTs per chunk.
+            "ot_extension": runs * sum(16 * (-(-(e_bits * c) // 128) * 128) for c in chunks),
+        },
+    }
+
+
+@pytest.mark.parametrize("n", [1, 8, 1000, 4099])
+def test_exact_byte_counts(two_party, n):
+    b = CircuitBuilder("bytes")
+    a = b.input("a", owner="garbler", width=32)
+    x = b.input("b", owner="evaluator", width=32)
+    d = b.sub(a, x)
+    b.output("y", b.mux(b.lt_signed(d, a), d, a), reveal="both")
+    b.output("flag", b.eq(a, x), reveal="garbler")
+    circuit = b.build()
+    rng = np.random.default_rng(n)
+    av = rng.integers(0, 1 << 32, n, dtype=np.uint64)
+    bv = rng.integers(0, 1 << 32, n, dtype=np.uint64)
+    chunk = 256
+    tp = two_party(chunk=chunk)
+    out_g, out_e = tp.run(circuit, {"a": av}, {"b": bv})
+    assert np.array_equal(out_e["y"], circuit.evaluate({"a": av, "b": bv})["y"])
+    want = expected_bytes(circuit, n, chunk)
+    got_g = tp.garbler_channel.counters()
+    got_e = tp.evaluator_channel.counters()
+    for phase, count in want["garbler"].items():
+        assert got_g[phase]["sent"] == count, phase
+        assert got_e[phase]["received"] == count, phase
+    for phase, count in want["evaluator"].items():
+        assert got_e[phase]["sent"] == count, phase
+        assert got_g[phase]["received"] == count, phase
+    # Exactly 32 bytes per AND gate; 16 bytes per evaluator input bit when n*bits fills the OTs.
+    assert got_g["tables"]["sent"] == 32 * circuit.and_count * n
+    if (32 * n) % 128 == 0:
+        assert got_e["ot_extension"]["sent"] == 16 * 32 * n
+
+
+def test_runs_without_evaluator_inputs_or_outputs(two_party):
+    b = CircuitBuilder("garbler-only-inputs")
+    x = b.input("x", owner="garbler", width=8)
+    b.output("x2", b.add(x, x), reveal="evaluator")
+    circuit = b.build()
+    xs = np.arange(256, dtype=np.uint64)
+    tp = two_party()
+    out_g, out_e = tp.run(circuit, {"x": xs}, {}, n=256)
+    assert out_g == {}
+    assert np.array_equal(out_e["x2"], (xs * np.uint64(2)) % np.uint64(256))
+    assert tp.evaluator_channel.counters()["ot_extension"]["sent"] == 0
+
+
+def test_transpose128_matches_numpy():
+    rng = np.random.default_rng(5)
+    m = rng.integers(0, 256, (128, 16), dtype=np.uint8)
+    bits = np.unpackbits(m, axis=1, bitorder="little")  # bits[i, j]: bit j of row i
+    want = np.packbits(bits.T, axis=1, bitorder="little")
+    assert np.array_equal(_core._transpose128(m), want)
+
+
+@pytest.mark.parametrize("random_choices", [False, True])
+def test_ot_extension_labels_match(two_party, random_choices):
+    """The evaluator's label is q_j ^ r_j * Delta for its choice r_j."""
+    tp = two_party()
+    m = 128 * 70  # several IKNP batches
+    rng = np.random.default_rng(9)
+    if random_choices:
+        choices = np.frombuffer(_core._random_bytes(m // 8), dtype=np.uint8).copy()
+    else:
+        choices = np.zeros(m // 8, dtype=np.uint8)
+        choices[::3] = 0xFF
+        choices[1::3] = rng.integers(0, 256, len(choices[1::3]), dtype=np.uint8)
+    from tests.conftest import Background
+
+    sender = Background(lambda: _core._cot_send(tp.garbler_channel, m))
+    labels = _core._cot_recv(tp.evaluator_channel, choices)
+    delta, q = sender.result()
+    r = np.unpackbits(choices, bitorder="little").astype(bool)
+    assert delta[0, 0] & 1 == 1  # colour bit of Delta
+    want = q.copy()
+    want[r] ^= delta[0]
+    assert np.array_equal(labels, want)
+    assert not np.array_equal(labels[r], q[r])
+    assert tp.evaluator_channel.counters()["ot_extension"]["sent"] == 16 * m
+
+
+def test_circuit_mismatch_fails_on_both_sides(two_party):
+    b1 = CircuitBuilder("one")
+    b1.output("y", b1.add(b1.input("x", owner="garbler", width=8), b1.input("y", owner="evaluator", width=8)))
+    b2 = CircuitBuilder("two")
+    b2.output("y", b2.sub(b2.input("x", owner="garbler", width=8), b2.input("y", owner="evaluator", width=8)))
+    c1, c2 = b1.build(), b2.build()
+    assert c1.hash != c2.hash
+    tp = two_party()
+    xs = np.arange(10, dtype=np.uint64)
+    from tests.conftest import Background
+
+    side = Background(lambda: tp.garbler.run(c1, {"x": xs}))
+    with pytest.raises(ProtocolError, match="circuit mismatch"):
+        tp.evaluator.run(c2, {"y": xs})
+    with pytest.raises(ProtocolError, match="circuit mismatch"):
+        side.result()
+
+
+def test_instance_count_mismatch(two_party):
+    b = CircuitBuilder("n")
+    b.output("y", b.add(b.input("x", owner="garbler", width=8), b.input("y", owner="evaluator", width=8)))
+    c = b.build()
+    tp = two_party()
+    from tests.conftest import Background
+
+    side = Background(lambda: tp.garbler.run(c, {"x": np.arange(10, dtype=np.uint64)}))
+    with pytest.raises(ProtocolError, match="instance count"):
+        tp.evaluator.run(c, {"y": np.arange(11, dtype=np.uint64)})
+    with pytest.raises(ProtocolError):
+        side.result()
+
+
+def test_bad_inputs_are_refused_before_anything_is_sent(two_party):
+    b = CircuitBuilder("inputs")
+    b.output("y", b.add(b.input("x", owner="garbler", width=8), b.input("y", owner="evaluator", width=8)))
+    c = b.build()
+    tp = two_party()
+    with pytest.raises(ValueError, match="above its width of 8 bits"):
+        tp.garbler.run(c, {"x": np.array([1, 256], dtype=np.uint64)})
+    with pytest.raises(TypeError, match="uint64"):
+        tp.garbler.run(c, {"x": np.array([1, 2], dtype=np.int64)})
+    with pytest.raises(ValueError, match="belongs to the evaluator"):
+        tp.garbler.run(c, {"x": np.zeros(2, np.uint64), "y": np.zeros(2, np.uint64)})
+    with pytest.raises(ValueError, match="missing input 'x'"):
+        tp.garbler.run(c, {}, n=2)
+    with pytest.raises(ValueError, match="no input 'z'"):
+        c.evaluate({"x": np.zeros(2, np.uint64), "y": np.zeros(2, np.uint64), "z": np.zeros(2, np.uint64)})
+    assert tp.garbler_channel.bytes_sent == 0
