@@ -1,93 +1,22 @@
-"""Shared fixtures: a development PKI and a two-party harness over loopback."""
+"""Fixtures shared by the tests (the helpers themselves live in helpers.py)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from garbled_core import Channel, Evaluator, Garbler, Listener, TlsConfig
-from spgc.certs import make_dev_pki
+from helpers import TwoParty, make_test_pki
 
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Certificates for h1, h2 from one CA, and 'rogue' from an unrelated CA."""
-    good = make_dev_pki(Path(tmp_path_factory.mktemp("pki")), ["h1", "h2"])
-    other = make_dev_pki(Path(tmp_path_factory.mktemp("other-pki")), ["rogue"])
-    return {**good, **other}
-
-
-def tls_config(pki: dict[str, Any], name: str) -> TlsConfig:
-    paths = pki[name]
-    return TlsConfig(str(paths.cert), str(paths.key), str(paths.ca))
-
-
-class Background:
-    """Runs fn in a thread; result() re-raises its exception in the caller."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self.value = fn()
-        except BaseException as e:  # noqa: BLE001 - handed back to the test
-            self.error = e
-
-    def result(self, timeout: float = 60.0) -> Any:
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "background party hung"
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-class TwoParty:
-    """A garbler and an evaluator session in one process, linked over loopback.
-
-    The engine releases the GIL, so the two sides run concurrently in threads.
-    """
-
-    def __init__(self, tls: tuple[TlsConfig, TlsConfig] | None = None, **session_kw: Any) -> None:
-        listener = Listener("127.0.0.1", 0)
-        kw_g = {"tls": tls[0]} if tls else {"insecure": True}
-        kw_e = {"tls": tls[1]} if tls else {"insecure": True}
-        accepting = Background(lambda: listener.accept(timeout=10, **kw_g))
-        self.evaluator_channel = Channel.connect("127.0.0.1", listener.port, timeout=10, **kw_e)
-        self.garbler_channel = accepting.result()
-        listener.close()
-        self.garbler = Garbler(self.garbler_channel, **session_kw)
-        self.evaluator = Evaluator(self.evaluator_channel, **session_kw)
-
-    def run(
-        self,
-        circuit: Any,
-        garbler_inputs: dict | None = None,
-        evaluator_inputs: dict | None = None,
-        garbler_carried: dict | None = None,
-        evaluator_carried: dict | None = None,
-        n: int | None = None,
-    ) -> tuple[dict, dict]:
-        side = Background(
-            lambda: self.garbler.run(circuit, garbler_inputs or {}, garbler_carried or {}, n)
-        )
-        out_e = self.evaluator.run(circuit, evaluator_inputs or {}, evaluator_carried or {}, n)
-        return side.result(), out_e
-
-    def close(self) -> None:
-        self.garbler_channel.close()
-        self.evaluator_channel.close()
+    return make_test_pki(Path(tmp_path_factory.mktemp("pki")))
 
 
 @pytest.fixture
 def two_party():
+    """Factory of linked garbler/evaluator pairs, closed after the test."""
     made: list[TwoParty] = []
 
     def make(**kw: Any) -> TwoParty:

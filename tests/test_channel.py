@@ -9,47 +9,9 @@ import time
 
 import pytest
 
-_core = pytest.importorskip("garbled_core._core")
-pytest.importorskip("cryptography")
-if not hasattr(_core, "Channel"):
-    pytest.skip("garbled_core._core has no Channel binding", allow_module_level=True)
-
-try:
-    from tls_certs import make_test_pki
-except ImportError:  # tests/ imported as a package
-    from tests.tls_certs import make_test_pki
-
-
-@pytest.fixture(scope="module")
-def chan_pki(tmp_path_factory):
-    return make_test_pki(tmp_path_factory.mktemp("chan_pki"), ["h1", "h2"], other_ca=True)
-
-
-def tls_for(chan_pki, name, ca="ca"):
-    cert, key = chan_pki[name]
-    return _core.TlsConfig(cert, key, chan_pki[ca])
-
-
-class Background:
-    """Runs fn in a thread; .result() re-raises its exception in the caller."""
-
-    def __init__(self, fn):
-        self.value = self.error = None
-        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn):
-        try:
-            self.value = fn()
-        except BaseException as e:  # handed back to the test
-            self.error = e
-
-    def result(self, timeout=20.0):
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "background side hung"
-        if self.error is not None:
-            raise self.error
-        return self.value
+from garbled_core import _core
+from helpers import Background
+from helpers import tls_config as tls_for
 
 
 def _round_trip(server_kw, client_kw):
@@ -103,22 +65,22 @@ def test_plaintext_round_trip_and_counters():
     assert _round_trip({"insecure": True}, {"insecure": True}) == (False, False)
 
 
-def test_tls_round_trip_and_counters(chan_pki):
-    assert _round_trip({"tls": tls_for(chan_pki, "h1")}, {"tls": tls_for(chan_pki, "h2")}) == (
+def test_tls_round_trip_and_counters(pki):
+    assert _round_trip({"tls": tls_for(pki, "h1")}, {"tls": tls_for(pki, "h2")}) == (
         True,
         True,
     )
 
 
-def test_from_socket_tls(chan_pki):
+def test_from_socket_tls(pki):
     a, b = socket.socketpair()
     with a, b:
         bg = Background(
             lambda: _core.Channel.from_socket(
-                a.fileno(), True, tls=tls_for(chan_pki, "h1"), timeout=10
+                a.fileno(), True, tls=tls_for(pki, "h1"), timeout=10
             )
         )
-        cb = _core.Channel.from_socket(b, False, tls=tls_for(chan_pki, "h2"), timeout=10)
+        cb = _core.Channel.from_socket(b, False, tls=tls_for(pki, "h2"), timeout=10)
         ca = bg.result()
         ca.send(b"hello")
         ca.flush()
@@ -127,7 +89,7 @@ def test_from_socket_tls(chan_pki):
         cb.close()
 
 
-def test_tls_required_unless_insecure(chan_pki):
+def test_tls_required_unless_insecure(pki):
     listener = _core.Listener()
     with pytest.raises(ValueError, match="TLS is required"):
         listener.accept(timeout=0.1)
@@ -137,34 +99,34 @@ def test_tls_required_unless_insecure(chan_pki):
         _core.Channel.from_socket(0, True)
     with pytest.raises(ValueError):
         _core.Channel.connect(
-            "127.0.0.1", listener.port, tls=tls_for(chan_pki, "h2"), insecure=True
+            "127.0.0.1", listener.port, tls=tls_for(pki, "h2"), insecure=True
         )
     listener.close()
 
 
-def test_tls_config_missing_file(chan_pki, tmp_path):
-    cert, key = chan_pki["h1"]
+def test_tls_config_missing_file(pki, tmp_path):
+    cert, key = pki["h1"]
     missing = str(tmp_path / "nope.pem")
     with pytest.raises(ValueError, match=r"nope\.pem"):
-        _core.TlsConfig(cert, missing, chan_pki["ca"])
-    cfg = _core.TlsConfig(cert, key, chan_pki["ca"])
-    assert (cfg.cert, cfg.key, cfg.ca) == (cert, key, chan_pki["ca"])
+        _core.TlsConfig(cert, missing, pki["ca"])
+    cfg = _core.TlsConfig(cert, key, pki["ca"])
+    assert (cfg.cert, cfg.key, cfg.ca) == (cert, key, pki["ca"])
 
 
 @pytest.mark.parametrize("bad_side", ["client_cert", "server_cert", "client_pki"])
-def test_certificate_from_other_ca_fails_on_both_sides(chan_pki, bad_side):
+def test_certificate_from_other_ca_fails_on_both_sides(pki, bad_side):
     # *_cert: that side presents a certificate from an unrelated CA but trusts the right CA;
     # client_pki: the client lives entirely in the unrelated PKI.
     if bad_side == "server_cert":
-        server_tls = _core.TlsConfig(*chan_pki["other:h1"], chan_pki["ca"])
+        server_tls = _core.TlsConfig(*pki["other:h1"], pki["ca"])
     else:
-        server_tls = tls_for(chan_pki, "h1")
+        server_tls = tls_for(pki, "h1")
     if bad_side == "client_cert":
-        client_tls = _core.TlsConfig(*chan_pki["other:h2"], chan_pki["ca"])
+        client_tls = _core.TlsConfig(*pki["other:h2"], pki["ca"])
     elif bad_side == "client_pki":
-        client_tls = tls_for(chan_pki, "other:h2", "other_ca")
+        client_tls = tls_for(pki, "other:h2", "other_ca")
     else:
-        client_tls = tls_for(chan_pki, "h2")
+        client_tls = tls_for(pki, "h2")
     listener = _core.Listener()
     start = time.monotonic()
     bg = Background(lambda: listener.accept(tls=server_tls, timeout=10))
@@ -181,10 +143,10 @@ def test_certificate_from_other_ca_fails_on_both_sides(chan_pki, bad_side):
 
 
 @pytest.mark.parametrize("use_tls", [False, True])
-def test_peer_closes_mid_recv(chan_pki, use_tls):
+def test_peer_closes_mid_recv(pki, use_tls):
     listener = _core.Listener()
-    server_kw = {"tls": tls_for(chan_pki, "h1")} if use_tls else {"insecure": True}
-    client_kw = {"tls": tls_for(chan_pki, "h2")} if use_tls else {"insecure": True}
+    server_kw = {"tls": tls_for(pki, "h1")} if use_tls else {"insecure": True}
+    client_kw = {"tls": tls_for(pki, "h2")} if use_tls else {"insecure": True}
 
     def server():
         ch = listener.accept(timeout=10, **server_kw)
@@ -218,10 +180,10 @@ def test_peer_closes_while_sending():
 
 
 @pytest.mark.parametrize("use_tls", [False, True])
-def test_stalled_peer_times_out(chan_pki, use_tls):
+def test_stalled_peer_times_out(pki, use_tls):
     listener = _core.Listener()
-    server_kw = {"tls": tls_for(chan_pki, "h1")} if use_tls else {"insecure": True}
-    client_kw = {"tls": tls_for(chan_pki, "h2")} if use_tls else {"insecure": True}
+    server_kw = {"tls": tls_for(pki, "h1")} if use_tls else {"insecure": True}
+    client_kw = {"tls": tls_for(pki, "h2")} if use_tls else {"insecure": True}
     release = threading.Event()
 
     def server():
@@ -260,13 +222,13 @@ def test_accept_and_connect_time_out():
 
 
 @pytest.mark.parametrize("use_tls", [False, True])
-def test_both_sides_sending_at_once_do_not_deadlock(chan_pki, use_tls):
+def test_both_sides_sending_at_once_do_not_deadlock(pki, use_tls):
     """Each side sends 48 MB before reading anything: far more than the socket
     buffers hold. A blocked writer reads ahead, so both finish."""
     size = 48 * 1024 * 1024
     listener = _core.Listener("127.0.0.1", 0)
-    kw_s = {"tls": tls_for(chan_pki, "h1")} if use_tls else {"insecure": True}
-    kw_c = {"tls": tls_for(chan_pki, "h2")} if use_tls else {"insecure": True}
+    kw_s = {"tls": tls_for(pki, "h1")} if use_tls else {"insecure": True}
+    kw_c = {"tls": tls_for(pki, "h2")} if use_tls else {"insecure": True}
     payload_s, payload_c = os.urandom(size), os.urandom(size)
 
     def server():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from garbled_core import CircuitBuilder, ProtocolError, _core, available_and_kernels, set_and_kernel
-from tests.conftest import tls_config
+from helpers import Background, tls_config
 
 MASK32 = (1 << 32) - 1
 
@@ -275,8 +275,6 @@ def test_ot_extension_labels_match(two_party, random_choices):
         choices = np.zeros(m // 8, dtype=np.uint8)
         choices[::3] = 0xFF
         choices[1::3] = rng.integers(0, 256, len(choices[1::3]), dtype=np.uint8)
-    from tests.conftest import Background
-
     sender = Background(lambda: _core._cot_send(tp.garbler_channel, m))
     labels = _core._cot_recv(tp.evaluator_channel, choices)
     delta, q = sender.result()
@@ -298,8 +296,6 @@ def test_circuit_mismatch_fails_on_both_sides(two_party):
     assert c1.hash != c2.hash
     tp = two_party()
     xs = np.arange(10, dtype=np.uint64)
-    from tests.conftest import Background
-
     side = Background(lambda: tp.garbler.run(c1, {"x": xs}))
     with pytest.raises(ProtocolError, match="circuit mismatch"):
         tp.evaluator.run(c2, {"y": xs})
@@ -312,8 +308,6 @@ def test_instance_count_mismatch(two_party):
     b.output("y", b.add(b.input("x", owner="garbler", width=8), b.input("y", owner="evaluator", width=8)))
     c = b.build()
     tp = two_party()
-    from tests.conftest import Background
-
     side = Background(lambda: tp.garbler.run(c, {"x": np.arange(10, dtype=np.uint64)}))
     with pytest.raises(ProtocolError, match="instance count"):
         tp.evaluator.run(c, {"y": np.arange(11, dtype=np.uint64)})

@@ -1,0 +1,116 @@
+"""Development PKI (`spgc.certs`) and the `spgc certs` command."""
+
+from __future__ import annotations
+
+import ipaddress
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from spgc.certs import CertPaths, make_dev_pki
+from spgc.cli import main
+
+
+def _load(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def test_files_and_key_permissions(tmp_path: Path) -> None:
+    made = make_dev_pki(tmp_path / "pki", ["h1", "p1"])
+    assert set(made) == {"h1", "p1"}
+    ca = tmp_path / "pki" / "ca.pem"
+    assert (tmp_path / "pki" / "ca.key").is_file()
+    for name, paths in made.items():
+        assert paths == CertPaths(
+            cert=tmp_path / "pki" / f"{name}.pem", key=tmp_path / "pki" / f"{name}.key", ca=ca
+        )
+        assert paths.cert.is_file() and paths.key.is_file()
+    for key in (tmp_path / "pki").glob("*.key"):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+
+
+def test_leaf_verifies_against_ca(tmp_path: Path) -> None:
+    made = make_dev_pki(tmp_path, ["h2"])
+    ca = _load(made["h2"].ca)
+    leaf = _load(made["h2"].cert)
+    leaf.verify_directly_issued_by(ca)  # raises on a bad signature or issuer
+
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "h2"}
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert set(eku) == {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    days = (leaf.not_valid_after_utc - leaf.not_valid_before_utc).days
+    assert 365 <= days <= 366
+
+    # Full path validation as a TLS client would do it (server name and IP).
+    from cryptography.x509.verification import PolicyBuilder, Store
+
+    policy = PolicyBuilder().store(Store([ca]))
+    for subject in (
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.DNSName("h2"),
+    ):
+        chain = policy.build_server_verifier(subject).verify(leaf, [])
+        assert chain[-1] == ca
+
+
+def test_other_ca_does_not_verify(tmp_path: Path) -> None:
+    a = make_dev_pki(tmp_path / "a", ["h1"])
+    b = make_dev_pki(tmp_path / "b", ["h1"])
+    with pytest.raises(InvalidSignature):
+        _load(a["h1"].cert).verify_directly_issued_by(_load(b["h1"].ca))
+
+
+def test_refuses_overwrite_unless_force(tmp_path: Path) -> None:
+    make_dev_pki(tmp_path, ["h1"])
+    before = (tmp_path / "h1.pem").read_bytes()
+    with pytest.raises(FileExistsError):
+        make_dev_pki(tmp_path, ["h1"])
+    assert (tmp_path / "h1.pem").read_bytes() == before
+
+    (tmp_path / "h1.key").chmod(0o644)
+    make_dev_pki(tmp_path, ["h1"], force=True)
+    assert (tmp_path / "h1.pem").read_bytes() != before
+    assert stat.S_IMODE((tmp_path / "h1.key").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("bad", [["../x"], ["ca"], ["h1", "h1"], [], ["a b"]])
+def test_rejects_bad_names(tmp_path: Path, bad: list[str]) -> None:
+    with pytest.raises(ValueError):
+        make_dev_pki(tmp_path, bad)
+
+
+def test_cli_certs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "certs"
+    assert main(["certs", str(out), "--names", "h1", "h2", "p1"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ca.key",
+        "ca.pem",
+        "h1.key",
+        "h1.pem",
+        "h2.key",
+        "h2.pem",
+        "p1.key",
+        "p1.pem",
+    ]
+    capsys.readouterr()
+
+    # A second run refuses, with a one-line error and exit code 2, not a traceback.
+    assert main(["certs", str(out), "--names", "h1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("spgc: error: refusing to overwrite")
+    assert "Traceback" not in err
+
+    assert main(["certs", str(out), "--names", "h1", "--force"]) == 0
+
+
+def test_cli_default_names(tmp_path: Path) -> None:
+    assert main(["certs", str(tmp_path)]) == 0
+    for name in ("h1", "h2", "p1", "p2", "p3"):
+        assert (tmp_path / f"{name}.pem").is_file()
