@@ -114,9 +114,13 @@ int bio_read(BIO* b, char* buf, int len) {
   BIO_clear_retry_flags(b);
   if (len <= 0) return 0;
   if (size_t got = st->take_ahead(reinterpret_cast<uint8_t*>(buf), (size_t)len)) return (int)got;
+  constexpr size_t kRefill = 256 * 1024;
   for (;;) {
-    ssize_t n = ::recv(st->fd, buf, (size_t)len, MSG_DONTWAIT);
-    if (n > 0) return (int)n;
+    ssize_t n = ::recv(st->fd, st->ahead_room(kRefill), kRefill, MSG_DONTWAIT);
+    if (n > 0) {
+      st->ahead_tail += (size_t)n;
+      return (int)st->take_ahead(reinterpret_cast<uint8_t*>(buf), (size_t)len);
+    }
     if (n == 0) {
       st->eof = true;
       return 0;
@@ -319,16 +323,30 @@ void Channel::fail_ssl(int ssl_err, bool reading, const char* what) {
 }
 
 size_t Channel::IoState::take_ahead(uint8_t* p, size_t n) {
-  size_t avail = ahead.size() - ahead_pos;
+  size_t avail = ahead_tail - ahead_head;
   if (avail == 0) return 0;
   size_t c = std::min(avail, n);
-  std::memcpy(p, ahead.data() + ahead_pos, c);
-  ahead_pos += c;
-  if (ahead_pos == ahead.size()) {
-    ahead.clear();  // keeps the capacity
-    ahead_pos = 0;
-  }
+  std::memcpy(p, ahead.get() + ahead_head, c);
+  ahead_head += c;
+  if (ahead_head == ahead_tail) ahead_head = ahead_tail = 0;
   return c;
+}
+
+uint8_t* Channel::IoState::ahead_room(size_t n) {
+  if (ahead_cap - ahead_tail >= n) return ahead.get() + ahead_tail;
+  size_t used = ahead_tail - ahead_head;
+  if (ahead_cap >= used + n && ahead_head > 0) {
+    std::memmove(ahead.get(), ahead.get() + ahead_head, used);
+  } else {
+    size_t cap = std::max(ahead_cap * 2, used + n);
+    std::unique_ptr<uint8_t[]> bigger(new uint8_t[cap]);
+    if (used) std::memcpy(bigger.get(), ahead.get() + ahead_head, used);
+    ahead = std::move(bigger);
+    ahead_cap = cap;
+  }
+  ahead_head = 0;
+  ahead_tail = used;
+  return ahead.get() + ahead_tail;
 }
 
 void Channel::wait_writable() {
@@ -342,10 +360,10 @@ void Channel::wait_writable() {
     int rc = ::poll(&pf, 1, poll_ms(deadline));
     if (rc < 0 && errno != EINTR) throw ChannelError(std::string("poll failed: ") + errno_text(errno));
     if (rc > 0 && (pf.revents & POLLIN) && !peer_done) {
-      uint8_t piece[64 * 1024];
-      ssize_t r = ::recv(fd_, piece, sizeof(piece), MSG_DONTWAIT);
+      constexpr size_t kPiece = 256 * 1024;
+      ssize_t r = ::recv(fd_, io_->ahead_room(kPiece), kPiece, MSG_DONTWAIT);
       if (r > 0) {
-        io_->ahead.append(reinterpret_cast<const char*>(piece), (size_t)r);
+        io_->ahead_tail += (size_t)r;
         deadline = deadline_after(timeout_s_);  // the link is alive
       } else if (r == 0) {
         peer_done = true;
@@ -568,6 +586,11 @@ void Channel::setup_tls(const TlsOptions& tls, bool server_side, double timeout_
   if (!ctx_) throw TlsError("cannot create TLS context: " + take_openssl_error());
   if (SSL_CTX_set_min_proto_version(ctx_, TLS1_3_VERSION) != 1)
     throw TlsError("cannot require TLS 1.3: " + take_openssl_error());
+  // AES-128-GCM first: 128-bit security like the garbling itself, and about 13% faster
+  // than AES-256-GCM on the tables stream.
+  if (SSL_CTX_set_ciphersuites(ctx_, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:"
+                                     "TLS_CHACHA20_POLY1305_SHA256") != 1)
+    throw TlsError("cannot set TLS 1.3 cipher suites: " + take_openssl_error());
   if (SSL_CTX_use_certificate_chain_file(ctx_, tls.cert_file.c_str()) != 1)
     throw TlsError("cannot load certificate '" + tls.cert_file + "': " + take_openssl_error());
   if (SSL_CTX_use_PrivateKey_file(ctx_, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1)

@@ -130,10 +130,14 @@ class Channel {
     // Bytes read from the socket while a write was blocked, not yet consumed.
     // Reading while waiting to write means two parties that both send large
     // messages at once can never deadlock on full socket buffers.
-    std::string ahead;
-    size_t ahead_pos = 0;
+    // The TLS reader also refills it in large reads, so that one recv() brings
+    // many 16 KiB records instead of two system calls per record.
+    std::unique_ptr<uint8_t[]> ahead;
+    size_t ahead_cap = 0, ahead_head = 0, ahead_tail = 0;
     // Serves up to n bytes of read-ahead; returns how many.
     size_t take_ahead(uint8_t* p, size_t n);
+    // Room for at least n more bytes at ahead + ahead_tail (compacts or grows).
+    uint8_t* ahead_room(size_t n);
   };
 
  private:
