@@ -40,7 +40,7 @@ class Background:
     def _run(self, fn: Callable[[], Any]) -> None:
         try:
             self.value = fn()
-        except BaseException as e:  # noqa: BLE001 - handed back to the test
+        except BaseException as e:
             self.error = e
 
     def result(self, timeout: float = 60.0) -> Any:

@@ -8,10 +8,10 @@ import threading
 import time
 
 import pytest
-
-from garbled_core import _core
 from helpers import Background
 from helpers import tls_config as tls_for
+
+from garbled_core import _core
 
 
 def _round_trip(server_kw, client_kw):
@@ -76,9 +76,7 @@ def test_from_socket_tls(pki):
     a, b = socket.socketpair()
     with a, b:
         bg = Background(
-            lambda: _core.Channel.from_socket(
-                a.fileno(), True, tls=tls_for(pki, "h1"), timeout=10
-            )
+            lambda: _core.Channel.from_socket(a.fileno(), True, tls=tls_for(pki, "h1"), timeout=10)
         )
         cb = _core.Channel.from_socket(b, False, tls=tls_for(pki, "h2"), timeout=10)
         ca = bg.result()
@@ -98,9 +96,7 @@ def test_tls_required_unless_insecure(pki):
     with pytest.raises(ValueError, match="TLS is required"):
         _core.Channel.from_socket(0, True)
     with pytest.raises(ValueError):
-        _core.Channel.connect(
-            "127.0.0.1", listener.port, tls=tls_for(pki, "h2"), insecure=True
-        )
+        _core.Channel.connect("127.0.0.1", listener.port, tls=tls_for(pki, "h2"), insecure=True)
     listener.close()
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import Background, tls_config
 
 from garbled_core import CircuitBuilder, ProtocolError, _core, available_and_kernels, set_and_kernel
-from helpers import Background, tls_config
 
 MASK32 = (1 << 32) - 1
 
@@ -29,9 +29,13 @@ def edge_and_random(n_random: int, width: int, seed: int) -> np.ndarray:
     top = (1 << width) - 1
     edges = [0, 1, top, top - 1, 1 << (width - 1), (1 << (width - 1)) - 1]
     rng = np.random.default_rng(seed)
-    rand = rng.integers(0, 1 << width, n_random, dtype=np.uint64) if width < 64 else (
-        rng.integers(0, 1 << 63, n_random, dtype=np.uint64) * np.uint64(2)
-        + rng.integers(0, 2, n_random, dtype=np.uint64)
+    rand = (
+        rng.integers(0, 1 << width, n_random, dtype=np.uint64)
+        if width < 64
+        else (
+            rng.integers(0, 1 << 63, n_random, dtype=np.uint64) * np.uint64(2)
+            + rng.integers(0, 2, n_random, dtype=np.uint64)
+        )
     )
     return np.concatenate([np.array(edges, dtype=np.uint64), rand])
 
@@ -87,7 +91,9 @@ def random_circuit(seed: int, gates: int = 400):
     """A random soup of AND/XOR/NOT over inputs of both parties."""
     rng = np.random.default_rng(seed)
     b = CircuitBuilder(f"random{seed}")
-    pool = list(b.input("g", owner="garbler", width=13)) + list(b.input("e", owner="evaluator", width=11))
+    pool = list(b.input("g", owner="garbler", width=13)) + list(
+        b.input("e", owner="evaluator", width=11)
+    )
     for _ in range(gates):
         op = rng.integers(0, 3)
         i, j = rng.integers(0, len(pool), 2)
@@ -226,7 +232,9 @@ def test_exact_byte_counts(two_party, n):
     chunk = 256
     tp = two_party(chunk=chunk)
     out_g, out_e = tp.run(circuit, {"a": av}, {"b": bv})
-    assert np.array_equal(out_e["y"], circuit.evaluate({"a": av, "b": bv})["y"])
+    plain = circuit.evaluate({"a": av, "b": bv})
+    assert np.array_equal(out_e["y"], plain["y"])
+    assert np.array_equal(out_g["flag"], plain["flag"])
     want = expected_bytes(circuit, n, chunk)
     got_g = tp.garbler_channel.counters()
     got_e = tp.evaluator_channel.counters()
@@ -289,9 +297,15 @@ def test_ot_extension_labels_match(two_party, random_choices):
 
 def test_circuit_mismatch_fails_on_both_sides(two_party):
     b1 = CircuitBuilder("one")
-    b1.output("y", b1.add(b1.input("x", owner="garbler", width=8), b1.input("y", owner="evaluator", width=8)))
+    b1.output(
+        "y",
+        b1.add(b1.input("x", owner="garbler", width=8), b1.input("y", owner="evaluator", width=8)),
+    )
     b2 = CircuitBuilder("two")
-    b2.output("y", b2.sub(b2.input("x", owner="garbler", width=8), b2.input("y", owner="evaluator", width=8)))
+    b2.output(
+        "y",
+        b2.sub(b2.input("x", owner="garbler", width=8), b2.input("y", owner="evaluator", width=8)),
+    )
     c1, c2 = b1.build(), b2.build()
     assert c1.hash != c2.hash
     tp = two_party()
@@ -305,7 +319,9 @@ def test_circuit_mismatch_fails_on_both_sides(two_party):
 
 def test_instance_count_mismatch(two_party):
     b = CircuitBuilder("n")
-    b.output("y", b.add(b.input("x", owner="garbler", width=8), b.input("y", owner="evaluator", width=8)))
+    b.output(
+        "y", b.add(b.input("x", owner="garbler", width=8), b.input("y", owner="evaluator", width=8))
+    )
     c = b.build()
     tp = two_party()
     side = Background(lambda: tp.garbler.run(c, {"x": np.arange(10, dtype=np.uint64)}))
@@ -317,7 +333,9 @@ def test_instance_count_mismatch(two_party):
 
 def test_bad_inputs_are_refused_before_anything_is_sent(two_party):
     b = CircuitBuilder("inputs")
-    b.output("y", b.add(b.input("x", owner="garbler", width=8), b.input("y", owner="evaluator", width=8)))
+    b.output(
+        "y", b.add(b.input("x", owner="garbler", width=8), b.input("y", owner="evaluator", width=8))
+    )
     c = b.build()
     tp = two_party()
     with pytest.raises(ValueError, match="above its width of 8 bits"):
@@ -329,5 +347,7 @@ def test_bad_inputs_are_refused_before_anything_is_sent(two_party):
     with pytest.raises(ValueError, match="missing input 'x'"):
         tp.garbler.run(c, {}, n=2)
     with pytest.raises(ValueError, match="no input 'z'"):
-        c.evaluate({"x": np.zeros(2, np.uint64), "y": np.zeros(2, np.uint64), "z": np.zeros(2, np.uint64)})
+        c.evaluate(
+            {"x": np.zeros(2, np.uint64), "y": np.zeros(2, np.uint64), "z": np.zeros(2, np.uint64)}
+        )
     assert tp.garbler_channel.bytes_sent == 0

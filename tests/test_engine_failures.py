@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from garbled_core import ChannelError, ChannelTimeoutError, CircuitBuilder, Garbler, Listener, ProtocolError
+from garbled_core import (
+    ChannelError,
+    ChannelTimeoutError,
+    CircuitBuilder,
+    Garbler,
+    Listener,
+    ProtocolError,
+)
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = str(Path(__file__).resolve().parent)
 PEER = textwrap.dedent(
     """
     import sys, time, numpy as np
     from garbled_core import Channel, Evaluator, Garbler
-    role, port, n, stall, tests_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "stall", sys.argv[5]
+    role, port, n, mode, tests_dir = sys.argv[1:6]
+    port, n, stall = int(port), int(n), mode == "stall"
     sys.path.insert(0, tests_dir)
     from test_engine_failures import bench_circuit
     ch = Channel.connect("127.0.0.1", port, insecure=True, timeout=10)
@@ -43,7 +51,16 @@ def bench_circuit():
 
 def start_peer(role: str, port: int, n: int, stall: bool = False) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c", PEER, role, str(port), str(n), "stall" if stall else "run", TESTS_DIR],
+        [
+            sys.executable,
+            "-c",
+            PEER,
+            role,
+            str(port),
+            str(n),
+            "stall" if stall else "run",
+            TESTS_DIR,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -59,8 +76,10 @@ def test_evaluator_killed_mid_run_fails_the_garbler_fast():
         garbler = Garbler(ch)
         threading.Timer(1.5, peer.kill).start()
         started = time.monotonic()
-        with pytest.raises(ChannelError, match="peer|connection"):
-            garbler.run(bench_circuit(), {"a": np.arange(n, dtype=np.uint64) & np.uint64(0xFFFFFFFF)})
+        with pytest.raises(ChannelError, match=r"peer|connection"):
+            garbler.run(
+                bench_circuit(), {"a": np.arange(n, dtype=np.uint64) & np.uint64(0xFFFFFFFF)}
+            )
         assert time.monotonic() - started < 15
     finally:
         peer.kill()

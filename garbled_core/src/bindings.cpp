@@ -97,7 +97,8 @@ std::shared_ptr<gc::Circuit> make_circuit(uint32_t num_wires,
 const uint64_t* port_values(const gc::InputPort& port, const py::handle& obj, size_t n,
                             std::vector<U64Array>& keep_alive) {
   py::array arr = py::reinterpret_borrow<py::array>(obj);
-  if (!py::isinstance<py::array>(obj) || !arr.dtype().is(py::dtype::of<uint64_t>()))
+  // Compare kind and size, not identity: unpickled arrays carry an equal but distinct dtype.
+  if (!py::isinstance<py::array>(obj) || arr.dtype().kind() != 'u' || arr.dtype().itemsize() != 8)
     throw py::type_error("input '" + port.name + "' must be a numpy uint64 array");
   U64Array a = U64Array::ensure(obj);
   if (a.ndim() != 1 || (size_t)a.shape(0) != n)

@@ -1,0 +1,39 @@
+# SPGC developer entry points. `make demo` runs the main job, `make test` the tests.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+CMAKE := $(shell if [ -x $(VENV)/bin/cmake ]; then echo $(VENV)/bin/cmake; else echo cmake; fi)
+
+.PHONY: setup demo test lint dev clean
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/spgc bench gc
+
+# The tests import the *installed* package: pytest runs from tests/ (so neither the checkout
+# root nor its garbled_core/ without a compiled module is on sys.path), and the check below
+# fails if an import would resolve to the source tree anyway. tests/ must stay a plain
+# directory (no __init__.py), else pytest would put the checkout root on sys.path.
+test: setup
+	@test ! -e tests/__init__.py || { echo "tests/__init__.py would shadow the installed package" >&2; exit 1; }
+	@cd tests && ../$(PY) -c 'import pathlib, sys, spgc, garbled_core; \
+	  venv = pathlib.Path(sys.prefix).resolve(); \
+	  bad = [f"{m.__name__} from {p}" for m in (spgc, garbled_core) for p in m.__path__ \
+	         if venv not in pathlib.Path(p).resolve().parents]; \
+	  sys.exit(f"tests would not import the installed package: {bad}" if bad else 0)'
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider .
+
+lint:
+	@if [ -x $(VENV)/bin/ruff ]; then $(VENV)/bin/ruff check .; else ruff check .; fi
+
+# In-place developer build: writes garbled_core/_core*.so into the checkout, so that
+# `PYTHONPATH=. python -m pytest` works without installing.
+dev:
+	$(CMAKE) -S . -B build/dev -DSPGC_INPLACE=ON -DCMAKE_BUILD_TYPE=Release \
+	  -DPython_EXECUTABLE=$$(if [ -x $(PY) ]; then realpath -s $(PY); else command -v python3; fi)
+	$(CMAKE) --build build/dev -j2
+
+clean:
+	rm -rf build dist *.egg-info garbled_core/_core*.so

@@ -1,0 +1,8 @@
+"""`python -m spgc` runs the CLI."""
+
+import sys
+
+from spgc.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""`spgc bench gc`: garbled-circuit engine throughput, garbler and evaluator in two processes.
+
+The benchmark circuit is one coordinate of a typical server-side step on 32-bit words:
+``D = A - B``, ``c = D < T`` (signed), ``Y = c ? D : A``, revealed to both parties; A and T are the
+garbler's inputs, B the evaluator's. Every run is checked against the circuit's plaintext
+evaluation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+WIDTH = 32
+GARBLER_INPUTS: tuple[str, ...] = ("a", "t")
+EVALUATOR_INPUTS: tuple[str, ...] = ("b",)
+OWNER_GARBLER = "garbler"
+OWNER_EVALUATOR = "evaluator"
+HOST = "127.0.0.1"
+CONNECT_TIMEOUT = 30.0
+
+MODES = ("plaintext", "tls")
+MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run (engine missing, a party failed, a timeout)."""
+
+
+def build_circuit() -> Any:
+    """The per-coordinate benchmark circuit (about 95 AND gates per instance)."""
+    try:
+        from garbled_core.circuit import CircuitBuilder
+    except ImportError as exc:
+        raise BenchError(
+            f"the garbled-circuit engine is not available ({exc}); run 'make setup' or 'make dev'"
+        ) from exc
+    b = CircuitBuilder()
+    a = b.input("a", owner=OWNER_GARBLER, width=WIDTH)
+    t = b.input("t", owner=OWNER_GARBLER, width=WIDTH)
+    bb = b.input("b", owner=OWNER_EVALUATOR, width=WIDTH)
+    d = b.sub(a, bb)
+    c = b.lt_signed(d, t)
+    y = b.mux(c, d, a)
+    b.output("y", y, reveal="both")
+    return b.build()
+
+
+def _engine() -> Any:
+    try:
+        import garbled_core
+    except ImportError as exc:
+        raise BenchError(
+            f"the garbled-circuit engine is not available ({exc}); run 'make setup' or 'make dev'"
+        ) from exc
+    return garbled_core
+
+
+def random_words(n: int, bits: int = WIDTH) -> np.ndarray:
+    """``n`` uniformly random ``bits``-bit words as uint64, from the OS CSPRNG."""
+    raw = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+    if bits >= 64:
+        return raw.copy()
+    return raw & np.uint64((1 << bits) - 1)
+
+
+# ------------------------------------------------------------------------------------- parties
+
+
+@dataclass
+class PartyReport:
+    """What one party process measured."""
+
+    role: str
+    run_seconds: float
+    cpu_seconds: float
+    counters: dict[str, dict[str, int]]
+    outputs: dict[str, np.ndarray]
+
+
+def _tls_config(gc: Any, paths: tuple[str, str, str] | None) -> Any:
+    return None if paths is None else gc.TlsConfig(*paths)
+
+
+def _chunk_kwargs(chunk: int | None) -> dict[str, int]:
+    return {} if chunk is None else {"chunk": chunk}
+
+
+def _close(obj: Any) -> None:
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()
+
+
+def _run_party(
+    role: str, channel: Any, inputs: dict[str, np.ndarray], chunk: int | None, circuit: Any
+) -> PartyReport:
+    gc = _engine()
+    party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
+    party = party_cls(channel, **_chunk_kwargs(chunk))
+    # Arrays that crossed a process boundary carry an unpickled (equal but not identical)
+    # dtype object; re-view them with numpy's canonical uint64 dtype.
+    inputs = {
+        k: np.ascontiguousarray(v, dtype=np.uint64).view(np.uint64) for k, v in inputs.items()
+    }
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    out = party.run(circuit, inputs=inputs)
+    run_seconds = time.perf_counter() - t0
+    cpu_seconds = time.process_time() - cpu0
+    counters = {k: dict(v) for k, v in channel.counters().items()}
+    outputs = {k: np.asarray(v, dtype=np.uint64) for k, v in out.items()}
+    return PartyReport(role, run_seconds, cpu_seconds, counters, outputs)
+
+
+def _report_error(conn: Connection, role: str) -> None:
+    exc_type, exc, _ = sys.exc_info()
+    name = exc_type.__name__ if exc_type else "Error"
+    with contextlib.suppress(OSError, ValueError):
+        conn.send(("error", f"{role}: {name}: {exc}", traceback.format_exc()))
+
+
+def _garbler_main(
+    conn: Connection,
+    tls: tuple[str, str, str] | None,
+    inputs: dict[str, np.ndarray],
+    chunk: int | None,
+) -> None:
+    """Garbler process: listen on an ephemeral loopback port, report it, run, report results."""
+    try:
+        gc = _engine()
+        circuit = build_circuit()
+        listener = gc.Listener(HOST, 0)
+        conn.send(("port", int(listener.port)))
+        channel = listener.accept(
+            tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
+        )
+        try:
+            report = _run_party(OWNER_GARBLER, channel, inputs, chunk, circuit)
+        finally:
+            _close(channel)
+            _close(listener)
+        conn.send(("ok", report))
+    except BaseException:
+        _report_error(conn, OWNER_GARBLER)
+    finally:
+        conn.close()
+
+
+def _evaluator_main(
+    conn: Connection,
+    port: int,
+    tls: tuple[str, str, str] | None,
+    inputs: dict[str, np.ndarray],
+    chunk: int | None,
+) -> None:
+    """Evaluator process: connect to the garbler, run, report results."""
+    try:
+        gc = _engine()
+        circuit = build_circuit()
+        channel = gc.Channel.connect(
+            HOST, port, tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
+        )
+        try:
+            report = _run_party(OWNER_EVALUATOR, channel, inputs, chunk, circuit)
+        finally:
+            _close(channel)
+        conn.send(("ok", report))
+    except BaseException:
+        _report_error(conn, OWNER_EVALUATOR)
+    finally:
+        conn.close()
+
+
+def _exit_status(proc: Any) -> str:
+    proc.join(timeout=2.0)
+    code = proc.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _receive(conn: Connection, proc: Any, what: str, deadline: float) -> Any:
+    """Next message from a child, or BenchError if it died, failed or ran out of time."""
+    while not conn.poll(0.2):
+        if not proc.is_alive() and not conn.poll(0):
+            raise BenchError(f"{what} process ended without a result ({_exit_status(proc)})")
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out waiting for the {what}")
+    try:
+        msg = conn.recv()
+    except EOFError as exc:
+        raise BenchError(f"{what} process ended without a result ({_exit_status(proc)})") from exc
+    if msg[0] == "error":
+        if os.environ.get("SPGC_DEBUG"):
+            raise BenchError(f"{msg[1]}\n{msg[2]}")
+        raise BenchError(f"{msg[1]} (SPGC_DEBUG=1 shows the traceback)")
+    return msg[1]
+
+
+# ------------------------------------------------------------------------------------- one run
+
+
+@dataclass
+class RunResult:
+    """One end-to-end run (garbler and evaluator over loopback)."""
+
+    mode: str
+    instances: int
+    and_per_instance: int
+    and_gates: int
+    wall_seconds: float
+    and_gates_per_second: float
+    garble_only_and_gates_per_second: float
+    bytes_per_and: float
+    eval_input_bytes_per_bit: float
+    cpu_seconds_garbler: float
+    cpu_seconds_evaluator: float
+    correct: bool
+    counters: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+
+
+def _sum_sent(counters: dict[str, dict[str, int]], phases: Iterable[str]) -> int:
+    return sum(int(counters.get(p, {}).get("sent", 0)) for p in phases)
+
+
+def run_two_party(
+    circuit: Any,
+    instances: int,
+    mode: str,
+    chunk: int | None,
+    garble_only_rate: float,
+    log: Callable[[str], None],
+) -> RunResult:
+    """Run the circuit on ``instances`` random inputs in two processes; check the result."""
+    import multiprocessing as mp
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}")
+    ctx = mp.get_context("spawn")
+    inputs_g = {name: random_words(instances) for name in GARBLER_INPUTS}
+    inputs_e = {name: random_words(instances) for name in EVALUATOR_INPUTS}
+    deadline = time.monotonic() + 600.0 + 1e-3 * instances
+
+    with tempfile.TemporaryDirectory(prefix="spgc-bench-") as tmp:
+        tls_g = tls_e = None
+        if mode == "tls":
+            from spgc.certs import make_dev_pki
+
+            pki = make_dev_pki(Path(tmp), [OWNER_GARBLER, OWNER_EVALUATOR])
+            tls_g = tuple(
+                str(p)
+                for p in (pki[OWNER_GARBLER].cert, pki[OWNER_GARBLER].key, pki[OWNER_GARBLER].ca)
+            )
+            tls_e = tuple(
+                str(p)
+                for p in (
+                    pki[OWNER_EVALUATOR].cert,
+                    pki[OWNER_EVALUATOR].key,
+                    pki[OWNER_EVALUATOR].ca,
+                )
+            )
+
+        g_parent, g_child = ctx.Pipe()
+        e_parent, e_child = ctx.Pipe()
+        garbler = ctx.Process(
+            target=_garbler_main, args=(g_child, tls_g, inputs_g, chunk), name="spgc-garbler"
+        )
+        evaluator = None
+        log(f"garbling {instances:,} instances over {MODE_LABEL[mode]} (loopback, 2 processes) ...")
+        try:
+            garbler.start()
+            g_child.close()
+            port = _receive(g_parent, garbler, "garbler", deadline)
+            evaluator = ctx.Process(
+                target=_evaluator_main,
+                args=(e_child, port, tls_e, inputs_e, chunk),
+                name="spgc-evaluator",
+            )
+            evaluator.start()
+            e_child.close()
+            rep_e: PartyReport = _receive(e_parent, evaluator, "evaluator", deadline)
+            rep_g: PartyReport = _receive(g_parent, garbler, "garbler", deadline)
+        finally:
+            for proc in (garbler, evaluator):
+                if proc is None or proc.pid is None:
+                    continue
+                proc.join(timeout=5.0)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+            g_parent.close()
+            e_parent.close()
+
+    expected = circuit.evaluate({**inputs_g, **inputs_e})
+    correct = bool(expected) and all(
+        name in rep.outputs and np.array_equal(rep.outputs[name], np.asarray(want, np.uint64))
+        for rep in (rep_g, rep_e)
+        for name, want in expected.items()
+    )
+
+    and_per_instance = int(circuit.and_count)
+    and_gates = and_per_instance * instances
+    wall = max(rep_g.run_seconds, rep_e.run_seconds)
+    table_bytes = _sum_sent(rep_g.counters, ["tables"])
+    eval_input_bits = instances * WIDTH * len(EVALUATOR_INPUTS)
+    eval_sent = _sum_sent(rep_e.counters, ["ot_extension", "inputs"])
+    log(f"  done in {wall:.2f} s; output {'matches' if correct else 'DIFFERS FROM'} plaintext")
+    return RunResult(
+        mode=mode,
+        instances=instances,
+        and_per_instance=and_per_instance,
+        and_gates=and_gates,
+        wall_seconds=wall,
+        and_gates_per_second=and_gates / wall if wall > 0 else float("inf"),
+        garble_only_and_gates_per_second=garble_only_rate,
+        bytes_per_and=table_bytes / and_gates if and_gates else float("nan"),
+        eval_input_bytes_per_bit=eval_sent / eval_input_bits,
+        cpu_seconds_garbler=rep_g.cpu_seconds,
+        cpu_seconds_evaluator=rep_e.cpu_seconds,
+        correct=correct,
+        counters={"garbler": rep_g.counters, "evaluator": rep_e.counters},
+    )
+
+
+def garble_only_rate(
+    circuit: Any, instances: int, chunk: int | None, log: Callable[[str], None]
+) -> float:
+    """AND gates per second of garbling alone (one process, tables discarded)."""
+    gc = _engine()
+    log(f"garbling {instances:,} instances without a peer (garble-only) ...")
+    seconds = float(gc.garble_only(circuit, instances, **_chunk_kwargs(chunk)))
+    and_gates = int(circuit.and_count) * instances
+    log(f"  done in {seconds:.2f} s")
+    return and_gates / seconds if seconds > 0 else float("inf")
+
+
+# ------------------------------------------------------------------------------------- output
+
+_COLUMNS = (
+    ("mode", "{:<9}"),
+    ("AND gates", "{:>13,}"),
+    ("e2e M AND/s", "{:>11.2f}"),
+    ("garble-only M AND/s", "{:>19.2f}"),
+    ("bytes/AND", "{:>9.2f}"),
+    ("eval B/input bit", "{:>16.2f}"),
+    ("wall s", "{:>8.2f}"),
+    ("CPU s garbler", "{:>13.2f}"),
+    ("CPU s evaluator", "{:>15.2f}"),
+    ("correct", "{:>7}"),
+)
+
+
+def format_table(runs: list[RunResult]) -> str:
+    """The human-readable result table, one row per run."""
+    widths = [len(fmt.format(*([0] if "," in fmt or "f" in fmt else [""]))) for _, fmt in _COLUMNS]
+    widths = [max(w, len(name)) for w, (name, _) in zip(widths, _COLUMNS, strict=True)]
+    header = "  ".join(
+        name.rjust(w) if i else name.ljust(w)
+        for i, ((name, _), w) in enumerate(zip(_COLUMNS, widths, strict=True))
+    )
+    lines = [header, "-" * len(header)]
+    for r in runs:
+        values = (
+            MODE_LABEL[r.mode],
+            r.and_gates,
+            r.and_gates_per_second / 1e6,
+            r.garble_only_and_gates_per_second / 1e6,
+            r.bytes_per_and,
+            r.eval_input_bytes_per_bit,
+            r.wall_seconds,
+            r.cpu_seconds_garbler,
+            r.cpu_seconds_evaluator,
+            "yes" if r.correct else "NO",
+        )
+        cells = [fmt.format(v) for (_, fmt), v in zip(_COLUMNS, values, strict=True)]
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+        )
+    return "\n".join(lines)
+
+
+def to_json(runs: list[RunResult], chunk: int | None) -> dict[str, Any]:
+    """One JSON object: the primary run's keys at top level (TLS if it ran), all runs in `runs`."""
+    primary = next((r for r in runs if r.mode == "tls"), runs[0])
+    obj: dict[str, Any] = asdict(primary)
+    obj["chunk"] = chunk
+    obj["circuit"] = "y = (a - b <s t) ? a - b : a, 32-bit"
+    if len(runs) > 1:
+        obj["runs"] = [asdict(r) for r in runs]
+    return obj
+
+
+def bench_gc(
+    instances: int = 1_000_000,
+    modes: tuple[str, ...] = ("tls",),
+    chunk: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[RunResult]:
+    """Garble-only rate, then one two-process run per mode; returns the results."""
+    if instances < 1:
+        raise ValueError("--instances must be at least 1")
+    if chunk is not None and chunk < 1:
+        raise ValueError("--chunk must be at least 1")
+
+    def _stderr(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    log = log or _stderr
+    circuit = build_circuit()
+    log(f"circuit: {int(circuit.and_count)} AND gates per instance")
+    rate = garble_only_rate(circuit, instances, chunk, log)
+    return [run_two_party(circuit, instances, m, chunk, rate, log) for m in modes]
+
+
+def run_cli(instances: int, insecure: bool, both: bool, chunk: int | None, as_json: bool) -> int:
+    """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect)."""
+    modes: tuple[str, ...] = MODES if both else (("plaintext",) if insecure else ("tls",))
+    runs = bench_gc(instances=instances, modes=modes, chunk=chunk)
+    table = format_table(runs)
+    if as_json:
+        print(table, file=sys.stderr)
+        print(json.dumps(to_json(runs, chunk), indent=2, sort_keys=True))
+    else:
+        print(table)
+    if not all(r.correct for r in runs):
+        print("spgc: error: garbled output differs from the plaintext evaluation", file=sys.stderr)
+        return 1
+    return 0

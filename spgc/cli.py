@@ -1,0 +1,130 @@
+"""The `spgc` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from spgc import __version__
+from spgc.certs import DEFAULT_NAMES
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="spgc",
+        description="Two-server secure aggregation for differentially private collaborative "
+        "learning.",
+    )
+    parser.add_argument("--version", action="version", version=f"spgc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    certs = sub.add_parser(
+        "certs",
+        help="make a development CA and per-party TLS certificates",
+        description="Write a development CA (ca.pem, ca.key) and, per name, NAME.pem and NAME.key "
+        "signed by it (EC P-256, one year, SAN localhost/127.0.0.1/NAME). For development only.",
+    )
+    certs.add_argument("directory", type=Path, metavar="DIR")
+    certs.add_argument(
+        "--names",
+        nargs="+",
+        default=list(DEFAULT_NAMES),
+        metavar="NAME",
+        help=f"parties to certify (default: {' '.join(DEFAULT_NAMES)})",
+    )
+    certs.add_argument("--force", action="store_true", help="replace existing files")
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    gc = bench_sub.add_parser(
+        "gc",
+        help="garbled-circuit engine throughput (garbler and evaluator over loopback)",
+        description="Garble and evaluate a 32-bit subtract/compare/select circuit on many "
+        "instances, garbler and evaluator in two processes over loopback; check the output "
+        "against plaintext evaluation.",
+    )
+    gc.add_argument(
+        "--instances",
+        type=_positive_int,
+        default=1_000_000,
+        metavar="N",
+        help="circuit instances (default: 1000000)",
+    )
+    gc.add_argument(
+        "--chunk",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="instances per engine batch (default: the engine's)",
+    )
+    gc.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object on stdout (the table goes to stderr)",
+    )
+    link = gc.add_mutually_exclusive_group()
+    link.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext TCP link instead of TLS (benchmarking only)",
+    )
+    link.add_argument("--tls-only", action="store_true", help="TLS link only (the default)")
+    link.add_argument("--both", action="store_true", help="run plaintext and TLS")
+    return parser
+
+
+def _cmd_certs(args: argparse.Namespace) -> int:
+    from spgc.certs import make_dev_pki
+
+    made = make_dev_pki(args.directory, args.names, force=args.force)
+    ca = next(iter(made.values())).ca
+    print(f"CA: {ca} (key {ca.with_suffix('.key')})")
+    for name, paths in made.items():
+        print(f"{name}: {paths.cert} (key {paths.key})")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from spgc import bench_gc
+
+    return bench_gc.run_cli(
+        instances=args.instances,
+        insecure=args.insecure,
+        both=args.both,
+        chunk=args.chunk,
+        as_json=args.json,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (2 for user errors, with a one-line message)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"certs": _cmd_certs, "bench": _cmd_bench}
+    from spgc.bench_gc import BenchError
+
+    try:
+        return handlers[args.command](args)
+    except (BenchError, OSError, ValueError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
