@@ -19,9 +19,12 @@ non-constant operands; constant operands and repeated wires can only lower it.
 from __future__ import annotations
 
 import functools
+import json
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -145,6 +148,33 @@ class CircuitDescription:
         from garbled_core import _core
 
         return _core.Circuit(*self.as_args())
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the description to an ``.npz`` file (gates as an array, ports as JSON)."""
+        ports = {
+            "name": self.name,
+            "num_wires": self.num_wires,
+            "inputs": self.inputs,
+            "outputs": [[n, r, [int(w) for w in ws]] for n, r, ws in self.outputs],
+        }
+        with Path(path).open("wb") as f:
+            np.savez_compressed(f, gates=self.gates, ports=np.array(json.dumps(ports)))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CircuitDescription:
+        """Reads a description written by :meth:`save` (no pickled objects are loaded)."""
+        with np.load(path, allow_pickle=False) as data:
+            ports = json.loads(str(data["ports"]))
+            gates = np.ascontiguousarray(data["gates"], dtype=np.int64)
+        if gates.ndim != 2 or (gates.size and gates.shape[1] != 4):
+            raise ValueError(f"{path}: gates must have shape (G, 4), not {gates.shape}")
+        return cls(
+            num_wires=int(ports["num_wires"]),
+            inputs=[(str(n), str(o), int(w)) for n, o, w in ports["inputs"]],
+            gates=gates,
+            outputs=[(str(n), str(r), [int(w) for w in ws]) for n, r, ws in ports["outputs"]],
+            name=str(ports["name"]),
+        )
 
 
 def _check_width(width: object, what: str, lo: int = 1, hi: int | None = None) -> int:

@@ -351,3 +351,16 @@ def test_bad_inputs_are_refused_before_anything_is_sent(two_party):
             {"x": np.zeros(2, np.uint64), "y": np.zeros(2, np.uint64), "z": np.zeros(2, np.uint64)}
         )
     assert tp.garbler_channel.bytes_sent == 0
+
+
+def test_circuit_description_saves_and_loads(tmp_path):
+    b = CircuitBuilder("saved")
+    x = b.input("x", owner="garbler", width=16)
+    y = b.input("y", owner="evaluator", width=16)
+    b.output("d", b.sub(x, y))
+    b.output("k", b.lt_signed(x, y), reveal="keep")
+    desc = b.description()
+    desc.save(tmp_path / "c.npz")
+    loaded = type(desc).load(tmp_path / "c.npz")
+    assert loaded.build().hash == desc.build().hash
+    assert loaded.and_count == desc.and_count
