@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from helpers import Background, tls_config
 
-from garbled_core import CircuitBuilder, ProtocolError, _core, available_and_kernels, set_and_kernel
+from garbled_core import (
+    CircuitBuilder,
+    Evaluator,
+    Garbler,
+    ProtocolError,
+    _core,
+    available_and_kernels,
+    set_and_kernel,
+)
 
 MASK32 = (1 << 32) - 1
 
@@ -364,3 +372,21 @@ def test_circuit_description_saves_and_loads(tmp_path):
     loaded = type(desc).load(tmp_path / "c.npz")
     assert loaded.build().hash == desc.build().hash
     assert loaded.and_count == desc.and_count
+
+
+@pytest.mark.parametrize(("garbler_threads", "evaluator_threads"), [(2, 2), (4, 1), (1, 3)])
+def test_worker_threads_give_the_same_outputs(two_party, garbler_threads, evaluator_threads):
+    """Parties may use different numbers of worker threads; tables are the same."""
+    circuit = random_circuit(9)
+    rng = np.random.default_rng(4)
+    n = 64 * 37 + 5  # 38 chunks of 64: several waves and a short last chunk
+    g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+    e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+    expected = circuit.evaluate({"g": g, "e": e})
+    tp = two_party(chunk=64)
+    tp.garbler = Garbler(tp.garbler_channel, chunk=64, threads=garbler_threads)
+    tp.evaluator = Evaluator(tp.evaluator_channel, chunk=64, threads=evaluator_threads)
+    out_g, out_e = tp.run(circuit, {"g": g}, {"e": e})
+    assert np.array_equal(out_g["out"], expected["out"])
+    assert np.array_equal(out_e["out"], expected["out"])
+    assert np.array_equal(out_e["mid"], expected["mid"])

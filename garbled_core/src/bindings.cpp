@@ -291,10 +291,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("n", [](const gc::CarriedInput& c) { return c.indices.size(); });
 
   py::class_<gc::GarblerSession>(m, "Garbler", "The garbling party (H1) of a two-party session.")
-      .def(py::init([](gc::Channel& ch, size_t chunk) {
+      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads) {
         if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
-        return new gc::GarblerSession(ch, gc::SessionOptions{chunk});
-      }), "channel"_a, "chunk"_a = 1024, py::keep_alive<1, 2>())
+        if (threads == 0 || threads > 4) throw py::value_error("threads must be in 1..4");
+        return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads});
+      }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, py::keep_alive<1, 2>())
       .def("setup", [](gc::GarblerSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GarblerSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Garbler);
@@ -302,10 +303,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("runs", &gc::GarblerSession::runs);
 
   py::class_<gc::EvaluatorSession>(m, "Evaluator", "The evaluating party (H2) of a two-party session.")
-      .def(py::init([](gc::Channel& ch, size_t chunk) {
+      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads) {
         if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
-        return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk});
-      }), "channel"_a, "chunk"_a = 1024, py::keep_alive<1, 2>())
+        if (threads == 0 || threads > 4) throw py::value_error("threads must be in 1..4");
+        return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads});
+      }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, py::keep_alive<1, 2>())
       .def("setup", [](gc::EvaluatorSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::EvaluatorSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Evaluator);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "garbled_core/halfgates.h"
 #include "garbled_core/random.h"
@@ -325,25 +326,59 @@ void GarblerSession::setup() {
 }
 
 // Message order, which lets both parties work at once: the evaluator sends
-// the OT matrices of chunks 0 and 1 up front, then after evaluating chunk c
-// its colour bits of chunk c and the matrix of chunk c + 2. The garbler, before
-// chunk c >= 2, reads the colour bits of chunk c - 2 and the matrix of chunk c,
-// and reads the last colour bits at the end.
-constexpr size_t kOtLookahead = 2;
+// the OT matrices of the first kOtLookahead chunks up front, then after
+// evaluating chunk c its colour bits of chunk c and the matrix of chunk
+// c + kOtLookahead. The garbler, before chunk c >= kOtLookahead, reads the
+// colour bits of chunk c - kOtLookahead and the matrix of chunk c, and reads
+// the last colour bits at the end. With worker threads a party handles a
+// wave of up to kOtLookahead chunks at a time: inputs and network in chunk
+// order, the gates of the wave's chunks in parallel.
+constexpr size_t kOtLookahead = 4;
+
+namespace {
+
+// One chunk's working memory: wire labels by slot, and its garbled tables.
+struct ChunkWorkspace {
+  BlockVector wires, tables;
+  std::vector<uint8_t> decode;
+};
+
+std::vector<ChunkWorkspace> make_workspaces(const Circuit& c, const RunPlan& plan, size_t count,
+                                            block const_label) {
+  std::vector<ChunkWorkspace> ws(count);
+  for (auto& w : ws) {
+    w.wires.resize((size_t)c.num_slots() * plan.chunk);
+    w.wires.fill(0, plan.chunk, const_label);  // slot 0: the constant-zero wire
+    w.tables.resize(2 * c.and_count() * plan.chunk);
+    w.decode.resize(plan.evaluator_rows * ((plan.chunk + 7) / 8));
+  }
+  return ws;
+}
+
+// Runs f(0..count) on count threads (the caller's included).
+template <typename F>
+void run_parallel(size_t count, F f) {
+  std::vector<std::thread> workers;
+  for (size_t j = 1; j < count; ++j) workers.emplace_back(f, j);
+  f(0);
+  for (auto& t : workers) t.join();
+}
+
+size_t wave_size(const SessionOptions& opt) {
+  return std::max<size_t>(1, std::min(opt.threads, kOtLookahead));
+}
+
+}  // namespace
 
 RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
   setup();
   check_inputs(c, in, InputOwner::Garbler);
   exchange_header(c, in, true);
   const RunPlan plan = plan_run(c, in.n, options_);
-  const size_t cap = plan.chunk;
+  const size_t cap = plan.chunk, wave = wave_size(options_);
   RunOutputs out = prepare_outputs(c, in.n, true);
-
-  BlockVector wires((size_t)c.num_slots() * cap);
-  wires.fill(0, cap, const_label_);
-  BlockVector tables(2 * c.and_count() * cap);
+  std::vector<ChunkWorkspace> ws = make_workspaces(c, plan, wave, const_label_);
   BlockVector eval_labels(plan.ots(0)), input_labels(plan.garbler_bits * cap);
-  std::vector<uint8_t> decode(plan.evaluator_rows * ((cap + 7) / 8));
   std::vector<uint8_t> peer_bits(plan.garbler_rows * ((cap + 7) / 8));
 
   // The evaluator's colour bits complete the garbler-revealed outputs.
@@ -361,57 +396,71 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
       }
   };
 
-  for (size_t k = 0; k < plan.chunks; ++k) {
-    const size_t start = plan.start(k), cn = plan.count(k);
-    if (k >= kOtLookahead) read_peer_bits(k - kOtLookahead);
-    // Evaluator inputs: row r of the OT batch is input bit r, one OT per instance.
-    if (plan.ots(k)) cot_.extend(ch_, eval_labels.data(), plan.ots(k));
-    // Garbler inputs: both parties expand the shared seed; the garbler's
-    // zero-label is that block, shifted by Delta where its bit is 1.
-    garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
-    for (size_t p = 0; p < c.inputs().size(); ++p) {
-      const InputPort& port = c.inputs()[p];
-      if (port.owner == InputOwner::Carried) continue;
-      for (int bit = 0; bit < port.width; ++bit) {
-        block* dst = wires.data() + (size_t)c.input_slots()[p][bit] * cap;
-        size_t row = (size_t)(plan.bit_offset[p] + bit) * cn;
-        if (port.owner == InputOwner::Evaluator) {
-          std::memcpy(dst, eval_labels.data() + row, cn * sizeof(block));
-        } else {
-          const uint64_t* v = in.values[p] + start;
-          for (size_t i = 0; i < cn; ++i)
-            dst[i] = xor_block(input_labels[row + i], and_block(select_mask((v[i] >> bit) & 1), delta_));
+  for (size_t first = 0; first < plan.chunks; first += wave) {
+    const size_t count = std::min(wave, plan.chunks - first);
+    for (size_t j = 0; j < count; ++j) {
+      const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
+      block* wires = ws[j].wires.data();
+      if (k >= kOtLookahead) read_peer_bits(k - kOtLookahead);
+      // Evaluator inputs: row r of the OT batch is input bit r, one OT per instance.
+      if (plan.ots(k)) {
+        eval_labels.resize(plan.ots(k));
+        cot_.extend(ch_, eval_labels.data(), plan.ots(k));
+      }
+      // Garbler inputs: both parties expand the shared seed; the garbler's
+      // zero-label is that block, shifted by Delta where its bit is 1.
+      garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
+      for (size_t p = 0; p < c.inputs().size(); ++p) {
+        const InputPort& port = c.inputs()[p];
+        if (port.owner == InputOwner::Carried) continue;
+        for (int bit = 0; bit < port.width; ++bit) {
+          block* dst = wires + (size_t)c.input_slots()[p][bit] * cap;
+          size_t row = (size_t)(plan.bit_offset[p] + bit) * cn;
+          if (port.owner == InputOwner::Evaluator) {
+            std::memcpy(dst, eval_labels.data() + row, cn * sizeof(block));
+          } else {
+            const uint64_t* v = in.values[p] + start;
+            for (size_t i = 0; i < cn; ++i)
+              dst[i] = xor_block(input_labels[row + i], and_block(select_mask((v[i] >> bit) & 1), delta_));
+          }
         }
       }
+      load_carried(c, in, wires, cap, start, cn);
     }
-    load_carried(c, in, wires.data(), cap, start, cn);
-    garble_gates(c, wires.data(), cap, cn, start, delta_, salt_, run_id_, tables.data());
-    ch_.set_phase(Phase::Tables);
-    ch_.send(tables.data(), 2 * c.and_count() * cn * sizeof(block));
-
-    // Decoding bits: the colour of each zero-label tells the evaluator the value.
-    size_t row_bytes = (cn + 7) / 8, pos = 0;
-    for (size_t o : plan.reveal_to_evaluator)
-      for (uint32_t slot : c.outputs()[o].slots) {
-        pack_lsbs(wires.data() + (size_t)slot * cap, cn, decode.data() + pos);
-        pos += row_bytes;
+    run_parallel(count, [&](size_t j) {
+      const size_t k = first + j;
+      garble_gates(c, ws[j].wires.data(), cap, plan.count(k), plan.start(k), delta_, salt_, run_id_,
+                   ws[j].tables.data());
+    });
+    for (size_t j = 0; j < count; ++j) {
+      const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
+      const block* wires = ws[j].wires.data();
+      ch_.set_phase(Phase::Tables);
+      ch_.send(ws[j].tables.data(), 2 * c.and_count() * cn * sizeof(block));
+      // Decoding bits: the colour of each zero-label tells the evaluator the value.
+      size_t row_bytes = (cn + 7) / 8, pos = 0;
+      for (size_t o : plan.reveal_to_evaluator)
+        for (uint32_t slot : c.outputs()[o].slots) {
+          pack_lsbs(wires + (size_t)slot * cap, cn, ws[j].decode.data() + pos);
+          pos += row_bytes;
+        }
+      if (pos) {
+        ch_.set_phase(Phase::Outputs);
+        ch_.send(ws[j].decode.data(), pos);
       }
-    if (pos) {
-      ch_.set_phase(Phase::Outputs);
-      ch_.send(decode.data(), pos);
-    }
-    // This party's own view: shares, and its half of garbler-revealed values.
-    for (size_t o = 0; o < c.outputs().size(); ++o) {
-      const OutputPort& port = c.outputs()[o];
-      if (port.reveal != Reveal::Both && port.reveal != Reveal::Garbler && port.reveal != Reveal::Shares)
-        continue;
-      uint64_t* dst = out.values[o].data() + start;
-      for (size_t bit = 0; bit < port.slots.size(); ++bit) {
-        const block* labels = wires.data() + (size_t)port.slots[bit] * cap;
-        for (size_t i = 0; i < cn; ++i) dst[i] |= (uint64_t)lsb(labels[i]) << bit;
+      // This party's own view: shares, and its half of garbler-revealed values.
+      for (size_t o = 0; o < c.outputs().size(); ++o) {
+        const OutputPort& port = c.outputs()[o];
+        if (port.reveal != Reveal::Both && port.reveal != Reveal::Garbler && port.reveal != Reveal::Shares)
+          continue;
+        uint64_t* dst = out.values[o].data() + start;
+        for (size_t bit = 0; bit < port.slots.size(); ++bit) {
+          const block* labels = wires + (size_t)port.slots[bit] * cap;
+          for (size_t i = 0; i < cn; ++i) dst[i] |= (uint64_t)lsb(labels[i]) << bit;
+        }
       }
+      store_kept(c, out, wires, cap, start, cn);
     }
-    store_kept(c, out, wires.data(), cap, start, cn);
   }
   for (size_t k = plan.chunks > kOtLookahead ? plan.chunks - kOtLookahead : 0; k < plan.chunks; ++k)
     read_peer_bits(k);
@@ -455,17 +504,13 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
   check_inputs(c, in, InputOwner::Evaluator);
   exchange_header(c, in, false);
   const RunPlan plan = plan_run(c, in.n, options_);
-  const size_t cap = plan.chunk;
+  const size_t cap = plan.chunk, wave = wave_size(options_);
   RunOutputs out = prepare_outputs(c, in.n, false);
-
-  BlockVector wires((size_t)c.num_slots() * cap);
-  wires.fill(0, cap, const_label_);
-  BlockVector tables(2 * c.and_count() * cap);
+  std::vector<ChunkWorkspace> ws = make_workspaces(c, plan, wave, const_label_);
   BlockVector input_labels(plan.garbler_bits * cap);
   // Labels of the evaluator's inputs for the chunks whose OTs are in flight.
   std::vector<BlockVector> eval_labels(kOtLookahead + 1);
-  std::vector<uint8_t> choices, decode(plan.evaluator_rows * ((cap + 7) / 8));
-  std::vector<uint8_t> my_bits(plan.garbler_rows * ((cap + 7) / 8));
+  std::vector<uint8_t> choices, my_bits(plan.garbler_rows * ((cap + 7) / 8));
 
   auto send_ot = [&](size_t k) {
     const size_t ots = plan.ots(k), start = plan.start(k), cn = plan.count(k);
@@ -487,53 +532,64 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
   };
   for (size_t k = 0; k < std::min(kOtLookahead, plan.chunks); ++k) send_ot(k);
 
-  for (size_t k = 0; k < plan.chunks; ++k) {
-    const size_t start = plan.start(k), cn = plan.count(k);
-    garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
-    const BlockVector& my_labels = eval_labels[k % eval_labels.size()];
-    for (size_t p = 0; p < c.inputs().size(); ++p) {
-      const InputPort& port = c.inputs()[p];
-      if (port.owner == InputOwner::Carried) continue;
-      const BlockVector& src = port.owner == InputOwner::Evaluator ? my_labels : input_labels;
-      for (int bit = 0; bit < port.width; ++bit) {
-        size_t row = (size_t)(plan.bit_offset[p] + bit) * cn;
-        std::memcpy(wires.data() + (size_t)c.input_slots()[p][bit] * cap, src.data() + row,
-                    cn * sizeof(block));
-      }
-    }
-    load_carried(c, in, wires.data(), cap, start, cn);
-    ch_.set_phase(Phase::Tables);
-    ch_.recv(tables.data(), 2 * c.and_count() * cn * sizeof(block));
-    evaluate_gates(c, wires.data(), cap, cn, start, salt_, run_id_, tables.data());
-
-    const size_t row_bytes = (cn + 7) / 8;
-    if (plan.evaluator_rows) {
-      ch_.set_phase(Phase::Outputs);
-      ch_.recv(decode.data(), plan.evaluator_rows * row_bytes);
-    }
-    size_t decode_row = 0, garbler_row = 0;
-    for (size_t o = 0; o < c.outputs().size(); ++o) {
-      const OutputPort& port = c.outputs()[o];
-      bool to_me = port.reveal == Reveal::Both || port.reveal == Reveal::Evaluator;
-      bool share = port.reveal == Reveal::Shares;
-      bool to_garbler = port.reveal == Reveal::Both || port.reveal == Reveal::Garbler;
-      for (size_t bit = 0; bit < port.slots.size(); ++bit) {
-        const block* labels = wires.data() + (size_t)port.slots[bit] * cap;
-        if (to_me || share) {
-          uint64_t* dst = out.values[o].data() + start;
-          const uint8_t* d = to_me ? decode.data() + (decode_row++) * row_bytes : nullptr;
-          for (size_t i = 0; i < cn; ++i)
-            dst[i] |= (uint64_t)(lsb(labels[i]) ^ (d ? packed_bit(d, i) : false)) << bit;
+  for (size_t first = 0; first < plan.chunks; first += wave) {
+    const size_t count = std::min(wave, plan.chunks - first);
+    for (size_t j = 0; j < count; ++j) {
+      const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
+      block* wires = ws[j].wires.data();
+      garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
+      const BlockVector& my_labels = eval_labels[k % eval_labels.size()];
+      for (size_t p = 0; p < c.inputs().size(); ++p) {
+        const InputPort& port = c.inputs()[p];
+        if (port.owner == InputOwner::Carried) continue;
+        const BlockVector& src = port.owner == InputOwner::Evaluator ? my_labels : input_labels;
+        for (int bit = 0; bit < port.width; ++bit) {
+          size_t row = (size_t)(plan.bit_offset[p] + bit) * cn;
+          std::memcpy(wires + (size_t)c.input_slots()[p][bit] * cap, src.data() + row,
+                      cn * sizeof(block));
         }
-        if (to_garbler) pack_lsbs(labels, cn, my_bits.data() + (garbler_row++) * row_bytes);
+      }
+      load_carried(c, in, wires, cap, start, cn);
+      ch_.set_phase(Phase::Tables);
+      ch_.recv(ws[j].tables.data(), 2 * c.and_count() * cn * sizeof(block));
+      if (plan.evaluator_rows) {
+        ch_.set_phase(Phase::Outputs);
+        ch_.recv(ws[j].decode.data(), plan.evaluator_rows * ((cn + 7) / 8));
       }
     }
-    store_kept(c, out, wires.data(), cap, start, cn);
-    if (plan.garbler_rows) {
-      ch_.set_phase(Phase::Outputs);
-      ch_.send(my_bits.data(), plan.garbler_rows * row_bytes);
+    run_parallel(count, [&](size_t j) {
+      const size_t k = first + j;
+      evaluate_gates(c, ws[j].wires.data(), cap, plan.count(k), plan.start(k), salt_, run_id_,
+                     ws[j].tables.data());
+    });
+    for (size_t j = 0; j < count; ++j) {
+      const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
+      const block* wires = ws[j].wires.data();
+      const size_t row_bytes = (cn + 7) / 8;
+      size_t decode_row = 0, garbler_row = 0;
+      for (size_t o = 0; o < c.outputs().size(); ++o) {
+        const OutputPort& port = c.outputs()[o];
+        bool to_me = port.reveal == Reveal::Both || port.reveal == Reveal::Evaluator;
+        bool share = port.reveal == Reveal::Shares;
+        bool to_garbler = port.reveal == Reveal::Both || port.reveal == Reveal::Garbler;
+        for (size_t bit = 0; bit < port.slots.size(); ++bit) {
+          const block* labels = wires + (size_t)port.slots[bit] * cap;
+          if (to_me || share) {
+            uint64_t* dst = out.values[o].data() + start;
+            const uint8_t* d = to_me ? ws[j].decode.data() + (decode_row++) * row_bytes : nullptr;
+            for (size_t i = 0; i < cn; ++i)
+              dst[i] |= (uint64_t)(lsb(labels[i]) ^ (d ? packed_bit(d, i) : false)) << bit;
+          }
+          if (to_garbler) pack_lsbs(labels, cn, my_bits.data() + (garbler_row++) * row_bytes);
+        }
+      }
+      store_kept(c, out, wires, cap, start, cn);
+      if (plan.garbler_rows) {
+        ch_.set_phase(Phase::Outputs);
+        ch_.send(my_bits.data(), plan.garbler_rows * row_bytes);
+      }
+      if (k + kOtLookahead < plan.chunks) send_ot(k + kOtLookahead);
     }
-    if (k + kOtLookahead < plan.chunks) send_ot(k + kOtLookahead);
   }
   ch_.flush();
   ++run_id_;

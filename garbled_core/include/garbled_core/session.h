@@ -30,6 +30,7 @@ class ProtocolError : public std::runtime_error {
 
 struct SessionOptions {
   size_t chunk = 1024;  // instances garbled together (rounded up to a multiple of 8)
+  size_t threads = 1;   // chunks garbled or evaluated in parallel (at most 4)
 };
 
 // Labels of one kept output port: this party's label for bit k of instance i
