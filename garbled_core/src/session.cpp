@@ -231,9 +231,32 @@ std::array<uint8_t, 32> Session::carried_digest(const Circuit& c, const RunInput
   return h.digest();
 }
 
+// Both parties name their role and protocol version before anything else, so
+// two garblers, two evaluators or a stranger fail with a clear error.
+void Session::exchange_hello(bool garbler) {
+  ch_.set_phase(Phase::Setup);
+  const char* mine = garbler ? kGarblerHello : kEvaluatorHello;
+  const char* expected = garbler ? kEvaluatorHello : kGarblerHello;
+  uint32_t version = kProtocolVersion, peer_version = 0;
+  ch_.send(mine, 8);
+  ch_.send(&version, 4);
+  char hello[8];
+  ch_.recv(hello, 8);
+  ch_.recv(&peer_version, 4);
+  if (std::memcmp(hello, mine, 8) == 0)
+    throw ProtocolError(garbler ? "both parties are garblers: one side must run as the evaluator"
+                                : "both parties are evaluators: one side must run as the garbler");
+  if (std::memcmp(hello, expected, 8) != 0)
+    throw ProtocolError(std::string("the peer is not an SPGC garbled-circuit ") +
+                        (garbler ? "evaluator" : "garbler"));
+  if (peer_version != kProtocolVersion)
+    throw ProtocolError("protocol version mismatch: " + std::to_string(kProtocolVersion) +
+                        " here, " + std::to_string(peer_version) + " at the peer");
+}
+
 // Both parties state what they are about to run; any disagreement stops the
 // run on both sides before a single table is sent.
-void Session::exchange_header(const Circuit& c, const RunInputs& in, bool garbler) {
+void Session::exchange_header(const Circuit& c, const RunInputs& in) {
   ch_.set_phase(Phase::Setup);
   struct Header {
     uint32_t run_id;
@@ -262,7 +285,6 @@ void Session::exchange_header(const Circuit& c, const RunInputs& in, bool garble
   else if (std::memcmp(mine.carried, theirs.carried, 32) != 0)
     problem = "carried inputs differ between the parties (source runs or selected instances)";
   if (!problem.empty()) throw ProtocolError(problem);
-  (void)garbler;
 }
 
 RunOutputs Session::prepare_outputs(const Circuit& c, size_t n, bool garbler) const {
@@ -293,21 +315,7 @@ RunOutputs Session::prepare_outputs(const Circuit& c, size_t n, bool garbler) co
 
 void GarblerSession::setup() {
   if (ready_) return;
-  ch_.set_phase(Phase::Setup);
-  uint32_t version = kProtocolVersion;
-  ch_.send(kGarblerHello, 8);
-  ch_.send(&version, 4);
-  char hello[8];
-  uint32_t peer_version = 0;
-  ch_.recv(hello, 8);
-  ch_.recv(&peer_version, 4);
-  if (std::memcmp(hello, kGarblerHello, 8) == 0)
-    throw ProtocolError("both parties are garblers: one side must run as the evaluator");
-  if (std::memcmp(hello, kEvaluatorHello, 8) != 0)
-    throw ProtocolError("the peer is not an SPGC garbled-circuit evaluator");
-  if (peer_version != kProtocolVersion)
-    throw ProtocolError("protocol version mismatch: " + std::to_string(kProtocolVersion) +
-                        " here, " + std::to_string(peer_version) + " at the peer");
+  exchange_hello(true);
   // Delta's low bit is 1 so that a label's colour bit flips with its value.
   delta_ = random_block();
   delta_ = xor_block(and_block(delta_, make_block(~0ull, ~1ull)), make_block(0, 1));
@@ -373,7 +381,7 @@ size_t wave_size(const SessionOptions& opt) {
 RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
   setup();
   check_inputs(c, in, InputOwner::Garbler);
-  exchange_header(c, in, true);
+  exchange_header(c, in);
   const RunPlan plan = plan_run(c, in.n, options_);
   const size_t cap = plan.chunk, wave = wave_size(options_);
   RunOutputs out = prepare_outputs(c, in.n, true);
@@ -473,21 +481,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
 
 void EvaluatorSession::setup() {
   if (ready_) return;
-  ch_.set_phase(Phase::Setup);
-  uint32_t version = kProtocolVersion;
-  ch_.send(kEvaluatorHello, 8);
-  ch_.send(&version, 4);
-  char hello[8];
-  uint32_t peer_version = 0;
-  ch_.recv(hello, 8);
-  ch_.recv(&peer_version, 4);
-  if (std::memcmp(hello, kEvaluatorHello, 8) == 0)
-    throw ProtocolError("both parties are evaluators: one side must run as the garbler");
-  if (std::memcmp(hello, kGarblerHello, 8) != 0)
-    throw ProtocolError("the peer is not an SPGC garbled-circuit garbler");
-  if (peer_version != kProtocolVersion)
-    throw ProtocolError("protocol version mismatch: " + std::to_string(kProtocolVersion) +
-                        " here, " + std::to_string(peer_version) + " at the peer");
+  exchange_hello(false);
   block input_seed;
   ch_.recv(&session_id_, 8);
   ch_.recv(&salt_, 16);
@@ -502,7 +496,7 @@ void EvaluatorSession::setup() {
 RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
   setup();
   check_inputs(c, in, InputOwner::Evaluator);
-  exchange_header(c, in, false);
+  exchange_header(c, in);
   const RunPlan plan = plan_run(c, in.n, options_);
   const size_t cap = plan.chunk, wave = wave_size(options_);
   RunOutputs out = prepare_outputs(c, in.n, false);

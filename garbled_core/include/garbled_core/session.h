@@ -75,7 +75,8 @@ class Session {
  protected:
   void check_inputs(const Circuit& c, const RunInputs& in, InputOwner self) const;
   std::array<uint8_t, 32> carried_digest(const Circuit& c, const RunInputs& in) const;
-  void exchange_header(const Circuit& c, const RunInputs& in, bool garbler);
+  void exchange_hello(bool garbler);
+  void exchange_header(const Circuit& c, const RunInputs& in);
   RunOutputs prepare_outputs(const Circuit& c, size_t n, bool garbler) const;
 
   Channel& ch_;
