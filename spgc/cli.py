@@ -83,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     link.add_argument("--tls-only", action="store_true", help="TLS link only (the default)")
     link.add_argument("--both", action="store_true", help="run plaintext and TLS")
+
+    from spgc import bench_sampler
+
+    sampler = bench_sampler.build_parser(
+        bench_sub.add_parser(
+            "sampler",
+            help="discrete-Gaussian noise sampler: AND gates, random bits, bytes, samples/s",
+            description=bench_sampler.__doc__,
+        )
+    )
+    sampler.set_defaults(bench="sampler")
     return parser
 
 
@@ -100,6 +111,18 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from spgc import bench_gc
 
+    if args.bench == "sampler":
+        from spgc import bench_sampler
+
+        return bench_sampler.run(
+            args.sigma,
+            args.samples,
+            chunk=args.chunk,
+            tls=args.tls,
+            as_json=args.json,
+            distance_log2=args.distance_log2,
+            table_lambda=args.table_lambda,
+        )
     return bench_gc.run_cli(
         instances=args.instances,
         insecure=args.insecure,

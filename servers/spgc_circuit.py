@@ -1,0 +1,187 @@
+"""Per-coordinate SPGC circuits: reconstruct the sum and add the noise, or reconstruct only.
+
+Inputs per coordinate: A1 (garbler, H1) and A2 (evaluator, H2), the two servers' sums of shares in
+Z_{2^L}. S = (A1 - A2) mod 2^L read as a signed L-bit value (the paper's smod). The noise z comes
+from the sampler's accepted trial as a carried (kept) input, so nobody sees it; Y = S + z is
+computed in max(L, noise width) + 1 bits, which cannot wrap, and revealed to both servers.
+
+Also here: the paper's table sampler (a lambda-bit index, r1 xor r2, into a public table of
+2^lambda rounded normal quantiles), as a labelled baseline for communication benchmarks only.
+It is NOT differentially private once the noise range exceeds 2^lambda points (SPEC.md section 4).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder
+from servers.noise_sampler import monomials, table_lookup
+
+__all__ = [
+    "MAX_RING_BITS",
+    "MIN_RING_BITS",
+    "TABLE_SAMPLER_LABEL",
+    "check_ring_bits",
+    "decode_signed",
+    "noisy_sum_circuit",
+    "output_ports",
+    "output_width",
+    "reconstruct_circuit",
+    "table_noisy_sum_circuit",
+    "table_sampler_circuit",
+    "table_sampler_values",
+]
+
+MIN_RING_BITS = 2
+MAX_RING_BITS = 64
+TABLE_SAMPLER_LABEL = "table sampler (paper baseline, NOT differentially private)"
+
+
+def check_ring_bits(ring_bits: int) -> int:
+    """Validate L (the share ring Z_{2^L}); ValueError naming the limit otherwise."""
+    if not isinstance(ring_bits, (int, np.integer)) or isinstance(ring_bits, bool):
+        raise TypeError(f"ring_bits must be an int, got {type(ring_bits).__name__}")
+    if not MIN_RING_BITS <= int(ring_bits) <= MAX_RING_BITS:
+        raise ValueError(
+            f"ring_bits={ring_bits} is outside the supported ring sizes "
+            f"{MIN_RING_BITS}..{MAX_RING_BITS} (shares are numpy uint64)"
+        )
+    return int(ring_bits)
+
+
+def output_width(ring_bits: int, noise_bits: int, output_bits: int | None = None) -> int:
+    """Width of Y = S + z that cannot wrap: max(L, noise_bits) + 1, or ``output_bits`` if it is
+    at least that (ValueError naming the limit otherwise)."""
+    ring_bits = check_ring_bits(ring_bits)
+    need = max(ring_bits, noise_bits) + 1
+    if output_bits is None:
+        return need
+    if output_bits < need:
+        raise ValueError(
+            f"output_bits={output_bits} cannot hold S + z without wrapping: S needs "
+            f"{ring_bits} bits (ring_bits) and the noise {noise_bits} bits, so Y needs at least "
+            f"{need} bits"
+        )
+    if output_bits > 2 * MAX_PORT_WIDTH:
+        raise ValueError(f"output_bits={output_bits} is above the limit of {2 * MAX_PORT_WIDTH}")
+    return int(output_bits)
+
+
+def output_ports(width: int) -> list[tuple[str, int]]:
+    """Names and widths of the output ports carrying a ``width``-bit Y (64 bits per port)."""
+    if width <= MAX_PORT_WIDTH:
+        return [("y", width)]
+    return [("y_lo", MAX_PORT_WIDTH), ("y_hi", width - MAX_PORT_WIDTH)]
+
+
+def decode_signed(outputs: dict[str, np.ndarray], width: int) -> np.ndarray:
+    """Y from the revealed port(s): int64 when ``width`` <= 64, else an object array of ints."""
+    if width <= MAX_PORT_WIDTH:
+        raw = np.asarray(outputs["y"], dtype=np.uint64)
+        if width == MAX_PORT_WIDTH:
+            return raw.view(np.int64).copy()
+        vals = raw.astype(np.int64)
+        return np.where(vals >= (1 << (width - 1)), vals - (1 << width), vals)
+    lo = np.asarray(outputs["y_lo"], dtype=np.uint64)
+    hi = np.asarray(outputs["y_hi"], dtype=np.uint64)
+    out = np.empty(len(lo), dtype=object)
+    half, full = 1 << (width - 1), 1 << width
+    for i, (a, b) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+        v = a | (b << MAX_PORT_WIDTH)
+        out[i] = v - full if v >= half else v
+    return out
+
+
+def _signed_difference(b: CircuitBuilder, ring_bits: int) -> Bits:
+    a1 = b.input("a1", owner="garbler", width=ring_bits)
+    a2 = b.input("a2", owner="evaluator", width=ring_bits)
+    return b.sub(a1, a2)  # L-1 ANDs; the bits of (A1 - A2) mod 2^L, read as signed
+
+
+def _reveal_wide(b: CircuitBuilder, y: Bits) -> None:
+    width = len(y)
+    for (name, w), start in zip(output_ports(width), (0, MAX_PORT_WIDTH), strict=False):
+        b.output(name, y[start : start + w], reveal="both")
+
+
+@functools.lru_cache(maxsize=64)
+def reconstruct_circuit(ring_bits: int) -> Any:
+    """Only-MPC (the paper's baseline): reveals S = smod(A1 - A2, 2^L) as port ``s``."""
+    ring_bits = check_ring_bits(ring_bits)
+    b = CircuitBuilder(f"spgc-only-mpc-L{ring_bits}")
+    b.output("s", _signed_difference(b, ring_bits), reveal="both")
+    return b.build()
+
+
+@functools.lru_cache(maxsize=64)
+def noisy_sum_circuit(ring_bits: int, noise_bits: int, output_bits: int | None = None) -> Any:
+    """SPGC: Y = smod(A1 - A2, 2^L) + z, z carried (port ``z``, ``noise_bits`` two's complement),
+    revealed in :func:`output_width` bits (ports from :func:`output_ports`)."""
+    width = output_width(ring_bits, noise_bits, output_bits)
+    b = CircuitBuilder(f"spgc-noisy-sum-L{ring_bits}-z{noise_bits}-y{width}")
+    s = _signed_difference(b, ring_bits)
+    z = b.input("z", owner="carried", width=noise_bits)
+    y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))  # width-1 ANDs, no wrap
+    _reveal_wide(b, y)
+    return b.build()
+
+
+# ------------------------------------------------------------------ the paper's table sampler
+
+
+@functools.lru_cache(maxsize=16)
+def _table_values(sigma_units: float, lam: int) -> tuple[int, ...]:
+    dist = NormalDist(0.0, float(sigma_units))
+    n = 1 << lam
+    return tuple(round(dist.inv_cdf((i + 0.5) / n)) for i in range(n))
+
+
+def table_sampler_values(sigma_units: float, lam: int) -> np.ndarray:
+    """The public table: 2^lambda normal quantiles sigma * Phi^-1((i + 1/2) / 2^lambda), rounded.
+
+    Its support has at most 2^lambda points, so it is not differentially private once the
+    noise range exceeds that (a neighbouring sum moves outputs onto points of probability 0).
+    """
+    if not isinstance(lam, int) or not 1 <= lam <= 20:
+        raise ValueError(f"lambda={lam!r} must be an int in 1..20 (the table has 2^lambda entries)")
+    if not (math.isfinite(sigma_units) and sigma_units > 0):
+        raise ValueError(f"sigma_units must be positive, got {sigma_units!r}")
+    return np.array(_table_values(float(sigma_units), lam), dtype=np.int64)
+
+
+def _table_noise(b: CircuitBuilder, sigma_units: float, lam: int) -> Bits:
+    table = table_sampler_values(sigma_units, lam)
+    noise_bits = max(2, int(np.abs(table).max()).bit_length() + 1)
+    idx = b.xor(b.input("idx_g", "garbler", lam), b.input("idx_e", "evaluator", lam))
+    mask = (1 << noise_bits) - 1
+    return table_lookup(b, monomials(b, list(idx)), [int(v) & mask for v in table], noise_bits)
+
+
+@functools.lru_cache(maxsize=8)
+def table_sampler_circuit(sigma_units: float, lam: int = 16) -> Any:
+    """Baseline, NOT differentially private: the noise T[i1 xor i2] alone (output ``z``, kept),
+    for measuring the paper's sampler next to ours; 2^lambda - lambda - 1 AND gates."""
+    b = CircuitBuilder(f"spgc-table-sampler-lam{lam}")
+    b.output("z", _table_noise(b, sigma_units, lam), reveal="keep")
+    return b.build()
+
+
+@functools.lru_cache(maxsize=8)
+def table_noisy_sum_circuit(
+    ring_bits: int, sigma_units: float, lam: int = 16, output_bits: int | None = None
+) -> Any:
+    """Baseline, NOT differentially private: Y = smod(A1 - A2) + T[i1 xor i2], with i1 (port
+    ``idx_g``, garbler) and i2 (``idx_e``, evaluator) lambda random bits each and T the public
+    table of :func:`table_sampler_values`. Costs 2^lambda - lambda - 1 AND gates for the lookup."""
+    b = CircuitBuilder(f"spgc-table-baseline-L{ring_bits}-lam{lam}")
+    s = _signed_difference(b, ring_bits)
+    z = _table_noise(b, sigma_units, lam)
+    width = output_width(ring_bits, len(z), output_bits)
+    y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))
+    _reveal_wide(b, y)
+    return b.build()

@@ -1,0 +1,172 @@
+"""Per-coordinate SPGC circuits and the server party: reconstruction, noise, refusals, bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+from helpers import Background
+
+from servers import gc_party, spgc_circuit
+from servers.gc_party import PartyLink, aggregate_plain, expand_seed, run_aggregate
+from servers.noise_sampler import build_trial_circuit, derive_params
+
+
+def shares_of(sums: list[int], ring_bits: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Additive shares in Z_2^L of signed sums: A1 = G + r, A2 = r (mod 2^L)."""
+    rng = np.random.default_rng(seed)
+    full = 1 << ring_bits
+    r = [int(x) % full for x in rng.integers(0, 1 << 62, len(sums), dtype=np.int64)]
+    r = [(x * 4 + int(rng.integers(0, 4))) % full for x in r]
+    a1 = np.array([(g + q) % full for g, q in zip(sums, r, strict=True)], dtype=np.uint64)
+    return a1, np.array(r, dtype=np.uint64)
+
+
+def sums_for(ring_bits: int, n_random: int, seed: int) -> list[int]:
+    lo, hi = -(1 << (ring_bits - 1)), (1 << (ring_bits - 1)) - 1
+    edges = [lo, lo + 1, -1, 0, 1, hi - 1, hi]
+    rng = np.random.default_rng(seed)
+    rand = [lo + int(x) % (hi - lo + 1) for x in rng.integers(0, 1 << 62, n_random, dtype=np.int64)]
+    return edges + rand
+
+
+def both(two_party, chunk=512):
+    tp = two_party(chunk=chunk)
+    return (
+        tp,
+        PartyLink("garbler", tp.garbler_channel, tp.garbler),
+        PartyLink("evaluator", tp.evaluator_channel, tp.evaluator),
+    )
+
+
+def run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, mode, **kw):
+    side = Background(lambda: run_aggregate("garbler", lg, a1, s1, sigma, ring_bits, mode, **kw))
+    ye, ce = run_aggregate("evaluator", le, a2, s2, sigma, ring_bits, mode, **kw)
+    yg, cg = side.result()
+    return yg, ye, cg, ce
+
+
+@pytest.mark.parametrize("ring_bits", [2, 16, 32, 64])
+def test_only_mpc_returns_exactly_s(two_party, ring_bits):
+    sums = sums_for(ring_bits, 500, ring_bits)
+    a1, a2 = shares_of(sums, ring_bits, ring_bits + 1)
+    _, lg, le = both(two_party)
+    yg, ye, cg, _ = run_both(lg, le, a1, a2, None, None, None, ring_bits, "only-mpc")
+    assert ye.dtype == np.int64
+    assert ye.tolist() == sums
+    assert yg.tolist() == sums
+    circuit = spgc_circuit.reconstruct_circuit(ring_bits)
+    assert cg["phases"]["tables"]["sent"] == 32 * circuit.and_count * len(sums)
+    assert aggregate_plain(a1, a2, ring_bits, "only-mpc").tolist() == sums
+
+
+@pytest.mark.parametrize(("ring_bits", "sigma"), [(16, 1000.0), (32, 65536.0), (64, 50.0)])
+def test_spgc_returns_s_plus_the_plaintext_sampler_noise(two_party, ring_bits, sigma):
+    sums = sums_for(ring_bits, 1500, ring_bits * 3)
+    a1, a2 = shares_of(sums, ring_bits, ring_bits * 5)
+    s1, s2 = os.urandom(32), os.urandom(32)
+    _, lg, le = both(two_party)
+    yg, ye, cg, ce = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
+    params = derive_params(sigma)
+    width = max(ring_bits, params.noise_bits) + 1
+    assert ye.dtype == (np.int64 if width <= 64 else object)
+    assert yg.tolist() == ye.tolist()
+    z = gc_party.sample_noise_plain(s1, s2, len(sums), sigma)
+    assert [int(y) - s for y, s in zip(ye.tolist(), sums, strict=True)] == z.tolist()
+    assert np.abs(z).max() <= params.noise_bound
+    assert 0.5 * sigma < np.std(z) < 1.5 * sigma
+    # exactly 32 bytes per AND gate: every round's trials plus one reconstruction per coordinate
+    trial = build_trial_circuit(params)
+    add = spgc_circuit.noisy_sum_circuit(ring_bits, params.noise_bits, width)
+    want = 32 * (cg["trials"] * trial.and_count + len(sums) * add.and_count)
+    assert cg["phases"]["tables"]["sent"] == want
+    assert ce["phases"]["tables"]["received"] == want
+    assert cg["trials"] == ce["trials"] >= len(sums)
+    assert cg["rounds"] >= 2  # some coordinates needed a retry round
+    ref = aggregate_plain(a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma)
+    assert [int(v) for v in ref] == [int(v) for v in ye]
+
+
+def test_noise_reproducible_from_both_seeds_only():
+    s1, s2 = hashlib.sha256(b"a").digest(), hashlib.sha256(b"b").digest()
+    z = gc_party.sample_noise_plain(s1, s2, 2000, 1000.0)
+    assert np.array_equal(z, gc_party.sample_noise_plain(s1, s2, 2000, 1000.0))
+    other = gc_party.sample_noise_plain(s1, hashlib.sha256(b"c").digest(), 2000, 1000.0)
+    assert np.mean(z == other) < 0.01
+
+
+def test_seed_expansion_layout():
+    seed = bytes(range(32))
+    ports = expand_seed(seed, 3, (64, 5), 10, "g")
+    assert sorted(ports) == ["g0", "g1"]
+    assert int(ports["g1"].max()) < 32
+    again = expand_seed(seed, 3, (64, 5, 64), 10, "g")  # more ports: a longer, same-prefix stream
+    assert np.array_equal(again["g0"], ports["g0"])
+    assert not np.array_equal(expand_seed(seed, 4, (64,), 10, "g")["g0"], ports["g0"])
+    # AES-256-CTR, key = seed, counter block "SPGz" || stage || 0
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    enc = Cipher(algorithms.AES(seed), modes.CTR(b"SPGz" + (3).to_bytes(4, "big") + bytes(8)))
+    first = enc.encryptor().update(bytes(8))
+    assert int(ports["g0"][0]) == int.from_bytes(first, "little")
+
+
+def test_refusals_name_the_limit(two_party):
+    a = np.zeros(4, dtype=np.uint64)
+    with pytest.raises(ValueError, match=r"ring_bits=1 is outside the supported ring sizes 2..64"):
+        run_aggregate("garbler", None, a, bytes(32), 10.0, 1, "spgc")
+    with pytest.raises(ValueError, match=r"ring_bits=65"):
+        spgc_circuit.reconstruct_circuit(65)
+    with pytest.raises(ValueError, match=r"outside the ring Z_2\^8"):
+        run_aggregate("garbler", None, np.array([256], dtype=np.uint64), bytes(32), 10.0, 8)
+    with pytest.raises(ValueError, match="32 bytes"):
+        gc_party.sample_noise_plain(bytes(31), bytes(32), 1, 10.0)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        run_aggregate("garbler", None, a, bytes(32), 10.0, 8, "ldp")
+    with pytest.raises(ValueError, match="role must be one of"):
+        run_aggregate("h1", None, a, bytes(32), 10.0, 8)
+    with pytest.raises(ValueError, match=r"above the sampler's limit of 2\^40"):
+        gc_party.sample_noise_plain(bytes(32), bytes(32), 1, 1e13)
+    noise_bits = derive_params(65536.0).noise_bits
+    want = rf"output_bits=20 cannot hold S \+ z.*at least {noise_bits + 1} bits"
+    with pytest.raises(ValueError, match=want):
+        spgc_circuit.output_width(16, noise_bits, 20)
+    # the refusal comes before any byte is sent
+    tp = two_party()
+    link = PartyLink("garbler", tp.garbler_channel, tp.garbler)
+    with pytest.raises(ValueError, match="output_bits=20"):
+        run_aggregate("garbler", link, a, bytes(32), 65536.0, 16, output_bits=20)
+    assert tp.garbler_channel.bytes_sent == 0
+
+
+def test_wide_output_decoding():
+    width = 70
+    vals = [-(1 << 69), (1 << 69) - 1, -1, 0, 12345]
+    lo = np.array([v % (1 << 70) & ((1 << 64) - 1) for v in vals], dtype=np.uint64)
+    hi = np.array([(v % (1 << 70)) >> 64 for v in vals], dtype=np.uint64)
+    out = spgc_circuit.decode_signed({"y_lo": lo, "y_hi": hi}, width)
+    assert out.dtype == object and out.tolist() == vals
+    assert spgc_circuit.output_ports(70) == [("y_lo", 64), ("y_hi", 6)]
+
+
+def test_table_sampler_baseline(two_party):
+    lam, ring_bits, sigma = 8, 32, 1e4
+    circuit = spgc_circuit.table_noisy_sum_circuit(ring_bits, sigma, lam)
+    table = spgc_circuit.table_sampler_values(sigma, lam)
+    assert len(np.unique(table)) <= 1 << lam  # the support that makes it non-DP
+    add = spgc_circuit.noisy_sum_circuit(ring_bits, 2)  # a reference sub + add of the same widths
+    assert circuit.and_count > (1 << lam) - lam - 1
+    assert circuit.and_count <= (1 << lam) - lam - 1 + add.and_count + 64
+    sums = sums_for(ring_bits, 300, 9)
+    a1, a2 = shares_of(sums, ring_bits, 10)
+    rng = np.random.default_rng(4)
+    ig = rng.integers(0, 1 << lam, len(sums), dtype=np.uint64)
+    ie = rng.integers(0, 1 << lam, len(sums), dtype=np.uint64)
+    out_g, out_e = two_party().run(circuit, {"a1": a1, "idx_g": ig}, {"a2": a2, "idx_e": ie})
+    width = sum(w for _, _, w in circuit.outputs)
+    y = spgc_circuit.decode_signed(out_e, width)
+    assert np.array_equal(spgc_circuit.decode_signed(out_g, width), y)
+    assert (y - np.array(sums)).tolist() == table[(ig ^ ie).astype(np.int64)].tolist()
+    assert "NOT differentially private" in spgc_circuit.TABLE_SAMPLER_LABEL
