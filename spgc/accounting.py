@@ -1,0 +1,472 @@
+"""Privacy accounting and noise calibration (dp-accounting: RDP or PLD, with subsampling).
+
+Units. Every noise multiplier here is ``noise std / sensitivity`` measured in the same units.
+In SPGC both are fixed-point units: the noise is N_Z(0, sigma_units^2) on the integer sum and the
+add/remove-one sensitivity is ``B = FixedPointConfig.l2_bound_units`` (the L2 bound enforced on
+every encoded example, which includes the rounding inflation over ``s*C``). So pass
+``noise_multiplier = sigma_units / B`` (``units_noise_multiplier``); with the spec's noise std
+``s*sigma*C`` that is ``sigma / inflation``. Equivalently, to keep a calibrated multiplier
+``sigma``, draw noise of std ``sigma * B`` units.
+
+Neighbouring relation. ``sampling="poisson"`` (default, what providers do by default) accounts
+add/remove-one-example DP with a ``PoissonSampledDpEvent`` of rate q. ``sampling="fixed"`` (the
+paper's fixed-size shuffled batches) uses ``SampledWithoutReplacementDpEvent(population,
+sample_size)``, which dp-accounting supports only for replace-one DP and only with RDP: the
+replace-one sensitivity of a sum of examples of norm <= B is 2B, so the Gaussian event gets
+``noise_multiplier / 2`` (the accountant's inputs stay relative to B). PLD with fixed batches is
+refused. With several providers, an example is sampled at its own provider's rate: pass the
+largest rate over providers (worst case).
+
+Discrete noise. The Gaussian events describe continuous noise. For a single release the
+discrete Gaussian has the same zCDP as the continuous one (Canonne-Kamath-Steinke 2020); using
+the continuous Gaussian's subsampled RDP/PLD for the discrete one is standard practice but is an
+assumption, not a theorem proved here.
+
+Calibration. ``classic_noise_multiplier`` is the paper's ``sqrt(2 ln(1.25/delta))/epsilon``
+(Dwork-Roth Thm A.1), valid only for epsilon < 1: it raises ValueError for epsilon >= 1 unless
+``allow_invalid=True`` (paper reproduction only; the guarantee does not hold there).
+``analytic_gaussian_noise_multiplier`` is Balle-Wang 2018's exact per-release calibration, valid
+for every epsilon. ``calibrate_noise_multiplier`` calibrates the whole training with the
+accountant (the default for training).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import dp_accounting
+from dp_accounting import pld, rdp
+from scipy.special import log_ndtr
+
+__all__ = [
+    "PrivacyAccountant",
+    "analytic_gaussian_delta",
+    "analytic_gaussian_noise_multiplier",
+    "calibrate_noise_multiplier",
+    "classic_noise_multiplier",
+    "epsilon_for",
+    "noise_multiplier_for",
+    "per_step_epsilon",
+    "units_noise_multiplier",
+]
+
+Method = Literal["rdp", "pld"]
+Sampling = Literal["poisson", "fixed"]
+Calibration = Literal["classic", "analytic", "accountant"]
+
+# dp-accounting's own default PLD grid; coarser grids are faster and still pessimistic.
+DEFAULT_PLD_DISCRETIZATION = 1e-4
+
+
+def units_noise_multiplier(noise_std_units: float, sensitivity_units: float) -> float:
+    """noise std / sensitivity, both in fixed-point units (sensitivity = B from encoding)."""
+    if not (sensitivity_units > 0 and math.isfinite(sensitivity_units)):
+        raise ValueError(f"sensitivity_units must be finite and > 0, got {sensitivity_units}")
+    if not (noise_std_units >= 0 and math.isfinite(noise_std_units)):
+        raise ValueError(f"noise_std_units must be finite and >= 0, got {noise_std_units}")
+    return noise_std_units / sensitivity_units
+
+
+def _check_delta(delta: float) -> None:
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+
+
+def _check_epsilon(epsilon: float) -> None:
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
+
+
+class _EventSpec:
+    """How one training step is described to dp-accounting (shared by accountant/calibration)."""
+
+    def __init__(
+        self,
+        *,
+        sampling_rate: float | None,
+        method: str,
+        sampling: str,
+        sample_size: int | None,
+        population: int | None,
+        value_discretization_interval: float,
+    ) -> None:
+        if method not in ("rdp", "pld"):
+            raise ValueError(f"method must be 'rdp' or 'pld', got {method!r}")
+        if sampling not in ("poisson", "fixed"):
+            raise ValueError(f"sampling must be 'poisson' or 'fixed', got {sampling!r}")
+        if not value_discretization_interval > 0:
+            raise ValueError("value_discretization_interval must be > 0")
+        self.method = method
+        self.sampling = sampling
+        self.value_discretization_interval = value_discretization_interval
+        if sampling == "poisson":
+            if sampling_rate is None or not 0 < sampling_rate <= 1:
+                raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+            self.sampling_rate = float(sampling_rate)
+            self.sample_size = self.population = None
+        else:
+            if method == "pld":
+                raise ValueError(
+                    "fixed-size batches (sampling without replacement) are supported by the "
+                    "RDP accountant only; use method='rdp' or Poisson sampling"
+                )
+            if sample_size is None or population is None:
+                raise ValueError("sampling='fixed' needs sample_size and population")
+            if not 0 < sample_size <= population:
+                raise ValueError(
+                    f"need 0 < sample_size <= population, got {sample_size}, {population}"
+                )
+            rate = sample_size / population
+            if sampling_rate is not None and not math.isclose(sampling_rate, rate):
+                raise ValueError(
+                    f"sampling_rate {sampling_rate} differs from sample_size/population {rate}"
+                )
+            self.sampling_rate = rate
+            self.sample_size, self.population = int(sample_size), int(population)
+
+    def step_event(self, noise_multiplier: float) -> dp_accounting.DpEvent:
+        """The DpEvent of one step at this noise multiplier (std / add-remove sensitivity)."""
+        if self.sampling == "poisson":
+            return dp_accounting.PoissonSampledDpEvent(
+                self.sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)
+            )
+        # Replace-one sensitivity of the sum is 2B: the event's multiplier is std / (2B).
+        return dp_accounting.SampledWithoutReplacementDpEvent(
+            self.population, self.sample_size, dp_accounting.GaussianDpEvent(noise_multiplier / 2)
+        )
+
+    def fresh_accountant(self) -> dp_accounting.PrivacyAccountant:
+        """An empty dp-accounting accountant with the right neighbouring relation."""
+        relation = (
+            dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+            if self.sampling == "poisson"
+            else dp_accounting.NeighboringRelation.REPLACE_ONE
+        )
+        if self.method == "rdp":
+            return rdp.RdpAccountant(neighboring_relation=relation)
+        return pld.PLDAccountant(
+            neighboring_relation=relation,
+            value_discretization_interval=self.value_discretization_interval,
+        )
+
+    def epsilon(self, noise_multiplier: float, steps: int, delta: float) -> float:
+        """Epsilon after ``steps`` steps at ``delta``."""
+        if steps <= 0:
+            return 0.0
+        if noise_multiplier <= 0:
+            return math.inf
+        event = dp_accounting.SelfComposedDpEvent(self.step_event(noise_multiplier), steps)
+        acc = self.fresh_accountant()
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+
+class PrivacyAccountant:
+    """Tracks the privacy spent by a training run and answers what-if questions.
+
+    ``noise_multiplier`` = noise std / sensitivity in units (module docstring);
+    ``sampling_rate`` = q for Poisson sampling (for ``sampling="fixed"`` give ``sample_size``
+    and ``population`` instead); ``method`` = "rdp" or "pld".
+    """
+
+    def __init__(
+        self,
+        noise_multiplier: float,
+        delta: float,
+        sampling_rate: float | None = None,
+        *,
+        method: Method = "rdp",
+        sampling: Sampling = "poisson",
+        sample_size: int | None = None,
+        population: int | None = None,
+        value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+    ) -> None:
+        if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+            raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
+        _check_delta(delta)
+        self.noise_multiplier = float(noise_multiplier)
+        self.delta = float(delta)
+        self._spec = _EventSpec(
+            sampling_rate=sampling_rate,
+            method=method,
+            sampling=sampling,
+            sample_size=sample_size,
+            population=population,
+            value_discretization_interval=value_discretization_interval,
+        )
+        self._steps = 0
+        # Composition is deterministic in the step count, so answers are cached by it.
+        self._cache: dict[int, float] = {}
+
+    @property
+    def method(self) -> str:
+        """ "rdp" or "pld"."""
+        return self._spec.method
+
+    @property
+    def sampling(self) -> str:
+        """ "poisson" or "fixed"."""
+        return self._spec.sampling
+
+    @property
+    def sampling_rate(self) -> float:
+        """q (for fixed batches, sample_size / population)."""
+        return self._spec.sampling_rate
+
+    @property
+    def steps(self) -> int:
+        """Steps recorded so far."""
+        return self._steps
+
+    def step(self, n: int = 1) -> None:
+        """Record ``n`` more released steps."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        self._steps += int(n)
+
+    def epsilon_after(self, steps: int) -> float:
+        """Epsilon (at this accountant's delta) after ``steps`` steps in total."""
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        if steps not in self._cache:
+            self._cache[steps] = self._spec.epsilon(self.noise_multiplier, steps, self.delta)
+        return self._cache[steps]
+
+    def epsilon(self) -> float:
+        """Epsilon spent by all steps recorded so far."""
+        return self.epsilon_after(self._steps)
+
+    def steps_within(self, budget_epsilon: float, max_steps: int = 10**9) -> int:
+        """Largest total step count T (<= ``max_steps``) with epsilon_after(T) <= budget."""
+        if not budget_epsilon >= 0:
+            raise ValueError(f"budget_epsilon must be >= 0, got {budget_epsilon}")
+        if self.epsilon_after(1) > budget_epsilon:
+            return 0
+        # Epsilon grows with T: double to bracket, then bisect (about 2 log2 T evaluations).
+        lo, hi = 1, 2
+        while hi <= max_steps and self.epsilon_after(hi) <= budget_epsilon:
+            lo, hi = hi, hi * 2
+        if hi > max_steps:
+            if self.epsilon_after(max_steps) <= budget_epsilon:
+                return max_steps
+            hi = max_steps
+        while hi - lo > 1:  # invariant: eps(lo) <= budget < eps(hi)
+            mid = (lo + hi) // 2
+            if self.epsilon_after(mid) <= budget_epsilon:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def remaining_steps(self, budget_epsilon: float) -> int:
+        """How many more steps fit in the budget (0 once it would be exceeded)."""
+        return max(0, self.steps_within(budget_epsilon) - self._steps)
+
+
+def epsilon_for(
+    noise_multiplier: float,
+    delta: float,
+    sampling_rate: float | None,
+    steps: int,
+    method: Method = "rdp",
+    sampling: Sampling = "poisson",
+    *,
+    sample_size: int | None = None,
+    population: int | None = None,
+    value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+) -> float:
+    """Epsilon of a whole training (for ``spgc account``)."""
+    acc = PrivacyAccountant(
+        noise_multiplier,
+        delta,
+        sampling_rate,
+        method=method,
+        sampling=sampling,
+        sample_size=sample_size,
+        population=population,
+        value_discretization_interval=value_discretization_interval,
+    )
+    return acc.epsilon_after(steps)
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    sampling_rate: float | None,
+    steps: int,
+    method: Method = "rdp",
+    sampling: Sampling = "poisson",
+    *,
+    sample_size: int | None = None,
+    population: int | None = None,
+    value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+    rel_tol: float = 1e-4,
+) -> float:
+    """Smallest noise multiplier (within ``rel_tol``) whose training epsilon is <= the target.
+
+    Uses ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) on a bracket found here;
+    the result is never below the true minimum by more than the tolerance and always meets the
+    target under the same accountant.
+    """
+    _check_epsilon(target_epsilon)
+    _check_delta(delta)
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    spec = _EventSpec(
+        sampling_rate=sampling_rate,
+        method=method,
+        sampling=sampling,
+        sample_size=sample_size,
+        population=population,
+        value_discretization_interval=value_discretization_interval,
+    )
+
+    seen: dict[float, float] = {}
+
+    def eps(sigma: float) -> float:
+        if sigma not in seen:
+            seen[sigma] = spec.epsilon(sigma, steps, delta)
+        return seen[sigma]
+
+    # Bracket [lo, hi] with eps(lo) > target >= eps(hi), by factors of 2 from 1.
+    lo, hi = 1.0, 1.0
+    if eps(1.0) > target_epsilon:
+        while eps(hi) > target_epsilon:
+            lo, hi = hi, hi * 2
+            if hi > 1e6:
+                raise ValueError(f"target epsilon {target_epsilon} needs noise multiplier > 1e6")
+    else:
+        while eps(lo) <= target_epsilon:
+            lo, hi = lo / 2, lo
+            if lo < 1e-4:
+                return hi  # tiny multipliers: numerically meaningless to go further
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            spec.fresh_accountant,
+            lambda sigma: dp_accounting.SelfComposedDpEvent(spec.step_event(sigma), steps),
+            target_epsilon,
+            delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
+            tol=rel_tol * lo,
+        )
+    )
+
+
+def classic_noise_multiplier(epsilon: float, delta: float, *, allow_invalid: bool = False) -> float:
+    """The paper's sqrt(2 ln(1.25/delta)) / epsilon, per release.
+
+    Dwork-Roth Thm A.1 proves it only for epsilon < 1; for epsilon >= 1 it raises ValueError
+    unless ``allow_invalid`` (for reproducing the paper, whose eps 2 and 8 are outside it).
+    """
+    _check_epsilon(epsilon)
+    _check_delta(delta)
+    if epsilon >= 1 and not allow_invalid:
+        raise ValueError(
+            f"classic calibration sqrt(2 ln(1.25/delta))/epsilon is only valid for epsilon < 1, "
+            f"got epsilon={epsilon}; use the analytic Gaussian or accountant calibration "
+            "(allow_invalid=True only to reproduce the paper)"
+        )
+    return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+
+
+def analytic_gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
+    """Exact delta(epsilon) of one Gaussian release with std/sensitivity = ``noise_multiplier``.
+
+    Balle-Wang 2018, Thm 8: Phi(1/(2s) - eps*s) - e^eps * Phi(-1/(2s) - eps*s).
+    """
+    s = float(noise_multiplier)
+    if s <= 0:
+        return 1.0
+    a = 0.5 / s - epsilon * s
+    b = -0.5 / s - epsilon * s
+    log_pa = float(log_ndtr(a))
+    # Factor out Phi(a) so the difference of two tiny terms keeps its relative precision.
+    ratio_log = epsilon + float(log_ndtr(b)) - log_pa
+    return max(0.0, -math.expm1(ratio_log) * math.exp(log_pa))
+
+
+def analytic_gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
+    """Smallest std/sensitivity with one Gaussian release (epsilon, delta)-DP (Balle-Wang 2018).
+
+    Valid for all epsilon > 0; found by bisection on log sigma (delta decreases in sigma); the
+    returned value satisfies the bound (upper end of the final bracket).
+    """
+    _check_epsilon(epsilon)
+    _check_delta(delta)
+    lo, hi = 1e-3, 1.0
+    while analytic_gaussian_delta(hi, epsilon) > delta:
+        lo, hi = hi, hi * 2
+    while analytic_gaussian_delta(lo, epsilon) <= delta:
+        lo, hi = lo / 2, lo
+    for _ in range(200):
+        if hi / lo - 1 < 1e-12:
+            break
+        mid = math.sqrt(lo * hi)
+        if analytic_gaussian_delta(mid, epsilon) <= delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def per_step_epsilon(noise_multiplier: float, delta: float) -> float:
+    """Smallest epsilon with one unsampled Gaussian release (epsilon, delta)-DP (Balle-Wang).
+
+    No subsampling amplification: this is what one aggregate reveals even if the sampling is
+    not trusted, the figure a provider compares with its minimum-privacy requirement.
+    """
+    _check_delta(delta)
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
+    if analytic_gaussian_delta(noise_multiplier, 0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while analytic_gaussian_delta(noise_multiplier, hi) > delta:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        if hi - lo <= 1e-12 * max(1.0, hi):
+            break
+        mid = (lo + hi) / 2
+        if analytic_gaussian_delta(noise_multiplier, mid) <= delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def noise_multiplier_for(
+    calibration: Calibration,
+    epsilon: float,
+    delta: float,
+    *,
+    sampling_rate: float | None = None,
+    steps: int | None = None,
+    method: Method = "rdp",
+    sampling: Sampling = "poisson",
+    sample_size: int | None = None,
+    population: int | None = None,
+    allow_invalid: bool = False,
+) -> float:
+    """Dispatch for ``--calibration``: "classic" and "analytic" read epsilon per release (the
+    paper's convention), "accountant" reads it as the whole training's budget."""
+    if calibration == "classic":
+        return classic_noise_multiplier(epsilon, delta, allow_invalid=allow_invalid)
+    if calibration == "analytic":
+        return analytic_gaussian_noise_multiplier(epsilon, delta)
+    if calibration == "accountant":
+        if steps is None:
+            raise ValueError("accountant calibration needs steps")
+        return calibrate_noise_multiplier(
+            epsilon,
+            delta,
+            sampling_rate,
+            steps,
+            method,
+            sampling,
+            sample_size=sample_size,
+            population=population,
+        )
+    raise ValueError(
+        f"calibration must be 'classic', 'analytic' or 'accountant', got {calibration!r}"
+    )
