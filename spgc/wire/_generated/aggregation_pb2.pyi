@@ -1,0 +1,303 @@
+# Generated from proto/spgc/v1/aggregation.proto by scripts/gen_proto.py (grpcio-tools 1.85.1). DO NOT EDIT.
+# ruff: noqa
+# fmt: off
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServerRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVER_ROLE_UNSPECIFIED: _ClassVar[ServerRole]
+    SERVER_ROLE_H1: _ClassVar[ServerRole]
+    SERVER_ROLE_H2: _ClassVar[ServerRole]
+    SERVER_ROLE_SINGLE: _ClassVar[ServerRole]
+
+class Mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODE_UNSPECIFIED: _ClassVar[Mode]
+    MODE_SPGC: _ClassVar[Mode]
+    MODE_ONLY_MPC: _ClassVar[Mode]
+    MODE_LDP: _ClassVar[Mode]
+    MODE_PLAIN: _ClassVar[Mode]
+    MODE_DNG: _ClassVar[Mode]
+    MODE_PREPROCESSED: _ClassVar[Mode]
+
+class BatchSampling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BATCH_SAMPLING_UNSPECIFIED: _ClassVar[BatchSampling]
+    BATCH_SAMPLING_POISSON: _ClassVar[BatchSampling]
+    BATCH_SAMPLING_SHUFFLE: _ClassVar[BatchSampling]
+
+class Rounding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUNDING_UNSPECIFIED: _ClassVar[Rounding]
+    ROUNDING_CONDITIONAL_STOCHASTIC: _ClassVar[Rounding]
+    ROUNDING_STOCHASTIC: _ClassVar[Rounding]
+    ROUNDING_NEAREST: _ClassVar[Rounding]
+
+class Calibration(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CALIBRATION_UNSPECIFIED: _ClassVar[Calibration]
+    CALIBRATION_CLASSIC: _ClassVar[Calibration]
+    CALIBRATION_ANALYTIC: _ClassVar[Calibration]
+    CALIBRATION_ACCOUNTANT: _ClassVar[Calibration]
+
+class RoundPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROUND_PHASE_UNSPECIFIED: _ClassVar[RoundPhase]
+    ROUND_PHASE_COLLECTING: _ClassVar[RoundPhase]
+    ROUND_PHASE_AGREEING: _ClassVar[RoundPhase]
+    ROUND_PHASE_COMPUTING: _ClassVar[RoundPhase]
+    ROUND_PHASE_PUBLISHED: _ClassVar[RoundPhase]
+    ROUND_PHASE_ABORTED: _ClassVar[RoundPhase]
+    ROUND_PHASE_FINISHED: _ClassVar[RoundPhase]
+SERVER_ROLE_UNSPECIFIED: ServerRole
+SERVER_ROLE_H1: ServerRole
+SERVER_ROLE_H2: ServerRole
+SERVER_ROLE_SINGLE: ServerRole
+MODE_UNSPECIFIED: Mode
+MODE_SPGC: Mode
+MODE_ONLY_MPC: Mode
+MODE_LDP: Mode
+MODE_PLAIN: Mode
+MODE_DNG: Mode
+MODE_PREPROCESSED: Mode
+BATCH_SAMPLING_UNSPECIFIED: BatchSampling
+BATCH_SAMPLING_POISSON: BatchSampling
+BATCH_SAMPLING_SHUFFLE: BatchSampling
+ROUNDING_UNSPECIFIED: Rounding
+ROUNDING_CONDITIONAL_STOCHASTIC: Rounding
+ROUNDING_STOCHASTIC: Rounding
+ROUNDING_NEAREST: Rounding
+CALIBRATION_UNSPECIFIED: Calibration
+CALIBRATION_CLASSIC: Calibration
+CALIBRATION_ANALYTIC: Calibration
+CALIBRATION_ACCOUNTANT: Calibration
+ROUND_PHASE_UNSPECIFIED: RoundPhase
+ROUND_PHASE_COLLECTING: RoundPhase
+ROUND_PHASE_AGREEING: RoundPhase
+ROUND_PHASE_COMPUTING: RoundPhase
+ROUND_PHASE_PUBLISHED: RoundPhase
+ROUND_PHASE_ABORTED: RoundPhase
+ROUND_PHASE_FINISHED: RoundPhase
+
+class TrainingConfig(_message.Message):
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    RING_BITS_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    L2_BOUND_UNITS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_RATE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    NOISE_STD_UNITS_FIELD_NUMBER: _ClassVar[int]
+    STEP_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    STEP_DELTA_FIELD_NUMBER: _ClassVar[int]
+    TARGET_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    TARGET_DELTA_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    mode: Mode
+    dataset: str
+    model: str
+    num_parameters: int
+    ring_bits: int
+    scale: float
+    clip_norm: float
+    l2_bound_units: float
+    rounding: Rounding
+    sampling: BatchSampling
+    sampling_rate: float
+    batch_size: int
+    noise_multiplier: float
+    noise_std_units: float
+    step_epsilon: float
+    step_delta: float
+    target_epsilon: float
+    target_delta: float
+    calibration: Calibration
+    accountant: str
+    max_rounds: int
+    min_providers: int
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ...) -> None: ...
+
+class RoundInfo(_message.Message):
+    __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    CALLER_SHARE_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    SHARES_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_AGREED_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    LATEST_MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    model_version: int
+    model_sha256: bytes
+    phase: RoundPhase
+    deadline: _timestamp_pb2.Timestamp
+    caller_share_accepted: bool
+    shares_accepted: int
+    providers_agreed: int
+    epsilon_spent: float
+    latest_model_version: int
+    def __init__(self, round: _Optional[int] = ..., model_version: _Optional[int] = ..., model_sha256: _Optional[bytes] = ..., phase: _Optional[_Union[RoundPhase, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., caller_share_accepted: _Optional[bool] = ..., shares_accepted: _Optional[int] = ..., providers_agreed: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., latest_model_version: _Optional[int] = ...) -> None: ...
+
+class WireLimits(_message.Message):
+    __slots__ = ("max_message_bytes", "max_chunk_bytes", "preferred_chunk_bytes")
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    max_message_bytes: int
+    max_chunk_bytes: int
+    preferred_chunk_bytes: int
+    def __init__(self, max_message_bytes: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ..., preferred_chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class HelloRequest(_message.Message):
+    __slots__ = ("protocol_version", "software_version", "provider_id")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    software_version: str
+    provider_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., provider_id: _Optional[str] = ...) -> None: ...
+
+class ServerInfo(_message.Message):
+    __slots__ = ("protocol_version", "software_version", "role", "server_name", "provider_id", "config", "round", "limits")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    software_version: str
+    role: ServerRole
+    server_name: str
+    provider_id: str
+    config: TrainingConfig
+    round: RoundInfo
+    limits: WireLimits
+    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[ServerRole, str]] = ..., server_name: _Optional[str] = ..., provider_id: _Optional[str] = ..., config: _Optional[_Union[TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ...) -> None: ...
+
+class ModelRequest(_message.Message):
+    __slots__ = ("version", "chunk_bytes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    chunk_bytes: int
+    def __init__(self, version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class ModelHeader(_message.Message):
+    __slots__ = ("run_id", "version", "num_parameters", "sha256", "chunk_bytes", "chunk_count", "model", "published_at")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    version: int
+    num_parameters: int
+    sha256: bytes
+    chunk_bytes: int
+    chunk_count: int
+    model: str
+    published_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., sha256: _Optional[bytes] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., model: _Optional[str] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class VectorChunk(_message.Message):
+    __slots__ = ("index", "data")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    data: bytes
+    def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ModelChunk(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: ModelHeader
+    chunk: VectorChunk
+    def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ...) -> None: ...
+
+class ShareHeader(_message.Message):
+    __slots__ = ("run_id", "round", "server_role", "num_elements", "ring_bits", "chunk_bytes", "chunk_count", "submission_id", "sha256", "provider_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ROLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    RING_BITS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUBMISSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    server_role: ServerRole
+    num_elements: int
+    ring_bits: int
+    chunk_bytes: int
+    chunk_count: int
+    submission_id: bytes
+    sha256: bytes
+    provider_id: str
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., server_role: _Optional[_Union[ServerRole, str]] = ..., num_elements: _Optional[int] = ..., ring_bits: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., sha256: _Optional[bytes] = ..., provider_id: _Optional[str] = ...) -> None: ...
+
+class ShareChunk(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: ShareHeader
+    chunk: VectorChunk
+    def __init__(self, header: _Optional[_Union[ShareHeader, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ...) -> None: ...
+
+class SubmitReceipt(_message.Message):
+    __slots__ = ("run_id", "round", "submission_id", "provider_id", "num_elements", "sha256", "accepted_at")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SUBMISSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_AT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    submission_id: bytes
+    provider_id: str
+    num_elements: int
+    sha256: bytes
+    accepted_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., num_elements: _Optional[int] = ..., sha256: _Optional[bytes] = ..., accepted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RoundStatusRequest(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,112 @@
+# Generated from proto/spgc/v1/peer.proto by scripts/gen_proto.py (grpcio-tools 1.85.1). DO NOT EDIT.
+# ruff: noqa
+# fmt: off
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from . import aggregation_pb2 as _aggregation_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Barrier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BARRIER_UNSPECIFIED: _ClassVar[Barrier]
+    BARRIER_ROUND_OPEN: _ClassVar[Barrier]
+    BARRIER_INTAKE_CLOSED: _ClassVar[Barrier]
+    BARRIER_CIRCUIT_READY: _ClassVar[Barrier]
+    BARRIER_MODEL_PUBLISHED: _ClassVar[Barrier]
+BARRIER_UNSPECIFIED: Barrier
+BARRIER_ROUND_OPEN: Barrier
+BARRIER_INTAKE_CLOSED: Barrier
+BARRIER_CIRCUIT_READY: Barrier
+BARRIER_MODEL_PUBLISHED: Barrier
+
+class PeerHello(_message.Message):
+    __slots__ = ("protocol_version", "software_version", "role", "config", "round")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    software_version: str
+    role: _aggregation_pb2.ServerRole
+    config: _aggregation_pb2.TrainingConfig
+    round: _aggregation_pb2.RoundInfo
+    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ...) -> None: ...
+
+class BarrierState(_message.Message):
+    __slots__ = ("run_id", "round", "barrier", "role", "reached_at")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    REACHED_AT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    barrier: Barrier
+    role: _aggregation_pb2.ServerRole
+    reached_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., barrier: _Optional[_Union[Barrier, str]] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., reached_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ProviderSet(_message.Message):
+    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    MIN_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    role: _aggregation_pb2.ServerRole
+    providers: _containers.RepeatedScalarFieldContainer[str]
+    digest: bytes
+    min_providers: int
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ...) -> None: ...
+
+class ProviderAgreement(_message.Message):
+    __slots__ = ("callee", "agreed", "agreed_digest", "proceed")
+    CALLEE_FIELD_NUMBER: _ClassVar[int]
+    AGREED_FIELD_NUMBER: _ClassVar[int]
+    AGREED_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PROCEED_FIELD_NUMBER: _ClassVar[int]
+    callee: ProviderSet
+    agreed: _containers.RepeatedScalarFieldContainer[str]
+    agreed_digest: bytes
+    proceed: bool
+    def __init__(self, callee: _Optional[_Union[ProviderSet, _Mapping]] = ..., agreed: _Optional[_Iterable[str]] = ..., agreed_digest: _Optional[bytes] = ..., proceed: _Optional[bool] = ...) -> None: ...
+
+class SeedCommitment(_message.Message):
+    __slots__ = ("run_id", "round", "role", "scheme", "commitment")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SCHEME_FIELD_NUMBER: _ClassVar[int]
+    COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    role: _aggregation_pb2.ServerRole
+    scheme: str
+    commitment: bytes
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., scheme: _Optional[str] = ..., commitment: _Optional[bytes] = ...) -> None: ...
+
+class ModelDigest(_message.Message):
+    __slots__ = ("run_id", "version", "role", "num_parameters", "sha256")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    version: int
+    role: _aggregation_pb2.ServerRole
+    num_parameters: int
+    sha256: bytes
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., num_parameters: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...

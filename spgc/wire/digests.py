@@ -1,0 +1,79 @@
+"""The canonical digests of the wire protocol (proto/spgc/v1): vectors, provider sets, seeds.
+
+Both servers and the providers must compute these identically, so they are defined once here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+
+import numpy as np
+
+#: Scheme name carried in SeedCommitment.scheme for :func:`seed_commitment`.
+SEED_COMMITMENT_SCHEME = "sha256-v1"
+
+#: Shortest seed :func:`seed_commitment` accepts (the commitment hides the seed only because
+#: the seed has this much entropy).
+MIN_SEED_BYTES = 32
+
+_SEED_DOMAIN = b"spgc.v1.seed-commitment\x00"
+
+
+def vector_sha256(vec: np.ndarray) -> bytes:
+    """SHA-256 of a 1-D vector's little-endian bytes (ModelHeader.sha256, ShareHeader.sha256).
+
+    ``vec`` must be uint64 (shares) or float64 (models); other dtypes raise ValueError so that a
+    float32 model is never hashed in a form the other side does not use.
+    """
+    arr = np.asarray(vec)
+    if arr.ndim != 1:
+        raise ValueError(f"expected a 1-D vector, got shape {arr.shape}")
+    if arr.dtype.kind not in "uf" or arr.dtype.itemsize != 8:
+        raise ValueError(f"expected uint64 or float64 values, got {arr.dtype}")
+    le = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+    return hashlib.sha256(np.ascontiguousarray(le).data).digest()
+
+
+def canonical_provider_set(providers: Iterable[str]) -> list[str]:
+    """Sorted (by UTF-8 bytes), duplicate-free list: the order ProviderSet.providers uses."""
+    unique = set(providers)
+    for name in unique:
+        if not name or "\x00" in name:
+            raise ValueError(f"invalid provider identity {name!r}")
+    return sorted(unique, key=lambda s: s.encode("utf-8"))
+
+
+def provider_set_digest(providers: Iterable[str]) -> bytes:
+    """SHA-256 over each identity's UTF-8 bytes plus one 0x00, in canonical order.
+
+    Order and duplicates of the input do not matter.
+    """
+    h = hashlib.sha256()
+    for name in canonical_provider_set(providers):
+        h.update(name.encode("utf-8") + b"\x00")
+    return h.digest()
+
+
+def seed_commitment(run_id: str, round_number: int, role: int, seed: bytes) -> bytes:
+    """The "sha256-v1" commitment of a server's round seed (SeedCommitment.commitment).
+
+    SHA-256("spgc.v1.seed-commitment" 0x00 || run_id 0x00 || round as 8 bytes big-endian ||
+    role as 1 byte || seed). ``role`` is a ServerRole value. The seed must be at least
+    :data:`MIN_SEED_BYTES` bytes from a CSPRNG: the commitment is hiding only because of that
+    entropy. Only the commitment goes to the other server; the seed never does.
+    """
+    if len(seed) < MIN_SEED_BYTES:
+        raise ValueError(f"seed must be at least {MIN_SEED_BYTES} bytes, got {len(seed)}")
+    if not 0 <= round_number < 1 << 64:
+        raise ValueError(f"round {round_number} does not fit in 64 bits")
+    if not 0 <= role < 256:
+        raise ValueError(f"role {role} does not fit in one byte")
+    if "\x00" in run_id:
+        raise ValueError("run_id must not contain NUL")
+    h = hashlib.sha256(_SEED_DOMAIN)
+    h.update(run_id.encode("utf-8") + b"\x00")
+    h.update(struct.pack(">QB", round_number, role))
+    h.update(bytes(seed))
+    return h.digest()
