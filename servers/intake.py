@@ -1,0 +1,272 @@
+"""Share intake: validate each provider's submission and add it to the round's sum mod 2^L.
+
+A submission is checked before it can touch the sum: the round must be the open one, the
+provider known and not yet counted this round, the submission id never seen before (replays),
+the length equal to the model's parameter count, every chunk within the size limit and every
+value inside the ring. Chunks go to a private spill file as they arrive and are added to the
+in-memory sum only when the whole submission has passed, so a bad or broken stream leaves the
+round untouched and memory stays O(d) whatever the number of providers.
+
+The spill files serve a second purpose: after the deadline the two servers agree on the
+providers whose shares BOTH received (SPEC step 6); a share that reached this server only must
+be taken out of the sum again, and subtraction mod 2^L undoes an addition exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from spgc.sharing import aggregate_shares, validate_share
+
+# gRPC status names a servicer maps these refusals to.
+INVALID_ARGUMENT = "INVALID_ARGUMENT"
+FAILED_PRECONDITION = "FAILED_PRECONDITION"
+ALREADY_EXISTS = "ALREADY_EXISTS"
+PERMISSION_DENIED = "PERMISSION_DENIED"
+RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+
+_ADD_PIECE = 1 << 17  # values per read when adding a spill file to the sum (1 MiB)
+
+
+class SubmissionRejected(Exception):
+    """A submission refused with a reason for the provider; `code` is a gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Round:
+    number: int
+    directory: Path
+    total: np.ndarray
+    spilled: dict[str, Path] = field(default_factory=dict)
+    in_flight: set[str] = field(default_factory=set)
+    closed: bool = False
+
+
+class ShareIntake:
+    """One server's intake of additive shares, round by round.
+
+    Thread-safe: a gRPC server calls :meth:`receive` from several threads at once.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        ring_bits: int,
+        spill_root: Path | None = None,
+        allowed_providers: Iterable[str] | None = None,
+        max_chunk_bytes: int = 1 << 20,
+    ) -> None:
+        if dim < 1:
+            raise ValueError(f"dim must be positive, not {dim}")
+        if not 1 <= ring_bits <= 64:
+            raise ValueError(f"ring_bits must be in 1..64, not {ring_bits}")
+        if max_chunk_bytes < 8:
+            raise ValueError("max_chunk_bytes must hold at least one value")
+        self.dim = dim
+        self.ring_bits = ring_bits
+        self.max_chunk_bytes = max_chunk_bytes - max_chunk_bytes % 8
+        self.allowed = None if allowed_providers is None else frozenset(allowed_providers)
+        self._root = Path(tempfile.mkdtemp(prefix="spgc-intake-", dir=spill_root))  # mode 0700
+        self._lock = threading.Lock()
+        self._round: _Round | None = None
+        self._last_closed = -1
+        self._seen_ids: set[tuple[str, bytes]] = set()
+
+    # ------------------------------------------------------------------ round life cycle
+
+    def open_round(self, number: int) -> None:
+        """Starts accepting shares for round `number` (rounds only move forward)."""
+        with self._lock:
+            if self._round is not None and not self._round.closed:
+                raise RuntimeError(f"round {self._round.number} is still open")
+            if number <= self._last_closed:
+                raise ValueError(f"round {number} is not after the last closed round")
+            directory = self._root / f"round-{number}"
+            directory.mkdir(mode=0o700)
+            total = np.zeros(self.dim, dtype=np.uint64)
+            self._round = _Round(number=number, directory=directory, total=total)
+
+    def close_round(self) -> frozenset[str]:
+        """Stops the intake (the deadline passed); returns the providers whose shares are in."""
+        with self._lock:
+            rnd = self._require_round()
+            rnd.closed = True
+            self._last_closed = rnd.number
+            return frozenset(rnd.spilled)
+
+    def restrict_to(self, providers: Iterable[str]) -> frozenset[str]:
+        """Keeps only `providers` (the set both servers received) in the sum; returns who was
+        taken out. Call after :meth:`close_round`."""
+        keep = frozenset(providers)
+        with self._lock:
+            rnd = self._require_round()
+            if not rnd.closed:
+                raise RuntimeError("restrict_to needs a closed round")
+            unknown = keep - rnd.spilled.keys()
+            if unknown:
+                raise ValueError(f"providers {sorted(unknown)} sent this server no share")
+            dropped = frozenset(rnd.spilled) - keep
+            for provider in sorted(dropped):
+                self._add_file(rnd.total, rnd.spilled.pop(provider), subtract=True)
+            return dropped
+
+    def total(self) -> np.ndarray:
+        """This server's sum mod 2^L of the shares kept in the closed round."""
+        with self._lock:
+            rnd = self._require_round()
+            if not rnd.closed:
+                raise RuntimeError("the sum is final only once the round is closed")
+            return rnd.total
+
+    def finish_round(self) -> None:
+        """Deletes the round's spill files (after the garbled circuit has used the sum)."""
+        with self._lock:
+            rnd = self._require_round()
+            shutil.rmtree(rnd.directory, ignore_errors=True)
+            self._round = None
+
+    def close(self) -> None:
+        """Deletes every spill file."""
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    @property
+    def current_round(self) -> int | None:
+        rnd = self._round
+        return None if rnd is None or rnd.closed else rnd.number
+
+    # ------------------------------------------------------------------ submissions
+
+    def receive(
+        self,
+        provider: str,
+        round_number: int,
+        submission_id: bytes,
+        length: int,
+        ring_bits: int,
+        chunks: Iterable[bytes],
+    ) -> None:
+        """Takes one provider's whole share (`length` little-endian uint64 values in chunks).
+
+        Raises SubmissionRejected, leaving the round's sum untouched, for anything wrong.
+        """
+        with self._lock:
+            rnd = self._admit(provider, round_number, submission_id, length, ring_bits)
+            rnd.in_flight.add(provider)
+            self._seen_ids.add((provider, bytes(submission_id)))
+        path = rnd.directory / f"{len(rnd.spilled)}-{os.urandom(8).hex()}.share"
+        try:
+            self._spill(chunks, path, length)
+            with self._lock:
+                if rnd.closed or self._round is not rnd:
+                    raise SubmissionRejected(
+                        FAILED_PRECONDITION,
+                        f"round {round_number} closed before the share was complete",
+                    )
+                self._add_file(rnd.total, path, subtract=False)
+                rnd.spilled[provider] = path
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        finally:
+            with self._lock:
+                rnd.in_flight.discard(provider)
+
+    def _admit(
+        self, provider: str, round_number: int, submission_id: bytes, length: int, ring_bits: int
+    ) -> _Round:
+        rnd = self._round
+        if self.allowed is not None and provider not in self.allowed:
+            raise SubmissionRejected(PERMISSION_DENIED, f"provider {provider!r} is not registered")
+        if rnd is None or rnd.closed:
+            raise SubmissionRejected(
+                FAILED_PRECONDITION, f"share for round {round_number} refused: no round is open"
+            )
+        if round_number < rnd.number:
+            raise SubmissionRejected(
+                FAILED_PRECONDITION,
+                f"round {round_number} is over; the current round is {rnd.number}",
+            )
+        if round_number > rnd.number:
+            raise SubmissionRejected(
+                FAILED_PRECONDITION,
+                f"round {round_number} is not open; the current round is {rnd.number}",
+            )
+        if not submission_id or len(submission_id) > 64:
+            raise SubmissionRejected(INVALID_ARGUMENT, "submission id must be 1..64 bytes")
+        if (provider, bytes(submission_id)) in self._seen_ids:
+            raise SubmissionRejected(ALREADY_EXISTS, "this submission id was used before (replay)")
+        if provider in rnd.spilled or provider in rnd.in_flight:
+            raise SubmissionRejected(
+                ALREADY_EXISTS, f"provider {provider!r} already sent a share for round {rnd.number}"
+            )
+        if ring_bits != self.ring_bits:
+            raise SubmissionRejected(
+                INVALID_ARGUMENT,
+                f"share is in Z_2^{ring_bits}; this server aggregates in Z_2^{self.ring_bits}",
+            )
+        if length != self.dim:
+            raise SubmissionRejected(
+                INVALID_ARGUMENT,
+                f"share has {length:,} values; the model has {self.dim:,} parameters",
+            )
+        return rnd
+
+    def _spill(self, chunks: Iterable[bytes], path: Path, length: int) -> None:
+        received = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                if len(chunk) > self.max_chunk_bytes:
+                    raise SubmissionRejected(
+                        RESOURCE_EXHAUSTED,
+                        f"chunk of {len(chunk):,} bytes exceeds the limit of "
+                        f"{self.max_chunk_bytes:,}",
+                    )
+                if len(chunk) % 8:
+                    raise SubmissionRejected(
+                        INVALID_ARGUMENT, "chunk length is not a whole number of uint64 values"
+                    )
+                values = np.frombuffer(chunk, dtype="<u8")
+                received += len(values)
+                if received > length:
+                    raise SubmissionRejected(
+                        INVALID_ARGUMENT, f"share has more than the announced {length:,} values"
+                    )
+                try:
+                    values = values.astype(np.uint64, copy=False)
+                    validate_share(values, len(values), self.ring_bits)
+                except ValueError as exc:
+                    raise SubmissionRejected(INVALID_ARGUMENT, str(exc)) from exc
+                f.write(chunk)
+        if received != length:
+            raise SubmissionRejected(
+                INVALID_ARGUMENT, f"share ended after {received:,} of {length:,} values"
+            )
+
+    def _add_file(self, total: np.ndarray, path: Path, subtract: bool) -> None:
+        with path.open("rb") as f:
+            offset = 0
+            while offset < self.dim:
+                piece = np.frombuffer(f.read(8 * _ADD_PIECE), dtype="<u8").astype(np.uint64)
+                if subtract:
+                    piece = np.negative(piece)  # -x mod 2^64; the ring mask follows
+                aggregate_shares(total[offset : offset + len(piece)], piece, self.ring_bits)
+                offset += len(piece)
+
+    def _require_round(self) -> _Round:
+        if self._round is None:
+            raise RuntimeError("no round is open")
+        return self._round

@@ -1,0 +1,148 @@
+"""Share intake: every kind of bad submission is refused and leaves the round's sum intact."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from servers.intake import (
+    ALREADY_EXISTS,
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    PERMISSION_DENIED,
+    RESOURCE_EXHAUSTED,
+    ShareIntake,
+    SubmissionRejected,
+)
+
+DIM, RING = 1000, 32
+MASK = np.uint64((1 << RING) - 1)
+
+
+def random_share(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1 << RING, DIM, dtype=np.uint64)
+
+
+def chunks_of(values: np.ndarray, per_chunk: int = 300) -> list[bytes]:
+    raw = values.astype("<u8").tobytes()
+    return [raw[i : i + 8 * per_chunk] for i in range(0, len(raw), 8 * per_chunk)]
+
+
+@pytest.fixture
+def intake(tmp_path):
+    it = ShareIntake(DIM, RING, spill_root=tmp_path, allowed_providers=["p1", "p2", "p3"])
+    it.open_round(1)
+    yield it
+    it.close()
+
+
+def submit(intake, provider, values, round_number=1, sid=None, **kw):
+    intake.receive(
+        provider,
+        round_number,
+        sid or os.urandom(16),
+        kw.pop("length", DIM),
+        kw.pop("ring_bits", RING),
+        kw.pop("chunks", None) or chunks_of(values),
+    )
+
+
+def test_sum_of_good_shares_mod_ring(intake):
+    shares = {p: random_share(i) for i, p in enumerate(["p1", "p2", "p3"])}
+    for p, v in shares.items():
+        submit(intake, p, v)
+    assert intake.close_round() == {"p1", "p2", "p3"}
+    want = (shares["p1"] + shares["p2"] + shares["p3"]) & MASK
+    assert np.array_equal(intake.total(), want)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code", "message"),
+    [
+        ({"round_number": 0}, FAILED_PRECONDITION, "round 0 is over"),
+        ({"round_number": 2}, FAILED_PRECONDITION, "round 2 is not open"),
+        ({"length": DIM - 1}, INVALID_ARGUMENT, "parameters"),
+        ({"ring_bits": 16}, INVALID_ARGUMENT, "Z_2\\^16"),
+        ({"chunks": [b"\x00" * 12]}, INVALID_ARGUMENT, "whole number"),
+        ({"chunks": chunks_of(np.zeros(DIM + 1, np.uint64))}, INVALID_ARGUMENT, "more than"),
+        ({"chunks": chunks_of(np.zeros(DIM - 5, np.uint64))}, INVALID_ARGUMENT, "ended after"),
+        ({"chunks": chunks_of(np.full(DIM, 1 << RING, np.uint64))}, INVALID_ARGUMENT, "outside"),
+        ({"chunks": [b"\x00" * (8 * DIM)]}, RESOURCE_EXHAUSTED, "exceeds the limit"),
+        ({"sid": b"x" * 65}, INVALID_ARGUMENT, "submission id"),
+    ],
+)
+def test_bad_submissions_are_refused_and_the_round_goes_on(tmp_path, kwargs, code, message):
+    intake = ShareIntake(DIM, RING, spill_root=tmp_path, max_chunk_bytes=4096)
+    intake.open_round(1)
+    good = random_share(1)
+    submit(intake, "p1", good)
+    with pytest.raises(SubmissionRejected, match=message) as err:
+        submit(intake, "p2", random_share(2), **kwargs)
+    assert err.value.code == code
+    submit(intake, "p3", random_share(3))  # the round goes on
+    assert intake.close_round() == {"p1", "p3"}
+    assert np.array_equal(intake.total(), (good + random_share(3)) & MASK)
+    assert len(list((tmp_path).rglob("*.share"))) == 2  # nothing of the refused one is kept
+    intake.close()
+
+
+def test_duplicates_replays_and_strangers(intake):
+    sid = os.urandom(16)
+    submit(intake, "p1", random_share(1), sid=sid)
+    with pytest.raises(SubmissionRejected) as dup:
+        submit(intake, "p1", random_share(2))
+    assert dup.value.code == ALREADY_EXISTS
+    with pytest.raises(SubmissionRejected) as stranger:
+        submit(intake, "mallory", random_share(3))
+    assert stranger.value.code == PERMISSION_DENIED
+    intake.close_round()
+    intake.finish_round()
+    intake.open_round(2)
+    with pytest.raises(SubmissionRejected, match="replay") as replay:
+        submit(intake, "p1", random_share(1), round_number=2, sid=sid)
+    assert replay.value.code == ALREADY_EXISTS
+    with pytest.raises(SubmissionRejected, match="round 1 is over"):
+        submit(intake, "p2", random_share(1), round_number=1)
+
+
+def test_share_that_reached_one_server_only_is_taken_out(intake):
+    shares = {p: random_share(10 + i) for i, p in enumerate(["p1", "p2", "p3"])}
+    for p, v in shares.items():
+        submit(intake, p, v)
+    intake.close_round()
+    dropped = intake.restrict_to({"p1", "p3"})  # the peer never got p2's share
+    assert dropped == {"p2"}
+    assert np.array_equal(intake.total(), (shares["p1"] + shares["p3"]) & MASK)
+
+
+def test_stream_failing_midway_leaves_no_trace(intake):
+    def broken():
+        yield random_share(5)[:100].tobytes()
+        raise ConnectionError("provider went away")
+
+    with pytest.raises(ConnectionError):
+        submit(intake, "p2", None, chunks=broken())
+    submit(intake, "p2", random_share(6))  # it may try again with a new submission id
+    intake.close_round()
+    assert np.array_equal(intake.total(), random_share(6))
+
+
+def test_concurrent_submissions(intake):
+    shares = {p: random_share(20 + i) for i, p in enumerate(["p1", "p2", "p3"])}
+    threads = [threading.Thread(target=submit, args=(intake, p, v)) for p, v in shares.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    intake.close_round()
+    assert np.array_equal(intake.total(), sum(shares.values()) & MASK)
+
+
+def test_closed_round_refuses_late_shares(intake):
+    intake.close_round()
+    with pytest.raises(SubmissionRejected, match="no round is open") as err:
+        submit(intake, "p1", random_share(1))
+    assert err.value.code == FAILED_PRECONDITION
