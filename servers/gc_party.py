@@ -21,6 +21,8 @@ coordinates.
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +77,20 @@ def _check_seed(seed: bytes | bytearray | memoryview) -> bytes:
     if len(seed) != SEED_BYTES:
         raise ValueError(f"the round seed must be {SEED_BYTES} bytes, got {len(seed)}")
     return seed
+
+
+_used_seeds: set[bytes] = set()
+_used_seeds_lock = threading.Lock()
+
+
+def _claim_seed(seed: bytes) -> None:
+    """Refuses a round seed this process has already used for noise (a reused seed repeats
+    the noise, and differences of two releases would cancel it). Only digests are kept."""
+    digest = hashlib.sha256(b"spgc-round-seed" + seed).digest()
+    with _used_seeds_lock:
+        if digest in _used_seeds:
+            raise ValueError("this round seed was used before: draw a fresh one for every round")
+        _used_seeds.add(digest)
 
 
 def expand_seed(
@@ -288,6 +304,7 @@ def run_aggregate(
         seed = _check_seed(seed)  # type: ignore[arg-type]
         params = derive_params(sigma_units, distance_log2)
         width = output_width(ring_bits, params.noise_bits, output_bits)
+        _claim_seed(seed)  # after every check, before the first byte
         add = noisy_sum_circuit(ring_bits, params.noise_bits, width)
         y = np.zeros(n, dtype=np.int64) if width <= 64 else np.zeros(n, dtype=object)
 

@@ -87,6 +87,11 @@ def test_spgc_returns_s_plus_the_plaintext_sampler_noise(two_party, ring_bits, s
     assert cg["rounds"] >= 2  # some coordinates needed a retry round
     ref = aggregate_plain(a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma)
     assert [int(v) for v in ref] == [int(v) for v in ye]
+    # a round seed is never used twice: refused before anything is sent
+    sent = lg.channel.bytes_sent
+    with pytest.raises(ValueError, match="used before"):
+        run_aggregate("garbler", lg, a1, s1, sigma, ring_bits, "spgc")
+    assert lg.channel.bytes_sent == sent
 
 
 def test_noise_reproducible_from_both_seeds_only():
