@@ -727,8 +727,11 @@ def and_breakdown(params: SamplerParams) -> dict[str, int]:
     thr = table_lookup(b, monos, params.alias.threshold, params.coin_bits)
     r0 = b.concat(
         b.input("r_lo", "evaluator", min(params.coin_bits, MAX_PORT_WIDTH)),
-        *([b.input("r_hi", "evaluator", params.coin_bits - MAX_PORT_WIDTH)]
-          if params.coin_bits > MAX_PORT_WIDTH else []),
+        *(
+            [b.input("r_hi", "evaluator", params.coin_bits - MAX_PORT_WIDTH)]
+            if params.coin_bits > MAX_PORT_WIDTH
+            else []
+        ),
     )
     before = b.and_count
     take = b.lt_unsigned(r0, thr)
@@ -757,10 +760,19 @@ def _main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     sigmas = [float(a) for a in (sys.argv[1:] if argv is None else argv)] or [
-        2.0, 100.0, 4800.0, 1e4, 65536.0, 1e6, 1e7, 1e8
+        2.0,
+        100.0,
+        4800.0,
+        1e4,
+        65536.0,
+        1e6,
+        1e7,
+        1e8,
     ]
-    print("| sigma_u | e | l | a | M count | v bits | chunks | P_acc | AND/trial | AND/sample "
-          "| rand bits/trial (each party) | noise bits | SD bound |")
+    print(
+        "| sigma_u | e | l | a | M count | v bits | chunks | P_acc | AND/trial | AND/sample "
+        "| rand bits/trial (each party) | noise bits | SD bound |"
+    )
     print("|" + "---|" * 13)
     parts = []
     for sigma in sigmas:

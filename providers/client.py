@@ -1,0 +1,791 @@
+"""The provider client: SPEC section 3, steps 1-5 (the paper's Algorithm 1), over spgc.v1.
+
+One round t, as :meth:`ProviderClient.run_round` does it:
+
+1. Hello to both servers (once, in :meth:`ProviderClient.connect`): their TrainingConfig must be
+   identical, describe a model/dataset/encoding this provider computes the same way (the
+   announced ``l2_bound_units`` must equal its own), and promise at least the provider's
+   configured minimum privacy per step; otherwise :class:`ProviderRefusal`.
+2. Wait (RoundStatus polling, with backoff on errors) until both servers collect the same round
+   t; FetchModel version t from BOTH and compare the SHA-256 of the two (and the announced one).
+3. Draw the local batch: Poisson sampling at rate q (default) or the paper's fixed batches from
+   shuffled passes, as announced (the accountant assumes the announced one).
+4. Per-example gradients (torch.func vmap), each clipped to C, fixed-point encoded with
+   conditional randomized rounding (every encoded example has L2 norm <= B units), summed: G.
+5. Additive shares in Z_{2^L} from the OS CSPRNG: <G>_1 = G + r to H1, <G>_2 = r to H2, streamed
+   with SubmitShare, tagged with run and round, a fresh submission id per attempt.
+
+Retries never send a different share vector for the same round: the shares of round t are made
+once; a retry resends the same vector with a new submission id, and only after RoundStatus said
+the caller's share was not accepted (a lost receipt must not double count; a server refuses a
+second share of a provider for a round with ALREADY_EXISTS anyway, which the client reads as
+"accepted earlier").
+
+One-server modes: ``plain`` sends G itself (mod 2^L) to the single server; ``ldp`` first adds
+discrete Gaussian noise of the announced ``noise_std_units`` locally (see
+:func:`discrete_gaussian`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+
+from providers.config import ProviderConfig
+from spgc import __version__
+from spgc.accounting import per_step_epsilon
+from spgc.data import fixed_batches, load_dataset, poisson_batch, split_among_providers
+from spgc.encoding import FixedPointConfig, default_rounding_rng, encode_batch, stochastic_round
+from spgc.gradients import clip_per_example, per_example_gradients
+from spgc.grpc_util import (
+    WireError,
+    make_channel,
+    new_submission_id,
+    read_model_stream,
+    share_messages,
+)
+from spgc.models import MODEL_NAMES, build_model, load_flat_params, parameter_count
+from spgc.sharing import check_fits, ring_mask, share
+from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
+
+__all__ = [
+    "ProviderClient",
+    "ProviderRefusal",
+    "RoundFailed",
+    "RoundReport",
+    "check_privacy",
+    "check_training_config",
+    "discrete_gaussian",
+    "effective_noise_multiplier",
+]
+
+log = logging.getLogger("spgc.provider")
+
+pb = aggregation_pb2
+
+#: Codes after which the same submission may be tried again (after checking RoundStatus).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+TWO_SERVER_MODES = frozenset({pb.MODE_SPGC, pb.MODE_ONLY_MPC, pb.MODE_DNG, pb.MODE_PREPROCESSED})
+ONE_SERVER_MODES = frozenset({pb.MODE_PLAIN, pb.MODE_LDP})
+NOISELESS_MODES = frozenset({pb.MODE_ONLY_MPC, pb.MODE_PLAIN})
+
+
+class ProviderRefusal(RuntimeError):
+    """The provider refuses to take part: the servers disagree, or announce parameters it does
+    not accept (weaker privacy than its minimum, another encoding, another model)."""
+
+
+class RoundFailed(RuntimeError):
+    """This provider's contribution to one round could not be delivered (the run goes on)."""
+
+
+@dataclass
+class _Server:
+    """One server as the client sees it."""
+
+    role: int
+    name: str
+    address: str
+    channel: grpc.Channel
+    stub: Any
+    info: Any = None  # ServerInfo from Hello
+
+
+@dataclass
+class SubmitResult:
+    """How one server took this provider's share for a round."""
+
+    server: str
+    accepted: bool
+    attempts: int
+    submission_id: bytes
+    how: str  # "receipt", "status" (receipt lost, RoundStatus says accepted), "duplicate"
+
+
+@dataclass
+class RoundReport:
+    """What one round did (also logged as the progress line)."""
+
+    round: int
+    model_version: int
+    batch_size: int
+    compute_seconds: float
+    encode_seconds: float
+    send_seconds: float
+    results: list[SubmitResult] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> bool:
+        """Whether every server accepted this provider's share."""
+        return bool(self.results) and all(r.accepted for r in self.results)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _describe_diff(a: Any, b: Any) -> str:
+    diffs = []
+    for f in a.DESCRIPTOR.fields:
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if va != vb:
+            diffs.append(f"{f.name}: {va!r} vs {vb!r}")
+    return "; ".join(diffs) or "(serialisations differ)"
+
+
+def _model_key(name: str, dataset: str) -> str:
+    key = (name or dataset).strip().lower()
+    if key in MODEL_NAMES:
+        return key
+    head = key.split("-", 1)[0]
+    if head in MODEL_NAMES:
+        return head
+    raise ProviderRefusal(f"the servers announce model {name!r}, which this provider cannot build")
+
+
+def effective_noise_multiplier(tc: Any) -> float:
+    """Noise std / sensitivity per step in fixed-point units, as announced (0: no noise).
+
+    The smaller of the announced ``noise_multiplier`` and ``noise_std_units / l2_bound_units``
+    (the second is what the integer mechanism actually delivers when rounding inflates the
+    sensitivity over s*C).
+    """
+    if tc.mode in NOISELESS_MODES:
+        return 0.0
+    if tc.l2_bound_units <= 0 or tc.noise_std_units <= 0 or tc.noise_multiplier <= 0:
+        return 0.0
+    return min(tc.noise_multiplier, tc.noise_std_units / tc.l2_bound_units)
+
+
+def check_privacy(tc: Any, cfg: ProviderConfig) -> float | None:
+    """Refuse (ProviderRefusal) a TrainingConfig weaker per step than ``cfg``'s minimum.
+
+    Returns the per-step epsilon at ``cfg.step_delta`` this provider computed itself (without
+    subsampling amplification), None for a no-noise mode.
+    """
+    sigma = effective_noise_multiplier(tc)
+    wants = cfg.max_step_epsilon is not None or cfg.min_noise_multiplier is not None
+    mode = pb.Mode.Name(tc.mode)
+    if sigma <= 0:
+        if wants:
+            raise ProviderRefusal(
+                f"the servers announce {mode} with no noise (noise_multiplier="
+                f"{tc.noise_multiplier}, noise_std_units={tc.noise_std_units}); this provider "
+                "requires a minimum privacy per step"
+            )
+        return None
+    if cfg.min_noise_multiplier is not None and sigma < cfg.min_noise_multiplier:
+        raise ProviderRefusal(
+            f"announced noise multiplier {sigma:.6g} (std {tc.noise_std_units:g} units / "
+            f"sensitivity {tc.l2_bound_units:g} units) is below this provider's minimum "
+            f"{cfg.min_noise_multiplier:g}"
+        )
+    eps = per_step_epsilon(sigma, cfg.step_delta)
+    if cfg.max_step_epsilon is not None and eps > cfg.max_step_epsilon:
+        raise ProviderRefusal(
+            f"one step of this run is ({eps:.4g}, {cfg.step_delta:g})-DP (noise multiplier "
+            f"{sigma:.4g}), weaker than this provider's minimum epsilon {cfg.max_step_epsilon:g} "
+            f"per step at delta {cfg.step_delta:g} (servers announce step_epsilon="
+            f"{tc.step_epsilon:g})"
+        )
+    return eps
+
+
+def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> FixedPointConfig:
+    """Check that this provider computes what the servers announce; returns its encoding.
+
+    Refuses (ProviderRefusal) another dataset, an unknown model or parameter count, an
+    impossible ring, an ``l2_bound_units`` other than its own computation, and a batch setting
+    it cannot draw.
+    """
+    if tc.dataset.strip().lower() != cfg.dataset.strip().lower():
+        raise ProviderRefusal(
+            f"the servers train on dataset {tc.dataset!r}; this provider holds {cfg.dataset!r}"
+        )
+    key = _model_key(tc.model, tc.dataset)
+    d = parameter_count(build_model(key))
+    if tc.num_parameters != d:
+        raise ProviderRefusal(
+            f"the servers announce {tc.num_parameters:,} parameters for model {tc.model!r}; "
+            f"this provider's {key} model has {d:,}"
+        )
+    if not 2 <= tc.ring_bits <= 64:
+        raise ProviderRefusal(f"ring_bits={tc.ring_bits} is not in 2..64")
+    try:
+        fp = FixedPointConfig(scale=tc.scale, clip_norm=tc.clip_norm, dim=d)
+    except ValueError as exc:
+        raise ProviderRefusal(f"announced fixed-point parameters are unusable: {exc}") from None
+    if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
+        if tc.l2_bound_units != float(fp.l2_bound_units):
+            raise ProviderRefusal(
+                f"the servers announce l2_bound_units={tc.l2_bound_units:g}; this provider's "
+                f"conditional rounding with s={tc.scale:g}, C={tc.clip_norm:g}, d={d} bounds "
+                f"each example by B={fp.l2_bound_units} units (sensitivity mismatch)"
+            )
+    elif tc.rounding in (pb.ROUNDING_STOCHASTIC, pb.ROUNDING_NEAREST):
+        # Rounding the sum once: neighbours differ by up to s*C + sqrt(d) units.
+        need = fp.scaled_clip_norm + math.sqrt(d)
+        if tc.l2_bound_units < need:
+            raise ProviderRefusal(
+                f"the servers announce l2_bound_units={tc.l2_bound_units:g}, but rounding the "
+                f"sum once has sensitivity up to s*C + sqrt(d) = {need:.6g} units"
+            )
+    else:
+        raise ProviderRefusal(f"unsupported rounding {pb.Rounding.Name(tc.rounding)}")
+    if tc.sampling == pb.BATCH_SAMPLING_POISSON:
+        if tc.WhichOneof("batch") != "sampling_rate" or not 0 < tc.sampling_rate <= 1:
+            raise ProviderRefusal("Poisson sampling announced without a rate in (0, 1]")
+    elif tc.sampling == pb.BATCH_SAMPLING_SHUFFLE:
+        if tc.WhichOneof("batch") != "batch_size" or tc.batch_size < 1:
+            raise ProviderRefusal("fixed-size batches announced without a batch size")
+        if tc.batch_size > local_examples:
+            raise ProviderRefusal(
+                f"batch size {tc.batch_size} exceeds this provider's {local_examples} examples"
+            )
+    else:
+        raise ProviderRefusal(f"unsupported sampling {pb.BatchSampling.Name(tc.sampling)}")
+    if tc.mode == pb.MODE_UNSPECIFIED:
+        raise ProviderRefusal("the servers announce no mode")
+    return fp
+
+
+# ----------------------------------------------------------------------------- local noise
+
+
+def discrete_gaussian(
+    sigma: float, size: int, rng: np.random.Generator | None = None
+) -> np.ndarray:
+    """``size`` samples of the discrete Gaussian N_Z(0, sigma^2) as int64 (ldp mode).
+
+    Canonne-Kamath-Steinke 2020, Algorithm 3: a discrete Laplace candidate Y of scale
+    t = floor(sigma) + 1 (difference of two geometric variables) accepted with probability
+    exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)). Vectorised; the acceptance test uses float64
+    arithmetic, so the output is the discrete Gaussian up to float rounding of that probability
+    (relative error ~1e-16 per sample), not an exact sampler. The default generator is Philox
+    keyed with 128 bits from the OS CSPRNG (the noise must stay secret; Philox is a
+    counter-based cipher-like generator, unlike PCG64 whose state its outputs reveal).
+    """
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise ValueError(f"sigma must be finite and > 0, got {sigma}")
+    gen = rng if rng is not None else np.random.Generator(np.random.Philox(secrets.randbits(128)))
+    t = math.floor(sigma) + 1
+    p = -math.expm1(-1.0 / t)  # success probability of the geometric: 1 - e^(-1/t)
+    out = np.empty(size, dtype=np.int64)
+    filled = 0
+    while filled < size:
+        n = max(16, int((size - filled) * 1.3))
+        y = gen.geometric(p, n).astype(np.int64) - gen.geometric(p, n).astype(np.int64)
+        accept = gen.random(n) < np.exp(-((np.abs(y) - sigma**2 / t) ** 2) / (2 * sigma**2))
+        good = y[accept][: size - filled]
+        out[filled : filled + good.size] = good
+        filled += good.size
+    return out
+
+
+# ----------------------------------------------------------------------------- the client
+
+
+class ProviderClient:
+    """One provider taking part in a training run (see the module docstring).
+
+    ``sampling_rng`` draws the batches and ``rounding_rng`` the rounding coins; both default to
+    generators seeded from the OS CSPRNG. Tests inject seeded ones to recompute G. Shares always
+    come from ``os.urandom`` (spgc.sharing). ``data``: (x, y) of this provider instead of its
+    part of ``cfg.dataset``. ``sleep``/``clock`` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        cfg: ProviderConfig,
+        *,
+        data: tuple[np.ndarray, np.ndarray] | None = None,
+        sampling_rng: np.random.Generator | None = None,
+        rounding_rng: np.random.Generator | None = None,
+        noise_rng: np.random.Generator | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self._data = data
+        self.sampling_rng = sampling_rng or np.random.default_rng(secrets.randbits(128))
+        self.rounding_rng = rounding_rng or default_rounding_rng()
+        self.noise_rng = noise_rng
+        self._sleep = sleep
+        self._clock = clock
+        self.servers: list[_Server] = []
+        self.training: Any = None  # TrainingConfig, once connected
+        self.fixed_point: FixedPointConfig | None = None
+        self.step_epsilon: float | None = None
+        self.last_round: int | None = None
+        self._model: Any = None
+        self._x: np.ndarray | None = None
+        self._y: np.ndarray | None = None
+        self._epoch: Iterator[np.ndarray] | None = None
+        self.reports: list[RoundReport] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> ProviderClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the channels."""
+        for s in self.servers:
+            s.channel.close()
+        self.servers = []
+
+    def _open(self, role: int, name: str, address: str) -> _Server:
+        channel = make_channel(address, self.cfg.tls, insecure=self.cfg.insecure, server_name=name)
+        return _Server(role, name, address, channel, aggregation_pb2_grpc.AggregatorStub(channel))
+
+    def _load_data(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._data is not None:
+            x, y = self._data
+        else:
+            kw: dict[str, Any] = {}
+            if self.cfg.dataset_path is not None:
+                kw["path"] = self.cfg.dataset_path
+            if self.cfg.split_seed is not None:
+                kw["split_seed"] = self.cfg.split_seed
+            ds = load_dataset(self.cfg.dataset, **kw)
+            x, y = split_among_providers(
+                ds.x_train, ds.y_train, self.cfg.provider_count, self.cfg.provider_index
+            )
+        return np.asarray(x), np.asarray(y)
+
+    def _hello(self, server: _Server) -> Any:
+        request = pb.HelloRequest(
+            protocol_version=PROTOCOL_VERSION,
+            software_version=f"spgc {__version__}",
+            provider_id=self.cfg.name,
+        )
+        info = self._call_with_retry(
+            lambda: server.stub.Hello(request, timeout=self.cfg.rpc_timeout),
+            f"Hello to {server.name} at {server.address}",
+        )
+        if info.protocol_version != PROTOCOL_VERSION:
+            raise ProviderRefusal(
+                f"{server.name} speaks protocol version {info.protocol_version}, this provider "
+                f"{PROTOCOL_VERSION}"
+            )
+        if info.server_name and info.server_name != server.name:
+            raise ProviderRefusal(
+                f"the server at {server.address} calls itself {info.server_name!r}, expected "
+                f"{server.name!r}"
+            )
+        if info.provider_id and info.provider_id != self.cfg.name:
+            raise ProviderRefusal(
+                f"{server.name} knows this provider as {info.provider_id!r}, but name is "
+                f"{self.cfg.name!r} (check the certificate)"
+            )
+        server.info = info
+        return info
+
+    def connect(self) -> Any:
+        """Hello to the configured servers and check what they announce; returns the
+        TrainingConfig. Raises ProviderRefusal when this provider will not take part."""
+        cfg = self.cfg
+        self.close()
+        h1 = self._open(pb.SERVER_ROLE_H1, cfg.h1_name, cfg.h1_address)
+        self.servers = [h1]
+        info1 = self._hello(h1)
+        tc = info1.config
+        if tc.mode in TWO_SERVER_MODES:
+            if info1.role != pb.SERVER_ROLE_H1:
+                raise ProviderRefusal(
+                    f"{cfg.h1_name} at {cfg.h1_address} is {pb.ServerRole.Name(info1.role)}, "
+                    "expected SERVER_ROLE_H1"
+                )
+            if not cfg.two_servers:
+                raise ProviderRefusal(
+                    f"mode {pb.Mode.Name(tc.mode)} needs two servers; configure h2_address"
+                )
+            h2 = self._open(pb.SERVER_ROLE_H2, cfg.h2_name, cfg.h2_address)
+            self.servers.append(h2)
+            info2 = self._hello(h2)
+            if info2.role != pb.SERVER_ROLE_H2:
+                raise ProviderRefusal(
+                    f"{cfg.h2_name} at {cfg.h2_address} is {pb.ServerRole.Name(info2.role)}, "
+                    "expected SERVER_ROLE_H2"
+                )
+            a = info1.config.SerializeToString(deterministic=True)
+            b = info2.config.SerializeToString(deterministic=True)
+            if a != b:
+                raise ProviderRefusal(
+                    "the two servers announce different training configurations: "
+                    + _describe_diff(info1.config, info2.config)
+                )
+        elif tc.mode in ONE_SERVER_MODES:
+            if info1.role != pb.SERVER_ROLE_SINGLE:
+                raise ProviderRefusal(
+                    f"mode {pb.Mode.Name(tc.mode)} has one server, but {cfg.h1_name} is "
+                    f"{pb.ServerRole.Name(info1.role)}"
+                )
+            h1.role = pb.SERVER_ROLE_SINGLE
+            if cfg.two_servers:
+                log.warning("mode %s uses one server: h2_address is ignored", pb.Mode.Name(tc.mode))
+        else:
+            raise ProviderRefusal(f"unsupported mode {pb.Mode.Name(tc.mode)}")
+        self._x, self._y = self._load_data()
+        self.step_epsilon = check_privacy(tc, cfg)
+        self.fixed_point = check_training_config(tc, cfg, len(self._x))
+        self._model = build_model(_model_key(tc.model, tc.dataset))
+        self.training = tc
+        log.info(
+            "joined run %s: mode %s, model %s (d=%d), %d local examples, B=%d units "
+            "(inflation %.5f), per-step epsilon %s at delta %g",
+            tc.run_id,
+            pb.Mode.Name(tc.mode),
+            tc.model,
+            tc.num_parameters,
+            len(self._x),
+            self.fixed_point.l2_bound_units,
+            self.fixed_point.inflation,
+            "n/a (no noise)" if self.step_epsilon is None else f"{self.step_epsilon:.4g}",
+            cfg.step_delta,
+        )
+        return tc
+
+    # ------------------------------------------------------------------ RPC helpers
+
+    def _backoffs(self) -> Iterator[float]:
+        delay = self.cfg.backoff_initial
+        while True:
+            yield delay
+            delay = min(delay * 2, self.cfg.backoff_max)
+
+    def _call_with_retry(
+        self,
+        call: Callable[[], Any],
+        what: str,
+        error: type[Exception] = ProviderRefusal,
+    ) -> Any:
+        """``call()``, retried with backoff on UNAVAILABLE/DEADLINE_EXCEEDED; other gRPC errors
+        and exhausted retries raise ``error``."""
+        delays = self._backoffs()
+        for attempt in range(1, self.cfg.retries + 1):
+            try:
+                return call()
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code not in RETRYABLE or attempt == self.cfg.retries:
+                    raise error(
+                        f"{what} failed: {code.name}: {exc.details()}"
+                        if code not in RETRYABLE
+                        else f"{what} failed after {attempt} attempts: {code.name}: {exc.details()}"
+                    ) from None
+                delay = next(delays)
+                log.warning("%s: %s, retrying in %.1fs", what, code.name, delay)
+                self._sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _status(self, server: _Server, round_number: int | None = None) -> Any | None:
+        """RoundStatus at one server; None on a transient error."""
+        req = (
+            pb.RoundStatusRequest()
+            if round_number is None
+            else pb.RoundStatusRequest(round=round_number)
+        )
+        try:
+            return server.stub.RoundStatus(req, timeout=self.cfg.rpc_timeout)
+        except grpc.RpcError as exc:
+            if exc.code() in RETRYABLE:
+                log.warning("RoundStatus at %s: %s", server.name, exc.code().name)
+                return None
+            raise
+
+    # ------------------------------------------------------------------ steps
+
+    def wait_for_round(self) -> Any | None:
+        """Poll until every server collects the same new round; returns its RoundInfo (from
+        H1), or None when training is finished. TimeoutError after ``wait_timeout``."""
+        start = self._clock()
+        delays = self._backoffs()
+        while True:
+            infos = [self._status(s) for s in self.servers]
+            if any(i is not None and i.phase == pb.ROUND_PHASE_FINISHED for i in infos):
+                return None
+            if all(i is not None for i in infos):
+                delays = self._backoffs()  # healthy again
+                first = infos[0]
+                same = all(
+                    i.round == first.round and i.model_version == first.model_version for i in infos
+                )
+                collecting = all(i.phase == pb.ROUND_PHASE_COLLECTING for i in infos)
+                new = self.last_round is None or first.round > self.last_round
+                if same and collecting and new:
+                    if all(i.caller_share_accepted for i in infos):
+                        log.info("round %d: share already accepted (earlier run)", first.round)
+                        self.last_round = first.round
+                    elif any(i.caller_share_accepted for i in infos):
+                        log.warning(
+                            "round %d: only one server holds a share from us (earlier run); "
+                            "the shares are lost, sitting this round out",
+                            first.round,
+                        )
+                        self.last_round = first.round
+                    elif not _deadline_passed(first):
+                        return first
+                delay = self.cfg.poll_interval
+            else:
+                delay = max(self.cfg.poll_interval, next(delays))
+            if self.cfg.wait_timeout is not None and self._clock() - start > self.cfg.wait_timeout:
+                raise TimeoutError(
+                    f"no round opened on every server within {self.cfg.wait_timeout:g}s"
+                )
+            self._sleep(delay)
+
+    def fetch_model(self, info: Any) -> np.ndarray:
+        """Model version ``info.model_version`` from every server; refuses differing hashes."""
+        tc = self.training
+        got: list[tuple[str, bytes, np.ndarray]] = []
+        for s in self.servers:
+            request = pb.ModelRequest(version=info.model_version, chunk_bytes=self.cfg.chunk_bytes)
+
+            def fetch(s: _Server = s, request: Any = request) -> tuple[Any, np.ndarray]:
+                return read_model_stream(
+                    s.stub.FetchModel(request, timeout=self.cfg.rpc_timeout),
+                    version=info.model_version,
+                    num_parameters=tc.num_parameters,
+                )
+
+            try:
+                header, params = self._call_with_retry(
+                    fetch, f"FetchModel v{info.model_version} from {s.name}", RoundFailed
+                )
+            except WireError as exc:
+                raise ProviderRefusal(f"{s.name} sent a malformed model: {exc}") from None
+            if header.run_id and header.run_id != tc.run_id:
+                raise ProviderRefusal(f"{s.name} sent a model of run {header.run_id!r}")
+            got.append((s.name, bytes(header.sha256), params))
+        hashes = {h for _, h, _ in got}
+        if len(hashes) != 1:
+            detail = ", ".join(f"{n}: {h.hex()[:16]}" for n, h, _ in got)
+            raise ProviderRefusal(
+                f"the servers serve different models for version {info.model_version} ({detail})"
+            )
+        digest = hashes.pop()
+        if info.model_sha256 and bytes(info.model_sha256) != digest:
+            raise ProviderRefusal(
+                f"model version {info.model_version} hashes to {digest.hex()[:16]}, but the "
+                f"round announces {bytes(info.model_sha256).hex()[:16]}"
+            )
+        return got[0][2]
+
+    def draw_batch(self) -> np.ndarray:
+        """Indices of this round's local batch, as the announced sampling says."""
+        assert self._x is not None
+        tc, n = self.training, len(self._x)
+        if tc.sampling == pb.BATCH_SAMPLING_POISSON:
+            return poisson_batch(n, tc.sampling_rate, self.sampling_rng)
+        while True:
+            if self._epoch is None:
+                self._epoch = fixed_batches(n, tc.batch_size, self.sampling_rng)
+            batch = next(self._epoch, None)
+            if batch is not None:
+                return batch
+            self._epoch = None
+
+    def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s)."""
+        assert self._x is not None and self._y is not None and self.fixed_point is not None
+        tc, fp = self.training, self.fixed_point
+        load_flat_params(self._model, params)
+        limit = 2 ** (tc.ring_bits - 1) - 1
+        if fp.max_abs_sum_units(len(batch)) > limit:
+            raise RoundFailed(
+                f"a batch of {len(batch)} examples with B={fp.l2_bound_units} units may reach "
+                f"{fp.max_abs_sum_units(len(batch))} > 2^{tc.ring_bits - 1}-1, the signed limit "
+                f"of Z_2^{tc.ring_bits}"
+            )
+        total = np.zeros(tc.num_parameters, dtype=np.int64)
+        real_sum = np.zeros(tc.num_parameters, dtype=np.float64)
+        compute = encode = 0.0
+        step = self.cfg.gradient_chunk
+        for start in range(0, len(batch), step):
+            idx = batch[start : start + step]
+            t0 = time.perf_counter()
+            grads = per_example_gradients(self._model, self._x[idx], self._y[idx], chunk_size=step)
+            clipped = clip_per_example(grads, tc.clip_norm)
+            t1 = time.perf_counter()
+            if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
+                total += encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
+            else:
+                real_sum += clipped.sum(axis=0)
+            t2 = time.perf_counter()
+            compute += t1 - t0
+            encode += t2 - t1
+        t0 = time.perf_counter()
+        if tc.rounding == pb.ROUNDING_STOCHASTIC:
+            total = stochastic_round(real_sum * tc.scale, self.rounding_rng)
+        elif tc.rounding == pb.ROUNDING_NEAREST:
+            total = np.rint(real_sum * tc.scale).astype(np.int64)
+        if tc.mode == pb.MODE_LDP:
+            total = total + discrete_gaussian(tc.noise_std_units, tc.num_parameters, self.noise_rng)
+        check_fits(total, tc.ring_bits)
+        encode += time.perf_counter() - t0
+        return total, compute, encode
+
+    def make_vectors(self, total: np.ndarray) -> list[np.ndarray]:
+        """One uint64 vector per server: the two shares, or G mod 2^L for one server."""
+        bits = self.training.ring_bits
+        if len(self.servers) == 2:
+            a1, a2 = share(total, bits)
+            return [a1, a2]
+        check_fits(total, bits)
+        clear = np.asarray(total, dtype=np.int64).view(np.uint64) & ring_mask(bits)
+        return [clear]
+
+    def _submit(self, server: _Server, vec: np.ndarray, info: Any) -> SubmitResult:
+        """Deliver ``vec`` for round ``info.round`` to one server; never another vector."""
+        tc, t = self.training, info.round
+        digest = vector_sha256(vec)
+        delays = self._backoffs()
+        sid = b""
+        for attempt in range(1, self.cfg.retries + 1):
+            sid = new_submission_id()
+            messages = share_messages(
+                vec,
+                run_id=tc.run_id,
+                round_number=t,
+                server_role=server.role,
+                ring_bits=tc.ring_bits,
+                submission_id=sid,
+                provider_id=self.cfg.name,
+                chunk_bytes=self._chunk_bytes(server),
+            )
+            try:
+                receipt = server.stub.SubmitShare(messages, timeout=self.cfg.rpc_timeout)
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.ALREADY_EXISTS:
+                    # Fresh ids are never reused: a share of ours for round t is already in.
+                    log.info(
+                        "%s: round %d share already accepted (%s)", server.name, t, exc.details()
+                    )
+                    return SubmitResult(server.name, True, attempt, sid, "duplicate")
+                if code not in RETRYABLE:
+                    raise RoundFailed(
+                        f"{server.name} refused the share for round {t}: {code.name}: "
+                        f"{exc.details()}"
+                    ) from None
+                log.warning(
+                    "%s: SubmitShare round %d attempt %d: %s", server.name, t, attempt, code.name
+                )
+                if attempt == self.cfg.retries:
+                    break
+                self._sleep(next(delays))
+                status = self._status(server, t)
+                if status is not None and status.caller_share_accepted:
+                    log.info("%s: round %d share was accepted (receipt lost)", server.name, t)
+                    return SubmitResult(server.name, True, attempt, sid, "status")
+                if status is not None and status.phase != pb.ROUND_PHASE_COLLECTING:
+                    raise RoundFailed(
+                        f"{server.name}: round {t} closed ({pb.RoundPhase.Name(status.phase)}) "
+                        "before the share got through"
+                    ) from None
+                if _deadline_passed(info):
+                    raise RoundFailed(f"{server.name}: round {t} deadline passed") from None
+                continue
+            if receipt.round != t or bytes(receipt.submission_id) != sid:
+                raise RoundFailed(f"{server.name} sent a receipt for another submission")
+            if bytes(receipt.sha256) != digest:
+                raise RoundFailed(f"{server.name} received a share with another SHA-256")
+            return SubmitResult(server.name, True, attempt, sid, "receipt")
+        raise RoundFailed(
+            f"{server.name}: share for round {t} not delivered after {self.cfg.retries} attempts"
+        )
+
+    def _chunk_bytes(self, server: _Server) -> int:
+        limits = server.info.limits if server.info is not None else None
+        want = self.cfg.chunk_bytes or (limits.preferred_chunk_bytes if limits else 0)
+        if limits and limits.max_chunk_bytes:
+            want = min(want or limits.max_chunk_bytes, limits.max_chunk_bytes)
+        want = want or (1 << 20)
+        return max(8, want - want % 8)
+
+    def run_round(self) -> RoundReport | None:
+        """One round (steps 2-5); None when training is finished. Raises ProviderRefusal
+        (stop taking part) or RoundFailed (this round lost, the run goes on)."""
+        if self.training is None:
+            self.connect()
+        info = self.wait_for_round()
+        if info is None:
+            return None
+        t = info.round
+        # Round t is attempted once: whatever happens below, no second share vector for it.
+        self.last_round = t
+        params = self.fetch_model(info)
+        batch = self.draw_batch()
+        total, compute, encode = self.encode(params, batch)
+        vectors = self.make_vectors(total)
+        del total
+        # The shares of round t are fixed from here on: retries resend exactly these.
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
+            futures = [
+                pool.submit(self._submit, s, v, info)
+                for s, v in zip(self.servers, vectors, strict=True)
+            ]
+            results, errors = [], []
+            for f in futures:
+                try:
+                    results.append(f.result())
+                except RoundFailed as exc:
+                    errors.append(str(exc))
+        send = time.perf_counter() - t0
+        report = RoundReport(t, info.model_version, len(batch), compute, encode, send, results)
+        self.reports.append(report)
+        log.info(
+            "round %d: model v%d, batch %d, compute %.2fs, encode %.2fs, send %.2fs, %s; "
+            "epsilon spent so far %.4g",
+            t,
+            info.model_version,
+            len(batch),
+            compute,
+            encode,
+            send,
+            "accepted by " + ", ".join(r.server for r in results) if results else "not accepted",
+            info.epsilon_spent,
+        )
+        if errors:
+            raise RoundFailed("; ".join(errors))
+        return report
+
+    def run(self) -> list[RoundReport]:
+        """Take part until training finishes (or ``max_rounds``); returns the reports.
+
+        A failed round is logged and the provider goes on with the next one; a refusal stops.
+        """
+        self.connect()
+        done = 0
+        while self.cfg.max_rounds is None or done < self.cfg.max_rounds:
+            try:
+                report = self.run_round()
+            except RoundFailed as exc:
+                log.error("round %s failed: %s", self.last_round, exc)
+                done += 1
+                continue
+            if report is None:
+                log.info("training finished")
+                break
+            done += 1
+        return self.reports
+
+
+def _deadline_passed(info: Any) -> bool:
+    if not info.HasField("deadline") or info.deadline.seconds == 0:
+        return False
+    return time.time() > info.deadline.seconds + info.deadline.nanos * 1e-9

@@ -1,0 +1,535 @@
+"""providers: the provider client against a pair of fake Aggregator servers over mutual TLS."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from providers.__main__ import main
+from providers.client import (
+    ProviderClient,
+    ProviderRefusal,
+    check_privacy,
+    discrete_gaussian,
+)
+from providers.config import ConfigError, ProviderConfig, load_config
+from spgc.certs import make_dev_pki
+from spgc.data import load_dataset, poisson_batch
+from spgc.encoding import FixedPointConfig, encode_rows
+from spgc.gradients import clip_per_example, per_example_gradients
+from spgc.grpc_util import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_CHUNK_BYTES,
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    TlsFiles,
+    abort_on_error,
+    caller_identity,
+    iter_share_payload,
+    make_server,
+    model_messages,
+    read_share_header,
+)
+from spgc.models import build_model, flatten_params, load_flat_params
+from spgc.sharing import reconstruct, ring_mask
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire import aggregation_pb2_grpc, vector_sha256
+
+RUN = "run-provider-test"
+ROUND = 3
+RING = 48
+SCALE = 2.0**16
+CLIP = 1.0
+Q = 0.1
+D = 62
+FP = FixedPointConfig(scale=SCALE, clip_norm=CLIP, dim=D)
+SAMPLING_SEED = 11
+ROUNDING_SEED = 22
+
+
+def training_config(**changes: Any) -> Any:
+    fields: dict[str, Any] = {
+        "run_id": RUN,
+        "mode": pb.MODE_SPGC,
+        "dataset": "cancer",
+        "model": "cancer",
+        "num_parameters": D,
+        "ring_bits": RING,
+        "scale": SCALE,
+        "clip_norm": CLIP,
+        "l2_bound_units": float(FP.l2_bound_units),
+        "rounding": pb.ROUNDING_CONDITIONAL_STOCHASTIC,
+        "sampling": pb.BATCH_SAMPLING_POISSON,
+        "sampling_rate": Q,
+        "noise_multiplier": 1.0,
+        "noise_std_units": 1.0 * FP.l2_bound_units,
+        "step_epsilon": 4.38,
+        "step_delta": 1e-5,
+        "target_epsilon": 8.0,
+        "target_delta": 1e-5,
+        "calibration": pb.CALIBRATION_ACCOUNTANT,
+        "accountant": "rdp",
+        "min_providers": 1,
+    }
+    fields.update(changes)
+    return pb.TrainingConfig(**fields)
+
+
+class _Unavailable(Exception):
+    """Mapped to UNAVAILABLE by abort_on_error (a server going away mid-submission)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
+    """One open round; records every submission it sees (accepted or not)."""
+
+    def __init__(self, role: int, name: str, config: Any, model: np.ndarray) -> None:
+        self.role = role
+        self.name = name
+        self.config = config
+        self.model = np.asarray(model, dtype=np.float64)
+        self.round = ROUND
+        self.phase = pb.ROUND_PHASE_COLLECTING
+        self.lock = threading.Lock()
+        self.accepted: dict[tuple[str, int], tuple[Any, np.ndarray]] = {}
+        self.attempts: list[tuple[Any, np.ndarray]] = []  # every complete stream received
+        self.seen_ids: set[bytes] = set()
+        self.fail_before_accept = 0  # abort UNAVAILABLE before taking the share
+        self.fail_after_accept = 0  # take the share, then abort UNAVAILABLE (lost receipt)
+        self.finish_after_share = False
+
+    def _round_info(self, who: str) -> Any:
+        return pb.RoundInfo(
+            round=self.round,
+            model_version=self.round,
+            model_sha256=vector_sha256(self.model),
+            phase=self.phase,
+            caller_share_accepted=(who, self.round) in self.accepted,
+            shares_accepted=len(self.accepted),
+            latest_model_version=self.round,
+        )
+
+    @abort_on_error
+    def Hello(self, request: Any, context: grpc.ServicerContext) -> Any:
+        who = caller_identity(context, request.provider_id, insecure=False)
+        return pb.ServerInfo(
+            protocol_version=1,
+            software_version="fake",
+            role=self.role,
+            server_name=self.name,
+            provider_id=who,
+            config=self.config,
+            round=self._round_info(who),
+            limits=pb.WireLimits(
+                max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
+                max_chunk_bytes=MAX_CHUNK_BYTES,
+                preferred_chunk_bytes=128,  # several chunks even for d = 62
+            ),
+        )
+
+    @abort_on_error
+    def FetchModel(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        caller_identity(context, insecure=False)
+        if request.HasField("version") and request.version != self.round:
+            raise FailedPreconditionError(f"version {request.version} is not served")
+        yield from model_messages(self.model, run_id=RUN, version=self.round, chunk_bytes=256)
+
+    @abort_on_error
+    def SubmitShare(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
+        header = read_share_header(
+            request_iterator, num_elements=self.config.num_parameters, ring_bits=RING
+        )
+        who = caller_identity(context, header.provider_id, insecure=False)
+        if header.run_id != RUN:
+            raise FailedPreconditionError(f"wrong run {header.run_id!r}")
+        if header.round != self.round or self.phase != pb.ROUND_PHASE_COLLECTING:
+            raise FailedPreconditionError(f"round {header.round} is not open")
+        if header.server_role != self.role:
+            raise InvalidArgumentError("share meant for another server")
+        with self.lock:
+            if header.submission_id in self.seen_ids:
+                raise AlreadyExistsError("submission id used before")
+            self.seen_ids.add(header.submission_id)
+            if (who, header.round) in self.accepted:
+                raise AlreadyExistsError(f"{who} already sent a share for round {header.round}")
+        vec = np.frombuffer(b"".join(iter_share_payload(request_iterator, header)), dtype="<u8")
+        vec = vec.astype(np.uint64)
+        with self.lock:
+            self.attempts.append((header, vec))
+            if self.fail_before_accept:
+                self.fail_before_accept -= 1
+                raise _Unavailable("server restarting")
+            self.accepted[(who, header.round)] = (header, vec)
+            if self.finish_after_share:
+                self.phase = pb.ROUND_PHASE_FINISHED
+            if self.fail_after_accept:
+                self.fail_after_accept -= 1
+                raise _Unavailable("connection lost after accepting")
+        return pb.SubmitReceipt(
+            run_id=RUN,
+            round=header.round,
+            submission_id=header.submission_id,
+            provider_id=who,
+            num_elements=header.num_elements,
+            sha256=vector_sha256(vec),
+        )
+
+    @abort_on_error
+    def RoundStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
+        who = caller_identity(context, insecure=False)
+        return self._round_info(who)
+
+
+class FakeServer:
+    """A started FakeAggregator on 127.0.0.1 with its certificate."""
+
+    def __init__(self, pki: Path, servicer: FakeAggregator) -> None:
+        self.servicer = servicer
+        adder = functools.partial(aggregation_pb2_grpc.add_AggregatorServicer_to_server, servicer)
+        tls = TlsFiles.from_dir(pki, servicer.name)
+        self.server, self.port = make_server("127.0.0.1:0", [adder], tls, max_workers=4)
+        self.server.start()
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.stop(None).wait()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("provider-pki")
+    make_dev_pki(base, ["h1", "h2", "p1"])
+    return base
+
+
+@pytest.fixture(scope="module")
+def cancer() -> tuple[np.ndarray, np.ndarray]:
+    ds = load_dataset("cancer")
+    return ds.x_train, ds.y_train
+
+
+MODEL = flatten_params(build_model("cancer", seed=5))
+
+
+@pytest.fixture
+def servers(pki: Path) -> Iterator[Any]:
+    started: list[FakeServer] = []
+
+    def make(
+        config1: Any = None,
+        config2: Any = None,
+        model2: np.ndarray | None = None,
+        single: bool = False,
+    ) -> list[FakeServer]:
+        c1 = config1 if config1 is not None else training_config()
+        if single:
+            s = FakeServer(pki, FakeAggregator(pb.SERVER_ROLE_SINGLE, "h1", c1, MODEL))
+            started.append(s)
+            return [s]
+        c2 = config2 if config2 is not None else c1
+        h1 = FakeServer(pki, FakeAggregator(pb.SERVER_ROLE_H1, "h1", c1, MODEL))
+        h2 = FakeServer(
+            pki, FakeAggregator(pb.SERVER_ROLE_H2, "h2", c2, MODEL if model2 is None else model2)
+        )
+        started.extend([h1, h2])
+        return [h1, h2]
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+def provider_config(pki: Path, servers: list[FakeServer], **changes: Any) -> ProviderConfig:
+    values: dict[str, Any] = {
+        "name": "p1",
+        "h1_address": servers[0].address,
+        "h1_name": "h1",
+        "h2_address": servers[1].address if len(servers) > 1 else "",
+        "h2_name": "h2",
+        "tls_cert": pki / "p1.pem",
+        "tls_key": pki / "p1.key",
+        "tls_ca": pki / "ca.pem",
+        "dataset": "cancer",
+        "max_step_epsilon": 10.0,
+        "step_delta": 1e-5,
+        "retries": 4,
+        "backoff_initial": 0.01,
+        "backoff_max": 0.05,
+        "poll_interval": 0.01,
+        "rpc_timeout": 20.0,
+        "wait_timeout": 10.0,
+    }
+    values.update(changes)
+    return ProviderConfig(**values).validate()
+
+
+def client_for(cfg: ProviderConfig, data: Any = None) -> ProviderClient:
+    return ProviderClient(
+        cfg,
+        data=data,
+        sampling_rng=np.random.default_rng(SAMPLING_SEED),
+        rounding_rng=np.random.default_rng(ROUNDING_SEED),
+    )
+
+
+def expected_rows(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(batch, encoded rows) the provider must have computed, recomputed independently."""
+    model = build_model("cancer")
+    load_flat_params(model, MODEL)
+    batch = poisson_batch(len(x), Q, np.random.default_rng(SAMPLING_SEED))
+    grads = per_example_gradients(model, x[batch], y[batch])
+    clipped = clip_per_example(grads, CLIP)
+    rows, _ = encode_rows(clipped, FP, np.random.default_rng(ROUNDING_SEED))
+    return batch, rows
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_one_round_end_to_end(pki: Path, servers: Any, cancer: Any) -> None:
+    h1, h2 = servers()
+    cfg = provider_config(pki, [h1, h2])  # loads its own part of the cancer dataset
+    with client_for(cfg) as client:
+        report = client.run_round()
+    assert report is not None and report.accepted
+    assert report.round == ROUND and report.model_version == ROUND
+
+    ((hdr1, s1),) = h1.servicer.accepted.values()
+    ((hdr2, s2),) = h2.servicer.accepted.values()
+    assert list(h1.servicer.accepted) == [("p1", ROUND)]  # counted under the certificate name
+    for hdr, role in ((hdr1, pb.SERVER_ROLE_H1), (hdr2, pb.SERVER_ROLE_H2)):
+        assert hdr.round == ROUND and hdr.run_id == RUN and hdr.server_role == role
+        assert hdr.ring_bits == RING and hdr.num_elements == D
+        assert hdr.chunk_count > 1  # the servers' preferred chunk size was used
+    assert int(s1.max()) <= int(ring_mask(RING)) and int(s2.max()) <= int(ring_mask(RING))
+    assert not np.array_equal(s1, s2)
+
+    x, y = cancer
+    batch, rows = expected_rows(x, y)
+    assert report.batch_size == len(batch) > 0
+    # Every encoded example is within the announced L2 bound, in integers.
+    assert np.all(np.einsum("ij,ij->i", rows, rows) <= FP.l2_bound_units**2)
+    assert np.array_equal(reconstruct(s1, s2, RING), rows.sum(axis=0))
+
+
+def test_plain_mode_sends_the_clear_sum(pki: Path, servers: Any, cancer: Any) -> None:
+    (h,) = servers(
+        config1=training_config(mode=pb.MODE_PLAIN, noise_multiplier=0, noise_std_units=0),
+        single=True,
+    )
+    cfg = provider_config(pki, [h], max_step_epsilon=None, allow_no_privacy=True)
+    with client_for(cfg, data=cancer) as client:
+        report = client.run_round()
+    assert report is not None and report.accepted
+    ((hdr, vec),) = h.servicer.accepted.values()
+    assert hdr.server_role == pb.SERVER_ROLE_SINGLE
+    _, rows = expected_rows(*cancer)
+    total = rows.sum(axis=0)
+    assert np.array_equal(vec, total.view(np.uint64) & ring_mask(RING))
+
+
+def test_run_stops_when_training_finishes(pki: Path, servers: Any, cancer: Any) -> None:
+    h1, h2 = servers()
+    h1.servicer.finish_after_share = True
+    cfg = provider_config(pki, [h1, h2])
+    with client_for(cfg, data=cancer) as client:
+        reports = client.run()
+    assert [r.round for r in reports] == [ROUND]
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_refuses_different_training_configs(pki: Path, servers: Any, cancer: Any) -> None:
+    h1, h2 = servers(config2=training_config(noise_multiplier=0.5))
+    with (
+        client_for(provider_config(pki, [h1, h2]), data=cancer) as client,
+        pytest.raises(ProviderRefusal, match=r"different training configurations.*noise_mult"),
+    ):
+        client.run_round()
+    assert not h1.servicer.attempts and not h2.servicer.attempts
+
+
+def test_refuses_weaker_privacy_than_minimum(pki: Path, servers: Any, cancer: Any) -> None:
+    h1, h2 = servers()
+    for changes, match in (
+        ({"max_step_epsilon": 1.0}, "weaker than this provider's minimum epsilon"),
+        ({"max_step_epsilon": None, "min_noise_multiplier": 2.0}, "below this provider's min"),
+    ):
+        cfg = provider_config(pki, [h1, h2], **changes)
+        with client_for(cfg, data=cancer) as client, pytest.raises(ProviderRefusal, match=match):
+            client.run_round()
+    assert not h1.servicer.attempts and not h2.servicer.attempts
+
+
+def test_refuses_no_noise_when_a_minimum_is_set() -> None:
+    tc = training_config(mode=pb.MODE_ONLY_MPC)
+    cfg = ProviderConfig(name="p1", h1_address="x:1", insecure=True, max_step_epsilon=5.0)
+    with pytest.raises(ProviderRefusal, match="no noise"):
+        check_privacy(tc, cfg)
+    # Rounding inflation counts: std / B, not the nominal multiplier alone.
+    tc = training_config(noise_multiplier=2.0, noise_std_units=2.0 * SCALE * CLIP)
+    cfg = ProviderConfig(name="p1", h1_address="x:1", insecure=True, min_noise_multiplier=2.0)
+    with pytest.raises(ProviderRefusal, match="below"):
+        check_privacy(tc, cfg)
+
+
+def test_refuses_l2_bound_mismatch(pki: Path, servers: Any, cancer: Any) -> None:
+    tc = training_config(l2_bound_units=SCALE * CLIP)  # the server forgot the inflation
+    h1, h2 = servers(config1=tc)
+    cfg = provider_config(pki, [h1, h2])
+    with client_for(cfg, data=cancer) as client, pytest.raises(ProviderRefusal, match="l2_bound"):
+        client.run_round()
+
+
+def test_refuses_different_model_hashes(pki: Path, servers: Any, cancer: Any) -> None:
+    other = MODEL.copy()
+    other[0] += 1e-9
+    h1, h2 = servers(model2=other)
+    cfg = provider_config(pki, [h1, h2])
+    with (
+        client_for(cfg, data=cancer) as client,
+        pytest.raises(ProviderRefusal, match=r"serve different models"),
+    ):
+        client.run_round()
+    assert not h1.servicer.attempts and not h2.servicer.attempts
+
+
+# ----------------------------------------------------------------------------- retries
+
+
+def test_retry_after_unavailable_resends_the_same_share(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    h1, h2 = servers()
+    h1.servicer.fail_before_accept = 1
+    cfg = provider_config(pki, [h1, h2])
+    with client_for(cfg, data=cancer) as client:
+        report = client.run_round()
+    assert report is not None and report.accepted
+    r1 = next(r for r in report.results if r.server == "h1")
+    assert r1.attempts == 2 and r1.how == "receipt"
+    assert len(h1.servicer.accepted) == 1 and len(h2.servicer.accepted) == 1
+    (first_hdr, first), (second_hdr, second) = h1.servicer.attempts
+    assert first_hdr.submission_id != second_hdr.submission_id  # a fresh id per attempt
+    assert np.array_equal(first, second)  # ... but never another share vector
+    ((_, s2),) = h2.servicer.accepted.values()
+    _, rows = expected_rows(*cancer)
+    assert np.array_equal(reconstruct(second, s2, RING), rows.sum(axis=0))
+
+
+def test_lost_receipt_is_not_resent(pki: Path, servers: Any, cancer: Any) -> None:
+    h1, h2 = servers()
+    h2.servicer.fail_after_accept = 1
+    cfg = provider_config(pki, [h1, h2])
+    with client_for(cfg, data=cancer) as client:
+        report = client.run_round()
+    assert report is not None and report.accepted
+    r2 = next(r for r in report.results if r.server == "h2")
+    assert r2.how == "status" and r2.attempts == 1
+    assert len(h2.servicer.attempts) == 1 and len(h2.servicer.accepted) == 1
+
+
+def test_does_not_resubmit_a_round_it_took_part_in(pki: Path, servers: Any, cancer: Any) -> None:
+    h1, h2 = servers()
+    cfg = provider_config(pki, [h1, h2], wait_timeout=0.2)
+    with client_for(cfg, data=cancer) as client:
+        assert client.run_round() is not None
+        with pytest.raises(TimeoutError):
+            client.run_round()  # round 3 still open, but already done: no second share
+    assert len(h1.servicer.attempts) == 1 and len(h2.servicer.attempts) == 1
+
+
+# ----------------------------------------------------------------------------- config, noise
+
+
+def test_config_from_yaml_with_nested_keys_and_overrides(pki: Path, tmp_path: Path) -> None:
+    text = f"""
+name: p1
+h1: {{address: "127.0.0.1:5001", name: h1}}
+h2: {{address: "127.0.0.1:5002", name: h2}}
+tls: {{cert: {pki / "p1.pem"}, key: {pki / "p1.key"}, ca: {pki / "ca.pem"}}}
+provider: {{index: 1, count: 3}}
+max_step_epsilon: 2.5
+"""
+    path = tmp_path / "provider.yaml"
+    path.write_text(text)
+    cfg = load_config(path, {"provider_index": "2", "insecure": None, "retries": "7"})
+    assert cfg.h2_address == "127.0.0.1:5002" and cfg.provider_index == 2
+    assert cfg.provider_count == 3 and cfg.retries == 7 and cfg.max_step_epsilon == 2.5
+    assert cfg.tls is not None and cfg.tls.key == pki / "p1.key"
+
+    path.write_text("name: p1\nh1_address: a:1\ninsecure: true\n")
+    with pytest.raises(ConfigError, match="no minimum privacy"):
+        load_config(path)
+    path.write_text("name: p1\nh1_address: a:1\nmax_step_eps: 1\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(path)
+    path.write_text("name: p1\nh1_address: a:1\nmax_step_epsilon: 1\n")
+    with pytest.raises(ConfigError, match="tls_cert is required"):
+        load_config(path)
+
+
+def test_discrete_gaussian_moments() -> None:
+    sigma = 7.3
+    z = discrete_gaussian(sigma, 200_000, np.random.default_rng(1))
+    assert z.dtype == np.int64
+    assert abs(z.mean()) < 0.1
+    assert abs(z.std() / sigma - 1) < 0.01
+
+
+def test_ldp_mode_adds_local_discrete_gaussian_noise(pki: Path, servers: Any, cancer: Any) -> None:
+    std = 3.0 * FP.l2_bound_units
+    (h,) = servers(
+        config1=training_config(mode=pb.MODE_LDP, noise_multiplier=3.0, noise_std_units=std),
+        single=True,
+    )
+    cfg = provider_config(pki, [h])
+    client = ProviderClient(
+        cfg,
+        data=cancer,
+        sampling_rng=np.random.default_rng(SAMPLING_SEED),
+        rounding_rng=np.random.default_rng(ROUNDING_SEED),
+        noise_rng=np.random.default_rng(33),
+    )
+    with client:
+        assert client.run_round() is not None
+    ((_, vec),) = h.servicer.accepted.values()
+    _, rows = expected_rows(*cancer)
+    noisy = rows.sum(axis=0) + discrete_gaussian(std, D, np.random.default_rng(33))
+    assert np.array_equal(vec, noisy.view(np.uint64) & ring_mask(RING))
+
+
+def test_fixed_batches_option(pki: Path, servers: Any, cancer: Any) -> None:
+    tc = training_config(sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=32)
+    h1, h2 = servers(config1=tc)
+    with client_for(provider_config(pki, [h1, h2]), data=cancer) as client:
+        report = client.run_round()
+    assert report is not None and report.batch_size == 32 and report.accepted
+
+
+def test_main_exit_codes(pki: Path, servers: Any, tmp_path: Path) -> None:
+    h1, h2 = servers()
+    h1.servicer.finish_after_share = True
+    path = tmp_path / "provider.yaml"
+    path.write_text(
+        f"name: p1\nh1_address: '{h1.address}'\nh2_address: '{h2.address}'\ntls_dir_unused: 1\n"
+    )
+    assert main(["--config", str(path)]) == 2  # unknown key
+    path.write_text(
+        f"name: p1\nh1_address: '{h1.address}'\nh2_address: '{h2.address}'\n"
+        f"tls: {{cert: {pki / 'p1.pem'}, key: {pki / 'p1.key'}, ca: {pki / 'ca.pem'}}}\n"
+        "max_step_epsilon: 10\nbackoff_initial: 0.01\npoll_interval: 0.01\nwait_timeout: 10\n"
+    )
+    assert main(["--config", str(path), "--max-step-epsilon", "0.5"]) == 3  # refusal
+    assert main(["--config", str(path)]) == 0  # one round, then training finished
+    assert len(h1.servicer.accepted) == 1 and len(h2.servicer.accepted) == 1
