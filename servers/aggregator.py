@@ -1,0 +1,134 @@
+"""The provider-facing Aggregator service: Hello, FetchModel, SubmitShare, RoundStatus.
+
+Identity comes from the client certificate (grpc_util.caller_identity); every refusal is a
+WireError or an intake SubmissionRejected, which abort_on_error turns into the documented gRPC
+status, and a refused submission never touches the round's sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+
+from servers.state import ServerState
+from spgc import __version__
+from spgc.grpc_util import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_CHUNK_BYTES,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    WireError,
+    abort_on_error,
+    caller_identity,
+    iter_share_payload,
+    model_messages,
+    read_share_header,
+)
+from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc
+from spgc.wire import aggregation_pb2 as pb
+
+
+class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
+    """One server's intake of providers' shares and publication of models."""
+
+    def __init__(self, state: ServerState, server_name: str, insecure: bool) -> None:
+        self.state = state
+        self.server_name = server_name
+        self.insecure = insecure
+        self.allowed = frozenset(state.plan.cfg.providers)
+
+    def _identity(self, context: grpc.ServicerContext, claimed: str = "") -> str:
+        who = caller_identity(context, claimed, insecure=self.insecure, allowed=self.allowed)
+        if not self.state.ready:  # no run id / agreed configuration before the Handshake
+            raise WireError(
+                "the servers have not completed their handshake yet", grpc.StatusCode.UNAVAILABLE
+            )
+        return who
+
+    @abort_on_error
+    def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.ServerInfo:
+        who = self._identity(context, request.provider_id)
+        return pb.ServerInfo(
+            protocol_version=PROTOCOL_VERSION,
+            software_version=f"spgc {__version__}",
+            role=self.state.role,
+            server_name=self.server_name,
+            provider_id=who,
+            config=self.state.config,
+            round=self.state.round_info(None, who),
+            limits=pb.WireLimits(
+                max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
+                max_chunk_bytes=MAX_CHUNK_BYTES,
+                preferred_chunk_bytes=MAX_CHUNK_BYTES,
+            ),
+        )
+
+    @abort_on_error
+    def FetchModel(
+        self, request: pb.ModelRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.ModelChunk]:
+        self._identity(context)
+        want = request.version if request.HasField("version") else None
+        try:
+            version, params, sha = self.state.model(want)
+        except KeyError:
+            raise FailedPreconditionError(f"model version {want} is not served") from None
+        chunk = request.chunk_bytes or MAX_CHUNK_BYTES
+        chunk = max(8, min(chunk, MAX_CHUNK_BYTES) // 8 * 8)
+        yield from model_messages(
+            params,
+            run_id=self.state.run_id,
+            version=version,
+            model=self.state.plan.cfg.dataset,
+            chunk_bytes=chunk,
+            sha256=sha,
+        )
+
+    @abort_on_error
+    def SubmitShare(
+        self, request_iterator: Iterator[pb.ShareChunk], context: grpc.ServicerContext
+    ) -> pb.SubmitReceipt:
+        plan = self.state.plan
+        header = read_share_header(
+            request_iterator, num_elements=plan.dim, ring_bits=plan.ring_bits
+        )
+        who = self._identity(context, header.provider_id)
+        if header.run_id != self.state.run_id:
+            raise FailedPreconditionError(f"share for run {header.run_id!r}, not this run")
+        if header.server_role != self.state.role:
+            raise InvalidArgumentError(
+                f"share meant for server role {header.server_role}, this is {self.state.role}"
+            )
+        # The intake checks round, duplicates, replays and identity before reading the payload.
+        payload = iter_share_payload(request_iterator, header)
+        self.state.intake.receive(
+            who,
+            header.round,
+            header.submission_id,
+            header.num_elements,
+            header.ring_bits,
+            payload,
+        )
+        self.state.note_accepted(header.round, who)
+        receipt = pb.SubmitReceipt(
+            run_id=header.run_id,
+            round=header.round,
+            submission_id=header.submission_id,
+            provider_id=who,
+            num_elements=header.num_elements,
+            sha256=header.sha256,
+        )
+        receipt.accepted_at.GetCurrentTime()
+        return receipt
+
+    @abort_on_error
+    def RoundStatus(
+        self, request: pb.RoundStatusRequest, context: grpc.ServicerContext
+    ) -> pb.RoundInfo:
+        who = self._identity(context)
+        number = request.round if request.HasField("round") else None
+        try:
+            return self.state.round_info(number, who)
+        except KeyError:
+            raise WireError(f"round {number} is unknown", grpc.StatusCode.NOT_FOUND) from None

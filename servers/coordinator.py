@@ -1,0 +1,208 @@
+"""Round coordination. H1 drives every round over the Peer service; H2 follows (servers.peer).
+
+Per round t (SPEC section 3, steps 6-10)::
+
+    H1 open t ---------- RoundBarrier(ROUND_OPEN) ----------> H2 opens t
+    H1 deadline/all in - RoundBarrier(INTAKE_CLOSED) -------> H2 waits for ITS deadline/all in
+    AgreeProviders (intersection; < min_providers: round skipped, no noise, not accounted)
+    CommitSeed (commitments only; each seed = os.urandom(32), never leaves its server)
+    RoundBarrier(CIRCUIT_READY) -> both run gc_party.run_aggregate (H1 garbler, H2 evaluator)
+    g = Y / s, Adam step, CheckModel (hashes must agree, else both stop loudly)
+    RoundBarrier(MODEL_PUBLISHED) -> both publish version t+1 and record the accountant step
+
+Whether training is over (round budget, or the next step would exceed the privacy budget) is a
+deterministic function of the shared configuration, so both servers decide it alike without a
+message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from servers.gc_party import run_aggregate
+from servers.state import PeerMismatchError, RoundRecord, ServerState
+from spgc.wire import (
+    SEED_COMMITMENT_SCHEME,
+    canonical_provider_set,
+    peer_pb2,
+    peer_pb2_grpc,
+    provider_set_digest,
+    seed_commitment,
+)
+from spgc.wire import aggregation_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_GC_ROLE = {pb.SERVER_ROLE_H1: "garbler", pb.SERVER_ROLE_H2: "evaluator"}
+RPC_SLACK = 60.0  # seconds on top of the round deadline for a waiting peer call
+
+
+def agreement(
+    own: list[str], other: list[str], min_providers: int
+) -> tuple[list[str], bytes, bool]:
+    """(P_t sorted, its digest, proceed): the same on both servers from the two sets."""
+    agreed = canonical_provider_set(set(own) & set(other))
+    return agreed, provider_set_digest(agreed), len(agreed) >= min_providers
+
+
+def compute_round(state: ServerState, link: Any, t: int, seed: bytes | None) -> bytes:
+    """This server's half of the circuit on its restricted sum, then the Adam step.
+
+    Returns the SHA-256 of the pending model version t+1.
+    """
+    plan = state.plan
+    total = state.intake.total()
+    start = time.perf_counter()
+    y, info = run_aggregate(
+        _GC_ROLE[state.role],
+        link,
+        total,
+        seed,
+        plan.sigma_units if plan.cfg.mode == "spgc" else None,
+        plan.ring_bits,
+        plan.cfg.mode,
+    )
+    seconds = {"circuit": time.perf_counter() - start}
+    return state.apply_update(t, y, info, seconds)
+
+
+def log_round(state: ServerState, rec: RoundRecord) -> None:
+    """The one log line per round."""
+    s = rec.seconds
+    eps = state.epsilon()
+    if rec.phase == pb.ROUND_PHASE_ABORTED:
+        log.info(
+            "%s round %d skipped: %s (received %d, agreed %d); no noise spent, eps=%s",
+            state.plan.cfg.role_name,
+            rec.round,
+            rec.reason,
+            len(rec.received),
+            len(rec.agreed),
+            _eps(eps),
+        )
+        return
+    log.info(
+        "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units, "
+        "eps=%s (delta=%g), gc bytes %d, seconds intake %.2f circuit %.2f update %.3f",
+        state.plan.cfg.role_name,
+        rec.round,
+        state.version,
+        len(rec.received),
+        len(rec.agreed),
+        state.plan.sigma_units,
+        _eps(eps),
+        state.plan.cfg.target_delta,
+        rec.gc_bytes,
+        s.get("intake", 0.0),
+        s.get("circuit", 0.0),
+        s.get("update", 0.0),
+    )
+
+
+def _eps(eps: float) -> str:
+    return "inf (no noise)" if math.isinf(eps) else f"{eps:.4f}"
+
+
+class H1Driver:
+    """H1's round loop over a Peer stub to H2."""
+
+    def __init__(
+        self, state: ServerState, peer: peer_pb2_grpc.PeerStub, link: Any, stop: threading.Event
+    ) -> None:
+        self.state = state
+        self.peer = peer
+        self.link = link
+        self.stop = stop
+
+    def _barrier(self, t: int, barrier: int, timeout: float = RPC_SLACK) -> None:
+        msg = peer_pb2.BarrierState(
+            run_id=self.state.run_id, round=t, barrier=barrier, role=pb.SERVER_ROLE_H1
+        )
+        msg.reached_at.GetCurrentTime()
+        self.peer.RoundBarrier(msg, timeout=timeout)
+
+    def run(self) -> None:
+        """Rounds until finished or stopped; raises on a disagreement or a broken peer."""
+        state = self.state
+        while not self.stop.is_set() and not state.finished:
+            self.run_round(state.round)
+
+    def run_round(self, t: int) -> None:
+        state, cfg = self.state, self.state.plan.cfg
+        state.open_round(t)
+        self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
+        state.wait_intake_done(t, self.stop)
+        if self.stop.is_set():
+            return
+        received = state.close_intake(t)
+        self._barrier(t, peer_pb2.BARRIER_INTAKE_CLOSED, cfg.round_deadline + RPC_SLACK)
+
+        mine = peer_pb2.ProviderSet(
+            run_id=state.run_id,
+            round=t,
+            role=pb.SERVER_ROLE_H1,
+            providers=received,
+            digest=provider_set_digest(received),
+            min_providers=cfg.min_providers,
+        )
+        answer = self.peer.AgreeProviders(mine, timeout=RPC_SLACK)
+        agreed, digest, proceed = agreement(
+            received, list(answer.callee.providers), cfg.min_providers
+        )
+        if digest != answer.agreed_digest or proceed != answer.proceed:
+            raise PeerMismatchError(f"round {t}: H2 computed another provider set")
+        reason = f"{len(agreed)} provider(s) in both servers < min_providers={cfg.min_providers}"
+        state.set_agreed(t, agreed, proceed, reason)
+        if not proceed:
+            log_round(state, state.history[t])
+            return
+
+        seed = os.urandom(32) if cfg.mode == "spgc" else None
+        if seed is not None:
+            commit = peer_pb2.SeedCommitment(
+                run_id=state.run_id,
+                round=t,
+                role=pb.SERVER_ROLE_H1,
+                scheme=SEED_COMMITMENT_SCHEME,
+                commitment=seed_commitment(state.run_id, t, pb.SERVER_ROLE_H1, seed),
+            )
+            theirs = self.peer.CommitSeed(commit, timeout=RPC_SLACK)
+            state.history[t].seed_commitments = {"h1": commit.commitment, "h2": theirs.commitment}
+        self._barrier(t, peer_pb2.BARRIER_CIRCUIT_READY)
+        try:
+            sha = compute_round(state, self.link, t, seed)
+        except BaseException as exc:
+            state.fail_compute(exc)
+            raise
+        finally:
+            seed = None  # drop our reference: the seed is never needed again
+        check = peer_pb2.ModelDigest(
+            run_id=state.run_id,
+            version=t + 1,
+            role=pb.SERVER_ROLE_H1,
+            num_parameters=state.plan.dim,
+            sha256=sha,
+        )
+        other = self.peer.CheckModel(check, timeout=RPC_SLACK)
+        if other.sha256 != sha or other.version != t + 1:
+            raise PeerMismatchError(
+                f"model v{t + 1} differs between the servers: h1 {sha.hex()[:16]} "
+                f"h2 {other.sha256.hex()[:16]}"
+            )
+        self._barrier(t, peer_pb2.BARRIER_MODEL_PUBLISHED)
+        log_round(state, state.publish(t))
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """A gRPC error that means "not up yet" (retry the handshake)."""
+    return isinstance(exc, grpc.RpcError) and exc.code() in (  # type: ignore[attr-defined]
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )

@@ -1,0 +1,241 @@
+"""The server daemon: wires config, intake, services, the GC link and the round driver.
+
+Life cycle: :meth:`ServerDaemon.bind` (ports, so tests can use port 0), :meth:`start`
+(threads), :meth:`wait`, :meth:`stop` (servers, channels, spill files). H1 listens for the
+garbled-circuit link and drives the rounds; H2 dials the link after the Handshake.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from servers.aggregator import AggregatorServicer
+from servers.coordinator import H1Driver, is_unavailable
+from servers.gc_party import PartyLink
+from servers.intake import ShareIntake
+from servers.peer import PeerServicer, config_differences
+from servers.plan import make_plan
+from servers.state import PeerMismatchError, ServerState
+from spgc import __version__
+from spgc.config import ServerConfig
+from spgc.grpc_util import TlsFiles, add_health, make_channel, make_server
+from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc, peer_pb2, peer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class ServerDaemon:
+    """One SPGC server (H1 or H2)."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.plan = make_plan(cfg)
+        self.intake = ShareIntake(
+            self.plan.dim,
+            self.plan.ring_bits,
+            spill_root=cfg.state_dir,
+            allowed_providers=cfg.providers,
+        )
+        self.state = ServerState(self.plan, cfg.role, self.intake)
+        self.tls = None if cfg.tls is None else TlsFiles(cfg.tls.cert, cfg.tls.key, cfg.tls.ca)
+        self.stop_event = threading.Event()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._link: PartyLink | None = None
+        self._link_ready = threading.Event()
+        self._gc_channel: Any = None
+        self._listener: Any = None
+        self._peer_channel: grpc.Channel | None = None
+        self._threads: list[threading.Thread] = []
+        self.server: grpc.Server | None = None
+        self.port = 0
+        self.gc_port = 0
+
+    # ------------------------------------------------------------------ setup
+
+    def _gc_tls(self) -> dict[str, Any]:
+        import garbled_core
+
+        if self.tls is None:
+            return {"insecure": True}
+        return {
+            "tls": garbled_core.TlsConfig(str(self.tls.cert), str(self.tls.key), str(self.tls.ca))
+        }
+
+    def _adopt_run(self, run_id: str) -> None:
+        """Fix the run id and the TrainingConfig announced to providers."""
+        self.state.run_id = run_id
+        self.state.config = self.plan.training_config(run_id)
+
+    def _get_link(self, timeout: float) -> PartyLink:
+        if not self._link_ready.wait(timeout) or self._link is None:
+            raise RuntimeError("the garbled-circuit link to the other server is not up")
+        return self._link
+
+    def bind(self) -> ServerDaemon:
+        """Bind the gRPC port (and, on H1, the GC listener); sets ``port``/``gc_port``."""
+        insecure = self.cfg.insecure
+        self.aggregator = AggregatorServicer(self.state, self.cfg.role_name, insecure)
+        self.peer_servicer = PeerServicer(
+            self.state, self.cfg.peer_name, insecure, self._get_link, self._adopt_run
+        )
+        self.server, self.port = make_server(
+            self.cfg.listen,
+            [
+                functools.partial(
+                    aggregation_pb2_grpc.add_AggregatorServicer_to_server, self.aggregator
+                ),
+                functools.partial(peer_pb2_grpc.add_PeerServicer_to_server, self.peer_servicer),
+            ],
+            self.tls,
+            insecure,
+        )
+        self.health = add_health(self.server)
+        if self.cfg.role == 1:
+            import garbled_core
+
+            self._listener = garbled_core.Listener(*_host_port(self.cfg.gc_address))
+            self.gc_port = self._listener.port
+        return self
+
+    def start(self) -> ServerDaemon:
+        """Start serving and the background work (H1: handshake + rounds; H2: GC link)."""
+        if self.server is None:
+            self.bind()
+        assert self.server is not None
+        self.server.start()
+        target = self._run_h1 if self.cfg.role == 1 else self._run_h2
+        thread = threading.Thread(
+            target=self._guard, args=(target,), name="spgc-daemon", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+        log.info(
+            "%s serving on port %d (mode %s, d=%d, L=%d, sigma_units=%.4g)",
+            self.cfg.role_name,
+            self.port,
+            self.cfg.mode,
+            self.plan.dim,
+            self.plan.ring_bits,
+            self.plan.sigma_units,
+        )
+        return self
+
+    def _guard(self, target: Any) -> None:
+        try:
+            target()
+        except BaseException as exc:
+            if not self.stop_event.is_set():
+                self.error = exc
+                log.error("%s stopping: %s", self.cfg.role_name, exc)
+        finally:
+            self.done.set()
+
+    # ------------------------------------------------------------------ H1
+
+    def _handshake(self, stub: peer_pb2_grpc.PeerStub) -> None:
+        run_id = self.cfg.run_id or os.urandom(16).hex()
+        self._adopt_run(run_id)
+        assert self.state.config is not None
+        hello = peer_pb2.PeerHello(
+            protocol_version=PROTOCOL_VERSION,
+            software_version=f"spgc {__version__}",
+            role=self.cfg.role,
+            config=self.state.config,
+        )
+        end = time.monotonic() + self.cfg.connect_timeout
+        while True:
+            try:
+                answer = stub.Handshake(hello, timeout=10)
+                break
+            except grpc.RpcError as exc:
+                if not is_unavailable(exc) or time.monotonic() > end or self.stop_event.is_set():
+                    raise
+                time.sleep(0.2)
+        diff = config_differences(self.state.config, answer.config)
+        if diff:
+            raise PeerMismatchError("training configurations differ in: " + ", ".join(diff))
+
+    def _run_h1(self) -> None:
+        self._peer_channel = make_channel(
+            self.cfg.peer_address, self.tls, self.cfg.insecure, server_name=self.cfg.peer_name
+        )
+        stub = peer_pb2_grpc.PeerStub(self._peer_channel)
+        self._handshake(stub)
+        self._gc_channel = self._listener.accept(timeout=self.cfg.connect_timeout, **self._gc_tls())
+        self._listener.close()
+        self._link = PartyLink.open("garbler", self._gc_channel)
+        self._link_ready.set()
+        H1Driver(self.state, stub, self._link, self.stop_event).run()
+        if self.state.failure:
+            raise PeerMismatchError(self.state.failure)
+        log.info(
+            "h1: training %s after %d round(s), %d step(s)",
+            "stopped" if self.stop_event.is_set() else "finished",
+            self.state.round,
+            self.state.steps,
+        )
+
+    # ------------------------------------------------------------------ H2
+
+    def _run_h2(self) -> None:
+        import garbled_core
+
+        end = time.monotonic() + self.cfg.connect_timeout
+        while not self.state.ready:  # the Handshake (H1's call) fixes the run first
+            if self.state.failure:
+                raise PeerMismatchError(self.state.failure)
+            if self.stop_event.wait(0.1) or time.monotonic() > end:
+                raise TimeoutError("no handshake from H1")
+        host, port = _host_port(self.cfg.gc_address)
+        while True:
+            try:
+                self._gc_channel = garbled_core.Channel.connect(
+                    host, port, timeout=10, **self._gc_tls()
+                )
+                break
+            except (OSError, RuntimeError):
+                if time.monotonic() > end or self.stop_event.is_set():
+                    raise
+                time.sleep(0.2)
+        self._link = PartyLink.open("evaluator", self._gc_channel)
+        self._link_ready.set()
+        with self.state.cond:  # follow until training is over (rounds run in peer calls)
+            while not self.state.finished and not self.stop_event.is_set():
+                self.state.cond.wait(0.5)
+        if self.state.failure:
+            raise PeerMismatchError(self.state.failure)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the background work ended (finished, failed or stopped)."""
+        return self.done.wait(timeout)
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop serving, close the links and delete the spill files (idempotent)."""
+        self.stop_event.set()
+        if self.server is not None:
+            self.health.enter_graceful_shutdown()
+            self.server.stop(grace).wait(grace + 1)
+        for closer in (self._gc_channel, self._listener, self._peer_channel):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception as exc:  # already closed: nothing left to release
+                    log.debug("close: %s", exc)
+        for thread in self._threads:
+            thread.join(5)
+        self.intake.close()

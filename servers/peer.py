@@ -1,0 +1,256 @@
+"""The Peer (server-to-server control) service. H1 calls it on H2; H2's handlers carry out the
+follower's side of each round step (servers.coordinator documents the sequence).
+
+Only the other server's certificate name is accepted (PERMISSION_DENIED otherwise): providers
+hold certificates of the same CA, so mutual TLS alone does not make a caller a server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from servers.coordinator import RPC_SLACK, agreement, compute_round, log_round
+from servers.state import ServerState
+from spgc import __version__
+from spgc.grpc_util import (
+    FailedPreconditionError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    abort_on_error,
+    peer_identity,
+)
+from spgc.wire import (
+    PROTOCOL_VERSION,
+    SEED_COMMITMENT_SCHEME,
+    peer_pb2,
+    peer_pb2_grpc,
+    provider_set_digest,
+    seed_commitment,
+)
+from spgc.wire import aggregation_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+def config_differences(a: pb.TrainingConfig, b: pb.TrainingConfig) -> list[str]:
+    """Names of the TrainingConfig fields whose values differ."""
+    names = [f.name for f in pb.TrainingConfig.DESCRIPTOR.fields]
+    return [n for n in names if getattr(a, n) != getattr(b, n)]
+
+
+class PeerServicer(peer_pb2_grpc.PeerServicer):
+    """H2's follower side (on H1 only the Handshake answers: H1 drives and is never driven)."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        peer_name: str,
+        insecure: bool,
+        get_link: Callable[[float], Any],
+        on_handshake: Callable[[str], None],
+    ) -> None:
+        self.state = state
+        self.peer_name = peer_name
+        self.insecure = insecure
+        self.get_link = get_link  # waits (timeout s) for the GC link; raises if not up
+        self.on_handshake = on_handshake  # sets run id and config from the agreed run id
+        self._seeds: dict[int, bytes] = {}
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()  # one control call changes the round at a time
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_caller(self, context: grpc.ServicerContext, role: int) -> None:
+        who = peer_identity(context)
+        if who is None and not self.insecure:
+            raise UnauthenticatedError("no authenticated server certificate")
+        if who is not None and who != self.peer_name:
+            raise PermissionDeniedError(f"{who!r} is not the peer server {self.peer_name!r}")
+        want = pb.SERVER_ROLE_H1 if self.state.role == pb.SERVER_ROLE_H2 else pb.SERVER_ROLE_H2
+        if role != want:
+            raise PermissionDeniedError(f"caller claims role {role}, expected {want}")
+
+    def _check(self, context: grpc.ServicerContext, run_id: str, role: int) -> None:
+        self._check_caller(context, role)
+        if self.state.role != pb.SERVER_ROLE_H2:
+            raise FailedPreconditionError("H1 drives the rounds; it takes no round calls")
+        if not self.state.ready or run_id != self.state.run_id:
+            raise FailedPreconditionError(f"unknown run {run_id!r}")
+
+    # ------------------------------------------------------------------ RPCs
+
+    @abort_on_error
+    def Handshake(
+        self, request: peer_pb2.PeerHello, context: grpc.ServicerContext
+    ) -> peer_pb2.PeerHello:
+        self._check_caller(context, request.role)
+        if request.protocol_version != PROTOCOL_VERSION:
+            raise FailedPreconditionError(f"protocol version {request.protocol_version}")
+        with self._lock:
+            own_run = self.state.plan.cfg.run_id
+            if own_run and own_run != request.config.run_id:
+                raise FailedPreconditionError(
+                    f"run id {request.config.run_id!r} differs from the configured {own_run!r}"
+                )
+            if not self.state.ready:
+                self.on_handshake(request.config.run_id)
+            assert self.state.config is not None
+            diff = config_differences(self.state.config, request.config)
+            if diff:
+                msg = "training configurations differ in: " + ", ".join(diff)
+                self.state.fail(msg)
+                log.error("refusing to start: %s", msg)
+                raise FailedPreconditionError(msg)
+            log.info(
+                "handshake with %s: configurations agree (run %s)",
+                self.peer_name,
+                self.state.run_id,
+            )
+            return peer_pb2.PeerHello(
+                protocol_version=PROTOCOL_VERSION,
+                software_version=f"spgc {__version__}",
+                role=self.state.role,
+                config=self.state.config,
+                round=self.state.round_info(None, None),
+            )
+
+    @abort_on_error
+    def RoundBarrier(
+        self, request: peer_pb2.BarrierState, context: grpc.ServicerContext
+    ) -> peer_pb2.BarrierState:
+        self._check(context, request.run_id, request.role)
+        t, state = request.round, self.state
+        if t != state.round:
+            raise FailedPreconditionError(f"round {t}: this server is at round {state.round}")
+        b = request.barrier
+        if b == peer_pb2.BARRIER_ROUND_OPEN:
+            with self._lock:
+                if state.phase != pb.ROUND_PHASE_COLLECTING:
+                    state.open_round(t)
+        elif b == peer_pb2.BARRIER_INTAKE_CLOSED:
+            # Wait for OUR deadline (or all providers in): never for a call back to H1.
+            state.wait_intake_done(t, threading.Event())
+            with self._lock:
+                if state.phase == pb.ROUND_PHASE_COLLECTING:
+                    state.close_intake(t)
+        elif b == peer_pb2.BARRIER_CIRCUIT_READY:
+            self._start_circuit(t)
+        elif b == peer_pb2.BARRIER_MODEL_PUBLISHED:
+            with self._lock:
+                if state.pending is None:
+                    raise FailedPreconditionError(f"model v{t + 1} not checked at this server")
+                log_round(state, state.publish(t))
+                self._seeds.pop(t, None)
+        else:
+            raise FailedPreconditionError(f"unknown barrier {b}")
+        out = peer_pb2.BarrierState(run_id=state.run_id, round=t, barrier=b, role=state.role)
+        out.reached_at.GetCurrentTime()
+        return out
+
+    def _start_circuit(self, t: int) -> None:
+        state = self.state
+        if state.phase != pb.ROUND_PHASE_COMPUTING:
+            raise FailedPreconditionError(f"round {t} has no agreed provider set here")
+        seed = self._seeds.pop(t, None)
+        if state.plan.cfg.mode == "spgc" and seed is None:
+            raise FailedPreconditionError(f"round {t}: no seed committed")
+        link = self.get_link(RPC_SLACK)
+
+        def work() -> None:
+            try:
+                compute_round(state, link, t, seed)
+            except BaseException as exc:  # reported to H1 through CheckModel
+                log.exception("round %d: circuit or update failed", t)
+                state.fail_compute(exc)
+
+        # The evaluator runs while this call returns: H1 starts garbling right after it.
+        self._worker = threading.Thread(target=work, name=f"spgc-h2-round-{t}", daemon=True)
+        self._worker.start()
+
+    @abort_on_error
+    def AgreeProviders(
+        self, request: peer_pb2.ProviderSet, context: grpc.ServicerContext
+    ) -> peer_pb2.ProviderAgreement:
+        self._check(context, request.run_id, request.role)
+        state, t = self.state, request.round
+        cfg = state.plan.cfg
+        if request.digest != provider_set_digest(request.providers):
+            raise FailedPreconditionError("provider set digest does not match its list")
+        with self._lock:
+            if t != state.round or state.phase != pb.ROUND_PHASE_AGREEING:
+                raise FailedPreconditionError(f"round {t} is not closed at this server")
+            own = state.history[t].received
+            agreed, digest, proceed = agreement(own, list(request.providers), cfg.min_providers)
+            reason = (
+                f"{len(agreed)} provider(s) in both servers < min_providers={cfg.min_providers}"
+            )
+            state.set_agreed(t, agreed, proceed, reason)
+            if not proceed:
+                log_round(state, state.history[t])
+        callee = peer_pb2.ProviderSet(
+            run_id=state.run_id,
+            round=t,
+            role=state.role,
+            providers=own,
+            digest=provider_set_digest(own),
+            min_providers=cfg.min_providers,
+        )
+        return peer_pb2.ProviderAgreement(
+            callee=callee, agreed=agreed, agreed_digest=digest, proceed=proceed
+        )
+
+    @abort_on_error
+    def CommitSeed(
+        self, request: peer_pb2.SeedCommitment, context: grpc.ServicerContext
+    ) -> peer_pb2.SeedCommitment:
+        self._check(context, request.run_id, request.role)
+        t = request.round
+        if request.scheme != SEED_COMMITMENT_SCHEME or len(request.commitment) != 32:
+            raise FailedPreconditionError(f"unsupported seed commitment {request.scheme!r}")
+        with self._lock:
+            if t != self.state.round or self.state.phase != pb.ROUND_PHASE_COMPUTING:
+                raise FailedPreconditionError(f"round {t} is not ready for seeds")
+            if t in self._seeds:
+                raise FailedPreconditionError(f"round {t}: seed already committed")
+            seed = os.urandom(32)  # fresh per round, never sent anywhere
+            self._seeds[t] = seed
+            mine = seed_commitment(self.state.run_id, t, self.state.role, seed)
+            self.state.history[t].seed_commitments = {"h1": request.commitment, "h2": mine}
+        return peer_pb2.SeedCommitment(
+            run_id=self.state.run_id,
+            round=t,
+            role=self.state.role,
+            scheme=SEED_COMMITMENT_SCHEME,
+            commitment=mine,
+        )
+
+    @abort_on_error
+    def CheckModel(
+        self, request: peer_pb2.ModelDigest, context: grpc.ServicerContext
+    ) -> peer_pb2.ModelDigest:
+        self._check(context, request.run_id, request.role)
+        state = self.state
+        t = request.version - 1
+        if t != state.round:
+            raise FailedPreconditionError(f"model v{request.version}: at round {state.round}")
+        sha = state.wait_pending(t, (context.time_remaining() or RPC_SLACK) - 1.0)
+        if sha != request.sha256:
+            msg = (
+                f"model v{request.version} differs between the servers: h1 "
+                f"{request.sha256.hex()[:16]} h2 {sha.hex()[:16]}"
+            )
+            log.error("stopping: %s", msg)
+            state.fail(msg)
+        return peer_pb2.ModelDigest(
+            run_id=state.run_id,
+            version=request.version,
+            role=state.role,
+            num_parameters=state.plan.dim,
+            sha256=sha,
+        )

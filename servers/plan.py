@@ -1,0 +1,129 @@
+"""The run's derived parameters (model size, sensitivity, noise, ring) and its TrainingConfig.
+
+Everything here is a deterministic function of the configuration, so two servers with the same
+training keys derive bit-identical TrainingConfig messages; the Handshake compares them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from spgc import accounting
+from spgc.config import ServerConfig
+from spgc.encoding import FixedPointConfig
+from spgc.models import build_model, flatten_params
+from spgc.sharing import max_abs_sum_units, ring_bits_for
+from spgc.wire import aggregation_pb2 as pb
+
+_MODES = {"spgc": pb.MODE_SPGC, "only-mpc": pb.MODE_ONLY_MPC}
+_CALIBRATIONS = {
+    "classic": pb.CALIBRATION_CLASSIC,
+    "analytic": pb.CALIBRATION_ANALYTIC,
+    "accountant": pb.CALIBRATION_ACCOUNTANT,
+}
+
+
+@dataclass
+class RunPlan:
+    """What both servers must agree on, derived from a :class:`ServerConfig`."""
+
+    cfg: ServerConfig
+    initial_params: np.ndarray
+    fixed_point: FixedPointConfig
+    ring_bits: int
+    noise_multiplier: float  # relative to l2_bound_units; 0 in only-mpc
+    sigma_units: float  # noise std in units; 0 in only-mpc
+    step_epsilon: float
+
+    @property
+    def dim(self) -> int:
+        return len(self.initial_params)
+
+    def new_accountant(self) -> accounting.PrivacyAccountant | None:
+        """A fresh accountant for the run (None when no noise is added: nothing to account)."""
+        if self.noise_multiplier <= 0:
+            return None
+        return accounting.PrivacyAccountant(
+            self.noise_multiplier,
+            self.cfg.target_delta,
+            self.cfg.sampling_rate,
+            method=self.cfg.accountant,  # type: ignore[arg-type]
+        )
+
+    def training_config(self, run_id: str) -> pb.TrainingConfig:
+        """The TrainingConfig both servers announce (providers and the peer compare it)."""
+        c = self.cfg
+        return pb.TrainingConfig(
+            run_id=run_id,
+            mode=_MODES[c.mode],
+            dataset=c.dataset,
+            model=c.dataset,
+            num_parameters=self.dim,
+            ring_bits=self.ring_bits,
+            scale=c.scale,
+            clip_norm=c.clip_norm,
+            l2_bound_units=float(self.fixed_point.l2_bound_units),
+            rounding=pb.ROUNDING_CONDITIONAL_STOCHASTIC,
+            sampling=pb.BATCH_SAMPLING_POISSON,
+            sampling_rate=c.sampling_rate,
+            noise_multiplier=self.noise_multiplier,
+            noise_std_units=self.sigma_units,
+            step_epsilon=self.step_epsilon,
+            step_delta=c.target_delta,
+            target_epsilon=c.target_epsilon,
+            target_delta=c.target_delta,
+            calibration=_CALIBRATIONS[c.calibration],
+            accountant=c.accountant,
+            max_rounds=c.rounds,
+            min_providers=c.min_providers,
+        )
+
+
+def _max_batch(cfg: ServerConfig) -> int:
+    """Largest batch any provider may contribute. A Poisson batch is bounded only by the
+    provider's own data, which is at most the whole training set; loading it is cheap for
+    the bundled datasets. A configured max_batch_size (an enforced cap) is tighter."""
+    if cfg.max_batch_size > 0:
+        return cfg.max_batch_size
+    from spgc.data import load_dataset
+
+    return load_dataset(cfg.dataset).n_train
+
+
+def _noise_multiplier(cfg: ServerConfig) -> float:
+    if cfg.mode != "spgc":
+        return 0.0
+    if cfg.noise_multiplier > 0:
+        return cfg.noise_multiplier
+    if cfg.calibration == "accountant":
+        return accounting.noise_multiplier_for(
+            "accountant",
+            cfg.target_epsilon,
+            cfg.target_delta,
+            sampling_rate=cfg.sampling_rate,
+            steps=cfg.rounds,
+            method=cfg.accountant,  # type: ignore[arg-type]
+        )
+    # classic/analytic: a per-release epsilon (the paper's convention); the accountant still
+    # accounts the whole run and stops it at target_epsilon.
+    return accounting.noise_multiplier_for(
+        cfg.calibration,  # type: ignore[arg-type]
+        cfg.step_epsilon,
+        cfg.target_delta,
+    )
+
+
+def make_plan(cfg: ServerConfig) -> RunPlan:
+    """Derive the run's parameters; ValueError (naming the limit) if no ring fits."""
+    params = flatten_params(build_model(cfg.dataset, seed=cfg.model_seed))
+    fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=len(params))
+    bound = max_abs_sum_units(_max_batch(cfg), fp.l2_bound_units, providers=len(cfg.providers))
+    # The circuit adds the noise in a wider output, so only |S| must fit the ring.
+    ring_bits = ring_bits_for(bound)
+    nm = _noise_multiplier(cfg)
+    sigma_units = nm * fp.l2_bound_units
+    step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
+    return RunPlan(cfg, params, fp, ring_bits, nm, sigma_units, step_eps)

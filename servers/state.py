@@ -1,0 +1,254 @@
+"""One server's training state: published models, the open round, the accountant, history.
+
+Shared by the provider-facing servicer, the peer servicer and the round driver; every change
+happens under one condition variable so that waiters (CheckModel, intake-done) wake promptly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servers.intake import ShareIntake
+from servers.plan import RunPlan
+from spgc.optim import Adam
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire import vector_sha256
+
+log = logging.getLogger(__name__)
+
+_KEEP_VERSIONS = 2  # the current model and the one before (for slow providers)
+
+
+class PeerMismatchError(RuntimeError):
+    """The two servers disagree (configuration or model hash): training must stop."""
+
+
+@dataclass
+class RoundRecord:
+    """What happened in one round at this server (exposed for tests and logs)."""
+
+    round: int
+    phase: int
+    received: list[str] = field(default_factory=list)
+    agreed: list[str] = field(default_factory=list)
+    reason: str = ""
+    noisy_sum_units: np.ndarray | None = None  # Y (int64 or object ints)
+    gradient: np.ndarray | None = None  # Y / s, what Adam was given
+    model_sha256: bytes = b""
+    epsilon: float = 0.0
+    gc_bytes: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    seed_commitments: dict[str, bytes] = field(default_factory=dict)
+
+
+class ServerState:
+    """Models, round phase and privacy spent at one server (thread-safe)."""
+
+    def __init__(self, plan: RunPlan, role: int, intake: ShareIntake) -> None:
+        self.plan = plan
+        self.role = role
+        self.intake = intake
+        self.cond = threading.Condition()
+        self.run_id = ""
+        self.config: pb.TrainingConfig | None = None  # set once the Handshake agreed
+        self.params = plan.initial_params.copy()
+        self.version = 0
+        self.models: dict[int, tuple[np.ndarray, bytes]] = {
+            0: (self.params, vector_sha256(self.params))
+        }
+        self.adam = Adam(plan.dim, lr=plan.cfg.lr)
+        self.accountant = plan.new_accountant()
+        self.steps = 0
+        self.round = 0
+        self.phase = pb.ROUND_PHASE_UNSPECIFIED
+        self.deadline = 0.0
+        self._opened = 0.0
+        self.accepted: dict[int, set[str]] = {}
+        self.history: dict[int, RoundRecord] = {}
+        self.pending: tuple[np.ndarray, bytes] | None = None  # computed, not yet published
+        self.compute_error: BaseException | None = None
+        self.failure: str | None = None
+        self.finished = False
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def ready(self) -> bool:
+        return self.config is not None
+
+    def epsilon(self) -> float:
+        """Privacy spent so far (inf once a noise-free step was released)."""
+        if self.accountant is None:
+            return math.inf if self.steps else 0.0
+        return self.accountant.epsilon()
+
+    def round_info(self, number: int | None, caller: str | None) -> pb.RoundInfo:
+        """The RoundInfo of round ``number`` (None: the current one); KeyError if unknown."""
+        with self.cond:
+            t = self.round if number is None else number
+            if t > self.round or (t < self.round and t not in self.history):
+                raise KeyError(t)
+            rec = self.history.get(t)
+            phase = self.phase if t == self.round else (rec.phase if rec else self.phase)
+            if self.finished and t == self.round and phase != pb.ROUND_PHASE_PUBLISHED:
+                phase = pb.ROUND_PHASE_FINISHED
+            version = self.version if t == self.round else min(t, self.version)
+            accepted = self.accepted.get(t, set())
+            info = pb.RoundInfo(
+                round=t,
+                model_version=version,
+                model_sha256=self.models.get(version, (None, b""))[1],
+                phase=phase,
+                caller_share_accepted=caller in accepted,
+                shares_accepted=len(accepted),
+                providers_agreed=len(rec.agreed) if rec else 0,
+                epsilon_spent=self.epsilon(),
+                latest_model_version=self.version,
+            )
+            if t == self.round and self.deadline:
+                info.deadline.FromNanoseconds(int(self.deadline * 1e9))
+            return info
+
+    def model(self, version: int | None) -> tuple[int, np.ndarray, bytes]:
+        """(version, params, sha256) of a served version; KeyError if not served."""
+        with self.cond:
+            v = self.version if version is None else version
+            params, sha = self.models[v]
+            return v, params, sha
+
+    # ------------------------------------------------------------------ round life cycle
+
+    def open_round(self, t: int) -> None:
+        with self.cond:
+            if t != self.round or self.phase not in (pb.ROUND_PHASE_UNSPECIFIED,):
+                raise RuntimeError(f"cannot open round {t} (at round {self.round}, {self.phase})")
+            self.intake.open_round(t)
+            self.accepted[t] = set()
+            self.history[t] = RoundRecord(t, pb.ROUND_PHASE_COLLECTING)
+            self.deadline = time.time() + self.plan.cfg.round_deadline
+            self._opened = time.perf_counter()
+            self.phase = pb.ROUND_PHASE_COLLECTING
+            self.cond.notify_all()
+
+    def note_accepted(self, t: int, provider: str) -> None:
+        with self.cond:
+            self.accepted.setdefault(t, set()).add(provider)
+            self.cond.notify_all()
+
+    def wait_intake_done(self, t: int, stop: threading.Event) -> None:
+        """Until the deadline passes or every allowed provider's share is in."""
+        allowed = set(self.plan.cfg.providers)
+        with self.cond:
+            while not stop.is_set():
+                left = self.deadline - time.time()
+                if left <= 0 or allowed <= self.accepted.get(t, set()):
+                    return
+                self.cond.wait(min(left, 0.2))
+
+    def close_intake(self, t: int) -> list[str]:
+        with self.cond:
+            if self.round != t or self.phase != pb.ROUND_PHASE_COLLECTING:
+                raise RuntimeError(f"round {t} is not collecting")
+            received = sorted(self.intake.close_round())
+            self.phase = pb.ROUND_PHASE_AGREEING
+            self.history[t].received = received
+            self.history[t].seconds["intake"] = time.perf_counter() - self._opened
+            return received
+
+    def set_agreed(self, t: int, agreed: list[str], proceed: bool, reason: str) -> None:
+        with self.cond:
+            rec = self.history[t]
+            rec.agreed = list(agreed)
+            if proceed:
+                self.intake.restrict_to(agreed)
+                self.phase = pb.ROUND_PHASE_COMPUTING
+            else:
+                rec.reason = reason
+                self._end_round(pb.ROUND_PHASE_ABORTED)
+
+    def apply_update(self, t: int, y: np.ndarray, info: dict[str, Any], seconds: dict) -> bytes:
+        """g = Y / s, one Adam step; keeps the result pending until both hashes agree."""
+        start = time.perf_counter()
+        gradient = np.asarray(y, dtype=np.float64) / self.plan.cfg.scale
+        new = self.adam.step(self.params, gradient)
+        sha = vector_sha256(new)
+        seconds["update"] = time.perf_counter() - start
+        with self.cond:
+            rec = self.history[t]
+            rec.noisy_sum_units, rec.gradient = y, gradient
+            rec.gc_bytes = int(info.get("sent", 0)) + int(info.get("received", 0))
+            rec.seconds.update(seconds)
+            rec.model_sha256 = sha
+            self.pending = (new, sha)
+            self.cond.notify_all()
+        return sha
+
+    def fail_compute(self, exc: BaseException) -> None:
+        with self.cond:
+            self.compute_error = exc
+            self.cond.notify_all()
+
+    def wait_pending(self, t: int, timeout: float) -> bytes:
+        """This server's hash of version t+1 once computed (TimeoutError / the error)."""
+        end = time.time() + timeout
+        with self.cond:
+            while self.pending is None and self.compute_error is None:
+                if not self.cond.wait(max(0.0, end - time.time())) and time.time() >= end:
+                    raise TimeoutError(f"model version {t + 1} not computed in {timeout:.0f} s")
+            if self.compute_error is not None:
+                raise RuntimeError(f"round {t} failed: {self.compute_error}")
+            assert self.pending is not None
+            return self.pending[1]
+
+    def publish(self, t: int) -> RoundRecord:
+        """Publish version t+1, record the step with the accountant, end the round."""
+        with self.cond:
+            assert self.pending is not None
+            self.params, sha = self.pending
+            self.pending = None
+            self.version += 1
+            self.models[self.version] = (self.params, sha)
+            for old in [v for v in self.models if v <= self.version - _KEEP_VERSIONS]:
+                del self.models[old]
+            self.steps += 1
+            if self.accountant is not None:
+                self.accountant.step()
+            self.history[t].epsilon = self.epsilon()
+            self._end_round(pb.ROUND_PHASE_PUBLISHED)
+            return self.history[t]
+
+    def _end_round(self, phase: int) -> None:
+        rec = self.history[self.round]
+        rec.phase = phase
+        self.intake.finish_round()  # deletes the round's spill files
+        self.round += 1
+        self.deadline = 0.0
+        self.phase = pb.ROUND_PHASE_UNSPECIFIED
+        self.compute_error = None
+        self.finished = self._should_stop()
+        if self.finished:
+            self.phase = pb.ROUND_PHASE_FINISHED
+        self.cond.notify_all()
+
+    def _should_stop(self) -> bool:
+        """Deterministic on both servers: the round budget, or the next step would exceed
+        the privacy budget."""
+        if self.round >= self.plan.cfg.rounds:
+            return True
+        if self.accountant is None:
+            return False
+        return self.accountant.epsilon_after(self.steps + 1) > self.plan.cfg.target_epsilon
+
+    def fail(self, message: str) -> None:
+        with self.cond:
+            if self.failure is None:
+                self.failure = message
+            self.finished = True
+            self.cond.notify_all()

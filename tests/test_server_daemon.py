@@ -1,0 +1,276 @@
+"""Both server daemons in-process (threads) on 127.0.0.1, three providers as a minimal client."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from servers.daemon import ServerDaemon
+from spgc.certs import make_dev_pki
+from spgc.config import ServerConfig, TlsPaths, load_server_config
+from spgc.grpc_util import (
+    TlsFiles,
+    make_channel,
+    new_submission_id,
+    read_model_stream,
+    share_messages,
+)
+from spgc.sharing import share
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire import aggregation_pb2_grpc, vector_sha256
+
+PROVIDERS = ["p1", "p2", "p3"]
+ROLES = {1: pb.SERVER_ROLE_H1, 2: pb.SERVER_ROLE_H2}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pki")
+    make_dev_pki(root / "good", ["h1", "h2", *PROVIDERS, "x9"])
+    make_dev_pki(root / "other", ["p1"])
+    return root
+
+
+def _cfg(pki: Path, role: int, state: Path, **kw) -> ServerConfig:
+    name = f"h{role}"
+    d = pki / "good"
+    base = {
+        "role": role,
+        "listen": "127.0.0.1:0",
+        "peer_address": "127.0.0.1:1",
+        "peer_name": f"h{3 - role}",
+        "gc_address": "127.0.0.1:0",
+        "tls": TlsPaths(d / f"{name}.pem", d / f"{name}.key", d / "ca.pem"),
+        "providers": list(PROVIDERS),
+        "dataset": "cancer",
+        "min_providers": 2,
+        "round_deadline": 3.0,
+        "scale": 1024.0,
+        "rounds": 2,
+        "state_dir": state,
+        "connect_timeout": 20.0,
+        "max_batch_size": 64,
+    }
+    base.update(kw)
+    return ServerConfig(**base).validate()
+
+
+def start_pair(pki: Path, tmp: Path, **kw) -> tuple[ServerDaemon, ServerDaemon]:
+    (tmp / "s1").mkdir()
+    (tmp / "s2").mkdir()
+    d1 = ServerDaemon(_cfg(pki, 1, tmp / "s1", **kw)).bind()
+    d2 = ServerDaemon(_cfg(pki, 2, tmp / "s2", **kw)).bind()
+    d1.cfg.peer_address = f"127.0.0.1:{d2.port}"
+    d2.cfg.gc_address = f"127.0.0.1:{d1.gc_port}"
+    d2.start()
+    d1.start()
+    return d1, d2
+
+
+class Provider:
+    """Fetch, share, submit: the least a provider does."""
+
+    def __init__(self, pki: Path, name: str, daemons, ca_dir: str = "good") -> None:
+        tls = TlsFiles.from_dir(pki / ca_dir, name)
+        self.name = name
+        self.stubs = {}
+        self.channels = []
+        for d in daemons:
+            ch = make_channel(f"127.0.0.1:{d.port}", tls, server_name=d.cfg.role_name)
+            self.channels.append(ch)
+            self.stubs[d.cfg.role] = aggregation_pb2_grpc.AggregatorStub(ch)
+
+    def hello(self, role: int) -> pb.ServerInfo:
+        return self.stubs[role].Hello(pb.HelloRequest(protocol_version=1), timeout=10)
+
+    def wait_collecting(self, t: int, timeout: float = 30) -> pb.TrainingConfig:
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                infos = [self.hello(r) for r in (1, 2)]
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+            else:
+                if all(
+                    i.round.round == t and i.round.phase == pb.ROUND_PHASE_COLLECTING for i in infos
+                ):
+                    assert infos[0].config == infos[1].config
+                    return infos[0].config
+            time.sleep(0.05)
+        raise AssertionError(f"round {t} never opened at both servers")
+
+    def fetch(self, role: int) -> tuple[pb.ModelHeader, np.ndarray]:
+        return read_model_stream(self.stubs[role].FetchModel(pb.ModelRequest(), timeout=10))
+
+    def submit(self, role, cfg, t, vec, *, sid=None, rnd=None):
+        msgs = share_messages(
+            vec,
+            run_id=cfg.run_id,
+            round_number=t if rnd is None else rnd,
+            server_role=ROLES[role],
+            ring_bits=cfg.ring_bits,
+            submission_id=sid or new_submission_id(),
+            chunk_bytes=256,
+        )
+        return self.stubs[role].SubmitShare(msgs, timeout=10)
+
+    def submit_both(self, cfg, t, values, roles=(1, 2)):
+        a1, a2 = share(values, cfg.ring_bits)
+        for role, part in ((1, a1), (2, a2)):
+            if role in roles:
+                self.submit(role, cfg, t, part)
+
+    def close(self):
+        for ch in self.channels:
+            ch.close()
+
+
+def wait_round_done(daemons, t: int, timeout: float = 40) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if all(d.state.round > t for d in daemons):
+            return
+        for d in daemons:
+            assert d.error is None, d.error
+        time.sleep(0.05)
+    raise AssertionError(f"round {t} did not complete")
+
+
+def _code(fn) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return info.value.code()
+
+
+def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc")
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        d = cfg.num_parameters
+        assert d == 62
+        rng = np.random.default_rng(1)
+        vecs = [rng.integers(-5000, 5000, d, dtype=np.int64) for _ in PROVIDERS]
+        for p, v in zip(providers, vecs, strict=True):
+            h1, m1 = p.fetch(1)
+            h2, _ = p.fetch(2)
+            assert h1.sha256 == h2.sha256 and h1.version == 0
+            p.submit_both(cfg, 0, v)
+        wait_round_done((d1, d2), 0)
+        for dm in (d1, d2):
+            rec = dm.state.history[0]
+            assert rec.agreed == PROVIDERS
+            np.testing.assert_array_equal(
+                np.asarray(rec.noisy_sum_units, dtype=np.int64), sum(vecs)
+            )
+            np.testing.assert_array_equal(rec.gradient, sum(vecs) / 1024.0)
+        assert d1.state.history[0].model_sha256 == d2.state.history[0].model_sha256
+        h1, m1 = providers[0].fetch(1)
+        assert h1.version == 1 and h1.sha256 == vector_sha256(m1)
+        assert not np.array_equal(m1, d1.plan.initial_params)
+
+        # Round 1: p3's share reaches H1 only; bad submissions are refused, round goes on.
+        cfg = providers[0].wait_collecting(1)
+        p1, p2, p3 = providers
+        p1.submit_both(cfg, 1, vecs[0])
+        assert _code(lambda: p1.submit_both(cfg, 1, vecs[0])) == grpc.StatusCode.ALREADY_EXISTS
+        short = np.zeros(d - 1, dtype=np.uint64)
+        assert _code(lambda: p2.submit(1, cfg, 1, short)) == grpc.StatusCode.INVALID_ARGUMENT
+        zero = np.zeros(d, dtype=np.uint64)
+        assert _code(lambda: p2.submit(1, cfg, 1, zero, rnd=0)) == (
+            grpc.StatusCode.FAILED_PRECONDITION
+        )
+        assert _code(lambda: p2.submit(1, cfg, 1, zero, rnd=5)) == (
+            grpc.StatusCode.FAILED_PRECONDITION
+        )
+        p2.submit_both(cfg, 1, vecs[1])
+        p3.submit_both(cfg, 1, vecs[2], roles=(1,))
+        # Unregistered name with a valid certificate; a certificate of another CA.
+        x9 = Provider(pki, "x9", (d1,))
+        assert _code(lambda: x9.hello(1)) == grpc.StatusCode.PERMISSION_DENIED
+        x9.close()
+        stranger = Provider(pki, "p1", (d1,), ca_dir="other")
+        assert _code(lambda: stranger.hello(1)) == grpc.StatusCode.UNAVAILABLE
+        stranger.close()
+        wait_round_done((d1, d2), 1)
+        for dm in (d1, d2):
+            rec = dm.state.history[1]
+            assert rec.agreed == ["p1", "p2"]
+            np.testing.assert_array_equal(
+                np.asarray(rec.noisy_sum_units, dtype=np.int64), vecs[0] + vecs[1]
+            )
+        assert d1.state.history[1].received == PROVIDERS
+        assert d2.state.history[1].received == ["p1", "p2"]
+        assert d1.wait(10) and d2.wait(10)
+        assert d1.error is None and d2.error is None
+        assert d1.state.version == d2.state.version == 2
+        info = providers[0].hello(2)
+        assert info.round.phase == pb.ROUND_PHASE_FINISHED
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    assert not list((tmp_path / "s1").iterdir()) and not list((tmp_path / "s2").iterdir())
+
+
+def test_spgc_round_advances_model_and_skips_small_round(pki, tmp_path):
+    d1, d2 = start_pair(
+        pki, tmp_path, mode="spgc", rounds=2, target_epsilon=8.0, round_deadline=2.0
+    )
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        assert cfg.noise_std_units > 0 and cfg.mode == pb.MODE_SPGC
+        vecs = [np.full(cfg.num_parameters, 100 * (i + 1), dtype=np.int64) for i in range(3)]
+        for p, v in zip(providers, vecs, strict=True):
+            p.submit_both(cfg, 0, v)
+        wait_round_done((d1, d2), 0, timeout=50)
+        r1, r2 = d1.state.history[0], d2.state.history[0]
+        assert r1.model_sha256 == r2.model_sha256
+        np.testing.assert_array_equal(
+            np.asarray(r1.noisy_sum_units, dtype=np.int64),
+            np.asarray(r2.noisy_sum_units, dtype=np.int64),
+        )
+        assert not np.array_equal(np.asarray(r1.noisy_sum_units, dtype=np.int64), sum(vecs))
+        assert set(r1.seed_commitments) == {"h1", "h2"}
+        assert d1.state.epsilon() > 0
+        # Round 1: one provider only (< min_providers): skipped, not accounted.
+        eps = d1.state.epsilon()
+        cfg = providers[0].wait_collecting(1)
+        providers[0].submit_both(cfg, 1, vecs[0])
+        assert d1.wait(20) and d2.wait(20)
+        assert d1.error is None and d2.error is None
+        for dm in (d1, d2):
+            assert dm.state.history[1].phase == pb.ROUND_PHASE_ABORTED
+            assert dm.state.version == 1 and dm.state.steps == 1
+        assert d1.state.epsilon() == eps
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_config_yaml_and_overrides(tmp_path):
+    f = tmp_path / "server.yaml"
+    f.write_text("role: 2\ninsecure: true\nproviders: [a, b]\nrounds: 3\nmode: only-mpc\n")
+    cfg = load_server_config(f, ["rounds=7", "lr=0.5", "providers=a,b,c"], listen="x:1")
+    assert (cfg.role, cfg.rounds, cfg.lr, cfg.providers, cfg.listen) == (
+        2,
+        7,
+        0.5,
+        ["a", "b", "c"],
+        "x:1",
+    )
+    with pytest.raises(ValueError, match="rounds"):
+        load_server_config(f, ["rounds=0"])
+    with pytest.raises(ValueError, match="unknown"):
+        load_server_config(f, ["bogus=1"])
+    with pytest.raises(ValueError, match="insecure"):
+        load_server_config(f, ["insecure=false"])
