@@ -10,7 +10,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/spgc bench gc
+	$(VENV)/bin/spgc demo
 
 # The tests import the *installed* package: pytest runs from tests/ (so neither the checkout
 # root nor its garbled_core/ without a compiled module is on sys.path), and the check below

@@ -88,15 +88,20 @@ def log_round(state: ServerState, rec: RoundRecord) -> None:
             _eps(eps),
         )
         return
+    metrics = ""
+    if state.evaluator is not None:
+        rec.test_loss, rec.test_accuracy = state.evaluator(state.params)
+        metrics = f"test loss {rec.test_loss:.4f} accuracy {rec.test_accuracy:.4f}, "
     log.info(
         "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units, "
-        "eps=%s (delta=%g), gc bytes %d, seconds intake %.2f circuit %.2f update %.3f",
+        "%seps=%s (delta=%g), gc bytes %d, seconds intake %.2f circuit %.2f update %.3f",
         state.plan.cfg.role_name,
         rec.round,
         state.version,
         len(rec.received),
         len(rec.agreed),
         state.plan.sigma_units,
+        metrics,
         _eps(eps),
         state.plan.cfg.target_delta,
         rec.gc_bytes,

@@ -8,6 +8,7 @@ garbled-circuit link and drives the rounds; H2 dials the link after the Handshak
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import threading
@@ -141,7 +142,18 @@ class ServerDaemon:
                 self.error = exc
                 log.error("%s stopping: %s", self.cfg.role_name, exc)
         finally:
+            self._write_summary()
             self.done.set()
+
+    def _write_summary(self) -> None:
+        if self.cfg.summary_path is None:
+            return
+        summary = self.state.summary()
+        if self.error is not None:
+            summary["failure"] = summary["failure"] or str(self.error)
+        tmp = self.cfg.summary_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
+        tmp.replace(self.cfg.summary_path)  # readers never see half a file
 
     # ------------------------------------------------------------------ H1
 

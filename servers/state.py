@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from servers.evaluation import TestSetEvaluator
 from servers.intake import ShareIntake
 from servers.plan import RunPlan
 from spgc.optim import Adam
@@ -43,6 +44,8 @@ class RoundRecord:
     gradient: np.ndarray | None = None  # Y / s, what Adam was given
     model_sha256: bytes = b""
     epsilon: float = 0.0
+    test_loss: float | None = None
+    test_accuracy: float | None = None
     gc_bytes: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     seed_commitments: dict[str, bytes] = field(default_factory=dict)
@@ -64,6 +67,7 @@ class ServerState:
             0: (self.params, vector_sha256(self.params))
         }
         self.adam = Adam(plan.dim, lr=plan.cfg.lr)
+        self.evaluator = TestSetEvaluator(plan.cfg.dataset) if plan.cfg.evaluate else None
         self.accountant = plan.new_accountant()
         self.steps = 0
         self.round = 0
@@ -245,6 +249,30 @@ class ServerState:
         if self.accountant is None:
             return False
         return self.accountant.epsilon_after(self.steps + 1) > self.plan.cfg.target_epsilon
+
+    def summary(self) -> dict[str, Any]:
+        """What the run achieved so far, for the summary file and the demo."""
+        with self.cond:
+            published = [r for r in self.history.values() if r.phase == pb.ROUND_PHASE_PUBLISHED]
+            last = published[-1] if published else None
+            eps = self.epsilon()
+            return {
+                "role": self.plan.cfg.role_name,
+                "run_id": self.run_id,
+                "dataset": self.plan.cfg.dataset,
+                "mode": self.plan.cfg.mode,
+                "rounds": self.round,
+                "steps": self.steps,
+                "model_version": self.version,
+                "test_accuracy": None if last is None else last.test_accuracy,
+                "test_loss": None if last is None else last.test_loss,
+                "epsilon": None if math.isinf(eps) else eps,
+                "delta": self.plan.cfg.target_delta,
+                "noise_std_units": self.plan.sigma_units,
+                "gc_bytes": sum(r.gc_bytes for r in self.history.values()),
+                "finished": self.finished,
+                "failure": self.failure,
+            }
 
     def fail(self, message: str) -> None:
         with self.cond:

@@ -94,6 +94,35 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     sampler.set_defaults(bench="sampler")
+
+    demo = sub.add_parser(
+        "demo",
+        help="both servers and k providers on localhost, training a few rounds",
+        description="Start both servers and the providers as separate processes on localhost "
+        "(TLS with certificates made on the fly), train, show progress, stop everything.",
+    )
+    demo.add_argument("--dataset", default="cancer", choices=["cancer", "diabetes", "mnist"])
+    demo.add_argument("--providers", type=_positive_int, default=3, metavar="K")
+    demo.add_argument("--rounds", type=_positive_int, default=5, metavar="R")
+    demo.add_argument("--mode", default="spgc", choices=["spgc", "only-mpc"])
+    demo.add_argument(
+        "--epsilon",
+        type=float,
+        default=4.0,
+        metavar="E",
+        help="privacy budget for the whole training (default: 4)",
+    )
+    demo.add_argument("--delta", type=float, default=1e-5)
+    demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
+    demo.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    demo.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    for name, what in (("server", "the server daemon"), ("provider", "the provider client")):
+        daemon = sub.add_parser(
+            name, help=f"run {what} (spgc {name} --help lists its options)", add_help=False
+        )
+        daemon.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -132,16 +161,52 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from spgc.demo import DemoOptions, run_cli
+
+    opts = DemoOptions(
+        dataset=args.dataset,
+        providers=args.providers,
+        rounds=args.rounds,
+        mode=args.mode,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        insecure=args.insecure,
+        timeout=args.timeout,
+        keep=args.keep,
+    )
+    return run_cli(opts, args.json)
+
+
+def _cmd_server(args: argparse.Namespace) -> int:
+    from servers.__main__ import main as server_main
+
+    return server_main(args.args)
+
+
+def _cmd_provider(args: argparse.Namespace) -> int:
+    from providers.__main__ import main as provider_main
+
+    return provider_main(args.args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (2 for user errors, with a one-line message)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"certs": _cmd_certs, "bench": _cmd_bench}
+    handlers = {
+        "certs": _cmd_certs,
+        "bench": _cmd_bench,
+        "demo": _cmd_demo,
+        "server": _cmd_server,
+        "provider": _cmd_provider,
+    }
     from spgc.bench_gc import BenchError
+    from spgc.demo import DemoError
 
     try:
         return handlers[args.command](args)
-    except (BenchError, OSError, ValueError) as exc:
+    except (BenchError, DemoError, OSError, ValueError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

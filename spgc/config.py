@@ -61,6 +61,10 @@ class ServerConfig:
     tls: TlsPaths | None = None
     insecure: bool = False
     state_dir: Path | None = None
+    # Where the daemon writes a JSON summary (rounds, test accuracy, epsilon, bytes) at the end.
+    summary_path: Path | None = None
+    # Test loss and accuracy of each published model in the round log.
+    evaluate: bool = True
     log_level: str = "INFO"
     # Seconds H1 waits for H2 (handshake, link) before giving up.
     connect_timeout: float = 60.0
@@ -153,7 +157,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, dict) or set(value) != {"cert", "key", "ca"}:
             raise ConfigError("tls must be a mapping with exactly cert, key, ca")
         return TlsPaths(**{k: Path(v).expanduser() for k, v in value.items()})
-    if key == "state_dir":
+    if key in ("state_dir", "summary_path"):
         return None if value in (None, "") else Path(value).expanduser()
     if key == "providers":
         if isinstance(value, str):

@@ -1,0 +1,242 @@
+"""`spgc demo`: both servers and k providers on localhost, as separate processes, training a
+few rounds; shows progress and a summary (or one JSON object).
+
+Everything runs in a fresh temporary directory: a development CA and certificates for h1, h2
+and every provider (TLS on every link unless --insecure), the daemons' YAML files, their logs
+and the servers' JSON summaries. Children are stopped on the way out, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from spgc.certs import make_dev_pki
+
+# Per data set: the paper's local batch (providers' rows x rate) and a learning rate that
+# trains in a few rounds.
+DATASET_DEFAULTS: dict[str, dict[str, float]] = {
+    "cancer": {"sampling_rate": 10 / 130, "lr": 0.05},
+    "diabetes": {"sampling_rate": 10 / 200, "lr": 0.02},
+    "mnist": {"sampling_rate": 1000 / 20000, "lr": 0.005},
+}
+MODES = ("spgc", "only-mpc")
+
+
+class DemoError(RuntimeError):
+    """The demo could not run or a daemon failed; the message says which and why."""
+
+
+@dataclass
+class DemoOptions:
+    dataset: str = "cancer"
+    providers: int = 3
+    rounds: int = 5
+    mode: str = "spgc"
+    epsilon: float = 4.0
+    delta: float = 1e-5
+    insecure: bool = False
+    timeout: float = 600.0
+    keep: bool = False
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]]:
+    """Certificates and the YAML files of both servers and every provider."""
+    if opts.dataset not in DATASET_DEFAULTS:
+        raise DemoError(f"unknown dataset {opts.dataset!r}; choose from {sorted(DATASET_DEFAULTS)}")
+    if opts.mode not in MODES:
+        raise DemoError(f"mode {opts.mode!r} is not available yet; choose from {MODES}")
+    if not 1 <= opts.providers <= 50:
+        raise DemoError("--providers must be in 1..50")
+    names = [f"p{i + 1}" for i in range(opts.providers)]
+    pki = None if opts.insecure else make_dev_pki(work / "pki", ["h1", "h2", *names])
+    listen1, listen2, gc = _free_ports(3)
+    defaults = DATASET_DEFAULTS[opts.dataset]
+
+    def tls(name: str) -> dict[str, str] | None:
+        if pki is None:
+            return None
+        p = pki[name]
+        return {"cert": str(p.cert), "key": str(p.key), "ca": str(p.ca)}
+
+    servers = []
+    for role, listen, peer in ((1, listen1, listen2), (2, listen2, listen1)):
+        cfg: dict[str, Any] = {
+            "role": role,
+            "listen": f"127.0.0.1:{listen}",
+            "peer_address": f"127.0.0.1:{peer}",
+            "peer_name": f"h{3 - role}",
+            "gc_address": f"127.0.0.1:{gc}",
+            "state_dir": str(work / f"h{role}-state"),
+            "summary_path": str(work / f"h{role}-summary.json"),
+            "providers": names,
+            "dataset": opts.dataset,
+            "mode": opts.mode,
+            "rounds": opts.rounds,
+            "min_providers": min(2, opts.providers),
+            "round_deadline": 60.0,
+            "sampling_rate": defaults["sampling_rate"],
+            "lr": defaults["lr"],
+            "target_epsilon": opts.epsilon,
+            "target_delta": opts.delta,
+        }
+        (work / f"h{role}-state").mkdir(mode=0o700)
+        if pki is None:
+            cfg["insecure"] = True
+        else:
+            cfg["tls"] = tls(f"h{role}")
+        servers.append(_write_yaml(work / f"h{role}.yaml", cfg))
+
+    providers = []
+    for i, name in enumerate(names):
+        pcfg: dict[str, Any] = {
+            "name": name,
+            "h1": {"address": f"127.0.0.1:{listen1}", "name": "h1"},
+            "h2": {"address": f"127.0.0.1:{listen2}", "name": "h2"},
+            "dataset": opts.dataset,
+            "provider": {"index": i, "count": opts.providers},
+            "step_delta": opts.delta,
+        }
+        if opts.mode == "spgc":
+            # The demo's providers accept the servers' per-step privacy when its noise
+            # multiplier is at least 0.3 (a real provider sets its own minimum).
+            pcfg["min_noise_multiplier"] = 0.3
+        else:
+            pcfg["allow_no_privacy"] = True
+        if pki is None:
+            pcfg["insecure"] = True
+        else:
+            pcfg["tls"] = tls(name)
+        providers.append(_write_yaml(work / f"{name}.yaml", pcfg))
+    return servers, providers
+
+
+def _follow(stream: TextIO, log: TextIO, echo: bool, out: TextIO) -> None:
+    """Copies a daemon's output to its log file; echoes the round lines as progress."""
+    for line in stream:
+        log.write(line)
+        log.flush()
+        if echo and (" round " in line or "stopping" in line or "finished" in line):
+            text = line.split(" INFO ", 1)[-1].split(" ERROR ", 1)[-1].strip()
+            print(f"  {text}", file=out, flush=True)
+
+
+def _start(module: str, config: Path, work: Path, echo: bool, out: TextIO) -> subprocess.Popen:
+    log = (work / f"{config.stem}.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # Ctrl-C reaches the demo, which stops them in order
+    )
+    threading.Thread(target=_follow, args=(proc.stdout, log, echo, out), daemon=True).start()
+    return proc
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    end = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
+    """Runs the demo; returns H1's summary plus wall seconds. Raises DemoError on failure."""
+    work = Path(tempfile.mkdtemp(prefix="spgc-demo-"))
+    started = time.monotonic()
+    procs: list[subprocess.Popen] = []
+    try:
+        server_cfgs, provider_cfgs = write_configs(opts, work)
+        link = "plaintext (--insecure)" if opts.insecure else "TLS 1.3, mutual certificates"
+        print(
+            f"spgc demo: {opts.dataset}, {opts.providers} providers, {opts.rounds} rounds, "
+            f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}",
+            file=out,
+        )
+        servers = [
+            _start("servers", c, work, echo=i == 0, out=out) for i, c in enumerate(server_cfgs)
+        ]
+        procs += servers
+        procs += [_start("providers", c, work, echo=False, out=out) for c in provider_cfgs]
+        deadline = started + opts.timeout
+        while any(s.poll() is None for s in servers):
+            if time.monotonic() > deadline:
+                raise DemoError(f"the servers did not finish within {opts.timeout:g} s")
+            if any(s.poll() not in (None, 0) for s in servers):
+                break
+            time.sleep(0.2)
+        _stop(procs)
+        failed = [f"h{i + 1}" for i, s in enumerate(servers) if s.returncode != 0]
+        summary_path = work / "h1-summary.json"
+        if failed or not summary_path.exists():
+            logs = "\n".join(f"--- {n}.log\n{_tail(work / f'{n}.log')}" for n in ("h1", "h2"))
+            raise DemoError(f"server(s) {failed or ['h1']} failed; last log lines:\n{logs}")
+        summary = json.loads(summary_path.read_text())
+        summary["seconds"] = round(time.monotonic() - started, 2)
+        summary["providers"] = opts.providers
+        return summary
+    finally:
+        _stop(procs)
+        if opts.keep:
+            print(f"demo files kept in {work}", file=out)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_cli(opts: DemoOptions, as_json: bool) -> int:
+    summary = run_demo(opts)
+    if as_json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    acc, eps = summary.get("test_accuracy"), summary.get("epsilon")
+    parts = [f"{summary['rounds']} rounds, {summary['steps']} model updates"]
+    parts.append("no update published" if acc is None else f"test accuracy {acc:.4f}")
+    parts.append(
+        "no DP noise" if eps is None else f"epsilon {eps:.4f} (delta {summary['delta']:g})"
+    )
+    parts.append(f"{summary['gc_bytes'] / 1e6:.1f} MB between the servers")
+    parts.append(f"{summary['seconds']:.1f} s")
+    print("done: " + ", ".join(parts))
+    return 0

@@ -1,0 +1,43 @@
+"""The README's main command, small: both servers and three providers as processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def run_demo(*args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "spgc", "demo", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_demo_trains_with_dp_over_tls():
+    summary = run_demo("--rounds", "2", "--epsilon", "4")
+    for key in ("rounds", "test_accuracy", "epsilon", "delta", "gc_bytes", "seconds"):
+        assert key in summary
+    assert summary["rounds"] == 2 and summary["steps"] == 2
+    assert 0 < summary["epsilon"] <= 4
+    assert summary["gc_bytes"] > 0
+    assert summary["test_accuracy"] > 0.5  # cancer: better than chance after 2 noisy steps
+    assert summary["failure"] is None
+
+
+def test_demo_only_mpc_reports_no_privacy():
+    summary = run_demo("--rounds", "1", "--mode", "only-mpc")
+    assert summary["epsilon"] is None  # no noise: no finite epsilon
+    assert summary["steps"] == 1
+
+
+def test_demo_refuses_unknown_mode_cleanly():
+    done = subprocess.run(
+        [sys.executable, "-m", "spgc", "demo", "--mode", "ldp"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
