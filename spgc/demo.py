@@ -156,6 +156,7 @@ def _start(module: str, config: Path, work: Path, echo: bool, out: TextIO) -> su
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
+        cwd=work,  # `python -m` puts the cwd first on sys.path: not a source checkout
         text=True,
         start_new_session=True,  # Ctrl-C reaches the demo, which stops them in order
     )
