@@ -43,7 +43,7 @@ import math
 import os
 import pickle
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -268,23 +268,42 @@ def _load_cancer(seed: int) -> Dataset:
     bunch = load_breast_cancer()
     x = np.asarray(bunch.data, dtype=np.float64)
     y = np.asarray(bunch.target, dtype=np.int64)
-    train, test = stratified_split(y, _TEST_SIZES["cancer"], seed)
+    return _tabular(
+        "cancer",
+        x,
+        y,
+        seed,
+        lambda train, test: (
+            "Breast Cancer Wisconsin (diagnostic), scikit-learn load_breast_cancer: 30 real "
+            "features standardised with train statistics (the paper used TAPAS's 90-bit "
+            "binarisation, not available); labels 0=malignant 1=benign; stratified "
+            f"{train}/{test} split as in the paper (seed {seed})"
+        ),
+        feature_names=tuple(str(f) for f in bunch.feature_names),
+    )
+
+
+def _tabular(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    seed: int,
+    describe: Callable[[int, int], str],
+    feature_names: tuple[str, ...],
+) -> Dataset:
+    """A tabular data set: the paper's stratified split, features standardised on train."""
+    train, test = stratified_split(y, _TEST_SIZES[name], seed)
     x_train, x_test = _standardise(x[train], x[test])
     return Dataset(
-        name="cancer",
+        name=name,
         x_train=x_train,
         y_train=y[train],
         x_test=x_test,
         y_test=y[test],
         input_shape=(x.shape[1],),
         n_classes=2,
-        description=(
-            "Breast Cancer Wisconsin (diagnostic), scikit-learn load_breast_cancer: 30 real "
-            "features standardised with train statistics (the paper used TAPAS's 90-bit "
-            "binarisation, not available); labels 0=malignant 1=benign; stratified "
-            f"{len(train)}/{len(test)} split as in the paper (seed {seed})"
-        ),
-        feature_names=tuple(str(f) for f in bunch.feature_names),
+        description=describe(len(train), len(test)),
+        feature_names=feature_names,
         train_index=train,
         test_index=test,
     )
@@ -309,24 +328,17 @@ def _load_diabetes(seed: int, path: Path | None) -> Dataset:
     if path is None:
         path = _package_file(_PIMA_DIST, _PIMA_FILE, _PIMA_PIP)
     x, y = _parse_pima(_read_verified(Path(path), PIMA_SHA256))
-    train, test = stratified_split(y, _TEST_SIZES["diabetes"], seed)
-    x_train, x_test = _standardise(x[train], x[test])
-    return Dataset(
-        name="diabetes",
-        x_train=x_train,
-        y_train=y[train],
-        x_test=x_test,
-        y_test=y[test],
-        input_shape=(x.shape[1],),
-        n_classes=2,
-        description=(
+    return _tabular(
+        "diabetes",
+        x,
+        y,
+        seed,
+        lambda train, test: (
             "Pima Indians Diabetes (kenchi pima.csv.gz = Kaggle diabetes.csv): 8 features "
             "standardised with train statistics, zeros for missing values kept; label Outcome; "
-            f"stratified {len(train)}/{len(test)} split as in the paper (seed {seed})"
+            f"stratified {train}/{test} split as in the paper (seed {seed})"
         ),
         feature_names=PIMA_COLUMNS[:-1],
-        train_index=train,
-        test_index=test,
     )
 
 
