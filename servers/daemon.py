@@ -3,6 +3,11 @@
 Life cycle: :meth:`ServerDaemon.bind` (ports, so tests can use port 0), :meth:`start`
 (threads), :meth:`wait`, :meth:`stop` (servers, channels, spill files). H1 listens for the
 garbled-circuit link and drives the rounds; H2 dials the link after the Handshake.
+
+Modes (SPEC section 5): in ``plain`` and ``ldp`` the daemon is the ONLY server (role 1, served
+to providers as SERVER_ROLE_SINGLE): no Peer service, no peer, no garbled-circuit link; it runs
+the rounds alone (coordinator.SingleDriver). In ``dng`` both servers run as in ``spgc``, but the
+data link carries the two noisy shares instead of a garbled circuit (no engine session).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import grpc
 
 from servers.aggregator import AggregatorServicer
-from servers.coordinator import H1Driver, is_unavailable
+from servers.coordinator import H1Driver, SingleDriver, is_unavailable
 from servers.gc_party import PartyLink
 from servers.intake import ShareIntake
 from servers.peer import PeerServicer, config_differences
@@ -28,6 +33,7 @@ from spgc import __version__
 from spgc.config import ServerConfig
 from spgc.grpc_util import TlsFiles, add_health, make_channel, make_server
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc, peer_pb2, peer_pb2_grpc
+from spgc.wire import aggregation_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +55,8 @@ class ServerDaemon:
             spill_root=cfg.state_dir,
             allowed_providers=cfg.providers,
         )
-        self.state = ServerState(self.plan, cfg.role, self.intake)
+        role = pb.SERVER_ROLE_SINGLE if cfg.single_server else cfg.role
+        self.state = ServerState(self.plan, role, self.intake)
         self.tls = None if cfg.tls is None else TlsFiles(cfg.tls.cert, cfg.tls.key, cfg.tls.ca)
         self.stop_event = threading.Event()
         self.done = threading.Event()
@@ -71,9 +78,12 @@ class ServerDaemon:
 
         if self.tls is None:
             return {"insecure": True}
-        return {
-            "tls": garbled_core.TlsConfig(str(self.tls.cert), str(self.tls.key), str(self.tls.ca))
-        }
+        # Providers hold certificates from the same CA: only the peer server's name may
+        # open the garbled-circuit link.
+        tls = garbled_core.TlsConfig(
+            str(self.tls.cert), str(self.tls.key), str(self.tls.ca), peer_name=self.cfg.peer_name
+        )
+        return {"tls": tls}
 
     def _adopt_run(self, run_id: str) -> None:
         """Fix the run id and the TrainingConfig announced to providers."""
@@ -92,19 +102,18 @@ class ServerDaemon:
         self.peer_servicer = PeerServicer(
             self.state, self.cfg.peer_name, insecure, self._get_link, self._adopt_run
         )
-        self.server, self.port = make_server(
-            self.cfg.listen,
-            [
-                functools.partial(
-                    aggregation_pb2_grpc.add_AggregatorServicer_to_server, self.aggregator
-                ),
-                functools.partial(peer_pb2_grpc.add_PeerServicer_to_server, self.peer_servicer),
-            ],
-            self.tls,
-            insecure,
-        )
+        services = [
+            functools.partial(
+                aggregation_pb2_grpc.add_AggregatorServicer_to_server, self.aggregator
+            )
+        ]
+        if not self.cfg.single_server:
+            services.append(
+                functools.partial(peer_pb2_grpc.add_PeerServicer_to_server, self.peer_servicer)
+            )
+        self.server, self.port = make_server(self.cfg.listen, services, self.tls, insecure)
         self.health = add_health(self.server)
-        if self.cfg.role == 1:
+        if self.cfg.role == 1 and not self.cfg.single_server:
             import garbled_core
 
             self._listener = garbled_core.Listener(*_host_port(self.cfg.gc_address))
@@ -117,7 +126,10 @@ class ServerDaemon:
             self.bind()
         assert self.server is not None
         self.server.start()
-        target = self._run_h1 if self.cfg.role == 1 else self._run_h2
+        if self.cfg.single_server:
+            target = self._run_single
+        else:
+            target = self._run_h1 if self.cfg.role == 1 else self._run_h2
         thread = threading.Thread(
             target=self._guard, args=(target,), name="spgc-daemon", daemon=True
         )
@@ -155,6 +167,30 @@ class ServerDaemon:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
         tmp.replace(self.cfg.summary_path)  # readers never see half a file
 
+    def _open_link(self, role: str) -> PartyLink:
+        """The data link to the other server: an engine session on it, except in dng, which
+        only exchanges the two noisy shares over the raw channel (no garbled circuit)."""
+        if self.cfg.mode == "dng":
+            return PartyLink(role, self._gc_channel, None)
+        return PartyLink.open(role, self._gc_channel)
+
+    # ------------------------------------------------------------------ one server
+
+    def _run_single(self) -> None:
+        """plain / ldp: this server alone fixes the run and drives every round."""
+        self._adopt_run(self.cfg.run_id or os.urandom(16).hex())
+        SingleDriver(self.state, self.stop_event).run()
+        if self.state.failure:
+            raise PeerMismatchError(self.state.failure)
+        log.info(
+            "%s (single server, mode %s): training %s after %d round(s), %d step(s)",
+            self.cfg.role_name,
+            self.cfg.mode,
+            "stopped" if self.stop_event.is_set() else "finished",
+            self.state.round,
+            self.state.steps,
+        )
+
     # ------------------------------------------------------------------ H1
 
     def _handshake(self, stub: peer_pb2_grpc.PeerStub) -> None:
@@ -188,7 +224,7 @@ class ServerDaemon:
         self._handshake(stub)
         self._gc_channel = self._listener.accept(timeout=self.cfg.connect_timeout, **self._gc_tls())
         self._listener.close()
-        self._link = PartyLink.open("garbler", self._gc_channel)
+        self._link = self._open_link("garbler")
         self._link_ready.set()
         H1Driver(self.state, stub, self._link, self.stop_event).run()
         if self.state.failure:
@@ -222,7 +258,7 @@ class ServerDaemon:
                 if time.monotonic() > end or self.stop_event.is_set():
                     raise
                 time.sleep(0.2)
-        self._link = PartyLink.open("evaluator", self._gc_channel)
+        self._link = self._open_link("evaluator")
         self._link_ready.set()
         with self.state.cond:  # follow until training is over (rounds run in peer calls)
             while not self.state.finished and not self.stop_event.is_set():

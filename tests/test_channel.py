@@ -241,3 +241,24 @@ def test_both_sides_sending_at_once_do_not_deadlock(pki, use_tls):
     got_s = side.result(timeout=60)
     assert got_c == payload_s
     assert got_s == payload_c
+
+
+@pytest.mark.parametrize("server_expects", ["h2", "p1"])
+def test_peer_name_is_checked(pki, server_expects):
+    """With peer_name set, a certificate from the right CA but for another party is refused:
+    a provider's certificate must not open the servers' garbled-circuit link."""
+    listener = _core.Listener("127.0.0.1", 0)
+    h1_cert, h1_key = pki["h1"]
+    h2_cert, h2_key = pki["h2"]
+    server_tls = _core.TlsConfig(h1_cert, h1_key, pki["ca"], peer_name=server_expects)
+    client_tls = _core.TlsConfig(h2_cert, h2_key, pki["ca"], peer_name="h1")
+    bg = Background(lambda: listener.accept(tls=server_tls, timeout=10))
+    if server_expects == "h2":
+        with _core.Channel.connect("127.0.0.1", listener.port, tls=client_tls, timeout=10) as ch:
+            assert ch.is_tls
+        bg.result().close()
+    else:
+        with pytest.raises(_core.TlsError):
+            _core.Channel.connect("127.0.0.1", listener.port, tls=client_tls, timeout=10)
+        with pytest.raises(_core.TlsError, match=r"expected name|hostname"):
+            bg.result()

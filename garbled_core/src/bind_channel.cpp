@@ -69,8 +69,10 @@ void bind_channel(py::module_& m) {
   py::class_<gc::TlsOptions>(m, "TlsConfig",
                              "PEM paths for mutually authenticated TLS 1.3: this party's certificate and "
                              "key, and the CA that must have signed the peer's certificate.")
-      .def(py::init([](const py::object& cert, const py::object& key, const py::object& ca) {
+      .def(py::init([](const py::object& cert, const py::object& key, const py::object& ca,
+                       const std::string& peer_name) {
              gc::TlsOptions o;
+             o.peer_name = peer_name;
              o.cert_file = path_arg(cert, "cert");
              o.key_file = path_arg(key, "key");
              o.ca_file = path_arg(ca, "ca");
@@ -79,7 +81,9 @@ void bind_channel(py::module_& m) {
              require_file(o.ca_file, "CA certificate");
              return o;
            }),
-           "cert"_a, "key"_a, "ca"_a)
+           "cert"_a, "key"_a, "ca"_a, "peer_name"_a = "",
+           "peer_name: if given, the peer's certificate must be issued to this name.")
+      .def_property_readonly("peer_name", [](const gc::TlsOptions& o) { return o.peer_name; })
       .def_property_readonly("cert", [](const gc::TlsOptions& o) { return o.cert_file; })
       .def_property_readonly("key", [](const gc::TlsOptions& o) { return o.key_file; })
       .def_property_readonly("ca", [](const gc::TlsOptions& o) { return o.ca_file; })

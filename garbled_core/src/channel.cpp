@@ -14,6 +14,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -315,6 +316,7 @@ void Channel::fail_ssl(int ssl_err, bool reading, const char* what) {
       std::string msg = prefix + ": " + take_openssl_error();
       long v = ssl_ ? SSL_get_verify_result(ssl_) : X509_V_OK;
       if (v != X509_V_OK) msg += std::string(" (") + X509_verify_cert_error_string(v) + ")";
+      if (v == X509_V_ERR_HOSTNAME_MISMATCH) msg += ": the peer's certificate is not issued to the expected name";
       throw TlsError(msg);
     }
     default:
@@ -612,6 +614,12 @@ void Channel::setup_tls(const TlsOptions& tls, bool server_side, double timeout_
 
   ssl_ = SSL_new(ctx_);
   if (!ssl_) throw TlsError("cannot create TLS session: " + take_openssl_error());
+  if (!tls.peer_name.empty()) {
+    X509_VERIFY_PARAM* param = SSL_get0_param(ssl_);
+    X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    if (X509_VERIFY_PARAM_set1_host(param, tls.peer_name.c_str(), 0) != 1)
+      throw TlsError("invalid expected peer name '" + tls.peer_name + "'");
+  }
   BIO_METHOD* meth = socket_bio_method();
   BIO* bio = meth ? BIO_new(meth) : nullptr;
   if (!bio) throw TlsError("cannot create socket BIO: " + take_openssl_error());

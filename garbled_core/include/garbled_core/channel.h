@@ -50,6 +50,9 @@ class TlsError : public ChannelError {
 // certificate chain against ca_file. TLS 1.3 only.
 struct TlsOptions {
   std::string cert_file, key_file, ca_file;
+  // When set, the peer's certificate must also be issued to this name (SAN DNS or CN):
+  // every party holds a certificate from the same CA, so the CA alone does not say who.
+  std::string peer_name;
 };
 
 class Channel;
