@@ -10,6 +10,12 @@ Per round t (SPEC section 3, steps 6-10)::
     g = Y / s, Adam step, CheckModel (hashes must agree, else both stop loudly)
     RoundBarrier(MODEL_PUBLISHED) -> both publish version t+1 and record the accountant step
 
+Modes (SPEC section 5): ``dng`` runs the same rounds with no garbled circuit and no seed
+commitments: at CIRCUIT_READY each server adds its own discrete Gaussian to its share and the two
+exchange the noisy shares over the garbled-circuit data link (:func:`dng_exchange`). ``plain``
+and ``ldp`` have one server and no peer: :class:`SingleDriver` runs the rounds alone and reads
+the providers' clear sum from the intake (:func:`compute_single`).
+
 Whether training is over (round budget, or the next step would exceed the privacy budget) is a
 deterministic function of the shared configuration, so both servers decide it alike without a
 message.
@@ -25,9 +31,11 @@ import time
 from typing import Any
 
 import grpc
+import numpy as np
 
-from servers.gc_party import run_aggregate
+from servers.gc_party import SEED_BYTES, run_aggregate, sample_noise_plain
 from servers.state import PeerMismatchError, RoundRecord, ServerState
+from spgc.sharing import reconstruct, ring_mask
 from spgc.wire import (
     SEED_COMMITMENT_SCHEME,
     canonical_provider_set,
@@ -52,14 +60,65 @@ def agreement(
     return agreed, provider_set_digest(agreed), len(agreed) >= min_providers
 
 
+def sample_server_noise(n: int, sigma_units: float) -> np.ndarray:
+    """n samples of N_Z(0, sigma_units^2) (int64) drawn by this server alone, for dng.
+
+    The garbled circuit's own sampler evaluated in plaintext on two fresh 32-byte seeds from the
+    OS CSPRNG (gc_party.sample_noise_plain): the same exact discrete Gaussian (up to the
+    sampler's 2^-64 statistical distance) the circuit adds in spgc mode.
+    """
+    return sample_noise_plain(os.urandom(SEED_BYTES), os.urandom(SEED_BYTES), n, sigma_units)
+
+
+def dng_exchange(
+    role: int, channel: Any, share: np.ndarray, noise: np.ndarray, ring_bits: int
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Both servers' side of a dng release; returns (Y, counters) with
+    Y = smod((A1 + z1) - (A2 - z2), 2^L) = S + z1 + z2, identical on both servers.
+
+    Each server sends only its noisy share (H1: A1 + z1, H2: A2 - z2, mod 2^L) over the raw data
+    link (``channel``: a garbled_core Channel with send/recv). A1 - A2 = S, so what each server
+    learns beyond Y is S plus the OTHER server's noise alone: each noise must be full variance
+    (SPEC section 5). The plan's ring holds |S| plus the tail of z1 + z2, so nothing wraps.
+    H1 sends first and H2 receives first (no deadlock on large vectors).
+    """
+    mask = ring_mask(ring_bits)
+    z = np.asarray(noise, dtype=np.int64).view(np.uint64)
+    mine = (share + z if role == pb.SERVER_ROLE_H1 else share - z) & mask
+    nbytes = 8 * len(share)
+    payload = mine.astype("<u8").tobytes()
+    if role == pb.SERVER_ROLE_H1:
+        channel.send(payload)
+        channel.flush()
+        theirs = np.frombuffer(channel.recv(nbytes), dtype="<u8").astype(np.uint64)
+        a, b = mine, theirs
+    else:
+        theirs = np.frombuffer(channel.recv(nbytes), dtype="<u8").astype(np.uint64)
+        channel.send(payload)
+        channel.flush()
+        a, b = theirs, mine
+    if np.any(theirs & ~mask):
+        raise PeerMismatchError("the other server's noisy share is outside the ring")
+    return reconstruct(a, b, ring_bits), {"sent": nbytes, "received": nbytes}
+
+
 def compute_round(state: ServerState, link: Any, t: int, seed: bytes | None) -> bytes:
-    """This server's half of the circuit on its restricted sum, then the Adam step.
+    """This server's half of the circuit on its restricted sum (dng: noise and exchange),
+    then the Adam step.
 
     Returns the SHA-256 of the pending model version t+1.
     """
     plan = state.plan
     total = state.intake.total()
     start = time.perf_counter()
+    if plan.cfg.mode == "dng":
+        noise = sample_server_noise(plan.dim, plan.sigma_units)
+        seconds = {"noise": time.perf_counter() - start}
+        start = time.perf_counter()
+        y, info = dng_exchange(state.role, link.channel, total, noise, plan.ring_bits)
+        seconds["exchange"] = time.perf_counter() - start
+        del noise  # never needed again
+        return state.apply_update(t, y, info, seconds)
     y, info = run_aggregate(
         _GC_ROLE[state.role],
         link,
@@ -202,6 +261,49 @@ class H1Driver:
                 f"h2 {other.sha256.hex()[:16]}"
             )
         self._barrier(t, peer_pb2.BARRIER_MODEL_PUBLISHED)
+        log_round(state, state.publish(t))
+
+
+def compute_single(state: ServerState, t: int) -> bytes:
+    """One-server modes: the intake's sum mod 2^L of the providers' clear vectors (plain: G_j;
+    ldp: G_j + z_j, noised by each provider) read signed, then the Adam step."""
+    start = time.perf_counter()
+    total = state.intake.total()
+    y = reconstruct(total, np.zeros_like(total), state.plan.ring_bits)
+    return state.apply_update(t, y, {}, {"decode": time.perf_counter() - start})
+
+
+class SingleDriver:
+    """The round loop of a server without a peer (modes plain and ldp): open, collect until
+    the deadline or everyone is in, close, use whoever sent (>= min_providers), update."""
+
+    def __init__(self, state: ServerState, stop: threading.Event) -> None:
+        self.state = state
+        self.stop = stop
+
+    def run(self) -> None:
+        state = self.state
+        while not self.stop.is_set() and not state.finished:
+            self.run_round(state.round)
+
+    def run_round(self, t: int) -> None:
+        state, cfg = self.state, self.state.plan.cfg
+        state.open_round(t)
+        state.wait_intake_done(t, self.stop)
+        if self.stop.is_set():
+            return
+        received = state.close_intake(t)
+        proceed = len(received) >= cfg.min_providers
+        reason = f"{len(received)} provider(s) sent a vector < min_providers={cfg.min_providers}"
+        state.set_agreed(t, received, proceed, reason)
+        if not proceed:
+            log_round(state, state.history[t])
+            return
+        try:
+            compute_single(state, t)
+        except BaseException as exc:
+            state.fail_compute(exc)
+            raise
         log_round(state, state.publish(t))
 
 

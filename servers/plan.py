@@ -12,13 +12,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from spgc import accounting
-from spgc.config import ServerConfig
+from spgc.config import NOISY_MODES, ServerConfig
 from spgc.encoding import FixedPointConfig
 from spgc.models import build_model, flatten_params
 from spgc.sharing import max_abs_sum_units, ring_bits_for
 from spgc.wire import aggregation_pb2 as pb
 
-_MODES = {"spgc": pb.MODE_SPGC, "only-mpc": pb.MODE_ONLY_MPC}
+_MODES = {
+    "spgc": pb.MODE_SPGC,
+    "only-mpc": pb.MODE_ONLY_MPC,
+    "plain": pb.MODE_PLAIN,
+    "ldp": pb.MODE_LDP,
+    "dng": pb.MODE_DNG,
+}
 _CALIBRATIONS = {
     "classic": pb.CALIBRATION_CLASSIC,
     "analytic": pb.CALIBRATION_ANALYTIC,
@@ -34,8 +40,12 @@ class RunPlan:
     initial_params: np.ndarray
     fixed_point: FixedPointConfig
     ring_bits: int
-    noise_multiplier: float  # relative to l2_bound_units; 0 in only-mpc
-    sigma_units: float  # noise std in units; 0 in only-mpc
+    # Relative to l2_bound_units; 0 in only-mpc and plain. In ldp it is each provider's, in
+    # dng each server's: the noise ONE party adds, which alone must give the target (the
+    # accountant uses it; dng's total noise on the released sum is sqrt(2) times larger, ldp's
+    # sqrt(k) times with k providers).
+    noise_multiplier: float
+    sigma_units: float  # that noise's std in units; 0 without noise
     step_epsilon: float
 
     @property
@@ -94,7 +104,7 @@ def _max_batch(cfg: ServerConfig) -> int:
 
 
 def _noise_multiplier(cfg: ServerConfig) -> float:
-    if cfg.mode != "spgc":
+    if cfg.mode not in NOISY_MODES:
         return 0.0
     if cfg.noise_multiplier > 0:
         return cfg.noise_multiplier
@@ -116,14 +126,32 @@ def _noise_multiplier(cfg: ServerConfig) -> float:
     )
 
 
+def _ring_noise_std(mode: str, sigma_units: float, providers: int) -> float:
+    """Std of the noise that lives in the ring Z_2^L next to S (0: none does).
+
+    spgc: the circuit adds the noise in a wider output, so only |S| must fit. ldp: the k
+    providers' independent noises are summed in the ring (each provider's own G_j + z_j fits
+    a fortiori). dng: each server adds its own noise to its share and the two noisy shares are
+    subtracted in the ring, so S + z1 + z2 (std sqrt(2) sigma) must not wrap; the providers
+    share in this ring, so L includes both noise tails.
+    """
+    if mode == "ldp":
+        return sigma_units * math.sqrt(providers)
+    if mode == "dng":
+        return sigma_units * math.sqrt(2)
+    return 0.0
+
+
 def make_plan(cfg: ServerConfig) -> RunPlan:
     """Derive the run's parameters; ValueError (naming the limit) if no ring fits."""
     params = flatten_params(build_model(cfg.dataset, seed=cfg.model_seed))
     fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=len(params))
-    bound = max_abs_sum_units(_max_batch(cfg), fp.l2_bound_units, providers=len(cfg.providers))
-    # The circuit adds the noise in a wider output, so only |S| must fit the ring.
-    ring_bits = ring_bits_for(bound)
+    k = len(cfg.providers)
+    bound = max_abs_sum_units(_max_batch(cfg), fp.l2_bound_units, providers=k)
     nm = _noise_multiplier(cfg)
     sigma_units = nm * fp.l2_bound_units
+    ring_bits = ring_bits_for(
+        bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=len(params)
+    )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     return RunPlan(cfg, params, fp, ring_bits, nm, sigma_units, step_eps)

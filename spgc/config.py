@@ -27,9 +27,21 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ConfigError", "ServerConfig", "TlsPaths", "load_server_config"]
+__all__ = [
+    "MODES",
+    "NOISY_MODES",
+    "SINGLE_SERVER_MODES",
+    "ConfigError",
+    "ServerConfig",
+    "TlsPaths",
+    "load_server_config",
+]
 
-MODES = ("spgc", "only-mpc")  # plain, ldp, dng: later
+MODES = ("spgc", "only-mpc", "plain", "ldp", "dng")
+# Modes with one server (role 1, no peer, no garbled circuit); SPEC section 5.
+SINGLE_SERVER_MODES = ("plain", "ldp")
+# Modes that add DP noise (calibrated from target_epsilon or noise_multiplier).
+NOISY_MODES = ("spgc", "ldp", "dng")
 CALIBRATIONS = ("analytic", "classic", "accountant")
 ACCOUNTANTS = ("rdp", "pld")
 
@@ -98,12 +110,22 @@ class ServerConfig:
         """'h1' or 'h2' (for logs)."""
         return f"h{self.role}"
 
+    @property
+    def single_server(self) -> bool:
+        """One server, no peer, no garbled circuit (modes plain and ldp)."""
+        return self.mode in SINGLE_SERVER_MODES
+
     def validate(self) -> ServerConfig:
         """Check every key; raises ConfigError naming the first bad one. Returns self."""
         if self.role not in (1, 2):
             raise ConfigError(f"role must be 1 or 2, got {self.role!r}")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.single_server and self.role != 1:
+            raise ConfigError(
+                f"mode {self.mode} runs ONE server (role 1, no peer, no garbled circuit); "
+                f"a role-{self.role} server has nothing to do: start only role 1"
+            )
         if self.calibration not in CALIBRATIONS:
             raise ConfigError(
                 f"calibration must be one of {CALIBRATIONS}, got {self.calibration!r}"
@@ -134,7 +156,7 @@ class ServerConfig:
         if self.max_batch_size < 0 or self.noise_multiplier < 0 or self.step_epsilon < 0:
             raise ConfigError("max_batch_size, noise_multiplier, step_epsilon must be >= 0")
         if (
-            self.mode == "spgc"
+            self.mode in NOISY_MODES
             and self.noise_multiplier == 0
             and self.calibration != "accountant"
             and self.step_epsilon <= 0
