@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dataset", default="cancer", choices=["cancer", "diabetes", "mnist"])
     demo.add_argument("--providers", type=_positive_int, default=3, metavar="K")
     demo.add_argument("--rounds", type=_positive_int, default=5, metavar="R")
-    demo.add_argument("--mode", default="spgc", choices=["spgc", "only-mpc"])
+    demo.add_argument("--mode", default="spgc", choices=["spgc", "only-mpc", "plain", "ldp", "dng"])
     demo.add_argument(
         "--epsilon",
         type=float,

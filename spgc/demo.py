@@ -9,6 +9,7 @@ and the servers' JSON summaries. Children are stopped on the way out, Ctrl-C inc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -32,7 +33,9 @@ DATASET_DEFAULTS: dict[str, dict[str, float]] = {
     "diabetes": {"sampling_rate": 10 / 200, "lr": 0.02},
     "mnist": {"sampling_rate": 1000 / 20000, "lr": 0.005},
 }
-MODES = ("spgc", "only-mpc")
+MODES = ("spgc", "only-mpc", "plain", "ldp", "dng")
+SINGLE_SERVER_MODES = ("plain", "ldp")  # one server (h1), no peer, no garbled circuit
+NOISY_MODES = ("spgc", "ldp", "dng")
 
 
 class DemoError(RuntimeError):
@@ -87,8 +90,10 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         p = pki[name]
         return {"cert": str(p.cert), "key": str(p.key), "ca": str(p.ca)}
 
+    single = opts.mode in SINGLE_SERVER_MODES
+    roles = ((1, listen1, listen2),) if single else ((1, listen1, listen2), (2, listen2, listen1))
     servers = []
-    for role, listen, peer in ((1, listen1, listen2), (2, listen2, listen1)):
+    for role, listen, peer in roles:
         cfg: dict[str, Any] = {
             "role": role,
             "listen": f"127.0.0.1:{listen}",
@@ -120,12 +125,13 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         pcfg: dict[str, Any] = {
             "name": name,
             "h1": {"address": f"127.0.0.1:{listen1}", "name": "h1"},
-            "h2": {"address": f"127.0.0.1:{listen2}", "name": "h2"},
             "dataset": opts.dataset,
             "provider": {"index": i, "count": opts.providers},
             "step_delta": opts.delta,
         }
-        if opts.mode == "spgc":
+        if not single:
+            pcfg["h2"] = {"address": f"127.0.0.1:{listen2}", "name": "h2"}
+        if opts.mode in NOISY_MODES:
             # The demo's providers accept the servers' per-step privacy when its noise
             # multiplier is at least 0.3 (a real provider sets its own minimum).
             pcfg["min_noise_multiplier"] = 0.3
@@ -149,6 +155,16 @@ def _follow(stream: TextIO, log: TextIO, echo: bool, out: TextIO) -> None:
             print(f"  {text}", file=out, flush=True)
 
 
+def _child_env() -> dict[str, str]:
+    """The environment with PYTHONPATH entries made absolute: the children run in the work
+    directory, where a relative entry (PYTHONPATH=.) would no longer find the packages."""
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        parts = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in parts if p)
+    return env
+
+
 def _start(module: str, config: Path, work: Path, echo: bool, out: TextIO) -> subprocess.Popen:
     log = (work / f"{config.stem}.log").open("w")
     proc = subprocess.Popen(
@@ -156,6 +172,7 @@ def _start(module: str, config: Path, work: Path, echo: bool, out: TextIO) -> su
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
+        env=_child_env(),
         cwd=work,  # `python -m` puts the cwd first on sys.path: not a source checkout
         text=True,
         start_new_session=True,  # Ctrl-C reaches the demo, which stops them in order
@@ -212,7 +229,8 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
         failed = [f"h{i + 1}" for i, s in enumerate(servers) if s.returncode != 0]
         summary_path = work / "h1-summary.json"
         if failed or not summary_path.exists():
-            logs = "\n".join(f"--- {n}.log\n{_tail(work / f'{n}.log')}" for n in ("h1", "h2"))
+            names = [f"h{i + 1}" for i in range(len(servers))]
+            logs = "\n".join(f"--- {n}.log\n{_tail(work / f'{n}.log')}" for n in names)
             raise DemoError(f"server(s) {failed or ['h1']} failed; last log lines:\n{logs}")
         summary = json.loads(summary_path.read_text())
         summary["seconds"] = round(time.monotonic() - started, 2)

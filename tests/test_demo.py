@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def run_demo(*args: str) -> dict:
     done = subprocess.run(
@@ -35,9 +37,20 @@ def test_demo_only_mpc_reports_no_privacy():
     assert summary["steps"] == 1
 
 
+@pytest.mark.parametrize("mode", ["ldp", "dng"])
+def test_demo_noisy_modes_without_circuit(mode):
+    summary = run_demo("--rounds", "1", "--mode", mode, "--epsilon", "8")
+    assert summary["mode"] == mode and summary["steps"] == 1
+    assert 0 < summary["epsilon"] <= 8
+    assert summary["gc_bytes"] == (0 if mode == "ldp" else 2 * 8 * 62)  # dng: two noisy shares
+    assert summary["failure"] is None
+
+
 def test_demo_refuses_unknown_mode_cleanly():
     done = subprocess.run(
-        [sys.executable, "-m", "spgc", "demo", "--mode", "ldp"], capture_output=True, text=True
+        [sys.executable, "-m", "spgc", "demo", "--mode", "preprocessed"],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
