@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from spgc.config import ConfigError, load_server_config
+from spgc.config import MODES, ConfigError, load_server_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", help="host:port for providers and the peer's control calls")
     p.add_argument("--peer-address", help="the other server's listen address")
     p.add_argument("--gc-address", help="GC data link: H1 listens here, H2 dials it")
-    p.add_argument("--mode", choices=("spgc", "only-mpc"))
+    p.add_argument("--mode", choices=MODES)
     p.add_argument(
         "--insecure",
         action="store_true",
