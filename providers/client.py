@@ -23,14 +23,16 @@ second share of a provider for a round with ALREADY_EXISTS anyway, which the cli
 
 One-server modes: ``plain`` sends G itself (mod 2^L) to the single server; ``ldp`` first adds
 discrete Gaussian noise of the announced ``noise_std_units`` locally (see
-:func:`discrete_gaussian`).
+:func:`local_noise`: the servers' exact sampler run in plaintext).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import logging
 import math
+import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +43,8 @@ import grpc
 import numpy as np
 
 from providers.config import ProviderConfig
+from servers.gc_party import sample_noise_plain
+from servers.noise_sampler import derive_params
 from spgc import __version__
 from spgc.accounting import per_step_epsilon
 from spgc.data import fixed_batches, load_dataset, poisson_batch, split_among_providers
@@ -64,8 +68,8 @@ __all__ = [
     "RoundReport",
     "check_privacy",
     "check_training_config",
-    "discrete_gaussian",
     "effective_noise_multiplier",
+    "local_noise",
 ]
 
 log = logging.getLogger("spgc.provider")
@@ -261,34 +265,18 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
 # ----------------------------------------------------------------------------- local noise
 
 
-def discrete_gaussian(
-    sigma: float, size: int, rng: np.random.Generator | None = None
-) -> np.ndarray:
-    """``size`` samples of the discrete Gaussian N_Z(0, sigma^2) as int64 (ldp mode).
-
-    Canonne-Kamath-Steinke 2020, Algorithm 3: a discrete Laplace candidate Y of scale
-    t = floor(sigma) + 1 (difference of two geometric variables) accepted with probability
-    exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)). Vectorised; the acceptance test uses float64
-    arithmetic, so the output is the discrete Gaussian up to float rounding of that probability
-    (relative error ~1e-16 per sample), not an exact sampler. The default generator is Philox
-    keyed with 128 bits from the OS CSPRNG (the noise must stay secret; Philox is a
-    counter-based cipher-like generator, unlike PCG64 whose state its outputs reveal).
-    """
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise ValueError(f"sigma must be finite and > 0, got {sigma}")
-    gen = rng if rng is not None else np.random.Generator(np.random.Philox(secrets.randbits(128)))
-    t = math.floor(sigma) + 1
-    p = -math.expm1(-1.0 / t)  # success probability of the geometric: 1 - e^(-1/t)
-    out = np.empty(size, dtype=np.int64)
-    filled = 0
-    while filled < size:
-        n = max(16, int((size - filled) * 1.3))
-        y = gen.geometric(p, n).astype(np.int64) - gen.geometric(p, n).astype(np.int64)
-        accept = gen.random(n) < np.exp(-((np.abs(y) - sigma**2 / t) ** 2) / (2 * sigma**2))
-        good = y[accept][: size - filled]
-        out[filled : filled + good.size] = good
-        filled += good.size
-    return out
+def local_noise(sigma_units: float, size: int, seed: bytes | None = None) -> np.ndarray:
+    """``size`` samples of N_Z(0, sigma_units^2) as int64, for ldp mode: the servers' exact
+    sampler (statistical distance <= 2^-64 per sample, docs/NOISE_SAMPLER.md) evaluated in
+    plaintext on this provider's own randomness. ``seed``: 32 bytes for reproducible tests;
+    by default fresh from the OS CSPRNG (the noise must stay secret)."""
+    if not (sigma_units > 0 and math.isfinite(sigma_units)):
+        raise ValueError(f"sigma must be finite and > 0, got {sigma_units}")
+    seed = os.urandom(32) if seed is None else seed
+    # The sampler XORs two independent streams; both derive from this provider's one seed.
+    s1 = hashlib.sha256(b"spgc-ldp-1" + seed).digest()
+    s2 = hashlib.sha256(b"spgc-ldp-2" + seed).digest()
+    return sample_noise_plain(s1, s2, size, sigma_units)
 
 
 # ----------------------------------------------------------------------------- the client
@@ -310,7 +298,7 @@ class ProviderClient:
         data: tuple[np.ndarray, np.ndarray] | None = None,
         sampling_rng: np.random.Generator | None = None,
         rounding_rng: np.random.Generator | None = None,
-        noise_rng: np.random.Generator | None = None,
+        noise_seed: bytes | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -318,7 +306,7 @@ class ProviderClient:
         self._data = data
         self.sampling_rng = sampling_rng or np.random.default_rng(secrets.randbits(128))
         self.rounding_rng = rounding_rng or default_rounding_rng()
-        self.noise_rng = noise_rng
+        self.noise_seed = noise_seed  # tests only: None draws fresh noise every round
         self._sleep = sleep
         self._clock = clock
         self.servers: list[_Server] = []
@@ -442,6 +430,8 @@ class ProviderClient:
         self.step_epsilon = check_privacy(tc, cfg)
         self.fixed_point = check_training_config(tc, cfg, len(self._x))
         self._model = build_model(_model_key(tc.model, tc.dataset))
+        if tc.mode == pb.MODE_LDP:
+            derive_params(tc.noise_std_units)  # cached: the round itself should not pay for it
         self.training = tc
         log.info(
             "joined run %s: mode %s, model %s (d=%d), %d local examples, B=%d units "
@@ -633,7 +623,7 @@ class ProviderClient:
         elif tc.rounding == pb.ROUNDING_NEAREST:
             total = np.rint(real_sum * tc.scale).astype(np.int64)
         if tc.mode == pb.MODE_LDP:
-            total = total + discrete_gaussian(tc.noise_std_units, tc.num_parameters, self.noise_rng)
+            total = total + local_noise(tc.noise_std_units, tc.num_parameters, self.noise_seed)
         check_fits(total, tc.ring_bits)
         encode += time.perf_counter() - t0
         return total, compute, encode

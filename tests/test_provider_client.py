@@ -17,7 +17,7 @@ from providers.client import (
     ProviderClient,
     ProviderRefusal,
     check_privacy,
-    discrete_gaussian,
+    local_noise,
 )
 from providers.config import ConfigError, ProviderConfig, load_config
 from spgc.certs import make_dev_pki
@@ -479,12 +479,14 @@ max_step_epsilon: 2.5
         load_config(path)
 
 
-def test_discrete_gaussian_moments() -> None:
+def test_local_noise_moments_and_freshness() -> None:
     sigma = 7.3
-    z = discrete_gaussian(sigma, 200_000, np.random.default_rng(1))
+    z = local_noise(sigma, 200_000, seed=bytes(range(32)))
     assert z.dtype == np.int64
     assert abs(z.mean()) < 0.1
     assert abs(z.std() / sigma - 1) < 0.01
+    assert np.array_equal(z, local_noise(sigma, 200_000, seed=bytes(range(32))))
+    assert not np.array_equal(local_noise(sigma, 50), local_noise(sigma, 50))
 
 
 def test_ldp_mode_adds_local_discrete_gaussian_noise(pki: Path, servers: Any, cancer: Any) -> None:
@@ -499,13 +501,13 @@ def test_ldp_mode_adds_local_discrete_gaussian_noise(pki: Path, servers: Any, ca
         data=cancer,
         sampling_rng=np.random.default_rng(SAMPLING_SEED),
         rounding_rng=np.random.default_rng(ROUNDING_SEED),
-        noise_rng=np.random.default_rng(33),
+        noise_seed=b"n" * 32,
     )
     with client:
         assert client.run_round() is not None
     ((_, vec),) = h.servicer.accepted.values()
     _, rows = expected_rows(*cancer)
-    noisy = rows.sum(axis=0) + discrete_gaussian(std, D, np.random.default_rng(33))
+    noisy = rows.sum(axis=0) + local_noise(std, D, seed=b"n" * 32)
     assert np.array_equal(vec, noisy.view(np.uint64) & ring_mask(RING))
 
 
