@@ -263,6 +263,14 @@ class ServerDaemon:
         with self.state.cond:  # follow until training is over (rounds run in peer calls)
             while not self.state.finished and not self.stop_event.is_set():
                 self.state.cond.wait(0.5)
+                if self.state.phase == pb.ROUND_PHASE_COMPUTING:
+                    self.state.last_peer_call = time.monotonic()  # the GC link has its own timeout
+                silent = time.monotonic() - self.state.last_peer_call
+                if silent > self.cfg.peer_timeout:
+                    raise TimeoutError(
+                        f"no call from H1 for {silent:.0f} s (peer_timeout "
+                        f"{self.cfg.peer_timeout:g} s): H1 stopped or is unreachable"
+                    )
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         want = pb.SERVER_ROLE_H1 if self.state.role == pb.SERVER_ROLE_H2 else pb.SERVER_ROLE_H2
         if role != want:
             raise PermissionDeniedError(f"caller claims role {role}, expected {want}")
+        self.state.last_peer_call = time.monotonic()
 
     def _check(self, context: grpc.ServicerContext, run_id: str, role: int) -> None:
         self._check_caller(context, role)

@@ -80,6 +80,7 @@ class ServerState:
         self.compute_error: BaseException | None = None
         self.failure: str | None = None
         self.finished = False
+        self.last_peer_call = time.monotonic()  # H2: when H1 last called (liveness)
 
     # ------------------------------------------------------------------ queries
 

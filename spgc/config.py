@@ -80,6 +80,9 @@ class ServerConfig:
     log_level: str = "INFO"
     # Seconds H1 waits for H2 (handshake, link) before giving up.
     connect_timeout: float = 60.0
+    # Seconds H2 waits for a call from H1 between rounds before it concludes H1 is gone and
+    # stops (never hang). Must exceed round_deadline plus H1's share of a round's work.
+    peer_timeout: float = 300.0
     # --- training (identical on both servers)
     run_id: str = ""  # empty: H1 draws one, H2 adopts H1's at the Handshake
     providers: list[str] = field(default_factory=list)
@@ -119,6 +122,11 @@ class ServerConfig:
         """Check every key; raises ConfigError naming the first bad one. Returns self."""
         if self.role not in (1, 2):
             raise ConfigError(f"role must be 1 or 2, got {self.role!r}")
+        if self.peer_timeout <= self.round_deadline:
+            raise ConfigError(
+                f"peer_timeout ({self.peer_timeout:g} s) must exceed round_deadline "
+                f"({self.round_deadline:g} s)"
+            )
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.single_server and self.role != 1:

@@ -274,3 +274,21 @@ def test_config_yaml_and_overrides(tmp_path):
         load_server_config(f, ["bogus=1"])
     with pytest.raises(ValueError, match="insecure"):
         load_server_config(f, ["insecure=false"])
+
+
+def test_h2_stops_when_h1_disappears(pki, tmp_path):
+    """H2 never hangs: with H1 gone and no call for peer_timeout seconds, it stops with an
+    error naming the timeout."""
+    d1, d2 = start_pair(pki, tmp_path, peer_timeout=4.0, round_deadline=1.0, rounds=50)
+    try:
+        deadline = time.monotonic() + 20
+        while not d2.state.ready and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert d2.state.ready
+        d1.stop()  # H1 vanishes between calls
+        assert d2.wait(timeout=20), "H2 hung after H1 disappeared"
+        assert isinstance(d2.error, TimeoutError)
+        assert "no call from H1" in str(d2.error)
+    finally:
+        d1.stop()
+        d2.stop()
