@@ -199,8 +199,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{'2^' + format(r['statistical_distance_log2'], '.1f'):>9}"
         )
     if any(r["sampler"].startswith("table") for r in rows):
-        lines.append("table-lambda*: the paper's table sampler, NOT differentially private "
-                     "(its SD column is its actual distance from the discrete Gaussian)")
+        lines.append(
+            "table-lambda*: the paper's table sampler, NOT differentially private "
+            "(its SD column is its actual distance from the discrete Gaussian)"
+        )
     return "\n".join(lines)
 
 
@@ -243,27 +245,61 @@ def run(
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Options of `spgc bench sampler` (added to ``parser`` when given)."""
     p = parser or argparse.ArgumentParser(prog="spgc bench sampler", description=__doc__)
-    p.add_argument("--sigma", type=float, nargs="+", default=list(DEFAULT_SIGMAS), metavar="S",
-                   help="noise std in fixed-point units (default: 2 100 1e4 65536 1e6 1e7)")
-    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="N",
-                   help=f"samples per sigma in the two-party run (default: {DEFAULT_SAMPLES})")
-    p.add_argument("--chunk", type=int, default=None, metavar="N",
-                   help="instances per engine batch (default: the engine's)")
-    p.add_argument("--distance-log2", type=float, default=-64.0, metavar="D",
-                   help="statistical-distance target per sample, log2 (default: -64)")
-    p.add_argument("--table-lambda", type=int, default=None, metavar="LAMBDA",
-                   help="also run the paper's table sampler with 2^LAMBDA entries (NOT DP)")
+    p.add_argument(
+        "--sigma",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_SIGMAS),
+        metavar="S",
+        help="noise std in fixed-point units (default: 2 100 1e4 65536 1e6 1e7)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=DEFAULT_SAMPLES,
+        metavar="N",
+        help=f"samples per sigma in the two-party run (default: {DEFAULT_SAMPLES})",
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instances per engine batch (default: the engine's)",
+    )
+    p.add_argument(
+        "--distance-log2",
+        type=float,
+        default=-64.0,
+        metavar="D",
+        help="statistical-distance target per sample, log2 (default: -64)",
+    )
+    p.add_argument(
+        "--table-lambda",
+        type=int,
+        default=None,
+        metavar="LAMBDA",
+        help="also run the paper's table sampler with 2^LAMBDA entries (NOT DP)",
+    )
     p.add_argument("--tls", action="store_true", help="TLS 1.3 link with a throwaway dev PKI")
-    p.add_argument("--json", action="store_true",
-                   help="print a JSON list on stdout (the table goes to stderr)")
+    p.add_argument(
+        "--json", action="store_true", help="print a JSON list on stdout (the table goes to stderr)"
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry point: ``python -m spgc.bench_sampler [options]``."""
     args = build_parser().parse_args(argv)
-    return run(args.sigma, args.samples, chunk=args.chunk, tls=args.tls, as_json=args.json,
-               distance_log2=args.distance_log2, table_lambda=args.table_lambda)
+    return run(
+        args.sigma,
+        args.samples,
+        chunk=args.chunk,
+        tls=args.tls,
+        as_json=args.json,
+        distance_log2=args.distance_log2,
+        table_lambda=args.table_lambda,
+    )
 
 
 if __name__ == "__main__":

@@ -153,8 +153,13 @@ def distribution_tests(samples: np.ndarray, sigma: float, bound: int) -> dict[st
         p_tail = float(pmf[np.abs(xs) >= cut].sum())
         obs = int((np.abs(samples) >= cut).sum())
         tails[k] = (obs - n * p_tail) / math.sqrt(n * p_tail * (1 - p_tail) + 1.0)
-    return {"chi2_p": chi2_sf(chi2, dof), "dof": dof, "ks": ks, "ks_limit": 1.95 / math.sqrt(n),
-            **{f"tail{k}": z for k, z in tails.items()}}
+    return {
+        "chi2_p": chi2_sf(chi2, dof),
+        "dof": dof,
+        "ks": ks,
+        "ks_limit": 1.95 / math.sqrt(n),
+        **{f"tail{k}": z for k, z in tails.items()},
+    }
 
 
 def assert_matches(stats: dict[str, float]) -> None:
@@ -240,8 +245,11 @@ def test_expected_trials():
 
 @pytest.mark.parametrize(
     ("sigma", "match"),
-    [(0.1, "below the sampler's limit of 0.5"), (2.0**41, "above the sampler's limit of 2\\^40"),
-     (float("nan"), "finite")],
+    [
+        (0.1, "below the sampler's limit of 0.5"),
+        (2.0**41, "above the sampler's limit of 2\\^40"),
+        (float("nan"), "finite"),
+    ],
 )
 def test_out_of_range_sigma_is_refused(sigma, match):
     with pytest.raises(ValueError, match=match):
@@ -296,8 +304,9 @@ def test_excess_gadget_exhaustive():
     assert np.array_equal(v, (E * (np.uint64(2) * P + E)) & np.uint64(0xFFFF))
 
 
-@pytest.mark.parametrize(("sigma", "bucket_bits"), [(2.0, None), (50.0, None), (65536.0, None),
-                                                    (3.0, 1), (1e7, None)])
+@pytest.mark.parametrize(
+    ("sigma", "bucket_bits"), [(2.0, None), (50.0, None), (65536.0, None), (3.0, 1), (1e7, None)]
+)
 def test_trial_circuit_matches_its_tables(sigma, bucket_bits):
     """Random trials, with the alias coin and every chunk coin at T'-1, T', T'+1."""
     p = ns.derive_params(sigma, bucket_bits=bucket_bits)
@@ -404,13 +413,23 @@ def test_garbled_trials_equal_plaintext(two_party):
 def test_bench_sampler_json(capsys):
     from spgc import bench_sampler
 
-    assert bench_sampler.main(["--sigma", "3", "1000", "--samples", "300", "--json",
-                               "--table-lambda", "6"]) == 0
+    assert (
+        bench_sampler.main(
+            ["--sigma", "3", "1000", "--samples", "300", "--json", "--table-lambda", "6"]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)
     assert [r["sampler"] for r in rows] == ["dgauss-alias-rejection"] * 2 + ["table-lambda6"] * 2
     for r in rows:
-        for key in ("sigma_units", "and_gates_per_sample", "random_bits_per_sample",
-                    "bytes_per_sample", "statistical_distance_log2", "samples_per_second"):
+        for key in (
+            "sigma_units",
+            "and_gates_per_sample",
+            "random_bits_per_sample",
+            "bytes_per_sample",
+            "statistical_distance_log2",
+            "samples_per_second",
+        ):
             assert key in r
         # wire bytes: at least 32 per AND gate garbled (tables) per sample
         assert r["bytes_per_sample"] >= 32 * r["and_gates_per_sample_measured"]
@@ -429,13 +448,21 @@ def _print_figures() -> None:
         implied = implied_pmf(p)
         xs = list(range(-p.noise_bound - 50, p.noise_bound + 51))
         with ns._ctx():
-            sd = sum(
-                abs(Decimal(q.numerator) / Decimal(q.denominator) - px)
-                for q, px in zip((implied.get(x, Fraction(0)) for x in xs),
-                                 ns.exact_pmf(sigma, xs), strict=True)
-            ) / 2
-        print(f"sigma={sigma:g} e={p.bucket_bits}: exact SD 2^{ns._log2(sd):.2f}, "
-              f"bound 2^{p.distance_log2:.2f}")
+            sd = (
+                sum(
+                    abs(Decimal(q.numerator) / Decimal(q.denominator) - px)
+                    for q, px in zip(
+                        (implied.get(x, Fraction(0)) for x in xs),
+                        ns.exact_pmf(sigma, xs),
+                        strict=True,
+                    )
+                )
+                / 2
+            )
+        print(
+            f"sigma={sigma:g} e={p.bucket_bits}: exact SD 2^{ns._log2(sd):.2f}, "
+            f"bound 2^{p.distance_log2:.2f}"
+        )
     for sigma in SIGMAS_DISTRIBUTION:
         s1 = hashlib.sha256(f"test s1 {sigma}".encode()).digest()
         s2 = hashlib.sha256(f"test s2 {sigma}".encode()).digest()
