@@ -174,7 +174,22 @@ def _eps(eps: float) -> str:
     return "inf (no noise)" if math.isinf(eps) else f"{eps:.4f}"
 
 
-class H1Driver:
+class _RoundLoop:
+    """Runs rounds until training is finished or the daemon stops."""
+
+    state: ServerState
+    stop: threading.Event
+
+    def run(self) -> None:
+        """Rounds until finished or stopped; raises on a disagreement or a broken peer."""
+        while not self.stop.is_set() and not self.state.finished:
+            self.run_round(self.state.round)
+
+    def run_round(self, t: int) -> None:
+        raise NotImplementedError
+
+
+class H1Driver(_RoundLoop):
     """H1's round loop over a Peer stub to H2."""
 
     def __init__(
@@ -191,12 +206,6 @@ class H1Driver:
         )
         msg.reached_at.GetCurrentTime()
         self.peer.RoundBarrier(msg, timeout=timeout)
-
-    def run(self) -> None:
-        """Rounds until finished or stopped; raises on a disagreement or a broken peer."""
-        state = self.state
-        while not self.stop.is_set() and not state.finished:
-            self.run_round(state.round)
 
     def run_round(self, t: int) -> None:
         state, cfg = self.state, self.state.plan.cfg
@@ -273,18 +282,13 @@ def compute_single(state: ServerState, t: int) -> bytes:
     return state.apply_update(t, y, {}, {"decode": time.perf_counter() - start})
 
 
-class SingleDriver:
+class SingleDriver(_RoundLoop):
     """The round loop of a server without a peer (modes plain and ldp): open, collect until
     the deadline or everyone is in, close, use whoever sent (>= min_providers), update."""
 
     def __init__(self, state: ServerState, stop: threading.Event) -> None:
         self.state = state
         self.stop = stop
-
-    def run(self) -> None:
-        state = self.state
-        while not self.stop.is_set() and not state.finished:
-            self.run_round(state.round)
 
     def run_round(self, t: int) -> None:
         state, cfg = self.state, self.state.plan.cfg

@@ -288,9 +288,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point: ``python -m spgc.bench_sampler [options]``."""
-    args = build_parser().parse_args(argv)
+def run_from_args(args: argparse.Namespace) -> int:
+    """Runs with the options :func:`build_parser` parsed (`spgc bench sampler` and ``main``)."""
     return run(
         args.sigma,
         args.samples,
@@ -300,6 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         distance_log2=args.distance_log2,
         table_lambda=args.table_lambda,
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m spgc.bench_sampler [options]``."""
+    return run_from_args(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -143,15 +143,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "sampler":
         from spgc import bench_sampler
 
-        return bench_sampler.run(
-            args.sigma,
-            args.samples,
-            chunk=args.chunk,
-            tls=args.tls,
-            as_json=args.json,
-            distance_log2=args.distance_log2,
-            table_lambda=args.table_lambda,
-        )
+        return bench_sampler.run_from_args(args)
     return bench_gc.run_cli(
         instances=args.instances,
         insecure=args.insecure,
