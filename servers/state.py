@@ -51,6 +51,25 @@ class RoundRecord:
     seed_commitments: dict[str, bytes] = field(default_factory=dict)
 
 
+_ENDED = (pb.ROUND_PHASE_PUBLISHED, pb.ROUND_PHASE_ABORTED)
+
+
+def _round_summary(rec: RoundRecord) -> dict[str, Any]:
+    """One ended round as plain JSON (per-round curves for experiments and audits)."""
+    return {
+        "round": rec.round,
+        "published": rec.phase == pb.ROUND_PHASE_PUBLISHED,
+        "reason": rec.reason,
+        "providers_received": len(rec.received),
+        "providers_used": len(rec.agreed),
+        "epsilon": None if math.isinf(rec.epsilon) else rec.epsilon,
+        "test_loss": rec.test_loss,
+        "test_accuracy": rec.test_accuracy,
+        "gc_bytes": rec.gc_bytes,
+        "seconds": {k: round(v, 6) for k, v in rec.seconds.items()},
+    }
+
+
 class ServerState:
     """Models, round phase and privacy spent at one server (thread-safe)."""
 
@@ -271,6 +290,7 @@ class ServerState:
                 "delta": self.plan.cfg.target_delta,
                 "noise_std_units": self.plan.sigma_units,
                 "gc_bytes": sum(r.gc_bytes for r in self.history.values()),
+                "history": [_round_summary(r) for r in self.history.values() if r.phase in _ENDED],
                 "finished": self.finished,
                 "failure": self.failure,
             }
