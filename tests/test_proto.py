@@ -164,6 +164,7 @@ def test_wire_field_numbers_are_stable() -> None:
         "submission_id": 8,
         "sha256": 9,
         "provider_id": 10,
+        "compute_seconds": 11,
     }
     assert numbers(aggregation_pb2.ModelHeader) == {
         "run_id": 1,
@@ -194,6 +195,8 @@ def test_services_and_package() -> None:
         "AgreeProviders",
         "CommitSeed",
         "CheckModel",
+        "SyncPool",
+        "ProduceNoise",
     }
 
 

@@ -42,18 +42,80 @@ class PeerHello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ...) -> None: ...
 
 class BarrierState(_message.Message):
-    __slots__ = ("run_id", "round", "barrier", "role", "reached_at")
+    __slots__ = ("run_id", "round", "barrier", "role", "reached_at", "pool")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     REACHED_AT_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     barrier: Barrier
     role: _aggregation_pb2.ServerRole
     reached_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., barrier: _Optional[_Union[Barrier, str]] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., reached_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    pool: PoolSlice
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., barrier: _Optional[_Union[Barrier, str]] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., reached_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pool: _Optional[_Union[PoolSlice, _Mapping]] = ...) -> None: ...
+
+class PoolSlice(_message.Message):
+    __slots__ = ("block_index", "block_id", "offset", "count")
+    BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    block_index: int
+    block_id: bytes
+    offset: int
+    count: int
+    def __init__(self, block_index: _Optional[int] = ..., block_id: _Optional[bytes] = ..., offset: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class PoolBlock(_message.Message):
+    __slots__ = ("index", "block_id", "count")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    block_id: bytes
+    count: int
+    def __init__(self, index: _Optional[int] = ..., block_id: _Optional[bytes] = ..., count: _Optional[int] = ...) -> None: ...
+
+class PoolState(_message.Message):
+    __slots__ = ("run_id", "role", "sigma_units", "ring_bits", "cursor_block", "cursor_offset", "blocks")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SIGMA_UNITS_FIELD_NUMBER: _ClassVar[int]
+    RING_BITS_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    role: _aggregation_pb2.ServerRole
+    sigma_units: float
+    ring_bits: int
+    cursor_block: int
+    cursor_offset: int
+    blocks: _containers.RepeatedCompositeFieldContainer[PoolBlock]
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., sigma_units: _Optional[float] = ..., ring_bits: _Optional[int] = ..., cursor_block: _Optional[int] = ..., cursor_offset: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[PoolBlock, _Mapping]]] = ...) -> None: ...
+
+class NoiseBlock(_message.Message):
+    __slots__ = ("run_id", "role", "step", "block")
+    class Step(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STEP_UNSPECIFIED: _ClassVar[NoiseBlock.Step]
+        STEP_START: _ClassVar[NoiseBlock.Step]
+        STEP_FINISH: _ClassVar[NoiseBlock.Step]
+    STEP_UNSPECIFIED: NoiseBlock.Step
+    STEP_START: NoiseBlock.Step
+    STEP_FINISH: NoiseBlock.Step
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    role: _aggregation_pb2.ServerRole
+    step: NoiseBlock.Step
+    block: PoolBlock
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ...) -> None: ...
 
 class ProviderSet(_message.Message):
     __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers")

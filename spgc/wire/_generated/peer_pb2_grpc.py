@@ -63,6 +63,16 @@ class PeerStub:
                 request_serializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.FromString,
                 _registered_method=True)
+        self.SyncPool = channel.unary_unary(
+                '/spgc.v1.Peer/SyncPool',
+                request_serializer=spgc_dot_v1_dot_peer__pb2.PoolState.SerializeToString,
+                response_deserializer=spgc_dot_v1_dot_peer__pb2.PoolState.FromString,
+                _registered_method=True)
+        self.ProduceNoise = channel.unary_unary(
+                '/spgc.v1.Peer/ProduceNoise',
+                request_serializer=spgc_dot_v1_dot_peer__pb2.NoiseBlock.SerializeToString,
+                response_deserializer=spgc_dot_v1_dot_peer__pb2.NoiseBlock.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -104,6 +114,20 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SyncPool(self, request, context):
+        """Mode preprocessed: reconcile the two noise pools (see PoolState); returns the callee's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceNoise(self, request, context):
+        """Mode preprocessed: produce one block of noise shares (see NoiseBlock); echoes the block.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +155,16 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.CheckModel,
                     request_deserializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.FromString,
                     response_serializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.SerializeToString,
+            ),
+            'SyncPool': grpc.unary_unary_rpc_method_handler(
+                    servicer.SyncPool,
+                    request_deserializer=spgc_dot_v1_dot_peer__pb2.PoolState.FromString,
+                    response_serializer=spgc_dot_v1_dot_peer__pb2.PoolState.SerializeToString,
+            ),
+            'ProduceNoise': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProduceNoise,
+                    request_deserializer=spgc_dot_v1_dot_peer__pb2.NoiseBlock.FromString,
+                    response_serializer=spgc_dot_v1_dot_peer__pb2.NoiseBlock.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +303,60 @@ class Peer:
             '/spgc.v1.Peer/CheckModel',
             spgc_dot_v1_dot_peer__pb2.ModelDigest.SerializeToString,
             spgc_dot_v1_dot_peer__pb2.ModelDigest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SyncPool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spgc.v1.Peer/SyncPool',
+            spgc_dot_v1_dot_peer__pb2.PoolState.SerializeToString,
+            spgc_dot_v1_dot_peer__pb2.PoolState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceNoise(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spgc.v1.Peer/ProduceNoise',
+            spgc_dot_v1_dot_peer__pb2.NoiseBlock.SerializeToString,
+            spgc_dot_v1_dot_peer__pb2.NoiseBlock.FromString,
             options,
             channel_credentials,
             insecure,
