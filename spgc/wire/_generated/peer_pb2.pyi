@@ -104,9 +104,11 @@ class NoiseBlock(_message.Message):
         STEP_UNSPECIFIED: _ClassVar[NoiseBlock.Step]
         STEP_START: _ClassVar[NoiseBlock.Step]
         STEP_FINISH: _ClassVar[NoiseBlock.Step]
+        STEP_DONE: _ClassVar[NoiseBlock.Step]
     STEP_UNSPECIFIED: NoiseBlock.Step
     STEP_START: NoiseBlock.Step
     STEP_FINISH: NoiseBlock.Step
+    STEP_DONE: NoiseBlock.Step
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
