@@ -1,4 +1,6 @@
-"""``python -m servers --role 1|2 --config server.yaml [--set key=value ...]``: one daemon."""
+"""``python -m servers [precompute] --role 1|2 --config server.yaml [--set key=value ...]``: one
+daemon (``spgc server ...`` is the same). ``precompute`` (mode preprocessed) fills the noise pool
+instead of training: run it on both servers; H1 stops both once the pool is full."""
 
 from __future__ import annotations
 
@@ -13,9 +15,23 @@ from types import FrameType
 from spgc.config import MODES, ConfigError, load_server_config
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(precompute: bool = False) -> argparse.ArgumentParser:
     """Flags: the few common ones explicitly, every other key through ``--set``."""
-    p = argparse.ArgumentParser(prog="python -m servers", description="SPGC server daemon")
+    if precompute:
+        p = argparse.ArgumentParser(
+            prog="spgc server precompute",
+            description="Fill the noise pool of mode preprocessed (both servers, over the data "
+            "link) and stop; training later takes its noise from it.",
+        )
+        p.add_argument(
+            "--samples",
+            type=int,
+            default=0,
+            metavar="N",
+            help="unused samples to hold (default: pool_rounds rounds' worth)",
+        )
+    else:
+        p = argparse.ArgumentParser(prog="python -m servers", description="SPGC server daemon")
     p.add_argument("--config", type=Path, help="YAML configuration file")
     p.add_argument("--role", type=int, choices=(1, 2), help="1 = H1 (garbler), 2 = H2")
     p.add_argument("--listen", help="host:port for providers and the peer's control calls")
@@ -41,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run until training ends or SIGINT/SIGTERM; exit 0 on success, 1 on failure."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    precompute = bool(argv) and argv[0] == "precompute"
+    args = build_parser(precompute).parse_args(argv[1:] if precompute else argv)
+    if precompute and args.samples < 0:
+        print("configuration error: --samples must be >= 0", file=sys.stderr)
+        return 2
     try:
         cfg = load_server_config(
             args.config,
@@ -60,8 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from servers.daemon import ServerDaemon
+    from servers.noise_pool import PoolError
 
-    daemon = ServerDaemon(cfg).start()
+    try:
+        daemon = ServerDaemon(cfg, args.samples if precompute else None).start()
+    except (ValueError, OSError, PoolError) as exc:  # a pool made for other parameters, ...
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         logging.getLogger("servers").info("signal %d: shutting down", signum)

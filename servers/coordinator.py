@@ -16,6 +16,12 @@ exchange the noisy shares over the garbled-circuit data link (:func:`dng_exchang
 and ``ldp`` have one server and no peer: :class:`SingleDriver` runs the rounds alone and reads
 the providers' clear sum from the intake (:func:`compute_single`).
 
+Mode ``preprocessed`` (servers.noise_pool): the noise comes from each server's pool of noise
+shares made ahead by the sampler circuit; H1 keeps the pool topped up while the providers
+compute (:class:`NoiseProducer`), names the pool entries of the round at CIRCUIT_READY (H2
+refuses other entries), and the round itself is dng's exchange with the pool shares as the
+noise: one ring element per coordinate each way, no circuit.
+
 Whether training is over (round budget, or the next step would exceed the privacy budget) is a
 deterministic function of the shared configuration, so both servers decide it alike without a
 message.
@@ -28,12 +34,22 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import numpy as np
 
 from servers.gc_party import SEED_BYTES, run_aggregate, sample_noise_plain
+from servers.noise_pool import (
+    BLOCK_ID_BYTES,
+    PoolBlock,
+    PoolError,
+    PoolExhaustedError,
+    PoolSlice,
+    produce_noise_shares,
+    reconcile,
+)
 from servers.state import PeerMismatchError, RoundRecord, ServerState
 from spgc.sharing import reconstruct, ring_mask
 from spgc.wire import (
@@ -102,15 +118,29 @@ def dng_exchange(
     return reconstruct(a, b, ring_bits), {"sent": nbytes, "received": nbytes}
 
 
-def compute_round(state: ServerState, link: Any, t: int, seed: bytes | None) -> bytes:
-    """This server's half of the circuit on its restricted sum (dng: noise and exchange),
-    then the Adam step.
+def compute_round(
+    state: ServerState, link: Any, t: int, seed: bytes | None, pool_slice: PoolSlice | None = None
+) -> bytes:
+    """This server's half of the circuit on its restricted sum (dng: noise and exchange;
+    preprocessed: the pool's noise shares ``pool_slice`` and the exchange), then the Adam step.
 
     Returns the SHA-256 of the pending model version t+1.
     """
     plan = state.plan
     total = state.intake.total()
     start = time.perf_counter()
+    if plan.cfg.mode == "preprocessed":
+        if pool_slice is None or state.pool is None:
+            raise RuntimeError(f"round {t}: no noise-pool entries named for a preprocessed round")
+        noise = state.pool.take(pool_slice, t)  # the cursor moves on disk before any use
+        seconds = {"pool": time.perf_counter() - start}
+        start = time.perf_counter()
+        y, info = dng_exchange(
+            state.role, link.channel, total, noise.view(np.int64), plan.ring_bits
+        )
+        seconds["exchange"] = time.perf_counter() - start
+        del noise
+        return state.apply_update(t, y, info, seconds)
     if plan.cfg.mode == "dng":
         noise = sample_server_noise(plan.dim, plan.sigma_units)
         seconds = {"noise": time.perf_counter() - start}
@@ -153,7 +183,7 @@ def log_round(state: ServerState, rec: RoundRecord) -> None:
         metrics = f"test loss {rec.test_loss:.4f} accuracy {rec.test_accuracy:.4f}, "
     log.info(
         "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units, "
-        "%seps=%s (delta=%g), gc bytes %d, seconds intake %.2f circuit %.2f update %.3f",
+        "%seps=%s (delta=%g), server-to-server bytes %d, seconds intake %.2f %s %.2f update %.3f",
         state.plan.cfg.role_name,
         rec.round,
         state.version,
@@ -165,7 +195,8 @@ def log_round(state: ServerState, rec: RoundRecord) -> None:
         state.plan.cfg.target_delta,
         rec.gc_bytes,
         s.get("intake", 0.0),
-        s.get("circuit", 0.0),
+        "circuit" if "circuit" in s else "exchange",
+        s.get("circuit", s.get("exchange", 0.0)),
         s.get("update", 0.0),
     )
 
@@ -189,6 +220,175 @@ class _RoundLoop:
         raise NotImplementedError
 
 
+# ------------------------------------------------------------------------------ noise pool
+
+
+def pool_state_message(state: ServerState) -> peer_pb2.PoolState:
+    """This server's pool as a PoolState message."""
+    pool = state.pool
+    cursor, blocks = pool.state()
+    return peer_pb2.PoolState(
+        run_id=state.run_id,
+        role=state.role,
+        sigma_units=pool.sigma_units,
+        ring_bits=pool.ring_bits,
+        cursor_block=cursor[0],
+        cursor_offset=cursor[1],
+        blocks=[
+            peer_pb2.PoolBlock(index=b.index, block_id=b.block_id, count=b.count) for b in blocks
+        ],
+    )
+
+
+def pool_state_tuple(msg: peer_pb2.PoolState) -> tuple[tuple[int, int], list[PoolBlock]]:
+    """(cursor, blocks) of a PoolState message, as :func:`servers.noise_pool.reconcile` takes."""
+    blocks = [PoolBlock(b.index, bytes(b.block_id), b.count) for b in msg.blocks]
+    return (msg.cursor_block, msg.cursor_offset), blocks
+
+
+def check_pool_peer(state: ServerState, msg: peer_pb2.PoolState) -> None:
+    """The other server's pool must hold the same kind of noise (PeerMismatchError)."""
+    pool = state.pool
+    if msg.sigma_units != pool.sigma_units or msg.ring_bits != pool.ring_bits:
+        raise PeerMismatchError(
+            f"the noise pools differ: this server's has sigma_units={pool.sigma_units:g}, "
+            f"L={pool.ring_bits}; the other's sigma_units={msg.sigma_units:g}, L={msg.ring_bits}"
+        )
+
+
+def slice_message(piece: PoolSlice) -> peer_pb2.PoolSlice:
+    return peer_pb2.PoolSlice(
+        block_index=piece.block_index,
+        block_id=piece.block_id,
+        offset=piece.offset,
+        count=piece.count,
+    )
+
+
+def slice_from_message(msg: peer_pb2.PoolSlice) -> PoolSlice:
+    return PoolSlice(msg.block_index, bytes(msg.block_id), msg.offset, msg.count)
+
+
+class NoiseProducer:
+    """H1's side of the noise pool (mode preprocessed): reconcile the two pools, produce blocks
+    of noise shares with H2 over the data link, and end H2's `spgc server precompute`."""
+
+    def __init__(
+        self, state: ServerState, peer: peer_pb2_grpc.PeerStub, link: Any, stop: threading.Event
+    ) -> None:
+        self.state = state
+        self.pool = state.pool
+        self.peer = peer
+        self.link = link
+        self.stop = stop
+        self.samples_made = 0
+        self.seconds = 0.0
+
+    @property
+    def target(self) -> int:
+        """Samples H1 keeps ready: pool_rounds rounds' worth."""
+        return self.state.plan.cfg.pool_rounds * self.state.plan.dim
+
+    def sync(self) -> None:
+        """Both servers keep the blocks both hold and the later cursor (after a restart)."""
+        before = self.pool.available
+        theirs = self.peer.SyncPool(pool_state_message(self.state), timeout=RPC_SLACK)
+        check_pool_peer(self.state, theirs)
+        agreed = reconcile(self.pool.state(), pool_state_tuple(theirs))
+        if pool_state_tuple(theirs) != agreed:
+            raise PeerMismatchError("the other server reconciled the noise pools differently")
+        self.pool.apply(*agreed)
+        log.info(
+            "noise pool: %d unused samples held by both servers (%d here before reconciling)",
+            self.pool.available,
+            before,
+        )
+
+    def produce_block(self, count: int) -> None:
+        """One block of ``count`` noise samples as shares on both servers."""
+        cfg = self.state.plan.cfg
+        block = peer_pb2.PoolBlock(
+            index=self.pool.next_index, block_id=os.urandom(BLOCK_ID_BYTES), count=count
+        )
+        msg = peer_pb2.NoiseBlock(
+            run_id=self.state.run_id,
+            role=pb.SERVER_ROLE_H1,
+            step=peer_pb2.NoiseBlock.STEP_START,
+            block=block,
+        )
+        start = time.perf_counter()
+        self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
+        shares, _ = produce_noise_shares(
+            "garbler", self.link, count, self.pool.sigma_units, self.pool.ring_bits, os.urandom(32)
+        )
+        msg.step = peer_pb2.NoiseBlock.STEP_FINISH
+        self.peer.ProduceNoise(msg, timeout=RPC_SLACK + cfg.pool_wait)
+        self.pool.add_block(block.index, block.block_id, shares)
+        self.samples_made += count
+        self.seconds += time.perf_counter() - start
+
+    def fill(
+        self,
+        target: int,
+        until: Callable[[], bool] | None = None,
+        deadline: float | None = None,
+        progress: bool = False,
+    ) -> bool:
+        """Produce blocks until ``target`` unused samples are held, ``until()`` is true, the
+        monotonic ``deadline`` passed, or the daemon stops; True if the target was reached."""
+        cfg = self.state.plan.cfg
+        while self.pool.available < target and not self.stop.is_set():
+            if (until is not None and until()) or (
+                deadline is not None and time.monotonic() > deadline
+            ):
+                break
+            self.produce_block(min(cfg.pool_block, target - self.pool.available))
+            if progress:
+                log.info(
+                    "noise pool: %d / %d samples (%.0f samples/s)",
+                    self.pool.available,
+                    target,
+                    self.samples_made / max(self.seconds, 1e-9),
+                )
+        return self.pool.available >= target
+
+    def slice_for_round(self, t: int) -> PoolSlice:
+        """The next d samples for round t; waits for production up to pool_wait seconds, then
+        fails (PoolExhaustedError): a round never goes ahead with less noise."""
+        cfg, d = self.state.plan.cfg, self.state.plan.dim
+        if self.pool.available < d and cfg.pool_produce:
+            log.warning(
+                "round %d: the noise pool holds %d of the %d samples needed; producing (up to "
+                "%g s)",
+                t,
+                self.pool.available,
+                d,
+                cfg.pool_wait,
+            )
+            self.fill(d, deadline=time.monotonic() + cfg.pool_wait)
+        if self.pool.available < d:
+            how = (
+                f"production did not catch up within pool_wait={cfg.pool_wait:g} s"
+                if cfg.pool_produce
+                else "pool_produce is false: fill the pool with `spgc server precompute`"
+            )
+            raise PoolExhaustedError(
+                f"round {t}: the noise pool holds {self.pool.available} unused samples but the "
+                f"round needs {d}; {how}. No round is released with less noise"
+            )
+        return self.pool.position(d)
+
+    def end_peer(self, reason: str = "") -> None:
+        """Tell H2 the run is over: precompute finished (no reason) or training cannot go on."""
+        msg = peer_pb2.NoiseBlock(
+            run_id=self.state.run_id,
+            role=pb.SERVER_ROLE_H1,
+            step=peer_pb2.NoiseBlock.STEP_DONE,
+            reason=reason,
+        )
+        self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
+
+
 class H1Driver(_RoundLoop):
     """H1's round loop over a Peer stub to H2."""
 
@@ -199,11 +399,38 @@ class H1Driver(_RoundLoop):
         self.peer = peer
         self.link = link
         self.stop = stop
+        self.producer = (
+            NoiseProducer(state, peer, link, stop)
+            if state.plan.cfg.mode == "preprocessed"
+            else None
+        )
 
-    def _barrier(self, t: int, barrier: int, timeout: float = RPC_SLACK) -> None:
+    def run(self) -> None:
+        """Preprocessed: reconcile the pools and fill them before round 0 (the offline phase),
+        then the rounds; a pool failure ends H2's run too."""
+        if self.producer is None:
+            super().run()
+            return
+        try:
+            self.producer.sync()
+            if not self.state.finished:
+                self.producer.fill(self.producer.target, progress=True)
+            super().run()
+        except PoolError as exc:
+            try:
+                self.producer.end_peer(str(exc))
+            except grpc.RpcError as rpc_exc:  # H2 gone as well: it stops on its own
+                log.warning("could not tell h2 to stop: %s", rpc_exc)
+            raise
+
+    def _barrier(
+        self, t: int, barrier: int, timeout: float = RPC_SLACK, pool: PoolSlice | None = None
+    ) -> None:
         msg = peer_pb2.BarrierState(
             run_id=self.state.run_id, round=t, barrier=barrier, role=pb.SERVER_ROLE_H1
         )
+        if pool is not None:
+            msg.pool.CopyFrom(slice_message(pool))
         msg.reached_at.GetCurrentTime()
         self.peer.RoundBarrier(msg, timeout=timeout)
 
@@ -211,6 +438,9 @@ class H1Driver(_RoundLoop):
         state, cfg = self.state, self.state.plan.cfg
         state.open_round(t)
         self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
+        if self.producer is not None and cfg.pool_produce:
+            # The data link is idle while the providers compute: top the pool up meanwhile.
+            self.producer.fill(self.producer.target, until=lambda: state.intake_complete(t))
         state.wait_intake_done(t, self.stop)
         if self.stop.is_set():
             return
@@ -248,9 +478,10 @@ class H1Driver(_RoundLoop):
             )
             theirs = self.peer.CommitSeed(commit, timeout=RPC_SLACK)
             state.history[t].seed_commitments = {"h1": commit.commitment, "h2": theirs.commitment}
-        self._barrier(t, peer_pb2.BARRIER_CIRCUIT_READY)
+        pool_slice = None if self.producer is None else self.producer.slice_for_round(t)
+        self._barrier(t, peer_pb2.BARRIER_CIRCUIT_READY, pool=pool_slice)
         try:
-            sha = compute_round(state, self.link, t, seed)
+            sha = compute_round(state, self.link, t, seed, pool_slice)
         except BaseException as exc:
             state.fail_compute(exc)
             raise

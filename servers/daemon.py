@@ -23,9 +23,10 @@ from typing import Any
 import grpc
 
 from servers.aggregator import AggregatorServicer
-from servers.coordinator import H1Driver, SingleDriver, is_unavailable
+from servers.coordinator import H1Driver, NoiseProducer, SingleDriver, is_unavailable
 from servers.gc_party import PartyLink
 from servers.intake import ShareIntake
+from servers.noise_pool import NoisePool
 from servers.peer import PeerServicer, config_differences
 from servers.plan import make_plan
 from servers.state import PeerMismatchError, ServerState
@@ -46,9 +47,14 @@ def _host_port(address: str) -> tuple[str, int]:
 class ServerDaemon:
     """One SPGC server (H1 or H2)."""
 
-    def __init__(self, cfg: ServerConfig) -> None:
+    def __init__(self, cfg: ServerConfig, precompute: int | None = None) -> None:
+        """``precompute``: instead of training, fill the noise pool (mode preprocessed) until it
+        holds that many unused samples (0: pool_rounds rounds' worth), then stop (H1 tells H2)."""
         self.cfg = cfg
+        self.precompute = precompute
         self.plan = make_plan(cfg)
+        if precompute is not None and cfg.mode != "preprocessed":
+            raise ValueError(f"precompute fills a noise pool: mode is {cfg.mode}, not preprocessed")
         self.intake = ShareIntake(
             self.plan.dim,
             self.plan.ring_bits,
@@ -57,6 +63,11 @@ class ServerDaemon:
         )
         role = pb.SERVER_ROLE_SINGLE if cfg.single_server else cfg.role
         self.state = ServerState(self.plan, role, self.intake)
+        if cfg.mode == "preprocessed":
+            assert cfg.pool_path is not None  # validated
+            self.state.pool = NoisePool(
+                cfg.pool_path, cfg.role_name, self.plan.sigma_units, self.plan.ring_bits
+            )
         self.tls = None if cfg.tls is None else TlsFiles(cfg.tls.cert, cfg.tls.key, cfg.tls.ca)
         self.stop_event = threading.Event()
         self.done = threading.Event()
@@ -226,6 +237,9 @@ class ServerDaemon:
         self._listener.close()
         self._link = self._open_link("garbler")
         self._link_ready.set()
+        if self.precompute is not None:
+            self._precompute(stub)
+            return
         H1Driver(self.state, stub, self._link, self.stop_event).run()
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
@@ -234,6 +248,28 @@ class ServerDaemon:
             "stopped" if self.stop_event.is_set() else "finished",
             self.state.round,
             self.state.steps,
+        )
+
+    def _precompute(self, stub: peer_pb2_grpc.PeerStub) -> None:
+        """`spgc server precompute` on H1: reconcile, fill the pool, end H2's run."""
+        producer = NoiseProducer(self.state, stub, self._link, self.stop_event)
+        producer.sync()
+        target = self.precompute or producer.target
+        started = time.perf_counter()
+        reached = producer.fill(target, progress=True)
+        if not reached:
+            raise RuntimeError("precompute stopped before the pool was full")
+        producer.end_peer()
+        self.state.finish_precompute()
+        seconds = time.perf_counter() - started
+        log.info(
+            "h1: precompute done: %d unused noise samples in %s; made %d in %.1f s "
+            "(%.0f samples/s)",
+            self.state.pool.available,
+            self.cfg.pool_path,
+            producer.samples_made,
+            seconds,
+            producer.samples_made / max(seconds, 1e-9),
         )
 
     # ------------------------------------------------------------------ H2

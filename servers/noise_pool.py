@@ -372,10 +372,13 @@ class NoisePool:
     # ------------------------------------------------------------------ changes
 
     def add_block(self, index: int, block_id: bytes, shares: np.ndarray) -> PoolBlock:
-        """Store a produced block (its index at least :attr:`next_index`: indices only grow)."""
-        if index < self._next_index:
+        """Store a produced block. Its index must come after every block held and the cursor
+        (H1 numbers the blocks; after a reconciliation H2 may have skipped an orphan's index)."""
+        last = self.blocks[-1].index if self.blocks else -1
+        if index <= last or index < self.cursor[0]:
             raise PoolError(
-                f"block {index} out of order: the pool's next block is {self._next_index}"
+                f"block {index} out of order: the pool holds blocks up to {last} and its cursor "
+                f"is in block {self.cursor[0]}"
             )
         if len(block_id) != BLOCK_ID_BYTES:
             raise PoolError(f"a block id has {BLOCK_ID_BYTES} bytes, got {len(block_id)}")

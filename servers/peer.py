@@ -16,8 +16,24 @@ from typing import Any
 
 import grpc
 
-from servers.coordinator import RPC_SLACK, agreement, compute_round, log_round
-from servers.state import ServerState
+from servers.coordinator import (
+    RPC_SLACK,
+    agreement,
+    check_pool_peer,
+    compute_round,
+    log_round,
+    pool_state_message,
+    pool_state_tuple,
+    slice_from_message,
+)
+from servers.noise_pool import (
+    BLOCK_ID_BYTES,
+    MAX_BLOCK_SAMPLES,
+    PoolError,
+    produce_noise_shares,
+    reconcile,
+)
+from servers.state import PeerMismatchError, ServerState
 from spgc import __version__
 from spgc.grpc_util import (
     FailedPreconditionError,
@@ -64,6 +80,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._seeds: dict[int, bytes] = {}
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # one control call changes the round at a time
+        self._noise_job: _NoiseJob | None = None
 
     # ------------------------------------------------------------------ checks
 
@@ -142,7 +159,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 if state.phase == pb.ROUND_PHASE_COLLECTING:
                     state.close_intake(t)
         elif b == peer_pb2.BARRIER_CIRCUIT_READY:
-            self._start_circuit(t)
+            self._start_circuit(t, request)
         elif b == peer_pb2.BARRIER_MODEL_PUBLISHED:
             with self._lock:
                 if state.pending is None:
@@ -155,18 +172,34 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         out.reached_at.GetCurrentTime()
         return out
 
-    def _start_circuit(self, t: int) -> None:
+    def _start_circuit(self, t: int, request: peer_pb2.BarrierState) -> None:
         state = self.state
         if state.phase != pb.ROUND_PHASE_COMPUTING:
             raise FailedPreconditionError(f"round {t} has no agreed provider set here")
         seed = self._seeds.pop(t, None)
         if state.plan.cfg.mode == "spgc" and seed is None:
             raise FailedPreconditionError(f"round {t}: no seed committed")
+        pool_slice = None
+        if state.plan.cfg.mode == "preprocessed":
+            pool_slice = slice_from_message(request.pool)
+            try:
+                mine = state.pool.position(state.plan.dim)
+            except PoolError as exc:
+                mine = exc
+            if mine != pool_slice:
+                msg = (
+                    f"round {t} refused: H1 names noise-pool block {pool_slice.block_index} "
+                    f"offset {pool_slice.offset} (id {pool_slice.block_id.hex()[:8]}), this "
+                    f"server's next entries are {mine}"
+                )
+                log.error("stopping: %s", msg)
+                state.fail(msg)
+                raise FailedPreconditionError(msg)
         link = self.get_link(RPC_SLACK)
 
         def work() -> None:
             try:
-                compute_round(state, link, t, seed)
+                compute_round(state, link, t, seed, pool_slice)
             except BaseException as exc:  # reported to H1 through CheckModel
                 log.exception("round %d: circuit or update failed", t)
                 state.fail_compute(exc)
@@ -174,6 +207,81 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         # The evaluator runs while this call returns: H1 starts garbling right after it.
         self._worker = threading.Thread(target=work, name=f"spgc-h2-round-{t}", daemon=True)
         self._worker.start()
+
+    @abort_on_error
+    def SyncPool(
+        self, request: peer_pb2.PoolState, context: grpc.ServicerContext
+    ) -> peer_pb2.PoolState:
+        self._check(context, request.run_id, request.role)
+        state = self.state
+        if state.pool is None:
+            raise FailedPreconditionError(
+                "this server has no noise pool (mode is not preprocessed)"
+            )
+        with self._lock:
+            try:
+                check_pool_peer(state, request)
+            except PeerMismatchError as exc:
+                state.fail(str(exc))
+                raise FailedPreconditionError(str(exc)) from None
+            before = state.pool.available
+            state.pool.apply(*reconcile(state.pool.state(), pool_state_tuple(request)))
+            log.info(
+                "noise pool: %d unused samples held by both servers (%d here before reconciling)",
+                state.pool.available,
+                before,
+            )
+            return pool_state_message(state)
+
+    @abort_on_error
+    def ProduceNoise(
+        self, request: peer_pb2.NoiseBlock, context: grpc.ServicerContext
+    ) -> peer_pb2.NoiseBlock:
+        self._check(context, request.run_id, request.role)
+        state, step = self.state, request.step
+        if state.pool is None:
+            raise FailedPreconditionError(
+                "this server has no noise pool (mode is not preprocessed)"
+            )
+        out = peer_pb2.NoiseBlock(run_id=state.run_id, role=state.role, step=step)
+        if step == peer_pb2.NoiseBlock.STEP_DONE:
+            if request.reason:
+                log.error("stopping: h1 ended the run: %s", request.reason)
+                state.fail(f"h1 ended the run: {request.reason}")
+            else:
+                log.info("precompute finished: %d unused noise samples", state.pool.available)
+                state.finish_precompute()
+            return out
+        block = request.block
+        out.block.CopyFrom(block)
+        if step == peer_pb2.NoiseBlock.STEP_START:
+            with self._lock:
+                if self._noise_job is not None and self._noise_job.thread.is_alive():
+                    raise FailedPreconditionError("a noise block is already being produced")
+                if (
+                    len(block.block_id) != BLOCK_ID_BYTES
+                    or not 1 <= block.count <= MAX_BLOCK_SAMPLES
+                ):
+                    raise FailedPreconditionError(
+                        f"a noise block has a {BLOCK_ID_BYTES}-byte id and 1..{MAX_BLOCK_SAMPLES} "
+                        "samples"
+                    )
+                self._noise_job = _NoiseJob(block, self.get_link(RPC_SLACK), state.pool)
+            return out
+        if step != peer_pb2.NoiseBlock.STEP_FINISH:
+            raise FailedPreconditionError(f"unknown noise-block step {step}")
+        job = self._noise_job
+        if job is None or job.block != block:
+            raise FailedPreconditionError(f"noise block {block.index} was not started")
+        job.thread.join(max(1.0, (context.time_remaining() or RPC_SLACK) - 1.0))
+        if job.thread.is_alive():
+            raise FailedPreconditionError(f"noise block {block.index} is still being produced")
+        self._noise_job = None
+        if job.error is not None:
+            raise FailedPreconditionError(f"noise block {block.index} failed: {job.error}")
+        with self._lock:
+            state.pool.add_block(block.index, bytes(block.block_id), job.shares)
+        return out
 
     @abort_on_error
     def AgreeProviders(
@@ -256,3 +364,31 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             num_parameters=state.plan.dim,
             sha256=sha,
         )
+
+
+class _NoiseJob:
+    """H2's side of producing one noise block, run in a thread while H1 garbles."""
+
+    def __init__(self, block: peer_pb2.PoolBlock, link: Any, pool: Any) -> None:
+        self.block = peer_pb2.PoolBlock()
+        self.block.CopyFrom(block)
+        self.shares: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(link, pool), name=f"spgc-h2-noise-{block.index}", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, link: Any, pool: Any) -> None:
+        try:
+            self.shares, _ = produce_noise_shares(
+                "evaluator",
+                link,
+                self.block.count,
+                pool.sigma_units,
+                pool.ring_bits,
+                os.urandom(32),
+            )
+        except BaseException as exc:  # handed to H1 at STEP_FINISH
+            log.exception("noise block %d failed", self.block.index)
+            self.error = exc

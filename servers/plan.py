@@ -24,6 +24,7 @@ _MODES = {
     "plain": pb.MODE_PLAIN,
     "ldp": pb.MODE_LDP,
     "dng": pb.MODE_DNG,
+    "preprocessed": pb.MODE_PREPROCESSED,
 }
 _CALIBRATIONS = {
     "classic": pb.CALIBRATION_CLASSIC,
@@ -51,6 +52,16 @@ class RunPlan:
     @property
     def dim(self) -> int:
         return len(self.initial_params)
+
+    @property
+    def total_noise_std_units(self) -> float:
+        """Std of all the noise on the released sum: one sigma in spgc/preprocessed, two
+        servers' in dng (sqrt 2), every provider's in ldp (sqrt k, all configured providers)."""
+        if self.cfg.mode == "dng":
+            return self.sigma_units * math.sqrt(2)
+        if self.cfg.mode == "ldp":
+            return self.sigma_units * math.sqrt(len(self.cfg.providers))
+        return self.sigma_units
 
     def new_accountant(self) -> accounting.PrivacyAccountant | None:
         """A fresh accountant for the run (None when no noise is added: nothing to account)."""
@@ -150,6 +161,12 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     bound = max_abs_sum_units(_max_batch(cfg), fp.l2_bound_units, providers=k)
     nm = _noise_multiplier(cfg)
     sigma_units = nm * fp.l2_bound_units
+    if cfg.mode == "preprocessed" and sigma_units > 0:
+        # The noise shares live in the providers' ring and S + z is opened there: L holds |S|
+        # plus the sampler's hard bound on |z| (not a tail probability), so nothing wraps.
+        from servers.noise_pool import noise_bound_units
+
+        bound += noise_bound_units(sigma_units)
     ring_bits = ring_bits_for(
         bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=len(params)
     )

@@ -100,6 +100,7 @@ class ServerState:
         self.failure: str | None = None
         self.finished = False
         self.last_peer_call = time.monotonic()  # H2: when H1 last called (liveness)
+        self.pool: Any = None  # mode preprocessed: this server's servers.noise_pool.NoisePool
 
     # ------------------------------------------------------------------ queries
 
@@ -166,15 +167,19 @@ class ServerState:
             self.accepted.setdefault(t, set()).add(provider)
             self.cond.notify_all()
 
+    def intake_complete(self, t: int) -> bool:
+        """The deadline passed or every allowed provider's share is in."""
+        with self.cond:
+            allowed = set(self.plan.cfg.providers)
+            return self.deadline <= time.time() or allowed <= self.accepted.get(t, set())
+
     def wait_intake_done(self, t: int, stop: threading.Event) -> None:
         """Until the deadline passes or every allowed provider's share is in."""
-        allowed = set(self.plan.cfg.providers)
         with self.cond:
             while not stop.is_set():
-                left = self.deadline - time.time()
-                if left <= 0 or allowed <= self.accepted.get(t, set()):
+                if self.intake_complete(t):
                     return
-                self.cond.wait(min(left, 0.2))
+                self.cond.wait(max(0.01, min(self.deadline - time.time(), 0.2)))
 
     def close_intake(self, t: int) -> list[str]:
         with self.cond:
@@ -289,11 +294,18 @@ class ServerState:
                 "epsilon": None if math.isinf(eps) else eps,
                 "delta": self.plan.cfg.target_delta,
                 "noise_std_units": self.plan.sigma_units,
+                "noise_std_total_units": self.plan.total_noise_std_units,
                 "gc_bytes": sum(r.gc_bytes for r in self.history.values()),
                 "history": [_round_summary(r) for r in self.history.values() if r.phase in _ENDED],
                 "finished": self.finished,
                 "failure": self.failure,
             }
+
+    def finish_precompute(self) -> None:
+        """`spgc server precompute` is over (H1 said so): stop without training."""
+        with self.cond:
+            self.finished = True
+            self.cond.notify_all()
 
     def fail(self, message: str) -> None:
         with self.cond:

@@ -37,11 +37,11 @@ __all__ = [
     "load_server_config",
 ]
 
-MODES = ("spgc", "only-mpc", "plain", "ldp", "dng")
+MODES = ("spgc", "only-mpc", "plain", "ldp", "dng", "preprocessed")
 # Modes with one server (role 1, no peer, no garbled circuit); SPEC section 5.
 SINGLE_SERVER_MODES = ("plain", "ldp")
 # Modes that add DP noise (calibrated from target_epsilon or noise_multiplier).
-NOISY_MODES = ("spgc", "ldp", "dng")
+NOISY_MODES = ("spgc", "ldp", "dng", "preprocessed")
 CALIBRATIONS = ("analytic", "classic", "accountant")
 ACCOUNTANTS = ("rdp", "pld")
 
@@ -75,6 +75,17 @@ class ServerConfig:
     state_dir: Path | None = None
     # Where the daemon writes a JSON summary (rounds, test accuracy, epsilon, bytes) at the end.
     summary_path: Path | None = None
+    # Continue a run from the checkpoint in state_dir after a restart (both servers must).
+    resume: bool = True
+    # Mode preprocessed: where this server keeps its noise shares (default state_dir/noise-pool),
+    # how many rounds' worth H1 keeps ready, the largest block one production run makes, whether
+    # H1 produces while rounds run (false: only `spgc server precompute` fills the pool), and how
+    # long a round short of noise waits for production before it fails.
+    pool_dir: Path | None = None
+    pool_rounds: int = 4
+    pool_block: int = 16384
+    pool_produce: bool = True
+    pool_wait: float = 600.0
     # Test loss and accuracy of each published model in the round log.
     evaluate: bool = True
     log_level: str = "INFO"
@@ -112,6 +123,13 @@ class ServerConfig:
     def role_name(self) -> str:
         """'h1' or 'h2' (for logs)."""
         return f"h{self.role}"
+
+    @property
+    def pool_path(self) -> Path | None:
+        """The noise pool's directory (mode preprocessed), or None if none is configured."""
+        if self.pool_dir is not None:
+            return self.pool_dir
+        return None if self.state_dir is None else self.state_dir / "noise-pool"
 
     @property
     def single_server(self) -> bool:
@@ -163,6 +181,12 @@ class ServerConfig:
             raise ConfigError(f"target_delta must be in (0, 1), got {self.target_delta}")
         if self.max_batch_size < 0 or self.noise_multiplier < 0 or self.step_epsilon < 0:
             raise ConfigError("max_batch_size, noise_multiplier, step_epsilon must be >= 0")
+        if self.mode == "preprocessed" and self.pool_path is None:
+            raise ConfigError(
+                "mode preprocessed keeps its noise pool on disk: set state_dir or pool_dir"
+            )
+        if self.pool_rounds < 1 or self.pool_block < 1 or not self.pool_wait >= 0:
+            raise ConfigError("pool_rounds and pool_block must be >= 1, pool_wait >= 0")
         if (
             self.mode in NOISY_MODES
             and self.noise_multiplier == 0
@@ -187,7 +211,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, dict) or set(value) != {"cert", "key", "ca"}:
             raise ConfigError("tls must be a mapping with exactly cert, key, ca")
         return TlsPaths(**{k: Path(v).expanduser() for k, v in value.items()})
-    if key in ("state_dir", "summary_path"):
+    if key in ("state_dir", "summary_path", "pool_dir"):
         return None if value in (None, "") else Path(value).expanduser()
     if key == "providers":
         if isinstance(value, str):

@@ -98,7 +98,7 @@ class PoolState(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., sigma_units: _Optional[float] = ..., ring_bits: _Optional[int] = ..., cursor_block: _Optional[int] = ..., cursor_offset: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[PoolBlock, _Mapping]]] = ...) -> None: ...
 
 class NoiseBlock(_message.Message):
-    __slots__ = ("run_id", "role", "step", "block")
+    __slots__ = ("run_id", "role", "step", "block", "reason")
     class Step(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STEP_UNSPECIFIED: _ClassVar[NoiseBlock.Step]
@@ -113,11 +113,13 @@ class NoiseBlock(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     role: _aggregation_pb2.ServerRole
     step: NoiseBlock.Step
     block: PoolBlock
-    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ...) -> None: ...
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProviderSet(_message.Message):
     __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers")
