@@ -95,6 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sampler.set_defaults(bench="sampler")
 
+    from spgc import bench_comm
+
+    comm = bench_comm.build_parser(
+        bench_sub.add_parser(
+            "comm",
+            help="bytes between the servers per step and per training, per mode and epsilon",
+            description=bench_comm.__doc__,
+        )
+    )
+    comm.set_defaults(bench="comm")
+
     demo = sub.add_parser(
         "demo",
         help="both servers and k providers on localhost, training a few rounds",
@@ -144,6 +155,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from spgc import bench_sampler
 
         return bench_sampler.run_from_args(args)
+    if args.bench == "comm":
+        from spgc import bench_comm
+
+        return bench_comm.run_from_args(args)
     return bench_gc.run_cli(
         instances=args.instances,
         insecure=args.insecure,

@@ -1,0 +1,883 @@
+"""`spgc bench comm`: bytes between the two servers per training step, per mode and epsilon.
+
+For one dataset's model (d parameters) and a list of per-step epsilons, every two-server mode runs
+for real: garbler (H1) and evaluator (H2) in two threads over a loopback data link, on random
+shares of a sample of coordinates. The link counts every byte per engine phase; the per-coordinate
+cost is measured at two sample sizes (it must be constant for the linear scaling to d to hold) and
+multiplied by d for a step, and by the number of steps for a whole training of the paper's
+workloads (3 providers, the paper's per-provider data and batch sizes), printed next to the
+paper's Table 1.
+
+Modes: ``only-mpc`` (reconstruct only, no noise), ``spgc`` (reconstruct + exact discrete Gaussian
+sampled in the circuit), ``dng`` (each server adds its own noise and the two exchange one ring
+element per coordinate: no circuit), ``preprocessed`` (the circuit makes additive noise shares
+offline, servers/noise_pool.py; online the servers open S + z, one ring element each way), and
+``table16``, the paper's table sampler (lambda = 16, ring N = 16): a labelled baseline that is NOT
+differentially private at these noise scales. A new mode is one ``ModeSpec`` in ``MODES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DATASETS",
+    "DEFAULT_EPSILONS",
+    "MODES",
+    "CommContext",
+    "Measurement",
+    "ModeSpec",
+    "PaperWorkload",
+    "build_parser",
+    "format_table",
+    "main",
+    "make_context",
+    "measure_rows",
+    "run",
+    "run_from_args",
+    "write_plot",
+]
+
+DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.1, 0.5, 2.0, 8.0)
+DEFAULT_DELTA = 1e-3
+DEFAULT_COORDINATES = 2000
+# The table sampler costs 2^16 AND gates per coordinate (2 MB): a smaller sample suffices.
+DEFAULT_TABLE_COORDINATES = 128
+TABLE_CHUNK = 64  # engine batch for the table circuit (see CommContext.table_links)
+PAPER_PROVIDERS = 3
+PAPER_TABLE_LAMBDA = 16
+PAPER_TABLE_RING_BITS = 16
+# The paper (seeds/004, section 5) gives data and batch sizes but not the number of epochs; its
+# text refers to epoch 18 of Figure 1, so the accuracy curves run at least that far.
+DEFAULT_EPOCHS = 20
+EPOCHS_NOTE = (
+    "the paper does not state its number of epochs (its text mentions epoch 18 of Figure 1); "
+    "{epochs} epochs assumed (--epochs)"
+)
+GB = 1e9  # the paper's "GB" read as 10^9 bytes (it does not say)
+
+
+class BenchCommError(ValueError):
+    """Bad input to the benchmark; the message is meant for the terminal (one line)."""
+
+
+@dataclass(frozen=True)
+class PaperWorkload:
+    """The paper's workload for one dataset (seeds/004 section 5.2 and Table 1)."""
+
+    rows_per_provider: int
+    batch_per_provider: int
+    paper_dim: int  # the paper's model size (Cancer: 90 binarised inputs -> 2, not ours)
+    table1_spgc_gb: dict[float, float]  # whole-training GB between the servers, per epsilon
+    table1_only_mpc_gb: float
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.rows_per_provider // self.batch_per_provider
+
+
+DATASETS: dict[str, PaperWorkload] = {
+    "mnist": PaperWorkload(
+        20_000,
+        1000,
+        28_938,
+        {0.01: 5172.0, 0.1: 5164.6, 0.5: 5094.6, 2.0: 5094.6, 8.0: 5018.8},
+        289.2,
+    ),
+    "cancer": PaperWorkload(
+        130, 10, 182, {0.01: 736.9, 0.1: 707.8, 0.5: 711.7, 2.0: 699.8, 8.0: 698.8}, 39.5
+    ),
+    "diabetes": PaperWorkload(
+        200, 10, 642, {0.01: 81.6, 0.1: 78.4, 0.5: 78.9, 2.0: 77.5, 8.0: 77.5}, 4.4
+    ),
+}
+
+
+# ------------------------------------------------------------------------------ context
+
+
+@dataclass
+class CommContext:
+    """What every mode needs: the model size, fixed point, ring and the open links."""
+
+    dataset: str
+    dim: int
+    scale: float
+    clip_norm: float
+    l2_bound_units: int
+    ring_bits: int
+    max_abs_sum: int
+    links: tuple[Any, Any] | None = None
+    # The table circuit has 65k wires: its own session with small chunks keeps the engine's
+    # per-run workspace (slots x chunk labels) small; bytes do not depend on the chunk.
+    table_links: tuple[Any, Any] | None = None
+    session_setup_bytes: int = 0
+    table_lambda: int = PAPER_TABLE_LAMBDA
+
+
+@dataclass
+class Measurement:
+    """One two-party run over ``n`` coordinates: bytes sent by both parties per phase group."""
+
+    n: int
+    phases: dict[str, int]
+    seconds: float
+    and_gates: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.phases.values())
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """A two-server mode: how to measure ``n`` coordinates at noise std ``sigma`` (units)."""
+
+    name: str
+    label: str
+    dp: bool
+    noisy: bool  # cost depends on sigma (one measurement per epsilon)
+    measure: Callable[[CommContext, float, int], Measurement]
+    max_coordinates: int | None = None  # default cap on the sample (the table is costly)
+    # One-time work per training (parameters, circuits), done and timed before the runs.
+    prepare: Callable[[CommContext, float], None] | None = None
+    paper: str | None = None  # which Table 1 column it sits next to: "spgc" or "only-mpc"
+
+
+# The engine's phase names (garbled_core Channel.counters) as reported here. "setup" during a
+# run is the 80-byte run header each party sends; the session's own setup (hello, base OTs) is
+# measured once and reported apart.
+PHASE_GROUPS = {
+    "ot_extension": "ot_extension",
+    "tables": "tables",
+    "outputs": "outputs",
+    "inputs": "inputs",
+    "setup": "run_headers",
+    "base_ot": "base_ot",
+}
+GROUP_ORDER = ("ot_extension", "tables", "outputs", "run_headers", "inputs", "base_ot", "opened")
+
+
+def _both_counters(links: tuple[Any, Any]) -> list[dict[str, dict[str, int]]]:
+    return [link.counters() for link in links]
+
+
+def _sent_by_phase(before: list[Any], after: list[Any]) -> dict[str, int]:
+    """Bytes sent by both parties between two counter snapshots, per phase group."""
+    from servers.gc_party import _delta
+
+    out: dict[str, int] = {}
+    for b, a in zip(before, after, strict=True):
+        for phase, v in _delta(b, a)["phases"].items():
+            group = PHASE_GROUPS.get(phase, phase)
+            out[group] = out.get(group, 0) + v["sent"]
+    return {k: v for k, v in out.items() if v}
+
+
+def _run_pair(
+    ctx: CommContext,
+    fn_g: Callable[[Any], Any],
+    fn_e: Callable[[Any], Any],
+    table: bool = False,
+) -> tuple[float, dict[str, int], Any]:
+    """Both parties once (garbler in a thread): (seconds, bytes per phase group, result)."""
+    from spgc.bench_sampler import _two_party
+
+    links = ctx.table_links if table and ctx.table_links is not None else ctx.links
+    assert links is not None
+    before = _both_counters(links)
+    seconds, wire, value = _two_party(links, fn_g, fn_e)
+    phases = _sent_by_phase(before, _both_counters(links))
+    if sum(phases.values()) != wire:  # the two ways of counting must agree
+        raise RuntimeError(f"phase counters ({sum(phases.values())}) != total sent ({wire})")
+    return seconds, phases, value
+
+
+def _random_shares(n: int, ring_bits: int) -> np.ndarray:
+    """Uniform ring elements from the OS CSPRNG (the cost does not depend on the values)."""
+    raw = np.frombuffer(os.urandom(8 * n), dtype="<u8").astype(np.uint64)
+    return raw if ring_bits >= 64 else raw & np.uint64((1 << ring_bits) - 1)
+
+
+# ------------------------------------------------------------------------------ the modes
+
+
+def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
+    from servers.gc_party import run_aggregate
+    from servers.spgc_circuit import reconstruct_circuit
+
+    def party(role: str) -> Callable[[Any], Any]:
+        shares = _random_shares(n, ctx.ring_bits)
+        return lambda link: run_aggregate(role, link, shares, None, None, ctx.ring_bits, "only-mpc")
+
+    seconds, phases, _ = _run_pair(ctx, party("garbler"), party("evaluator"))
+    return Measurement(n, phases, seconds, float(reconstruct_circuit(ctx.ring_bits).and_count))
+
+
+def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
+    from servers.gc_party import run_aggregate
+
+    def party(role: str) -> Callable[[Any], Any]:
+        shares = _random_shares(n, ctx.ring_bits)
+        seed = os.urandom(32)  # fresh per call, as the daemon does per round
+        return lambda link: run_aggregate(role, link, shares, seed, sigma, ctx.ring_bits, "spgc")
+
+    seconds, phases, (_, info) = _run_pair(ctx, party("garbler"), party("evaluator"))
+    extra = {"rounds": info["rounds"], "trials_per_coordinate": info["trials"] / n}
+    return Measurement(n, phases, seconds, info["and_gates"] / n, extra)
+
+
+def dng_ring_bits(ctx: CommContext, sigma: float) -> int:
+    """dng's ring: |S| plus the tail of both servers' noises (std sqrt(2) sigma), as in the plan."""
+    from spgc.sharing import ring_bits_for
+
+    return ring_bits_for(ctx.max_abs_sum, noise_std_units=sigma * math.sqrt(2), dim=ctx.dim)
+
+
+def _measure_dng(ctx: CommContext, sigma: float, n: int) -> Measurement:
+    from servers.coordinator import dng_exchange, sample_server_noise
+    from spgc.wire import aggregation_pb2 as pb
+
+    ring = dng_ring_bits(ctx, sigma)
+
+    def party(role: int) -> Callable[[Any], Any]:
+        share = _random_shares(n, ring)
+
+        def go(link: Any) -> Any:
+            noise = sample_server_noise(n, sigma)  # each server's own work, timed with the step
+            return dng_exchange(role, link.channel, share, noise, ring)
+
+        return go
+
+    seconds, phases, _ = _run_pair(ctx, party(pb.SERVER_ROLE_H1), party(pb.SERVER_ROLE_H2))
+    # dng sends raw bytes on the data link outside any engine phase: all of it is the opening
+    return Measurement(n, {"opened": sum(phases.values())}, seconds, 0.0, {"ring_bits": ring})
+
+
+def _measure_table(ctx: CommContext, sigma: float, n: int) -> Measurement:
+    from servers.spgc_circuit import table_noisy_sum_circuit
+
+    lam = ctx.table_lambda
+    circuit = table_noisy_sum_circuit(PAPER_TABLE_RING_BITS, float(sigma), lam)
+
+    def party(share_port: str, idx_port: str) -> Callable[[Any], Any]:
+        inputs = {
+            share_port: _random_shares(n, PAPER_TABLE_RING_BITS),
+            idx_port: _random_shares(n, lam),
+        }
+        return lambda link: link.session.run(circuit, inputs, {}, n)
+
+    seconds, phases, _ = _run_pair(ctx, party("a1", "idx_g"), party("a2", "idx_e"), table=True)
+    return Measurement(n, phases, seconds, float(circuit.and_count))
+
+
+def _prepare_spgc(ctx: CommContext, sigma: float) -> None:
+    from servers.noise_sampler import build_trial_circuit, derive_params
+    from servers.spgc_circuit import noisy_sum_circuit, output_width
+
+    params = derive_params(sigma)
+    build_trial_circuit(params)
+    noisy_sum_circuit(
+        ctx.ring_bits, params.noise_bits, output_width(ctx.ring_bits, params.noise_bits)
+    )
+
+
+def _prepare_table(ctx: CommContext, sigma: float) -> None:
+    from servers.spgc_circuit import table_noisy_sum_circuit
+
+    table_noisy_sum_circuit(PAPER_TABLE_RING_BITS, float(sigma), ctx.table_lambda)
+
+
+def preprocessed_ring_bits(ctx: CommContext, sigma: float) -> int:
+    """The preprocessed ring, as servers/plan.py sizes it: |S| plus the sampler's hard bound
+    on |z| (the noise shares live in the providers' ring and S + z is opened there)."""
+    from servers.noise_pool import noise_bound_units
+    from spgc.sharing import ring_bits_for
+
+    return ring_bits_for(ctx.max_abs_sum + noise_bound_units(sigma))
+
+
+def _prepare_preprocessed(ctx: CommContext, sigma: float) -> None:
+    from servers.noise_pool import noise_share_circuit
+    from servers.noise_sampler import build_trial_circuit, derive_params
+
+    params = derive_params(sigma)
+    build_trial_circuit(params)
+    noise_share_circuit(preprocessed_ring_bits(ctx, sigma), params.noise_bits)
+
+
+def _measure_preprocessed(ctx: CommContext, sigma: float, n: int) -> Measurement:
+    """Offline: the circuit makes n additive noise shares (servers/noise_pool.py); online: each
+    server adds its shares to its sum and the two open S + z (one ring element each way)."""
+    from servers.coordinator import dng_exchange
+    from servers.noise_pool import produce_noise_shares
+    from spgc.wire import aggregation_pb2 as pb
+
+    ring = preprocessed_ring_bits(ctx, sigma)
+
+    def offline(role: str) -> Callable[[Any], Any]:
+        seed = os.urandom(32)
+        return lambda link: produce_noise_shares(role, link, n, sigma, ring, seed)
+
+    pool: dict[str, Any] = {}
+
+    def keep(role: str) -> Callable[[Any], Any]:
+        def go(link: Any) -> Any:
+            pool[role], info = offline(role)(link)
+            return info
+
+        return go
+
+    off_s, off_phases, info = _run_pair(ctx, keep("garbler"), keep("evaluator"))
+
+    def online(role: int, name: str) -> Callable[[Any], Any]:
+        share = _random_shares(n, ring)
+        return lambda link: dng_exchange(role, link.channel, share, pool[name].view(np.int64), ring)
+
+    on_s, on_phases, _ = _run_pair(
+        ctx, online(pb.SERVER_ROLE_H1, "garbler"), online(pb.SERVER_ROLE_H2, "evaluator")
+    )
+    phases = dict(off_phases)
+    phases["opened"] = sum(on_phases.values())
+    extra = {
+        "ring_bits": ring,
+        "rounds": info["rounds"],
+        "trials_per_coordinate": info["trials"] / n,
+        "offline_bytes_per_coordinate": sum(off_phases.values()) / n,
+        "online_bytes_per_coordinate": phases["opened"] / n,
+        "online_seconds_measured": on_s,
+    }
+    return Measurement(n, phases, off_s + on_s, 0.0, extra)
+
+
+MODES: dict[str, ModeSpec] = {
+    "only-mpc": ModeSpec(
+        "only-mpc", "reconstruct only, no noise (paper's Only-MPC)", False, False,
+        _measure_only_mpc, paper="only-mpc",
+    ),
+    "spgc": ModeSpec(
+        "spgc", "exact discrete Gaussian in the circuit", True, True, _measure_spgc,
+        paper="spgc", prepare=_prepare_spgc,
+    ),
+    "dng": ModeSpec(
+        "dng", "each server adds full noise, exchanges one ring element", True, True, _measure_dng
+    ),
+    "preprocessed": ModeSpec(
+        "preprocessed", "noise shares made by the circuit offline, S + z opened online", True,
+        True, _measure_preprocessed, prepare=_prepare_preprocessed,
+    ),
+    "table16": ModeSpec(
+        "table16",
+        "paper's table sampler, lambda=16, N=16: NOT differentially private",
+        False,
+        True,
+        _measure_table,
+        max_coordinates=DEFAULT_TABLE_COORDINATES,
+        paper="spgc",
+        prepare=_prepare_table,
+    ),
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def make_context(
+    dataset: str, *, scale: float | None = None, clip_norm: float | None = None
+) -> CommContext:
+    """The model size, fixed point and ring the daemon would use for ``dataset`` with the
+    paper's workload (3 providers, its per-provider batch as the enforced batch cap)."""
+    from spgc.config import ServerConfig
+    from spgc.encoding import FixedPointConfig
+    from spgc.models import build_model, flatten_params
+    from spgc.sharing import max_abs_sum_units, ring_bits_for
+
+    if dataset not in DATASETS:
+        raise BenchCommError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    defaults = ServerConfig()
+    scale = defaults.scale if scale is None else scale
+    clip_norm = defaults.clip_norm if clip_norm is None else clip_norm
+    dim = len(flatten_params(build_model(dataset, seed=defaults.model_seed)))
+    fp = FixedPointConfig(scale=scale, clip_norm=clip_norm, dim=dim)
+    work = DATASETS[dataset]
+    bound = max_abs_sum_units(work.batch_per_provider, fp.l2_bound_units, providers=PAPER_PROVIDERS)
+    return CommContext(
+        dataset, dim, scale, clip_norm, fp.l2_bound_units, ring_bits_for(bound), bound
+    )
+
+
+def sigma_units_for(
+    ctx: CommContext, epsilon: float, delta: float, calibration: str
+) -> tuple[float, float]:
+    """(noise multiplier, sigma in fixed-point units) as the daemon derives them per step."""
+    from spgc import accounting
+
+    nm = accounting.noise_multiplier_for(
+        calibration,  # type: ignore[arg-type]
+        epsilon,
+        delta,
+        allow_invalid=True,  # classic at eps >= 1 only to reproduce the paper; flagged per row
+    )
+    return nm, nm * ctx.l2_bound_units
+
+
+def _warm_up(ctx: CommContext) -> None:
+    """Session setup (hello, base OTs) outside the measurements; its bytes are measured as the
+    difference of the first and the second identical run."""
+    first = _measure_only_mpc(ctx, 0.0, 8).total
+    second = _measure_only_mpc(ctx, 0.0, 8).total
+    ctx.session_setup_bytes = first - second
+
+
+def _check_inputs(
+    epsilons: Sequence[float], delta: float, calibration: str, modes: Sequence[str],
+    coordinates: int, epochs: int,
+) -> None:  # fmt: skip
+    if not epsilons:
+        raise BenchCommError("give at least one epsilon")
+    for eps in epsilons:
+        if not (math.isfinite(eps) and eps > 0):
+            raise BenchCommError(f"epsilon must be finite and > 0, got {eps:g}")
+    if not 0 < delta < 1:
+        raise BenchCommError(f"delta must be in (0, 1), got {delta:g}")
+    if calibration not in ("classic", "analytic"):
+        raise BenchCommError(f"calibration must be classic or analytic, got {calibration!r}")
+    for m in modes:
+        if m not in MODES:
+            raise BenchCommError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+    if coordinates < 4:
+        raise BenchCommError(f"--coordinates must be at least 4, got {coordinates}")
+    if epochs < 1:
+        raise BenchCommError(f"--epochs must be at least 1, got {epochs}")
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _timed(spec: ModeSpec, ctx: CommContext, sigma: float, n: int) -> Measurement:
+    """One measured run; a short one (under 2 s, where scheduling noise matters) is run a
+    second time and the faster time kept (the bytes are those of the first run)."""
+    m = spec.measure(ctx, sigma, n)
+    if m.seconds < 2.0:
+        m.seconds = min(m.seconds, spec.measure(ctx, sigma, n).seconds)
+    return m
+
+
+def measure_rows(
+    ctx: CommContext,
+    epsilons: Sequence[float],
+    *,
+    delta: float = DEFAULT_DELTA,
+    calibration: str = "classic",
+    modes: Sequence[str] = tuple(MODES),
+    coordinates: int = DEFAULT_COORDINATES,
+    table_coordinates: int | None = None,
+    epochs: int = DEFAULT_EPOCHS,
+    progress: Callable[[str], None] = _progress,
+) -> list[dict[str, Any]]:
+    """One row per (mode, epsilon), each from two measured runs (the sample and a quarter of
+    it); ``ctx.links`` must be open and warmed up."""
+    work = DATASETS[ctx.dataset]
+    steps = epochs * work.steps_per_epoch
+    rows: list[dict[str, Any]] = []
+    for name in modes:
+        spec = MODES[name]
+        cap = spec.max_coordinates
+        if cap is not None and table_coordinates is not None:
+            cap = table_coordinates
+        n = min(coordinates, ctx.dim, cap) if cap else min(coordinates, ctx.dim)
+        n_small = max(1, n // 4)
+        cached: tuple[Measurement, Measurement] | None = None
+        for eps in epsilons:
+            nm, sigma = sigma_units_for(ctx, eps, delta, calibration)
+            if cached is None or spec.noisy:
+                t0 = time.perf_counter()
+                if spec.prepare is not None:
+                    spec.prepare(ctx, sigma)
+                prepare_seconds = time.perf_counter() - t0
+                spec.measure(ctx, sigma, min(8, n_small))  # first run of a circuit: untimed
+                big = _timed(spec, ctx, sigma, n)
+                small = _timed(spec, ctx, sigma, n_small)
+                big.extra["prepare_seconds"] = prepare_seconds
+                cached = (big, small)
+                progress(
+                    f"  {name:<12} eps={eps:<6g} sigma_u={sigma:<10.6g} {n} + {n_small} "
+                    f"coordinates: {big.total / n:,.0f} B/coordinate "
+                    f"({time.perf_counter() - t0:.1f} s)"
+                )
+            big, small = cached
+            rows.append(
+                _row(ctx, spec, eps, delta, calibration, nm, sigma, big, small, steps, epochs)
+            )
+    _add_ratios(rows)
+    return rows
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Traffic relative to only-mpc at the same epsilon, ours and the paper's (Table 1): a
+    comparison that does not depend on the assumed number of steps or on d."""
+    base = {r["epsilon"]: r["bytes_per_step"] for r in rows if r["mode"] == "only-mpc"}
+    for r in rows:
+        b = base.get(r["epsilon"])
+        r["ratio_to_only_mpc"] = None if not b else r["bytes_per_step"] / b
+        work = DATASETS[r["dataset"]]
+        paper = r["paper_gb_per_training"]
+        r["paper_ratio_to_only_mpc"] = None if paper is None else paper / work.table1_only_mpc_gb
+
+
+def _row(
+    ctx: CommContext, spec: ModeSpec, eps: float, delta: float, calibration: str, nm: float,
+    sigma: float, big: Measurement, small: Measurement, steps: int, epochs: int,
+) -> dict[str, Any]:  # fmt: skip
+    work = DATASETS[ctx.dataset]
+    per_coord = big.total / big.n
+    scaled = big.n != ctx.dim
+    per_step = big.total if not scaled else per_coord * ctx.dim
+    seconds = big.seconds
+    if scaled:  # linear fit through the two measured sizes: per-run overhead + per coordinate
+        slope = big.seconds / big.n  # (a negative overhead would be timing noise: clamp)
+        if big.n > small.n:
+            slope = min(slope, max(0.0, (big.seconds - small.seconds) / (big.n - small.n)))
+        seconds = max(big.seconds + slope * (ctx.dim - big.n), 0.0)
+    row: dict[str, Any] = {
+        "dataset": ctx.dataset,
+        "dim": ctx.dim,
+        "mode": spec.name,
+        "label": spec.label,
+        "differentially_private": spec.dp,
+        "epsilon": eps,
+        "delta": delta,
+        "calibration": calibration,
+        "calibration_valid": not (calibration == "classic" and eps >= 1),
+        "noise_multiplier": nm if spec.noisy else 0.0,
+        "sigma_units": sigma if spec.noisy else 0.0,
+        "ring_bits": ctx.ring_bits,
+        "coordinates_measured": big.n,
+        "coordinates_small": small.n,
+        "bytes_per_coordinate": per_coord,
+        "bytes_per_coordinate_small": small.total / small.n,
+        "phase_bytes_per_coordinate": {
+            g: big.phases[g] / big.n for g in GROUP_ORDER if big.phases.get(g)
+        },
+        "and_gates_per_coordinate": big.and_gates,
+        "bytes_per_step": per_step,
+        "seconds_per_step": seconds,
+        "scaled_to_dim": scaled,
+        "epochs": epochs,
+        "steps_per_training": steps,
+        "session_setup_bytes": ctx.session_setup_bytes,
+        "bytes_per_training": per_step * steps + ctx.session_setup_bytes,
+        "seconds_per_training": seconds * steps,
+        **big.extra,
+    }
+    if spec.name in ("dng", "preprocessed"):
+        row["ring_bits"] = big.extra["ring_bits"]
+    if spec.name == "preprocessed":
+        row["online_seconds_per_step"] = big.extra["online_seconds_measured"] / big.n * ctx.dim
+        row["online_bytes_per_step"] = big.extra["online_bytes_per_coordinate"] * ctx.dim
+    elif spec.name == "table16":
+        row["ring_bits"] = PAPER_TABLE_RING_BITS
+        row["table_lambda"] = ctx.table_lambda
+    paper_gb = None
+    if spec.paper == "only-mpc":
+        paper_gb = work.table1_only_mpc_gb
+    elif spec.paper == "spgc":
+        paper_gb = work.table1_spgc_gb.get(float(eps))
+    row["paper_gb_per_training"] = paper_gb
+    row["paper_bytes_per_step"] = None if paper_gb is None else paper_gb * GB / steps
+    row["paper_dim"] = work.paper_dim
+    row["paper_bytes_per_coordinate"] = (
+        None if paper_gb is None else row["paper_bytes_per_step"] / work.paper_dim
+    )
+    return row
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def format_table(rows: list[dict[str, Any]], header: str = "") -> str:
+    """The terminal table: per mode and epsilon, per-coordinate bytes (both sample sizes and
+    by phase), per step, per training, and the paper's Table 1 figure."""
+    head = (
+        f"{'mode':<12} {'eps':>5} {'sigma_u':>9} {'L':>3} {'B/coord':>9} {'(n/4)':>9} "
+        f"{'OT':>7} {'tables':>9} {'outputs':>7} {'other':>6} {'per step':>9} {'s/step':>8} "
+        f"{'training':>9} {'paper':>9} {'x only-mpc':>10} {'paper x':>8}"
+    )
+    lines = [header] if header else []
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        ph = r["phase_bytes_per_coordinate"]
+        other = sum(v for k, v in ph.items() if k not in ("ot_extension", "tables", "outputs"))
+        paper = r["paper_gb_per_training"]
+        lines.append(
+            f"{r['mode']:<12} {r['epsilon']:>5g} {r['sigma_units']:>9.4g} {r['ring_bits']:>3} "
+            f"{r['bytes_per_coordinate']:>9,.0f} {r['bytes_per_coordinate_small']:>9,.0f} "
+            f"{ph.get('ot_extension', 0):>7,.0f} {ph.get('tables', 0):>9,.0f} "
+            f"{ph.get('outputs', 0):>7,.0f} {other:>6,.0f} "
+            f"{_fmt_bytes(r['bytes_per_step']):>9} {r['seconds_per_step']:>8.3g} "
+            f"{_fmt_bytes(r['bytes_per_training']):>9} "
+            f"{'-' if paper is None else format(paper, ',.1f') + ' GB':>9} "
+            f"{_ratio(r['ratio_to_only_mpc']):>10} {_ratio(r['paper_ratio_to_only_mpc']):>8}"
+        )
+    return "\n".join(lines)
+
+
+def _notes(ctx: CommContext, rows: list[dict[str, Any]], epochs: int) -> str:
+    work = DATASETS[ctx.dataset]
+    steps = epochs * work.steps_per_epoch
+    n = {r["mode"]: (r["coordinates_measured"], r["coordinates_small"]) for r in rows}
+    sample = ", ".join(f"{m} {a} and {b}" for m, (a, b) in n.items())
+    lines = [
+        f"B/coord: bytes sent by both servers per coordinate, measured on {sample} coordinates "
+        "(the '(n/4)' column: the smaller sample, same per-coordinate cost up to per-run "
+        "overhead)",
+        f"per step = B/coord x d (d = {ctx.dim:,})"
+        + (" (scaled linearly from the sample)" if any(r["scaled_to_dim"] for r in rows) else "")
+        + "; s/step: straight line through the two measured sizes (per-run overhead + per "
+        "coordinate), both parties sharing this machine over loopback; one-time circuit "
+        "preparation not included",
+        "OT / tables / outputs: the engine's phases ot_extension, tables, outputs; other: per-run "
+        "headers, and the opened shares of dng and preprocessed (8 B each way); preprocessed: "
+        "offline (the circuit making the noise shares: OT/tables/outputs) + online (opened), "
+        "s/step both together",
+        f"training = per step x {steps} steps ({work.steps_per_epoch} steps/epoch: "
+        f"{work.rows_per_provider} rows / batch {work.batch_per_provider} per provider, "
+        f"{PAPER_PROVIDERS} providers) + one session setup ({ctx.session_setup_bytes:,} B); "
+        + EPOCHS_NOTE.format(epochs=epochs),
+        f"paper: Table 1 whole-training GB between the servers (its SPGC used the table sampler; "
+        f"its model has d = {work.paper_dim:,}"
+        + (f", ours {ctx.dim:,}" if work.paper_dim != ctx.dim else "")
+        + "); GB read as 10^9 bytes; 'x only-mpc': traffic relative to only-mpc (ours, "
+        "and 'paper x' the paper's SPGC/Only-MPC), independent of the step count and of d",
+        f"L: ring bits (daemon's defaults: scale {ctx.scale:g}, clip {ctx.clip_norm:g}, "
+        f"sensitivity {ctx.l2_bound_units} units, batch cap = the paper's per-provider "
+        "batch); table16 runs the paper's ring N = 16",
+        "table16: the paper's table sampler, NOT differentially private at these noise scales "
+        "(SPEC.md section 4)",
+    ]
+    if any(not r["calibration_valid"] for r in rows):
+        lines.append(
+            "classic calibration at eps >= 1 is outside its proof (Dwork-Roth A.1), kept to match "
+            "the paper"
+        )
+    return "\n".join(lines)
+
+
+def write_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bytes per step against epsilon (log axes), one line per mode, the paper's figures as
+    points (its whole-training GB divided by the same number of steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["epsilon"])
+        ax.plot(
+            [r["epsilon"] for r in rs],
+            [r["bytes_per_step"] for r in rs],
+            marker="o",
+            label=mode
+            + {"table16": " (NOT DP)", "preprocessed": " (offline + online)"}.get(mode, ""),
+        )
+    for which, marker in (("spgc", "s"), ("only-mpc", "^")):
+        pts = {
+            r["epsilon"]: r["paper_bytes_per_step"]
+            for r in rows
+            if MODES[r["mode"]].paper == which and r["paper_bytes_per_step"] is not None
+        }
+        if pts:
+            xs = sorted(pts)
+            name = "SPGC (table sampler)" if which == "spgc" else "Only-MPC"
+            ax.scatter(xs, [pts[x] for x in xs], marker=marker, s=60, facecolors="none",
+                       edgecolors="black", label=f"paper {name}", zorder=3)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("per-step epsilon")
+    ax.set_ylabel("bytes between the servers per step")
+    r0 = rows[0]
+    ax.set_title(
+        f"{r0['dataset']} (d = {r0['dim']:,}), delta = {r0['delta']:g}, {r0['calibration']} "
+        f"calibration; paper per step = its total / {r0['steps_per_training']} steps",
+        fontsize=9,
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(
+    dataset: str = "cancer",
+    epsilons: Sequence[float] = DEFAULT_EPSILONS,
+    *,
+    delta: float = DEFAULT_DELTA,
+    calibration: str = "classic",
+    modes: Sequence[str] = tuple(MODES),
+    coordinates: int = DEFAULT_COORDINATES,
+    table_coordinates: int | None = None,
+    epochs: int = DEFAULT_EPOCHS,
+    chunk: int | None = None,
+    tls: bool = False,
+    as_json: bool = False,
+    plot: Path | None = None,
+) -> int:
+    """Run the benchmark; the table goes to stdout (stderr with ``as_json``), JSON to stdout.
+    Returns the exit code; BenchCommError (a ValueError) for bad input."""
+    from spgc.bench_sampler import _links
+
+    if dataset not in DATASETS:
+        raise BenchCommError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    _check_inputs(epsilons, delta, calibration, modes, coordinates, epochs)
+    if plot is not None and not Path(plot).parent.exists():
+        raise BenchCommError(f"cannot write the plot: directory {Path(plot).parent} does not exist")
+    ctx = make_context(dataset)
+    out = sys.stderr if as_json else sys.stdout
+    _progress(f"bench comm: {dataset}, d = {ctx.dim:,}, modes {', '.join(modes)}")
+    with tempfile.TemporaryDirectory(prefix="spgc-bench-comm-") as tmp:
+        ctx.links = _links(chunk, Path(tmp, "main") if tls else None)
+        if "table16" in modes:
+            ctx.table_links = _links(TABLE_CHUNK, Path(tmp, "table") if tls else None)
+        try:
+            _warm_up(ctx)
+            rows = measure_rows(
+                ctx, epsilons, delta=delta, calibration=calibration, modes=modes,
+                coordinates=coordinates, table_coordinates=table_coordinates, epochs=epochs,
+            )  # fmt: skip
+        finally:
+            for pair in (ctx.links, ctx.table_links):
+                for link in pair or ():
+                    link.channel.close()
+            ctx.links = ctx.table_links = None
+    link_kind = "TLS 1.3" if tls else "plaintext TCP"
+    header = (
+        f"{dataset}: d = {ctx.dim:,}, delta = {delta:g}, {calibration} calibration, "
+        f"two-party over loopback ({link_kind})"
+    )
+    print(format_table(rows, header), file=out)
+    print(_notes(ctx, rows, epochs), file=out)
+    if plot is not None:
+        write_plot(rows, Path(plot))
+        print(f"plot written to {plot}", file=out)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    return 0
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Options of `spgc bench comm` (added to ``parser`` when given)."""
+    p = parser or argparse.ArgumentParser(prog="spgc bench comm", description=__doc__)
+    p.add_argument(
+        "--dataset",
+        default="cancer",
+        metavar="NAME",
+        help=f"model whose d is used: {', '.join(DATASETS)} (default: cancer)",
+    )
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_EPSILONS),
+        metavar="E",
+        help="per-step epsilons (default: 0.01 0.1 0.5 2 8, the paper's)",
+    )
+    p.add_argument("--delta", type=float, default=DEFAULT_DELTA, help="default: 1e-3 (the paper's)")
+    p.add_argument(
+        "--calibration",
+        default="classic",
+        metavar="{classic,analytic}",
+        help="classic: the paper's sqrt(2 ln(1.25/delta))/eps (default); analytic: Balle-Wang",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        metavar="MODE",
+        help=f"modes to run (default: {' '.join(MODES)})",
+    )
+    p.add_argument(
+        "--coordinates",
+        type=int,
+        default=DEFAULT_COORDINATES,
+        metavar="N",
+        help=f"coordinates measured per run, at most d (default: {DEFAULT_COORDINATES}); each mode "
+        "also runs N/4 to show the per-coordinate cost is constant",
+    )
+    p.add_argument(
+        "--table-coordinates",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"sample for the table sampler (default: {DEFAULT_TABLE_COORDINATES}; 2 MB each)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=DEFAULT_EPOCHS,
+        metavar="E",
+        help=f"epochs of the paper's workload (default: {DEFAULT_EPOCHS}, an assumption: the "
+        "paper does not state it)",
+    )
+    p.add_argument("--chunk", type=int, default=None, metavar="N", help="engine batch size")
+    p.add_argument("--tls", action="store_true", help="TLS 1.3 link with a throwaway dev PKI")
+    p.add_argument("--json", action="store_true", help="JSON list on stdout (table to stderr)")
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="write a PNG plot")
+    return p
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Runs with the options :func:`build_parser` parsed (`spgc bench comm` and ``main``)."""
+    return run(
+        args.dataset,
+        args.epsilon,
+        delta=args.delta,
+        calibration=args.calibration,
+        modes=args.modes,
+        coordinates=args.coordinates,
+        table_coordinates=args.table_coordinates,
+        epochs=args.epochs,
+        chunk=args.chunk,
+        tls=args.tls,
+        as_json=args.json,
+        plot=args.plot,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry point: ``python -m spgc.bench_comm [options]``."""
+    try:
+        return run_from_args(build_parser().parse_args(argv))
+    except ValueError as exc:
+        print(f"spgc bench comm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""`spgc bench comm`: measured bytes match the engine's closed forms, dng is 16 B per coordinate,
+spgc's per-coordinate cost does not depend on the sample size, and the output formats."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from servers.spgc_circuit import reconstruct_circuit
+from spgc import bench_comm, cli
+from spgc.bench_sampler import _links
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = 1024) -> dict[str, int]:
+    """docs/ENGINE.md: per chunk of n_c instances, the evaluator sends 16 B per OT (its L input
+    bits, padded to 128 OTs), the garbler 32 B per AND; each side 1 bit per revealed output
+    bit (L bits revealed to both), padded to whole bytes; 80-byte run header each way."""
+    ands = ring_bits - 1
+    chunks = [min(chunk, n - s) for s in range(0, n, chunk)]
+    return {
+        "run_headers": 2 * 80,
+        "ot_extension": sum(16 * ceil_div(ring_bits * c, 128) * 128 for c in chunks),
+        "tables": 32 * ands * n,
+        "outputs": sum(2 * ring_bits * ceil_div(c, 8) for c in chunks),
+    }
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    c = bench_comm.make_context("cancer")
+    c.links = _links(None, None)
+    bench_comm._warm_up(c)
+    yield c
+    for link in c.links:
+        link.channel.close()
+
+
+def test_context_matches_the_daemon_defaults(ctx) -> None:
+    from spgc.config import ServerConfig
+    from spgc.encoding import FixedPointConfig
+
+    cfg = ServerConfig()
+    assert ctx.dim == 62 and ctx.scale == cfg.scale and ctx.clip_norm == cfg.clip_norm
+    fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=62)
+    assert ctx.l2_bound_units == fp.l2_bound_units
+    # 3 providers x batch 10 x B fits in L bits, signed, and L is the smallest such
+    assert ctx.max_abs_sum == 30 * fp.l2_bound_units
+    assert ctx.max_abs_sum < 2 ** (ctx.ring_bits - 1) and ctx.max_abs_sum >= 2 ** (
+        ctx.ring_bits - 2
+    )
+    # the session setup (hello, session keys, 128 base OTs) is measured once, apart
+    assert ctx.session_setup_bytes == 2 * 12 + 56 + 33 + 4224
+
+
+@pytest.mark.parametrize("n", [1024, 1500])
+def test_only_mpc_bytes_equal_the_engine_closed_form(ctx, n: int) -> None:
+    m = bench_comm.MODES["only-mpc"].measure(ctx, 0.0, n)
+    assert reconstruct_circuit(ctx.ring_bits).and_count == ctx.ring_bits - 1
+    assert m.and_gates == ctx.ring_bits - 1
+    assert m.phases == only_mpc_closed_form(ctx.ring_bits, n)
+
+
+def test_dng_is_exactly_16_bytes_per_coordinate(ctx) -> None:
+    for n in (1, 777):
+        m = bench_comm.MODES["dng"].measure(ctx, 1937.3, n)
+        assert m.phases == {"opened": 16 * n}  # one 8-byte ring element each way
+    assert bench_comm.dng_ring_bits(ctx, 1937.3) > ctx.ring_bits  # the noise tails live in it
+
+
+def test_spgc_per_coordinate_cost_is_constant_and_tables_are_32_bytes_per_and(ctx) -> None:
+    _, sigma = bench_comm.sigma_units_for(ctx, 8.0, 1e-3, "classic")
+    assert sigma == pytest.approx(math.sqrt(2 * math.log(1.25e3)) / 8 * ctx.l2_bound_units)
+    spec = bench_comm.MODES["spgc"]
+    spec.prepare(ctx, sigma)
+    per_coord = []
+    for n in (500, 2000):
+        m = spec.measure(ctx, sigma, n)
+        # every garbled AND gate (rejected trials included) costs exactly 32 bytes
+        assert m.phases["tables"] == pytest.approx(32 * m.and_gates * n, abs=1e-6)
+        assert m.extra["trials_per_coordinate"] >= 1
+        per_coord.append(m.total / n)
+    assert per_coord[0] == pytest.approx(per_coord[1], rel=0.08)
+
+
+def test_json_rows_scaling_and_paper_figures(capsys) -> None:
+    rc = bench_comm.run(
+        "diabetes", [0.5, 8.0], modes=["only-mpc", "dng"], coordinates=256, as_json=True
+    )
+    assert rc == 0
+    out = capsys.readouterr()
+    rows = json.loads(out.out)
+    assert "only-mpc" in out.err and "table16" not in out.out  # the table went to stderr
+    assert len(rows) == 4
+    for r in rows:
+        for key in ("mode", "epsilon", "sigma_units", "bytes_per_coordinate", "bytes_per_step"):
+            assert key in r
+        assert r["seconds_per_step"] > 0
+        assert r["dim"] == 642 and r["scaled_to_dim"] and r["coordinates_measured"] == 256
+        assert r["bytes_per_step"] == pytest.approx(r["bytes_per_coordinate"] * 642)
+        # 3 providers x 200 rows / batch 10 = 20 steps per epoch
+        assert r["steps_per_training"] == 20 * bench_comm.DEFAULT_EPOCHS
+        assert r["bytes_per_training"] == pytest.approx(
+            r["bytes_per_step"] * r["steps_per_training"] + r["session_setup_bytes"]
+        )
+    om = [r for r in rows if r["mode"] == "only-mpc"]
+    assert om[0]["sigma_units"] == 0 and om[0]["paper_gb_per_training"] == 4.4
+    assert om[0]["paper_bytes_per_step"] == pytest.approx(4.4e9 / 400)
+    assert om[0]["bytes_per_coordinate_small"] == pytest.approx(
+        om[0]["bytes_per_coordinate"], rel=0.05
+    )
+    dng = [r for r in rows if r["mode"] == "dng"]
+    assert [r["bytes_per_coordinate"] for r in dng] == [16.0, 16.0]
+    assert dng[0]["sigma_units"] > dng[1]["sigma_units"] > 0  # eps 0.5 noisier than eps 8
+
+
+def test_table_baseline_is_labelled_and_plot_is_written(tmp_path, capsys) -> None:
+    png = tmp_path / "comm.png"
+    rc = bench_comm.run(
+        "cancer", [8.0], modes=["only-mpc", "table16"], table_coordinates=8, as_json=True,
+        plot=png,
+    )  # fmt: skip
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)
+    table = next(r for r in rows if r["mode"] == "table16")
+    assert "NOT differentially private" in table["label"] and not table["differentially_private"]
+    assert table["coordinates_measured"] == 8 and table["ring_bits"] == 16
+    # 2^16 - 16 - 1 AND gates of the lookup plus the subtract/add: 32 B each
+    assert table["and_gates_per_coordinate"] > 2**16 - 17
+    assert table["phase_bytes_per_coordinate"]["tables"] == 32 * table["and_gates_per_coordinate"]
+    assert table["paper_gb_per_training"] == 698.8
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dataset", "nope"], "unknown dataset 'nope'"),
+        (["--epsilon", "0"], "epsilon must be finite and > 0"),
+        (["--epsilon", "-1", "2"], "epsilon must be finite and > 0"),
+        (["--modes", "spgc", "ldp"], "unknown mode 'ldp'"),
+        (["--calibration", "exact"], "calibration must be classic or analytic"),
+        (["--delta", "2"], "delta must be in (0, 1)"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_code_2(capsys, argv, message) -> None:
+    assert cli.main(["bench", "comm", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and err[0].startswith("spgc: error:")
+
+
+def test_preprocessed_opens_one_ring_element_each_way_online(ctx) -> None:
+    spec = bench_comm.MODES["preprocessed"]
+    _, sigma = bench_comm.sigma_units_for(ctx, 8.0, 1e-3, "classic")
+    spec.prepare(ctx, sigma)
+    n = 300
+    m = spec.measure(ctx, sigma, n)
+    assert m.phases["opened"] == 16 * n and m.extra["online_bytes_per_coordinate"] == 16
+    # offline: the sampler's garbled trials, at least 32 B per AND of one accepted trial each
+    assert m.extra["offline_bytes_per_coordinate"] > 32 * 700
+    assert m.extra["ring_bits"] > ctx.ring_bits  # the ring holds |S| plus the noise bound
