@@ -163,7 +163,14 @@ def compute_round(
 
 
 def log_round(state: ServerState, rec: RoundRecord) -> None:
-    """The one log line per round."""
+    """The one log line per round; then the checkpoint a restart continues from."""
+    try:
+        _log_round(state, rec)
+    finally:
+        state.save_checkpoint()
+
+
+def _log_round(state: ServerState, rec: RoundRecord) -> None:
     s = rec.seconds
     eps = state.epsilon()
     if rec.phase == pb.ROUND_PHASE_ABORTED:

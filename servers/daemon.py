@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 
 from servers.aggregator import AggregatorServicer
+from servers.checkpoint import CheckpointError, config_digest, load_checkpoint
 from servers.coordinator import H1Driver, NoiseProducer, SingleDriver, is_unavailable
 from servers.gc_party import PartyLink
 from servers.intake import ShareIntake
@@ -55,6 +57,9 @@ class ServerDaemon:
         self.plan = make_plan(cfg)
         if precompute is not None and cfg.mode != "preprocessed":
             raise ValueError(f"precompute fills a noise pool: mode is {cfg.mode}, not preprocessed")
+        if cfg.state_dir is not None:
+            for stale in cfg.state_dir.glob("spgc-intake-*"):  # shares a crash left behind
+                shutil.rmtree(stale, ignore_errors=True)
         self.intake = ShareIntake(
             self.plan.dim,
             self.plan.ring_bits,
@@ -63,6 +68,10 @@ class ServerDaemon:
         )
         role = pb.SERVER_ROLE_SINGLE if cfg.single_server else cfg.role
         self.state = ServerState(self.plan, role, self.intake)
+        if cfg.state_dir is not None:
+            self.state.checkpoint_dir = cfg.state_dir
+            if cfg.resume and precompute is None:
+                self._resume()
         if cfg.mode == "preprocessed":
             assert cfg.pool_path is not None  # validated
             self.state.pool = NoisePool(
@@ -83,6 +92,38 @@ class ServerDaemon:
         self.gc_port = 0
 
     # ------------------------------------------------------------------ setup
+
+    def _resume(self) -> None:
+        """Continue the run checkpointed in state_dir, if any (same training configuration)."""
+        assert self.cfg.state_dir is not None
+        loaded = load_checkpoint(self.cfg.state_dir)
+        if loaded is None:
+            return
+        record, arrays = loaded
+        run_id = record["run_id"]
+        if self.cfg.run_id and self.cfg.run_id != run_id:
+            raise CheckpointError(
+                f"state_dir {self.cfg.state_dir} holds run {run_id}, not the configured run_id "
+                f"{self.cfg.run_id}: set resume: false to start over"
+            )
+        if config_digest(self.plan.training_config(run_id)) != record["config_sha256"]:
+            raise CheckpointError(
+                f"state_dir {self.cfg.state_dir} holds a checkpoint of another training "
+                f"configuration (run {run_id}): set resume: false to start a new run, or use "
+                "another state_dir"
+            )
+        self.state.restore(record, arrays)
+        self.cfg.run_id = run_id  # the Handshake continues this run (H2 must resume it too)
+        log.info(
+            "%s resuming run %s at round %d (model v%d, %d step(s), eps=%s)%s",
+            self.cfg.role_name,
+            run_id,
+            self.state.round,
+            self.state.version,
+            self.state.steps,
+            f"{self.state.epsilon():.4f}",
+            ": already finished" if self.state.finished else "",
+        )
 
     def _gc_tls(self) -> dict[str, Any]:
         import garbled_core
@@ -226,6 +267,15 @@ class ServerDaemon:
         diff = config_differences(self.state.config, answer.config)
         if diff:
             raise PeerMismatchError("training configurations differ in: " + ", ".join(diff))
+        _, _, sha = self.state.model(None)
+        mine = (self.state.round, self.state.version, sha)
+        other = answer.round
+        if mine != (other.round, other.model_version, other.model_sha256):
+            raise PeerMismatchError(
+                f"h1 is at round {mine[0]} (model v{mine[1]} {sha.hex()[:12]}), h2 at round "
+                f"{other.round} (model v{other.model_version} {other.model_sha256.hex()[:12]}): "
+                "both servers must resume the same checkpoint (or start over with resume: false)"
+            )
 
     def _run_h1(self) -> None:
         self._peer_channel = make_channel(
@@ -319,15 +369,19 @@ class ServerDaemon:
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, close the links and delete the spill files (idempotent)."""
         self.stop_event.set()
+        if self._gc_channel is not None:
+            # A round or noise block may be running on the link in another thread: make its
+            # I/O fail now; the channel is closed below, once those threads are done with it.
+            self._gc_channel.interrupt()
         if self.server is not None:
             self.health.enter_graceful_shutdown()
             self.server.stop(grace).wait(grace + 1)
+        for thread in [*self._threads, *self.peer_servicer.link_users()]:
+            thread.join(5)
         for closer in (self._gc_channel, self._listener, self._peer_channel):
             if closer is not None:
                 try:
                     closer.close()
                 except Exception as exc:  # already closed: nothing left to release
                     log.debug("close: %s", exc)
-        for thread in self._threads:
-            thread.join(5)
         self.intake.close()

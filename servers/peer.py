@@ -82,6 +82,11 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._lock = threading.Lock()  # one control call changes the round at a time
         self._noise_job: _NoiseJob | None = None
 
+    def link_users(self) -> list[threading.Thread]:
+        """H2's threads that may be using the data link (a round, a noise block)."""
+        jobs = [self._worker, None if self._noise_job is None else self._noise_job.thread]
+        return [t for t in jobs if t is not None]
+
     # ------------------------------------------------------------------ checks
 
     def _check_caller(self, context: grpc.ServicerContext, role: int) -> None:

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -101,6 +102,7 @@ class ServerState:
         self.finished = False
         self.last_peer_call = time.monotonic()  # H2: when H1 last called (liveness)
         self.pool: Any = None  # mode preprocessed: this server's servers.noise_pool.NoisePool
+        self.checkpoint_dir: Path | None = None  # where save_checkpoint writes (state_dir)
 
     # ------------------------------------------------------------------ queries
 
@@ -300,6 +302,79 @@ class ServerState:
                 "finished": self.finished,
                 "failure": self.failure,
             }
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> None:
+        """Write the state a restart continues from (no-op without a state_dir)."""
+        if self.checkpoint_dir is None or self.config is None:
+            return
+        from servers.checkpoint import config_digest, save_checkpoint
+
+        with self.cond:
+            adam = self.adam.state_dict()
+            record = {
+                "run_id": self.run_id,
+                "config_sha256": config_digest(self.config),
+                "round": self.round,
+                "version": self.version,
+                "steps": self.steps,
+                "model_sha256": self.models[self.version][1].hex(),
+                "adam": {
+                    "t": adam["t"],
+                    "beta_pows": list(adam["beta_pows"]),
+                },
+                "history": [
+                    {**_round_summary(r), "received": r.received, "agreed": r.agreed}
+                    for r in self.history.values()
+                    if r.phase in _ENDED
+                ],
+            }
+            arrays = {"params": self.params, "adam_m": adam["m"], "adam_v": adam["v"]}
+            save_checkpoint(self.checkpoint_dir, record, arrays)
+
+    def restore(self, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Continue from a checkpoint (its TrainingConfig was checked by the caller)."""
+        from servers.checkpoint import CheckpointError
+
+        params = np.asarray(arrays["params"], dtype=np.float64)
+        sha = vector_sha256(params)
+        if params.shape != (self.plan.dim,) or sha.hex() != record["model_sha256"]:
+            raise CheckpointError("checkpoint model does not match its recorded hash or size")
+        with self.cond:
+            self.run_id = record["run_id"]
+            self.params = params
+            self.version = int(record["version"])
+            self.models = {self.version: (params, sha)}
+            state = self.adam.state_dict()
+            state.update(
+                t=int(record["adam"]["t"]),
+                beta_pows=tuple(record["adam"]["beta_pows"]),
+                m=arrays["adam_m"],
+                v=arrays["adam_v"],
+            )
+            self.adam.load_state_dict(state)
+            self.steps = int(record["steps"])
+            if self.accountant is not None and self.steps:
+                self.accountant.step(self.steps)  # every released step counts
+            self.round = int(record["round"])
+            for h in record["history"]:
+                rec = RoundRecord(
+                    h["round"],
+                    pb.ROUND_PHASE_PUBLISHED if h["published"] else pb.ROUND_PHASE_ABORTED,
+                    received=list(h["received"]),
+                    agreed=list(h["agreed"]),
+                    reason=h["reason"],
+                    epsilon=math.inf if h["epsilon"] is None else h["epsilon"],
+                    test_loss=h["test_loss"],
+                    test_accuracy=h["test_accuracy"],
+                    gc_bytes=h["gc_bytes"],
+                    seconds=dict(h["seconds"]),
+                )
+                self.history[rec.round] = rec
+            self.finished = self._should_stop()
+            if self.finished:
+                self.phase = pb.ROUND_PHASE_FINISHED
 
     def finish_precompute(self) -> None:
         """`spgc server precompute` is over (H1 said so): stop without training."""

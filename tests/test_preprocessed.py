@@ -12,6 +12,7 @@ from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
 from servers import coordinator, noise_pool, peer
 from servers.gc_party import sample_noise_plain
+from spgc.sharing import ring_mask
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,112 @@ def test_empty_pool_without_production_fails_clearly(pki, tmp_path):
         assert "h1 ended the run" in str(d2.error)
         assert 1 not in d1.state.history or d1.state.history[1].noisy_sum_units is None
         assert d1.state.steps == 1  # round 1 released nothing
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def start_pair_in(pki: Path, tmp: Path, **kw):
+    """Like start_pair, on existing state directories (a restart)."""
+    from test_server_daemon import _cfg
+
+    from servers.daemon import ServerDaemon
+
+    for sub in ("s1", "s2"):
+        (tmp / sub).mkdir(exist_ok=True)
+    d1 = ServerDaemon(_cfg(pki, 1, tmp / "s1", **kw)).bind()
+    d2 = ServerDaemon(_cfg(pki, 2, tmp / "s2", **kw)).bind()
+    d1.cfg.peer_address = f"127.0.0.1:{d2.port}"
+    d2.cfg.gc_address = f"127.0.0.1:{d1.gc_port}"
+    d2.start()
+    d1.start()
+    return d1, d2
+
+
+@pytest.fixture
+def stored(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, int], np.ndarray]:
+    """Records every block each server's pool stores: (role, index) -> its shares."""
+    blocks: dict[tuple[str, int], np.ndarray] = {}
+    real = noise_pool.NoisePool.add_block
+
+    def recording(self, index, block_id, shares):
+        blocks[(self.role, index)] = np.array(shares, dtype=np.uint64)
+        return real(self, index, block_id, shares)
+
+    monkeypatch.setattr(noise_pool.NoisePool, "add_block", recording)
+    return blocks
+
+
+def test_restart_mid_training_never_reuses_a_pool_entry(pki, tmp_path, stored):
+    kw = {"mode": "preprocessed", "rounds": 4, "noise_multiplier": 1.0}
+    kw.update(pool_rounds=3, pool_block=150)
+    d1, d2 = start_pair_in(pki, tmp_path, **kw)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        d, sigma = cfg.num_parameters, d1.plan.sigma_units
+        rng = np.random.default_rng(9)
+        values = [rng.integers(-3000, 3000, d, dtype=np.int64) for _ in PROVIDERS]
+        run_rounds((d1, d2), providers, 0, 2, values)
+        providers[0].wait_collecting(2)
+        run_id, model = d1.state.run_id, d1.state.model(None)[2]
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()  # the "crash": round 2 was collecting
+        d2.stop()
+    # H2 used 5 more samples than H1 before the crash (e.g. it died mid-exchange)
+    from servers.noise_pool import NoisePool
+
+    h2_pool = NoisePool(tmp_path / "s2" / "noise-pool", "h2", sigma, d1.plan.ring_bits)
+    h2_pool.take(h2_pool.position(5), 99)
+    del h2_pool
+
+    d1, d2 = start_pair_in(pki, tmp_path, **kw)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        assert d1.state.run_id == run_id and d1.state.round == 2 and d1.state.steps == 2
+        assert d1.state.model(None)[2] == model
+        run_rounds((d1, d2), providers, 2, 2, values)
+        assert d1.wait(20) and d2.wait(20) and d1.error is None and d2.error is None
+        assert d1.state.steps == 4 and sorted(d1.state.history) == [0, 1, 2, 3]
+        # every entry either server consumed was consumed once, across both runs
+        for pool in (d1.state.pool, d2.state.pool):
+            seen: set[tuple[int, int]] = set()
+            for c in pool.consumed():
+                entries = {(c["block"], c["offset"] + k) for k in range(c["count"])}
+                assert not entries & seen, c
+                seen |= entries
+
+        def entries(log):
+            return {(c["block"], c["offset"] + k) for c in log for k in range(c["count"])}
+
+        h1_log, h2_log = d1.state.pool.consumed(), d2.state.pool.consumed()
+        extra = [c for c in h2_log if c["round"] == 99]
+        assert [c["count"] for c in extra] == [5]
+        assert not entries(extra) & entries(h1_log)  # wasted by the crash, never used by H1
+        assert [c for c in h2_log if c["round"] != 99] == h1_log
+        # the rounds after the restart open S + z, z = the sum of the two servers' pool shares
+        ring = d1.plan.ring_bits
+        s = sum(values)
+        for t in (2, 3):
+            runs = [c for c in d1.state.pool.consumed() if c["round"] == t]
+            parts = []
+            for c in runs:
+                both = [
+                    stored[(r, c["block"])][c["offset"] : c["offset"] + c["count"]]
+                    for r in ("h1", "h2")
+                ]
+                parts.append(((both[0] + both[1]) & ring_mask(ring)).astype(object))
+            z = np.concatenate(parts)
+            z = np.array(
+                [v - (1 << ring) if v >= 1 << (ring - 1) else v for v in z], dtype=np.int64
+            )
+            y = np.asarray(d1.state.history[t].noisy_sum_units, dtype=np.int64)
+            np.testing.assert_array_equal(y - s, z)
+            assert np.abs(z).max() < 8 * sigma
     finally:
         for p in providers:
             p.close()

@@ -180,6 +180,8 @@ void bind_channel(py::module_& m) {
              py::gil_scoped_release nogil;
              ch.close();
            })
+      .def("interrupt", &gc::Channel::interrupt,
+           "Unblocks a send/recv running in another thread (it fails); close() afterwards.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](gc::Channel& ch, const py::object& exc_type, const py::object&, const py::object&) {
         if (exc_type.is_none()) {

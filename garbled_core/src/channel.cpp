@@ -218,6 +218,11 @@ void Channel::release() noexcept {
 
 void Channel::abort() noexcept { release(); }
 
+void Channel::interrupt() noexcept {
+  int fd = fd_;
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);  // a syscall on the fd only: no shared state touched
+}
+
 void Channel::close() {
   if (fd_ < 0) return;
   if (broken_) {  // the link already failed: nothing can be delivered any more

@@ -122,6 +122,9 @@ class Channel {
   void close();
   // Closes at once, discarding pending sends. Never throws.
   void abort() noexcept;
+  // Safe from another thread while this one is in send/recv: shuts the socket down so that
+  // the blocked call fails with PeerClosedError/ChannelError; close() stays the owner's job.
+  void interrupt() noexcept;
 
   // Internal state shared with the socket BIO (public only so the BIO callbacks can
   // reach it).
