@@ -362,6 +362,7 @@ class ProviderClient:
         info = self._call_with_retry(
             lambda: server.stub.Hello(request, timeout=self.cfg.rpc_timeout),
             f"Hello to {server.name} at {server.address}",
+            deadline=time.monotonic() + self.cfg.connect_timeout,
         )
         if info.protocol_version != PROTOCOL_VERSION:
             raise ProviderRefusal(
@@ -461,16 +462,25 @@ class ProviderClient:
         call: Callable[[], Any],
         what: str,
         error: type[Exception] = ProviderRefusal,
+        deadline: float | None = None,
     ) -> Any:
         """``call()``, retried with backoff on UNAVAILABLE/DEADLINE_EXCEEDED; other gRPC errors
-        and exhausted retries raise ``error``."""
+        and exhausted retries raise ``error``. With a monotonic ``deadline`` the call is retried
+        until then instead of ``retries`` times (a server that is still starting up)."""
         delays = self._backoffs()
-        for attempt in range(1, self.cfg.retries + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 return call()
             except grpc.RpcError as exc:
                 code = exc.code()
-                if code not in RETRYABLE or attempt == self.cfg.retries:
+                exhausted = (
+                    attempt >= self.cfg.retries
+                    if deadline is None
+                    else time.monotonic() >= deadline
+                )
+                if code not in RETRYABLE or exhausted:
                     raise error(
                         f"{what} failed: {code.name}: {exc.details()}"
                         if code not in RETRYABLE
@@ -479,7 +489,6 @@ class ProviderClient:
                 delay = next(delays)
                 log.warning("%s: %s, retrying in %.1fs", what, code.name, delay)
                 self._sleep(delay)
-        raise AssertionError("unreachable")
 
     def _status(self, server: _Server, round_number: int | None = None) -> Any | None:
         """RoundStatus at one server; None on a transient error."""

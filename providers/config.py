@@ -19,6 +19,7 @@ Keys (flat; a nested mapping ``h1: {address: ..., name: ...}`` is read as ``h1_a
     step_delta: 1.0e-5             #   ... at this delta
     min_noise_multiplier: 0.8      # and/or whose noise std / sensitivity is below this
     retries: 5                     # submission attempts per server and round
+    connect_timeout: 300           # seconds Hello keeps retrying a server that is not up yet
     backoff_initial: 0.5           # seconds before the first retry; doubles up to backoff_max
     backoff_max: 10.0
     poll_interval: 1.0             # seconds between RoundStatus polls while waiting
@@ -76,6 +77,7 @@ class ProviderConfig:
     min_noise_multiplier: float | None = None
     allow_no_privacy: bool = False
     retries: int = 5
+    connect_timeout: float = 300.0
     backoff_initial: float = 0.5
     backoff_max: float = 10.0
     poll_interval: float = 1.0
@@ -157,7 +159,13 @@ class ProviderConfig:
             )
         if self.retries < 1:
             raise ConfigError(f"retries must be >= 1, got {self.retries}")
-        for key in ("backoff_initial", "backoff_max", "poll_interval", "rpc_timeout"):
+        for key in (
+            "backoff_initial",
+            "backoff_max",
+            "poll_interval",
+            "rpc_timeout",
+            "connect_timeout",
+        ):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         if self.wait_timeout is not None and not self.wait_timeout > 0:

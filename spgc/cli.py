@@ -9,6 +9,7 @@ from pathlib import Path
 
 from spgc import __version__
 from spgc.certs import DEFAULT_NAMES
+from spgc.config import MODES
 
 
 def _positive_int(text: str) -> int:
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dataset", default="cancer", choices=["cancer", "diabetes", "mnist"])
     demo.add_argument("--providers", type=_positive_int, default=3, metavar="K")
     demo.add_argument("--rounds", type=_positive_int, default=5, metavar="R")
-    demo.add_argument("--mode", default="spgc", choices=["spgc", "only-mpc", "plain", "ldp", "dng"])
+    demo.add_argument("--mode", default="spgc", choices=list(MODES))
     demo.add_argument(
         "--epsilon",
         type=float,
@@ -128,6 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     demo.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    from spgc import experiment
+
+    experiment.build_parser(
+        sub.add_parser(
+            "experiment",
+            help="the paper's accuracy experiment: dataset x mode x epsilon, CSV per epoch",
+            description=experiment.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
 
     for name, what in (("server", "the server daemon"), ("provider", "the provider client")):
         daemon = sub.add_parser(
@@ -185,6 +197,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_cli(opts, args.json)
 
 
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from spgc.experiment import run_from_args
+
+    return run_from_args(args)
+
+
 def _cmd_server(args: argparse.Namespace) -> int:
     from servers.__main__ import main as server_main
 
@@ -207,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _cmd_demo,
         "server": _cmd_server,
         "provider": _cmd_provider,
+        "experiment": _cmd_experiment,
     }
     from spgc.bench_gc import BenchError
     from spgc.demo import DemoError

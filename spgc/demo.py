@@ -18,13 +18,14 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
 from spgc.certs import make_dev_pki
+from spgc.config import MODES, NOISY_MODES, SINGLE_SERVER_MODES
 
 # Per data set: the paper's local batch (providers' rows x rate) and a learning rate that
 # trains in a few rounds.
@@ -33,9 +34,6 @@ DATASET_DEFAULTS: dict[str, dict[str, float]] = {
     "diabetes": {"sampling_rate": 10 / 200, "lr": 0.02},
     "mnist": {"sampling_rate": 1000 / 20000, "lr": 0.005},
 }
-MODES = ("spgc", "only-mpc", "plain", "ldp", "dng")
-SINGLE_SERVER_MODES = ("plain", "ldp")  # one server (h1), no peer, no garbled circuit
-NOISY_MODES = ("spgc", "ldp", "dng")
 
 
 class DemoError(RuntimeError):
@@ -53,6 +51,10 @@ class DemoOptions:
     insecure: bool = False
     timeout: float = 600.0
     keep: bool = False
+    # Extra keys for every server's / provider's YAML (spgc experiment: rounds of several
+    # epochs, calibration, lr, ...); empty for `spgc demo`.
+    server_overrides: dict[str, Any] = field(default_factory=dict)
+    provider_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def _free_ports(count: int) -> list[int]:
@@ -113,6 +115,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             "target_epsilon": opts.epsilon,
             "target_delta": opts.delta,
         }
+        cfg.update(opts.server_overrides)
         (work / f"h{role}-state").mkdir(mode=0o700)
         if pki is None:
             cfg["insecure"] = True
@@ -141,6 +144,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             pcfg["insecure"] = True
         else:
             pcfg["tls"] = tls(name)
+        pcfg.update(opts.provider_overrides)
         providers.append(_write_yaml(work / f"{name}.yaml", pcfg))
     return servers, providers
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -425,6 +426,47 @@ def test_retry_after_unavailable_resends_the_same_share(
     ((_, s2),) = h2.servicer.accepted.values()
     _, rows = expected_rows(*cancer)
     assert np.array_equal(reconstruct(second, s2, RING), rows.sum(axis=0))
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "not up yet"
+
+
+def test_hello_waits_for_a_server_still_starting(pki: Path) -> None:
+    """Hello retries until connect_timeout (a server still deriving its plan), where other calls
+    give up after `retries` attempts."""
+    cfg = ProviderConfig(
+        name="p1",
+        h1_address="127.0.0.1:1",
+        insecure=True,
+        retries=2,
+        backoff_initial=0.01,
+        backoff_max=0.01,
+        connect_timeout=30.0,
+        allow_no_privacy=True,
+    ).validate()
+    client = ProviderClient(cfg)
+    client._sleep = lambda _s: None  # type: ignore[method-assign]
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 6:
+            raise _Unavailable()
+        return "up"
+
+    assert client._call_with_retry(flaky, "Hello", deadline=time.monotonic() + 30) == "up"
+    calls.clear()
+    with pytest.raises(ProviderRefusal, match="failed after 2 attempts: UNAVAILABLE"):
+        client._call_with_retry(flaky, "SubmitShare")
+    calls.clear()
+    with pytest.raises(ProviderRefusal, match="UNAVAILABLE"):
+        client._call_with_retry(flaky, "Hello", deadline=time.monotonic() - 1)
+    assert len(calls) == 1
 
 
 def test_lost_receipt_is_not_resent(pki: Path, servers: Any, cancer: Any) -> None:
