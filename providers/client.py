@@ -647,7 +647,9 @@ class ProviderClient:
         clear = np.asarray(total, dtype=np.int64).view(np.uint64) & ring_mask(bits)
         return [clear]
 
-    def _submit(self, server: _Server, vec: np.ndarray, info: Any) -> SubmitResult:
+    def _submit(
+        self, server: _Server, vec: np.ndarray, info: Any, compute_seconds: float = 0.0
+    ) -> SubmitResult:
         """Deliver ``vec`` for round ``info.round`` to one server; never another vector."""
         tc, t = self.training, info.round
         digest = vector_sha256(vec)
@@ -664,6 +666,7 @@ class ProviderClient:
                 submission_id=sid,
                 provider_id=self.cfg.name,
                 chunk_bytes=self._chunk_bytes(server),
+                compute_seconds=compute_seconds,
             )
             try:
                 receipt = server.stub.SubmitShare(messages, timeout=self.cfg.rpc_timeout)
@@ -735,7 +738,7 @@ class ProviderClient:
         t0 = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
             futures = [
-                pool.submit(self._submit, s, v, info)
+                pool.submit(self._submit, s, v, info, compute + encode)
                 for s, v in zip(self.servers, vectors, strict=True)
             ]
             results, errors = [], []

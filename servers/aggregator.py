@@ -110,7 +110,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             header.ring_bits,
             payload,
         )
-        self.state.note_accepted(header.round, who)
+        self.state.note_accepted(header.round, who, header.compute_seconds)
         receipt = pb.SubmitReceipt(
             run_id=header.run_id,
             round=header.round,

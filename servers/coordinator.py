@@ -189,18 +189,22 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         rec.test_loss, rec.test_accuracy = state.evaluator(state.params)
         metrics = f"test loss {rec.test_loss:.4f} accuracy {rec.test_accuracy:.4f}, "
     log.info(
-        "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units, "
-        "%seps=%s (delta=%g), server-to-server bytes %d, seconds intake %.2f %s %.2f update %.3f",
+        "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units "
+        "(total %.4g), "
+        "%seps=%s (delta=%g), server-to-server bytes %d, seconds: provider compute %.2f, "
+        "intake %.2f, %s %.3f, update %.3f",
         state.plan.cfg.role_name,
         rec.round,
         state.version,
         len(rec.received),
         len(rec.agreed),
         state.plan.sigma_units,
+        state.plan.total_noise_std_units,
         metrics,
         _eps(eps),
         state.plan.cfg.target_delta,
         rec.gc_bytes,
+        s.get("provider", 0.0),
         s.get("intake", 0.0),
         "circuit" if "circuit" in s else "exchange",
         s.get("circuit", s.get("exchange", 0.0)),

@@ -164,9 +164,14 @@ class ServerState:
             self.phase = pb.ROUND_PHASE_COLLECTING
             self.cond.notify_all()
 
-    def note_accepted(self, t: int, provider: str) -> None:
+    def note_accepted(self, t: int, provider: str, compute_seconds: float = 0.0) -> None:
+        """A share of ``provider`` is in round t's sum; ``compute_seconds`` is what the provider
+        reports it spent (for the round log only: the slowest provider's goes in)."""
         with self.cond:
             self.accepted.setdefault(t, set()).add(provider)
+            rec = self.history.get(t)
+            if rec is not None and math.isfinite(compute_seconds) and compute_seconds > 0:
+                rec.seconds["provider"] = max(rec.seconds.get("provider", 0.0), compute_seconds)
             self.cond.notify_all()
 
     def intake_complete(self, t: int) -> bool:

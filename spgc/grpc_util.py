@@ -653,6 +653,7 @@ def share_messages(
     submission_id: bytes,
     provider_id: str = "",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    compute_seconds: float = 0.0,
 ) -> Iterator[aggregation_pb2.ShareChunk]:
     """The SubmitShare request stream for a share vector (uint64, values < 2^ring_bits).
 
@@ -680,6 +681,7 @@ def share_messages(
         submission_id=submission_id,
         sha256=vector_sha256(arr),
         provider_id=provider_id,
+        compute_seconds=compute_seconds,
     )
     yield aggregation_pb2.ShareChunk(header=header)
     for i, data in enumerate(iter_vector_chunks(arr, chunk_bytes)):

@@ -90,7 +90,15 @@ def test_plain_gradient_is_the_exact_sum(pki: Path, tmp_path: Path) -> None:
 
 
 def test_ldp_round_with_real_providers_has_finite_epsilon(pki: Path, tmp_path: Path) -> None:
-    d1 = start_single(pki, tmp_path, mode="ldp", rounds=1, target_epsilon=8.0, max_batch_size=0)
+    d1 = start_single(
+        pki,
+        tmp_path,
+        mode="ldp",
+        rounds=1,
+        target_epsilon=8.0,
+        max_batch_size=0,
+        round_deadline=20.0,
+    )
     d = pki / "good"
     clients = []
     for i, name in enumerate(PROVIDERS):
@@ -119,6 +127,8 @@ def test_ldp_round_with_real_providers_has_finite_epsilon(pki: Path, tmp_path: P
             th.join(60)
         assert d1.wait(20) and d1.error is None
         assert d1.state.history[0].agreed == PROVIDERS
+        slowest = max(c.reports[-1].compute_seconds + c.reports[-1].encode_seconds for c in clients)
+        assert d1.state.history[0].seconds["provider"] == pytest.approx(slowest)
         eps = d1.state.epsilon()
         assert 0 < eps <= 8.0 and math.isfinite(eps)
         assert d1.state.summary()["epsilon"] == eps
