@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -70,8 +71,8 @@ class RunPlan:
         return accounting.PrivacyAccountant(
             self.noise_multiplier,
             self.cfg.target_delta,
-            self.cfg.sampling_rate,
             method=self.cfg.accountant,  # type: ignore[arg-type]
+            **_sampling(self.cfg),
         )
 
     def training_config(self, run_id: str) -> pb.TrainingConfig:
@@ -88,8 +89,7 @@ class RunPlan:
             clip_norm=c.clip_norm,
             l2_bound_units=float(self.fixed_point.l2_bound_units),
             rounding=pb.ROUNDING_CONDITIONAL_STOCHASTIC,
-            sampling=pb.BATCH_SAMPLING_POISSON,
-            sampling_rate=c.sampling_rate,
+            **_batch_fields(c),
             noise_multiplier=self.noise_multiplier,
             noise_std_units=self.sigma_units,
             step_epsilon=self.step_epsilon,
@@ -103,10 +103,34 @@ class RunPlan:
         )
 
 
+def _sampling(cfg: ServerConfig) -> dict[str, Any]:
+    """The accountant's sampling arguments. Fixed batches: the smallest provider's data is the
+    population (the largest sampling ratio, the worst case); data are split evenly."""
+    if cfg.batch_size <= 0:
+        return {"sampling_rate": cfg.sampling_rate, "sampling": "poisson"}
+    from spgc.data import load_dataset
+
+    population = load_dataset(cfg.dataset).n_train // len(cfg.providers)
+    if cfg.batch_size > population:
+        raise ValueError(
+            f"batch_size={cfg.batch_size} exceeds the {population} examples each of the "
+            f"{len(cfg.providers)} providers holds"
+        )
+    return {"sampling": "fixed", "sample_size": cfg.batch_size, "population": population}
+
+
+def _batch_fields(cfg: ServerConfig) -> dict[str, Any]:
+    if cfg.batch_size > 0:
+        return {"sampling": pb.BATCH_SAMPLING_SHUFFLE, "batch_size": cfg.batch_size}
+    return {"sampling": pb.BATCH_SAMPLING_POISSON, "sampling_rate": cfg.sampling_rate}
+
+
 def _max_batch(cfg: ServerConfig) -> int:
     """Largest batch any provider may contribute. A Poisson batch is bounded only by the
     provider's own data, which is at most the whole training set; loading it is cheap for
     the bundled datasets. A configured max_batch_size (an enforced cap) is tighter."""
+    if cfg.batch_size > 0:
+        return cfg.batch_size
     if cfg.max_batch_size > 0:
         return cfg.max_batch_size
     from spgc.data import load_dataset
@@ -124,9 +148,9 @@ def _noise_multiplier(cfg: ServerConfig) -> float:
             "accountant",
             cfg.target_epsilon,
             cfg.target_delta,
-            sampling_rate=cfg.sampling_rate,
             steps=cfg.rounds,
             method=cfg.accountant,  # type: ignore[arg-type]
+            **_sampling(cfg),
         )
     # classic/analytic: a per-release epsilon (the paper's convention); the accountant still
     # accounts the whole run and stops it at target_epsilon.

@@ -105,6 +105,10 @@ class ServerConfig:
     clip_norm: float = 1.0
     scale: float = 1024.0
     sampling_rate: float = 0.01
+    # > 0: the paper's fixed batches instead of Poisson sampling: every provider shuffles its
+    # data each epoch and contributes exactly this many examples per round (sampling_rate is
+    # then unused). Accounted as sampling without replacement (replace-one DP, RDP only).
+    batch_size: int = 0
     # Largest local batch of any provider (ring sizing). 0: the dataset's training-set size,
     # which bounds a Poisson batch whatever the split among providers.
     max_batch_size: int = 0
@@ -179,8 +183,20 @@ class ServerConfig:
             raise ConfigError(f"sampling_rate must be in (0, 1], got {self.sampling_rate}")
         if not 0 < self.target_delta < 1:
             raise ConfigError(f"target_delta must be in (0, 1), got {self.target_delta}")
-        if self.max_batch_size < 0 or self.noise_multiplier < 0 or self.step_epsilon < 0:
-            raise ConfigError("max_batch_size, noise_multiplier, step_epsilon must be >= 0")
+        if (
+            self.max_batch_size < 0
+            or self.noise_multiplier < 0
+            or self.step_epsilon < 0
+            or self.batch_size < 0
+        ):
+            raise ConfigError(
+                "max_batch_size, noise_multiplier, step_epsilon, batch_size must be >= 0"
+            )
+        if self.batch_size > 0 and self.accountant == "pld" and self.mode in NOISY_MODES:
+            raise ConfigError(
+                "fixed batches (batch_size > 0) are accounted with RDP only (dp-accounting has no "
+                "PLD for sampling without replacement): set accountant: rdp"
+            )
         if self.mode == "preprocessed" and self.pool_path is None:
             raise ConfigError(
                 "mode preprocessed keeps its noise pool on disk: set state_dir or pool_dir"

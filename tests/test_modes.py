@@ -211,3 +211,88 @@ def test_dng_exchange_is_exact_and_ring_holds_the_noise(pki: Path, tmp_path: Pat
     cfg = _cfg(pki, 1, tmp_path, mode="dng", noise_multiplier=50.0)
     spgc = _cfg(pki, 1, tmp_path, mode="spgc", noise_multiplier=50.0)
     assert make_plan(cfg).ring_bits > make_plan(spgc).ring_bits
+
+
+def real_clients(pki: Path, d1: ServerDaemon) -> list[ProviderClient]:
+    d = pki / "good"
+    return [
+        ProviderClient(
+            ProviderConfig(
+                name=name,
+                h1_address=f"127.0.0.1:{d1.port}",
+                tls_cert=d / f"{name}.pem",
+                tls_key=d / f"{name}.key",
+                tls_ca=d / "ca.pem",
+                provider_index=i,
+                provider_count=len(PROVIDERS),
+                min_noise_multiplier=0.3,
+                poll_interval=0.05,
+                wait_timeout=30.0,
+            ).validate()
+        )
+        for i, name in enumerate(PROVIDERS)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("accountant", "batch_size"), [("pld", 0), ("rdp", 5)], ids=["pld-poisson", "rdp-fixed"]
+)
+def test_accountants_and_fixed_batches_through_the_daemon(
+    pki: Path, tmp_path: Path, accountant: str, batch_size: int
+) -> None:
+    from spgc.accounting import PrivacyAccountant
+    from spgc.data import load_dataset
+
+    d1 = start_single(
+        pki,
+        tmp_path,
+        mode="ldp",
+        rounds=2,
+        target_epsilon=8.0,
+        max_batch_size=0,
+        round_deadline=20.0,
+        accountant=accountant,
+        batch_size=batch_size,
+        sampling_rate=0.05,
+    )
+    clients = real_clients(pki, d1)
+    try:
+        for c in clients:
+            tc = c.connect()
+        if batch_size:
+            assert tc.sampling == pb.BATCH_SAMPLING_SHUFFLE and tc.batch_size == batch_size
+        else:
+            assert tc.sampling == pb.BATCH_SAMPLING_POISSON and tc.sampling_rate == 0.05
+        assert tc.accountant == accountant
+        for _ in range(2):
+            threads = [threading.Thread(target=c.run_round) for c in clients]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(60)
+        assert d1.wait(20) and d1.error is None and d1.state.steps == 2
+        if batch_size:
+            assert all(r.batch_size == batch_size for c in clients for r in c.reports)
+            n_local = load_dataset("cancer").n_train // len(PROVIDERS)
+            ref = PrivacyAccountant(
+                d1.plan.noise_multiplier,
+                1e-5,
+                method="rdp",
+                sampling="fixed",
+                sample_size=batch_size,
+                population=n_local,
+            )
+        else:
+            ref = PrivacyAccountant(d1.plan.noise_multiplier, 1e-5, 0.05, method="pld")
+        ref.step(2)
+        assert d1.state.epsilon() == pytest.approx(ref.epsilon())
+        assert d1.state.summary()["epsilon"] == pytest.approx(ref.epsilon())
+    finally:
+        for c in clients:
+            c.close()
+        d1.stop()
+
+
+def test_fixed_batches_refuse_pld(pki: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="RDP only"):
+        _cfg(pki, 1, tmp_path, mode="ldp", accountant="pld", batch_size=5)
