@@ -259,6 +259,61 @@ def test_spgc_round_advances_model_and_skips_small_round(pki, tmp_path):
         d2.stop()
 
 
+def test_model_hash_mismatch_stops_both_servers(pki, tmp_path):
+    """If the two servers' updates ever differ, neither publishes and both stop loudly."""
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=3)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        d2.state.adam.lr *= 2  # a silent divergence (a bug, a corrupted state...)
+        vecs = [np.full(cfg.num_parameters, 10 * (i + 1), dtype=np.int64) for i in range(3)]
+        for p, v in zip(providers, vecs, strict=True):
+            p.submit_both(cfg, 0, v)
+        assert d1.wait(30) and d2.wait(30)
+        assert "model v1 differs between the servers" in str(d1.error)
+        assert "model v1 differs between the servers" in str(d2.error)
+        for dm in (d1, d2):
+            assert dm.state.version == 0 and dm.state.steps == 0  # nothing published
+        header, _ = providers[0].fetch(1)
+        assert header.version == 0
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_resume_needs_both_checkpoints(pki, tmp_path):
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=2)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        vecs = [np.full(cfg.num_parameters, 10 * (i + 1), dtype=np.int64) for i in range(3)]
+        for p, v in zip(providers, vecs, strict=True):
+            p.submit_both(cfg, 0, v)
+        wait_round_done((d1, d2), 0)
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    (tmp_path / "s2" / "checkpoint.json").unlink()  # H2 lost its state
+    kw = {"mode": "only-mpc", "rounds": 2}
+    a = ServerDaemon(_cfg(pki, 1, tmp_path / "s1", **kw)).bind()
+    b = ServerDaemon(_cfg(pki, 2, tmp_path / "s2", **kw)).bind()
+    assert a.state.round == 1 and b.state.round == 0
+    a.cfg.peer_address = f"127.0.0.1:{b.port}"
+    b.cfg.gc_address = f"127.0.0.1:{a.gc_port}"
+    try:
+        b.start()
+        a.start()
+        assert a.wait(30)
+        assert "both servers must resume the same checkpoint" in str(a.error)
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_config_yaml_and_overrides(tmp_path):
     f = tmp_path / "server.yaml"
     f.write_text("role: 2\ninsecure: true\nproviders: [a, b]\nrounds: 3\nmode: only-mpc\n")
