@@ -424,7 +424,7 @@ class H1Driver(_RoundLoop):
             return
         try:
             self.producer.sync()
-            if not self.state.finished:
+            if not self.state.finished and self.state.plan.cfg.pool_produce:
                 self.producer.fill(self.producer.target, progress=True)
             super().run()
         except PoolError as exc:

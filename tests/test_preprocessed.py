@@ -104,18 +104,16 @@ def test_empty_pool_without_production_fails_clearly(pki, tmp_path):
     )
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
-        cfg = providers[0].wait_collecting(0)
+        cfg = providers[0].wait_collecting(0)  # nothing precomputed, nothing produced
         values = [np.full(cfg.num_parameters, 7, dtype=np.int64) for _ in PROVIDERS]
-        run_rounds((d1, d2), providers, 0, 1, values)  # the initial fill holds one round
-        cfg = providers[0].wait_collecting(1)
         for p, v in zip(providers, values, strict=True):
-            p.submit_both(cfg, 1, v)
+            p.submit_both(cfg, 0, v)
         assert d1.wait(30) and d2.wait(30)
         assert "noise pool holds 0 unused samples" in str(d1.error)
         assert "spgc server precompute" in str(d1.error)
         assert "h1 ended the run" in str(d2.error)
-        assert 1 not in d1.state.history or d1.state.history[1].noisy_sum_units is None
-        assert d1.state.steps == 1  # round 1 released nothing
+        assert d1.state.history[0].noisy_sum_units is None  # nothing released
+        assert d1.state.steps == 0 and d2.state.steps == 0
     finally:
         for p in providers:
             p.close()
@@ -222,6 +220,46 @@ def test_restart_mid_training_never_reuses_a_pool_entry(pki, tmp_path, stored):
             y = np.asarray(d1.state.history[t].noisy_sum_units, dtype=np.int64)
             np.testing.assert_array_equal(y - s, z)
             assert np.abs(z).max() < 8 * sigma
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_precompute_fills_the_pool_then_training_uses_it(pki, tmp_path):
+    from test_server_daemon import _cfg
+
+    from servers.daemon import ServerDaemon
+
+    kw = {"mode": "preprocessed", "rounds": 2, "noise_multiplier": 1.0, "pool_block": 40}
+    for sub in ("s1", "s2"):
+        (tmp_path / sub).mkdir()
+    a = ServerDaemon(_cfg(pki, 1, tmp_path / "s1", **kw), precompute=130).bind()
+    b = ServerDaemon(_cfg(pki, 2, tmp_path / "s2", **kw), precompute=130).bind()
+    a.cfg.peer_address = f"127.0.0.1:{b.port}"
+    b.cfg.gc_address = f"127.0.0.1:{a.gc_port}"
+    try:
+        b.start()
+        a.start()
+        assert a.wait(60) and b.wait(60) and a.error is None and b.error is None
+        assert a.state.pool.available == b.state.pool.available == 130
+        assert [blk.count for blk in a.state.pool.blocks] == [40, 40, 40, 10]
+        assert a.state.steps == 0 and not a.state.history  # no training
+    finally:
+        a.stop()
+        b.stop()
+    with pytest.raises(ValueError, match="not preprocessed"):
+        ServerDaemon(_cfg(pki, 1, tmp_path / "s1", mode="spgc"), precompute=10)
+    # training without production takes the precomputed noise: 2 rounds of d = 62 samples
+    d1, d2 = start_pair_in(pki, tmp_path, pool_produce=False, pool_rounds=1, **kw)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        values = [np.full(cfg.num_parameters, 3, dtype=np.int64) for _ in PROVIDERS]
+        run_rounds((d1, d2), providers, 0, 2, values)
+        assert d1.wait(20) and d1.error is None and d2.error is None
+        assert d1.state.pool.available == 130 - 2 * cfg.num_parameters
     finally:
         for p in providers:
             p.close()
