@@ -26,7 +26,7 @@ import grpc
 from servers.aggregator import AggregatorServicer
 from servers.checkpoint import CheckpointError, config_digest, load_checkpoint
 from servers.coordinator import H1Driver, NoiseProducer, SingleDriver, is_unavailable
-from servers.gc_party import PartyLink
+from servers.gc_party import PartyLink, set_seed_journal
 from servers.intake import ShareIntake
 from servers.noise_pool import NoisePool
 from servers.peer import PeerServicer, config_differences
@@ -69,6 +69,7 @@ class ServerDaemon:
         role = pb.SERVER_ROLE_SINGLE if cfg.single_server else cfg.role
         self.state = ServerState(self.plan, role, self.intake)
         if cfg.state_dir is not None:
+            set_seed_journal(cfg.state_dir / "used-seeds")  # never a seed of an earlier process
             self.state.checkpoint_dir = cfg.state_dir
             if cfg.resume and precompute is None:
                 self._resume()
@@ -385,3 +386,5 @@ class ServerDaemon:
                 except Exception as exc:  # already closed: nothing left to release
                     log.debug("close: %s", exc)
         self.intake.close()
+        if self.cfg.state_dir is not None:
+            set_seed_journal(None)

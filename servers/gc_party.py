@@ -22,10 +22,12 @@ coordinates.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,7 @@ __all__ = [
     "run_aggregate",
     "run_sampler",
     "sample_noise_plain",
+    "set_seed_journal",
 ]
 
 ROLES = ("garbler", "evaluator")
@@ -81,15 +84,35 @@ def _check_seed(seed: bytes | bytearray | memoryview) -> bytes:
 
 _used_seeds: set[bytes] = set()
 _used_seeds_lock = threading.Lock()
+_seed_journal: Path | None = None
+
+
+def set_seed_journal(path: Path | None) -> None:
+    """Keep the digests of used seeds in ``path`` too (appended, fsynced), and refuse every seed
+    recorded there: a restarted server (or a VM restored from a snapshot, whose RNG may replay)
+    then cannot reuse a seed of an earlier process. None: this process's memory only."""
+    global _seed_journal
+    with _used_seeds_lock:
+        _seed_journal = path
+        if path is not None and path.exists():
+            data = path.read_bytes()
+            _used_seeds.update(data[i : i + 32] for i in range(0, len(data) - 31, 32))
 
 
 def _claim_seed(seed: bytes) -> None:
-    """Refuses a round seed this process has already used for noise (a reused seed repeats
-    the noise, and differences of two releases would cancel it). Only digests are kept."""
+    """Refuses a round seed already used for noise (a reused seed repeats the noise, and
+    differences of two releases would cancel it). Only digests are kept."""
     digest = hashlib.sha256(b"spgc-round-seed" + seed).digest()
     with _used_seeds_lock:
         if digest in _used_seeds:
             raise ValueError("this round seed was used before: draw a fresh one for every round")
+        if _seed_journal is not None:
+            fd = os.open(_seed_journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, digest)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         _used_seeds.add(digest)
 
 

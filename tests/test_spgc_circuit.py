@@ -175,3 +175,21 @@ def test_table_sampler_baseline(two_party):
     assert np.array_equal(spgc_circuit.decode_signed(out_g, width), y)
     assert (y - np.array(sums)).tolist() == table[(ig ^ ie).astype(np.int64)].tolist()
     assert "NOT differentially private" in spgc_circuit.TABLE_SAMPLER_LABEL
+
+
+def test_seed_journal_refuses_a_seed_of_an_earlier_process(tmp_path, monkeypatch):
+    journal = tmp_path / "used-seeds"
+    monkeypatch.setattr(gc_party, "_used_seeds", set())
+    try:
+        gc_party.set_seed_journal(journal)
+        seed = os.urandom(32)
+        gc_party._claim_seed(seed)
+        assert journal.stat().st_size == 32 and (journal.stat().st_mode & 0o777) == 0o600
+        monkeypatch.setattr(gc_party, "_used_seeds", set())  # a new process: memory is empty
+        gc_party.set_seed_journal(journal)
+        with pytest.raises(ValueError, match="used before"):
+            gc_party._claim_seed(seed)
+        gc_party._claim_seed(os.urandom(32))
+        assert journal.stat().st_size == 64
+    finally:
+        gc_party.set_seed_journal(None)
