@@ -19,12 +19,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from servers.private_files import write_private
 from spgc.wire import aggregation_pb2 as pb
 
 __all__ = ["CheckpointError", "config_digest", "load_checkpoint", "save_checkpoint"]
@@ -42,38 +42,20 @@ def config_digest(config: pb.TrainingConfig) -> str:
     return hashlib.sha256(config.SerializeToString(deterministic=True)).hexdigest()
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(directory: Path, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """Store ``arrays`` (.npz) and ``record`` (JSON, which names the .npz) in ``directory``."""
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     data = buf.getvalue()
     name = f"checkpoint-{int(record['version']):08d}.npz"
-    _write_private(directory / name, data)
+    write_private(directory / name, data)
     record = {
         **record,
         "format": _FORMAT,
         "arrays": name,
         "arrays_sha256": hashlib.sha256(data).hexdigest(),
     }
-    _write_private(directory / _NAME, json.dumps(record, indent=1, sort_keys=True).encode())
+    write_private(directory / _NAME, json.dumps(record, indent=1, sort_keys=True).encode())
     for old in directory.glob("checkpoint-*.npz"):
         if old.name != name:
             old.unlink(missing_ok=True)

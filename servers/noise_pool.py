@@ -43,6 +43,7 @@ import numpy as np
 
 from garbled_core.circuit import CircuitBuilder
 from servers.noise_sampler import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
+from servers.private_files import write_private
 from servers.spgc_circuit import check_ring_bits
 
 __all__ = [
@@ -181,29 +182,6 @@ class PoolSlice:
     count: int
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically and durably, readable by this user only."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(path)
-    _fsync_dir(path.parent)
-
-
 def reconcile(
     mine: tuple[tuple[int, int], list[PoolBlock]],
     theirs: tuple[tuple[int, int], list[PoolBlock]],
@@ -272,7 +250,7 @@ class NoisePool:
         path = self.dir / "pool.json"
         want = self._meta()
         if not path.exists():
-            _write_private(path, json.dumps(want, sort_keys=True).encode())
+            write_private(path, json.dumps(want, sort_keys=True).encode())
             return
         have = json.loads(path.read_text())
         diff = [k for k in want if have.get(k) != want[k]]
@@ -317,7 +295,7 @@ class NoisePool:
 
     def _save_cursor(self) -> None:
         data = json.dumps({"block": self.cursor[0], "offset": self.cursor[1]}).encode()
-        _write_private(self.dir / "cursor.json", data)
+        write_private(self.dir / "cursor.json", data)
 
     def _delete(self, block: PoolBlock) -> None:
         for path in (self._json(block.index), self._bin(block.index)):
@@ -386,14 +364,14 @@ class NoisePool:
         if not 1 <= len(shares) <= MAX_BLOCK_SAMPLES:
             raise PoolError(f"a block holds 1..{MAX_BLOCK_SAMPLES} samples, got {len(shares)}")
         data = shares.astype("<u8").tobytes()
-        _write_private(self._bin(index), data)
+        write_private(self._bin(index), data)
         meta = {
             "index": index,
             "block_id": block_id.hex(),
             "count": len(shares),
             "sha256": hashlib.sha256(data).hexdigest(),
         }
-        _write_private(self._json(index), json.dumps(meta, sort_keys=True).encode())
+        write_private(self._json(index), json.dumps(meta, sort_keys=True).encode())
         block = PoolBlock(index, bytes(block_id), len(shares))
         self.blocks.append(block)
         self._verified.add(index)

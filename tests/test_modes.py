@@ -99,22 +99,7 @@ def test_ldp_round_with_real_providers_has_finite_epsilon(pki: Path, tmp_path: P
         max_batch_size=0,
         round_deadline=20.0,
     )
-    d = pki / "good"
-    clients = []
-    for i, name in enumerate(PROVIDERS):
-        pcfg = ProviderConfig(
-            name=name,
-            h1_address=f"127.0.0.1:{d1.port}",
-            tls_cert=d / f"{name}.pem",
-            tls_key=d / f"{name}.key",
-            tls_ca=d / "ca.pem",
-            provider_index=i,
-            provider_count=len(PROVIDERS),
-            min_noise_multiplier=0.3,
-            poll_interval=0.05,
-            wait_timeout=20.0,
-        ).validate()
-        clients.append(ProviderClient(pcfg))
+    clients = real_clients(pki, d1)
     try:
         threads = [threading.Thread(target=c.run_round) for c in clients]
         for c in clients:

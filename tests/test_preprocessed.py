@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
+from test_server_daemon import PROVIDERS, Provider, _cfg, bind_pair, start_pair, wait_round_done
 
 from servers import coordinator, noise_pool, peer
 from servers.gc_party import sample_noise_plain
@@ -121,23 +121,6 @@ def test_empty_pool_without_production_fails_clearly(pki, tmp_path):
         d2.stop()
 
 
-def start_pair_in(pki: Path, tmp: Path, **kw):
-    """Like start_pair, on existing state directories (a restart)."""
-    from test_server_daemon import _cfg
-
-    from servers.daemon import ServerDaemon
-
-    for sub in ("s1", "s2"):
-        (tmp / sub).mkdir(exist_ok=True)
-    d1 = ServerDaemon(_cfg(pki, 1, tmp / "s1", **kw)).bind()
-    d2 = ServerDaemon(_cfg(pki, 2, tmp / "s2", **kw)).bind()
-    d1.cfg.peer_address = f"127.0.0.1:{d2.port}"
-    d2.cfg.gc_address = f"127.0.0.1:{d1.gc_port}"
-    d2.start()
-    d1.start()
-    return d1, d2
-
-
 @pytest.fixture
 def stored(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, int], np.ndarray]:
     """Records every block each server's pool stores: (role, index) -> its shares."""
@@ -155,7 +138,7 @@ def stored(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, int], np.ndarray]
 def test_restart_mid_training_never_reuses_a_pool_entry(pki, tmp_path, stored):
     kw = {"mode": "preprocessed", "rounds": 4, "noise_multiplier": 1.0}
     kw.update(pool_rounds=3, pool_block=150)
-    d1, d2 = start_pair_in(pki, tmp_path, **kw)
+    d1, d2 = start_pair(pki, tmp_path, **kw)
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
         cfg = providers[0].wait_collecting(0)
@@ -177,7 +160,7 @@ def test_restart_mid_training_never_reuses_a_pool_entry(pki, tmp_path, stored):
     h2_pool.take(h2_pool.position(5), 99)
     del h2_pool
 
-    d1, d2 = start_pair_in(pki, tmp_path, **kw)
+    d1, d2 = start_pair(pki, tmp_path, **kw)
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
         assert d1.state.run_id == run_id and d1.state.round == 2 and d1.state.steps == 2
@@ -228,17 +211,10 @@ def test_restart_mid_training_never_reuses_a_pool_entry(pki, tmp_path, stored):
 
 
 def test_precompute_fills_the_pool_then_training_uses_it(pki, tmp_path):
-    from test_server_daemon import _cfg
-
     from servers.daemon import ServerDaemon
 
     kw = {"mode": "preprocessed", "rounds": 2, "noise_multiplier": 1.0, "pool_block": 40}
-    for sub in ("s1", "s2"):
-        (tmp_path / sub).mkdir()
-    a = ServerDaemon(_cfg(pki, 1, tmp_path / "s1", **kw), precompute=130).bind()
-    b = ServerDaemon(_cfg(pki, 2, tmp_path / "s2", **kw), precompute=130).bind()
-    a.cfg.peer_address = f"127.0.0.1:{b.port}"
-    b.cfg.gc_address = f"127.0.0.1:{a.gc_port}"
+    a, b = bind_pair(pki, tmp_path, precompute=130, **kw)
     try:
         b.start()
         a.start()
@@ -252,7 +228,7 @@ def test_precompute_fills_the_pool_then_training_uses_it(pki, tmp_path):
     with pytest.raises(ValueError, match="not preprocessed"):
         ServerDaemon(_cfg(pki, 1, tmp_path / "s1", mode="spgc"), precompute=10)
     # training without production takes the precomputed noise: 2 rounds of d = 62 samples
-    d1, d2 = start_pair_in(pki, tmp_path, pool_produce=False, pool_rounds=1, **kw)
+    d1, d2 = start_pair(pki, tmp_path, pool_produce=False, pool_rounds=1, **kw)
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
         cfg = providers[0].wait_collecting(0)

@@ -59,13 +59,20 @@ def _cfg(pki: Path, role: int, state: Path, **kw) -> ServerConfig:
     return ServerConfig(**base).validate()
 
 
-def start_pair(pki: Path, tmp: Path, **kw) -> tuple[ServerDaemon, ServerDaemon]:
-    (tmp / "s1").mkdir()
-    (tmp / "s2").mkdir()
-    d1 = ServerDaemon(_cfg(pki, 1, tmp / "s1", **kw)).bind()
-    d2 = ServerDaemon(_cfg(pki, 2, tmp / "s2", **kw)).bind()
+def bind_pair(pki: Path, tmp: Path, precompute: int | None = None, **kw):
+    """H1 and H2 on state directories tmp/s1 and tmp/s2 (kept: a restart reuses them), bound
+    and pointed at each other, not started."""
+    for sub in ("s1", "s2"):
+        (tmp / sub).mkdir(exist_ok=True)
+    d1 = ServerDaemon(_cfg(pki, 1, tmp / "s1", **kw), precompute).bind()
+    d2 = ServerDaemon(_cfg(pki, 2, tmp / "s2", **kw), precompute).bind()
     d1.cfg.peer_address = f"127.0.0.1:{d2.port}"
     d2.cfg.gc_address = f"127.0.0.1:{d1.gc_port}"
+    return d1, d2
+
+
+def start_pair(pki: Path, tmp: Path, **kw) -> tuple[ServerDaemon, ServerDaemon]:
+    d1, d2 = bind_pair(pki, tmp, **kw)
     d2.start()
     d1.start()
     return d1, d2
@@ -298,12 +305,8 @@ def test_resume_needs_both_checkpoints(pki, tmp_path):
         d1.stop()
         d2.stop()
     (tmp_path / "s2" / "checkpoint.json").unlink()  # H2 lost its state
-    kw = {"mode": "only-mpc", "rounds": 2}
-    a = ServerDaemon(_cfg(pki, 1, tmp_path / "s1", **kw)).bind()
-    b = ServerDaemon(_cfg(pki, 2, tmp_path / "s2", **kw)).bind()
+    a, b = bind_pair(pki, tmp_path, mode="only-mpc", rounds=2)
     assert a.state.round == 1 and b.state.round == 0
-    a.cfg.peer_address = f"127.0.0.1:{b.port}"
-    b.cfg.gc_address = f"127.0.0.1:{a.gc_port}"
     try:
         b.start()
         a.start()
