@@ -329,9 +329,10 @@ class NoiseProducer:
         )
         start = time.perf_counter()
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
-        shares, _ = produce_noise_shares(
+        shares, info = produce_noise_shares(
             "garbler", self.link, count, self.pool.sigma_units, self.pool.ring_bits, os.urandom(32)
         )
+        self.state.offline_bytes += info["sent"] + info["received"]
         msg.step = peer_pb2.NoiseBlock.STEP_FINISH
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK + cfg.pool_wait)
         self.pool.add_block(block.index, block.block_id, shares)

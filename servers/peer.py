@@ -286,6 +286,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             raise FailedPreconditionError(f"noise block {block.index} failed: {job.error}")
         with self._lock:
             state.pool.add_block(block.index, bytes(block.block_id), job.shares)
+            state.offline_bytes += job.bytes
         return out
 
     @abort_on_error
@@ -378,6 +379,7 @@ class _NoiseJob:
         self.block = peer_pb2.PoolBlock()
         self.block.CopyFrom(block)
         self.shares: Any = None
+        self.bytes = 0
         self.error: BaseException | None = None
         self.thread = threading.Thread(
             target=self._run, args=(link, pool), name=f"spgc-h2-noise-{block.index}", daemon=True

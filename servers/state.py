@@ -102,6 +102,7 @@ class ServerState:
         self.finished = False
         self.last_peer_call = time.monotonic()  # H2: when H1 last called (liveness)
         self.pool: Any = None  # mode preprocessed: this server's servers.noise_pool.NoisePool
+        self.offline_bytes = 0  # preprocessed: bytes this server moved producing noise shares
         self.checkpoint_dir: Path | None = None  # where save_checkpoint writes (state_dir)
 
     # ------------------------------------------------------------------ queries
@@ -303,6 +304,7 @@ class ServerState:
                 "noise_std_units": self.plan.sigma_units,
                 "noise_std_total_units": self.plan.total_noise_std_units,
                 "gc_bytes": sum(r.gc_bytes for r in self.history.values()),
+                "offline_gc_bytes": self.offline_bytes,
                 "history": [_round_summary(r) for r in self.history.values() if r.phase in _ENDED],
                 "finished": self.finished,
                 "failure": self.failure,

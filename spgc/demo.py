@@ -259,7 +259,10 @@ def run_cli(opts: DemoOptions, as_json: bool) -> int:
     parts.append(
         "no DP noise" if eps is None else f"epsilon {eps:.4f} (delta {summary['delta']:g})"
     )
-    parts.append(f"{summary['gc_bytes'] / 1e6:.1f} MB between the servers")
+    between = f"{summary['gc_bytes'] / 1e6:.1f} MB between the servers"
+    if summary.get("offline_gc_bytes"):
+        between += f" (+ {summary['offline_gc_bytes'] / 1e6:.1f} MB making noise shares offline)"
+    parts.append(between)
     parts.append(f"{summary['seconds']:.1f} s")
     print("done: " + ", ".join(parts))
     return 0

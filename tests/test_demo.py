@@ -37,18 +37,20 @@ def test_demo_only_mpc_reports_no_privacy():
     assert summary["steps"] == 1
 
 
-@pytest.mark.parametrize("mode", ["ldp", "dng"])
-def test_demo_noisy_modes_without_circuit(mode):
+@pytest.mark.parametrize("mode", ["ldp", "dng", "preprocessed"])
+def test_demo_noisy_modes_without_circuit_in_the_round(mode):
     summary = run_demo("--rounds", "1", "--mode", mode, "--epsilon", "8")
     assert summary["mode"] == mode and summary["steps"] == 1
     assert 0 < summary["epsilon"] <= 8
-    assert summary["gc_bytes"] == (0 if mode == "ldp" else 2 * 8 * 62)  # dng: two noisy shares
+    # dng and preprocessed: two ring elements per coordinate, one each way
+    assert summary["gc_bytes"] == (0 if mode == "ldp" else 2 * 8 * 62)
+    assert (summary["offline_gc_bytes"] > 1000 * 62) == (mode == "preprocessed")
     assert summary["failure"] is None
 
 
 def test_demo_refuses_unknown_mode_cleanly():
     done = subprocess.run(
-        [sys.executable, "-m", "spgc", "demo", "--mode", "preprocessed"],
+        [sys.executable, "-m", "spgc", "demo", "--mode", "secure-ish"],
         capture_output=True,
         text=True,
     )

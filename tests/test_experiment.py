@@ -16,7 +16,13 @@ from spgc import experiment
 from spgc.cli import main
 from spgc.experiment import COLUMNS, Run, epoch_rows, plan_runs, read_csv
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def _env_with_absolute_pythonpath() -> dict[str, str]:
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        parts = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in parts if p)
+    return env
 
 
 def test_quick_run_end_to_end(tmp_path: Path) -> None:
@@ -33,8 +39,8 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
             "--plot",
             str(png),
         ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,  # the installed package (CI), or the checkout via an absolute PYTHONPATH
+        env=_env_with_absolute_pythonpath(),
         capture_output=True,
         text=True,
         timeout=240,
