@@ -23,9 +23,9 @@ over the rounds so far as H1 measured them (cumulative, like the paper's whole-t
 The split follows the paper's Table 1 ("computation" = Algorithm 1 lines 1-5, the providers'
 work; "communication" = everything else):
 
-- ``computation_s`` = provider compute + update: per round the slowest provider's own seconds
-  for fetching the model's data, clipped per-example gradients, encoding and sharing (each
-  provider reports them with its share), plus the servers' model update (Adam);
+- ``computation_s`` = provider compute + update: per round the largest of the providers' own
+  seconds for clipped per-example gradients and fixed-point encoding (each provider reports
+  them with its share), plus the servers' model update (Adam);
 - ``communication_s`` = the rest of the round: (intake - provider compute), i.e. the providers'
   model download and share upload and the wait for the slowest one, plus the two servers'
   interactive phase (the garbled circuit, or dng's/preprocessed's exchange and decode);
@@ -288,7 +288,8 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
 
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Test accuracy against epoch: one subplot per dataset, one line per mode/epsilon."""
+    """Test accuracy against epoch: one subplot per dataset, one line per mode/epsilon
+    (colour = mode, line style = per-step epsilon)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -297,22 +298,37 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     if not datasets:
         raise ExperimentError("nothing to plot: no completed epoch")
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4), squeeze=False)
+    colours = {m: f"C{i}" for i, m in enumerate(MODES)}
+    epsilons = sorted({r["step_epsilon"] for r in rows if r["step_epsilon"] is not None})
+    styles = ["-", "--", ":", "-."]
+    # the largest epsilon solid, smaller ones dashed, then dotted
+    style = {e: styles[(len(epsilons) - 1 - i) % len(styles)] for i, e in enumerate(epsilons)}
+    fig, axes = plt.subplots(
+        1, len(datasets), figsize=(4.5 * len(datasets) + 2, 4.2), squeeze=False
+    )
     for ax, d in zip(axes[0], datasets, strict=True):
-        lines: dict[str, list[tuple[int, float]]] = {}
+        lines: dict[tuple[str, Any], list[tuple[int, float]]] = {}
         for r in rows:
             if r["dataset"] == d and r["test_accuracy"] is not None:
-                label = Run(d, r["mode"], r["step_epsilon"]).label
-                lines.setdefault(label, []).append((r["epoch"], r["test_accuracy"]))
-        for label, pts in lines.items():
+                key = (r["mode"], r["step_epsilon"])
+                lines.setdefault(key, []).append((r["epoch"], r["test_accuracy"]))
+        for (mode, eps), pts in lines.items():
             xs, ys = zip(*sorted(pts), strict=True)
-            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+            ax.plot(
+                xs,
+                ys,
+                color=colours.get(mode, "k"),
+                linestyle="-" if eps is None else style[eps],
+                marker="o",
+                markersize=2.5,
+                label=Run(d, mode, eps).label,
+            )
         ax.set_title(d)
         ax.set_xlabel("epoch")
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"accuracy per epoch ({PROVIDERS} providers, classic calibration, delta 1e-3)")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{PROVIDERS} providers, per-step epsilon, classic calibration, delta 1e-3")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -341,12 +357,14 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _split(values: Sequence[str] | None) -> list[str]:
-    return [v for item in values or () for v in item.split(",") if v.strip()]
+    return [v.strip() for item in values or () for v in item.split(",") if v.strip()]
 
 
 def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the experiment's options to ``parser`` (the `spgc experiment` subparser)."""
-    parser.add_argument("--datasets", nargs="+", metavar="D", help="default: mnist cancer diabetes")
+    parser.add_argument(
+        "--datasets", nargs="+", metavar="D", help=f"default: {' '.join(DATASET_DEFAULTS)}"
+    )
     parser.add_argument("--modes", nargs="+", metavar="M", help=f"default: {' '.join(MODES)}")
     parser.add_argument(
         "--epsilons", nargs="+", metavar="E", help="per-step epsilons (default: 0.5 2 8)"
