@@ -60,8 +60,8 @@ PAPER_DELTA = 1e-3
 PROVIDERS = 3
 # Per dataset: Adam learning rate and number of epochs of a full experiment.
 EXPERIMENT_DEFAULTS: dict[str, dict[str, float]] = {
-    "cancer": {"lr": 0.05, "epochs": 20},
-    "diabetes": {"lr": 0.02, "epochs": 20},
+    "cancer": {"lr": 0.05, "epochs": 15},
+    "diabetes": {"lr": 0.02, "epochs": 10},
     "mnist": {"lr": 0.005, "epochs": 10},
 }
 # --quick: small enough for CI (two short runs, about a minute).
@@ -294,6 +294,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     if not datasets:
@@ -325,6 +326,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
             )
         ax.set_title(d)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
