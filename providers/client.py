@@ -49,7 +49,7 @@ from spgc import __version__
 from spgc.accounting import per_step_epsilon
 from spgc.data import fixed_batches, load_dataset, poisson_batch, split_among_providers
 from spgc.encoding import FixedPointConfig, default_rounding_rng, encode_batch, stochastic_round
-from spgc.gradients import clip_per_example, per_example_gradients
+from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
 from spgc.grpc_util import (
     WireError,
     make_channel,
@@ -612,7 +612,8 @@ class ProviderClient:
         total = np.zeros(tc.num_parameters, dtype=np.int64)
         real_sum = np.zeros(tc.num_parameters, dtype=np.float64)
         compute = encode = 0.0
-        step = self.cfg.gradient_chunk
+        # gradient_chunk examples at a time, fewer for a big model (bounded memory).
+        step = bounded_chunk(self.cfg.gradient_chunk, tc.num_parameters)
         for start in range(0, len(batch), step):
             idx = batch[start : start + step]
             t0 = time.perf_counter()

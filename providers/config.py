@@ -85,6 +85,8 @@ class ProviderConfig:
     wait_timeout: float | None = None
     max_rounds: int | None = None
     chunk_bytes: int = 0
+    # Examples per vectorised gradient chunk; lowered automatically for big models so a chunk's
+    # float64 gradients stay within 128 MiB (spgc.gradients.bounded_chunk).
     gradient_chunk: int = 256
 
     # ------------------------------------------------------------------ derived views

@@ -82,7 +82,7 @@ class RunPlan:
             run_id=run_id,
             mode=_MODES[c.mode],
             dataset=c.dataset,
-            model=c.dataset,
+            model=c.model.strip().lower() or c.dataset,
             num_parameters=self.dim,
             ring_bits=self.ring_bits,
             scale=c.scale,
@@ -179,7 +179,7 @@ def _ring_noise_std(mode: str, sigma_units: float, providers: int) -> float:
 
 def make_plan(cfg: ServerConfig) -> RunPlan:
     """Derive the run's parameters; ValueError (naming the limit) if no ring fits."""
-    params = flatten_params(build_model(cfg.dataset, seed=cfg.model_seed))
+    params = flatten_params(build_model(cfg.model_name, seed=cfg.model_seed))
     fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=len(params))
     k = len(cfg.providers)
     bound = max_abs_sum_units(_max_batch(cfg), fp.l2_bound_units, providers=k)

@@ -114,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(TLS with certificates made on the fly), train, show progress, stop everything.",
     )
     demo.add_argument("--dataset", default="cancer", choices=["cancer", "diabetes", "mnist"])
+    demo.add_argument(
+        "--model",
+        default="",
+        metavar="NAME",
+        help="train this model instead of the dataset's own, e.g. mnist-wide (10M parameters)",
+    )
     demo.add_argument("--providers", type=_positive_int, default=3, metavar="K")
     demo.add_argument("--rounds", type=_positive_int, default=5, metavar="R")
     demo.add_argument("--mode", default="spgc", choices=list(MODES))
@@ -191,6 +197,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         epsilon=args.epsilon,
         delta=args.delta,
         insecure=args.insecure,
+        model=args.model,
         timeout=args.timeout,
         keep=args.keep,
     )

@@ -98,6 +98,9 @@ class ServerConfig:
     run_id: str = ""  # empty: H1 draws one, H2 adopts H1's at the Handshake
     providers: list[str] = field(default_factory=list)
     dataset: str = "cancer"
+    # The model trained: empty means the dataset's paper model; otherwise a name of
+    # spgc.models.MODEL_NAMES whose input shape is the dataset's (e.g. mnist-wide on mnist).
+    model: str = ""
     mode: str = "spgc"
     rounds: int = 10
     min_providers: int = 2
@@ -136,6 +139,26 @@ class ServerConfig:
         return None if self.state_dir is None else self.state_dir / "noise-pool"
 
     @property
+    def model_name(self) -> str:
+        """The model trained: ``model`` if set, else the dataset's own (same name)."""
+        return (self.model or self.dataset).strip().lower()
+
+    def _validate_model(self) -> None:
+        """A named model must exist and read the dataset's examples, or every provider would
+        fail mid-round; checked statically (no data or weights loaded)."""
+        from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
+
+        name = self.model_name
+        if name not in MODEL_NAMES:
+            raise ConfigError(f"model must be one of {', '.join(MODEL_NAMES)}, got {self.model!r}")
+        data_shape = MODEL_INPUT_SHAPES.get(self.dataset.strip().lower())
+        if data_shape is not None and MODEL_INPUT_SHAPES[name] != data_shape:
+            raise ConfigError(
+                f"model {name} reads inputs of shape {MODEL_INPUT_SHAPES[name]}, but dataset "
+                f"{self.dataset} has examples of shape {data_shape}"
+            )
+
+    @property
     def single_server(self) -> bool:
         """One server, no peer, no garbled circuit (modes plain and ldp)."""
         return self.mode in SINGLE_SERVER_MODES
@@ -151,6 +174,8 @@ class ServerConfig:
             )
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.model:
+            self._validate_model()
         if self.single_server and self.role != 1:
             raise ConfigError(
                 f"mode {self.mode} runs ONE server (role 1, no peer, no garbled circuit); "

@@ -35,6 +35,19 @@ DATASET_DEFAULTS: dict[str, dict[str, float]] = {
     "mnist": {"sampling_rate": 1000 / 20000, "lr": 0.005},
 }
 
+# Per model other than a dataset's own (--model): server keys that replace the dataset's. The
+# 10M-parameter mnist-wide costs a provider about 1 s per example on this machine (per-example
+# gradient, clipping and encoding of 10M values), so its batch is about 10 examples per
+# provider, and the round deadline and the peer's patience are longer.
+MODEL_DEFAULTS: dict[str, dict[str, float]] = {
+    "mnist-wide": {
+        "sampling_rate": 10 / 20000,
+        "lr": 0.001,
+        "round_deadline": 300.0,
+        "peer_timeout": 1200.0,
+    },
+}
+
 
 class DemoError(RuntimeError):
     """The demo could not run or a daemon failed; the message says which and why."""
@@ -49,6 +62,8 @@ class DemoOptions:
     epsilon: float = 4.0
     delta: float = 1e-5
     insecure: bool = False
+    # Empty: the dataset's own model; else a spgc.models name reading the dataset's examples.
+    model: str = ""
     timeout: float = 600.0
     keep: bool = False
     # Extra keys for every server's / provider's YAML (spgc experiment: rounds of several
@@ -81,6 +96,13 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         raise DemoError(f"mode {opts.mode!r} is not available yet; choose from {MODES}")
     if not 1 <= opts.providers <= 50:
         raise DemoError("--providers must be in 1..50")
+    if opts.model:
+        from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
+
+        if MODEL_INPUT_SHAPES.get(opts.model) != MODEL_INPUT_SHAPES[opts.dataset]:
+            shape = MODEL_INPUT_SHAPES[opts.dataset]
+            fits = [n for n in MODEL_NAMES if MODEL_INPUT_SHAPES[n] == shape]
+            raise DemoError(f"model {opts.model!r} does not read {opts.dataset}; choose: {fits}")
     names = [f"p{i + 1}" for i in range(opts.providers)]
     pki = None if opts.insecure else make_dev_pki(work / "pki", ["h1", "h2", *names])
     listen1, listen2, gc = _free_ports(3)
@@ -115,6 +137,9 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             "target_epsilon": opts.epsilon,
             "target_delta": opts.delta,
         }
+        if opts.model:
+            cfg["model"] = opts.model
+            cfg.update(MODEL_DEFAULTS.get(opts.model, {}))
         cfg.update(opts.server_overrides)
         (work / f"h{role}-state").mkdir(mode=0o700)
         if pki is None:
@@ -213,7 +238,8 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
         server_cfgs, provider_cfgs = write_configs(opts, work)
         link = "plaintext (--insecure)" if opts.insecure else "TLS 1.3, mutual certificates"
         print(
-            f"spgc demo: {opts.dataset}, {opts.providers} providers, {opts.rounds} rounds, "
+            f"spgc demo: {opts.dataset}{f' ({opts.model})' if opts.model else ''}, "
+            f"{opts.providers} providers, {opts.rounds} rounds, "
             f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}",
             file=out,
         )

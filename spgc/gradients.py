@@ -28,6 +28,22 @@ from spgc.models import parameter_count
 # (activations and gradients of a chunk) without costing measurable speed.
 DEFAULT_CHUNK = 256
 
+# Largest float64 per-example gradient matrix (chunk x d x 8 bytes) one chunk may make. A
+# chunk's transient working set is a few times this (the float32 torch.func output and its
+# concatenation, the float64 copy, the clipped copy, the encoder's temporaries: about 60 bytes
+# per entry in all), so 128 MiB keeps a provider's gradient step near 1 GB. The paper's models
+# are unaffected (mnist: 579 rows fit, above DEFAULT_CHUNK); a 10M-parameter model gets 1 row.
+CHUNK_BUDGET_BYTES = 128 * 2**20
+
+
+def bounded_chunk(requested: int, dim: int, budget_bytes: int = CHUNK_BUDGET_BYTES) -> int:
+    """``requested`` examples per chunk, lowered so that chunk x dim x 8 bytes stays within
+    ``budget_bytes`` (at least 1): without it, 256 examples of a 10M-parameter model would be a
+    20 GB matrix per provider."""
+    if requested < 1 or dim < 0 or budget_bytes < 1:
+        raise ValueError(f"need requested >= 1, dim >= 0, budget_bytes >= 1, got {requested}")
+    return max(1, min(requested, budget_bytes // max(1, 8 * dim)))
+
 
 def _as_tensors(
     model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor
@@ -122,13 +138,16 @@ def clipped_gradient_sum(
 ) -> np.ndarray:
     """Sum over the batch of the per-example gradients, each clipped to L2 norm <= ``clip_norm``:
     a float64 vector of length d. Works chunk by chunk, so memory is O(chunk_size * d) whatever
-    the batch size; an empty batch gives the zero vector."""
+    the batch size (chunk_size is capped by :func:`bounded_chunk`); an empty batch gives the
+    zero vector."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if not (np.isfinite(clip_norm) and clip_norm > 0):
         raise ValueError(f"clip_norm must be a positive finite number, got {clip_norm}")
     xt, yt = _as_tensors(model, x, y)
-    total = np.zeros(parameter_count(model), dtype=np.float64)
+    d = parameter_count(model)
+    chunk_size = bounded_chunk(chunk_size, d)
+    total = np.zeros(d, dtype=np.float64)
     for start in range(0, int(xt.shape[0]), chunk_size):
         stop = start + chunk_size
         g = per_example_gradients(model, xt[start:stop], yt[start:stop], chunk_size=chunk_size)

@@ -15,6 +15,10 @@ Architectures (d = number of parameters):
   activations, whose gradient is zero almost everywhere, so plain backpropagation cannot train
   them (XONN trains with a straight-through estimator). We use ``tanh``, the smooth function
   with the same range and sign, as the differentiable stand-in.
+- ``mnist-wide`` (d = 10,000,315): not from the paper; an MLP 784 -> 12,579 (ReLU) -> 10 for the
+  mnist data, i.e. 784*12,579 + 12,579 + 12,579*10 + 10 parameters, the narrowest such MLP
+  with d >= 10,000,000. It exists to exercise the system at a 10M-parameter scale (chunked
+  model fetch and share submission, server memory, per-example gradient memory).
 
 Initialisation: PyTorch's default distribution for Linear/Conv2d (weights and biases uniform in
 +-1/sqrt(fan_in), which is kaiming_uniform with a = sqrt(5)), but drawn from a
@@ -36,17 +40,26 @@ import numpy as np
 import torch
 from torch import nn
 
-MODEL_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist")
+MODEL_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist", "mnist-wide")
 
 # Input shape each model expects (per example), matching spgc.data.Dataset.input_shape.
 MODEL_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "mnist": (1, 28, 28),
     "cancer": (30,),
     "diabetes": (8,),
+    "mnist-wide": (1, 28, 28),
 }
 
+# Hidden width of mnist-wide: the smallest H with 795*H + 10 >= 10,000,000.
+WIDE_HIDDEN = 12_579
+
 # Parameter counts, pinned so that a changed architecture is noticed (tests check them).
-PARAMETER_COUNTS: dict[str, int] = {"mnist": 28_938, "cancer": 62, "diabetes": 642}
+PARAMETER_COUNTS: dict[str, int] = {
+    "mnist": 28_938,
+    "cancer": 62,
+    "diabetes": 642,
+    "mnist-wide": 10_000_315,
+}
 
 _HASH_DOMAIN = b"spgc-model-v1\x00"
 
@@ -76,7 +89,21 @@ def _diabetes_mlp() -> nn.Module:
     )
 
 
-_BUILDERS = {"mnist": _mnist_cnn, "cancer": _cancer_logreg, "diabetes": _diabetes_mlp}
+def _mnist_wide_mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(28 * 28, WIDE_HIDDEN),
+        nn.ReLU(),
+        nn.Linear(WIDE_HIDDEN, 10),
+    )
+
+
+_BUILDERS = {
+    "mnist": _mnist_cnn,
+    "cancer": _cancer_logreg,
+    "diabetes": _diabetes_mlp,
+    "mnist-wide": _mnist_wide_mlp,
+}
 
 
 @torch.no_grad()
@@ -98,8 +125,9 @@ def init_parameters(model: nn.Module, seed: int) -> nn.Module:
 
 
 def build_model(dataset_name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The paper's model for ``dataset_name`` ("cancer", "diabetes", "mnist"), initialised
-    deterministically from ``seed``. Input: a batch of shape ``(n, *MODEL_INPUT_SHAPES[name])``;
+    """The model named ``dataset_name``: a dataset's paper model ("cancer", "diabetes",
+    "mnist") or another registered one ("mnist-wide"), initialised deterministically from
+    ``seed``. Input: a batch of shape ``(n, *MODEL_INPUT_SHAPES[name])``;
     output: ``(n, n_classes)`` logits."""
     key = dataset_name.strip().lower()
     if key not in _BUILDERS:
