@@ -358,6 +358,7 @@ class ServerDaemon:
                         f"no call from H1 for {silent:.0f} s (peer_timeout "
                         f"{self.cfg.peer_timeout:g} s): H1 stopped or is unreachable"
                     )
+        self.peer_servicer.wait_idle()
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
 

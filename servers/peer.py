@@ -82,6 +82,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._lock = threading.Lock()  # one control call changes the round at a time
         self._noise_job: _NoiseJob | None = None
 
+    def wait_idle(self) -> None:
+        """Until no control call is changing the round (the last round's MODEL_PUBLISHED
+        handler evaluates and checkpoints after `finished` is set: let it answer H1 first)."""
+        with self._lock:
+            pass
+
     def link_users(self) -> list[threading.Thread]:
         """H2's threads that may be using the data link (a round, a noise block)."""
         jobs = [self._worker, None if self._noise_job is None else self._noise_job.thread]

@@ -428,7 +428,9 @@ def test_retry_after_unavailable_resends_the_same_share(
     assert np.array_equal(reconstruct(second, s2, RING), rows.sum(axis=0))
 
 
-class _Unavailable(grpc.RpcError):
+class _RpcUnavailable(grpc.RpcError):
+    """What a gRPC stub raises while the server is not up."""
+
     def code(self) -> grpc.StatusCode:
         return grpc.StatusCode.UNAVAILABLE
 
@@ -456,7 +458,7 @@ def test_hello_waits_for_a_server_still_starting(pki: Path) -> None:
     def flaky() -> str:
         calls.append(1)
         if len(calls) < 6:
-            raise _Unavailable()
+            raise _RpcUnavailable()
         return "up"
 
     assert client._call_with_retry(flaky, "Hello", deadline=time.monotonic() + 30) == "up"

@@ -352,3 +352,33 @@ def test_h2_stops_when_h1_disappears(pki, tmp_path):
     finally:
         d1.stop()
         d2.stop()
+
+
+def test_h2_answers_the_last_round_before_it_stops(pki, tmp_path, monkeypatch):
+    """H2 logs, evaluates and checkpoints the last round after it is finished; stopping H2 as
+    soon as it is done must not cut H1's MODEL_PUBLISHED call short."""
+    from servers import peer
+
+    real = peer.log_round
+
+    def slow_log_round(state, rec):
+        time.sleep(2.0)  # a big model's test evaluation and checkpoint
+        real(state, rec)
+
+    monkeypatch.setattr(peer, "log_round", slow_log_round)
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        for i, p in enumerate(providers):
+            p.submit_both(cfg, 0, np.full(cfg.num_parameters, i, dtype=np.int64))
+        assert d2.wait(30)
+        d2.stop()  # what `spgc server` does the moment the daemon is done
+        assert d1.wait(30)
+        assert d1.error is None and d2.error is None
+        assert d1.state.steps == d2.state.steps == 1
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
