@@ -80,7 +80,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             params,
             run_id=self.state.run_id,
             version=version,
-            model=self.state.plan.cfg.model.strip().lower() or self.state.plan.cfg.dataset,
+            model=self.state.plan.model_name,
             chunk_bytes=chunk,
             sha256=sha,
         )

@@ -55,6 +55,11 @@ class RunPlan:
         return len(self.initial_params)
 
     @property
+    def model_name(self) -> str:
+        """The model the run trains: the configured one, or the dataset's own."""
+        return self.cfg.model.strip().lower() or self.cfg.dataset
+
+    @property
     def total_noise_std_units(self) -> float:
         """Std of all the noise on the released sum: one sigma in spgc/preprocessed, two
         servers' in dng (sqrt 2), every provider's in ldp (sqrt k, all configured providers)."""
@@ -82,7 +87,7 @@ class RunPlan:
             run_id=run_id,
             mode=_MODES[c.mode],
             dataset=c.dataset,
-            model=c.model.strip().lower() or c.dataset,
+            model=self.model_name,
             num_parameters=self.dim,
             ring_bits=self.ring_bits,
             scale=c.scale,
