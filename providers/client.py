@@ -490,13 +490,17 @@ class ProviderClient:
                 log.warning("%s: %s, retrying in %.1fs", what, code.name, delay)
                 self._sleep(delay)
 
-    def _status(self, server: _Server, round_number: int | None = None) -> Any | None:
-        """RoundStatus at one server; None on a transient error."""
-        req = (
-            pb.RoundStatusRequest()
-            if round_number is None
-            else pb.RoundStatusRequest(round=round_number)
-        )
+    def _status(
+        self, server: _Server, round_number: int | None = None, wait: float = 0.0
+    ) -> Any | None:
+        """RoundStatus at one server; None on a transient error. ``wait`` > 0: long poll until
+        the server collects a round after the last one we took part in (or ``wait`` s)."""
+        if round_number is not None:
+            req = pb.RoundStatusRequest(round=round_number)
+        else:
+            req = pb.RoundStatusRequest(wait_seconds=wait)
+            if wait > 0 and self.last_round is not None:
+                req.after_round = self.last_round
         try:
             return server.stub.RoundStatus(req, timeout=self.cfg.rpc_timeout)
         except grpc.RpcError as exc:
@@ -513,7 +517,10 @@ class ProviderClient:
         start = self._clock()
         delays = self._backoffs()
         while True:
-            infos = [self._status(s) for s in self.servers]
+            wait = self.cfg.long_poll
+            if self.cfg.wait_timeout is not None:  # never hold past our own deadline
+                wait = min(wait, max(0.0, self.cfg.wait_timeout - (self._clock() - start)))
+            infos = [self._status(s, wait=wait) for s in self.servers]
             if any(i is not None and i.phase == pb.ROUND_PHASE_FINISHED for i in infos):
                 return None
             if all(i is not None for i in infos):

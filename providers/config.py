@@ -23,6 +23,7 @@ Keys (flat; a nested mapping ``h1: {address: ..., name: ...}`` is read as ``h1_a
     backoff_initial: 0.5           # seconds before the first retry; doubles up to backoff_max
     backoff_max: 10.0
     poll_interval: 1.0             # seconds between RoundStatus polls while waiting
+    long_poll: 10.0                # seconds a server may hold a RoundStatus until a round opens
 
 A provider with neither ``max_step_epsilon`` nor ``min_noise_multiplier`` is refused unless
 ``allow_no_privacy: true`` says, explicitly, that it accepts any announced privacy level
@@ -81,6 +82,7 @@ class ProviderConfig:
     backoff_initial: float = 0.5
     backoff_max: float = 10.0
     poll_interval: float = 1.0
+    long_poll: float = 10.0
     rpc_timeout: float = 120.0
     wait_timeout: float | None = None
     max_rounds: int | None = None
@@ -170,6 +172,10 @@ class ProviderConfig:
         ):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
+        if not 0 <= self.long_poll < self.rpc_timeout:
+            raise ConfigError(
+                f"long_poll must be in [0, rpc_timeout={self.rpc_timeout:g}), got {self.long_poll}"
+            )
         if self.wait_timeout is not None and not self.wait_timeout > 0:
             raise ConfigError(f"wait_timeout must be > 0, got {self.wait_timeout}")
         if self.max_rounds is not None and self.max_rounds < 1:

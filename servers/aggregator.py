@@ -28,6 +28,8 @@ from spgc.grpc_util import (
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
 
+MAX_LONG_POLL_SECONDS = 30.0
+
 
 class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     """One server's intake of providers' shares and publication of models."""
@@ -128,6 +130,13 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     ) -> pb.RoundInfo:
         who = self._identity(context)
         number = request.round if request.HasField("round") else None
+        if number is None and request.wait_seconds > 0:
+            after = request.after_round if request.HasField("after_round") else None
+            limit = min(request.wait_seconds, MAX_LONG_POLL_SECONDS)
+            remaining = context.time_remaining()
+            if remaining is not None:
+                limit = min(limit, max(0.0, remaining - 1.0))  # answer before the caller gives up
+            self.state.wait_collecting(after, limit)
         try:
             return self.state.round_info(number, who)
         except KeyError:

@@ -144,6 +144,21 @@ class ServerState:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
             return info
 
+    def wait_collecting(self, after: int | None, timeout: float) -> None:
+        """Until this server collects a round later than ``after`` (any round if None), training
+        ends, or ``timeout`` seconds pass (providers' long poll: no polling latency)."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while not self.finished:
+                if self.phase == pb.ROUND_PHASE_COLLECTING and (
+                    after is None or self.round > after
+                ):
+                    return
+                left = end - time.monotonic()
+                if left <= 0:
+                    return
+                self.cond.wait(left)
+
     def model(self, version: int | None) -> tuple[int, np.ndarray, bytes]:
         """(version, params, sha256) of a served version; KeyError if not served."""
         with self.cond:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -377,6 +378,36 @@ def test_h2_answers_the_last_round_before_it_stops(pki, tmp_path, monkeypatch):
         assert d1.wait(30)
         assert d1.error is None and d2.error is None
         assert d1.state.steps == d2.state.steps == 1
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_round_status_long_poll_answers_when_the_next_round_opens(pki, tmp_path):
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=2)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        req = pb.RoundStatusRequest(wait_seconds=20, after_round=0)
+        start = time.monotonic()
+        waiting = threading.Thread(
+            target=lambda: answers.append(providers[0].stubs[1].RoundStatus(req, timeout=30))
+        )
+        answers: list[pb.RoundInfo] = []
+        waiting.start()
+        time.sleep(0.5)
+        assert not answers  # held: round 0 is still the one collecting
+        for i, p in enumerate(providers):
+            p.submit_both(cfg, 0, np.full(cfg.num_parameters, i, dtype=np.int64))
+        waiting.join(25)
+        assert answers and answers[0].round == 1
+        assert answers[0].phase == pb.ROUND_PHASE_COLLECTING
+        assert time.monotonic() - start < 15
+        # without wait_seconds the answer is immediate (what older providers do)
+        now = providers[0].stubs[1].RoundStatus(pb.RoundStatusRequest(), timeout=5)
+        assert now.round == 1
     finally:
         for p in providers:
             p.close()

@@ -299,7 +299,11 @@ class SubmitReceipt(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., num_elements: _Optional[int] = ..., sha256: _Optional[bytes] = ..., accepted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RoundStatusRequest(_message.Message):
-    __slots__ = ("round",)
+    __slots__ = ("round", "wait_seconds", "after_round")
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
     round: int
-    def __init__(self, round: _Optional[int] = ...) -> None: ...
+    wait_seconds: float
+    after_round: int
+    def __init__(self, round: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., after_round: _Optional[int] = ...) -> None: ...
