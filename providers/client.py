@@ -496,9 +496,9 @@ class ProviderClient:
         """RoundStatus at one server; None on a transient error. ``wait`` > 0: long poll until
         the server collects a round after the last one we took part in (or ``wait`` s)."""
         if round_number is not None:
-            req = pb.RoundStatusRequest(round=round_number)
+            req = pb.RoundStatusRequest(round=round_number, provider_id=self.cfg.name)
         else:
-            req = pb.RoundStatusRequest(wait_seconds=wait)
+            req = pb.RoundStatusRequest(wait_seconds=wait, provider_id=self.cfg.name)
             if wait > 0 and self.last_round is not None:
                 req.after_round = self.last_round
         try:
@@ -558,7 +558,11 @@ class ProviderClient:
         tc = self.training
         got: list[tuple[str, bytes, np.ndarray]] = []
         for s in self.servers:
-            request = pb.ModelRequest(version=info.model_version, chunk_bytes=self.cfg.chunk_bytes)
+            request = pb.ModelRequest(
+                version=info.model_version,
+                chunk_bytes=self.cfg.chunk_bytes,
+                provider_id=self.cfg.name,
+            )
 
             def fetch(s: _Server = s, request: Any = request) -> tuple[Any, np.ndarray]:
                 return read_model_stream(

@@ -70,7 +70,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     def FetchModel(
         self, request: pb.ModelRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ModelChunk]:
-        self._identity(context)
+        self._identity(context, request.provider_id)
         want = request.version if request.HasField("version") else None
         try:
             version, params, sha = self.state.model(want)
@@ -128,7 +128,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     def RoundStatus(
         self, request: pb.RoundStatusRequest, context: grpc.ServicerContext
     ) -> pb.RoundInfo:
-        who = self._identity(context)
+        who = self._identity(context, request.provider_id)
         number = request.round if request.HasField("round") else None
         if number is None and request.wait_seconds > 0:
             after = request.after_round if request.HasField("after_round") else None

@@ -56,3 +56,10 @@ def test_demo_refuses_unknown_mode_cleanly():
     )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("mode", ["plain", "only-mpc"])
+def test_demo_insecure_links_work(mode):
+    """--insecure: providers name themselves in every request (no certificate to do it)."""
+    summary = run_demo("--rounds", "2", "--mode", mode, "--insecure", "--timeout", "120")
+    assert summary["steps"] == 2 and summary["failure"] is None

@@ -203,12 +203,14 @@ class ServerInfo(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[ServerRole, str]] = ..., server_name: _Optional[str] = ..., provider_id: _Optional[str] = ..., config: _Optional[_Union[TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ...) -> None: ...
 
 class ModelRequest(_message.Message):
-    __slots__ = ("version", "chunk_bytes")
+    __slots__ = ("version", "chunk_bytes", "provider_id")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     version: int
     chunk_bytes: int
-    def __init__(self, version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    provider_id: str
+    def __init__(self, version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., provider_id: _Optional[str] = ...) -> None: ...
 
 class ModelHeader(_message.Message):
     __slots__ = ("run_id", "version", "num_parameters", "sha256", "chunk_bytes", "chunk_count", "model", "published_at")
@@ -299,11 +301,13 @@ class SubmitReceipt(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., num_elements: _Optional[int] = ..., sha256: _Optional[bytes] = ..., accepted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RoundStatusRequest(_message.Message):
-    __slots__ = ("round", "wait_seconds", "after_round")
+    __slots__ = ("round", "wait_seconds", "after_round", "provider_id")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     round: int
     wait_seconds: float
     after_round: int
-    def __init__(self, round: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., after_round: _Optional[int] = ...) -> None: ...
+    provider_id: str
+    def __init__(self, round: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., after_round: _Optional[int] = ..., provider_id: _Optional[str] = ...) -> None: ...
