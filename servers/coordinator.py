@@ -192,7 +192,7 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units "
         "(total %.4g), "
         "%seps=%s (delta=%g), server-to-server bytes %d, seconds: provider compute %.2f, "
-        "intake %.2f, %s %.3f, update %.3f",
+        "intake %.2f, %s%s %.3f, update %.3f",
         state.plan.cfg.role_name,
         rec.round,
         state.version,
@@ -206,6 +206,8 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         rec.gc_bytes,
         s.get("provider", 0.0),
         s.get("intake", 0.0),
+        # dng samples its noise, preprocessed reads its pool, before the exchange
+        "".join(f"{k} {s[k]:.3f}, " for k in ("noise", "pool", "decode") if k in s),
         "circuit" if "circuit" in s else "exchange",
         s.get("circuit", s.get("exchange", 0.0)),
         s.get("update", 0.0),
