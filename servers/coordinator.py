@@ -259,14 +259,28 @@ def pool_state_tuple(msg: peer_pb2.PoolState) -> tuple[tuple[int, int], list[Poo
     return (msg.cursor_block, msg.cursor_offset), blocks
 
 
-def check_pool_peer(state: ServerState, msg: peer_pb2.PoolState) -> None:
-    """The other server's pool must hold the same kind of noise (PeerMismatchError)."""
+def adopt_peer_pool(
+    state: ServerState, theirs: peer_pb2.PoolState
+) -> tuple[tuple[int, int], list[PoolBlock]]:
+    """Reconcile this server's pool with the other's (PeerMismatchError if they hold another kind
+    of noise): keep the blocks both hold and the later cursor. Returns the agreed state, which
+    the other server computes alike from the same two states."""
     pool = state.pool
-    if msg.sigma_units != pool.sigma_units or msg.ring_bits != pool.ring_bits:
+    if theirs.sigma_units != pool.sigma_units or theirs.ring_bits != pool.ring_bits:
         raise PeerMismatchError(
             f"the noise pools differ: this server's has sigma_units={pool.sigma_units:g}, "
-            f"L={pool.ring_bits}; the other's sigma_units={msg.sigma_units:g}, L={msg.ring_bits}"
+            f"L={pool.ring_bits}; the other's sigma_units={theirs.sigma_units:g}, "
+            f"L={theirs.ring_bits}"
         )
+    before = pool.available
+    agreed = reconcile(pool.state(), pool_state_tuple(theirs))
+    pool.apply(*agreed)
+    log.info(
+        "noise pool: %d unused samples held by both servers (%d here before reconciling)",
+        pool.available,
+        before,
+    )
+    return agreed
 
 
 def slice_message(piece: PoolSlice) -> peer_pb2.PoolSlice:
@@ -304,18 +318,9 @@ class NoiseProducer:
 
     def sync(self) -> None:
         """Both servers keep the blocks both hold and the later cursor (after a restart)."""
-        before = self.pool.available
         theirs = self.peer.SyncPool(pool_state_message(self.state), timeout=RPC_SLACK)
-        check_pool_peer(self.state, theirs)
-        agreed = reconcile(self.pool.state(), pool_state_tuple(theirs))
-        if pool_state_tuple(theirs) != agreed:
+        if adopt_peer_pool(self.state, theirs) != pool_state_tuple(theirs):
             raise PeerMismatchError("the other server reconciled the noise pools differently")
-        self.pool.apply(*agreed)
-        log.info(
-            "noise pool: %d unused samples held by both servers (%d here before reconciling)",
-            self.pool.available,
-            before,
-        )
 
     def produce_block(self, count: int) -> None:
         """One block of ``count`` noise samples as shares on both servers."""

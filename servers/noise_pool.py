@@ -45,6 +45,7 @@ from garbled_core.circuit import CircuitBuilder
 from servers.noise_sampler import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
 from servers.private_files import write_private
 from servers.spgc_circuit import check_ring_bits
+from spgc.sharing import ring_mask
 
 __all__ = [
     "BLOCK_ID_BYTES",
@@ -100,10 +101,6 @@ def noise_share_circuit(ring_bits: int, noise_bits: int) -> Any:
     return b.build()
 
 
-def _ring_mask(ring_bits: int) -> np.uint64:
-    return np.uint64((1 << ring_bits) - 1) if ring_bits < 64 else np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
 def produce_noise_shares(
     role: str,
     link: Any,
@@ -130,7 +127,7 @@ def produce_noise_shares(
     link = _link(role, link)
     params = derive_params(sigma_units, distance_log2)
     circuit = noise_share_circuit(ring_bits, params.noise_bits)
-    mask = _ring_mask(ring_bits)
+    mask = ring_mask(ring_bits)
     shares = np.zeros(n, dtype=np.uint64)
     before = link.counters()
     start = time.perf_counter()

@@ -18,12 +18,11 @@ import grpc
 
 from servers.coordinator import (
     RPC_SLACK,
+    adopt_peer_pool,
     agreement,
-    check_pool_peer,
     compute_round,
     log_round,
     pool_state_message,
-    pool_state_tuple,
     slice_from_message,
 )
 from servers.noise_pool import (
@@ -31,7 +30,6 @@ from servers.noise_pool import (
     MAX_BLOCK_SAMPLES,
     PoolError,
     produce_noise_shares,
-    reconcile,
 )
 from servers.state import PeerMismatchError, ServerState
 from spgc import __version__
@@ -231,17 +229,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             )
         with self._lock:
             try:
-                check_pool_peer(state, request)
+                adopt_peer_pool(state, request)
             except PeerMismatchError as exc:
                 state.fail(str(exc))
                 raise FailedPreconditionError(str(exc)) from None
-            before = state.pool.available
-            state.pool.apply(*reconcile(state.pool.state(), pool_state_tuple(request)))
-            log.info(
-                "noise pool: %d unused samples held by both servers (%d here before reconciling)",
-                state.pool.available,
-                before,
-            )
             return pool_state_message(state)
 
     @abort_on_error

@@ -49,6 +49,9 @@ class RunPlan:
     noise_multiplier: float
     sigma_units: float  # that noise's std in units; 0 without noise
     step_epsilon: float
+    # The accountant's sampling arguments (Poisson rate, or fixed batches of the smallest
+    # provider's data), derived once: fixed batches read the data set to size the population.
+    sampling: dict[str, Any]
 
     @property
     def dim(self) -> int:
@@ -77,7 +80,7 @@ class RunPlan:
             self.noise_multiplier,
             self.cfg.target_delta,
             method=self.cfg.accountant,  # type: ignore[arg-type]
-            **_sampling(self.cfg),
+            **self.sampling,
         )
 
     def training_config(self, run_id: str) -> pb.TrainingConfig:
@@ -143,7 +146,7 @@ def _max_batch(cfg: ServerConfig) -> int:
     return load_dataset(cfg.dataset).n_train
 
 
-def _noise_multiplier(cfg: ServerConfig) -> float:
+def _noise_multiplier(cfg: ServerConfig, sampling: dict[str, Any]) -> float:
     if cfg.mode not in NOISY_MODES:
         return 0.0
     if cfg.noise_multiplier > 0:
@@ -155,7 +158,7 @@ def _noise_multiplier(cfg: ServerConfig) -> float:
             cfg.target_delta,
             steps=cfg.rounds,
             method=cfg.accountant,  # type: ignore[arg-type]
-            **_sampling(cfg),
+            **sampling,
         )
     # classic/analytic: a per-release epsilon (the paper's convention); the accountant still
     # accounts the whole run and stops it at target_epsilon.
@@ -188,7 +191,8 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=len(params))
     k = len(cfg.providers)
     bound = max_abs_sum_units(_max_batch(cfg), fp.l2_bound_units, providers=k)
-    nm = _noise_multiplier(cfg)
+    sampling = _sampling(cfg)
+    nm = _noise_multiplier(cfg, sampling)
     sigma_units = nm * fp.l2_bound_units
     if cfg.mode == "preprocessed" and sigma_units > 0:
         # The noise shares live in the providers' ring and S + z is opened there: L holds |S|
@@ -200,4 +204,4 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
         bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=len(params)
     )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
-    return RunPlan(cfg, params, fp, ring_bits, nm, sigma_units, step_eps)
+    return RunPlan(cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling)
