@@ -2,7 +2,6 @@
 SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
-CMAKE := $(shell if [ -x $(VENV)/bin/cmake ]; then echo $(VENV)/bin/cmake; else echo cmake; fi)
 
 .PHONY: setup demo test lint dev clean
 
@@ -28,12 +27,12 @@ test: setup
 lint:
 	@if [ -x $(VENV)/bin/ruff ]; then $(VENV)/bin/ruff check .; else ruff check .; fi
 
-# In-place developer build: writes garbled_core/_core*.so into the checkout, so that
-# `PYTHONPATH=. python -m pytest` works without installing.
-dev:
-	$(CMAKE) -S . -B build/dev -DSPGC_INPLACE=ON -DCMAKE_BUILD_TYPE=Release \
-	  -DPython_EXECUTABLE=$$(if [ -x $(PY) ]; then realpath -s $(PY); else command -v python3; fi)
-	$(CMAKE) --build build/dev -j2
+# Editable developer install into .venv: the installed spgc, spgc.servers, spgc.providers and
+# garbled_core point at the files in this checkout (scikit-build-core's redirect maps servers/
+# and providers/ under spgc), so Python edits apply without reinstalling; C++ edits need another
+# `make dev`. `make test` installs a regular (non-editable) copy again.
+dev: setup
+	$(PY) -m pip install -q --no-build-isolation --config-settings=build-dir=build/editable -e ".[test]"
 
 clean:
-	rm -rf build dist *.egg-info garbled_core/_core*.so
+	rm -rf build dist *.egg-info

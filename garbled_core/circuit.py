@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from garbled_core import _core
+
 __all__ = [
     "MAX_PORT_WIDTH",
     "OP_AND",
@@ -145,7 +147,6 @@ class CircuitDescription:
 
     def build(self) -> Any:
         """Compile with the C++ engine (imported lazily so the builder works without it)."""
-        from garbled_core import _core
 
         return _core.Circuit(*self.as_args())
 

@@ -1,4 +1,4 @@
-"""``python -m providers --config provider.yaml [--KEY VALUE ...]``: run one provider.
+"""``python -m spgc.providers --config provider.yaml [--KEY VALUE ...]``: run one provider.
 
 Exit status: 0 when training finished (or ``max_rounds`` were done), 2 for a configuration
 error, 3 when the provider refused to take part (the message says why), 1 otherwise.
@@ -10,8 +10,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from providers.client import ProviderClient, ProviderRefusal
-from providers.config import ConfigError, config_from_args, parse_args
+from spgc.providers.client import ProviderClient, ProviderRefusal
+from spgc.providers.config import ConfigError, config_from_args, parse_args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

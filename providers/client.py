@@ -42,24 +42,22 @@ from typing import Any
 import grpc
 import numpy as np
 
-from providers.config import ProviderConfig
-from servers.gc_party import sample_noise_plain
-from servers.noise_sampler import derive_params
+from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
 from spgc.accounting import per_step_epsilon
 from spgc.data import fixed_batches, load_dataset, poisson_batch, split_among_providers
 from spgc.encoding import FixedPointConfig, default_rounding_rng, encode_batch, stochastic_round
 from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
-from spgc.grpc_util import (
-    WireError,
-    make_channel,
-    new_submission_id,
-    read_model_stream,
-    share_messages,
-)
 from spgc.models import MODEL_NAMES, build_model, load_flat_params, parameter_count
+from spgc.modes import MODES, SINGLE_SERVER_MODES, TWO_SERVER_MODES
+from spgc.noise import sample_noise_plain
+from spgc.providers.config import ProviderConfig
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
+from spgc.wire.errors import WireError
+from spgc.wire.identity import new_submission_id
+from spgc.wire.messages import read_model_stream, share_messages
+from spgc.wire.transport import make_channel
 
 __all__ = [
     "ProviderClient",
@@ -79,9 +77,11 @@ pb = aggregation_pb2
 #: Codes after which the same submission may be tried again (after checking RoundStatus).
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
-TWO_SERVER_MODES = frozenset({pb.MODE_SPGC, pb.MODE_ONLY_MPC, pb.MODE_DNG, pb.MODE_PREPROCESSED})
-ONE_SERVER_MODES = frozenset({pb.MODE_PLAIN, pb.MODE_LDP})
-NOISELESS_MODES = frozenset({pb.MODE_ONLY_MPC, pb.MODE_PLAIN})
+# The wire enum values of the modes table's rows (spgc.modes), grouped as the client branches.
+_WIRE = {m.name: pb.Mode.Value(m.wire_name) for m in MODES.values() if m.trainable}
+_TWO_SERVER = frozenset(_WIRE[m] for m in TWO_SERVER_MODES)
+_ONE_SERVER = frozenset(_WIRE[m] for m in SINGLE_SERVER_MODES)
+_NOISELESS = frozenset(_WIRE[m] for m in _WIRE if not MODES[m].noisy)
 
 
 class ProviderRefusal(RuntimeError):
@@ -163,7 +163,7 @@ def effective_noise_multiplier(tc: Any) -> float:
     (the second is what the integer mechanism actually delivers when rounding inflates the
     sensitivity over s*C).
     """
-    if tc.mode in NOISELESS_MODES:
+    if tc.mode in _NOISELESS:
         return 0.0
     if tc.l2_bound_units <= 0 or tc.noise_std_units <= 0 or tc.noise_multiplier <= 0:
         return 0.0
@@ -391,7 +391,7 @@ class ProviderClient:
         self.servers = [h1]
         info1 = self._hello(h1)
         tc = info1.config
-        if tc.mode in TWO_SERVER_MODES:
+        if tc.mode in _TWO_SERVER:
             if info1.role != pb.SERVER_ROLE_H1:
                 raise ProviderRefusal(
                     f"{cfg.h1_name} at {cfg.h1_address} is {pb.ServerRole.Name(info1.role)}, "
@@ -416,7 +416,7 @@ class ProviderClient:
                     "the two servers announce different training configurations: "
                     + _describe_diff(info1.config, info2.config)
                 )
-        elif tc.mode in ONE_SERVER_MODES:
+        elif tc.mode in _ONE_SERVER:
             if info1.role != pb.SERVER_ROLE_SINGLE:
                 raise ProviderRefusal(
                     f"mode {pb.Mode.Name(tc.mode)} has one server, but {cfg.h1_name} is "

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from spgc.grpc_util import TlsFiles
+from spgc.wire.tls import TlsFiles
 
 __all__ = ["ConfigError", "ProviderConfig", "add_config_flags", "load_config"]
 
@@ -330,9 +330,9 @@ def config_from_args(args: argparse.Namespace) -> ProviderConfig:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``python -m providers`` arguments."""
+    """Parse ``python -m spgc.providers`` arguments."""
     parser = argparse.ArgumentParser(
-        prog="python -m providers",
+        prog="python -m spgc.providers",
         description="SPGC provider: share clipped, fixed-point gradient sums with the servers.",
     )
     add_config_flags(parser)

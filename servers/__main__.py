@@ -1,4 +1,4 @@
-"""``python -m servers [precompute] --role 1|2 --config server.yaml [--set key=value ...]``: one
+"""``python -m spgc.servers [precompute] --role 1|2 --config server.yaml [--set k=v ...]``: one
 daemon (``spgc server ...`` is the same). ``precompute`` (mode preprocessed) fills the noise pool
 instead of training: run it on both servers; H1 stops both once the pool is full."""
 
@@ -12,7 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from spgc.config import MODES, ConfigError, load_server_config
+from spgc.config import ConfigError, load_server_config
+from spgc.modes import TRAINING_MODES
+from spgc.servers.daemon import ServerDaemon
+from spgc.servers.noise_pool import PoolError
 
 
 def build_parser(precompute: bool = False) -> argparse.ArgumentParser:
@@ -31,13 +34,13 @@ def build_parser(precompute: bool = False) -> argparse.ArgumentParser:
             help="unused samples to hold (default: pool_rounds rounds' worth)",
         )
     else:
-        p = argparse.ArgumentParser(prog="python -m servers", description="SPGC server daemon")
+        p = argparse.ArgumentParser(prog="python -m spgc.servers", description="SPGC server daemon")
     p.add_argument("--config", type=Path, help="YAML configuration file")
     p.add_argument("--role", type=int, choices=(1, 2), help="1 = H1 (garbler), 2 = H2")
     p.add_argument("--listen", help="host:port for providers and the peer's control calls")
     p.add_argument("--peer-address", help="the other server's listen address")
     p.add_argument("--gc-address", help="GC data link: H1 listens here, H2 dials it")
-    p.add_argument("--mode", choices=MODES)
+    p.add_argument("--mode", choices=TRAINING_MODES)
     p.add_argument(
         "--insecure",
         action="store_true",
@@ -80,8 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from servers.daemon import ServerDaemon
-    from servers.noise_pool import PoolError
 
     try:
         daemon = ServerDaemon(cfg, args.samples if precompute else None).start()
@@ -90,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger("servers").info("signal %d: shutting down", signum)
+        logging.getLogger("spgc.servers").info("signal %d: shutting down", signum)
         daemon.stop_event.set()
 
     signal.signal(signal.SIGINT, on_signal)

@@ -1,6 +1,6 @@
 """The provider-facing Aggregator service: Hello, FetchModel, SubmitShare, RoundStatus.
 
-Identity comes from the client certificate (grpc_util.caller_identity); every refusal is a
+Identity comes from the client certificate (spgc.wire.identity.caller_identity); every refusal is a
 WireError or an intake SubmissionRejected, which abort_on_error turns into the documented gRPC
 status, and a refused submission never touches the round's sum.
 """
@@ -11,22 +11,20 @@ from collections.abc import Iterator
 
 import grpc
 
-from servers.state import ServerState
 from spgc import __version__
-from spgc.grpc_util import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    MAX_CHUNK_BYTES,
+from spgc.servers.state import ServerState
+from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.chunks import MAX_CHUNK_BYTES
+from spgc.wire.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     WireError,
     abort_on_error,
-    caller_identity,
-    iter_share_payload,
-    model_messages,
-    read_share_header,
 )
-from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc
-from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.identity import caller_identity
+from spgc.wire.messages import iter_share_payload, model_messages, read_share_header
+from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES
 
 MAX_LONG_POLL_SECONDS = 30.0
 

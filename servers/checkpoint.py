@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from servers.private_files import write_private
+from spgc.servers.private_files import write_private
 from spgc.wire import aggregation_pb2 as pb
 
 __all__ = ["CheckpointError", "config_digest", "load_checkpoint", "save_checkpoint"]

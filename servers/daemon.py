@@ -23,20 +23,24 @@ from typing import Any
 
 import grpc
 
-from servers.aggregator import AggregatorServicer
-from servers.checkpoint import CheckpointError, config_digest, load_checkpoint
-from servers.coordinator import H1Driver, NoiseProducer, SingleDriver, is_unavailable
-from servers.gc_party import PartyLink, set_seed_journal
-from servers.intake import ShareIntake
-from servers.noise_pool import NoisePool
-from servers.peer import PeerServicer, config_differences
-from servers.plan import make_plan
-from servers.state import PeerMismatchError, ServerState
+import garbled_core
 from spgc import __version__
 from spgc.config import ServerConfig
-from spgc.grpc_util import TlsFiles, add_health, make_channel, make_server
+from spgc.plan import make_plan
+from spgc.servers.aggregator import AggregatorServicer
+from spgc.servers.checkpoint import CheckpointError, config_digest, load_checkpoint
+from spgc.servers.coordinator import H1Driver, SingleDriver
+from spgc.servers.gc_party import PartyLink, set_seed_journal
+from spgc.servers.intake import ShareIntake
+from spgc.servers.noise_pool import NoisePool
+from spgc.servers.peer import PeerServicer, config_differences
+from spgc.servers.pool_sync import NoiseProducer
+from spgc.servers.state import PeerMismatchError, ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.errors import is_unavailable
+from spgc.wire.tls import TlsFiles
+from spgc.wire.transport import add_health, make_channel, make_server
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +131,6 @@ class ServerDaemon:
         )
 
     def _gc_tls(self) -> dict[str, Any]:
-        import garbled_core
 
         if self.tls is None:
             return {"insecure": True}
@@ -167,7 +170,6 @@ class ServerDaemon:
         self.server, self.port = make_server(self.cfg.listen, services, self.tls, insecure)
         self.health = add_health(self.server)
         if self.cfg.role == 1 and not self.cfg.single_server:
-            import garbled_core
 
             self._listener = garbled_core.Listener(*_host_port(self.cfg.gc_address))
             self.gc_port = self._listener.port
@@ -326,7 +328,6 @@ class ServerDaemon:
     # ------------------------------------------------------------------ H2
 
     def _run_h2(self) -> None:
-        import garbled_core
 
         end = time.monotonic() + self.cfg.connect_timeout
         while not self.state.ready:  # the Handshake (H1's call) fixes the run first

@@ -4,13 +4,9 @@ H1 (the garbler) holds A1, H2 (the evaluator) A2, both in Z_{2^L}, one value per
 ``spgc`` mode the two run, per coordinate, the sampler's trials until one is accepted and then
 reveal Y = smod(A1 - A2, 2^L) + z; in ``only-mpc`` mode they reveal S = smod(A1 - A2, 2^L).
 
-Randomness: every random bit the sampler reads is r1 xor r2 (the circuit XORs a garbler port
-with an evaluator port). Each server expands only its own 32-byte round seed, outside the
-circuit, with AES-256-CTR: key = seed, initial counter block = b"SPGz" || stage (4 bytes, big
-endian) || 0 (8 bytes), where stage r is retry round r; port k of instance i is the little-endian
-64-bit word k * n + i of that stage's key stream, masked to the port's width. Given both seeds
-the noise of a round is reproducible (:func:`sample_noise_plain`); given one, the other stream is
-AES output under an unknown key, so the XOR is uniform to that server.
+Randomness: every random bit the sampler reads is r1 xor r2; each server expands only its own
+32-byte round seed, outside the circuit (:func:`spgc.noise.expand_seed` gives the layout). Given
+both seeds the noise of a round is reproducible (:func:`spgc.noise.sample_noise_plain`).
 
 Rounds (adaptive rejection): round r runs ``schedule[r]`` trials for each coordinate that has no
 accepted trial yet; both servers see the accept bits (which depend on randomness only, never on
@@ -25,24 +21,31 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from servers.noise_sampler import (
+import garbled_core
+from garbled_core.discrete_gaussian import (
     DEFAULT_DISTANCE_LOG2,
     DEFAULT_SCHEDULE,
-    MAX_ROUNDS,
     SamplerParams,
     build_trial_circuit,
     derive_params,
-    schedule_at,
 )
-from servers.spgc_circuit import (
+from spgc.modes import MODES
+from spgc.noise import (
+    RoundResult,
+    SamplerStats,
+    check_seed,
+    expand_seed,
+    sample_noise_plain,
+    sampling_rounds,
+)
+from spgc.servers.spgc_circuit import (
     check_ring_bits,
     decode_signed,
     noisy_sum_circuit,
@@ -51,35 +54,29 @@ from servers.spgc_circuit import (
 )
 
 __all__ = [
-    "MODES",
+    "CIRCUIT_MODES",
     "ROLES",
-    "SEED_BYTES",
     "PartyLink",
     "aggregate_plain",
-    "expand_seed",
+    "as_party_link",
+    "claim_seed",
+    "counter_delta",
     "run_aggregate",
     "run_sampler",
-    "sample_noise_plain",
     "set_seed_journal",
 ]
 
 ROLES = ("garbler", "evaluator")
-MODES = ("spgc", "only-mpc")
-SEED_BYTES = 32
-_STREAM_TAG = b"SPGz"
+# The training modes whose round runs a circuit per coordinate here (the modes table's).
+CIRCUIT_MODES = tuple(
+    m.name
+    for m in MODES.values()
+    if m.trainable and m.circuit in ("reconstruct", "reconstruct+noise")
+)
 _PORT_PREFIX = {"garbler": "g", "evaluator": "e"}
 
 
 # ------------------------------------------------------------------------------ randomness
-
-
-def _check_seed(seed: bytes | bytearray | memoryview) -> bytes:
-    if not isinstance(seed, (bytes, bytearray, memoryview)):
-        raise TypeError(f"the round seed must be bytes, got {type(seed).__name__}")
-    seed = bytes(seed)
-    if len(seed) != SEED_BYTES:
-        raise ValueError(f"the round seed must be {SEED_BYTES} bytes, got {len(seed)}")
-    return seed
 
 
 _used_seeds: set[bytes] = set()
@@ -99,7 +96,7 @@ def set_seed_journal(path: Path | None) -> None:
             _used_seeds.update(data[i : i + 32] for i in range(0, len(data) - 31, 32))
 
 
-def _claim_seed(seed: bytes) -> None:
+def claim_seed(seed: bytes) -> None:
     """Refuses a round seed already used for noise (a reused seed repeats the noise, and
     differences of two releases would cancel it). Only digests are kept."""
     digest = hashlib.sha256(b"spgc-round-seed" + seed).digest()
@@ -114,26 +111,6 @@ def _claim_seed(seed: bytes) -> None:
             finally:
                 os.close(fd)
         _used_seeds.add(digest)
-
-
-def expand_seed(
-    seed: bytes, stage: int, widths: Sequence[int], n: int, prefix: str
-) -> dict[str, np.ndarray]:
-    """This party's random input ports for ``n`` instances of one stage: ``{prefix}k`` -> uint64
-    array (AES-256-CTR key stream of ``seed``; see the module docstring for the layout)."""
-    seed = _check_seed(seed)
-    if not 0 <= stage < 1 << 32:
-        raise ValueError(f"stage {stage} is outside 0..2^32-1")
-    words = len(widths) * n
-    nonce = _STREAM_TAG + stage.to_bytes(4, "big") + bytes(8)
-    enc = Cipher(algorithms.AES(seed), modes.CTR(nonce)).encryptor()
-    raw = enc.update(bytes(8 * words)) + enc.finalize()
-    stream = np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(len(widths), n)
-    ports = {}
-    for k, w in enumerate(widths):
-        col = stream[k]
-        ports[f"{prefix}{k}"] = col if w >= 64 else col & np.uint64((1 << w) - 1)
-    return ports
 
 
 # ------------------------------------------------------------------------------ the link
@@ -152,8 +129,6 @@ class PartyLink:
     def open(cls, role: str, channel: Any, chunk: int | None = None) -> PartyLink:
         """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run)."""
         role = _check_role(role)
-        import garbled_core
-
         party = garbled_core.Garbler if role == "garbler" else garbled_core.Evaluator
         session = party(channel) if chunk is None else party(channel, chunk=chunk)
         return cls(role, channel, session)
@@ -168,7 +143,9 @@ def _check_role(role: str) -> str:
     return role
 
 
-def _link(role: str, channel_session: Any) -> PartyLink:
+def as_party_link(role: str, channel_session: Any) -> PartyLink:
+    """``channel_session`` as a :class:`PartyLink` of ``role``: an open link is checked, a bare
+    garbled_core Channel gets a new session."""
     if isinstance(channel_session, PartyLink):
         if channel_session.role != role:
             raise ValueError(f"the link is the {channel_session.role}'s, not the {role}'s")
@@ -176,7 +153,10 @@ def _link(role: str, channel_session: Any) -> PartyLink:
     return PartyLink.open(role, channel_session)
 
 
-def _delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, Any]:
+def counter_delta(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+) -> dict[str, Any]:
+    """Bytes per engine phase (and totals) between two :meth:`PartyLink.counters` readings."""
     phases = {
         p: {d: after[p][d] - before.get(p, {}).get(d, 0) for d in ("sent", "received")}
         for p in after
@@ -191,48 +171,6 @@ def _delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) 
 # ------------------------------------------------------------------------------ rounds
 
 
-@dataclass
-class _RoundResult:
-    coords: np.ndarray  # coordinates whose first accepted trial is in this round
-    instances: np.ndarray  # uint64: that trial's instance index in the round's run
-    noise: Any  # Kept labels (garbled) or the plaintext noise values
-
-
-@dataclass
-class SamplerStats:
-    rounds: int = 0
-    trials: int = 0
-    per_round: list[int] = field(default_factory=list)
-
-
-def _sampling_rounds(
-    n: int,
-    schedule: Sequence[int],
-    run_stage: Callable[[int, int], tuple[np.ndarray, Any]],
-    stats: SamplerStats,
-) -> Iterator[_RoundResult]:
-    """Drive the adaptive rejection rounds; ``run_stage(r, instances)`` -> (accept, noise)."""
-    pending = np.arange(n, dtype=np.int64)
-    for r in range(MAX_ROUNDS):
-        if len(pending) == 0:
-            return
-        k = schedule_at(schedule, r)
-        n_inst = len(pending) * k
-        accept, noise = run_stage(r, n_inst)
-        stats.rounds += 1
-        stats.trials += n_inst
-        stats.per_round.append(n_inst)
-        acc = np.asarray(accept).reshape(len(pending), k) != 0
-        has = acc.any(axis=1)
-        rows = np.flatnonzero(has)
-        inst = (rows * k + acc.argmax(axis=1)[rows]).astype(np.uint64)
-        yield _RoundResult(pending[rows], inst, noise)
-        pending = pending[~has]
-    raise RuntimeError(  # probability below 2^-1000: a bug or a broken peer
-        f"{len(pending)} coordinates without an accepted trial after {MAX_ROUNDS} rounds"
-    )
-
-
 def _check_shares(shares: np.ndarray, ring_bits: int) -> np.ndarray:
     if not isinstance(shares, np.ndarray) or shares.dtype != np.uint64 or shares.ndim != 1:
         raise TypeError("shares must be a 1-D numpy uint64 array (one value per coordinate)")
@@ -245,8 +183,8 @@ def _check_shares(shares: np.ndarray, ring_bits: int) -> np.ndarray:
 
 
 def _check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode not in CIRCUIT_MODES:
+        raise ValueError(f"mode must be one of {CIRCUIT_MODES}, got {mode!r}")
     return mode
 
 
@@ -257,12 +195,12 @@ def run_sampler(
     seed: bytes,
     params: SamplerParams,
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
-    on_round: Callable[[_RoundResult], None] | None = None,
+    on_round: Callable[[RoundResult], None] | None = None,
 ) -> SamplerStats:
     """Run the sampler's rounds for ``n`` coordinates on the link; ``on_round`` receives each
     round's accepted coordinates with their kept noise (a ``Kept``) and trial indices."""
     role = _check_role(role)
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     circuit = build_trial_circuit(params)
     prefix = _PORT_PREFIX[role]
     stats = SamplerStats()
@@ -272,7 +210,7 @@ def run_sampler(
         out = link.session.run(circuit, inputs, {}, n_inst)
         return out["accept"], out["z"]
 
-    for result in _sampling_rounds(n, schedule, run_stage, stats):
+    for result in sampling_rounds(n, schedule, run_stage, stats):
         if on_round is not None:
             on_round(result)
     return stats
@@ -307,7 +245,7 @@ def run_aggregate(
     mode = _check_mode(mode)
     ring_bits = check_ring_bits(ring_bits)
     shares = _check_shares(shares, ring_bits)
-    link = _link(role, channel_session)
+    link = as_party_link(role, channel_session)
     before = link.counters()
     start = time.perf_counter()
     n = len(shares)
@@ -324,14 +262,14 @@ def run_aggregate(
     else:
         if sigma_units is None:
             raise ValueError("spgc mode needs sigma_units")
-        seed = _check_seed(seed)  # type: ignore[arg-type]
+        seed = check_seed(seed)  # type: ignore[arg-type]
         params = derive_params(sigma_units, distance_log2)
         width = output_width(ring_bits, params.noise_bits, output_bits)
-        _claim_seed(seed)  # after every check, before the first byte
+        claim_seed(seed)  # after every check, before the first byte
         add = noisy_sum_circuit(ring_bits, params.noise_bits, width)
         y = np.zeros(n, dtype=np.int64) if width <= 64 else np.zeros(n, dtype=object)
 
-        def finish(result: _RoundResult) -> None:
+        def finish(result: RoundResult) -> None:
             if len(result.coords) == 0:
                 return
             carried = {"z": result.noise.select(result.instances)}
@@ -342,43 +280,12 @@ def run_aggregate(
         stats = run_sampler(role, link, n, seed, params, schedule, finish)
         info.update(rounds=stats.rounds, trials=stats.trials, trials_per_round=stats.per_round)
         info["and_gates"] = stats.trials * build_trial_circuit(params).and_count + n * add.and_count
-    info.update(_delta(before, link.counters()))
+    info.update(counter_delta(before, link.counters()))
     info["seconds"] = time.perf_counter() - start
     return y, info
 
 
 # ------------------------------------------------------------------------------ plaintext
-
-
-def sample_noise_plain(
-    seed1: bytes,
-    seed2: bytes,
-    n: int,
-    sigma_units: float,
-    *,
-    distance_log2: float = DEFAULT_DISTANCE_LOG2,
-    schedule: Sequence[int] = DEFAULT_SCHEDULE,
-    params: SamplerParams | None = None,
-) -> np.ndarray:
-    """The noise a batch of ``n`` coordinates gets from round seeds s1 (H1) and s2 (H2): the same
-    circuits and rounds, evaluated in plaintext (for audits and tests). int64 array."""
-    if params is None:
-        params = derive_params(sigma_units, distance_log2)
-    circuit = build_trial_circuit(params)
-    seed1, seed2 = _check_seed(seed1), _check_seed(seed2)
-
-    def run_stage(r: int, n_inst: int) -> tuple[np.ndarray, Any]:
-        inputs = expand_seed(seed1, r, params.port_widths, n_inst, "g")
-        inputs.update(expand_seed(seed2, r, params.port_widths, n_inst, "e"))
-        out = circuit.evaluate(inputs, n_inst)
-        return out["accept"], out["z"]
-
-    z = np.zeros(n, dtype=np.int64)
-    w = params.noise_bits
-    for result in _sampling_rounds(n, schedule, run_stage, SamplerStats()):
-        raw = result.noise[result.instances.astype(np.int64)].astype(np.int64)
-        z[result.coords] = np.where(raw >= 1 << (w - 1), raw - (1 << w), raw)
-    return z
 
 
 def aggregate_plain(

@@ -42,9 +42,10 @@ from typing import Any
 import numpy as np
 
 from garbled_core.circuit import CircuitBuilder
-from servers.noise_sampler import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
-from servers.private_files import write_private
-from servers.spgc_circuit import check_ring_bits
+from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
+from spgc.servers.gc_party import as_party_link, claim_seed, counter_delta, run_sampler
+from spgc.servers.private_files import write_private
+from spgc.servers.spgc_circuit import check_ring_bits
 from spgc.sharing import ring_mask
 
 __all__ = [
@@ -54,7 +55,6 @@ __all__ = [
     "PoolError",
     "PoolExhaustedError",
     "PoolSlice",
-    "noise_bound_units",
     "noise_share_circuit",
     "produce_noise_shares",
     "reconcile",
@@ -74,13 +74,6 @@ class PoolExhaustedError(PoolError):
 
 
 # ------------------------------------------------------------------------------ the circuit
-
-
-def noise_bound_units(sigma_units: float, distance_log2: float = DEFAULT_DISTANCE_LOG2) -> int:
-    """A hard bound on |z| for the sampler at ``sigma_units``: its noise is a two's-complement
-    value of ``noise_bits`` bits. The ring of a preprocessed run must hold |S| plus this (no
-    probabilistic tail: S + z never wraps)."""
-    return 1 << (derive_params(sigma_units, distance_log2).noise_bits - 1)
 
 
 @functools.lru_cache(maxsize=32)
@@ -119,19 +112,17 @@ def produce_noise_shares(
     counters): H1's shares are -r mod 2^L, H2's u = z + r mod 2^L, uint64; their sum is the
     noise the plaintext sampler gives for the same two seeds.
     """
-    from servers.gc_party import _claim_seed, _delta, _link, run_sampler
-
     ring_bits = check_ring_bits(ring_bits)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    link = _link(role, link)
+    link = as_party_link(role, link)
     params = derive_params(sigma_units, distance_log2)
     circuit = noise_share_circuit(ring_bits, params.noise_bits)
     mask = ring_mask(ring_bits)
     shares = np.zeros(n, dtype=np.uint64)
     before = link.counters()
     start = time.perf_counter()
-    _claim_seed(seed)
+    claim_seed(seed)
 
     def finish(result: Any) -> None:
         m = len(result.coords)
@@ -151,7 +142,7 @@ def produce_noise_shares(
         info: dict[str, Any] = {"rounds": stats.rounds, "trials": stats.trials}
     else:
         info = {"rounds": 0, "trials": 0}
-    info.update(_delta(before, link.counters()))
+    info.update(counter_delta(before, link.counters()))
     info["samples"] = n
     info["seconds"] = time.perf_counter() - start
     return shares, info

@@ -16,30 +16,16 @@ from typing import Any
 
 import grpc
 
-from servers.coordinator import (
-    RPC_SLACK,
-    adopt_peer_pool,
-    agreement,
-    compute_round,
-    log_round,
-    pool_state_message,
-    slice_from_message,
-)
-from servers.noise_pool import (
+from spgc import __version__
+from spgc.servers.coordinator import agreement, compute_round, log_round
+from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
     MAX_BLOCK_SAMPLES,
     PoolError,
     produce_noise_shares,
 )
-from servers.state import PeerMismatchError, ServerState
-from spgc import __version__
-from spgc.grpc_util import (
-    FailedPreconditionError,
-    PermissionDeniedError,
-    UnauthenticatedError,
-    abort_on_error,
-    peer_identity,
-)
+from spgc.servers.pool_sync import adopt_peer_pool, pool_state_message, slice_from_message
+from spgc.servers.state import RPC_SLACK, PeerMismatchError, ServerState
 from spgc.wire import (
     PROTOCOL_VERSION,
     SEED_COMMITMENT_SCHEME,
@@ -49,6 +35,13 @@ from spgc.wire import (
     seed_commitment,
 )
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.errors import (
+    FailedPreconditionError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    abort_on_error,
+)
+from spgc.wire.identity import peer_identity
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder
-from servers.noise_sampler import monomials, table_lookup
+from garbled_core.discrete_gaussian import monomials, table_lookup
 
 __all__ = [
     "MAX_RING_BITS",

@@ -16,15 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from servers.evaluation import TestSetEvaluator
-from servers.intake import ShareIntake
-from servers.plan import RunPlan
 from spgc.optim import Adam
+from spgc.plan import RunPlan
+from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
+from spgc.servers.evaluation import TestSetEvaluator
+from spgc.servers.intake import ShareIntake
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import vector_sha256
 
 log = logging.getLogger(__name__)
 
+RPC_SLACK = 60.0  # seconds on top of the round deadline for a waiting peer call
 _KEEP_VERSIONS = 2  # the current model and the one before (for slow providers)
 
 
@@ -331,7 +333,6 @@ class ServerState:
         """Write the state a restart continues from (no-op without a state_dir)."""
         if self.checkpoint_dir is None or self.config is None:
             return
-        from servers.checkpoint import config_digest, save_checkpoint
 
         with self.cond:
             adam = self.adam.state_dict()
@@ -357,7 +358,6 @@ class ServerState:
 
     def restore(self, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Continue from a checkpoint (its TrainingConfig was checked by the caller)."""
-        from servers.checkpoint import CheckpointError
 
         params = np.asarray(arrays["params"], dtype=np.float64)
         sha = vector_sha256(params)

@@ -2,7 +2,7 @@
 
 import sys
 
-from spgc.cli import main
+from spgc.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

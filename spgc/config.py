@@ -27,21 +27,16 @@ from typing import Any
 
 import yaml
 
+from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
+from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
+
 __all__ = [
-    "MODES",
-    "NOISY_MODES",
-    "SINGLE_SERVER_MODES",
     "ConfigError",
     "ServerConfig",
     "TlsPaths",
     "load_server_config",
 ]
 
-MODES = ("spgc", "only-mpc", "plain", "ldp", "dng", "preprocessed")
-# Modes with one server (role 1, no peer, no garbled circuit); SPEC section 5.
-SINGLE_SERVER_MODES = ("plain", "ldp")
-# Modes that add DP noise (calibrated from target_epsilon or noise_multiplier).
-NOISY_MODES = ("spgc", "ldp", "dng", "preprocessed")
 CALIBRATIONS = ("analytic", "classic", "accountant")
 ACCOUNTANTS = ("rdp", "pld")
 
@@ -146,7 +141,6 @@ class ServerConfig:
     def _validate_model(self) -> None:
         """A named model must exist and read the dataset's examples, or every provider would
         fail mid-round; checked statically (no data or weights loaded)."""
-        from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 
         name = self.model_name
         if name not in MODEL_NAMES:
@@ -172,8 +166,10 @@ class ServerConfig:
                 f"peer_timeout ({self.peer_timeout:g} s) must exceed round_deadline "
                 f"({self.round_deadline:g} s)"
             )
-        if self.mode not in MODES:
-            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode not in TRAINING_MODES:
+            raise ConfigError(
+                f"mode must be one of {', '.join(TRAINING_MODES)}, got {self.mode!r}"
+            )
         if self.model:
             self._validate_model()
         if self.single_server and self.role != 1:

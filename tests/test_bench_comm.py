@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from servers.spgc_circuit import reconstruct_circuit
-from spgc import bench_comm, cli
-from spgc.bench_sampler import _links
+from spgc.app import bench_comm, cli
+from spgc.app.bench_sampler import party_links
+from spgc.servers.spgc_circuit import reconstruct_circuit
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -34,7 +34,7 @@ def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = 1024) -> dict[str,
 @pytest.fixture(scope="module")
 def ctx():
     c = bench_comm.make_context("cancer")
-    c.links = _links(None, None)
+    c.links = party_links(None, None)
     bench_comm._warm_up(c)
     yield c
     for link in c.links:

@@ -12,11 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from providers.client import _model_key
-from servers.evaluation import model_for
-from servers.plan import make_plan
+from spgc.app.demo import MODEL_DEFAULTS, DemoError, DemoOptions, write_configs
 from spgc.config import ConfigError, ServerConfig, load_server_config
-from spgc.demo import MODEL_DEFAULTS, DemoError, DemoOptions, write_configs
 from spgc.gradients import CHUNK_BUDGET_BYTES, bounded_chunk, clipped_gradient_sum
 from spgc.models import (
     MODEL_INPUT_SHAPES,
@@ -25,6 +22,9 @@ from spgc.models import (
     build_model,
     parameter_count,
 )
+from spgc.plan import make_plan
+from spgc.providers.client import _model_key
+from spgc.servers.evaluation import model_for
 
 WIDE_D = 10_000_315  # 784*12,579 + 12,579 + 12,579*10 + 10
 

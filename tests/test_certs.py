@@ -11,8 +11,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from spgc.app.cli import main
 from spgc.certs import CertPaths, make_dev_pki
-from spgc.cli import main
 
 
 def _load(path: Path) -> x509.Certificate:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from spgc import experiment
-from spgc.cli import main
-from spgc.experiment import COLUMNS, Run, epoch_rows, plan_runs, read_csv
+from spgc.app import experiment
+from spgc.app.cli import main
+from spgc.app.experiment import COLUMNS, Run, epoch_rows, plan_runs, read_csv
 
 
 def _env_with_absolute_pythonpath() -> dict[str, str]:
@@ -31,7 +31,7 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "spgc.cli",
+            "spgc.app.cli",
             "experiment",
             "--quick",
             "--out",

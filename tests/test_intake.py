@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from servers.intake import (
+from spgc.servers.intake import (
     ALREADY_EXISTS,
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,

@@ -11,16 +11,17 @@ import numpy as np
 import pytest
 from test_server_daemon import PROVIDERS, Provider, _cfg, start_pair, wait_round_done
 
-from providers.client import ProviderClient
-from providers.config import ProviderConfig
-from servers.coordinator import dng_exchange
-from servers.daemon import ServerDaemon
-from servers.plan import make_plan
 from spgc.certs import make_dev_pki
 from spgc.config import ConfigError
-from spgc.grpc_util import new_submission_id, share_messages
+from spgc.plan import make_plan
+from spgc.providers.client import ProviderClient
+from spgc.providers.config import ProviderConfig
+from spgc.servers.coordinator import dng_exchange
+from spgc.servers.daemon import ServerDaemon
 from spgc.sharing import ring_mask
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.identity import new_submission_id
+from spgc.wire.messages import share_messages
 
 
 @pytest.fixture(scope="module")

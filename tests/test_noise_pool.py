@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from helpers import Background
 
-from servers.gc_party import PartyLink, sample_noise_plain
-from servers.noise_pool import (
+from spgc.noise import noise_bound_units, sample_noise_plain
+from spgc.servers.gc_party import PartyLink
+from spgc.servers.noise_pool import (
     NoisePool,
     PoolBlock,
     PoolError,
     PoolExhaustedError,
     PoolSlice,
-    noise_bound_units,
     noise_share_circuit,
     produce_noise_shares,
     reconcile,

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from garbled_core import CircuitBuilder
-from servers import noise_sampler as ns
-from servers.gc_party import expand_seed, sample_noise_plain
+from garbled_core import discrete_gaussian as ns
+from spgc.noise import expand_seed, sample_noise_plain
 
 SIGMAS_DISTRIBUTION = [2.0, 50.0, 1000.0, 65536.0]
 N_SAMPLES = 1_000_000
@@ -411,7 +411,7 @@ def test_garbled_trials_equal_plaintext(two_party):
 
 
 def test_bench_sampler_json(capsys):
-    from spgc import bench_sampler
+    from spgc.app import bench_sampler
 
     assert (
         bench_sampler.main(
@@ -441,7 +441,7 @@ def test_bench_sampler_json(capsys):
 
 
 def _print_figures() -> None:
-    """`cd tests && PYTHONPATH=.. python3 test_noise_sampler.py`: the figures docs/NOISE_SAMPLER.md
+    """`cd tests && ../.venv/bin/python test_noise_sampler.py`: the figures docs/NOISE_SAMPLER.md
     quotes (exact SD of the tables vs the bound; the 10^6-sample statistics)."""
     for sigma, bucket_bits in [(2.0, None), (3.0, 1), (6.0, 2), (50.0, None)]:
         p = ns.derive_params(sigma, bucket_bits=bucket_bits)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from test_server_daemon import PROVIDERS, Provider, _cfg, bind_pair, start_pair, wait_round_done
 
-from servers import coordinator, noise_pool, peer
-from servers.gc_party import sample_noise_plain
+from spgc.noise import sample_noise_plain
+from spgc.servers import noise_pool, peer, pool_sync
 from spgc.sharing import ring_mask
 
 
@@ -34,7 +34,7 @@ def seeds(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[bytes, int]]]
         made[role].append((seed, n))
         return real(role, link, n, sigma, ring_bits, seed, **kw)
 
-    monkeypatch.setattr(coordinator, "produce_noise_shares", recording)
+    monkeypatch.setattr(pool_sync, "produce_noise_shares", recording)
     monkeypatch.setattr(peer, "produce_noise_shares", recording)
     return made
 
@@ -154,7 +154,7 @@ def test_restart_mid_training_never_reuses_a_pool_entry(pki, tmp_path, stored):
         d1.stop()  # the "crash": round 2 was collecting
         d2.stop()
     # H2 used 5 more samples than H1 before the crash (e.g. it died mid-exchange)
-    from servers.noise_pool import NoisePool
+    from spgc.servers.noise_pool import NoisePool
 
     h2_pool = NoisePool(tmp_path / "s2" / "noise-pool", "h2", sigma, d1.plan.ring_bits)
     h2_pool.take(h2_pool.position(5), 99)
@@ -211,7 +211,7 @@ def test_restart_mid_training_never_reuses_a_pool_entry(pki, tmp_path, stored):
 
 
 def test_precompute_fills_the_pool_then_training_uses_it(pki, tmp_path):
-    from servers.daemon import ServerDaemon
+    from spgc.servers.daemon import ServerDaemon
 
     kw = {"mode": "preprocessed", "rounds": 2, "noise_multiplier": 1.0, "pool_block": 40}
     a, b = bind_pair(pki, tmp_path, precompute=130, **kw)

@@ -13,36 +13,33 @@ import grpc
 import numpy as np
 import pytest
 
-from providers.__main__ import main
-from providers.client import (
+from spgc.certs import make_dev_pki
+from spgc.data import load_dataset, poisson_batch
+from spgc.encoding import FixedPointConfig, encode_rows
+from spgc.gradients import clip_per_example, per_example_gradients
+from spgc.models import build_model, flatten_params, load_flat_params
+from spgc.providers.__main__ import main
+from spgc.providers.client import (
     ProviderClient,
     ProviderRefusal,
     check_privacy,
     local_noise,
 )
-from providers.config import ConfigError, ProviderConfig, load_config
-from spgc.certs import make_dev_pki
-from spgc.data import load_dataset, poisson_batch
-from spgc.encoding import FixedPointConfig, encode_rows
-from spgc.gradients import clip_per_example, per_example_gradients
-from spgc.grpc_util import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    MAX_CHUNK_BYTES,
-    AlreadyExistsError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    TlsFiles,
-    abort_on_error,
-    caller_identity,
-    iter_share_payload,
-    make_server,
-    model_messages,
-    read_share_header,
-)
-from spgc.models import build_model, flatten_params, load_flat_params
+from spgc.providers.config import ConfigError, ProviderConfig, load_config
 from spgc.sharing import reconstruct, ring_mask
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import aggregation_pb2_grpc, vector_sha256
+from spgc.wire.chunks import MAX_CHUNK_BYTES
+from spgc.wire.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    abort_on_error,
+)
+from spgc.wire.identity import caller_identity
+from spgc.wire.messages import iter_share_payload, model_messages, read_share_header
+from spgc.wire.tls import TlsFiles
+from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, make_server
 
 RUN = "run-provider-test"
 ROUND = 3

@@ -10,19 +10,16 @@ import grpc
 import numpy as np
 import pytest
 
-from servers.daemon import ServerDaemon
 from spgc.certs import make_dev_pki
 from spgc.config import ServerConfig, TlsPaths, load_server_config
-from spgc.grpc_util import (
-    TlsFiles,
-    make_channel,
-    new_submission_id,
-    read_model_stream,
-    share_messages,
-)
+from spgc.servers.daemon import ServerDaemon
 from spgc.sharing import share
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import aggregation_pb2_grpc, vector_sha256
+from spgc.wire.identity import new_submission_id
+from spgc.wire.messages import read_model_stream, share_messages
+from spgc.wire.tls import TlsFiles
+from spgc.wire.transport import make_channel
 
 PROVIDERS = ["p1", "p2", "p3"]
 ROLES = {1: pb.SERVER_ROLE_H1, 2: pb.SERVER_ROLE_H2}
@@ -358,7 +355,7 @@ def test_h2_stops_when_h1_disappears(pki, tmp_path):
 def test_h2_answers_the_last_round_before_it_stops(pki, tmp_path, monkeypatch):
     """H2 logs, evaluates and checkpoints the last round after it is finished; stopping H2 as
     soon as it is done must not cut H1's MODEL_PUBLISHED call short."""
-    from servers import peer
+    from spgc.servers import peer
 
     real = peer.log_round
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from helpers import Background
 
-from servers import gc_party, spgc_circuit
-from servers.gc_party import PartyLink, aggregate_plain, expand_seed, run_aggregate
-from servers.noise_sampler import build_trial_circuit, derive_params
+from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+from spgc.noise import expand_seed, sample_noise_plain
+from spgc.servers import gc_party, spgc_circuit
+from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
 
 
 def shares_of(sums: list[int], ring_bits: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +74,7 @@ def test_spgc_returns_s_plus_the_plaintext_sampler_noise(two_party, ring_bits, s
     width = max(ring_bits, params.noise_bits) + 1
     assert ye.dtype == (np.int64 if width <= 64 else object)
     assert yg.tolist() == ye.tolist()
-    z = gc_party.sample_noise_plain(s1, s2, len(sums), sigma)
+    z = sample_noise_plain(s1, s2, len(sums), sigma)
     assert [int(y) - s for y, s in zip(ye.tolist(), sums, strict=True)] == z.tolist()
     assert np.abs(z).max() <= params.noise_bound
     assert 0.5 * sigma < np.std(z) < 1.5 * sigma
@@ -96,9 +97,9 @@ def test_spgc_returns_s_plus_the_plaintext_sampler_noise(two_party, ring_bits, s
 
 def test_noise_reproducible_from_both_seeds_only():
     s1, s2 = hashlib.sha256(b"a").digest(), hashlib.sha256(b"b").digest()
-    z = gc_party.sample_noise_plain(s1, s2, 2000, 1000.0)
-    assert np.array_equal(z, gc_party.sample_noise_plain(s1, s2, 2000, 1000.0))
-    other = gc_party.sample_noise_plain(s1, hashlib.sha256(b"c").digest(), 2000, 1000.0)
+    z = sample_noise_plain(s1, s2, 2000, 1000.0)
+    assert np.array_equal(z, sample_noise_plain(s1, s2, 2000, 1000.0))
+    other = sample_noise_plain(s1, hashlib.sha256(b"c").digest(), 2000, 1000.0)
     assert np.mean(z == other) < 0.01
 
 
@@ -127,13 +128,13 @@ def test_refusals_name_the_limit(two_party):
     with pytest.raises(ValueError, match=r"outside the ring Z_2\^8"):
         run_aggregate("garbler", None, np.array([256], dtype=np.uint64), bytes(32), 10.0, 8)
     with pytest.raises(ValueError, match="32 bytes"):
-        gc_party.sample_noise_plain(bytes(31), bytes(32), 1, 10.0)
+        sample_noise_plain(bytes(31), bytes(32), 1, 10.0)
     with pytest.raises(ValueError, match="mode must be one of"):
         run_aggregate("garbler", None, a, bytes(32), 10.0, 8, "ldp")
     with pytest.raises(ValueError, match="role must be one of"):
         run_aggregate("h1", None, a, bytes(32), 10.0, 8)
     with pytest.raises(ValueError, match=r"above the sampler's limit of 2\^40"):
-        gc_party.sample_noise_plain(bytes(32), bytes(32), 1, 1e13)
+        sample_noise_plain(bytes(32), bytes(32), 1, 1e13)
     noise_bits = derive_params(65536.0).noise_bits
     want = rf"output_bits=20 cannot hold S \+ z.*at least {noise_bits + 1} bits"
     with pytest.raises(ValueError, match=want):
@@ -183,13 +184,13 @@ def test_seed_journal_refuses_a_seed_of_an_earlier_process(tmp_path, monkeypatch
     try:
         gc_party.set_seed_journal(journal)
         seed = os.urandom(32)
-        gc_party._claim_seed(seed)
+        gc_party.claim_seed(seed)
         assert journal.stat().st_size == 32 and (journal.stat().st_mode & 0o777) == 0o600
         monkeypatch.setattr(gc_party, "_used_seeds", set())  # a new process: memory is empty
         gc_party.set_seed_journal(journal)
         with pytest.raises(ValueError, match="used before"):
-            gc_party._claim_seed(seed)
-        gc_party._claim_seed(os.urandom(32))
+            gc_party.claim_seed(seed)
+        gc_party.claim_seed(os.urandom(32))
         assert journal.stat().st_size == 64
     finally:
         gc_party.set_seed_journal(None)

@@ -756,7 +756,7 @@ def and_breakdown(params: SamplerParams) -> dict[str, int]:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    """``python -m servers.noise_sampler [SIGMA ...]``: derived parameters as a table."""
+    """``python -m garbled_core.discrete_gaussian [SIGMA ...]``: derived parameters as a table."""
     import sys
 
     sigmas = [float(a) for a in (sys.argv[1:] if argv is None else argv)] or [

@@ -13,7 +13,8 @@ sampled in the circuit), ``dng`` (each server adds its own noise and the two exc
 element per coordinate: no circuit), ``preprocessed`` (the circuit makes additive noise shares
 offline, servers/noise_pool.py; online the servers open S + z, one ring element each way), and
 ``table16``, the paper's table sampler (lambda = 16, ring N = 16): a labelled baseline that is NOT
-differentially private at these noise scales. A new mode is one ``ModeSpec`` in ``MODES``.
+differentially private at these noise scales. What each mode is comes from the one modes table
+(:mod:`spgc.modes`); how to measure it is one ``ModeSpec`` in ``MODES`` here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+from spgc import accounting
+from spgc.app.bench_sampler import party_links, two_party
+from spgc.config import ServerConfig
+from spgc.encoding import FixedPointConfig
+from spgc.models import build_model, flatten_params
+from spgc.modes import get_mode
+from spgc.noise import noise_bound_units, sample_discrete_gaussian
+from spgc.servers.coordinator import dng_exchange
+from spgc.servers.gc_party import counter_delta, run_aggregate
+from spgc.servers.noise_pool import noise_share_circuit, produce_noise_shares
+from spgc.servers.spgc_circuit import (
+    noisy_sum_circuit,
+    output_width,
+    reconstruct_circuit,
+    table_noisy_sum_circuit,
+)
+from spgc.sharing import max_abs_sum_units, ring_bits_for
+from spgc.wire import aggregation_pb2 as pb
 
 __all__ = [
     "DATASETS",
@@ -144,17 +165,28 @@ class Measurement:
 
 @dataclass(frozen=True)
 class ModeSpec:
-    """A two-server mode: how to measure ``n`` coordinates at noise std ``sigma`` (units)."""
+    """How to measure a two-server mode (its row in :data:`spgc.modes.MODES` says what it is):
+    ``measure(ctx, sigma, n)`` runs ``n`` coordinates at noise std ``sigma`` (units)."""
 
     name: str
-    label: str
-    dp: bool
-    noisy: bool  # cost depends on sigma (one measurement per epsilon)
     measure: Callable[[CommContext, float, int], Measurement]
     max_coordinates: int | None = None  # default cap on the sample (the table is costly)
     # One-time work per training (parameters, circuits), done and timed before the runs.
     prepare: Callable[[CommContext, float], None] | None = None
     paper: str | None = None  # which Table 1 column it sits next to: "spgc" or "only-mpc"
+
+    @property
+    def label(self) -> str:
+        return get_mode(self.name).label
+
+    @property
+    def dp(self) -> bool:
+        return get_mode(self.name).differentially_private
+
+    @property
+    def noisy(self) -> bool:
+        """Cost depends on sigma (one measurement per epsilon)."""
+        return get_mode(self.name).noisy
 
 
 # The engine's phase names (garbled_core Channel.counters) as reported here. "setup" during a
@@ -177,11 +209,10 @@ def _both_counters(links: tuple[Any, Any]) -> list[dict[str, dict[str, int]]]:
 
 def _sent_by_phase(before: list[Any], after: list[Any]) -> dict[str, int]:
     """Bytes sent by both parties between two counter snapshots, per phase group."""
-    from servers.gc_party import _delta
 
     out: dict[str, int] = {}
     for b, a in zip(before, after, strict=True):
-        for phase, v in _delta(b, a)["phases"].items():
+        for phase, v in counter_delta(b, a)["phases"].items():
             group = PHASE_GROUPS.get(phase, phase)
             out[group] = out.get(group, 0) + v["sent"]
     return {k: v for k, v in out.items() if v}
@@ -194,12 +225,11 @@ def _run_pair(
     table: bool = False,
 ) -> tuple[float, dict[str, int], Any]:
     """Both parties once (garbler in a thread): (seconds, bytes per phase group, result)."""
-    from spgc.bench_sampler import _two_party
 
     links = ctx.table_links if table and ctx.table_links is not None else ctx.links
     assert links is not None
     before = _both_counters(links)
-    seconds, wire, value = _two_party(links, fn_g, fn_e)
+    seconds, wire, value = two_party(links, fn_g, fn_e)
     phases = _sent_by_phase(before, _both_counters(links))
     if sum(phases.values()) != wire:  # the two ways of counting must agree
         raise RuntimeError(f"phase counters ({sum(phases.values())}) != total sent ({wire})")
@@ -216,8 +246,6 @@ def _random_shares(n: int, ring_bits: int) -> np.ndarray:
 
 
 def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
-    from servers.gc_party import run_aggregate
-    from servers.spgc_circuit import reconstruct_circuit
 
     def party(role: str) -> Callable[[Any], Any]:
         shares = _random_shares(n, ctx.ring_bits)
@@ -228,7 +256,6 @@ def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
 
 def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
-    from servers.gc_party import run_aggregate
 
     def party(role: str) -> Callable[[Any], Any]:
         shares = _random_shares(n, ctx.ring_bits)
@@ -242,14 +269,11 @@ def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
 def dng_ring_bits(ctx: CommContext, sigma: float) -> int:
     """dng's ring: |S| plus the tail of both servers' noises (std sqrt(2) sigma), as in the plan."""
-    from spgc.sharing import ring_bits_for
 
     return ring_bits_for(ctx.max_abs_sum, noise_std_units=sigma * math.sqrt(2), dim=ctx.dim)
 
 
 def _measure_dng(ctx: CommContext, sigma: float, n: int) -> Measurement:
-    from servers.coordinator import dng_exchange, sample_server_noise
-    from spgc.wire import aggregation_pb2 as pb
 
     ring = dng_ring_bits(ctx, sigma)
 
@@ -257,7 +281,8 @@ def _measure_dng(ctx: CommContext, sigma: float, n: int) -> Measurement:
         share = _random_shares(n, ring)
 
         def go(link: Any) -> Any:
-            noise = sample_server_noise(n, sigma)  # each server's own work, timed with the step
+            # each server's own work, timed with the step
+            noise = sample_discrete_gaussian(n, sigma)
             return dng_exchange(role, link.channel, share, noise, ring)
 
         return go
@@ -268,7 +293,6 @@ def _measure_dng(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
 
 def _measure_table(ctx: CommContext, sigma: float, n: int) -> Measurement:
-    from servers.spgc_circuit import table_noisy_sum_circuit
 
     lam = ctx.table_lambda
     circuit = table_noisy_sum_circuit(PAPER_TABLE_RING_BITS, float(sigma), lam)
@@ -285,8 +309,6 @@ def _measure_table(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
 
 def _prepare_spgc(ctx: CommContext, sigma: float) -> None:
-    from servers.noise_sampler import build_trial_circuit, derive_params
-    from servers.spgc_circuit import noisy_sum_circuit, output_width
 
     params = derive_params(sigma)
     build_trial_circuit(params)
@@ -296,7 +318,6 @@ def _prepare_spgc(ctx: CommContext, sigma: float) -> None:
 
 
 def _prepare_table(ctx: CommContext, sigma: float) -> None:
-    from servers.spgc_circuit import table_noisy_sum_circuit
 
     table_noisy_sum_circuit(PAPER_TABLE_RING_BITS, float(sigma), ctx.table_lambda)
 
@@ -304,15 +325,11 @@ def _prepare_table(ctx: CommContext, sigma: float) -> None:
 def preprocessed_ring_bits(ctx: CommContext, sigma: float) -> int:
     """The preprocessed ring, as servers/plan.py sizes it: |S| plus the sampler's hard bound
     on |z| (the noise shares live in the providers' ring and S + z is opened there)."""
-    from servers.noise_pool import noise_bound_units
-    from spgc.sharing import ring_bits_for
 
     return ring_bits_for(ctx.max_abs_sum + noise_bound_units(sigma))
 
 
 def _prepare_preprocessed(ctx: CommContext, sigma: float) -> None:
-    from servers.noise_pool import noise_share_circuit
-    from servers.noise_sampler import build_trial_circuit, derive_params
 
     params = derive_params(sigma)
     build_trial_circuit(params)
@@ -322,9 +339,6 @@ def _prepare_preprocessed(ctx: CommContext, sigma: float) -> None:
 def _measure_preprocessed(ctx: CommContext, sigma: float, n: int) -> Measurement:
     """Offline: the circuit makes n additive noise shares (servers/noise_pool.py); online: each
     server adds its shares to its sum and the two open S + z (one ring element each way)."""
-    from servers.coordinator import dng_exchange
-    from servers.noise_pool import produce_noise_shares
-    from spgc.wire import aggregation_pb2 as pb
 
     ring = preprocessed_ring_bits(ctx, sigma)
 
@@ -363,33 +377,21 @@ def _measure_preprocessed(ctx: CommContext, sigma: float, n: int) -> Measurement
     return Measurement(n, phases, off_s + on_s, 0.0, extra)
 
 
+# Every two-server row of the modes table, training modes and baselines: a new one needs its
+# measurement here (a one-server mode moves no bytes between the servers).
 MODES: dict[str, ModeSpec] = {
-    "only-mpc": ModeSpec(
-        "only-mpc", "reconstruct only, no noise (paper's Only-MPC)", False, False,
-        _measure_only_mpc, paper="only-mpc",
-    ),
-    "spgc": ModeSpec(
-        "spgc", "exact discrete Gaussian in the circuit", True, True, _measure_spgc,
-        paper="spgc", prepare=_prepare_spgc,
-    ),
-    "dng": ModeSpec(
-        "dng", "each server adds full noise, exchanges one ring element", True, True, _measure_dng
-    ),
-    "preprocessed": ModeSpec(
-        "preprocessed", "noise shares made by the circuit offline, S + z opened online", True,
-        True, _measure_preprocessed, prepare=_prepare_preprocessed,
-    ),
+    "only-mpc": ModeSpec("only-mpc", _measure_only_mpc, paper="only-mpc"),
+    "spgc": ModeSpec("spgc", _measure_spgc, paper="spgc", prepare=_prepare_spgc),
+    "dng": ModeSpec("dng", _measure_dng),
+    "preprocessed": ModeSpec("preprocessed", _measure_preprocessed, prepare=_prepare_preprocessed),
     "table16": ModeSpec(
         "table16",
-        "paper's table sampler, lambda=16, N=16: NOT differentially private",
-        False,
-        True,
         _measure_table,
         max_coordinates=DEFAULT_TABLE_COORDINATES,
         paper="spgc",
         prepare=_prepare_table,
     ),
-}  # fmt: skip
+}
 
 
 # ------------------------------------------------------------------------------ running
@@ -400,10 +402,6 @@ def make_context(
 ) -> CommContext:
     """The model size, fixed point and ring the daemon would use for ``dataset`` with the
     paper's workload (3 providers, its per-provider batch as the enforced batch cap)."""
-    from spgc.config import ServerConfig
-    from spgc.encoding import FixedPointConfig
-    from spgc.models import build_model, flatten_params
-    from spgc.sharing import max_abs_sum_units, ring_bits_for
 
     if dataset not in DATASETS:
         raise BenchCommError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
@@ -423,7 +421,6 @@ def sigma_units_for(
     ctx: CommContext, epsilon: float, delta: float, calibration: str
 ) -> tuple[float, float]:
     """(noise multiplier, sigma in fixed-point units) as the daemon derives them per step."""
-    from spgc import accounting
 
     nm = accounting.noise_multiplier_for(
         calibration,  # type: ignore[arg-type]
@@ -751,7 +748,6 @@ def run(
 ) -> int:
     """Run the benchmark; the table goes to stdout (stderr with ``as_json``), JSON to stdout.
     Returns the exit code; BenchCommError (a ValueError) for bad input."""
-    from spgc.bench_sampler import _links
 
     if dataset not in DATASETS:
         raise BenchCommError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
@@ -762,9 +758,9 @@ def run(
     out = sys.stderr if as_json else sys.stdout
     _progress(f"bench comm: {dataset}, d = {ctx.dim:,}, modes {', '.join(modes)}")
     with tempfile.TemporaryDirectory(prefix="spgc-bench-comm-") as tmp:
-        ctx.links = _links(chunk, Path(tmp, "main") if tls else None)
+        ctx.links = party_links(chunk, Path(tmp, "main") if tls else None)
         if "table16" in modes:
-            ctx.table_links = _links(TABLE_CHUNK, Path(tmp, "table") if tls else None)
+            ctx.table_links = party_links(TABLE_CHUNK, Path(tmp, "table") if tls else None)
         try:
             _warm_up(ctx)
             rows = measure_rows(
@@ -871,7 +867,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point: ``python -m spgc.bench_comm [options]``."""
+    """Stand-alone entry point: ``python -m spgc.app.bench_comm [options]``."""
     try:
         return run_from_args(build_parser().parse_args(argv))
     except ValueError as exc:

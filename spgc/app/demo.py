@@ -25,7 +25,8 @@ from typing import Any, TextIO
 import yaml
 
 from spgc.certs import make_dev_pki
-from spgc.config import MODES, NOISY_MODES, SINGLE_SERVER_MODES
+from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
+from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 
 # Per data set: the paper's local batch (providers' rows x rate) and a learning rate that
 # trains in a few rounds.
@@ -92,17 +93,14 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
     """Certificates and the YAML files of both servers and every provider."""
     if opts.dataset not in DATASET_DEFAULTS:
         raise DemoError(f"unknown dataset {opts.dataset!r}; choose from {sorted(DATASET_DEFAULTS)}")
-    if opts.mode not in MODES:
-        raise DemoError(f"mode {opts.mode!r} is not available yet; choose from {MODES}")
+    if opts.mode not in TRAINING_MODES:
+        raise DemoError(f"mode {opts.mode!r} is not available; choose from {TRAINING_MODES}")
     if not 1 <= opts.providers <= 50:
         raise DemoError("--providers must be in 1..50")
-    if opts.model:
-        from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
-
-        if MODEL_INPUT_SHAPES.get(opts.model) != MODEL_INPUT_SHAPES[opts.dataset]:
-            shape = MODEL_INPUT_SHAPES[opts.dataset]
-            fits = [n for n in MODEL_NAMES if MODEL_INPUT_SHAPES[n] == shape]
-            raise DemoError(f"model {opts.model!r} does not read {opts.dataset}; choose: {fits}")
+    if opts.model and MODEL_INPUT_SHAPES.get(opts.model) != MODEL_INPUT_SHAPES[opts.dataset]:
+        shape = MODEL_INPUT_SHAPES[opts.dataset]
+        fits = [n for n in MODEL_NAMES if MODEL_INPUT_SHAPES[n] == shape]
+        raise DemoError(f"model {opts.model!r} does not read {opts.dataset}; choose: {fits}")
     names = [f"p{i + 1}" for i in range(opts.providers)]
     pki = None if opts.insecure else make_dev_pki(work / "pki", ["h1", "h2", *names])
     listen1, listen2, gc = _free_ports(3)
@@ -244,10 +242,10 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
             file=out,
         )
         servers = [
-            _start("servers", c, work, echo=i == 0, out=out) for i, c in enumerate(server_cfgs)
+            _start("spgc.servers", c, work, echo=i == 0, out=out) for i, c in enumerate(server_cfgs)
         ]
         procs += servers
-        procs += [_start("providers", c, work, echo=False, out=out) for c in provider_cfgs]
+        procs += [_start("spgc.providers", c, work, echo=False, out=out) for c in provider_cfgs]
         deadline = started + opts.timeout
         while any(s.poll() is None for s in servers):
             if time.monotonic() > deadline:

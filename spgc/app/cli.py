@@ -8,8 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spgc import __version__
-from spgc.certs import DEFAULT_NAMES
-from spgc.config import MODES
+from spgc.app import bench_comm, bench_gc, bench_sampler, experiment
+from spgc.app.bench_gc import BenchError
+from spgc.app.demo import DemoError, DemoOptions, run_cli
+from spgc.app.experiment import run_from_args
+from spgc.certs import DEFAULT_NAMES, make_dev_pki
+from spgc.modes import TRAINING_MODES
+from spgc.providers.__main__ import main as provider_main
+from spgc.servers.__main__ import main as server_main
 
 
 def _positive_int(text: str) -> int:
@@ -85,7 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("--tls-only", action="store_true", help="TLS link only (the default)")
     link.add_argument("--both", action="store_true", help="run plaintext and TLS")
 
-    from spgc import bench_sampler
 
     sampler = bench_sampler.build_parser(
         bench_sub.add_parser(
@@ -96,7 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sampler.set_defaults(bench="sampler")
 
-    from spgc import bench_comm
 
     comm = bench_comm.build_parser(
         bench_sub.add_parser(
@@ -122,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--providers", type=_positive_int, default=3, metavar="K")
     demo.add_argument("--rounds", type=_positive_int, default=5, metavar="R")
-    demo.add_argument("--mode", default="spgc", choices=list(MODES))
+    demo.add_argument("--mode", default="spgc", choices=list(TRAINING_MODES))
     demo.add_argument(
         "--epsilon",
         type=float,
@@ -136,7 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     demo.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
-    from spgc import experiment
 
     experiment.build_parser(
         sub.add_parser(
@@ -156,7 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
-    from spgc.certs import make_dev_pki
 
     made = make_dev_pki(args.directory, args.names, force=args.force)
     ca = next(iter(made.values())).ca
@@ -167,14 +169,11 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from spgc import bench_gc
 
     if args.bench == "sampler":
-        from spgc import bench_sampler
 
         return bench_sampler.run_from_args(args)
     if args.bench == "comm":
-        from spgc import bench_comm
 
         return bench_comm.run_from_args(args)
     return bench_gc.run_cli(
@@ -187,7 +186,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from spgc.demo import DemoOptions, run_cli
 
     opts = DemoOptions(
         dataset=args.dataset,
@@ -205,19 +203,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
-    from spgc.experiment import run_from_args
 
     return run_from_args(args)
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
-    from servers.__main__ import main as server_main
 
     return server_main(args.args)
 
 
 def _cmd_provider(args: argparse.Namespace) -> int:
-    from providers.__main__ import main as provider_main
 
     return provider_main(args.args)
 
@@ -234,8 +229,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "provider": _cmd_provider,
         "experiment": _cmd_experiment,
     }
-    from spgc.bench_gc import BenchError
-    from spgc.demo import DemoError
 
     try:
         return handlers[args.command](args)

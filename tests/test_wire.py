@@ -1,4 +1,4 @@
-"""spgc.grpc_util: mutual TLS, identities, plaintext refusal, chunked vectors over gRPC."""
+"""spgc.wire: mutual TLS, identities, plaintext refusal, chunked vectors over gRPC."""
 
 from __future__ import annotations
 
@@ -16,34 +16,28 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from spgc.certs import make_dev_pki
-from spgc.grpc_util import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    MAX_CHUNK_BYTES,
+from spgc.wire import AGGREGATOR_SERVICE, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
+from spgc.wire.chunks import MAX_CHUNK_BYTES, ChunkReassembler, ChunkValidator, iter_vector_chunks
+from spgc.wire.errors import (
     AlreadyExistsError,
-    ChunkReassembler,
-    ChunkValidator,
     FailedPreconditionError,
     InvalidArgumentError,
     ResourceExhaustedError,
-    TlsFiles,
     WireError,
     abort_on_error,
-    add_health,
-    caller_identity,
+    status_code_of,
+)
+from spgc.wire.identity import caller_identity, new_submission_id, peer_identity
+from spgc.wire.messages import (
     iter_share_payload,
-    iter_vector_chunks,
-    make_channel,
-    make_server,
     model_messages,
-    new_submission_id,
-    peer_identity,
     read_model_stream,
     read_share_header,
     read_share_stream,
     share_messages,
-    status_code_of,
 )
-from spgc.wire import AGGREGATOR_SERVICE, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
+from spgc.wire.tls import TlsFiles
+from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, add_health, make_channel, make_server
 
 RUN = "run-test"
 ROUND = 5

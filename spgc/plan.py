@@ -13,20 +13,15 @@ from typing import Any
 import numpy as np
 
 from spgc import accounting
-from spgc.config import NOISY_MODES, ServerConfig
+from spgc.config import ServerConfig
+from spgc.data import load_dataset
 from spgc.encoding import FixedPointConfig
 from spgc.models import build_model, flatten_params
+from spgc.modes import NOISY_MODES, get_mode
+from spgc.noise import noise_bound_units
 from spgc.sharing import max_abs_sum_units, ring_bits_for
 from spgc.wire import aggregation_pb2 as pb
 
-_MODES = {
-    "spgc": pb.MODE_SPGC,
-    "only-mpc": pb.MODE_ONLY_MPC,
-    "plain": pb.MODE_PLAIN,
-    "ldp": pb.MODE_LDP,
-    "dng": pb.MODE_DNG,
-    "preprocessed": pb.MODE_PREPROCESSED,
-}
 _CALIBRATIONS = {
     "classic": pb.CALIBRATION_CLASSIC,
     "analytic": pb.CALIBRATION_ANALYTIC,
@@ -88,7 +83,7 @@ class RunPlan:
         c = self.cfg
         return pb.TrainingConfig(
             run_id=run_id,
-            mode=_MODES[c.mode],
+            mode=pb.Mode.Value(get_mode(c.mode).wire_name),
             dataset=c.dataset,
             model=self.model_name,
             num_parameters=self.dim,
@@ -116,7 +111,6 @@ def _sampling(cfg: ServerConfig) -> dict[str, Any]:
     population (the largest sampling ratio, the worst case); data are split evenly."""
     if cfg.batch_size <= 0:
         return {"sampling_rate": cfg.sampling_rate, "sampling": "poisson"}
-    from spgc.data import load_dataset
 
     population = load_dataset(cfg.dataset).n_train // len(cfg.providers)
     if cfg.batch_size > population:
@@ -141,7 +135,6 @@ def _max_batch(cfg: ServerConfig) -> int:
         return cfg.batch_size
     if cfg.max_batch_size > 0:
         return cfg.max_batch_size
-    from spgc.data import load_dataset
 
     return load_dataset(cfg.dataset).n_train
 
@@ -197,7 +190,6 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     if cfg.mode == "preprocessed" and sigma_units > 0:
         # The noise shares live in the providers' ring and S + z is opened there: L holds |S|
         # plus the sampler's hard bound on |z| (not a tail probability), so nothing wraps.
-        from servers.noise_pool import noise_bound_units
 
         bound += noise_bound_units(sigma_units)
     ring_bits = ring_bits_for(

@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from spgc.accounting import classic_noise_multiplier
-from spgc.config import MODES, NOISY_MODES
-from spgc.demo import DATASET_DEFAULTS, DemoError, DemoOptions, run_demo
+from spgc.app.demo import DATASET_DEFAULTS, DemoError, DemoOptions, run_demo
+from spgc.modes import NOISY_MODES, TRAINING_MODES
 
 # The paper's per-step epsilons and delta (section 5.2.3).
 PAPER_EPSILONS = (0.5, 2.0, 8.0)
@@ -122,8 +122,8 @@ def plan_runs(
                 f"unknown dataset {d!r}; choose from {', '.join(DATASET_DEFAULTS)}"
             )
     for m in modes:
-        if m not in MODES:
-            raise ExperimentError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
+        if m not in TRAINING_MODES:
+            raise ExperimentError(f"unknown mode {m!r}; choose from {', '.join(TRAINING_MODES)}")
     for e in epsilons:
         if not (math.isfinite(e) and e > 0):
             raise ExperimentError(f"epsilon must be finite and > 0, got {e:g}")
@@ -299,7 +299,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     if not datasets:
         raise ExperimentError("nothing to plot: no completed epoch")
-    colours = {m: f"C{i}" for i, m in enumerate(MODES)}
+    colours = {m: f"C{i}" for i, m in enumerate(TRAINING_MODES)}
     epsilons = sorted({r["step_epsilon"] for r in rows if r["step_epsilon"] is not None})
     styles = ["-", "--", ":", "-."]
     # the largest epsilon solid, smaller ones dashed, then dotted
@@ -367,7 +367,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--datasets", nargs="+", metavar="D", help=f"default: {' '.join(DATASET_DEFAULTS)}"
     )
-    parser.add_argument("--modes", nargs="+", metavar="M", help=f"default: {' '.join(MODES)}")
+    parser.add_argument(
+        "--modes", nargs="+", metavar="M", help=f"default: {' '.join(TRAINING_MODES)}"
+    )
     parser.add_argument(
         "--epsilons", nargs="+", metavar="E", help="per-step epsilons (default: 0.5 2 8)"
     )
@@ -406,7 +408,7 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     datasets = _split(args.datasets) or (
         QUICK["datasets"] if args.quick else list(DATASET_DEFAULTS)
     )
-    modes = _split(args.modes) or (QUICK["modes"] if args.quick else list(MODES))
+    modes = _split(args.modes) or (QUICK["modes"] if args.quick else list(TRAINING_MODES))
     eps_text = _split(args.epsilons)
     epsilons = (
         _parse_floats(eps_text)

@@ -24,6 +24,10 @@ from typing import Any
 
 import numpy as np
 
+import garbled_core
+from garbled_core.circuit import CircuitBuilder
+from spgc.certs import make_dev_pki
+
 WIDTH = 32
 GARBLER_INPUTS: tuple[str, ...] = ("a", "t")
 EVALUATOR_INPUTS: tuple[str, ...] = ("b",)
@@ -32,7 +36,7 @@ OWNER_EVALUATOR = "evaluator"
 HOST = "127.0.0.1"
 CONNECT_TIMEOUT = 30.0
 
-MODES = ("plaintext", "tls")
+LINKS = ("plaintext", "tls")
 MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
 
 
@@ -42,12 +46,6 @@ class BenchError(RuntimeError):
 
 def build_circuit() -> Any:
     """The per-coordinate benchmark circuit (about 95 AND gates per instance)."""
-    try:
-        from garbled_core.circuit import CircuitBuilder
-    except ImportError as exc:
-        raise BenchError(
-            f"the garbled-circuit engine is not available ({exc}); run 'make setup' or 'make dev'"
-        ) from exc
     b = CircuitBuilder()
     a = b.input("a", owner=OWNER_GARBLER, width=WIDTH)
     t = b.input("t", owner=OWNER_GARBLER, width=WIDTH)
@@ -57,16 +55,6 @@ def build_circuit() -> Any:
     y = b.mux(c, d, a)
     b.output("y", y, reveal="both")
     return b.build()
-
-
-def _engine() -> Any:
-    try:
-        import garbled_core
-    except ImportError as exc:
-        raise BenchError(
-            f"the garbled-circuit engine is not available ({exc}); run 'make setup' or 'make dev'"
-        ) from exc
-    return garbled_core
 
 
 def random_words(n: int, bits: int = WIDTH) -> np.ndarray:
@@ -108,7 +96,7 @@ def _close(obj: Any) -> None:
 def _run_party(
     role: str, channel: Any, inputs: dict[str, np.ndarray], chunk: int | None, circuit: Any
 ) -> PartyReport:
-    gc = _engine()
+    gc = garbled_core
     party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
     party = party_cls(channel, **_chunk_kwargs(chunk))
     # Arrays that crossed a process boundary carry an unpickled (equal but not identical)
@@ -140,7 +128,7 @@ def _garbler_main(
 ) -> None:
     """Garbler process: listen on an ephemeral loopback port, report it, run, report results."""
     try:
-        gc = _engine()
+        gc = garbled_core
         circuit = build_circuit()
         listener = gc.Listener(HOST, 0)
         conn.send(("port", int(listener.port)))
@@ -168,7 +156,7 @@ def _evaluator_main(
 ) -> None:
     """Evaluator process: connect to the garbler, run, report results."""
     try:
-        gc = _engine()
+        gc = garbled_core
         circuit = build_circuit()
         channel = gc.Channel.connect(
             HOST, port, tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
@@ -252,7 +240,7 @@ def run_two_party(
     """Run the circuit on ``instances`` random inputs in two processes; check the result."""
     import multiprocessing as mp
 
-    if mode not in MODES:
+    if mode not in LINKS:
         raise ValueError(f"unknown mode {mode!r}")
     ctx = mp.get_context("spawn")
     inputs_g = {name: random_words(instances) for name in GARBLER_INPUTS}
@@ -262,8 +250,6 @@ def run_two_party(
     with tempfile.TemporaryDirectory(prefix="spgc-bench-") as tmp:
         tls_g = tls_e = None
         if mode == "tls":
-            from spgc.certs import make_dev_pki
-
             pki = make_dev_pki(Path(tmp), [OWNER_GARBLER, OWNER_EVALUATOR])
             tls_g = tuple(
                 str(p)
@@ -344,7 +330,7 @@ def garble_only_rate(
     circuit: Any, instances: int, chunk: int | None, log: Callable[[str], None]
 ) -> float:
     """AND gates per second of garbling alone (one process, tables discarded)."""
-    gc = _engine()
+    gc = garbled_core
     log(f"garbling {instances:,} instances without a peer (garble-only) ...")
     seconds = float(gc.garble_only(circuit, instances, **_chunk_kwargs(chunk)))
     and_gates = int(circuit.and_count) * instances
@@ -435,7 +421,7 @@ def bench_gc(
 
 def run_cli(instances: int, insecure: bool, both: bool, chunk: int | None, as_json: bool) -> int:
     """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect)."""
-    modes: tuple[str, ...] = MODES if both else (("plaintext",) if insecure else ("tls",))
+    modes: tuple[str, ...] = LINKS if both else (("plaintext",) if insecure else ("tls",))
     runs = bench_gc(instances=instances, modes=modes, chunk=chunk)
     table = format_table(runs)
     if as_json:

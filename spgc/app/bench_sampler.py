@@ -24,6 +24,16 @@ from typing import Any
 
 import numpy as np
 
+import garbled_core as gc
+from garbled_core.discrete_gaussian import build_trial_circuit, derive_params, theta
+from spgc.certs import make_dev_pki
+from spgc.servers.gc_party import PartyLink, run_sampler
+from spgc.servers.spgc_circuit import (
+    TABLE_SAMPLER_LABEL,
+    table_sampler_circuit,
+    table_sampler_values,
+)
+
 DEFAULT_SIGMAS: tuple[float, ...] = (2.0, 1e2, 1e4, 65536.0, 1e6, 1e7)
 DEFAULT_SAMPLES = 20_000
 HOST = "127.0.0.1"
@@ -53,14 +63,11 @@ class _Thread:
         return self.value
 
 
-def _links(chunk: int | None, tls_dir: Path | None) -> tuple[Any, Any]:
-    import garbled_core as gc
-    from servers.gc_party import PartyLink
+def party_links(chunk: int | None, tls_dir: Path | None) -> tuple[Any, Any]:
 
     kw_g: dict[str, Any] = {"insecure": True}
     kw_e: dict[str, Any] = {"insecure": True}
     if tls_dir is not None:
-        from spgc.certs import make_dev_pki
 
         pki = make_dev_pki(tls_dir, ["h1", "h2"])
         kw_g = {"tls": gc.TlsConfig(str(pki["h1"].cert), str(pki["h1"].key), str(pki["h1"].ca))}
@@ -77,7 +84,7 @@ def _sent(counters: dict[str, dict[str, int]]) -> int:
     return sum(v["sent"] for v in counters.values())
 
 
-def _two_party(links: tuple[Any, Any], fn_g: Any, fn_e: Any) -> tuple[float, int, Any]:
+def two_party(links: tuple[Any, Any], fn_g: Any, fn_e: Any) -> tuple[float, int, Any]:
     """Runs both parties once; returns (seconds, bytes sent by both, garbler's result)."""
     lg, le = links
     before = _sent(lg.counters()) + _sent(le.counters())
@@ -93,8 +100,6 @@ def bench_sigma(
     sigma: float, samples: int, links: tuple[Any, Any], distance_log2: float
 ) -> dict[str, Any]:
     """One row: parameters, expected costs, and a measured two-party run of ``samples``."""
-    from servers.gc_party import run_sampler
-    from servers.noise_sampler import build_trial_circuit, derive_params
 
     t0 = time.perf_counter()
     params = derive_params(sigma, distance_log2)
@@ -106,8 +111,8 @@ def bench_sigma(
         return lambda link: run_sampler(role, link, samples, seed, params)
 
     # warm-up (session setup, base OTs) outside the measurement
-    _two_party(links, party("garbler", os.urandom(32)), party("evaluator", os.urandom(32)))
-    seconds, wire, stats = _two_party(
+    two_party(links, party("garbler", os.urandom(32)), party("evaluator", os.urandom(32)))
+    seconds, wire, stats = two_party(
         links, party("garbler", os.urandom(32)), party("evaluator", os.urandom(32))
     )
     trials = stats.trials / samples
@@ -139,8 +144,6 @@ def bench_sigma(
 
 def _table_distance(sigma: float, lam: int) -> float:
     """log2 of the statistical distance of the table's output from N_Z(0, sigma^2)."""
-    from servers.noise_sampler import theta
-    from servers.spgc_circuit import table_sampler_values
 
     values, counts = np.unique(table_sampler_values(sigma, lam), return_counts=True)
     pmf = np.exp(-(values.astype(np.float64) ** 2) / (2 * sigma * sigma)) / float(theta(sigma))
@@ -151,7 +154,6 @@ def _table_distance(sigma: float, lam: int) -> float:
 def bench_table(sigma: float, lam: int, samples: int, links: tuple[Any, Any]) -> dict[str, Any]:
     """The paper's table sampler: NOT differentially private when the noise range exceeds
     2^lambda points; for communication comparisons only."""
-    from servers.spgc_circuit import TABLE_SAMPLER_LABEL, table_sampler_circuit
 
     circuit = table_sampler_circuit(sigma, lam)
 
@@ -163,8 +165,8 @@ def bench_table(sigma: float, lam: int, samples: int, links: tuple[Any, Any]) ->
 
         return run
 
-    _two_party(links, party("idx_g"), party("idx_e"))
-    seconds, wire, _ = _two_party(links, party("idx_g"), party("idx_e"))
+    two_party(links, party("idx_g"), party("idx_e"))
+    seconds, wire, _ = two_party(links, party("idx_g"), party("idx_e"))
     return {
         "sampler": f"table-lambda{lam}",
         "label": TABLE_SAMPLER_LABEL,
@@ -223,7 +225,7 @@ def run(
     rows: list[dict[str, Any]] = []
     out = sys.stderr if as_json else sys.stdout
     with tempfile.TemporaryDirectory(prefix="spgc-bench-sampler-") as tmp:
-        links = _links(chunk, Path(tmp) if tls else None)
+        links = party_links(chunk, Path(tmp) if tls else None)
         try:
             for sigma in sigmas:
                 rows.append(bench_sigma(float(sigma), samples, links, distance_log2))
@@ -302,7 +304,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry point: ``python -m spgc.bench_sampler [options]``."""
+    """Stand-alone entry point: ``python -m spgc.app.bench_sampler [options]``."""
     return run_from_args(build_parser().parse_args(argv))
 
 

@@ -1,0 +1,85 @@
+"""The one table of modes (SPEC section 5): who adds noise, how many servers, which circuit.
+
+Everything that lists or branches on modes reads this table: the CLI's choices, the server
+config, the plan (and its wire enum), the demo, the benchmarks, the servers and the providers.
+A new mode is one :class:`Mode` row here plus its round logic in ``servers/coordinator.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BASELINES",
+    "MODES",
+    "NOISY_MODES",
+    "SINGLE_SERVER_MODES",
+    "TRAINING_MODES",
+    "TWO_SERVER_MODES",
+    "Mode",
+    "get_mode",
+]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way to run a training step."""
+
+    name: str  # what users type (--mode, config key ``mode``)
+    label: str  # one line for tables and help
+    servers: int  # 1 (the provider's vector goes to one server in clear) or 2 (additive shares)
+    circuit: str  # garbled circuit per round: "reconstruct+noise", "reconstruct", "offline", ""
+    noise_by: str  # who adds the DP noise: "circuit", "each provider", "each server", "nobody"
+    differentially_private: bool  # does the released model carry a DP guarantee?
+    # False for benchmark baselines, which run in `spgc bench comm` but cannot train.
+    trainable: bool = True
+    # The aggregation.proto Mode enum value name (TrainingConfig.mode); "" for baselines.
+    wire_name: str = ""
+
+    @property
+    def noisy(self) -> bool:
+        """Adds noise whose size follows the privacy target (its cost depends on sigma)."""
+        return self.noise_by != "nobody"
+
+
+_TABLE = (
+    Mode("spgc", "exact discrete Gaussian in the circuit, from both servers' seeds", 2,
+         "reconstruct+noise", "circuit", True, wire_name="MODE_SPGC"),
+    Mode("only-mpc", "reconstruct only, no noise (paper's Only-MPC): NOT differentially private",
+         2, "reconstruct", "nobody", False, wire_name="MODE_ONLY_MPC"),
+    Mode("plain", "one server sums the vectors in clear (paper's Non-privacy): NOT "
+         "differentially private", 1, "", "nobody", False, wire_name="MODE_PLAIN"),
+    Mode("ldp", "each provider adds full noise to its own vector (paper's LDP)", 1, "",
+         "each provider", True, wire_name="MODE_LDP"),
+    Mode("dng", "each server adds full noise to its share, exchanges one ring element", 2, "",
+         "each server", True, wire_name="MODE_DNG"),
+    Mode("preprocessed", "noise shares made by the circuit offline, S + z opened online", 2,
+         "offline", "circuit", True, wire_name="MODE_PREPROCESSED"),
+    # The paper's table sampler (lambda = 16, ring N = 16): a labelled benchmark baseline that is
+    # NOT differentially private at these noise scales (SPEC section 4).
+    Mode("table16", "paper's table sampler, lambda=16, N=16: NOT differentially private", 2,
+         "reconstruct+noise", "circuit", False, trainable=False),
+)  # fmt: skip
+
+#: Every mode by name, training modes first, baselines last.
+MODES: dict[str, Mode] = {m.name: m for m in _TABLE}
+#: The modes a run can train in (CLI choices, config values, the wire enum).
+TRAINING_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable)
+#: Benchmark-only baselines.
+BASELINES: tuple[str, ...] = tuple(m.name for m in _TABLE if not m.trainable)
+#: Training modes with one server (role 1, no peer, no garbled circuit).
+SINGLE_SERVER_MODES: tuple[str, ...] = tuple(
+    m.name for m in _TABLE if m.trainable and m.servers == 1
+)
+#: Training modes with two servers.
+TWO_SERVER_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and m.servers == 2)
+#: Training modes that add DP noise (calibrated from target_epsilon or noise_multiplier).
+NOISY_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and m.noisy)
+
+
+def get_mode(name: str) -> Mode:
+    """The table row for ``name``; ValueError naming the choices for an unknown one."""
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ValueError(f"unknown mode {name!r}; choose from {', '.join(MODES)}") from None

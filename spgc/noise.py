@@ -1,0 +1,179 @@
+"""Discrete Gaussian noise in plaintext, from the same sampler circuit the servers garble.
+
+The exact discrete Gaussian sampler (statistical distance <= 2^-64 per sample,
+docs/NOISE_SAMPLER.md) is one circuit description, :mod:`garbled_core.discrete_gaussian`. The
+servers garble it in spgc and preprocessed mode; here the same circuit and the same adaptive
+rejection rounds run in plaintext, for the noise a party adds on its own (ldp providers, dng
+servers) and for audits and tests.
+
+Randomness: every random bit the sampler reads is r1 xor r2 (the circuit XORs a garbler port
+with an evaluator port). Each server expands only its own 32-byte round seed, outside the
+circuit, with AES-256-CTR: key = seed, initial counter block = b"SPGz" || stage (4 bytes, big
+endian) || 0 (8 bytes), where stage r is retry round r; port k of instance i is the little-endian
+64-bit word k * n + i of that stage's key stream, masked to the port's width
+(:func:`expand_seed`). Given both seeds the noise is reproducible (:func:`sample_noise_plain`);
+given one, the other stream is AES output under an unknown key, so the XOR is uniform to that
+party. :func:`sample_discrete_gaussian` draws both seeds from the OS CSPRNG.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from garbled_core.discrete_gaussian import (
+    DEFAULT_DISTANCE_LOG2,
+    DEFAULT_SCHEDULE,
+    MAX_ROUNDS,
+    SamplerParams,
+    build_trial_circuit,
+    derive_params,
+    schedule_at,
+)
+
+__all__ = [
+    "SEED_BYTES",
+    "RoundResult",
+    "SamplerStats",
+    "check_seed",
+    "expand_seed",
+    "noise_bound_units",
+    "sample_discrete_gaussian",
+    "sample_noise_plain",
+    "sampling_rounds",
+]
+
+SEED_BYTES = 32
+_STREAM_TAG = b"SPGz"
+
+
+def check_seed(seed: bytes | bytearray | memoryview) -> bytes:
+    if not isinstance(seed, (bytes, bytearray, memoryview)):
+        raise TypeError(f"the round seed must be bytes, got {type(seed).__name__}")
+    seed = bytes(seed)
+    if len(seed) != SEED_BYTES:
+        raise ValueError(f"the round seed must be {SEED_BYTES} bytes, got {len(seed)}")
+    return seed
+
+
+def expand_seed(
+    seed: bytes, stage: int, widths: Sequence[int], n: int, prefix: str
+) -> dict[str, np.ndarray]:
+    """This party's random input ports for ``n`` instances of one stage: ``{prefix}k`` -> uint64
+    array (AES-256-CTR key stream of ``seed``; see the module docstring for the layout)."""
+    seed = check_seed(seed)
+    if not 0 <= stage < 1 << 32:
+        raise ValueError(f"stage {stage} is outside 0..2^32-1")
+    words = len(widths) * n
+    nonce = _STREAM_TAG + stage.to_bytes(4, "big") + bytes(8)
+    enc = Cipher(algorithms.AES(seed), modes.CTR(nonce)).encryptor()
+    raw = enc.update(bytes(8 * words)) + enc.finalize()
+    stream = np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(len(widths), n)
+    ports = {}
+    for k, w in enumerate(widths):
+        col = stream[k]
+        ports[f"{prefix}{k}"] = col if w >= 64 else col & np.uint64((1 << w) - 1)
+    return ports
+
+
+# ------------------------------------------------------------------------------ rounds
+
+
+@dataclass
+class RoundResult:
+    """One rejection round's accepted coordinates, their trial indices and kept noise."""
+
+    coords: np.ndarray  # coordinates whose first accepted trial is in this round
+    instances: np.ndarray  # uint64: that trial's instance index in the round's run
+    noise: Any  # Kept labels (garbled) or the plaintext noise values
+
+
+@dataclass
+class SamplerStats:
+    """Rounds and trials one sampling run took."""
+
+    rounds: int = 0
+    trials: int = 0
+    per_round: list[int] = field(default_factory=list)
+
+
+def sampling_rounds(
+    n: int,
+    schedule: Sequence[int],
+    run_stage: Callable[[int, int], tuple[np.ndarray, Any]],
+    stats: SamplerStats,
+) -> Iterator[RoundResult]:
+    """Drive the adaptive rejection rounds; ``run_stage(r, instances)`` -> (accept, noise)."""
+    pending = np.arange(n, dtype=np.int64)
+    for r in range(MAX_ROUNDS):
+        if len(pending) == 0:
+            return
+        k = schedule_at(schedule, r)
+        n_inst = len(pending) * k
+        accept, noise = run_stage(r, n_inst)
+        stats.rounds += 1
+        stats.trials += n_inst
+        stats.per_round.append(n_inst)
+        acc = np.asarray(accept).reshape(len(pending), k) != 0
+        has = acc.any(axis=1)
+        rows = np.flatnonzero(has)
+        inst = (rows * k + acc.argmax(axis=1)[rows]).astype(np.uint64)
+        yield RoundResult(pending[rows], inst, noise)
+        pending = pending[~has]
+    raise RuntimeError(  # probability below 2^-1000: a bug or a broken peer
+        f"{len(pending)} coordinates without an accepted trial after {MAX_ROUNDS} rounds"
+    )
+
+
+# ------------------------------------------------------------------------------ plaintext
+
+
+def sample_noise_plain(
+    seed1: bytes,
+    seed2: bytes,
+    n: int,
+    sigma_units: float,
+    *,
+    distance_log2: float = DEFAULT_DISTANCE_LOG2,
+    schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    params: SamplerParams | None = None,
+) -> np.ndarray:
+    """The noise a batch of ``n`` coordinates gets from round seeds s1 (H1) and s2 (H2): the same
+    circuits and rounds, evaluated in plaintext (for audits and tests). int64 array."""
+    if params is None:
+        params = derive_params(sigma_units, distance_log2)
+    circuit = build_trial_circuit(params)
+    seed1, seed2 = check_seed(seed1), check_seed(seed2)
+
+    def run_stage(r: int, n_inst: int) -> tuple[np.ndarray, Any]:
+        inputs = expand_seed(seed1, r, params.port_widths, n_inst, "g")
+        inputs.update(expand_seed(seed2, r, params.port_widths, n_inst, "e"))
+        out = circuit.evaluate(inputs, n_inst)
+        return out["accept"], out["z"]
+
+    z = np.zeros(n, dtype=np.int64)
+    w = params.noise_bits
+    for result in sampling_rounds(n, schedule, run_stage, SamplerStats()):
+        raw = result.noise[result.instances.astype(np.int64)].astype(np.int64)
+        z[result.coords] = np.where(raw >= 1 << (w - 1), raw - (1 << w), raw)
+    return z
+
+
+def sample_discrete_gaussian(n: int, sigma_units: float) -> np.ndarray:
+    """``n`` samples of N_Z(0, sigma_units^2) (int64) drawn by one party alone (a dng server,
+    an ldp provider): :func:`sample_noise_plain` on two fresh 32-byte seeds from the OS CSPRNG,
+    the same exact discrete Gaussian (up to the sampler's 2^-64 statistical distance) the
+    circuit adds in spgc mode."""
+    return sample_noise_plain(os.urandom(SEED_BYTES), os.urandom(SEED_BYTES), n, sigma_units)
+
+
+def noise_bound_units(sigma_units: float, distance_log2: float = DEFAULT_DISTANCE_LOG2) -> int:
+    """A hard bound on |z| for the sampler at ``sigma_units``: its noise is a two's-complement
+    value of ``noise_bits`` bits. The ring of a preprocessed run must hold |S| plus this (no
+    probabilistic tail: S + z never wraps)."""
+    return 1 << (derive_params(sigma_units, distance_log2).noise_bits - 1)

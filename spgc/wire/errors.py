@@ -1,0 +1,124 @@
+"""Errors a servicer reports as gRPC statuses, and the decorator that maps them.
+
+:class:`WireError` and its subclasses carry a gRPC status code; :func:`abort_on_error` turns them
+(and any exception with a ``code`` attribute naming a status) into ``context.abort(code,
+message)`` in a servicer method; :func:`is_unavailable` tells a dead peer from a refusal.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class WireError(Exception):
+    """A request refused for a reason the caller should see; ``code`` is its gRPC status."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgumentError(WireError):
+    """Malformed data: wrong length, order, range, hash, missing or repeated header."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ResourceExhaustedError(WireError):
+    """A chunk, message or vector above the size limits."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPreconditionError(WireError):
+    """Valid data at the wrong time: another run, a past or future round, a closed round."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class AlreadyExistsError(WireError):
+    """A second submission for the same round, or a submission id used before."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class PermissionDeniedError(WireError):
+    """An identity that may not do this (unknown provider, payload claiming another name)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class UnauthenticatedError(WireError):
+    """No usable certificate identity on a TLS connection."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+def status_code_of(exc: BaseException) -> grpc.StatusCode | None:
+    """The gRPC status an exception maps to, or None for an unexpected error.
+
+    :class:`WireError` carries one; so does any exception whose ``code`` attribute is a
+    ``grpc.StatusCode`` or the name of one (e.g. ``"ALREADY_EXISTS"``), which lets modules that
+    do not import grpc (such as the share intake) define their own refusals.
+    """
+    code = getattr(exc, "code", None)
+    if isinstance(code, grpc.StatusCode):
+        return code
+    if isinstance(code, str) and code in grpc.StatusCode.__members__:
+        return grpc.StatusCode[code]
+    return None
+
+
+def _abort_if_mapped(exc: Exception, context: grpc.ServicerContext) -> None:
+    code = status_code_of(exc)
+    if code is not None and code is not grpc.StatusCode.OK:
+        message = getattr(exc, "message", None)
+        context.abort(code, message if isinstance(message, str) else str(exc))
+
+
+def abort_on_error(method: _F) -> _F:
+    """Decorator for servicer methods: a mapped exception becomes ``context.abort``.
+
+    Works for unary and streaming responses (generator methods). Unmapped exceptions propagate
+    (gRPC reports them as UNKNOWN and logs them): they are bugs, not refusals.
+    """
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def gen_wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            try:
+                yield from method(self, request, context)
+            except Exception as exc:
+                _abort_if_mapped(exc, context)
+                raise
+
+        return gen_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except Exception as exc:
+            _abort_if_mapped(exc, context)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """A gRPC error that means "not up yet" (retry the handshake)."""
+    return isinstance(exc, grpc.RpcError) and exc.code() in (  # type: ignore[attr-defined]
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )

@@ -1,0 +1,266 @@
+"""The chunked RPC messages: :func:`share_messages` / :func:`read_share_header` /
+:func:`iter_share_payload` / :func:`read_share_stream` for SubmitShare, :func:`model_messages` /
+:func:`read_model_stream` for FetchModel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from spgc.wire._generated import aggregation_pb2
+from spgc.wire.chunks import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_VECTOR_BYTES,
+    MAX_CHUNK_BYTES,
+    ChunkReassembler,
+    ChunkValidator,
+    check_send_chunk_bytes,
+    chunk_count,
+    iter_vector_chunks,
+    little_endian,
+)
+from spgc.wire.digests import vector_sha256
+from spgc.wire.errors import FailedPreconditionError, InvalidArgumentError
+from spgc.wire.identity import MAX_SUBMISSION_ID_BYTES
+
+
+def _chunks_of(messages: Iterator[Any], what: str) -> Iterator[tuple[int, bytes]]:
+    """(index, data) of the chunk messages after a header; a second header is refused."""
+    for msg in messages:
+        kind = msg.WhichOneof("kind")
+        if kind == "chunk":
+            yield msg.chunk.index, msg.chunk.data
+        elif kind == "header":
+            raise InvalidArgumentError(f"a second {what} header in the stream")
+        else:
+            raise InvalidArgumentError(f"empty message in the {what} stream")
+
+
+def share_messages(
+    vec: np.ndarray,
+    *,
+    run_id: str,
+    round_number: int,
+    server_role: int,
+    ring_bits: int,
+    submission_id: bytes,
+    provider_id: str = "",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    compute_seconds: float = 0.0,
+) -> Iterator[aggregation_pb2.ShareChunk]:
+    """The SubmitShare request stream for a share vector (uint64, values < 2^ring_bits).
+
+    ``server_role``: the ServerRole the share is for. ``provider_id`` only matters to a server
+    running with --insecure. ValueError for a vector that is not a valid share.
+    """
+    arr = little_endian(vec)
+    if arr.dtype.kind != "u" or arr.dtype.itemsize != 8:
+        raise ValueError(f"a share is a uint64 vector, not {arr.dtype}")
+    if not 1 <= ring_bits <= 64:
+        raise ValueError(f"ring_bits={ring_bits} is not in 1..64")
+    if ring_bits < 64 and (arr >> np.uint64(ring_bits)).any():
+        raise ValueError(f"share has values outside Z_2^{ring_bits}")
+    if not 1 <= len(submission_id) <= MAX_SUBMISSION_ID_BYTES:
+        raise ValueError(f"submission_id must be 1..{MAX_SUBMISSION_ID_BYTES} bytes")
+    check_send_chunk_bytes(chunk_bytes, 8)
+    header = aggregation_pb2.ShareHeader(
+        run_id=run_id,
+        round=round_number,
+        server_role=server_role,
+        num_elements=len(arr),
+        ring_bits=ring_bits,
+        chunk_bytes=chunk_bytes,
+        chunk_count=chunk_count(arr.nbytes, chunk_bytes),
+        submission_id=submission_id,
+        sha256=vector_sha256(arr),
+        provider_id=provider_id,
+        compute_seconds=compute_seconds,
+    )
+    yield aggregation_pb2.ShareChunk(header=header)
+    for i, data in enumerate(iter_vector_chunks(arr, chunk_bytes)):
+        yield aggregation_pb2.ShareChunk(chunk=aggregation_pb2.VectorChunk(index=i, data=data))
+
+
+def _share_validator(
+    header: aggregation_pb2.ShareHeader,
+    max_chunk_bytes: int,
+    max_total_bytes: int,
+    reassemble: bool,
+) -> ChunkValidator:
+    cls: Any = ChunkReassembler if reassemble else ChunkValidator
+    return cls(
+        header.num_elements,
+        header.chunk_bytes,
+        header.chunk_count,
+        max_chunk_bytes=max_chunk_bytes,
+        max_total_bytes=max_total_bytes,
+        sha256=header.sha256,
+        ring_bits=header.ring_bits,
+    )
+
+
+def read_share_header(
+    messages: Iterator[aggregation_pb2.ShareChunk],
+    *,
+    num_elements: int | None = None,
+    ring_bits: int | None = None,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
+) -> aggregation_pb2.ShareHeader:
+    """Read and check the first message of a SubmitShare stream; returns the ShareHeader.
+
+    Checks everything the header alone determines: it is a header; ring bits and length equal
+    ``ring_bits``/``num_elements`` when given; submission id 1..64 bytes; a 32-byte SHA-256;
+    chunk size and count consistent and within the limits. Run, round, role and identity are
+    the caller's to check (they need the server's state). Raises a :class:`WireError` subclass.
+    """
+    first = next(messages, None)
+    if first is None:
+        raise InvalidArgumentError("empty stream: the first message must be a ShareHeader")
+    if first.WhichOneof("kind") != "header":
+        raise InvalidArgumentError("the first message of a share stream must be a ShareHeader")
+    header = first.header
+    if not 1 <= header.ring_bits <= 64:
+        raise InvalidArgumentError(f"ring_bits={header.ring_bits} is not in 1..64")
+    if ring_bits is not None and header.ring_bits != ring_bits:
+        raise InvalidArgumentError(
+            f"share is in Z_2^{header.ring_bits}; this run aggregates in Z_2^{ring_bits}"
+        )
+    if num_elements is not None and header.num_elements != num_elements:
+        raise InvalidArgumentError(
+            f"share has {header.num_elements:,} values; the model has {num_elements:,} parameters"
+        )
+    if not 1 <= len(header.submission_id) <= MAX_SUBMISSION_ID_BYTES:
+        raise InvalidArgumentError(
+            f"submission_id must be 1..{MAX_SUBMISSION_ID_BYTES} bytes, "
+            f"got {len(header.submission_id)}"
+        )
+    if len(header.sha256) != 32:
+        raise InvalidArgumentError(f"sha256 must be 32 bytes, got {len(header.sha256)}")
+    _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
+    return header
+
+
+def iter_share_payload(
+    messages: Iterator[aggregation_pb2.ShareChunk],
+    header: aggregation_pb2.ShareHeader,
+    *,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
+) -> Iterator[bytes]:
+    """The validated chunk payloads of a share stream whose header was read already.
+
+    Streams (memory O(chunk)): each chunk is yielded once checked (order, length, ring range);
+    after the last one the count and SHA-256 are checked, so a consumer must treat the data as
+    valid only once the iterator is exhausted without an exception.
+    """
+    validator = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
+    for index, data in _chunks_of(messages, "share"):
+        yield validator.check(index, data)
+    validator.finish()
+
+
+def read_share_stream(
+    messages: Iterator[aggregation_pb2.ShareChunk],
+    *,
+    check_header: Callable[[aggregation_pb2.ShareHeader], object] | None = None,
+    num_elements: int | None = None,
+    ring_bits: int | None = None,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
+) -> tuple[aggregation_pb2.ShareHeader, np.ndarray]:
+    """Read a whole SubmitShare stream into a uint64 vector; returns (header, vector).
+
+    ``check_header`` runs on the header before any chunk is read (raise a :class:`WireError`
+    there to refuse, e.g., a replayed round without receiving its payload).
+    """
+    header = read_share_header(
+        messages,
+        num_elements=num_elements,
+        ring_bits=ring_bits,
+        max_chunk_bytes=max_chunk_bytes,
+        max_total_bytes=max_total_bytes,
+    )
+    if check_header is not None:
+        check_header(header)
+    assembler = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=True)
+    assert isinstance(assembler, ChunkReassembler)
+    for index, data in _chunks_of(messages, "share"):
+        assembler.add(index, data)
+    return header, assembler.finish()
+
+
+def model_messages(
+    params: np.ndarray,
+    *,
+    run_id: str,
+    version: int,
+    model: str = "",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    sha256: bytes | None = None,
+) -> Iterator[aggregation_pb2.ModelChunk]:
+    """The FetchModel response stream for a float64 parameter vector.
+
+    ``sha256``: the vector's hash when the caller has it already (it is recomputed otherwise).
+    """
+    arr = little_endian(params)
+    if arr.dtype != np.dtype("<f8"):
+        raise ValueError(f"model parameters travel as float64, not {arr.dtype}")
+    check_send_chunk_bytes(chunk_bytes, 8)
+    header = aggregation_pb2.ModelHeader(
+        run_id=run_id,
+        version=version,
+        num_parameters=len(arr),
+        sha256=sha256 if sha256 is not None else vector_sha256(arr),
+        chunk_bytes=chunk_bytes,
+        chunk_count=chunk_count(arr.nbytes, chunk_bytes),
+        model=model,
+    )
+    header.published_at.GetCurrentTime()
+    yield aggregation_pb2.ModelChunk(header=header)
+    for i, data in enumerate(iter_vector_chunks(arr, chunk_bytes)):
+        yield aggregation_pb2.ModelChunk(chunk=aggregation_pb2.VectorChunk(index=i, data=data))
+
+
+def read_model_stream(
+    messages: Iterable[aggregation_pb2.ModelChunk],
+    *,
+    version: int | None = None,
+    num_parameters: int | None = None,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
+) -> tuple[aggregation_pb2.ModelHeader, np.ndarray]:
+    """Read a FetchModel stream; returns (header, float64 vector), hash verified.
+
+    Raises a :class:`WireError` subclass for a malformed stream or a version/length other than
+    the expected one.
+    """
+    it = iter(messages)
+    first = next(it, None)
+    if first is None or first.WhichOneof("kind") != "header":
+        raise InvalidArgumentError("the first message of a model stream must be a ModelHeader")
+    header = first.header
+    if version is not None and header.version != version:
+        raise FailedPreconditionError(
+            f"server sent model version {header.version}, expected {version}"
+        )
+    if num_parameters is not None and header.num_parameters != num_parameters:
+        raise InvalidArgumentError(
+            f"model has {header.num_parameters:,} parameters, expected {num_parameters:,}"
+        )
+    if len(header.sha256) != 32:
+        raise InvalidArgumentError(f"sha256 must be 32 bytes, got {len(header.sha256)}")
+    assembler = ChunkReassembler(
+        header.num_parameters,
+        header.chunk_bytes,
+        header.chunk_count,
+        dtype=np.float64,
+        max_chunk_bytes=max_chunk_bytes,
+        max_total_bytes=max_total_bytes,
+        sha256=header.sha256,
+    )
+    for index, data in _chunks_of(it, "model"):
+        assembler.add(index, data)
+    return header, assembler.finish()

@@ -1,0 +1,145 @@
+"""gRPC servers and channels: TLS by default (plaintext only with ``insecure=True``), message
+size limits on both sides, and the standard ``grpc.health.v1`` service.
+
+Every channel and server sets gRPC's maximum message size to :data:`DEFAULT_MAX_MESSAGE_BYTES`
+(1 MiB + 64 KiB), so a larger message is refused by gRPC itself with RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+
+from spgc.wire.chunks import MAX_CHUNK_BYTES
+from spgc.wire.tls import TlsFiles, channel_credentials, server_credentials
+
+log = logging.getLogger(__name__)
+
+#: gRPC message size limit on both sides: a full chunk plus room for the protobuf framing.
+DEFAULT_MAX_MESSAGE_BYTES = MAX_CHUNK_BYTES + (64 << 10)
+
+
+def _check_transport(tls: TlsFiles | None, insecure: bool, what: str) -> None:
+    if tls is None and not insecure:
+        raise ValueError(
+            f"refusing to {what} without TLS: give certificate files (cert, key, CA), or pass "
+            "insecure=True (--insecure) to run in plaintext explicitly"
+        )
+    if tls is not None and insecure:
+        raise ValueError(f"cannot {what}: both TLS files and insecure=True were given")
+
+
+def _is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _message_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    if max_message_bytes < 1024:
+        raise ValueError(f"max_message_bytes={max_message_bytes} is too small")
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+def make_server(
+    bind: str,
+    servicer_adders: Iterable[Callable[[grpc.Server], object]],
+    tls: TlsFiles | None,
+    insecure: bool = False,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    *,
+    require_client_auth: bool = True,
+    max_workers: int = 16,
+    maximum_concurrent_rpcs: int | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> tuple[grpc.Server, int]:
+    """A gRPC server bound to ``bind`` ("host:port"; port 0 picks a free one), not yet started.
+
+    ``servicer_adders`` are called with the server, e.g.
+    ``functools.partial(aggregation_pb2_grpc.add_AggregatorServicer_to_server, servicer)``.
+    With ``tls`` clients must present a certificate from ``tls.ca`` (unless
+    ``require_client_auth=False``). Plaintext needs ``insecure=True`` (ValueError otherwise).
+    Each streaming RPC holds one of the ``max_workers`` threads while it runs.
+    SO_REUSEPORT is off, so a second daemon on the same port fails instead of sharing it.
+
+    Returns ``(server, port)``; raises OSError when the address cannot be bound.
+    """
+    _check_transport(tls, insecure, f"serve gRPC on {bind}")
+    opts = [*_message_options(max_message_bytes), ("grpc.so_reuseport", 0), *options]
+    creds = None
+    if tls is not None:
+        creds = server_credentials(tls.cert, tls.key, tls.ca, require_client_auth)
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spgc-grpc"),
+        options=opts,
+        maximum_concurrent_rpcs=maximum_concurrent_rpcs,
+    )
+    for add in servicer_adders:
+        add(server)
+    try:
+        if creds is not None:
+            port = server.add_secure_port(bind, creds)
+        else:
+            host = bind.rsplit(":", 1)[0]
+            if not _is_loopback(host):
+                log.warning("serving plaintext gRPC on %s (--insecure): traffic is readable", bind)
+            port = server.add_insecure_port(bind)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind gRPC server to {bind}: {exc}") from exc
+    if port == 0:
+        raise OSError(f"cannot bind gRPC server to {bind}")
+    return server, port
+
+
+def make_channel(
+    target: str,
+    tls: TlsFiles | None,
+    insecure: bool = False,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    *,
+    server_name: str | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.Channel:
+    """A channel to ``target`` ("host:port"), over mutual TLS unless ``insecure=True``.
+
+    ``server_name`` is the name the server's certificate must carry when it differs from the
+    host in ``target`` (e.g. "h2" when dialling 10.0.0.7:50051). Daemons should always pass the
+    expected peer's certificate name: the development certificates all list localhost and
+    127.0.0.1, so dialling 127.0.0.1 alone does not tell one party's certificate from another's.
+    """
+    _check_transport(tls, insecure, f"connect to {target}")
+    opts = [*_message_options(max_message_bytes), *options]
+    if tls is None:
+        return grpc.insecure_channel(target, options=opts)
+    if server_name:
+        opts.append(("grpc.ssl_target_name_override", server_name))
+    creds = channel_credentials(tls.cert, tls.key, tls.ca)
+    return grpc.secure_channel(target, creds, options=opts)
+
+
+def add_health(server: grpc.Server, services: Iterable[str] = ()) -> Any:
+    """Add the standard ``grpc.health.v1.Health`` service; mark "" and ``services`` SERVING.
+
+    Returns the ``grpc_health.v1.health.HealthServicer``: call ``set(name, status)`` to change
+    a status and ``enter_graceful_shutdown()`` before stopping. Health uses the server's
+    transport, so over TLS the prober needs a client certificate too.
+    """
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for name in ("", *services):
+        servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return servicer

@@ -1,0 +1,193 @@
+"""The layers (docs/ARCHITECTURE.md): every module imports only its own layer and those below.
+
+    4  spgc/app/                   the CLI, demo, benchmarks, experiments
+    3  servers/   providers/       never each other (installed as spgc.servers, spgc.providers)
+    2  spgc/                       the library: encoding, sharing, plan, modes, noise, wire, ...
+    1  garbled_core/               the engine and its circuit library
+
+Read from the source files with ``ast`` (nothing is imported), so the test sees imports inside
+functions too.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("garbled_core", "spgc", "servers", "providers")
+LEVEL = {"engine": 1, "library": 2, "servers": 3, "providers": 3, "app": 4}
+
+
+def layer_of_module(name: str) -> str | None:
+    """The layer of an imported dotted module name; None for anything not ours."""
+    parts = name.split(".")
+    if parts[0] == "garbled_core":
+        return "engine"
+    if parts[0] != "spgc":
+        return None
+    sub = parts[1] if len(parts) > 1 else ""
+    if sub in ("servers", "providers"):
+        return sub
+    if sub in ("app", "__main__"):
+        return "app"
+    return "library"
+
+
+def module_name(path: Path) -> str:
+    """The installed dotted name of a source file (servers/x.py -> spgc.servers.x)."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] in ("servers", "providers"):
+        parts.insert(0, "spgc")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@dataclass(frozen=True)
+class Import:
+    path: Path
+    line: int
+    target: str  # dotted module imported from
+    names: tuple[str, ...]  # names taken from it (empty for `import x`)
+    in_function: bool
+
+    def __str__(self) -> str:
+        rel = self.path.relative_to(ROOT)
+        what = f"from {self.target} import {', '.join(self.names)}" if self.names else self.target
+        return f"{rel}:{self.line}: {what}"
+
+
+def imports_of(path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    found.append(Import(path, child.lineno, alias.name, (), in_function))
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package[: len(package) - child.level + 1]
+                    target = ".".join([*base, child.module] if child.module else base)
+                else:
+                    target = child.module or ""
+                names = tuple(a.name for a in child.names)
+                found.append(Import(path, child.lineno, target, names, in_function))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def source_files() -> list[Path]:
+    files = []
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "_generated" not in path.parts:  # protoc output
+                files.append(path)
+    return files
+
+
+def all_imports() -> list[tuple[str, Import]]:
+    out = []
+    for path in source_files():
+        own = layer_of_module(module_name(path))
+        assert own is not None, path
+        out += [(own, imp) for imp in imports_of(path)]
+    return out
+
+
+def test_the_tree_has_every_layer() -> None:
+    layers = {layer_of_module(module_name(p)) for p in source_files()}
+    assert layers == set(LEVEL), layers
+    assert len(source_files()) > 40
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    bad = []
+    for own, imp in all_imports():
+        target = layer_of_module(imp.target)
+        if target is None:
+            continue
+        if LEVEL[target] > LEVEL[own]:
+            bad.append(f"{imp}  ({own} imports {target})")
+        elif LEVEL[target] == LEVEL[own] == 3 and target != own:
+            bad.append(f"{imp}  ({own} imports {target}: servers and providers never meet)")
+    assert not bad, "imports that go up a layer:\n" + "\n".join(bad)
+
+
+def test_no_function_level_import_of_our_own_modules() -> None:
+    """A function-level import of our own code hides a cycle or an upward dependency."""
+    bad = [str(imp) for _, imp in all_imports() if imp.in_function and layer_of_module(imp.target)]
+    assert not bad, "function-level imports of our modules:\n" + "\n".join(bad)
+
+
+def _package_of(module: str) -> str:
+    """The top package a module belongs to: garbled_core, spgc (library), spgc.servers, ..."""
+    layer = layer_of_module(module)
+    return {"engine": "garbled_core", "library": "spgc"}.get(layer or "", f"spgc.{layer}")
+
+
+def test_no_private_name_imported_across_packages() -> None:
+    bad = []
+    for path in source_files():
+        mine = _package_of(module_name(path))
+        for imp in imports_of(path):
+            if layer_of_module(imp.target) is None or _package_of(imp.target) == mine:
+                continue
+            private = [n for n in imp.names if n.startswith("_") and not n.startswith("__")]
+            private += [p for p in imp.target.split(".") if p.startswith("_") and p != "__main__"]
+            if private and imp.target != "spgc.wire._generated":
+                bad.append(f"{imp}  (private: {', '.join(private)})")
+    assert not bad, "private names used across packages:\n" + "\n".join(bad)
+
+
+# The checker itself, on small made-up trees: it must see what it is meant to see.
+
+
+@pytest.mark.parametrize(
+    ("module", "layer"),
+    [
+        ("garbled_core.circuit", "engine"),
+        ("spgc", "library"),
+        ("spgc.wire.tls", "library"),
+        ("spgc.servers.daemon", "servers"),
+        ("spgc.providers", "providers"),
+        ("spgc.app.cli", "app"),
+        ("spgc.__main__", "app"),
+        ("numpy", None),
+    ],
+)
+def test_layer_of_module(module: str, layer: str | None) -> None:
+    assert layer_of_module(module) == layer
+
+
+def test_imports_are_found_inside_functions_and_relative(tmp_path: Path, monkeypatch) -> None:
+    fake_root = tmp_path
+    (fake_root / "spgc").mkdir()
+    src = fake_root / "spgc" / "thing.py"
+    src.write_text(
+        "from spgc.servers import daemon\n"
+        "def f():\n"
+        "    from spgc.app import cli\n"
+        "    from .modes import _TABLE\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake_root)
+    found = imports_of(src)
+    assert [(i.target, i.in_function) for i in found] == [
+        ("spgc.servers", False),
+        ("spgc.app", True),
+        ("spgc.modes", True),
+    ]
+    assert found[2].names == ("_TABLE",)
