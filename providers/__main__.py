@@ -1,32 +1,62 @@
-"""``python -m spgc.providers --config provider.yaml [--KEY VALUE ...]``: run one provider.
+"""``spgc provider --config provider.yaml [--set key=value ...]``: run one provider.
 
-Exit status: 0 when training finished (or ``max_rounds`` were done), 2 for a configuration
-error, 3 when the provider refused to take part (the message says why), 1 otherwise.
+The same command as ``spgc-provider`` and ``python -m spgc.providers``. Exit status: 0 when
+training finished (or ``max_rounds`` were done), 2 for a configuration error, 3 when the
+provider refused to take part (the message says why), 1 otherwise.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from spgc.config import LOG_LEVELS, ConfigError, load_provider_config
+from spgc.logs import setup_logging
 from spgc.providers.client import ProviderClient, ProviderRefusal
-from spgc.providers.config import ConfigError, config_from_args, parse_args
+
+PROG = "spgc provider"
+log = logging.getLogger("spgc.provider")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The provider's options: the config file and ``--set`` for any key."""
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run one SPGC provider (also `spgc-provider`): fetch the servers' plan, "
+        "accept or refuse it, and share clipped, fixed-point gradient sums each round. Every "
+        "configuration key is in `spgc config show provider` and docs/CONFIG.md.",
+    )
+    p.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a configuration key (repeatable; the value is YAML), e.g. --set "
+        "provider_index=1",
+    )
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="key log_level")
+    p.add_argument("--log-format", choices=("text", "json"), help="key log_format")
+    p.add_argument("--verbose", "-v", action="store_true", help="same as --log-level debug")
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    log = logging.getLogger("spgc.provider")
+    args = build_parser().parse_args(argv)
+    level = "debug" if args.verbose else args.log_level
     try:
-        cfg = config_from_args(args)
+        cfg = load_provider_config(
+            args.config, args.overrides, log_level=level, log_format=args.log_format
+        )
     except ConfigError as exc:
-        log.error("configuration: %s", exc)
+        print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         return 2
+    setup_logging(cfg.log_level, cfg.log_format)
     try:
         with ProviderClient(cfg) as client:
             reports = client.run()

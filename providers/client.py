@@ -45,13 +45,13 @@ import numpy as np
 from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
 from spgc.accounting import per_step_epsilon
+from spgc.config import ProviderConfig
 from spgc.data import fixed_batches, load_dataset, poisson_batch, split_among_providers
 from spgc.encoding import FixedPointConfig, default_rounding_rng, encode_batch, stochastic_round
 from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
 from spgc.models import MODEL_NAMES, build_model, load_flat_params, parameter_count
 from spgc.modes import MODES, SINGLE_SERVER_MODES, TWO_SERVER_MODES
 from spgc.noise import sample_noise_plain
-from spgc.providers.config import ProviderConfig
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
 from spgc.wire.errors import WireError

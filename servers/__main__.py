@@ -1,6 +1,10 @@
-"""``python -m spgc.servers [precompute] --role 1|2 --config server.yaml [--set k=v ...]``: one
-daemon (``spgc server ...`` is the same). ``precompute`` (mode preprocessed) fills the noise pool
-instead of training: run it on both servers; H1 stops both once the pool is full."""
+"""``spgc server [precompute] --config server.yaml [--set key=value ...]``: one server daemon.
+
+The same command as ``spgc-server`` and ``python -m spgc.servers``. ``precompute`` (mode
+preprocessed) fills the noise pool instead of training: run it on both servers; H1 stops both
+once the pool is full. Exit status: 0 when training finished, 2 for a configuration error, 1
+for a failure during the run.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +16,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from spgc.config import ConfigError, load_server_config
+from spgc.config import LOG_LEVELS, ConfigError, load_server_config
+from spgc.logs import setup_logging
 from spgc.modes import TRAINING_MODES
 from spgc.servers.daemon import ServerDaemon
 from spgc.servers.noise_pool import PoolError
 
+PROG = "spgc server"
+log = logging.getLogger("spgc.servers")
+
 
 def build_parser(precompute: bool = False) -> argparse.ArgumentParser:
-    """Flags: the few common ones explicitly, every other key through ``--set``."""
+    """The daemon's options: the config file, ``--set`` for any key, a few common keys."""
     if precompute:
         p = argparse.ArgumentParser(
-            prog="spgc server precompute",
+            prog=f"{PROG} precompute",
             description="Fill the noise pool of mode preprocessed (both servers, over the data "
             "link) and stop; training later takes its noise from it.",
         )
@@ -34,37 +42,45 @@ def build_parser(precompute: bool = False) -> argparse.ArgumentParser:
             help="unused samples to hold (default: pool_rounds rounds' worth)",
         )
     else:
-        p = argparse.ArgumentParser(prog="python -m spgc.servers", description="SPGC server daemon")
-    p.add_argument("--config", type=Path, help="YAML configuration file")
-    p.add_argument("--role", type=int, choices=(1, 2), help="1 = H1 (garbler), 2 = H2")
-    p.add_argument("--listen", help="host:port for providers and the peer's control calls")
-    p.add_argument("--peer-address", help="the other server's listen address")
-    p.add_argument("--gc-address", help="GC data link: H1 listens here, H2 dials it")
-    p.add_argument("--mode", choices=TRAINING_MODES)
-    p.add_argument(
-        "--insecure",
-        action="store_true",
-        default=None,
-        help="plaintext on every link (development only)",
-    )
+        p = argparse.ArgumentParser(
+            prog=PROG,
+            description="Run one SPGC server daemon (H1 or H2; also `spgc-server`). Every "
+            "configuration key is in `spgc config show server` and docs/CONFIG.md. "
+            f"`{PROG} precompute --help`: fill the noise pool of mode preprocessed.",
+        )
+    p.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override any configuration key (repeatable), e.g. --set rounds=5",
+        help="override a configuration key (repeatable; the value is YAML), e.g. --set rounds=5 "
+        "or --set tls.cert=h1.pem",
     )
+    p.add_argument("--role", type=int, choices=(1, 2), help="key role: 1 = H1 (garbler), 2 = H2")
+    p.add_argument("--listen", metavar="HOST:PORT", help="key listen: for providers and the peer")
+    p.add_argument("--peer-address", metavar="HOST:PORT", help="key peer_address")
+    p.add_argument("--gc-address", metavar="HOST:PORT", help="key gc_address (circuit link)")
+    p.add_argument("--mode", choices=TRAINING_MODES, help="key mode")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="key insecure: plaintext on every link (development only)",
+    )
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="key log_level")
+    p.add_argument("--log-format", choices=("text", "json"), help="key log_format")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run until training ends or SIGINT/SIGTERM; exit 0 on success, 1 on failure."""
+    """Run until training ends or SIGINT/SIGTERM; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     precompute = bool(argv) and argv[0] == "precompute"
     args = build_parser(precompute).parse_args(argv[1:] if precompute else argv)
     if precompute and args.samples < 0:
-        print("configuration error: --samples must be >= 0", file=sys.stderr)
+        print(f"{PROG}: configuration error: --samples must be >= 0", file=sys.stderr)
         return 2
     try:
         cfg = load_server_config(
@@ -76,22 +92,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             gc_address=args.gc_address,
             mode=args.mode,
             insecure=args.insecure,
+            log_level=args.log_level,
+            log_format=args.log_format,
         )
-    except (ConfigError, OSError) as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
+    setup_logging(cfg.log_level, cfg.log_format)
     try:
         daemon = ServerDaemon(cfg, args.samples if precompute else None).start()
     except (ValueError, OSError, PoolError) as exc:  # a pool made for other parameters, ...
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        logging.getLogger("spgc.servers").info("signal %d: shutting down", signum)
+        log.info("signal %d: shutting down", signum)
         daemon.stop_event.set()
 
     signal.signal(signal.SIGINT, on_signal)

@@ -62,6 +62,8 @@ class ServerDaemon:
         if precompute is not None and cfg.mode != "preprocessed":
             raise ValueError(f"precompute fills a noise pool: mode is {cfg.mode}, not preprocessed")
         if cfg.state_dir is not None:
+            # Private: checkpoints, the seed journal and spilled shares live here.
+            cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             for stale in cfg.state_dir.glob("spgc-intake-*"):  # shares a crash left behind
                 shutil.rmtree(stale, ignore_errors=True)
         self.intake = ShareIntake(

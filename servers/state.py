@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from torch import nn
 
+from spgc.export import privacy_report, write_export
+from spgc.models import build_model
 from spgc.optim import Adam
 from spgc.plan import RunPlan
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
@@ -28,6 +31,13 @@ log = logging.getLogger(__name__)
 
 RPC_SLACK = 60.0  # seconds on top of the round deadline for a waiting peer call
 _KEEP_VERSIONS = 2  # the current model and the one before (for slow providers)
+MODEL_FILE = "model.safetensors"  # in state_dir: the latest published model (+ model.json)
+MODELS_DIR = "models"  # in state_dir: every version, v00001.safetensors (+ .json)
+
+
+def run_model(model_name: str, seed: int = 0) -> nn.Module:
+    """The torch module a run trains, to export its weights into (the one place it is built)."""
+    return build_model(model_name, seed=seed)
 
 
 class PeerMismatchError(RuntimeError):
@@ -106,6 +116,8 @@ class ServerState:
         self.pool: Any = None  # mode preprocessed: this server's servers.noise_pool.NoisePool
         self.offline_bytes = 0  # preprocessed: bytes this server moved producing noise shares
         self.checkpoint_dir: Path | None = None  # where save_checkpoint writes (state_dir)
+        self._export_lock = threading.Lock()  # one export at a time into the cached module
+        self._export_module: nn.Module | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -329,16 +341,59 @@ class ServerState:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def model_report(self) -> dict[str, Any]:
+        """The privacy report of the current published model (spgc.export)."""
+        plan, cfg = self.plan, self.plan.cfg
+        with self.cond:
+            return privacy_report(
+                mode=cfg.mode,
+                epsilon=self.epsilon(),
+                delta=cfg.target_delta,
+                steps=self.steps,
+                noise_multiplier=plan.noise_multiplier,
+                sampling=plan.sampling,
+                clip_norm=cfg.clip_norm,
+                scale=cfg.scale,
+                sensitivity_units=float(plan.fixed_point.l2_bound_units),
+                model=plan.model_name,
+                num_parameters=plan.dim,
+                version=self.version,
+                rounds=self.round,
+                run_id=self.run_id,
+                dataset=cfg.dataset,
+                accountant=cfg.accountant,
+                model_sha256=self.models[self.version][1].hex(),
+            )
+
+    def _write_model(self, version: int, params: np.ndarray, report: dict[str, Any]) -> None:
+        """state_dir/model.safetensors (+ model.json), the latest model, and the same kept as
+        state_dir/models/vNNNNN.safetensors (+ .json)."""
+        assert self.checkpoint_dir is not None
+        directory = self.checkpoint_dir / MODELS_DIR
+        directory.mkdir(exist_ok=True)
+        with self._export_lock:  # outside cond: a large model must not stall the servicers
+            if self._export_module is None:
+                self._export_module = run_model(self.plan.model_name, self.plan.cfg.model_seed)
+            kept = directory / f"v{version:05d}.safetensors"
+            for path in (kept, self.checkpoint_dir / MODEL_FILE):
+                write_export(path, self._export_module, params, report)
+
     def save_checkpoint(self) -> None:
-        """Write the state a restart continues from (no-op without a state_dir)."""
+        """Write the state a restart continues from, and export the model (no-op without a
+        state_dir)."""
         if self.checkpoint_dir is None or self.config is None:
             return
 
         with self.cond:
             adam = self.adam.state_dict()
+            report = self.model_report()
             record = {
                 "run_id": self.run_id,
                 "config_sha256": config_digest(self.config),
+                # What `spgc export` needs from a state_dir alone: the module and the report.
+                "model": self.plan.model_name,
+                "model_seed": self.plan.cfg.model_seed,
+                "report": report,
                 "round": self.round,
                 "version": self.version,
                 "steps": self.steps,
@@ -355,6 +410,8 @@ class ServerState:
             }
             arrays = {"params": self.params, "adam_m": adam["m"], "adam_v": adam["v"]}
             save_checkpoint(self.checkpoint_dir, record, arrays)
+            snapshot = (self.version, self.params, report)  # params are replaced, never mutated
+        self._write_model(*snapshot)
 
     def restore(self, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Continue from a checkpoint (its TrainingConfig was checked by the caller)."""

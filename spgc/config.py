@@ -1,125 +1,265 @@
-"""Server daemon configuration: a YAML file, every key overridable by ``--set key=value``.
+"""Daemon configuration: one typed schema per daemon, one loader, one error format.
 
-Nothing secret lives here or in argv: the TLS private key is a *path* to a file, and the round
-seeds are drawn from ``os.urandom`` by the daemon, never configured.
+:class:`ServerConfig` (``spgc server``) and :class:`ProviderConfig` (``spgc provider``) are
+pydantic models: the loader, the ``--set key=value`` overrides, ``spgc config show`` and
+docs/CONFIG.md all come from their fields. :func:`load_config` reads a YAML file, applies the
+overrides and validates; every problem is a :class:`ConfigError` whose message names the file,
+the key, the value given and what is allowed.
 
-Example ``server.yaml`` for H1::
-
-    role: 1
-    listen: 0.0.0.0:50051          # providers and the other server's control calls
-    peer_address: h2.example:50051 # the other server's listen address
-    peer_name: h2                  # the name its certificate must carry
-    gc_address: 0.0.0.0:50061      # H1 listens here for the garbled-circuit link, H2 dials it
-    tls: {cert: h1.pem, key: h1.key, ca: ca.pem}
-    providers: [p1, p2, p3]
-    dataset: cancer
-    rounds: 20
-    target_epsilon: 2.0
+Nothing secret lives in a configuration or in argv: TLS private keys are file *paths* (a value
+``env:NAME`` reads the path from environment variable NAME), and the round seeds are drawn from
+``os.urandom`` by the daemon, never configured.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import math
-from dataclasses import dataclass, field
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
+from spgc.wire.tls import TlsFiles
 
 __all__ = [
+    "LOG_LEVELS",
+    "SCHEMAS",
     "ConfigError",
+    "ProviderConfig",
     "ServerConfig",
     "TlsPaths",
+    "config_markdown",
+    "describe_keys",
+    "detect_schema",
+    "load_config",
+    "load_provider_config",
     "load_server_config",
 ]
 
 CALIBRATIONS = ("analytic", "classic", "accountant")
 ACCOUNTANTS = ("rdp", "pld")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_ENV_PREFIX = "env:"
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the key."""
+    """A configuration that cannot be used; the message names the file, key and value."""
 
 
-@dataclass
-class TlsPaths:
-    """PEM files: this server's certificate chain and private key, and the deployment CA."""
-
-    cert: Path
-    key: Path
-    ca: Path
+class _Schema(BaseModel):
+    # Unknown keys are refused: a misspelt key must never silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
-@dataclass
-class ServerConfig:
-    """One server daemon's settings. Keys in the "training" group must be identical on both
-    servers (they are compared at the Handshake through the derived TrainingConfig)."""
+class TlsPaths(_Schema):
+    """PEM files: this party's certificate chain and private key, and the deployment CA."""
+
+    cert: Path = Field(description="this party's certificate chain (PEM)")
+    key: Path = Field(description="its private key (PEM file path; never the key itself)")
+    ca: Path = Field(description="the deployment CA that signs every party (PEM)")
+
+    def files(self) -> TlsFiles:
+        return TlsFiles(cert=self.cert, key=self.key, ca=self.ca)
+
+
+# ------------------------------------------------------------------------------------ server
+
+
+class ServerConfig(_Schema):
+    """One server daemon (H1 or H2). The training keys must be identical on both servers:
+    they are compared at the handshake, and a difference is refused naming the keys."""
 
     # --- this daemon
-    role: int = 1
-    listen: str = "127.0.0.1:50051"
-    peer_address: str = "127.0.0.1:50052"
-    peer_name: str = "h2"
-    gc_address: str = "127.0.0.1:50061"
-    tls: TlsPaths | None = None
-    insecure: bool = False
-    state_dir: Path | None = None
-    # Where the daemon writes a JSON summary (rounds, test accuracy, epsilon, bytes) at the end.
-    summary_path: Path | None = None
-    # Continue a run from the checkpoint in state_dir after a restart (both servers must).
-    resume: bool = True
-    # Mode preprocessed: where this server keeps its noise shares (default state_dir/noise-pool),
-    # how many rounds' worth H1 keeps ready, the largest block one production run makes, whether
-    # H1 produces while rounds run (false: only `spgc server precompute` fills the pool), and how
-    # long a round short of noise waits for production before it fails.
-    pool_dir: Path | None = None
-    pool_rounds: int = 4
-    pool_block: int = 16384
-    pool_produce: bool = True
-    pool_wait: float = 600.0
-    # Test loss and accuracy of each published model in the round log.
-    evaluate: bool = True
-    log_level: str = "INFO"
-    # Seconds H1 waits for H2 (handshake, link) before giving up.
-    connect_timeout: float = 60.0
-    # Seconds H2 waits for a call from H1 between rounds before it concludes H1 is gone and
-    # stops (never hang). Must exceed round_deadline plus H1's share of a round's work.
-    peer_timeout: float = 300.0
+    role: Literal[1, 2] = Field(1, description="1 = H1 (garbler, leads rounds), 2 = H2")
+    listen: str = Field(
+        "127.0.0.1:50051", description="host:port for providers and the other server's calls"
+    )
+    peer_address: str = Field("127.0.0.1:50052", description="the other server's listen address")
+    peer_name: str = Field("h2", description="the name the other server's certificate carries")
+    gc_address: str = Field(
+        "127.0.0.1:50061",
+        description="garbled-circuit data link: H1 listens here, H2 dials it",
+    )
+    tls: TlsPaths | None = Field(
+        None, description="this server's certificate, key and the CA (mutual TLS on every link)"
+    )
+    insecure: bool = Field(
+        False, description="plaintext on every link: development only, never with tls"
+    )
+    state_dir: Path | None = Field(
+        None,
+        description="checkpoints, seed journal, noise pool; created (mode 0700) if missing",
+    )
+    summary_path: Path | None = Field(
+        None, description="JSON summary (rounds, accuracy, epsilon, bytes) written at the end"
+    )
+    resume: bool = Field(
+        True, description="continue the run from the checkpoint in state_dir after a restart"
+    )
+    pool_dir: Path | None = Field(
+        None, description="mode preprocessed: where the noise shares live (state_dir/noise-pool)"
+    )
+    pool_rounds: int = Field(4, ge=1, description="preprocessed: rounds of noise H1 keeps ready")
+    pool_block: int = Field(
+        16384, ge=1, description="preprocessed: largest block one production run makes"
+    )
+    pool_produce: bool = Field(
+        True,
+        description="preprocessed: H1 produces while rounds run (false: only `spgc server "
+        "precompute` fills the pool)",
+    )
+    pool_wait: float = Field(
+        600.0, ge=0, description="preprocessed: seconds a round short of noise waits for it"
+    )
+    evaluate: bool = Field(True, description="test loss and accuracy of each published model")
+    log_level: Literal[LOG_LEVELS] = Field("info", description="debug, info, warning or error")
+    log_format: Literal["text", "json"] = Field("text", description="log lines: text or json")
+    connect_timeout: float = Field(
+        60.0, gt=0, description="seconds H1 waits for H2 (handshake, link) before giving up"
+    )
+    peer_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="seconds H2 waits for H1 between rounds before it stops; must exceed "
+        "round_deadline plus H1's work in a round",
+    )
     # --- training (identical on both servers)
-    run_id: str = ""  # empty: H1 draws one, H2 adopts H1's at the Handshake
-    providers: list[str] = field(default_factory=list)
-    dataset: str = "cancer"
-    # The model trained: empty means the dataset's paper model; otherwise a name of
-    # spgc.models.MODEL_NAMES whose input shape is the dataset's (e.g. mnist-wide on mnist).
-    model: str = ""
-    mode: str = "spgc"
-    rounds: int = 10
-    min_providers: int = 2
-    round_deadline: float = 30.0
-    clip_norm: float = 1.0
-    scale: float = 1024.0
-    sampling_rate: float = 0.01
-    # > 0: the paper's fixed batches instead of Poisson sampling: every provider shuffles its
-    # data each epoch and contributes exactly this many examples per round (sampling_rate is
-    # then unused). Accounted as sampling without replacement (replace-one DP, RDP only).
-    batch_size: int = 0
-    # Largest local batch of any provider (ring sizing). 0: the dataset's training-set size,
-    # which bounds a Poisson batch whatever the split among providers.
-    max_batch_size: int = 0
-    target_epsilon: float = 2.0
-    target_delta: float = 1e-5
-    calibration: str = "accountant"
-    accountant: str = "rdp"
-    # Per-release epsilon for calibration classic/analytic (the paper's convention).
-    step_epsilon: float = 0.0
-    # Explicit noise multiplier; > 0 skips calibration.
-    noise_multiplier: float = 0.0
-    lr: float = 1e-3
-    model_seed: int = 0
+    run_id: str = Field("", description="empty: H1 draws one, H2 adopts H1's at the handshake")
+    providers: list[str] = Field(
+        default_factory=list, description="the provider names allowed (certificate names)"
+    )
+    dataset: str = Field("cancer", description="the built-in data set the run trains on")
+    model: str = Field(
+        "",
+        description="the model: empty for the data set's own, or a built-in name "
+        f"({', '.join(MODEL_NAMES)}) that reads the data set's examples",
+    )
+    mode: Literal[TRAINING_MODES] = Field(
+        "spgc", description=f"how noise is added: {', '.join(TRAINING_MODES)} (spgc.modes)"
+    )
+    rounds: int = Field(10, ge=1, description="training rounds (model updates) at most")
+    min_providers: int = Field(2, ge=1, description="fewest providers a round goes ahead with")
+    round_deadline: float = Field(
+        30.0, gt=0, description="seconds a round waits for shares after it opens"
+    )
+    clip_norm: float = Field(1.0, gt=0, description="L2 clip norm C of each example's gradient")
+    scale: float = Field(1024.0, gt=0, description="fixed-point units per gradient unit (s)")
+    sampling_rate: float = Field(
+        0.01, gt=0, le=1, description="Poisson sampling rate q of each provider's examples"
+    )
+    batch_size: int = Field(
+        0,
+        ge=0,
+        description="> 0: the paper's fixed shuffled batches of this size instead of Poisson "
+        "sampling (accounted as sampling without replacement, RDP only)",
+    )
+    max_batch_size: int = Field(
+        0,
+        ge=0,
+        description="largest local batch of any provider (ring sizing); 0: the data set's "
+        "training-set size",
+    )
+    target_epsilon: float = Field(
+        2.0, gt=0, description="privacy budget of the whole training (epsilon)"
+    )
+    target_delta: float = Field(1e-5, gt=0, lt=1, description="delta of the privacy budget")
+    calibration: Literal[CALIBRATIONS] = Field(
+        "accountant",
+        description="noise calibration: accountant (whole run), analytic or classic "
+        "(per-release step_epsilon; classic is the paper's formula, valid for epsilon < 1)",
+    )
+    accountant: Literal[ACCOUNTANTS] = Field("rdp", description="privacy accountant: rdp or pld")
+    step_epsilon: float = Field(
+        0.0, ge=0, description="per-release epsilon for calibration classic or analytic"
+    )
+    noise_multiplier: float = Field(
+        0.0, ge=0, description="explicit noise multiplier; > 0 skips calibration"
+    )
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
+    model_seed: int = Field(0, description="seed of the initial model weights")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --set providers=p1,p2,p3
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _role(cls, value: Any) -> Any:
+        return int(value) if isinstance(value, str) and value.strip() in ("1", "2") else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServerConfig:
+        if self.peer_timeout <= self.round_deadline:
+            raise ValueError(
+                f"peer_timeout ({self.peer_timeout:g} s) must exceed round_deadline "
+                f"({self.round_deadline:g} s)"
+            )
+        if self.model:
+            self._check_model()
+        if self.single_server and self.role != 1:
+            raise ValueError(
+                f"mode {self.mode} runs ONE server (role 1, no peer, no garbled circuit); "
+                f"a role-{self.role} server has nothing to do: start only role 1"
+            )
+        if (self.tls is None) == (not self.insecure):
+            if self.tls is None:
+                raise ValueError("tls: give tls: {cert, key, ca} or set insecure: true explicitly")
+            raise ValueError("tls and insecure: true are mutually exclusive")
+        if not self.providers:
+            raise ValueError("providers: list the allowed provider names")
+        if len(set(self.providers)) != len(self.providers):
+            raise ValueError("providers: duplicate names")
+        bad = [p for p in self.providers if not _NAME_RE.match(p)]
+        if bad:
+            raise ValueError(f"providers: {bad} are not certificate names")
+        if self.min_providers > len(self.providers):
+            raise ValueError("min_providers exceeds the number of allowed providers")
+        if self.batch_size > 0 and self.accountant == "pld" and self.mode in NOISY_MODES:
+            raise ValueError(
+                "fixed batches (batch_size > 0) are accounted with RDP only (dp-accounting has no "
+                "PLD for sampling without replacement): set accountant: rdp"
+            )
+        if self.mode == "preprocessed" and self.pool_path is None:
+            raise ValueError(
+                "mode preprocessed keeps its noise pool on disk: set state_dir or pool_dir"
+            )
+        if (
+            self.mode in NOISY_MODES
+            and self.noise_multiplier == 0
+            and self.calibration != "accountant"
+            and self.step_epsilon <= 0
+        ):
+            raise ValueError(f"calibration {self.calibration} needs step_epsilon > 0")
+        return self
+
+    def _check_model(self) -> None:
+        """A named model must exist and read the dataset's examples, or every provider would
+        fail mid-round; checked statically (no data or weights loaded)."""
+        name = self.model_name
+        if name not in MODEL_NAMES:
+            raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)}, got {self.model!r}")
+        data_shape = MODEL_INPUT_SHAPES.get(self.dataset.strip().lower())
+        if data_shape is not None and MODEL_INPUT_SHAPES[name] != data_shape:
+            raise ValueError(
+                f"model {name} reads inputs of shape {MODEL_INPUT_SHAPES[name]}, but dataset "
+                f"{self.dataset} has examples of shape {data_shape}"
+            )
 
     @property
     def role_name(self) -> str:
@@ -138,186 +278,405 @@ class ServerConfig:
         """The model trained: ``model`` if set, else the dataset's own (same name)."""
         return (self.model or self.dataset).strip().lower()
 
-    def _validate_model(self) -> None:
-        """A named model must exist and read the dataset's examples, or every provider would
-        fail mid-round; checked statically (no data or weights loaded)."""
-
-        name = self.model_name
-        if name not in MODEL_NAMES:
-            raise ConfigError(f"model must be one of {', '.join(MODEL_NAMES)}, got {self.model!r}")
-        data_shape = MODEL_INPUT_SHAPES.get(self.dataset.strip().lower())
-        if data_shape is not None and MODEL_INPUT_SHAPES[name] != data_shape:
-            raise ConfigError(
-                f"model {name} reads inputs of shape {MODEL_INPUT_SHAPES[name]}, but dataset "
-                f"{self.dataset} has examples of shape {data_shape}"
-            )
-
     @property
     def single_server(self) -> bool:
         """One server, no peer, no garbled circuit (modes plain and ldp)."""
         return self.mode in SINGLE_SERVER_MODES
 
-    def validate(self) -> ServerConfig:
-        """Check every key; raises ConfigError naming the first bad one. Returns self."""
-        if self.role not in (1, 2):
-            raise ConfigError(f"role must be 1 or 2, got {self.role!r}")
-        if self.peer_timeout <= self.round_deadline:
-            raise ConfigError(
-                f"peer_timeout ({self.peer_timeout:g} s) must exceed round_deadline "
-                f"({self.round_deadline:g} s)"
+
+# ------------------------------------------------------------------------------------ provider
+
+
+class ProviderConfig(_Schema):
+    """One provider. Keys are flat; in a file, a nested mapping ``h1: {address: ..., name:
+    ...}`` or ``tls: {cert, key, ca}`` reads as ``h1_address``, ``h1_name``, ``tls_cert``, ..."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+    name: str = Field("", description="this provider's certificate name (its identity)")
+    h1_address: str = Field("", description="H1's address (or the single server's)")
+    h1_name: str = Field("h1", description="the certificate name H1 must present")
+    h2_address: str = Field("", description="H2's address (empty for the one-server modes)")
+    h2_name: str = Field("h2", description="the certificate name H2 must present")
+    tls_cert: Path | None = Field(None, description="client certificate (PEM)")
+    tls_key: Path | None = Field(
+        None, description="its private key: a file path (or env:VAR naming one), never the key"
+    )
+    tls_ca: Path | None = Field(None, description="the CA that signs the servers (PEM)")
+    insecure: bool = Field(False, description="plaintext gRPC; development only")
+    dataset: str = Field("cancer", description="the built-in data set whose part this holds")
+    dataset_path: Path | None = Field(
+        None, description="a local copy of the data set's file (default: the packaged one)"
+    )
+    split_seed: int | None = Field(None, description="seed of the split among providers")
+    provider_index: int = Field(0, ge=0, description="this provider's part of the data set")
+    provider_count: int = Field(1, ge=1, description="how many parts the data set is split into")
+    max_step_epsilon: float | None = Field(
+        None, gt=0, description="refuse a run whose one step is weaker than (eps, step_delta)-DP"
+    )
+    step_delta: float = Field(1e-5, gt=0, lt=1, description="the delta of max_step_epsilon")
+    min_noise_multiplier: float | None = Field(
+        None, gt=0, description="refuse a run whose noise std / sensitivity is below this"
+    )
+    allow_no_privacy: bool = Field(
+        False,
+        description="accept any announced privacy level, no-noise modes included (only-mpc, "
+        "plain); needed when neither minimum above is set",
+    )
+    retries: int = Field(5, ge=1, description="submission attempts per server and round")
+    connect_timeout: float = Field(
+        300.0, gt=0, description="seconds Hello keeps retrying a server that is not up yet"
+    )
+    backoff_initial: float = Field(
+        0.5, gt=0, description="seconds before the first retry; doubles up to backoff_max"
+    )
+    backoff_max: float = Field(10.0, gt=0, description="longest wait between retries (seconds)")
+    poll_interval: float = Field(1.0, gt=0, description="seconds between RoundStatus polls")
+    long_poll: float = Field(
+        10.0, ge=0, description="seconds a server may hold a RoundStatus until a round opens"
+    )
+    rpc_timeout: float = Field(120.0, gt=0, description="deadline of one call (seconds)")
+    wait_timeout: float | None = Field(
+        None, gt=0, description="give up when no round opens for this long (seconds)"
+    )
+    max_rounds: int | None = Field(None, ge=1, description="leave after this many rounds")
+    chunk_bytes: int = Field(
+        0, ge=0, multiple_of=8, description="bytes per streamed chunk (0: the server's choice)"
+    )
+    gradient_chunk: int = Field(
+        256,
+        ge=1,
+        description="examples per vectorised gradient chunk (lowered for big models so a "
+        "chunk's float64 gradients stay within 128 MiB)",
+    )
+    log_level: Literal[LOG_LEVELS] = Field("info", description="debug, info, warning or error")
+    log_format: Literal["text", "json"] = Field("text", description="log lines: text or json")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten(cls, data: Any) -> Any:
+        return _flatten(data) if isinstance(data, Mapping) else data
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProviderConfig:
+        if not _NAME_RE.match(self.name or ""):
+            raise ValueError(
+                f"name={self.name!r}: give this provider's certificate name (letters, digits, "
+                "inner hyphens)"
             )
-        if self.mode not in TRAINING_MODES:
-            raise ConfigError(
-                f"mode must be one of {', '.join(TRAINING_MODES)}, got {self.mode!r}"
+        if not self.h1_address:
+            raise ValueError("h1_address is required (H1, or the single server)")
+        for key in ("h1_name", "h2_name"):
+            if not _NAME_RE.match(getattr(self, key)):
+                raise ValueError(f"{key}={getattr(self, key)!r} is not a certificate name")
+        if self.insecure:
+            if any((self.tls_cert, self.tls_key, self.tls_ca)):
+                raise ValueError("insecure: true and tls_cert/tls_key/tls_ca are exclusive")
+        else:
+            for key in ("tls_cert", "tls_key", "tls_ca"):
+                value = getattr(self, key)
+                if value is None:
+                    raise ValueError(
+                        f"{key} is required (TLS is on by default; `insecure: true` turns it off "
+                        "explicitly)"
+                    )
+                if not Path(value).is_file():
+                    raise ValueError(f"{key}: {value} is not a file")
+        if self.provider_index >= self.provider_count:
+            raise ValueError(
+                f"provider_index must be in [0, {self.provider_count}), got {self.provider_index}"
             )
-        if self.model:
-            self._validate_model()
-        if self.single_server and self.role != 1:
-            raise ConfigError(
-                f"mode {self.mode} runs ONE server (role 1, no peer, no garbled circuit); "
-                f"a role-{self.role} server has nothing to do: start only role 1"
-            )
-        if self.calibration not in CALIBRATIONS:
-            raise ConfigError(
-                f"calibration must be one of {CALIBRATIONS}, got {self.calibration!r}"
-            )
-        if self.accountant not in ACCOUNTANTS:
-            raise ConfigError(f"accountant must be one of {ACCOUNTANTS}, got {self.accountant!r}")
-        if (self.tls is None) == (not self.insecure):
-            if self.tls is None:
-                raise ConfigError("give tls: {cert, key, ca} or set insecure: true explicitly")
-            raise ConfigError("tls and insecure: true are mutually exclusive")
-        if not self.providers:
-            raise ConfigError("providers: list the allowed provider names")
-        if len(set(self.providers)) != len(self.providers):
-            raise ConfigError("providers: duplicate names")
-        for key in ("rounds", "min_providers"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key} must be >= 1")
-        if self.min_providers > len(self.providers):
-            raise ConfigError("min_providers exceeds the number of allowed providers")
-        for key in ("round_deadline", "clip_norm", "scale", "lr", "target_epsilon"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{key} must be finite and > 0, got {value}")
-        if not 0 < self.sampling_rate <= 1:
-            raise ConfigError(f"sampling_rate must be in (0, 1], got {self.sampling_rate}")
-        if not 0 < self.target_delta < 1:
-            raise ConfigError(f"target_delta must be in (0, 1), got {self.target_delta}")
+        if self.max_step_epsilon is not None and not math.isfinite(self.max_step_epsilon):
+            raise ValueError(f"max_step_epsilon must be finite, got {self.max_step_epsilon}")
         if (
-            self.max_batch_size < 0
-            or self.noise_multiplier < 0
-            or self.step_epsilon < 0
-            or self.batch_size < 0
+            self.max_step_epsilon is None
+            and self.min_noise_multiplier is None
+            and not self.allow_no_privacy
         ):
-            raise ConfigError(
-                "max_batch_size, noise_multiplier, step_epsilon, batch_size must be >= 0"
+            raise ValueError(
+                "no minimum privacy: set max_step_epsilon (with step_delta) and/or "
+                "min_noise_multiplier, or `allow_no_privacy: true` to accept any announced level"
             )
-        if self.batch_size > 0 and self.accountant == "pld" and self.mode in NOISY_MODES:
-            raise ConfigError(
-                "fixed batches (batch_size > 0) are accounted with RDP only (dp-accounting has no "
-                "PLD for sampling without replacement): set accountant: rdp"
+        if self.long_poll >= self.rpc_timeout:
+            raise ValueError(
+                f"long_poll must be in [0, rpc_timeout={self.rpc_timeout:g}), got {self.long_poll}"
             )
-        if self.mode == "preprocessed" and self.pool_path is None:
-            raise ConfigError(
-                "mode preprocessed keeps its noise pool on disk: set state_dir or pool_dir"
-            )
-        if self.pool_rounds < 1 or self.pool_block < 1 or not self.pool_wait >= 0:
-            raise ConfigError("pool_rounds and pool_block must be >= 1, pool_wait >= 0")
-        if (
-            self.mode in NOISY_MODES
-            and self.noise_multiplier == 0
-            and self.calibration != "accountant"
-            and self.step_epsilon <= 0
-        ):
-            raise ConfigError(f"calibration {self.calibration} needs step_epsilon > 0")
         return self
 
-
-_FIELDS = {f.name: f for f in dataclasses.fields(ServerConfig)}
-
-
-def _coerce(key: str, value: Any) -> Any:
-    """Convert a YAML/flag value to the type of field ``key``."""
-    if key not in _FIELDS:
-        raise ConfigError(f"unknown configuration key {key!r}")
-    default = _FIELDS[key].default
-    if key == "tls":
-        if value is None:
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The TLS files, or None when running with ``insecure``."""
+        if self.insecure:
             return None
-        if not isinstance(value, dict) or set(value) != {"cert", "key", "ca"}:
-            raise ConfigError("tls must be a mapping with exactly cert, key, ca")
-        return TlsPaths(**{k: Path(v).expanduser() for k, v in value.items()})
-    if key in ("state_dir", "summary_path", "pool_dir"):
-        return None if value in (None, "") else Path(value).expanduser()
-    if key == "providers":
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError("providers must be a list of names")
-        return list(value)
-    try:
-        if isinstance(default, bool):
-            if isinstance(value, str):
-                value = {"true": True, "false": False}.get(value.lower(), value)
-            if not isinstance(value, bool):
-                raise TypeError
-            return value
-        if isinstance(default, int):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise TypeError
-            return int(value)
-        if isinstance(default, float):
-            if isinstance(value, bool):
-                raise TypeError
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: cannot use {value!r}") from None
+        assert self.tls_cert and self.tls_key and self.tls_ca  # the validator checked
+        return TlsFiles(cert=Path(self.tls_cert), key=Path(self.tls_key), ca=Path(self.tls_ca))
+
+    @property
+    def two_servers(self) -> bool:
+        """Whether an H2 address is configured."""
+        return bool(self.h2_address)
+
+    def describe(self) -> dict[str, Any]:
+        """The configuration as plain values (paths as strings), for logs."""
+        return self.model_dump(mode="json")
 
 
-def _parse_override(item: str) -> tuple[str, Any]:
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{str(key).replace('-', '_')}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{name}_"))
+        else:
+            out[name] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------ loading
+
+_C = TypeVar("_C", ServerConfig, ProviderConfig)
+SCHEMAS: dict[str, type[BaseModel]] = {"server": ServerConfig, "provider": ProviderConfig}
+
+
+def _is_path_field(schema: type[BaseModel], key: str) -> bool:
+    """Whether ``key`` (dotted for nested models) holds a filesystem path."""
+    head, _, rest = key.partition(".")
+    field = schema.model_fields.get(head)
+    if field is None:
+        return False
+    text = str(field.annotation)
+    if rest:
+        return "TlsPaths" in text and rest in TlsPaths.model_fields
+    return "Path" in text or "TlsPaths" in text
+
+
+def _resolve_paths(value: Any, base: Path, where: str) -> Any:
+    """Relative paths resolve against the file's directory; ``env:NAME`` reads the path from
+    the environment (so a key's location need not be written anywhere)."""
+    if isinstance(value, Mapping):
+        return {k: _resolve_paths(v, base, f"{where}.{k}") for k, v in value.items()}
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if text.startswith(_ENV_PREFIX):
+        name = text[len(_ENV_PREFIX) :]
+        if name not in os.environ:
+            raise ConfigError(f"{where}: environment variable {name} (given {text!r}) is not set")
+        text = os.environ[name]
+    p = Path(text).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key=value`` (``--set``): the value is read as YAML (numbers, booleans, lists)."""
     key, sep, text = item.partition("=")
-    if not sep:
+    if not sep or not key.strip():
         raise ConfigError(f"--set expects key=value, got {item!r}")
-    key = key.strip().replace("-", "_")
-    if key.startswith("tls."):  # --set tls.cert=...: one path of the tls mapping
-        return key, text
-    return key, yaml.safe_load(text) if text else ""
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    return key.strip().replace("-", "_"), value
+
+
+def _set(raw: dict[str, Any], key: str, value: Any) -> None:
+    head, _, rest = key.partition(".")
+    if not rest:
+        raw[head] = value
+        return
+    inner = raw.get(head)
+    raw[head] = {**(inner if isinstance(inner, Mapping) else {}), rest: value}
+
+
+_BOUND_WORDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "multiple_of": "a multiple of"}
+
+
+def _allowed(schema: type[BaseModel], loc: Sequence[Any]) -> str:
+    """What a key accepts, in words, from its schema field (type and bounds)."""
+    model: type[BaseModel] = schema
+    field = None
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return ""
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+    if field is None:
+        return ""
+    kind = _type_words(field.annotation)
+    bounds = []
+    for meta in field.metadata:
+        for attr, word in _BOUND_WORDS.items():
+            value = getattr(meta, attr, None)
+            if value is not None:
+                shown = f"{value:g}" if isinstance(value, float) else str(value)
+                bounds.append(f"{word} {shown}")
+    return " ".join([kind, *bounds]).strip()
+
+
+def _type_words(annotation: Any) -> str:
+    """A field's type as users read it: ``one of 'a', 'b'``, ``path or none``, ``float``."""
+    text = re.sub(r"typing\.|pathlib\.|<class '([^']*)'>", r"\1", str(annotation))
+    text = text.replace("PosixPath", "path").replace("Path", "path")
+    literal = re.fullmatch(r"Literal\[(.*)\]", text)
+    if literal:
+        return f"one of {literal.group(1)}"
+    return text.replace(" | None", " or none").replace("list[str]", "list of names")
+
+
+def _format(exc: ValidationError, schema: type[BaseModel], source: str, given: Mapping) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            known = sorted(schema.model_fields) if len(loc) == 1 else sorted(TlsPaths.model_fields)
+            near = difflib.get_close_matches(loc[-1], known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            lines.append(
+                f"{source}: unknown key {key!r}{hint} (known keys: {', '.join(known)})"
+            )
+            continue
+        if not loc:  # a check across keys: the message names them
+            lines.append(f"{source}: {msg}")
+            continue
+        value = err.get("input")
+        allowed = _allowed(schema, loc)
+        lines.append(
+            f"{source}: {key}: {msg} (given {value!r}"
+            + (f"; allowed: {allowed})" if allowed else ")")
+        )
+    return "\n".join(lines) or f"{source}: {exc}"
+
+
+def load_config(
+    schema: type[_C],
+    path: Path | str | None = None,
+    overrides: Iterable[str] = (),
+    **explicit: Any,
+) -> _C:
+    """Read ``path`` (a YAML mapping; optional), apply ``--set key=value`` ``overrides``
+    (dotted keys reach into mappings: ``tls.cert=...``), then the ``explicit`` keyword values
+    that are not None, and validate against ``schema``. ConfigError on any problem.
+
+    Relative paths in the file resolve against the file's directory, those in overrides and
+    explicit values against the working directory.
+    """
+    raw: dict[str, Any] = {}
+    source = "command line"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        try:
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {p} does not exist") from None
+        except IsADirectoryError:
+            raise ConfigError(f"configuration file {p} is a directory") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, Mapping):
+            raise ConfigError(
+                f"{p}: the top level must be a mapping of keys, got {type(loaded).__name__}"
+            )
+        if schema is ProviderConfig:
+            loaded = _flatten(loaded)
+        base = p.resolve().parent
+        for key, value in loaded.items():
+            if _is_path_field(schema, str(key)):
+                value = _resolve_paths(value, base, f"{p}: {key}")
+            raw[str(key)] = value
+    cwd = Path.cwd()
+    for item in overrides:
+        key, value = parse_override(item)
+        if _is_path_field(schema, key):
+            value = _resolve_paths(value, cwd, f"--set {key}")
+        _set(raw, key, value)
+    for key, value in explicit.items():
+        if value is not None:
+            raw[key] = _resolve_paths(value, cwd, key) if _is_path_field(schema, key) else value
+    if path is not None and (overrides or any(v is not None for v in explicit.values())):
+        source += " (with command-line overrides)"
+    try:
+        return schema.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, schema, source, raw)) from None
 
 
 def load_server_config(
-    path: Path | str | None = None,
-    overrides: list[str] | tuple[str, ...] = (),
-    **explicit: Any,
+    path: Path | str | None = None, overrides: Iterable[str] = (), **explicit: Any
 ) -> ServerConfig:
-    """Read ``path`` (YAML mapping, optional), apply ``--set key=value`` overrides, then the
-    ``explicit`` keyword values that are not None (dedicated flags), and validate.
+    """:func:`load_config` for the server daemon."""
+    return load_config(ServerConfig, path, overrides, **explicit)
 
-    Relative TLS and state paths in the file are resolved against the file's directory.
-    """
-    raw: dict[str, Any] = {}
-    base = Path.cwd()
-    if path is not None:
-        p = Path(path)
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping")
-        raw.update(loaded)
-        base = p.resolve().parent
-        for sub in ("cert", "key", "ca"):
-            tls = raw.get("tls")
-            if isinstance(tls, dict) and sub in tls and not Path(tls[sub]).is_absolute():
-                tls[sub] = str(base / tls[sub])
-    for item in overrides:
-        key, value = _parse_override(item)
-        if key.startswith("tls."):
-            tls = raw.get("tls") if isinstance(raw.get("tls"), dict) else {}
-            raw["tls"] = {**tls, key[4:]: value}
-        else:
-            raw[key] = value
-    raw.update({k: v for k, v in explicit.items() if v is not None})
-    cfg = ServerConfig()
-    for key, value in raw.items():
-        setattr(cfg, key.replace("-", "_"), _coerce(key.replace("-", "_"), value))
-    return cfg.validate()
+
+def load_provider_config(
+    path: Path | str | None = None, overrides: Iterable[str] = (), **explicit: Any
+) -> ProviderConfig:
+    """:func:`load_config` for the provider."""
+    return load_config(ProviderConfig, path, overrides, **explicit)
+
+
+def detect_schema(path: Path | str) -> str:
+    """'server' or 'provider' for ``spgc config check`` without ``--kind``: a file with a
+    provider's identity keys is a provider's, anything else a server's."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return "server"  # load_config reports the problem
+    keys = set(_flatten(data)) if isinstance(data, Mapping) else set()
+    return "provider" if keys & {"name", "h1_address", "h1_name"} else "server"
+
+
+# ------------------------------------------------------------------------------------ docs
+
+
+def describe_keys(schema: type[BaseModel]) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) for every key of ``schema``, nested keys dotted."""
+    rows = []
+    for name, field in schema.model_fields.items():
+        ann = field.annotation
+        if name == "tls" and schema is ServerConfig:
+            for sub, f in TlsPaths.model_fields.items():
+                rows.append((f"tls.{sub}", "path", "(none)", f.description or ""))
+            continue
+        default = field.get_default(call_default_factory=True)
+        kind = _type_words(ann)
+        rows.append((name, kind, "(none)" if default is None else repr(default),
+                     field.description or ""))  # fmt: skip
+    return rows
+
+
+def config_markdown() -> str:
+    """docs/CONFIG.md, generated from the schemas (a test fails when the file is stale)."""
+    out = [
+        "# Configuration",
+        "",
+        "Generated from `spgc/config.py` (`spgc config show server --markdown > docs/CONFIG.md`);",
+        "do not edit by hand: `tests/test_config.py` fails when this file is stale.",
+        "",
+        "Each daemon reads one YAML file (`--config FILE`); every key can be overridden with",
+        "`--set key=value` (repeatable; the value is read as YAML; `--set tls.cert=PATH` reaches",
+        "into a mapping). Relative paths resolve against the file's directory; a path given as",
+        "`env:NAME` is read from environment variable NAME. Unknown keys are refused. `spgc",
+        "config check FILE` validates a file; `spgc config show server|provider` prints this.",
+        "",
+    ]
+    for kind, schema in SCHEMAS.items():
+        summary = " ".join((schema.__doc__ or "").split("\n\n")[0].split())
+        out += [f"## `spgc {kind}` ({schema.__name__})", "", summary, ""]
+        out += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        for key, kind_, default, meaning in describe_keys(schema):
+            cell = kind_.replace("|", "\\|")
+            out.append(f"| `{key}` | {cell} | `{default}` | {meaning} |")
+        out.append("")
+    return "\n".join(out)

@@ -28,6 +28,11 @@ paper's 3 providers), stratified by label. The split is defined by SHA-256 of
 (seed, row index), not by a numpy/scikit-learn RNG whose stream may change between versions, so
 it is the same on every machine and every library version.
 
+Users' own data (issue 12): :func:`load_user_data` reads a ``.csv`` file (a header row, a label
+column, numeric features), an ``.npz`` file (arrays ``x``, ``y`` and optionally ``x_test``,
+``y_test``) or calls a loader ``"package.module:loader"`` / ``"path/to/file.py:loader"``, and
+returns the same :class:`Dataset` as the built-in sets (no test split unless the source has one).
+
 Batch samplers: :func:`poisson_batches` (each example joins each batch independently with
 probability q: what the privacy accountant's subsampling analysis assumes) and
 :func:`fixed_batches` (the paper's shuffled fixed-size batches).
@@ -35,6 +40,7 @@ probability q: what the privacy accountant's subsampling analysis assumes) and
 
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import importlib.metadata as importlib_metadata
@@ -43,12 +49,18 @@ import math
 import os
 import pickle
 import secrets
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import torch
+from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import IterableDataset, TensorDataset
+
+from spgc.models import resolve_callable
 
 DATASET_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist")
 
@@ -398,6 +410,275 @@ def load_dataset(
     if key == "diabetes":
         return _load_diabetes(split_seed, file_path)
     return _load_mnist(file_path)
+
+
+# --------------------------------------------------------------------------------------------
+# Users' own data
+# --------------------------------------------------------------------------------------------
+
+_ACCEPTED_LOADER_RESULTS = (
+    "(x, y) or (x_train, y_train, x_test, y_test) as numpy arrays or torch tensors, a "
+    "torch.utils.data.Dataset of (x, y) items, or a pair (train, test) of such Datasets"
+)
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _features(x: Any, what: str) -> np.ndarray:
+    """``x`` as a float32 array of shape (n, ...), refusing non-numeric or non-finite values."""
+    arr = _as_numpy(x)
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise ValueError(f"{what} must be numeric, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise ValueError(f"{what} must be real, got dtype {arr.dtype}")
+    if arr.ndim < 2:
+        raise ValueError(
+            f"{what} must have shape (n, ...) with one row per example, got {arr.shape}"
+        )
+    out = arr.astype(np.float32)
+    if not np.isfinite(out).all():
+        bad = int((~np.isfinite(out)).sum())
+        raise ValueError(f"{what} holds {bad} NaN or infinite values (or values beyond float32)")
+    return np.ascontiguousarray(out)
+
+
+def _labels(y: Any, n: int, what: str) -> np.ndarray:
+    """``y`` as an int64 vector of n class labels in 0..C-1."""
+    arr = _as_numpy(y)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be a vector of class labels, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(f"{what} has {arr.shape[0]} labels for {n} examples")
+    if arr.dtype == np.bool_:
+        arr = arr.astype(np.int64)
+    if np.issubdtype(arr.dtype, np.floating):
+        if not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
+            raise ValueError(f"{what} must hold integer class labels 0..C-1, found non-integers")
+    elif not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{what} must hold integer class labels 0..C-1, got dtype {arr.dtype}")
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{what} must hold class labels 0..C-1, found {arr.min()}")
+    return arr.astype(np.int64)
+
+
+def _user_dataset(
+    name: str,
+    source: str,
+    arrays: tuple[Any, ...],
+    feature_names: tuple[str, ...] = (),
+) -> Dataset:
+    """A :class:`Dataset` from ``(x, y)`` or ``(x_train, y_train, x_test, y_test)``, checked."""
+    x_train = _features(arrays[0], f"{source}: x")
+    y_train = _labels(arrays[1], x_train.shape[0], f"{source}: y")
+    if x_train.shape[0] == 0:
+        raise ValueError(f"{source}: no training examples")
+    shape = tuple(int(s) for s in x_train.shape[1:])
+    if len(arrays) == 4:
+        x_test = _features(arrays[2], f"{source}: x_test")
+        y_test = _labels(arrays[3], x_test.shape[0], f"{source}: y_test")
+        if tuple(x_test.shape[1:]) != shape:
+            raise ValueError(
+                f"{source}: x_test examples have shape {tuple(x_test.shape[1:])}, "
+                f"x examples {shape}"
+            )
+    else:
+        x_test = np.zeros((0, *shape), dtype=np.float32)
+        y_test = np.zeros(0, dtype=np.int64)
+    n_classes = int(max(y_train.max(), y_test.max() if y_test.size else 0)) + 1
+    test = f"{x_test.shape[0]} test" if x_test.shape[0] else "no test split"
+    return Dataset(
+        name=name,
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        input_shape=shape,
+        n_classes=n_classes,
+        description=(
+            f"user data from {source}: {x_train.shape[0]} train, {test}; examples of shape "
+            f"{shape}, labels 0..{n_classes - 1}"
+        ),
+        feature_names=feature_names,
+        train_index=np.arange(x_train.shape[0], dtype=np.int64),
+        test_index=np.arange(x_test.shape[0], dtype=np.int64),
+    )
+
+
+def _read_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Features and labels of a CSV file with a header row."""
+    with path.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        header: list[str] | None = None
+        rows: list[list[str]] = []
+        lines: list[int] = []
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue  # blank line
+            if header is None:
+                header = [cell.strip() for cell in row]
+                continue
+            if len(row) != len(header):
+                raise ValueError(
+                    f"{path}: line {reader.line_num} has {len(row)} fields, "
+                    f"the header has {len(header)}"
+                )
+            rows.append(row)
+            lines.append(reader.line_num)
+    if header is None:
+        raise ValueError(f"{path}: empty file (expected a header row naming the columns)")
+    if header.count(label) != 1:
+        problem = "no" if label not in header else "more than one"
+        raise ValueError(
+            f"{path}: {problem} label column {label!r}; the columns are: {', '.join(header)}"
+        )
+    if not rows:
+        raise ValueError(f"{path}: no data rows after the header")
+    cells = np.array(rows, dtype=str)
+    try:
+        table = cells.astype(np.float64)
+    except ValueError:
+        # Find the first cell that is not a number, to name its column.
+        for j, column in enumerate(header):
+            for i, value in enumerate(cells[:, j]):
+                try:
+                    float(value)
+                except ValueError:
+                    where = (
+                        f"line {lines[i]}: {value.strip()!r}"
+                        if value.strip()
+                        else (f"line {lines[i]}: empty")
+                    )
+                    if column == label:
+                        raise ValueError(
+                            f"{path}: label column {label!r} must hold integer class labels "
+                            f"0..C-1 ({where})"
+                        ) from None
+                    raise ValueError(
+                        f"{path}: column {column!r} is not numeric ({where}); every column but "
+                        f"the label {label!r} must be a number"
+                    ) from None
+        raise
+    j = header.index(label)
+    features = tuple(c for k, c in enumerate(header) if k != j)
+    return np.delete(table, j, axis=1), table[:, j], features
+
+
+def _read_npz(path: Path) -> tuple[np.ndarray, ...]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            present = set(archive.files)
+            missing = [k for k in ("x", "y") if k not in present]
+            if missing:
+                raise ValueError(
+                    f"{path}: missing array(s) {', '.join(missing)}; the file has "
+                    f"{', '.join(sorted(present)) or 'no arrays'} (expected x, y and optionally "
+                    "x_test, y_test)"
+                )
+            test = [k for k in ("x_test", "y_test") if k in present]
+            if len(test) == 1:
+                other = "y_test" if test[0] == "x_test" else "x_test"
+                raise ValueError(f"{path}: has {test[0]} but no {other}; give both or neither")
+            names = ("x", "y", "x_test", "y_test") if test else ("x", "y")
+            try:
+                return tuple(archive[k] for k in names)
+            except ValueError as exc:  # object arrays (pickles) are refused, not unpickled
+                raise ValueError(f"{path}: {exc}; store plain numeric arrays") from None
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path}: not a readable .npz file: {exc}") from None
+
+
+def _materialise(ds: Any, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """Stack the ``(x, y)`` items of a torch Dataset into two arrays."""
+    if isinstance(ds, TensorDataset) and len(ds.tensors) >= 2:
+        return _as_numpy(ds.tensors[0]), _as_numpy(ds.tensors[1])
+    items = list(ds) if isinstance(ds, IterableDataset) else [ds[i] for i in range(len(ds))]
+    if not items:
+        raise ValueError(f"{source}: the Dataset is empty")
+    xs, ys = [], []
+    for i, item in enumerate(items):
+        if not (isinstance(item, tuple | list) and len(item) >= 2):
+            raise ValueError(
+                f"{source}: Dataset item {i} is a {type(item).__name__}; expected an (x, y) pair"
+            )
+        xs.append(_as_numpy(item[0]))
+        ys.append(_as_numpy(item[1]))
+    shapes = {x.shape for x in xs}
+    if len(shapes) != 1:
+        raise ValueError(f"{source}: Dataset items have different shapes {sorted(shapes)[:3]}")
+    return np.stack(xs), np.stack(ys)
+
+
+def _from_loader(result: Any, source: str) -> tuple[np.ndarray, ...]:
+    if isinstance(result, TorchDataset):
+        return _materialise(result, source)
+    if isinstance(result, tuple | list):
+        if len(result) == 2 and all(isinstance(r, TorchDataset) for r in result):
+            return _materialise(result[0], source) + _materialise(result[1], f"{source} (test)")
+        if len(result) in (2, 4) and all(isinstance(r, np.ndarray | torch.Tensor) for r in result):
+            return tuple(_as_numpy(r) for r in result)
+    kind = type(result).__name__
+    if isinstance(result, tuple | list):
+        kind = f"a {kind} of {len(result)} ({', '.join(type(r).__name__ for r in result[:4])})"
+    raise ValueError(
+        f"{source} returned {kind}; a data loader must return {_ACCEPTED_LOADER_RESULTS}"
+    )
+
+
+def load_user_data(ref: str | os.PathLike[str], label: str = "label", seed: int = 0) -> Dataset:
+    """A user's data set as a :class:`Dataset`, from ``ref``:
+
+    - a ``.csv`` file: a header row naming the columns; the column named ``label`` holds the
+      class labels, every other column is a numeric feature (examples of shape ``(features,)``);
+    - a ``.npz`` file: arrays ``x`` and ``y``, optionally ``x_test`` and ``y_test``;
+    - a loader ``"package.module:loader"`` or ``"path/to/file.py:loader"``, called with no
+      arguments (torch's RNG seeded from ``seed``, the caller's RNG state restored afterwards);
+      it returns ``(x, y)`` or ``(x_train, y_train, x_test, y_test)`` (numpy arrays or torch
+      tensors), a ``torch.utils.data.Dataset`` of ``(x, y)`` items (stacked here), or a pair
+      ``(train, test)`` of such Datasets;
+    - a built-in name (:data:`DATASET_NAMES`), loaded by :func:`load_dataset` with ``seed`` as
+      its split seed.
+
+    Features become float32 of shape ``(n, ...)``; labels must be integers ``0..C-1`` (int64).
+    Relative paths are taken from the current directory. Without a test split in the source the
+    data set has none (empty ``x_test``/``y_test``). Raises ``ValueError`` with a message meant
+    for the user (what is wrong and where) for anything it cannot use.
+    """
+    text = os.fspath(ref)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"expected a data reference, got {ref!r}")
+    text = text.strip()
+    if text.lower() in DATASET_NAMES:
+        return load_dataset(text, split_seed=seed)
+    suffix = Path(text).suffix.lower()
+    if suffix in (".csv", ".npz"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise ValueError(f"data file {text!r}: no such file (from {Path.cwd()})")
+        if suffix == ".csv":
+            x, y, names = _read_csv(path, label)
+            return _user_dataset(path.name, str(path), (x, y), feature_names=names)
+        return _user_dataset(path.name, str(path), _read_npz(path))
+    if ":" not in text:
+        raise ValueError(
+            f"cannot read data {text!r}: expected a .csv or .npz file, a loader "
+            "'package.module:loader' or 'path/to/file.py:loader', or one of "
+            f"{', '.join(DATASET_NAMES)}"
+        )
+    loader = resolve_callable(text, "loader")
+    source = f"data loader {text!r}"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        try:
+            result = loader()
+        except Exception as exc:
+            raise ValueError(f"{source} failed: {type(exc).__name__}: {exc}") from exc
+    return _user_dataset(text, source, _from_loader(result, source))
 
 
 # --------------------------------------------------------------------------------------------

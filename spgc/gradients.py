@@ -10,6 +10,12 @@ MNIST CNN is 0.7 GB).
 Columns are in the order of :func:`spgc.models.flatten_params`. Clipping is done in float64
 numpy; the float64 result can exceed C by a rounding error (relative ~1e-16), so code that needs
 an exact bound must enforce it after fixed-point encoding, on the integers (SPEC section 4).
+
+Models: :func:`per_example_gradients` first calls
+:func:`spgc.models.check_per_example_compatible`, which refuses layers that mix the examples of a
+batch (BatchNorm in training mode, ...) with a message naming the layer. Random layers (dropout in
+training mode) draw independently for each example (``vmap(randomness="different")``), as a loop
+over the examples would.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from spgc.models import parameter_count
+from spgc.models import check_per_example_compatible, parameter_count
 
 # Default number of examples per vmap call: bounds the transient memory of torch.func
 # (activations and gradients of a chunk) without costing measurable speed.
@@ -72,7 +78,29 @@ def _per_example_grad_fn(model: nn.Module) -> Callable[..., dict[str, torch.Tens
         logits = functional_call(model, (params, buffers), (xi.unsqueeze(0),))
         return F.cross_entropy(logits, yi.unsqueeze(0))
 
-    return vmap(grad(loss_one), in_dims=(None, None, 0, 0))
+    # randomness="different": each example draws its own dropout mask, as in a loop over the
+    # examples; a model without random layers is unaffected.
+    return vmap(grad(loss_one), in_dims=(None, None, 0, 0), randomness="different")
+
+
+def _refuse_changed_buffers(
+    model: nn.Module,
+    buffers: dict[str, torch.Tensor],
+    versions: dict[str, int],
+    cause: BaseException | None,
+) -> None:
+    """Raise ``ValueError`` naming the first buffer the forward pass modified in place (a
+    running statistic, a counter): such state would be updated from the batch, not per example.
+    Tensor version counters tell, whether or not the forward pass then failed."""
+    for name, b in buffers.items():
+        if b._version != versions[name]:
+            owner, _, _ = name.rpartition(".")
+            layer = type(model.get_submodule(owner)).__name__
+            raise ValueError(
+                f"layer {owner or '<model>'} ({layer}) updates its buffer {name!r} during the "
+                "forward pass, which per-example gradients cannot do (the update would mix the "
+                "examples of a batch); make it a constant or drop it"
+            ) from cause
 
 
 def per_example_gradients(
@@ -89,9 +117,15 @@ def per_example_gradients(
     Values are reproducible for a given chunk size; another chunk size can change them by
     rounding (the BLAS kernels block differently), which is harmless: only the servers' update
     must be bit-exact, and it is computed from the revealed noisy sum.
+
+    Raises ``ValueError`` naming the layer for a model that
+    :func:`spgc.models.check_per_example_compatible` refuses, before any work, and also when
+    torch.func fails on the model in a way that layer check did not foresee (e.g. a custom layer
+    that updates a buffer in place during the forward pass).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    check_per_example_compatible(model)
     xt, yt = _as_tensors(model, x, y)
     m, d = int(xt.shape[0]), parameter_count(model)
     out = np.empty((m, d), dtype=np.float64)
@@ -103,7 +137,18 @@ def per_example_gradients(
     fn = _per_example_grad_fn(model)
     for start in range(0, m, chunk_size):
         stop = min(start + chunk_size, m)
-        grads = fn(params, buffers, xt[start:stop], yt[start:stop])
+        versions = {name: b._version for name, b in buffers.items()}
+        try:
+            grads = fn(params, buffers, xt[start:stop], yt[start:stop])
+        except RuntimeError as exc:
+            _refuse_changed_buffers(model, buffers, versions, exc)
+            if "vmap" not in str(exc) and "batched" not in str(exc).lower():
+                raise
+            raise ValueError(
+                "per-example gradients (torch.func vmap) cannot handle this model: layers must "
+                f"treat each example on its own ({exc})"
+            ) from exc
+        _refuse_changed_buffers(model, buffers, versions, None)
         flat = torch.cat([grads[name].reshape(stop - start, -1) for name in names], dim=1)
         out[start:stop] = flat.to(torch.float64).numpy()
     return out
@@ -144,6 +189,7 @@ def clipped_gradient_sum(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if not (np.isfinite(clip_norm) and clip_norm > 0):
         raise ValueError(f"clip_norm must be a positive finite number, got {clip_norm}")
+    check_per_example_compatible(model)
     xt, yt = _as_tensors(model, x, y)
     d = parameter_count(model)
     chunk_size = bounded_chunk(chunk_size, d)

@@ -29,16 +29,36 @@ Flat vectors: the servers hold the model as one float64 numpy vector (parameters
 ``model.parameters()`` order, each flattened row-major). :func:`model_hash` is the SHA-256 both
 servers compare. The float64 vector is canonical: loading it into a float32 model rounds each
 value to nearest (deterministic), so re-flattening a loaded model need not give back the vector.
+
+Users' own models (issue 12): :func:`resolve_model` takes a built-in name or a reference
+``"package.module:factory"`` / ``"path/to/file.py:factory"`` to a function that returns an
+``nn.Module``; :func:`check_per_example_compatible` refuses layers that per-example gradients
+cannot handle (BatchNorm in training mode, ...); :func:`model_fingerprint` identifies the
+architecture (parameter names and shapes) so servers and providers can check they built the
+same one; :func:`load_initial_state` loads an initial ``.safetensors`` state.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
+import json
+import os
 import struct
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+from torch.nn.modules.lazy import LazyModuleMixin
 
 MODEL_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist", "mnist-wide")
 
@@ -62,6 +82,7 @@ PARAMETER_COUNTS: dict[str, int] = {
 }
 
 _HASH_DOMAIN = b"spgc-model-v1\x00"
+_FINGERPRINT_DOMAIN = b"spgc-architecture-v1\x00"
 
 
 def _mnist_cnn() -> nn.Module:
@@ -194,3 +215,196 @@ def model_hash(vec: np.ndarray) -> str:
     h.update(struct.pack(f"<Q{canon.ndim}Q", canon.ndim, *canon.shape))
     h.update(canon.tobytes(order="C"))
     return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Users' own models
+# --------------------------------------------------------------------------------------------
+
+
+def _load_file_module(path: Path, ref: str) -> ModuleType:
+    """Execute the Python file ``path`` as a module (registered in ``sys.modules`` under a name
+    derived from its absolute path, so dataclasses and pickling inside it work)."""
+    if not path.is_file():
+        raise ValueError(f"{ref!r}: no such file {str(path)!r}")
+    resolved = path.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    name = f"spgc_user_{digest}_{resolved.stem.replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{ref!r}: cannot load {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ValueError(
+            f"{ref!r}: running {str(path)!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    return module
+
+
+def resolve_callable(ref: str, what: str = "factory") -> Callable[..., object]:
+    """The function named by ``"package.module:name"`` or ``"path/to/file.py:name"``.
+
+    A module reference is imported with :func:`importlib.import_module`; a ``.py`` path (relative
+    to the current directory unless absolute) is executed as a module of its own. Raises
+    ``ValueError`` naming ``ref`` and the reason when the module cannot be imported, has no such
+    attribute, or the attribute is not callable (``what`` names the role in the messages).
+    """
+    if not isinstance(ref, str) or ":" not in ref:
+        raise ValueError(
+            f"{ref!r} is not a reference to a {what}: expected 'package.module:{what}' "
+            f"or 'path/to/file.py:{what}'"
+        )
+    target, _, attr = ref.strip().rpartition(":")
+    if not target or not attr.isidentifier():
+        raise ValueError(
+            f"{ref!r} is not a reference to a {what}: expected 'package.module:{what}' "
+            f"or 'path/to/file.py:{what}'"
+        )
+    if target.endswith(".py"):
+        module = _load_file_module(Path(target).expanduser(), ref)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ValueError(f"{ref!r}: cannot import {target!r}: {exc}") from None
+        except Exception as exc:
+            raise ValueError(
+                f"{ref!r}: importing {target!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    if not hasattr(module, attr):
+        raise ValueError(f"{ref!r}: {target!r} has no attribute {attr!r}")
+    func = getattr(module, attr)
+    if not callable(func):
+        raise ValueError(f"{ref!r}: {attr!r} is a {type(func).__name__}, not a callable {what}")
+    return func
+
+
+def resolve_model(ref: str, seed: int = 0) -> nn.Module:
+    """The model named by ``ref``: a built-in name (:data:`MODEL_NAMES`, built by
+    :func:`build_model`) or a factory reference ``"package.module:factory"`` /
+    ``"path/to/file.py:factory"``, called with no arguments.
+
+    The factory runs with torch's global RNG seeded from ``seed`` (inside
+    :func:`torch.random.fork_rng`, so the caller's RNG state is left as it was): both servers and
+    every provider get identical initial weights from the same ``(ref, seed)`` and torch version.
+    Raises ``ValueError`` naming ``ref`` when the factory cannot be found or run, or returns
+    something other than an ``nn.Module``.
+    """
+    if isinstance(ref, str) and ref.strip().lower() in _BUILDERS:
+        return build_model(ref, seed=seed)
+    if not isinstance(ref, str) or ":" not in ref:
+        raise ValueError(
+            f"unknown model {ref!r}; choose one of {', '.join(MODEL_NAMES)}, or give a factory "
+            "as 'package.module:factory' or 'path/to/file.py:factory'"
+        )
+    factory = resolve_callable(ref, "factory")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        try:
+            model = factory()
+        except Exception as exc:
+            raise ValueError(f"model factory {ref!r} failed: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"model factory {ref!r} must return a torch.nn.Module, got {type(model).__name__}"
+        )
+    return model
+
+
+def check_per_example_compatible(model: nn.Module) -> None:
+    """Refuse a model whose per-example gradients :mod:`spgc.gradients` cannot compute.
+
+    Raises ``ValueError`` naming the first offending layer (its name in ``named_modules()`` and
+    its class) for: BatchNorm of any kind (SyncBatchNorm included) in training mode, or in eval
+    mode without running statistics (it then normalises with the batch's statistics, which mixes
+    the examples of a batch); InstanceNorm with ``track_running_stats=True`` in training mode
+    (it updates its buffers during the forward pass); lazy layers not yet initialised. Also
+    refuses a model without parameters. GroupNorm and LayerNorm are per-example and fine.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    advice = "use GroupNorm or LayerNorm instead, which normalise each example on its own"
+    for name, module in model.named_modules():
+        where = f"{name or '<model>'} ({type(module).__name__})"
+        if isinstance(module, _BatchNorm) and (
+            module.training or not module.track_running_stats or module.running_mean is None
+        ):
+            raise ValueError(
+                f"layer {where} is not supported: batch normalisation mixes the examples of a "
+                f"batch, so per-example gradients (and their clipping) are undefined; {advice}"
+            )
+        if isinstance(module, _InstanceNorm) and module.track_running_stats and module.training:
+            raise ValueError(
+                f"layer {where} is not supported: with track_running_stats=True it updates its "
+                "running statistics from each batch during the forward pass; set "
+                f"track_running_stats=False, or {advice}"
+            )
+        if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+            raise ValueError(
+                f"layer {where} is not supported: its parameters are not initialised yet; use "
+                "the non-lazy layer with explicit sizes"
+            )
+    if not any(True for _ in model.parameters()):
+        raise ValueError("the model has no parameters to train")
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A short hex digest (16 characters of SHA-256) of the model's architecture: its parameter
+    names and shapes in ``named_parameters()`` order, not their values or dtype. Two models with
+    the same fingerprint have flat vectors (:func:`flatten_params`) of the same layout."""
+    layout = [[name, list(p.shape)] for name, p in model.named_parameters()]
+    h = hashlib.sha256(_FINGERPRINT_DOMAIN)
+    h.update(json.dumps(layout, separators=(",", ":")).encode())
+    return h.hexdigest()[:16]
+
+
+def _listed(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load_initial_state(model: nn.Module, path: str | os.PathLike[str]) -> None:
+    """Load a ``.safetensors`` state (as saved from ``model.state_dict()``) into ``model``, in
+    place; values are converted to the model's dtypes.
+
+    Raises ``ValueError`` when the file is missing or unreadable, when its keys differ from the
+    model's ``state_dict()`` keys (listing the missing and the unexpected ones), when a tensor's
+    shape differs, or when a floating-point tensor holds NaN or infinity.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"initial state {str(file)!r}: no such file")
+    try:
+        state = load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(
+            f"initial state {str(file)!r}: not a readable safetensors file: {exc}"
+        ) from None
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_listed(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_listed(unexpected)}")
+    shapes = [
+        f"{k} {tuple(state[k].shape)} (model {tuple(v.shape)})"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    if shapes:
+        problems.append(f"wrong shapes {_listed(shapes)}")
+    if problems:
+        raise ValueError(
+            f"initial state {str(file)!r} does not fit the model: {'; '.join(problems)}"
+        )
+    bad = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise ValueError(f"initial state {str(file)!r}: NaN or infinity in {_listed(bad)}")
+    with torch.no_grad():
+        model.load_state_dict(state, strict=True)

@@ -45,7 +45,7 @@ def test_context_matches_the_daemon_defaults(ctx) -> None:
     from spgc.config import ServerConfig
     from spgc.encoding import FixedPointConfig
 
-    cfg = ServerConfig()
+    cfg = ServerConfig.model_construct()
     assert ctx.dim == 62 and ctx.scale == cfg.scale and ctx.clip_norm == cfg.clip_norm
     fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=62)
     assert ctx.l2_bound_units == fp.l2_bound_units

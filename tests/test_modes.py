@@ -12,10 +12,9 @@ import pytest
 from test_server_daemon import PROVIDERS, Provider, _cfg, start_pair, wait_round_done
 
 from spgc.certs import make_dev_pki
-from spgc.config import ConfigError
+from spgc.config import ProviderConfig
 from spgc.plan import make_plan
 from spgc.providers.client import ProviderClient
-from spgc.providers.config import ProviderConfig
 from spgc.servers.coordinator import dng_exchange
 from spgc.servers.daemon import ServerDaemon
 from spgc.sharing import ring_mask
@@ -63,7 +62,7 @@ def submit_clear(p: Provider, cfg: pb.TrainingConfig, t: int, values: np.ndarray
 
 def test_single_server_modes_refuse_role_two(pki: Path, tmp_path: Path) -> None:
     for mode in ("plain", "ldp"):
-        with pytest.raises(ConfigError, match="ONE server"):
+        with pytest.raises(ValueError, match="ONE server"):
             _cfg(pki, 2, tmp_path, mode=mode)
 
 
@@ -214,7 +213,7 @@ def real_clients(pki: Path, d1: ServerDaemon) -> list[ProviderClient]:
                 min_noise_multiplier=0.3,
                 poll_interval=0.05,
                 wait_timeout=30.0,
-            ).validate()
+            )
         )
         for i, name in enumerate(PROVIDERS)
     ]
@@ -280,5 +279,5 @@ def test_accountants_and_fixed_batches_through_the_daemon(
 
 
 def test_fixed_batches_refuse_pld(pki: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="RDP only"):
+    with pytest.raises(ValueError, match="RDP only"):
         _cfg(pki, 1, tmp_path, mode="ldp", accountant="pld", batch_size=5)

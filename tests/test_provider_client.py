@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from spgc.certs import make_dev_pki
+from spgc.config import ConfigError, ProviderConfig, load_provider_config
 from spgc.data import load_dataset, poisson_batch
 from spgc.encoding import FixedPointConfig, encode_rows
 from spgc.gradients import clip_per_example, per_example_gradients
@@ -25,7 +26,6 @@ from spgc.providers.client import (
     check_privacy,
     local_noise,
 )
-from spgc.providers.config import ConfigError, ProviderConfig, load_config
 from spgc.sharing import reconstruct, ring_mask
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import aggregation_pb2_grpc, vector_sha256
@@ -267,7 +267,7 @@ def provider_config(pki: Path, servers: list[FakeServer], **changes: Any) -> Pro
         "wait_timeout": 10.0,
     }
     values.update(changes)
-    return ProviderConfig(**values).validate()
+    return ProviderConfig(**values)
 
 
 def client_for(cfg: ProviderConfig, data: Any = None) -> ProviderClient:
@@ -447,7 +447,7 @@ def test_hello_waits_for_a_server_still_starting(pki: Path) -> None:
         backoff_max=0.01,
         connect_timeout=30.0,
         allow_no_privacy=True,
-    ).validate()
+    )
     client = ProviderClient(cfg)
     client._sleep = lambda _s: None  # type: ignore[method-assign]
     calls = []
@@ -504,20 +504,20 @@ max_step_epsilon: 2.5
 """
     path = tmp_path / "provider.yaml"
     path.write_text(text)
-    cfg = load_config(path, {"provider_index": "2", "insecure": None, "retries": "7"})
+    cfg = load_provider_config(path, ["provider_index=2", "retries=7"])
     assert cfg.h2_address == "127.0.0.1:5002" and cfg.provider_index == 2
     assert cfg.provider_count == 3 and cfg.retries == 7 and cfg.max_step_epsilon == 2.5
     assert cfg.tls is not None and cfg.tls.key == pki / "p1.key"
 
     path.write_text("name: p1\nh1_address: a:1\ninsecure: true\n")
     with pytest.raises(ConfigError, match="no minimum privacy"):
-        load_config(path)
+        load_provider_config(path)
     path.write_text("name: p1\nh1_address: a:1\nmax_step_eps: 1\n")
     with pytest.raises(ConfigError, match="unknown key"):
-        load_config(path)
+        load_provider_config(path)
     path.write_text("name: p1\nh1_address: a:1\nmax_step_epsilon: 1\n")
     with pytest.raises(ConfigError, match="tls_cert is required"):
-        load_config(path)
+        load_provider_config(path)
 
 
 def test_local_noise_moments_and_freshness() -> None:
@@ -573,6 +573,6 @@ def test_main_exit_codes(pki: Path, servers: Any, tmp_path: Path) -> None:
         f"tls: {{cert: {pki / 'p1.pem'}, key: {pki / 'p1.key'}, ca: {pki / 'ca.pem'}}}\n"
         "max_step_epsilon: 10\nbackoff_initial: 0.01\npoll_interval: 0.01\nwait_timeout: 10\n"
     )
-    assert main(["--config", str(path), "--max-step-epsilon", "0.5"]) == 3  # refusal
+    assert main(["--config", str(path), "--set", "max_step_epsilon=0.5"]) == 3  # refusal
     assert main(["--config", str(path)]) == 0  # one round, then training finished
     assert len(h1.servicer.accepted) == 1 and len(h2.servicer.accepted) == 1

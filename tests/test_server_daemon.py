@@ -42,7 +42,7 @@ def _cfg(pki: Path, role: int, state: Path, **kw) -> ServerConfig:
         "peer_address": "127.0.0.1:1",
         "peer_name": f"h{3 - role}",
         "gc_address": "127.0.0.1:0",
-        "tls": TlsPaths(d / f"{name}.pem", d / f"{name}.key", d / "ca.pem"),
+        "tls": TlsPaths(cert=d / f"{name}.pem", key=d / f"{name}.key", ca=d / "ca.pem"),
         "providers": list(PROVIDERS),
         "dataset": "cancer",
         "min_providers": 2,
@@ -54,7 +54,7 @@ def _cfg(pki: Path, role: int, state: Path, **kw) -> ServerConfig:
         "max_batch_size": 64,
     }
     base.update(kw)
-    return ServerConfig(**base).validate()
+    return ServerConfig(**base)
 
 
 def bind_pair(pki: Path, tmp: Path, precompute: int | None = None, **kw):
@@ -221,9 +221,10 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
             p.close()
         d1.stop()
         d2.stop()
-    for sub in ("s1", "s2"):  # spill files gone; only the checkpoint a restart resumes from
+    for sub in ("s1", "s2"):  # spill files gone; the checkpoint and the exported models stay
         left = sorted(p.name for p in (tmp_path / sub).iterdir())
-        assert left == ["checkpoint-00000002.npz", "checkpoint.json"], left
+        expected = ["checkpoint-00000002.npz", "checkpoint.json", "model.json"]
+        assert left == [*expected, "model.safetensors", "models"], left
 
 
 def test_spgc_round_advances_model_and_skips_small_round(pki, tmp_path):

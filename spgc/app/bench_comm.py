@@ -405,7 +405,7 @@ def make_context(
 
     if dataset not in DATASETS:
         raise BenchCommError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
-    defaults = ServerConfig()
+    defaults = ServerConfig.model_construct()  # the defaults, unvalidated
     scale = defaults.scale if scale is None else scale
     clip_norm = defaults.clip_norm if clip_norm is None else clip_norm
     dim = len(flatten_params(build_model(dataset, seed=defaults.model_seed)))

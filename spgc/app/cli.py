@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from spgc import __version__
-from spgc.app import bench_comm, bench_gc, bench_sampler, experiment
+from spgc.app import bench_comm, bench_gc, bench_sampler, experiment, export_cmd
 from spgc.app.bench_gc import BenchError
 from spgc.app.demo import DemoError, DemoOptions, run_cli
 from spgc.app.experiment import run_from_args
 from spgc.certs import DEFAULT_NAMES, make_dev_pki
+from spgc.config import (
+    SCHEMAS,
+    ConfigError,
+    config_markdown,
+    describe_keys,
+    detect_schema,
+    load_config,
+)
 from spgc.modes import TRAINING_MODES
 from spgc.providers.__main__ import main as provider_main
 from spgc.servers.__main__ import main as server_main
@@ -150,11 +159,33 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
 
-    for name, what in (("server", "the server daemon"), ("provider", "the provider client")):
-        daemon = sub.add_parser(
-            name, help=f"run {what} (spgc {name} --help lists its options)", add_help=False
-        )
-        daemon.add_argument("args", nargs=argparse.REMAINDER)
+    config = sub.add_parser(
+        "config",
+        help="validate a configuration file, or list every key",
+        description="`spgc config check FILE` validates a server or provider file (exit 2 with "
+        "one message naming the file, key, value and what is allowed); `spgc config show "
+        "server|provider` lists every key with its default and meaning.",
+    )
+    config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    check = config_sub.add_parser("check", help="validate FILE", description="Validate FILE.")
+    check.add_argument("file", type=Path, metavar="FILE")
+    check.add_argument(
+        "--kind",
+        choices=tuple(SCHEMAS),
+        help="whose file it is (default: a provider's if it has name/h1_address, else a server's)",
+    )
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    show = config_sub.add_parser(
+        "show", help="every key, its default and meaning", description="List every key."
+    )
+    show.add_argument("kind", choices=tuple(SCHEMAS))
+    show.add_argument("--markdown", action="store_true", help="docs/CONFIG.md for both daemons")
+    export_cmd.add_parser(sub)
+
+    # The daemons parse their own options (one parser each, shared with the spgc-server and
+    # spgc-provider aliases); these entries are for `spgc --help` only: main() hands them over.
+    sub.add_parser("server", help="run a server daemon (spgc server --help lists its options)")
+    sub.add_parser("provider", help="run a provider (spgc provider --help lists its options)")
     return parser
 
 
@@ -207,26 +238,47 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
-def _cmd_server(args: argparse.Namespace) -> int:
-
-    return server_main(args.args)
-
-
-def _cmd_provider(args: argparse.Namespace) -> int:
-
-    return provider_main(args.args)
+def _cmd_config(args: argparse.Namespace) -> int:
+    if args.config_command == "show":
+        if args.markdown:
+            print(config_markdown())
+            return 0
+        for key, kind, default, meaning in describe_keys(SCHEMAS[args.kind]):
+            print(f"{key} ({kind}, default {default})\n    {meaning}")
+        return 0
+    kind = args.kind or detect_schema(args.file)
+    try:
+        load_config(SCHEMAS[kind], args.file, args.overrides)  # type: ignore[type-var]
+    except ConfigError as exc:
+        print(f"spgc config check: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.file}: a valid {kind} configuration")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (2 for user errors, with a one-line message)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:  # `spgc ... | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] == "server":
+        return server_main(argv[1:])
+    if argv and argv[0] == "provider":
+        return provider_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {
         "certs": _cmd_certs,
         "bench": _cmd_bench,
         "demo": _cmd_demo,
-        "server": _cmd_server,
-        "provider": _cmd_provider,
+        "config": _cmd_config,
+        "export": export_cmd.run,
         "experiment": _cmd_experiment,
     }
 

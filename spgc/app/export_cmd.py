@@ -1,0 +1,84 @@
+"""`spgc export`: a server's model and privacy report from its state_dir (docs/EXPORT.md).
+
+The latest version comes from the checkpoint (its parameters and its recorded report); an
+earlier one from the copy the server kept in state_dir/models/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+
+from spgc.export import load_export, write_export
+from spgc.models import flatten_params
+from spgc.servers.checkpoint import CheckpointError, load_checkpoint
+from spgc.servers.state import MODELS_DIR, run_model
+from spgc.wire import vector_sha256
+
+__all__ = ["ExportError", "add_parser", "run"]
+
+
+class ExportError(ValueError):
+    """What the user must fix (no checkpoint, unknown version...): one line, exit code 2."""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the ``export`` subcommand to ``spgc``'s subparsers."""
+    p = subparsers.add_parser(
+        "export",
+        help="write a server's model as .safetensors beside its JSON privacy report",
+        description="Read the checkpoint in a server's state_dir and write the model "
+        "(.safetensors, loadable with load_state_dict into the run's module) and its privacy "
+        "report (the same name with .json). See docs/EXPORT.md.",
+    )
+    p.add_argument("--state-dir", type=Path, required=True, metavar="DIR", help="server state_dir")
+    p.add_argument(
+        "--out", type=Path, required=True, metavar="FILE.safetensors", help="file to write"
+    )
+    p.add_argument(
+        "--version",
+        type=int,
+        default=None,
+        metavar="N",
+        help="model version (default: the latest, the checkpoint's)",
+    )
+
+
+def _export(state_dir: Path, out: Path, version: int | None) -> tuple[Path, Path]:
+    if not state_dir.is_dir():
+        raise ExportError(f"no state directory {state_dir}")
+    loaded = load_checkpoint(state_dir)
+    if loaded is None:
+        raise ExportError(f"no checkpoint in {state_dir}")
+    record, arrays = loaded
+    if "report" not in record or "model" not in record:
+        raise ExportError(f"the checkpoint in {state_dir} predates exports: it names no model")
+    module = run_model(record["model"], int(record.get("model_seed", 0)))
+    if version is None or version == record["version"]:
+        params = np.asarray(arrays["params"], dtype=np.float64)
+        if vector_sha256(params).hex() != record["model_sha256"]:
+            raise ExportError(f"the checkpoint model in {state_dir} does not match its hash")
+        return write_export(out, module, params, record["report"])
+    kept = state_dir / MODELS_DIR / f"v{version:05d}.safetensors"
+    if not kept.is_file():
+        raise ExportError(f"no model version {version} in {state_dir} (latest {record['version']})")
+    tensors, report = load_export(kept)
+    module.load_state_dict(tensors)  # strict: the kept file must be this run's architecture
+    return write_export(out, module, flatten_params(module), report)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``spgc export``; 0, or 2 with one line on stderr."""
+    try:
+        model, report = _export(args.state_dir, args.out, args.version)
+    except (CheckpointError, OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        # RuntimeError: load_state_dict's (multi-line) refusal of another architecture.
+        print(f"spgc export: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    print(f"model: {model}\nreport: {report}")
+    return 0

@@ -1,0 +1,174 @@
+"""One configuration mechanism for both daemons: schema, loader, --set, errors, docs, commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spgc.config import (
+    ConfigError,
+    ProviderConfig,
+    ServerConfig,
+    config_markdown,
+    describe_keys,
+    load_provider_config,
+    load_server_config,
+)
+from spgc.servers.daemon import ServerDaemon
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def run(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
+def test_docs_config_md_is_generated_from_the_schema() -> None:
+    text = (ROOT / "docs" / "CONFIG.md").read_text()
+    assert text.strip() == config_markdown().strip(), (
+        "docs/CONFIG.md is stale: spgc config show server --markdown > docs/CONFIG.md"
+    )
+    for schema in (ServerConfig, ProviderConfig):
+        for key, *_ in describe_keys(schema):
+            assert f"`{key}`" in text
+
+
+def test_every_key_has_a_meaning() -> None:
+    for schema in (ServerConfig, ProviderConfig):
+        missing = [k for k, _, _, meaning in describe_keys(schema) if not meaning.strip()]
+        assert not missing, f"{schema.__name__}: keys without a description: {missing}"
+
+
+def test_file_overrides_and_relative_paths(tmp_path: Path) -> None:
+    f = tmp_path / "h1.yaml"
+    f.write_text("tls: {cert: pki/h1.pem, key: pki/h1.key, ca: pki/ca.pem}\nproviders: [a, b]\n")
+    cfg = load_server_config(f, ["rounds=7", "lr=0.5", "providers=a,b,c", "tls.ca=/etc/ca.pem"])
+    assert cfg.rounds == 7 and cfg.lr == 0.5 and cfg.providers == ["a", "b", "c"]
+    assert cfg.tls is not None and cfg.tls.cert == tmp_path / "pki" / "h1.pem"
+    assert cfg.tls.ca == Path("/etc/ca.pem")
+
+
+def test_key_path_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "h1.yaml"
+    f.write_text("tls: {cert: h1.pem, key: 'env:H1_KEY_FILE', ca: ca.pem}\nproviders: [a, b]\n")
+    monkeypatch.setenv("H1_KEY_FILE", "/secrets/h1.key")
+    assert load_server_config(f).tls.key == Path("/secrets/h1.key")
+    monkeypatch.delenv("H1_KEY_FILE")
+    with pytest.raises(ConfigError, match="environment variable H1_KEY_FILE"):
+        load_server_config(f)
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "expected"),
+    [
+        (
+            "insecure: true\nproviders: [a, b]\nrounds: 0\n",
+            [],
+            r"rounds: .*given 0; allowed: int >= 1",
+        ),
+        ("insecure: true\nproviders: [a, b]\n", ["mode=fast"], r"mode: .*given 'fast'.*'spgc'"),
+        ("insecure: true\nproviders: [a, b]\nrond: 3\n", [], r"unknown key 'rond'.*did you mean"),
+        ("insecure: true\nproviders: [a, b]\n", ["lr=abc"], r"lr: .*given 'abc'; allowed: float > 0"),
+        ("providers: [a, b]\n", [], r"give tls: \{cert, key, ca\} or set insecure: true"),
+        ("- a\n- b\n", [], r"the top level must be a mapping"),
+        ("insecure: [\n", [], r"not valid YAML"),
+        ("insecure: true\nproviders: [a, b]\n", ["rounds"], r"--set expects key=value"),
+    ],
+)
+def test_errors_name_file_key_value_and_what_is_allowed(
+    tmp_path: Path, text: str, overrides: list[str], expected: str
+) -> None:
+    f = tmp_path / "server.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_server_config(f, overrides)
+    if "--set" not in expected:
+        assert str(f) in str(info.value)
+
+
+def test_provider_nested_keys_flatten(tmp_path: Path) -> None:
+    f = tmp_path / "p1.yaml"
+    f.write_text(
+        "name: p1\nh1: {address: 'a:1', name: h1}\ninsecure: true\nprovider: {index: 1, count: 3}\n"
+        "min_noise_multiplier: 0.5\n"
+    )
+    cfg = load_provider_config(f, ["log_level=DEBUG"])
+    assert (cfg.h1_address, cfg.provider_index, cfg.provider_count) == ("a:1", 1, 3)
+    assert cfg.log_level == "debug"
+    with pytest.raises(ConfigError, match=r"provider_index must be in \[0, 3\)"):
+        load_provider_config(f, ["provider_index=3"])
+
+
+def test_spgc_server_help_describes_every_option() -> None:
+    for argv in (("spgc", "server", "--help"), ("spgc-server", "--help")):
+        out = run(*argv)
+        assert out.returncode == 0, out.stderr
+        assert "--config FILE" in out.stdout and "--set KEY=VALUE" in out.stdout
+        assert "usage: spgc server" in out.stdout
+    assert run("spgc", "server", "--help").stdout == run("spgc-server", "--help").stdout
+    out = run("spgc", "server", "precompute", "--help")
+    assert out.returncode == 0 and "--samples" in out.stdout
+    for argv in (("spgc", "provider", "--help"), ("spgc-provider", "--help")):
+        out = run(*argv)
+        assert out.returncode == 0 and "usage: spgc provider" in out.stdout
+
+
+def test_daemons_exit_2_with_one_message_on_a_bad_config(tmp_path: Path) -> None:
+    f = tmp_path / "h1.yaml"
+    f.write_text("insecure: true\nproviders: [p1]\nrounds: many\n")
+    for argv in (("spgc", "server"), ("spgc-server",)):
+        out = run(*argv, "--config", str(f))
+        assert out.returncode == 2
+        assert "Traceback" not in out.stderr
+        assert str(f) in out.stderr and "rounds" in out.stderr and "'many'" in out.stderr
+    p = tmp_path / "p1.yaml"
+    p.write_text("name: p1\nh1_address: 'x:1'\ninsecure: true\nmax_step_epsilon: -1\n")
+    out = run("spgc", "provider", "--config", str(p))
+    assert out.returncode == 2 and "max_step_epsilon" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run("spgc", "server", "--config", str(tmp_path / "missing.yaml"))
+    assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_config_check_and_show(tmp_path: Path) -> None:
+    good = tmp_path / "h1.yaml"
+    good.write_text("insecure: true\nproviders: [p1, p2]\n")
+    out = run("spgc", "config", "check", str(good))
+    assert out.returncode == 0 and "valid server configuration" in out.stdout
+    bad = tmp_path / "p1.yaml"
+    bad.write_text("name: p1\nh1_address: 'x:1'\ninsecure: true\n")
+    out = run("spgc", "config", "check", str(bad))
+    assert out.returncode == 2 and "no minimum privacy" in out.stderr
+    out = run("spgc", "config", "show", "provider")
+    assert out.returncode == 0
+    for key, *_ in describe_keys(ProviderConfig):
+        assert key in out.stdout
+
+
+def test_missing_state_dir_is_created_private(tmp_path: Path) -> None:
+    state = tmp_path / "a" / "b" / "state"
+    cfg = ServerConfig(insecure=True, providers=["p1"], min_providers=1, state_dir=state)
+    daemon = ServerDaemon(cfg)
+    try:
+        assert state.is_dir() and (state.stat().st_mode & 0o777) == 0o700
+    finally:
+        daemon.intake.close()
+
+
+def test_grpc_core_quiet_unless_debug() -> None:
+    code = "import os, spgc; print(os.environ.get('GRPC_VERBOSITY'))"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "ERROR"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "--log-level", "debug"], capture_output=True, text=True,
+        env=env,
+    )
+    assert out.stdout.strip() == "None"
