@@ -75,7 +75,7 @@ def test_key_path_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
         ),
         ("insecure: true\nproviders: [a, b]\n", ["mode=fast"], r"mode: .*given 'fast'.*'spgc'"),
         ("insecure: true\nproviders: [a, b]\nrond: 3\n", [], r"unknown key 'rond'.*did you mean"),
-        ("insecure: true\nproviders: [a, b]\n", ["lr=abc"], r"lr: .*given 'abc'; allowed: float > 0"),
+        ("insecure: true\nproviders: [a, b]\n", ["lr=abc"], r"lr: .*'abc'; allowed: float > 0"),
         ("providers: [a, b]\n", [], r"give tls: \{cert, key, ca\} or set insecure: true"),
         ("- a\n- b\n", [], r"the top level must be a mapping"),
         ("insecure: [\n", [], r"not valid YAML"),
