@@ -41,15 +41,31 @@ from typing import Any
 
 import grpc
 import numpy as np
+import torch
+from torch import nn
 
 from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
 from spgc.accounting import per_step_epsilon
 from spgc.config import ProviderConfig
-from spgc.data import fixed_batches, load_dataset, poisson_batch, split_among_providers
+from spgc.data import (
+    fixed_batches,
+    load_dataset,
+    load_user_data,
+    poisson_batch,
+    split_among_providers,
+)
 from spgc.encoding import FixedPointConfig, default_rounding_rng, encode_batch, stochastic_round
 from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
-from spgc.models import MODEL_NAMES, build_model, load_flat_params, parameter_count
+from spgc.models import (
+    MODEL_NAMES,
+    build_model,
+    check_per_example_compatible,
+    load_flat_params,
+    model_fingerprint,
+    parameter_count,
+    resolve_model,
+)
 from spgc.modes import MODES, SINGLE_SERVER_MODES, TWO_SERVER_MODES
 from spgc.noise import sample_noise_plain
 from spgc.sharing import check_fits, ring_mask, share
@@ -207,21 +223,15 @@ def check_privacy(tc: Any, cfg: ProviderConfig) -> float | None:
 def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> FixedPointConfig:
     """Check that this provider computes what the servers announce; returns its encoding.
 
-    Refuses (ProviderRefusal) another dataset, an unknown model or parameter count, an
-    impossible ring, an ``l2_bound_units`` other than its own computation, and a batch setting
+    Refuses (ProviderRefusal) another dataset, an impossible ring, an ``l2_bound_units``
+    other than its own computation, and a batch setting
     it cannot draw.
     """
-    if tc.dataset.strip().lower() != cfg.dataset.strip().lower():
+    if not cfg.data and cfg.dataset and tc.dataset.strip().lower() != cfg.dataset.lower():
         raise ProviderRefusal(
             f"the servers train on dataset {tc.dataset!r}; this provider holds {cfg.dataset!r}"
         )
-    key = _model_key(tc.model, tc.dataset)
-    d = parameter_count(build_model(key))
-    if tc.num_parameters != d:
-        raise ProviderRefusal(
-            f"the servers announce {tc.num_parameters:,} parameters for model {tc.model!r}; "
-            f"this provider's {key} model has {d:,}"
-        )
+    d = tc.num_parameters
     if not 2 <= tc.ring_bits <= 64:
         raise ProviderRefusal(f"ring_bits={tc.ring_bits} is not in 2..64")
     try:
@@ -260,6 +270,100 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
     if tc.mode == pb.MODE_UNSPECIFIED:
         raise ProviderRefusal("the servers announce no mode")
     return fp
+
+
+def check_plan(tc: Any, cfg: ProviderConfig) -> None:
+    """Refuse (ProviderRefusal) a plan outside this provider's own limits: its mode, its
+    whole-training epsilon, its number of rounds."""
+    mode = pb.Mode.Name(tc.mode)
+    name = next((m for m, v in _WIRE.items() if v == tc.mode), mode)
+    if cfg.accept_modes and name not in cfg.accept_modes:
+        raise ProviderRefusal(
+            f"the plan's mode is {name}; this provider accepts {', '.join(cfg.accept_modes)}"
+        )
+    if cfg.max_total_epsilon is not None:
+        if tc.mode in _NOISELESS:
+            raise ProviderRefusal(
+                f"the plan's mode {name} adds no noise (no epsilon bound); this provider's "
+                f"max_total_epsilon is {cfg.max_total_epsilon:g}"
+            )
+        if tc.target_epsilon > cfg.max_total_epsilon:
+            raise ProviderRefusal(
+                f"the plan spends up to epsilon {tc.target_epsilon:g} (delta "
+                f"{tc.target_delta:g}) over the training; this provider's max_total_epsilon is "
+                f"{cfg.max_total_epsilon:g}"
+            )
+    if cfg.max_training_rounds is not None and tc.max_rounds > cfg.max_training_rounds:
+        raise ProviderRefusal(
+            f"the plan runs up to {tc.max_rounds} rounds; this provider's max_training_rounds "
+            f"is {cfg.max_training_rounds}"
+        )
+
+
+def build_provider_model(tc: Any, cfg: ProviderConfig) -> nn.Module:
+    """The model this provider computes gradients of: its own ``model`` reference, or the
+    built-in one the servers announce. Refuses (ProviderRefusal) one whose architecture
+    (parameter count, fingerprint) is not the servers', or that per-example gradients cannot
+    handle."""
+    if cfg.model:
+        try:
+            model = resolve_model(cfg.model)
+        except ValueError as exc:
+            raise ProviderRefusal(f"model {cfg.model!r}: {exc}") from None
+        where = f"this provider's model {cfg.model!r}"
+    else:
+        if ":" in tc.model:
+            raise ProviderRefusal(
+                f"the servers train the user model {tc.model!r}: set model: to the same "
+                "factory (package.module:factory or file.py:factory)"
+            )
+        model = build_model(_model_key(tc.model, tc.dataset))
+        where = f"this provider's built-in {tc.model or tc.dataset} model"
+    d = parameter_count(model)
+    if tc.num_parameters != d:
+        raise ProviderRefusal(
+            f"the servers announce {tc.num_parameters:,} parameters for model {tc.model!r}; "
+            f"{where} has {d:,}"
+        )
+    if tc.model_fingerprint and tc.model_fingerprint != model_fingerprint(model):
+        raise ProviderRefusal(
+            f"{where} has another architecture than the servers' {tc.model!r} (parameter names "
+            f"and shapes: fingerprint {model_fingerprint(model)} vs {tc.model_fingerprint})"
+        )
+    try:
+        check_per_example_compatible(model)
+    except ValueError as exc:
+        raise ProviderRefusal(str(exc)) from None
+    return model
+
+
+def resolve_device(choice: str) -> torch.device:
+    """``auto``: a CUDA GPU when there is one, else the CPU; ``cuda`` without one is an error."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ProviderRefusal("device: cuda, but torch sees no CUDA GPU on this machine")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def describe_plan(tc: Any) -> str:
+    """The servers' plan in one line: what this provider is asked to take part in."""
+    batch = (
+        f"Poisson rate {tc.sampling_rate:g}"
+        if tc.WhichOneof("batch") == "sampling_rate"
+        else f"fixed batches of {tc.batch_size}"
+    )
+    noise = (
+        "no noise (NOT differentially private)"
+        if tc.mode in _NOISELESS
+        else f"noise multiplier {tc.noise_multiplier:.4g}, budget epsilon "
+        f"{tc.target_epsilon:g} at delta {tc.target_delta:g} ({tc.accountant})"
+    )
+    return (
+        f"run {tc.run_id}: mode {pb.Mode.Name(tc.mode)}, model {tc.model} "
+        f"(d={tc.num_parameters:,}), data set {tc.dataset or '(each provider own)'}, up to "
+        f"{tc.max_rounds} rounds, {batch}, clip {tc.clip_norm:g}, scale {tc.scale:g}, {noise}"
+    )
 
 
 # ----------------------------------------------------------------------------- local noise
@@ -338,16 +442,38 @@ class ProviderClient:
         channel = make_channel(address, self.cfg.tls, insecure=self.cfg.insecure, server_name=name)
         return _Server(role, name, address, channel, aggregation_pb2_grpc.AggregatorStub(channel))
 
-    def _load_data(self) -> tuple[np.ndarray, np.ndarray]:
+    def _decline(self, run_id: str, reason: str) -> None:
+        """Tell the servers why this provider does not take part (best effort: the refusal
+        stands whether or not they hear it)."""
+        request = pb.DeclineRequest(run_id=run_id, reason=reason, provider_id=self.cfg.name)
+        for server in self.servers:
+            try:
+                server.stub.DeclinePlan(request, timeout=min(10.0, self.cfg.rpc_timeout))
+            except grpc.RpcError as exc:
+                log.debug("%s: DeclinePlan: %s", server.name, exc)
+
+    def _load_data(self, tc: Any) -> tuple[np.ndarray, np.ndarray]:
         if self._data is not None:
             x, y = self._data
+        elif self.cfg.data:
+            try:
+                ds = load_user_data(self.cfg.data, self.cfg.data_label)
+            except ValueError as exc:
+                raise ProviderRefusal(f"data {self.cfg.data!r}: {exc}") from None
+            x, y = ds.x_train, ds.y_train
         else:
+            dataset = self.cfg.dataset or tc.dataset
+            if not dataset:
+                raise ProviderRefusal(
+                    "the servers' plan names no built-in data set (each provider brings its "
+                    "own): set data: to a loader or a .csv/.npz file"
+                )
             kw: dict[str, Any] = {}
             if self.cfg.dataset_path is not None:
                 kw["path"] = self.cfg.dataset_path
             if self.cfg.split_seed is not None:
                 kw["split_seed"] = self.cfg.split_seed
-            ds = load_dataset(self.cfg.dataset, **kw)
+            ds = load_dataset(dataset, **kw)
             x, y = split_among_providers(
                 ds.x_train, ds.y_train, self.cfg.provider_count, self.cfg.provider_index
             )
@@ -427,10 +553,16 @@ class ProviderClient:
                 log.warning("mode %s uses one server: h2_address is ignored", pb.Mode.Name(tc.mode))
         else:
             raise ProviderRefusal(f"unsupported mode {pb.Mode.Name(tc.mode)}")
-        self._x, self._y = self._load_data()
-        self.step_epsilon = check_privacy(tc, cfg)
-        self.fixed_point = check_training_config(tc, cfg, len(self._x))
-        self._model = build_model(_model_key(tc.model, tc.dataset))
+        log.info("the servers' plan: %s", describe_plan(tc))
+        try:
+            check_plan(tc, cfg)
+            self.step_epsilon = check_privacy(tc, cfg)
+            self._x, self._y = self._load_data(tc)
+            self.fixed_point = check_training_config(tc, cfg, len(self._x))
+            self._model = build_provider_model(tc, cfg).to(resolve_device(cfg.device))
+        except ProviderRefusal as exc:
+            self._decline(tc.run_id, str(exc))
+            raise
         if tc.mode == pb.MODE_LDP:
             derive_params(tc.noise_std_units)  # cached: the round itself should not pay for it
         self.training = tc

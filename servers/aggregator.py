@@ -7,6 +7,7 @@ status, and a refused submission never touches the round's sum.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import grpc
@@ -28,6 +29,8 @@ from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES
 
 MAX_LONG_POLL_SECONDS = 30.0
 
+
+log = logging.getLogger(__name__)
 
 class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     """One server's intake of providers' shares and publication of models."""
@@ -121,6 +124,20 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         )
         receipt.accepted_at.GetCurrentTime()
         return receipt
+
+    @abort_on_error
+    def DeclinePlan(
+        self, request: pb.DeclineRequest, context: grpc.ServicerContext
+    ) -> pb.DeclineReply:
+        who = self._identity(context, request.provider_id)
+        reason = " ".join(request.reason.split())[:1000] or "(no reason given)"
+        if request.run_id != self.state.run_id:
+            raise WireError(
+                f"run {request.run_id!r} is not this server's run", grpc.StatusCode.NOT_FOUND
+            )
+        self.state.note_declined(who, reason)
+        log.warning("provider %s declined the plan of run %s: %s", who, request.run_id, reason)
+        return pb.DeclineReply()
 
     @abort_on_error
     def RoundStatus(

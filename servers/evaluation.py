@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
-from spgc.data import load_dataset
-from spgc.models import MODEL_INPUT_SHAPES, PARAMETER_COUNTS, build_model, load_flat_params
+from spgc.config import ServerConfig
+from spgc.data import load_dataset, load_user_data
+from spgc.models import MODEL_INPUT_SHAPES, PARAMETER_COUNTS, load_flat_params, resolve_model
 from spgc.optim import evaluate
+
+TestSet = tuple[np.ndarray, np.ndarray]
 
 
 def model_for(dataset: str, num_parameters: int) -> str:
@@ -29,29 +33,47 @@ def model_for(dataset: str, num_parameters: int) -> str:
     return matches[0]
 
 
-class TestSetEvaluator:
-    """Loss and accuracy of a flat parameter vector on the dataset's held-out test split.
+def test_set_loader(cfg: ServerConfig) -> Callable[[], TestSet] | None:
+    """Where the servers' test set comes from: ``test_data`` (its test split if it has one,
+    else all of it), else the built-in dataset's test split; None: nothing to evaluate on."""
+    if cfg.test_data:
 
-    The dataset and model are loaded on first use, so a daemon that never evaluates pays
-    nothing. ``model`` names the model trained; empty: the one of ``dataset``'s models whose
-    parameter count is the vector's length (see :func:`model_for`).
+        def own() -> TestSet:
+            ds = load_user_data(cfg.test_data, cfg.test_data_label)
+            return (ds.x_test, ds.y_test) if len(ds.x_test) else (ds.x_train, ds.y_train)
+
+        return own
+    if cfg.dataset:
+
+        def builtin() -> TestSet:
+            ds = load_dataset(cfg.dataset)
+            return ds.x_test, ds.y_test
+
+        return builtin
+    return None
+
+
+class TestSetEvaluator:
+    """Loss and accuracy of a flat parameter vector on a held-out test set.
+
+    The test set and the model are loaded on first use, so a daemon that never evaluates pays
+    nothing. ``model`` is the run's model reference (a built-in name or ``module:factory``).
     """
 
     __test__ = False  # not a pytest class, despite the name
 
-    def __init__(self, dataset: str, model: str = "") -> None:
-        self.dataset = dataset
+    def __init__(self, model: str, load_test_set: Callable[[], TestSet]) -> None:
         self.model = model
+        self._load_test_set = load_test_set
         self._lock = threading.Lock()
-        self._data = None
-        self._model = None
+        self._data: TestSet | None = None
+        self._module = None
 
     def __call__(self, params: np.ndarray) -> tuple[float, float]:
         with self._lock:
             if self._data is None:
-                self._data = load_dataset(self.dataset)
-                name = self.model or model_for(self.dataset, len(params))
-                self._model = build_model(name)
-            load_flat_params(self._model, params)
-            loss, accuracy = evaluate(self._model, self._data.x_test, self._data.y_test)
+                self._data = self._load_test_set()
+                self._module = resolve_model(self.model)
+            load_flat_params(self._module, params)
+            loss, accuracy = evaluate(self._module, *self._data)
             return float(loss), float(accuracy)

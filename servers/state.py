@@ -18,11 +18,11 @@ import numpy as np
 from torch import nn
 
 from spgc.export import privacy_report, write_export
-from spgc.models import build_model
+from spgc.models import resolve_model
 from spgc.optim import Adam
 from spgc.plan import RunPlan
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
-from spgc.servers.evaluation import TestSetEvaluator
+from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
 from spgc.servers.intake import ShareIntake
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import vector_sha256
@@ -37,7 +37,7 @@ MODELS_DIR = "models"  # in state_dir: every version, v00001.safetensors (+ .jso
 
 def run_model(model_name: str, seed: int = 0) -> nn.Module:
     """The torch module a run trains, to export its weights into (the one place it is built)."""
-    return build_model(model_name, seed=seed)
+    return resolve_model(model_name, seed=seed)
 
 
 class PeerMismatchError(RuntimeError):
@@ -99,7 +99,12 @@ class ServerState:
             0: (self.params, vector_sha256(self.params))
         }
         self.adam = Adam(plan.dim, lr=plan.cfg.lr)
-        self.evaluator = TestSetEvaluator(plan.cfg.dataset) if plan.cfg.evaluate else None
+        test_set = test_set_loader(plan.cfg)
+        self.evaluator = (
+            TestSetEvaluator(plan.model_name, test_set)
+            if plan.cfg.evaluate and test_set is not None
+            else None
+        )
         self.accountant = plan.new_accountant()
         self.steps = 0
         self.round = 0
@@ -118,6 +123,7 @@ class ServerState:
         self.checkpoint_dir: Path | None = None  # where save_checkpoint writes (state_dir)
         self._export_lock = threading.Lock()  # one export at a time into the cached module
         self._export_module: nn.Module | None = None
+        self.declined: dict[str, str] = {}  # provider -> why it refused the plan
 
     # ------------------------------------------------------------------ queries
 
@@ -312,6 +318,11 @@ class ServerState:
             return False
         return self.accountant.epsilon_after(self.steps + 1) > self.plan.cfg.target_epsilon
 
+    def note_declined(self, provider: str, reason: str) -> None:
+        """A provider refused the plan (its last reason is kept for the summary)."""
+        with self.cond:
+            self.declined[provider] = reason
+
     def summary(self) -> dict[str, Any]:
         """What the run achieved so far, for the summary file and the demo."""
         with self.cond:
@@ -337,6 +348,7 @@ class ServerState:
                 "history": [_round_summary(r) for r in self.history.values() if r.phase in _ENDED],
                 "finished": self.finished,
                 "failure": self.failure,
+                "declined": dict(self.declined),
             }
 
     # ------------------------------------------------------------------ checkpoints

@@ -136,12 +136,26 @@ class ServerConfig(_Schema):
     providers: list[str] = Field(
         default_factory=list, description="the provider names allowed (certificate names)"
     )
-    dataset: str = Field("cancer", description="the built-in data set the run trains on")
+    dataset: str = Field(
+        "cancer",
+        description="the built-in data set the providers hold (cancer, diabetes, mnist); empty "
+        "when they bring their own data (then set model and max_batch_size)",
+    )
     model: str = Field(
         "",
-        description="the model: empty for the data set's own, or a built-in name "
-        f"({', '.join(MODEL_NAMES)}) that reads the data set's examples",
+        description="the model: empty for the data set's own, a built-in name "
+        f"({', '.join(MODEL_NAMES)}), or your own `package.module:factory` (or "
+        "`file.py:factory`) returning a torch.nn.Module; the providers build the same",
     )
+    initial_model: Path | None = Field(
+        None, description="a .safetensors state the run starts from (default: the model's seed)"
+    )
+    test_data: str = Field(
+        "",
+        description="the servers' own test set: `package.module:loader`, or a .csv/.npz file "
+        "(default: the built-in data set's test split; none: no evaluation)",
+    )
+    test_data_label: str = Field("label", description="the label column of a test_data .csv")
     mode: Literal[TRAINING_MODES] = Field(
         "spgc", description=f"how noise is added: {', '.join(TRAINING_MODES)} (spgc.modes)"
     )
@@ -210,8 +224,21 @@ class ServerConfig(_Schema):
                 f"peer_timeout ({self.peer_timeout:g} s) must exceed round_deadline "
                 f"({self.round_deadline:g} s)"
             )
-        if self.model:
+        if self.model and ":" not in self.model:
             self._check_model()
+        if not self.dataset:
+            if not self.model:
+                raise ValueError("dataset is empty (providers bring their own data): set model")
+            if self.max_batch_size <= 0:
+                raise ValueError(
+                    "dataset is empty (providers bring their own data): set max_batch_size, the "
+                    "largest local batch of any provider, which sizes the ring"
+                )
+            if self.batch_size > 0:
+                raise ValueError(
+                    "fixed batches (batch_size > 0) need the population size of a built-in "
+                    "dataset; with your own data use Poisson sampling (sampling_rate)"
+                )
         if self.single_server and self.role != 1:
             raise ValueError(
                 f"mode {self.mode} runs ONE server (role 1, no peer, no garbled circuit); "
@@ -275,8 +302,10 @@ class ServerConfig(_Schema):
 
     @property
     def model_name(self) -> str:
-        """The model trained: ``model`` if set, else the dataset's own (same name)."""
-        return (self.model or self.dataset).strip().lower()
+        """The model trained: ``model`` if set (a reference as given, a built-in name in lower
+        case), else the dataset's own (same name)."""
+        ref = (self.model or self.dataset).strip()
+        return ref if ":" in ref else ref.lower()
 
     @property
     def single_server(self) -> bool:
@@ -304,7 +333,25 @@ class ProviderConfig(_Schema):
     )
     tls_ca: Path | None = Field(None, description="the CA that signs the servers (PEM)")
     insecure: bool = Field(False, description="plaintext gRPC; development only")
-    dataset: str = Field("cancer", description="the built-in data set whose part this holds")
+    dataset: str = Field(
+        "",
+        description="the built-in data set whose part this provider holds (empty: the one the "
+        "servers announce); ignored with data",
+    )
+    data: str = Field(
+        "",
+        description="your own training data: `package.module:loader` (returns x, y or a torch "
+        "Dataset) or a .csv (with a label column) / .npz (arrays x, y) file",
+    )
+    data_label: str = Field("label", description="the label column of a data .csv")
+    model: str = Field(
+        "",
+        description="your own model, `package.module:factory` or `file.py:factory` (empty: the "
+        "built-in model the servers announce); it must match the servers' architecture",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where gradients are computed: auto (a GPU if there is one), cpu, cuda"
+    )
     dataset_path: Path | None = Field(
         None, description="a local copy of the data set's file (default: the packaged one)"
     )
@@ -317,6 +364,15 @@ class ProviderConfig(_Schema):
     step_delta: float = Field(1e-5, gt=0, lt=1, description="the delta of max_step_epsilon")
     min_noise_multiplier: float | None = Field(
         None, gt=0, description="refuse a run whose noise std / sensitivity is below this"
+    )
+    max_total_epsilon: float | None = Field(
+        None, gt=0, description="refuse a plan whose whole-training budget exceeds this epsilon"
+    )
+    max_training_rounds: int | None = Field(
+        None, ge=1, description="refuse a plan of more rounds than this"
+    )
+    accept_modes: list[Literal[TRAINING_MODES]] = Field(
+        default_factory=list, description="refuse a plan in any other mode (empty: any mode)"
     )
     allow_no_privacy: bool = Field(
         False,
@@ -339,7 +395,9 @@ class ProviderConfig(_Schema):
     wait_timeout: float | None = Field(
         None, gt=0, description="give up when no round opens for this long (seconds)"
     )
-    max_rounds: int | None = Field(None, ge=1, description="leave after this many rounds")
+    max_rounds: int | None = Field(
+        None, ge=1, description="leave after taking part in this many rounds"
+    )
     chunk_bytes: int = Field(
         0, ge=0, multiple_of=8, description="bytes per streamed chunk (0: the server's choice)"
     )

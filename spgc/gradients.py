@@ -54,9 +54,12 @@ def bounded_chunk(requested: int, dim: int, budget_bytes: int = CHUNK_BUDGET_BYT
 def _as_tensors(
     model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    dtype = next(model.parameters()).dtype
-    xt = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).to(dtype)
-    yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y).to(torch.int64)
+    first = next(model.parameters())
+    # The examples go where the model is (a GPU when the provider has one).
+    xt = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    xt = xt.to(device=first.device, dtype=first.dtype)
+    yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+    yt = yt.to(device=first.device, dtype=torch.int64)
     if xt.shape[0] != yt.shape[0]:
         raise ValueError(f"x has {xt.shape[0]} examples but y has {yt.shape[0]}")
     if yt.ndim != 1:
@@ -150,7 +153,8 @@ def per_example_gradients(
             ) from exc
         _refuse_changed_buffers(model, buffers, versions, None)
         flat = torch.cat([grads[name].reshape(stop - start, -1) for name in names], dim=1)
-        out[start:stop] = flat.to(torch.float64).numpy()
+        # Back on the CPU before encoding: the shares are the same whatever the device.
+        out[start:stop] = flat.to(torch.float64).cpu().numpy()
     return out
 
 

@@ -11,12 +11,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from torch import nn
 
 from spgc import accounting
 from spgc.config import ServerConfig
 from spgc.data import load_dataset
 from spgc.encoding import FixedPointConfig
-from spgc.models import build_model, flatten_params
+from spgc.models import (
+    check_per_example_compatible,
+    flatten_params,
+    load_initial_state,
+    model_fingerprint,
+    resolve_model,
+)
 from spgc.modes import NOISY_MODES, get_mode
 from spgc.noise import noise_bound_units
 from spgc.sharing import max_abs_sum_units, ring_bits_for
@@ -47,6 +54,9 @@ class RunPlan:
     # The accountant's sampling arguments (Poisson rate, or fixed batches of the smallest
     # provider's data), derived once: fixed batches read the data set to size the population.
     sampling: dict[str, Any]
+    # The architecture (spgc.models.model_fingerprint): providers building their own model
+    # check they built the same one.
+    model_fingerprint: str = ""
 
     @property
     def dim(self) -> int:
@@ -54,8 +64,9 @@ class RunPlan:
 
     @property
     def model_name(self) -> str:
-        """The model the run trains: the configured one, or the dataset's own."""
-        return self.cfg.model.strip().lower() or self.cfg.dataset
+        """The model the run trains: the configured one (a built-in name or a reference), or
+        the dataset's own."""
+        return self.cfg.model_name
 
     @property
     def total_noise_std_units(self) -> float:
@@ -103,6 +114,7 @@ class RunPlan:
             accountant=c.accountant,
             max_rounds=c.rounds,
             min_providers=c.min_providers,
+            model_fingerprint=self.model_fingerprint,
         )
 
 
@@ -180,7 +192,8 @@ def _ring_noise_std(mode: str, sigma_units: float, providers: int) -> float:
 
 def make_plan(cfg: ServerConfig) -> RunPlan:
     """Derive the run's parameters; ValueError (naming the limit) if no ring fits."""
-    params = flatten_params(build_model(cfg.model_name, seed=cfg.model_seed))
+    model = build_run_model(cfg)
+    params = flatten_params(model)
     fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=len(params))
     k = len(cfg.providers)
     bound = max_abs_sum_units(_max_batch(cfg), fp.l2_bound_units, providers=k)
@@ -196,4 +209,18 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
         bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=len(params)
     )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
-    return RunPlan(cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling)
+    return RunPlan(
+        cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model)
+    )
+
+
+def build_run_model(cfg: ServerConfig) -> nn.Module:
+    """The run's initial model: the configured model (a built-in name, or the user's
+    ``module:factory``) from ``model_seed``, then the ``initial_model`` state if one is given.
+    ValueError naming the reference or file when it cannot be built, or when per-example
+    gradients cannot handle it (the providers would fail mid-round)."""
+    model = resolve_model(cfg.model_name, seed=cfg.model_seed)
+    check_per_example_compatible(model)
+    if cfg.initial_model is not None:
+        load_initial_state(model, cfg.initial_model)
+    return model

@@ -187,6 +187,7 @@ def test_services_and_package() -> None:
         "FetchModel": (False, True),
         "SubmitShare": (True, False),
         "RoundStatus": (False, False),
+        "DeclinePlan": (False, False),
     }
     peer = peer_pb2.DESCRIPTOR.services_by_name["Peer"]
     assert {m.name for m in peer.methods} == {

@@ -28,51 +28,55 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19spgc/v1/aggregation.proto\x12\x07spgc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x04\n\x0eTrainingConfig\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1b\n\x04mode\x18\x02 \x01(\x0e\x32\r.spgc.v1.Mode\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x16\n\x0enum_parameters\x18\x05 \x01(\x04\x12\x11\n\tring_bits\x18\x06 \x01(\r\x12\r\n\x05scale\x18\x07 \x01(\x01\x12\x11\n\tclip_norm\x18\x08 \x01(\x01\x12\x16\n\x0el2_bound_units\x18\t \x01(\x01\x12#\n\x08rounding\x18\n \x01(\x0e\x32\x11.spgc.v1.Rounding\x12(\n\x08sampling\x18\x0b \x01(\x0e\x32\x16.spgc.v1.BatchSampling\x12\x17\n\rsampling_rate\x18\x0c \x01(\x01H\x00\x12\x14\n\nbatch_size\x18\r \x01(\rH\x00\x12\x18\n\x10noise_multiplier\x18\x0e \x01(\x01\x12\x17\n\x0fnoise_std_units\x18\x0f \x01(\x01\x12\x14\n\x0cstep_epsilon\x18\x10 \x01(\x01\x12\x12\n\nstep_delta\x18\x11 \x01(\x01\x12\x16\n\x0etarget_epsilon\x18\x12 \x01(\x01\x12\x14\n\x0ctarget_delta\x18\x13 \x01(\x01\x12)\n\x0b\x63\x61libration\x18\x14 \x01(\x0e\x32\x14.spgc.v1.Calibration\x12\x12\n\naccountant\x18\x15 \x01(\t\x12\x12\n\nmax_rounds\x18\x16 \x01(\x04\x12\x15\n\rmin_providers\x18\x17 \x01(\rB\x07\n\x05\x62\x61tch\"\xa0\x02\n\tRoundInfo\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x15\n\rmodel_version\x18\x02 \x01(\x04\x12\x14\n\x0cmodel_sha256\x18\x03 \x01(\x0c\x12\"\n\x05phase\x18\x04 \x01(\x0e\x32\x13.spgc.v1.RoundPhase\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1d\n\x15\x63\x61ller_share_accepted\x18\x06 \x01(\x08\x12\x17\n\x0fshares_accepted\x18\x07 \x01(\r\x12\x18\n\x10providers_agreed\x18\x08 \x01(\r\x12\x15\n\repsilon_spent\x18\t \x01(\x01\x12\x1c\n\x14latest_model_version\x18\n \x01(\x04\"_\n\nWireLimits\x12\x19\n\x11max_message_bytes\x18\x01 \x01(\x04\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\r\x12\x1d\n\x15preferred_chunk_bytes\x18\x03 \x01(\r\"W\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x18\n\x10software_version\x18\x02 \x01(\t\x12\x13\n\x0bprovider_id\x18\x03 \x01(\t\"\xfe\x01\n\nServerInfo\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x18\n\x10software_version\x18\x02 \x01(\t\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x13\n\x0bserver_name\x18\x04 \x01(\t\x12\x13\n\x0bprovider_id\x18\x05 \x01(\t\x12\'\n\x06\x63onfig\x18\x06 \x01(\x0b\x32\x17.spgc.v1.TrainingConfig\x12!\n\x05round\x18\x07 \x01(\x0b\x32\x12.spgc.v1.RoundInfo\x12#\n\x06limits\x18\x08 \x01(\x0b\x32\x13.spgc.v1.WireLimits\"Z\n\x0cModelRequest\x12\x14\n\x07version\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\r\x12\x13\n\x0bprovider_id\x18\x03 \x01(\tB\n\n\x08_version\"\xc1\x01\n\x0bModelHeader\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x16\n\x0enum_parameters\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\x0c\x12\x13\n\x0b\x63hunk_bytes\x18\x05 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\x06 \x01(\r\x12\r\n\x05model\x18\x07 \x01(\t\x12\x30\n\x0cpublished_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"*\n\x0bVectorChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"c\n\nModelChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x14.spgc.v1.ModelHeaderH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.spgc.v1.VectorChunkH\x00\x42\x06\n\x04kind\"\xfe\x01\n\x0bShareHeader\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12(\n\x0bserver_role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x14\n\x0cnum_elements\x18\x04 \x01(\x04\x12\x11\n\tring_bits\x18\x05 \x01(\r\x12\x13\n\x0b\x63hunk_bytes\x18\x06 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\x07 \x01(\r\x12\x15\n\rsubmission_id\x18\x08 \x01(\x0c\x12\x0e\n\x06sha256\x18\t \x01(\x0c\x12\x13\n\x0bprovider_id\x18\n \x01(\t\x12\x17\n\x0f\x63ompute_seconds\x18\x0b \x01(\x01\"c\n\nShareChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x14.spgc.v1.ShareHeaderH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.spgc.v1.VectorChunkH\x00\x42\x06\n\x04kind\"\xb1\x01\n\rSubmitReceipt\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x15\n\rsubmission_id\x18\x03 \x01(\x0c\x12\x13\n\x0bprovider_id\x18\x04 \x01(\t\x12\x14\n\x0cnum_elements\x18\x05 \x01(\x04\x12\x0e\n\x06sha256\x18\x06 \x01(\x0c\x12/\n\x0b\x61\x63\x63\x65pted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x87\x01\n\x12RoundStatusRequest\x12\x12\n\x05round\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x18\n\x0b\x61\x66ter_round\x18\x03 \x01(\x04H\x01\x88\x01\x01\x12\x13\n\x0bprovider_id\x18\x04 \x01(\tB\x08\n\x06_roundB\x0e\n\x0c_after_round*i\n\nServerRole\x12\x1b\n\x17SERVER_ROLE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSERVER_ROLE_H1\x10\x01\x12\x12\n\x0eSERVER_ROLE_H2\x10\x02\x12\x16\n\x12SERVER_ROLE_SINGLE\x10\x03*\x81\x01\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\r\n\tMODE_SPGC\x10\x01\x12\x11\n\rMODE_ONLY_MPC\x10\x02\x12\x0c\n\x08MODE_LDP\x10\x03\x12\x0e\n\nMODE_PLAIN\x10\x04\x12\x0c\n\x08MODE_DNG\x10\x05\x12\x15\n\x11MODE_PREPROCESSED\x10\x06*g\n\rBatchSampling\x12\x1e\n\x1a\x42\x41TCH_SAMPLING_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x42\x41TCH_SAMPLING_POISSON\x10\x01\x12\x1a\n\x16\x42\x41TCH_SAMPLING_SHUFFLE\x10\x02*x\n\x08Rounding\x12\x18\n\x14ROUNDING_UNSPECIFIED\x10\x00\x12#\n\x1fROUNDING_CONDITIONAL_STOCHASTIC\x10\x01\x12\x17\n\x13ROUNDING_STOCHASTIC\x10\x02\x12\x14\n\x10ROUNDING_NEAREST\x10\x03*y\n\x0b\x43\x61libration\x12\x1b\n\x17\x43\x41LIBRATION_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41LIBRATION_CLASSIC\x10\x01\x12\x18\n\x14\x43\x41LIBRATION_ANALYTIC\x10\x02\x12\x1a\n\x16\x43\x41LIBRATION_ACCOUNTANT\x10\x03*\xc8\x01\n\nRoundPhase\x12\x1b\n\x17ROUND_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16ROUND_PHASE_COLLECTING\x10\x01\x12\x18\n\x14ROUND_PHASE_AGREEING\x10\x02\x12\x19\n\x15ROUND_PHASE_COMPUTING\x10\x03\x12\x19\n\x15ROUND_PHASE_PUBLISHED\x10\x04\x12\x17\n\x13ROUND_PHASE_ABORTED\x10\x05\x12\x18\n\x14ROUND_PHASE_FINISHED\x10\x06\x32\xfb\x01\n\nAggregator\x12\x33\n\x05Hello\x12\x15.spgc.v1.HelloRequest\x1a\x13.spgc.v1.ServerInfo\x12:\n\nFetchModel\x12\x15.spgc.v1.ModelRequest\x1a\x13.spgc.v1.ModelChunk0\x01\x12<\n\x0bSubmitShare\x12\x13.spgc.v1.ShareChunk\x1a\x16.spgc.v1.SubmitReceipt(\x01\x12>\n\x0bRoundStatus\x12\x1b.spgc.v1.RoundStatusRequest\x1a\x12.spgc.v1.RoundInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19spgc/v1/aggregation.proto\x12\x07spgc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\x04\n\x0eTrainingConfig\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x1b\n\x04mode\x18\x02 \x01(\x0e\x32\r.spgc.v1.Mode\x12\x0f\n\x07\x64\x61taset\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x16\n\x0enum_parameters\x18\x05 \x01(\x04\x12\x11\n\tring_bits\x18\x06 \x01(\r\x12\r\n\x05scale\x18\x07 \x01(\x01\x12\x11\n\tclip_norm\x18\x08 \x01(\x01\x12\x16\n\x0el2_bound_units\x18\t \x01(\x01\x12#\n\x08rounding\x18\n \x01(\x0e\x32\x11.spgc.v1.Rounding\x12(\n\x08sampling\x18\x0b \x01(\x0e\x32\x16.spgc.v1.BatchSampling\x12\x17\n\rsampling_rate\x18\x0c \x01(\x01H\x00\x12\x14\n\nbatch_size\x18\r \x01(\rH\x00\x12\x18\n\x10noise_multiplier\x18\x0e \x01(\x01\x12\x17\n\x0fnoise_std_units\x18\x0f \x01(\x01\x12\x14\n\x0cstep_epsilon\x18\x10 \x01(\x01\x12\x12\n\nstep_delta\x18\x11 \x01(\x01\x12\x16\n\x0etarget_epsilon\x18\x12 \x01(\x01\x12\x14\n\x0ctarget_delta\x18\x13 \x01(\x01\x12)\n\x0b\x63\x61libration\x18\x14 \x01(\x0e\x32\x14.spgc.v1.Calibration\x12\x12\n\naccountant\x18\x15 \x01(\t\x12\x12\n\nmax_rounds\x18\x16 \x01(\x04\x12\x15\n\rmin_providers\x18\x17 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x18 \x01(\tB\x07\n\x05\x62\x61tch\"\xa0\x02\n\tRoundInfo\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x15\n\rmodel_version\x18\x02 \x01(\x04\x12\x14\n\x0cmodel_sha256\x18\x03 \x01(\x0c\x12\"\n\x05phase\x18\x04 \x01(\x0e\x32\x13.spgc.v1.RoundPhase\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1d\n\x15\x63\x61ller_share_accepted\x18\x06 \x01(\x08\x12\x17\n\x0fshares_accepted\x18\x07 \x01(\r\x12\x18\n\x10providers_agreed\x18\x08 \x01(\r\x12\x15\n\repsilon_spent\x18\t \x01(\x01\x12\x1c\n\x14latest_model_version\x18\n \x01(\x04\"_\n\nWireLimits\x12\x19\n\x11max_message_bytes\x18\x01 \x01(\x04\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\r\x12\x1d\n\x15preferred_chunk_bytes\x18\x03 \x01(\r\"W\n\x0cHelloRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x18\n\x10software_version\x18\x02 \x01(\t\x12\x13\n\x0bprovider_id\x18\x03 \x01(\t\"\xfe\x01\n\nServerInfo\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x18\n\x10software_version\x18\x02 \x01(\t\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x13\n\x0bserver_name\x18\x04 \x01(\t\x12\x13\n\x0bprovider_id\x18\x05 \x01(\t\x12\'\n\x06\x63onfig\x18\x06 \x01(\x0b\x32\x17.spgc.v1.TrainingConfig\x12!\n\x05round\x18\x07 \x01(\x0b\x32\x12.spgc.v1.RoundInfo\x12#\n\x06limits\x18\x08 \x01(\x0b\x32\x13.spgc.v1.WireLimits\"Z\n\x0cModelRequest\x12\x14\n\x07version\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\r\x12\x13\n\x0bprovider_id\x18\x03 \x01(\tB\n\n\x08_version\"\xc1\x01\n\x0bModelHeader\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x16\n\x0enum_parameters\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\x0c\x12\x13\n\x0b\x63hunk_bytes\x18\x05 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\x06 \x01(\r\x12\r\n\x05model\x18\x07 \x01(\t\x12\x30\n\x0cpublished_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"*\n\x0bVectorChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"c\n\nModelChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x14.spgc.v1.ModelHeaderH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.spgc.v1.VectorChunkH\x00\x42\x06\n\x04kind\"\xfe\x01\n\x0bShareHeader\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12(\n\x0bserver_role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x14\n\x0cnum_elements\x18\x04 \x01(\x04\x12\x11\n\tring_bits\x18\x05 \x01(\r\x12\x13\n\x0b\x63hunk_bytes\x18\x06 \x01(\r\x12\x13\n\x0b\x63hunk_count\x18\x07 \x01(\r\x12\x15\n\rsubmission_id\x18\x08 \x01(\x0c\x12\x0e\n\x06sha256\x18\t \x01(\x0c\x12\x13\n\x0bprovider_id\x18\n \x01(\t\x12\x17\n\x0f\x63ompute_seconds\x18\x0b \x01(\x01\"c\n\nShareChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x14.spgc.v1.ShareHeaderH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.spgc.v1.VectorChunkH\x00\x42\x06\n\x04kind\"\xb1\x01\n\rSubmitReceipt\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x15\n\rsubmission_id\x18\x03 \x01(\x0c\x12\x13\n\x0bprovider_id\x18\x04 \x01(\t\x12\x14\n\x0cnum_elements\x18\x05 \x01(\x04\x12\x0e\n\x06sha256\x18\x06 \x01(\x0c\x12/\n\x0b\x61\x63\x63\x65pted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x87\x01\n\x12RoundStatusRequest\x12\x12\n\x05round\x18\x01 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\x12\x18\n\x0b\x61\x66ter_round\x18\x03 \x01(\x04H\x01\x88\x01\x01\x12\x13\n\x0bprovider_id\x18\x04 \x01(\tB\x08\n\x06_roundB\x0e\n\x0c_after_round\"E\n\x0e\x44\x65\x63lineRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x13\n\x0bprovider_id\x18\x03 \x01(\t\"\x0e\n\x0c\x44\x65\x63lineReply*i\n\nServerRole\x12\x1b\n\x17SERVER_ROLE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSERVER_ROLE_H1\x10\x01\x12\x12\n\x0eSERVER_ROLE_H2\x10\x02\x12\x16\n\x12SERVER_ROLE_SINGLE\x10\x03*\x81\x01\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\r\n\tMODE_SPGC\x10\x01\x12\x11\n\rMODE_ONLY_MPC\x10\x02\x12\x0c\n\x08MODE_LDP\x10\x03\x12\x0e\n\nMODE_PLAIN\x10\x04\x12\x0c\n\x08MODE_DNG\x10\x05\x12\x15\n\x11MODE_PREPROCESSED\x10\x06*g\n\rBatchSampling\x12\x1e\n\x1a\x42\x41TCH_SAMPLING_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x42\x41TCH_SAMPLING_POISSON\x10\x01\x12\x1a\n\x16\x42\x41TCH_SAMPLING_SHUFFLE\x10\x02*x\n\x08Rounding\x12\x18\n\x14ROUNDING_UNSPECIFIED\x10\x00\x12#\n\x1fROUNDING_CONDITIONAL_STOCHASTIC\x10\x01\x12\x17\n\x13ROUNDING_STOCHASTIC\x10\x02\x12\x14\n\x10ROUNDING_NEAREST\x10\x03*y\n\x0b\x43\x61libration\x12\x1b\n\x17\x43\x41LIBRATION_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41LIBRATION_CLASSIC\x10\x01\x12\x18\n\x14\x43\x41LIBRATION_ANALYTIC\x10\x02\x12\x1a\n\x16\x43\x41LIBRATION_ACCOUNTANT\x10\x03*\xc8\x01\n\nRoundPhase\x12\x1b\n\x17ROUND_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n\x16ROUND_PHASE_COLLECTING\x10\x01\x12\x18\n\x14ROUND_PHASE_AGREEING\x10\x02\x12\x19\n\x15ROUND_PHASE_COMPUTING\x10\x03\x12\x19\n\x15ROUND_PHASE_PUBLISHED\x10\x04\x12\x17\n\x13ROUND_PHASE_ABORTED\x10\x05\x12\x18\n\x14ROUND_PHASE_FINISHED\x10\x06\x32\xba\x02\n\nAggregator\x12\x33\n\x05Hello\x12\x15.spgc.v1.HelloRequest\x1a\x13.spgc.v1.ServerInfo\x12:\n\nFetchModel\x12\x15.spgc.v1.ModelRequest\x1a\x13.spgc.v1.ModelChunk0\x01\x12<\n\x0bSubmitShare\x12\x13.spgc.v1.ShareChunk\x1a\x16.spgc.v1.SubmitReceipt(\x01\x12>\n\x0bRoundStatus\x12\x1b.spgc.v1.RoundStatusRequest\x1a\x12.spgc.v1.RoundInfo\x12=\n\x0b\x44\x65\x63linePlan\x12\x17.spgc.v1.DeclineRequest\x1a\x15.spgc.v1.DeclineReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'spgc.wire._generated.aggregation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVERROLE']._serialized_start=2491
-  _globals['_SERVERROLE']._serialized_end=2596
-  _globals['_MODE']._serialized_start=2599
-  _globals['_MODE']._serialized_end=2728
-  _globals['_BATCHSAMPLING']._serialized_start=2730
-  _globals['_BATCHSAMPLING']._serialized_end=2833
-  _globals['_ROUNDING']._serialized_start=2835
-  _globals['_ROUNDING']._serialized_end=2955
-  _globals['_CALIBRATION']._serialized_start=2957
-  _globals['_CALIBRATION']._serialized_end=3078
-  _globals['_ROUNDPHASE']._serialized_start=3081
-  _globals['_ROUNDPHASE']._serialized_end=3281
+  _globals['_SERVERROLE']._serialized_start=2605
+  _globals['_SERVERROLE']._serialized_end=2710
+  _globals['_MODE']._serialized_start=2713
+  _globals['_MODE']._serialized_end=2842
+  _globals['_BATCHSAMPLING']._serialized_start=2844
+  _globals['_BATCHSAMPLING']._serialized_end=2947
+  _globals['_ROUNDING']._serialized_start=2949
+  _globals['_ROUNDING']._serialized_end=3069
+  _globals['_CALIBRATION']._serialized_start=3071
+  _globals['_CALIBRATION']._serialized_end=3192
+  _globals['_ROUNDPHASE']._serialized_start=3195
+  _globals['_ROUNDPHASE']._serialized_end=3395
   _globals['_TRAININGCONFIG']._serialized_start=72
-  _globals['_TRAININGCONFIG']._serialized_end=646
-  _globals['_ROUNDINFO']._serialized_start=649
-  _globals['_ROUNDINFO']._serialized_end=937
-  _globals['_WIRELIMITS']._serialized_start=939
-  _globals['_WIRELIMITS']._serialized_end=1034
-  _globals['_HELLOREQUEST']._serialized_start=1036
-  _globals['_HELLOREQUEST']._serialized_end=1123
-  _globals['_SERVERINFO']._serialized_start=1126
-  _globals['_SERVERINFO']._serialized_end=1380
-  _globals['_MODELREQUEST']._serialized_start=1382
-  _globals['_MODELREQUEST']._serialized_end=1472
-  _globals['_MODELHEADER']._serialized_start=1475
-  _globals['_MODELHEADER']._serialized_end=1668
-  _globals['_VECTORCHUNK']._serialized_start=1670
-  _globals['_VECTORCHUNK']._serialized_end=1712
-  _globals['_MODELCHUNK']._serialized_start=1714
-  _globals['_MODELCHUNK']._serialized_end=1813
-  _globals['_SHAREHEADER']._serialized_start=1816
-  _globals['_SHAREHEADER']._serialized_end=2070
-  _globals['_SHARECHUNK']._serialized_start=2072
-  _globals['_SHARECHUNK']._serialized_end=2171
-  _globals['_SUBMITRECEIPT']._serialized_start=2174
-  _globals['_SUBMITRECEIPT']._serialized_end=2351
-  _globals['_ROUNDSTATUSREQUEST']._serialized_start=2354
-  _globals['_ROUNDSTATUSREQUEST']._serialized_end=2489
-  _globals['_AGGREGATOR']._serialized_start=3284
-  _globals['_AGGREGATOR']._serialized_end=3535
+  _globals['_TRAININGCONFIG']._serialized_end=673
+  _globals['_ROUNDINFO']._serialized_start=676
+  _globals['_ROUNDINFO']._serialized_end=964
+  _globals['_WIRELIMITS']._serialized_start=966
+  _globals['_WIRELIMITS']._serialized_end=1061
+  _globals['_HELLOREQUEST']._serialized_start=1063
+  _globals['_HELLOREQUEST']._serialized_end=1150
+  _globals['_SERVERINFO']._serialized_start=1153
+  _globals['_SERVERINFO']._serialized_end=1407
+  _globals['_MODELREQUEST']._serialized_start=1409
+  _globals['_MODELREQUEST']._serialized_end=1499
+  _globals['_MODELHEADER']._serialized_start=1502
+  _globals['_MODELHEADER']._serialized_end=1695
+  _globals['_VECTORCHUNK']._serialized_start=1697
+  _globals['_VECTORCHUNK']._serialized_end=1739
+  _globals['_MODELCHUNK']._serialized_start=1741
+  _globals['_MODELCHUNK']._serialized_end=1840
+  _globals['_SHAREHEADER']._serialized_start=1843
+  _globals['_SHAREHEADER']._serialized_end=2097
+  _globals['_SHARECHUNK']._serialized_start=2099
+  _globals['_SHARECHUNK']._serialized_end=2198
+  _globals['_SUBMITRECEIPT']._serialized_start=2201
+  _globals['_SUBMITRECEIPT']._serialized_end=2378
+  _globals['_ROUNDSTATUSREQUEST']._serialized_start=2381
+  _globals['_ROUNDSTATUSREQUEST']._serialized_end=2516
+  _globals['_DECLINEREQUEST']._serialized_start=2518
+  _globals['_DECLINEREQUEST']._serialized_end=2587
+  _globals['_DECLINEREPLY']._serialized_start=2589
+  _globals['_DECLINEREPLY']._serialized_end=2603
+  _globals['_AGGREGATOR']._serialized_start=3398
+  _globals['_AGGREGATOR']._serialized_end=3712
 # @@protoc_insertion_point(module_scope)

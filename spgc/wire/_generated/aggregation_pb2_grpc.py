@@ -58,6 +58,11 @@ class AggregatorStub:
                 request_serializer=spgc_dot_v1_dot_aggregation__pb2.RoundStatusRequest.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_aggregation__pb2.RoundInfo.FromString,
                 _registered_method=True)
+        self.DeclinePlan = channel.unary_unary(
+                '/spgc.v1.Aggregator/DeclinePlan',
+                request_serializer=spgc_dot_v1_dot_aggregation__pb2.DeclineRequest.SerializeToString,
+                response_deserializer=spgc_dot_v1_dot_aggregation__pb2.DeclineReply.FromString,
+                _registered_method=True)
 
 
 class AggregatorServicer:
@@ -97,6 +102,15 @@ class AggregatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeclinePlan(self, request, context):
+        """A provider that refuses the run's plan (its own privacy, rounds or mode limits, or a model
+        or data it cannot match) says why, so the operators see the reason in the servers' logs.
+        Informational: the server logs and counts it; nothing else changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -119,6 +133,11 @@ def add_AggregatorServicer_to_server(servicer, server):
                     servicer.RoundStatus,
                     request_deserializer=spgc_dot_v1_dot_aggregation__pb2.RoundStatusRequest.FromString,
                     response_serializer=spgc_dot_v1_dot_aggregation__pb2.RoundInfo.SerializeToString,
+            ),
+            'DeclinePlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeclinePlan,
+                    request_deserializer=spgc_dot_v1_dot_aggregation__pb2.DeclineRequest.FromString,
+                    response_serializer=spgc_dot_v1_dot_aggregation__pb2.DeclineReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -230,6 +249,33 @@ class Aggregator:
             '/spgc.v1.Aggregator/RoundStatus',
             spgc_dot_v1_dot_aggregation__pb2.RoundStatusRequest.SerializeToString,
             spgc_dot_v1_dot_aggregation__pb2.RoundInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeclinePlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spgc.v1.Aggregator/DeclinePlan',
+            spgc_dot_v1_dot_aggregation__pb2.DeclineRequest.SerializeToString,
+            spgc_dot_v1_dot_aggregation__pb2.DeclineReply.FromString,
             options,
             channel_credentials,
             insecure,
