@@ -461,6 +461,10 @@ class ProviderClient:
             except ValueError as exc:
                 raise ProviderRefusal(f"data {self.cfg.data!r}: {exc}") from None
             x, y = ds.x_train, ds.y_train
+            if self.cfg.provider_count > 1:  # one loader for all: this provider's part of it
+                x, y = split_among_providers(
+                    x, y, self.cfg.provider_count, self.cfg.provider_index
+                )
         else:
             dataset = self.cfg.dataset or tc.dataset
             if not dataset:

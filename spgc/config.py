@@ -356,8 +356,10 @@ class ProviderConfig(_Schema):
         None, description="a local copy of the data set's file (default: the packaged one)"
     )
     split_seed: int | None = Field(None, description="seed of the split among providers")
-    provider_index: int = Field(0, ge=0, description="this provider's part of the data set")
-    provider_count: int = Field(1, ge=1, description="how many parts the data set is split into")
+    provider_index: int = Field(0, ge=0, description="this provider's part of the data")
+    provider_count: int = Field(
+        1, ge=1, description="how many parts the data (built-in or data) is split into"
+    )
     max_step_epsilon: float | None = Field(
         None, gt=0, description="refuse a run whose one step is weaker than (eps, step_delta)-DP"
     )

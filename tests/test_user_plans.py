@@ -1,0 +1,174 @@
+"""The servers' plan with the user's own model and data, and providers that refuse a plan.
+
+Two real server daemons in threads; real ProviderClients (the same code `spgc provider` runs).
+The model and data are examples/custom-model/model.py, referenced as `file.py:function`.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_server_daemon import PROVIDERS, start_pair
+from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
+
+from spgc.config import ProviderConfig, ServerConfig
+from spgc.models import resolve_model
+from spgc.plan import build_run_model
+from spgc.providers.client import ProviderClient, ProviderRefusal
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "custom-model" / "model.py"
+MODEL = f"{EXAMPLE}:build_model"
+DATA = f"{EXAMPLE}:load_digits_data"
+
+
+def provider_config(pki: Path, d1, d2, index: int, **kw) -> ProviderConfig:
+    name = PROVIDERS[index]
+    d = pki / "good"
+    values = {
+        "name": name,
+        "h1_address": f"127.0.0.1:{d1.port}",
+        "h2_address": f"127.0.0.1:{d2.port}",
+        "tls_cert": d / f"{name}.pem",
+        "tls_key": d / f"{name}.key",
+        "tls_ca": d / "ca.pem",
+        "provider_index": index,
+        "provider_count": len(PROVIDERS),
+        "min_noise_multiplier": 0.3,
+        "poll_interval": 0.05,
+        "wait_timeout": 60.0,
+        "backoff_initial": 0.05,
+    }
+    values.update(kw)
+    return ProviderConfig(**values)
+
+
+def run_providers(configs: list[ProviderConfig]) -> list[BaseException | list]:
+    results: list[BaseException | list] = [[] for _ in configs]
+
+    def go(i: int) -> None:
+        try:
+            with ProviderClient(configs[i]) as client:
+                results[i] = client.run()
+        except BaseException as exc:  # handed to the test
+            results[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(configs))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(180)
+    return results
+
+
+USER_RUN = {
+    "dataset": "",
+    "model": MODEL,
+    "test_data": DATA,
+    "max_batch_size": 600,
+    "sampling_rate": 0.2,
+    "lr": 0.01,
+    "target_epsilon": 8.0,
+    "round_deadline": 30.0,
+    "rounds": 3,
+}
+
+
+def test_user_model_and_data_train_end_to_end(pki: Path, tmp_path: Path) -> None:
+    d1, d2 = start_pair(pki, tmp_path, **USER_RUN)
+    try:
+        announced = d1.plan.training_config("run")
+        assert announced.model == MODEL and announced.model_fingerprint
+        configs = [provider_config(pki, d1, d2, i, model=MODEL, data=DATA) for i in range(3)]
+        results = run_providers(configs)
+        assert all(isinstance(r, list) and r for r in results), results
+        assert d1.wait(60) and d2.wait(60)
+        summary = d1.state.summary()
+        assert summary["steps"] == 3 and summary["failure"] is None
+        # The servers evaluated their own test set (the example's 20% split) each round.
+        assert 0.0 <= summary["test_accuracy"] <= 1.0
+        assert all(h["test_accuracy"] is not None for h in summary["history"])
+        # Both servers hold the same model, exported as the user's own module's weights.
+        assert d1.state.model(None)[2] == d2.state.model(None)[2]
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_providers_refuse_a_plan_and_the_servers_hear_why(pki: Path, tmp_path: Path) -> None:
+    d1, d2 = start_pair(pki, tmp_path, **{**USER_RUN, "rounds": 1})
+    try:
+        cases = {
+            0: ({"max_total_epsilon": 2.0, "model": MODEL, "data": DATA}, "max_total_epsilon"),
+            1: ({"accept_modes": ["dng"], "model": MODEL, "data": DATA}, "accepts dng"),
+            2: ({"max_training_rounds": 1, "data": DATA}, "set model: to the same factory"),
+        }
+        configs = [provider_config(pki, d1, d2, i, **kw) for i, (kw, _) in cases.items()]
+        results = run_providers(configs)
+        for i, (_, expected) in cases.items():
+            assert isinstance(results[i], ProviderRefusal), results[i]
+            assert expected in str(results[i])
+        for daemon in (d1, d2):
+            declined = daemon.state.summary()["declined"]
+            assert set(declined) == set(PROVIDERS)
+            assert "max_total_epsilon" in declined["p1"] and "accepts dng" in declined["p2"]
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_a_provider_model_of_another_architecture_is_refused(pki: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.py"
+    other.write_text(
+        "from torch import nn\n"
+        "def build_model():\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))\n"
+    )
+    d1, d2 = start_pair(pki, tmp_path, **{**USER_RUN, "rounds": 1})
+    try:
+        cfg = provider_config(pki, d1, d2, 0, model=f"{other}:build_model", data=DATA)
+        with pytest.raises(ProviderRefusal, match="parameters for model"):
+            ProviderClient(cfg).connect()
+        assert "p1" in d1.state.summary()["declined"]
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_a_server_refuses_a_model_per_example_gradients_cannot_handle(tmp_path: Path) -> None:
+    bn = tmp_path / "bn.py"
+    bn.write_text(
+        "from torch import nn\n"
+        "def build_model():\n"
+        "    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))\n"
+    )
+    cfg = ServerConfig(
+        insecure=True,
+        providers=["p1", "p2"],
+        dataset="",
+        model=f"{bn}:build_model",
+        max_batch_size=10,
+    )
+    with pytest.raises(ValueError, match=r"1 \(BatchNorm1d\)"):
+        build_run_model(cfg)
+
+
+def test_initial_model_state_is_where_the_run_starts(tmp_path: Path) -> None:
+    start = resolve_model(MODEL, seed=7)
+    state = {k: v.contiguous() for k, v in start.state_dict().items()}
+    save_file(state, tmp_path / "s.safetensors")
+    cfg = ServerConfig(
+        insecure=True,
+        providers=["p1", "p2"],
+        dataset="",
+        model=MODEL,
+        max_batch_size=10,
+        initial_model=tmp_path / "s.safetensors",
+    )
+    model = build_run_model(cfg)
+    for (name, a), b in zip(model.state_dict().items(), start.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
