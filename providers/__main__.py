@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spgc.config import LOG_LEVELS, ConfigError, load_provider_config
+from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
 from spgc.providers.client import ProviderClient, ProviderRefusal
 
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.info("interrupted")
         return 130
-    except (TimeoutError, OSError, ValueError) as exc:
+    except (TimeoutError, OSError, ValueError, *DATA_ERRORS) as exc:
         log.error("%s", exc)
         return 1
     accepted = sum(r.accepted for r in reports)

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from spgc.config import LOG_LEVELS, ConfigError, load_server_config
+from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
 from spgc.modes import TRAINING_MODES
 from spgc.servers.daemon import ServerDaemon
@@ -101,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(cfg.log_level, cfg.log_format)
     try:
         daemon = ServerDaemon(cfg, args.samples if precompute else None).start()
-    except (ValueError, OSError, PoolError) as exc:  # a pool made for other parameters, ...
+    # A pool made for other parameters, a model that cannot be built, a missing data set, ...
+    except (ValueError, OSError, PoolError, *DATA_ERRORS) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -102,6 +102,10 @@ class DatasetIntegrityError(RuntimeError):
     """A dataset file does not have the pinned SHA-256 digest; it was not parsed."""
 
 
+#: What a daemon reports as a one-line error (with ValueError) when its data cannot be read.
+DATA_ERRORS = (DatasetUnavailableError, DatasetIntegrityError)
+
+
 @dataclass(eq=False)
 class Dataset:
     """A dataset with its held-out test split.

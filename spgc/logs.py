@@ -52,8 +52,8 @@ class _JsonFormatter(logging.Formatter):
 
 def setup_logging(level: str = "info", fmt: str = "text") -> None:
     """Configure the root logger once per process: ``level`` (debug, info, warning, error),
-    ``fmt`` (text or json), to stderr. Libraries' chatter (grpc) below warning is dropped
-    unless ``level`` is debug."""
+    ``fmt`` (text or json), to stderr. Libraries' chatter (grpc below warning, absl below
+    error) is dropped unless ``level`` is debug."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JsonFormatter() if fmt == "json" else logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
@@ -61,6 +61,9 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    quiet = logging.DEBUG if level.lower() == "debug" else logging.WARNING
-    for noisy in ("grpc", "absl", "urllib3", "matplotlib", "PIL"):
-        logging.getLogger(noisy).setLevel(quiet)
+    debug = level.lower() == "debug"
+    for noisy in ("grpc", "urllib3", "matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)
+    # dp-accounting logs, through absl, every RDP order it drops for not converging: dozens
+    # of lines per calibration that change nothing (the accountant uses the other orders).
+    logging.getLogger("absl").setLevel(logging.DEBUG if debug else logging.ERROR)

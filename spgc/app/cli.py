@@ -22,6 +22,7 @@ from spgc.config import (
     detect_schema,
     load_config,
 )
+from spgc.data import DATA_ERRORS
 from spgc.modes import TRAINING_MODES
 from spgc.providers.__main__ import main as provider_main
 from spgc.servers.__main__ import main as server_main
@@ -284,7 +285,7 @@ def _dispatch(argv: list[str]) -> int:
 
     try:
         return handlers[args.command](args)
-    except (BenchError, DemoError, OSError, ValueError) as exc:
+    except (BenchError, DemoError, OSError, ValueError, *DATA_ERRORS) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

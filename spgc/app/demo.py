@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import yaml
 
 from spgc.certs import make_dev_pki
+from spgc.data import load_dataset
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 
@@ -229,6 +230,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
     """Runs the demo; returns H1's summary plus wall seconds. Raises DemoError on failure."""
+    # A data set whose package is not installed: one line saying how to install it, before
+    # any daemon starts (they would each fail with the same message in their logs).
+    load_dataset(opts.dataset)
     work = Path(tempfile.mkdtemp(prefix="spgc-demo-"))
     started = time.monotonic()
     procs: list[subprocess.Popen] = []
