@@ -18,7 +18,7 @@ from test_server_daemon import pki as pki  # the module's fixture: certificates 
 from spgc.config import ProviderConfig, ServerConfig
 from spgc.models import resolve_model
 from spgc.plan import build_run_model
-from spgc.providers.client import ProviderClient, ProviderRefusal
+from spgc.providers.client import ProviderClient, ProviderRefusal, resolve_device
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "custom-model" / "model.py"
@@ -172,3 +172,15 @@ def test_initial_model_state_is_where_the_run_starts(tmp_path: Path) -> None:
     model = build_run_model(cfg)
     for (name, a), b in zip(model.state_dict().items(), start.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_device_choice() -> None:
+    """auto takes a GPU only where there is one; cuda without one is refused, never ignored."""
+    has_gpu = torch.cuda.is_available()
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if has_gpu else "cpu")
+    if has_gpu:
+        assert resolve_device("cuda") == torch.device("cuda")
+    else:
+        with pytest.raises(ProviderRefusal, match="no CUDA GPU"):
+            resolve_device("cuda")

@@ -1,0 +1,133 @@
+"""examples/localhost: its YAML files are valid and `bash run.sh` trains as the README says.
+
+Each test works on a copy of the example folder in tmp_path (certificates, state and logs land
+there, never in the checkout) and runs the installed `spgc` (SPGC=...), like a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "localhost"
+SPGC = Path(sys.executable).parent / "spgc"
+YAMLS = ["h1.yaml", "h2.yaml", "provider1.yaml", "provider2.yaml", "provider3.yaml"]
+PORTS = (50151, 50152, 50161)  # h1.yaml / h2.yaml
+
+
+def copy_example(tmp_path: Path) -> Path:
+    work = tmp_path / "localhost"
+    shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("certs", "state", "logs"))
+    return work
+
+
+def run_script(work: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPGC": str(SPGC)}
+    return subprocess.run(
+        ["bash", str(work / "run.sh")],
+        cwd=work.parent,  # run.sh changes to its own directory
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def last_json(done: subprocess.CompletedProcess) -> dict[str, Any]:
+    assert done.returncode == 0, f"run.sh failed ({done.returncode}):\n{done.stderr[-4000:]}"
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"run.sh printed nothing; stderr:\n{done.stderr[-4000:]}"
+    return json.loads(lines[-1])
+
+
+def assert_ports_free() -> None:
+    """No daemon of the example is left listening."""
+    for port in PORTS:
+        with socket.socket() as s:
+            s.settimeout(1)
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"something still listens on {port}"
+
+
+@pytest.fixture(scope="module")
+def pristine() -> None:
+    """The checkout's example folder must not gain files from the tests."""
+    before = sorted(p.name for p in EXAMPLE.iterdir())
+    yield
+    assert sorted(p.name for p in EXAMPLE.iterdir()) == before
+
+
+def test_yaml_files_pass_config_check(tmp_path: Path, pristine: None) -> None:
+    work = copy_example(tmp_path)
+    made = subprocess.run(
+        [str(SPGC), "certs", str(work / "certs"), "--names", "h1", "h2", "p1", "p2", "p3"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    checks = {  # in parallel: each one starts an interpreter that imports torch
+        name: subprocess.Popen(
+            [str(SPGC), "config", "check", str(work / name)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in YAMLS
+    }
+    for name, proc in checks.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{name}: {err}"
+        kind = "provider" if name.startswith("provider") else "server"
+        assert f"a valid {kind} configuration" in out
+    # The training keys the servers compare at the handshake agree, and so do the files'
+    # addresses: the providers call the servers where they listen.
+    h1, h2 = (yaml.safe_load((work / f"h{i}.yaml").read_text()) for i in (1, 2))
+    daemon_keys = {"role", "listen", "peer_address", "peer_name", "tls", "state_dir",
+                   "summary_path"}  # fmt: skip
+    assert {k: v for k, v in h1.items() if k not in daemon_keys} == {
+        k: v for k, v in h2.items() if k not in daemon_keys
+    }
+    for i in (1, 2, 3):
+        p = yaml.safe_load((work / f"provider{i}.yaml").read_text())
+        assert p["h1"]["address"] == h1["listen"] and p["h2"]["address"] == h2["listen"]
+        assert (p["provider_index"], p["provider_count"]) == (i - 1, 3)
+
+
+def test_run_sh_trains_and_runs_again(tmp_path: Path, pristine: None) -> None:
+    work = copy_example(tmp_path)
+    target = yaml.safe_load((work / "h1.yaml").read_text())["target_epsilon"]
+    first = last_json(run_script(work))
+    assert first["rounds"] == 10 and first["steps"] == 10
+    assert first["accuracy"] >= 0.9
+    assert first["epsilon"] is not None and math.isfinite(first["epsilon"])
+    assert 0 < first["epsilon"] <= target
+    assert (work / "certs" / "ca.pem").is_file()
+    logs = {p.name for p in (work / "logs").iterdir()}
+    assert logs == {f"{n}.log" for n in ("h1", "h2", "p1", "p2", "p3")}
+    assert_ports_free()
+    # Again, on the same folder: the certificates are reused and a new run starts over.
+    second = last_json(run_script(work))
+    assert second["run_id"] != first["run_id"]
+    assert second["rounds"] == 10 and second["accuracy"] >= 0.9
+    assert_ports_free()
+
+
+def test_run_sh_fails_on_a_refusing_provider(tmp_path: Path, pristine: None) -> None:
+    work = copy_example(tmp_path)
+    p1 = work / "provider1.yaml"
+    # Far more noise than the servers' plan adds: p1 refuses, and run.sh must say so.
+    p1.write_text(p1.read_text().replace("min_noise_multiplier: 0.75", "min_noise_multiplier: 5"))
+    done = run_script(work, timeout=300)
+    assert done.returncode != 0
+    assert "p1 exited with status 3" in done.stderr
+    assert "refusing to take part" in done.stderr  # the tail of p1's log
+    assert_ports_free()
