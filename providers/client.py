@@ -640,7 +640,9 @@ class ProviderClient:
         try:
             return server.stub.RoundStatus(req, timeout=self.cfg.rpc_timeout)
         except grpc.RpcError as exc:
-            if exc.code() in RETRYABLE:
+            # CANCELLED: the server stopped while holding our long poll (a restart, or the
+            # end of training); asking again tells which.
+            if exc.code() in RETRYABLE or exc.code() == grpc.StatusCode.CANCELLED:
                 log.warning("RoundStatus at %s: %s", server.name, exc.code().name)
                 return None
             raise
@@ -656,9 +658,14 @@ class ProviderClient:
             wait = self.cfg.long_poll
             if self.cfg.wait_timeout is not None:  # never hold past our own deadline
                 wait = min(wait, max(0.0, self.cfg.wait_timeout - (self._clock() - start)))
-            infos = [self._status(s, wait=wait) for s in self.servers]
-            if any(i is not None and i.phase == pb.ROUND_PHASE_FINISHED for i in infos):
-                return None
+            infos = []
+            for server in self.servers:
+                info = self._status(server, wait=wait)
+                # One server says training is over: do not ask the other, which may be
+                # shutting down already.
+                if info is not None and info.phase == pb.ROUND_PHASE_FINISHED:
+                    return None
+                infos.append(info)
             if all(i is not None for i in infos):
                 delays = self._backoffs()  # healthy again
                 first = infos[0]

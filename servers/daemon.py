@@ -374,6 +374,7 @@ class ServerDaemon:
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, close the links and delete the spill files (idempotent)."""
         self.stop_event.set()
+        self.state.close()
         if self._gc_channel is not None:
             # A round or noise block may be running on the link in another thread: make its
             # I/O fail now; the channel is closed below, once those threads are done with it.

@@ -117,6 +117,7 @@ class ServerState:
         self.compute_error: BaseException | None = None
         self.failure: str | None = None
         self.finished = False
+        self.closing = False  # the daemon is stopping: long polls answer at once
         self.last_peer_call = time.monotonic()  # H2: when H1 last called (liveness)
         self.pool: Any = None  # mode preprocessed: this server's servers.noise_pool.NoisePool
         self.offline_bytes = 0  # preprocessed: bytes this server moved producing noise shares
@@ -169,7 +170,7 @@ class ServerState:
         ends, or ``timeout`` seconds pass (providers' long poll: no polling latency)."""
         end = time.monotonic() + timeout
         with self.cond:
-            while not self.finished:
+            while not self.finished and not self.closing:
                 if self.phase == pb.ROUND_PHASE_COLLECTING and (
                     after is None or self.round > after
                 ):
@@ -178,6 +179,12 @@ class ServerState:
                 if left <= 0:
                     return
                 self.cond.wait(left)
+
+    def close(self) -> None:
+        """The daemon is stopping: wake every waiting long poll so its thread ends now."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
 
     def model(self, version: int | None) -> tuple[int, np.ndarray, bytes]:
         """(version, params, sha256) of a served version; KeyError if not served."""

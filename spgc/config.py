@@ -248,6 +248,11 @@ class ServerConfig(_Schema):
             if self.tls is None:
                 raise ValueError("tls: give tls: {cert, key, ca} or set insecure: true explicitly")
             raise ValueError("tls and insecure: true are mutually exclusive")
+        if self.tls is not None:
+            for key in ("cert", "key", "ca"):
+                path = getattr(self.tls, key)
+                if not path.is_file():
+                    raise ValueError(f"tls.{key}: {path} is not a file")
         if not self.providers:
             raise ValueError("providers: list the allowed provider names")
         if len(set(self.providers)) != len(self.providers):

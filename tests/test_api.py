@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spgc.api import ServerConfig, finish_server, run_provider, run_server, start_server
+from spgc.certs import make_dev_pki
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "API.md"
@@ -24,7 +26,7 @@ def python_blocks() -> list[str]:
     return blocks
 
 
-def run_snippet(code: str, tmp_path: Path, timeout: float) -> str:
+def run_snippet(code: str, tmp_path: Path, timeout: float, cwd: Path = ROOT) -> str:
     """Runs ``code`` as a script in a fresh interpreter, from the repository root (where the
     doc says to run it); the script sits in tmp_path so the installed spgc is imported, not
     the checkout's sources."""
@@ -32,7 +34,7 @@ def run_snippet(code: str, tmp_path: Path, timeout: float) -> str:
     script.write_text(code)
     done = subprocess.run(
         [sys.executable, str(script)],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -53,7 +55,11 @@ def test_doc_snippet_runs_both_servers_and_three_providers(tmp_path: Path) -> No
 
 
 def test_doc_snippet_loads_yaml(tmp_path: Path) -> None:
-    out = run_snippet(python_blocks()[1], tmp_path, timeout=60).strip().splitlines()
+    # Where the doc says to run it: a copy of examples/localhost with its certificates.
+    work = tmp_path / "localhost"
+    shutil.copytree(ROOT / "examples" / "localhost", work, ignore=shutil.ignore_patterns("certs"))
+    make_dev_pki(work / "certs", ["h1", "h2", "p1", "p2", "p3"])
+    out = run_snippet(python_blocks()[1], tmp_path, timeout=60, cwd=work).strip().splitlines()
     assert out[0] == "h1 on 127.0.0.1:50151: 3 rounds, target epsilon 4"
     assert out[1].startswith("refused: ") and "rounds" in out[1] and ">= 1" in out[1]
 

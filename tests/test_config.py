@@ -47,19 +47,27 @@ def test_every_key_has_a_meaning() -> None:
 
 
 def test_file_overrides_and_relative_paths(tmp_path: Path) -> None:
+    (tmp_path / "pki").mkdir()
+    for name in ("h1.pem", "h1.key", "ca.pem", "other-ca.pem"):
+        (tmp_path / "pki" / name).write_text("PEM")
     f = tmp_path / "h1.yaml"
     f.write_text("tls: {cert: pki/h1.pem, key: pki/h1.key, ca: pki/ca.pem}\nproviders: [a, b]\n")
-    cfg = load_server_config(f, ["rounds=7", "lr=0.5", "providers=a,b,c", "tls.ca=/etc/ca.pem"])
+    other_ca = tmp_path / "pki" / "other-ca.pem"
+    cfg = load_server_config(f, ["rounds=7", "lr=0.5", "providers=a,b,c", f"tls.ca={other_ca}"])
     assert cfg.rounds == 7 and cfg.lr == 0.5 and cfg.providers == ["a", "b", "c"]
     assert cfg.tls is not None and cfg.tls.cert == tmp_path / "pki" / "h1.pem"
-    assert cfg.tls.ca == Path("/etc/ca.pem")
+    assert cfg.tls.ca == other_ca
+    with pytest.raises(ConfigError, match=r"tls.key: .*nope.key is not a file"):
+        load_server_config(f, ["tls.key=pki/nope.key"])
 
 
 def test_key_path_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("h1.pem", "ca.pem", "h1.key"):
+        (tmp_path / name).write_text("PEM")
     f = tmp_path / "h1.yaml"
     f.write_text("tls: {cert: h1.pem, key: 'env:H1_KEY_FILE', ca: ca.pem}\nproviders: [a, b]\n")
-    monkeypatch.setenv("H1_KEY_FILE", "/secrets/h1.key")
-    assert load_server_config(f).tls.key == Path("/secrets/h1.key")
+    monkeypatch.setenv("H1_KEY_FILE", str(tmp_path / "h1.key"))
+    assert load_server_config(f).tls.key == tmp_path / "h1.key"
     monkeypatch.delenv("H1_KEY_FILE")
     with pytest.raises(ConfigError, match="environment variable H1_KEY_FILE"):
         load_server_config(f)

@@ -1,6 +1,6 @@
-"""examples/localhost: its YAML files are valid and `bash run.sh` trains as the README says.
+"""examples/: their YAML files are valid and `bash run.sh` trains as the READMEs say.
 
-Each test works on a copy of the example folder in tmp_path (certificates, state and logs land
+Each test works on a copy of the examples folder in tmp_path (certificates, state and logs land
 there, never in the checkout) and runs the installed `spgc` (SPGC=...), like a user would.
 """
 
@@ -19,16 +19,19 @@ from typing import Any
 import pytest
 import yaml
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "localhost"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE = EXAMPLES / "localhost"
 SPGC = Path(sys.executable).parent / "spgc"
 YAMLS = ["h1.yaml", "h2.yaml", "provider1.yaml", "provider2.yaml", "provider3.yaml"]
 PORTS = (50151, 50152, 50161)  # h1.yaml / h2.yaml
 
 
-def copy_example(tmp_path: Path) -> Path:
-    work = tmp_path / "localhost"
-    shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("certs", "state", "logs"))
-    return work
+def copy_example(tmp_path: Path, name: str = "localhost") -> Path:
+    """A copy of examples/ (each run.sh calls the shared ../run-example.sh); its NAME folder."""
+    shutil.copytree(
+        EXAMPLES, tmp_path / "examples", ignore=shutil.ignore_patterns("certs", "state", "logs")
+    )
+    return tmp_path / "examples" / name
 
 
 def run_script(work: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -131,3 +134,15 @@ def test_run_sh_fails_on_a_refusing_provider(tmp_path: Path, pristine: None) -> 
     assert "p1 exited with status 3" in done.stderr
     assert "refusing to take part" in done.stderr  # the tail of p1's log
     assert_ports_free()
+
+
+def test_custom_model_example_trains_the_users_model(tmp_path: Path) -> None:
+    """examples/custom-model: the servers hold model.py's CNN, the providers its digits data;
+    its run.sh prints the same JSON line."""
+    work = copy_example(tmp_path, "custom-model")
+    target = yaml.safe_load((work / "h1.yaml").read_text())["target_epsilon"]
+    result = last_json(run_script(work))
+    assert result["rounds"] == 20 and result["steps"] == 20
+    assert result["accuracy"] >= 0.8  # 10 classes; about 0.89 measured
+    assert 0 < result["epsilon"] <= target
+    assert result["provider_exit"] == {"p1": 0, "p2": 0, "p3": 0}
