@@ -266,6 +266,9 @@ class ServerDaemon:
                 answer = stub.Handshake(hello, timeout=10)
                 break
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # H2 compared and refused
+                    msg = f"the other server refused to pair: {exc.details()}"
+                    raise PeerMismatchError(msg) from None
                 if not is_unavailable(exc) or time.monotonic() > end or self.stop_event.is_set():
                     raise
                 time.sleep(0.2)

@@ -46,10 +46,29 @@ from spgc.wire.identity import peer_identity
 log = logging.getLogger(__name__)
 
 
-def config_differences(a: pb.TrainingConfig, b: pb.TrainingConfig) -> list[str]:
-    """Names of the TrainingConfig fields whose values differ."""
-    names = [f.name for f in pb.TrainingConfig.DESCRIPTOR.fields]
-    return [n for n in names if getattr(a, n) != getattr(b, n)]
+# TrainingConfig fields named otherwise in the servers' configuration (docs/CONFIG.md).
+_CONFIG_KEYS = {
+    "max_rounds": "rounds",
+    "step_delta": "target_delta",
+    "num_parameters": "model (parameters)",
+    "model_fingerprint": "model (architecture)",
+    "l2_bound_units": "scale/clip_norm (sensitivity)",
+    "noise_std_units": "noise (derived from the privacy keys)",
+}
+
+
+def config_differences(
+    a: pb.TrainingConfig, b: pb.TrainingConfig, names: tuple[str, str] = ("h1", "h2")
+) -> list[str]:
+    """The plan keys whose values differ, each with both servers' values (``names``: whose
+    ``a`` and ``b`` are), e.g. ``rounds (h1 3, h2 5)``."""
+    out = []
+    for field in pb.TrainingConfig.DESCRIPTOR.fields:
+        va, vb = getattr(a, field.name), getattr(b, field.name)
+        if va != vb:
+            key = _CONFIG_KEYS.get(field.name, field.name)
+            out.append(f"{key} ({names[0]} {va!r}, {names[1]} {vb!r})")
+    return out
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):
@@ -122,7 +141,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             if not self.state.ready:
                 self.on_handshake(request.config.run_id)
             assert self.state.config is not None
-            diff = config_differences(self.state.config, request.config)
+            diff = config_differences(request.config, self.state.config)  # (h1, h2)
             if diff:
                 msg = "training configurations differ in: " + ", ".join(diff)
                 self.state.fail(msg)

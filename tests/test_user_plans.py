@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_server_daemon import PROVIDERS, start_pair
+from test_server_daemon import PROVIDERS, bind_pair, start_pair
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 
 from spgc.config import ProviderConfig, ServerConfig
 from spgc.models import resolve_model
-from spgc.plan import build_run_model
+from spgc.plan import build_run_model, make_plan
 from spgc.providers.client import ProviderClient, ProviderRefusal, resolve_device
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,3 +184,21 @@ def test_device_choice() -> None:
     else:
         with pytest.raises(ProviderRefusal, match="no CUDA GPU"):
             resolve_device("cuda")
+
+
+def test_servers_with_different_plans_refuse_to_pair(pki: Path, tmp_path: Path) -> None:
+    """H2 configured for 5 rounds, H1 for 3: neither trains, and both say which key differs."""
+    d1, d2 = bind_pair(pki, tmp_path, rounds=3)
+    d2.cfg.rounds = 5
+    d2.plan = make_plan(d2.cfg)  # H2's plan as a daemon started from its own file would have
+    d2.state.plan = d2.plan
+    try:
+        d2.start()
+        d1.start()
+        assert d1.wait(30) and d2.wait(30)
+        assert "the other server refused to pair" in str(d1.error)
+        assert "rounds (h1 3, h2 5)" in str(d1.error)
+        assert "rounds (h1 3, h2 5)" in str(d2.state.failure)
+    finally:
+        d1.stop()
+        d2.stop()
