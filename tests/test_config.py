@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from spgc.config import (
     load_provider_config,
     load_server_config,
 )
+from spgc.logs import setup_logging
 from spgc.servers.daemon import ServerDaemon
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,3 +183,20 @@ def test_grpc_core_quiet_unless_debug() -> None:
         env=env,
     )
     assert out.stdout.strip() == "None"
+
+
+def test_json_log_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        setup_logging("info", "json")
+        logging.getLogger("spgc.servers.test").info("round %d done", 3)
+        logging.getLogger("absl").warning("dp-accounting chatter")  # dropped below error
+        lines = [json.loads(line) for line in capsys.readouterr().err.strip().splitlines()]
+        assert [(e["level"], e["logger"], e["message"]) for e in lines] == [
+            ("info", "spgc.servers.test", "round 3 done")
+        ]
+        assert lines[0]["time"].endswith("Z")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
