@@ -176,7 +176,7 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
     log.info(
         "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units "
         "(total %.4g), "
-        "%seps=%s (delta=%g), server-to-server bytes %d, seconds: provider compute %.2f, "
+        "%s%s, server-to-server bytes %d, seconds: provider compute %.2f, "
         "intake %.2f, %s%s %.3f, update %.3f",
         state.plan.cfg.role_name,
         rec.round,
@@ -186,8 +186,7 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         state.plan.sigma_units,
         state.plan.total_noise_std_units,
         metrics,
-        _eps(eps),
-        state.plan.cfg.target_delta,
+        _privacy(state),
         rec.gc_bytes,
         s.get("provider", 0.0),
         s.get("intake", 0.0),
@@ -197,6 +196,13 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         s.get("circuit", s.get("exchange", 0.0)),
         s.get("update", 0.0),
     )
+
+
+def _privacy(state: ServerState) -> str:
+    """What the round line says of privacy: epsilon and delta spent, or that there is none."""
+    if not state.differentially_private:
+        return f"NOT differentially private (mode {state.plan.cfg.mode} adds no noise)"
+    return f"eps={_eps(state.epsilon())} (delta={state.reported_delta():.6g})"
 
 
 def _eps(eps: float) -> str:

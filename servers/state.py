@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.export import privacy_report, write_export
 from spgc.models import resolve_model
 from spgc.optim import Adam
@@ -137,6 +138,30 @@ class ServerState:
         if self.accountant is None:
             return math.inf if self.steps else 0.0
         return self.accountant.epsilon()
+
+    @property
+    def differentially_private(self) -> bool:
+        """Whether the run's releases carry a DP guarantee (not in only-mpc or plain)."""
+        return self.accountant is not None
+
+    def noise_samples(self) -> int:
+        """Discrete Gaussian samples drawn for the steps released so far."""
+        return sum(
+            self.plan.noise_samples_per_step(len(r.agreed))
+            for r in self.history.values()
+            if r.phase == pb.ROUND_PHASE_PUBLISHED
+        )
+
+    def reported_delta(self) -> float | None:
+        """The delta of the guarantee: the accountant's plus what the sampler's statistical
+        distance eta per sample can add over N samples, (1 + e^epsilon) N eta (a sampler
+        within eta of the exact discrete Gaussian; docs/NOISE_SAMPLER.md). None without DP."""
+        if not self.differentially_private:
+            return None
+        eps = self.epsilon()
+        eta = 2.0**DEFAULT_DISTANCE_LOG2
+        sampler = (1.0 + math.exp(min(eps, 700.0))) * self.noise_samples() * eta
+        return self.plan.cfg.target_delta + sampler
 
     def round_info(self, number: int | None, caller: str | None) -> pb.RoundInfo:
         """The RoundInfo of round ``number`` (None: the current one); KeyError if unknown."""
@@ -346,8 +371,12 @@ class ServerState:
                 "model_version": self.version,
                 "test_accuracy": None if last is None else last.test_accuracy,
                 "test_loss": None if last is None else last.test_loss,
+                "differentially_private": self.differentially_private,
                 "epsilon": None if math.isinf(eps) else eps,
-                "delta": self.plan.cfg.target_delta,
+                "delta": self.reported_delta(),
+                "delta_accountant": self.plan.cfg.target_delta,
+                "noise_samples": self.noise_samples(),
+                "sampler_distance_per_sample": 2.0**DEFAULT_DISTANCE_LOG2,
                 "noise_std_units": self.plan.sigma_units,
                 "noise_std_total_units": self.plan.total_noise_std_units,
                 "gc_bytes": sum(r.gc_bytes for r in self.history.values()),
@@ -367,7 +396,7 @@ class ServerState:
             return privacy_report(
                 mode=cfg.mode,
                 epsilon=self.epsilon(),
-                delta=cfg.target_delta,
+                delta=self.reported_delta() or cfg.target_delta,
                 steps=self.steps,
                 noise_multiplier=plan.noise_multiplier,
                 sampling=plan.sampling,

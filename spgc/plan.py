@@ -78,6 +78,16 @@ class RunPlan:
             return self.sigma_units * math.sqrt(len(self.cfg.providers))
         return self.sigma_units
 
+    def noise_samples_per_step(self, providers_used: int) -> int:
+        """Discrete Gaussian samples one released step draws (the sampler's statistical
+        distance counts per sample): one per coordinate from the circuit (spgc, preprocessed),
+        one per coordinate from each server (dng) or from each provider used (ldp)."""
+        noise_by = get_mode(self.cfg.mode).noise_by
+        if self.sigma_units <= 0 or noise_by == "nobody":
+            return 0
+        parties = {"circuit": 1, "each server": 2, "each provider": providers_used}[noise_by]
+        return parties * self.dim
+
     def new_accountant(self) -> accounting.PrivacyAccountant | None:
         """A fresh accountant for the run (None when no noise is added: nothing to account)."""
         if self.noise_multiplier <= 0:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 
 
-def run_demo(*args: str) -> dict:
+def run_demo(*args: str, stderr: list[str] | None = None) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "spgc", "demo", "--json", *args],
         capture_output=True,
@@ -17,11 +18,13 @@ def run_demo(*args: str) -> dict:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(done.stderr)
     return json.loads(done.stdout)
 
 
-def test_demo_trains_with_dp_over_tls():
-    summary = run_demo("--rounds", "2", "--epsilon", "4")
+def test_demo_trains_with_dp_over_tls(tmp_path):
+    summary = run_demo("--rounds", "2", "--epsilon", "4", "--state-dir", str(tmp_path / "run"))
     for key in ("rounds", "test_accuracy", "epsilon", "delta", "gc_bytes", "seconds"):
         assert key in summary
     assert summary["rounds"] == 2 and summary["steps"] == 2
@@ -29,12 +32,28 @@ def test_demo_trains_with_dp_over_tls():
     assert summary["gc_bytes"] > 0
     assert summary["test_accuracy"] > 0.5  # cancer: better than chance after 2 noisy steps
     assert summary["failure"] is None
+    assert summary["differentially_private"] is True
+    # delta = the accountant's + (1 + e^eps) x samples x 2^-64: one sample per coordinate
+    # (62) per step, and not more than that.
+    assert summary["noise_samples"] == 2 * 62
+    sampler = (1 + math.exp(summary["epsilon"])) * 2 * 62 * 2.0**-64
+    assert summary["delta"] == pytest.approx(summary["delta_accountant"] + sampler, rel=1e-12)
+    assert summary["delta"] > summary["delta_accountant"] == 1e-5
+    # --state-dir keeps both servers' state: checkpoints and the exported model
+    for role in ("h1", "h2"):
+        assert (tmp_path / "run" / role / "model.safetensors").is_file()
+        assert (tmp_path / "run" / role / "checkpoint.json").is_file()
 
 
 def test_demo_only_mpc_reports_no_privacy():
-    summary = run_demo("--rounds", "1", "--mode", "only-mpc")
+    err: list[str] = []
+    summary = run_demo("--rounds", "1", "--mode", "only-mpc", stderr=err)
     assert summary["epsilon"] is None  # no noise: no finite epsilon
+    assert summary["delta"] is None and summary["differentially_private"] is False
     assert summary["steps"] == 1
+    # every round line says so
+    rounds = [line for line in err[0].splitlines() if " round 0 -> model" in line]
+    assert rounds and all("NOT differentially private" in line for line in rounds)
 
 
 @pytest.mark.parametrize("mode", ["ldp", "dng", "preprocessed"])

@@ -148,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    demo.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the servers' state (checkpoints, exported model) in DIR/h1 and DIR/h2",
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
@@ -230,6 +236,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         model=args.model,
         timeout=args.timeout,
         keep=args.keep,
+        state_dir=args.state_dir,
     )
     return run_cli(opts, args.json)
 

@@ -68,6 +68,9 @@ class DemoOptions:
     model: str = ""
     timeout: float = 600.0
     keep: bool = False
+    # Where the servers keep their state (DIR/h1, DIR/h2: checkpoints, the exported model);
+    # None: in the temporary work directory.
+    state_dir: Path | None = None
     # Extra keys for every server's / provider's YAML (spgc experiment: rounds of several
     # epochs, calibration, lr, ...); empty for `spgc demo`.
     server_overrides: dict[str, Any] = field(default_factory=dict)
@@ -88,6 +91,12 @@ def _free_ports(count: int) -> list[int]:
 def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def _state_dir(opts: DemoOptions, work: Path, role: int) -> Path:
+    if opts.state_dir is not None:
+        return opts.state_dir.resolve() / f"h{role}"
+    return work / f"h{role}-state"
 
 
 def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]]:
@@ -123,7 +132,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             "peer_address": f"127.0.0.1:{peer}",
             "peer_name": f"h{3 - role}",
             "gc_address": f"127.0.0.1:{gc}",
-            "state_dir": str(work / f"h{role}-state"),
+            "state_dir": str(_state_dir(opts, work, role)),
             "summary_path": str(work / f"h{role}-summary.json"),
             "providers": names,
             "dataset": opts.dataset,
@@ -140,7 +149,9 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             cfg["model"] = opts.model
             cfg.update(MODEL_DEFAULTS.get(opts.model, {}))
         cfg.update(opts.server_overrides)
-        (work / f"h{role}-state").mkdir(mode=0o700)
+        _state_dir(opts, work, role).mkdir(mode=0o700, parents=True, exist_ok=True)
+        if opts.state_dir is not None:
+            cfg["resume"] = False  # a demo always starts a new run, whatever DIR holds
         if pki is None:
             cfg["insecure"] = True
         else:
