@@ -33,7 +33,6 @@ import hashlib
 import logging
 import math
 import os
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
 from spgc.accounting import per_step_epsilon
 from spgc.config import ProviderConfig
+from spgc.csprng import SecureRandom, as_secure_rng
 from spgc.data import (
     fixed_batches,
     load_dataset,
@@ -389,8 +389,10 @@ def local_noise(sigma_units: float, size: int, seed: bytes | None = None) -> np.
 class ProviderClient:
     """One provider taking part in a training run (see the module docstring).
 
-    ``sampling_rng`` draws the batches and ``rounding_rng`` the rounding coins; both default to
-    generators seeded from the OS CSPRNG. Tests inject seeded ones to recompute G. Shares always
+    ``sampling_rng`` draws the batches: a :class:`~spgc.csprng.SecureRandom` (AES-256-CTR),
+    default a fresh key from ``os.urandom`` (numpy generators are refused: the selection must be
+    unpredictable); ``rounding_rng`` draws the rounding coins, default a generator seeded from
+    the OS CSPRNG. Tests inject seeded ones to recompute G. Shares always
     come from ``os.urandom`` (spgc.sharing). ``data``: (x, y) of this provider instead of its
     part of ``cfg.dataset``. ``sleep``/``clock`` are injectable for tests.
     """
@@ -400,7 +402,7 @@ class ProviderClient:
         cfg: ProviderConfig,
         *,
         data: tuple[np.ndarray, np.ndarray] | None = None,
-        sampling_rng: np.random.Generator | None = None,
+        sampling_rng: SecureRandom | None = None,
         rounding_rng: np.random.Generator | None = None,
         noise_seed: bytes | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -408,7 +410,7 @@ class ProviderClient:
     ) -> None:
         self.cfg = cfg
         self._data = data
-        self.sampling_rng = sampling_rng or np.random.default_rng(secrets.randbits(128))
+        self.sampling_rng = as_secure_rng(sampling_rng, "the provider's batch sampling")
         self.rounding_rng = rounding_rng or default_rounding_rng()
         self.noise_seed = noise_seed  # tests only: None draws fresh noise every round
         self._sleep = sleep

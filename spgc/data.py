@@ -35,7 +35,9 @@ returns the same :class:`Dataset` as the built-in sets (no test split unless the
 
 Batch samplers: :func:`poisson_batches` (each example joins each batch independently with
 probability q: what the privacy accountant's subsampling analysis assumes) and
-:func:`fixed_batches` (the paper's shuffled fixed-size batches).
+:func:`fixed_batches` (the paper's shuffled fixed-size batches). Both draw from
+:class:`~spgc.csprng.SecureRandom` (AES-256-CTR keyed from ``os.urandom``), never from numpy's
+generators, whose selections could be predicted.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ import io
 import math
 import os
 import pickle
-import secrets
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ import torch
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import IterableDataset, TensorDataset
 
+from spgc.csprng import SecureRandom, as_secure_rng
 from spgc.models import resolve_callable
 
 DATASET_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist")
@@ -720,58 +722,74 @@ def split_among_providers(
     return x[s], y[s]
 
 
-def _default_rng(rng: np.random.Generator | None) -> np.random.Generator:
-    # Which examples are in a batch must stay secret for the subsampling amplification to
-    # hold, so the default generator is seeded from the OS CSPRNG; pass a seeded Generator
-    # only for reproducible experiments.
-    return rng if rng is not None else np.random.default_rng(secrets.randbits(128))
-
-
-def poisson_batch(n: int, q: float, rng: np.random.Generator | None = None) -> np.ndarray:
+def poisson_batch(n: int, q: float, rng: SecureRandom | None = None) -> np.ndarray:
     """One Poisson-sampled batch: each of ``n`` indices independently with probability ``q``.
 
-    Returns sorted int64 indices; the batch may be empty (a valid step: its gradient sum is
-    zero and the noise is still added).
+    ``rng``: a :class:`~spgc.csprng.SecureRandom` (AES-256-CTR), default a fresh one keyed from
+    ``os.urandom``; which examples are in a batch must stay unpredictable for the accountant's
+    subsampling amplification to hold, so numpy generators are refused (``TypeError``). Pass
+    ``SecureRandom(seed=<32 bytes>)`` only for reproducible tests.
+
+    Inclusion compares a uniform 64-bit integer with ``floor(q * 2^64)``: the probability is
+    ``q`` up to less than 2^-64 (exactly ``q`` for every float ``q >= 2^-12``); ``q = 0`` gives
+    an empty batch and ``q = 1`` every index. Returns sorted int64 indices; the batch may be
+    empty (a valid step: its gradient sum is zero and the noise is still added).
     """
+    gen = as_secure_rng(rng, "Poisson sampling")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if not 0.0 < q <= 1.0:
-        raise ValueError(f"sampling rate q must be in (0, 1], got {q}")
-    gen = _default_rng(rng)
-    return np.flatnonzero(gen.random(n) < q).astype(np.int64)
+    if not 0.0 <= q <= 1.0:  # also refuses NaN
+        raise ValueError(f"sampling rate q must be in [0, 1], got {q}")
+    return np.flatnonzero(gen.bernoulli(n, q)).astype(np.int64)
 
 
 def poisson_batches(
     n: int,
     q: float,
-    rng: np.random.Generator | None = None,
+    rng: SecureRandom | None = None,
     num_batches: int | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield ``num_batches`` Poisson-sampled batches (default ``ceil(1/q)``, one expected
-    epoch). Batch sizes are Binomial(n, q), mean ``q * n``."""
-    gen = _default_rng(rng)
-    count = math.ceil(1.0 / q) if num_batches is None else num_batches
-    if count < 0:
-        raise ValueError(f"num_batches must be >= 0, got {count}")
-    for _ in range(count):
-        yield poisson_batch(n, q, gen)
+    epoch; required when ``q = 0``), all from one generator (see :func:`poisson_batch`).
+    Batch sizes are Binomial(n, q), mean ``q * n``. Arguments are checked at the call, before
+    the first batch."""
+    gen = as_secure_rng(rng, "Poisson sampling")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"sampling rate q must be in [0, 1], got {q}")
+    if num_batches is None:
+        if q == 0.0:
+            raise ValueError("num_batches is required when q = 0 (one epoch is 1/q batches)")
+        num_batches = math.ceil(1.0 / q)
+    if num_batches < 0:
+        raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+    return (poisson_batch(n, q, gen) for _ in range(num_batches))
 
 
 def fixed_batches(
     n: int,
     batch_size: int,
-    rng: np.random.Generator | None = None,
+    rng: SecureRandom | None = None,
     drop_last: bool = True,
 ) -> Iterator[np.ndarray]:
     """Yield one epoch of the paper's batches: a fresh shuffle of ``range(n)`` cut into batches
     of ``batch_size``. With ``drop_last`` (default) a short final batch is dropped so every
-    batch has exactly the size the accountant is told; otherwise it is yielded."""
+    batch has exactly the size the accountant is told; otherwise it is yielded.
+
+    The shuffle is :meth:`SecureRandom.permutation` (Fisher-Yates with unbiased integers from
+    the AES-256-CTR keystream: every order equally likely); ``rng`` as in
+    :func:`poisson_batch` (numpy generators refused). Arguments are checked at the call."""
+    gen = as_secure_rng(rng, "batch shuffling")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    perm = _default_rng(rng).permutation(n).astype(np.int64)
-    for start in range(0, n, batch_size):
+    return _epoch(gen.permutation(n), batch_size, drop_last)
+
+
+def _epoch(perm: np.ndarray, batch_size: int, drop_last: bool) -> Iterator[np.ndarray]:
+    for start in range(0, len(perm), batch_size):
         batch = perm[start : start + batch_size]
         if len(batch) < batch_size and drop_last:
             return

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import copy
 import gzip
 import hashlib
 import importlib.metadata
 import itertools
+import math
 import pickle
+import random
 import re
 import shutil
 
@@ -14,6 +18,7 @@ import numpy as np
 import pytest
 
 from spgc import data
+from spgc.csprng import SecureRandom
 from spgc.data import (
     DatasetIntegrityError,
     DatasetUnavailableError,
@@ -203,31 +208,200 @@ def test_provider_splits_cover_train_set_evenly():
         split_among_providers(ds.x_train, ds.y_train[:-1], 3, 0)
 
 
+def key(label: str) -> bytes:
+    """A 32-byte test key (SecureRandom's seed) named by ``label``."""
+    return hashlib.sha256(label.encode()).digest()
+
+
+def six_sigma(trials: int, p: float) -> float:
+    return 6.0 * math.sqrt(trials * p * (1.0 - p))
+
+
 def test_poisson_sampler_mean_batch_size():
     n, q, count = 1000, 0.05, 400
-    rng = np.random.default_rng(7)
-    sizes = [len(b) for b in poisson_batches(n, q, rng, num_batches=count)]
+    sizes = [len(b) for b in poisson_batches(n, q, SecureRandom(key("sizes")), num_batches=count)]
     assert len(sizes) == count
     # Std of the mean is sqrt(n q (1-q) / count) ~ 0.34: allow ~6 sigma.
     assert abs(np.mean(sizes) - q * n) < 2.0
     assert np.var(sizes) == pytest.approx(n * q * (1 - q), rel=0.3)
-    b = poisson_batch(n, q, np.random.default_rng(1))
+    b = poisson_batch(n, q, SecureRandom(key("one")))
     assert b.dtype == np.int64 and np.all(np.diff(b) > 0) and b.max() < n
-    assert len(list(poisson_batches(n, 0.25, np.random.default_rng(0)))) == 4
-    assert len(poisson_batch(n, q)) < n  # default generator, OS-seeded
+    assert len(list(poisson_batches(n, 0.25, SecureRandom(key("epoch"))))) == 4
+    assert len(poisson_batch(n, q)) < n  # default generator: a fresh os.urandom key
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError):
+            poisson_batch(n, bad)
     with pytest.raises(ValueError):
-        poisson_batch(n, 0.0)
+        poisson_batch(-1, q)
+    with pytest.raises(ValueError):  # checked at the call, not at the first batch
+        poisson_batches(n, 0.0)
+    with pytest.raises(ValueError):
+        poisson_batches(n, q, num_batches=-1)
+
+
+def test_poisson_inclusion_frequency_matches_q_per_example():
+    n, q, trials = 200, 0.3, 4000
+    rng = SecureRandom(key("frequency"))
+    counts = np.zeros(n, dtype=np.int64)
+    for batch in poisson_batches(n, q, rng, num_batches=trials):
+        counts[batch] += 1
+    # Each count is Binomial(trials, q): every example within 6 sigma of trials * q.
+    assert np.all(np.abs(counts - trials * q) < six_sigma(trials, q))
+    # And the total, Binomial(n * trials, q), much tighter.
+    assert abs(counts.sum() - n * trials * q) < six_sigma(n * trials, q)
+
+
+def test_poisson_batches_are_independent_across_calls_and_examples():
+    n, q, trials = 100, 0.2, 3000
+    rng = SecureRandom(key("independence"))
+    member = np.zeros((trials, n), dtype=bool)
+    for t in range(trials):
+        member[t, poisson_batch(n, q, rng)] = True
+    # Consecutive calls: P(i in batch t and in batch t+1) = q^2.
+    both = np.count_nonzero(member[1:] & member[:-1])
+    pairs = (trials - 1) * n
+    assert abs(both - pairs * q * q) < six_sigma(pairs, q * q) * 2  # overlapping pairs: x2
+    # Across examples of one batch: P(i and j) = q^2 for i != j (adjacent indices shown).
+    both = np.count_nonzero(member[:, 1:] & member[:, :-1])
+    pairs = trials * (n - 1)
+    assert abs(both - pairs * q * q) < six_sigma(pairs, q * q) * 2
+    # Fresh default generators (os.urandom keys) give different batches.
+    assert not np.array_equal(poisson_batch(10_000, 0.5), poisson_batch(10_000, 0.5))
+
+
+def test_poisson_q_zero_gives_nothing_and_q_one_everything():
+    rng = SecureRandom(key("edges"))
+    assert poisson_batch(500, 0.0, rng).size == 0
+    assert np.array_equal(poisson_batch(500, 1.0, rng), np.arange(500))
+    assert all(b.size == 0 for b in poisson_batches(50, 0.0, rng, num_batches=5))
+    assert poisson_batch(0, 0.5, rng).size == 0
+    # Below 2^-64 the threshold floor(q * 2^64) is 0: nothing (error < 2^-64, documented).
+    assert poisson_batch(10_000, 2.0**-70, rng).size == 0
+
+
+def test_poisson_batches_are_reproducible_with_a_key_and_differ_between_keys():
+    def run(seed: bytes) -> list[np.ndarray]:
+        return list(poisson_batches(300, 0.1, SecureRandom(seed), num_batches=20))
+
+    a, again, other = run(key("a")), run(key("a")), run(key("b"))
+    assert all(np.array_equal(x, y) for x, y in zip(a, again, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, other, strict=True))
+    # Successive batches from one generator differ (the stream moves on).
+    assert not all(np.array_equal(a[0], b) for b in a[1:])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [np.random.default_rng(0), np.random.RandomState(0), random.Random(0), 7, b"k" * 32],
+)
+def test_samplers_refuse_anything_but_secure_random(bad):
+    with pytest.raises(TypeError, match="SecureRandom"):
+        poisson_batch(100, 0.5, bad)
+    with pytest.raises(TypeError, match="SecureRandom"):
+        poisson_batches(100, 0.5, bad)  # at the call, before any batch is drawn
+    with pytest.raises(TypeError, match="SecureRandom"):
+        fixed_batches(100, 10, bad)
+
+
+def test_numpy_generator_refusal_says_why():
+    with pytest.raises(TypeError, match=r"cryptographically secure.*Generator"):
+        poisson_batch(10, 0.5, np.random.default_rng(0))
 
 
 def test_fixed_batches_one_epoch():
-    batches = list(fixed_batches(130, 10, np.random.default_rng(0)))
+    batches = list(fixed_batches(130, 10, SecureRandom(key("fixed"))))
     assert len(batches) == 13 and all(len(b) == 10 for b in batches)
+    assert all(b.dtype == np.int64 for b in batches)
     assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(130))
-    again = list(fixed_batches(130, 10, np.random.default_rng(0)))
+    again = list(fixed_batches(130, 10, SecureRandom(key("fixed"))))
     assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
-    assert [len(b) for b in fixed_batches(25, 10, np.random.default_rng(0))] == [10, 10]
-    assert [len(b) for b in fixed_batches(25, 10, np.random.default_rng(0), drop_last=False)] == [
-        10,
-        10,
-        5,
-    ]
+    other = list(fixed_batches(130, 10, SecureRandom(key("other"))))
+    assert not all(np.array_equal(a, b) for a, b in zip(batches, other, strict=True))
+    assert [len(b) for b in fixed_batches(25, 10)] == [10, 10]
+    assert [len(b) for b in fixed_batches(25, 10, drop_last=False)] == [10, 10, 5]
+    assert np.array_equal(
+        np.sort(np.concatenate(list(fixed_batches(25, 10, drop_last=False)))), np.arange(25)
+    )
+    assert list(fixed_batches(0, 10)) == []
+    with pytest.raises(ValueError):
+        fixed_batches(10, 0)
+
+
+def test_shuffle_is_uniform_over_permutations():
+    rng, trials = SecureRandom(key("shuffle")), 6000
+    seen = collections.Counter(tuple(rng.permutation(3).tolist()) for _ in range(trials))
+    assert len(seen) == 6
+    assert all(abs(c - trials / 6) < six_sigma(trials, 1 / 6) for c in seen.values())
+    # Every element lands in every position equally often (n = 7).
+    where = np.zeros((7, 7), dtype=np.int64)
+    for _ in range(trials):
+        where[rng.permutation(7), np.arange(7)] += 1
+    assert np.all(np.abs(where - trials / 7) < six_sigma(trials, 1 / 7))
+    assert rng.permutation(0).size == 0 and rng.permutation(1).tolist() == [0]
+
+
+# ----------------------------------------------------------------------------- SecureRandom
+
+
+def test_secure_random_is_the_aes_256_ctr_keystream():
+    # Known answer: AES-256 under the all-zero key encrypts the zero block (counter 0) to
+    # dc95c078...; the keystream is that block, then the encryption of counter 1, ...
+    stream = SecureRandom(bytes(32)).random_bytes(32)
+    assert stream[:16].hex() == "dc95c078a2408989ad48a21492842087"
+    assert stream[16:] != stream[:16]
+    # Draws continue the stream: two halves equal one whole.
+    a, b = SecureRandom(key("s")), SecureRandom(key("s"))
+    assert a.random_bytes(40) + a.random_bytes(24) == b.random_bytes(64)
+    assert SecureRandom(key("s")).uint64(8).tobytes() == SecureRandom(key("s")).random_bytes(64)
+
+
+def test_secure_random_keys():
+    assert np.array_equal(SecureRandom(key("k")).uint64(16), SecureRandom(key("k")).uint64(16))
+    assert not np.array_equal(SecureRandom(key("k")).uint64(16), SecureRandom(key("j")).uint64(16))
+    assert not np.array_equal(SecureRandom().uint64(16), SecureRandom().uint64(16))
+    for bad in (b"short", bytes(31), bytes(33)):
+        with pytest.raises(ValueError, match="32 bytes"):
+            SecureRandom(bad)
+    with pytest.raises(TypeError):
+        SecureRandom("x" * 32)  # type: ignore[arg-type]
+    assert key("k").hex() not in repr(SecureRandom(key("k")))
+    with pytest.raises(TypeError):  # a copy would replay the stream
+        pickle.dumps(SecureRandom())
+    with pytest.raises(TypeError):
+        copy.copy(SecureRandom())
+
+
+def test_secure_random_uniform():
+    u = SecureRandom(key("uniform")).uniform(100_000)
+    assert u.dtype == np.float64 and u.min() >= 0.0 and u.max() < 1.0
+    assert np.all(u * 2.0**53 == np.floor(u * 2.0**53))  # 53-bit grid
+    assert abs(u.mean() - 0.5) < 6 * math.sqrt(1 / 12 / u.size)
+    assert np.histogram(u, bins=10, range=(0, 1))[0].min() > 9_500
+
+
+def test_secure_random_bernoulli_threshold():
+    # p = 1/2 is the threshold 2^63 exactly: the same stream compared by hand.
+    n = 10_000
+    got = SecureRandom(key("b")).bernoulli(n, 0.5)
+    assert np.array_equal(got, SecureRandom(key("b")).uint64(n) < np.uint64(1 << 63))
+    rng = SecureRandom(key("b2"))
+    assert not rng.bernoulli(n, 0.0).any() and rng.bernoulli(n, 1.0).all()
+    assert rng.bernoulli(0, 0.5).shape == (0,)
+    with pytest.raises(ValueError):
+        rng.bernoulli(n, 1.0000001)
+
+
+def test_secure_random_below_is_unbiased():
+    rng, trials = SecureRandom(key("below")), 60_000
+    counts = np.bincount(rng.below(np.full(trials, 3)).astype(np.int64), minlength=3)
+    assert np.all(np.abs(counts - trials / 3) < six_sigma(trials, 1 / 3))
+    # A bound just above 2^63 rejects about half of the 64-bit draws: the redraw loop runs.
+    big = (1 << 63) + 1
+    values = rng.below(np.full(1000, big, dtype=np.uint64))
+    assert np.all(values < np.uint64(big))
+    assert int(rng.below(1)) == 0
+    assert rng.below(np.arange(1, 6)).shape == (5,)
+    with pytest.raises(ValueError):
+        rng.below(0)
+    with pytest.raises(ValueError):
+        rng.below(np.array([3, 0]))

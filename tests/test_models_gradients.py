@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spgc.csprng import SecureRandom
 from spgc.data import fixed_batches, load_dataset
 from spgc.gradients import clip_per_example, clipped_gradient_sum, per_example_gradients
 from spgc.models import (
@@ -253,7 +254,7 @@ def test_end_to_end_cancer_with_clipped_sums():
     model = build_model("cancer", seed=0)
     params = flatten_params(model)
     opt = Adam(params.size, lr=0.05)
-    rng = np.random.default_rng(0)
+    rng = SecureRandom(bytes(32))
     steps = 0
     while steps < 200:
         for batch in fixed_batches(ds.n_train, 30, rng):

@@ -15,6 +15,7 @@ import pytest
 
 from spgc.certs import make_dev_pki
 from spgc.config import ConfigError, ProviderConfig, load_provider_config
+from spgc.csprng import SecureRandom
 from spgc.data import load_dataset, poisson_batch
 from spgc.encoding import FixedPointConfig, encode_rows
 from spgc.gradients import clip_per_example, per_example_gradients
@@ -49,7 +50,7 @@ CLIP = 1.0
 Q = 0.1
 D = 62
 FP = FixedPointConfig(scale=SCALE, clip_norm=CLIP, dim=D)
-SAMPLING_SEED = 11
+SAMPLING_KEY = bytes(range(32))  # the provider's sampling key: reproducible batches
 ROUNDING_SEED = 22
 
 
@@ -274,7 +275,7 @@ def client_for(cfg: ProviderConfig, data: Any = None) -> ProviderClient:
     return ProviderClient(
         cfg,
         data=data,
-        sampling_rng=np.random.default_rng(SAMPLING_SEED),
+        sampling_rng=SecureRandom(SAMPLING_KEY),
         rounding_rng=np.random.default_rng(ROUNDING_SEED),
     )
 
@@ -283,7 +284,7 @@ def expected_rows(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     """(batch, encoded rows) the provider must have computed, recomputed independently."""
     model = build_model("cancer")
     load_flat_params(model, MODEL)
-    batch = poisson_batch(len(x), Q, np.random.default_rng(SAMPLING_SEED))
+    batch = poisson_batch(len(x), Q, SecureRandom(SAMPLING_KEY))
     grads = per_example_gradients(model, x[batch], y[batch])
     clipped = clip_per_example(grads, CLIP)
     rows, _ = encode_rows(clipped, FP, np.random.default_rng(ROUNDING_SEED))
@@ -540,7 +541,7 @@ def test_ldp_mode_adds_local_discrete_gaussian_noise(pki: Path, servers: Any, ca
     client = ProviderClient(
         cfg,
         data=cancer,
-        sampling_rng=np.random.default_rng(SAMPLING_SEED),
+        sampling_rng=SecureRandom(SAMPLING_KEY),
         rounding_rng=np.random.default_rng(ROUNDING_SEED),
         noise_seed=b"n" * 32,
     )

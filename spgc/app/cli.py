@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spgc import __version__
-from spgc.app import bench_comm, bench_gc, bench_sampler, experiment, export_cmd
+from spgc.app import account_cmd, bench_comm, bench_gc, bench_sampler, experiment, export_cmd
 from spgc.app.bench_gc import BenchError
 from spgc.app.demo import DemoError, DemoOptions, run_cli
 from spgc.app.experiment import run_from_args
@@ -188,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("kind", choices=tuple(SCHEMAS))
     show.add_argument("--markdown", action="store_true", help="docs/CONFIG.md for both daemons")
     export_cmd.add_parser(sub)
+    account_cmd.add_parser(sub)
 
     # The daemons parse their own options (one parser each, shared with the spgc-server and
     # spgc-provider aliases); these entries are for `spgc --help` only: main() hands them over.
@@ -287,6 +288,7 @@ def _dispatch(argv: list[str]) -> int:
         "demo": _cmd_demo,
         "config": _cmd_config,
         "export": export_cmd.run,
+        "account": account_cmd.run,
         "experiment": _cmd_experiment,
     }
 
