@@ -113,6 +113,8 @@ def compute_round(
     """
     plan = state.plan
     total = state.intake.total()
+    # Write-ahead: the release is in the ledger and counted before anything noisy is revealed.
+    entry = state.record_release(t)
     start = time.perf_counter()
     if plan.cfg.mode == "preprocessed":
         if pool_slice is None or state.pool is None:
@@ -125,6 +127,7 @@ def compute_round(
         )
         seconds["exchange"] = time.perf_counter() - start
         del noise
+        state.record_released(entry, t, y)
         return state.apply_update(t, y, info, seconds)
     if plan.cfg.mode == "dng":
         noise = sample_discrete_gaussian(plan.dim, plan.sigma_units)
@@ -133,6 +136,7 @@ def compute_round(
         y, info = dng_exchange(state.role, link.channel, total, noise, plan.ring_bits)
         seconds["exchange"] = time.perf_counter() - start
         del noise  # never needed again
+        state.record_released(entry, t, y)
         return state.apply_update(t, y, info, seconds)
     y, info = run_aggregate(
         _GC_ROLE[state.role],
@@ -144,6 +148,7 @@ def compute_round(
         plan.cfg.mode,
     )
     seconds = {"circuit": time.perf_counter() - start}
+    state.record_released(entry, t, y)
     return state.apply_update(t, y, info, seconds)
 
 
@@ -343,8 +348,12 @@ def compute_single(state: ServerState, t: int) -> bytes:
     """One-server modes: the intake's sum mod 2^L of the providers' clear vectors (plain: G_j;
     ldp: G_j + z_j, noised by each provider) read signed, then the Adam step."""
     start = time.perf_counter()
+    # plain: the release is the clear sum; ldp: its noisy vectors were counted as they came.
+    entry = state.record_release(t) if state.plan.cfg.mode != "ldp" else None
     total = state.intake.total()
     y = reconstruct(total, np.zeros_like(total), state.plan.ring_bits)
+    if entry is not None:
+        state.record_released(entry, t, y)
     return state.apply_update(t, y, {}, {"decode": time.perf_counter() - start})
 
 

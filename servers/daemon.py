@@ -74,9 +74,11 @@ class ServerDaemon:
         )
         role = pb.SERVER_ROLE_SINGLE if cfg.single_server else cfg.role
         self.state = ServerState(self.plan, role, self.intake)
+        self.state.ledger_key = cfg.ledger_key
         if cfg.state_dir is not None:
             set_seed_journal(cfg.state_dir / "used-seeds")  # never a seed of an earlier process
             self.state.checkpoint_dir = cfg.state_dir
+            self.state.ledger_path = cfg.state_dir / "ledger.jsonl"
             if cfg.resume and precompute is None:
                 self._resume()
         if cfg.mode == "preprocessed":

@@ -6,8 +6,11 @@ happens under one condition variable so that waiters (CheckModel, intake-done) w
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives import serialization
 from torch import nn
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.export import privacy_report, write_export
+from spgc.ledger import Ledger, load_signing_key
 from spgc.models import resolve_model
 from spgc.optim import Adam
 from spgc.plan import RunPlan
@@ -126,6 +131,13 @@ class ServerState:
         self._export_lock = threading.Lock()  # one export at a time into the cached module
         self._export_module: nn.Module | None = None
         self.declined: dict[str, str] = {}  # provider -> why it refused the plan
+        # The write-ahead privacy ledger (spgc.ledger): opened once the run id is known.
+        self.ledger: Ledger | None = None
+        self.ledger_path: Path | None = None  # None: in memory only (no state_dir)
+        self.ledger_key: Path | None = None  # None: a key kept in state_dir, or a fresh one
+        self.releases = 0  # release entries written: what the accountant counts
+        self.samples_drawn = 0  # noise samples of those releases (the sampler's delta)
+        self._ldp_counted: set[int] = set()  # ldp rounds whose first noisy vector is counted
 
     # ------------------------------------------------------------------ queries
 
@@ -145,12 +157,89 @@ class ServerState:
         return self.accountant is not None
 
     def noise_samples(self) -> int:
-        """Discrete Gaussian samples drawn for the steps released so far."""
-        return sum(
-            self.plan.noise_samples_per_step(len(r.agreed))
-            for r in self.history.values()
-            if r.phase == pb.ROUND_PHASE_PUBLISHED
-        )
+        """Discrete Gaussian samples drawn for the releases so far (every ledger entry)."""
+        return self.samples_drawn
+
+    # ------------------------------------------------------------------ ledger (write-ahead)
+
+    def _open_ledger(self) -> Ledger:
+        """This run's ledger (continued after a restart); the caller holds ``cond``."""
+        if self.ledger is None:
+            plan, cfg = self.plan, self.plan.cfg
+            header = {
+                "run_id": self.run_id,
+                "server": cfg.role_name,
+                "mode": cfg.mode,
+                "plan_sha256": config_digest(plan.training_config(self.run_id)),
+                "noise_multiplier": plan.noise_multiplier if self.accountant else 0.0,
+                "sampling": plan.sampling,
+                "accountant": cfg.accountant,
+                "delta": cfg.target_delta,
+                "sensitivity_units": float(plan.fixed_point.l2_bound_units),
+            }
+            self.ledger = Ledger.open(self.ledger_path, self._signing_key(), header)
+            entries = [json.loads(line) for line in self.ledger.lines]
+            self.samples_drawn = sum(
+                int(e["noise_samples"]) for e in entries if e.get("kind") == "release"
+            )
+            extra = self.ledger.releases - self.releases
+            if extra > 0:  # releases a crash left in the ledger but not in the checkpoint
+                self.releases += extra
+                if self.accountant is not None:
+                    self.accountant.step(extra)
+                log.warning(
+                    "%s: the ledger holds %d release(s) after the checkpoint; all are counted",
+                    cfg.role_name,
+                    extra,
+                )
+        return self.ledger
+
+    def _signing_key(self) -> Any:
+        if self.ledger_key is not None:
+            return load_signing_key(self.ledger_key)
+        if self.ledger_path is None:
+            return load_signing_key(None)
+        # No configured key: one kept beside the ledger, so a restart continues it.
+        path = self.ledger_path.with_name("ledger-signing.key")
+        if not path.exists():
+            key = load_signing_key(None)
+            pem = key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(pem)
+                f.flush()
+                os.fsync(f.fileno())
+        return load_signing_key(path)
+
+    def record_release(self, t: int, providers: int | None = None) -> int:
+        """Write-ahead: the ledger entry (fsynced) and the accountant's count for one release
+        of round t, BEFORE anything noisy leaves this server. Returns the entry's index."""
+        with self.cond:
+            ledger = self._open_ledger()
+            used = len(self.history[t].agreed) if providers is None else providers
+            samples = self.plan.noise_samples_per_step(used)
+            after = (
+                self.accountant.epsilon_after(self.accountant.steps + 1)
+                if self.accountant is not None
+                else math.inf
+            )
+            index = ledger.record_release(t, samples, after)
+            self.releases += 1
+            self.samples_drawn += samples
+            if self.accountant is not None:
+                self.accountant.step()
+            return index
+
+    def record_released(self, index: int, t: int, y: np.ndarray) -> None:
+        """What release ``index`` revealed: the SHA-256 of its values as decimal text (they
+        may exceed 64 bits)."""
+        digest = hashlib.sha256(",".join(str(int(v)) for v in np.asarray(y).tolist()).encode())
+        with self.cond:
+            self._open_ledger().record_released(index, t, digest.hexdigest())
 
     def reported_delta(self) -> float | None:
         """The delta of the guarantee: the accountant's plus what the sampler's statistical
@@ -236,6 +325,10 @@ class ServerState:
         """A share of ``provider`` is in round t's sum; ``compute_seconds`` is what the provider
         reports it spent (for the round log only: the slowest provider's goes in)."""
         with self.cond:
+            if self.plan.cfg.mode == "ldp" and t not in self._ldp_counted:
+                # ldp: the server now holds a noisy vector; counted whatever the round does.
+                self._ldp_counted.add(t)
+                self.record_release(t, providers=len(self.plan.cfg.providers))
             self.accepted.setdefault(t, set()).add(provider)
             rec = self.history.get(t)
             if rec is not None and math.isfinite(compute_seconds) and compute_seconds > 0:
@@ -321,9 +414,7 @@ class ServerState:
             self.models[self.version] = (self.params, sha)
             for old in [v for v in self.models if v <= self.version - _KEEP_VERSIONS]:
                 del self.models[old]
-            self.steps += 1
-            if self.accountant is not None:
-                self.accountant.step()
+            self.steps += 1  # the accountant counted this release before it happened
             self.history[t].epsilon = self.epsilon()
             self._end_round(pb.ROUND_PHASE_PUBLISHED)
             return self.history[t]
@@ -348,7 +439,7 @@ class ServerState:
             return True
         if self.accountant is None:
             return False
-        return self.accountant.epsilon_after(self.steps + 1) > self.plan.cfg.target_epsilon
+        return self.accountant.epsilon_after(self.releases + 1) > self.plan.cfg.target_epsilon
 
     def note_declined(self, provider: str, reason: str) -> None:
         """A provider refused the plan (its last reason is kept for the summary)."""
@@ -376,6 +467,8 @@ class ServerState:
                 "delta": self.reported_delta(),
                 "delta_accountant": self.plan.cfg.target_delta,
                 "noise_samples": self.noise_samples(),
+                "releases": self.releases,
+                "ledger": None if self.ledger_path is None else str(self.ledger_path),
                 "sampler_distance_per_sample": 2.0**DEFAULT_DISTANCE_LOG2,
                 "noise_std_units": self.plan.sigma_units,
                 "noise_std_total_units": self.plan.total_noise_std_units,
@@ -445,6 +538,8 @@ class ServerState:
                 "round": self.round,
                 "version": self.version,
                 "steps": self.steps,
+                "releases": self.releases,
+                "noise_samples": self.samples_drawn,
                 "model_sha256": self.models[self.version][1].hex(),
                 "adam": {
                     "t": adam["t"],
@@ -482,8 +577,13 @@ class ServerState:
             )
             self.adam.load_state_dict(state)
             self.steps = int(record["steps"])
-            if self.accountant is not None and self.steps:
-                self.accountant.step(self.steps)  # every released step counts
+            self.releases = int(record.get("releases", self.steps))
+            self.samples_drawn = int(record.get("noise_samples", 0))
+            if self.accountant is not None and self.releases:
+                self.accountant.step(self.releases)  # every release counts
+            # The ledger may hold releases after this checkpoint (a crash after the entry):
+            # opening it counts them too.
+            self._open_ledger()
             self.round = int(record["round"])
             for h in record["history"]:
                 rec = RoundRecord(

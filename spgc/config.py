@@ -104,6 +104,11 @@ class ServerConfig(_Schema):
     resume: bool = Field(
         True, description="continue the run from the checkpoint in state_dir after a restart"
     )
+    ledger_key: Path | None = Field(
+        None,
+        description="Ed25519 private key (PEM file) signing this server's privacy ledger "
+        "(state_dir/ledger.jsonl); none: a key kept in state_dir (ledger-signing.key)",
+    )
     pool_dir: Path | None = Field(
         None, description="mode preprocessed: where the noise shares live (state_dir/noise-pool)"
     )

@@ -12,6 +12,7 @@ import pytest
 
 from spgc.certs import make_dev_pki
 from spgc.config import ServerConfig, TlsPaths, load_server_config
+from spgc.ledger import verify_ledger
 from spgc.servers.daemon import ServerDaemon
 from spgc.sharing import share
 from spgc.wire import aggregation_pb2 as pb
@@ -221,10 +222,14 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
             p.close()
         d1.stop()
         d2.stop()
-    for sub in ("s1", "s2"):  # spill files gone; the checkpoint and the exported models stay
+    for sub in ("s1", "s2"):  # spill files gone; checkpoint, ledger and exported models stay
         left = sorted(p.name for p in (tmp_path / sub).iterdir())
-        expected = ["checkpoint-00000002.npz", "checkpoint.json", "model.json"]
-        assert left == [*expected, "model.safetensors", "models"], left
+        expected = ["checkpoint-00000002.npz", "checkpoint.json", "ledger-signing.key"]
+        expected += ["ledger.jsonl", "model.json", "model.safetensors", "models"]
+        assert left == expected, left
+        # only-mpc: two releases of the noise-free sum, in the ledger, with no epsilon
+        report = verify_ledger(tmp_path / sub / "ledger.jsonl")
+        assert (report.steps, report.released, report.epsilon) == (2, 2, None)
 
 
 def test_spgc_round_advances_model_and_skips_small_round(pki, tmp_path):

@@ -1,0 +1,384 @@
+"""The privacy ledger: one signed, hash-chained JSON line per noisy release, written before it.
+
+Each server appends to ``ledger.jsonl`` in its state directory and fsyncs before anything
+noisy leaves it (write-ahead), so after any crash the entries on disk are at least the
+releases that may have happened; the accountant counts every ``release`` entry, whether its
+round then completed, failed or was run again. The file verifies on its own: its first line
+(``header``) names the run, the plan and this server's Ed25519 public key; every line carries
+``prev``, the SHA-256 of the line before it (the chain), and ``sig``, the server's signature
+over the line without ``sig``. :func:`verify_ledger` checks both and re-accounts epsilon from
+the entries with dp-accounting, independently of the server's own count.
+
+Line kinds:
+
+- ``header``: ``run_id``, ``server``, ``public_key`` (hex, raw Ed25519), the plan
+  (``mode``, ``plan_sha256``, ``noise_multiplier``, ``sampling``, ``accountant``, ``delta``,
+  ``sensitivity_units``).
+- ``release``: written BEFORE a release: ``index`` (0, 1, ...), ``round``, ``mode``,
+  ``plan_sha256``, ``noise_multiplier``, ``sampling``, ``sensitivity_units``,
+  ``noise_samples``, ``epsilon_after`` (the server's own count at the plan's delta, this
+  release included).
+- ``released``: written after it: ``index`` of its ``release``, ``round``, ``vector_sha256``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from spgc.accounting import PrivacyAccountant
+
+__all__ = [
+    "FORMAT",
+    "Ledger",
+    "LedgerError",
+    "LedgerReport",
+    "canonical",
+    "load_signing_key",
+    "public_key_hex",
+    "verify_ledger",
+]
+
+FORMAT = 1
+# What the re-accounted epsilon may exceed the recorded one by before it counts as an
+# under-report (dp-accounting's own floating-point noise).
+EPSILON_TOLERANCE = 1e-6
+
+
+class LedgerError(ValueError):
+    """A ledger that does not verify; the message names the line (1-based)."""
+
+
+def canonical(entry: Mapping[str, Any]) -> bytes:
+    """The bytes a line is, and is signed as (without ``sig``): sorted keys, no spaces."""
+    return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def load_signing_key(path: Path | None) -> Ed25519PrivateKey:
+    """An Ed25519 private key from a PEM file (``spgc certs`` makes them); None: a fresh key
+    for this process (the ledger's header names its public key either way)."""
+    if path is None:
+        return Ed25519PrivateKey.generate()
+    try:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"ledger signing key {path}: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"ledger signing key {path} is not an Ed25519 private key")
+    return key
+
+
+def public_key_hex(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return raw.hex()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _aside(path: Path, run_id: str) -> Path:
+    """Where an older run's ledger is kept: ``ledger.jsonl.<run_id>`` (the run id made safe
+    for a file name), never overwriting an earlier one (``.1``, ``.2``, ...)."""
+    base = path.with_name(f"{path.name}.{re.sub(r'[^A-Za-z0-9._-]', '_', run_id)[:100]}")
+    target, n = base, 0
+    while target.exists():
+        n += 1
+        target = base.with_name(f"{base.name}.{n}")
+    return target
+
+
+@dataclass
+class Ledger:
+    """One server's ledger file (``path``; None: in memory only, nothing survives the
+    process). Opening an existing file continues it (same run) after verifying it."""
+
+    path: Path | None
+    key: Ed25519PrivateKey
+    header: dict[str, Any]
+    lines: list[bytes] = field(default_factory=list)
+    _releases: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def open(
+        cls, path: Path | None, key: Ed25519PrivateKey, header: Mapping[str, Any]
+    ) -> Ledger:
+        """Continue the ledger at ``path`` if it holds this run (its header's run_id and
+        plan), else start one with ``header`` (an older run's file is kept aside as
+        ``ledger.jsonl.<run_id>``)."""
+        fields = {**header, "kind": "header", "format": FORMAT, "public_key": public_key_hex(key)}
+        ledger = cls(path, key, dict(fields))
+        if path is not None and path.exists():
+            existing = [line for line in path.read_bytes().splitlines() if line.strip()]
+            if existing:
+                try:
+                    first = json.loads(existing[0])
+                except ValueError:
+                    first = None
+                if not isinstance(first, dict):
+                    raise LedgerError(f"{path}: line 1 is not a ledger header; not touching it")
+                same = first.get("run_id") == fields.get("run_id") and first.get(
+                    "plan_sha256"
+                ) == fields.get("plan_sha256")
+                if same:
+                    verify_ledger(existing)  # a damaged ledger is never extended
+                    ledger.header = first
+                    ledger.lines = existing
+                    if first.get("public_key") != fields["public_key"]:
+                        raise LedgerError(
+                            f"{path}: written with another signing key; configure the same "
+                            "ledger_key to continue this run"
+                        )
+                    return ledger
+                path.replace(_aside(path, str(first.get("run_id") or "old")))
+        ledger._append(dict(fields))
+        return ledger
+
+    @property
+    def releases(self) -> int:
+        """How many release entries the ledger holds (what the accountant counts)."""
+        if self._releases is None:  # counted once, then kept up to date by _append
+            self._releases = sum(
+                1 for line in self.lines if json.loads(line).get("kind") == "release"
+            )
+        return self._releases
+
+    def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
+        entry["prev"] = _sha256(self.lines[-1]) if self.lines else None
+        entry.pop("sig", None)
+        entry["sig"] = self.key.sign(canonical(entry)).hex()
+        line = canonical(entry)
+        if self.path is not None:
+            # Durable before the caller goes on: O_APPEND + fsync of the file (and of the
+            # directory when the file is new, so the entry survives a crash).
+            new = not self.path.exists()
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                os.write(fd, line + b"\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if new:
+                dfd = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+        if entry.get("kind") == "release":
+            self._releases = self.releases + 1
+        self.lines.append(line)
+        return entry
+
+    def record_release(self, round_number: int, noise_samples: int, epsilon_after: float) -> int:
+        """Write-ahead entry for one release (call it, then release). Returns its index."""
+        h = self.header
+        index = self.releases
+        self._append(
+            {
+                "kind": "release",
+                "index": index,
+                "round": int(round_number),
+                "mode": h.get("mode"),
+                "plan_sha256": h.get("plan_sha256"),
+                "noise_multiplier": h.get("noise_multiplier"),
+                "sampling": h.get("sampling"),
+                "sensitivity_units": h.get("sensitivity_units"),
+                "noise_samples": int(noise_samples),
+                "epsilon_after": None if math.isinf(epsilon_after) else float(epsilon_after),
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+        return index
+
+    def record_released(self, index: int, round_number: int, vector_sha256: str) -> None:
+        """What was released for entry ``index`` (the vector's SHA-256)."""
+        self._append(
+            {
+                "kind": "released",
+                "index": int(index),
+                "round": int(round_number),
+                "vector_sha256": vector_sha256,
+            }
+        )
+
+
+@dataclass
+class LedgerReport:
+    """What :func:`verify_ledger` found."""
+
+    run_id: str
+    server: str
+    public_key: str
+    steps: int  # release entries: every one counted
+    released: int  # of which a released line followed
+    epsilon: float | None  # re-accounted from the entries (None: no noise, not DP)
+    epsilon_recorded: float | None  # the last release entry's own count
+    delta: float | None
+    noise_samples: int
+    signatures_valid: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _entries(lines: list[bytes]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    for number, raw in enumerate(lines, start=1):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            raise LedgerError(f"line {number}: not JSON") from None
+        if not isinstance(entry, dict):
+            raise LedgerError(f"line {number}: not a JSON object")
+        yield number, raw, entry
+
+
+def verify_ledger(
+    source: Path | str | list[bytes], expected_keys: list[str] | None = None
+) -> LedgerReport:
+    """Check the chain and every signature and re-account epsilon from the release entries.
+    LedgerError naming the line on a broken chain, a bad signature, a key other than
+    ``expected_keys`` (hex, optional pinning), or a recorded epsilon below the re-accounted
+    one (an under-count)."""
+    if isinstance(source, list):
+        lines = [line for line in source if line.strip()]
+    else:
+        try:
+            lines = [line for line in Path(source).read_bytes().splitlines() if line.strip()]
+        except OSError as exc:
+            raise LedgerError(f"cannot read the ledger: {exc}") from None
+    if not lines:
+        raise LedgerError("the ledger is empty")
+    header: dict[str, Any] = {}
+    public: Ed25519PublicKey | None = None
+    prev: bytes | None = None
+    steps = released = samples = 0
+    recorded: float | None = None
+    recorded_line = 0  # the last release entry's line
+    rounds: dict[int, int] = {}  # release index -> its round
+    seen_released: set[int] = set()
+    for number, raw, entry in _entries(lines):
+        want = None if prev is None else _sha256(prev)
+        if entry.get("prev") != want:
+            raise LedgerError(f"line {number}: broken chain (prev does not hash line {number - 1})")
+        if number == 1:
+            if entry.get("kind") != "header" or entry.get("format") != FORMAT:
+                raise LedgerError("line 1: not a ledger header of format 1")
+            header = entry
+            try:
+                public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry["public_key"]))
+            except (KeyError, TypeError, ValueError):
+                raise LedgerError("line 1: no valid public_key") from None
+            if expected_keys is not None and entry["public_key"].lower() not in {
+                k.lower() for k in expected_keys
+            }:
+                raise LedgerError("line 1: signed by a key other than the expected ones")
+        assert public is not None
+        unsigned = {k: v for k, v in entry.items() if k != "sig"}
+        try:
+            public.verify(bytes.fromhex(str(entry.get("sig", ""))), canonical(unsigned))
+        except (InvalidSignature, ValueError):
+            raise LedgerError(f"line {number}: bad signature") from None
+        if canonical(entry) != raw:
+            raise LedgerError(f"line {number}: not in canonical form")
+        kind = entry.get("kind")
+        if kind == "release":
+            if not _is_int(entry.get("index")) or entry["index"] != steps:
+                raise LedgerError(f"line {number}: release index {entry.get('index')}, "
+                                  f"expected {steps}")  # fmt: skip
+            for key in ("mode", "noise_multiplier", "sampling", "plan_sha256", "sensitivity_units"):
+                if entry.get(key) != header.get(key):
+                    raise LedgerError(f"line {number}: {key} differs from the header's")
+            count = entry.get("noise_samples")
+            if not _is_int(count) or count < 0 or not _is_int(entry.get("round")):
+                raise LedgerError(f"line {number}: round and noise_samples must be integers >= 0")
+            after = entry.get("epsilon_after")
+            if after is not None and not (
+                isinstance(after, (int, float)) and not isinstance(after, bool) and after >= 0
+            ):
+                raise LedgerError(f"line {number}: epsilon_after must be a number >= 0 or null")
+            if recorded_line and _above(recorded, after):
+                raise LedgerError(
+                    f"line {number}: epsilon_after {after} is below the previous entry's "
+                    f"{recorded}"
+                )
+            rounds[steps] = entry["round"]
+            steps += 1
+            samples += count
+            recorded, recorded_line = after, number
+        elif kind == "released":
+            index = entry.get("index")
+            if not _is_int(index) or index not in rounds:
+                raise LedgerError(f"line {number}: released index {index!r} has no release entry "
+                                  "before it")  # fmt: skip
+            if index in seen_released:
+                raise LedgerError(f"line {number}: a second released line for index {index}")
+            if entry.get("round") != rounds[index]:
+                raise LedgerError(
+                    f"line {number}: round {entry.get('round')!r}, but release {index} was "
+                    f"for round {rounds[index]}"
+                )
+            seen_released.add(index)
+            released += 1
+        elif number != 1:
+            raise LedgerError(f"line {number}: unknown kind {kind!r}")
+        prev = raw
+    epsilon = _reaccount(header, steps)
+    # A recorded null with noise is an infinite epsilon (JSON has no Infinity).
+    if epsilon is not None and steps and _above(epsilon, recorded, EPSILON_TOLERANCE):
+        raise LedgerError(
+            f"line {recorded_line}: the {steps} release entries re-account to epsilon "
+            f"{epsilon:.6g}, above the recorded {recorded}"
+        )
+    return LedgerReport(
+        run_id=str(header.get("run_id", "")),
+        server=str(header.get("server", "")),
+        public_key=str(header.get("public_key", "")),
+        steps=steps,
+        released=released,
+        epsilon=epsilon,
+        epsilon_recorded=recorded,
+        delta=header.get("delta") if epsilon is not None else None,
+        noise_samples=samples,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _above(a: float | None, b: float | None, tolerance: float = 0.0) -> bool:
+    """a > b + tolerance, where None stands for an infinite epsilon."""
+    if b is None:
+        return False
+    if a is None:
+        return True
+    return a > b + tolerance
+
+
+def _reaccount(header: Mapping[str, Any], steps: int) -> float | None:
+    """Epsilon after ``steps`` releases under the header's plan (None without noise)."""
+    nm = header.get("noise_multiplier") or 0.0
+    try:
+        if nm <= 0:
+            return None
+        sampling = dict(header.get("sampling") or {})
+        acc = PrivacyAccountant(
+            float(nm), float(header["delta"]), method=header.get("accountant", "rdp"), **sampling
+        )
+        epsilon = acc.epsilon_after(steps)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LedgerError(f"line 1: the header's plan cannot be re-accounted: {exc}") from None
+    return epsilon

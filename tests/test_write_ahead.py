@@ -1,0 +1,125 @@
+"""Every release is in the ledger, and counted, before it happens (issue 13, write-ahead).
+
+A tap on the release itself (the garbled circuit's run_aggregate) logs every reveal; after a
+failure past the reveal, and after a restart from the checkpoint before it, both servers'
+ledgers and accountants count at least the reveals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_server_daemon import PROVIDERS, Provider, bind_pair, start_pair, wait_round_done
+from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
+
+from spgc.ledger import verify_ledger
+from spgc.servers import coordinator
+
+NOISY = {"mode": "spgc", "noise_multiplier": 2.0, "rounds": 3, "target_epsilon": 50.0}
+
+
+@pytest.fixture
+def reveals(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """(role, round) of every reveal the circuit makes, in order."""
+    seen: list[tuple[int, int]] = []
+    real = coordinator.run_aggregate
+
+    def tap(role, link, total, seed, sigma, ring_bits, mode):
+        y, info = real(role, link, total, seed, sigma, ring_bits, mode)
+        seen.append((1 if role == "garbler" else 2, -1))
+        return y, info
+
+    monkeypatch.setattr(coordinator, "run_aggregate", tap)
+    return seen
+
+
+def submit_round(providers: list[Provider], t: int, value: int = 10) -> None:
+    cfg = providers[0].wait_collecting(t)
+    for i, p in enumerate(providers):
+        p.submit_both(cfg, t, np.full(cfg.num_parameters, value * (i + 1), dtype=np.int64))
+
+
+def test_a_failure_after_the_reveal_is_counted_and_a_restart_continues(
+    pki: Path, tmp_path: Path, reveals: list[tuple[int, int]]
+) -> None:
+    d1, d2 = start_pair(pki, tmp_path, **NOISY)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        submit_round(providers, 0)
+        wait_round_done((d1, d2), 0)
+        # Round 1: H2's update silently diverges, so the servers stop AFTER the circuit
+        # revealed the noisy sum and BEFORE anything is published or checkpointed.
+        d2.state.adam.lr *= 2
+        submit_round(providers, 1)
+        assert d1.wait(60) and d2.wait(60)
+        assert "differs between the servers" in str(d1.error)
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    assert len(reveals) == 4  # two rounds, two parties each
+    for daemon in (d1, d2):
+        assert daemon.state.steps == 1  # one model published
+        assert daemon.state.releases == 2  # ... but two noisy releases, both counted
+        assert daemon.state.accountant.steps == 2
+    for sub in ("s1", "s2"):
+        report = verify_ledger(tmp_path / sub / "ledger.jsonl")
+        assert report.steps == 2 >= len(reveals) // 2
+        assert report.released == 2
+
+    # Restart from the checkpoint of round 0: the ledger's second release is counted again
+    # (it happened), the round runs again as a NEW release with fresh noise.
+    a, b = bind_pair(pki, tmp_path, **NOISY)
+    assert a.state.round == 1 and a.state.steps == 1
+    assert a.state.releases == 2 and b.state.releases == 2
+    assert a.state.accountant.steps == 2
+    providers = [Provider(pki, n, (a, b)) for n in PROVIDERS]
+    try:
+        b.start()
+        a.start()
+        submit_round(providers, 1)
+        wait_round_done((a, b), 1)
+    finally:
+        for p in providers:
+            p.close()
+        a.stop()
+        b.stop()
+    for daemon, sub in ((a, "s1"), (b, "s2")):
+        report = verify_ledger(tmp_path / sub / "ledger.jsonl")
+        assert report.steps == 3 == daemon.state.releases  # 3 releases, 2 models published
+        assert daemon.state.steps == 2
+        assert report.epsilon == pytest.approx(daemon.state.epsilon(), rel=1e-9)
+    assert len(reveals) == 6
+
+
+def test_ledger_entry_is_on_disk_before_the_reveal(
+    pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the moment of each reveal, this round's release entry is already in the file."""
+    seen: list[int] = []
+    real = coordinator.run_aggregate
+    servers: dict[int, object] = {}
+
+    def tap(role, link, total, seed, sigma, ring_bits, mode):
+        daemon = servers[1 if role == "garbler" else 2]
+        path = daemon.cfg.state_dir / "ledger.jsonl"  # type: ignore[attr-defined]
+        seen.append(verify_ledger(path).steps)
+        return real(role, link, total, seed, sigma, ring_bits, mode)
+
+    monkeypatch.setattr(coordinator, "run_aggregate", tap)
+    d1, d2 = start_pair(pki, tmp_path, **{**NOISY, "rounds": 2})
+    servers.update({1: d1, 2: d2})
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        for t in range(2):
+            submit_round(providers, t)
+            wait_round_done((d1, d2), t)
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    assert sorted(seen) == [1, 1, 2, 2]  # the k-th reveal found k entries already written
