@@ -463,6 +463,7 @@ class ServerState:
                 "test_accuracy": None if last is None else last.test_accuracy,
                 "test_loss": None if last is None else last.test_loss,
                 "differentially_private": self.differentially_private,
+                "adjacency": None if self.accountant is None else self.accountant.adjacency,
                 "epsilon": None if math.isinf(eps) else eps,
                 "delta": self.reported_delta(),
                 "delta_accountant": self.plan.cfg.target_delta,

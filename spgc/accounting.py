@@ -10,12 +10,15 @@ every encoded example, which includes the rounding inflation over ``s*C``). So p
 
 Neighbouring relation. ``sampling="poisson"`` (default, what providers do by default) accounts
 add/remove-one-example DP with a ``PoissonSampledDpEvent`` of rate q. ``sampling="fixed"`` (the
-paper's fixed-size shuffled batches) uses ``SampledWithoutReplacementDpEvent(population,
-sample_size)``, which dp-accounting supports only for replace-one DP and only with RDP: the
-replace-one sensitivity of a sum of examples of norm <= B is 2B, so the Gaussian event gets
-``noise_multiplier / 2`` (the accountant's inputs stay relative to B). PLD with fixed batches is
-refused. With several providers, an example is sampled at its own provider's rate: pass the
-largest rate over providers (worst case).
+paper's fixed-size shuffled batches) gets NO amplification by sampling: shuffling is not
+sampling without replacement (Chua et al. 2024, "How Private are DP-SGD Implementations?").
+Each example is in exactly one batch per epoch (``population // sample_size`` batches), so an
+epoch is one Gaussian release per example under replace-one adjacency, whose sensitivity for a
+sum of examples of norm <= B is 2B: the Gaussian event gets ``noise_multiplier / 2`` (inputs
+stay relative to B), composed over the epochs begun (a partial epoch counts as a whole one).
+Replace-one is the adjacency every report names for fixed batches. RDP only (PLD refused, as
+before, to keep one tested path). With several providers, an example is sampled at its own
+provider's rate: pass the largest rate over providers (worst case).
 
 Discrete noise. The Gaussian events describe continuous noise. For a single release the
 discrete Gaussian has the same zCDP as the continuous one (Canonne-Kamath-Steinke 2020); using
@@ -126,14 +129,9 @@ class _EventSpec:
             self.sample_size, self.population = int(sample_size), int(population)
 
     def step_event(self, noise_multiplier: float) -> dp_accounting.DpEvent:
-        """The DpEvent of one step at this noise multiplier (std / add-remove sensitivity)."""
-        if self.sampling == "poisson":
-            return dp_accounting.PoissonSampledDpEvent(
-                self.sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)
-            )
-        # Replace-one sensitivity of the sum is 2B: the event's multiplier is std / (2B).
-        return dp_accounting.SampledWithoutReplacementDpEvent(
-            self.population, self.sample_size, dp_accounting.GaussianDpEvent(noise_multiplier / 2)
+        """The DpEvent of one Poisson-sampled step (std / add-remove sensitivity)."""
+        return dp_accounting.PoissonSampledDpEvent(
+            self.sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)
         )
 
     def fresh_accountant(self) -> dp_accounting.PrivacyAccountant:
@@ -150,13 +148,30 @@ class _EventSpec:
             value_discretization_interval=self.value_discretization_interval,
         )
 
+    @property
+    def adjacency(self) -> str:
+        """The neighbouring relation the guarantee is stated for."""
+        return "add/remove one example" if self.sampling == "poisson" else "replace one example"
+
+    def run_event(self, noise_multiplier: float, steps: int) -> dp_accounting.DpEvent:
+        """The DpEvent of ``steps`` steps: Poisson-subsampled Gaussians, or (fixed, shuffled
+        batches) one replace-one Gaussian per epoch begun, with no amplification."""
+        if self.sampling == "poisson":
+            return dp_accounting.SelfComposedDpEvent(self.step_event(noise_multiplier), steps)
+        assert self.population is not None and self.sample_size is not None
+        per_epoch = max(1, self.population // self.sample_size)
+        epochs = -(-steps // per_epoch)  # ceil: a begun epoch counts whole
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.GaussianDpEvent(noise_multiplier / 2), epochs
+        )
+
     def epsilon(self, noise_multiplier: float, steps: int, delta: float) -> float:
         """Epsilon after ``steps`` steps at ``delta``."""
         if steps <= 0:
             return 0.0
         if noise_multiplier <= 0:
             return math.inf
-        event = dp_accounting.SelfComposedDpEvent(self.step_event(noise_multiplier), steps)
+        event = self.run_event(noise_multiplier, steps)
         acc = self.fresh_accountant()
         acc.compose(event)
         return float(acc.get_epsilon(delta))
@@ -213,6 +228,11 @@ class PrivacyAccountant:
     def sampling_rate(self) -> float:
         """q (for fixed batches, sample_size / population)."""
         return self._spec.sampling_rate
+
+    @property
+    def adjacency(self) -> str:
+        """The neighbouring relation of the guarantee (every report names it)."""
+        return self._spec.adjacency
 
     @property
     def steps(self) -> int:
@@ -344,7 +364,7 @@ def calibrate_noise_multiplier(
     return float(
         dp_accounting.calibrate_dp_mechanism(
             spec.fresh_accountant,
-            lambda sigma: dp_accounting.SelfComposedDpEvent(spec.step_event(sigma), steps),
+            lambda sigma: spec.run_event(sigma, steps),
             target_epsilon,
             delta,
             bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),

@@ -153,10 +153,17 @@ def test_fixed_batches_use_replace_one_with_double_sensitivity():
     fixed = PrivacyAccountant(1.1, 1e-5, sampling="fixed", sample_size=50, population=50)
     assert fixed.sampling_rate == 1.0
     assert fixed.epsilon_after(10) == pytest.approx(epsilon_for(0.55, 1e-5, 1.0, 10), rel=1e-9)
-    # Subsampled fixed batches: finite, growing, and more than Poisson at the same rate.
+    # Shuffled fixed batches get no amplification (Chua et al. 2024): an epoch (100 batches of
+    # 100 of 10,000) is ONE replace-one Gaussian per example, whatever its number of steps; a
+    # begun epoch counts whole; epochs compose.
     sub = PrivacyAccountant(1.1, 1e-5, sampling="fixed", sample_size=100, population=10_000)
-    assert math.isfinite(sub.epsilon_after(100))
+    one_epoch = epsilon_for(0.55, 1e-5, 1.0, 1)
+    assert sub.epsilon_after(1) == pytest.approx(one_epoch, rel=1e-9)
+    assert sub.epsilon_after(100) == pytest.approx(one_epoch, rel=1e-9)
+    assert sub.epsilon_after(101) == pytest.approx(epsilon_for(0.55, 1e-5, 1.0, 2), rel=1e-9)
     assert sub.epsilon_after(100) > epsilon_for(1.1, 1e-5, 0.01, 100)
+    assert sub.adjacency == "replace one example"
+    assert PrivacyAccountant(1.1, 1e-5, 0.01).adjacency == "add/remove one example"
     fixed_kw = {"sampling": "fixed", "sample_size": 100, "population": 10_000}
     sigma = calibrate_noise_multiplier(8.0, 1e-5, None, 100, rel_tol=1e-2, **fixed_kw)
     eps = epsilon_for(sigma, 1e-5, None, 100, **fixed_kw)
