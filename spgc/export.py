@@ -108,6 +108,14 @@ def privacy_report(
         "noise_multiplier": float(noise_multiplier),
         "noise_std_units": float(noise_multiplier) * float(sensitivity_units),
         "sampling": dict(sampling),
+        # the neighbouring relation of the guarantee (spgc.accounting: fixed batches replace one)
+        "adjacency": (
+            None
+            if eps is None
+            else "replace one example"
+            if sampling.get("sampling") == "fixed"
+            else "add/remove one example"
+        ),
         "clip_norm": float(clip_norm),
         "scale": float(scale),
         "sensitivity_units": float(sensitivity_units),
