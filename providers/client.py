@@ -45,7 +45,7 @@ from torch import nn
 
 from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
-from spgc.accounting import per_step_epsilon
+from spgc.accounting import PrivacyAccountant, per_step_epsilon
 from spgc.config import ProviderConfig
 from spgc.csprng import SecureRandom, as_secure_rng
 from spgc.data import (
@@ -57,6 +57,7 @@ from spgc.data import (
 )
 from spgc.encoding import FixedPointConfig, default_rounding_rng, encode_batch, stochastic_round
 from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
+from spgc.ledger import LedgerError, LedgerReport, verify_ledger
 from spgc.models import (
     MODEL_NAMES,
     build_model,
@@ -886,6 +887,8 @@ class ProviderClient:
         t = info.round
         # Round t is attempted once: whatever happens below, no second share vector for it.
         self.last_round = t
+        if self.cfg.max_total_epsilon is not None:  # a limit of our own to hold the run to
+            self.check_ledger()
         params = self.fetch_model(info)
         batch = self.draw_batch()
         total, compute, encode = self.encode(params, batch)
@@ -922,6 +925,50 @@ class ProviderClient:
         if errors:
             raise RoundFailed("; ".join(errors))
         return report
+
+    def check_ledger(self) -> LedgerReport | None:
+        """Fetch and verify every server's privacy ledger (chain, signature, re-accounted
+        epsilon) and refuse (ProviderRefusal) to take part in another release that would
+        spend more than ``max_total_epsilon``, counting every release the servers recorded
+        (failed and re-run rounds included). None before the run's first release."""
+        tc, report = self.training, None
+        for server in self.servers:
+            request = pb.LedgerRequest(run_id=tc.run_id, provider_id=self.cfg.name)
+            reply = self._call_with_retry(
+                lambda s=server, r=request: s.stub.FetchLedger(r, timeout=self.cfg.rpc_timeout),
+                f"FetchLedger at {server.name}",
+                RoundFailed,  # no ledger, no share: this round is sat out
+            )
+            if not reply.lines:
+                continue
+            try:
+                found = verify_ledger(list(reply.lines))
+            except LedgerError as exc:
+                msg = f"{server.name}'s privacy ledger does not verify: {exc}"
+                raise ProviderRefusal(msg) from None
+            if found.run_id != tc.run_id:
+                raise ProviderRefusal(f"{server.name}'s ledger is of run {found.run_id}")
+            if report is None or found.steps > report.steps:
+                report = found
+        limit = self.cfg.max_total_epsilon
+        if report is not None and limit is not None and tc.mode not in _NOISELESS:
+            nxt = PrivacyAccountant(
+                effective_noise_multiplier(tc), tc.target_delta, method=tc.accountant,
+                **self._ledger_sampling(),
+            ).epsilon_after(report.steps + 1)  # fmt: skip
+            if nxt > limit:
+                raise ProviderRefusal(
+                    f"the servers' ledger counts {report.steps} release(s) (epsilon "
+                    f"{report.epsilon:.4g}); one more would spend {nxt:.4g} > this provider's "
+                    f"max_total_epsilon {limit:g}: leaving the run"
+                )
+        return report
+
+    def _ledger_sampling(self) -> dict[str, Any]:
+        tc = self.training
+        if tc.WhichOneof("batch") == "sampling_rate":
+            return {"sampling": "poisson", "sampling_rate": tc.sampling_rate}
+        return {"sampling": "fixed", "sample_size": tc.batch_size, "population": len(self._x)}
 
     def run(self) -> list[RoundReport]:
         """Take part until training finishes (or ``max_rounds``); returns the reports.

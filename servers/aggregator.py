@@ -140,6 +140,18 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         return pb.DeclineReply()
 
     @abort_on_error
+    def FetchLedger(
+        self, request: pb.LedgerRequest, context: grpc.ServicerContext
+    ) -> pb.LedgerReply:
+        self._identity(context, request.provider_id)
+        if request.run_id != self.state.run_id:
+            raise WireError(
+                f"run {request.run_id!r} is not this server's run", grpc.StatusCode.NOT_FOUND
+            )
+        lines = self.state.ledger_lines()
+        return pb.LedgerReply(lines=lines[request.from_line :], total_lines=len(lines))
+
+    @abort_on_error
     def RoundStatus(
         self, request: pb.RoundStatusRequest, context: grpc.ServicerContext
     ) -> pb.RoundInfo:

@@ -234,6 +234,11 @@ class ServerState:
                 self.accountant.step()
             return index
 
+    def ledger_lines(self) -> list[bytes]:
+        """The ledger's lines so far (empty before the first release of the run)."""
+        with self.cond:
+            return [] if self.ledger is None else list(self.ledger.lines)
+
     def record_released(self, index: int, t: int, y: np.ndarray) -> None:
         """What release ``index`` revealed: the SHA-256 of its values as decimal text (they
         may exceed 64 bits)."""

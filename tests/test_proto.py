@@ -188,6 +188,7 @@ def test_services_and_package() -> None:
         "SubmitShare": (True, False),
         "RoundStatus": (False, False),
         "DeclinePlan": (False, False),
+        "FetchLedger": (False, False),
     }
     peer = peer_pb2.DESCRIPTOR.services_by_name["Peer"]
     assert {m.name for m in peer.methods} == {

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from test_server_daemon import PROVIDERS, Provider, bind_pair, start_pair, wait_round_done
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
+from test_user_plans import provider_config
 
 from spgc.ledger import verify_ledger
+from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.servers import coordinator
 
 NOISY = {"mode": "spgc", "noise_multiplier": 2.0, "rounds": 3, "target_epsilon": 50.0}
@@ -123,3 +125,29 @@ def test_ledger_entry_is_on_disk_before_the_reveal(
         d1.stop()
         d2.stop()
     assert sorted(seen) == [1, 1, 2, 2]  # the k-th reveal found k entries already written
+
+
+def test_a_provider_leaves_once_the_ledger_would_pass_its_limit(pki: Path, tmp_path: Path) -> None:
+    """Providers verify the servers' ledgers (FetchLedger) before each round and stop once one
+    more release would spend more than their own max_total_epsilon."""
+    d1, d2 = start_pair(pki, tmp_path, **NOISY, min_providers=1)
+    try:
+        acc = d1.plan.new_accountant()
+        assert acc is not None
+        limit = (acc.epsilon_after(1) + acc.epsilon_after(2)) / 2  # one release fits, two do not
+        cfg = provider_config(pki, d1, d2, 0, max_total_epsilon=60.0)
+        with ProviderClient(cfg) as client:
+            client.connect()  # the plan (target 50) is within 60: accepted
+            client.cfg = client.cfg.model_copy(update={"max_total_epsilon": limit})
+            assert client.run_round() is not None  # nothing released yet: takes part
+            wait_round_done((d1, d2), 0)
+            report = verify_ledger(d1.state.ledger_lines())
+            assert report.steps == 1
+            assert report.epsilon == pytest.approx(acc.epsilon_after(1), rel=1e-9)
+            with pytest.raises(ProviderRefusal, match=r"counts 1 release.*one more would spend"):
+                client.run_round()
+            client.cfg = client.cfg.model_copy(update={"max_total_epsilon": 60.0})
+            assert client.check_ledger().steps == 1  # within the limit: the report
+    finally:
+        d1.stop()
+        d2.stop()

@@ -4,10 +4,11 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -313,6 +314,24 @@ class RoundStatusRequest(_message.Message):
     after_round: int
     provider_id: str
     def __init__(self, round: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., after_round: _Optional[int] = ..., provider_id: _Optional[str] = ...) -> None: ...
+
+class LedgerRequest(_message.Message):
+    __slots__ = ("run_id", "from_line", "provider_id")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_LINE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    from_line: int
+    provider_id: str
+    def __init__(self, run_id: _Optional[str] = ..., from_line: _Optional[int] = ..., provider_id: _Optional[str] = ...) -> None: ...
+
+class LedgerReply(_message.Message):
+    __slots__ = ("lines", "total_lines")
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_LINES_FIELD_NUMBER: _ClassVar[int]
+    lines: _containers.RepeatedScalarFieldContainer[bytes]
+    total_lines: int
+    def __init__(self, lines: _Optional[_Iterable[bytes]] = ..., total_lines: _Optional[int] = ...) -> None: ...
 
 class DeclineRequest(_message.Message):
     __slots__ = ("run_id", "reason", "provider_id")

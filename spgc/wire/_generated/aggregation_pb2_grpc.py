@@ -63,6 +63,11 @@ class AggregatorStub:
                 request_serializer=spgc_dot_v1_dot_aggregation__pb2.DeclineRequest.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_aggregation__pb2.DeclineReply.FromString,
                 _registered_method=True)
+        self.FetchLedger = channel.unary_unary(
+                '/spgc.v1.Aggregator/FetchLedger',
+                request_serializer=spgc_dot_v1_dot_aggregation__pb2.LedgerRequest.SerializeToString,
+                response_deserializer=spgc_dot_v1_dot_aggregation__pb2.LedgerReply.FromString,
+                _registered_method=True)
 
 
 class AggregatorServicer:
@@ -111,6 +116,15 @@ class AggregatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchLedger(self, request, context):
+        """This server's privacy ledger of the run (docs/PRIVACY.md): signed, hash-chained JSON
+        lines, each release written before it happened. A provider verifies it and stops taking
+        part once the next release would spend more than its own limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +152,11 @@ def add_AggregatorServicer_to_server(servicer, server):
                     servicer.DeclinePlan,
                     request_deserializer=spgc_dot_v1_dot_aggregation__pb2.DeclineRequest.FromString,
                     response_serializer=spgc_dot_v1_dot_aggregation__pb2.DeclineReply.SerializeToString,
+            ),
+            'FetchLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchLedger,
+                    request_deserializer=spgc_dot_v1_dot_aggregation__pb2.LedgerRequest.FromString,
+                    response_serializer=spgc_dot_v1_dot_aggregation__pb2.LedgerReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -276,6 +295,33 @@ class Aggregator:
             '/spgc.v1.Aggregator/DeclinePlan',
             spgc_dot_v1_dot_aggregation__pb2.DeclineRequest.SerializeToString,
             spgc_dot_v1_dot_aggregation__pb2.DeclineReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spgc.v1.Aggregator/FetchLedger',
+            spgc_dot_v1_dot_aggregation__pb2.LedgerRequest.SerializeToString,
+            spgc_dot_v1_dot_aggregation__pb2.LedgerReply.FromString,
             options,
             channel_credentials,
             insecure,
