@@ -898,7 +898,8 @@ class ProviderClient:
         t0 = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
             futures = [
-                pool.submit(self._submit, s, v, info, compute + encode)
+                # No compute time on the wire: it would reveal the batch size.
+                pool.submit(self._submit, s, v, info)
                 for s, v in zip(self.servers, vectors, strict=True)
             ]
             results, errors = [], []

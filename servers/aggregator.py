@@ -113,7 +113,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             header.ring_bits,
             payload,
         )
-        self.state.note_accepted(header.round, who, header.compute_seconds)
+        self.state.note_accepted(header.round, who)  # compute_seconds: reserved, ignored
         receipt = pb.SubmitReceipt(
             run_id=header.run_id,
             round=header.round,

@@ -181,8 +181,7 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
     log.info(
         "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units "
         "(total %.4g), "
-        "%s%s, server-to-server bytes %d, seconds: provider compute %.2f, "
-        "intake %.2f, %s%s %.3f, update %.3f",
+        "%s%s, server-to-server bytes %d, seconds: intake %.2f, %s%s %.3f, update %.3f",
         state.plan.cfg.role_name,
         rec.round,
         state.version,
@@ -193,7 +192,6 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         metrics,
         _privacy(state),
         rec.gc_bytes,
-        s.get("provider", 0.0),
         s.get("intake", 0.0),
         # dng samples its noise, preprocessed reads its pool, before the exchange
         "".join(f"{k} {s[k]:.3f}, " for k in ("noise", "pool", "decode") if k in s),

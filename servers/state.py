@@ -326,18 +326,14 @@ class ServerState:
             self.phase = pb.ROUND_PHASE_COLLECTING
             self.cond.notify_all()
 
-    def note_accepted(self, t: int, provider: str, compute_seconds: float = 0.0) -> None:
-        """A share of ``provider`` is in round t's sum; ``compute_seconds`` is what the provider
-        reports it spent (for the round log only: the slowest provider's goes in)."""
+    def note_accepted(self, t: int, provider: str) -> None:
+        """A share (or, in ldp, a noisy vector) of ``provider`` is in round t's sum."""
         with self.cond:
             if self.plan.cfg.mode == "ldp" and t not in self._ldp_counted:
                 # ldp: the server now holds a noisy vector; counted whatever the round does.
                 self._ldp_counted.add(t)
                 self.record_release(t, providers=len(self.plan.cfg.providers))
             self.accepted.setdefault(t, set()).add(provider)
-            rec = self.history.get(t)
-            if rec is not None and math.isfinite(compute_seconds) and compute_seconds > 0:
-                rec.seconds["provider"] = max(rec.seconds.get("provider", 0.0), compute_seconds)
             self.cond.notify_all()
 
     def intake_complete(self, t: int) -> bool:

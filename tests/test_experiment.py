@@ -119,7 +119,7 @@ def test_epoch_rows_split_and_partial_epoch() -> None:
             "test_loss": 1.0 / (t + 1),
             "test_accuracy": 0.5 + t / 100,
             "gc_bytes": 10,
-            "seconds": {"intake": 1.0, "provider": 0.25, "circuit": 2.0, "update": 0.5},
+            "seconds": {"intake": 1.0, "circuit": 2.0, "update": 0.5},
         }
 
     # one and a half epochs, the last round of epoch 1 aborted
@@ -129,8 +129,8 @@ def test_epoch_rows_split_and_partial_epoch() -> None:
     (r,) = rows
     assert r["rounds"] == per and r["steps"] == per - 1
     assert r["test_accuracy"] == pytest.approx(0.5 + (per - 2) / 100)  # last PUBLISHED model
-    # computation = provider compute + update; communication = rest of intake + circuit
-    assert r["computation_s"] == pytest.approx(0.75 * per)
-    assert r["communication_s"] == pytest.approx(2.75 * per)
+    # computation = intake (the providers' part) + update; communication = the circuit
+    assert r["computation_s"] == pytest.approx(1.5 * per)
+    assert r["communication_s"] == pytest.approx(2.0 * per)
     assert (r["intake_s"], r["servers_s"]) == (pytest.approx(per), pytest.approx(2.0 * per))
     assert r["gc_bytes"] == 10 * per

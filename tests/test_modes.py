@@ -112,8 +112,8 @@ def test_ldp_round_with_real_providers_has_finite_epsilon(pki: Path, tmp_path: P
             th.join(60)
         assert d1.wait(20) and d1.error is None
         assert d1.state.history[0].agreed == PROVIDERS
-        slowest = max(c.reports[-1].compute_seconds + c.reports[-1].encode_seconds for c in clients)
-        assert d1.state.history[0].seconds["provider"] == pytest.approx(slowest)
+        # Nothing on the wire reveals a provider's batch size: no compute time in the round.
+        assert "provider" not in d1.state.history[0].seconds
         eps = d1.state.epsilon()
         assert 0 < eps <= 8.0 and math.isfinite(eps)
         assert d1.state.summary()["epsilon"] == eps

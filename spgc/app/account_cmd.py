@@ -1,4 +1,4 @@
-"""`spgc account`: plan a training's privacy with the library's accountant (issue 13).
+"""`spgc account`: plan a training's privacy, or verify a run's privacy ledger (issue 13).
 
 ``--sigma S`` gives the epsilon of ``--steps`` Poisson-subsampled Gaussian steps at
 ``--sampling-rate`` and ``--delta``; ``--epsilon E`` instead gives the smallest noise multiplier
@@ -8,18 +8,32 @@
 The human line rounds its figures up (4 significant digits for epsilon, 6 for the noise
 multiplier): the safe direction, so a multiplier copied into a configuration never spends more
 than planned. ``--json`` gives the unrounded values.
+
+``--ledger FILE`` verifies a server's privacy ledger (``spgc.ledger``, docs/PRIVACY.md): the hash
+chain, every line's Ed25519 signature (the ledger's own key, pinned with ``--keys``; the peer
+server's co-signature does not exist yet), and epsilon re-accounted from the release entries
+with dp-accounting, independently of the server's own count. Exit 0 when it verifies; 1, naming
+the line, when it does not (broken chain, bad signature, an under-reported epsilon, ...); 2 for a
+usage error or a file that cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.accounting import calibrate_noise_multiplier, epsilon_for
+from spgc.ledger import LedgerError, public_key_hex, verify_ledger
 
 __all__ = ["add_parser", "run"]
 
@@ -66,13 +80,16 @@ def add_parser(subparsers: Any) -> None:
     """Add the ``account`` subcommand to ``spgc``'s subparsers."""
     p = subparsers.add_parser(
         "account",
-        help="epsilon of a planned training, or the noise multiplier for a target epsilon",
+        help="epsilon of a planned training, the noise multiplier for a target epsilon, or "
+        "verify a run's privacy ledger",
         description="Plan a training's privacy: with --sigma, print the epsilon after --steps "
         "Poisson-subsampled Gaussian steps at --sampling-rate and --delta; with --epsilon, "
         "print the smallest noise multiplier (noise std / L2 sensitivity) that stays within it. "
-        "Printed figures are rounded up; --json gives them unrounded.",
+        "Printed figures are rounded up; --json gives them unrounded. With --ledger, verify a "
+        "server's privacy ledger (chain, signatures, epsilon re-accounted from its entries): "
+        "exit 1 naming the line when it does not verify.",
     )
-    # One question per call. A future `--ledger FILE` (verify a signed ledger) joins this group.
+    # One question per call.
     question = p.add_mutually_exclusive_group(required=True)
     question.add_argument(
         "--sigma",
@@ -86,7 +103,22 @@ def add_parser(subparsers: Any) -> None:
         metavar="E",
         help="target epsilon for the whole training: print the noise multiplier",
     )
-    # Not argparse-required: a later --ledger takes these from the ledger, so run() checks them.
+    question.add_argument(
+        "--ledger",
+        type=Path,
+        metavar="FILE",
+        help="a server's privacy ledger (state_dir/ledger.jsonl): verify its chain and "
+        "signatures and re-account epsilon from its entries (takes no plan options)",
+    )
+    p.add_argument(
+        "--keys",
+        nargs="+",
+        type=Path,
+        metavar="PEM",
+        help="with --ledger: Ed25519 key files (public or private PEM); the ledger must be "
+        "signed by one of them",
+    )
+    # Not argparse-required: --ledger takes these from the ledger, so run() checks them.
     p.add_argument(
         "--sampling-rate",
         type=_rate,
@@ -99,7 +131,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--accountant",
         choices=ACCOUNTANTS,
-        default="rdp",
+        default=None,  # rdp; None tells run() it was not given (--ledger names its own)
         help="rdp (Renyi DP, the default) or pld (privacy loss distributions, tighter)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -116,6 +148,8 @@ def _ceil_sig(value: float, digits: int) -> str:
 
 def _check(args: argparse.Namespace) -> None:
     """What argparse could not require (see add_parser), and values set by callers of run()."""
+    if getattr(args, "keys", None) is not None:
+        raise _AccountError("--keys goes with --ledger")
     if (args.sigma is None) == (args.epsilon is None):
         raise _AccountError("give exactly one of --sigma and --epsilon")
     missing = [
@@ -129,6 +163,8 @@ def _check(args: argparse.Namespace) -> None:
     ]
     if missing:
         raise _AccountError(f"missing {', '.join(missing)} (all three are required)")
+    if args.accountant is None:
+        args.accountant = "rdp"
     if args.accountant not in ACCOUNTANTS:
         raise _AccountError(f"--accountant must be rdp or pld, got {args.accountant!r}")
 
@@ -174,7 +210,10 @@ def _error(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``spgc account``; 0, or 2 with one line on stderr."""
+    """Run ``spgc account``; 0, or 2 with one line on stderr (--ledger: 1 when the ledger does
+    not verify)."""
+    if getattr(args, "ledger", None) is not None:
+        return _run_ledger(args)
     try:
         _check(args)
         answer = _answer(args)
@@ -197,3 +236,149 @@ def _too_large(args: argparse.Namespace, exc: BaseException) -> str:
     hint = "; try --accountant rdp" if args.accountant == "pld" else ""
     what = "overflowed" if isinstance(exc, OverflowError) else "ran out of memory"
     return f"the {args.accountant.upper()} accountant {what} for these values{hint}"
+
+
+# ---------------------------------------------------------------------------- --ledger
+
+
+def _check_ledger(args: argparse.Namespace) -> None:
+    if args.sigma is not None or args.epsilon is not None:
+        raise _AccountError("give exactly one of --sigma, --epsilon and --ledger")
+    given = [
+        flag
+        for flag, value in (
+            ("--sampling-rate", args.sampling_rate),
+            ("--steps", args.steps),
+            ("--delta", args.delta),
+            ("--accountant", args.accountant),
+        )
+        if value is not None
+    ]
+    if given:
+        raise _AccountError(
+            f"{', '.join(given)} cannot be given with --ledger (the ledger's header holds the plan)"
+        )
+
+
+def _pinned_key(path: Path) -> str:
+    """The raw hex of the Ed25519 public key in a PEM file (public or private key)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise _AccountError(f"--keys {path}: {exc.strerror or exc}") from None
+    key: Any
+    try:
+        if b"PRIVATE KEY" in data:
+            key = serialization.load_pem_private_key(data, password=None)
+        else:
+            key = serialization.load_pem_public_key(data)
+    except (TypeError, ValueError):
+        # The library's message could quote the file; say only what is wrong.
+        raise _AccountError(f"--keys {path}: not a PEM key without a password") from None
+    if not isinstance(key, (Ed25519PrivateKey, Ed25519PublicKey)):
+        raise _AccountError(f"--keys {path}: not an Ed25519 key")
+    return public_key_hex(key)
+
+
+def _sampler_delta(epsilon: float, samples: int) -> float:
+    """What the sampler's statistical distance (2^-64 per sample, docs/NOISE_SAMPLER.md) can
+    add to delta over ``samples`` samples: (1 + e^epsilon) x samples x 2^-64 (as the servers
+    report it)."""
+    return (1.0 + math.exp(min(epsilon, 700.0))) * samples * 2.0**DEFAULT_DISTANCE_LOG2
+
+
+def _ledger_answer(path: Path, lines: list[bytes], keys: list[str] | None) -> dict[str, Any]:
+    """The report on the ledger's ``lines`` (read once: what is verified is what is shown)."""
+    report = verify_ledger(lines, expected_keys=keys)
+    header = json.loads(lines[0])  # verified: the header object
+    answer = report.as_dict()
+    epsilon = report.epsilon
+    dp = epsilon is not None
+    finite = epsilon is not None and math.isfinite(epsilon)
+    sampler = reported = None
+    if epsilon is not None and finite and report.delta is not None:
+        sampler = _sampler_delta(epsilon, report.noise_samples)
+        reported = report.delta + sampler
+    answer.update(
+        {
+            "ledger": str(path),
+            "mode": header.get("mode"),
+            "noise_multiplier": header.get("noise_multiplier"),
+            "sampling": header.get("sampling"),
+            "accountant": header.get("accountant") if dp else None,
+            "differentially_private": dp,
+            "epsilon": epsilon if finite else None,  # JSON has no Infinity
+            "delta_sampler": sampler,
+            "delta_reported": reported,
+            "signatures_valid": True,  # verify_ledger raised otherwise
+            "signatures_checked": "this server's own key (the peer's co-signature is not "
+            "implemented yet)",
+            "keys_pinned": keys is not None,
+        }
+    )
+    return answer
+
+
+def _ledger_human(a: dict[str, Any]) -> str:
+    key = a["public_key"]
+    lines = [
+        f"ledger {a['ledger']}: verified",
+        f"  run {a['run_id']}, server {a['server']}, mode {a['mode']}",
+        f"  releases counted: {a['steps']} (release entries, every one counted), "
+        f"{a['released']} with a released line",
+    ]
+    if not a["differentially_private"]:
+        lines.append(f"  NOT differentially private: mode {a['mode']} adds no noise (no epsilon)")
+    else:
+        eps = "inf" if a["epsilon"] is None else _ceil_sig(a["epsilon"], 4)
+        recorded = a["epsilon_recorded"]
+        rec = "inf" if recorded is None else _ceil_sig(recorded, 4)
+        lines.append(
+            f"  epsilon {eps} re-accounted from the entries ({str(a['accountant']).upper()}, "
+            f"noise multiplier {a['noise_multiplier']:g}); the server recorded {rec}"
+        )
+        if a["delta_reported"] is None:
+            lines.append(f"  delta {a['delta']:g} (accountant)")
+        else:
+            lines.append(
+                f"  delta {a['delta_reported']:.12g} = {a['delta']:g} (accountant) + "
+                f"{a['delta_sampler']:.4g} (sampler: (1 + e^epsilon) x noise samples x 2^-64)"
+            )
+    lines.append(f"  noise samples: {a['noise_samples']}")
+    pinned = ", pinned by --keys" if a["keys_pinned"] else ""
+    lines.append(
+        f"  signatures valid (this server's key {key[:16]}...{pinned}; the peer server's "
+        "co-signature is not implemented yet)"
+    )
+    return "\n".join(lines)
+
+
+def _run_ledger(args: argparse.Namespace) -> int:
+    try:
+        _check_ledger(args)
+        keys = None if args.keys is None else [_pinned_key(p) for p in args.keys]
+    except _AccountError as exc:
+        return _error(str(exc))
+    path = Path(args.ledger)
+    try:
+        lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+    except OSError as exc:
+        return _error(f"--ledger {path}: {exc.strerror or exc}")
+    # dp-accounting logs (through absl) each RDP order it excludes; the epsilon stays an upper
+    # bound, and the one-line contract of stderr is kept.
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        answer = _ledger_answer(path, lines, keys)
+    except LedgerError as exc:
+        message = " ".join(str(exc).split())
+        print(f"{PROG}: ledger {path}: {message}", file=sys.stderr)
+        return 1
+    finally:
+        absl.setLevel(level)
+    if args.json:
+        print(json.dumps(answer, allow_nan=False))
+    else:
+        print(_ledger_human(answer))
+    return 0

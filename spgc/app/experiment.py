@@ -23,14 +23,13 @@ over the rounds so far as H1 measured them (cumulative, like the paper's whole-t
 The split follows the paper's Table 1 ("computation" = Algorithm 1 lines 1-5, the providers'
 work; "communication" = everything else):
 
-- ``computation_s`` = provider compute + update: per round the largest of the providers' own
-  seconds for clipped per-example gradients and fixed-point encoding (each provider reports
-  them with its share), plus the servers' model update (Adam);
-- ``communication_s`` = the rest of the round: (intake - provider compute), i.e. the providers'
-  model download and share upload and the wait for the slowest one, plus the two servers'
-  interactive phase (the garbled circuit, or dng's/preprocessed's exchange and decode);
+- ``computation_s`` = intake + update: the round's intake phase (the providers' model download,
+  clipped per-example gradients, encoding and share upload, and the wait for the slowest one)
+  plus the servers' model update (Adam). Providers do not report their own compute time (it
+  would reveal their secret batch size), so the providers' transfers count as computation here;
+- ``communication_s`` = the two servers' interactive phase (the garbled circuit, or
+  dng's/preprocessed's exchange and decode);
 - ``intake_s``, ``servers_s`` (that interactive phase) and ``update_s`` are the raw parts.
-  Servers that do not report provider compute count the whole intake as computation.
 
 ``gc_bytes`` is the cumulative traffic between the servers; ``run_wall_s`` the whole run,
 process start-up included. ``OUT.history.json`` keeps H1's per-round history of every run.
@@ -174,17 +173,16 @@ def run_options(run: Run, epochs: int, insecure: bool, lr: float | None = None) 
     )
 
 
-_NOT_SERVERS = ("intake", "update", "provider")
+_NOT_SERVERS = ("intake", "update")
 
 
 def split_seconds(seconds: dict[str, float]) -> dict[str, float]:
     """One round's seconds as the paper splits them (see the module docstring)."""
     intake, update = seconds.get("intake", 0.0), seconds.get("update", 0.0)
     servers = sum(v for k, v in seconds.items() if k not in _NOT_SERVERS)
-    provider = min(seconds.get("provider", intake), intake)
     return {
-        "computation_s": provider + update,
-        "communication_s": intake - provider + servers,
+        "computation_s": intake + update,
+        "communication_s": servers,
         "intake_s": intake,
         "servers_s": servers,
         "update_s": update,

@@ -1,0 +1,523 @@
+"""The privacy ledger (spgc.ledger) and `spgc account --ledger` (issue 13, item 7)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from spgc.accounting import PrivacyAccountant
+from spgc.app import account_cmd
+from spgc.ledger import (
+    Ledger,
+    LedgerError,
+    LedgerReport,
+    canonical,
+    load_signing_key,
+    public_key_hex,
+    verify_ledger,
+)
+
+HEADER: dict[str, Any] = {
+    "run_id": "run-1",
+    "server": "h1",
+    "mode": "spgc",
+    "plan_sha256": "ab" * 32,
+    "noise_multiplier": 1.1,
+    "sampling": {"sampling_rate": 0.01, "sampling": "poisson"},
+    "accountant": "rdp",
+    "delta": 1e-5,
+    "sensitivity_units": 1024.0,
+}
+ROUNDS = 5
+SAMPLES = 1000  # noise samples per release in these ledgers
+
+
+def _accountant() -> PrivacyAccountant:
+    return PrivacyAccountant(1.1, 1e-5, sampling_rate=0.01, method="rdp", sampling="poisson")
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _build(
+    path: Path, key: Ed25519PrivateKey, rounds: int = ROUNDS, header: dict | None = None
+) -> Ledger:
+    """An honest ledger: one release and one released line per round."""
+    ledger = Ledger.open(path, key, header or HEADER)
+    acc = _accountant()
+    start = ledger.releases
+    for i in range(start, start + rounds):
+        index = ledger.record_release(i, SAMPLES, acc.epsilon_after(i + 1))
+        ledger.record_released(index, i, _sha(f"y{i}"))
+    return ledger
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines()
+
+
+def _write(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+
+
+def _resign(entries: list[dict[str, Any]], key: Ed25519PrivateKey) -> list[bytes]:
+    """Entries chained and signed again with ``key`` (what a forger with a key can do)."""
+    out: list[bytes] = []
+    for entry in entries:
+        entry = {k: v for k, v in entry.items() if k != "sig"}
+        if entry.get("kind") == "header":
+            entry["public_key"] = public_key_hex(key)
+        entry["prev"] = hashlib.sha256(out[-1]).hexdigest() if out else None
+        entry["sig"] = key.sign(canonical(entry)).hex()
+        out.append(canonical(entry))
+    return out
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in _lines(path)]
+
+
+@pytest.fixture
+def key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture
+def ledger_path(tmp_path: Path, key: Ed25519PrivateKey) -> Path:
+    path = tmp_path / "ledger.jsonl"
+    _build(path, key)
+    return path
+
+
+# ---------------------------------------------------------------------------- the library
+
+
+def test_honest_ledger_verifies(ledger_path, key):
+    report = verify_ledger(ledger_path)
+    assert isinstance(report, LedgerReport)
+    assert (report.run_id, report.server, report.public_key) == ("run-1", "h1", public_key_hex(key))
+    assert (report.steps, report.released) == (ROUNDS, ROUNDS)
+    expected = _accountant().epsilon_after(ROUNDS)
+    assert abs(report.epsilon - expected) < 1e-9
+    assert report.epsilon_recorded == expected
+    assert report.delta == 1e-5
+    assert report.noise_samples == ROUNDS * SAMPLES
+    assert report.signatures_valid is True
+    # Pinning the right key passes too; the lines can also be given as a list.
+    assert verify_ledger(_lines(ledger_path), expected_keys=[public_key_hex(key)]).steps == ROUNDS
+    # Every line: canonical JSON, chained, with the header first.
+    entries = _entries(ledger_path)
+    assert [e["kind"] for e in entries] == ["header"] + ["release", "released"] * ROUNDS
+    assert entries[0]["prev"] is None and entries[0]["public_key"] == public_key_hex(key)
+    for raw, entry in zip(_lines(ledger_path), entries, strict=True):
+        assert canonical(entry) == raw
+
+
+def test_file_mode_is_0600(ledger_path):
+    assert stat.S_IMODE(ledger_path.stat().st_mode) == 0o600
+
+
+def test_reopening_continues_the_same_run(ledger_path, key):
+    ledger = _build(ledger_path, key, rounds=3)  # Ledger.open on the existing file
+    assert ledger.releases == ROUNDS + 3
+    entries = _entries(ledger_path)
+    assert sum(e["kind"] == "header" for e in entries) == 1
+    assert [e["index"] for e in entries if e["kind"] == "release"] == list(range(ROUNDS + 3))
+    report = verify_ledger(ledger_path)
+    assert report.steps == ROUNDS + 3
+    assert abs(report.epsilon - _accountant().epsilon_after(ROUNDS + 3)) < 1e-9
+    assert not list(ledger_path.parent.glob("ledger.jsonl.*"))
+
+
+def test_reopening_with_another_key_is_refused(ledger_path):
+    with pytest.raises(LedgerError, match="another signing key"):
+        Ledger.open(ledger_path, Ed25519PrivateKey.generate(), HEADER)
+
+
+def test_a_damaged_ledger_is_never_extended(ledger_path, key):
+    lines = _lines(ledger_path)
+    del lines[2]
+    _write(ledger_path, lines)
+    with pytest.raises(LedgerError, match="line 3"):
+        Ledger.open(ledger_path, key, HEADER)
+
+
+def test_another_run_moves_the_old_file_aside(ledger_path, key):
+    old = ledger_path.read_bytes()
+    ledger = Ledger.open(ledger_path, key, {**HEADER, "run_id": "run-2"})
+    assert ledger.releases == 0
+    aside = ledger_path.with_name("ledger.jsonl.run-1")
+    assert aside.read_bytes() == old
+    assert verify_ledger(aside).steps == ROUNDS
+    report = verify_ledger(ledger_path)
+    assert (report.run_id, report.steps) == ("run-2", 0)
+    # A third run never overwrites what was kept aside, and an odd run id stays one file name.
+    _build(ledger_path, key, rounds=1, header={**HEADER, "run_id": "run-2"})
+    Ledger.open(ledger_path, key, {**HEADER, "run_id": "../run-3"})
+    Ledger.open(ledger_path, key, {**HEADER, "run_id": "run-1"})
+    Ledger.open(ledger_path, key, {**HEADER, "run_id": "run-4"})
+    names = sorted(p.name for p in ledger_path.parent.iterdir())
+    assert names == [
+        "ledger.jsonl",
+        "ledger.jsonl..._run-3",
+        "ledger.jsonl.run-1",
+        "ledger.jsonl.run-1.1",
+        "ledger.jsonl.run-2",
+    ]
+    assert aside.read_bytes() == old
+    assert verify_ledger(ledger_path.with_name("ledger.jsonl.run-2")).steps == 1
+
+
+def test_in_memory_ledger(key):
+    ledger = Ledger.open(None, key, HEADER)
+    index = ledger.record_release(0, 7, _accountant().epsilon_after(1))
+    ledger.record_released(index, 0, _sha("y"))
+    report = verify_ledger(ledger.lines)
+    assert (report.steps, report.released, report.noise_samples) == (1, 1, 7)
+
+
+def test_tampered_number_names_its_line(ledger_path):
+    lines = _lines(ledger_path)
+    entry = json.loads(lines[3])  # the second release
+    assert entry["kind"] == "release"
+    entry["noise_samples"] -= 1
+    lines[3] = canonical(entry)  # still valid, canonical JSON; the signature no longer fits
+    _write(ledger_path, lines)
+    with pytest.raises(LedgerError, match=r"^line 4: bad signature"):
+        verify_ledger(ledger_path)
+
+
+def test_deleted_line_breaks_the_chain_at_the_next(ledger_path):
+    lines = _lines(ledger_path)
+    del lines[3]
+    _write(ledger_path, lines)
+    with pytest.raises(LedgerError, match=r"^line 4: broken chain"):
+        verify_ledger(ledger_path)
+
+
+def test_truncated_ledger_still_counts_what_is_left(ledger_path):
+    # Dropping the tail keeps a valid chain: what a crash leaves. It counts fewer releases,
+    # which is why the release entry is written (and fsynced) before the release.
+    lines = _lines(ledger_path)[:4]
+    assert verify_ledger(lines).steps == 2
+
+
+def test_resigned_ledger_fails_once_the_key_is_pinned(ledger_path, key):
+    other = Ed25519PrivateKey.generate()
+    forged = _resign(_entries(ledger_path), other)
+    report = verify_ledger(forged)  # consistent on its own ...
+    assert report.public_key == public_key_hex(other) and report.steps == ROUNDS
+    with pytest.raises(LedgerError, match=r"^line 1: signed by a key other"):
+        verify_ledger(forged, expected_keys=[public_key_hex(key)])  # ... but not by this server
+
+
+def test_under_reported_epsilon(ledger_path, key):
+    entries = _entries(ledger_path)
+    for entry in entries:  # a server that signs a smaller count all along
+        if entry["kind"] == "release":
+            entry["epsilon_after"] *= 0.9
+    lines = _resign(entries, key)
+    last_release = max(i for i, e in enumerate(entries, 1) if e["kind"] == "release")
+    with pytest.raises(LedgerError, match=rf"^line {last_release}: .*re-account to epsilon"):
+        verify_ledger(lines)
+
+
+def test_decreasing_epsilon_is_refused(ledger_path, key):
+    entries = _entries(ledger_path)
+    entries[3]["epsilon_after"] = entries[1]["epsilon_after"] / 2
+    with pytest.raises(LedgerError, match=r"^line 4: epsilon_after .* below the previous"):
+        verify_ledger(_resign(entries, key))
+
+
+def test_release_that_differs_from_the_header(ledger_path, key):
+    entries = _entries(ledger_path)
+    entries[5]["noise_multiplier"] = 2.2  # line 6, the third release
+    with pytest.raises(LedgerError, match=r"^line 6: noise_multiplier differs"):
+        verify_ledger(_resign(entries, key))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"index": 7}, "released index 7 has no release entry"),
+        ({"round": 99}, "round 99, but release 0 was for round 0"),
+    ],
+)
+def test_released_line_must_match_its_release(ledger_path, key, change, message):
+    entries = _entries(ledger_path)
+    entries[2].update(change)  # line 3, the first released line
+    with pytest.raises(LedgerError, match=rf"^line 3: {message}"):
+        verify_ledger(_resign(entries, key))
+
+
+def test_non_canonical_line(ledger_path):
+    lines = _lines(ledger_path)
+    lines[-1] = json.dumps(json.loads(lines[-1])).encode()  # spaces: same object, other bytes
+    _write(ledger_path, lines)
+    with pytest.raises(LedgerError, match=rf"^line {len(lines)}: not in canonical form"):
+        verify_ledger(ledger_path)
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([], "the ledger is empty"),
+        ([b"{not json"], "line 1: not JSON"),
+        ([b"[1, 2]"], "line 1: not a JSON object"),
+        ([b'{"kind":"release","prev":null}'], "line 1: not a ledger header"),
+    ],
+)
+def test_not_a_ledger(lines, message):
+    with pytest.raises(LedgerError, match=message):
+        verify_ledger(lines)
+
+
+def test_no_noise_ledger_has_no_epsilon(tmp_path, key):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger.open(path, key, {**HEADER, "mode": "only-mpc", "noise_multiplier": 0.0})
+    for t in range(3):
+        ledger.record_released(ledger.record_release(t, 0, math.inf), t, _sha(f"y{t}"))
+    report = verify_ledger(path)
+    assert (report.steps, report.released, report.noise_samples) == (3, 3, 0)
+    assert report.epsilon is None and report.epsilon_recorded is None and report.delta is None
+
+
+def test_load_signing_key(tmp_path, key):
+    pem = tmp_path / "k.pem"
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    assert public_key_hex(load_signing_key(pem)) == public_key_hex(key)
+    assert public_key_hex(key) == public_key_hex(key.public_key())
+    with pytest.raises(ValueError, match="ledger signing key"):
+        load_signing_key(tmp_path / "missing.pem")
+
+
+# ---------------------------------------------------------------------------- spgc account
+
+
+@pytest.fixture(scope="module")
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spgc")
+    account_cmd.add_parser(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def _run(parser: argparse.ArgumentParser, capsys, *argv: str) -> tuple[int, str, str]:
+    code = account_cmd.run(parser.parse_args(["account", *map(str, argv)]))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _pem(path: Path, key: Ed25519PrivateKey, private: bool) -> Path:
+    if private:
+        data = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    else:
+        data = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    path.write_bytes(data)
+    return path
+
+
+def test_cli_json(parser, capsys, ledger_path, key):
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--json")
+    assert (code, err) == (0, "")
+    got = json.loads(out)
+    assert {"steps", "epsilon", "delta", "signatures_valid"} <= set(got)
+    assert (got["steps"], got["released"], got["noise_samples"]) == (ROUNDS, ROUNDS, 5 * SAMPLES)
+    assert abs(got["epsilon"] - _accountant().epsilon_after(ROUNDS)) < 1e-9
+    assert got["delta"] == 1e-5 and got["signatures_valid"] is True
+    assert got["public_key"] == public_key_hex(key)
+    assert got["differentially_private"] is True and got["keys_pinned"] is False
+    assert "this server's own key" in got["signatures_checked"]
+    # The delta the servers report: the accountant's plus the sampler's distance.
+    sampler = (1 + math.exp(got["epsilon"])) * ROUNDS * SAMPLES * 2.0**-64
+    assert got["delta_sampler"] == pytest.approx(sampler, rel=1e-12)
+    assert got["delta_reported"] == pytest.approx(1e-5 + sampler, rel=1e-12)
+
+
+def test_cli_human(parser, capsys, ledger_path):
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path)
+    assert (code, err) == (0, "")
+    assert out.startswith(f"ledger {ledger_path}: verified\n")
+    assert "run run-1, server h1, mode spgc" in out
+    assert f"releases counted: {ROUNDS} " in out
+    assert "re-accounted from the entries (RDP, noise multiplier 1.1)" in out
+    assert "= 1e-05 (accountant) + " in out and "x 2^-64)" in out
+    assert f"noise samples: {ROUNDS * SAMPLES}" in out
+    assert "signatures valid (this server's key" in out
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_cli_pinned_keys(parser, capsys, tmp_path, ledger_path, key, private):
+    other = _pem(tmp_path / "other.pem", Ed25519PrivateKey.generate(), private)
+    mine = _pem(tmp_path / "mine.pem", key, private)
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", other, mine, "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out)["keys_pinned"] is True
+    assert "PRIVATE" not in out  # the key file's contents are never printed
+
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", other)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"spgc account: ledger {ledger_path}: line 1: signed by a key other than the expected "
+        "ones\n"
+    )
+
+
+def test_cli_broken_ledger_exits_1_naming_the_line(parser, capsys, ledger_path):
+    lines = _lines(ledger_path)
+    del lines[5]
+    _write(ledger_path, lines)
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--json")
+    assert (code, out) == (1, "")
+    assert err.startswith(f"spgc account: ledger {ledger_path}: line 6: broken chain")
+    assert err.count("\n") == 1
+
+
+def test_cli_no_noise(parser, capsys, tmp_path, key):
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger.open(path, key, {**HEADER, "mode": "plain", "noise_multiplier": 0.0})
+    ledger.record_release(0, 0, math.inf)
+    code, out, _ = _run(parser, capsys, "--ledger", path)
+    assert code == 0 and "NOT differentially private: mode plain adds no noise" in out
+    code, out, _ = _run(parser, capsys, "--ledger", path, "--json")
+    got = json.loads(out)
+    assert code == 0 and got["steps"] == 1 and got["differentially_private"] is False
+    assert got["epsilon"] is None and got["delta"] is None and got["delta_reported"] is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps", "10"], "--steps cannot be given with --ledger"),
+        (
+            ["--sampling-rate", "0.1", "--delta", "1e-5", "--accountant", "pld"],
+            "--sampling-rate, --delta, --accountant cannot be given with --ledger",
+        ),
+        (["--keys", "missing.pem"], "--keys missing.pem: No such file or directory"),
+    ],
+)
+def test_cli_usage_errors_exit_2(parser, capsys, ledger_path, argv, message):
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"spgc account: error: {message}") and err.count("\n") == 1
+
+
+def test_cli_unreadable_file_exits_2(parser, capsys, tmp_path):
+    missing = tmp_path / "nothing.jsonl"
+    code, out, err = _run(parser, capsys, "--ledger", missing)
+    assert (code, out) == (2, "")
+    assert err == f"spgc account: error: --ledger {missing}: No such file or directory\n"
+    code, _, err = _run(parser, capsys, "--ledger", tmp_path)  # a directory
+    assert code == 2 and err.startswith("spgc account: error: --ledger ")
+
+
+def test_cli_bad_key_file_exits_2(parser, capsys, tmp_path, ledger_path):
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a key\n")
+    code, _, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", bad)
+    assert (
+        code == 2
+        and err == f"spgc account: error: --keys {bad}: not a PEM key without a password\n"
+    )
+
+
+def test_cli_keys_without_ledger(parser, capsys, tmp_path):
+    code, _, err = _run(
+        parser, capsys, "--sigma", "1.1", "--sampling-rate", "0.01", "--steps", "10",
+        "--delta", "1e-5", "--keys", tmp_path / "k.pem",
+    )  # fmt: skip
+    assert code == 2 and err == "spgc account: error: --keys goes with --ledger\n"
+
+
+def test_cli_ledger_excludes_sigma(parser, capsys, ledger_path):
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["account", "--ledger", str(ledger_path), "--sigma", "1.1"])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_console_script(ledger_path):
+    spgc = Path(sys.executable).parent / "spgc"
+    done = subprocess.run(
+        [str(spgc), "account", "--ledger", str(ledger_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["steps"] == ROUNDS and got["signatures_valid"] is True
+    assert abs(got["epsilon"] - _accountant().epsilon_after(ROUNDS)) < 1e-9
+
+    lines = _lines(ledger_path)
+    entry = json.loads(lines[1])
+    entry["round"] = 42
+    lines[1] = canonical(entry)
+    _write(ledger_path, lines)
+    bad = subprocess.run(
+        [str(spgc), "account", "--ledger", str(ledger_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (bad.returncode, bad.stdout) == (1, "")
+    assert bad.stderr == f"spgc account: ledger {ledger_path}: line 2: bad signature\n"
+
+    missing = subprocess.run(
+        [str(spgc), "account", "--ledger", str(ledger_path.with_name("none.jsonl"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2 and "No such file or directory" in missing.stderr
+
+
+def test_cli_under_count_exits_1(parser, capsys, ledger_path, key):
+    entries = _entries(ledger_path)
+    entries[-2]["epsilon_after"] = entries[-4]["epsilon_after"]  # the last release: one short
+    _write(ledger_path, _resign(entries, key))
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--json")
+    assert (code, out) == (1, "")
+    assert err.startswith(f"spgc account: ledger {ledger_path}: line {len(entries) - 1}: the ")
+    assert "re-account to epsilon" in err and err.count("\n") == 1
+
+
+def test_console_script_stderr_stays_empty(tmp_path, key):
+    # At these values dp-accounting logs excluded RDP orders; the command keeps stderr clean.
+    path = tmp_path / "ledger.jsonl"
+    header = {**HEADER, "noise_multiplier": 0.76, "sampling": {"sampling_rate": 0.077}}
+    ledger = Ledger.open(path, key, header)
+    acc = PrivacyAccountant(0.76, 1e-5, sampling_rate=0.077)
+    for t in range(3):
+        ledger.record_release(t, 62, acc.epsilon_after(t + 1))
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "spgc"), "account", "--ledger", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert "releases counted: 3 " in done.stdout
