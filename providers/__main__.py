@@ -11,9 +11,8 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from spgc.config import LOG_LEVELS, ConfigError, load_provider_config
+from spgc.config import ConfigError, add_daemon_arguments, load_provider_config
 from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
 from spgc.providers.client import ProviderClient, ProviderRefusal
@@ -30,18 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         "accept or refuse it, and share clipped, fixed-point gradient sums each round. Every "
         "configuration key is in `spgc config show provider` and docs/CONFIG.md.",
     )
-    p.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a configuration key (repeatable; the value is YAML), e.g. --set "
-        "provider_index=1",
-    )
-    p.add_argument("--log-level", choices=LOG_LEVELS, help="key log_level")
-    p.add_argument("--log-format", choices=("text", "json"), help="key log_format")
+    add_daemon_arguments(p, "--set provider_index=1")
     p.add_argument("--verbose", "-v", action="store_true", help="same as --log-level debug")
     return p
 

@@ -13,10 +13,9 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 
-from spgc.config import LOG_LEVELS, ConfigError, load_server_config
+from spgc.config import ConfigError, add_daemon_arguments, load_server_config
 from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
 from spgc.modes import TRAINING_MODES
@@ -49,16 +48,7 @@ def build_parser(precompute: bool = False) -> argparse.ArgumentParser:
             "configuration key is in `spgc config show server` and docs/CONFIG.md. "
             f"`{PROG} precompute --help`: fill the noise pool of mode preprocessed.",
         )
-    p.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a configuration key (repeatable; the value is YAML), e.g. --set rounds=5 "
-        "or --set tls.cert=h1.pem",
-    )
+    add_daemon_arguments(p, "--set rounds=5 or --set tls.cert=h1.pem")
     p.add_argument("--role", type=int, choices=(1, 2), help="key role: 1 = H1 (garbler), 2 = H2")
     p.add_argument("--listen", metavar="HOST:PORT", help="key listen: for providers and the peer")
     p.add_argument("--peer-address", metavar="HOST:PORT", help="key peer_address")
@@ -70,8 +60,6 @@ def build_parser(precompute: bool = False) -> argparse.ArgumentParser:
         default=None,
         help="key insecure: plaintext on every link (development only)",
     )
-    p.add_argument("--log-level", choices=LOG_LEVELS, help="key log_level")
-    p.add_argument("--log-format", choices=("text", "json"), help="key log_format")
     return p
 
 

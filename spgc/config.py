@@ -13,6 +13,7 @@ Nothing secret lives in a configuration or in argv: TLS private keys are file *p
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import math
 import os
@@ -35,6 +36,7 @@ __all__ = [
     "ProviderConfig",
     "ServerConfig",
     "TlsPaths",
+    "add_daemon_arguments",
     "config_markdown",
     "describe_keys",
     "detect_schema",
@@ -694,6 +696,22 @@ def load_provider_config(
 ) -> ProviderConfig:
     """:func:`load_config` for the provider."""
     return load_config(ProviderConfig, path, overrides, **explicit)
+
+
+def add_daemon_arguments(parser: argparse.ArgumentParser, example: str) -> None:
+    """The options every daemon takes: ``--config FILE``, ``--set KEY=VALUE`` (repeatable;
+    ``example`` shows one), ``--log-level`` and ``--log-format`` (the keys of the same names)."""
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a configuration key (repeatable; the value is YAML), e.g. {example}",
+    )
+    parser.add_argument("--log-level", choices=LOG_LEVELS, help="key log_level")
+    parser.add_argument("--log-format", choices=("text", "json"), help="key log_format")
 
 
 def detect_schema(path: Path | str) -> str:
