@@ -16,6 +16,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 DEFAULT_NAMES: tuple[str, ...] = ("h1", "h2", "p1", "p2", "p3")
@@ -218,3 +219,38 @@ def make_dev_pki(
         _write_new(cert_path, _cert_pem(cert), 0o644)
         result[name] = CertPaths(cert=cert_path, key=key_path, ca=ca_pem)
     return result
+
+
+def make_ledger_keys(
+    directory: Path, names: Sequence[str], force: bool = False
+) -> dict[str, tuple[Path, Path]]:
+    """One Ed25519 key pair per server name for signing its privacy ledger (spgc.ledger):
+    ``NAME.ledger.key`` (private, mode 0600; the server's ``ledger_key``) and
+    ``NAME.ledger.pub`` (public; what a verifier pins with ``spgc account --keys``).
+    Existing files are refused unless ``force``."""
+    checked = _check_names(names)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    made = {}
+    for name in checked:
+        key_path = directory / f"{name}.ledger.key"
+        pub_path = directory / f"{name}.ledger.pub"
+        existing = [p for p in (key_path, pub_path) if p.exists() or p.is_symlink()]
+        if existing and not force:
+            listed = ", ".join(str(p) for p in existing)
+            raise FileExistsError(f"refusing to overwrite {listed} (use --force to replace)")
+        for path in existing:
+            path.unlink()
+        key = Ed25519PrivateKey.generate()
+        private = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        public = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        _write_new(key_path, private, 0o600)
+        _write_new(pub_path, public, 0o644)
+        made[name] = (key_path, pub_path)
+    return made

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from spgc.app.cli import main
-from spgc.certs import CertPaths, make_dev_pki
+from spgc.certs import CertPaths, make_dev_pki, make_ledger_keys
+from spgc.ledger import Ledger, load_signing_key, public_key_hex, verify_ledger
 
 
 def _load(path: Path) -> x509.Certificate:
@@ -114,3 +116,24 @@ def test_cli_default_names(tmp_path: Path) -> None:
     assert main(["certs", str(tmp_path)]) == 0
     for name in ("h1", "h2", "p1", "p2", "p3"):
         assert (tmp_path / f"{name}.pem").is_file()
+
+
+def test_ledger_signing_keys(tmp_path):
+    """`spgc certs DIR --ledger-keys h1 h2`: Ed25519 pairs that sign a ledger and pin it."""
+    made = make_ledger_keys(tmp_path, ["h1", "h2"])
+    key_path, pub_path = made["h1"]
+    assert (key_path.stat().st_mode & 0o777) == 0o600
+    key = load_signing_key(key_path)
+    public = serialization.load_pem_public_key(pub_path.read_bytes())
+    assert public_key_hex(public) == public_key_hex(key)
+    header = {"run_id": "r", "server": "h1", "mode": "only-mpc", "plan_sha256": "00",
+              "noise_multiplier": 0.0, "sampling": {}, "accountant": "rdp", "delta": 1e-5,
+              "sensitivity_units": 1.0}  # fmt: skip
+    ledger = Ledger.open(tmp_path / "ledger.jsonl", key, header)
+    ledger.record_release(0, 0, float("inf"))
+    assert verify_ledger(tmp_path / "ledger.jsonl", [public_key_hex(public)]).steps == 1
+    other = load_signing_key(made["h2"][0])
+    with pytest.raises(ValueError, match="other than the expected"):
+        verify_ledger(tmp_path / "ledger.jsonl", [public_key_hex(other)])
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        make_ledger_keys(tmp_path, ["h1"])

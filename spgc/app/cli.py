@@ -13,7 +13,7 @@ from spgc.app import account_cmd, bench_comm, bench_gc, bench_sampler, experimen
 from spgc.app.bench_gc import BenchError
 from spgc.app.demo import DemoError, DemoOptions, run_cli
 from spgc.app.experiment import run_from_args
-from spgc.certs import DEFAULT_NAMES, make_dev_pki
+from spgc.certs import DEFAULT_NAMES, make_dev_pki, make_ledger_keys
 from spgc.config import (
     SCHEMAS,
     ConfigError,
@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"parties to certify (default: {' '.join(DEFAULT_NAMES)})",
     )
     certs.add_argument("--force", action="store_true", help="replace existing files")
+    certs.add_argument(
+        "--ledger-keys",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="also an Ed25519 key pair per server NAME signing its privacy ledger: "
+        "NAME.ledger.key (the config key ledger_key) and NAME.ledger.pub (spgc account --keys)",
+    )
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
@@ -198,12 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
-
     made = make_dev_pki(args.directory, args.names, force=args.force)
     ca = next(iter(made.values())).ca
     print(f"CA: {ca} (key {ca.with_suffix('.key')})")
     for name, paths in made.items():
         print(f"{name}: {paths.cert} (key {paths.key})")
+    signing = (
+        make_ledger_keys(args.directory, args.ledger_keys, force=args.force)
+        if args.ledger_keys
+        else {}
+    )
+    for name, (key, pub) in signing.items():
+        print(f"{name} ledger signing key: {key} (public {pub})")
     return 0
 
 
