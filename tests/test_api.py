@@ -1,4 +1,4 @@
-"""spgc.api: docs/API.md's snippets run as written, and failures are clear errors."""
+"""spgc.app.api: docs/API.md's snippets run as written, and failures are clear errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spgc.api import ServerConfig, finish_server, run_provider, run_server, start_server
+from spgc.app.api import ServerConfig, finish_server, run_provider, run_server, start_server
 from spgc.certs import make_dev_pki
 
 ROOT = Path(__file__).resolve().parents[1]

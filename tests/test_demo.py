@@ -6,13 +6,16 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+SPGC = str(Path(sys.executable).parent / "spgc")  # the installed console script
 
 
 def run_demo(*args: str, stderr: list[str] | None = None) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "spgc", "demo", "--json", *args],
+        [SPGC, "demo", "--json", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -69,7 +72,7 @@ def test_demo_noisy_modes_without_circuit_in_the_round(mode):
 
 def test_demo_refuses_unknown_mode_cleanly():
     done = subprocess.run(
-        [sys.executable, "-m", "spgc", "demo", "--mode", "secure-ish"],
+        [SPGC, "demo", "--mode", "secure-ish"],
         capture_output=True,
         text=True,
     )

@@ -33,7 +33,7 @@ def layer_of_module(name: str) -> str | None:
     sub = parts[1] if len(parts) > 1 else ""
     if sub in ("servers", "providers"):
         return sub
-    if sub in ("app", "__main__", "api"):  # spgc.api: the Python API, the CLI's counterpart
+    if sub == "app":
         return "app"
     return "library"
 
@@ -165,8 +165,7 @@ def test_no_private_name_imported_across_packages() -> None:
         ("spgc.servers.daemon", "servers"),
         ("spgc.providers", "providers"),
         ("spgc.app.cli", "app"),
-        ("spgc.__main__", "app"),
-        ("spgc.api", "app"),
+        ("spgc.app.api", "app"),
         ("numpy", None),
     ],
 )

@@ -12,7 +12,7 @@ docs/CONFIG.md lists their keys), so a config built here and a YAML file read wi
   keeps answering until it is finished, so providers never poll a server that has gone.
 
 This module is the application layer (it imports both ``spgc.servers`` and
-``spgc.providers``), which is why it is ``spgc.api`` and not part of ``spgc`` itself.
+``spgc.providers``), which is why it is ``spgc.app.api`` and not part of ``spgc`` itself.
 docs/API.md has a complete example.
 """
 
