@@ -112,6 +112,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             header.num_elements,
             header.ring_bits,
             payload,
+            on_admit=self.state.note_receiving,
         )
         self.state.note_accepted(header.round, who)  # compute_seconds: reserved, ignored
         receipt = pb.SubmitReceipt(

@@ -104,17 +104,22 @@ def dng_exchange(
 
 
 def compute_round(
-    state: ServerState, link: Any, t: int, seed: bytes | None, pool_slice: PoolSlice | None = None
+    state: ServerState,
+    link: Any,
+    t: int,
+    entry: int,
+    seed: bytes | None,
+    pool_slice: PoolSlice | None = None,
 ) -> bytes:
     """This server's half of the circuit on its restricted sum (dng: noise and exchange;
     preprocessed: the pool's noise shares ``pool_slice`` and the exchange), then the Adam step.
+    ``entry``: the ledger index of this release, recorded and co-signed by both servers before
+    (write-ahead: :meth:`H1Driver.cosign_release`, the Peer service's CosignRelease).
 
     Returns the SHA-256 of the pending model version t+1.
     """
     plan = state.plan
     total = state.intake.total()
-    # Write-ahead: the release is in the ledger and counted before anything noisy is revealed.
-    entry = state.record_release(t)
     start = time.perf_counter()
     if plan.cfg.mode == "preprocessed":
         if pool_slice is None or state.pool is None:
@@ -317,9 +322,10 @@ class H1Driver(_RoundLoop):
             theirs = self.peer.CommitSeed(commit, timeout=RPC_SLACK)
             state.history[t].seed_commitments = {"h1": commit.commitment, "h2": theirs.commitment}
         pool_slice = None if self.producer is None else self.producer.slice_for_round(t)
+        entry = self.cosign_release(t)
         self._barrier(t, peer_pb2.BARRIER_CIRCUIT_READY, pool=pool_slice)
         try:
-            sha = compute_round(state, self.link, t, seed, pool_slice)
+            sha = compute_round(state, self.link, t, entry, seed, pool_slice)
         except BaseException as exc:
             state.fail_compute(exc)
             raise
@@ -340,6 +346,25 @@ class H1Driver(_RoundLoop):
             )
         self._barrier(t, peer_pb2.BARRIER_MODEL_PUBLISHED)
         log_round(state, state.publish(t))
+
+
+    def cosign_release(self, t: int) -> int:
+        """Write-ahead, on both servers: H2 checks H1's statement of round t's release, records
+        it with H1's signature and answers with its own, which H1 records; only then does the
+        release run. Returns H1's ledger index of the entry."""
+        state = self.state
+        statement, signature = state.release_statement(t)
+        msg = peer_pb2.ReleaseStatement(
+            run_id=state.run_id,
+            round=t,
+            role=pb.SERVER_ROLE_H1,
+            statement=statement,
+            signature=signature,
+        )
+        answer = self.peer.CosignRelease(msg, timeout=RPC_SLACK)
+        if answer.statement != statement or answer.round != t:
+            raise PeerMismatchError(f"round {t}: H2 co-signed another release statement")
+        return state.record_release(t, peer_sig=answer.signature)
 
 
 def compute_single(state: ServerState, t: int) -> bytes:

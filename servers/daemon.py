@@ -79,8 +79,9 @@ class ServerDaemon:
             set_seed_journal(cfg.state_dir / "used-seeds")  # never a seed of an earlier process
             self.state.checkpoint_dir = cfg.state_dir
             self.state.ledger_path = cfg.state_dir / "ledger.jsonl"
-            if cfg.resume and precompute is None:
-                self._resume()
+        self.state.ledger_public_key()  # a bad ledger_key fails here, before any port opens
+        if cfg.state_dir is not None and cfg.resume and precompute is None:
+            self._resume()
         if cfg.mode == "preprocessed":
             assert cfg.pool_path is not None  # validated
             self.state.pool = NoisePool(
@@ -261,6 +262,8 @@ class ServerDaemon:
             software_version=f"spgc {__version__}",
             role=self.cfg.role,
             config=self.state.config,
+            round=self.state.round_info(None, None),
+            ledger_public_key=self.state.ledger_public_key(),
         )
         end = time.monotonic() + self.cfg.connect_timeout
         while True:
@@ -277,6 +280,7 @@ class ServerDaemon:
         diff = config_differences(self.state.config, answer.config)
         if diff:
             raise PeerMismatchError("training configurations differ in: " + ", ".join(diff))
+        self.state.set_peer_ledger_key(answer.ledger_public_key)
         _, _, sha = self.state.model(None)
         mine = (self.state.round, self.state.version, sha)
         other = answer.round

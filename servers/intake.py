@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,8 +157,11 @@ class ShareIntake:
         length: int,
         ring_bits: int,
         chunks: Iterable[bytes],
+        on_admit: Callable[[int], None] | None = None,
     ) -> None:
         """Takes one provider's whole share (`length` little-endian uint64 values in chunks).
+        ``on_admit(round)`` runs once the submission is admitted, before its payload is read
+        (ldp: the server counts the noisy vector before it holds any of it).
 
         Raises SubmissionRejected, leaving the round's sum untouched, for anything wrong.
         """
@@ -168,6 +171,8 @@ class ShareIntake:
             self._seen_ids.add((provider, bytes(submission_id)))
         path = rnd.directory / f"{len(rnd.spilled)}-{os.urandom(8).hex()}.share"
         try:
+            if on_admit is not None:
+                on_admit(round_number)
             self._spill(chunks, path, length)
             with self._lock:
                 if rnd.closed or self._round is not rnd:

@@ -45,6 +45,8 @@ from spgc.wire.identity import peer_identity
 
 log = logging.getLogger(__name__)
 
+MAX_STATEMENT_BYTES = 4096  # a release statement is a few hundred bytes of JSON
+
 
 # TrainingConfig fields named otherwise in the servers' configuration (docs/CONFIG.md).
 _CONFIG_KEYS = {
@@ -88,6 +90,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.get_link = get_link  # waits (timeout s) for the GC link; raises if not up
         self.on_handshake = on_handshake  # sets run id and config from the agreed run id
         self._seeds: dict[int, bytes] = {}
+        self._entries: dict[int, tuple[bytes, int]] = {}  # round -> (statement, ledger index)
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # one control call changes the round at a time
         self._noise_job: _NoiseJob | None = None
@@ -147,6 +150,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 self.state.fail(msg)
                 log.error("refusing to start: %s", msg)
                 raise FailedPreconditionError(msg)
+            try:
+                self.state.set_peer_ledger_key(request.ledger_public_key)
+            except PeerMismatchError as exc:
+                self.state.fail(str(exc))
+                log.error("refusing to start: %s", exc)
+                raise FailedPreconditionError(str(exc)) from None
             log.info(
                 "handshake with %s: configurations agree (run %s)",
                 self.peer_name,
@@ -158,6 +167,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 role=self.state.role,
                 config=self.state.config,
                 round=self.state.round_info(None, None),
+                ledger_public_key=self.state.ledger_public_key(),
             )
 
     @abort_on_error
@@ -197,6 +207,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         state = self.state
         if state.phase != pb.ROUND_PHASE_COMPUTING:
             raise FailedPreconditionError(f"round {t} has no agreed provider set here")
+        recorded = self._entries.pop(t, None)
+        if recorded is None:  # write-ahead: never a release the ledger does not hold first
+            raise FailedPreconditionError(f"round {t}: no co-signed ledger entry for the release")
+        entry = recorded[1]
         seed = self._seeds.pop(t, None)
         if state.plan.cfg.mode == "spgc" and seed is None:
             raise FailedPreconditionError(f"round {t}: no seed committed")
@@ -220,7 +234,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
         def work() -> None:
             try:
-                compute_round(state, link, t, seed, pool_slice)
+                compute_round(state, link, t, entry, seed, pool_slice)
             except BaseException as exc:  # reported to H1 through CheckModel
                 log.exception("round %d: circuit or update failed", t)
                 state.fail_compute(exc)
@@ -353,6 +367,36 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             role=self.state.role,
             scheme=SEED_COMMITMENT_SCHEME,
             commitment=mine,
+        )
+
+    @abort_on_error
+    def CosignRelease(
+        self, request: peer_pb2.ReleaseStatement, context: grpc.ServicerContext
+    ) -> peer_pb2.ReleaseStatement:
+        self._check(context, request.run_id, request.role)
+        state, t = self.state, request.round
+        if len(request.statement) > MAX_STATEMENT_BYTES:
+            raise FailedPreconditionError(f"release statements are <= {MAX_STATEMENT_BYTES} B")
+        with self._lock:
+            if t != state.round or state.phase != pb.ROUND_PHASE_COMPUTING:
+                raise FailedPreconditionError(f"round {t} has no agreed provider set here")
+            statement, signature = state.release_statement(t)
+            if request.statement != statement:
+                msg = (
+                    f"round {t}: the release statements differ: h1 {request.statement[:400]!r}, "
+                    f"h2 {statement[:400]!r}"
+                )
+                log.error("stopping: %s", msg)
+                state.fail(msg)
+                raise FailedPreconditionError(msg)
+            if t not in self._entries:  # a retried call records nothing twice
+                try:
+                    index = state.record_release(t, peer_sig=request.signature)
+                except PeerMismatchError as exc:  # H1's signature does not verify
+                    raise FailedPreconditionError(str(exc)) from None
+                self._entries[t] = (statement, index)
+        return peer_pb2.ReleaseStatement(
+            run_id=state.run_id, round=t, role=state.role, statement=statement, signature=signature
         )
 
     @abort_on_error

@@ -23,8 +23,9 @@ from torch import nn
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.export import privacy_report, write_export
-from spgc.ledger import Ledger, load_signing_key
+from spgc.ledger import Ledger, LedgerError, load_signing_key, public_key_hex, verify_ledger
 from spgc.models import resolve_model
+from spgc.modes import TWO_SERVER_MODES
 from spgc.optim import Adam
 from spgc.plan import RunPlan
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
@@ -135,6 +136,9 @@ class ServerState:
         self.ledger: Ledger | None = None
         self.ledger_path: Path | None = None  # None: in memory only (no state_dir)
         self.ledger_key: Path | None = None  # None: a key kept in state_dir, or a fresh one
+        self._signer: Any = None  # the Ed25519 key signing this server's ledger (loaded once)
+        # Two-server modes: the peer's ledger public key (hex), from its PeerHello.
+        self.peer_ledger_key: str | None = None
         self.releases = 0  # release entries written: what the accountant counts
         self.samples_drawn = 0  # noise samples of those releases (the sampler's delta)
         self._ldp_counted: set[int] = set()  # ldp rounds whose first noisy vector is counted
@@ -162,39 +166,85 @@ class ServerState:
 
     # ------------------------------------------------------------------ ledger (write-ahead)
 
+    def _ledger_header(self) -> dict[str, Any]:
+        plan, cfg = self.plan, self.plan.cfg
+        two_servers = cfg.mode in TWO_SERVER_MODES
+        if two_servers and self.peer_ledger_key is None:
+            raise RuntimeError("the peer server's ledger key is not known (no Handshake yet)")
+        return {
+            "run_id": self.run_id,
+            "server": cfg.role_name,
+            "peer": ("h2" if self.role == pb.SERVER_ROLE_H1 else "h1") if two_servers else None,
+            "peer_public_key": self.peer_ledger_key if two_servers else None,
+            "mode": cfg.mode,
+                "plan_sha256": config_digest(plan.training_config(self.run_id)),
+            "noise_multiplier": plan.noise_multiplier if self.accountant else 0.0,
+            "sampling": plan.sampling,
+            "accountant": cfg.accountant,
+            "delta": cfg.target_delta,
+            "sensitivity_units": float(plan.fixed_point.l2_bound_units),
+        }
+
     def _open_ledger(self) -> Ledger:
         """This run's ledger (continued after a restart); the caller holds ``cond``."""
         if self.ledger is None:
-            plan, cfg = self.plan, self.plan.cfg
-            header = {
-                "run_id": self.run_id,
-                "server": cfg.role_name,
-                "mode": cfg.mode,
-                "plan_sha256": config_digest(plan.training_config(self.run_id)),
-                "noise_multiplier": plan.noise_multiplier if self.accountant else 0.0,
-                "sampling": plan.sampling,
-                "accountant": cfg.accountant,
-                "delta": cfg.target_delta,
-                "sensitivity_units": float(plan.fixed_point.l2_bound_units),
-            }
-            self.ledger = Ledger.open(self.ledger_path, self._signing_key(), header)
-            entries = [json.loads(line) for line in self.ledger.lines]
-            self.samples_drawn = sum(
-                int(e["noise_samples"]) for e in entries if e.get("kind") == "release"
-            )
-            extra = self.ledger.releases - self.releases
-            if extra > 0:  # releases a crash left in the ledger but not in the checkpoint
-                self.releases += extra
-                if self.accountant is not None:
-                    self.accountant.step(extra)
-                log.warning(
-                    "%s: the ledger holds %d release(s) after the checkpoint; all are counted",
-                    cfg.role_name,
-                    extra,
-                )
+            self.ledger = Ledger.open(self.ledger_path, self._signing_key(), self._ledger_header())
+            self._count_ledger(self.ledger.lines)
         return self.ledger
 
+    def _count_ledger(self, lines: list[bytes]) -> None:
+        """Count every release entry of this run's ledger ``lines`` (a crash may have left
+        some after the checkpoint): the accountant and the sampler's delta count them all."""
+        entries = [json.loads(line) for line in lines]
+        if not entries or entries[0].get("run_id") != self.run_id:
+            return
+        releases = [e for e in entries if e.get("kind") == "release"]
+        self.samples_drawn = max(self.samples_drawn, sum(int(e["noise_samples"]) for e in releases))
+        extra = len(releases) - self.releases
+        if extra > 0:
+            self.releases += extra
+            if self.accountant is not None:
+                self.accountant.step(extra)
+            log.warning(
+                "%s: the ledger holds %d release(s) after the checkpoint; all are counted",
+                self.plan.cfg.role_name,
+                extra,
+            )
+
+    def _count_ledger_on_disk(self) -> None:
+        """At a restart: count the releases of this run's ledger file (verified) without
+        opening it for writing (its header needs the peer's key, known at the Handshake)."""
+        path = self.ledger_path
+        if path is None or not path.exists():
+            return
+        lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+        if not lines or json.loads(lines[0]).get("run_id") != self.run_id:
+            return  # another run's ledger: set aside when this run's is opened
+        verify_ledger(lines)  # a damaged ledger stops the restart (LedgerError)
+        self._count_ledger(lines)
+
+    def ledger_public_key(self) -> bytes:
+        """This server's raw Ed25519 ledger public key (sent in its PeerHello)."""
+        with self.cond:
+            return bytes.fromhex(public_key_hex(self._signing_key()))
+
+    def set_peer_ledger_key(self, raw: bytes) -> None:
+        """The peer's ledger key from its PeerHello; a continued ledger must name the same."""
+        if len(raw) != 32:
+            raise PeerMismatchError("the peer server sent no valid ledger public key")
+        with self.cond:
+            if self.ledger is not None and self.ledger.header.get("peer_public_key") != raw.hex():
+                raise PeerMismatchError(
+                    "the peer server signs with another ledger key than this run's ledger names"
+                )
+            self.peer_ledger_key = raw.hex()
+
     def _signing_key(self) -> Any:
+        if self._signer is None:
+            self._signer = self._load_signing_key()
+        return self._signer
+
+    def _load_signing_key(self) -> Any:
         if self.ledger_key is not None:
             return load_signing_key(self.ledger_key)
         if self.ledger_path is None:
@@ -215,19 +265,34 @@ class ServerState:
                 os.fsync(f.fileno())
         return load_signing_key(path)
 
-    def record_release(self, t: int, providers: int | None = None) -> int:
+    def _release_samples(self, t: int, providers: int | None) -> int:
+        used = len(self.history[t].agreed) if providers is None else providers
+        return self.plan.noise_samples_per_step(used)
+
+    def release_statement(self, t: int) -> tuple[bytes, bytes]:
+        """(statement, this server's signature) of round t's release: what the two servers
+        exchange (CosignRelease) before either records and runs it."""
+        with self.cond:
+            return self._open_ledger().statement(t, self._release_samples(t, None))
+
+    def record_release(
+        self, t: int, providers: int | None = None, peer_sig: bytes | None = None
+    ) -> int:
         """Write-ahead: the ledger entry (fsynced) and the accountant's count for one release
-        of round t, BEFORE anything noisy leaves this server. Returns the entry's index."""
+        of round t, BEFORE anything noisy leaves this server. Two-server modes need the peer's
+        signature over :meth:`release_statement`. Returns the entry's index."""
         with self.cond:
             ledger = self._open_ledger()
-            used = len(self.history[t].agreed) if providers is None else providers
-            samples = self.plan.noise_samples_per_step(used)
+            samples = self._release_samples(t, providers)
             after = (
                 self.accountant.epsilon_after(self.accountant.steps + 1)
                 if self.accountant is not None
                 else math.inf
             )
-            index = ledger.record_release(t, samples, after)
+            try:
+                index = ledger.record_release(t, samples, after, peer_sig)
+            except LedgerError as exc:
+                raise PeerMismatchError(str(exc)) from None
             self.releases += 1
             self.samples_drawn += samples
             if self.accountant is not None:
@@ -326,13 +391,21 @@ class ServerState:
             self.phase = pb.ROUND_PHASE_COLLECTING
             self.cond.notify_all()
 
+    def note_receiving(self, t: int) -> None:
+        """A submission for round t was admitted and its payload is about to be read. In ldp
+        the payload is a provider's noisy vector: the round's release is counted now, before
+        the server holds any of it, whatever the round then does (once per round: each
+        provider sends at most one vector per round)."""
+        if self.plan.cfg.mode != "ldp":
+            return
+        with self.cond:
+            if t not in self._ldp_counted:
+                self.record_release(t, providers=len(self.plan.cfg.providers))
+                self._ldp_counted.add(t)
+
     def note_accepted(self, t: int, provider: str) -> None:
         """A share (or, in ldp, a noisy vector) of ``provider`` is in round t's sum."""
         with self.cond:
-            if self.plan.cfg.mode == "ldp" and t not in self._ldp_counted:
-                # ldp: the server now holds a noisy vector; counted whatever the round does.
-                self._ldp_counted.add(t)
-                self.record_release(t, providers=len(self.plan.cfg.providers))
             self.accepted.setdefault(t, set()).add(provider)
             self.cond.notify_all()
 
@@ -583,9 +656,8 @@ class ServerState:
             self.samples_drawn = int(record.get("noise_samples", 0))
             if self.accountant is not None and self.releases:
                 self.accountant.step(self.releases)  # every release counts
-            # The ledger may hold releases after this checkpoint (a crash after the entry):
-            # opening it counts them too.
-            self._open_ledger()
+            # The ledger may hold releases after this checkpoint (a crash after the entry).
+            self._count_ledger_on_disk()
             self.round = int(record["round"])
             for h in record["history"]:
                 rec = RoundRecord(

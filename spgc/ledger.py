@@ -4,20 +4,25 @@ Each server appends to ``ledger.jsonl`` in its state directory and fsyncs before
 noisy leaves it (write-ahead), so after any crash the entries on disk are at least the
 releases that may have happened; the accountant counts every ``release`` entry, whether its
 round then completed, failed or was run again. The file verifies on its own: its first line
-(``header``) names the run, the plan and this server's Ed25519 public key; every line carries
-``prev``, the SHA-256 of the line before it (the chain), and ``sig``, the server's signature
-over the line without ``sig``. :func:`verify_ledger` checks both and re-accounts epsilon from
-the entries with dp-accounting, independently of the server's own count.
+(``header``) names the run, the plan, this server's Ed25519 public key and, in the two-server
+modes, the other server's; every line carries ``prev``, the SHA-256 of the line before it (the
+chain), and ``sig``, the server's signature over the line without ``sig``. Every release entry
+of a two-server run also carries ``peer_sig``, the other server's signature over the entry's
+shared fields (:func:`release_statement`: the same bytes on both servers), exchanged before the
+release (the Peer service's CosignRelease): neither server runs a release the other has not
+recorded and signed. :func:`verify_ledger` checks the chain and both signatures and
+re-accounts epsilon from the entries with dp-accounting, independently of the server's count.
 
 Line kinds:
 
-- ``header``: ``run_id``, ``server``, ``public_key`` (hex, raw Ed25519), the plan
-  (``mode``, ``plan_sha256``, ``noise_multiplier``, ``sampling``, ``accountant``, ``delta``,
+- ``header``: ``run_id``, ``server``, ``public_key`` (hex, raw Ed25519), ``peer`` and
+  ``peer_public_key`` (the other server; null in the one-server modes), the plan (``mode``,
+  ``plan_sha256``, ``noise_multiplier``, ``sampling``, ``accountant``, ``delta``,
   ``sensitivity_units``).
-- ``release``: written BEFORE a release: ``index`` (0, 1, ...), ``round``, ``mode``,
+- ``release``: written BEFORE a release: the shared fields ``run_id``, ``round``, ``mode``,
   ``plan_sha256``, ``noise_multiplier``, ``sampling``, ``sensitivity_units``,
-  ``noise_samples``, ``epsilon_after`` (the server's own count at the plan's delta, this
-  release included).
+  ``noise_samples``; this server's ``index`` (0, 1, ...) and ``epsilon_after`` (its own count
+  at the plan's delta, this release included); ``peer_sig`` (two-server modes).
 - ``released``: written after it: ``index`` of its ``release``, ``round``, ``vector_sha256``.
 """
 
@@ -39,6 +44,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from spgc.accounting import PrivacyAccountant
+from spgc.modes import get_mode
 
 __all__ = [
     "FORMAT",
@@ -48,7 +54,10 @@ __all__ = [
     "canonical",
     "load_signing_key",
     "public_key_hex",
+    "release_statement",
+    "statement_bytes",
     "verify_ledger",
+    "verify_statement",
 ]
 
 FORMAT = 1
@@ -64,6 +73,47 @@ class LedgerError(ValueError):
 def canonical(entry: Mapping[str, Any]) -> bytes:
     """The bytes a line is, and is signed as (without ``sig``): sorted keys, no spaces."""
     return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+# The fields of a release entry both servers sign (the same bytes on both: nothing local).
+STATEMENT_KEYS = (
+    "kind",
+    "run_id",
+    "round",
+    "mode",
+    "plan_sha256",
+    "noise_multiplier",
+    "sampling",
+    "sensitivity_units",
+    "noise_samples",
+)
+# Entry fields copied from the header into every release entry (and checked against it).
+_PLAN_KEYS = ("run_id", "mode", "plan_sha256", "noise_multiplier", "sampling", "sensitivity_units")
+
+
+def release_statement(
+    header: Mapping[str, Any], round_number: int, noise_samples: int
+) -> dict[str, Any]:
+    """The shared fields of the release entry for ``round_number`` under ``header``'s plan."""
+    out: dict[str, Any] = {"kind": "release", "round": int(round_number)}
+    out.update({k: header.get(k) for k in _PLAN_KEYS})
+    out["noise_samples"] = int(noise_samples)
+    return out
+
+
+def statement_bytes(entry: Mapping[str, Any]) -> bytes:
+    """What both servers sign for a release entry: the canonical JSON of its shared fields."""
+    return canonical({k: entry.get(k) for k in STATEMENT_KEYS})
+
+
+def verify_statement(public_key_hex_: str, statement: bytes, signature: bytes) -> bool:
+    """Whether ``signature`` is the Ed25519 signature of ``statement`` by that public key."""
+    try:
+        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key_hex_))
+        key.verify(signature, statement)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
 
 
 def load_signing_key(path: Path | None) -> Ed25519PrivateKey:
@@ -142,6 +192,11 @@ class Ledger:
                             f"{path}: written with another signing key; configure the same "
                             "ledger_key to continue this run"
                         )
+                    if first.get("peer_public_key") != fields.get("peer_public_key"):
+                        raise LedgerError(
+                            f"{path}: this run's ledger names another signing key for the "
+                            f"peer server {first.get('peer')!r} than the one it now presents"
+                        )
                     return ledger
                 path.replace(_aside(path, str(first.get("run_id") or "old")))
         ledger._append(dict(fields))
@@ -182,25 +237,42 @@ class Ledger:
         self.lines.append(line)
         return entry
 
-    def record_release(self, round_number: int, noise_samples: int, epsilon_after: float) -> int:
-        """Write-ahead entry for one release (call it, then release). Returns its index."""
-        h = self.header
+    def statement(self, round_number: int, noise_samples: int) -> tuple[bytes, bytes]:
+        """(statement, this server's signature over it) for a release of ``round_number``:
+        what the peer server checks and co-signs (CosignRelease)."""
+        data = statement_bytes(release_statement(self.header, round_number, noise_samples))
+        return data, self.key.sign(data)
+
+    def record_release(
+        self,
+        round_number: int,
+        noise_samples: int,
+        epsilon_after: float,
+        peer_sig: bytes | None = None,
+    ) -> int:
+        """Write-ahead entry for one release (call it, then release). Returns its index.
+        Two-server runs (the header names a peer key) need ``peer_sig``, the other server's
+        signature over :meth:`statement`, checked here."""
+        entry = release_statement(self.header, round_number, noise_samples)
+        peer_key = self.header.get("peer_public_key")
+        if peer_key is not None:
+            if peer_sig is None or not verify_statement(
+                peer_key, statement_bytes(entry), peer_sig
+            ):
+                raise LedgerError(
+                    f"round {round_number}: no valid signature of the peer server "
+                    f"{self.header.get('peer')!r} over the release entry"
+                )
+            entry["peer_sig"] = peer_sig.hex()
+        elif peer_sig is not None:
+            raise LedgerError("a one-server ledger takes no peer signature")
         index = self.releases
-        self._append(
-            {
-                "kind": "release",
-                "index": index,
-                "round": int(round_number),
-                "mode": h.get("mode"),
-                "plan_sha256": h.get("plan_sha256"),
-                "noise_multiplier": h.get("noise_multiplier"),
-                "sampling": h.get("sampling"),
-                "sensitivity_units": h.get("sensitivity_units"),
-                "noise_samples": int(noise_samples),
-                "epsilon_after": None if math.isinf(epsilon_after) else float(epsilon_after),
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            }
+        entry.update(
+            index=index,
+            epsilon_after=None if math.isinf(epsilon_after) else float(epsilon_after),
+            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         )
+        self._append(entry)
         return index
 
     def record_released(self, index: int, round_number: int, vector_sha256: str) -> None:
@@ -222,6 +294,7 @@ class LedgerReport:
     run_id: str
     server: str
     public_key: str
+    peer_public_key: str | None  # the other server's key (None: a one-server mode)
     steps: int  # release entries: every one counted
     released: int  # of which a released line followed
     epsilon: float | None  # re-accounted from the entries (None: no noise, not DP)
@@ -229,6 +302,7 @@ class LedgerReport:
     delta: float | None
     noise_samples: int
     signatures_valid: bool = True
+    cosigned: bool = False  # every release entry also carries the peer server's signature
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -281,10 +355,24 @@ def verify_ledger(
                 public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry["public_key"]))
             except (KeyError, TypeError, ValueError):
                 raise LedgerError("line 1: no valid public_key") from None
-            if expected_keys is not None and entry["public_key"].lower() not in {
-                k.lower() for k in expected_keys
-            }:
-                raise LedgerError("line 1: signed by a key other than the expected ones")
+            peer_hex = entry.get("peer_public_key")
+            if peer_hex is not None:
+                try:
+                    Ed25519PublicKey.from_public_bytes(bytes.fromhex(peer_hex))
+                except (TypeError, ValueError):
+                    raise LedgerError("line 1: peer_public_key is not an Ed25519 key") from None
+            elif _servers(entry.get("mode")) == 2:
+                raise LedgerError(
+                    f"line 1: mode {entry.get('mode')!r} has two servers but the header names "
+                    "no peer_public_key"
+                )
+            if expected_keys is not None:
+                pinned = {k.lower() for k in expected_keys}
+                for name in ("public_key", "peer_public_key"):
+                    if entry.get(name) is not None and entry[name].lower() not in pinned:
+                        raise LedgerError(
+                            f"line 1: {name} is not one of the expected keys (--keys)"
+                        )
         assert public is not None
         unsigned = {k: v for k, v in entry.items() if k != "sig"}
         try:
@@ -298,9 +386,17 @@ def verify_ledger(
             if not _is_int(entry.get("index")) or entry["index"] != steps:
                 raise LedgerError(f"line {number}: release index {entry.get('index')}, "
                                   f"expected {steps}")  # fmt: skip
-            for key in ("mode", "noise_multiplier", "sampling", "plan_sha256", "sensitivity_units"):
+            for key in _PLAN_KEYS:
                 if entry.get(key) != header.get(key):
                     raise LedgerError(f"line {number}: {key} differs from the header's")
+            peer_hex = header.get("peer_public_key")
+            if peer_hex is not None and not verify_statement(
+                peer_hex, statement_bytes(entry), _hex_bytes(entry.get("peer_sig"))
+            ):
+                raise LedgerError(
+                    f"line {number}: bad or missing signature of the peer server "
+                    f"{header.get('peer')!r} (peer_sig)"
+                )
             count = entry.get("noise_samples")
             if not _is_int(count) or count < 0 or not _is_int(entry.get("round")):
                 raise LedgerError(f"line {number}: round and noise_samples must be integers >= 0")
@@ -346,13 +442,29 @@ def verify_ledger(
         run_id=str(header.get("run_id", "")),
         server=str(header.get("server", "")),
         public_key=str(header.get("public_key", "")),
+        peer_public_key=header.get("peer_public_key"),
         steps=steps,
         released=released,
         epsilon=epsilon,
         epsilon_recorded=recorded,
         delta=header.get("delta") if epsilon is not None else None,
         noise_samples=samples,
+        cosigned=header.get("peer_public_key") is not None,
     )
+
+
+def _servers(mode: Any) -> int:
+    try:
+        return get_mode(str(mode)).servers
+    except ValueError:
+        raise LedgerError(f"line 1: unknown mode {mode!r}") from None
+
+
+def _hex_bytes(value: Any) -> bytes:
+    try:
+        return bytes.fromhex(str(value))
+    except ValueError:
+        return b""
 
 
 def _is_int(value: Any) -> bool:

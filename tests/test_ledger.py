@@ -28,9 +28,13 @@ from spgc.ledger import (
     verify_ledger,
 )
 
+# The other server, whose key co-signs every release entry of a two-server run.
+PEER = Ed25519PrivateKey.generate()
 HEADER: dict[str, Any] = {
     "run_id": "run-1",
     "server": "h1",
+    "peer": "h2",
+    "peer_public_key": public_key_hex(PEER),
     "mode": "spgc",
     "plan_sha256": "ab" * 32,
     "noise_multiplier": 1.1,
@@ -51,6 +55,12 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _record(ledger: Ledger, t: int, samples: int, epsilon: float, peer=PEER) -> int:
+    """A release entry co-signed by ``peer`` (what CosignRelease gives the server)."""
+    statement, _ = ledger.statement(t, samples)
+    return ledger.record_release(t, samples, epsilon, peer.sign(statement))
+
+
 def _build(
     path: Path, key: Ed25519PrivateKey, rounds: int = ROUNDS, header: dict | None = None
 ) -> Ledger:
@@ -59,7 +69,7 @@ def _build(
     acc = _accountant()
     start = ledger.releases
     for i in range(start, start + rounds):
-        index = ledger.record_release(i, SAMPLES, acc.epsilon_after(i + 1))
+        index = _record(ledger, i, SAMPLES, acc.epsilon_after(i + 1))
         ledger.record_released(index, i, _sha(f"y{i}"))
     return ledger
 
@@ -116,7 +126,9 @@ def test_honest_ledger_verifies(ledger_path, key):
     assert report.noise_samples == ROUNDS * SAMPLES
     assert report.signatures_valid is True
     # Pinning the right key passes too; the lines can also be given as a list.
-    assert verify_ledger(_lines(ledger_path), expected_keys=[public_key_hex(key)]).steps == ROUNDS
+    both = [public_key_hex(key), public_key_hex(PEER)]
+    assert verify_ledger(_lines(ledger_path), expected_keys=both).steps == ROUNDS
+    assert report.peer_public_key == public_key_hex(PEER) and report.cosigned is True
     # Every line: canonical JSON, chained, with the header first.
     entries = _entries(ledger_path)
     assert [e["kind"] for e in entries] == ["header"] + ["release", "released"] * ROUNDS
@@ -182,7 +194,7 @@ def test_another_run_moves_the_old_file_aside(ledger_path, key):
 
 def test_in_memory_ledger(key):
     ledger = Ledger.open(None, key, HEADER)
-    index = ledger.record_release(0, 7, _accountant().epsilon_after(1))
+    index = _record(ledger, 0, 7, _accountant().epsilon_after(1))
     ledger.record_released(index, 0, _sha("y"))
     report = verify_ledger(ledger.lines)
     assert (report.steps, report.released, report.noise_samples) == (1, 1, 7)
@@ -219,8 +231,8 @@ def test_resigned_ledger_fails_once_the_key_is_pinned(ledger_path, key):
     forged = _resign(_entries(ledger_path), other)
     report = verify_ledger(forged)  # consistent on its own ...
     assert report.public_key == public_key_hex(other) and report.steps == ROUNDS
-    with pytest.raises(LedgerError, match=r"^line 1: signed by a key other"):
-        verify_ledger(forged, expected_keys=[public_key_hex(key)])  # ... but not by this server
+    with pytest.raises(LedgerError, match=r"^line 1: public_key is not one of the expected"):
+        verify_ledger(forged, expected_keys=[public_key_hex(key), public_key_hex(PEER)])
 
 
 def test_under_reported_epsilon(ledger_path, key):
@@ -288,10 +300,72 @@ def test_no_noise_ledger_has_no_epsilon(tmp_path, key):
     path = tmp_path / "ledger.jsonl"
     ledger = Ledger.open(path, key, {**HEADER, "mode": "only-mpc", "noise_multiplier": 0.0})
     for t in range(3):
-        ledger.record_released(ledger.record_release(t, 0, math.inf), t, _sha(f"y{t}"))
+        ledger.record_released(_record(ledger, t, 0, math.inf), t, _sha(f"y{t}"))
     report = verify_ledger(path)
     assert (report.steps, report.released, report.noise_samples) == (3, 3, 0)
     assert report.epsilon is None and report.epsilon_recorded is None and report.delta is None
+
+
+def test_a_release_needs_the_peer_signature(tmp_path, key):
+    ledger = Ledger.open(tmp_path / "ledger.jsonl", key, HEADER)
+    with pytest.raises(LedgerError, match="no valid signature of the peer server 'h2'"):
+        ledger.record_release(0, SAMPLES, 1.0)
+    statement, mine = ledger.statement(0, SAMPLES)
+    with pytest.raises(LedgerError, match="no valid signature of the peer"):
+        ledger.record_release(0, SAMPLES, 1.0, mine)  # its own signature is not the peer's
+    wrong, _ = ledger.statement(0, SAMPLES + 1)  # the peer signed another sample count
+    with pytest.raises(LedgerError, match="no valid signature of the peer"):
+        ledger.record_release(0, SAMPLES, 1.0, PEER.sign(wrong))
+    assert ledger.releases == 0  # nothing was written
+    assert ledger.record_release(0, SAMPLES, 1.0, PEER.sign(statement)) == 0
+    # The statement: the shared fields only, the same bytes on both servers.
+    assert json.loads(statement) == {
+        "kind": "release",
+        "run_id": "run-1",
+        "round": 0,
+        "mode": "spgc",
+        "plan_sha256": HEADER["plan_sha256"],
+        "noise_multiplier": 1.1,
+        "sampling": HEADER["sampling"],
+        "sensitivity_units": 1024.0,
+        "noise_samples": SAMPLES,
+    }
+    peer_view = Ledger.open(None, PEER, {**HEADER, "server": "h2", "peer": "h1"})
+    assert peer_view.statement(0, SAMPLES)[0] == statement
+
+
+def test_a_server_alone_cannot_change_a_cosigned_entry(ledger_path, key):
+    """Holding its own key, a server re-signs its lines, but the peer's signature over the
+    changed release no longer fits: caught, naming the line."""
+    entries = _entries(ledger_path)
+    entries[3]["noise_samples"] = 1  # line 4, the second release
+    with pytest.raises(LedgerError, match=r"^line 4: bad or missing signature of the peer"):
+        verify_ledger(_resign(entries, key))
+    entries = _entries(ledger_path)
+    del entries[5]["peer_sig"]
+    with pytest.raises(LedgerError, match=r"^line 6: bad or missing signature of the peer"):
+        verify_ledger(_resign(entries, key))
+    # Dropping the peer key from the header of a two-server mode is refused as well.
+    entries = _entries(ledger_path)
+    entries[0]["peer_public_key"] = None
+    with pytest.raises(LedgerError, match=r"^line 1: mode 'spgc' has two servers"):
+        verify_ledger(_resign(entries, key))
+
+
+def test_a_one_server_ledger_has_no_peer(tmp_path, key):
+    header = {**HEADER, "mode": "ldp", "peer": None, "peer_public_key": None}
+    ledger = Ledger.open(tmp_path / "ledger.jsonl", key, header)
+    ledger.record_release(0, 10, _accountant().epsilon_after(1))
+    with pytest.raises(LedgerError, match="takes no peer signature"):
+        ledger.record_release(1, 10, 1.0, b"x" * 64)
+    report = verify_ledger(ledger.lines)
+    assert report.steps == 1 and report.cosigned is False and report.peer_public_key is None
+
+
+def test_reopening_with_another_peer_key_is_refused(ledger_path, key):
+    other = {**HEADER, "peer_public_key": public_key_hex(Ed25519PrivateKey.generate())}
+    with pytest.raises(LedgerError, match="another signing key for the peer server 'h2'"):
+        Ledger.open(ledger_path, key, other)
 
 
 def test_load_signing_key(tmp_path, key):
@@ -350,7 +424,8 @@ def test_cli_json(parser, capsys, ledger_path, key):
     assert got["delta"] == 1e-5 and got["signatures_valid"] is True
     assert got["public_key"] == public_key_hex(key)
     assert got["differentially_private"] is True and got["keys_pinned"] is False
-    assert "this server's own key" in got["signatures_checked"]
+    assert "the peer server's on every release entry" in got["signatures_checked"]
+    assert got["cosigned"] is True and got["peer_public_key"] == public_key_hex(PEER)
     # The delta the servers report: the accountant's plus the sampler's distance.
     sampler = (1 + math.exp(got["epsilon"])) * ROUNDS * SAMPLES * 2.0**-64
     assert got["delta_sampler"] == pytest.approx(sampler, rel=1e-12)
@@ -367,13 +442,16 @@ def test_cli_human(parser, capsys, ledger_path):
     assert "= 1e-05 (accountant) + " in out and "x 2^-64)" in out
     assert f"noise samples: {ROUNDS * SAMPLES}" in out
     assert "signatures valid (this server's key" in out
+    assert "every release co-signed by the peer server's key" in out
 
 
 @pytest.mark.parametrize("private", [False, True])
 def test_cli_pinned_keys(parser, capsys, tmp_path, ledger_path, key, private):
     other = _pem(tmp_path / "other.pem", Ed25519PrivateKey.generate(), private)
     mine = _pem(tmp_path / "mine.pem", key, private)
-    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", other, mine, "--json")
+    peer = _pem(tmp_path / "peer.pem", PEER, private)
+    argv = ("--ledger", ledger_path, "--keys", other, mine, peer, "--json")
+    code, out, err = _run(parser, capsys, *argv)
     assert (code, err) == (0, "")
     assert json.loads(out)["keys_pinned"] is True
     assert "PRIVATE" not in out  # the key file's contents are never printed
@@ -381,9 +459,13 @@ def test_cli_pinned_keys(parser, capsys, tmp_path, ledger_path, key, private):
     code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", other)
     assert (code, out) == (1, "")
     assert err == (
-        f"spgc account: ledger {ledger_path}: line 1: signed by a key other than the expected "
-        "ones\n"
+        f"spgc account: ledger {ledger_path}: line 1: public_key is not one of the expected "
+        "keys (--keys)\n"
     )
+    # Only this server's key pinned: the peer's key in the header is not trusted.
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", mine)
+    assert (code, out) == (1, "")
+    assert "line 1: peer_public_key is not one of the expected keys" in err
 
 
 def test_cli_broken_ledger_exits_1_naming_the_line(parser, capsys, ledger_path):
@@ -398,7 +480,8 @@ def test_cli_broken_ledger_exits_1_naming_the_line(parser, capsys, ledger_path):
 
 def test_cli_no_noise(parser, capsys, tmp_path, key):
     path = tmp_path / "ledger.jsonl"
-    ledger = Ledger.open(path, key, {**HEADER, "mode": "plain", "noise_multiplier": 0.0})
+    header = {**HEADER, "mode": "plain", "noise_multiplier": 0.0, "peer_public_key": None}
+    ledger = Ledger.open(path, key, header)
     ledger.record_release(0, 0, math.inf)
     code, out, _ = _run(parser, capsys, "--ledger", path)
     assert code == 0 and "NOT differentially private: mode plain adds no noise" in out
@@ -512,7 +595,7 @@ def test_console_script_stderr_stays_empty(tmp_path, key):
     ledger = Ledger.open(path, key, header)
     acc = PrivacyAccountant(0.76, 1e-5, sampling_rate=0.077)
     for t in range(3):
-        ledger.record_release(t, 62, acc.epsilon_after(t + 1))
+        _record(ledger, t, 62, acc.epsilon_after(t + 1))
     done = subprocess.run(
         [str(Path(sys.executable).parent / "spgc"), "account", "--ledger", str(path)],
         capture_output=True,

@@ -197,6 +197,7 @@ def test_services_and_package() -> None:
         "AgreeProviders",
         "CommitSeed",
         "CheckModel",
+        "CosignRelease",
         "SyncPool",
         "ProduceNoise",
     }

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+from test_modes import start_single, wait_single_collecting
 from test_server_daemon import PROVIDERS, Provider, bind_pair, start_pair, wait_round_done
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 from test_user_plans import provider_config
@@ -18,6 +20,9 @@ from test_user_plans import provider_config
 from spgc.ledger import verify_ledger
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.servers import coordinator
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.identity import new_submission_id
+from spgc.wire.messages import share_messages
 
 NOISY = {"mode": "spgc", "noise_multiplier": 2.0, "rounds": 3, "target_epsilon": 50.0}
 
@@ -151,3 +156,42 @@ def test_a_provider_leaves_once_the_ledger_would_pass_its_limit(pki: Path, tmp_p
     finally:
         d1.stop()
         d2.stop()
+
+
+def test_ldp_counts_every_noisy_vector_it_receives(pki: Path, tmp_path: Path) -> None:
+    """ldp: the round's release is counted once a vector is admitted, before its payload is
+    read: a vector that is then refused (here, cut short), in a round that is then skipped
+    for too few providers, is still counted; a round in which nothing arrives is not."""
+    d1 = start_single(
+        pki, tmp_path, mode="ldp", rounds=2, min_providers=3, round_deadline=2.0,
+        target_epsilon=50.0,
+    )  # fmt: skip
+    p = Provider(pki, PROVIDERS[0], (d1,))
+    try:
+        cfg = wait_single_collecting(p, 0)
+        vec = np.zeros(cfg.num_parameters, dtype=np.uint64)
+        msgs = list(
+            share_messages(
+                vec,
+                run_id=cfg.run_id,
+                round_number=0,
+                server_role=pb.SERVER_ROLE_SINGLE,
+                ring_bits=cfg.ring_bits,
+                submission_id=new_submission_id(),
+                chunk_bytes=256,
+            )
+        )
+        assert len(msgs) > 2
+        with pytest.raises(grpc.RpcError):
+            p.stubs[1].SubmitShare(iter(msgs[:-1]), timeout=10)  # the last chunk never comes
+        assert d1.wait(30) and d1.error is None
+    finally:
+        p.close()
+        d1.stop()
+    rounds = d1.state.summary()
+    assert d1.state.steps == 0  # no model published: both rounds were skipped
+    assert d1.state.releases == 1  # ... but round 0's noisy vector reached the server
+    report = verify_ledger(tmp_path / "s1" / "ledger.jsonl")
+    assert (report.steps, report.released, report.cosigned) == (1, 0, False)
+    assert report.epsilon == pytest.approx(d1.state.epsilon(), rel=1e-9) and report.epsilon > 0
+    assert rounds["epsilon"] == pytest.approx(report.epsilon, rel=1e-9)

@@ -10,9 +10,9 @@ multiplier): the safe direction, so a multiplier copied into a configuration nev
 than planned. ``--json`` gives the unrounded values.
 
 ``--ledger FILE`` verifies a server's privacy ledger (``spgc.ledger``, docs/PRIVACY.md): the hash
-chain, every line's Ed25519 signature (the ledger's own key, pinned with ``--keys``; the peer
-server's co-signature does not exist yet), and epsilon re-accounted from the release entries
-with dp-accounting, independently of the server's own count. Exit 0 when it verifies; 1, naming
+chain, every line's Ed25519 signature by the server, the other server's co-signature on every
+release entry (two-server modes; both keys pinned with ``--keys``), and epsilon re-accounted
+from the release entries with dp-accounting, independently of the server's own count. Exit 0 when it verifies; 1, naming
 the line, when it does not (broken chain, bad signature, an under-reported epsilon, ...); 2 for a
 usage error or a file that cannot be read.
 """
@@ -311,8 +311,11 @@ def _ledger_answer(path: Path, lines: list[bytes], keys: list[str] | None) -> di
             "delta_sampler": sampler,
             "delta_reported": reported,
             "signatures_valid": True,  # verify_ledger raised otherwise
-            "signatures_checked": "this server's own key (the peer's co-signature is not "
-            "implemented yet)",
+            "signatures_checked": (
+                "this server's key on every line and the peer server's on every release entry"
+                if report.cosigned
+                else "this server's key on every line (a one-server mode: no peer)"
+            ),
             "keys_pinned": keys is not None,
         }
     )
@@ -346,10 +349,13 @@ def _ledger_human(a: dict[str, Any]) -> str:
             )
     lines.append(f"  noise samples: {a['noise_samples']}")
     pinned = ", pinned by --keys" if a["keys_pinned"] else ""
-    lines.append(
-        f"  signatures valid (this server's key {key[:16]}...{pinned}; the peer server's "
-        "co-signature is not implemented yet)"
+    peer = a.get("peer_public_key")
+    cosigned = (
+        f"; every release co-signed by the peer server's key {peer[:16]}..."
+        if peer
+        else "; one-server mode: no peer co-signature"
     )
+    lines.append(f"  signatures valid (this server's key {key[:16]}...{cosigned}{pinned})")
     return "\n".join(lines)
 
 

@@ -28,18 +28,20 @@ BARRIER_CIRCUIT_READY: Barrier
 BARRIER_MODEL_PUBLISHED: Barrier
 
 class PeerHello(_message.Message):
-    __slots__ = ("protocol_version", "software_version", "role", "config", "round")
+    __slots__ = ("protocol_version", "software_version", "role", "config", "round", "ledger_public_key")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     software_version: str
     role: _aggregation_pb2.ServerRole
     config: _aggregation_pb2.TrainingConfig
     round: _aggregation_pb2.RoundInfo
-    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ...) -> None: ...
+    ledger_public_key: bytes
+    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ..., ledger_public_key: _Optional[bytes] = ...) -> None: ...
 
 class BarrierState(_message.Message):
     __slots__ = ("run_id", "round", "barrier", "role", "reached_at", "pool")
@@ -176,3 +178,17 @@ class ModelDigest(_message.Message):
     num_parameters: int
     sha256: bytes
     def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., num_parameters: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
+
+class ReleaseStatement(_message.Message):
+    __slots__ = ("run_id", "round", "role", "statement", "signature")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    round: int
+    role: _aggregation_pb2.ServerRole
+    statement: bytes
+    signature: bytes
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...

@@ -63,6 +63,11 @@ class PeerStub:
                 request_serializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.FromString,
                 _registered_method=True)
+        self.CosignRelease = channel.unary_unary(
+                '/spgc.v1.Peer/CosignRelease',
+                request_serializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
+                response_deserializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
+                _registered_method=True)
         self.SyncPool = channel.unary_unary(
                 '/spgc.v1.Peer/SyncPool',
                 request_serializer=spgc_dot_v1_dot_peer__pb2.PoolState.SerializeToString,
@@ -114,6 +119,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CosignRelease(self, request, context):
+        """Co-signs the ledger entry of round t's release before it happens (see ReleaseStatement).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SyncPool(self, request, context):
         """Mode preprocessed: reconcile the two noise pools (see PoolState); returns the callee's.
         """
@@ -155,6 +167,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.CheckModel,
                     request_deserializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.FromString,
                     response_serializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.SerializeToString,
+            ),
+            'CosignRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.CosignRelease,
+                    request_deserializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
+                    response_serializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
             ),
             'SyncPool': grpc.unary_unary_rpc_method_handler(
                     servicer.SyncPool,
@@ -303,6 +320,33 @@ class Peer:
             '/spgc.v1.Peer/CheckModel',
             spgc_dot_v1_dot_peer__pb2.ModelDigest.SerializeToString,
             spgc_dot_v1_dot_peer__pb2.ModelDigest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CosignRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spgc.v1.Peer/CosignRelease',
+            spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
+            spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
             options,
             channel_credentials,
             insecure,
