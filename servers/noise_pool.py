@@ -15,16 +15,32 @@ Y = (A1 - r) - (A2 - u) = S + z. No circuit runs in the round.
 
 Storage (:class:`NoisePool`, one directory per server, mode 0700, files 0600)::
 
-    pool.json               parameters the samples were made for (sigma, L, distance, noise bits)
-    block-00000007.bin      n little-endian uint64 shares
-    block-00000007.json     {"index", "block_id", "count", "sha256"}: written last (the commit)
+    pool.json               file format, parameters the samples were made for (sigma, L, ...)
+    block-00000007.bin      n little-endian uint64 shares; used ones overwritten with zeros
+    block-00000007.sums     SHA-256 of each chunk of CHUNK_SAMPLES samples, 32 bytes a chunk
+    block-00000007.json     {"index", "block_id", "count", "chunk_samples"}: the commit record
     cursor.json             {"block", "offset"}: the first unused sample
     consumed.log            one JSON line per consumed run of samples (round, block, offset, count)
 
-The cursor is written (fsync, atomic rename) before any sample it covers is used, so a crash can
-waste samples but never hand the same ones out twice. Fully used blocks are deleted. Both servers
-hold the same blocks (index and H1's random 16-byte id); :meth:`NoisePool.reconcile` keeps the
-blocks both hold and moves both cursors to the later one after a restart.
+A block is written .bin, .sums, then .json (each atomically: temporary file, fsync, rename); a
+.bin or .sums without its .json was never committed and is removed at start. A read hashes only
+the chunks it touches, once per process.
+
+Every sample is used once and then destroyed, so a later compromise of the disk does not reveal
+the noise of released rounds. Taking samples: (1) the cursor is written (fsync, atomic rename)
+before any sample it covers is used, so a crash can waste samples but never hand the same ones
+out twice, then consumed.log; (2) the chunk now holding the cursor gets, in place in .sums, the
+hash of its content with the used prefix zeroed, and chunks wholly used get a zero entry (fsync);
+(3) the used samples are overwritten with zeros in place in .bin (fsync). Blocks wholly used are
+uncommitted (.json removed), overwritten with zeros and deleted. A crash between these steps
+leaves used samples on disk and, for the cursor's chunk, the old or the new hash (one aligned
+32-byte write): on start that chunk is accepted with either hash and steps (2) and (3) are
+finished before the pool is used, so after any restart no used sample remains. Chunks wholly
+before the cursor are never checked; chunks after it must match their hash exactly.
+
+Both servers hold the same blocks (index and H1's random 16-byte id); :meth:`NoisePool.reconcile`
+keeps the blocks both hold and moves both cursors to the later one after a restart (the samples
+the move skips are destroyed like used ones).
 """
 
 from __future__ import annotations
@@ -50,6 +66,7 @@ from spgc.sharing import ring_mask
 
 __all__ = [
     "BLOCK_ID_BYTES",
+    "CHUNK_SAMPLES",
     "NoisePool",
     "PoolBlock",
     "PoolError",
@@ -61,8 +78,11 @@ __all__ = [
 ]
 
 BLOCK_ID_BYTES = 16
-_FORMAT = 1
+_FORMAT = 2  # 2: per-chunk hashes in .sums, used samples zeroed (1: one hash per block)
 MAX_BLOCK_SAMPLES = 1 << 24  # 128 MiB of shares per block file
+CHUNK_SAMPLES = 1024  # samples per hashed chunk: a read checks 8 KiB pieces, not the whole block
+_DIGEST = 32  # bytes of one chunk's SHA-256 in a .sums file
+_ZEROS = bytes(1 << 20)
 
 
 class PoolError(RuntimeError):
@@ -191,6 +211,66 @@ def _next(*pools: tuple[tuple[int, int], list[PoolBlock]]) -> int:
     return max([c[0] for c, _ in pools] + [b.index + 1 for _, bl in pools for b in bl])
 
 
+def _digest(raw: bytes) -> bytes:
+    return hashlib.sha256(raw).digest()
+
+
+def _pread(fd: int, size: int, pos: int) -> bytes:
+    out = bytearray()
+    while len(out) < size:
+        got = os.pread(fd, size - len(out), pos + len(out))
+        if not got:
+            break
+        out += got
+    return bytes(out)
+
+
+def _pwrite(fd: int, data: bytes | memoryview, pos: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, pos)
+        view, pos = view[n:], pos + n
+
+
+def _pwrite_zeros(fd: int, pos: int, size: int) -> None:
+    while size > 0:
+        n = min(size, len(_ZEROS))
+        _pwrite(fd, memoryview(_ZEROS)[:n], pos)
+        pos, size = pos + n, size - n
+
+
+def _is_zero(fd: int, pos: int, size: int) -> bool:
+    """Whether bytes [pos, pos + size) of the file are all zero (read in 1 MiB pieces)."""
+    while size > 0:
+        n = min(size, len(_ZEROS))
+        if _pread(fd, n, pos) != _ZEROS[:n]:
+            return False
+        pos, size = pos + n, size - n
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _shred(path: Path) -> None:
+    """Overwrite a file with zeros (fsync), then delete it: a block's samples may have been used."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return
+    try:
+        _pwrite_zeros(fd, 0, os.fstat(fd).st_size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    path.unlink(missing_ok=True)
+
+
 class NoisePool:
     """One server's pool of noise shares (see the module docstring for the layout).
 
@@ -219,7 +299,7 @@ class NoisePool:
         self.blocks: list[PoolBlock] = []
         self.cursor = (0, 0)
         self._next_index = 0
-        self._verified: set[int] = set()
+        self._verified: dict[int, set[int]] = {}  # block index -> chunks hashed by this process
         self._load()
 
     # ------------------------------------------------------------------ files
@@ -241,6 +321,13 @@ class NoisePool:
             write_private(path, json.dumps(want, sort_keys=True).encode())
             return
         have = json.loads(path.read_text())
+        if have.get("format") != _FORMAT:
+            raise PoolError(
+                f"the noise pool in {self.dir} has file format {have.get('format')!r}; this "
+                f"version reads format {_FORMAT} (per-chunk hashes, used samples zeroed on "
+                "disk): remove that directory (its unused samples are lost) and fill the pool "
+                "again"
+            )
         diff = [k for k in want if have.get(k) != want[k]]
         if diff:
             raise PoolError(
@@ -253,6 +340,9 @@ class NoisePool:
 
     def _bin(self, index: int) -> Path:
         return self.dir / f"block-{index:08d}.bin"
+
+    def _sums(self, index: int) -> Path:
+        return self.dir / f"block-{index:08d}.sums"
 
     def _json(self, index: int) -> Path:
         return self.dir / f"block-{index:08d}.json"
@@ -267,28 +357,45 @@ class NoisePool:
         blocks = []
         for path in sorted(self.dir.glob("block-*.json")):
             meta = json.loads(path.read_text())
+            if meta.get("chunk_samples") != CHUNK_SAMPLES:
+                raise PoolError(
+                    f"noise pool block {path} has chunk_samples={meta.get('chunk_samples')!r}, "
+                    f"this version uses {CHUNK_SAMPLES}: remove the directory {self.dir}"
+                )
             block = PoolBlock(
                 int(meta["index"]), bytes.fromhex(meta["block_id"]), int(meta["count"])
             )
-            data = self._bin(block.index)
+            data, sums = self._bin(block.index), self._sums(block.index)
             if not data.exists() or data.stat().st_size != 8 * block.count:
                 raise PoolError(f"noise pool block {data} is missing or truncated")
+            if not sums.exists() or sums.stat().st_size != _DIGEST * _chunks(block.count):
+                raise PoolError(f"noise pool block {sums} is missing or truncated")
             blocks.append(block)
-        for path in self.dir.glob("block-*.bin"):  # data whose commit record never landed
+        # data whose commit record never landed, or whose deletion a crash interrupted (the
+        # .json goes first): may hold used samples, so overwritten before it goes
+        for path in self.dir.glob("block-*.bin"):
+            if not self._json(int(path.stem.split("-")[1])).exists():
+                _shred(path)
+        for path in self.dir.glob("block-*.sums"):
             if not self._json(int(path.stem.split("-")[1])).exists():
                 path.unlink()
         self.blocks = sorted(blocks, key=lambda b: b.index)
         self._next_index = _next((self.cursor, self.blocks))
         self._drop_used()
+        self._finish_scrub()
 
     def _save_cursor(self) -> None:
         data = json.dumps({"block": self.cursor[0], "offset": self.cursor[1]}).encode()
         write_private(self.dir / "cursor.json", data)
 
     def _delete(self, block: PoolBlock) -> None:
-        for path in (self._json(block.index), self._bin(block.index)):
-            path.unlink(missing_ok=True)
-        self._verified.discard(block.index)
+        # Uncommit first (durably): a crash before the data is gone leaves a .bin without its
+        # .json, which _load overwrites and deletes.
+        self._json(block.index).unlink(missing_ok=True)
+        _fsync_dir(self.dir)
+        _shred(self._bin(block.index))
+        self._sums(block.index).unlink(missing_ok=True)
+        self._verified.pop(block.index, None)
 
     def _drop_used(self) -> None:
         """Delete blocks wholly before the cursor (and an exhausted cursor block)."""
@@ -304,6 +411,70 @@ class NoisePool:
         self.blocks = keep
         if self.blocks and self.cursor < (self.blocks[0].index, 0):
             self.cursor = (self.blocks[0].index, 0)
+
+    def _cursor_block(self) -> PoolBlock | None:
+        return next((b for b in self.blocks if b.index == self.cursor[0]), None)
+
+    def _corrupt(self, block: PoolBlock, chunk: int) -> PoolError:
+        return PoolError(
+            f"noise pool block {self._bin(block.index)} is corrupt (chunk {chunk} sha256 mismatch)"
+        )
+
+    def _scrub(self, block: PoolBlock, start: int, end: int) -> None:
+        """Overwrite samples [start, end) of ``block`` with zeros: the durable cursor is at
+        ``end`` in this kept block, so they were used (or skipped) and must not stay on disk.
+
+        The hash of the chunk holding the cursor is replaced (fsync) BEFORE its data changes:
+        a crash in between leaves the new hash over old data, which _load accepts and finishes.
+        """
+        if end <= start:
+            return
+        first, last = start // CHUNK_SAMPLES, end // CHUNK_SAMPLES
+        cut = end - last * CHUNK_SAMPLES  # used samples of the cursor's chunk
+        # the cursor's chunk is zeroed from its start, as its new hash says
+        zero_from = min(start, last * CHUNK_SAMPLES) if cut else start
+        bad = None
+        bin_fd = os.open(self._bin(block.index), os.O_RDWR)
+        try:
+            sums_fd = os.open(self._sums(block.index), os.O_RDWR)
+            try:
+                if cut:
+                    lo = last * CHUNK_SAMPLES
+                    hi = min(block.count, lo + CHUNK_SAMPLES)
+                    raw = _pread(bin_fd, 8 * (hi - lo), 8 * lo)
+                    new = bytes(8 * cut) + raw[8 * cut :]
+                    if new != raw:
+                        stored = _pread(sums_fd, _DIGEST, _DIGEST * last)
+                        if stored == _digest(raw):
+                            _pwrite(sums_fd, _digest(new), _DIGEST * last)
+                        elif stored != _digest(new):
+                            bad = last  # still destroy the used samples, then refuse
+                # wholly used chunks: their hash is never checked again
+                _pwrite_zeros(sums_fd, _DIGEST * first, _DIGEST * (last - first))
+                os.fsync(sums_fd)
+            finally:
+                os.close(sums_fd)
+            _pwrite_zeros(bin_fd, 8 * zero_from, 8 * (end - zero_from))
+            os.fsync(bin_fd)
+        finally:
+            os.close(bin_fd)
+        self._verified.get(block.index, set()).difference_update(range(first, last + 1))
+        if bad is not None:
+            raise self._corrupt(block, bad)
+
+    def _finish_scrub(self) -> None:
+        """At start: destroy what the durable cursor says was used but a crash left on disk
+        (samples before the cursor in its block, or their .sums entries)."""
+        block, end = self._cursor_block(), self.cursor[1]
+        if block is None or end == 0:
+            return
+        whole = end // CHUNK_SAMPLES
+        with self._bin(block.index).open("rb") as data, self._sums(block.index).open("rb") as sums:
+            clean = _is_zero(data.fileno(), 0, 8 * end) and _is_zero(
+                sums.fileno(), 0, _DIGEST * whole
+            )
+        if not clean:
+            self._scrub(block, 0, end)
 
     # ------------------------------------------------------------------ queries
 
@@ -352,35 +523,66 @@ class NoisePool:
         if not 1 <= len(shares) <= MAX_BLOCK_SAMPLES:
             raise PoolError(f"a block holds 1..{MAX_BLOCK_SAMPLES} samples, got {len(shares)}")
         data = shares.astype("<u8").tobytes()
+        step = 8 * CHUNK_SAMPLES
+        sums = b"".join(_digest(data[at : at + step]) for at in range(0, len(data), step))
         write_private(self._bin(index), data)
+        write_private(self._sums(index), sums)
         meta = {
             "index": index,
             "block_id": block_id.hex(),
             "count": len(shares),
-            "sha256": hashlib.sha256(data).hexdigest(),
+            "chunk_samples": CHUNK_SAMPLES,
         }
         write_private(self._json(index), json.dumps(meta, sort_keys=True).encode())
         block = PoolBlock(index, bytes(block_id), len(shares))
         self.blocks.append(block)
-        self._verified.add(index)
+        self._verified[index] = set(range(_chunks(len(shares))))  # hashed from these very bytes
         self._next_index = index + 1
         return block
 
     def _read(self, block: PoolBlock, start: int, count: int) -> np.ndarray:
-        path = self._bin(block.index)
-        if block.index not in self._verified:
-            meta = json.loads(self._json(block.index).read_text())
-            if hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
-                raise PoolError(f"noise pool block {path} is corrupt (sha256 mismatch)")
-            self._verified.add(block.index)
-        with path.open("rb") as f:
-            f.seek(8 * start)
-            raw = f.read(8 * count)
-        return np.frombuffer(raw, dtype="<u8").astype(np.uint64)
+        """Samples [start, start + count) of ``block``, after checking the chunks they lie in.
+        The cursor's chunk may hold its old hash or the one with its used prefix zeroed."""
+        if count <= 0:
+            return np.zeros(0, dtype=np.uint64)
+        first, last = start // CHUNK_SAMPLES, (start + count - 1) // CHUNK_SAMPLES
+        lo = first * CHUNK_SAMPLES
+        hi = min(block.count, (last + 1) * CHUNK_SAMPLES)
+        with self._bin(block.index).open("rb") as f:
+            raw = _pread(f.fileno(), 8 * (hi - lo), 8 * lo)
+        verified = self._verified.setdefault(block.index, set())
+        todo = [c for c in range(first, last + 1) if c not in verified]
+        if todo:
+            with self._sums(block.index).open("rb") as f:
+                sums = _pread(f.fileno(), _DIGEST * (last + 1 - first), _DIGEST * first)
+            for c in todo:
+                at = c * CHUNK_SAMPLES
+                piece = raw[8 * (at - lo) : 8 * (min(hi, at + CHUNK_SAMPLES) - lo)]
+                stored = sums[_DIGEST * (c - first) : _DIGEST * (c + 1 - first)]
+                cut = 0
+                if block.index == self.cursor[0] and at < self.cursor[1] < at + CHUNK_SAMPLES:
+                    cut = self.cursor[1] - at
+                ok = stored == _digest(piece) or (
+                    cut > 0 and stored == _digest(bytes(8 * cut) + piece[8 * cut :])
+                )
+                if not ok:
+                    raise self._corrupt(block, c)
+                verified.add(c)
+        values = np.frombuffer(raw, dtype="<u8")[start - lo : start - lo + count]
+        return values.astype(np.uint64)
+
+    def _destroy_used(self, since: tuple[int, int]) -> None:
+        """Delete the blocks wholly before the cursor and zero the samples of the cursor's block
+        between ``since`` (the cursor before the move) and the cursor."""
+        self._drop_used()
+        block = self._cursor_block()
+        if block is not None:
+            self._scrub(block, since[1] if since[0] == block.index else 0, self.cursor[1])
 
     def take(self, piece: PoolSlice, round_number: int) -> np.ndarray:
         """The samples of ``piece`` (which must be :meth:`position` of its count): the cursor
-        moves past them on disk BEFORE they are returned, so they are never handed out again."""
+        moves past them on disk BEFORE they are returned, so they are never handed out again,
+        and they are overwritten with zeros on disk before this returns."""
         expected = self.position(piece.count)
         if piece != expected:
             raise PoolError(
@@ -391,7 +593,7 @@ class NoisePool:
             )
         parts, records = [], []
         need, offset = piece.count, self.cursor[1]
-        cursor = self.cursor
+        before = cursor = self.cursor
         for b in self.blocks:
             if need == 0:
                 break
@@ -408,11 +610,12 @@ class NoisePool:
                 log.write(json.dumps(rec) + "\n")
             log.flush()
             os.fsync(log.fileno())
-        self._drop_used()
+        self._destroy_used(before)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
     def apply(self, cursor: tuple[int, int], blocks: Sequence[PoolBlock]) -> None:
-        """Adopt a reconciled state: keep only ``blocks``, move the cursor (persisted)."""
+        """Adopt a reconciled state: keep only ``blocks``, move the cursor (persisted); the
+        samples it skips (perhaps used by the other side) are destroyed like used ones."""
         keep = set(blocks)
         for b in self.blocks:
             if b not in keep:
@@ -421,9 +624,10 @@ class NoisePool:
         if cursor < self.cursor:
             raise PoolError("a reconciled cursor never moves back")
         self._next_index = max(self._next_index, cursor[0], *(b.index + 1 for b in blocks), 0)
+        before = self.cursor
         self.cursor = cursor
         self._save_cursor()
-        self._drop_used()
+        self._destroy_used(before)
 
     def consumed(self) -> list[dict[str, int]]:
         """Every consumed run of samples so far (round, block, offset, count), oldest first."""
@@ -431,3 +635,8 @@ class NoisePool:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _chunks(count: int) -> int:
+    """Chunks of a block of ``count`` samples (the last may be shorter)."""
+    return -(-count // CHUNK_SAMPLES)

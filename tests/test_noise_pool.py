@@ -3,6 +3,7 @@ hands every sample out once, across restarts; reconciliation after a crash; exha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -14,6 +15,7 @@ from helpers import Background
 from spgc.noise import noise_bound_units, sample_noise_plain
 from spgc.servers.gc_party import PartyLink
 from spgc.servers.noise_pool import (
+    CHUNK_SAMPLES,
     NoisePool,
     PoolBlock,
     PoolError,
@@ -172,3 +174,197 @@ def test_apply_reconciled_state(tmp_path):
     assert json.loads((tmp_path / "p" / "cursor.json").read_text()) == {"block": 1, "offset": 4}
     with pytest.raises(PoolError, match="never moves back"):
         pool.apply((0, 0), [])
+
+
+# ------------------------------------------------------------------ used samples zeroed on disk
+
+CHUNK = CHUNK_SAMPLES
+
+
+def samples(path) -> np.ndarray:
+    return np.frombuffer(path.read_bytes(), dtype="<u8").astype(np.uint64)
+
+
+def chunk_sums(path) -> list[bytes]:
+    raw = path.read_bytes()
+    return [raw[i : i + 32] for i in range(0, len(raw), 32)]
+
+
+def sha(values: np.ndarray) -> bytes:
+    return hashlib.sha256(values.astype("<u8").tobytes()).digest()
+
+
+def big_pool(tmp_path, sizes=(2500, 1500)):
+    """Blocks of several chunks holding 1, 2, 3, ... (no share is zero, so zeros mean erased)."""
+    pool = NoisePool(tmp_path / "p", "h1", 50.0, 24)
+    fill(pool, list(sizes), start=1)
+    return pool, tmp_path / "p"
+
+
+def test_block_files_hold_per_chunk_hashes(tmp_path):
+    pool, d = big_pool(tmp_path)
+    meta = json.loads((d / "block-00000000.json").read_text())
+    assert meta["chunk_samples"] == CHUNK and meta["count"] == 2500 and "sha256" not in meta
+    values = np.arange(1, 2501, dtype=np.uint64)
+    assert chunk_sums(d / "block-00000000.sums") == [
+        sha(values[0:1024]),
+        sha(values[1024:2048]),
+        sha(values[2048:2500]),  # the last chunk is shorter
+    ]
+    assert len(chunk_sums(d / "block-00000001.sums")) == 2
+    assert pool.available == 4000
+
+
+def test_take_zeroes_the_used_samples_on_disk(tmp_path):
+    pool, d = big_pool(tmp_path)
+    original = samples(d / "block-00000000.bin").copy()
+    # ends inside chunk 1 of block 0
+    got = pool.take(pool.position(1500), 0)
+    assert got.tolist() == list(range(1, 1501))
+    on_disk = samples(d / "block-00000000.bin")
+    assert not on_disk[:1500].any()  # every used sample overwritten
+    np.testing.assert_array_equal(on_disk[1500:], original[1500:])  # the rest untouched
+    sums = chunk_sums(d / "block-00000000.sums")
+    assert sums[0] == bytes(32)  # wholly used: never checked again
+    assert sums[1] == sha(on_disk[1024:2048])  # the cursor's chunk: hash of its zeroed prefix
+    assert sums[2] == sha(original[2048:])
+    # the next take continues with the original values, across the two blocks
+    got = pool.take(pool.position(1200), 1)
+    assert got.tolist() == list(range(1501, 2701))
+    for suffix in ("bin", "sums", "json"):
+        assert not (d / f"block-00000000.{suffix}").exists()
+    block1 = samples(d / "block-00000001.bin")
+    assert not block1[:200].any()
+    assert block1[200:].tolist() == list(range(2701, 4001))
+    # a take ending exactly on a chunk boundary: no partial chunk, the next one untouched
+    got = pool.take(pool.position(CHUNK - 200), 2)
+    assert got.tolist() == list(range(2701, 2701 + CHUNK - 200))
+    block1 = samples(d / "block-00000001.bin")
+    assert not block1[:CHUNK].any()
+    assert chunk_sums(d / "block-00000001.sums") == [bytes(32), sha(block1[CHUNK:])]
+    assert pool.take(pool.position(pool.available), 3).tolist() == list(range(3525, 4001))
+    assert pool.available == 0 and not list(d.glob("block-*"))
+
+
+def test_reopened_pool_verifies_and_reads_the_rest(tmp_path):
+    pool, d = big_pool(tmp_path)
+    pool.take(pool.position(1500), 0)
+    again = NoisePool(d, "h1", 50.0, 24)
+    assert again.available == 2500
+    assert again.take(again.position(600), 1).tolist() == list(range(1501, 2101))
+    on_disk = samples(d / "block-00000000.bin")
+    assert not on_disk[:2100].any() and on_disk[2100:].tolist() == list(range(2101, 2501))
+    third = NoisePool(d, "h1", 50.0, 24)
+    assert third.take(third.position(1900), 2).tolist() == list(range(2101, 4001))
+    assert third.available == 0
+    assert [(c["block"], c["offset"], c["count"]) for c in third.consumed()] == [
+        (0, 0, 1500),
+        (0, 1500, 600),
+        (0, 2100, 400),
+        (1, 0, 1500),
+    ]
+
+
+@pytest.mark.parametrize("died", ["after the .sums write", "before the .sums write"])
+def test_crash_before_zeroing_is_finished_at_load(tmp_path, died):
+    pool, d = big_pool(tmp_path)
+    bin0, sums0 = d / "block-00000000.bin", d / "block-00000000.sums"
+    old_bin, old_sums = bin0.read_bytes(), sums0.read_bytes()
+    pool.take(pool.position(1500), 0)
+    # the process died with the cursor durable but the used samples still on disk
+    with bin0.open("r+b") as f:
+        f.write(old_bin[: 8 * 1500])
+    if died == "before the .sums write":
+        sums0.write_bytes(old_sums)
+    assert samples(bin0)[:1500].any()
+    again = NoisePool(d, "h1", 50.0, 24)
+    on_disk = samples(bin0)
+    assert not on_disk[:1500].any()  # finished at load, before any use
+    assert on_disk[1500:].tolist() == list(range(1501, 2501))
+    sums = chunk_sums(sums0)
+    assert sums[0] == bytes(32) and sums[1] == sha(on_disk[1024:2048])
+    assert again.available == 2500
+    assert again.take(again.position(1100), 1).tolist() == list(range(1501, 2601))
+
+
+def test_crash_before_a_used_block_is_deleted(tmp_path):
+    pool, d = big_pool(tmp_path)
+    old = {s: (d / f"block-00000000.{s}").read_bytes() for s in ("bin", "sums", "json")}
+    pool.take(pool.position(2600), 0)
+    # died after the cursor moved into block 1, before block 0 was deleted
+    for suffix, data in old.items():
+        (d / f"block-00000000.{suffix}").write_bytes(data)
+    (d / "block-00000001.bin").write_bytes(
+        np.arange(2501, 4001, dtype=np.uint64).astype("<u8").tobytes()
+    )
+    again = NoisePool(d, "h1", 50.0, 24)
+    assert not list(d.glob("block-00000000.*"))
+    assert not samples(d / "block-00000001.bin")[:100].any()
+    assert again.take(again.position(1400), 1).tolist() == list(range(2601, 4001))
+
+
+def test_flipped_byte_in_an_unused_sample_is_caught(tmp_path):
+    pool, d = big_pool(tmp_path)
+    pool.take(pool.position(1500), 0)
+    bin0 = d / "block-00000000.bin"
+    good = bin0.read_bytes()
+    # (sample, its chunk): after the cursor's chunk, and in it (its used prefix is zeros)
+    for sample, chunk in ((2100, 2), (1600, 1)):
+        raw = bytearray(good)
+        raw[8 * sample + 3] ^= 0x01
+        bin0.write_bytes(bytes(raw))
+        fresh = NoisePool(d, "h1", 50.0, 24)  # loads: only what it reads is checked
+        with pytest.raises(
+            PoolError, match=rf"0000\.bin is corrupt \(chunk {chunk} sha256 mismatch"
+        ):
+            fresh.take(fresh.position(700), 1)
+        assert fresh.available == 2500  # nothing consumed by a refused take
+    bin0.write_bytes(good)
+    fresh = NoisePool(d, "h1", 50.0, 24)
+    assert fresh.take(fresh.position(700), 1).tolist() == list(range(1501, 2201))
+
+
+def test_corrupt_cursor_chunk_at_load_still_erases_the_used_samples(tmp_path):
+    pool, d = big_pool(tmp_path)
+    bin0 = d / "block-00000000.bin"
+    old = bin0.read_bytes()
+    pool.take(pool.position(1500), 0)
+    raw = bytearray(old)  # the used samples back (a crash) and an unused one damaged
+    raw[8 * 1700] ^= 0x01
+    bin0.write_bytes(bytes(raw))
+    with pytest.raises(PoolError, match=r"corrupt \(chunk 1 sha256 mismatch\)"):
+        NoisePool(d, "h1", 50.0, 24)
+    assert not samples(bin0)[:1500].any()
+
+
+def test_apply_zeroes_the_samples_the_cursor_skips(tmp_path):
+    pool, d = big_pool(tmp_path, (2500, 1500, 1000))
+    blocks = pool.state()[1]
+    pool.take(pool.position(100), 0)
+    pool.apply((1, 1200), blocks[1:2])  # H2 had used more before a crash
+    assert not list(d.glob("block-00000000.*")) and not list(d.glob("block-00000002.*"))
+    block1 = samples(d / "block-00000001.bin")
+    assert not block1[:1200].any() and block1[1200:].tolist() == list(range(3701, 4001))
+    assert pool.take(pool.position(300), 5).tolist() == list(range(3701, 4001))
+
+
+def test_uncommitted_or_half_deleted_files_are_removed_on_load(tmp_path):
+    _, d = big_pool(tmp_path, (3,))
+    (d / "block-00000001.sums").write_bytes(b"\1" * 32)  # crash before its .json
+    (d / "block-00000002.bin").write_bytes(b"\7" * 16)
+    again = NoisePool(d, "h1", 50.0, 24)
+    assert sorted(p.name for p in d.glob("block-*")) == [
+        "block-00000000.bin",
+        "block-00000000.json",
+        "block-00000000.sums",
+    ]
+    assert again.take(again.position(3), 0).tolist() == [1, 2, 3]
+
+
+def test_a_pool_in_the_old_format_is_refused(tmp_path):
+    d = tmp_path / "p"
+    NoisePool(d, "h1", 50.0, 24)
+    meta = json.loads((d / "pool.json").read_text())
+    (d / "pool.json").write_text(json.dumps({**meta, "format": 1}))
+    with pytest.raises(PoolError, match=r"file format 1.*remove that directory"):
+        NoisePool(d, "h1", 50.0, 24)
