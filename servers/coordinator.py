@@ -40,6 +40,7 @@ import grpc
 import numpy as np
 
 from spgc.noise import sample_discrete_gaussian
+from spgc.servers.faults import fault_point, tap_reveal
 from spgc.servers.gc_party import run_aggregate
 from spgc.servers.noise_pool import (
     PoolError,
@@ -120,6 +121,7 @@ def compute_round(
     """
     plan = state.plan
     total = state.intake.total()
+    fault_point("after-ledger", t)
     start = time.perf_counter()
     if plan.cfg.mode == "preprocessed":
         if pool_slice is None or state.pool is None:
@@ -132,29 +134,38 @@ def compute_round(
         )
         seconds["exchange"] = time.perf_counter() - start
         del noise
-        state.record_released(entry, t, y)
-        return state.apply_update(t, y, info, seconds)
-    if plan.cfg.mode == "dng":
+    elif plan.cfg.mode == "dng":
         noise = sample_discrete_gaussian(plan.dim, plan.sigma_units)
         seconds = {"noise": time.perf_counter() - start}
         start = time.perf_counter()
         y, info = dng_exchange(state.role, link.channel, total, noise, plan.ring_bits)
         seconds["exchange"] = time.perf_counter() - start
         del noise  # never needed again
+    else:
+        y, info = run_aggregate(
+            _GC_ROLE[state.role],
+            link,
+            total,
+            seed,
+            plan.sigma_units if plan.cfg.mode == "spgc" else None,
+            plan.ring_bits,
+            plan.cfg.mode,
+        )
+        seconds = {"circuit": time.perf_counter() - start}
+    return _after_reveal(state, t, entry, y, info, seconds)
+
+
+def _after_reveal(
+    state: ServerState, t: int, entry: int | None, y: np.ndarray, info: dict, seconds: dict
+) -> bytes:
+    """What follows every reveal: the released line of its ledger entry, the Adam step."""
+    tap_reveal(state.plan.cfg.role_name, t, y)
+    fault_point("after-reveal", t)
+    if entry is not None:
         state.record_released(entry, t, y)
-        return state.apply_update(t, y, info, seconds)
-    y, info = run_aggregate(
-        _GC_ROLE[state.role],
-        link,
-        total,
-        seed,
-        plan.sigma_units if plan.cfg.mode == "spgc" else None,
-        plan.ring_bits,
-        plan.cfg.mode,
-    )
-    seconds = {"circuit": time.perf_counter() - start}
-    state.record_released(entry, t, y)
-    return state.apply_update(t, y, info, seconds)
+    sha = state.apply_update(t, y, info, seconds)
+    fault_point("after-update", t)
+    return sha
 
 
 def log_round(state: ServerState, rec: RoundRecord) -> None:
@@ -373,11 +384,10 @@ def compute_single(state: ServerState, t: int) -> bytes:
     start = time.perf_counter()
     # plain: the release is the clear sum; ldp: its noisy vectors were counted as they came.
     entry = state.record_release(t) if state.plan.cfg.mode != "ldp" else None
+    fault_point("after-ledger", t)
     total = state.intake.total()
     y = reconstruct(total, np.zeros_like(total), state.plan.ring_bits)
-    if entry is not None:
-        state.record_released(entry, t, y)
-    return state.apply_update(t, y, {}, {"decode": time.perf_counter() - start})
+    return _after_reveal(state, t, entry, y, {}, {"decode": time.perf_counter() - start})
 
 
 class SingleDriver(_RoundLoop):

@@ -28,8 +28,14 @@ from spgc import __version__
 from spgc.config import ServerConfig
 from spgc.plan import make_plan
 from spgc.servers.aggregator import AggregatorServicer
-from spgc.servers.checkpoint import CheckpointError, config_digest, load_checkpoint
+from spgc.servers.checkpoint import (
+    CheckpointError,
+    config_digest,
+    load_checkpoint,
+    step_back,
+)
 from spgc.servers.coordinator import H1Driver, SingleDriver
+from spgc.servers.faults import planned_fault
 from spgc.servers.gc_party import PartyLink, set_seed_journal
 from spgc.servers.intake import ShareIntake
 from spgc.servers.noise_pool import NoisePool
@@ -58,6 +64,9 @@ class ServerDaemon:
         holds that many unused samples (0: pool_rounds rounds' worth), then stop (H1 tells H2)."""
         self.cfg = cfg
         self.precompute = precompute
+        fault = planned_fault()  # a malformed SPGC_FAULT_INJECT stops the start (ValueError)
+        if fault is not None:
+            log.warning("fault injection armed: SIGKILL at %s of round %d", *fault)
         self.plan = make_plan(cfg)
         if precompute is not None and cfg.mode != "preprocessed":
             raise ValueError(f"precompute fills a noise pool: mode is {cfg.mode}, not preprocessed")
@@ -161,7 +170,12 @@ class ServerDaemon:
         insecure = self.cfg.insecure
         self.aggregator = AggregatorServicer(self.state, self.cfg.role_name, insecure)
         self.peer_servicer = PeerServicer(
-            self.state, self.cfg.peer_name, insecure, self._get_link, self._adopt_run
+            self.state,
+            self.cfg.peer_name,
+            insecure,
+            self._get_link,
+            self._adopt_run,
+            self._align_with_peer,
         )
         services = [
             functools.partial(
@@ -281,6 +295,7 @@ class ServerDaemon:
         if diff:
             raise PeerMismatchError("training configurations differ in: " + ", ".join(diff))
         self.state.set_peer_ledger_key(answer.ledger_public_key)
+        self._align_with_peer(answer.round)
         _, _, sha = self.state.model(None)
         mine = (self.state.round, self.state.version, sha)
         other = answer.round
@@ -290,6 +305,45 @@ class ServerDaemon:
                 f"{other.round} (model v{other.model_version} {other.model_sha256.hex()[:12]}): "
                 "both servers must resume the same checkpoint (or start over with resume: false)"
             )
+
+    def _align_with_peer(self, other: pb.RoundInfo) -> None:
+        """Step back to the previous checkpoint if this server is one published round ahead
+        of the other and its previous checkpoint is exactly the other's state (H2 checkpoints
+        a round before H1: a crash in between leaves them so). The abandoned round's release
+        stays counted (the ledger holds it); the round runs again with fresh noise."""
+        directory = self.cfg.state_dir
+        _, _, sha = self.state.model(None)
+        theirs = (other.round, other.model_version, other.model_sha256.hex())
+        if directory is None or theirs == (self.state.round, self.state.version, sha.hex()):
+            return
+        if other.round >= self.state.round:
+            return  # not ahead: the caller reports the mismatch
+        try:
+            loaded = load_checkpoint(directory, previous=True)
+        except CheckpointError as exc:
+            log.warning("cannot read the previous checkpoint to step back to: %s", exc)
+            return
+        if loaded is None:
+            return
+        record, arrays = loaded
+        if record["run_id"] != self.state.run_id or theirs != (
+            record["round"],
+            record["version"],
+            record["model_sha256"],
+        ):
+            return
+        step_back(directory)
+        self.state.restore(record, arrays)
+        log.warning(
+            "%s steps back to its previous checkpoint (round %d, model v%d) to match %s: a "
+            "crash came between the two servers' checkpoints; the round runs again, and its "
+            "earlier release stays counted (eps=%.4f)",
+            self.cfg.role_name,
+            self.state.round,
+            self.state.version,
+            self.cfg.peer_name,
+            self.state.epsilon(),
+        )
 
     def _run_h1(self) -> None:
         self._peer_channel = make_channel(
@@ -362,8 +416,10 @@ class ServerDaemon:
         with self.state.cond:  # follow until training is over (rounds run in peer calls)
             while not self.state.finished and not self.stop_event.is_set():
                 self.state.cond.wait(0.5)
-                if self.state.phase == pb.ROUND_PHASE_COMPUTING:
-                    self.state.last_peer_call = time.monotonic()  # the GC link has its own timeout
+                if any(t.is_alive() for t in self.peer_servicer.link_users()):
+                    # A circuit or noise block is running: the GC link has its own timeout.
+                    # Once it is over (done or failed), H1's silence counts again.
+                    self.state.last_peer_call = time.monotonic()
                 silent = time.monotonic() - self.state.last_peer_call
                 if silent > self.cfg.peer_timeout:
                     raise TimeoutError(

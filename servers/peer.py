@@ -83,12 +83,14 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         insecure: bool,
         get_link: Callable[[float], Any],
         on_handshake: Callable[[str], None],
+        align: Callable[[pb.RoundInfo], None],
     ) -> None:
         self.state = state
         self.peer_name = peer_name
         self.insecure = insecure
         self.get_link = get_link  # waits (timeout s) for the GC link; raises if not up
         self.on_handshake = on_handshake  # sets run id and config from the agreed run id
+        self.align = align  # steps back a checkpoint when this server is one round ahead
         self._seeds: dict[int, bytes] = {}
         self._entries: dict[int, tuple[bytes, int]] = {}  # round -> (statement, ledger index)
         self._worker: threading.Thread | None = None
@@ -156,6 +158,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 self.state.fail(str(exc))
                 log.error("refusing to start: %s", exc)
                 raise FailedPreconditionError(str(exc)) from None
+            if request.HasField("round"):
+                self.align(request.round)
             log.info(
                 "handshake with %s: configurations agree (run %s)",
                 self.peer_name,

@@ -6,7 +6,6 @@ happens under one condition variable so that waiters (CheckModel, intake-done) w
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -23,13 +22,21 @@ from torch import nn
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.export import privacy_report, write_export
-from spgc.ledger import Ledger, LedgerError, load_signing_key, public_key_hex, verify_ledger
+from spgc.ledger import (
+    Ledger,
+    LedgerError,
+    load_signing_key,
+    public_key_hex,
+    released_digest,
+    verify_ledger,
+)
 from spgc.models import resolve_model
 from spgc.modes import TWO_SERVER_MODES
 from spgc.optim import Adam
 from spgc.plan import RunPlan
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
+from spgc.servers.faults import fault_point
 from spgc.servers.intake import ShareIntake
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import vector_sha256
@@ -307,9 +314,9 @@ class ServerState:
     def record_released(self, index: int, t: int, y: np.ndarray) -> None:
         """What release ``index`` revealed: the SHA-256 of its values as decimal text (they
         may exceed 64 bits)."""
-        digest = hashlib.sha256(",".join(str(int(v)) for v in np.asarray(y).tolist()).encode())
+        digest = released_digest(y)
         with self.cond:
-            self._open_ledger().record_released(index, t, digest.hexdigest())
+            self._open_ledger().record_released(index, t, digest)
 
     def reported_delta(self) -> float | None:
         """The delta of the guarantee: the accountant's plus what the sampler's statistical
@@ -627,7 +634,13 @@ class ServerState:
                 ],
             }
             arrays = {"params": self.params, "adam_m": adam["m"], "adam_v": adam["v"]}
-            save_checkpoint(self.checkpoint_dir, record, arrays)
+            ended = self.round - 1
+            save_checkpoint(
+                self.checkpoint_dir,
+                record,
+                arrays,
+                before_commit=lambda: fault_point("during-checkpoint", ended),
+            )
             snapshot = (self.version, self.params, report)  # params are replaced, never mutated
         self._write_model(*snapshot)
 
@@ -639,6 +652,12 @@ class ServerState:
         if params.shape != (self.plan.dim,) or sha.hex() != record["model_sha256"]:
             raise CheckpointError("checkpoint model does not match its recorded hash or size")
         with self.cond:
+            # Also a step back to the previous checkpoint at the Handshake: start from scratch.
+            self.accountant = self.plan.new_accountant()
+            self.history = {}
+            self.pending = None
+            self.finished = False
+            self.phase = pb.ROUND_PHASE_UNSPECIFIED
             self.run_id = record["run_id"]
             self.params = params
             self.version = int(record["version"])
@@ -657,7 +676,10 @@ class ServerState:
             if self.accountant is not None and self.releases:
                 self.accountant.step(self.releases)  # every release counts
             # The ledger may hold releases after this checkpoint (a crash after the entry).
-            self._count_ledger_on_disk()
+            if self.ledger is not None:
+                self._count_ledger(self.ledger.lines)
+            else:
+                self._count_ledger_on_disk()
             self.round = int(record["round"])
             for h in record["history"]:
                 rec = RoundRecord(

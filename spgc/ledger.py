@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -55,6 +56,7 @@ __all__ = [
     "load_signing_key",
     "public_key_hex",
     "release_statement",
+    "released_digest",
     "statement_bytes",
     "verify_ledger",
     "verify_statement",
@@ -114,6 +116,13 @@ def verify_statement(public_key_hex_: str, statement: bytes, signature: bytes) -
     except (InvalidSignature, ValueError, TypeError):
         return False
     return True
+
+
+def released_digest(values: Any) -> str:
+    """SHA-256 (hex) of released integer values as comma-separated decimal text (they may
+    exceed 64 bits): the ``vector_sha256`` of a ``released`` line."""
+    text = ",".join(str(int(v)) for v in np.asarray(values).tolist())
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_signing_key(path: Path | None) -> Ed25519PrivateKey:

@@ -12,9 +12,9 @@ than planned. ``--json`` gives the unrounded values.
 ``--ledger FILE`` verifies a server's privacy ledger (``spgc.ledger``, docs/PRIVACY.md): the hash
 chain, every line's Ed25519 signature by the server, the other server's co-signature on every
 release entry (two-server modes; both keys pinned with ``--keys``), and epsilon re-accounted
-from the release entries with dp-accounting, independently of the server's own count. Exit 0 when it verifies; 1, naming
-the line, when it does not (broken chain, bad signature, an under-reported epsilon, ...); 2 for a
-usage error or a file that cannot be read.
+from the release entries with dp-accounting, independently of the server's own count. Exit 0
+when it verifies; 1, naming the line, when it does not (broken chain, bad signature, an
+under-reported epsilon, ...); 2 for a usage error or a file that cannot be read.
 """
 
 from __future__ import annotations

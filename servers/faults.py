@@ -1,0 +1,61 @@
+"""Fault injection for crash tests (off unless its environment variables are set).
+
+``SPGC_FAULT_INJECT=POINT:ROUND`` makes this server kill itself with SIGKILL (no clean-up, no
+flush: what a power cut or an OOM kill leaves) when it reaches POINT of round ROUND:
+
+- ``after-ledger``: the release's ledger entry is on disk, nothing revealed yet;
+- ``after-reveal``: the noisy sum is revealed to this server, the model not updated;
+- ``after-update``: the next model is computed, not yet published or checkpointed;
+- ``during-checkpoint``: the checkpoint's arrays are written, its commit record is not.
+
+``SPGC_REVEAL_TAP=FILE`` appends one JSON line per reveal to FILE (``server``, ``round``,
+``sha256`` of the released values), written before anything else is done with the values:
+what a crash test compares with the ledger (entries >= reveals). Both only read the process's
+own environment; neither changes what a healthy run computes or sends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from spgc.ledger import released_digest
+
+__all__ = ["FAULT_POINTS", "fault_point", "planned_fault", "tap_reveal"]
+
+FAULT_POINTS = ("after-ledger", "after-reveal", "after-update", "during-checkpoint")
+_FAULT_ENV = "SPGC_FAULT_INJECT"
+_TAP_ENV = "SPGC_REVEAL_TAP"
+
+
+def planned_fault() -> tuple[str, int] | None:
+    """(point, round) named by ``SPGC_FAULT_INJECT``, None if unset; ValueError if malformed."""
+    value = os.environ.get(_FAULT_ENV, "")
+    if not value:
+        return None
+    point, _, number = value.partition(":")
+    if point not in FAULT_POINTS or not number.isdigit():
+        raise ValueError(
+            f"{_FAULT_ENV}={value!r}: expected POINT:ROUND with POINT one of "
+            f"{', '.join(FAULT_POINTS)}"
+        )
+    return point, int(number)
+
+
+def fault_point(point: str, round_number: int) -> None:
+    """SIGKILL this process if ``SPGC_FAULT_INJECT`` names this point of this round."""
+    if os.environ.get(_FAULT_ENV) and planned_fault() == (point, round_number):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def tap_reveal(server: str, round_number: int, values: Any) -> None:
+    """Log one reveal to ``SPGC_REVEAL_TAP`` (if set)."""
+    path = os.environ.get(_TAP_ENV)
+    if not path:
+        return
+    line = {"server": server, "round": round_number, "sha256": released_digest(values)}
+    with Path(path).open("a") as f:
+        f.write(json.dumps(line) + "\n")
