@@ -27,6 +27,7 @@ from spgc.ledger import (
     LedgerError,
     load_signing_key,
     public_key_hex,
+    read_ledger_lines,
     released_digest,
     verify_ledger,
 )
@@ -224,7 +225,7 @@ class ServerState:
         path = self.ledger_path
         if path is None or not path.exists():
             return
-        lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+        lines = read_ledger_lines(path)
         if not lines or json.loads(lines[0]).get("run_id") != self.run_id:
             return  # another run's ledger: set aside when this run's is opened
         verify_ledger(lines)  # a damaged ledger stops the restart (LedgerError)

@@ -55,6 +55,7 @@ __all__ = [
     "canonical",
     "load_signing_key",
     "public_key_hex",
+    "read_ledger_lines",
     "release_statement",
     "released_digest",
     "statement_bytes",
@@ -125,6 +126,15 @@ def released_digest(values: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def read_ledger_lines(path: Path) -> list[bytes]:
+    """The complete lines of a ledger file. A last line without its newline is a write a
+    crash interrupted: its fsync never returned, so its release never happened; it is left
+    out (and :meth:`Ledger.open` cuts it off the file)."""
+    data = Path(path).read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    return [line for line in complete.splitlines() if line.strip()]
+
+
 def load_signing_key(path: Path | None) -> Ed25519PrivateKey:
     """An Ed25519 private key from a PEM file (``spgc certs`` makes them); None: a fresh key
     for this process (the ledger's header names its public key either way)."""
@@ -160,6 +170,23 @@ def _aside(path: Path, run_id: str) -> Path:
     return target
 
 
+def _cut_torn_tail(path: Path) -> None:
+    """Cut an unterminated last line (a write torn by a crash) off the file, keeping its bytes
+    in ``<file>.torn`` for an audit."""
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep == len(data):
+        return
+    with path.with_name(path.name + ".torn").open("ab") as f:
+        f.write(data[keep:] + b"\n")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class Ledger:
     """One server's ledger file (``path``; None: in memory only, nothing survives the
@@ -181,7 +208,8 @@ class Ledger:
         fields = {**header, "kind": "header", "format": FORMAT, "public_key": public_key_hex(key)}
         ledger = cls(path, key, dict(fields))
         if path is not None and path.exists():
-            existing = [line for line in path.read_bytes().splitlines() if line.strip()]
+            _cut_torn_tail(path)
+            existing = read_ledger_lines(path)
             if existing:
                 try:
                     first = json.loads(existing[0])
@@ -339,7 +367,7 @@ def verify_ledger(
         lines = [line for line in source if line.strip()]
     else:
         try:
-            lines = [line for line in Path(source).read_bytes().splitlines() if line.strip()]
+            lines = read_ledger_lines(Path(source))
         except OSError as exc:
             raise LedgerError(f"cannot read the ledger: {exc}") from None
     if not lines:

@@ -604,3 +604,17 @@ def test_console_script_stderr_stays_empty(tmp_path, key):
     )
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     assert "releases counted: 3 " in done.stdout
+
+
+def test_a_write_torn_by_a_crash_is_cut_off(ledger_path, key):
+    """A last line without its newline never finished (its fsync never returned, so its
+    release never happened): verification leaves it out, reopening cuts it off and keeps it."""
+    intact = ledger_path.read_bytes()
+    torn = b'{"index":5,"kind":"release","mode":"sp'
+    ledger_path.write_bytes(intact + torn)
+    assert verify_ledger(ledger_path).steps == ROUNDS
+    ledger = _build(ledger_path, key, rounds=1)
+    assert ledger.releases == ROUNDS + 1
+    assert ledger_path.read_bytes().startswith(intact)
+    assert ledger_path.with_name("ledger.jsonl.torn").read_bytes() == torn + b"\n"
+    assert verify_ledger(ledger_path).steps == ROUNDS + 1

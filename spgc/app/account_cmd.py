@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.accounting import calibrate_noise_multiplier, epsilon_for
-from spgc.ledger import LedgerError, public_key_hex, verify_ledger
+from spgc.ledger import LedgerError, public_key_hex, read_ledger_lines, verify_ledger
 
 __all__ = ["add_parser", "run"]
 
@@ -367,7 +367,7 @@ def _run_ledger(args: argparse.Namespace) -> int:
         return _error(str(exc))
     path = Path(args.ledger)
     try:
-        lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+        lines = read_ledger_lines(path)
     except OSError as exc:
         return _error(f"--ledger {path}: {exc.strerror or exc}")
     # dp-accounting logs (through absl) each RDP order it excludes; the epsilon stays an upper
