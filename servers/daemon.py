@@ -12,13 +12,13 @@ data link carries the two noisy shares instead of a garbled circuit (no engine s
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import shutil
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import grpc
@@ -38,6 +38,7 @@ from spgc.servers.coordinator import H1Driver, SingleDriver
 from spgc.servers.faults import planned_fault
 from spgc.servers.gc_party import PartyLink, set_seed_journal
 from spgc.servers.intake import ShareIntake
+from spgc.servers.limits import ProviderGate, ProviderLimits
 from spgc.servers.noise_pool import NoisePool
 from spgc.servers.peer import PeerServicer, config_differences
 from spgc.servers.pool_sync import NoiseProducer
@@ -106,8 +107,10 @@ class ServerDaemon:
         self._listener: Any = None
         self._peer_channel: grpc.Channel | None = None
         self._threads: list[threading.Thread] = []
-        self.server: grpc.Server | None = None
+        self.server: grpc.Server | None = None  # the providers' gRPC server (port)
         self.port = 0
+        self.peer_server: grpc.Server | None = None  # the other server's (peer_port)
+        self.peer_port = 0
         self.gc_port = 0
 
     # ------------------------------------------------------------------ setup
@@ -160,6 +163,9 @@ class ServerDaemon:
         self.state.run_id = run_id
         self.state.config = self.plan.training_config(run_id)
 
+    def _provider_refused(self, who: str, method: str, reason: str) -> None:
+        log.warning("refused %s from %s: %s", method, who, reason)
+
     def _get_link(self, timeout: float) -> PartyLink:
         if not self._link_ready.wait(timeout) or self._link is None:
             raise RuntimeError("the garbled-circuit link to the other server is not up")
@@ -177,17 +183,40 @@ class ServerDaemon:
             self._adopt_run,
             self._align_with_peer,
         )
-        services = [
-            functools.partial(
-                aggregation_pb2_grpc.add_AggregatorServicer_to_server, self.aggregator
-            )
-        ]
-        if not self.cfg.single_server:
-            services.append(
-                functools.partial(peer_pb2_grpc.add_PeerServicer_to_server, self.peer_servicer)
-            )
-        self.server, self.port = make_server(self.cfg.listen, services, self.tls, insecure)
+        cfg = self.cfg
+        self.gate = ProviderGate(
+            ProviderLimits(
+                max_streams=cfg.provider_max_streams,
+                rate=cfg.provider_rate,
+                burst=max(1, int(2 * cfg.provider_rate)),
+                idle_seconds=cfg.provider_idle,
+                stream_seconds=cfg.provider_stream_timeout,
+            ),
+            frozenset(cfg.providers),
+            insecure,
+            on_refused=self._provider_refused,
+        )
+        # The providers' server: a thread per call in flight (long polls included), so room
+        # for every provider's long poll and upload; beyond that calls are refused, not queued.
+        workers = min(4096, 16 + 3 * len(cfg.providers))
+        self.server, self.port = make_server(
+            cfg.listen,
+            [partial(aggregation_pb2_grpc.add_AggregatorServicer_to_server, self.aggregator)],
+            self.tls,
+            insecure,
+            max_workers=workers,
+            maximum_concurrent_rpcs=2 * workers,
+            interceptors=[self.gate],
+        )
         self.health = add_health(self.server)
+        if not cfg.single_server:
+            # The other server's control calls: a gRPC server and port of their own.
+            self.peer_server, self.peer_port = make_server(
+                cfg.peer_listen,
+                [partial(peer_pb2_grpc.add_PeerServicer_to_server, self.peer_servicer)],
+                self.tls,
+                insecure,
+            )
         if self.cfg.role == 1 and not self.cfg.single_server:
 
             self._listener = garbled_core.Listener(*_host_port(self.cfg.gc_address))
@@ -200,6 +229,8 @@ class ServerDaemon:
             self.bind()
         assert self.server is not None
         self.server.start()
+        if self.peer_server is not None:
+            self.peer_server.start()
         if self.cfg.single_server:
             target = self._run_single
         else:
@@ -447,6 +478,9 @@ class ServerDaemon:
         if self.server is not None:
             self.health.enter_graceful_shutdown()
             self.server.stop(grace).wait(grace + 1)
+            self.gate.close()
+        if self.peer_server is not None:
+            self.peer_server.stop(grace).wait(grace + 1)
         for thread in [*self._threads, *self.peer_servicer.link_users()]:
             thread.join(5)
         for closer in (self._gc_channel, self._listener, self._peer_channel):

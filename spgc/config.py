@@ -81,10 +81,15 @@ class ServerConfig(_Schema):
 
     # --- this daemon
     role: Literal[1, 2] = Field(1, description="1 = H1 (garbler, leads rounds), 2 = H2")
-    listen: str = Field(
-        "127.0.0.1:50051", description="host:port for providers and the other server's calls"
+    listen: str = Field("127.0.0.1:50051", description="host:port for the providers' calls")
+    peer_listen: str = Field(
+        "127.0.0.1:50071",
+        description="host:port for the other server's control calls (a gRPC server of its own: "
+        "provider traffic never starves it)",
     )
-    peer_address: str = Field("127.0.0.1:50052", description="the other server's listen address")
+    peer_address: str = Field(
+        "127.0.0.1:50072", description="the other server's peer_listen address (H1 dials it)"
+    )
     peer_name: str = Field("h2", description="the name the other server's certificate carries")
     gc_address: str = Field(
         "127.0.0.1:50061",
@@ -131,6 +136,18 @@ class ServerConfig(_Schema):
     log_format: Literal["text", "json"] = Field("text", description="log lines: text or json")
     connect_timeout: float = Field(
         60.0, gt=0, description="seconds H1 waits for H2 (handshake, link) before giving up"
+    )
+    provider_max_streams: int = Field(
+        4, ge=1, le=64, description="calls in flight at once per provider identity"
+    )
+    provider_rate: float = Field(
+        20.0, gt=0, le=10_000, description="calls per second per provider identity (bursts 2x)"
+    )
+    provider_idle: float = Field(
+        30.0, gt=0, description="seconds a provider's upload may send nothing before it is cut"
+    )
+    provider_stream_timeout: float = Field(
+        600.0, gt=0, description="seconds a provider's upload may stay open at most"
     )
     peer_timeout: float = Field(
         300.0,

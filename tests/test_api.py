@@ -69,6 +69,7 @@ def _config(**changes: object) -> ServerConfig:
         "insecure": True,
         "providers": ["p1", "p2"],
         "listen": "127.0.0.1:0",
+        "peer_listen": "127.0.0.1:0",
         "gc_address": "127.0.0.1:0",
         "rounds": 1,
     }

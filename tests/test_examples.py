@@ -94,14 +94,15 @@ def test_yaml_files_pass_config_check(tmp_path: Path, pristine: None) -> None:
     # The training keys the servers compare at the handshake agree, and so do the files'
     # addresses: the providers call the servers where they listen.
     h1, h2 = (yaml.safe_load((work / f"h{i}.yaml").read_text()) for i in (1, 2))
-    daemon_keys = {"role", "listen", "peer_address", "peer_name", "tls", "state_dir",
-                   "summary_path"}  # fmt: skip
+    daemon_keys = {"role", "listen", "peer_listen", "peer_address", "peer_name", "tls",
+                   "state_dir", "summary_path"}  # fmt: skip
     assert {k: v for k, v in h1.items() if k not in daemon_keys} == {
         k: v for k, v in h2.items() if k not in daemon_keys
     }
     for i in (1, 2, 3):
         p = yaml.safe_load((work / f"provider{i}.yaml").read_text())
         assert p["h1"]["address"] == h1["listen"] and p["h2"]["address"] == h2["listen"]
+        assert h1["peer_address"] == h2["peer_listen"] and h2["peer_address"] == h1["peer_listen"]
         assert (p["provider_index"], p["provider_count"]) == (i - 1, 3)
 
 

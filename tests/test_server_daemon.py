@@ -40,6 +40,7 @@ def _cfg(pki: Path, role: int, state: Path, **kw) -> ServerConfig:
     base = {
         "role": role,
         "listen": "127.0.0.1:0",
+        "peer_listen": "127.0.0.1:0",
         "peer_address": "127.0.0.1:1",
         "peer_name": f"h{3 - role}",
         "gc_address": "127.0.0.1:0",
@@ -65,7 +66,7 @@ def bind_pair(pki: Path, tmp: Path, precompute: int | None = None, **kw):
         (tmp / sub).mkdir(exist_ok=True)
     d1 = ServerDaemon(_cfg(pki, 1, tmp / "s1", **kw), precompute).bind()
     d2 = ServerDaemon(_cfg(pki, 2, tmp / "s2", **kw), precompute).bind()
-    d1.cfg.peer_address = f"127.0.0.1:{d2.port}"
+    d1.cfg.peer_address = f"127.0.0.1:{d2.peer_port}"
     d2.cfg.gc_address = f"127.0.0.1:{d1.gc_port}"
     return d1, d2
 

@@ -113,7 +113,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         raise DemoError(f"model {opts.model!r} does not read {opts.dataset}; choose: {fits}")
     names = [f"p{i + 1}" for i in range(opts.providers)]
     pki = None if opts.insecure else make_dev_pki(work / "pki", ["h1", "h2", *names])
-    listen1, listen2, gc = _free_ports(3)
+    listen1, listen2, peer1, peer2, gc = _free_ports(5)
     defaults = DATASET_DEFAULTS[opts.dataset]
 
     def tls(name: str) -> dict[str, str] | None:
@@ -123,12 +123,17 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         return {"cert": str(p.cert), "key": str(p.key), "ca": str(p.ca)}
 
     single = opts.mode in SINGLE_SERVER_MODES
-    roles = ((1, listen1, listen2),) if single else ((1, listen1, listen2), (2, listen2, listen1))
+    # (role, providers' port, own peer port, the other server's peer port)
+    roles = ((1, listen1, peer1, peer2),) if single else (
+        (1, listen1, peer1, peer2),
+        (2, listen2, peer2, peer1),
+    )
     servers = []
-    for role, listen, peer in roles:
+    for role, listen, peer_listen, peer in roles:
         cfg: dict[str, Any] = {
             "role": role,
             "listen": f"127.0.0.1:{listen}",
+            "peer_listen": f"127.0.0.1:{peer_listen}",
             "peer_address": f"127.0.0.1:{peer}",
             "peer_name": f"h{3 - role}",
             "gc_address": f"127.0.0.1:{gc}",

@@ -64,6 +64,7 @@ def make_server(
     max_workers: int = 16,
     maximum_concurrent_rpcs: int | None = None,
     options: Sequence[tuple[str, Any]] = (),
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
 ) -> tuple[grpc.Server, int]:
     """A gRPC server bound to ``bind`` ("host:port"; port 0 picks a free one), not yet started.
 
@@ -85,6 +86,7 @@ def make_server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spgc-grpc"),
         options=opts,
         maximum_concurrent_rpcs=maximum_concurrent_rpcs,
+        interceptors=list(interceptors),
     )
     for add in servicer_adders:
         add(server)

@@ -1,0 +1,104 @@
+"""Provider traffic under limits (servers.limits) and the servers' own control port (issue 14).
+
+A certificate of the deployment CA that is not a provider of the run is refused before any
+message is read; one provider cannot hold more than its share of calls; a silent upload is cut;
+and the server-to-server Peer service is not on the providers' port at all.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
+from test_server_daemon import pki as pki  # the module's fixture: h1, h2, p1..p3 and x9
+
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire import peer_pb2, peer_pb2_grpc
+
+
+def _silent(release: threading.Event) -> Iterator[pb.ShareChunk]:
+    """A request stream that sends nothing until ``release`` is set."""
+    release.wait(30)
+    return
+    yield  # a generator
+
+
+def test_a_non_provider_is_refused_before_any_message(pki: Path, tmp_path: Path) -> None:
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1)
+    release = threading.Event()
+    intruder = Provider(pki, "x9", (d1, d2))  # a certificate of the CA, not in `providers`
+    try:
+        started = time.monotonic()
+        for role in (1, 2):
+            with pytest.raises(grpc.RpcError) as info:
+                intruder.stubs[role].SubmitShare(_silent(release), timeout=20)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "'x9' is not a provider of this run" in info.value.details()
+        # Refused at once: the handler never waited for the first message.
+        assert time.monotonic() - started < 10
+        with pytest.raises(grpc.RpcError) as info:
+            intruder.hello(1)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        release.set()
+        intruder.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_one_provider_cannot_hold_the_server(pki: Path, tmp_path: Path) -> None:
+    """At most provider_max_streams calls in flight per identity; a silent upload is cut after
+    provider_idle seconds; the other providers' round goes on meanwhile."""
+    d1, d2 = start_pair(
+        pki, tmp_path, mode="only-mpc", rounds=1, provider_max_streams=2, provider_idle=2.0,
+        round_deadline=20.0,
+    )  # fmt: skip
+    release = threading.Event()
+    hog = Provider(pki, "p1", (d1, d2))
+    others = [Provider(pki, n, (d1, d2)) for n in PROVIDERS[1:]]
+    try:
+        held = [hog.stubs[1].SubmitShare.future(_silent(release), timeout=20) for _ in range(2)]
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as info:
+            hog.hello(1)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "more than 2 calls at once from 'p1'" in info.value.details()
+        # The silent uploads are cancelled by the server within provider_idle (+ 1 s check).
+        for call in held:
+            with pytest.raises(grpc.RpcError) as info:
+                call.result(timeout=10)
+            assert info.value.code() == grpc.StatusCode.CANCELLED
+        assert hog.hello(1).provider_id == "p1"  # its calls are free again
+        # Meanwhile the others' round completes (min_providers 2).
+        cfg = others[0].wait_collecting(0)
+        for i, p in enumerate(others):
+            p.submit_both(cfg, 0, np.full(cfg.num_parameters, i + 1, dtype=np.int64))
+        wait_round_done((d1, d2), 0)
+    finally:
+        release.set()
+        for p in (hog, *others):
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_the_peer_service_has_its_own_port(pki: Path, tmp_path: Path) -> None:
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1)
+    p = Provider(pki, "p1", (d1, d2))
+    try:
+        assert d2.peer_port not in (0, d2.port)
+        # The providers' port does not serve the Peer service at all.
+        stub = peer_pb2_grpc.PeerStub(p.channels[1])
+        with pytest.raises(grpc.RpcError) as info:
+            stub.RoundBarrier(peer_pb2.BarrierState(run_id="x", round=0), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        p.close()
+        d1.stop()
+        d2.stop()
