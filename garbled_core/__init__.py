@@ -4,6 +4,10 @@ One circuit description (built with :class:`garbled_core.circuit.CircuitBuilder`
 backends: plaintext (``Circuit.evaluate``), the garbler (``Garbler.run``) and the evaluator
 (``Evaluator.run``). Half-gates with free-XOR; evaluator inputs by IKNP correlated OT; the data
 link is TCP with TLS 1.3 (mutual certificates) unless ``insecure=True`` is passed explicitly.
+With TLS, ``Listener.accept`` returns only a connection that completed the handshake (peer
+certificate from the CA, issued to ``TlsConfig.peer_name`` when set); any other connection is
+closed, counted in ``Listener.refused`` and reported to its ``on_refused(peer_address, reason)``
+callback, and the listener goes on waiting for the peer until its timeout.
 """
 
 from garbled_core._core import (

@@ -51,6 +51,8 @@ from spgc.wire.transport import add_health, make_channel, make_server
 
 log = logging.getLogger(__name__)
 
+GC_HANDSHAKE_TIMEOUT = 10.0  # seconds a connection to the circuit port has to authenticate
+
 
 def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
@@ -162,6 +164,9 @@ class ServerDaemon:
         """Fix the run id and the TrainingConfig announced to providers."""
         self.state.run_id = run_id
         self.state.config = self.plan.training_config(run_id)
+
+    def _gc_refused(self, address: str, reason: str) -> None:
+        log.warning("circuit port: refused a connection from %s: %s", address, reason)
 
     def _provider_refused(self, who: str, method: str, reason: str) -> None:
         log.warning("refused %s from %s: %s", method, who, reason)
@@ -382,7 +387,15 @@ class ServerDaemon:
         )
         stub = peer_pb2_grpc.PeerStub(self._peer_channel)
         self._handshake(stub)
-        self._gc_channel = self._listener.accept(timeout=self.cfg.connect_timeout, **self._gc_tls())
+        # Only the peer's authenticated TLS connection is taken: anything else on the circuit
+        # port (a scan, junk, another certificate, silence) is closed and logged, and the
+        # listener keeps waiting for the real peer.
+        self._gc_channel = self._listener.accept(
+            timeout=self.cfg.connect_timeout,
+            handshake_timeout=GC_HANDSHAKE_TIMEOUT,
+            on_refused=self._gc_refused,
+            **self._gc_tls(),
+        )
         self._listener.close()
         self._link = self._open_link("garbler")
         self._link_ready.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import threading
 import time
 
@@ -12,6 +13,7 @@ from helpers import Background
 from helpers import tls_config as tls_for
 
 from garbled_core import _core
+from spgc.certs import make_dev_pki
 
 
 def _round_trip(server_kw, client_kw):
@@ -113,6 +115,9 @@ def test_tls_config_missing_file(pki, tmp_path):
 def test_certificate_from_other_ca_fails_on_both_sides(pki, bad_side):
     # *_cert: that side presents a certificate from an unrelated CA but trusts the right CA;
     # client_pki: the client lives entirely in the unrelated PKI.
+    # The client sees a TlsError; the listener refuses the connection, reports it and goes on
+    # waiting: for the real peer when only the client is wrong, else until its timeout, whose
+    # message carries the refusal.
     if bad_side == "server_cert":
         server_tls = _core.TlsConfig(*pki["other:h1"], pki["ca"])
     else:
@@ -124,17 +129,25 @@ def test_certificate_from_other_ca_fails_on_both_sides(pki, bad_side):
     else:
         client_tls = tls_for(pki, "h2")
     listener = _core.Listener()
+    refusals = _Refusals()
     start = time.monotonic()
-    bg = Background(lambda: listener.accept(tls=server_tls, timeout=10))
+    bg = _accept_and_echo(listener, server_tls, refusals, timeout=2)
     with pytest.raises(_core.TlsError) as client_err:
         _core.Channel.connect("127.0.0.1", listener.port, tls=client_tls, timeout=10)
-    with pytest.raises(_core.TlsError) as server_err:
-        bg.result()
-    assert time.monotonic() - start < 5
     assert "TLS handshake failed" in str(client_err.value)
-    assert "TLS handshake failed" in str(server_err.value)
     assert isinstance(client_err.value, _core.ChannelError)
     assert isinstance(client_err.value, ConnectionError)
+    ((_, reason),) = refusals.wait(1)
+    assert "TLS handshake failed" in reason
+    if bad_side == "server_cert":
+        expected = r"1 connection refused; last: TLS handshake failed"
+        with pytest.raises(_core.ChannelTimeoutError, match=expected):
+            bg.result()
+    else:
+        _peer_exchange(listener.port, tls_for(pki, "h2"))
+        assert bg.result() == b"hello"
+    assert time.monotonic() - start < 5
+    assert listener.refused == 1
     listener.close()
 
 
@@ -252,13 +265,266 @@ def test_peer_name_is_checked(pki, server_expects):
     h2_cert, h2_key = pki["h2"]
     server_tls = _core.TlsConfig(h1_cert, h1_key, pki["ca"], peer_name=server_expects)
     client_tls = _core.TlsConfig(h2_cert, h2_key, pki["ca"], peer_name="h1")
-    bg = Background(lambda: listener.accept(tls=server_tls, timeout=10))
+    bg = Background(lambda: listener.accept(tls=server_tls, timeout=1.5))
     if server_expects == "h2":
         with _core.Channel.connect("127.0.0.1", listener.port, tls=client_tls, timeout=10) as ch:
             assert ch.is_tls
         bg.result().close()
+        assert listener.refused == 0
     else:
         with pytest.raises(_core.TlsError):
             _core.Channel.connect("127.0.0.1", listener.port, tls=client_tls, timeout=10)
-        with pytest.raises(_core.TlsError, match=r"expected name|hostname"):
+        expected = r"1 connection refused; last: .*expected name"
+        with pytest.raises(_core.ChannelTimeoutError, match=expected):
             bg.result()
+        assert listener.refused == 1
+
+
+# ---- the listener authenticates each connection before returning it ------------------------
+# Each case ends with the real peer (h2) connecting and data flowing both ways.
+
+
+class _Refusals:
+    """on_refused callback that records (peer_address, reason) and lets the test wait."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.times: list[float] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, peer: str, reason: str) -> None:
+        with self._cond:
+            self.calls.append((peer, reason))
+            self.times.append(time.monotonic())
+            self._cond.notify_all()
+
+    def wait(self, n: int, timeout: float = 5.0) -> list[tuple[str, str]]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.calls) >= n, timeout), self.calls
+            return list(self.calls)
+
+
+def _accept_and_echo(listener, tls, refusals, **kw):
+    """Accepts in the background; on the returned channel: receives 5 bytes, sends them back
+    reversed plus '!', waits for the peer's goodbye. result() is the 5 bytes received."""
+
+    def server():
+        with listener.accept(tls=tls, on_refused=refusals, **kw) as ch:
+            got = ch.recv(5)
+            ch.send(got[::-1] + b"!")
+            ch.flush()
+            ch.recv(1)
+            return got
+
+    return Background(server)
+
+
+def _peer_exchange(port, tls):
+    with _core.Channel.connect("127.0.0.1", port, tls=tls, timeout=5) as ch:
+        ch.send(b"hello")
+        assert ch.recv(6) == b"olleh!"
+        ch.send(b".")
+
+
+def _tcp(port):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return s, f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _closed_by_server(sock, timeout=3.0):
+    """True once the server closed the socket (EOF or reset; a TLS alert may come first)."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+@pytest.fixture(scope="module")
+def gc_pki(tmp_path_factory):
+    """h1, h2 and a provider-like p1 from one CA; the unrelated CA's h2 from `pki`."""
+    made = make_dev_pki(tmp_path_factory.mktemp("gc_pki"), ["h1", "h2", "p1"])
+    ca = str(made["h1"].ca)
+
+    def cfg(name, peer_name=""):
+        return _core.TlsConfig(str(made[name].cert), str(made[name].key), ca, peer_name=peer_name)
+
+    return cfg, ca
+
+
+def test_junk_connection_is_refused_then_peer_accepted(gc_pki):
+    cfg, _ = gc_pki
+    listener = _core.Listener()
+    refusals = _Refusals()
+    bg = _accept_and_echo(listener, cfg("h1", "h2"), refusals, timeout=10, handshake_timeout=2)
+    junk, junk_addr = _tcp(listener.port)
+    with junk:
+        junk.sendall(b"GET / HTTP/1.0\r\n\r\n" + os.urandom(64))
+        ((peer, reason),) = refusals.wait(1)
+        assert _closed_by_server(junk)
+    assert peer == junk_addr
+    assert "TLS handshake failed" in reason
+    _peer_exchange(listener.port, cfg("h2", "h1"))
+    assert bg.result() == b"hello"
+    assert len(refusals.calls) == 1
+    assert listener.refused == 1
+    listener.close()
+
+
+def test_silent_connection_is_refused_after_handshake_timeout(gc_pki):
+    cfg, _ = gc_pki
+    listener = _core.Listener()
+    refusals = _Refusals()
+    bg = _accept_and_echo(listener, cfg("h1", "h2"), refusals, timeout=10, handshake_timeout=0.5)
+    silent, silent_addr = _tcp(listener.port)
+    start = time.monotonic()
+    with silent:
+        ((peer, reason),) = refusals.wait(1)
+        assert 0.45 <= refusals.times[0] - start < 2.5
+        assert _closed_by_server(silent)
+    assert peer == silent_addr
+    assert reason == "TLS handshake with peer did not finish within 0.5 s"
+    _peer_exchange(listener.port, cfg("h2", "h1"))
+    assert bg.result() == b"hello"
+    assert listener.refused == 1
+    listener.close()
+
+
+def test_silent_connection_does_not_hold_up_the_peer(gc_pki):
+    """Handshakes run side by side: the real peer gets through while a silent connection
+    still has most of its handshake timeout left; that one is closed and reported after."""
+    cfg, _ = gc_pki
+    listener = _core.Listener()
+    refusals = _Refusals()
+    bg = _accept_and_echo(listener, cfg("h1", "h2"), refusals, timeout=10, handshake_timeout=8)
+    silent, silent_addr = _tcp(listener.port)
+    with silent:
+        time.sleep(0.1)  # the listener has taken it and is waiting for its ClientHello
+        start = time.monotonic()
+        _peer_exchange(listener.port, cfg("h2", "h1"))
+        assert time.monotonic() - start < 2
+        assert bg.result() == b"hello"
+        assert refusals.calls == [
+            (silent_addr, "closed unauthenticated: the peer authenticated on another connection")
+        ]
+        assert _closed_by_server(silent)
+    assert listener.refused == 1
+    listener.close()
+
+
+def test_wrong_ca_and_wrong_name_are_refused_then_peer_accepted(pki, gc_pki):
+    cfg, ca = gc_pki
+    listener = _core.Listener()
+    refusals = _Refusals()
+    start = time.monotonic()
+    bg = _accept_and_echo(listener, cfg("h1", "h2"), refusals, timeout=10, handshake_timeout=2)
+    # A certificate from another CA (the client itself trusts the right CA)...
+    other_ca_client = _core.TlsConfig(*pki["other:h2"], ca, peer_name="h1")
+    with pytest.raises(_core.TlsError, match="TLS handshake failed"):
+        _core.Channel.connect("127.0.0.1", listener.port, tls=other_ca_client, timeout=5)
+    refusals.wait(1)
+    # ... and the right CA's certificate for another party (a provider).
+    with pytest.raises(_core.TlsError, match="TLS handshake failed"):
+        _core.Channel.connect("127.0.0.1", listener.port, tls=cfg("p1", "h1"), timeout=5)
+    (_, other_ca_reason), (_, wrong_name_reason) = refusals.wait(2)
+    assert "TLS handshake failed" in other_ca_reason
+    assert "unable to get local issuer certificate" in other_ca_reason
+    assert "TLS handshake failed" in wrong_name_reason
+    assert "not issued to the expected name" in wrong_name_reason
+    _peer_exchange(listener.port, cfg("h2", "h1"))
+    assert bg.result() == b"hello"
+    assert listener.refused == 2
+    assert time.monotonic() - start < 5
+    listener.close()
+
+
+def test_client_without_certificate_is_refused_then_peer_accepted(gc_pki):
+    cfg, ca = gc_pki
+    listener = _core.Listener()
+    refusals = _Refusals()
+    bg = _accept_and_echo(listener, cfg("h1", "h2"), refusals, timeout=10, handshake_timeout=2)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_verify_locations(ca)
+    ctx.check_hostname = False  # the server's certificate is checked against the CA only
+    raw, addr = _tcp(listener.port)
+    with ctx.wrap_socket(raw) as tls_sock:  # TLS 1.3: the client finishes before the server checks
+        ((peer, reason),) = refusals.wait(1)
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            tls_sock.settimeout(3)
+            if not tls_sock.recv(1):
+                raise ConnectionResetError("closed")
+    assert peer == addr
+    assert "TLS handshake failed" in reason and "certificate" in reason
+    _peer_exchange(listener.port, cfg("h2", "h1"))
+    assert bg.result() == b"hello"
+    assert listener.refused == 1
+    listener.close()
+
+
+def test_only_junk_times_out_counting_refusals(gc_pki):
+    cfg, _ = gc_pki
+    listener = _core.Listener()
+    refusals = _Refusals()
+    port = listener.port
+    bg = Background(
+        lambda: listener.accept(
+            tls=cfg("h1", "h2"), timeout=1.0, handshake_timeout=0.5, on_refused=refusals
+        )
+    )
+    socks = []
+    junk, _ = _tcp(port)  # junk, then stays open
+    junk.sendall(b"\x00junk" * 20)
+    socks.append(junk)
+    scan, _ = _tcp(port)  # a port scan: connects and goes
+    scan.close()
+    silent, _ = _tcp(port)  # says nothing: the 0.5 s handshake timeout
+    socks.append(silent)
+    start = time.monotonic()
+    with pytest.raises(_core.ChannelTimeoutError) as err:
+        bg.result()
+    assert time.monotonic() - start < 3
+    for s in socks:
+        s.close()
+    msg = str(err.value)
+    assert msg.startswith(f"no authenticated connection on 127.0.0.1:{port} within 1 s")
+    assert "(3 connections refused; last: " in msg
+    assert isinstance(err.value, TimeoutError)
+    assert listener.refused == 3
+    assert len(refusals.calls) == 3
+    reasons = sorted(r for _, r in refusals.calls)
+    assert any("did not finish within 0.5 s" in r for r in reasons), reasons
+    assert any("peer closed the connection" in r for r in reasons), reasons
+    listener.close()
+
+
+def test_tls_accept_timeout_without_connections(gc_pki):
+    cfg, _ = gc_pki
+    listener = _core.Listener()
+    start = time.monotonic()
+    with pytest.raises(_core.ChannelTimeoutError, match=r"within 0.3 s \(0 connections refused\)$"):
+        listener.accept(tls=cfg("h1", "h2"), timeout=0.3)
+    assert time.monotonic() - start < 2
+    assert listener.refused == 0
+    listener.close()
+
+
+def test_on_refused_exception_propagates(gc_pki):
+    cfg, _ = gc_pki
+    listener = _core.Listener()
+
+    def boom(peer, reason):
+        raise RuntimeError(f"refused {peer}: {reason}")
+
+    bg = Background(lambda: listener.accept(tls=cfg("h1", "h2"), timeout=5, on_refused=boom))
+    junk, addr = _tcp(listener.port)
+    with junk:
+        junk.sendall(b"junk" * 10)
+        with pytest.raises(RuntimeError, match=f"refused {addr}: TLS handshake failed"):
+            bg.result()
+    assert listener.refused == 1
+    with pytest.raises(TypeError, match="on_refused"):
+        listener.accept(tls=cfg("h1", "h2"), timeout=0.1, on_refused=42)
+    listener.close()

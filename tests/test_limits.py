@@ -7,6 +7,7 @@ and the server-to-server Peer service is not on the providers' port at all.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
+from test_server_daemon import PROVIDERS, Provider, bind_pair, start_pair, wait_round_done
 from test_server_daemon import pki as pki  # the module's fixture: h1, h2, p1..p3 and x9
 
 from spgc.wire import aggregation_pb2 as pb
@@ -100,5 +101,36 @@ def test_the_peer_service_has_its_own_port(pki: Path, tmp_path: Path) -> None:
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_junk_on_the_circuit_port_does_not_stop_h1(
+    pki: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Connections to H1's garbled-circuit port before H2's (junk bytes, a silent one) are
+    refused and logged; H1 keeps waiting for H2 and the round runs."""
+    d1, d2 = bind_pair(pki, tmp_path, mode="only-mpc", rounds=1)
+    junk = socket.create_connection(("127.0.0.1", d1.gc_port))
+    silent = socket.create_connection(("127.0.0.1", d1.gc_port))
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        with caplog.at_level("WARNING", logger="spgc.servers.daemon"):
+            junk.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 10)
+            d1.start()
+            time.sleep(1.0)
+            d2.start()
+            cfg = providers[0].wait_collecting(0)
+            for i, p in enumerate(providers):
+                p.submit_both(cfg, 0, np.full(cfg.num_parameters, i + 1, dtype=np.int64))
+            wait_round_done((d1, d2), 0)
+        assert d1.error is None and d2.error is None
+        refused = [r.getMessage() for r in caplog.records if "circuit port: refused" in r.message]
+        assert any("TLS handshake failed" in m for m in refused), refused
+    finally:
+        junk.close()
+        silent.close()
+        for p in providers:
+            p.close()
         d1.stop()
         d2.stop()

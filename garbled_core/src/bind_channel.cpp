@@ -94,16 +94,39 @@ void bind_channel(py::module_& m) {
   py::class_<gc::Listener>(m, "Listener", "A listening TCP socket (bound at construction).")
       .def(py::init<const std::string&, int>(), "host"_a = "127.0.0.1", "port"_a = 0)
       .def_property_readonly("port", &gc::Listener::port)
+      .def_property_readonly("refused", &gc::Listener::refused,
+                             "Connections refused by accept() so far (all calls): failed or timed-out TLS "
+                             "handshakes, and those still handshaking when accept() returned or timed out.")
       .def(
           "accept",
-          [](gc::Listener& l, const gc::TlsOptions* tls, bool insecure, double timeout) {
+          [](gc::Listener& l, const gc::TlsOptions* tls, bool insecure, double timeout, double handshake_timeout,
+             const py::object& on_refused) {
             check_tls_args(tls, insecure);
+            gc::Listener::RefusalHandler handler;
+            if (!on_refused.is_none()) {
+              if (!PyCallable_Check(on_refused.ptr())) throw py::type_error("on_refused must be callable or None");
+              handler = [&on_refused](const std::string& peer, const std::string& reason) {
+                py::gil_scoped_acquire gil;
+                on_refused(peer, reason);  // a Python exception propagates out of accept()
+              };
+            }
             py::gil_scoped_release nogil;
-            return l.accept(tls, timeout);
+            return l.accept(tls, timeout, handshake_timeout, handler);
           },
           "tls"_a = py::none(), "insecure"_a = false, "timeout"_a = 30.0,
-          "Waits for one connection (TimeoutError-derived ChannelTimeoutError after `timeout` s) and "
-          "runs the TLS handshake.")
+          "handshake_timeout"_a = gc::Listener::kDefaultHandshakeTimeout, "on_refused"_a = py::none(),
+          "Waits up to `timeout` s (<= 0: forever) for the peer and returns its Channel.\n\n"
+          "insecure=True: the first TCP connection. With tls=TlsConfig(...): the first connection "
+          "whose TLS 1.3 handshake (peer certificate from the CA, issued to `tls.peer_name` when set) "
+          "completes within `handshake_timeout` s of its arrival (<= 0: no limit but `timeout`). "
+          "Handshakes run concurrently, so a silent connection does not hold up the peer. Any other "
+          "connection (junk, no or wrong certificate, handshake timeout, still handshaking at the "
+          "end) is closed, counted in `refused`, and reported as it happens by calling "
+          "`on_refused(peer_address, reason)` (peer_address: the remote 'ip:port'; the callback "
+          "runs in this thread, and an exception from it leaves accept()).\n\n"
+          "Raises ChannelTimeoutError (a TimeoutError) when `timeout` passes with no authenticated "
+          "connection (the message counts the refused ones and gives the last reason), TlsError "
+          "for errors in this side's own TLS configuration.")
       .def("close", &gc::Listener::close)
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](gc::Listener& l, const py::args&) { l.close(); });

@@ -24,6 +24,8 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace gc {
 
@@ -56,6 +58,49 @@ std::string fmt_seconds(double s) {
 }
 
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
+
+// accept() errors that concern only the connection being accepted (see accept(2)):
+// skip it and go on listening.
+bool accept_error_is_transient(int e) {
+  switch (e) {
+    case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+    case EWOULDBLOCK:
+#endif
+    case EINTR:
+    case ECONNABORTED:
+    case EPROTO:
+    case ENETDOWN:
+    case ENOPROTOOPT:
+    case EHOSTDOWN:
+    case ENONET:
+    case EHOSTUNREACH:
+    case EOPNOTSUPP:
+    case ENETUNREACH:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// "ip:port", or "[ip6]:port".
+std::string address_text(const struct sockaddr_storage& ss, socklen_t len) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss.ss_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+    const auto* a = reinterpret_cast<const struct sockaddr_in*>(&ss);
+    if (!::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host)) std::strcpy(host, "?");
+    port = ntohs(a->sin_port);
+    return std::string(host) + ":" + std::to_string(port);
+  }
+  if (ss.ss_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+    const auto* a = reinterpret_cast<const struct sockaddr_in6*>(&ss);
+    if (!::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host)) std::strcpy(host, "?");
+    port = ntohs(a->sin6_port);
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  return "unknown address";
+}
 
 bool is_peer_gone(int e) { return e == EPIPE || e == ECONNRESET || e == ECONNABORTED || e == ENOTCONN; }
 
@@ -272,10 +317,8 @@ void Channel::wait_io(short events, bool for_read) {
     if (rc > 0) return;  // ready, or an error/hangup the next call will report
     if (rc < 0 && errno != EINTR) throw ChannelError(std::string("poll failed: ") + errno_text(errno));
     if (rc == 0 && now_ms() >= deadline) {
-      if (handshaking_) {
-        double total = timeout_s_;
-        throw TimeoutError("TLS handshake with peer did not finish within " + fmt_seconds(total) + " s");
-      }
+      if (handshaking_)
+        throw TimeoutError("TLS handshake with peer did not finish within " + fmt_seconds(hs_timeout_s_) + " s");
       if (for_read)
         throw TimeoutError("no data from peer for " + fmt_seconds(timeout_s_) + " s during " + phase_name(phase_));
       throw TimeoutError("peer accepted no data for " + fmt_seconds(timeout_s_) + " s during " +
@@ -371,7 +414,7 @@ void Channel::wait_writable() {
       ssize_t r = ::recv(fd_, io_->ahead_room(kPiece), kPiece, MSG_DONTWAIT);
       if (r > 0) {
         io_->ahead_tail += (size_t)r;
-        deadline = deadline_after(timeout_s_);  // the link is alive
+        if (!handshaking_) deadline = deadline_after(timeout_s_);  // the link is alive
       } else if (r == 0) {
         peer_done = true;
       } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
@@ -381,7 +424,7 @@ void Channel::wait_writable() {
     if (rc > 0 && (pf.revents & (POLLOUT | POLLERR | POLLHUP))) return;
     if (rc == 0 && now_ms() >= deadline) {
       if (handshaking_)
-        throw TimeoutError("TLS handshake with peer did not finish within " + fmt_seconds(timeout_s_) + " s");
+        throw TimeoutError("TLS handshake with peer did not finish within " + fmt_seconds(hs_timeout_s_) + " s");
       throw TimeoutError("peer accepted no data for " + fmt_seconds(timeout_s_) + " s during " +
                          phase_name(phase_));
     }
@@ -574,49 +617,45 @@ void Channel::recv(void* data, size_t n) {
   received_[static_cast<int>(phase_)] += n;
 }
 
-void Channel::confirm_tls() {
-  // In TLS 1.3 the client finishes its handshake before the server has checked the
-  // client's certificate; one confirmation byte each way makes a rejection surface on
-  // both sides as a TlsError here instead of at the first application read.
-  unsigned char b = kTlsReady;
-  write_all(&b, 1);
-  b = 0;
-  size_t got = 0;
-  while (got == 0) got = read_some(&b, 1);
-  if (b != kTlsReady) throw TlsError("TLS handshake failed: unexpected confirmation from peer");
-  raw_sent_ = raw_received_ = 0;
-}
-
-void Channel::setup_tls(const TlsOptions& tls, bool server_side, double timeout_s) {
+SSL_CTX* Channel::make_tls_context(const TlsOptions& tls, bool server_side) {
   ERR_clear_error();
-  ctx_ = SSL_CTX_new(server_side ? TLS_server_method() : TLS_client_method());
-  if (!ctx_) throw TlsError("cannot create TLS context: " + take_openssl_error());
-  if (SSL_CTX_set_min_proto_version(ctx_, TLS1_3_VERSION) != 1)
-    throw TlsError("cannot require TLS 1.3: " + take_openssl_error());
+  SSL_CTX* ctx = SSL_CTX_new(server_side ? TLS_server_method() : TLS_client_method());
+  if (!ctx) throw TlsError("cannot create TLS context: " + take_openssl_error());
+  auto fail = [ctx](const std::string& what) {
+    std::string msg = what + ": " + take_openssl_error();
+    SSL_CTX_free(ctx);
+    throw TlsError(msg);
+  };
+  if (SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1) fail("cannot require TLS 1.3");
   // AES-128-GCM first: 128-bit security like the garbling itself, and about 13% faster
   // than AES-256-GCM on the tables stream.
-  if (SSL_CTX_set_ciphersuites(ctx_, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:"
-                                     "TLS_CHACHA20_POLY1305_SHA256") != 1)
-    throw TlsError("cannot set TLS 1.3 cipher suites: " + take_openssl_error());
-  if (SSL_CTX_use_certificate_chain_file(ctx_, tls.cert_file.c_str()) != 1)
-    throw TlsError("cannot load certificate '" + tls.cert_file + "': " + take_openssl_error());
-  if (SSL_CTX_use_PrivateKey_file(ctx_, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1)
-    throw TlsError("cannot load private key '" + tls.key_file + "': " + take_openssl_error());
-  if (SSL_CTX_check_private_key(ctx_) != 1)
-    throw TlsError("private key '" + tls.key_file + "' does not match certificate '" + tls.cert_file +
-                   "': " + take_openssl_error());
-  if (SSL_CTX_load_verify_locations(ctx_, tls.ca_file.c_str(), nullptr) != 1)
-    throw TlsError("cannot load CA certificates '" + tls.ca_file + "': " + take_openssl_error());
+  if (SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:"
+                                    "TLS_CHACHA20_POLY1305_SHA256") != 1)
+    fail("cannot set TLS 1.3 cipher suites");
+  if (SSL_CTX_use_certificate_chain_file(ctx, tls.cert_file.c_str()) != 1)
+    fail("cannot load certificate '" + tls.cert_file + "'");
+  if (SSL_CTX_use_PrivateKey_file(ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1)
+    fail("cannot load private key '" + tls.key_file + "'");
+  if (SSL_CTX_check_private_key(ctx) != 1)
+    fail("private key '" + tls.key_file + "' does not match certificate '" + tls.cert_file + "'");
+  if (SSL_CTX_load_verify_locations(ctx, tls.ca_file.c_str(), nullptr) != 1)
+    fail("cannot load CA certificates '" + tls.ca_file + "'");
   if (server_side) {
     STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(tls.ca_file.c_str());
-    if (names) SSL_CTX_set_client_CA_list(ctx_, names);
+    if (names) SSL_CTX_set_client_CA_list(ctx, names);
     ERR_clear_error();
   }
-  SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
-  SSL_CTX_set_num_tickets(ctx_, 0);
-  SSL_CTX_set_session_cache_mode(ctx_, SSL_SESS_CACHE_OFF);
-  SSL_CTX_set_mode(ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  SSL_CTX_set_num_tickets(ctx, 0);
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  return ctx;
+}
 
+void Channel::begin_tls(SSL_CTX* ctx, const TlsOptions& tls, bool server_side, double deadline_ms,
+                        double shown_timeout_s) {
+  if (SSL_CTX_up_ref(ctx) != 1) throw TlsError("cannot share TLS context: " + take_openssl_error());
+  ctx_ = ctx;  // released with the channel
   ssl_ = SSL_new(ctx_);
   if (!ssl_) throw TlsError("cannot create TLS session: " + take_openssl_error());
   if (!tls.peer_name.empty()) {
@@ -634,31 +673,68 @@ void Channel::setup_tls(const TlsOptions& tls, bool server_side, double timeout_
     SSL_set_accept_state(ssl_);
   else
     SSL_set_connect_state(ssl_);
-
   handshaking_ = true;
+  confirming_ = false;
   broken_ = true;  // until the handshake succeeds: no flush/close_notify on destruction
-  double saved_timeout = timeout_s_;
-  timeout_s_ = timeout_s;  // for the handshake timeout message
-  hs_deadline_ms_ = deadline_after(timeout_s);
+  hs_deadline_ms_ = deadline_ms;
+  hs_timeout_s_ = shown_timeout_s;
+}
+
+bool Channel::handshake_step() {
+  if (!handshaking_) return true;
+  if (!confirming_) {
+    for (;;) {
+      ERR_clear_error();
+      io_->last_errno = 0;
+      int r = SSL_do_handshake(ssl_);
+      int e = r == 1 ? SSL_ERROR_NONE : SSL_get_error(ssl_, r);
+      if (e == SSL_ERROR_NONE || e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) drain_tls();
+      if (r == 1) break;
+      if (e == SSL_ERROR_WANT_READ) return false;
+      if (e != SSL_ERROR_WANT_WRITE) fail_ssl(e, true, "TLS handshake failed");
+    }
+    if (SSL_version(ssl_) != TLS1_3_VERSION) throw TlsError("TLS handshake failed: peer did not negotiate TLS 1.3");
+    long v = SSL_get_verify_result(ssl_);
+    if (v != X509_V_OK)  // defensive: SSL_VERIFY_PEER already enforces it
+      throw TlsError(std::string("TLS handshake failed: ") + X509_verify_cert_error_string(v));
+    // In TLS 1.3 the client finishes its handshake before the server has checked the
+    // client's certificate; one confirmation byte each way makes a rejection surface on
+    // both sides as a TlsError here instead of at the first application read.
+    unsigned char b = kTlsReady;
+    write_all(&b, 1);
+    confirming_ = true;
+  }
+  unsigned char b = 0;
   for (;;) {
     ERR_clear_error();
     io_->last_errno = 0;
-    int r = SSL_do_handshake(ssl_);
+    size_t got = 0;
+    int r = SSL_read_ex(ssl_, &b, 1, &got);
     int e = r == 1 ? SSL_ERROR_NONE : SSL_get_error(ssl_, r);
-    if (e == SSL_ERROR_NONE || e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) drain_tls();
-    if (r == 1) break;
-    if (e == SSL_ERROR_WANT_READ)
-      wait_io(POLLIN, true);
-    else if (e != SSL_ERROR_WANT_WRITE)
-      fail_ssl(e, true, "TLS handshake failed");
+    if (!io_->out.empty() && e != SSL_ERROR_SSL && e != SSL_ERROR_SYSCALL && e != SSL_ERROR_ZERO_RETURN)
+      drain_tls();
+    if (r == 1 && got == 1) break;
+    if (r == 1 || e == SSL_ERROR_WANT_WRITE) continue;
+    if (e == SSL_ERROR_WANT_READ) return false;
+    fail_ssl(e, true, "TLS handshake failed");
   }
-  if (SSL_version(ssl_) != TLS1_3_VERSION) throw TlsError("TLS handshake failed: peer did not negotiate TLS 1.3");
-  if (SSL_get_verify_result(ssl_) != X509_V_OK)  // defensive: SSL_VERIFY_PEER already enforces it
-    throw TlsError(std::string("TLS handshake failed: ") + X509_verify_cert_error_string(SSL_get_verify_result(ssl_)));
-  confirm_tls();
-  handshaking_ = false;
+  if (b != kTlsReady) throw TlsError("TLS handshake failed: unexpected confirmation from peer");
+  raw_sent_ = raw_received_ = 0;
+  handshaking_ = confirming_ = false;
   broken_ = false;
-  timeout_s_ = saved_timeout;
+  return true;
+}
+
+void Channel::setup_tls(const TlsOptions& tls, bool server_side, double timeout_s) {
+  SSL_CTX* ctx = make_tls_context(tls, server_side);
+  try {
+    begin_tls(ctx, tls, server_side, deadline_after(timeout_s), timeout_s);
+  } catch (...) {
+    SSL_CTX_free(ctx);
+    throw;
+  }
+  SSL_CTX_free(ctx);  // the channel holds its own reference
+  while (!handshake_step()) wait_io(POLLIN, true);
 }
 
 std::unique_ptr<Channel> Channel::adopt_fd(int fd, const TlsOptions* tls, bool tls_server_side, double timeout_s) {
@@ -788,15 +864,13 @@ void Listener::close() {
   fd_ = -1;
 }
 
-std::unique_ptr<Channel> Listener::accept(const TlsOptions* tls, double timeout_s) {
-  if (fd_ < 0) throw ChannelError("listener is closed");
+std::unique_ptr<Channel> Listener::accept_plain(double timeout_s) {
   double deadline = deadline_after(timeout_s);
   int cfd = -1;
   while (cfd < 0) {
     cfd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (cfd >= 0) break;
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-      throw ChannelError("accept failed: " + errno_text(errno));
+    if (!accept_error_is_transient(errno)) throw ChannelError("accept failed: " + errno_text(errno));
     struct pollfd p;
     p.fd = fd_;
     p.events = POLLIN;
@@ -811,8 +885,141 @@ std::unique_ptr<Channel> Listener::accept(const TlsOptions* tls, double timeout_
   int one = 1;
   (void)setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   ch->timeout_s_ = timeout_s;
-  if (tls) ch->setup_tls(*tls, true, timeout_s);
   return ch;
+}
+
+std::unique_ptr<Channel> Listener::accept(const TlsOptions* tls, double timeout_s, double handshake_timeout_s,
+                                          const RefusalHandler& on_refused) {
+  if (fd_ < 0) throw ChannelError("listener is closed");
+  if (!tls) return accept_plain(timeout_s);
+
+  const double deadline = deadline_after(timeout_s);
+  // One context for every handshake: a configuration error (unreadable certificate, wrong
+  // key) is this side's fault and throws here, before any connection is looked at.
+  std::unique_ptr<SSL_CTX, void (*)(SSL_CTX*)> ctx(Channel::make_tls_context(*tls, true), SSL_CTX_free);
+
+  struct Pending {
+    std::unique_ptr<Channel> ch;
+    std::string peer;
+  };
+  std::vector<Pending> pending;
+  uint64_t refused_here = 0;
+  std::string last_reason;
+
+  // Closes each connection first, then reports it: the handler may throw, and whatever is
+  // still pending is closed by the vector's destructor.
+  using Refusals = std::vector<std::pair<std::string, std::string>>;  // (peer, reason)
+  auto refuse_all = [&](Refusals& batch) {
+    for (auto& r : batch) {
+      ++refused_here;
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      last_reason = r.second;
+    }
+    Refusals report;
+    report.swap(batch);
+    if (on_refused)
+      for (const auto& r : report) on_refused(r.first, r.second);
+  };
+  auto refuse_pending = [&](const std::string& reason) {
+    Refusals gone;
+    for (auto& p : pending) {
+      p.ch->abort();
+      gone.emplace_back(p.peer, reason);
+    }
+    pending.clear();
+    refuse_all(gone);
+  };
+
+  std::vector<struct pollfd> pfds;
+  Refusals gone;  // closed this turn, to report
+  for (;;) {
+    // Handshakes past their own deadline.
+    double now = now_ms();
+    for (size_t i = 0; i < pending.size();) {
+      Channel& ch = *pending[i].ch;
+      if (now >= ch.hs_deadline_ms_ && now < deadline) {
+        ch.abort();
+        gone.emplace_back(std::move(pending[i].peer),
+                             "TLS handshake with peer did not finish within " + fmt_seconds(ch.hs_timeout_s_) + " s");
+        pending.erase(pending.begin() + (std::ptrdiff_t)i);
+      } else {
+        ++i;
+      }
+    }
+    refuse_all(gone);
+    if (now_ms() >= deadline) {
+      refuse_pending("TLS handshake still running when the listener's " + fmt_seconds(timeout_s) + " s timeout ended");
+      std::string msg = "no authenticated connection on " + host_ + ":" + std::to_string(port_) + " within " +
+                        fmt_seconds(timeout_s) + " s (" + std::to_string(refused_here) + " connection" +
+                        (refused_here == 1 ? "" : "s") + " refused";
+      if (refused_here > 0) msg += "; last: " + last_reason;
+      throw TimeoutError(msg + ")");
+    }
+
+    // Wait for a new connection (while there is room) or data on a pending handshake.
+    bool listening = pending.size() < kMaxPendingHandshakes;
+    double wake = deadline;
+    pfds.clear();
+    if (listening) pfds.push_back({fd_, POLLIN, 0});
+    for (const auto& p : pending) {
+      pfds.push_back({p.ch->fd_, POLLIN, 0});
+      wake = std::min(wake, p.ch->hs_deadline_ms_);
+    }
+    int rc = ::poll(pfds.data(), (nfds_t)pfds.size(), poll_ms(wake));
+    if (rc < 0 && errno != EINTR) throw ChannelError("poll failed: " + errno_text(errno));
+    if (rc <= 0) continue;
+
+    // Advance the handshakes that have data (or a hangup/error to report).
+    std::unique_ptr<Channel> winner;
+    size_t first = listening ? 1 : 0;
+    std::vector<Pending> still;
+    still.reserve(pending.size());
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (winner || pfds[first + i].revents == 0) {
+        still.push_back(std::move(p));
+        continue;
+      }
+      try {
+        if (p.ch->handshake_step()) {
+          winner = std::move(p.ch);
+          continue;
+        }
+        still.push_back(std::move(p));
+      } catch (const ChannelError& e) {
+        p.ch->abort();
+        gone.emplace_back(std::move(p.peer), e.what());
+      }
+    }
+    pending.swap(still);
+    still.clear();
+    refuse_all(gone);
+    if (winner) {
+      refuse_pending("closed unauthenticated: the peer authenticated on another connection");
+      return winner;
+    }
+
+    // Take every waiting connection (up to the limit); their handshakes start on the next turn.
+    if (!listening || !(pfds[0].revents & POLLIN)) continue;
+    while (pending.size() < kMaxPendingHandshakes) {
+      struct sockaddr_storage ss;
+      socklen_t len = sizeof ss;
+      int cfd = ::accept4(fd_, reinterpret_cast<struct sockaddr*>(&ss), &len, SOCK_CLOEXEC);
+      if (cfd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        if (accept_error_is_transient(errno)) continue;
+        throw ChannelError("accept failed: " + errno_text(errno));
+      }
+      std::unique_ptr<Channel> ch(new Channel(cfd));
+      int one = 1;
+      (void)setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      ch->timeout_s_ = timeout_s;
+      // Never past the overall deadline; a handshake cut short by it is reported as such above.
+      double hs_deadline = std::min(deadline_after(handshake_timeout_s), deadline);
+      ch->begin_tls(ctx.get(), *tls, true, hs_deadline, handshake_timeout_s);
+      pending.push_back({std::move(ch), address_text(ss, len)});
+    }
+  }
 }
 
 }  // namespace gc

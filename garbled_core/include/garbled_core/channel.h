@@ -3,8 +3,10 @@
 // inactivity timeout, and byte counters per protocol phase.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -59,6 +61,15 @@ class Channel;
 
 class Listener {
  public:
+  // Called for every connection the listener closes without returning it:
+  // peer is the remote "ip:port" ("[ip6]:port"), reason says why (TLS error, wrong peer
+  // name, handshake timeout, ...). It may throw; the exception leaves accept().
+  using RefusalHandler = std::function<void(const std::string& peer, const std::string& reason)>;
+  static constexpr double kDefaultHandshakeTimeout = 10.0;
+  // Handshakes in progress at once; while that many are pending, new connections wait
+  // in the kernel's backlog until one of them finishes or times out.
+  static constexpr size_t kMaxPendingHandshakes = 64;
+
   // Binds and listens immediately. port 0 picks an ephemeral port; host "" = any.
   Listener(const std::string& host, int port);
   ~Listener();
@@ -66,15 +77,31 @@ class Listener {
   Listener& operator=(const Listener&) = delete;
 
   int port() const { return port_; }
-  // Waits up to timeout_s (<= 0: forever) for one connection, then runs the TLS
-  // server handshake when tls != nullptr (plaintext otherwise).
-  std::unique_ptr<Channel> accept(const TlsOptions* tls, double timeout_s);
+  // Plaintext (tls == nullptr): returns the first connection within timeout_s (<= 0: forever).
+  //
+  // TLS: returns the first connection whose TLS server handshake (TLS 1.3, peer certificate
+  // from the CA and, when tls->peer_name is set, issued to that name) completes within
+  // handshake_timeout_s of its arrival (<= 0: no limit of its own) and before the overall
+  // deadline timeout_s. Handshakes run concurrently (up to kMaxPendingHandshakes), so a
+  // silent or slow connection does not hold up the real peer. Every other connection (failed
+  // handshake, handshake timeout, still handshaking when the peer authenticated or the
+  // deadline passed) is closed, counted in refused() and passed to on_refused. Throws
+  // TimeoutError when the deadline passes with no authenticated connection; errors in this
+  // side's own TLS setup (unreadable certificate, bad peer name) throw TlsError at once.
+  std::unique_ptr<Channel> accept(const TlsOptions* tls, double timeout_s,
+                                  double handshake_timeout_s = kDefaultHandshakeTimeout,
+                                  const RefusalHandler& on_refused = nullptr);
+  // Connections refused by accept() so far (all calls). Safe to read from any thread.
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
   void close();
 
  private:
+  std::unique_ptr<Channel> accept_plain(double timeout_s);
+
   int fd_ = -1;
   int port_ = 0;
   std::string host_;
+  std::atomic<uint64_t> refused_{0};
 };
 
 class Channel {
@@ -148,8 +175,20 @@ class Channel {
 
  private:
   explicit Channel(int fd);
+  // Blocking handshake (connect / adopt_fd): begin_tls, then handshake_step until done.
   void setup_tls(const TlsOptions& tls, bool server_side, double timeout_s);
-  void confirm_tls();
+  // A TLS 1.3 context for these options (certificate, key, CA, verification). The caller
+  // owns the returned reference. Throws TlsError for local configuration errors.
+  static ssl_ctx_st* make_tls_context(const TlsOptions& tls, bool server_side);
+  // Creates the TLS session on ctx (takes its own reference) and enters the handshaking
+  // state; the handshake must finish before deadline_ms (now_ms clock; reported as
+  // shown_timeout_s). Throws TlsError for local errors only: nothing is read or sent yet.
+  void begin_tls(ssl_ctx_st* ctx, const TlsOptions& tls, bool server_side, double deadline_ms,
+                 double shown_timeout_s);
+  // Advances the handshake (then the confirmation byte each way) without waiting: true
+  // once done, false when it needs more data from the peer. Throws TlsError/ChannelError
+  // when the handshake fails. Never checks the deadline itself (wait_io does, or the caller).
+  bool handshake_step();
 
   void write_all(const uint8_t* p, size_t n);
   void raw_write(const uint8_t* p, size_t n);
@@ -170,7 +209,9 @@ class Channel {
   ssl_st* ssl_ = nullptr;
   std::unique_ptr<IoState> io_;
   bool handshaking_ = false;
+  bool confirming_ = false;  // handshake done, confirmation byte sent, waiting for the peer's
   double hs_deadline_ms_ = 0;
+  double hs_timeout_s_ = 0;  // for the handshake timeout message
   bool broken_ = false;
 
   std::unique_ptr<uint8_t[]> sbuf_;
