@@ -3,9 +3,12 @@
 One round t, as :meth:`ProviderClient.run_round` does it:
 
 1. Hello to both servers (once, in :meth:`ProviderClient.connect`): their TrainingConfig must be
-   identical, describe a model/dataset/encoding this provider computes the same way (the
-   announced ``l2_bound_units`` must equal its own), and promise at least the provider's
-   configured minimum privacy per step; otherwise :class:`ProviderRefusal`.
+   identical, name a sharing rule and ring this provider implements and numbers within the
+   protocol's bounds (:func:`check_wire_contract`), describe a model/dataset/encoding this
+   provider computes the same way (the announced ``l2_bound_units`` must equal its own), and
+   promise at least the provider's configured minimum privacy per step; otherwise
+   :class:`ProviderRefusal`. Every later answer (RoundInfo, ModelHeader, LedgerReply) is
+   range-checked too (spgc.wire.bounds): a server out of bounds is refused.
 2. Wait (RoundStatus polling, with backoff on errors) until both servers collect the same round
    t; FetchModel version t from BOTH and compare the SHA-256 of the two (and the announced one).
 3. Draw the local batch: Poisson sampling at rate q (default) or the paper's fixed batches from
@@ -71,6 +74,7 @@ from spgc.modes import MODES, SINGLE_SERVER_MODES, TWO_SERVER_MODES
 from spgc.noise import sample_noise_plain
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
+from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
 from spgc.wire.errors import WireError
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import read_model_stream, share_messages
@@ -83,6 +87,7 @@ __all__ = [
     "RoundReport",
     "check_privacy",
     "check_training_config",
+    "check_wire_contract",
     "effective_noise_multiplier",
     "local_noise",
 ]
@@ -152,6 +157,46 @@ class RoundReport:
 
 
 # ----------------------------------------------------------------------------- checks
+
+#: The sharing rules this provider implements: G = s1 - s2 mod 2^L (spgc.sharing.share). 0 is a
+#: server from before TrainingConfig.sharing_rule existed, whose rule was the same one.
+IMPLEMENTED_SHARING_RULES = frozenset(
+    {pb.SHARING_RULE_UNSPECIFIED, pb.SHARING_RULE_DIFFERENCE_MOD_2L}
+)
+
+
+def _enum_name(enum: Any, value: int) -> str:
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        return f"{value} (unknown)"
+
+
+def _in_bounds(message: Any, name: str, who: str) -> None:
+    """check_bounds; a violation is a ProviderRefusal naming the server and the field."""
+    try:
+        check_bounds(message, name)
+    except WireError as exc:
+        msg = f"{who} sent a {name} out of the protocol's bounds: {exc.message}"
+        raise ProviderRefusal(msg) from None
+
+
+def check_wire_contract(tc: Any) -> None:
+    """Refuse (ProviderRefusal, naming the field) a TrainingConfig this provider cannot follow:
+    a ``sharing_rule`` other than SHARING_RULE_DIFFERENCE_MOD_2L (G = s1 - s2 mod 2^L), a
+    ``ring_bits`` outside 2..64, or any number outside its bound (spgc.wire.bounds)."""
+    if tc.sharing_rule not in IMPLEMENTED_SHARING_RULES:
+        raise ProviderRefusal(
+            "the servers announce TrainingConfig.sharing_rule="
+            f"{_enum_name(pb.SharingRule, tc.sharing_rule)}; this provider implements only "
+            "SHARING_RULE_DIFFERENCE_MOD_2L (G = s1 - s2 mod 2^L, s1 to H1, s2 to H2)"
+        )
+    if not MIN_RING_BITS <= tc.ring_bits <= MAX_RING_BITS:
+        raise ProviderRefusal(
+            f"the servers announce TrainingConfig.ring_bits={tc.ring_bits}; this provider "
+            f"implements rings Z_2^L with L in {MIN_RING_BITS}..{MAX_RING_BITS}"
+        )
+    _in_bounds(tc, "TrainingConfig", "the servers")
 
 
 def _describe_diff(a: Any, b: Any) -> str:
@@ -233,8 +278,10 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
             f"the servers train on dataset {tc.dataset!r}; this provider holds {cfg.dataset!r}"
         )
     d = tc.num_parameters
-    if not 2 <= tc.ring_bits <= 64:
-        raise ProviderRefusal(f"ring_bits={tc.ring_bits} is not in 2..64")
+    if not MIN_RING_BITS <= tc.ring_bits <= MAX_RING_BITS:
+        raise ProviderRefusal(
+            f"TrainingConfig.ring_bits={tc.ring_bits} is not in {MIN_RING_BITS}..{MAX_RING_BITS}"
+        )
     try:
         fp = FixedPointConfig(scale=tc.scale, clip_norm=tc.clip_norm, dim=d)
     except ValueError as exc:
@@ -502,6 +549,9 @@ class ProviderClient:
                 f"{server.name} speaks protocol version {info.protocol_version}, this provider "
                 f"{PROTOCOL_VERSION}"
             )
+        # The config is checked in connect() (check_wire_contract), where a refusal is declined.
+        _in_bounds(info.round, "ServerInfo.round", server.name)
+        _in_bounds(info.limits, "ServerInfo.limits", server.name)
         if info.server_name and info.server_name != server.name:
             raise ProviderRefusal(
                 f"the server at {server.address} calls itself {info.server_name!r}, expected "
@@ -562,6 +612,7 @@ class ProviderClient:
             raise ProviderRefusal(f"unsupported mode {pb.Mode.Name(tc.mode)}")
         log.info("the servers' plan: %s", describe_plan(tc))
         try:
+            check_wire_contract(tc)
             check_plan(tc, cfg)
             self.step_epsilon = check_privacy(tc, cfg)
             self._x, self._y = self._load_data(tc)
@@ -641,7 +692,7 @@ class ProviderClient:
             if wait > 0 and self.last_round is not None:
                 req.after_round = self.last_round
         try:
-            return server.stub.RoundStatus(req, timeout=self.cfg.rpc_timeout)
+            info = server.stub.RoundStatus(req, timeout=self.cfg.rpc_timeout)
         except grpc.RpcError as exc:
             # CANCELLED: the server stopped while holding our long poll (a restart, or the
             # end of training); asking again tells which.
@@ -649,6 +700,8 @@ class ProviderClient:
                 log.warning("RoundStatus at %s: %s", server.name, exc.code().name)
                 return None
             raise
+        _in_bounds(info, "RoundInfo", server.name)
+        return info
 
     # ------------------------------------------------------------------ steps
 
@@ -940,6 +993,12 @@ class ProviderClient:
                 f"FetchLedger at {server.name}",
                 RoundFailed,  # no ledger, no share: this round is sat out
             )
+            _in_bounds(reply, "LedgerReply", server.name)
+            if reply.total_lines < len(reply.lines):
+                raise ProviderRefusal(
+                    f"{server.name} sent {len(reply.lines)} ledger line(s) but "
+                    f"LedgerReply.total_lines={reply.total_lines}"
+                )
             if not reply.lines:
                 continue
             try:

@@ -2,7 +2,9 @@
 
 Identity comes from the client certificate (spgc.wire.identity.caller_identity); every refusal is a
 WireError or an intake SubmissionRejected, which abort_on_error turns into the documented gRPC
-status, and a refused submission never touches the round's sum.
+status, and a refused submission never touches the round's sum. Every request's numbers are
+range-checked (spgc.wire.bounds) before use: INVALID_ARGUMENT out of bounds. Hello refuses another
+protocol version than ours with FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from spgc import __version__
 from spgc.servers.state import ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.bounds import check_bounds
 from spgc.wire.chunks import MAX_CHUNK_BYTES
 from spgc.wire.errors import (
     FailedPreconditionError,
@@ -24,13 +27,26 @@ from spgc.wire.errors import (
     abort_on_error,
 )
 from spgc.wire.identity import caller_identity
-from spgc.wire.messages import iter_share_payload, model_messages, read_share_header
+from spgc.wire.messages import (
+    check_protocol_version,
+    iter_share_payload,
+    model_messages,
+    read_share_header,
+)
 from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES
 
 MAX_LONG_POLL_SECONDS = 30.0
 
 
 log = logging.getLogger(__name__)
+
+
+def _role_name(role: int) -> str:
+    try:
+        return pb.ServerRole.Name(role)
+    except ValueError:
+        return f"server role {role}"
+
 
 class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     """One server's intake of providers' shares and publication of models."""
@@ -42,16 +58,26 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         self.allowed = frozenset(state.plan.cfg.providers)
 
     def _identity(self, context: grpc.ServicerContext, claimed: str = "") -> str:
-        who = caller_identity(context, claimed, insecure=self.insecure, allowed=self.allowed)
+        who = self._authenticate(context, claimed)
+        self._require_ready()
+        return who
+
+    def _authenticate(self, context: grpc.ServicerContext, claimed: str) -> str:
+        return caller_identity(context, claimed, insecure=self.insecure, allowed=self.allowed)
+
+    def _require_ready(self) -> None:
         if not self.state.ready:  # no run id / agreed configuration before the Handshake
             raise WireError(
                 "the servers have not completed their handshake yet", grpc.StatusCode.UNAVAILABLE
             )
-        return who
 
     @abort_on_error
     def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.ServerInfo:
-        who = self._identity(context, request.provider_id)
+        check_bounds(request)
+        who = self._authenticate(context, request.provider_id)
+        # Before the readiness check: another version will never work, so say so at once.
+        check_protocol_version(request.protocol_version, PROTOCOL_VERSION, "client")
+        self._require_ready()
         return pb.ServerInfo(
             protocol_version=PROTOCOL_VERSION,
             software_version=f"spgc {__version__}",
@@ -71,6 +97,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     def FetchModel(
         self, request: pb.ModelRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.ModelChunk]:
+        check_bounds(request)
         self._identity(context, request.provider_id)
         want = request.version if request.HasField("version") else None
         try:
@@ -100,8 +127,10 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         if header.run_id != self.state.run_id:
             raise FailedPreconditionError(f"share for run {header.run_id!r}, not this run")
         if header.server_role != self.state.role:
+            # G = s1 - s2 mod 2^L: s1 is H1's, s2 H2's; a swapped share would negate the sum.
             raise InvalidArgumentError(
-                f"share meant for server role {header.server_role}, this is {self.state.role}"
+                f"share meant for {_role_name(header.server_role)}, this server is "
+                f"{_role_name(self.state.role)}"
             )
         # The intake checks round, duplicates, replays and identity before reading the payload.
         payload = iter_share_payload(request_iterator, header)
@@ -130,6 +159,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     def DeclinePlan(
         self, request: pb.DeclineRequest, context: grpc.ServicerContext
     ) -> pb.DeclineReply:
+        check_bounds(request)
         who = self._identity(context, request.provider_id)
         reason = " ".join(request.reason.split())[:1000] or "(no reason given)"
         if request.run_id != self.state.run_id:
@@ -144,6 +174,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     def FetchLedger(
         self, request: pb.LedgerRequest, context: grpc.ServicerContext
     ) -> pb.LedgerReply:
+        check_bounds(request)  # from_line: at most 2^63 - 1; past the end: no lines
         self._identity(context, request.provider_id)
         if request.run_id != self.state.run_id:
             raise WireError(
@@ -156,6 +187,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     def RoundStatus(
         self, request: pb.RoundStatusRequest, context: grpc.ServicerContext
     ) -> pb.RoundInfo:
+        check_bounds(request)  # round, after_round <= 2^63 - 1; wait_seconds finite, >= 0
         who = self._identity(context, request.provider_id)
         number = request.round if request.HasField("round") else None
         if number is None and request.wait_seconds > 0:

@@ -28,6 +28,7 @@ from spgc import __version__
 from spgc.config import ServerConfig
 from spgc.plan import make_plan
 from spgc.servers.aggregator import AggregatorServicer
+from spgc.servers.audit import AuditLog
 from spgc.servers.checkpoint import (
     CheckpointError,
     config_digest,
@@ -43,15 +44,25 @@ from spgc.servers.noise_pool import NoisePool
 from spgc.servers.peer import PeerServicer, config_differences
 from spgc.servers.pool_sync import NoiseProducer
 from spgc.servers.state import PeerMismatchError, ServerState
-from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc, peer_pb2, peer_pb2_grpc
+from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import is_unavailable
 from spgc.wire.tls import TlsFiles
-from spgc.wire.transport import add_health, make_channel, make_server
+from spgc.wire.transport import add_health, add_servicer, make_channel, make_server
 
 log = logging.getLogger(__name__)
 
+# Registered with raw-bytes parsing: a malformed or out-of-range request is INVALID_ARGUMENT.
+AGGREGATOR_SERVICE = aggregation_pb2.DESCRIPTOR.services_by_name["Aggregator"]
+PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"]
 GC_HANDSHAKE_TIMEOUT = 10.0  # seconds a connection to the circuit port has to authenticate
+
+
+def _peer_gone(exc: BaseException) -> bool:
+    """Whether a daemon's error means the other server stopped answering."""
+    if isinstance(exc, (TimeoutError, garbled_core.PeerClosedError)):
+        return True
+    return isinstance(exc, grpc.RpcError) and is_unavailable(exc)
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -92,6 +103,10 @@ class ServerDaemon:
             self.state.checkpoint_dir = cfg.state_dir
             self.state.ledger_path = cfg.state_dir / "ledger.jsonl"
         self.state.ledger_public_key()  # a bad ledger_key fails here, before any port opens
+        audit_path = cfg.audit_log
+        if audit_path is None and cfg.state_dir is not None:
+            audit_path = cfg.state_dir / "audit.jsonl"
+        self.audit = self.state.audit = AuditLog(audit_path, cfg.role_name)
         if cfg.state_dir is not None and cfg.resume and precompute is None:
             self._resume()
         if cfg.mode == "preprocessed":
@@ -138,6 +153,13 @@ class ServerDaemon:
             )
         self.state.restore(record, arrays)
         self.cfg.run_id = run_id  # the Handshake continues this run (H2 must resume it too)
+        self.audit.record(
+            "resume",
+            run_id=run_id,
+            round=self.state.round,
+            version=self.state.version,
+            releases=self.state.releases,
+        )
         log.info(
             "%s resuming run %s at round %d (model v%d, %d step(s), eps=%s)%s",
             self.cfg.role_name,
@@ -167,9 +189,11 @@ class ServerDaemon:
 
     def _gc_refused(self, address: str, reason: str) -> None:
         log.warning("circuit port: refused a connection from %s: %s", address, reason)
+        self.audit.record("circuit_refused", identity=address, reason=reason)
 
-    def _provider_refused(self, who: str, method: str, reason: str) -> None:
+    def _provider_refused(self, who: str, method: str, code: str, reason: str) -> None:
         log.warning("refused %s from %s: %s", method, who, reason)
+        self.audit.record("refused", identity=who, method=method, code=code, reason=reason)
 
     def _get_link(self, timeout: float) -> PartyLink:
         if not self._link_ready.wait(timeout) or self._link is None:
@@ -206,7 +230,7 @@ class ServerDaemon:
         workers = min(4096, 16 + 3 * len(cfg.providers))
         self.server, self.port = make_server(
             cfg.listen,
-            [partial(aggregation_pb2_grpc.add_AggregatorServicer_to_server, self.aggregator)],
+            [partial(add_servicer, servicer=self.aggregator, service=AGGREGATOR_SERVICE)],
             self.tls,
             insecure,
             max_workers=workers,
@@ -218,7 +242,7 @@ class ServerDaemon:
             # The other server's control calls: a gRPC server and port of their own.
             self.peer_server, self.peer_port = make_server(
                 cfg.peer_listen,
-                [partial(peer_pb2_grpc.add_PeerServicer_to_server, self.peer_servicer)],
+                [partial(add_servicer, servicer=self.peer_servicer, service=PEER_SERVICE)],
                 self.tls,
                 insecure,
             )
@@ -244,6 +268,10 @@ class ServerDaemon:
             target=self._guard, args=(target,), name="spgc-daemon", daemon=True
         )
         self._threads.append(thread)
+        self.audit.record(
+            "start", run_id=self.state.run_id or None, round=self.state.round,
+            resumed=bool(self.state.steps or self.state.releases),
+        )  # fmt: skip
         thread.start()
         log.info(
             "%s serving on port %d (mode %s, d=%d, L=%d, sigma_units=%.4g)",
@@ -263,8 +291,16 @@ class ServerDaemon:
             if not self.stop_event.is_set():
                 self.error = exc
                 log.error("%s stopping: %s", self.cfg.role_name, exc)
+                if _peer_gone(exc):
+                    self.audit.record("peer_lost", identity=self.cfg.peer_name, reason=str(exc))
         finally:
             self._write_summary()
+            self.audit.record(
+                "stop",
+                round=self.state.round,
+                finished=self.state.finished and self.error is None,
+                failure=None if self.error is None else str(self.error),
+            )
             self.done.set()
 
     def _write_summary(self) -> None:
@@ -370,6 +406,13 @@ class ServerDaemon:
             return
         step_back(directory)
         self.state.restore(record, arrays)
+        self.audit.record(
+            "step_back",
+            identity=self.cfg.peer_name,
+            round=self.state.round,
+            version=self.state.version,
+            reason="one published round ahead of the peer (a crash between the checkpoints)",
+        )
         log.warning(
             "%s steps back to its previous checkpoint (round %d, model v%d) to match %s: a "
             "crash came between the two servers' checkpoints; the round runs again, and its "

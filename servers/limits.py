@@ -76,7 +76,8 @@ class ProviderGate(grpc.ServerInterceptor):
     """The interceptor of the providers' gRPC server (see the module docstring).
 
     ``allowed``: the configured provider names (empty: any certificate of the CA);
-    ``on_refused(identity, method, reason)``: called for every refusal (the audit trail).
+    ``on_refused(identity, method, code, reason)``: called for every refusal (the audit
+    trail; ``code`` is the gRPC status name).
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class ProviderGate(grpc.ServerInterceptor):
         limits: ProviderLimits,
         allowed: Container[str] | None,
         insecure: bool,
-        on_refused: Callable[[str, str, str], None] | None = None,
+        on_refused: Callable[[str, str, str, str], None] | None = None,
     ) -> None:
         self.limits = limits
         self.allowed = allowed
@@ -202,7 +203,7 @@ class ProviderGate(grpc.ServerInterceptor):
         reason: str,
     ) -> None:
         if self.on_refused is not None:
-            self.on_refused(who, method, reason)
+            self.on_refused(who, method, code.name, reason)
         context.abort(code, reason)
 
     def _release(self, who: str, stream: _Stream | None) -> None:

@@ -35,6 +35,7 @@ from spgc.models import resolve_model
 from spgc.modes import TWO_SERVER_MODES
 from spgc.optim import Adam
 from spgc.plan import RunPlan
+from spgc.servers.audit import AuditLog
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
 from spgc.servers.faults import fault_point
@@ -147,6 +148,7 @@ class ServerState:
         self._signer: Any = None  # the Ed25519 key signing this server's ledger (loaded once)
         # Two-server modes: the peer's ledger public key (hex), from its PeerHello.
         self.peer_ledger_key: str | None = None
+        self.audit = AuditLog(None, plan.cfg.role_name)  # the daemon opens the real one
         self.releases = 0  # release entries written: what the accountant counts
         self.samples_drawn = 0  # noise samples of those releases (the sampler's delta)
         self._ldp_counted: set[int] = set()  # ldp rounds whose first noisy vector is counted
@@ -445,6 +447,11 @@ class ServerState:
         with self.cond:
             rec = self.history[t]
             rec.agreed = list(agreed)
+            why = "its share reached this server but not the other"
+            for name in sorted(set(rec.received) - set(agreed)):
+                self.audit.record("provider_dropped", identity=name, round=t, reason=why)
+            if not proceed:
+                self.audit.record("round_skipped", round=t, reason=reason)
             if proceed:
                 self.intake.restrict_to(agreed)
                 self.phase = pb.ROUND_PHASE_COMPUTING

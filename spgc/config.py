@@ -116,6 +116,11 @@ class ServerConfig(_Schema):
         description="Ed25519 private key (PEM file) signing this server's privacy ledger "
         "(state_dir/ledger.jsonl); none: a key kept in state_dir (ledger-signing.key)",
     )
+    audit_log: Path | None = Field(
+        None,
+        description="JSON-lines audit log (refusals, dropped providers, peer losses, restarts); "
+        "none: state_dir/audit.jsonl, or the process log only without a state_dir",
+    )
     pool_dir: Path | None = Field(
         None, description="mode preprocessed: where the noise shares live (state_dir/noise-pool)"
     )

@@ -125,6 +125,8 @@ class RunPlan:
             max_rounds=c.rounds,
             min_providers=c.min_providers,
             model_fingerprint=self.model_fingerprint,
+            # G = s1 - s2 mod 2^L (spgc.sharing.share): the rule providers must follow.
+            sharing_rule=pb.SHARING_RULE_DIFFERENCE_MOD_2L,
         )
 
 

@@ -138,6 +138,15 @@ def test_sigkill_at_a_phase_boundary_then_restart(tmp_path: Path, point: str, vi
         lines = [json.loads(x) for x in (state / name / "ledger.jsonl").read_text().splitlines()]
         released = {(e["round"], e["vector_sha256"]) for e in lines if e["kind"] == "released"}
         assert released <= {(r["round"], r["sha256"]) for r in seen}
+    # The audit logs tell the story: a start per life, the resumes, and the step back.
+    audit = {n: [json.loads(x) for x in (state / n / "audit.jsonl").read_text().splitlines()]
+             for n in ("h1", "h2")}  # fmt: skip
+    for name, events in audit.items():
+        kinds = [e["event"] for e in events]
+        assert kinds.count("start") == 2 and "resume" in kinds, (name, kinds)
+        assert kinds[-1] == "stop" and events[-1]["finished"] is True
+    if (victim, point) == ("h1", "during-checkpoint"):
+        assert "step_back" in [e["event"] for e in audit["h2"]]
     # Both servers end on the same model, and the crashed round was not lost silently: the
     # servers' epsilon covers every release, the abandoned one included.
     assert summaries["h1"]["model_version"] == summaries["h2"]["model_version"] >= 2

@@ -7,6 +7,7 @@ and the server-to-server Peer service is not on the providers' port at all.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -21,6 +22,11 @@ from test_server_daemon import pki as pki  # the module's fixture: h1, h2, p1..p
 
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import peer_pb2, peer_pb2_grpc
+
+
+def _audit(state_dir: Path) -> list[dict]:
+    path = state_dir / "audit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _silent(release: threading.Event) -> Iterator[pb.ShareChunk]:
@@ -51,6 +57,15 @@ def test_a_non_provider_is_refused_before_any_message(pki: Path, tmp_path: Path)
         intruder.close()
         d1.stop()
         d2.stop()
+    # The audit log names every refusal: who, which call, why.
+    events = _audit(tmp_path / "s1")
+    refused = [e for e in events if e["event"] == "refused"]
+    assert {(e["identity"], e["method"], e["code"]) for e in refused} == {
+        ("x9", "SubmitShare", "PERMISSION_DENIED"),
+        ("x9", "Hello", "PERMISSION_DENIED"),
+    }
+    assert events[0]["event"] == "start" and events[-1]["event"] == "stop"
+    assert all(e["server"] == "h1" and e["time"].endswith("Z") for e in events)
 
 
 def test_one_provider_cannot_hold_the_server(pki: Path, tmp_path: Path) -> None:
@@ -127,6 +142,9 @@ def test_junk_on_the_circuit_port_does_not_stop_h1(
         assert d1.error is None and d2.error is None
         refused = [r.getMessage() for r in caplog.records if "circuit port: refused" in r.message]
         assert any("TLS handshake failed" in m for m in refused), refused
+        audited = [e for e in _audit(tmp_path / "s1") if e["event"] == "circuit_refused"]
+        assert any("TLS handshake failed" in e["reason"] for e in audited), audited
+        assert all(e["identity"].startswith("127.0.0.1:") for e in audited)
     finally:
         junk.close()
         silent.close()

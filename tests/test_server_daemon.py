@@ -227,6 +227,7 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
         left = sorted(p.name for p in (tmp_path / sub).iterdir())
         expected = ["checkpoint-00000001.npz", "checkpoint-00000002.npz", "checkpoint.json"]
         expected += ["checkpoint.prev.json", "ledger-signing.key"]
+        expected.insert(0, "audit.jsonl")
         expected += ["ledger.jsonl", "model.json", "model.safetensors", "models"]
         assert left == expected, left
         # only-mpc: two releases of the noise-free sum, in the ledger, with no epsilon

@@ -1,6 +1,9 @@
 """The chunked RPC messages: :func:`share_messages` / :func:`read_share_header` /
 :func:`iter_share_payload` / :func:`read_share_stream` for SubmitShare, :func:`model_messages` /
-:func:`read_model_stream` for FetchModel."""
+:func:`read_model_stream` for FetchModel; :func:`check_protocol_version` for Hello and Handshake.
+
+Every header read here is range-checked (:func:`spgc.wire.bounds.check_bounds`) before any of
+its numbers is used."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from spgc.wire._generated import aggregation_pb2
+from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
 from spgc.wire.chunks import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_VECTOR_BYTES,
@@ -24,6 +28,22 @@ from spgc.wire.chunks import (
 from spgc.wire.digests import vector_sha256
 from spgc.wire.errors import FailedPreconditionError, InvalidArgumentError
 from spgc.wire.identity import MAX_SUBMISSION_ID_BYTES
+
+
+def check_protocol_version(theirs: int, ours: int, who: str = "client") -> None:
+    """Refuse (FailedPreconditionError, naming both) a peer's protocol version other than
+    ``ours``; 0 means the peer sent none (proto3's unset), which is refused too."""
+    if theirs == ours:
+        return
+    if theirs == 0:
+        raise FailedPreconditionError(
+            f"{who} sent no protocol_version; this server speaks protocol version {ours} "
+            f"(spgc.v{ours})"
+        )
+    raise FailedPreconditionError(
+        f"{who} speaks protocol version {theirs} (spgc.v{theirs}); this server speaks "
+        f"protocol version {ours} (spgc.v{ours})"
+    )
 
 
 def _chunks_of(messages: Iterator[Any], what: str) -> Iterator[tuple[int, bytes]]:
@@ -58,8 +78,8 @@ def share_messages(
     arr = little_endian(vec)
     if arr.dtype.kind != "u" or arr.dtype.itemsize != 8:
         raise ValueError(f"a share is a uint64 vector, not {arr.dtype}")
-    if not 1 <= ring_bits <= 64:
-        raise ValueError(f"ring_bits={ring_bits} is not in 1..64")
+    if not MIN_RING_BITS <= ring_bits <= MAX_RING_BITS:
+        raise ValueError(f"ring_bits={ring_bits} is not in {MIN_RING_BITS}..{MAX_RING_BITS}")
     if ring_bits < 64 and (arr >> np.uint64(ring_bits)).any():
         raise ValueError(f"share has values outside Z_2^{ring_bits}")
     if not 1 <= len(submission_id) <= MAX_SUBMISSION_ID_BYTES:
@@ -111,10 +131,12 @@ def read_share_header(
 ) -> aggregation_pb2.ShareHeader:
     """Read and check the first message of a SubmitShare stream; returns the ShareHeader.
 
-    Checks everything the header alone determines: it is a header; ring bits and length equal
-    ``ring_bits``/``num_elements`` when given; submission id 1..64 bytes; a 32-byte SHA-256;
-    chunk size and count consistent and within the limits. Run, round, role and identity are
-    the caller's to check (they need the server's state). Raises a :class:`WireError` subclass.
+    Checks everything the header alone determines: it is a header; every number within its
+    bound (spgc.wire.bounds: round at most 2^63 - 1, ring bits 2..64, ...); ring bits and length
+    equal ``ring_bits``/``num_elements`` when given; submission id 1..64 bytes; a 32-byte
+    SHA-256; chunk size and count consistent and within the limits. Run, round, role and
+    identity are the caller's to check (they need the server's state). Raises a
+    :class:`WireError` subclass.
     """
     first = next(messages, None)
     if first is None:
@@ -122,8 +144,7 @@ def read_share_header(
     if first.WhichOneof("kind") != "header":
         raise InvalidArgumentError("the first message of a share stream must be a ShareHeader")
     header = first.header
-    if not 1 <= header.ring_bits <= 64:
-        raise InvalidArgumentError(f"ring_bits={header.ring_bits} is not in 1..64")
+    check_bounds(header)
     if ring_bits is not None and header.ring_bits != ring_bits:
         raise InvalidArgumentError(
             f"share is in Z_2^{header.ring_bits}; this run aggregates in Z_2^{ring_bits}"
@@ -234,14 +255,15 @@ def read_model_stream(
 ) -> tuple[aggregation_pb2.ModelHeader, np.ndarray]:
     """Read a FetchModel stream; returns (header, float64 vector), hash verified.
 
-    Raises a :class:`WireError` subclass for a malformed stream or a version/length other than
-    the expected one.
+    Raises a :class:`WireError` subclass for a malformed stream, a number out of bounds
+    (spgc.wire.bounds) or a version/length other than the expected one.
     """
     it = iter(messages)
     first = next(it, None)
     if first is None or first.WhichOneof("kind") != "header":
         raise InvalidArgumentError("the first message of a model stream must be a ModelHeader")
     header = first.header
+    check_bounds(header)
     if version is not None and header.version != version:
         raise FailedPreconditionError(
             f"server sent model version {header.version}, expected {version}"

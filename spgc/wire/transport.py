@@ -3,19 +3,27 @@ size limits on both sides, and the standard ``grpc.health.v1`` service.
 
 Every channel and server sets gRPC's maximum message size to :data:`DEFAULT_MAX_MESSAGE_BYTES`
 (1 MiB + 64 KiB), so a larger message is refused by gRPC itself with RESOURCE_EXHAUSTED.
+
+:func:`add_servicer` registers a servicer so that a request which does not parse, or whose
+numbers are out of bounds (:mod:`spgc.wire.bounds`), is refused with INVALID_ARGUMENT and a
+one-line warning instead of gRPC's INTERNAL and a logged traceback.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 
+from spgc.wire.bounds import check_bounds
 from spgc.wire.chunks import MAX_CHUNK_BYTES
+from spgc.wire.errors import WireError
 from spgc.wire.tls import TlsFiles, channel_credentials, server_credentials
 
 log = logging.getLogger(__name__)
@@ -145,3 +153,129 @@ def add_health(server: grpc.Server, services: Iterable[str] = ()) -> Any:
     for name in ("", *services):
         servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return servicer
+
+
+# ----------------------------------------------------------------------------- servicers
+
+
+class MalformedRequest(WireError):
+    """A request that does not parse as its message, or with a number out of bounds; ``code``
+    is INVALID_ARGUMENT (RESOURCE_EXHAUSTED for a size above its limit). A WireError, so a
+    servicer's :func:`~spgc.wire.errors.abort_on_error` reports it like its own refusals."""
+
+
+class _RequestParser:
+    """Parses the raw requests of one method; refusals are logged in one line."""
+
+    def __init__(self, method: MethodDescriptor, bounds: bool) -> None:
+        self.method = method
+        self.message_class: Any = message_factory.GetMessageClass(method.input_type)
+        self.bounds = bounds
+
+    def _refused(
+        self,
+        context: grpc.ServicerContext,
+        message: str,
+        code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
+    ) -> MalformedRequest:
+        log.warning("%s from %s refused: %s", self.method.full_name, context.peer(), message)
+        return MalformedRequest(message, code)
+
+    def parse(self, raw: bytes, context: grpc.ServicerContext, index: int | None = None) -> Any:
+        """The request message; raises :class:`MalformedRequest`."""
+        where = "" if index is None else f" {index}"
+        try:
+            request = self.message_class.FromString(raw)
+        except Exception as exc:  # DecodeError, or anything else the parser raises
+            what = str(exc) or type(exc).__name__
+            message = f"malformed {self.method.name} message{where}: {what}"
+            raise self._refused(context, message) from None
+        if self.bounds:
+            try:
+                check_bounds(request)
+            except WireError as exc:
+                message = f"{self.method.name} message{where}: {exc.message}"
+                raise self._refused(context, message, exc.code) from None
+        return request
+
+    def stream(self, raw: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+        """The parsed request stream; raises :class:`MalformedRequest` where a message fails."""
+        for index, item in enumerate(raw):
+            yield self.parse(item, context, index)
+
+
+def _abort_refused(exc: MalformedRequest, context: grpc.ServicerContext) -> None:
+    context.abort(exc.code, exc.message)
+
+
+def _method_handler(servicer: object, method: MethodDescriptor, bounds: bool) -> Any:
+    behaviour = getattr(servicer, method.name)
+    parser = _RequestParser(method, bounds)
+    serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+
+    if not method.client_streaming:
+
+        def unary_request(raw: bytes, context: grpc.ServicerContext) -> Any:
+            try:
+                request = parser.parse(raw, context)
+            except MalformedRequest as exc:
+                return _abort_refused(exc, context)  # context.abort raises
+            return behaviour(request, context)
+
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        return make(unary_request, request_deserializer=None, response_serializer=serialize)
+
+    # A malformed message in a request stream surfaces inside the servicer's own iteration:
+    # abort_on_error maps it (MalformedRequest is a WireError); otherwise it is aborted here.
+    if not method.server_streaming:
+
+        def stream_unary(raw: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+            try:
+                return behaviour(parser.stream(raw, context), context)
+            except MalformedRequest as exc:
+                _abort_refused(exc, context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            stream_unary, request_deserializer=None, response_serializer=serialize
+        )
+
+    def stream_stream(raw: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            yield from behaviour(parser.stream(raw, context), context)
+        except MalformedRequest as exc:
+            _abort_refused(exc, context)
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream_stream, request_deserializer=None, response_serializer=serialize
+    )
+
+
+def add_servicer(
+    server: grpc.Server,
+    servicer: object,
+    service: ServiceDescriptor,
+    *,
+    bounds: bool = True,
+) -> grpc.GenericRpcHandler:
+    """Register ``servicer`` for ``service`` on ``server``; returns the handler added.
+
+    The generated ``add_XServicer_to_server`` lets gRPC parse each request: bytes that do not
+    parse end the call with INTERNAL and a logged traceback. Here every request (each message
+    of a request stream too) is parsed as it reaches the method: a malformed one is refused
+    with INVALID_ARGUMENT ("malformed SubmitShare message: ...") and one warning line, and, with
+    ``bounds``, so is a number outside :data:`spgc.wire.bounds.FIELD_BOUNDS`
+    (RESOURCE_EXHAUSTED for a size above its limit). Responses are serialised as the generated
+    code does. ``service`` is a descriptor of the generated modules, e.g.
+    ``aggregation_pb2.DESCRIPTOR.services_by_name["Aggregator"]``; ``servicer`` has one method
+    per RPC (subclass the generated ``XServicer`` for UNIMPLEMENTED defaults). For
+    :func:`make_server`: ``functools.partial(add_servicer, servicer=s, service=d)``.
+    """
+    handlers = {m.name: _method_handler(servicer, m, bounds) for m in service.methods}
+    generic = grpc.method_handlers_generic_handler(service.full_name, handlers)
+    server.add_generic_rpc_handlers((generic,))
+    server.add_registered_method_handlers(service.full_name, handlers)
+    return generic

@@ -43,6 +43,11 @@ class Rounding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUNDING_STOCHASTIC: _ClassVar[Rounding]
     ROUNDING_NEAREST: _ClassVar[Rounding]
 
+class SharingRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARING_RULE_UNSPECIFIED: _ClassVar[SharingRule]
+    SHARING_RULE_DIFFERENCE_MOD_2L: _ClassVar[SharingRule]
+
 class Calibration(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CALIBRATION_UNSPECIFIED: _ClassVar[Calibration]
@@ -77,6 +82,8 @@ ROUNDING_UNSPECIFIED: Rounding
 ROUNDING_CONDITIONAL_STOCHASTIC: Rounding
 ROUNDING_STOCHASTIC: Rounding
 ROUNDING_NEAREST: Rounding
+SHARING_RULE_UNSPECIFIED: SharingRule
+SHARING_RULE_DIFFERENCE_MOD_2L: SharingRule
 CALIBRATION_UNSPECIFIED: Calibration
 CALIBRATION_CLASSIC: Calibration
 CALIBRATION_ANALYTIC: Calibration
@@ -90,7 +97,7 @@ ROUND_PHASE_ABORTED: RoundPhase
 ROUND_PHASE_FINISHED: RoundPhase
 
 class TrainingConfig(_message.Message):
-    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint")
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +122,7 @@ class TrainingConfig(_message.Message):
     MAX_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     MIN_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    SHARING_RULE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     mode: Mode
     dataset: str
@@ -139,7 +147,8 @@ class TrainingConfig(_message.Message):
     max_rounds: int
     min_providers: int
     model_fingerprint: str
-    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
+    sharing_rule: SharingRule
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
     __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version")

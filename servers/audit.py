@@ -1,0 +1,72 @@
+"""The audit log: one JSON line per event an operator must be able to account for afterwards.
+
+``state_dir/audit.jsonl`` (or the ``audit_log`` key), mode 0600, appended and flushed per line.
+Every line has ``time`` (UTC, ISO 8601 with milliseconds), ``server`` (h1, h2 or single) and
+``event``; then, where they apply, ``identity`` (a provider's or peer's certificate name, or
+an address), ``round`` and ``reason``, and event-specific fields. Events:
+
+========================  ==============================================================
+``start``                 the daemon serves (``run_id`` if known, ``round``, ``resumed``)
+``resume``                a checkpoint was continued (``round``, ``version``, ``releases``)
+``step_back``             one round ahead of the peer: back to the previous checkpoint
+``refused``               a provider call refused (``method``, ``code``, ``reason``)
+``circuit_refused``       a connection to the circuit port that did not authenticate
+``provider_dropped``      a provider whose share reached this server but not both: left out
+``round_skipped``         a round without enough providers (no noise spent)
+``peer_lost``             the other server stopped answering, or failed
+``stop``                  the daemon stopped (``finished`` or ``failure``)
+========================  ==============================================================
+
+No secret ever goes in: no share, seed, key or noise value; identities and reasons only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AuditLog"]
+
+log = logging.getLogger(__name__)
+
+
+class AuditLog:
+    """Appends audit events to ``path`` (None: events go to the process log only)."""
+
+    def __init__(self, path: Path | None, server: str) -> None:
+        self.path = path
+        self.server = server
+        self._lock = threading.Lock()
+        self._file: Any = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._file = os.fdopen(fd, "a", encoding="utf-8")
+
+    def record(self, event: str, **fields: Any) -> None:
+        """One event; ``fields`` with a None value are left out."""
+        now = time.time()
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+            + f".{int(now * 1000) % 1000:03d}Z",
+            "server": self.server,
+            "event": event,
+            **{k: v for k, v in fields.items() if v is not None},
+        }
+        line = json.dumps(entry, sort_keys=True, default=str)
+        log.debug("audit: %s", line)
+        with self._lock:
+            if self._file is not None:
+                self._file.write(line + "\n")
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
