@@ -43,8 +43,8 @@ class ProviderLimits:
     """The per-identity limits (server configuration keys ``provider_*``)."""
 
     max_streams: int = 4
-    rate: float = 20.0
-    burst: int = 40
+    rate: float = 200.0
+    burst: int = 400
     idle_seconds: float = 30.0
     stream_seconds: float = 600.0
 

@@ -146,7 +146,7 @@ class ServerConfig(_Schema):
         4, ge=1, le=64, description="calls in flight at once per provider identity"
     )
     provider_rate: float = Field(
-        20.0, gt=0, le=10_000, description="calls per second per provider identity (bursts 2x)"
+        200.0, gt=0, le=10_000, description="calls per second per provider identity (bursts 2x)"
     )
     provider_idle: float = Field(
         30.0, gt=0, description="seconds a provider's upload may send nothing before it is cut"
