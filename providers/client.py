@@ -36,6 +36,7 @@ import hashlib
 import logging
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -96,8 +97,18 @@ log = logging.getLogger("spgc.provider")
 
 pb = aggregation_pb2
 
-#: Codes after which the same submission may be tried again (after checking RoundStatus).
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+#: Codes after which the same submission may be tried again (after checking RoundStatus):
+#: the server is down or restarting, or it is shedding load (RESOURCE_EXHAUSTED: this
+#: identity's calls in flight or call rate are at their limit); nothing was admitted.
+RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+
+_JITTER = secrets.SystemRandom()  # backoff jitter (the OS generator: nothing to seed)
 
 # The wire enum values of the modes table's rows (spgc.modes), grouped as the client branches.
 _WIRE = {m.name: pb.Mode.Value(m.wire_name) for m in MODES.values() if m.trainable}
@@ -468,6 +479,11 @@ class ProviderClient:
         self.fixed_point: FixedPointConfig | None = None
         self.step_epsilon: float | None = None
         self.last_round: int | None = None
+        self._last_delivered = False  # a server accepted a share of ours for last_round
+        self._told_waiting = False  # logged that a server waits for its peer
+        # The shares of last_round, kept while a server has not accepted its own: a retry (on
+        # any later answer saying the round still collects) resends exactly these.
+        self._resend: tuple[int, list[np.ndarray]] | None = None
         self._model: Any = None
         self._x: np.ndarray | None = None
         self._y: np.ndarray | None = None
@@ -642,9 +658,11 @@ class ProviderClient:
     # ------------------------------------------------------------------ RPC helpers
 
     def _backoffs(self) -> Iterator[float]:
+        """Exponential backoff with jitter: each wait is drawn in [delay/2, delay], so that
+        providers cut off together (a server restart) do not come back in lockstep."""
         delay = self.cfg.backoff_initial
         while True:
-            yield delay
+            yield delay * (0.5 + 0.5 * _JITTER.random())
             delay = min(delay * 2, self.cfg.backoff_max)
 
     def _call_with_retry(
@@ -730,6 +748,38 @@ class ProviderClient:
                 )
                 collecting = all(i.phase == pb.ROUND_PHASE_COLLECTING for i in infos)
                 new = self.last_round is None or first.round > self.last_round
+                if (
+                    not new
+                    and same
+                    and collecting
+                    and self._last_delivered
+                    and not any(i.caller_share_accepted for i in infos)
+                ):
+                    # Our shares for this round were dropped: the servers lost each other and
+                    # went back to their last common checkpoint. The round runs again as a new
+                    # release; we take part with a fresh vector (neither server holds the old).
+                    log.info("round %d runs again (servers re-paired): taking part", first.round)
+                    new = True
+                waiting = [
+                    s.name
+                    for s, i in zip(self.servers, infos, strict=True)
+                    if i.phase == pb.ROUND_PHASE_WAITING_FOR_PEER
+                ]
+                if waiting and not self._told_waiting:
+                    log.warning("%s: waiting for the other server to come back", ", ".join(waiting))
+                self._told_waiting = bool(waiting)
+                held = [i.caller_share_accepted for i in infos]
+                if (
+                    not new
+                    and same
+                    and collecting
+                    and any(held)
+                    and not all(held)
+                    and self._resend is not None
+                    and self._resend[0] == first.round
+                    and not _deadline_passed(first)
+                ):
+                    self._resend_missing(infos, first)
                 if same and collecting and new:
                     if all(i.caller_share_accepted for i in infos):
                         log.info("round %d: share already accepted (earlier run)", first.round)
@@ -751,6 +801,23 @@ class ProviderClient:
                     f"no round opened on every server within {self.cfg.wait_timeout:g}s"
                 )
             self._sleep(delay)
+
+    def _resend_missing(self, infos: list[Any], info: Any) -> None:
+        """Round ``info.round`` still collects and a server lacks our share (it was down when
+        we sent it, or restarted): send it exactly the share it was meant to get. Each server
+        only ever sees its own share of the vector, whichever time it arrives."""
+        assert self._resend is not None
+        vectors = self._resend[1]
+        for server, status, vec in zip(self.servers, infos, vectors, strict=True):
+            if status.caller_share_accepted:
+                continue
+            try:
+                self._submit(server, vec, info)
+            except RoundFailed as exc:
+                log.warning("round %d: resending to %s failed: %s", info.round, server.name, exc)
+                return
+            log.info("round %d: %s now holds our share (sent again)", info.round, server.name)
+        self._resend = None
 
     def fetch_model(self, info: Any) -> np.ndarray:
         """Model version ``info.model_version`` from every server; refuses differing hashes."""
@@ -938,8 +1005,10 @@ class ProviderClient:
         if info is None:
             return None
         t = info.round
-        # Round t is attempted once: whatever happens below, no second share vector for it.
+        # Round t is attempted once: whatever happens below, no second share vector for it
+        # (unless both servers drop what they hold and run it again: see wait_for_round).
         self.last_round = t
+        self._last_delivered = False
         if self.cfg.max_total_epsilon is not None:  # a limit of our own to hold the run to
             self.check_ledger()
         params = self.fetch_model(info)
@@ -962,6 +1031,8 @@ class ProviderClient:
                 except RoundFailed as exc:
                     errors.append(str(exc))
         send = time.perf_counter() - t0
+        self._last_delivered = bool(results)
+        self._resend = (t, vectors) if errors else None
         report = RoundReport(t, info.model_version, len(batch), compute, encode, send, results)
         self.reports.append(report)
         log.info(

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import grpc
 
 from spgc import __version__
+from spgc.servers.intake import SubmissionRejected
 from spgc.servers.state import ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
@@ -26,7 +27,7 @@ from spgc.wire.errors import (
     WireError,
     abort_on_error,
 )
-from spgc.wire.identity import caller_identity
+from spgc.wire.identity import caller_identity, peer_identity
 from spgc.wire.messages import (
     check_protocol_version,
     iter_share_payload,
@@ -119,11 +120,34 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     def SubmitShare(
         self, request_iterator: Iterator[pb.ShareChunk], context: grpc.ServicerContext
     ) -> pb.SubmitReceipt:
+        seen: dict[str, object] = {}
+        try:
+            return self._submit_share(request_iterator, context, seen)
+        except (WireError, SubmissionRejected) as exc:
+            # Every refused share leaves a trail (who, which round, why).
+            code = exc.code.name if isinstance(exc, WireError) else exc.code
+            self.state.audit.record(
+                "share_refused",
+                identity=seen.get("who") or peer_identity(context) or context.peer(),
+                round=seen.get("round"),
+                code=code,
+                reason=str(exc),
+            )
+            raise
+
+    def _submit_share(
+        self,
+        request_iterator: Iterator[pb.ShareChunk],
+        context: grpc.ServicerContext,
+        seen: dict[str, object],
+    ) -> pb.SubmitReceipt:
         plan = self.state.plan
         header = read_share_header(
             request_iterator, num_elements=plan.dim, ring_bits=plan.ring_bits
         )
+        seen["round"] = header.round
         who = self._identity(context, header.provider_id)
+        seen["who"] = who
         if header.run_id != self.state.run_id:
             raise FailedPreconditionError(f"share for run {header.run_id!r}, not this run")
         if header.server_role != self.state.role:
@@ -196,7 +220,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             remaining = context.time_remaining()
             if remaining is not None:
                 limit = min(limit, max(0.0, remaining - 1.0))  # answer before the caller gives up
-            self.state.wait_collecting(after, limit)
+            self.state.wait_collecting(after, limit, who)
         try:
             return self.state.round_info(number, who)
         except KeyError:

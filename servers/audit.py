@@ -9,11 +9,14 @@ an address), ``round`` and ``reason``, and event-specific fields. Events:
 ``start``                 the daemon serves (``run_id`` if known, ``round``, ``resumed``)
 ``resume``                a checkpoint was continued (``round``, ``version``, ``releases``)
 ``step_back``             one round ahead of the peer: back to the previous checkpoint
-``refused``               a provider call refused (``method``, ``code``, ``reason``)
+``refused``               a provider call refused by the gate (``method``, ``code``, ``reason``)
+``share_refused``         a share refused by the intake or its checks (``round``, ``code``)
 ``circuit_refused``       a connection to the circuit port that did not authenticate
 ``provider_dropped``      a provider whose share reached this server but not both: left out
 ``round_skipped``         a round without enough providers (no noise spent)
-``peer_lost``             the other server stopped answering, or failed
+``peer_lost``             the other server stopped, restarted or stopped answering; the round
+                          in progress was dropped (``round``) and this server went back to
+                          its last checkpoint (``resume_round``) to wait for it
 ``stop``                  the daemon stopped (``finished`` or ``failure``)
 ========================  ==============================================================
 

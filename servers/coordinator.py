@@ -150,6 +150,7 @@ def compute_round(
             plan.sigma_units if plan.cfg.mode == "spgc" else None,
             plan.ring_bits,
             plan.cfg.mode,
+            on_stage=lambda: fault_point("during-circuit", t),
         )
         seconds = {"circuit": time.perf_counter() - start}
     return _after_reveal(state, t, entry, y, info, seconds)

@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import garbled_core
 from spgc import __version__
@@ -46,7 +47,7 @@ from spgc.servers.pool_sync import NoiseProducer
 from spgc.servers.state import PeerMismatchError, ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
-from spgc.wire.errors import is_unavailable
+from spgc.wire.errors import FailedPreconditionError, is_unavailable
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import add_health, add_servicer, make_channel, make_server
 
@@ -56,13 +57,29 @@ log = logging.getLogger(__name__)
 AGGREGATOR_SERVICE = aggregation_pb2.DESCRIPTOR.services_by_name["Aggregator"]
 PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"]
 GC_HANDSHAKE_TIMEOUT = 10.0  # seconds a connection to the circuit port has to authenticate
+# Each server's peer port answers this health service name SERVING only while it is paired with
+# the other server: a restarted server says NOT_SERVING (or nothing) until the next Handshake.
+PAIRED_HEALTH_SERVICE = "spgc.v1.Peer"
+PROBE_INTERVAL = 1.0  # seconds between two probes of the peer's pairing
+PROBE_FAILURES = 3  # unanswered probes in a row that mean the peer is gone
+
+
+class PeerLost(Exception):
+    """The other server stopped, restarted or stopped answering."""
 
 
 def _peer_gone(exc: BaseException) -> bool:
     """Whether a daemon's error means the other server stopped answering."""
-    if isinstance(exc, (TimeoutError, garbled_core.PeerClosedError)):
+    if isinstance(exc, (PeerLost, TimeoutError, garbled_core.PeerClosedError)):
         return True
     return isinstance(exc, grpc.RpcError) and is_unavailable(exc)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for the log and the audit log (a gRPC error's repr spans several)."""
+    if isinstance(exc, grpc.RpcError):
+        return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+    return str(exc) or type(exc).__name__
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -123,6 +140,15 @@ class ServerDaemon:
         self._gc_channel: Any = None
         self._listener: Any = None
         self._peer_channel: grpc.Channel | None = None
+        # Pairing with the other server (two-server modes): a lost peer is waited for and the
+        # two continue from their last common checkpoint (see _run_paired).
+        self._session = threading.Event()  # set: this pairing is over (peer lost or stop)
+        self._reset_lock = threading.Lock()
+        self._round_state_live = False  # rounds ran since the last checkpoint restore
+        self.peer_health: Any = None
+        self._session_paired = False  # the current session got as far as a Handshake
+        self._lost_reason = "the peer was lost"
+        self._probe_channel: grpc.Channel | None = None  # H2: to H1's peer port (probes)
         self._threads: list[threading.Thread] = []
         self.server: grpc.Server | None = None  # the providers' gRPC server (port)
         self.port = 0
@@ -211,6 +237,8 @@ class ServerDaemon:
             self._get_link,
             self._adopt_run,
             self._align_with_peer,
+            on_repair=self._repair_on_handshake,
+            on_paired=self._paired,
         )
         cfg = self.cfg
         self.gate = ProviderGate(
@@ -246,6 +274,8 @@ class ServerDaemon:
                 self.tls,
                 insecure,
             )
+            self.peer_health = add_health(self.peer_server)
+            self._set_paired_health(False)
         if self.cfg.role == 1 and not self.cfg.single_server:
 
             self._listener = garbled_core.Listener(*_host_port(self.cfg.gc_address))
@@ -260,10 +290,7 @@ class ServerDaemon:
         self.server.start()
         if self.peer_server is not None:
             self.peer_server.start()
-        if self.cfg.single_server:
-            target = self._run_single
-        else:
-            target = self._run_h1 if self.cfg.role == 1 else self._run_h2
+        target = self._run_single if self.cfg.single_server else self._run_paired
         thread = threading.Thread(
             target=self._guard, args=(target,), name="spgc-daemon", daemon=True
         )
@@ -339,8 +366,8 @@ class ServerDaemon:
 
     # ------------------------------------------------------------------ H1
 
-    def _handshake(self, stub: peer_pb2_grpc.PeerStub) -> None:
-        run_id = self.cfg.run_id or os.urandom(16).hex()
+    def _handshake(self, stub: peer_pb2_grpc.PeerStub, deadline: float) -> None:
+        run_id = self.state.run_id or self.cfg.run_id or os.urandom(16).hex()
         self._adopt_run(run_id)
         assert self.state.config is not None
         hello = peer_pb2.PeerHello(
@@ -351,7 +378,6 @@ class ServerDaemon:
             round=self.state.round_info(None, None),
             ledger_public_key=self.state.ledger_public_key(),
         )
-        end = time.monotonic() + self.cfg.connect_timeout
         while True:
             try:
                 answer = stub.Handshake(hello, timeout=10)
@@ -360,8 +386,13 @@ class ServerDaemon:
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # H2 compared and refused
                     msg = f"the other server refused to pair: {exc.details()}"
                     raise PeerMismatchError(msg) from None
-                if not is_unavailable(exc) or time.monotonic() > end or self.stop_event.is_set():
+                if not is_unavailable(exc) or self.stop_event.is_set():
                     raise
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{self.cfg.peer_name} did not answer the Handshake at "
+                        f"{self.cfg.peer_address}: {_describe(exc)}"
+                    ) from None
                 time.sleep(0.2)
         diff = config_differences(self.state.config, answer.config)
         if diff:
@@ -424,30 +455,226 @@ class ServerDaemon:
             self.state.epsilon(),
         )
 
-    def _run_h1(self) -> None:
-        self._peer_channel = make_channel(
-            self.cfg.peer_address, self.tls, self.cfg.insecure, server_name=self.cfg.peer_name
+    # ------------------------------------------------------------------ pairing
+
+    def _run_paired(self) -> None:
+        """H1 or H2 of a two-server mode: pair with the other server and run the rounds. When
+        the peer is lost (it stopped, restarted or stopped answering) this server drops the
+        round in progress, goes back to its last checkpoint, tells providers it waits for its
+        peer, and pairs again as soon as the peer is back (for up to ``peer_timeout`` s): the
+        two continue from their last common checkpoint (a server one round ahead steps back at
+        the Handshake). A release of the abandoned round stays in the ledger, counted; its
+        round runs again with fresh seeds and noise."""
+        deadline = time.monotonic() + self.cfg.connect_timeout
+        while True:
+            self._session = session = threading.Event()
+            self._session_paired = False
+            try:
+                if self.cfg.role == 1:
+                    self._run_h1(session, deadline)
+                else:
+                    self._run_h2(session, deadline)
+                return
+            except BaseException as exc:
+                if self.stop_event.is_set() or not self._may_rejoin(exc):
+                    raise
+                reason = _describe(exc)
+                if self.cfg.role == 1:  # H2 resets in the Handshake or on its probe's word
+                    self._reset_for_peer(reason)
+                deadline = time.monotonic() + self.cfg.peer_timeout
+                log.warning(
+                    "%s: waiting up to %g s (peer_timeout) for %s to come back",
+                    self.cfg.role_name,
+                    self.cfg.peer_timeout,
+                    self.cfg.peer_name,
+                )
+
+    def _may_rejoin(self, exc: BaseException) -> bool:
+        """Whether to wait for the peer after ``exc`` instead of stopping: the peer was lost
+        after this session paired, and a checkpoint gives both a common state to go back to."""
+        return (
+            self._session_paired
+            and _peer_gone(exc)
+            and self.cfg.state_dir is not None
+            and self.precompute is None
+            and self.state.failure is None
+            and not self.state.finished
         )
+
+    def _set_paired_health(self, paired: bool) -> None:
+        from_status = health_pb2.HealthCheckResponse
+        self.peer_health.set(
+            PAIRED_HEALTH_SERVICE, from_status.SERVING if paired else from_status.NOT_SERVING
+        )
+
+    def _paired(self) -> None:
+        """A Handshake agreed: rounds may run again."""
+        self._round_state_live = True
+        self.state.peer_back()
+        self._set_paired_health(True)
+
+    def _reset_for_peer(self, reason: str, session: threading.Event | None = None) -> bool:
+        """The peer is lost: close the data link, drop the round in progress and go back to
+        the last checkpoint; providers are told to wait. Idempotent; ``session``: only if it is
+        still the current pairing. False when this server cannot continue with a restarted
+        peer (no state_dir): it stops."""
+        with self._reset_lock:
+            if session is not None and session is not self._session:
+                return True
+            self._session.set()
+            self._set_paired_health(False)
+            self._link_ready.clear()
+            channel, self._gc_channel = self._gc_channel, None
+            if channel is not None:
+                channel.interrupt()  # a circuit or noise block running on it fails now
+            for thread in self.peer_servicer.link_users():
+                thread.join(30)
+            self.peer_servicer.unpair()
+            if channel is not None:
+                try:
+                    channel.close()
+                except Exception as exc:  # already broken: nothing left to release
+                    log.debug("close: %s", exc)
+            self._link = None
+            if not self._round_state_live:
+                return True
+            self._round_state_live = False
+            if self.cfg.state_dir is None or self.precompute is not None:
+                self.state.fail(f"lost {self.cfg.peer_name} ({reason}); no state_dir to resume")
+                return False
+            abandoned = self.state.abandon_for_peer(reason)
+            loaded = load_checkpoint(self.cfg.state_dir)
+            if loaded is not None and loaded[0]["run_id"] == self.state.run_id:
+                self.state.restore(*loaded)
+            self.audit.record(
+                "peer_lost",
+                identity=self.cfg.peer_name,
+                round=abandoned,
+                reason=reason,
+                resume_round=self.state.round,
+            )
+            log.warning(
+                "%s lost %s (%s): %s; back at round %d (model v%d, eps=%.4f), waiting for it",
+                self.cfg.role_name,
+                self.cfg.peer_name,
+                reason,
+                "no round was running" if abandoned is None else f"round {abandoned} abandoned",
+                self.state.round,
+                self.state.version,
+                self.state.epsilon(),
+            )
+            return True
+
+    def _repair_on_handshake(self, reason: str) -> None:
+        """H2: a Handshake while paired (H1 restarted before this server noticed)."""
+        if not self._reset_for_peer(reason):
+            raise FailedPreconditionError(
+                f"{self.cfg.role_name} cannot continue with a restarted {self.cfg.peer_name}: "
+                "it has no state_dir to go back to"
+            )
+
+    def _watch_peer(self, session: threading.Event) -> None:
+        """Probe the peer's pairing every PROBE_INTERVAL s while ``session`` lasts: an answer
+        other than SERVING (it restarted) or PROBE_FAILURES unanswered probes in a row end the
+        pairing. Only after one SERVING answer: a wrong peer_address never ends it."""
+        if self.cfg.role == 1:
+            channel = self._peer_channel
+        else:
+            if self._probe_channel is None:
+                self._probe_channel = make_channel(
+                    self.cfg.peer_address, self.tls, self.cfg.insecure,
+                    server_name=self.cfg.peer_name,
+                )  # fmt: skip
+            channel = self._probe_channel
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=PAIRED_HEALTH_SERVICE)
+        seen, failures, warned = False, 0, False
+        while not session.wait(PROBE_INTERVAL):
+            try:
+                status = stub.Check(request, timeout=2.0).status
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+                else:
+                    failures += 1
+                    if seen and failures >= PROBE_FAILURES:
+                        self._lose_peer(session, f"{self.cfg.peer_name} stopped answering")
+                        return
+                    if not seen and failures == 10 and not warned:
+                        warned = True
+                        log.warning(
+                            "cannot probe %s at %s (peer_address): a lost peer is noticed "
+                            "only after peer_timeout (%s)",
+                            self.cfg.peer_name,
+                            self.cfg.peer_address,
+                            exc.code().name,
+                        )
+                    continue
+            failures = 0
+            if status == health_pb2.HealthCheckResponse.SERVING:
+                seen = True
+            elif seen:
+                self._lose_peer(session, f"{self.cfg.peer_name} is no longer paired (restarted)")
+                return
+
+    def _lose_peer(self, session: threading.Event, reason: str) -> None:
+        log.warning("%s: %s", self.cfg.role_name, reason)
+        if self.cfg.role == 2:
+            self._reset_for_peer(reason, session)
+            return
+        with self._reset_lock:  # H1: its driver thread resets (see _run_paired)
+            if session is self._session:
+                self._lost_reason = reason
+                session.set()
+                if self._gc_channel is not None:
+                    self._gc_channel.interrupt()
+
+    def _start_watch(self, session: threading.Event) -> None:
+        thread = threading.Thread(
+            target=self._watch_peer, args=(session,), name="spgc-peer-probe", daemon=True
+        )
+        thread.start()
+
+    # ------------------------------------------------------------------ H1
+
+    def _run_h1(self, session: threading.Event, deadline: float) -> None:
+        if self._peer_channel is None:
+            self._peer_channel = make_channel(
+                self.cfg.peer_address, self.tls, self.cfg.insecure, server_name=self.cfg.peer_name
+            )
         stub = peer_pb2_grpc.PeerStub(self._peer_channel)
-        self._handshake(stub)
+        self._handshake(stub, deadline)
+        self._session_paired = True
+        self._paired()
+        if self._listener is None:  # closed after the last link was taken
+            host, _ = _host_port(self.cfg.gc_address)
+            self._listener = garbled_core.Listener(host, self.gc_port)
         # Only the peer's authenticated TLS connection is taken: anything else on the circuit
         # port (a scan, junk, another certificate, silence) is closed and logged, and the
         # listener keeps waiting for the real peer.
-        self._gc_channel = self._listener.accept(
-            timeout=self.cfg.connect_timeout,
+        channel = self._listener.accept(
+            timeout=max(1.0, deadline - time.monotonic()),
             handshake_timeout=GC_HANDSHAKE_TIMEOUT,
             on_refused=self._gc_refused,
             **self._gc_tls(),
         )
         self._listener.close()
+        self._listener = None
+        with self._reset_lock:
+            self._gc_channel = channel
+            if session.is_set():
+                raise PeerLost(self._lost_reason)
         self._link = self._open_link("garbler")
         self._link_ready.set()
         if self.precompute is not None:
             self._precompute(stub)
             return
-        H1Driver(self.state, stub, self._link, self.stop_event).run()
+        self._start_watch(session)
+        H1Driver(self.state, stub, self._link, session).run()
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
+        if session.is_set() and not self.stop_event.is_set():
+            raise PeerLost(self._lost_reason)
         log.info(
             "h1: training %s after %d round(s), %d step(s)",
             "stopped" if self.stop_event.is_set() else "finished",
@@ -479,40 +706,56 @@ class ServerDaemon:
 
     # ------------------------------------------------------------------ H2
 
-    def _run_h2(self) -> None:
-
-        end = time.monotonic() + self.cfg.connect_timeout
-        while not self.state.ready:  # the Handshake (H1's call) fixes the run first
+    def _run_h2(self, session: threading.Event, deadline: float) -> None:
+        while not self.peer_servicer.paired:  # H1's Handshake fixes the run first
             if self.state.failure:
                 raise PeerMismatchError(self.state.failure)
-            if self.stop_event.wait(0.1) or time.monotonic() > end:
-                raise TimeoutError("no handshake from H1")
+            if self.stop_event.wait(0.1):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no handshake from {self.cfg.peer_name}")
+        epoch = self.peer_servicer.epoch
+        self._session_paired = True
         host, port = _host_port(self.cfg.gc_address)
         while True:
             try:
-                self._gc_channel = garbled_core.Channel.connect(
-                    host, port, timeout=10, **self._gc_tls()
-                )
+                channel = garbled_core.Channel.connect(host, port, timeout=10, **self._gc_tls())
                 break
             except (OSError, RuntimeError):
-                if time.monotonic() > end or self.stop_event.is_set():
+                if time.monotonic() > deadline or self.stop_event.is_set():
                     raise
+                if session.is_set():
+                    raise PeerLost("re-paired while dialing the data link") from None
                 time.sleep(0.2)
+        with self._reset_lock:
+            if session.is_set() or epoch != self.peer_servicer.epoch:
+                channel.close()
+                raise PeerLost("re-paired while dialing the data link")
+            self._gc_channel = channel
         self._link = self._open_link("evaluator")
         self._link_ready.set()
+        self._start_watch(session)
+        self.state.last_peer_call = time.monotonic()
+        silence = ""
         with self.state.cond:  # follow until training is over (rounds run in peer calls)
             while not self.state.finished and not self.stop_event.is_set():
                 self.state.cond.wait(0.5)
+                if session.is_set() or epoch != self.peer_servicer.epoch:
+                    raise PeerLost(f"{self.cfg.peer_name} lost")
                 if any(t.is_alive() for t in self.peer_servicer.link_users()):
                     # A circuit or noise block is running: the GC link has its own timeout.
                     # Once it is over (done or failed), H1's silence counts again.
                     self.state.last_peer_call = time.monotonic()
                 silent = time.monotonic() - self.state.last_peer_call
                 if silent > self.cfg.peer_timeout:
-                    raise TimeoutError(
-                        f"no call from H1 for {silent:.0f} s (peer_timeout "
-                        f"{self.cfg.peer_timeout:g} s): H1 stopped or is unreachable"
+                    silence = (
+                        f"no call from {self.cfg.peer_name} for {silent:.0f} s (peer_timeout "
+                        f"{self.cfg.peer_timeout:g} s): it stopped or is unreachable"
                     )
+                    break
+        if silence:
+            self._reset_for_peer(silence, session)
+            raise PeerLost(silence)
         self.peer_servicer.wait_idle()
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
@@ -526,6 +769,7 @@ class ServerDaemon:
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, close the links and delete the spill files (idempotent)."""
         self.stop_event.set()
+        self._session.set()
         self.state.close()
         if self._gc_channel is not None:
             # A round or noise block may be running on the link in another thread: make its
@@ -539,7 +783,7 @@ class ServerDaemon:
             self.peer_server.stop(grace).wait(grace + 1)
         for thread in [*self._threads, *self.peer_servicer.link_users()]:
             thread.join(5)
-        for closer in (self._gc_channel, self._listener, self._peer_channel):
+        for closer in (self._gc_channel, self._listener, self._peer_channel, self._probe_channel):
             if closer is not None:
                 try:
                     closer.close()

@@ -3,7 +3,10 @@
 ``SPGC_FAULT_INJECT=POINT:ROUND`` makes this server kill itself with SIGKILL (no clean-up, no
 flush: what a power cut or an OOM kill leaves) when it reaches POINT of round ROUND:
 
+- ``during-intake``: the round is collecting and this server just accepted its first share;
 - ``after-ledger``: the release's ledger entry is on disk, nothing revealed yet;
+- ``during-circuit``: the garbled circuit is part done (after its first stage: some of the
+  noisy sum may be revealed already, under the ledger entry written before it);
 - ``after-reveal``: the noisy sum is revealed to this server, the model not updated;
 - ``after-update``: the next model is computed, not yet published or checkpointed;
 - ``during-checkpoint``: the checkpoint's arrays are written, its commit record is not.
@@ -26,7 +29,14 @@ from spgc.ledger import released_digest
 
 __all__ = ["FAULT_POINTS", "fault_point", "planned_fault", "tap_reveal"]
 
-FAULT_POINTS = ("after-ledger", "after-reveal", "after-update", "during-checkpoint")
+FAULT_POINTS = (
+    "during-intake",
+    "after-ledger",
+    "during-circuit",
+    "after-reveal",
+    "after-update",
+    "during-checkpoint",
+)
 _FAULT_ENV = "SPGC_FAULT_INJECT"
 _TAP_ENV = "SPGC_REVEAL_TAP"
 

@@ -228,6 +228,7 @@ def run_aggregate(
     distance_log2: float = DEFAULT_DISTANCE_LOG2,
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     output_bits: int | None = None,
+    on_stage: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One server's side of a batch: returns (Y, counters).
 
@@ -240,6 +241,7 @@ def run_aggregate(
 
     Y is int64 when it fits 64 bits, else an object array of Python ints. The counters hold
     this party's bytes per engine phase over the call, totals, rounds and trials.
+    ``on_stage`` runs after each of the sampler's stages (fault injection).
     """
     role = _check_role(role)
     mode = _check_mode(mode)
@@ -276,6 +278,8 @@ def run_aggregate(
             mine = {my_port: shares[result.coords]}
             out = link.session.run(add, mine, carried, len(result.coords))
             y[result.coords] = decode_signed(out, width)
+            if on_stage is not None:
+                on_stage()
 
         stats = run_sampler(role, link, n, seed, params, schedule, finish)
         info.update(rounds=stats.rounds, trials=stats.trials, trials_per_round=stats.per_round)

@@ -138,6 +138,17 @@ class ShareIntake:
             shutil.rmtree(rnd.directory, ignore_errors=True)
             self._round = None
 
+    def abandon_round(self, next_round: int) -> None:
+        """Drops the round in progress, if any, with its shares (the peer server was lost
+        mid-round), so that round ``next_round`` (the last common checkpoint's) can open
+        again. Submission ids stay spent: a replay is refused after the abandon too."""
+        with self._lock:
+            rnd, self._round = self._round, None
+            if rnd is not None:
+                rnd.closed = True
+                shutil.rmtree(rnd.directory, ignore_errors=True)
+            self._last_closed = next_round - 1
+
     def close(self) -> None:
         """Deletes every spill file."""
         shutil.rmtree(self._root, ignore_errors=True)
@@ -173,7 +184,15 @@ class ShareIntake:
         try:
             if on_admit is not None:
                 on_admit(round_number)
-            self._spill(chunks, path, length)
+            try:
+                self._spill(chunks, path, length)
+            except OSError:
+                if self._round is rnd:
+                    raise
+                # The round was abandoned under us (its directory is gone).
+                raise SubmissionRejected(
+                    FAILED_PRECONDITION, f"round {round_number} was abandoned"
+                ) from None
             with self._lock:
                 if rnd.closed or self._round is not rnd:
                     raise SubmissionRejected(

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+import garbled_core
 from spgc import __version__
 from spgc.servers.coordinator import agreement, compute_round, log_round
 from spgc.servers.noise_pool import (
@@ -37,6 +38,7 @@ from spgc.wire import (
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import (
     FailedPreconditionError,
+    NotPairedError,
     PermissionDeniedError,
     UnauthenticatedError,
     abort_on_error,
@@ -84,6 +86,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         get_link: Callable[[float], Any],
         on_handshake: Callable[[str], None],
         align: Callable[[pb.RoundInfo], None],
+        on_repair: Callable[[str], None] | None = None,
+        on_paired: Callable[[], None] | None = None,
     ) -> None:
         self.state = state
         self.peer_name = peer_name
@@ -91,6 +95,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.get_link = get_link  # waits (timeout s) for the GC link; raises if not up
         self.on_handshake = on_handshake  # sets run id and config from the agreed run id
         self.align = align  # steps back a checkpoint when this server is one round ahead
+        # A Handshake while paired: the other server restarted; the daemon drops the link and
+        # the round in progress and goes back to its last checkpoint before answering.
+        self.on_repair = on_repair
+        self.on_paired = on_paired  # after each successful Handshake (the daemon's bookkeeping)
+        self.paired = False  # a Handshake agreed and nothing since says the peer is gone
+        self.epoch = 0  # successful Handshakes so far (a new one: a new pairing)
         self._seeds: dict[int, bytes] = {}
         self._entries: dict[int, tuple[bytes, int]] = {}  # round -> (statement, ledger index)
         self._worker: threading.Thread | None = None
@@ -102,6 +112,16 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         handler evaluates and checkpoints after `finished` is set: let it answer H1 first)."""
         with self._lock:
             pass
+
+    def unpair(self) -> None:
+        """The peer is gone: refuse round calls (UNAVAILABLE) until the next Handshake, and
+        forget the round in progress (seeds, recorded entries)."""
+        with self._lock:
+            self.paired = False
+            self._seeds.clear()
+            self._entries.clear()
+            self._worker = None
+            self._noise_job = None
 
     def link_users(self) -> list[threading.Thread]:
         """H2's threads that may be using the data link (a round, a noise block)."""
@@ -125,6 +145,11 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._check_caller(context, role)
         if self.state.role != pb.SERVER_ROLE_H2:
             raise FailedPreconditionError("H1 drives the rounds; it takes no round calls")
+        if not self.paired:
+            raise NotPairedError(
+                f"this server is not paired with {self.peer_name} (it restarted, or lost the "
+                "peer): Handshake first"
+            )
         if not self.state.ready or run_id != self.state.run_id:
             raise FailedPreconditionError(f"unknown run {run_id!r}")
 
@@ -137,6 +162,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._check_caller(context, request.role)
         if request.protocol_version != PROTOCOL_VERSION:
             raise FailedPreconditionError(f"protocol version {request.protocol_version}")
+        if self.paired and self.on_repair is not None:
+            self.on_repair(f"{self.peer_name} paired again (it restarted)")
         with self._lock:
             own_run = self.state.plan.cfg.run_id
             if own_run and own_run != request.config.run_id:
@@ -160,6 +187,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 raise FailedPreconditionError(str(exc)) from None
             if request.HasField("round"):
                 self.align(request.round)
+            self.paired = True
+            self.epoch += 1
+            if self.on_paired is not None:
+                self.on_paired()
             log.info(
                 "handshake with %s: configurations agree (run %s)",
                 self.peer_name,
@@ -240,7 +271,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             try:
                 compute_round(state, link, t, entry, seed, pool_slice)
             except BaseException as exc:  # reported to H1 through CheckModel
-                log.exception("round %d: circuit or update failed", t)
+                if isinstance(exc, garbled_core.PeerClosedError):  # H1 went away: no traceback
+                    log.warning("round %d: circuit cut off: %s", t, exc)
+                else:
+                    log.exception("round %d: circuit or update failed", t)
                 state.fail_compute(exc)
 
         # The evaluator runs while this call returns: H1 starts garbling right after it.

@@ -134,6 +134,12 @@ class ServerState:
         self.failure: str | None = None
         self.finished = False
         self.closing = False  # the daemon is stopping: long polls answer at once
+        # The peer server was lost: providers are told (ROUND_PHASE_WAITING_FOR_PEER) until
+        # the two servers are paired again.
+        self.peer_waiting = False
+        # The round a restore (restart, step back, re-pairing) continues from: providers may
+        # have sent shares for it before, which this server no longer holds.
+        self.rerun_round: int | None = None
         self.last_peer_call = time.monotonic()  # H2: when H1 last called (liveness)
         self.pool: Any = None  # mode preprocessed: this server's servers.noise_pool.NoisePool
         self.offline_bytes = 0  # preprocessed: bytes this server moved producing noise shares
@@ -342,6 +348,8 @@ class ServerState:
             phase = self.phase if t == self.round else (rec.phase if rec else self.phase)
             if self.finished and t == self.round and phase != pb.ROUND_PHASE_PUBLISHED:
                 phase = pb.ROUND_PHASE_FINISHED
+            elif self.peer_waiting and t == self.round:
+                phase = pb.ROUND_PHASE_WAITING_FOR_PEER
             version = self.version if t == self.round else min(t, self.version)
             accepted = self.accepted.get(t, set())
             info = pb.RoundInfo(
@@ -359,14 +367,27 @@ class ServerState:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
             return info
 
-    def wait_collecting(self, after: int | None, timeout: float) -> None:
-        """Until this server collects a round later than ``after`` (any round if None), training
-        ends, or ``timeout`` seconds pass (providers' long poll: no polling latency)."""
+    def wait_collecting(
+        self, after: int | None, timeout: float, caller: str | None = None
+    ) -> None:
+        """Until this server collects a round later than ``after`` (any round if None), or
+        round ``after`` again without ``caller``'s share (the round a restore continues from:
+        run again after a restart or a lost peer), training ends, or ``timeout`` seconds pass
+        (providers' long poll: no polling latency)."""
         end = time.monotonic() + timeout
         with self.cond:
             while not self.finished and not self.closing:
-                if self.phase == pb.ROUND_PHASE_COLLECTING and (
-                    after is None or self.round > after
+                if (
+                    self.phase == pb.ROUND_PHASE_COLLECTING
+                    and not self.peer_waiting
+                    and (
+                        after is None
+                        or self.round > after
+                        or (
+                            self.round == after == self.rerun_round
+                            and caller not in self.accepted.get(self.round, ())
+                        )
+                    )
                 ):
                     return
                 left = end - time.monotonic()
@@ -418,6 +439,7 @@ class ServerState:
         with self.cond:
             self.accepted.setdefault(t, set()).add(provider)
             self.cond.notify_all()
+        fault_point("during-intake", t)
 
     def intake_complete(self, t: int) -> bool:
         """The deadline passed or every allowed provider's share is in."""
@@ -549,6 +571,7 @@ class ServerState:
                 "rounds": self.round,
                 "steps": self.steps,
                 "model_version": self.version,
+                "model_sha256": self.models[self.version][1].hex(),
                 "test_accuracy": None if last is None else last.test_accuracy,
                 "test_loss": None if last is None else last.test_loss,
                 "differentially_private": self.differentially_private,
@@ -663,7 +686,10 @@ class ServerState:
             # Also a step back to the previous checkpoint at the Handshake: start from scratch.
             self.accountant = self.plan.new_accountant()
             self.history = {}
+            self.accepted = {}
             self.pending = None
+            self.compute_error = None
+            self.deadline = 0.0
             self.finished = False
             self.phase = pb.ROUND_PHASE_UNSPECIFIED
             self.run_id = record["run_id"]
@@ -688,7 +714,8 @@ class ServerState:
                 self._count_ledger(self.ledger.lines)
             else:
                 self._count_ledger_on_disk()
-            self.round = int(record["round"])
+            self.round = self.rerun_round = int(record["round"])
+            self.intake.abandon_round(self.round)  # nothing held for the rounds run again
             for h in record["history"]:
                 rec = RoundRecord(
                     h["round"],
@@ -706,6 +733,36 @@ class ServerState:
             self.finished = self._should_stop()
             if self.finished:
                 self.phase = pb.ROUND_PHASE_FINISHED
+
+    def abandon_for_peer(self, reason: str) -> int | None:
+        """The peer server was lost: drop the round in progress (its shares and any pending
+        model; a release it made stays in the ledger and counted) and tell providers to wait.
+        The caller then restores the last checkpoint. Returns the abandoned round, if any."""
+        with self.cond:
+            active = (
+                pb.ROUND_PHASE_COLLECTING,
+                pb.ROUND_PHASE_AGREEING,
+                pb.ROUND_PHASE_COMPUTING,
+            )
+            t = self.round if self.phase in active else None
+            self.peer_waiting = True
+            self.intake.abandon_round(self.round)
+            self.accepted.pop(self.round, None)
+            self.pending = None
+            self.compute_error = None
+            self.deadline = 0.0
+            if t is not None:
+                self.history[t].phase = pb.ROUND_PHASE_ABORTED
+                self.history[t].reason = reason
+                self.phase = pb.ROUND_PHASE_UNSPECIFIED
+            self.cond.notify_all()
+            return t
+
+    def peer_back(self) -> None:
+        """The servers are paired again: rounds may open."""
+        with self.cond:
+            self.peer_waiting = False
+            self.cond.notify_all()
 
     def finish_precompute(self) -> None:
         """`spgc server precompute` is over (H1 said so): stop without training."""

@@ -88,7 +88,9 @@ class ServerConfig(_Schema):
         "provider traffic never starves it)",
     )
     peer_address: str = Field(
-        "127.0.0.1:50072", description="the other server's peer_listen address (H1 dials it)"
+        "127.0.0.1:50072",
+        description="the other server's peer_listen address (H1 calls it; both probe it to "
+        "notice a lost or restarted peer)",
     )
     peer_name: str = Field("h2", description="the name the other server's certificate carries")
     gc_address: str = Field(
@@ -157,8 +159,8 @@ class ServerConfig(_Schema):
     peer_timeout: float = Field(
         300.0,
         gt=0,
-        description="seconds H2 waits for H1 between rounds before it stops; must exceed "
-        "round_deadline plus H1's work in a round",
+        description="seconds a server waits for a lost peer to come back (and H2 for a call "
+        "from a silent H1) before it stops; must exceed round_deadline plus H1's work in a round",
     )
     # --- training (identical on both servers)
     run_id: str = Field("", description="empty: H1 draws one, H2 adopts H1's at the handshake")

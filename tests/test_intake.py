@@ -146,3 +146,24 @@ def test_closed_round_refuses_late_shares(intake):
     with pytest.raises(SubmissionRejected, match="no round is open") as err:
         submit(intake, "p1", random_share(1))
     assert err.value.code == FAILED_PRECONDITION
+
+
+def test_an_abandoned_round_drops_its_shares_and_opens_again(intake, tmp_path):
+    """The peer server was lost mid-round: the round's shares are dropped (files too) and the
+    same round opens again empty; a submission id used before stays spent (no replay)."""
+    sid = os.urandom(16)
+    submit(intake, "p1", random_share(1), sid=sid)
+    submit(intake, "p2", random_share(2))
+    intake.abandon_round(1)
+    assert not list(tmp_path.glob("spgc-intake-*/round-1/*"))
+    with pytest.raises(SubmissionRejected) as refused:
+        submit(intake, "p3", random_share(3))
+    assert refused.value.code == FAILED_PRECONDITION  # nothing is open until the round reopens
+    intake.open_round(1)
+    with pytest.raises(SubmissionRejected) as replay:
+        submit(intake, "p1", random_share(1), sid=sid)
+    assert replay.value.code == ALREADY_EXISTS
+    fresh = random_share(4)
+    submit(intake, "p1", fresh)
+    assert intake.close_round() == {"p1"}
+    assert np.array_equal(intake.total(), fresh & MASK)

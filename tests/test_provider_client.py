@@ -24,6 +24,7 @@ from spgc.providers.__main__ import main
 from spgc.providers.client import (
     ProviderClient,
     ProviderRefusal,
+    RoundFailed,
     check_privacy,
     local_noise,
 )
@@ -489,6 +490,47 @@ def test_does_not_resubmit_a_round_it_took_part_in(pki: Path, servers: Any, canc
         with pytest.raises(TimeoutError):
             client.run_round()  # round 3 still open, but already done: no second share
     assert len(h1.servicer.attempts) == 1 and len(h2.servicer.attempts) == 1
+
+
+def test_a_share_a_server_missed_is_sent_again_unchanged(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """H2 was down for every attempt (retries exhausted: the round failed there). While the
+    round still collects and H1 holds our share, the client sends H2 exactly its share again,
+    never another vector."""
+    h1, h2 = servers()
+    h2.servicer.fail_before_accept = 4  # = retries
+    cfg = provider_config(pki, [h1, h2], wait_timeout=0.5)
+    with client_for(cfg, data=cancer) as client:
+        with pytest.raises(RoundFailed, match="h2"):
+            client.run_round()
+        assert not h2.servicer.accepted
+        with pytest.raises(TimeoutError):  # no new round: but the share got through meanwhile
+            client.run_round()
+    assert len(h1.servicer.attempts) == 1 and len(h2.servicer.accepted) == 1
+    sent = [vec for _, vec in h2.servicer.attempts]
+    assert len(sent) == 5 and all(np.array_equal(v, sent[0]) for v in sent)
+    ((_, s1),) = h1.servicer.accepted.values()
+    _, rows = expected_rows(*cancer)
+    assert np.array_equal(reconstruct(s1, sent[0], RING), rows.sum(axis=0))
+
+
+def test_a_round_both_servers_dropped_runs_again_with_a_fresh_vector(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """Both servers dropped our shares of the round (they lost each other and went back to
+    their checkpoint) and collect it again: the client takes part again, with a new sharing."""
+    h1, h2 = servers()
+    cfg = provider_config(pki, [h1, h2], wait_timeout=2.0)
+    with client_for(cfg, data=cancer) as client:
+        assert client.run_round() is not None
+        for server in (h1, h2):
+            server.servicer.accepted.clear()
+        again = client.run_round()
+    assert again is not None and again.round == ROUND and again.accepted
+    (_, a1), (_, b1) = h1.servicer.attempts
+    (_, a2), (_, b2) = h2.servicer.attempts
+    assert not np.array_equal(a1, b1) and not np.array_equal(a2, b2)
 
 
 # ----------------------------------------------------------------------------- config, noise

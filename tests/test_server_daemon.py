@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -233,6 +234,73 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
         # only-mpc: two releases of the noise-free sum, in the ledger, with no epsilon
         report = verify_ledger(tmp_path / sub / "ledger.jsonl")
         assert (report.steps, report.released, report.epsilon) == (2, 2, None)
+    # Every refused share left a trail on H1: who, which round, which code.
+    audit = [json.loads(x) for x in (tmp_path / "s1" / "audit.jsonl").read_text().splitlines()]
+    refused = {
+        (e["identity"], e.get("round"), e["code"]) for e in audit if e["event"] == "share_refused"
+    }
+    assert refused == {
+        ("p1", 1, "ALREADY_EXISTS"),
+        ("p2", None, "INVALID_ARGUMENT"),  # refused in the header, before its round is read
+        ("p2", 0, "FAILED_PRECONDITION"),
+        ("p2", 5, "FAILED_PRECONDITION"),
+    }, refused
+
+
+def test_a_provider_cut_off_mid_upload_is_left_out_and_the_round_completes(pki, tmp_path):
+    """p3 sends H1 its whole share but its upload to H2 breaks off after one chunk (the client
+    cancels, as a dropped connection does): both servers leave p3 out of the round, which
+    completes with p1 and p2; the refusals are in the audit log."""
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        rng = np.random.default_rng(2)
+        vecs = [rng.integers(-5000, 5000, cfg.num_parameters, dtype=np.int64) for _ in PROVIDERS]
+        p1, p2, p3 = providers
+        p1.submit_both(cfg, 0, vecs[0])
+        a1, a2 = share(vecs[2], cfg.ring_bits)
+        p3.submit(1, cfg, 0, a1)
+        msgs = share_messages(
+            a2,
+            run_id=cfg.run_id,
+            round_number=0,
+            server_role=ROLES[2],
+            ring_bits=cfg.ring_bits,
+            submission_id=new_submission_id(),
+            chunk_bytes=64,
+        )
+        hold = threading.Event()
+
+        def cut_short():
+            yield next(msgs)  # the header
+            yield next(msgs)  # one chunk of the payload
+            hold.wait(30)  # then nothing more: the connection drops
+
+        upload = p3.stubs[2].SubmitShare.future(cut_short(), timeout=30)
+        time.sleep(0.5)
+        upload.cancel()
+        hold.set()
+        p2.submit_both(cfg, 0, vecs[1])
+        assert d1.wait(30) and d2.wait(30)
+        assert d1.error is None and d2.error is None
+        for dm in (d1, d2):
+            rec = dm.state.history[0]
+            assert rec.agreed == ["p1", "p2"]
+            np.testing.assert_array_equal(
+                np.asarray(rec.noisy_sum_units, dtype=np.int64), vecs[0] + vecs[1]
+            )
+        assert d1.state.history[0].received == PROVIDERS
+        assert d2.state.history[0].received == ["p1", "p2"]
+        assert d1.state.history[0].model_sha256 == d2.state.history[0].model_sha256
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    audit = [json.loads(x) for x in (tmp_path / "s1" / "audit.jsonl").read_text().splitlines()]
+    dropped = [e for e in audit if e["event"] == "provider_dropped"]
+    assert [(e["identity"], e["round"]) for e in dropped] == [("p3", 0)]
 
 
 def test_spgc_round_advances_model_and_skips_small_round(pki, tmp_path):
@@ -344,8 +412,8 @@ def test_config_yaml_and_overrides(tmp_path):
 
 
 def test_h2_stops_when_h1_disappears(pki, tmp_path):
-    """H2 never hangs: with H1 gone and no call for peer_timeout seconds, it stops with an
-    error naming the timeout."""
+    """H2 never hangs: it notices H1 is gone, waits peer_timeout seconds for it to come
+    back, then stops with an error naming the wait."""
     d1, d2 = start_pair(pki, tmp_path, peer_timeout=4.0, round_deadline=1.0, rounds=50)
     try:
         deadline = time.monotonic() + 20
@@ -355,7 +423,9 @@ def test_h2_stops_when_h1_disappears(pki, tmp_path):
         d1.stop()  # H1 vanishes between calls
         assert d2.wait(timeout=20), "H2 hung after H1 disappeared"
         assert isinstance(d2.error, TimeoutError)
-        assert "no call from H1" in str(d2.error)
+        assert "no handshake from h1" in str(d2.error)
+        audit = (tmp_path / "s2" / "audit.jsonl").read_text().splitlines()
+        assert "peer_lost" in [json.loads(line)["event"] for line in audit]
     finally:
         d1.stop()
         d2.stop()

@@ -413,6 +413,9 @@ def test_real_servicer_bounds_without_add_servicer(tmp_path: Path) -> None:
         def time_remaining(self) -> float:
             return 10.0
 
+        def peer(self) -> str:
+            return "ipv4:127.0.0.1:1"
+
         def abort(self, code: grpc.StatusCode, details: str) -> None:
             raise AssertionError((code, details))
 

@@ -33,8 +33,8 @@ def reveals(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
     real = coordinator.run_aggregate
 
-    def tap(role, link, total, seed, sigma, ring_bits, mode):
-        y, info = real(role, link, total, seed, sigma, ring_bits, mode)
+    def tap(role, link, total, seed, sigma, ring_bits, mode, **kw):
+        y, info = real(role, link, total, seed, sigma, ring_bits, mode, **kw)
         seen.append((1 if role == "garbler" else 2, -1))
         return y, info
 
@@ -110,11 +110,11 @@ def test_ledger_entry_is_on_disk_before_the_reveal(
     real = coordinator.run_aggregate
     servers: dict[int, object] = {}
 
-    def tap(role, link, total, seed, sigma, ring_bits, mode):
+    def tap(role, link, total, seed, sigma, ring_bits, mode, **kw):
         daemon = servers[1 if role == "garbler" else 2]
         path = daemon.cfg.state_dir / "ledger.jsonl"  # type: ignore[attr-defined]
         seen.append(verify_ledger(path).steps)
-        return real(role, link, total, seed, sigma, ring_bits, mode)
+        return real(role, link, total, seed, sigma, ring_bits, mode, **kw)
 
     monkeypatch.setattr(coordinator, "run_aggregate", tap)
     d1, d2 = start_pair(pki, tmp_path, **{**NOISY, "rounds": 2})

@@ -35,6 +35,13 @@ class InvalidArgumentError(WireError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class NotPairedError(WireError):
+    """A peer call before this server's Handshake with the caller (a restarted server): the
+    caller treats it as a lost peer and pairs again."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 class ResourceExhaustedError(WireError):
     """A chunk, message or vector above the size limits."""
 

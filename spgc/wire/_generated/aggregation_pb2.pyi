@@ -64,6 +64,7 @@ class RoundPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUND_PHASE_PUBLISHED: _ClassVar[RoundPhase]
     ROUND_PHASE_ABORTED: _ClassVar[RoundPhase]
     ROUND_PHASE_FINISHED: _ClassVar[RoundPhase]
+    ROUND_PHASE_WAITING_FOR_PEER: _ClassVar[RoundPhase]
 SERVER_ROLE_UNSPECIFIED: ServerRole
 SERVER_ROLE_H1: ServerRole
 SERVER_ROLE_H2: ServerRole
@@ -95,6 +96,7 @@ ROUND_PHASE_COMPUTING: RoundPhase
 ROUND_PHASE_PUBLISHED: RoundPhase
 ROUND_PHASE_ABORTED: RoundPhase
 ROUND_PHASE_FINISHED: RoundPhase
+ROUND_PHASE_WAITING_FOR_PEER: RoundPhase
 
 class TrainingConfig(_message.Message):
     __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule")
