@@ -22,7 +22,7 @@ test: setup
 	  bad = [f"{m.__name__} from {p}" for m in (spgc, garbled_core) for p in m.__path__ \
 	         if venv not in pathlib.Path(p).resolve().parents]; \
 	  sys.exit(f"tests would not import the installed package: {bad}" if bad else 0)'
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider .
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --durations=25 .
 
 lint:
 	@if [ -x $(VENV)/bin/ruff ]; then $(VENV)/bin/ruff check .; else ruff check .; fi

@@ -108,6 +108,9 @@ RETRYABLE = frozenset(
     }
 )
 
+# Seconds at most between two calls to a server that is not up (starting, or restarting while
+# we wait for a round); jittered like every backoff here.
+STARTUP_RETRY_MAX = 2.0
 _JITTER = secrets.SystemRandom()  # backoff jitter (the OS generator: nothing to seed)
 
 # The wire enum values of the modes table's rows (spgc.modes), grouped as the client branches.
@@ -695,6 +698,8 @@ class ProviderClient:
                         else f"{what} failed after {attempt} attempts: {code.name}: {exc.details()}"
                     ) from None
                 delay = next(delays)
+                if deadline is not None:  # a server starting up: ask again soon
+                    delay = min(delay, STARTUP_RETRY_MAX)
                 log.warning("%s: %s, retrying in %.1fs", what, code.name, delay)
                 self._sleep(delay)
 
@@ -794,8 +799,8 @@ class ProviderClient:
                     elif not _deadline_passed(first):
                         return first
                 delay = self.cfg.poll_interval
-            else:
-                delay = max(self.cfg.poll_interval, next(delays))
+            else:  # a server is down or restarting: ask again soon (it answers once back)
+                delay = max(self.cfg.poll_interval, min(next(delays), STARTUP_RETRY_MAX))
             if self.cfg.wait_timeout is not None and self._clock() - start > self.cfg.wait_timeout:
                 raise TimeoutError(
                     f"no round opened on every server within {self.cfg.wait_timeout:g}s"

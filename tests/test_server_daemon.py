@@ -421,6 +421,16 @@ def test_h2_stops_when_h1_disappears(pki, tmp_path):
             time.sleep(0.1)
         assert d2.state.ready
         d1.stop()  # H1 vanishes between calls
+        provider = Provider(pki, "p1", (d1, d2))
+        try:  # H2 notices (its probe of H1's pairing) and tells providers it waits for H1
+            phase = None
+            end = time.monotonic() + 10
+            while phase != pb.ROUND_PHASE_WAITING_FOR_PEER and time.monotonic() < end:
+                phase = provider.hello(2).round.phase
+                time.sleep(0.1)
+            assert phase == pb.ROUND_PHASE_WAITING_FOR_PEER
+        finally:
+            provider.close()
         assert d2.wait(timeout=20), "H2 hung after H1 disappeared"
         assert isinstance(d2.error, TimeoutError)
         assert "no handshake from h1" in str(d2.error)
