@@ -521,6 +521,9 @@ class ServerDaemon:
         with self._reset_lock:
             if session is not None and session is not self._session:
                 return True
+            if self.state.finished:  # training is over: the peer simply stopped first
+                self._session.set()
+                return True
             self._session.set()
             self._set_paired_health(False)
             self._link_ready.clear()
@@ -618,6 +621,8 @@ class ServerDaemon:
                 return
 
     def _lose_peer(self, session: threading.Event, reason: str) -> None:
+        if self.state.finished:
+            return  # the peer stopped after the last round, as it should
         log.warning("%s: %s", self.cfg.role_name, reason)
         if self.cfg.role == 2:
             self._reset_for_peer(reason, session)

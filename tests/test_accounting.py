@@ -171,6 +171,30 @@ def test_fixed_batches_use_replace_one_with_double_sensitivity():
     assert eps == pytest.approx(8.0, rel=3e-2)
 
 
+@pytest.mark.parametrize("q", [0.01, 10 / 130, 0.5, 1.0])
+@pytest.mark.parametrize("sigma", [0.6, 1.2, 5.0])
+def test_rdp_epsilon_is_dp_accountings_own_composition(q, sigma):
+    # epsilon_after keeps one step's RDP curve and multiplies it by the step count: the same
+    # floats dp-accounting computes when it composes the steps itself (servers ask for a new
+    # step count every round; the series is computed once).
+    acc = PrivacyAccountant(sigma, 1e-5, q)
+    for steps in (1, 2, 7, 100, 5000):
+        own = dp_accounting.rdp.RdpAccountant()
+        step = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma))
+        own.compose(dp_accounting.SelfComposedDpEvent(step, steps))
+        assert acc.epsilon_after(steps) == own.get_epsilon(1e-5)
+    fixed = PrivacyAccountant(sigma, 1e-5, sampling="fixed", sample_size=10, population=1000)
+    for steps in (1, 100, 101, 950):
+        own = dp_accounting.rdp.RdpAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+        )
+        epochs = -(-steps // 100)
+        own.compose(
+            dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma / 2), epochs)
+        )
+        assert fixed.epsilon_after(steps) == own.get_epsilon(1e-5)
+
+
 def test_invalid_configurations():
     with pytest.raises(ValueError, match="RDP accountant only"):
         PrivacyAccountant(1.1, 1e-5, method="pld", sampling="fixed", sample_size=1, population=2)

@@ -9,7 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spgc import __version__
-from spgc.app import account_cmd, bench_comm, bench_gc, bench_sampler, experiment, export_cmd
+from spgc.app import (
+    account_cmd,
+    bench_comm,
+    bench_gc,
+    bench_load,
+    bench_sampler,
+    experiment,
+    export_cmd,
+)
 from spgc.app.bench_gc import BenchError
 from spgc.app.demo import DemoError, DemoOptions, run_cli
 from spgc.app.experiment import run_from_args
@@ -129,6 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comm.set_defaults(bench="comm")
 
+    load = bench_load.build_parser(
+        bench_sub.add_parser(
+            "load",
+            help="N providers against both server daemons over TLS: seconds per round, missed "
+            "providers, the servers' memory and CPU, with or without hostile traffic",
+            description=bench_load.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+    )
+    load.set_defaults(bench="load")
+
     demo = sub.add_parser(
         "demo",
         help="both servers and k providers on localhost, training a few rounds",
@@ -229,6 +248,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "comm":
 
         return bench_comm.run_from_args(args)
+    if args.bench == "load":
+        return bench_load.run_from_args(args)
     return bench_gc.run_cli(
         instances=args.instances,
         insecure=args.insecure,

@@ -75,6 +75,11 @@ class DemoOptions:
     # epochs, calibration, lr, ...); empty for `spgc demo`.
     server_overrides: dict[str, Any] = field(default_factory=dict)
     provider_overrides: dict[str, Any] = field(default_factory=dict)
+    # The most providers write_configs accepts (`spgc bench load` raises it).
+    max_providers: int = 50
+    # More certificates of the same CA, for names that are not providers (a benchmark's
+    # intruder): pki/NAME.pem and pki/NAME.key.
+    extra_certs: tuple[str, ...] = ()
 
 
 def _free_ports(count: int) -> list[int]:
@@ -105,14 +110,15 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         raise DemoError(f"unknown dataset {opts.dataset!r}; choose from {sorted(DATASET_DEFAULTS)}")
     if opts.mode not in TRAINING_MODES:
         raise DemoError(f"mode {opts.mode!r} is not available; choose from {TRAINING_MODES}")
-    if not 1 <= opts.providers <= 50:
-        raise DemoError("--providers must be in 1..50")
+    if not 1 <= opts.providers <= opts.max_providers:
+        raise DemoError(f"--providers must be in 1..{opts.max_providers}")
     if opts.model and MODEL_INPUT_SHAPES.get(opts.model) != MODEL_INPUT_SHAPES[opts.dataset]:
         shape = MODEL_INPUT_SHAPES[opts.dataset]
         fits = [n for n in MODEL_NAMES if MODEL_INPUT_SHAPES[n] == shape]
         raise DemoError(f"model {opts.model!r} does not read {opts.dataset}; choose: {fits}")
     names = [f"p{i + 1}" for i in range(opts.providers)]
-    pki = None if opts.insecure else make_dev_pki(work / "pki", ["h1", "h2", *names])
+    certified = ["h1", "h2", *names, *opts.extra_certs]
+    pki = None if opts.insecure else make_dev_pki(work / "pki", certified)
     listen1, listen2, peer1, peer2, gc = _free_ports(5)
     defaults = DATASET_DEFAULTS[opts.dataset]
 

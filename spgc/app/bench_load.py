@@ -1,0 +1,1088 @@
+"""`spgc bench load`: N providers against two real server daemons, over real gRPC with TLS.
+
+Both servers run as separate processes (`python -m spgc.servers`, configured by
+:func:`spgc.app.demo.write_configs`: a development CA, one certificate per provider). The N
+providers run as threads in a few worker processes (`python -m spgc.app.bench_load --worker
+SPEC`). Each is the real provider library (:class:`spgc.providers.client.ProviderClient`: Hello
+to both servers and the plan checks, the RoundStatus long poll, FetchModel from both servers,
+the one sharing routine, SubmitShare to both, retries) with one method replaced: ``encode``
+returns a random clipped fixed-point total of the model's size (the announced encoding of
+random examples clipped to C) instead of computing gradients, so a provider costs little CPU.
+
+Rounds. The servers run ``1 + R`` rounds (``1 + 2R`` with ``--hostile``). Round 0 is a warm-up,
+not counted: it opens as soon as the servers are paired and closes once every provider has
+connected and sent its share, so it measures start-up. A round's time is its period at H1: from
+H1's log line of round t-1 (written when t-1 is published) to that of round t, i.e. round t from
+open to publish plus the checkpoint of round t-1. Rounds close as soon as every listed
+provider's share is in (min_providers is 90% of N; round_deadline is long, 30 s + 0.06 s per
+provider). ``missed_providers`` counts provider-rounds whose share is not in the sum: N x R
+minus the agreed providers of the published rounds.
+
+Hostile actors (``--hostile K``): after the R quiet rounds, the next R rounds run while K actors
+of each of three kinds repeat their action every ``--hostile-interval`` seconds (default 0.5 s)
+from a separate process: a silent or slow SubmitShare stream from a certificate of the CA that
+is not a provider ("intruder"); a TCP connection to H1's garbled-circuit port sending junk
+(the port is closed once the servers are linked: a refused connection is counted as such); a
+malformed request (bytes that do not parse) to an Aggregator method, alternately as a provider
+(its own certificate) and as the intruder. The result counts every hostile call by how it was
+answered (gRPC status names, or what the TCP connection did); calls started after the last
+round's line (the servers were stopping) are counted apart, under ``after_last_round``.
+
+Resources: the servers' peak resident set (VmHWM from /proc/PID/status, sampled while they run,
+and the kernel's ru_maxrss when they are reaped) and CPU seconds (user + system, from the
+kernel's rusage of the reaped process); per round, the median CPU seconds of each server, of all
+provider workers, of the hostile process, of the whole machine (/proc/stat) and of everything
+else that ran meanwhile ("others"). Providers, hostile actors and both servers share the
+machine's cores: its CPU count and load are reported next to the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import json
+import math
+import os
+import queue
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+import numpy as np
+
+from spgc.app.demo import (
+    DATASET_DEFAULTS,
+    DemoError,
+    DemoOptions,
+    _child_env,
+    _start,
+    _stop,
+    _tail,
+    write_configs,
+)
+from spgc.config import ConfigError, load_provider_config
+from spgc.data import DATA_ERRORS, load_dataset, split_among_providers
+from spgc.encoding import encode_batch, stochastic_round
+from spgc.gradients import bounded_chunk, clip_per_example
+from spgc.logs import setup_logging
+from spgc.modes import TWO_SERVER_MODES
+from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed
+from spgc.sharing import check_fits
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.tls import TlsFiles
+from spgc.wire.transport import make_channel
+
+__all__ = [
+    "BenchLoadError",
+    "BenchProvider",
+    "LoadOptions",
+    "build_parser",
+    "main",
+    "run_bench",
+    "run_from_args",
+]
+
+PROG = "spgc bench load"
+INTRUDER = "intruder"
+MAX_PROVIDERS = 100_000
+DEFAULT_HOSTILE_INTERVAL = 0.5
+# The servers' round line, written when a round is published (or skipped), with its time.
+_ROUND_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO spgc\.servers\.coordinator: "
+    r"h1 round (\d+) (->|skipped)"
+)
+_PARAMETERS = re.compile(r"h1 serving on port \d+ \(mode [\w-]+, d=(\d+),")
+_AGGREGATOR = "/spgc.v1.Aggregator/"
+# Requests that never parse: field number 0 (wire type 7), a length-delimited field longer
+# than the bytes that follow, a varint of more than 10 bytes.
+_MALFORMED_HEADS = (b"\x07", b"\x0a\x7f", b"\x08" + b"\xff" * 11)
+_MALFORMED_METHODS = (
+    ("Hello", "unary"),
+    ("RoundStatus", "unary"),
+    ("FetchModel", "stream_out"),
+    ("FetchLedger", "unary"),
+    ("DeclinePlan", "unary"),
+    ("SubmitShare", "stream_in"),
+)
+
+
+class BenchLoadError(RuntimeError):
+    """The benchmark could not run, or a server failed; the message says which and why."""
+
+
+@dataclass
+class LoadOptions:
+    """What `spgc bench load` runs (see the module docstring)."""
+
+    providers: int = 100
+    rounds: int = 5
+    hostile: int = 0
+    dataset: str = "cancer"
+    mode: str = "spgc"
+    processes: int = 0  # 0: min(4, providers)
+    round_deadline: float = 0.0  # 0: 30 s + 0.06 s per provider
+    hostile_interval: float = DEFAULT_HOSTILE_INTERVAL
+    timeout: float = 3600.0
+    keep: bool = False
+
+    @property
+    def worker_count(self) -> int:
+        return max(1, min(self.processes or min(4, self.providers), self.providers))
+
+    @property
+    def deadline(self) -> float:
+        return self.round_deadline or 30.0 + 0.06 * self.providers
+
+    @property
+    def total_rounds(self) -> int:
+        return 1 + self.rounds * (2 if self.hostile else 1)
+
+
+# ----------------------------------------------------------------------------- providers
+
+
+class BenchProvider(ProviderClient):
+    """A provider that does not train: :meth:`encode` encodes random examples clipped to C.
+
+    Everything else is the real provider: the plan checks, the long poll, both model downloads
+    and their hash comparison, the batch draw, the sharing (``make_vectors``), the streamed
+    submissions with their retries.
+    """
+
+    def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """G (int64, d): the encoded sum of ``len(batch)`` random examples clipped to C (the
+        announced rounding); returns (G, seconds drawing, seconds encoding)."""
+        assert self.fixed_point is not None
+        tc, fp = self.training, self.fixed_point
+        limit = 2 ** (tc.ring_bits - 1) - 1
+        if fp.max_abs_sum_units(len(batch)) > limit:
+            raise RoundFailed(f"a batch of {len(batch)} examples may overflow Z_2^{tc.ring_bits}")
+        d = tc.num_parameters
+        total = np.zeros(d, dtype=np.int64)
+        real_sum = np.zeros(d, dtype=np.float64)
+        compute = encode = 0.0
+        step = bounded_chunk(self.cfg.gradient_chunk, d)
+        for start in range(0, len(batch), step):
+            m = len(batch[start : start + step])
+            t0 = time.perf_counter()
+            clipped = clip_per_example(self.rounding_rng.standard_normal((m, d)), tc.clip_norm)
+            t1 = time.perf_counter()
+            if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
+                total += encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
+            else:
+                real_sum += clipped.sum(axis=0)
+            compute += t1 - t0
+            encode += time.perf_counter() - t1
+        t0 = time.perf_counter()
+        if tc.rounding != pb.ROUNDING_CONDITIONAL_STOCHASTIC:
+            total = stochastic_round(real_sum * tc.scale, self.rounding_rng)
+        check_fits(total, tc.ring_bits)
+        return total, compute, encode + time.perf_counter() - t0
+
+
+class _Emitter:
+    """One JSON object per line on stdout, from many threads."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.lock = threading.Lock()
+
+    def __call__(self, **event: Any) -> None:
+        line = json.dumps(event)
+        with self.lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+
+def _run_provider(client: BenchProvider, emit: _Emitter) -> None:
+    name = client.cfg.name
+    try:
+        client.connect()
+    except ProviderRefusal as exc:
+        emit(event="refused", name=name, error=str(exc))
+        return
+    except Exception as exc:  # reported to the bench, which counts and shows it
+        emit(event="error", name=name, error=f"connect: {type(exc).__name__}: {exc}")
+        return
+    emit(event="connected", name=name)
+    try:
+        while True:
+            try:
+                report = client.run_round()
+            except RoundFailed as exc:
+                emit(event="failed", name=name, round=client.last_round, error=str(exc))
+                continue
+            if report is None:
+                emit(event="finished", name=name)
+                return
+            emit(event="round", name=name, round=report.round, ok=report.accepted)
+    except ProviderRefusal as exc:
+        emit(event="refused", name=name, error=str(exc))
+    except Exception as exc:
+        emit(
+            event="error",
+            name=name,
+            error=f"round {client.last_round}: {type(exc).__name__}: {exc}",
+        )
+    finally:
+        client.close()
+
+
+def worker_main(spec_path: Path) -> int:
+    """A worker process: its share of the providers, one thread each; events on stdout."""
+    setup_logging("warning")
+    spec = json.loads(Path(spec_path).read_text())
+    emit = _Emitter(sys.stdout)
+    ds = load_dataset(spec["dataset"])  # once per worker: the providers share its arrays
+    parts = max(1, min(int(spec["providers"]), len(ds.x_train)))
+    threads = []
+    for path, index in zip(spec["configs"], spec["indices"], strict=True):
+        cfg = load_provider_config(path)
+        data = split_among_providers(ds.x_train, ds.y_train, parts, index % parts)
+        client = BenchProvider(cfg, data=data)
+        threads.append(
+            threading.Thread(target=_run_provider, args=(client, emit), name=cfg.name, daemon=True)
+        )
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    emit(event="exit")
+    return 0
+
+
+# ----------------------------------------------------------------------------- hostile actors
+
+
+class _Counts:
+    """Every hostile call: its kind, how it was answered, when it started (wall clock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str, float]] = []
+
+    def add(self, kind: str, outcome: str, started: float) -> None:
+        with self.lock:
+            self.calls.append((kind, outcome, started))
+
+    def by_kind(self, until: float) -> dict[str, dict[str, int]]:
+        """Outcomes per kind of the calls started by ``until``; later ones (the servers were
+        stopping after the last round) under ``after_last_round``."""
+        out: dict[str, dict[str, int]] = {}
+        with self.lock:
+            for kind, outcome, started in self.calls:
+                key = kind if started <= until else "after_last_round"
+                out.setdefault(key, {}).setdefault(outcome, 0)
+                out[key][outcome] += 1
+        return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
+
+
+def _outcome(exc: grpc.RpcError) -> str:
+    """The status name; an unexpected one's details go to the hostile process's log."""
+    code = exc.code()
+    if code not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT):
+        print(f"{time.time():.3f} {code.name}: {exc.details()}", file=sys.stderr, flush=True)
+    return code.name
+
+
+def _stalling(done: threading.Event, stop: threading.Event, slow: bool) -> Iterator[bytes]:
+    """A request stream that sends nothing (silent) or a few header bytes now and then
+    (slow), until the call is over."""
+    while not (done.is_set() or stop.is_set()):
+        if slow:
+            yield b"\x0a\x04\x08\x01\x10\x01"  # a fragment of a ShareChunk header, repeated
+        done.wait(1.0)
+
+
+def _silent_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: threading.Event) -> None:
+    """SubmitShare streams from the intruder's certificate, alternately silent and slow, to H1
+    and H2 in turn."""
+    tls = TlsFiles.from_dir(spec["pki"], INTRUDER)
+    channels = {role: make_channel(spec[role], tls, server_name=role) for role in ("h1", "h2")}
+    c = 0
+    try:
+        while not stop.is_set():
+            role = ("h1", "h2")[(c + i) % 2]
+            slow = (c // 2) % 2 == 1
+            kind = "slow_streams" if slow else "silent_streams"
+            c += 1
+            call = channels[role].stream_unary(_AGGREGATOR + "SubmitShare", None, None)
+            done, began = threading.Event(), time.time()
+            try:
+                call(_stalling(done, stop, slow), timeout=60)
+                outcome = "OK"
+            except grpc.RpcError as exc:
+                outcome = _outcome(exc)
+            finally:
+                done.set()
+            if not (stop.is_set() and outcome == "CANCELLED"):
+                counts.add(kind, outcome, began)
+            stop.wait(spec["interval"])
+    finally:
+        for channel in channels.values():
+            channel.close()
+
+
+def _junk_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: threading.Event) -> None:
+    host, _, port = spec["gc"].rpartition(":")
+    while not stop.is_set():
+        began = time.time()
+        try:
+            with socket.create_connection((host, int(port)), timeout=2.0) as sock:
+                sock.sendall(os.urandom(256))
+                try:
+                    outcome = "closed_by_server" if sock.recv(4096) == b"" else "answered"
+                except TimeoutError:
+                    outcome = "no_answer_in_2s"
+                except ConnectionResetError:
+                    outcome = "reset_by_server"
+        except ConnectionRefusedError:
+            outcome = "connection_refused"
+        except OSError as exc:
+            outcome = f"error_{type(exc).__name__}"
+        counts.add("gc_port_junk", outcome, began)
+        stop.wait(spec["interval"])
+
+
+def _malformed_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: threading.Event) -> None:
+    """Requests that do not parse, to every Aggregator method, alternately with a provider's
+    certificate and the intruder's, to H1 and H2."""
+    names = spec["provider_names"]
+    who = (names[i % len(names)], INTRUDER)
+    channels = {
+        (name, role): make_channel(
+            spec[role], TlsFiles.from_dir(spec["pki"], name), server_name=role
+        )
+        for name in who
+        for role in ("h1", "h2")
+    }
+    c = 0
+    try:
+        while not stop.is_set():
+            name = who[c % 2]
+            role = ("h1", "h2")[(c // 2 + i) % 2]
+            method, shape = _MALFORMED_METHODS[(c // 4) % len(_MALFORMED_METHODS)]
+            head = _MALFORMED_HEADS[(c // 24) % len(_MALFORMED_HEADS)]
+            payload = head + os.urandom(8 + c % 32)
+            c += 1
+            channel, path = channels[(name, role)], _AGGREGATOR + method
+            began = time.time()
+            try:
+                if shape == "unary":
+                    channel.unary_unary(path, None, None)(payload, timeout=10)
+                elif shape == "stream_out":
+                    for _ in channel.unary_stream(path, None, None)(payload, timeout=10):
+                        pass
+                else:
+                    channel.stream_unary(path, None, None)(iter([payload]), timeout=10)
+                outcome = "OK"
+            except grpc.RpcError as exc:
+                outcome = _outcome(exc)
+            kind = "malformed_as_intruder" if name == INTRUDER else "malformed_as_provider"
+            counts.add(kind, outcome, began)
+            stop.wait(spec["interval"])
+    finally:
+        for channel in channels.values():
+            channel.close()
+
+
+def hostile_main(spec_path: Path) -> int:
+    """The hostile process: waits for "go" on stdin, runs the actors until "stop" (or end of
+    input), prints the counts as one JSON object."""
+    setup_logging("error")
+    spec = json.loads(Path(spec_path).read_text())
+    counts, stop = _Counts(), threading.Event()
+    print(json.dumps({"event": "ready"}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "go":
+            break
+    else:
+        return 0
+    actors: list[Callable[[int, dict[str, Any], _Counts, threading.Event], None]] = [
+        _silent_actor,
+        _junk_actor,
+        _malformed_actor,
+    ]
+    threads = [
+        threading.Thread(target=a, args=(i, spec, counts, stop), daemon=True)
+        for a in actors
+        for i in range(spec["actors"])
+    ]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    until = math.inf
+    for line in sys.stdin:
+        words = line.split()
+        if words and words[0] == "stop":
+            until = float(words[1]) if len(words) > 1 else until
+            break
+    stop.set()
+    for t in threads:
+        t.join(15)
+    result = counts.by_kind(until)
+    print(
+        json.dumps({"event": "result", "seconds": time.monotonic() - started, "counts": result}),
+        flush=True,
+    )
+    return 0
+
+
+# ----------------------------------------------------------------------------- the bench
+
+
+@dataclass
+class _Tally:
+    """What the workers reported (updated by their reader threads)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    connected: int = 0
+    accepted: dict[int, int] = field(default_factory=dict)
+    failed: int = 0
+    finished: int = 0
+    errors: list[str] = field(default_factory=list)
+    first_connected: float | None = None
+    all_connected: float | None = None
+
+    def read(self, stream: TextIO, total: int) -> None:
+        for line in stream:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            with self.lock:
+                kind = ev.get("event")
+                if kind == "connected":
+                    self.connected += 1
+                    now = time.monotonic()
+                    self.first_connected = self.first_connected or now
+                    if self.connected == total:
+                        self.all_connected = now
+                elif kind == "round" and ev.get("ok"):
+                    t = int(ev["round"])
+                    self.accepted[t] = self.accepted.get(t, 0) + 1
+                elif kind == "failed":
+                    self.failed += 1
+                    if len(self.errors) < 20:
+                        self.errors.append(f"{ev['name']} round {ev.get('round')}: {ev['error']}")
+                elif kind in ("refused", "error"):
+                    if len(self.errors) < 20:
+                        self.errors.append(f"{ev['name']}: {ev['error']}")
+                elif kind == "finished":
+                    self.finished += 1
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process (0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all cores, every process), from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    except (OSError, ValueError):
+        return 0.0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class _H1Log:
+    """Follows H1's log file: the time of each round line, the model's size."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self.times: dict[int, float] = {}
+        self.parameters: int | None = None
+
+    def read(self) -> dict[int, float]:
+        """Round -> the time of H1's line for it (published or skipped), so far."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return self.times
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            m = _ROUND_LINE.match(line)
+            if m:
+                stamp = _dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                self.times[int(m.group(2))] = stamp
+            elif self.parameters is None:
+                found = _PARAMETERS.search(line)
+                if found:
+                    self.parameters = int(found.group(1))
+        return self.times
+
+
+@dataclass
+class _ServerWatch:
+    """One server process: peak RSS and CPU while it runs, its rusage once reaped."""
+
+    name: str
+    proc: subprocess.Popen
+    hwm_kb: int = 0
+    cpu_seconds: float = 0.0
+    rusage: Any = None
+
+    def sample(self) -> None:
+        if self.proc.returncode is not None:
+            return
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.hwm_kb = max(self.hwm_kb, int(line.split()[1]))
+        self.cpu_seconds = max(self.cpu_seconds, _cpu_seconds(self.proc.pid))
+
+    def reap(self) -> bool:
+        """True once the process has ended (its rusage is then kept)."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            self.proc.poll()
+            return self.proc.returncode is not None
+        if pid == 0:
+            return False
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.rusage = usage
+        return True
+
+    def figures(self) -> dict[str, float]:
+        rss_kb, cpu = self.hwm_kb, self.cpu_seconds
+        if self.rusage is not None:
+            rss_kb = max(rss_kb, int(self.rusage.ru_maxrss))
+            cpu = self.rusage.ru_utime + self.rusage.ru_stime
+        return {"rss_mb": round(rss_kb / 1024, 1), "cpu_seconds": round(cpu, 2)}
+
+
+class _Progress:
+    """The progress line on stderr: rewritten in place on a terminal; elsewhere (a log file)
+    printed when the rounds published change, or every 30 s."""
+
+    def __init__(self, out: TextIO | None) -> None:
+        self.out = out
+        self.tty = out is not None and out.isatty()
+        self.last: tuple[str, object, float] = ("", None, 0.0)
+
+    def show(self, text: str, key: object, final: bool = False) -> None:
+        if self.out is None or text == self.last[0]:
+            return
+        now = time.monotonic()
+        if self.tty:
+            self.out.write("\r\x1b[K" + text + ("\n" if final else ""))
+        elif final or key != self.last[1] or now - self.last[2] >= 30:
+            self.out.write(text + "\n")
+        else:
+            return
+        self.last = (text, key, now)
+        self.out.flush()
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return None if not values else round(float(np.percentile(values, q)), 3)
+
+
+def _validate(opts: LoadOptions) -> None:
+    if opts.dataset not in DATASET_DEFAULTS:
+        raise ValueError(
+            f"unknown dataset {opts.dataset!r}; choose from {sorted(DATASET_DEFAULTS)}"
+        )
+    if opts.mode not in TWO_SERVER_MODES:
+        raise ValueError(f"mode {opts.mode!r}: choose a two-server mode, {TWO_SERVER_MODES}")
+    if not 1 <= opts.providers <= MAX_PROVIDERS:
+        raise ValueError(f"--providers must be in 1..{MAX_PROVIDERS}")
+    if opts.rounds < 1 or opts.hostile < 0 or opts.processes < 0:
+        raise ValueError("--rounds must be >= 1, --hostile and --processes >= 0")
+    if not opts.hostile_interval > 0 or not opts.timeout > 0 or opts.round_deadline < 0:
+        raise ValueError("--hostile-interval and --timeout must be > 0, --round-deadline >= 0")
+
+
+def _write_workers(opts: LoadOptions, work: Path, provider_cfgs: list[Path]) -> list[Path]:
+    specs = []
+    count = opts.worker_count
+    for w in range(count):
+        indices = list(range(w, len(provider_cfgs), count))
+        spec = {
+            "dataset": opts.dataset,
+            "providers": opts.providers,
+            "configs": [str(provider_cfgs[i]) for i in indices],
+            "indices": indices,
+        }
+        path = work / f"worker-{w + 1}.json"
+        path.write_text(json.dumps(spec))
+        specs.append(path)
+    return specs
+
+
+def _server_address(cfg: Path) -> tuple[str, str]:
+    text = cfg.read_text()
+    listen = re.search(r"^listen: (\S+)$", text, re.M)
+    gc = re.search(r"^gc_address: (\S+)$", text, re.M)
+    assert listen and gc  # written by write_configs
+    return listen.group(1), gc.group(1)
+
+
+def _spawn(args: list[str], work: Path, log_name: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "spgc.app.bench_load", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=(work / log_name).open("w"),
+        env=_child_env(),
+        cwd=work,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _tell(proc: subprocess.Popen, word: str) -> None:
+    with contextlib.suppress(OSError, ValueError):  # it has ended already
+        proc.stdin.write(word + "\n")
+        proc.stdin.flush()
+
+
+def _how(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"died (exit status {code})"
+
+
+def _failure(watches: list[_ServerWatch], work: Path, why: str) -> BenchLoadError:
+    logs = "\n".join(f"--- {w.name}.log\n{_tail(work / f'{w.name}.log')}" for w in watches)
+    return BenchLoadError(f"{why}; last log lines:\n{logs}")
+
+
+def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[str, Any]:
+    """Runs the benchmark; returns its figures. Raises BenchLoadError when a server fails or
+    the run times out, ValueError for bad options."""
+    _validate(opts)
+    load_dataset(opts.dataset)  # a missing data set: one message before anything starts
+    started, start_wall = time.monotonic(), time.time()
+    clock: dict[str, Any] = {
+        "start_wall": start_wall,
+        "load": [round(x, 2) for x in os.getloadavg()],
+    }
+    work = Path(tempfile.mkdtemp(prefix="spgc-bench-load-"))
+    show = _Progress(progress)
+    procs: list[subprocess.Popen] = []
+    workers: list[subprocess.Popen] = []
+    hostile: subprocess.Popen | None = None
+    hostile_result: dict[str, Any] | None = None
+    watches: list[_ServerWatch] = []
+    tally = _Tally()
+    n, deadline = opts.providers, opts.deadline
+    try:
+        demo = DemoOptions(
+            dataset=opts.dataset,
+            providers=n,
+            rounds=opts.total_rounds,
+            mode=opts.mode,
+            max_providers=MAX_PROVIDERS,
+            extra_certs=(INTRUDER,) if opts.hostile else (),
+            server_overrides={
+                "evaluate": False,
+                "round_deadline": deadline,
+                "peer_timeout": deadline + 300.0,
+                "min_providers": max(1, n - n // 10),
+            },
+        )
+        try:
+            server_cfgs, provider_cfgs = write_configs(demo, work)
+        except DemoError as exc:
+            raise ValueError(str(exc)) from None
+        for i, cfg in enumerate(server_cfgs):
+            proc = _start("spgc.servers", cfg, work, echo=False, out=sys.stderr)
+            procs.append(proc)
+            watches.append(_ServerWatch(f"h{i + 1}", proc))
+        clock["workers"] = time.monotonic()
+        for i, spec in enumerate(_write_workers(opts, work, provider_cfgs)):
+            proc = _spawn(["--worker", str(spec)], work, f"worker-{i + 1}.log")
+            workers.append(proc)
+            procs.append(proc)
+            threading.Thread(target=tally.read, args=(proc.stdout, n), daemon=True).start()
+        if opts.hostile:
+            listen1, gc = _server_address(server_cfgs[0])
+            listen2, _ = _server_address(server_cfgs[1])
+            spec_path = work / "hostile.json"
+            spec_path.write_text(
+                json.dumps(
+                    {
+                        "h1": listen1,
+                        "h2": listen2,
+                        "gc": gc,
+                        "pki": str(work / "pki"),
+                        "actors": opts.hostile,
+                        "interval": opts.hostile_interval,
+                        "provider_names": [f"p{i + 1}" for i in range(n)],
+                    }
+                )
+            )
+            hostile = _spawn(["--hostile-actors", str(spec_path)], work, "hostile.log")
+            procs.append(hostile)
+        hostile_out: queue.Queue[str] = queue.Queue()
+        if hostile is not None:
+            threading.Thread(
+                target=lambda: [hostile_out.put(x) for x in hostile.stdout], daemon=True
+            ).start()
+        hostile_started_round: int | None = None
+        hostile_stopped = False
+        total = opts.total_rounds
+        h1_log = _H1Log(work / "h1.log")
+        end = started + opts.timeout
+        cpu: dict[int, dict[str, float]] = {}  # rounds published -> CPU seconds so far
+        while True:
+            for w in watches:
+                w.sample()
+            ended = [w.reap() for w in watches]
+            times = h1_log.read()
+            published = max(times) + 1 if times else 0
+            if published not in cpu:
+                cpu[published] = {
+                    **{w.name: w.cpu_seconds for w in watches},
+                    "providers": sum(_cpu_seconds(p.pid) for p in workers),
+                    "hostile": 0.0 if hostile is None else _cpu_seconds(hostile.pid),
+                    "bench": _cpu_seconds(os.getpid()),
+                    "machine": _machine_busy_seconds(),
+                }
+            if hostile is not None and hostile_started_round is None and published > opts.rounds:
+                _tell(hostile, "go")
+                hostile_started_round = published
+            if hostile is not None and not hostile_stopped and published >= total:
+                # Calls started after the last round line met servers on their way out.
+                _tell(hostile, f"stop {times.get(total - 1, max(times.values()))}")
+                hostile_stopped = True
+            with tally.lock:
+                connected = tally.connected
+            hot = hostile_started_round is not None and published < total
+            show.show(
+                f"{PROG}: {connected}/{n} providers connected, {published}/{total} rounds "
+                f"published{' (hostile actors on)' if hot else ''}, "
+                f"{time.monotonic() - started:.0f} s",
+                key=published,
+            )
+            died = [w for w, e in zip(watches, ended, strict=True) if e and w.proc.returncode != 0]
+            if died:
+                names = ", ".join(f"{w.name} {_how(w.proc.returncode)}" for w in died)
+                raise _failure(watches, work, f"server {names} during the run")
+            if all(ended):
+                break
+            if time.monotonic() > end:
+                raise _failure(watches, work, f"the run did not finish within {opts.timeout:g} s")
+            time.sleep(0.1)
+        show.show(
+            f"{PROG}: {total} rounds done, {time.monotonic() - started:.0f} s", key=0, final=True
+        )
+        if hostile is not None:
+            _tell(hostile, "stop")
+            try:
+                hostile.wait(30)
+            except subprocess.TimeoutExpired:
+                hostile.kill()
+            while not hostile_out.empty() or hostile_result is None:
+                try:
+                    line = hostile_out.get(timeout=5)
+                except queue.Empty:
+                    break
+                with contextlib.suppress(ValueError):
+                    ev = json.loads(line)
+                    if ev.get("event") == "result":
+                        hostile_result = ev
+        for proc in workers:  # the providers have seen training finish (or are told now)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+        clock["wall"] = time.monotonic() - started
+        summaries = {}
+        for w in watches:
+            path = work / f"{w.name}-summary.json"
+            if not path.exists():
+                raise _failure(watches, work, f"{w.name} wrote no summary")
+            summaries[w.name] = json.loads(path.read_text())
+        clock["parameters"] = h1_log.parameters
+        return _figures(
+            opts, summaries, h1_log.read(), watches, tally, hostile_result, cpu, clock=clock
+        )
+    finally:
+        _stop(procs)
+        if opts.keep:
+            print(f"{PROG}: files kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _figures(
+    opts: LoadOptions,
+    summaries: dict[str, dict[str, Any]],
+    times: dict[int, float],
+    watches: list[_ServerWatch],
+    tally: _Tally,
+    hostile: dict[str, Any] | None,
+    cpu: dict[int, dict[str, float]],
+    *,
+    clock: dict[str, Any],
+) -> dict[str, Any]:
+    n, r = opts.providers, opts.rounds
+    history = {int(h["round"]): h for h in summaries["h1"].get("history", [])}
+
+    def phase(rounds: range) -> dict[str, Any]:
+        periods, others = [], []
+        parts: dict[str, list[float]] = {}
+        for t in rounds:
+            if t not in times or t - 1 not in times:
+                continue
+            period = times[t] - times[t - 1]
+            periods.append(period)
+            spent = history.get(t, {}).get("seconds", {})
+            for key, value in spent.items():
+                parts.setdefault(key, []).append(value)
+            others.append(period - sum(spent.values()))
+        used = sum(
+            history[t]["providers_used"] for t in rounds if history.get(t, {}).get("published")
+        )
+        breakdown = {k: _percentile(v, 50) for k, v in sorted(parts.items())}
+        breakdown["rest"] = _percentile(others, 50)
+        # CPU seconds per round (sampled when H1's round line appears: +- 0.1 s)
+        # (machine: every process on every core; others: the machine less this benchmark's
+        # processes, i.e. whatever else ran meanwhile)
+        spent: dict[str, list[float]] = {}
+        for t in rounds:
+            if t in cpu and t + 1 in cpu:
+                delta = {who: cpu[t + 1][who] - cpu[t][who] for who in cpu[t]}
+                ours = sum(v for who, v in delta.items() if who != "machine")
+                delta["others"] = max(0.0, delta["machine"] - ours)
+                for who, value in delta.items():
+                    spent.setdefault(who, []).append(value)
+        cpu_round = {k: _percentile(v, 50) for k, v in spent.items() if any(v)}
+        return {
+            "seconds": [round(s, 3) for s in periods],
+            "median": _percentile(periods, 50),
+            "p95": _percentile(periods, 95),
+            "missed": n * len(rounds) - used,
+            "measured": len(periods),
+            "breakdown": breakdown,
+            "cpu": cpu_round,
+        }
+
+    quiet = phase(range(1, 1 + r))
+    servers = {w.name: {**w.figures(), "exit_code": w.proc.returncode} for w in watches}
+    alive = all(s["exit_code"] == 0 for s in servers.values()) and all(
+        s.get("finished") and not s.get("failure") for s in summaries.values()
+    )
+    first = times.get(0)
+    out: dict[str, Any] = {
+        "providers": n,
+        "rounds": quiet["measured"],
+        "mode": opts.mode,
+        "dataset": opts.dataset,
+        "parameters": clock.get("parameters"),
+        "processes": opts.worker_count,
+        "median_round_seconds": quiet["median"],
+        "p95_round_seconds": quiet["p95"],
+        "round_seconds": quiet["seconds"],
+        "round_breakdown_median_seconds": quiet["breakdown"],
+        "missed_providers": quiet["missed"],
+        "cpu_seconds_per_round_median": quiet["cpu"],
+        "rss_mb_max": max(s["rss_mb"] for s in servers.values()),
+        "rss_mb": {k: s["rss_mb"] for k, s in servers.items()},
+        "cpu_seconds": {k: s["cpu_seconds"] for k, s in servers.items()},
+        "servers_exit_codes": {k: s["exit_code"] for k, s in servers.items()},
+        "servers_alive": alive,
+        "providers_connected": tally.connected,
+        "connect_seconds": None
+        if tally.all_connected is None
+        else round(tally.all_connected - clock["workers"], 2),
+        "first_round_published_after_seconds": None
+        if first is None
+        else round(first - clock["start_wall"], 2),
+        "provider_round_failures": tally.failed,
+        "provider_errors": tally.errors[:5],
+        "wall_seconds": round(clock["wall"], 2),
+        "round_deadline_seconds": opts.deadline,
+        "cpus": os.cpu_count(),
+        "load_average_before": clock["load"],
+    }
+    if opts.hostile:
+        hot = phase(range(1 + r, 1 + 2 * r))
+        counts = (hostile or {}).get("counts", {})
+        out.update(
+            {
+                "hostile": opts.hostile,
+                "hostile_interval_seconds": opts.hostile_interval,
+                "hostile_rounds": hot["measured"],
+                "hostile_median_round_seconds": hot["median"],
+                "hostile_p95_round_seconds": hot["p95"],
+                "hostile_round_seconds": hot["seconds"],
+                "hostile_round_breakdown_median_seconds": hot["breakdown"],
+                "hostile_missed_providers": hot["missed"],
+                "hostile_cpu_seconds_per_round_median": hot["cpu"],
+                "hostile_calls": counts,
+                "hostile_calls_total": sum(
+                    sum(v.values()) for k, v in counts.items() if k != "after_last_round"
+                ),
+                "hostile_calls_answered_ok": sum(v.get("OK", 0) for v in counts.values()),
+            }
+        )
+    return out
+
+
+def _table(result: dict[str, Any]) -> str:
+    rows = [
+        ("providers", result["providers"]),
+        ("worker processes", result["processes"]),
+        ("mode / data set / d", f"{result['mode']} / {result['dataset']} / {result['parameters']}"),
+        ("quiet rounds measured", result["rounds"]),
+        ("median round (s)", result["median_round_seconds"]),
+        ("p95 round (s)", result["p95_round_seconds"]),
+        ("round breakdown, median (s)", result["round_breakdown_median_seconds"]),
+        ("missed provider-rounds", result["missed_providers"]),
+        ("CPU s per round, median", result["cpu_seconds_per_round_median"]),
+    ]
+    if "hostile" in result:
+        rows += [
+            ("hostile actors per kind", result["hostile"]),
+            ("hostile rounds measured", result["hostile_rounds"]),
+            ("median hostile round (s)", result["hostile_median_round_seconds"]),
+            ("p95 hostile round (s)", result["hostile_p95_round_seconds"]),
+            ("missed (hostile rounds)", result["hostile_missed_providers"]),
+            ("hostile calls", result["hostile_calls_total"]),
+        ]
+        rows += [(f"  {k}", v) for k, v in result["hostile_calls"].items()]
+    rows += [
+        ("servers' peak RSS (MB)", result["rss_mb"]),
+        ("servers' CPU (s)", result["cpu_seconds"]),
+        ("servers alive to the end", result["servers_alive"]),
+        ("all providers connected in (s)", result["connect_seconds"]),
+        ("wall time (s)", result["wall_seconds"]),
+        ("CPUs / load before", f"{result['cpus']} / {result['load_average_before']}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _count(text: str) -> int:
+    try:
+        return int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Options of `spgc bench load` (added to ``parser`` when given)."""
+    p = parser or argparse.ArgumentParser(prog=PROG, description=__doc__)
+    p.add_argument("--providers", type=_count, default=100, metavar="N", help="default: 100")
+    p.add_argument(
+        "--rounds", type=_count, default=5, metavar="R", help="measured rounds (default: 5)"
+    )
+    p.add_argument(
+        "--hostile",
+        type=_count,
+        default=0,
+        metavar="K",
+        help="then R more rounds while K hostile actors of each kind hit the servers",
+    )
+    p.add_argument("--dataset", default="cancer", choices=sorted(DATASET_DEFAULTS))
+    p.add_argument("--mode", default="spgc", choices=list(TWO_SERVER_MODES))
+    p.add_argument(
+        "--processes",
+        type=_count,
+        default=0,
+        metavar="P",
+        help="worker processes running the providers as threads (default: min(4, N))",
+    )
+    p.add_argument(
+        "--round-deadline",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="the servers' round_deadline (default: 30 s + 0.06 s per provider)",
+    )
+    p.add_argument(
+        "--hostile-interval",
+        type=float,
+        default=DEFAULT_HOSTILE_INTERVAL,
+        metavar="S",
+        help=f"seconds between one hostile actor's attempts (default: {DEFAULT_HOSTILE_INTERVAL})",
+    )
+    p.add_argument("--timeout", type=float, default=3600.0, metavar="S", help="default: 3600")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> LoadOptions:
+    """The :class:`LoadOptions` of parsed arguments."""
+    return LoadOptions(
+        providers=args.providers,
+        rounds=args.rounds,
+        hostile=args.hostile,
+        dataset=args.dataset,
+        mode=args.mode,
+        processes=args.processes,
+        round_deadline=args.round_deadline,
+        hostile_interval=args.hostile_interval,
+        timeout=args.timeout,
+        keep=args.keep,
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Runs with the options :func:`build_parser` parsed; 0 on success, 1 when a server failed
+    or the run timed out, 2 for bad options."""
+    try:
+        opts = options_from_args(args)
+        result = run_bench(opts, progress=None if args.json else sys.stderr)
+    except (ValueError, ConfigError, *DATA_ERRORS) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except BenchLoadError as exc:
+        print(f"{PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(_table(result))
+    return 0 if result["servers_alive"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m spgc.app.bench_load [options]``; ``--worker SPEC`` and ``--hostile-actors
+    SPEC`` are the benchmark's own child processes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] == "--worker":
+        return worker_main(Path(argv[1]))
+    if len(argv) == 2 and argv[0] == "--hostile-actors":
+        return hostile_main(Path(argv[1]))
+    try:
+        return run_from_args(build_parser().parse_args(argv))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""`spgc bench load`, small: both server daemons, three providers in one worker process, two
+quiet rounds and two rounds with one hostile actor of each kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from spgc.app.bench_load import LoadOptions, main, run_bench
+
+REFUSALS = {
+    "silent_streams": {"PERMISSION_DENIED"},  # the intruder's certificate: not a provider
+    "slow_streams": {"PERMISSION_DENIED"},
+    "malformed_as_intruder": {"PERMISSION_DENIED"},
+    "malformed_as_provider": {"INVALID_ARGUMENT"},  # a provider's bytes that do not parse
+    # the circuit port is closed once the servers are linked
+    "gc_port_junk": {"connection_refused", "closed_by_server", "reset_by_server"},
+}
+
+
+def test_bench_load_small_run_with_hostile_actors():
+    opts = LoadOptions(providers=3, rounds=2, hostile=1, processes=1, hostile_interval=0.1)
+    result = run_bench(opts, progress=None)
+    for key in (
+        "providers",
+        "rounds",
+        "median_round_seconds",
+        "p95_round_seconds",
+        "missed_providers",
+        "rss_mb_max",
+        "rss_mb",
+        "cpu_seconds",
+        "wall_seconds",
+        "hostile_median_round_seconds",
+        "hostile_p95_round_seconds",
+        "hostile_missed_providers",
+        "hostile_calls",
+    ):
+        assert key in result, key
+    assert result["providers"] == 3 and result["providers_connected"] == 3
+    assert result["rounds"] == 2 and result["hostile_rounds"] == 2
+    assert result["missed_providers"] == 0 and result["hostile_missed_providers"] == 0
+    assert result["servers_alive"] and result["servers_exit_codes"] == {"h1": 0, "h2": 0}
+    assert 0 < result["median_round_seconds"] <= result["p95_round_seconds"] < 30
+    assert 0 < result["hostile_median_round_seconds"] < 30
+    assert result["parameters"] == 62  # the cancer model's d
+    for server in ("h1", "h2"):
+        assert 50 < result["rss_mb"][server] < 4000
+        assert result["cpu_seconds"][server] > 0
+    assert result["rss_mb_max"] == max(result["rss_mb"].values())
+    assert result["wall_seconds"] > 0
+    # every hostile call was refused, each the way it should be
+    calls = result["hostile_calls"]
+    assert result["hostile_calls_total"] > 0 and result["hostile_calls_answered_ok"] == 0
+    assert "gc_port_junk" in calls and "malformed_as_provider" in calls
+    for kind, outcomes in calls.items():
+        if kind != "after_last_round":  # the servers were stopping: anything goes
+            # UNAVAILABLE: the actor's own connection not set up in time on a busy machine
+            assert set(outcomes) <= REFUSALS[kind] | {"UNAVAILABLE"}, (kind, outcomes)
+    assert calls["malformed_as_provider"].get("INVALID_ARGUMENT", 0) > 0
+
+
+def test_bench_load_refuses_bad_options_cleanly(capsys):
+    assert main(["--providers", "0", "--json"]) == 2
+    assert main(["--rounds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--providers must be in 1..100000" in err and "--rounds must be >= 1" in err
+    assert "Traceback" not in err
+    with pytest.raises(ValueError, match="two-server mode"):
+        run_bench(LoadOptions(mode="plain"), progress=None)  # one server: no pair to load
