@@ -9,8 +9,10 @@ One round t, as :meth:`ProviderClient.run_round` does it:
    promise at least the provider's configured minimum privacy per step; otherwise
    :class:`ProviderRefusal`. Every later answer (RoundInfo, ModelHeader, LedgerReply) is
    range-checked too (spgc.wire.bounds): a server out of bounds is refused.
-2. Wait (RoundStatus polling, with backoff on errors) until both servers collect the same round
-   t; FetchModel version t from BOTH and compare the SHA-256 of the two (and the announced one).
+2. Wait (RoundStatus long poll, with jittered backoff on errors) until both servers collect the
+   same round t. Both announce model version t's SHA-256 in their RoundInfo: they must agree,
+   and the model downloaded (FetchModel, from one server, fixed per provider to spread the
+   load) must hash to it.
 3. Draw the local batch: Poisson sampling at rate q (default) or the paper's fixed batches from
    shuffled passes, as announced (the accountant assumes the announced one).
 4. Per-example gradients (torch.func vmap), each clipped to C, fixed-point encoded with
@@ -22,7 +24,10 @@ Retries never send a different share vector for the same round: the shares of ro
 once; a retry resends the same vector with a new submission id, and only after RoundStatus said
 the caller's share was not accepted (a lost receipt must not double count; a server refuses a
 second share of a provider for a round with ALREADY_EXISTS anyway, which the client reads as
-"accepted earlier").
+"accepted earlier"). A server that missed its share while the other holds one gets exactly its
+share again once it collects the round. Only when BOTH servers dropped the round's shares (they
+lost each other and went back to their checkpoint: ROUND_PHASE_WAITING_FOR_PEER, then the round
+again) does the provider take part again, with a new vector and a new sharing.
 
 One-server modes: ``plain`` sends G itself (mod 2^L) to the single server; ``ldp`` first adds
 discrete Gaussian noise of the announced ``noise_std_units`` locally (see
@@ -487,6 +492,10 @@ class ProviderClient:
         # The shares of last_round, kept while a server has not accepted its own: a retry (on
         # any later answer saying the round still collects) resends exactly these.
         self._resend: tuple[int, list[np.ndarray]] | None = None
+        self._round_infos: list[Any] = []  # every server's RoundInfo of the round joined
+        self._senders: concurrent.futures.ThreadPoolExecutor | None = None  # one per server
+        # The server this provider downloads models from (fixed per name: spreads the load).
+        self._model_source = 0
         self._model: Any = None
         self._x: np.ndarray | None = None
         self._y: np.ndarray | None = None
@@ -502,7 +511,10 @@ class ProviderClient:
         self.close()
 
     def close(self) -> None:
-        """Close the channels."""
+        """Close the channels (and the senders' threads)."""
+        if self._senders is not None:
+            self._senders.shutdown(wait=True)
+            self._senders = None
         for s in self.servers:
             s.channel.close()
         self.servers = []
@@ -605,6 +617,7 @@ class ProviderClient:
                 )
             h2 = self._open(pb.SERVER_ROLE_H2, cfg.h2_name, cfg.h2_address)
             self.servers.append(h2)
+            self._model_source = hashlib.sha256(cfg.name.encode()).digest()[0] % 2
             info2 = self._hello(h2)
             if info2.role != pb.SERVER_ROLE_H2:
                 raise ProviderRefusal(
@@ -797,6 +810,7 @@ class ProviderClient:
                         )
                         self.last_round = first.round
                     elif not _deadline_passed(first):
+                        self._round_infos = infos
                         return first
                 delay = self.cfg.poll_interval
             else:  # a server is down or restarting: ask again soon (it answers once back)
@@ -825,45 +839,48 @@ class ProviderClient:
         self._resend = None
 
     def fetch_model(self, info: Any) -> np.ndarray:
-        """Model version ``info.model_version`` from every server; refuses differing hashes."""
+        """Model version ``info.model_version``, downloaded from one server and checked against
+        the hash EVERY server announced for the round (their RoundInfo): differing hashes are
+        refused. One download, not one per server: each server's word on the model is its
+        hash. Which server serves it is fixed per provider (spreads the load)."""
         tc = self.training
-        got: list[tuple[str, bytes, np.ndarray]] = []
-        for s in self.servers:
-            request = pb.ModelRequest(
-                version=info.model_version,
-                chunk_bytes=self.cfg.chunk_bytes,
-                provider_id=self.cfg.name,
-            )
-
-            def fetch(s: _Server = s, request: Any = request) -> tuple[Any, np.ndarray]:
-                return read_model_stream(
-                    s.stub.FetchModel(request, timeout=self.cfg.rpc_timeout),
-                    version=info.model_version,
-                    num_parameters=tc.num_parameters,
-                )
-
-            try:
-                header, params = self._call_with_retry(
-                    fetch, f"FetchModel v{info.model_version} from {s.name}", RoundFailed
-                )
-            except WireError as exc:
-                raise ProviderRefusal(f"{s.name} sent a malformed model: {exc}") from None
-            if header.run_id and header.run_id != tc.run_id:
-                raise ProviderRefusal(f"{s.name} sent a model of run {header.run_id!r}")
-            got.append((s.name, bytes(header.sha256), params))
-        hashes = {h for _, h, _ in got}
-        if len(hashes) != 1:
-            detail = ", ".join(f"{n}: {h.hex()[:16]}" for n, h, _ in got)
+        announced = [
+            (s.name, bytes(i.model_sha256))
+            for s, i in zip(self.servers, self._round_infos or [info], strict=False)
+        ]
+        if len({h for _, h in announced}) != 1:
+            detail = ", ".join(f"{n}: {h.hex()[:16]}" for n, h in announced)
             raise ProviderRefusal(
                 f"the servers serve different models for version {info.model_version} ({detail})"
             )
-        digest = hashes.pop()
-        if info.model_sha256 and bytes(info.model_sha256) != digest:
-            raise ProviderRefusal(
-                f"model version {info.model_version} hashes to {digest.hex()[:16]}, but the "
-                f"round announces {bytes(info.model_sha256).hex()[:16]}"
+        s = self.servers[self._model_source]
+        request = pb.ModelRequest(
+            version=info.model_version, chunk_bytes=self.cfg.chunk_bytes, provider_id=self.cfg.name
+        )
+
+        def fetch() -> tuple[Any, np.ndarray]:
+            return read_model_stream(
+                s.stub.FetchModel(request, timeout=self.cfg.rpc_timeout),
+                version=info.model_version,
+                num_parameters=tc.num_parameters,
             )
-        return got[0][2]
+
+        try:
+            header, params = self._call_with_retry(
+                fetch, f"FetchModel v{info.model_version} from {s.name}", RoundFailed
+            )
+        except WireError as exc:
+            raise ProviderRefusal(f"{s.name} sent a malformed model: {exc}") from None
+        if header.run_id and header.run_id != tc.run_id:
+            raise ProviderRefusal(f"{s.name} sent a model of run {header.run_id!r}")
+        digest = bytes(header.sha256)  # read_model_stream checked the values against it
+        want = announced[0][1]
+        if want and digest != want:
+            raise ProviderRefusal(
+                f"the servers serve different models for version {info.model_version}: "
+                f"{s.name} sent {digest.hex()[:16]}, the round announces {want.hex()[:16]}"
+            )
+        return params
 
     def draw_batch(self) -> np.ndarray:
         """Indices of this round's local batch, as the announced sampling says."""
@@ -1023,18 +1040,21 @@ class ProviderClient:
         del total
         # The shares of round t are fixed from here on: retries resend exactly these.
         t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(len(self.servers)) as pool:
-            futures = [
-                # No compute time on the wire: it would reveal the batch size.
-                pool.submit(self._submit, s, v, info)
-                for s, v in zip(self.servers, vectors, strict=True)
-            ]
-            results, errors = [], []
-            for f in futures:
-                try:
-                    results.append(f.result())
-                except RoundFailed as exc:
-                    errors.append(str(exc))
+        if self._senders is None:
+            self._senders = concurrent.futures.ThreadPoolExecutor(
+                len(self.servers), thread_name_prefix="spgc-submit"
+            )
+        futures = [
+            # No compute time on the wire: it would reveal the batch size.
+            self._senders.submit(self._submit, s, v, info)
+            for s, v in zip(self.servers, vectors, strict=True)
+        ]
+        results, errors = [], []
+        for f in futures:
+            try:
+                results.append(f.result())
+            except RoundFailed as exc:
+                errors.append(str(exc))
         send = time.perf_counter() - t0
         self._last_delivered = bool(results)
         self._resend = (t, vectors) if errors else None

@@ -106,7 +106,13 @@ class ServerState:
         self.plan = plan
         self.role = role
         self.intake = intake
-        self.cond = threading.Condition()
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        # Providers' long polls wait on a condition of their own, woken when a round opens or
+        # ends, training ends, or the peer comes and goes: not on every accepted share (with N
+        # providers that would be N wake-ups of N sleeping threads per round).
+        self.round_cond = threading.Condition(lock)
+        self.allowed_providers = frozenset(plan.cfg.providers)
         self.run_id = ""
         self.config: pb.TrainingConfig | None = None  # set once the Handshake agreed
         self.params = plan.initial_params.copy()
@@ -393,13 +399,18 @@ class ServerState:
                 left = end - time.monotonic()
                 if left <= 0:
                     return
-                self.cond.wait(left)
+                self.round_cond.wait(left)
 
     def close(self) -> None:
         """The daemon is stopping: wake every waiting long poll so its thread ends now."""
         with self.cond:
             self.closing = True
-            self.cond.notify_all()
+            self._notify_rounds()
+
+    def _notify_rounds(self) -> None:
+        """Wake every waiter, the providers' long polls included (the caller holds cond)."""
+        self.cond.notify_all()
+        self.round_cond.notify_all()
 
     def model(self, version: int | None) -> tuple[int, np.ndarray, bytes]:
         """(version, params, sha256) of a served version; KeyError if not served."""
@@ -420,7 +431,7 @@ class ServerState:
             self.deadline = time.time() + self.plan.cfg.round_deadline
             self._opened = time.perf_counter()
             self.phase = pb.ROUND_PHASE_COLLECTING
-            self.cond.notify_all()
+            self._notify_rounds()
 
     def note_receiving(self, t: int) -> None:
         """A submission for round t was admitted and its payload is about to be read. In ldp
@@ -444,8 +455,8 @@ class ServerState:
     def intake_complete(self, t: int) -> bool:
         """The deadline passed or every allowed provider's share is in."""
         with self.cond:
-            allowed = set(self.plan.cfg.providers)
-            return self.deadline <= time.time() or allowed <= self.accepted.get(t, set())
+            accepted = self.accepted.get(t, frozenset())
+            return self.deadline <= time.time() or self.allowed_providers <= accepted
 
     def wait_intake_done(self, t: int, stop: threading.Event) -> None:
         """Until the deadline passes or every allowed provider's share is in."""
@@ -541,7 +552,7 @@ class ServerState:
         self.finished = self._should_stop()
         if self.finished:
             self.phase = pb.ROUND_PHASE_FINISHED
-        self.cond.notify_all()
+        self._notify_rounds()
 
     def _should_stop(self) -> bool:
         """Deterministic on both servers: the round budget, or the next step would exceed
@@ -755,24 +766,24 @@ class ServerState:
                 self.history[t].phase = pb.ROUND_PHASE_ABORTED
                 self.history[t].reason = reason
                 self.phase = pb.ROUND_PHASE_UNSPECIFIED
-            self.cond.notify_all()
+            self._notify_rounds()
             return t
 
     def peer_back(self) -> None:
         """The servers are paired again: rounds may open."""
         with self.cond:
             self.peer_waiting = False
-            self.cond.notify_all()
+            self._notify_rounds()
 
     def finish_precompute(self) -> None:
         """`spgc server precompute` is over (H1 said so): stop without training."""
         with self.cond:
             self.finished = True
-            self.cond.notify_all()
+            self._notify_rounds()
 
     def fail(self, message: str) -> None:
         with self.cond:
             if self.failure is None:
                 self.failure = message
             self.finished = True
-            self.cond.notify_all()
+            self._notify_rounds()
