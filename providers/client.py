@@ -489,8 +489,11 @@ class ProviderClient:
         self.last_round: int | None = None
         self._last_delivered = False  # a server accepted a share of ours for last_round
         self._told_waiting = False  # logged that a server waits for its peer
-        # The shares of last_round, kept while a server has not accepted its own: a retry (on
-        # any later answer saying the round still collects) resends exactly these.
+        # The shares of last_round when their delivery was troubled (a retry or a failure),
+        # kept until every server holds its share or a later round opens: a server that lacks
+        # its share while the other holds one (it was down, or dropped it when it lost its
+        # peer) gets exactly its share again. Meanwhile the servers are asked without a long
+        # poll, so that a server holding our share cannot hold the call while the other lacks.
         self._resend: tuple[int, list[np.ndarray]] | None = None
         self._round_infos: list[Any] = []  # every server's RoundInfo of the round joined
         self._senders: concurrent.futures.ThreadPoolExecutor | None = None  # one per server
@@ -748,6 +751,8 @@ class ProviderClient:
         delays = self._backoffs()
         while True:
             wait = self.cfg.long_poll
+            if self._resend is not None and self._resend[0] == self.last_round:
+                wait = 0.0  # see _resend: look at every server now
             if self.cfg.wait_timeout is not None:  # never hold past our own deadline
                 wait = min(wait, max(0.0, self.cfg.wait_timeout - (self._clock() - start)))
             infos = []
@@ -766,6 +771,8 @@ class ProviderClient:
                 )
                 collecting = all(i.phase == pb.ROUND_PHASE_COLLECTING for i in infos)
                 new = self.last_round is None or first.round > self.last_round
+                if self._resend is not None and self._resend[0] < first.round:
+                    self._resend = None  # a later round: the old shares are never sent again
                 if (
                     not new
                     and same
@@ -787,17 +794,22 @@ class ProviderClient:
                     log.warning("%s: waiting for the other server to come back", ", ".join(waiting))
                 self._told_waiting = bool(waiting)
                 held = [i.caller_share_accepted for i in infos]
+                if all(held) and self._resend is not None and self._resend[0] == first.round:
+                    self._resend = None  # both hold our shares: back to long polls
+                # The server that lacks our share must still collect; the other may be past
+                # its intake already (it had every share it waited for).
+                lacking = [i for i in infos if not i.caller_share_accepted]
                 if (
                     not new
                     and same
-                    and collecting
                     and any(held)
-                    and not all(held)
+                    and lacking
+                    and all(i.phase == pb.ROUND_PHASE_COLLECTING for i in lacking)
                     and self._resend is not None
                     and self._resend[0] == first.round
-                    and not _deadline_passed(first)
+                    and not _deadline_passed(lacking[0])
                 ):
-                    self._resend_missing(infos, first)
+                    self._resend_missing(infos, lacking[0])
                 if same and collecting and new:
                     if all(i.caller_share_accepted for i in infos):
                         log.info("round %d: share already accepted (earlier run)", first.round)
@@ -1057,7 +1069,8 @@ class ProviderClient:
                 errors.append(str(exc))
         send = time.perf_counter() - t0
         self._last_delivered = bool(results)
-        self._resend = (t, vectors) if errors else None
+        troubled = bool(errors) or any(r.attempts > 1 for r in results)
+        self._resend = (t, vectors) if troubled else None
         report = RoundReport(t, info.model_version, len(batch), compute, encode, send, results)
         self.reports.append(report)
         log.info(

@@ -5,9 +5,10 @@ Both servers run as separate processes (`python -m spgc.servers`, configured by
 providers run as threads in a few worker processes (`python -m spgc.app.bench_load --worker
 SPEC`). Each is the real provider library (:class:`spgc.providers.client.ProviderClient`: Hello
 to both servers and the plan checks, the RoundStatus long poll, FetchModel checked against
-both servers' hashes, the one sharing routine, SubmitShare to both, retries) with one method replaced: ``encode``
-returns a random clipped fixed-point total of the model's size (the announced encoding of
-random examples clipped to C) instead of computing gradients, so a provider costs little CPU.
+both servers' hashes, the one sharing routine, SubmitShare to both, retries) with one method
+replaced: ``encode`` returns a random clipped fixed-point total of the model's size (the
+announced encoding of random examples clipped to C) instead of computing gradients, so a
+provider costs little CPU.
 
 Rounds. The servers run ``1 + R`` rounds (``1 + 2R`` with ``--hostile``). Round 0 is a warm-up,
 not counted: it opens as soon as the servers are paired and closes once every provider has
