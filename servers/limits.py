@@ -20,6 +20,7 @@ provider traffic can never starve it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -142,30 +143,31 @@ class ProviderGate(grpc.ServerInterceptor):
         self, method: str, behaviour: Callable, *, streamed: bool, yields: bool = False
     ) -> Callable:
         def run(request: Any, context: grpc.ServicerContext) -> Any:
-            who = self._admit(method, context)
-            stream = _Stream(context) if streamed else None
-            try:
-                if stream is not None:
-                    with self._lock:
-                        self._streams.add(stream)
-                    request = self._watched(request, stream)
-                return behaviour(request, context)
-            finally:
-                self._release(who, stream)
+            with self._admitted(method, request, context, streamed) as watched:
+                return behaviour(watched, context)
 
         def run_yielding(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            who = self._admit(method, context)
-            stream = _Stream(context) if streamed else None
-            try:
-                if stream is not None:
-                    with self._lock:
-                        self._streams.add(stream)
-                    request = self._watched(request, stream)
-                yield from behaviour(request, context)
-            finally:
-                self._release(who, stream)
+            with self._admitted(method, request, context, streamed) as watched:
+                yield from behaviour(watched, context)
 
         return run_yielding if yields else run
+
+    @contextlib.contextmanager
+    def _admitted(
+        self, method: str, request: Any, context: grpc.ServicerContext, streamed: bool
+    ) -> Iterator[Any]:
+        """Admit one call (or refuse it: the context is aborted), hand the handler its request
+        (a streamed one watched for silence and length), release the slot afterwards."""
+        who = self._admit(method, context)
+        stream = _Stream(context) if streamed else None
+        try:
+            if stream is not None:
+                with self._lock:
+                    self._streams.add(stream)
+                request = self._watched(request, stream)
+            yield request
+        finally:
+            self._release(who, stream)
 
     def _admit(self, method: str, context: grpc.ServicerContext) -> str:
         """The caller's key for the limits; aborts the call (never returns) when refused."""
