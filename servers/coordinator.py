@@ -153,14 +153,21 @@ def compute_round(
             on_stage=lambda: fault_point("during-circuit", t),
         )
         seconds = {"circuit": time.perf_counter() - start}
-    return _after_reveal(state, t, entry, y, info, seconds)
+    return _after_reveal(state, t, entry, y, info, seconds, pool_slice)
 
 
 def _after_reveal(
-    state: ServerState, t: int, entry: int | None, y: np.ndarray, info: dict, seconds: dict
+    state: ServerState,
+    t: int,
+    entry: int | None,
+    y: np.ndarray,
+    info: dict,
+    seconds: dict,
+    pool_slice: PoolSlice | None = None,
 ) -> bytes:
     """What follows every reveal: the released line of its ledger entry, the Adam step."""
-    tap_reveal(state.plan.cfg.role_name, t, y)
+    pool = None if pool_slice is None else (pool_slice.block_index, pool_slice.offset)
+    tap_reveal(state.plan.cfg.role_name, t, y, pool)
     fault_point("after-reveal", t)
     if entry is not None:
         state.record_released(entry, t, y)

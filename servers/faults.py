@@ -12,7 +12,8 @@ flush: what a power cut or an OOM kill leaves) when it reaches POINT of round RO
 - ``during-checkpoint``: the checkpoint's arrays are written, its commit record is not.
 
 ``SPGC_REVEAL_TAP=FILE`` appends one JSON line per reveal to FILE (``server``, ``round``,
-``sha256`` of the released values), written before anything else is done with the values:
+``sha256`` of the released values, and in mode preprocessed ``pool``: where the release's
+noise shares start in the pool), written before anything else is done with the values:
 what a crash test compares with the ledger (entries >= reveals). Both only read the process's
 own environment; neither changes what a healthy run computes or sends.
 """
@@ -61,11 +62,20 @@ def fault_point(point: str, round_number: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def tap_reveal(server: str, round_number: int, values: Any) -> None:
-    """Log one reveal to ``SPGC_REVEAL_TAP`` (if set)."""
+def tap_reveal(
+    server: str, round_number: int, values: Any, pool: tuple[int, int] | None = None
+) -> None:
+    """Log one reveal to ``SPGC_REVEAL_TAP`` (if set); ``pool``: mode preprocessed, where the
+    noise shares of the release started in the pool (block index, offset)."""
     path = os.environ.get(_TAP_ENV)
     if not path:
         return
-    line = {"server": server, "round": round_number, "sha256": released_digest(values)}
+    line: dict[str, Any] = {
+        "server": server,
+        "round": round_number,
+        "sha256": released_digest(values),
+    }
+    if pool is not None:
+        line["pool"] = list(pool)
     with Path(path).open("a") as f:
         f.write(json.dumps(line) + "\n")

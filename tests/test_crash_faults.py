@@ -15,6 +15,7 @@ re-accounts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -78,9 +79,18 @@ def _events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.mark.parametrize("victim", ["h1", "h2"])
-@pytest.mark.parametrize("point", FAULT_POINTS)
-def test_sigkill_one_server_then_restart_it_alone(tmp_path: Path, point: str, victim: str) -> None:
+# Every phase on either server in mode spgc; two of them in mode preprocessed, whose noise
+# shares come from each server's pool (never used twice across a crash and a re-run round).
+CASES = [(point, victim, "spgc") for point in FAULT_POINTS for victim in ("h1", "h2")] + [
+    ("after-reveal", "h1", "preprocessed"),
+    ("during-intake", "h2", "preprocessed"),
+]
+
+
+@pytest.mark.parametrize(("point", "victim", "mode"), CASES)
+def test_sigkill_one_server_then_restart_it_alone(
+    tmp_path: Path, point: str, victim: str, mode: str
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     state = tmp_path / "state"
@@ -88,7 +98,7 @@ def test_sigkill_one_server_then_restart_it_alone(tmp_path: Path, point: str, vi
         dataset="cancer",
         providers=2,
         rounds=3,
-        mode="spgc",
+        mode=mode,
         epsilon=8.0,
         state_dir=state,
         # The survivor waits for its peer (peer_timeout); a round waits round_deadline at most.
@@ -145,6 +155,12 @@ def test_sigkill_one_server_then_restart_it_alone(tmp_path: Path, point: str, vi
         lines = [json.loads(x) for x in (state / name / "ledger.jsonl").read_text().splitlines()]
         released = {(e["round"], e["vector_sha256"]) for e in lines if e["kind"] == "released"}
         assert released <= {(r["round"], r["sha256"]) for r in seen}
+    # No noise share was used twice (preprocessed): each server's releases took their shares
+    # from strictly later places in its pool, across both lives.
+    for name in ("h1", "h2"):
+        starts = [tuple(r["pool"]) for r in reveals if r["server"] == name and "pool" in r]
+        assert (mode == "preprocessed") == bool(starts)
+        assert all(a < b for a, b in itertools.pairwise(starts)), (name, starts)
     # No seed was used twice: each server's journal of round seeds holds distinct seeds.
     for name in ("h1", "h2"):
         journal = (state / name / "used-seeds").read_bytes()
