@@ -70,7 +70,9 @@ class PeerLost(Exception):
 
 def _peer_gone(exc: BaseException) -> bool:
     """Whether a daemon's error means the other server stopped answering."""
-    if isinstance(exc, (PeerLost, TimeoutError, garbled_core.PeerClosedError)):
+    # ChannelError: the data link broke (closed, reset, timed out, or interrupted when the
+    # peer was found gone), PeerClosedError included.
+    if isinstance(exc, (PeerLost, TimeoutError, garbled_core.ChannelError)):
         return True
     return isinstance(exc, grpc.RpcError) and is_unavailable(exc)
 
@@ -146,7 +148,7 @@ class ServerDaemon:
         self._reset_lock = threading.Lock()
         self._round_state_live = False  # rounds ran since the last checkpoint restore
         self.peer_health: Any = None
-        self._session_paired = False  # the current session got as far as a Handshake
+        self._session_paired = False  # the current session got as far as a data link
         self._lost_reason = "the peer was lost"
         self._probe_channel: grpc.Channel | None = None  # H2: to H1's peer port (probes)
         self._threads: list[threading.Thread] = []
@@ -491,9 +493,10 @@ class ServerDaemon:
 
     def _may_rejoin(self, exc: BaseException) -> bool:
         """Whether to wait for the peer after ``exc`` instead of stopping: the peer was lost
-        after this session paired, and a checkpoint gives both a common state to go back to."""
+        after this session paired and linked (or was seen to restart), and a checkpoint gives
+        both a common state to go back to."""
         return (
-            self._session_paired
+            (self._session_paired or isinstance(exc, PeerLost))
             and _peer_gone(exc)
             and self.cfg.state_dir is not None
             and self.precompute is None
@@ -649,7 +652,6 @@ class ServerDaemon:
             )
         stub = peer_pb2_grpc.PeerStub(self._peer_channel)
         self._handshake(stub, deadline)
-        self._session_paired = True
         self._paired()
         if self._listener is None:  # closed after the last link was taken
             host, _ = _host_port(self.cfg.gc_address)
@@ -671,6 +673,9 @@ class ServerDaemon:
                 raise PeerLost(self._lost_reason)
         self._link = self._open_link("garbler")
         self._link_ready.set()
+        # Paired and linked: a loss from here on is waited for. (One before the link is up is
+        # not: a data link that never connects must end the run, not repeat it forever.)
+        self._session_paired = True
         if self.precompute is not None:
             self._precompute(stub)
             return
@@ -720,7 +725,6 @@ class ServerDaemon:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no handshake from {self.cfg.peer_name}")
         epoch = self.peer_servicer.epoch
-        self._session_paired = True
         host, port = _host_port(self.cfg.gc_address)
         while True:
             try:
@@ -739,6 +743,7 @@ class ServerDaemon:
             self._gc_channel = channel
         self._link = self._open_link("evaluator")
         self._link_ready.set()
+        self._session_paired = True  # see _run_h1
         self._start_watch(session)
         self.state.last_peer_call = time.monotonic()
         silence = ""
