@@ -910,9 +910,9 @@ class ProviderClient:
 
     def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
         """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s)."""
-        assert self._x is not None and self._y is not None and self.fixed_point is not None
+        assert self.fixed_point is not None
         tc, fp = self.training, self.fixed_point
-        load_flat_params(self._model, params)
+        self.load_params(params)
         limit = 2 ** (tc.ring_bits - 1) - 1
         if fp.max_abs_sum_units(len(batch)) > limit:
             raise RoundFailed(
@@ -926,10 +926,8 @@ class ProviderClient:
         # gradient_chunk examples at a time, fewer for a big model (bounded memory).
         step = bounded_chunk(self.cfg.gradient_chunk, tc.num_parameters)
         for start in range(0, len(batch), step):
-            idx = batch[start : start + step]
             t0 = time.perf_counter()
-            grads = per_example_gradients(self._model, self._x[idx], self._y[idx], chunk_size=step)
-            clipped = clip_per_example(grads, tc.clip_norm)
+            clipped = self.clipped_gradients(batch[start : start + step])
             t1 = time.perf_counter()
             if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
                 total += encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
@@ -948,6 +946,17 @@ class ProviderClient:
         check_fits(total, tc.ring_bits)
         encode += time.perf_counter() - t0
         return total, compute, encode
+
+    def load_params(self, params: np.ndarray) -> None:
+        """Put the round's model parameters into the local model."""
+        load_flat_params(self._model, params)
+
+    def clipped_gradients(self, idx: np.ndarray) -> np.ndarray:
+        """The per-example gradients of local examples ``idx``, each clipped to C (float64,
+        len(idx) x d): what :meth:`encode` encodes."""
+        assert self._x is not None and self._y is not None
+        grads = per_example_gradients(self._model, self._x[idx], self._y[idx], chunk_size=len(idx))
+        return clip_per_example(grads, self.training.clip_norm)
 
     def make_vectors(self, total: np.ndarray) -> list[np.ndarray]:
         """One uint64 vector per server: the two shares, or G mod 2^L for one server."""

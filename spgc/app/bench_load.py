@@ -74,13 +74,10 @@ from spgc.app.demo import (
 )
 from spgc.config import ConfigError, load_provider_config
 from spgc.data import DATA_ERRORS, load_dataset, split_among_providers
-from spgc.encoding import encode_batch, stochastic_round
-from spgc.gradients import bounded_chunk, clip_per_example
+from spgc.gradients import clip_per_example
 from spgc.logs import setup_logging
 from spgc.modes import TWO_SERVER_MODES
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed
-from spgc.sharing import check_fits
-from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import make_channel
 
@@ -157,42 +154,21 @@ class LoadOptions:
 
 
 class BenchProvider(ProviderClient):
-    """A provider that does not train: :meth:`encode` encodes random examples clipped to C.
+    """A provider that does not train: its per-example gradients are random vectors clipped
+    to C (:meth:`clipped_gradients`); the real :meth:`encode` encodes them.
 
-    Everything else is the real provider: the plan checks, the long poll, both model downloads
-    and their hash comparison, the batch draw, the sharing (``make_vectors``), the streamed
-    submissions with their retries.
+    Everything else is the real provider: the plan checks, the long poll, the model download
+    checked against both servers' hashes, the batch draw, the encoding, the sharing
+    (``make_vectors``), the streamed submissions with their retries.
     """
 
-    def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
-        """G (int64, d): the encoded sum of ``len(batch)`` random examples clipped to C (the
-        announced rounding); returns (G, seconds drawing, seconds encoding)."""
-        assert self.fixed_point is not None
-        tc, fp = self.training, self.fixed_point
-        limit = 2 ** (tc.ring_bits - 1) - 1
-        if fp.max_abs_sum_units(len(batch)) > limit:
-            raise RoundFailed(f"a batch of {len(batch)} examples may overflow Z_2^{tc.ring_bits}")
-        d = tc.num_parameters
-        total = np.zeros(d, dtype=np.int64)
-        real_sum = np.zeros(d, dtype=np.float64)
-        compute = encode = 0.0
-        step = bounded_chunk(self.cfg.gradient_chunk, d)
-        for start in range(0, len(batch), step):
-            m = len(batch[start : start + step])
-            t0 = time.perf_counter()
-            clipped = clip_per_example(self.rounding_rng.standard_normal((m, d)), tc.clip_norm)
-            t1 = time.perf_counter()
-            if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
-                total += encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
-            else:
-                real_sum += clipped.sum(axis=0)
-            compute += t1 - t0
-            encode += time.perf_counter() - t1
-        t0 = time.perf_counter()
-        if tc.rounding != pb.ROUNDING_CONDITIONAL_STOCHASTIC:
-            total = stochastic_round(real_sum * tc.scale, self.rounding_rng)
-        check_fits(total, tc.ring_bits)
-        return total, compute, encode + time.perf_counter() - t0
+    def load_params(self, params: np.ndarray) -> None:
+        """No local model: the gradients are random."""
+
+    def clipped_gradients(self, idx: np.ndarray) -> np.ndarray:
+        """Random examples' "gradients" (standard normal), each clipped to C."""
+        rows = self.rounding_rng.standard_normal((len(idx), self.training.num_parameters))
+        return clip_per_example(rows, self.training.clip_norm)
 
 
 class _Emitter:
