@@ -87,3 +87,22 @@ class TwoParty:
     def close(self) -> None:
         self.garbler_channel.close()
         self.evaluator_channel.close()
+
+
+def proto_descriptors_with_comments(tmp_path: Path) -> Any:
+    """The .proto files compiled with their comments (a FileDescriptorSet with source info);
+    skips the test without grpcio-tools (a test requirement)."""
+    import pytest
+
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (a test requirement) is missing")
+    from google.protobuf import descriptor_pb2
+    from grpc_tools import protoc
+
+    from spgc.wire import codegen
+
+    root = Path(__file__).resolve().parents[1] / "proto"
+    out = tmp_path / "with-source-info.pb"
+    include = Path(protoc.__file__).parent / "_proto"
+    args = ["protoc", f"-I{root}", f"-I{include}", "--include_source_info"]
+    assert protoc.main([*args, f"--descriptor_set_out={out}", *codegen.PROTO_FILES]) == 0
+    return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())

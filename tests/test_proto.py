@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2
+from helpers import proto_descriptors_with_comments
 
 import spgc.wire
 from spgc.wire import (
@@ -101,14 +102,7 @@ def test_generated_modules_pin_their_generator() -> None:
 
 def test_every_declaration_is_commented(tmp_path: Path) -> None:
     """Every message, field, enum, enum value, service and rpc has a leading comment."""
-    _need_protoc()
-    from grpc_tools import protoc
-
-    out = tmp_path / "with-source-info.pb"
-    include = Path(protoc.__file__).parent / "_proto"
-    args = ["protoc", f"-I{PROTO_ROOT}", f"-I{include}", "--include_source_info"]
-    assert protoc.main([*args, f"--descriptor_set_out={out}", *codegen.PROTO_FILES]) == 0
-    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    fds = proto_descriptors_with_comments(tmp_path)
     missing: list[str] = []
     for f in fds.file:
         commented = {

@@ -149,6 +149,14 @@ def wait_round_done(daemons, t: int, timeout: float = 40) -> None:
     raise AssertionError(f"round {t} did not complete")
 
 
+def assert_round_used(daemons, t: int, agreed, total, received) -> None:
+    """Round t on both servers: the agreed providers, their exact sum, and who each received."""
+    for dm, got in zip(daemons, received, strict=True):
+        rec = dm.state.history[t]
+        assert rec.agreed == agreed and rec.received == got
+        np.testing.assert_array_equal(np.asarray(rec.noisy_sum_units, dtype=np.int64), total)
+
+
 def _code(fn) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as info:
         fn()
@@ -206,14 +214,8 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
         assert _code(lambda: stranger.hello(1)) == grpc.StatusCode.UNAVAILABLE
         stranger.close()
         wait_round_done((d1, d2), 1)
-        for dm in (d1, d2):
-            rec = dm.state.history[1]
-            assert rec.agreed == ["p1", "p2"]
-            np.testing.assert_array_equal(
-                np.asarray(rec.noisy_sum_units, dtype=np.int64), vecs[0] + vecs[1]
-            )
-        assert d1.state.history[1].received == PROVIDERS
-        assert d2.state.history[1].received == ["p1", "p2"]
+        # p3 is left out: its share reached H1 only.
+        assert_round_used((d1, d2), 1, ["p1", "p2"], vecs[0] + vecs[1], (PROVIDERS, ["p1", "p2"]))
         assert d1.wait(10) and d2.wait(10)
         assert d1.error is None and d2.error is None
         assert d1.state.version == d2.state.version == 2
@@ -284,14 +286,7 @@ def test_a_provider_cut_off_mid_upload_is_left_out_and_the_round_completes(pki, 
         p2.submit_both(cfg, 0, vecs[1])
         assert d1.wait(30) and d2.wait(30)
         assert d1.error is None and d2.error is None
-        for dm in (d1, d2):
-            rec = dm.state.history[0]
-            assert rec.agreed == ["p1", "p2"]
-            np.testing.assert_array_equal(
-                np.asarray(rec.noisy_sum_units, dtype=np.int64), vecs[0] + vecs[1]
-            )
-        assert d1.state.history[0].received == PROVIDERS
-        assert d2.state.history[0].received == ["p1", "p2"]
+        assert_round_used((d1, d2), 0, ["p1", "p2"], vecs[0] + vecs[1], (PROVIDERS, ["p1", "p2"]))
         assert d1.state.history[0].model_sha256 == d2.state.history[0].model_sha256
     finally:
         for p in providers:

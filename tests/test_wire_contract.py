@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, timestamp_pb2
+from helpers import proto_descriptors_with_comments
 
 from spgc.certs import make_dev_pki
 from spgc.config import ServerConfig
@@ -28,7 +29,6 @@ from spgc.wire import (
     PROTOCOL_VERSION,
     aggregation_pb2,
     aggregation_pb2_grpc,
-    codegen,
     peer_pb2,
     peer_pb2_grpc,
 )
@@ -662,15 +662,7 @@ _BOUND_WORDS = re.compile(
 
 def test_every_numeric_field_states_its_bound_in_the_proto(tmp_path: Path) -> None:
     """The .proto comment of each numeric field says its bound (or who checks it)."""
-    pytest.importorskip("grpc_tools", reason="grpcio-tools (a test requirement) is missing")
-    from grpc_tools import protoc
-
-    root = Path(__file__).resolve().parents[1] / "proto"
-    out = tmp_path / "with-source-info.pb"
-    include = Path(protoc.__file__).parent / "_proto"
-    args = ["protoc", f"-I{root}", f"-I{include}", "--include_source_info"]
-    assert protoc.main([*args, f"--descriptor_set_out={out}", *codegen.PROTO_FILES]) == 0
-    fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    fds = proto_descriptors_with_comments(tmp_path)
     unstated: list[str] = []
     numeric = {
         descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE,
