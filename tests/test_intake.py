@@ -31,9 +31,21 @@ def chunks_of(values: np.ndarray, per_chunk: int = 300) -> list[bytes]:
     return [raw[i : i + 8 * per_chunk] for i in range(0, len(raw), 8 * per_chunk)]
 
 
-@pytest.fixture
-def intake(tmp_path):
-    it = ShareIntake(DIM, RING, spill_root=tmp_path, allowed_providers=["p1", "p2", "p3"])
+# Shares of DIM values are held in memory by default; 0 bytes in memory spills every share to a
+# file (the path of large models). Every intake test runs both ways.
+HOLDS = pytest.mark.parametrize("memory_share_bytes", [1 << 16, 0], ids=["memory", "spill"])
+
+
+@pytest.fixture(params=[1 << 16, 0], ids=["memory", "spill"])
+def intake(tmp_path, request):
+    it = ShareIntake(
+        DIM,
+        RING,
+        spill_root=tmp_path,
+        allowed_providers=["p1", "p2", "p3"],
+        memory_share_bytes=request.param,
+    )
+    assert it.in_memory == (request.param > 0)
     it.open_round(1)
     yield it
     it.close()
@@ -74,8 +86,13 @@ def test_sum_of_good_shares_mod_ring(intake):
         ({"sid": b"x" * 65}, INVALID_ARGUMENT, "submission id"),
     ],
 )
-def test_bad_submissions_are_refused_and_the_round_goes_on(tmp_path, kwargs, code, message):
-    intake = ShareIntake(DIM, RING, spill_root=tmp_path, max_chunk_bytes=4096)
+@HOLDS
+def test_bad_submissions_are_refused_and_the_round_goes_on(
+    tmp_path, kwargs, code, message, memory_share_bytes
+):
+    intake = ShareIntake(
+        DIM, RING, spill_root=tmp_path, max_chunk_bytes=4096, memory_share_bytes=memory_share_bytes
+    )
     intake.open_round(1)
     good = random_share(1)
     submit(intake, "p1", good)
@@ -85,7 +102,8 @@ def test_bad_submissions_are_refused_and_the_round_goes_on(tmp_path, kwargs, cod
     submit(intake, "p3", random_share(3))  # the round goes on
     assert intake.close_round() == {"p1", "p3"}
     assert np.array_equal(intake.total(), (good + random_share(3)) & MASK)
-    assert len(list((tmp_path).rglob("*.share"))) == 2  # nothing of the refused one is kept
+    spilled = 0 if intake.in_memory else 2  # nothing of the refused one is kept
+    assert len(list((tmp_path).rglob("*.share"))) == spilled
     intake.close()
 
 
