@@ -50,6 +50,7 @@ from typing import Any
 import grpc
 import numpy as np
 import torch
+from grpc.experimental import ChannelOptions
 from torch import nn
 
 from garbled_core.discrete_gaussian import derive_params
@@ -83,7 +84,7 @@ from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, v
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
 from spgc.wire.errors import WireError
 from spgc.wire.identity import new_submission_id
-from spgc.wire.messages import read_model_stream, share_messages
+from spgc.wire.messages import read_inline_model, read_model_stream, share_messages
 from spgc.wire.transport import make_channel
 
 __all__ = [
@@ -523,7 +524,14 @@ class ProviderClient:
         self.servers = []
 
     def _open(self, role: int, name: str, address: str) -> _Server:
-        channel = make_channel(address, self.cfg.tls, insecure=self.cfg.insecure, server_name=name)
+        channel = make_channel(
+            address,
+            self.cfg.tls,
+            insecure=self.cfg.insecure,
+            server_name=name,
+            # FetchModel's stream is read in the calling thread: no helper thread per download.
+            options=[(ChannelOptions.SingleThreadedUnaryStream, 1)],
+        )
         return _Server(role, name, address, channel, aggregation_pb2_grpc.AggregatorStub(channel))
 
     def _decline(self, run_id: str, reason: str) -> None:
@@ -720,14 +728,21 @@ class ProviderClient:
                 self._sleep(delay)
 
     def _status(
-        self, server: _Server, round_number: int | None = None, wait: float = 0.0
+        self,
+        server: _Server,
+        round_number: int | None = None,
+        wait: float = 0.0,
+        include_model: bool = False,
     ) -> Any | None:
         """RoundStatus at one server; None on a transient error. ``wait`` > 0: long poll until
-        the server collects a round after the last one we took part in (or ``wait`` s)."""
+        the server collects a round after the last one we took part in (or ``wait`` s).
+        ``include_model``: ask for a small model inline (RoundInfo.model_parameters)."""
         if round_number is not None:
             req = pb.RoundStatusRequest(round=round_number, provider_id=self.cfg.name)
         else:
-            req = pb.RoundStatusRequest(wait_seconds=wait, provider_id=self.cfg.name)
+            req = pb.RoundStatusRequest(
+                wait_seconds=wait, provider_id=self.cfg.name, include_model=include_model
+            )
             if wait > 0 and self.last_round is not None:
                 req.after_round = self.last_round
         try:
@@ -756,8 +771,9 @@ class ProviderClient:
             if self.cfg.wait_timeout is not None:  # never hold past our own deadline
                 wait = min(wait, max(0.0, self.cfg.wait_timeout - (self._clock() - start)))
             infos = []
-            for server in self.servers:
-                info = self._status(server, wait=wait)
+            for index, server in enumerate(self.servers):
+                # The server we take the model from sends a small one with its answer.
+                info = self._status(server, wait=wait, include_model=index == self._model_source)
                 # One server says training is over: do not ask the other, which may be
                 # shutting down already.
                 if info is not None and info.phase == pb.ROUND_PHASE_FINISHED:
@@ -866,6 +882,14 @@ class ProviderClient:
                 f"the servers serve different models for version {info.model_version} ({detail})"
             )
         s = self.servers[self._model_source]
+        want = announced[0][1]
+        source_info = self._round_infos[self._model_source] if self._round_infos else info
+        inline = bytes(source_info.model_parameters)
+        if inline:  # a small model came with the round's RoundInfo: no FetchModel call
+            try:
+                return read_inline_model(inline, tc.num_parameters, want)
+            except WireError as exc:
+                raise ProviderRefusal(f"{s.name} sent a malformed model: {exc}") from None
         request = pb.ModelRequest(
             version=info.model_version, chunk_bytes=self.cfg.chunk_bytes, provider_id=self.cfg.name
         )
@@ -886,7 +910,6 @@ class ProviderClient:
         if header.run_id and header.run_id != tc.run_id:
             raise ProviderRefusal(f"{s.name} sent a model of run {header.run_id!r}")
         digest = bytes(header.sha256)  # read_model_stream checked the values against it
-        want = announced[0][1]
         if want and digest != want:
             raise ProviderRefusal(
                 f"the servers serve different models for version {info.model_version}: "

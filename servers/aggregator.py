@@ -5,12 +5,21 @@ WireError or an intake SubmissionRejected, which abort_on_error turns into the d
 status, and a refused submission never touches the round's sum. Every request's numbers are
 range-checked (spgc.wire.bounds) before use: INVALID_ARGUMENT out of bounds. Hello refuses another
 protocol version than ours with FAILED_PRECONDITION.
+
+The service runs on an asyncio gRPC server (one event loop, see ServerDaemon): a provider's long
+poll is a coroutine waiting for the round to change, not a thread, so a thousand providers cost
+a thousand small objects. What may wait on a disk (counting an ldp release, adding a complete
+share to the sum) runs on a small thread pool; everything else is quick and runs on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import grpc
 
@@ -29,14 +38,18 @@ from spgc.wire.errors import (
 )
 from spgc.wire.identity import caller_identity, peer_identity
 from spgc.wire.messages import (
+    aiter_share_payload,
     check_protocol_version,
-    iter_share_payload,
+    inline_model,
     model_messages,
     read_share_header,
 )
 from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES
 
 MAX_LONG_POLL_SECONDS = 30.0
+BLOCKING_THREADS = 4  # threads for the few steps that may wait on a disk
+
+_T = TypeVar("_T")
 
 
 log = logging.getLogger(__name__)
@@ -57,13 +70,57 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         self.server_name = server_name
         self.insecure = insecure
         self.allowed = frozenset(state.plan.cfg.providers)
+        self._blocking = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="spgc-intake")
+        self._round_changed: asyncio.Event | None = None  # replaced at every change
+        self._inlined: tuple[int, bytes] = (-1, b"")  # (model version, its inline bytes)
 
-    def _identity(self, context: grpc.ServicerContext, claimed: str = "") -> str:
+    def close(self) -> None:
+        self._blocking.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._blocking, fn, *args)
+
+    def _round_event(self) -> asyncio.Event:
+        """The event set at the next change of the round (on the server's loop)."""
+        if self._round_changed is None:
+            loop = asyncio.get_running_loop()
+            self._round_changed = asyncio.Event()
+
+            def on_change() -> None:  # any thread, holding the state's lock: schedule only
+                # RuntimeError: the loop is closed (the server stopped).
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._signal_round_change)
+
+            self.state.add_round_listener(on_change)
+        return self._round_changed
+
+    def _signal_round_change(self) -> None:
+        changed, self._round_changed = self._round_changed, asyncio.Event()
+        if changed is not None:
+            changed.set()
+
+    async def _long_poll(self, after: int | None, limit: float, who: str) -> None:
+        """Until :meth:`ServerState.long_poll_over` or ``limit`` seconds."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + limit
+        while True:
+            changed = self._round_event()  # taken before the check: no change is missed
+            if self.state.long_poll_over(after, who):
+                return
+            left = end - loop.time()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                return
+
+    def _identity(self, context: Any, claimed: str = "") -> str:
         who = self._authenticate(context, claimed)
         self._require_ready()
         return who
 
-    def _authenticate(self, context: grpc.ServicerContext, claimed: str) -> str:
+    def _authenticate(self, context: Any, claimed: str) -> str:
         return caller_identity(context, claimed, insecure=self.insecure, allowed=self.allowed)
 
     def _require_ready(self) -> None:
@@ -73,7 +130,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             )
 
     @abort_on_error
-    def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.ServerInfo:
+    async def Hello(self, request: pb.HelloRequest, context: Any) -> pb.ServerInfo:
         check_bounds(request)
         who = self._authenticate(context, request.provider_id)
         # Before the readiness check: another version will never work, so say so at once.
@@ -95,9 +152,9 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         )
 
     @abort_on_error
-    def FetchModel(
-        self, request: pb.ModelRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.ModelChunk]:
+    async def FetchModel(
+        self, request: pb.ModelRequest, context: Any
+    ) -> AsyncIterator[pb.ModelChunk]:
         check_bounds(request)
         self._identity(context, request.provider_id)
         want = request.version if request.HasField("version") else None
@@ -107,22 +164,23 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             raise FailedPreconditionError(f"model version {want} is not served") from None
         chunk = request.chunk_bytes or MAX_CHUNK_BYTES
         chunk = max(8, min(chunk, MAX_CHUNK_BYTES) // 8 * 8)
-        yield from model_messages(
+        for message in model_messages(
             params,
             run_id=self.state.run_id,
             version=version,
             model=self.state.plan.model_name,
             chunk_bytes=chunk,
             sha256=sha,
-        )
+        ):
+            yield message
 
     @abort_on_error
-    def SubmitShare(
-        self, request_iterator: Iterator[pb.ShareChunk], context: grpc.ServicerContext
+    async def SubmitShare(
+        self, request_iterator: AsyncIterator[pb.ShareChunk], context: Any
     ) -> pb.SubmitReceipt:
         seen: dict[str, object] = {}
         try:
-            return self._submit_share(request_iterator, context, seen)
+            return await self._submit_share(request_iterator, context, seen)
         except (WireError, SubmissionRejected) as exc:
             # Every refused share leaves a trail (who, which round, why).
             code = exc.code.name if isinstance(exc, WireError) else exc.code
@@ -135,15 +193,16 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             )
             raise
 
-    def _submit_share(
+    async def _submit_share(
         self,
-        request_iterator: Iterator[pb.ShareChunk],
-        context: grpc.ServicerContext,
+        request_iterator: AsyncIterator[pb.ShareChunk],
+        context: Any,
         seen: dict[str, object],
     ) -> pb.SubmitReceipt:
         plan = self.state.plan
+        first = await anext(request_iterator, None)
         header = read_share_header(
-            request_iterator, num_elements=plan.dim, ring_bits=plan.ring_bits
+            iter(() if first is None else (first,)), num_elements=plan.dim, ring_bits=plan.ring_bits
         )
         seen["round"] = header.round
         who = self._identity(context, header.provider_id)
@@ -157,16 +216,17 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
                 f"{_role_name(self.state.role)}"
             )
         # The intake checks round, duplicates, replays and identity before reading the payload.
-        payload = iter_share_payload(request_iterator, header)
-        self.state.intake.receive(
-            who,
-            header.round,
-            header.submission_id,
-            header.num_elements,
-            header.ring_bits,
-            payload,
-            on_admit=self.state.note_receiving,
+        submission = self.state.intake.begin(
+            who, header.round, header.submission_id, header.num_elements, header.ring_bits
         )
+        try:
+            if self.state.counts_on_receipt:
+                await self._off_loop(self.state.note_receiving, header.round)
+            async for data in aiter_share_payload(request_iterator, header):
+                submission.write(data)
+            await self._off_loop(submission.commit)
+        finally:
+            submission.discard()
         self.state.note_accepted(header.round, who)  # compute_seconds: reserved, ignored
         receipt = pb.SubmitReceipt(
             run_id=header.run_id,
@@ -180,9 +240,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         return receipt
 
     @abort_on_error
-    def DeclinePlan(
-        self, request: pb.DeclineRequest, context: grpc.ServicerContext
-    ) -> pb.DeclineReply:
+    async def DeclinePlan(self, request: pb.DeclineRequest, context: Any) -> pb.DeclineReply:
         check_bounds(request)
         who = self._identity(context, request.provider_id)
         reason = " ".join(request.reason.split())[:1000] or "(no reason given)"
@@ -195,9 +253,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         return pb.DeclineReply()
 
     @abort_on_error
-    def FetchLedger(
-        self, request: pb.LedgerRequest, context: grpc.ServicerContext
-    ) -> pb.LedgerReply:
+    async def FetchLedger(self, request: pb.LedgerRequest, context: Any) -> pb.LedgerReply:
         check_bounds(request)  # from_line: at most 2^63 - 1; past the end: no lines
         self._identity(context, request.provider_id)
         if request.run_id != self.state.run_id:
@@ -208,9 +264,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         return pb.LedgerReply(lines=lines[request.from_line :], total_lines=len(lines))
 
     @abort_on_error
-    def RoundStatus(
-        self, request: pb.RoundStatusRequest, context: grpc.ServicerContext
-    ) -> pb.RoundInfo:
+    async def RoundStatus(self, request: pb.RoundStatusRequest, context: Any) -> pb.RoundInfo:
         check_bounds(request)  # round, after_round <= 2^63 - 1; wait_seconds finite, >= 0
         who = self._identity(context, request.provider_id)
         number = request.round if request.HasField("round") else None
@@ -220,8 +274,19 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             remaining = context.time_remaining()
             if remaining is not None:
                 limit = min(limit, max(0.0, remaining - 1.0))  # answer before the caller gives up
-            self.state.wait_collecting(after, limit, who)
+            await self._long_poll(after, limit, who)
         try:
-            return self.state.round_info(number, who)
+            info = self.state.round_info(number, who)
         except KeyError:
             raise WireError(f"round {number} is unknown", grpc.StatusCode.NOT_FOUND) from None
+        if request.include_model and info.phase == pb.ROUND_PHASE_COLLECTING:
+            info.model_parameters = self._inline_model(info.model_version)
+        return info
+
+    def _inline_model(self, version: int) -> bytes:
+        """RoundInfo.model_parameters of a version (empty for a model too large to inline);
+        the last one is kept: every provider asks for the same."""
+        if self._inlined[0] != version:
+            _, params, _ = self.state.model(version)
+            self._inlined = (version, inline_model(params) or b"")
+        return self._inlined[1]

@@ -49,7 +49,15 @@ from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import FailedPreconditionError, is_unavailable
 from spgc.wire.tls import TlsFiles
-from spgc.wire.transport import add_health, add_servicer, make_channel, make_server
+from spgc.wire.transport import (
+    LoopThread,
+    add_aio_health,
+    add_health,
+    add_servicer,
+    make_aio_server,
+    make_channel,
+    make_server,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +160,8 @@ class ServerDaemon:
         self._lost_reason = "the peer was lost"
         self._probe_channel: grpc.Channel | None = None  # H2: to H1's peer port (probes)
         self._threads: list[threading.Thread] = []
-        self.server: grpc.Server | None = None  # the providers' gRPC server (port)
+        self.server: grpc.aio.Server | None = None  # the providers' gRPC server (port)
+        self._io: LoopThread | None = None  # the event loop the providers' server runs on
         self.port = 0
         self.peer_server: grpc.Server | None = None  # the other server's (peer_port)
         self.peer_port = 0
@@ -255,19 +264,23 @@ class ServerDaemon:
             insecure,
             on_refused=self._provider_refused,
         )
-        # The providers' server: a thread per call in flight (long polls included), so room
-        # for every provider's long poll and upload; beyond that calls are refused, not queued.
-        workers = min(4096, 16 + 3 * len(cfg.providers))
-        self.server, self.port = make_server(
-            cfg.listen,
-            [partial(add_servicer, servicer=self.aggregator, service=AGGREGATOR_SERVICE)],
-            self.tls,
-            insecure,
-            max_workers=workers,
-            maximum_concurrent_rpcs=2 * workers,
-            interceptors=[self.gate],
-        )
-        self.health = add_health(self.server)
+        # The providers' server: asyncio, one event loop thread for every provider call (a
+        # long poll is a coroutine, not a thread). Calls beyond the bound are refused, not
+        # queued: room for every provider's long poll, upload and model download.
+        self._io = LoopThread("spgc-providers-io")
+
+        async def providers_server() -> tuple[grpc.aio.Server, int, Any]:
+            server, port = make_aio_server(
+                cfg.listen,
+                [partial(add_servicer, servicer=self.aggregator, service=AGGREGATOR_SERVICE)],
+                self.tls,
+                insecure,
+                maximum_concurrent_rpcs=min(16384, 64 + 4 * len(cfg.providers)),
+                interceptors=[self.gate],
+            )
+            return server, port, await add_aio_health(server)
+
+        self.server, self.port, self.health = self._io.run(providers_server())
         if not cfg.single_server:
             # The other server's control calls: a gRPC server and port of their own.
             self.peer_server, self.peer_port = make_server(
@@ -289,7 +302,7 @@ class ServerDaemon:
         if self.server is None:
             self.bind()
         assert self.server is not None
-        self.server.start()
+        self._io.run(self.server.start())
         if self.peer_server is not None:
             self.peer_server.start()
         target = self._run_single if self.cfg.single_server else self._run_paired
@@ -786,9 +799,12 @@ class ServerDaemon:
             # I/O fail now; the channel is closed below, once those threads are done with it.
             self._gc_channel.interrupt()
         if self.server is not None:
-            self.health.enter_graceful_shutdown()
-            self.server.stop(grace).wait(grace + 1)
-            self.gate.close()
+            self._io.run(self.health.enter_graceful_shutdown())
+            self._io.run(self.server.stop(grace), timeout=grace + 5)
+            self.server = None
+        if self._io is not None:
+            self._io.close()
+            self.aggregator.close()
         if self.peer_server is not None:
             self.peer_server.stop(grace).wait(grace + 1)
         for thread in [*self._threads, *self.peer_servicer.link_users()]:

@@ -11,20 +11,21 @@ to the Aggregator service is checked first:
 - **How often.** A token bucket per identity: ``rate`` calls per second on average, bursts of
   ``burst`` (RESOURCE_EXHAUSTED beyond).
 - **Idle and slow streams.** A request stream that sends nothing for ``idle_seconds``, or is
-  still open after ``stream_seconds``, is cancelled (a watchdog thread checks every second).
+  still open after ``stream_seconds``, is ended with CANCELLED (each message is awaited with
+  the time it has left).
 
 Without TLS (``insecure``) identities are unauthenticated: the limits count per peer address.
 The server-to-server Peer service runs on its own gRPC server and port (``peer_listen``), so
-provider traffic can never starve it.
+provider traffic can never starve it. The gate is a ``grpc.aio`` interceptor: it runs on the
+providers' server's event loop, so its counters need no lock.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,15 +66,7 @@ class _Bucket:
         return True
 
 
-class _Stream:
-    """One request stream under watch: when it last sent, when it started."""
-
-    def __init__(self, context: grpc.ServicerContext) -> None:
-        self.context = context
-        self.started = self.last = time.monotonic()
-
-
-class ProviderGate(grpc.ServerInterceptor):
+class ProviderGate(grpc.aio.ServerInterceptor):
     """The interceptor of the providers' gRPC server (see the module docstring).
 
     ``allowed``: the configured provider names (empty: any certificate of the CA);
@@ -92,25 +85,15 @@ class ProviderGate(grpc.ServerInterceptor):
         self.allowed = allowed
         self.insecure = insecure
         self.on_refused = on_refused
-        self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
         self._buckets: dict[str, _Bucket] = {}
-        self._streams: set[_Stream] = set()
-        self._stop = threading.Event()
-        self._watchdog = threading.Thread(
-            target=self._watch, name="spgc-stream-watchdog", daemon=True
-        )
-        self._watchdog.start()
-
-    def close(self) -> None:
-        self._stop.set()
 
     # ------------------------------------------------------------------ interceptor
 
-    def intercept_service(
-        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], handler_call_details: Any
     ) -> Any:
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or not method.startswith(_GUARDED_PREFIX):
             return handler
@@ -142,104 +125,91 @@ class ProviderGate(grpc.ServerInterceptor):
     def _guard(
         self, method: str, behaviour: Callable, *, streamed: bool, yields: bool = False
     ) -> Callable:
-        def run(request: Any, context: grpc.ServicerContext) -> Any:
-            with self._admitted(method, request, context, streamed) as watched:
-                return behaviour(watched, context)
+        """``behaviour`` run only once the call is admitted, its request stream (if any)
+        watched for silence and length; the slot is released when it ends."""
 
-        def run_yielding(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            with self._admitted(method, request, context, streamed) as watched:
-                yield from behaviour(watched, context)
+        async def run(request: Any, context: Any) -> Any:
+            who = await self._admit(method, context)
+            try:
+                if streamed:
+                    request = self._watched(request, context)
+                return await behaviour(request, context)
+            finally:
+                self._release(who)
+
+        async def run_yielding(request: Any, context: Any) -> AsyncIterator[Any]:
+            who = await self._admit(method, context)
+            try:
+                if streamed:
+                    request = self._watched(request, context)
+                async for item in behaviour(request, context):
+                    yield item
+            finally:
+                self._release(who)
 
         return run_yielding if yields else run
 
-    @contextlib.contextmanager
-    def _admitted(
-        self, method: str, request: Any, context: grpc.ServicerContext, streamed: bool
-    ) -> Iterator[Any]:
-        """Admit one call (or refuse it: the context is aborted), hand the handler its request
-        (a streamed one watched for silence and length), release the slot afterwards."""
-        who = self._admit(method, context)
-        stream = _Stream(context) if streamed else None
-        try:
-            if stream is not None:
-                with self._lock:
-                    self._streams.add(stream)
-                request = self._watched(request, stream)
-            yield request
-        finally:
-            self._release(who, stream)
-
-    def _admit(self, method: str, context: grpc.ServicerContext) -> str:
+    async def _admit(self, method: str, context: Any) -> str:
         """The caller's key for the limits; aborts the call (never returns) when refused."""
         who = peer_identity(context)
         if who is None:
             if not self.insecure:
-                self._refuse(context, context.peer(), method, grpc.StatusCode.UNAUTHENTICATED,
-                             "no authenticated client certificate")  # fmt: skip
+                await self._refuse(context, context.peer(), method,
+                                   grpc.StatusCode.UNAUTHENTICATED,
+                                   "no authenticated client certificate")  # fmt: skip
             who = context.peer()  # plaintext: counted per address
         elif self.allowed and who not in self.allowed:
-            self._refuse(context, who, method, grpc.StatusCode.PERMISSION_DENIED,
-                         f"{who!r} is not a provider of this run")  # fmt: skip
+            await self._refuse(context, who, method, grpc.StatusCode.PERMISSION_DENIED,
+                               f"{who!r} is not a provider of this run")  # fmt: skip
         limits = self.limits
-        with self._lock:
-            bucket = self._buckets.setdefault(who, _Bucket(limits.rate, limits.burst))
-            allowed_rate = bucket.take()
-            busy = self._in_flight.get(who, 0)
-            if allowed_rate and busy < limits.max_streams:
-                self._in_flight[who] = busy + 1
-                return who
+        bucket = self._buckets.setdefault(who, _Bucket(limits.rate, limits.burst))
+        allowed_rate = bucket.take()
+        busy = self._in_flight.get(who, 0)
+        if allowed_rate and busy < limits.max_streams:
+            self._in_flight[who] = busy + 1
+            return who
         reason = (
             f"more than {limits.max_streams} calls at once from {who!r}"
             if allowed_rate
             else f"more than {limits.rate:g} calls per second from {who!r}"
         )
-        self._refuse(context, who, method, grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
+        await self._refuse(context, who, method, grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
         raise AssertionError("unreachable")  # context.abort raises
 
-    def _refuse(
-        self,
-        context: grpc.ServicerContext,
-        who: str,
-        method: str,
-        code: grpc.StatusCode,
-        reason: str,
+    async def _refuse(
+        self, context: Any, who: str, method: str, code: grpc.StatusCode, reason: str
     ) -> None:
         if self.on_refused is not None:
             self.on_refused(who, method, code.name, reason)
-        context.abort(code, reason)
+        await context.abort(code, reason)
 
-    def _release(self, who: str, stream: _Stream | None) -> None:
-        with self._lock:
-            left = self._in_flight.get(who, 1) - 1
-            if left > 0:
-                self._in_flight[who] = left
-            else:
-                self._in_flight.pop(who, None)
-            if stream is not None:
-                self._streams.discard(stream)
+    def _release(self, who: str) -> None:
+        left = self._in_flight.get(who, 1) - 1
+        if left > 0:
+            self._in_flight[who] = left
+        else:
+            self._in_flight.pop(who, None)
 
-    @staticmethod
-    def _watched(requests: Iterator[Any], stream: _Stream) -> Iterator[Any]:
-        for message in requests:
-            stream.last = time.monotonic()
-            yield message
-
-    def _watch(self) -> None:
-        """Cancel request streams that went silent or run too long."""
+    async def _watched(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """The request stream, ended with CANCELLED when it goes silent for ``idle_seconds``
+        or runs past ``stream_seconds``."""
         limits = self.limits
-        while not self._stop.wait(1.0):
-            now = time.monotonic()
-            with self._lock:
-                late = [
-                    s
-                    for s in self._streams
-                    if now - s.last > limits.idle_seconds or now - s.started > limits.stream_seconds
-                ]
-            for s in late:
-                idle = now - s.last > limits.idle_seconds
-                log.warning(
-                    "cancelling a provider stream from %s: %s",
-                    s.context.peer(),
-                    f"silent for {now - s.last:.0f} s" if idle else "open too long",
+        started = time.monotonic()
+        messages = requests.__aiter__()
+        while True:
+            open_for = time.monotonic() - started
+            wait = min(limits.idle_seconds, limits.stream_seconds - open_for)
+            try:
+                message = await asyncio.wait_for(messages.__anext__(), max(0.0, wait))
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                idle = limits.idle_seconds <= limits.stream_seconds - open_for
+                reason = (
+                    f"silent for {limits.idle_seconds:g} s"
+                    if idle
+                    else f"open longer than {limits.stream_seconds:g} s"
                 )
-                s.context.cancel()
+                log.warning("cancelling a provider stream from %s: %s", context.peer(), reason)
+                await context.abort(grpc.StatusCode.CANCELLED, reason)
+            yield message

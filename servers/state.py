@@ -12,6 +12,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,10 +109,9 @@ class ServerState:
         self.intake = intake
         lock = threading.RLock()
         self.cond = threading.Condition(lock)
-        # Providers' long polls wait on a condition of their own, woken when a round opens or
-        # ends, training ends, or the peer comes and goes: not on every accepted share (with N
-        # providers that would be N wake-ups of N sleeping threads per round).
-        self.round_cond = threading.Condition(lock)
+        # Providers' long polls are woken through these callbacks when a round opens or ends,
+        # training ends, or the peer comes and goes: not on every accepted share.
+        self._round_listeners: list[Callable[[], None]] = []
         self.allowed_providers = frozenset(plan.cfg.providers)
         self.run_id = ""
         self.config: pb.TrainingConfig | None = None  # set once the Handshake agreed
@@ -373,33 +373,32 @@ class ServerState:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
             return info
 
-    def wait_collecting(
-        self, after: int | None, timeout: float, caller: str | None = None
-    ) -> None:
-        """Until this server collects a round later than ``after`` (any round if None), or
-        round ``after`` again without ``caller``'s share (the round a restore continues from:
-        run again after a restart or a lost peer), training ends, or ``timeout`` seconds pass
-        (providers' long poll: no polling latency)."""
-        end = time.monotonic() + timeout
+    def add_round_listener(self, listener: Callable[[], None]) -> None:
+        """``listener()`` is called (holding the state's lock: it must only schedule work)
+        whenever what :meth:`long_poll_over` answers may have changed."""
         with self.cond:
-            while not self.finished and not self.closing:
-                if (
-                    self.phase == pb.ROUND_PHASE_COLLECTING
-                    and not self.peer_waiting
-                    and (
-                        after is None
-                        or self.round > after
-                        or (
-                            self.round == after == self.rerun_round
-                            and caller not in self.accepted.get(self.round, ())
-                        )
+            self._round_listeners.append(listener)
+
+    def long_poll_over(self, after: int | None, caller: str | None = None) -> bool:
+        """Whether a provider's long poll answers now: this server collects a round later than
+        ``after`` (any round if None), or round ``after`` again without ``caller``'s share (the
+        round a restore continues from: run again after a restart or a lost peer), or training
+        ends, or the server is stopping."""
+        with self.cond:
+            if self.finished or self.closing:
+                return True
+            return (
+                self.phase == pb.ROUND_PHASE_COLLECTING
+                and not self.peer_waiting
+                and (
+                    after is None
+                    or self.round > after
+                    or (
+                        self.round == after == self.rerun_round
+                        and caller not in self.accepted.get(self.round, ())
                     )
-                ):
-                    return
-                left = end - time.monotonic()
-                if left <= 0:
-                    return
-                self.round_cond.wait(left)
+                )
+            )
 
     def close(self) -> None:
         """The daemon is stopping: wake every waiting long poll so its thread ends now."""
@@ -410,7 +409,8 @@ class ServerState:
     def _notify_rounds(self) -> None:
         """Wake every waiter, the providers' long polls included (the caller holds cond)."""
         self.cond.notify_all()
-        self.round_cond.notify_all()
+        for listener in self._round_listeners:
+            listener()
 
     def model(self, version: int | None) -> tuple[int, np.ndarray, bytes]:
         """(version, params, sha256) of a served version; KeyError if not served."""
@@ -433,12 +433,17 @@ class ServerState:
             self.phase = pb.ROUND_PHASE_COLLECTING
             self._notify_rounds()
 
+    @property
+    def counts_on_receipt(self) -> bool:
+        """Whether :meth:`note_receiving` records a release (ldp: each vector is noisy)."""
+        return self.plan.cfg.mode == "ldp"
+
     def note_receiving(self, t: int) -> None:
         """A submission for round t was admitted and its payload is about to be read. In ldp
         the payload is a provider's noisy vector: the round's release is counted now, before
         the server holds any of it, whatever the round then does (once per round: each
         provider sends at most one vector per round)."""
-        if self.plan.cfg.mode != "ldp":
+        if not self.counts_on_receipt:
             return
         with self.cond:
             if t not in self._ldp_counted:

@@ -39,7 +39,12 @@ from spgc.wire.errors import (
     abort_on_error,
 )
 from spgc.wire.identity import caller_identity
-from spgc.wire.messages import iter_share_payload, model_messages, read_share_header
+from spgc.wire.messages import (
+    inline_model,
+    iter_share_payload,
+    model_messages,
+    read_share_header,
+)
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, make_server
 
@@ -106,6 +111,8 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.fail_before_accept = 0  # abort UNAVAILABLE before taking the share
         self.fail_after_accept = 0  # take the share, then abort UNAVAILABLE (lost receipt)
         self.finish_after_share = False
+        self.inline_model: bytes | None = None  # RoundInfo.model_parameters when asked for
+        self.fetches = 0
 
     def _round_info(self, who: str) -> Any:
         return pb.RoundInfo(
@@ -139,6 +146,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
     @abort_on_error
     def FetchModel(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
         caller_identity(context, insecure=False)
+        self.fetches += 1
         if request.HasField("version") and request.version != self.round:
             raise FailedPreconditionError(f"version {request.version} is not served")
         yield from model_messages(self.model, run_id=RUN, version=self.round, chunk_bytes=256)
@@ -186,7 +194,10 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
     @abort_on_error
     def RoundStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
         who = caller_identity(context, insecure=False)
-        return self._round_info(who)
+        info = self._round_info(who)
+        if request.include_model and self.inline_model is not None:
+            info.model_parameters = self.inline_model
+        return info
 
 
 class FakeServer:
@@ -319,6 +330,43 @@ def test_one_round_end_to_end(pki: Path, servers: Any, cancer: Any) -> None:
     # Every encoded example is within the announced L2 bound, in integers.
     assert np.all(np.einsum("ij,ij->i", rows, rows) <= FP.l2_bound_units**2)
     assert np.array_equal(reconstruct(s1, s2, RING), rows.sum(axis=0))
+
+
+def test_a_small_model_inline_in_the_round_info_needs_no_download(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """The model-source server sends a small model with its long-poll answer (include_model);
+    it is checked against both servers' hashes like a download, and FetchModel is not called."""
+    h1, h2 = servers()
+    for s in (h1, h2):
+        s.servicer.inline_model = inline_model(MODEL)
+    cfg = provider_config(pki, [h1, h2])
+    with client_for(cfg, data=cancer) as client:
+        report = client.run_round()
+    assert report is not None and report.accepted
+    assert h1.servicer.fetches == 0 and h2.servicer.fetches == 0
+    ((_, s1),) = h1.servicer.accepted.values()
+    ((_, s2),) = h2.servicer.accepted.values()
+    x, y = cancer
+    _, rows = expected_rows(x, y)
+    assert np.array_equal(reconstruct(s1, s2, RING), rows.sum(axis=0))  # trained on MODEL
+
+
+def test_an_inline_model_that_does_not_match_its_hash_is_refused(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    h1, h2 = servers()
+    tampered = bytearray(inline_model(MODEL) or b"")
+    tampered[0] ^= 1
+    for s in (h1, h2):
+        s.servicer.inline_model = bytes(tampered)
+    cfg = provider_config(pki, [h1, h2])
+    with (
+        client_for(cfg, data=cancer) as client,
+        pytest.raises(ProviderRefusal, match=r"sent a malformed model: .*SHA-256"),
+    ):
+        client.run_round()
+    assert not h1.servicer.attempts and not h2.servicer.attempts
 
 
 def test_plain_mode_sends_the_clear_sum(pki: Path, servers: Any, cancer: Any) -> None:

@@ -3,6 +3,7 @@ ring, and the bounds of every number either side reads from the other."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -42,13 +43,22 @@ from spgc.wire.errors import (
 )
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import (
+    INLINE_MODEL_BYTES,
     check_protocol_version,
+    inline_model,
     iter_share_payload,
+    read_inline_model,
     read_model_stream,
     read_share_header,
     share_messages,
 )
-from spgc.wire.transport import add_servicer, make_channel, make_server
+from spgc.wire.transport import (
+    LoopThread,
+    add_servicer,
+    make_aio_server,
+    make_channel,
+    make_server,
+)
 
 AGGREGATOR = aggregation_pb2.DESCRIPTOR.services_by_name["Aggregator"]
 PEER = peer_pb2.DESCRIPTOR.services_by_name["Peer"]
@@ -119,14 +129,28 @@ class PeerRecorder(peer_pb2_grpc.PeerServicer):
 
 class Served:
     """A started plaintext server on 127.0.0.1 with servicers registered through add_servicer
-    (exactly as make_server's adders: functools.partial)."""
+    (exactly as make_server's adders: functools.partial). ``aio``: an asyncio server (on a
+    LoopThread, as the daemon serves providers), for coroutine servicers."""
 
-    def __init__(self, *pairs: tuple[object, Any], generated: Any = None) -> None:
+    def __init__(self, *pairs: tuple[object, Any], generated: Any = None, aio: bool = False):
         adders = [functools.partial(add_servicer, servicer=s, service=d) for s, d in pairs]
         if generated is not None:
             adders = [generated]
-        self.server, port = make_server("127.0.0.1:0", adders, None, insecure=True, max_workers=4)
-        self.server.start()
+        self.io: LoopThread | None = None
+        if aio:
+            self.io = LoopThread("test-io")
+
+            async def serve() -> tuple[Any, int]:
+                server, port = make_aio_server("127.0.0.1:0", adders, None, insecure=True)
+                await server.start()
+                return server, port
+
+            self.server, port = self.io.run(serve())
+        else:
+            self.server, port = make_server(
+                "127.0.0.1:0", adders, None, insecure=True, max_workers=4
+            )
+            self.server.start()
         self.channel = make_channel(f"127.0.0.1:{port}", None, insecure=True)
 
     def raw_unary(self, method: str, body: bytes, service: str = "spgc.v1.Aggregator") -> Any:
@@ -141,7 +165,11 @@ class Served:
 
     def close(self) -> None:
         self.channel.close()
-        self.server.stop(None).wait()
+        if self.io is not None:
+            self.io.run(self.server.stop(None))
+            self.io.close()
+        else:
+            self.server.stop(None).wait()
 
 
 @pytest.fixture
@@ -312,9 +340,11 @@ def aggregator(tmp_path: Path) -> Iterator[tuple[Served, ServerState]]:
     state.run_id = RUN
     state.config = plan.training_config(RUN)
     state.open_round(0)
-    served = Served((AggregatorServicer(state, "h1", insecure=True), AGGREGATOR))
+    servicer = AggregatorServicer(state, "h1", insecure=True)
+    served = Served((servicer, AGGREGATOR), aio=True)
     yield served, state
     served.close()
+    servicer.close()
     state.close()
 
 
@@ -403,6 +433,24 @@ def test_real_servicer_refuses_garbage_and_keeps_the_round(
     _no_tracebacks(caplog)
 
 
+def test_round_status_carries_a_small_model_when_asked(
+    aggregator: tuple[Served, ServerState],
+) -> None:
+    served, state = aggregator
+    stub = _stub(served)
+    plain = stub.RoundStatus(pb.RoundStatusRequest(provider_id="p1"), timeout=TIMEOUT)
+    assert plain.phase == pb.ROUND_PHASE_COLLECTING and plain.model_parameters == b""
+    info = stub.RoundStatus(
+        pb.RoundStatusRequest(provider_id="p1", include_model=True), timeout=TIMEOUT
+    )
+    _, params, sha = state.model(info.model_version)
+    assert info.model_sha256 == sha
+    assert np.array_equal(read_inline_model(info.model_parameters, len(params), sha), params)
+    with pytest.raises(InvalidArgumentError, match="SHA-256"):
+        read_inline_model(info.model_parameters, len(params), bytes(32))
+    assert inline_model(np.zeros(INLINE_MODEL_BYTES // 8 + 1)) is None  # larger: FetchModel
+
+
 def test_real_servicer_bounds_without_add_servicer(tmp_path: Path) -> None:
     """The handlers check the bounds themselves too (servers registered the generated way)."""
 
@@ -416,8 +464,15 @@ def test_real_servicer_bounds_without_add_servicer(tmp_path: Path) -> None:
         def peer(self) -> str:
             return "ipv4:127.0.0.1:1"
 
-        def abort(self, code: grpc.StatusCode, details: str) -> None:
+        async def abort(self, code: grpc.StatusCode, details: str) -> None:
             raise AssertionError((code, details))
+
+    async def drained(stream: Any) -> list[Any]:
+        return [item async for item in stream]
+
+    async def messages(*items: Any) -> Any:
+        for item in items:
+            yield item
 
     cfg = ServerConfig(role=1, insecure=True, providers=["p1"], dataset="cancer",
                        max_batch_size=8, rounds=1, min_providers=1)  # fmt: skip
@@ -428,18 +483,20 @@ def test_real_servicer_bounds_without_add_servicer(tmp_path: Path) -> None:
     try:
         status = pb.RoundStatusRequest(wait_seconds=INF, provider_id="p1")
         with pytest.raises(AssertionError, match=r"RoundStatusRequest\.wait_seconds=inf"):
-            servicer.RoundStatus(status, Context())
+            asyncio.run(servicer.RoundStatus(status, Context()))
         ledger = pb.LedgerRequest(from_line=2**64 - 1, provider_id="p1")
         with pytest.raises(AssertionError, match=r"LedgerRequest\.from_line="):
-            servicer.FetchLedger(ledger, Context())
+            asyncio.run(servicer.FetchLedger(ledger, Context()))
         model = pb.ModelRequest(version=2**63, provider_id="p1")
         with pytest.raises(AssertionError, match=r"ModelRequest\.version="):
-            list(servicer.FetchModel(model, Context()))
+            asyncio.run(drained(servicer.FetchModel(model, Context())))
         header = pb.ShareHeader(round=2**63, ring_bits=plan.ring_bits, num_elements=plan.dim)
         with pytest.raises(AssertionError, match=r"ShareHeader\.round="):
-            servicer.SubmitShare(iter([pb.ShareChunk(header=header)]), Context())
+            stream = messages(pb.ShareChunk(header=header))
+            asyncio.run(servicer.SubmitShare(stream, Context()))
     finally:
         state.close()
+        servicer.close()
 
 
 # ----------------------------------------------------------------------------- protocol version

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import gc
 import json
 import math
 import os
@@ -234,6 +235,7 @@ def worker_main(spec_path: Path) -> int:
         threads.append(
             threading.Thread(target=_run_provider, args=(client, emit), name=cfg.name, daemon=True)
         )
+    gc.freeze()  # the data set and the clients: no full collection walks them again
     for t in threads:
         t.start()
     for t in threads:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -87,19 +87,58 @@ def status_code_of(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
-def _abort_if_mapped(exc: Exception, context: grpc.ServicerContext) -> None:
+def _mapped_status(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
     code = status_code_of(exc)
-    if code is not None and code is not grpc.StatusCode.OK:
-        message = getattr(exc, "message", None)
-        context.abort(code, message if isinstance(message, str) else str(exc))
+    if code is None or code is grpc.StatusCode.OK:
+        return None
+    message = getattr(exc, "message", None)
+    return code, message if isinstance(message, str) else str(exc)
+
+
+def _abort_if_mapped(exc: Exception, context: grpc.ServicerContext) -> None:
+    mapped = _mapped_status(exc)
+    if mapped is not None:
+        context.abort(*mapped)
+
+
+async def _abort_if_mapped_async(exc: Exception, context: Any) -> None:
+    mapped = _mapped_status(exc)
+    if mapped is not None:
+        await context.abort(*mapped)
 
 
 def abort_on_error(method: _F) -> _F:
     """Decorator for servicer methods: a mapped exception becomes ``context.abort``.
 
-    Works for unary and streaming responses (generator methods). Unmapped exceptions propagate
-    (gRPC reports them as UNKNOWN and logs them): they are bugs, not refusals.
+    Works for unary and streaming responses (generator methods), and for the coroutine and
+    async generator methods of a ``grpc.aio`` servicer. Unmapped exceptions propagate (gRPC
+    reports them as UNKNOWN and logs them): they are bugs, not refusals.
     """
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def async_gen_wrapper(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except Exception as exc:
+                await _abort_if_mapped_async(exc, context)
+                raise
+
+        return async_gen_wrapper  # type: ignore[return-value]
+
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def async_wrapper(self: Any, request: Any, context: Any) -> Any:
+            try:
+                return await method(self, request, context)
+            except Exception as exc:
+                await _abort_if_mapped_async(exc, context)
+                raise
+
+        return async_wrapper  # type: ignore[return-value]
+
     if inspect.isgeneratorfunction(method):
 
         @functools.wraps(method)

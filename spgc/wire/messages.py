@@ -7,7 +7,7 @@ its numbers is used."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -46,16 +46,20 @@ def check_protocol_version(theirs: int, ours: int, who: str = "client") -> None:
     )
 
 
+def _chunk_of(msg: Any, what: str) -> tuple[int, bytes]:
+    """(index, data) of a chunk message after a header; a second header is refused."""
+    kind = msg.WhichOneof("kind")
+    if kind == "chunk":
+        return msg.chunk.index, msg.chunk.data
+    if kind == "header":
+        raise InvalidArgumentError(f"a second {what} header in the stream")
+    raise InvalidArgumentError(f"empty message in the {what} stream")
+
+
 def _chunks_of(messages: Iterator[Any], what: str) -> Iterator[tuple[int, bytes]]:
-    """(index, data) of the chunk messages after a header; a second header is refused."""
+    """(index, data) of the chunk messages after a header."""
     for msg in messages:
-        kind = msg.WhichOneof("kind")
-        if kind == "chunk":
-            yield msg.chunk.index, msg.chunk.data
-        elif kind == "header":
-            raise InvalidArgumentError(f"a second {what} header in the stream")
-        else:
-            raise InvalidArgumentError(f"empty message in the {what} stream")
+        yield _chunk_of(msg, what)
 
 
 def share_messages(
@@ -183,6 +187,20 @@ def iter_share_payload(
     validator.finish()
 
 
+async def aiter_share_payload(
+    messages: AsyncIterator[aggregation_pb2.ShareChunk],
+    header: aggregation_pb2.ShareHeader,
+    *,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
+) -> AsyncIterator[bytes]:
+    """:func:`iter_share_payload` of an asyncio server's request stream."""
+    validator = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
+    async for msg in messages:
+        yield validator.check(*_chunk_of(msg, "share"))
+    validator.finish()
+
+
 def read_share_stream(
     messages: Iterator[aggregation_pb2.ShareChunk],
     *,
@@ -243,6 +261,32 @@ def model_messages(
     yield aggregation_pb2.ModelChunk(header=header)
     for i, data in enumerate(iter_vector_chunks(arr, chunk_bytes)):
         yield aggregation_pb2.ModelChunk(chunk=aggregation_pb2.VectorChunk(index=i, data=data))
+
+
+#: Largest model a RoundInfo carries inline (RoundInfo.model_parameters), in bytes.
+INLINE_MODEL_BYTES = 65536
+
+
+def inline_model(params: np.ndarray) -> bytes | None:
+    """RoundInfo.model_parameters for a float64 model: its little-endian bytes, or None when
+    it is larger than :data:`INLINE_MODEL_BYTES` (providers then use FetchModel)."""
+    arr = little_endian(params)
+    if arr.dtype != np.dtype("<f8"):
+        raise ValueError(f"model parameters travel as float64, not {arr.dtype}")
+    return arr.tobytes() if arr.nbytes <= INLINE_MODEL_BYTES else None
+
+
+def read_inline_model(data: bytes, num_parameters: int, sha256: bytes) -> np.ndarray:
+    """The model in a RoundInfo.model_parameters, checked against its length and the SHA-256
+    the RoundInfo announces; raises :class:`InvalidArgumentError`."""
+    if len(data) != 8 * num_parameters or len(data) > INLINE_MODEL_BYTES:
+        raise InvalidArgumentError(
+            f"inline model of {len(data):,} bytes for {num_parameters:,} parameters"
+        )
+    params = np.frombuffer(data, dtype="<f8").astype(np.float64)
+    if vector_sha256(params) != sha256:
+        raise InvalidArgumentError("the inline model does not match the announced SHA-256")
+    return params
 
 
 def read_model_stream(

@@ -11,15 +11,19 @@ one-line warning instead of gRPC's INTERNAL and a logged traceback.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as aio_health
 
 from spgc.wire.bounds import check_bounds
 from spgc.wire.chunks import MAX_CHUNK_BYTES
@@ -27,6 +31,7 @@ from spgc.wire.errors import WireError
 from spgc.wire.tls import TlsFiles, channel_credentials, server_credentials
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: gRPC message size limit on both sides: a full chunk plus room for the protobuf framing.
 DEFAULT_MAX_MESSAGE_BYTES = MAX_CHUNK_BYTES + (64 << 10)
@@ -61,6 +66,47 @@ def _message_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     ]
 
 
+def _server_transport(
+    bind: str,
+    tls: TlsFiles | None,
+    insecure: bool,
+    max_message_bytes: int,
+    require_client_auth: bool,
+    options: Sequence[tuple[str, Any]],
+) -> tuple[list[tuple[str, Any]], grpc.ServerCredentials | None]:
+    """The options and credentials every server of ours gets (sync or asyncio)."""
+    _check_transport(tls, insecure, f"serve gRPC on {bind}")
+    opts = [*_message_options(max_message_bytes), ("grpc.so_reuseport", 0), *options]
+    creds = None
+    if tls is not None:
+        creds = server_credentials(tls.cert, tls.key, tls.ca, require_client_auth)
+    return opts, creds
+
+
+def _register_and_bind(
+    server: Any,
+    servicer_adders: Iterable[Callable[[Any], object]],
+    bind: str,
+    creds: grpc.ServerCredentials | None,
+) -> int:
+    """Add the servicers, bind the port; returns the port (OSError when it cannot be bound)."""
+    for add in servicer_adders:
+        add(server)
+    try:
+        if creds is not None:
+            port = server.add_secure_port(bind, creds)
+        else:
+            host = bind.rsplit(":", 1)[0]
+            if not _is_loopback(host):
+                log.warning("serving plaintext gRPC on %s (--insecure): traffic is readable", bind)
+            port = server.add_insecure_port(bind)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind gRPC server to {bind}: {exc}") from exc
+    if port == 0:
+        raise OSError(f"cannot bind gRPC server to {bind}")
+    return port
+
+
 def make_server(
     bind: str,
     servicer_adders: Iterable[Callable[[grpc.Server], object]],
@@ -85,32 +131,65 @@ def make_server(
 
     Returns ``(server, port)``; raises OSError when the address cannot be bound.
     """
-    _check_transport(tls, insecure, f"serve gRPC on {bind}")
-    opts = [*_message_options(max_message_bytes), ("grpc.so_reuseport", 0), *options]
-    creds = None
-    if tls is not None:
-        creds = server_credentials(tls.cert, tls.key, tls.ca, require_client_auth)
+    opts, creds = _server_transport(
+        bind, tls, insecure, max_message_bytes, require_client_auth, options
+    )
     server = grpc.server(
         ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spgc-grpc"),
         options=opts,
         maximum_concurrent_rpcs=maximum_concurrent_rpcs,
         interceptors=list(interceptors),
     )
-    for add in servicer_adders:
-        add(server)
-    try:
-        if creds is not None:
-            port = server.add_secure_port(bind, creds)
-        else:
-            host = bind.rsplit(":", 1)[0]
-            if not _is_loopback(host):
-                log.warning("serving plaintext gRPC on %s (--insecure): traffic is readable", bind)
-            port = server.add_insecure_port(bind)
-    except RuntimeError as exc:
-        raise OSError(f"cannot bind gRPC server to {bind}: {exc}") from exc
-    if port == 0:
-        raise OSError(f"cannot bind gRPC server to {bind}")
-    return server, port
+    return server, _register_and_bind(server, servicer_adders, bind, creds)
+
+
+def make_aio_server(
+    bind: str,
+    servicer_adders: Iterable[Callable[[grpc.aio.Server], object]],
+    tls: TlsFiles | None,
+    insecure: bool = False,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    *,
+    require_client_auth: bool = True,
+    maximum_concurrent_rpcs: int | None = None,
+    options: Sequence[tuple[str, Any]] = (),
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> tuple[grpc.aio.Server, int]:
+    """:func:`make_server` for an asyncio gRPC server: every call is a coroutine on one event
+    loop, so thousands of long polls cost no thread each. Call it from the loop's thread (the
+    server belongs to the running loop); start it with ``await server.start()``."""
+    opts, creds = _server_transport(
+        bind, tls, insecure, max_message_bytes, require_client_auth, options
+    )
+    server = grpc.aio.server(
+        options=opts,
+        maximum_concurrent_rpcs=maximum_concurrent_rpcs,
+        interceptors=list(interceptors),
+    )
+    return server, _register_and_bind(server, servicer_adders, bind, creds)
+
+
+class LoopThread:
+    """An asyncio event loop on a thread of its own: how a threaded program (the daemon, a
+    test) runs an asyncio gRPC server. ``run(coro)`` runs a coroutine on the loop and returns
+    its result (or raises its exception) in the calling thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, _T], timeout: float | None = 30.0) -> _T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        """Stop the loop (after its servers were stopped) and wait for its thread."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 # A lost connection is dialled again after 0.25 s, backing off (with gRPC's own jitter) to at
@@ -156,12 +235,20 @@ def add_health(server: grpc.Server, services: Iterable[str] = ()) -> Any:
     a status and ``enter_graceful_shutdown()`` before stopping. Health uses the server's
     transport, so over TLS the prober needs a client certificate too.
     """
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     for name in ("", *services):
         servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return servicer
+
+
+async def add_aio_health(server: grpc.aio.Server, services: Iterable[str] = ()) -> Any:
+    """:func:`add_health` for an asyncio server (its ``set`` and ``enter_graceful_shutdown``
+    are coroutines, to run on the server's loop)."""
+    servicer = aio_health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    for name in ("", *services):
+        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return servicer
 
 
@@ -212,6 +299,13 @@ class _RequestParser:
         """The parsed request stream; raises :class:`MalformedRequest` where a message fails."""
         for index, item in enumerate(raw):
             yield self.parse(item, context, index)
+
+    async def astream(self, raw: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
+        """:meth:`stream` of an asyncio server's request stream."""
+        index = 0
+        async for item in raw:
+            yield self.parse(item, context, index)
+            index += 1
 
 
 def _abort_refused(exc: MalformedRequest, context: grpc.ServicerContext) -> None:
@@ -264,8 +358,62 @@ def _method_handler(servicer: object, method: MethodDescriptor, bounds: bool) ->
     )
 
 
+def _aio_method_handler(servicer: object, method: MethodDescriptor, bounds: bool) -> Any:
+    """:func:`_method_handler` for a ``grpc.aio`` server: the servicer's methods are
+    coroutines (async generators for streamed responses)."""
+    behaviour = getattr(servicer, method.name)
+    parser = _RequestParser(method, bounds)
+    serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+
+    async def parse_or_abort(raw: bytes, context: Any) -> Any:
+        try:
+            return parser.parse(raw, context)
+        except MalformedRequest as exc:
+            await context.abort(exc.code, exc.message)  # raises
+
+    if not method.client_streaming and not method.server_streaming:
+
+        async def unary_unary(raw: bytes, context: Any) -> Any:
+            return await behaviour(await parse_or_abort(raw, context), context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary_unary, request_deserializer=None, response_serializer=serialize
+        )
+    if not method.client_streaming:
+
+        async def unary_stream(raw: bytes, context: Any) -> AsyncIterator[Any]:
+            async for item in behaviour(await parse_or_abort(raw, context), context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream, request_deserializer=None, response_serializer=serialize
+        )
+    if not method.server_streaming:
+
+        async def stream_unary(raw: AsyncIterator[bytes], context: Any) -> Any:
+            try:
+                return await behaviour(parser.astream(raw, context), context)
+            except MalformedRequest as exc:
+                await context.abort(exc.code, exc.message)
+
+        return grpc.stream_unary_rpc_method_handler(
+            stream_unary, request_deserializer=None, response_serializer=serialize
+        )
+
+    async def stream_stream(raw: AsyncIterator[bytes], context: Any) -> AsyncIterator[Any]:
+        try:
+            async for item in behaviour(parser.astream(raw, context), context):
+                yield item
+        except MalformedRequest as exc:
+            await context.abort(exc.code, exc.message)
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream_stream, request_deserializer=None, response_serializer=serialize
+    )
+
+
 def add_servicer(
-    server: grpc.Server,
+    server: grpc.Server | grpc.aio.Server,
     servicer: object,
     service: ServiceDescriptor,
     *,
@@ -282,9 +430,11 @@ def add_servicer(
     code does. ``service`` is a descriptor of the generated modules, e.g.
     ``aggregation_pb2.DESCRIPTOR.services_by_name["Aggregator"]``; ``servicer`` has one method
     per RPC (subclass the generated ``XServicer`` for UNIMPLEMENTED defaults). For
-    :func:`make_server`: ``functools.partial(add_servicer, servicer=s, service=d)``.
+    :func:`make_server`: ``functools.partial(add_servicer, servicer=s, service=d)``. On a
+    ``grpc.aio`` server (:func:`make_aio_server`) the servicer's methods are coroutines.
     """
-    handlers = {m.name: _method_handler(servicer, m, bounds) for m in service.methods}
+    make = _aio_method_handler if isinstance(server, grpc.aio.Server) else _method_handler
+    handlers = {m.name: make(servicer, m, bounds) for m in service.methods}
     generic = grpc.method_handlers_generic_handler(service.full_name, handlers)
     server.add_generic_rpc_handlers((generic,))
     server.add_registered_method_handlers(service.full_name, handlers)
