@@ -103,6 +103,10 @@ def test_json_rows_scaling_and_paper_figures(capsys) -> None:
         assert r["seconds_per_step"] > 0
         assert r["dim"] == 642 and r["scaled_to_dim"] and r["coordinates_measured"] == 256
         assert r["bytes_per_step"] == pytest.approx(r["bytes_per_coordinate"] * 642)
+        for name, rate in (("1gbit", 1e9), ("10gbit", 1e10)):
+            link = r[f"link_seconds_per_step_{name}"]
+            assert link == pytest.approx(8 * r["bytes_per_step"] / rate)
+            assert r[f"bound_at_{name}"] == ("link" if link > r["seconds_per_step"] else "compute")
         # 3 providers x 200 rows / batch 10 = 20 steps per epoch
         assert r["steps_per_training"] == 20 * bench_comm.DEFAULT_EPOCHS
         assert r["bytes_per_training"] == pytest.approx(

@@ -88,6 +88,9 @@ EPOCHS_NOTE = (
     "{epochs} epochs assumed (--epochs)"
 )
 GB = 1e9  # the paper's "GB" read as 10^9 bytes (it does not say)
+# Links the round time is shown for (bits per second): between two organisations the link, not
+# the CPU, is often what runs out.
+LINK_SPEEDS: dict[str, float] = {"1gbit": 1e9, "10gbit": 1e10}
 
 
 class BenchCommError(ValueError):
@@ -581,6 +584,12 @@ def _row(
         "seconds_per_training": seconds * steps,
         **big.extra,
     }
+    # What the bytes alone imply at each link speed, beside the measured compute time: the
+    # larger of the two bounds a step (a pipelined engine overlaps them).
+    for name, bits_per_second in LINK_SPEEDS.items():
+        link = 8 * per_step / bits_per_second
+        row[f"link_seconds_per_step_{name}"] = link
+        row[f"bound_at_{name}"] = "link" if link > seconds else "compute"
     if spec.name in ("dng", "preprocessed"):
         row["ring_bits"] = big.extra["ring_bits"]
     if spec.name == "preprocessed":
@@ -617,12 +626,19 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
+def _link(row: dict[str, Any], name: str) -> str:
+    """Seconds the step's bytes take on the link, starred when the link bounds the step."""
+    seconds = row[f"link_seconds_per_step_{name}"]
+    return f"{seconds:.3g}" + ("*" if row[f"bound_at_{name}"] == "link" else "")
+
+
 def format_table(rows: list[dict[str, Any]], header: str = "") -> str:
     """The terminal table: per mode and epsilon, per-coordinate bytes (both sample sizes and
     by phase), per step, per training, and the paper's Table 1 figure."""
     head = (
         f"{'mode':<12} {'eps':>5} {'sigma_u':>9} {'L':>3} {'B/coord':>9} {'(n/4)':>9} "
         f"{'OT':>7} {'tables':>9} {'outputs':>7} {'other':>6} {'per step':>9} {'s/step':>8} "
+        f"{'1G s':>8} {'10G s':>8} "
         f"{'training':>9} {'paper':>9} {'x only-mpc':>10} {'paper x':>8}"
     )
     lines = [header] if header else []
@@ -637,6 +653,7 @@ def format_table(rows: list[dict[str, Any]], header: str = "") -> str:
             f"{ph.get('ot_extension', 0):>7,.0f} {ph.get('tables', 0):>9,.0f} "
             f"{ph.get('outputs', 0):>7,.0f} {other:>6,.0f} "
             f"{_fmt_bytes(r['bytes_per_step']):>9} {r['seconds_per_step']:>8.3g} "
+            f"{_link(r, '1gbit'):>8} {_link(r, '10gbit'):>8} "
             f"{_fmt_bytes(r['bytes_per_training']):>9} "
             f"{'-' if paper is None else format(paper, ',.1f') + ' GB':>9} "
             f"{_ratio(r['ratio_to_only_mpc']):>10} {_ratio(r['paper_ratio_to_only_mpc']):>8}"
@@ -658,6 +675,10 @@ def _notes(ctx: CommContext, rows: list[dict[str, Any]], epochs: int) -> str:
         + "; s/step: straight line through the two measured sizes (per-run overhead + per "
         "coordinate), both parties sharing this machine over loopback; one-time circuit "
         "preparation not included",
+        "1G s / 10G s: seconds the step's bytes take on a 1 / 10 Gbit/s link between the "
+        "servers (8 x bytes / bit rate), starred (*) where that exceeds s/step: there the link, "
+        "not the computation, bounds the step (JSON: link_seconds_per_step_1gbit, "
+        "bound_at_1gbit, ...)",
         "OT / tables / outputs: the engine's phases ot_extension, tables, outputs; other: per-run "
         "headers, and the opened shares of dng and preprocessed (8 B each way); preprocessed: "
         "offline (the circuit making the noise shares: OT/tables/outputs) + online (opened), "
