@@ -4,6 +4,11 @@ The benchmark circuit is one coordinate of a typical server-side step on 32-bit 
 ``D = A - B``, ``c = D < T`` (signed), ``Y = c ? D : A``, revealed to both parties; A and T are the
 garbler's inputs, B the evaluator's. Every run is checked against the circuit's plaintext
 evaluation.
+
+Speeds are put against the machine's single-core AES-128 rate, measured in the same run with
+``openssl speed -evp aes-128-ecb``: a half-gates garbler needs 4 AES blocks per AND gate, so
+that rate / 4 is the AND gates per second one core could garble at most (``x ceiling``).
+``--threads`` runs each link once per thread count T (both parties use T threads).
 """
 
 from __future__ import annotations
@@ -11,7 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +45,8 @@ HOST = "127.0.0.1"
 CONNECT_TIMEOUT = 30.0
 
 LINKS = ("plaintext", "tls")
+MAX_THREADS = 4  # the engine's limit per party
+AES_CALLS_PER_AND = 4  # half-gates garbling: 2 hashes per half gate, 2 half gates per AND
 MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
 
 
@@ -94,11 +104,16 @@ def _close(obj: Any) -> None:
 
 
 def _run_party(
-    role: str, channel: Any, inputs: dict[str, np.ndarray], chunk: int | None, circuit: Any
+    role: str,
+    channel: Any,
+    inputs: dict[str, np.ndarray],
+    chunk: int | None,
+    circuit: Any,
+    threads: int = 1,
 ) -> PartyReport:
     gc = garbled_core
     party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
-    party = party_cls(channel, **_chunk_kwargs(chunk))
+    party = party_cls(channel, threads=threads, **_chunk_kwargs(chunk))
     # Arrays that crossed a process boundary carry an unpickled (equal but not identical)
     # dtype object; re-view them with numpy's canonical uint64 dtype.
     inputs = {
@@ -125,6 +140,7 @@ def _garbler_main(
     tls: tuple[str, str, str] | None,
     inputs: dict[str, np.ndarray],
     chunk: int | None,
+    threads: int,
 ) -> None:
     """Garbler process: listen on an ephemeral loopback port, report it, run, report results."""
     try:
@@ -136,7 +152,7 @@ def _garbler_main(
             tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
         )
         try:
-            report = _run_party(OWNER_GARBLER, channel, inputs, chunk, circuit)
+            report = _run_party(OWNER_GARBLER, channel, inputs, chunk, circuit, threads)
         finally:
             _close(channel)
             _close(listener)
@@ -153,6 +169,7 @@ def _evaluator_main(
     tls: tuple[str, str, str] | None,
     inputs: dict[str, np.ndarray],
     chunk: int | None,
+    threads: int,
 ) -> None:
     """Evaluator process: connect to the garbler, run, report results."""
     try:
@@ -162,7 +179,7 @@ def _evaluator_main(
             HOST, port, tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
         )
         try:
-            report = _run_party(OWNER_EVALUATOR, channel, inputs, chunk, circuit)
+            report = _run_party(OWNER_EVALUATOR, channel, inputs, chunk, circuit, threads)
         finally:
             _close(channel)
         conn.send(("ok", report))
@@ -211,6 +228,7 @@ class RunResult:
     """One end-to-end run (garbler and evaluator over loopback)."""
 
     mode: str
+    threads: int
     instances: int
     and_per_instance: int
     and_gates: int
@@ -223,6 +241,8 @@ class RunResult:
     cpu_seconds_evaluator: float
     correct: bool
     counters: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    speedup_vs_one_thread: float | None = None  # against the T = 1 run of the same link
+    ratio_to_aes_ceiling: float | None = None  # end-to-end rate / (AES blocks per s / 4)
 
 
 def _sum_sent(counters: dict[str, dict[str, int]], phases: Iterable[str]) -> int:
@@ -236,8 +256,10 @@ def run_two_party(
     chunk: int | None,
     garble_only_rate: float,
     log: Callable[[str], None],
+    threads: int = 1,
 ) -> RunResult:
-    """Run the circuit on ``instances`` random inputs in two processes; check the result."""
+    """Run the circuit on ``instances`` random inputs in two processes (each party on
+    ``threads`` threads); check the result."""
     import multiprocessing as mp
 
     if mode not in LINKS:
@@ -267,17 +289,22 @@ def run_two_party(
         g_parent, g_child = ctx.Pipe()
         e_parent, e_child = ctx.Pipe()
         garbler = ctx.Process(
-            target=_garbler_main, args=(g_child, tls_g, inputs_g, chunk), name="spgc-garbler"
+            target=_garbler_main,
+            args=(g_child, tls_g, inputs_g, chunk, threads),
+            name="spgc-garbler",
         )
         evaluator = None
-        log(f"garbling {instances:,} instances over {MODE_LABEL[mode]} (loopback, 2 processes) ...")
+        log(
+            f"garbling {instances:,} instances over {MODE_LABEL[mode]} (loopback, 2 processes, "
+            f"{threads} thread(s) each) ..."
+        )
         try:
             garbler.start()
             g_child.close()
             port = _receive(g_parent, garbler, "garbler", deadline)
             evaluator = ctx.Process(
                 target=_evaluator_main,
-                args=(e_child, port, tls_e, inputs_e, chunk),
+                args=(e_child, port, tls_e, inputs_e, chunk, threads),
                 name="spgc-evaluator",
             )
             evaluator.start()
@@ -311,6 +338,7 @@ def run_two_party(
     log(f"  done in {wall:.2f} s; output {'matches' if correct else 'DIFFERS FROM'} plaintext")
     return RunResult(
         mode=mode,
+        threads=threads,
         instances=instances,
         and_per_instance=and_per_instance,
         and_gates=and_gates,
@@ -338,12 +366,31 @@ def garble_only_rate(
     return and_gates / seconds if seconds > 0 else float("inf")
 
 
+def aes_blocks_per_second(seconds: int = 1) -> float | None:
+    """Single-core AES-128 blocks per second, as ``openssl speed -evp aes-128-ecb`` measures
+    on 16 KiB buffers; None when openssl is not installed or prints no figure."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    cmd = [openssl, "speed", "-evp", "aes-128-ecb", "-seconds", str(seconds), "-bytes", "16384"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    # The last line: "AES-128-ECB  11213553.66k" (thousands of bytes per second).
+    found = re.search(r"^aes-128-ecb\s+([0-9.]+)k\s*$", out, re.IGNORECASE | re.MULTILINE)
+    return None if found is None else float(found.group(1)) * 1000 / 16
+
+
 # ------------------------------------------------------------------------------------- output
 
 _COLUMNS = (
     ("mode", "{:<9}"),
+    ("T", "{:>2}"),
     ("AND gates", "{:>13,}"),
     ("e2e M AND/s", "{:>11.2f}"),
+    ("x T=1", "{:>5}"),
+    ("x ceiling", "{:>9}"),
     ("garble-only M AND/s", "{:>19.2f}"),
     ("bytes/AND", "{:>9.2f}"),
     ("eval B/input bit", "{:>16.2f}"),
@@ -354,8 +401,13 @@ _COLUMNS = (
 )
 
 
-def format_table(runs: list[RunResult]) -> str:
-    """The human-readable result table, one row per run."""
+def _ratio(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_table(runs: list[RunResult], aes_rate: float | None = None) -> str:
+    """The human-readable result table, one row per run (and the AES ceiling it is put
+    against)."""
     widths = [len(fmt.format(*([0] if "," in fmt or "f" in fmt else [""]))) for _, fmt in _COLUMNS]
     widths = [max(w, len(name)) for w, (name, _) in zip(widths, _COLUMNS, strict=True)]
     header = "  ".join(
@@ -366,8 +418,11 @@ def format_table(runs: list[RunResult]) -> str:
     for r in runs:
         values = (
             MODE_LABEL[r.mode],
+            r.threads,
             r.and_gates,
             r.and_gates_per_second / 1e6,
+            _ratio(r.speedup_vs_one_thread, 2),
+            _ratio(r.ratio_to_aes_ceiling, 3),
             r.garble_only_and_gates_per_second / 1e6,
             r.bytes_per_and,
             r.eval_input_bytes_per_bit,
@@ -383,14 +438,27 @@ def format_table(runs: list[RunResult]) -> str:
                 for i, (c, w) in enumerate(zip(cells, widths, strict=True))
             )
         )
+    if aes_rate is None:
+        lines.append("x ceiling: - (openssl speed did not run)")
+    else:
+        lines.append(
+            f"x ceiling: end-to-end AND/s over the single-core half-gates ceiling, "
+            f"{aes_rate / AES_CALLS_PER_AND / 1e6:.1f} M AND/s ({aes_rate / 1e6:.1f} M AES-128 "
+            f"blocks/s by openssl speed -evp aes-128-ecb, / {AES_CALLS_PER_AND} per AND gate)"
+        )
     return "\n".join(lines)
 
 
-def to_json(runs: list[RunResult], chunk: int | None) -> dict[str, Any]:
-    """One JSON object: the primary run's keys at top level (TLS if it ran), all runs in `runs`."""
+def to_json(
+    runs: list[RunResult], chunk: int | None, aes_rate: float | None = None
+) -> dict[str, Any]:
+    """One JSON object: the primary run's keys at top level (TLS if it ran, its first thread
+    count), all runs in `runs`."""
     primary = next((r for r in runs if r.mode == "tls"), runs[0])
     obj: dict[str, Any] = asdict(primary)
     obj["chunk"] = chunk
+    obj["aes128_blocks_per_second"] = aes_rate
+    obj["ceiling_and_gates_per_second"] = None if aes_rate is None else aes_rate / AES_CALLS_PER_AND
     obj["circuit"] = "y = (a - b <s t) ? a - b : a, 32-bit"
     if len(runs) > 1:
         obj["runs"] = [asdict(r) for r in runs]
@@ -402,12 +470,17 @@ def bench_gc(
     modes: tuple[str, ...] = ("tls",),
     chunk: int | None = None,
     log: Callable[[str], None] | None = None,
+    threads: tuple[int, ...] = (1,),
+    aes_rate: float | None = None,
 ) -> list[RunResult]:
-    """Garble-only rate, then one two-process run per mode; returns the results."""
+    """Garble-only rate, then one two-process run per mode and thread count; returns the
+    results (``aes_rate``: AES-128 blocks per second, for ``ratio_to_aes_ceiling``)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     if chunk is not None and chunk < 1:
         raise ValueError("--chunk must be at least 1")
+    if not threads or any(not 1 <= t <= MAX_THREADS for t in threads):
+        raise ValueError(f"--threads: each thread count must be in 1..{MAX_THREADS}")
 
     def _stderr(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -416,17 +489,41 @@ def bench_gc(
     circuit = build_circuit()
     log(f"circuit: {int(circuit.and_count)} AND gates per instance")
     rate = garble_only_rate(circuit, instances, chunk, log)
-    return [run_two_party(circuit, instances, m, chunk, rate, log) for m in modes]
+    runs = []
+    for mode in modes:
+        base: RunResult | None = None
+        for t in dict.fromkeys(threads):
+            run = run_two_party(circuit, instances, mode, chunk, rate, log, threads=t)
+            if t == 1:
+                base = run
+            if base is not None and base.and_gates_per_second > 0:
+                run.speedup_vs_one_thread = run.and_gates_per_second / base.and_gates_per_second
+            if aes_rate:
+                run.ratio_to_aes_ceiling = run.and_gates_per_second / (
+                    aes_rate / AES_CALLS_PER_AND
+                )
+            runs.append(run)
+    return runs
 
 
-def run_cli(instances: int, insecure: bool, both: bool, chunk: int | None, as_json: bool) -> int:
+def run_cli(
+    instances: int,
+    insecure: bool,
+    both: bool,
+    chunk: int | None,
+    as_json: bool,
+    threads: tuple[int, ...] = (1,),
+) -> int:
     """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect)."""
     modes: tuple[str, ...] = LINKS if both else (("plaintext",) if insecure else ("tls",))
-    runs = bench_gc(instances=instances, modes=modes, chunk=chunk)
-    table = format_table(runs)
+    aes_rate = aes_blocks_per_second()  # first, while nothing else of ours runs
+    runs = bench_gc(
+        instances=instances, modes=modes, chunk=chunk, threads=threads, aes_rate=aes_rate
+    )
+    table = format_table(runs, aes_rate)
     if as_json:
         print(table, file=sys.stderr)
-        print(json.dumps(to_json(runs, chunk), indent=2, sort_keys=True))
+        print(json.dumps(to_json(runs, chunk, aes_rate), indent=2, sort_keys=True))
     else:
         print(table)
     if not all(r.correct for r in runs):

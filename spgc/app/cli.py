@@ -46,6 +46,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _thread_counts(text: str) -> tuple[int, ...]:
+    """ "1,2,4" -> (1, 2, 4): thread counts of `spgc bench gc --threads`, each 1..MAX_THREADS."""
+    counts = []
+    for part in text.split(","):
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+        if not 1 <= value <= bench_gc.MAX_THREADS:
+            raise argparse.ArgumentTypeError(
+                f"each thread count must be in 1..{bench_gc.MAX_THREADS}: {text!r}"
+            )
+        counts.append(value)
+    return tuple(counts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(
@@ -107,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="print one JSON object on stdout (the table goes to stderr)",
+    )
+    gc.add_argument(
+        "--threads",
+        type=_thread_counts,
+        default=(1,),
+        metavar="T[,T...]",
+        help=f"threads per party, one run per count, each 1..{bench_gc.MAX_THREADS} "
+        "(default: 1; e.g. 1,2,4)",
     )
     link = gc.add_mutually_exclusive_group()
     link.add_argument(
@@ -256,6 +280,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         both=args.both,
         chunk=args.chunk,
         as_json=args.json,
+        threads=args.threads,
     )
 
 

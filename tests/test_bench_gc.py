@@ -1,0 +1,61 @@
+"""`spgc bench gc`: runs per thread count, checked against plaintext, put against the AES rate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from spgc.app import bench_gc, cli
+
+
+def test_one_row_per_thread_count_each_checked_and_put_against_aes() -> None:
+    aes = 4e8  # AES blocks per second: a stated rate, so the ratio is checked exactly
+    runs = bench_gc.bench_gc(
+        instances=3000, modes=("plaintext",), threads=(1, 2), aes_rate=aes, log=lambda _: None
+    )
+    assert [(r.mode, r.threads) for r in runs] == [("plaintext", 1), ("plaintext", 2)]
+    for r in runs:
+        assert r.correct
+        assert r.and_gates == 95 * 3000
+        assert r.bytes_per_and == 32.0  # half-gates: two 16-byte rows per AND gate
+        assert r.eval_input_bytes_per_bit == 16.0  # IKNP correlated OT, one block per bit
+        assert r.ratio_to_aes_ceiling == pytest.approx(r.and_gates_per_second / (aes / 4))
+    assert runs[0].speedup_vs_one_thread == 1.0
+    assert runs[1].speedup_vs_one_thread == pytest.approx(
+        runs[1].and_gates_per_second / runs[0].and_gates_per_second
+    )
+    table = bench_gc.format_table(runs, aes)
+    assert "x ceiling" in table and "100.0 M AND/s" in table
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_aes_rate_from_openssl_speed() -> None:
+    rate = bench_gc.aes_blocks_per_second()
+    assert rate is not None and rate > 1e6  # any machine of this century
+
+
+@pytest.mark.parametrize("bad", ["0", "1,9", "two"])
+def test_cli_refuses_thread_counts_out_of_range(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:  # argparse: usage and one error line
+        cli.main(["bench", "gc", "--threads", bad])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--threads" in err and "Traceback" not in err
+
+
+def test_cli_json_has_the_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = bench_gc.run_cli(
+        instances=1000, insecure=True, both=False, chunk=None, as_json=True, threads=(1,)
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["threads"] == 1 and out["correct"]
+    if out["aes128_blocks_per_second"] is not None:
+        assert out["ceiling_and_gates_per_second"] == out["aes128_blocks_per_second"] / 4
+        assert out["ratio_to_aes_ceiling"] == pytest.approx(
+            out["and_gates_per_second"] / out["ceiling_and_gates_per_second"]
+        )
