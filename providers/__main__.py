@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from spgc.config import ConfigError, add_daemon_arguments, load_provider_config
 from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
-from spgc.providers.client import ProviderClient, ProviderRefusal
+from spgc.progress import Progress, terminal_logging
+from spgc.providers.client import ProviderClient, ProviderRefusal, RoundReport
 
 PROG = "spgc provider"
 log = logging.getLogger("spgc.provider")
@@ -46,9 +47,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_level, cfg.log_format)
+    shown: dict[str, Progress] = {}
     try:
         with ProviderClient(cfg) as client:
-            reports = client.run()
+
+            def show(report: RoundReport | None) -> None:
+                """On a terminal, a progress line: rounds of the plan, privacy, last time."""
+                if "bar" not in shown:
+                    total = client.training.max_rounds if client.training is not None else 0
+                    # Not a terminal: the per-round log lines say the same.
+                    shown["bar"] = Progress(total or None, "rounds", desc=cfg.name, lines=False)
+                done = len(client.reports)
+                if report is None:
+                    shown["bar"].update(done, last="failed")
+                    return
+                seconds = report.compute_seconds + report.encode_seconds + report.send_seconds
+                shown["bar"].update(
+                    done, eps_spent=f"{report.epsilon_spent:.4g}", last_s=f"{seconds:.2f}"
+                )
+
+            with terminal_logging():
+                reports = client.run(on_round=show)
     except ProviderRefusal as exc:
         log.error("refusing to take part: %s", exc)
         return 3
@@ -58,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TimeoutError, OSError, ValueError, *DATA_ERRORS) as exc:
         log.error("%s", exc)
         return 1
+    finally:
+        if "bar" in shown:
+            shown["bar"].close()
     accepted = sum(r.accepted for r in reports)
     log.info("done: %d round(s), %d accepted by every server", len(reports), accepted)
     return 0

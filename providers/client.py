@@ -169,6 +169,7 @@ class RoundReport:
     encode_seconds: float
     send_seconds: float
     results: list[SubmitResult] = field(default_factory=list)
+    epsilon_spent: float = 0.0  # what the servers had spent when the round opened
 
     @property
     def accepted(self) -> bool:
@@ -1103,7 +1104,9 @@ class ProviderClient:
         self._last_delivered = bool(results)
         troubled = bool(errors) or any(r.attempts > 1 for r in results)
         self._resend = (t, vectors) if troubled else None
-        report = RoundReport(t, info.model_version, len(batch), compute, encode, send, results)
+        report = RoundReport(
+            t, info.model_version, len(batch), compute, encode, send, results, info.epsilon_spent
+        )
         self.reports.append(report)
         log.info(
             "round %d: model v%d, batch %d, compute %.2fs, encode %.2fs, send %.2fs, %s; "
@@ -1171,10 +1174,13 @@ class ProviderClient:
             return {"sampling": "poisson", "sampling_rate": tc.sampling_rate}
         return {"sampling": "fixed", "sample_size": tc.batch_size, "population": len(self._x)}
 
-    def run(self) -> list[RoundReport]:
+    def run(
+        self, on_round: Callable[[RoundReport | None], None] | None = None
+    ) -> list[RoundReport]:
         """Take part until training finishes (or ``max_rounds``); returns the reports.
 
         A failed round is logged and the provider goes on with the next one; a refusal stops.
+        ``on_round(report)`` after every round taken part in (None for a failed one): progress.
         """
         self.connect()
         done = 0
@@ -1184,11 +1190,15 @@ class ProviderClient:
             except RoundFailed as exc:
                 log.error("round %s failed: %s", self.last_round, exc)
                 done += 1
+                if on_round is not None:
+                    on_round(None)
                 continue
             if report is None:
                 log.info("training finished")
                 break
             done += 1
+            if on_round is not None:
+                on_round(report)
         return self.reports
 
 

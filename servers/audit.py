@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ class AuditLog:
         self.server = server
         self._lock = threading.Lock()
         self._file: Any = None
+        self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -67,6 +69,12 @@ class AuditLog:
             if self._file is not None:
                 self._file.write(line + "\n")
                 self._file.flush()
+        for listener in self._listeners:
+            listener(event, entry)
+
+    def add_listener(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
+        """``listener(event, entry)`` is called after every event is written (metrics)."""
+        self._listeners.append(listener)
 
     def close(self) -> None:
         with self._lock:

@@ -177,11 +177,15 @@ def _after_reveal(
 
 
 def log_round(state: ServerState, rec: RoundRecord) -> None:
-    """The one log line per round; then the checkpoint a restart continues from."""
+    """The one log line per round; then the checkpoint a restart continues from; then the
+    round's observers (metrics)."""
     try:
         _log_round(state, rec)
     finally:
+        start = time.perf_counter()
         state.save_checkpoint()
+        rec.seconds["checkpoint"] = time.perf_counter() - start
+    state.observe_round(rec)
 
 
 def _log_round(state: ServerState, rec: RoundRecord) -> None:

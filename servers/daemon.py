@@ -12,6 +12,7 @@ data link carries the two noisy shares instead of a garbled circuit (no engine s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ import garbled_core
 from spgc import __version__
 from spgc.config import ServerConfig
 from spgc.plan import make_plan
+from spgc.progress import terminal_logging
 from spgc.servers.aggregator import AggregatorServicer
 from spgc.servers.audit import AuditLog
 from spgc.servers.checkpoint import (
@@ -37,10 +39,12 @@ from spgc.servers.checkpoint import (
     step_back,
 )
 from spgc.servers.coordinator import H1Driver, SingleDriver
+from spgc.servers.curves import TrainingCurves
 from spgc.servers.faults import planned_fault
 from spgc.servers.gc_party import PartyLink, set_seed_journal
 from spgc.servers.intake import ShareIntake
 from spgc.servers.limits import ProviderGate, ProviderLimits
+from spgc.servers.metrics import MetricsServer, ServerMetrics
 from spgc.servers.noise_pool import NoisePool
 from spgc.servers.peer import PeerServicer, config_differences
 from spgc.servers.pool_sync import NoiseProducer
@@ -162,6 +166,12 @@ class ServerDaemon:
         self._threads: list[threading.Thread] = []
         self.server: grpc.aio.Server | None = None  # the providers' gRPC server (port)
         self._io: LoopThread | None = None  # the event loop the providers' server runs on
+        self.health: Any = None  # the providers' server's gRPC health service
+        self._ready_status: bool | None = None  # what spgc.v1.Aggregator's health says
+        self.metrics: ServerMetrics | None = None
+        self.curves: TrainingCurves | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.metrics_port = 0
         self.port = 0
         self.peer_server: grpc.Server | None = None  # the other server's (peer_port)
         self.peer_port = 0
@@ -281,6 +291,8 @@ class ServerDaemon:
             return server, port, await add_aio_health(server)
 
         self.server, self.port, self.health = self._io.run(providers_server())
+        self.state.add_round_listener(self._update_readiness)
+        self._update_readiness()
         if not cfg.single_server:
             # The other server's control calls: a gRPC server and port of their own.
             self.peer_server, self.peer_port = make_server(
@@ -295,7 +307,60 @@ class ServerDaemon:
 
             self._listener = garbled_core.Listener(*_host_port(self.cfg.gc_address))
             self.gc_port = self._listener.port
+        if cfg.metrics_port is not None:
+            self._start_metrics()
+        if cfg.tensorboard_dir is not None:
+            # A run per server (h1, h2): side by side in TensorBoard when the directories meet.
+            self.curves = TrainingCurves(cfg.tensorboard_dir / cfg.role_name, self.state.epsilon)
+            self.state.add_round_observer(self.curves.observe_round)
         return self
+
+    def _start_metrics(self) -> None:
+        """Prometheus /metrics, /healthz and /readyz on metrics_port (servers/metrics.py)."""
+        cfg, state = self.cfg, self.state
+        pool = state.pool
+        self.metrics = ServerMetrics(
+            epsilon=state.epsilon,
+            epsilon_budget=cfg.target_epsilon if state.differentially_private else None,
+            pool_samples=None if pool is None else (lambda: pool.available),
+            readiness=self.readiness_problem,
+        )
+        state.add_round_observer(self.metrics.observe_round)
+        self.audit.add_listener(self.metrics.on_audit)
+        self.metrics_server = MetricsServer(
+            self.metrics, self.readiness_problem, cfg.metrics_host, cfg.metrics_port or 0
+        )
+        self.metrics_port = self.metrics_server.port
+
+    def readiness_problem(self) -> str | None:
+        """None when this server can run a round (/readyz, and the providers' gRPC health
+        service spgc.v1.Aggregator); else why not."""
+        if self.stop_event.is_set():
+            return "the server is stopping"
+        if self.state.finished:
+            return "training is finished"
+        if not self.state.ready:
+            return "the servers have not agreed on the plan yet (no Handshake)"
+        if not self.cfg.single_server and (not self._session_paired or self.state.peer_waiting):
+            return "the other server is not connected"
+        return None
+
+    def _update_readiness(self) -> None:
+        """Mirror readiness_problem into the providers' gRPC health service (any thread)."""
+        if self._io is None or self.health is None:
+            return
+        serving = self.readiness_problem() is None
+        status = health_pb2.HealthCheckResponse.SERVING if serving else (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        if serving == self._ready_status:
+            return
+        self._ready_status = serving
+        if self._io.loop.is_closed():  # stopping
+            return
+        asyncio.run_coroutine_threadsafe(
+            self.health.set(AGGREGATOR_SERVICE.full_name, status), self._io.loop
+        )
 
     def start(self) -> ServerDaemon:
         """Start serving and the background work (H1: handshake + rounds; H2: GC link)."""
@@ -315,6 +380,11 @@ class ServerDaemon:
             resumed=bool(self.state.steps or self.state.releases),
         )  # fmt: skip
         thread.start()
+        if self.metrics_server is not None:
+            log.info(
+                "%s metrics on http://%s:%d/metrics (/healthz, /readyz)",
+                self.cfg.role_name, self.cfg.metrics_host, self.metrics_port,
+            )  # fmt: skip
         log.info(
             "%s serving on port %d (mode %s, d=%d, L=%d, sigma_units=%.4g)",
             self.cfg.role_name,
@@ -484,6 +554,7 @@ class ServerDaemon:
         while True:
             self._session = session = threading.Event()
             self._session_paired = False
+            self._update_readiness()
             try:
                 if self.cfg.role == 1:
                     self._run_h1(session, deadline)
@@ -522,6 +593,7 @@ class ServerDaemon:
         self.peer_health.set(
             PAIRED_HEALTH_SERVICE, from_status.SERVING if paired else from_status.NOT_SERVING
         )
+        self._update_readiness()
 
     def _paired(self) -> None:
         """A Handshake agreed: rounds may run again."""
@@ -689,6 +761,7 @@ class ServerDaemon:
         # Paired and linked: a loss from here on is waited for. (One before the link is up is
         # not: a data link that never connects must end the run, not repeat it forever.)
         self._session_paired = True
+        self._update_readiness()
         if self.precompute is not None:
             self._precompute(stub)
             return
@@ -711,7 +784,8 @@ class ServerDaemon:
         producer.sync()
         target = self.precompute or producer.target
         started = time.perf_counter()
-        reached = producer.fill(target, progress=True)
+        with terminal_logging():  # log lines above the progress line
+            reached = producer.fill(target, progress=True)
         if not reached:
             raise RuntimeError("precompute stopped before the pool was full")
         producer.end_peer()
@@ -757,6 +831,7 @@ class ServerDaemon:
         self._link = self._open_link("evaluator")
         self._link_ready.set()
         self._session_paired = True  # see _run_h1
+        self._update_readiness()
         self._start_watch(session)
         self.state.last_peer_call = time.monotonic()
         silence = ""
@@ -805,6 +880,12 @@ class ServerDaemon:
         if self._io is not None:
             self._io.close()
             self.aggregator.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
+        if self.curves is not None:
+            self.curves.close()
+            self.curves = None
         if self.peer_server is not None:
             self.peer_server.stop(grace).wait(grace + 1)
         for thread in [*self._threads, *self.peer_servicer.link_users()]:

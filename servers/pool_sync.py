@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from spgc.progress import Progress
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
     PoolBlock,
@@ -146,19 +147,25 @@ class NoiseProducer:
         """Produce blocks until ``target`` unused samples are held, ``until()`` is true, the
         monotonic ``deadline`` passed, or the daemon stops; True if the target was reached."""
         cfg = self.state.plan.cfg
-        while self.pool.available < target and not self.stop.is_set():
-            if (until is not None and until()) or (
-                deadline is not None and time.monotonic() > deadline
-            ):
-                break
-            self.produce_block(min(cfg.pool_block, target - self.pool.available))
-            if progress:
-                log.info(
-                    "noise pool: %d / %d samples (%.0f samples/s)",
-                    self.pool.available,
-                    target,
-                    self.samples_made / max(self.seconds, 1e-9),
-                )
+        # On a terminal a progress line; elsewhere the log lines below say the same.
+        bar = Progress(target, "samples", desc="noise pool", lines=False) if progress else None
+        try:
+            while self.pool.available < target and not self.stop.is_set():
+                if (until is not None and until()) or (
+                    deadline is not None and time.monotonic() > deadline
+                ):
+                    break
+                self.produce_block(min(cfg.pool_block, target - self.pool.available))
+                if bar is not None:
+                    rate = self.samples_made / max(self.seconds, 1e-9)
+                    bar.update(self.pool.available, samples_per_s=f"{rate:.0f}")
+                    log.info(
+                        "noise pool: %d / %d samples (%.0f samples/s)",
+                        self.pool.available, target, rate,
+                    )  # fmt: skip
+        finally:
+            if bar is not None:
+                bar.close()
         return self.pool.available >= target
 
     def slice_for_round(self, t: int) -> PoolSlice:

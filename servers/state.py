@@ -77,6 +77,7 @@ class RoundRecord:
     test_loss: float | None = None
     test_accuracy: float | None = None
     gc_bytes: int = 0
+    peer_bytes: dict[str, int] = field(default_factory=dict)  # the data link: sent, received
     seconds: dict[str, float] = field(default_factory=dict)
     seed_commitments: dict[str, bytes] = field(default_factory=dict)
 
@@ -112,6 +113,8 @@ class ServerState:
         # Providers' long polls are woken through these callbacks when a round opens or ends,
         # training ends, or the peer comes and goes: not on every accepted share.
         self._round_listeners: list[Callable[[], None]] = []
+        self._round_observers: list[Callable[[RoundRecord], None]] = []
+        self._intake_closed = 0.0  # perf_counter when the current round's intake closed
         self.allowed_providers = frozenset(plan.cfg.providers)
         self.run_id = ""
         self.config: pb.TrainingConfig | None = None  # set once the Handshake agreed
@@ -379,6 +382,18 @@ class ServerState:
         with self.cond:
             self._round_listeners.append(listener)
 
+    def add_round_observer(self, observer: Callable[[RoundRecord], None]) -> None:
+        """``observer(record)`` runs once per ended round (published or skipped), after its
+        log line and checkpoint (metrics, curves)."""
+        self._round_observers.append(observer)
+
+    def observe_round(self, rec: RoundRecord) -> None:
+        for observer in self._round_observers:
+            try:
+                observer(rec)
+            except Exception as exc:  # a metrics failure must never stop training
+                log.warning("round %d observer failed: %s", rec.round, exc)
+
     def long_poll_over(self, after: int | None, caller: str | None = None) -> bool:
         """Whether a provider's long poll answers now: this server collects a round later than
         ``after`` (any round if None), or round ``after`` again without ``caller``'s share (the
@@ -478,13 +493,16 @@ class ServerState:
             received = sorted(self.intake.close_round())
             self.phase = pb.ROUND_PHASE_AGREEING
             self.history[t].received = received
-            self.history[t].seconds["intake"] = time.perf_counter() - self._opened
+            self._intake_closed = time.perf_counter()
+            self.history[t].seconds["intake"] = self._intake_closed - self._opened
             return received
 
     def set_agreed(self, t: int, agreed: list[str], proceed: bool, reason: str) -> None:
         with self.cond:
             rec = self.history[t]
             rec.agreed = list(agreed)
+            if self._intake_closed:
+                rec.seconds["agree"] = time.perf_counter() - self._intake_closed
             why = "its share reached this server but not the other"
             for name in sorted(set(rec.received) - set(agreed)):
                 self.audit.record("provider_dropped", identity=name, round=t, reason=why)
@@ -507,7 +525,8 @@ class ServerState:
         with self.cond:
             rec = self.history[t]
             rec.noisy_sum_units, rec.gradient = y, gradient
-            rec.gc_bytes = int(info.get("sent", 0)) + int(info.get("received", 0))
+            rec.peer_bytes = {d: int(info.get(d, 0)) for d in ("sent", "received")}
+            rec.gc_bytes = sum(rec.peer_bytes.values())
             rec.seconds.update(seconds)
             rec.model_sha256 = sha
             self.pending = (new, sha)

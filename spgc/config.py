@@ -162,6 +162,22 @@ class ServerConfig(_Schema):
         description="seconds a server waits for a lost peer to come back (and H2 for a call "
         "from a silent H1) before it stops; must exceed round_deadline plus H1's work in a round",
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="HTTP port for Prometheus /metrics and the /healthz and /readyz probes "
+        "(unset: off; 0: any free port)",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics port binds to (0.0.0.0: every interface)"
+    )
+    tensorboard_dir: Path | None = Field(
+        None,
+        description="write TensorBoard curves per round to DIR/h1 (or h2): epsilon, test loss "
+        "and accuracy, round seconds by phase, bytes to the peer, providers; needs pip install "
+        "'spgc[tensorboard]'",
+    )
     # --- training (identical on both servers)
     run_id: str = Field("", description="empty: H1 draws one, H2 adopts H1's at the handshake")
     providers: list[str] = Field(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,34 @@ def run_demo(*args: str, stderr: list[str] | None = None) -> dict:
     return json.loads(done.stdout)
 
 
+def _two_free_ports() -> int:
+    """N such that N and N + 1 are free (spgc demo --metrics-port N uses both)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise AssertionError("no two consecutive free ports")
+
+
 def test_demo_trains_with_dp_over_tls(tmp_path):
-    summary = run_demo("--rounds", "2", "--epsilon", "4", "--state-dir", str(tmp_path / "run"))
+    port = _two_free_ports()
+    err: list[str] = []
+    summary = run_demo(
+        "--rounds", "2", "--epsilon", "4", "--state-dir", str(tmp_path / "run"),
+        "--metrics-port", str(port), stderr=err,
+    )  # fmt: skip
+    assert (
+        f"metrics: h1 http://127.0.0.1:{port}/metrics, h2 http://127.0.0.1:{port + 1}/metrics"
+        in err[0]
+    )
     for key in ("rounds", "test_accuracy", "epsilon", "delta", "gc_bytes", "seconds"):
         assert key in summary
     assert summary["rounds"] == 2 and summary["steps"] == 2

@@ -389,9 +389,11 @@ def test_run_stops_when_training_finishes(pki: Path, servers: Any, cancer: Any) 
     h1, h2 = servers()
     h1.servicer.finish_after_share = True
     cfg = provider_config(pki, [h1, h2])
+    seen: list[Any] = []
     with client_for(cfg, data=cancer) as client:
-        reports = client.run()
+        reports = client.run(on_round=seen.append)  # the provider's progress line hook
     assert [r.round for r in reports] == [ROUND]
+    assert seen == reports and seen[0].epsilon_spent == 0.0
 
 
 # ----------------------------------------------------------------------------- refusals

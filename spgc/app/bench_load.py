@@ -78,6 +78,7 @@ from spgc.data import DATA_ERRORS, load_dataset, split_among_providers
 from spgc.gradients import clip_per_example
 from spgc.logs import setup_logging
 from spgc.modes import TWO_SERVER_MODES
+from spgc.progress import Progress
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import make_channel
@@ -560,29 +561,6 @@ class _ServerWatch:
         return {"rss_mb": round(rss_kb / 1024, 1), "cpu_seconds": round(cpu, 2)}
 
 
-class _Progress:
-    """The progress line on stderr: rewritten in place on a terminal; elsewhere (a log file)
-    printed when the rounds published change, or every 30 s."""
-
-    def __init__(self, out: TextIO | None) -> None:
-        self.out = out
-        self.tty = out is not None and out.isatty()
-        self.last: tuple[str, object, float] = ("", None, 0.0)
-
-    def show(self, text: str, key: object, final: bool = False) -> None:
-        if self.out is None or text == self.last[0]:
-            return
-        now = time.monotonic()
-        if self.tty:
-            self.out.write("\r\x1b[K" + text + ("\n" if final else ""))
-        elif final or key != self.last[1] or now - self.last[2] >= 30:
-            self.out.write(text + "\n")
-        else:
-            return
-        self.last = (text, key, now)
-        self.out.flush()
-
-
 def _percentile(values: Sequence[float], q: float) -> float | None:
     return None if not values else round(float(np.percentile(values, q)), 3)
 
@@ -666,7 +644,10 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
         "load": [round(x, 2) for x in os.getloadavg()],
     }
     work = Path(tempfile.mkdtemp(prefix="spgc-bench-load-"))
-    show = _Progress(progress)
+    # A line per round published (on a terminal, one line rewritten in place).
+    show = None if progress is None else Progress(
+        opts.total_rounds, "rounds published", desc=PROG, stream=progress, interval=0.0
+    )
     procs: list[subprocess.Popen] = []
     workers: list[subprocess.Popen] = []
     hostile: subprocess.Popen | None = None
@@ -757,12 +738,13 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             with tally.lock:
                 connected = tally.connected
             hot = hostile_started_round is not None and published < total
-            show.show(
-                f"{PROG}: {connected}/{n} providers connected, {published}/{total} rounds "
-                f"published{' (hostile actors on)' if hot else ''}, "
-                f"{time.monotonic() - started:.0f} s",
-                key=published,
-            )
+            if show is not None:
+                show.update(
+                    published,
+                    providers_connected=f"{connected}/{n}",
+                    hostile_actors="on" if hot else "off",
+                    seconds=f"{time.monotonic() - started:.0f}",
+                )
             died = [w for w, e in zip(watches, ended, strict=True) if e and w.proc.returncode != 0]
             if died:
                 names = ", ".join(f"{w.name} {_how(w.proc.returncode)}" for w in died)
@@ -772,9 +754,9 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             if time.monotonic() > end:
                 raise _failure(watches, work, f"the run did not finish within {opts.timeout:g} s")
             time.sleep(0.1)
-        show.show(
-            f"{PROG}: {total} rounds done, {time.monotonic() - started:.0f} s", key=0, final=True
-        )
+        if show is not None:
+            show.close(seconds=f"{time.monotonic() - started:.0f}")
+            show = None
         if hostile is not None:
             _tell(hostile, "stop")
             try:
@@ -807,6 +789,8 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             opts, summaries, h1_log.read(), watches, tally, hostile_result, cpu, clock=clock
         )
     finally:
+        if show is not None:
+            show.close()
         _stop(procs)
         if opts.keep:
             print(f"{PROG}: files kept in {work}", file=sys.stderr)

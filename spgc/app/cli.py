@@ -46,6 +46,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65534:  # N and N + 1
+        raise argparse.ArgumentTypeError(f"must be in 1..65534: {text!r}")
+    return value
+
+
 def _thread_counts(text: str) -> tuple[int, ...]:
     """ "1,2,4" -> (1, 2, 4): thread counts of `spgc bench gc --threads`, each 1..MAX_THREADS."""
     counts = []
@@ -205,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="keep the servers' state (checkpoints, exported model) in DIR/h1 and DIR/h2",
     )
+    demo.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="N",
+        help="serve Prometheus /metrics, /healthz and /readyz: H1 on port N, H2 on N+1 "
+        "(127.0.0.1)",
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
@@ -298,6 +315,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         keep=args.keep,
         state_dir=args.state_dir,
+        metrics_port=args.metrics_port,
     )
     return run_cli(opts, args.json)
 

@@ -80,6 +80,8 @@ class DemoOptions:
     # More certificates of the same CA, for names that are not providers (a benchmark's
     # intruder): pki/NAME.pem and pki/NAME.key.
     extra_certs: tuple[str, ...] = ()
+    # Prometheus /metrics, /healthz, /readyz: H1 on this port, H2 on the next; None: off.
+    metrics_port: int | None = None
 
 
 def _free_ports(count: int) -> list[int]:
@@ -159,6 +161,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         if opts.model:
             cfg["model"] = opts.model
             cfg.update(MODEL_DEFAULTS.get(opts.model, {}))
+        if opts.metrics_port is not None:
+            cfg["metrics_port"] = opts.metrics_port + role - 1
         cfg.update(opts.server_overrides)
         _state_dir(opts, work, role).mkdir(mode=0o700, parents=True, exist_ok=True)
         if opts.state_dir is not None:
@@ -267,6 +271,10 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
             f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}",
             file=out,
         )
+        if opts.metrics_port is not None:
+            ports = [opts.metrics_port + i for i in range(len(server_cfgs))]
+            where = ", ".join(f"h{i + 1} http://127.0.0.1:{n}/metrics" for i, n in enumerate(ports))
+            print(f"metrics: {where} (and /healthz, /readyz)", file=out)
         servers = [
             _start("spgc.servers", c, work, echo=i == 0, out=out) for i, c in enumerate(server_cfgs)
         ]

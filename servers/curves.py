@@ -1,0 +1,56 @@
+"""Training curves where ML people look: TensorBoard event files (``tensorboard_dir``).
+
+Per ended round, at step = the round number: ``privacy/epsilon_spent``, ``test/loss`` and
+``test/accuracy`` (where the server evaluates), ``round_seconds/<phase>`` (the phases of
+``spgc_round_duration_seconds``), ``peer_bytes/sent`` and ``peer_bytes/received``,
+``providers/in_round``. Written through torch's SummaryWriter, which needs the tensorboard
+package (the optional extra ``pip install 'spgc[tensorboard]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from spgc.servers.metrics import PHASES
+from spgc.servers.state import RoundRecord
+
+__all__ = ["TrainingCurves"]
+
+
+class TrainingCurves:
+    """One server's curves in ``directory`` (created); :meth:`observe_round` per ended round."""
+
+    def __init__(self, directory: Path, epsilon: Callable[[], float]) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+        except ImportError:
+            raise ValueError(
+                "tensorboard_dir needs the tensorboard package: pip install 'spgc[tensorboard]' "
+                "(or pip install tensorboard)"
+            ) from None
+        directory.mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=str(directory))
+        self.epsilon = epsilon
+
+    def observe_round(self, rec: RoundRecord) -> None:
+        step, add = rec.round, self.writer.add_scalar
+        eps = self.epsilon()
+        if not math.isinf(eps):
+            add("privacy/epsilon_spent", eps, step)
+        if rec.test_loss is not None:
+            add("test/loss", rec.test_loss, step)
+        if rec.test_accuracy is not None:
+            add("test/accuracy", rec.test_accuracy, step)
+        for phase, keys in PHASES.items():
+            seconds = next((rec.seconds[k] for k in keys if k in rec.seconds), None)
+            if seconds is not None:
+                add(f"round_seconds/{phase}", seconds, step)
+        for direction, count in rec.peer_bytes.items():
+            add(f"peer_bytes/{direction}", count, step)
+        add("providers/in_round", len(rec.agreed), step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,49 @@
+"""The one progress line: tqdm on a terminal, plain lines (or nothing) elsewhere."""
+
+from __future__ import annotations
+
+import io
+
+from spgc.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_plain_lines_when_not_a_terminal() -> None:
+    out = io.StringIO()
+    bar = Progress(3, "rounds", desc="p1", stream=out, interval=0.0)
+    bar.update(1, eps="0.5")
+    bar.update(1, eps="0.5")  # no move: no line
+    bar.update(2, eps="0.7")
+    bar.close(eps="0.9")
+    assert out.getvalue().splitlines() == [
+        "p1: 1/3 rounds, eps 0.5",
+        "p1: 2/3 rounds, eps 0.7",
+        "p1: 2/3 rounds, eps 0.9",
+    ]
+
+
+def test_interval_keeps_the_last_line() -> None:
+    out = io.StringIO()
+    bar = Progress(None, "samples", stream=out, interval=3600.0)
+    for n in range(1, 6):
+        bar.update(n)
+    bar.close()
+    assert out.getvalue().splitlines() == ["1 samples", "5 samples"]
+
+
+def test_nothing_without_lines_and_a_bar_on_a_terminal() -> None:
+    quiet = io.StringIO()
+    bar = Progress(2, "rounds", stream=quiet, lines=False)
+    bar.update(2)
+    bar.close()
+    assert quiet.getvalue() == ""
+    term = Terminal()
+    bar = Progress(4, "rounds", desc="p1", stream=term)
+    bar.update(2, eps_spent="1.5")
+    bar.close()
+    text = term.getvalue()
+    assert "\r" in text and "2/4" in text and "eps_spent=1.5" in text
