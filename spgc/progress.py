@@ -57,6 +57,15 @@ class Progress:
             self._printed = (count, now)
         self._pending = shown
 
+    def note(self, text: str) -> None:
+        """A line of its own (a finished item): above the progress line on a terminal, a
+        plain line elsewhere (whatever ``lines`` says)."""
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+            return
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
     def close(self, **shown: Any) -> None:
         """The end: the last state is always shown."""
         if self._bar is not None:

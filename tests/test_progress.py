@@ -47,3 +47,18 @@ def test_nothing_without_lines_and_a_bar_on_a_terminal() -> None:
     bar.close()
     text = term.getvalue()
     assert "\r" in text and "2/4" in text and "eps_spent=1.5" in text
+
+
+def test_notes_are_lines_of_their_own_everywhere() -> None:
+    out = io.StringIO()
+    bar = Progress(2, "rows", stream=out, lines=False)
+    bar.note("row 1: 123 B")
+    bar.update(1)
+    bar.close()
+    assert out.getvalue() == "row 1: 123 B\n"  # the note, not the count (lines=False)
+    term = Terminal()
+    bar = Progress(2, "rows", stream=term)
+    bar.update(1)
+    bar.note("row 1: 123 B")
+    bar.close()
+    assert "row 1: 123 B\n" in term.getvalue()

@@ -41,6 +41,7 @@ from spgc.encoding import FixedPointConfig
 from spgc.models import build_model, flatten_params
 from spgc.modes import get_mode
 from spgc.noise import noise_bound_units, sample_discrete_gaussian
+from spgc.progress import Progress
 from spgc.servers.coordinator import dng_exchange
 from spgc.servers.gc_party import counter_delta, run_aggregate
 from spgc.servers.noise_pool import noise_share_circuit, produce_noise_shares
@@ -488,9 +489,11 @@ def measure_rows(
     table_coordinates: int | None = None,
     epochs: int = DEFAULT_EPOCHS,
     progress: Callable[[str], None] = _progress,
+    on_row: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per (mode, epsilon), each from two measured runs (the sample and a quarter of
-    it); ``ctx.links`` must be open and warmed up."""
+    it); ``ctx.links`` must be open and warmed up. ``progress(line)`` per measurement,
+    ``on_row(rows so far)`` per row."""
     work = DATASETS[ctx.dataset]
     steps = epochs * work.steps_per_epoch
     rows: list[dict[str, Any]] = []
@@ -523,6 +526,8 @@ def measure_rows(
             rows.append(
                 _row(ctx, spec, eps, delta, calibration, nm, sigma, big, small, steps, epochs)
             )
+            if on_row is not None:
+                on_row(len(rows))
     _add_ratios(rows)
     return rows
 
@@ -784,10 +789,14 @@ def run(
             ctx.table_links = party_links(TABLE_CHUNK, Path(tmp, "table") if tls else None)
         try:
             _warm_up(ctx)
+            # A line per measurement; on a terminal also a progress line of the rows.
+            bar = Progress(len(modes) * len(epsilons), "rows", desc="bench comm", lines=False)
             rows = measure_rows(
                 ctx, epsilons, delta=delta, calibration=calibration, modes=modes,
                 coordinates=coordinates, table_coordinates=table_coordinates, epochs=epochs,
+                progress=bar.note, on_row=bar.update,
             )  # fmt: skip
+            bar.close()
         finally:
             for pair in (ctx.links, ctx.table_links):
                 for link in pair or ():

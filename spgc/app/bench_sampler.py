@@ -27,6 +27,7 @@ import numpy as np
 import garbled_core as gc
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params, theta
 from spgc.certs import make_dev_pki
+from spgc.progress import Progress
 from spgc.servers.gc_party import PartyLink, run_sampler
 from spgc.servers.spgc_circuit import (
     TABLE_SAMPLER_LABEL,
@@ -226,14 +227,17 @@ def run(
     out = sys.stderr if as_json else sys.stdout
     with tempfile.TemporaryDirectory(prefix="spgc-bench-sampler-") as tmp:
         links = party_links(chunk, Path(tmp) if tls else None)
+        bar = Progress(len(sigmas), "sigmas", desc="bench sampler", lines=False)
         try:
-            for sigma in sigmas:
+            for i, sigma in enumerate(sigmas, 1):
                 rows.append(bench_sigma(float(sigma), samples, links, distance_log2))
-                print(f"sigma_u={sigma:g}: done", file=sys.stderr, flush=True)
+                bar.note(f"sigma_u={sigma:g}: done")
+                bar.update(i)
             if table_lambda is not None:
                 for sigma in sigmas:
                     rows.append(bench_table(float(sigma), table_lambda, min(samples, 2000), links))
         finally:
+            bar.close()
             for link in links:
                 link.channel.close()
     link_kind = "TLS 1.3" if tls else "plaintext TCP"

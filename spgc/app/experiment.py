@@ -44,7 +44,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -52,6 +52,7 @@ from typing import Any, TextIO
 from spgc.accounting import classic_noise_multiplier
 from spgc.app.demo import DATASET_DEFAULTS, DemoError, DemoOptions, run_demo
 from spgc.modes import NOISY_MODES, TRAINING_MODES
+from spgc.progress import Progress
 
 # The paper's per-step epsilons and delta (section 5.2.3).
 PAPER_EPSILONS = (0.5, 2.0, 8.0)
@@ -225,13 +226,13 @@ def epoch_rows(run: Run, summary: dict[str, Any], epochs: int) -> list[dict[str,
     return rows
 
 
-class _Progress:
-    """A text sink for the demo's round lines: prints one line per finished epoch."""
+class _EpochLines:
+    """A text sink for the demo's round lines: a line per finished epoch (``note``)."""
 
     _ROUND = re.compile(r" round (\d+) .*?accuracy ([0-9.]+)")
 
-    def __init__(self, run: Run, per_epoch: int, epochs: int, out: TextIO) -> None:
-        self.run, self.per, self.epochs, self.out = run, per_epoch, epochs, out
+    def __init__(self, run: Run, per_epoch: int, epochs: int, note: Callable[[str], None]):
+        self.run, self.per, self.epochs, self.note = run, per_epoch, epochs, note
         self.started = time.monotonic()
         self._buf = ""
 
@@ -244,12 +245,10 @@ class _Progress:
                 epoch = (int(m.group(1)) + 1) // self.per
                 eps = re.search(r"eps=([0-9.]+)", line)
                 extra = f", epsilon {float(eps.group(1)):.3g}" if eps else ""
-                print(
+                self.note(
                     f"  {self.run.dataset} {self.run.label}: epoch {epoch}/{self.epochs}, "
                     f"accuracy {float(m.group(2)):.4f}{extra}, "
-                    f"{time.monotonic() - self.started:.0f} s",
-                    file=self.out,
-                    flush=True,
+                    f"{time.monotonic() - self.started:.0f} s"
                 )
         return len(text)
 
@@ -430,21 +429,22 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     history_path = args.out.with_suffix(".history.json")
     failures = []
     write_csv(args.out, rows)
+    # Lines per run and epoch; on a terminal also a progress line of the runs.
+    bar = Progress(len(runs), "runs", desc="experiment", stream=err, lines=False)
     for i, run in enumerate(runs, 1):
+        bar.update(i - 1)
         n = epochs or int(EXPERIMENT_DEFAULTS[run.dataset]["epochs"])
         opts = run_options(run, n, args.insecure, args.lr)
-        print(
+        bar.note(
             f"[{i}/{len(runs)}] {run.dataset} {run.label}: {n} epochs of "
-            f"{rounds_per_epoch(run.dataset)} rounds",
-            file=err,
-            flush=True,
+            f"{rounds_per_epoch(run.dataset)} rounds"
         )
-        progress = _Progress(run, rounds_per_epoch(run.dataset), n, err)
+        epoch_lines = _EpochLines(run, rounds_per_epoch(run.dataset), n, bar.note)
         try:
-            summary = run_demo(opts, out=progress)  # type: ignore[arg-type]
+            summary = run_demo(opts, out=epoch_lines)  # type: ignore[arg-type]
         except DemoError as exc:
             first = str(exc).splitlines()[0]
-            print(f"  {run.dataset} {run.label} FAILED: {first}", file=err, flush=True)
+            bar.note(f"  {run.dataset} {run.label} FAILED: {first}")
             failures.append(f"{run.dataset} {run.label}: {exc}")
             continue
         got = epoch_rows(run, summary, n)
@@ -454,13 +454,13 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
         write_csv(args.out, rows)
         if got:
             last = got[-1]
-            print(
+            bar.note(
                 f"  {run.dataset} {run.label}: done, accuracy {last['test_accuracy']}, "
                 f"epsilon {last['epsilon_total']}, computation {last['computation_s']:.1f} s, "
-                f"communication {last['communication_s']:.1f} s, wall {summary['seconds']:.0f} s",
-                file=err,
-                flush=True,
+                f"communication {last['communication_s']:.1f} s, wall {summary['seconds']:.0f} s"
             )
+    bar.update(len(runs))
+    bar.close()
     if args.plot is not None and rows:
         plot(rows, args.plot)
     if args.json:
