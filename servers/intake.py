@@ -6,9 +6,9 @@ the length equal to the model's parameter count, every chunk within the size lim
 value inside the ring. Chunks go to a private spill file as they arrive and are added to the
 in-memory sum only when the whole submission has passed, so a bad or broken stream leaves the
 round untouched and memory stays O(d) whatever the number of providers. A small share (at most
-``memory_share_bytes``, 64 KiB by default) is held in memory instead: creating a file per share
-cost about 0.5 ms of disk wait each on this project's test machine (ext4), on the path every
-provider takes; a thousand such shares are 64 MB at most.
+``memory_share_bytes``, 64 KiB by default) is held in memory instead, up to ``memory_round_bytes``
+(256 MiB) per round, the rest spilled as before: creating a file per share cost about 0.5 ms of
+disk wait each on this project's test machine (ext4), on the path every provider takes.
 
 The spill files serve a second purpose: after the deadline the two servers agree on the
 providers whose shares BOTH received (SPEC step 6); a share that reached this server only must
@@ -58,6 +58,7 @@ class _Round:
     spilled: dict[str, Path | bytes] = field(default_factory=dict)  # a file, or a small share
     in_flight: set[str] = field(default_factory=set)
     closed: bool = False
+    memory_bytes: int = 0  # shares held in memory (committed or on their way)
 
 
 class ShareIntake:
@@ -75,6 +76,7 @@ class ShareIntake:
         allowed_providers: Iterable[str] | None = None,
         max_chunk_bytes: int = 1 << 20,
         memory_share_bytes: int = 1 << 16,
+        memory_round_bytes: int = 256 << 20,
     ) -> None:
         if dim < 1:
             raise ValueError(f"dim must be positive, not {dim}")
@@ -86,6 +88,7 @@ class ShareIntake:
         self.ring_bits = ring_bits
         self.max_chunk_bytes = max_chunk_bytes - max_chunk_bytes % 8
         self.in_memory = 8 * dim <= memory_share_bytes  # shares held in memory, not spilled
+        self.memory_round_bytes = memory_round_bytes  # at most this much of a round in memory
         self.allowed = None if allowed_providers is None else frozenset(allowed_providers)
         self._root = Path(tempfile.mkdtemp(prefix="spgc-intake-", dir=spill_root))  # mode 0700
         self._lock = threading.Lock()
@@ -206,7 +209,10 @@ class ShareIntake:
             rnd = self._admit(provider, round_number, submission_id, length, ring_bits)
             rnd.in_flight.add(provider)
             self._seen_ids.add((provider, bytes(submission_id)))
-        if self.in_memory:
+            held = self.in_memory and rnd.memory_bytes + 8 * length <= self.memory_round_bytes
+            if held:
+                rnd.memory_bytes += 8 * length  # reserved; given back if never committed
+        if held:
             return Submission(self, rnd, provider, round_number, length)
         path = rnd.directory / f"{len(rnd.spilled)}-{os.urandom(8).hex()}.share"
         try:
@@ -378,6 +384,8 @@ class Submission:
             self.path.unlink(missing_ok=True)
         with self.intake._lock:
             self.rnd.in_flight.discard(self.provider)
+            if not self.committed and self.buffer is not None:
+                self.rnd.memory_bytes -= 8 * self.length
 
     def _abandoned_or(self, exc: OSError) -> Exception:
         """The error to raise for a failed spill write: the round was abandoned under us (its

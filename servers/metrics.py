@@ -137,6 +137,8 @@ class ServerMetrics:
         self.test_loss = Gauge(
             "spgc_test_loss", "Test loss of the last published model", registry=r
         )
+        for unknown in (self.test_accuracy, self.test_loss):  # NaN until a model is evaluated
+            unknown.set(math.nan)
 
     def observe_round(self, rec: RoundRecord) -> None:
         """One ended round (published or skipped)."""

@@ -185,3 +185,19 @@ def test_an_abandoned_round_drops_its_shares_and_opens_again(intake, tmp_path):
     submit(intake, "p1", fresh)
     assert intake.close_round() == {"p1"}
     assert np.array_equal(intake.total(), fresh & MASK)
+
+
+def test_memory_for_a_round_is_bounded_the_rest_is_spilled(tmp_path):
+    """Two shares fit the round's memory, the third goes to a spill file; a refused share
+    gives its room back; the sum is the same either way."""
+    intake = ShareIntake(DIM, RING, spill_root=tmp_path, memory_round_bytes=2 * 8 * DIM)
+    intake.open_round(1)
+    with pytest.raises(SubmissionRejected):
+        submit(intake, "p1", None, chunks=[b"\x00" * 12])  # refused: its room is free again
+    shares = {p: random_share(30 + i) for i, p in enumerate(["p1", "p2", "p3"])}
+    for p, v in shares.items():
+        submit(intake, p, v)
+    assert len(list(tmp_path.rglob("*.share"))) == 1  # the third share only
+    intake.close_round()
+    assert np.array_equal(intake.total(), sum(shares.values()) & MASK)
+    intake.close()
