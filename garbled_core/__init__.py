@@ -2,15 +2,18 @@
 
 One circuit description (built with :class:`garbled_core.circuit.CircuitBuilder`) runs in three
 backends: plaintext (``Circuit.evaluate``), the garbler (``Garbler.run``) and the evaluator
-(``Evaluator.run``). Half-gates with free-XOR; evaluator inputs by IKNP correlated OT; the data
-link is TCP with TLS 1.3 (mutual certificates) unless ``insecure=True`` is passed explicitly.
-With TLS, ``Listener.accept`` returns only a connection that completed the handshake (peer
-certificate from the CA, issued to ``TlsConfig.peer_name`` when set); any other connection is
-closed, counted in ``Listener.refused`` and reported to its ``on_refused(peer_address, reason)``
-callback, and the listener goes on waiting for the peer until its timeout.
+(``Evaluator.run``). AND gates by three-halves garbling (the default, 24.625 bytes per AND) or
+half-gates (``scheme="halfgates"``, 32 bytes), both with free-XOR; evaluator inputs by IKNP
+correlated OT; the data link is TCP with TLS 1.3 (mutual certificates) unless ``insecure=True``
+is passed explicitly. With TLS, ``Listener.accept`` returns only a connection that completed
+the handshake (peer certificate from the CA, issued to ``TlsConfig.peer_name`` when set); any
+other connection is closed, counted in ``Listener.refused`` and reported to its
+``on_refused(peer_address, reason)`` callback, and the listener goes on waiting for the peer
+until its timeout.
 """
 
 from garbled_core._core import (
+    GARBLING_SCHEMES,
     Channel,
     ChannelError,
     ChannelTimeoutError,
@@ -25,6 +28,7 @@ from garbled_core._core import (
     TlsConfig,
     TlsError,
     and_kernel,
+    and_table_bytes,
     available_and_kernels,
     garble_only,
     set_and_kernel,
@@ -32,6 +36,7 @@ from garbled_core._core import (
 from garbled_core.circuit import Bits, CircuitBuilder, CircuitDescription
 
 __all__ = [
+    "GARBLING_SCHEMES",
     "Bits",
     "Channel",
     "ChannelError",
@@ -49,6 +54,7 @@ __all__ = [
     "TlsConfig",
     "TlsError",
     "and_kernel",
+    "and_table_bytes",
     "available_and_kernels",
     "garble_only",
     "set_and_kernel",

@@ -126,12 +126,18 @@ class PartyLink:
     session: Any
 
     @classmethod
-    def open(cls, role: str, channel: Any, chunk: int | None = None) -> PartyLink:
-        """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run)."""
+    def open(
+        cls, role: str, channel: Any, chunk: int | None = None, scheme: str = "threehalves"
+    ) -> PartyLink:
+        """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run);
+        ``scheme`` garbles AND gates (``threehalves`` or ``halfgates``, the same on both
+        sides: the engine's hello refuses a mismatch)."""
         role = _check_role(role)
         party = garbled_core.Garbler if role == "garbler" else garbled_core.Evaluator
-        session = party(channel) if chunk is None else party(channel, chunk=chunk)
-        return cls(role, channel, session)
+        kwargs: dict[str, Any] = {"scheme": scheme}
+        if chunk is not None:
+            kwargs["chunk"] = chunk
+        return cls(role, channel, party(channel, **kwargs))
 
     def counters(self) -> dict[str, dict[str, int]]:
         return {k: dict(v) for k, v in self.channel.counters().items()}

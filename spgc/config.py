@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from garbled_core import GARBLING_SCHEMES
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 from spgc.wire.tls import TlsFiles
@@ -161,6 +162,11 @@ class ServerConfig(_Schema):
         gt=0,
         description="seconds a server waits for a lost peer to come back (and H2 for a call "
         "from a silent H1) before it stops; must exceed round_deadline plus H1's work in a round",
+    )
+    garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
+        "threehalves",
+        description="how AND gates are garbled: threehalves (24.6 bytes per AND gate) or "
+        "halfgates (32 bytes, 1.5x fewer hash calls); both servers must set the same",
     )
     metrics_port: int | None = Field(
         None,

@@ -13,21 +13,35 @@ from spgc.app import bench_gc, cli
 def test_one_row_per_thread_count_each_checked_and_put_against_aes() -> None:
     aes = 4e8  # AES blocks per second: a stated rate, so the ratio is checked exactly
     runs = bench_gc.bench_gc(
-        instances=3000, modes=("plaintext",), threads=(1, 2), aes_rate=aes, log=lambda _: None
+        instances=3000,
+        modes=("plaintext",),
+        threads=(1, 2),
+        aes_rate=aes,
+        log=lambda _: None,
+        schemes=("threehalves", "halfgates"),
     )
-    assert [(r.mode, r.threads) for r in runs] == [("plaintext", 1), ("plaintext", 2)]
+    assert [(r.scheme, r.mode, r.threads) for r in runs] == [
+        ("threehalves", "plaintext", 1),
+        ("threehalves", "plaintext", 2),
+        ("halfgates", "plaintext", 1),
+        ("halfgates", "plaintext", 2),
+    ]
     for r in runs:
         assert r.correct
         assert r.and_gates == 95 * 3000
-        assert r.bytes_per_and == 32.0  # half-gates: two 16-byte rows per AND gate
+        if r.scheme == "halfgates":
+            assert r.bytes_per_and == 32.0  # two 16-byte rows per AND gate
+        else:  # three 8-byte halves and 5 control bits; 3000 = 2 chunks of 1024 and one of 952
+            assert r.bytes_per_and == 24 + (2 * 640 + 595) / 3000
         assert r.eval_input_bytes_per_bit == 16.0  # IKNP correlated OT, one block per bit
         assert r.ratio_to_aes_ceiling == pytest.approx(r.and_gates_per_second / (aes / 4))
-    assert runs[0].speedup_vs_one_thread == 1.0
+    assert runs[0].speedup_vs_one_thread == 1.0 and runs[2].speedup_vs_one_thread == 1.0
     assert runs[1].speedup_vs_one_thread == pytest.approx(
         runs[1].and_gates_per_second / runs[0].and_gates_per_second
     )
     table = bench_gc.format_table(runs, aes)
     assert "x ceiling" in table and "100.0 M AND/s" in table
+    assert "threehalves" in table and "halfgates" in table
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

@@ -6,6 +6,10 @@ plaintext, then as garbler and evaluator over loopback, and compare.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import Background, tls_config
@@ -29,6 +33,20 @@ def kernel(request):
     previous = _core.and_kernel()
     set_and_kernel(request.param)
     yield request.param
+    set_and_kernel(previous)
+
+
+@pytest.fixture(
+    params=["threehalves"] + [f"halfgates-{k}" for k in available_and_kernels()]
+)
+def garbling(request):
+    """Session options for every way of garbling an AND gate: three-halves, and half-gates
+    under every kernel this CPU has (VAES and plain AES-NI)."""
+    scheme, _, name = request.param.partition("-")
+    previous = _core.and_kernel()
+    if name:
+        set_and_kernel(name)
+    yield {"scheme": scheme}
     set_and_kernel(previous)
 
 
@@ -73,11 +91,11 @@ def gadget_circuit(width: int):
 
 
 @pytest.mark.parametrize("width", [1, 8, 32, 64])
-def test_every_gadget_garbled_equals_plaintext(two_party, kernel, width):
+def test_every_gadget_garbled_equals_plaintext(two_party, garbling, width):
     circuit = gadget_circuit(width)
     xs, ys = all_pairs(edge_and_random(20, width, 1), edge_and_random(20, width, 2))
     expected = circuit.evaluate({"x": xs, "y": ys})
-    out_g, out_e = two_party(chunk=64).run(circuit, {"x": xs}, {"y": ys})
+    out_g, out_e = two_party(chunk=64, **garbling).run(circuit, {"x": xs}, {"y": ys})
     for name, values in expected.items():
         assert np.array_equal(out_g[name], values), name
         assert np.array_equal(out_e[name], values), name
@@ -118,7 +136,7 @@ def random_circuit(seed: int, gates: int = 400):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
-def test_random_circuits(two_party, kernel, seed):
+def test_random_circuits(two_party, garbling, seed):
     circuit = random_circuit(seed)
     assert circuit.and_count > 50
     rng = np.random.default_rng(seed)
@@ -126,7 +144,7 @@ def test_random_circuits(two_party, kernel, seed):
     g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
     e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
     expected = circuit.evaluate({"g": g, "e": e})
-    out_g, out_e = two_party(chunk=128).run(circuit, {"g": g}, {"e": e})
+    out_g, out_e = two_party(chunk=128, **garbling).run(circuit, {"g": g}, {"e": e})
     assert np.array_equal(out_g["out"], expected["out"])
     assert np.array_equal(out_e["out"], expected["out"])
     assert np.array_equal(out_e["mid"], expected["mid"])
@@ -197,7 +215,13 @@ def test_multi_stage_session_carries_selected_labels(two_party):
     assert np.array_equal(plain["result"], want)
 
 
-def expected_bytes(circuit, n: int, chunk: int, runs: int = 1) -> dict:
+def table_bytes(scheme: str, n: int) -> int:
+    """One AND gate over n instances: half-gates 2 blocks; three-halves 3 half-blocks and 5
+    control bits per instance, the bits packed at the end of the gate's table."""
+    return 32 * n if scheme == "halfgates" else 24 * n + -(-5 * n // 8)
+
+
+def expected_bytes(circuit, n: int, chunk: int, runs: int = 1, scheme: str = "threehalves") -> dict:
     """Closed form of every byte each party sends in one session (chunk a multiple of 8)."""
     and_gates = circuit.and_count
     e_bits = circuit.input_bits("evaluator")
@@ -208,14 +232,14 @@ def expected_bytes(circuit, n: int, chunk: int, runs: int = 1) -> dict:
     point = 33  # a compressed P-256 point
     return {
         "garbler": {
-            "setup": 12 + 56 + 80 * runs,
+            "setup": 16 + 56 + 80 * runs,
             "base_ot": 128 * point,
-            "tables": 32 * and_gates * n * runs,
+            "tables": runs * sum(and_gates * table_bytes(scheme, c) for c in chunks),
             "outputs": runs * sum(to_evaluator * -(-c // 8) for c in chunks),
             "ot_extension": 0,
         },
         "evaluator": {
-            "setup": 12 + 80 * runs,
+            "setup": 16 + 80 * runs,
             "base_ot": point,
             "tables": 0,
             "outputs": runs * sum(to_garbler * -(-c // 8) for c in chunks),
@@ -225,8 +249,9 @@ def expected_bytes(circuit, n: int, chunk: int, runs: int = 1) -> dict:
     }
 
 
+@pytest.mark.parametrize("scheme", ["threehalves", "halfgates"])
 @pytest.mark.parametrize("n", [1, 8, 1000, 4099])
-def test_exact_byte_counts(two_party, n):
+def test_exact_byte_counts(two_party, n, scheme):
     b = CircuitBuilder("bytes")
     a = b.input("a", owner="garbler", width=32)
     x = b.input("b", owner="evaluator", width=32)
@@ -238,12 +263,12 @@ def test_exact_byte_counts(two_party, n):
     av = rng.integers(0, 1 << 32, n, dtype=np.uint64)
     bv = rng.integers(0, 1 << 32, n, dtype=np.uint64)
     chunk = 256
-    tp = two_party(chunk=chunk)
+    tp = two_party(chunk=chunk, scheme=scheme)
     out_g, out_e = tp.run(circuit, {"a": av}, {"b": bv})
     plain = circuit.evaluate({"a": av, "b": bv})
     assert np.array_equal(out_e["y"], plain["y"])
     assert np.array_equal(out_g["flag"], plain["flag"])
-    want = expected_bytes(circuit, n, chunk)
+    want = expected_bytes(circuit, n, chunk, scheme=scheme)
     got_g = tp.garbler_channel.counters()
     got_e = tp.evaluator_channel.counters()
     for phase, count in want["garbler"].items():
@@ -252,8 +277,12 @@ def test_exact_byte_counts(two_party, n):
     for phase, count in want["evaluator"].items():
         assert got_e[phase]["sent"] == count, phase
         assert got_g[phase]["received"] == count, phase
-    # Exactly 32 bytes per AND gate; 16 bytes per evaluator input bit when n*bits fills the OTs.
-    assert got_g["tables"]["sent"] == 32 * circuit.and_count * n
+    # Per AND gate exactly 32 bytes (half-gates) or 24 bytes and 5 bits (three-halves, the
+    # bits of a chunk's gate rounded up to a byte); 16 bytes per evaluator input bit when
+    # n*bits fills the OTs.
+    per_and = 32 if scheme == "halfgates" else 24.625
+    padding = circuit.and_count * -(-n // chunk)  # at most a byte per gate and chunk
+    assert 0 <= got_g["tables"]["sent"] - per_and * circuit.and_count * n < padding
     if (32 * n) % 128 == 0:
         assert got_e["ot_extension"]["sent"] == 16 * 32 * n
 
@@ -325,6 +354,37 @@ def test_circuit_mismatch_fails_on_both_sides(two_party):
         side.result()
 
 
+def test_garbling_scheme_mismatch_fails_on_both_sides(two_party):
+    b = CircuitBuilder("scheme")
+    b.output(
+        "y",
+        b.and_(b.input("x", owner="garbler", width=1), b.input("y", owner="evaluator", width=1)),
+    )
+    c = b.build()
+    tp = two_party()
+    tp.garbler = Garbler(tp.garbler_channel, scheme="halfgates")
+    ones = np.ones(4, dtype=np.uint64)
+    side = Background(lambda: tp.garbler.run(c, {"x": ones}))
+    with pytest.raises(ProtocolError, match="scheme mismatch: threehalves here, halfgates"):
+        tp.evaluator.run(c, {"y": ones})
+    with pytest.raises(ProtocolError, match="garbling scheme mismatch: halfgates here"):
+        side.result()
+    with pytest.raises(ValueError, match="scheme must be 'threehalves' or 'halfgates'"):
+        Garbler(tp.garbler_channel, scheme="fourquarters")
+
+
+def test_threehalves_tables_are_the_derived_ones():
+    """The engine's three-halves constants are what scripts/derive_threehalves.py derives,
+    and the derivation's own simulation of every case (correctness, and the evaluator's
+    decoded matrix uniform whatever the permute bits) passes."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "derive_threehalves.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "verified" in done.stdout
+
+
 def test_instance_count_mismatch(two_party):
     b = CircuitBuilder("n")
     b.output(
@@ -376,7 +436,8 @@ def test_circuit_description_saves_and_loads(tmp_path):
 
 @pytest.mark.parametrize(("garbler_threads", "evaluator_threads"), [(2, 2), (4, 1), (1, 3)])
 def test_worker_threads_give_the_same_outputs(two_party, garbler_threads, evaluator_threads):
-    """Parties may use different numbers of worker threads; tables are the same."""
+    """Parties may use different numbers of worker threads: each chunk's gates see the same
+    hash tweaks whatever T, so the outputs are the same."""
     circuit = random_circuit(9)
     rng = np.random.default_rng(4)
     n = 64 * 37 + 5  # 38 chunks of 64: several waves and a short last chunk

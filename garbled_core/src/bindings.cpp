@@ -212,6 +212,12 @@ py::array_t<uint8_t> blocks_to_array(const gc::block* b, size_t m) {
   return a;
 }
 
+gc::Scheme parse_scheme(const std::string& name) {
+  if (name == "threehalves") return gc::Scheme::ThreeHalves;
+  if (name == "halfgates") return gc::Scheme::HalfGates;
+  throw py::value_error("scheme must be 'threehalves' or 'halfgates', not '" + name + "'");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -291,11 +297,12 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("n", [](const gc::CarriedInput& c) { return c.indices.size(); });
 
   py::class_<gc::GarblerSession>(m, "Garbler", "The garbling party (H1) of a two-party session.")
-      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads) {
+      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme) {
         if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
         if (threads == 0 || threads > 4) throw py::value_error("threads must be in 1..4");
-        return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads});
-      }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, py::keep_alive<1, 2>())
+        return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme)});
+      }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
+      py::keep_alive<1, 2>())
       .def("setup", [](gc::GarblerSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GarblerSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Garbler);
@@ -303,21 +310,28 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("runs", &gc::GarblerSession::runs);
 
   py::class_<gc::EvaluatorSession>(m, "Evaluator", "The evaluating party (H2) of a two-party session.")
-      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads) {
+      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme) {
         if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
         if (threads == 0 || threads > 4) throw py::value_error("threads must be in 1..4");
-        return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads});
-      }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, py::keep_alive<1, 2>())
+        return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme)});
+      }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
+      py::keep_alive<1, 2>())
       .def("setup", [](gc::EvaluatorSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::EvaluatorSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Evaluator);
       }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
       .def_property_readonly("runs", &gc::EvaluatorSession::runs);
 
-  m.def("garble_only", [](const gc::Circuit& c, size_t n, size_t chunk) {
+  m.def("garble_only", [](const gc::Circuit& c, size_t n, size_t chunk, const std::string& scheme) {
+    gc::Scheme s = parse_scheme(scheme);
     py::gil_scoped_release r;
-    return gc::garble_only_seconds(c, n, chunk);
-  }, "circuit"_a, "n"_a, "chunk"_a = 1024, "Garbles n instances with random labels, no peer; returns seconds.");
+    return gc::garble_only_seconds(c, n, chunk, s);
+  }, "circuit"_a, "n"_a, "chunk"_a = 1024, "scheme"_a = "threehalves",
+  "Garbles n instances with random labels, no peer; returns seconds.");
+  m.def("and_table_bytes", [](const std::string& scheme, size_t n) {
+    return gc::and_table_bytes(parse_scheme(scheme), n);
+  }, "scheme"_a, "n"_a, "Bytes of one AND gate's garbled table over n instances.");
+  m.attr("GARBLING_SCHEMES") = py::make_tuple("threehalves", "halfgates");
 
   m.def("and_kernel", []() { return std::string(gc::and_kernels().name); },
         "Name of the AND-gate kernels in use ('vaes' or 'aesni').");

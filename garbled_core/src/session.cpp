@@ -9,13 +9,14 @@
 #include <thread>
 
 #include "garbled_core/halfgates.h"
+#include "garbled_core/threehalves.h"
 #include "garbled_core/random.h"
 
 namespace gc {
 
 namespace {
 
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;  // 2: the hello names the garbling scheme
 constexpr char kGarblerHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'G'};
 constexpr char kEvaluatorHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'E'};
 
@@ -55,11 +56,15 @@ void pack_lsbs(const block* labels, size_t n, uint8_t* out) {
 
 inline bool packed_bit(const uint8_t* bits, size_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
 
-// Runs the gates of one chunk. The garbler passes delta and tables to fill;
-// the evaluator passes the tables it received.
-void garble_gates(const Circuit& c, block* wires, size_t cap, size_t cn, uint64_t first_instance,
-                  block delta, block salt, uint32_t run_id, block* tables) {
+// Runs the gates of one chunk. The garbler passes delta, the tables to fill
+// and (three-halves) a PRG for the per-gate coins; the evaluator passes the
+// tables it received.
+void garble_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, size_t cn,
+                  uint64_t first_instance, block delta, block salt, uint32_t run_id,
+                  uint8_t* tables, Prg* coin_prg) {
   const AndKernels& kernels = and_kernels();
+  const size_t table_bytes = and_table_bytes(scheme, cn);
+  BlockVector coins(scheme == Scheme::ThreeHalves ? (cn + 63) / 64 : 0);
   for (const SlotGate& g : c.gates()) {
     const block* a = wires + (size_t)g.a * cap;
     const block* b = wires + (size_t)g.b * cap;
@@ -72,17 +77,25 @@ void garble_gates(const Circuit& c, block* wires, size_t cap, size_t cn, uint64_
         for (size_t i = 0; i < cn; ++i) out[i] = xor_block(a[i], delta);
         break;
       case GateOp::And:
-        kernels.garble(a, b, out, tables, cn, first_instance, delta, salt,
-                       gate_tweak(run_id, g.and_index));
-        tables += 2 * cn;
+        if (scheme == Scheme::ThreeHalves) {
+          coin_prg->fill(coins.data(), coins.size());
+          garble_and_threehalves(a, b, out, tables, cn, first_instance, delta, salt,
+                                 gate_tweak(run_id, g.and_index),
+                                 reinterpret_cast<const uint8_t*>(coins.data()));
+        } else {
+          kernels.garble(a, b, out, reinterpret_cast<block*>(tables), cn, first_instance, delta,
+                         salt, gate_tweak(run_id, g.and_index));
+        }
+        tables += table_bytes;
         break;
     }
   }
 }
 
-void evaluate_gates(const Circuit& c, block* wires, size_t cap, size_t cn, uint64_t first_instance,
-                    block salt, uint32_t run_id, const block* tables) {
+void evaluate_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, size_t cn,
+                    uint64_t first_instance, block salt, uint32_t run_id, const uint8_t* tables) {
   const AndKernels& kernels = and_kernels();
+  const size_t table_bytes = and_table_bytes(scheme, cn);
   for (const SlotGate& g : c.gates()) {
     const block* a = wires + (size_t)g.a * cap;
     const block* b = wires + (size_t)g.b * cap;
@@ -95,8 +108,13 @@ void evaluate_gates(const Circuit& c, block* wires, size_t cap, size_t cn, uint6
         if (out != a) std::memcpy(out, a, cn * sizeof(block));
         break;
       case GateOp::And:
-        kernels.eval(a, b, out, tables, cn, first_instance, salt, gate_tweak(run_id, g.and_index));
-        tables += 2 * cn;
+        if (scheme == Scheme::ThreeHalves)
+          eval_and_threehalves(a, b, out, tables, cn, first_instance, salt,
+                               gate_tweak(run_id, g.and_index));
+        else
+          kernels.eval(a, b, out, reinterpret_cast<const block*>(tables), cn, first_instance, salt,
+                       gate_tweak(run_id, g.and_index));
+        tables += table_bytes;
         break;
     }
   }
@@ -238,11 +256,14 @@ void Session::exchange_hello(bool garbler) {
   const char* mine = garbler ? kGarblerHello : kEvaluatorHello;
   const char* expected = garbler ? kEvaluatorHello : kGarblerHello;
   uint32_t version = kProtocolVersion, peer_version = 0;
+  uint32_t scheme = (uint32_t)options_.scheme, peer_scheme = 0;
   ch_.send(mine, 8);
   ch_.send(&version, 4);
+  ch_.send(&scheme, 4);
   char hello[8];
   ch_.recv(hello, 8);
   ch_.recv(&peer_version, 4);
+  ch_.recv(&peer_scheme, 4);
   if (std::memcmp(hello, mine, 8) == 0)
     throw ProtocolError(garbler ? "both parties are garblers: one side must run as the evaluator"
                                 : "both parties are evaluators: one side must run as the garbler");
@@ -252,6 +273,11 @@ void Session::exchange_hello(bool garbler) {
   if (peer_version != kProtocolVersion)
     throw ProtocolError("protocol version mismatch: " + std::to_string(kProtocolVersion) +
                         " here, " + std::to_string(peer_version) + " at the peer");
+  if (peer_scheme != scheme)
+    throw ProtocolError(std::string("garbling scheme mismatch: ") + scheme_name(options_.scheme) +
+                        " here, " +
+                        (peer_scheme <= 1 ? scheme_name((Scheme)peer_scheme) : "unknown") +
+                        " at the peer (both servers must set the same garbling_scheme)");
 }
 
 // Both parties state what they are about to run; any disagreement stops the
@@ -347,18 +373,25 @@ namespace {
 
 // One chunk's working memory: wire labels by slot, and its garbled tables.
 struct ChunkWorkspace {
-  BlockVector wires, tables;
+  BlockVector wires, table_store;  // table_store: the chunk's tables, as bytes
   std::vector<uint8_t> decode;
+  std::unique_ptr<Prg> coins;  // garbler, three-halves: fresh coins per gate
+  uint8_t* tables() { return reinterpret_cast<uint8_t*>(table_store.data()); }
 };
 
+size_t chunk_table_bytes(const Circuit& c, Scheme scheme, size_t cn) {
+  return c.and_count() * and_table_bytes(scheme, cn);
+}
+
 std::vector<ChunkWorkspace> make_workspaces(const Circuit& c, const RunPlan& plan, size_t count,
-                                            block const_label) {
+                                            block const_label, Scheme scheme, bool garbler) {
   std::vector<ChunkWorkspace> ws(count);
   for (auto& w : ws) {
     w.wires.resize((size_t)c.num_slots() * plan.chunk);
     w.wires.fill(0, plan.chunk, const_label);  // slot 0: the constant-zero wire
-    w.tables.resize(2 * c.and_count() * plan.chunk);
+    w.table_store.resize((chunk_table_bytes(c, scheme, plan.chunk) + 15) / 16);
     w.decode.resize(plan.evaluator_rows * ((plan.chunk + 7) / 8));
+    if (garbler) w.coins = std::make_unique<Prg>(random_block());
   }
   return ws;
 }
@@ -385,7 +418,8 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
   const RunPlan plan = plan_run(c, in.n, options_);
   const size_t cap = plan.chunk, wave = wave_size(options_);
   RunOutputs out = prepare_outputs(c, in.n, true);
-  std::vector<ChunkWorkspace> ws = make_workspaces(c, plan, wave, const_label_);
+  std::vector<ChunkWorkspace> ws =
+      make_workspaces(c, plan, wave, const_label_, options_.scheme, true);
   BlockVector eval_labels(plan.ots(0)), input_labels(plan.garbler_bits * cap);
   std::vector<uint8_t> peer_bits(plan.garbler_rows * ((cap + 7) / 8));
 
@@ -437,14 +471,14 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
     }
     run_parallel(count, [&](size_t j) {
       const size_t k = first + j;
-      garble_gates(c, ws[j].wires.data(), cap, plan.count(k), plan.start(k), delta_, salt_, run_id_,
-                   ws[j].tables.data());
+      garble_gates(c, options_.scheme, ws[j].wires.data(), cap, plan.count(k), plan.start(k),
+                   delta_, salt_, run_id_, ws[j].tables(), ws[j].coins.get());
     });
     for (size_t j = 0; j < count; ++j) {
       const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
       const block* wires = ws[j].wires.data();
       ch_.set_phase(Phase::Tables);
-      ch_.send(ws[j].tables.data(), 2 * c.and_count() * cn * sizeof(block));
+      ch_.send(ws[j].tables(), chunk_table_bytes(c, options_.scheme, cn));
       // Decoding bits: the colour of each zero-label tells the evaluator the value.
       size_t row_bytes = (cn + 7) / 8, pos = 0;
       for (size_t o : plan.reveal_to_evaluator)
@@ -500,7 +534,8 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
   const RunPlan plan = plan_run(c, in.n, options_);
   const size_t cap = plan.chunk, wave = wave_size(options_);
   RunOutputs out = prepare_outputs(c, in.n, false);
-  std::vector<ChunkWorkspace> ws = make_workspaces(c, plan, wave, const_label_);
+  std::vector<ChunkWorkspace> ws =
+      make_workspaces(c, plan, wave, const_label_, options_.scheme, false);
   BlockVector input_labels(plan.garbler_bits * cap);
   // Labels of the evaluator's inputs for the chunks whose OTs are in flight.
   std::vector<BlockVector> eval_labels(kOtLookahead + 1);
@@ -545,7 +580,7 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
       }
       load_carried(c, in, wires, cap, start, cn);
       ch_.set_phase(Phase::Tables);
-      ch_.recv(ws[j].tables.data(), 2 * c.and_count() * cn * sizeof(block));
+      ch_.recv(ws[j].tables(), chunk_table_bytes(c, options_.scheme, cn));
       if (plan.evaluator_rows) {
         ch_.set_phase(Phase::Outputs);
         ch_.recv(ws[j].decode.data(), plan.evaluator_rows * ((cn + 7) / 8));
@@ -553,8 +588,8 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
     }
     run_parallel(count, [&](size_t j) {
       const size_t k = first + j;
-      evaluate_gates(c, ws[j].wires.data(), cap, plan.count(k), plan.start(k), salt_, run_id_,
-                     ws[j].tables.data());
+      evaluate_gates(c, options_.scheme, ws[j].wires.data(), cap, plan.count(k), plan.start(k),
+                     salt_, run_id_, ws[j].tables());
     });
     for (size_t j = 0; j < count; ++j) {
       const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
@@ -590,17 +625,27 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
   return out;
 }
 
-double garble_only_seconds(const Circuit& c, size_t n, size_t chunk) {
+const char* scheme_name(Scheme s) {
+  return s == Scheme::ThreeHalves ? "threehalves" : "halfgates";
+}
+
+size_t and_table_bytes(Scheme s, size_t n) {
+  return s == Scheme::ThreeHalves ? threehalves_table_bytes(n) : 2 * sizeof(block) * n;
+}
+
+double garble_only_seconds(const Circuit& c, size_t n, size_t chunk, Scheme scheme) {
   size_t cap = std::max<size_t>(kHashGroup, round_up(chunk, kHashGroup));
   block delta = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
   block salt = random_block();
   BlockVector wires((size_t)c.num_slots() * cap);
   secure_random(wires.data(), wires.size() * sizeof(block));
-  BlockVector tables(2 * c.and_count() * cap);
+  BlockVector tables((chunk_table_bytes(c, scheme, cap) + 15) / 16);
+  Prg coins(random_block());
   auto t0 = std::chrono::steady_clock::now();
   for (size_t start = 0; start < n; start += cap) {
     size_t cn = std::min(cap, n - start);
-    garble_gates(c, wires.data(), cap, cn, start, delta, salt, 0, tables.data());
+    garble_gates(c, scheme, wires.data(), cap, cn, start, delta, salt, 0,
+                 reinterpret_cast<uint8_t*>(tables.data()), &coins);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

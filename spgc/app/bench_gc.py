@@ -8,7 +8,8 @@ evaluation.
 Speeds are put against the machine's single-core AES-128 rate, measured in the same run with
 ``openssl speed -evp aes-128-ecb``: a half-gates garbler needs 4 AES blocks per AND gate, so
 that rate / 4 is the AND gates per second one core could garble at most (``x ceiling``).
-``--threads`` runs each link once per thread count T (both parties use T threads).
+``--threads`` runs each link once per thread count T (both parties use T threads); ``--scheme``
+picks the garbling scheme (three-halves, the default, or half-gates; ``both`` runs each).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ LINKS = ("plaintext", "tls")
 MAX_THREADS = 4  # the engine's limit per party
 AES_CALLS_PER_AND = 4  # half-gates garbling: 2 hashes per half gate, 2 half gates per AND
 MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
+SCHEMES: tuple[str, ...] = tuple(garbled_core.GARBLING_SCHEMES)  # the first is the default
 
 
 class BenchError(RuntimeError):
@@ -110,10 +112,11 @@ def _run_party(
     chunk: int | None,
     circuit: Any,
     threads: int = 1,
+    scheme: str = SCHEMES[0],
 ) -> PartyReport:
     gc = garbled_core
     party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
-    party = party_cls(channel, threads=threads, **_chunk_kwargs(chunk))
+    party = party_cls(channel, threads=threads, scheme=scheme, **_chunk_kwargs(chunk))
     # Arrays that crossed a process boundary carry an unpickled (equal but not identical)
     # dtype object; re-view them with numpy's canonical uint64 dtype.
     inputs = {
@@ -141,6 +144,7 @@ def _garbler_main(
     inputs: dict[str, np.ndarray],
     chunk: int | None,
     threads: int,
+    scheme: str,
 ) -> None:
     """Garbler process: listen on an ephemeral loopback port, report it, run, report results."""
     try:
@@ -152,7 +156,7 @@ def _garbler_main(
             tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
         )
         try:
-            report = _run_party(OWNER_GARBLER, channel, inputs, chunk, circuit, threads)
+            report = _run_party(OWNER_GARBLER, channel, inputs, chunk, circuit, threads, scheme)
         finally:
             _close(channel)
             _close(listener)
@@ -170,6 +174,7 @@ def _evaluator_main(
     inputs: dict[str, np.ndarray],
     chunk: int | None,
     threads: int,
+    scheme: str,
 ) -> None:
     """Evaluator process: connect to the garbler, run, report results."""
     try:
@@ -179,7 +184,7 @@ def _evaluator_main(
             HOST, port, tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
         )
         try:
-            report = _run_party(OWNER_EVALUATOR, channel, inputs, chunk, circuit, threads)
+            report = _run_party(OWNER_EVALUATOR, channel, inputs, chunk, circuit, threads, scheme)
         finally:
             _close(channel)
         conn.send(("ok", report))
@@ -230,6 +235,7 @@ class RunResult:
     mode: str
     threads: int
     instances: int
+    scheme: str
     and_per_instance: int
     and_gates: int
     wall_seconds: float
@@ -257,9 +263,10 @@ def run_two_party(
     garble_only_rate: float,
     log: Callable[[str], None],
     threads: int = 1,
+    scheme: str = SCHEMES[0],
 ) -> RunResult:
     """Run the circuit on ``instances`` random inputs in two processes (each party on
-    ``threads`` threads); check the result."""
+    ``threads`` threads, AND gates garbled by ``scheme``); check the result."""
     import multiprocessing as mp
 
     if mode not in LINKS:
@@ -290,13 +297,13 @@ def run_two_party(
         e_parent, e_child = ctx.Pipe()
         garbler = ctx.Process(
             target=_garbler_main,
-            args=(g_child, tls_g, inputs_g, chunk, threads),
+            args=(g_child, tls_g, inputs_g, chunk, threads, scheme),
             name="spgc-garbler",
         )
         evaluator = None
         log(
-            f"garbling {instances:,} instances over {MODE_LABEL[mode]} (loopback, 2 processes, "
-            f"{threads} thread(s) each) ..."
+            f"garbling {instances:,} instances ({scheme}) over {MODE_LABEL[mode]} (loopback, "
+            f"2 processes, {threads} thread(s) each) ..."
         )
         try:
             garbler.start()
@@ -304,7 +311,7 @@ def run_two_party(
             port = _receive(g_parent, garbler, "garbler", deadline)
             evaluator = ctx.Process(
                 target=_evaluator_main,
-                args=(e_child, port, tls_e, inputs_e, chunk, threads),
+                args=(e_child, port, tls_e, inputs_e, chunk, threads, scheme),
                 name="spgc-evaluator",
             )
             evaluator.start()
@@ -340,6 +347,7 @@ def run_two_party(
         mode=mode,
         threads=threads,
         instances=instances,
+        scheme=scheme,
         and_per_instance=and_per_instance,
         and_gates=and_gates,
         wall_seconds=wall,
@@ -355,12 +363,16 @@ def run_two_party(
 
 
 def garble_only_rate(
-    circuit: Any, instances: int, chunk: int | None, log: Callable[[str], None]
+    circuit: Any,
+    instances: int,
+    chunk: int | None,
+    log: Callable[[str], None],
+    scheme: str = SCHEMES[0],
 ) -> float:
     """AND gates per second of garbling alone (one process, tables discarded)."""
     gc = garbled_core
-    log(f"garbling {instances:,} instances without a peer (garble-only) ...")
-    seconds = float(gc.garble_only(circuit, instances, **_chunk_kwargs(chunk)))
+    log(f"garbling {instances:,} instances ({scheme}) without a peer (garble-only) ...")
+    seconds = float(gc.garble_only(circuit, instances, scheme=scheme, **_chunk_kwargs(chunk)))
     and_gates = int(circuit.and_count) * instances
     log(f"  done in {seconds:.2f} s")
     return and_gates / seconds if seconds > 0 else float("inf")
@@ -385,6 +397,7 @@ def aes_blocks_per_second(seconds: int = 1) -> float | None:
 # ------------------------------------------------------------------------------------- output
 
 _COLUMNS = (
+    ("scheme", "{:<11}"),
     ("mode", "{:<9}"),
     ("T", "{:>2}"),
     ("AND gates", "{:>13,}"),
@@ -417,6 +430,7 @@ def format_table(runs: list[RunResult], aes_rate: float | None = None) -> str:
     lines = [header, "-" * len(header)]
     for r in runs:
         values = (
+            r.scheme,
             MODE_LABEL[r.mode],
             r.threads,
             r.and_gates,
@@ -452,9 +466,9 @@ def format_table(runs: list[RunResult], aes_rate: float | None = None) -> str:
 def to_json(
     runs: list[RunResult], chunk: int | None, aes_rate: float | None = None
 ) -> dict[str, Any]:
-    """One JSON object: the primary run's keys at top level (TLS if it ran, its first thread
-    count), all runs in `runs`."""
-    primary = next((r for r in runs if r.mode == "tls"), runs[0])
+    """One JSON object: the primary run's keys at top level (the first scheme's TLS run if it
+    ran, its first thread count), all runs in `runs`."""
+    primary = next((r for r in runs if r.mode == "tls" and r.scheme == runs[0].scheme), runs[0])
     obj: dict[str, Any] = asdict(primary)
     obj["chunk"] = chunk
     obj["aes128_blocks_per_second"] = aes_rate
@@ -472,15 +486,19 @@ def bench_gc(
     log: Callable[[str], None] | None = None,
     threads: tuple[int, ...] = (1,),
     aes_rate: float | None = None,
+    schemes: tuple[str, ...] = SCHEMES[:1],
 ) -> list[RunResult]:
-    """Garble-only rate, then one two-process run per mode and thread count; returns the
-    results (``aes_rate``: AES-128 blocks per second, for ``ratio_to_aes_ceiling``)."""
+    """Per scheme: the garble-only rate, then one two-process run per mode and thread count;
+    returns the results (``aes_rate``: AES-128 blocks per second, for
+    ``ratio_to_aes_ceiling``)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     if chunk is not None and chunk < 1:
         raise ValueError("--chunk must be at least 1")
     if not threads or any(not 1 <= t <= MAX_THREADS for t in threads):
         raise ValueError(f"--threads: each thread count must be in 1..{MAX_THREADS}")
+    if not schemes or any(s not in SCHEMES for s in schemes):
+        raise ValueError(f"--scheme: each scheme must be one of {', '.join(SCHEMES)}")
 
     def _stderr(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -488,21 +506,26 @@ def bench_gc(
     log = log or _stderr
     circuit = build_circuit()
     log(f"circuit: {int(circuit.and_count)} AND gates per instance")
-    rate = garble_only_rate(circuit, instances, chunk, log)
     runs = []
-    for mode in modes:
-        base: RunResult | None = None
-        for t in dict.fromkeys(threads):
-            run = run_two_party(circuit, instances, mode, chunk, rate, log, threads=t)
-            if t == 1:
-                base = run
-            if base is not None and base.and_gates_per_second > 0:
-                run.speedup_vs_one_thread = run.and_gates_per_second / base.and_gates_per_second
-            if aes_rate:
-                run.ratio_to_aes_ceiling = run.and_gates_per_second / (
-                    aes_rate / AES_CALLS_PER_AND
+    for scheme in dict.fromkeys(schemes):
+        rate = garble_only_rate(circuit, instances, chunk, log, scheme)
+        for mode in modes:
+            base: RunResult | None = None
+            for t in dict.fromkeys(threads):
+                run = run_two_party(
+                    circuit, instances, mode, chunk, rate, log, threads=t, scheme=scheme
                 )
-            runs.append(run)
+                if t == 1:
+                    base = run
+                if base is not None and base.and_gates_per_second > 0:
+                    run.speedup_vs_one_thread = (
+                        run.and_gates_per_second / base.and_gates_per_second
+                    )
+                if aes_rate:
+                    run.ratio_to_aes_ceiling = run.and_gates_per_second / (
+                        aes_rate / AES_CALLS_PER_AND
+                    )
+                runs.append(run)
     return runs
 
 
@@ -513,12 +536,18 @@ def run_cli(
     chunk: int | None,
     as_json: bool,
     threads: tuple[int, ...] = (1,),
+    schemes: tuple[str, ...] = SCHEMES[:1],
 ) -> int:
     """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect)."""
     modes: tuple[str, ...] = LINKS if both else (("plaintext",) if insecure else ("tls",))
     aes_rate = aes_blocks_per_second()  # first, while nothing else of ours runs
     runs = bench_gc(
-        instances=instances, modes=modes, chunk=chunk, threads=threads, aes_rate=aes_rate
+        instances=instances,
+        modes=modes,
+        chunk=chunk,
+        threads=threads,
+        aes_rate=aes_rate,
+        schemes=schemes,
     )
     table = format_table(runs, aes_rate)
     if as_json:

@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"threads per party, one run per count, each 1..{bench_gc.MAX_THREADS} "
         "(default: 1; e.g. 1,2,4)",
     )
+    gc.add_argument(
+        "--scheme",
+        choices=(*bench_gc.SCHEMES, "both"),
+        default=bench_gc.SCHEMES[0],
+        help=f"how AND gates are garbled (default: {bench_gc.SCHEMES[0]}; both: one run each)",
+    )
     link = gc.add_mutually_exclusive_group()
     link.add_argument(
         "--insecure",
@@ -298,6 +304,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         chunk=args.chunk,
         as_json=args.json,
         threads=args.threads,
+        schemes=bench_gc.SCHEMES if args.scheme == "both" else (args.scheme,),
     )
 
 

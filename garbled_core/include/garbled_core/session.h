@@ -28,9 +28,19 @@ class ProtocolError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// How AND gates are garbled: three-halves (Rosulek-Roy 2021, 24.625 bytes per
+// AND) or half-gates (Zahur-Rosulek-Evans 2015, 32 bytes per AND). Both
+// parties must use the same; the hello checks it.
+enum class Scheme : uint32_t { HalfGates = 0, ThreeHalves = 1 };
+
+const char* scheme_name(Scheme s);
+// Bytes of one AND gate's garbled table over n instances.
+size_t and_table_bytes(Scheme s, size_t n);
+
 struct SessionOptions {
   size_t chunk = 1024;  // instances garbled together (rounded up to a multiple of 8)
   size_t threads = 1;   // chunks garbled or evaluated in parallel (at most 4)
+  Scheme scheme = Scheme::ThreeHalves;
 };
 
 // Labels of one kept output port: this party's label for bit k of instance i
@@ -112,6 +122,7 @@ class EvaluatorSession : public Session {
 
 // Garbles n instances with random inputs and no peer; returns seconds spent
 // garbling (the "garbling alone" figure of the benchmark).
-double garble_only_seconds(const Circuit& c, size_t n, size_t chunk);
+double garble_only_seconds(const Circuit& c, size_t n, size_t chunk,
+                           Scheme scheme = Scheme::ThreeHalves);
 
 }  // namespace gc
