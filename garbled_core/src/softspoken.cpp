@@ -1,0 +1,312 @@
+// SoftSpoken OT extension; see softspoken.h for the protocol and its notes.
+#include "garbled_core/softspoken.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "garbled_core/base_ot.h"
+#include "garbled_core/iknp.h"  // kBaseOts, transpose128
+
+namespace gc {
+
+namespace {
+
+// Tiles (128 OTs each) per network message; the expansion runs kSub tiles
+// per AES call (8 blocks under one leaf key).
+constexpr size_t kTilesPerBatch = 64;
+constexpr size_t kSub = 8;
+
+// Domain tags of the GGM PRG's two children.
+const block kGgmTag0 = make_block(0x5350474320474753ull, 0);  // "SPGC GGS", child 0
+const block kGgmTag1 = make_block(0x5350474320474753ull, 1);
+
+inline bool bit_of(block b, int i) {
+  uint8_t bytes[16];
+  store_block(bytes, b);
+  return (bytes[i >> 3] >> (i & 7)) & 1;
+}
+
+// GGM PRG: (AES_s(tag0), AES_s(tag1)), s used as a one-off AES key.
+inline void ggm_expand(block s, block* left, block* right) {
+  AesKey key = aes_key(s);
+  block x[2] = {kGgmTag0, kGgmTag1};
+  aes_encrypt_blocks<2>(key, x);
+  *left = x[0];
+  *right = x[1];
+}
+
+// Expands the 2^d leaf streams of one chunk for tiles [ctr, ctr + tt) (tt <=
+// kSub) and reduces them: col(i)[0..tt) = XOR over leaves x with bit i set
+// (i < d), u[0..tt) = XOR over all leaves. keep (optional) masks each leaf's
+// stream (the garbler zeroes its unknown leaf). work holds 2^d * kSub blocks.
+void expand_reduce(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tt,
+                   block* work, block* cols, size_t stride, block* u) {
+  const size_t n = size_t(1) << d;
+  if (tt == kSub) {
+    for (size_t x = 0; x < n; ++x) {
+      block* w = work + x * kSub;
+      for (size_t t = 0; t < kSub; ++t) w[t] = make_block(0, ctr + t);
+      aes_encrypt_blocks<kSub>(keys[x], w);
+    }
+  } else {
+    for (size_t x = 0; x < n; ++x) {
+      block* w = work + x * kSub;
+      for (size_t t = 0; t < tt; ++t) {
+        w[t] = make_block(0, ctr + t);
+        aes_encrypt_blocks<1>(keys[x], w + t);
+      }
+    }
+  }
+  if (keep)
+    for (size_t x = 0; x < n; ++x) {
+      block* w = work + x * kSub;
+      for (size_t t = 0; t < kSub; ++t) w[t] = and_block(w[t], keep[x]);
+    }
+  // Level by level: pair the entries differing in the lowest remaining index
+  // bit; the odd ones' sum is that bit's column, the pair sums the next level.
+  // 2 * 2^d * kSub XORs in all.
+  size_t len = n;
+  for (int i = 0; i < d; ++i) {
+    const size_t half = len >> 1;
+    block acc[kSub];
+    for (size_t t = 0; t < kSub; ++t) acc[t] = zero_block();
+    for (size_t y = 0; y < half; ++y) {
+      const block* a = work + 2 * y * kSub;
+      const block* b = a + kSub;
+      block* o = work + y * kSub;
+      for (size_t t = 0; t < kSub; ++t) {
+        acc[t] = xor_block(acc[t], b[t]);
+        o[t] = xor_block(a[t], b[t]);
+      }
+    }
+    block* col = cols + (size_t)i * stride;
+    for (size_t t = 0; t < tt; ++t) col[t] = acc[t];
+    len = half;
+  }
+  for (size_t t = 0; t < tt; ++t) u[t] = work[t];
+}
+
+void check_m(bool ready, size_t m) {
+  if (!ready) throw std::logic_error("OT extension used before setup");
+  if (m % 128) throw std::logic_error("OT extension needs a multiple of 128 OTs");
+}
+
+struct PhaseGuard {
+  Channel& ch;
+  Phase previous;
+  PhaseGuard(Channel& c, Phase p) : ch(c), previous(c.phase()) { c.set_phase(p); }
+  ~PhaseGuard() { ch.set_phase(previous); }
+};
+
+}  // namespace
+
+SoftSpokenParams::SoftSpokenParams(int k_) : k(k_) {
+  if (k < kMinK || k > kMaxK)
+    throw std::invalid_argument("SoftSpoken: k must be in [" + std::to_string(kMinK) + ", " +
+                                std::to_string(kMaxK) + "], got " + std::to_string(k));
+  chunks = (int)((kBaseOts + (size_t)k - 1) / (size_t)k);
+  for (int b = 0; b < chunks; ++b) depth[b] = std::min(k, (int)kBaseOts - b * k);
+}
+
+// ------------------------------------------------------------- receiver
+
+SoftSpokenCotReceiver::SoftSpokenCotReceiver(int k) : params_(k) {}
+
+void SoftSpokenCotReceiver::setup(Channel& ch) {
+  block k0[kBaseOts], k1[kBaseOts];
+  base_ot_send(ch, k0, k1, kBaseOts);
+  PhaseGuard phase(ch, Phase::BaseOT);
+  size_t leaves = 0;
+  leaf_base_.assign(params_.chunks, 0);
+  for (int b = 0; b < params_.chunks; ++b) {
+    leaf_base_[b] = leaves;
+    leaves += size_t(1) << params_.depth[b];
+  }
+  leaf_keys_.assign(leaves, AesKey{});
+  BlockVector nodes, msg(2 * (kBaseOts - params_.chunks));
+  size_t sent = 0;
+  for (int b = 0; b < params_.chunks; ++b) {
+    const int d = params_.depth[b], j0 = params_.first_bit(b);
+    nodes.resize(size_t(1) << d);
+    // Level 1 is the base OT pair of bit j0 (node[x] = k_{1-x}): the garbler,
+    // holding k_{Delta_j0}, knows node[1 - Delta_j0] and not node[Delta_j0].
+    nodes[0] = k1[j0];
+    nodes[1] = k0[j0];
+    for (int i = 1; i < d; ++i) {
+      const size_t half = size_t(1) << i;
+      const int j = j0 + i;
+      block sum0 = zero_block(), sum1 = zero_block();
+      for (size_t p = 0; p < half; ++p) {
+        ggm_expand(nodes[p], &nodes[p], &nodes[p + half]);
+        sum0 = xor_block(sum0, nodes[p]);
+        sum1 = xor_block(sum1, nodes[p + half]);
+      }
+      // The garbler opens K_{1 - Delta_j} with its k_{Delta_j}.
+      msg[sent++] = xor_block(sum0, k1[j]);
+      msg[sent++] = xor_block(sum1, k0[j]);
+    }
+    for (size_t x = 0; x < nodes.size(); ++x) aes_expand_key(nodes[x], &leaf_keys_[leaf_base_[b] + x]);
+  }
+  if (sent) ch.send(msg.data(), sent * sizeof(block));
+  ch.flush();
+  std::memset((void*)k0, 0, sizeof k0);
+  std::memset((void*)k1, 0, sizeof k1);
+  nodes.fill(0, nodes.size(), zero_block());
+  counter_ = 0;
+  ready_ = true;
+}
+
+void SoftSpokenCotReceiver::run(Channel& ch, const uint8_t* choices, uint8_t* choices_out,
+                                block* t_out, size_t m) {
+  check_m(ready_, m);
+  const bool random_choices = choices == nullptr;
+  PhaseGuard phase(ch, Phase::OTExtension);
+  const int nb = params_.chunks;
+  const size_t first_corr = random_choices ? 1 : 0;  // chunk 0's u is r itself when random
+  const size_t total_tiles = m / 128;
+  work_.resize((size_t(1) << params_.depth[0]) * kSub);
+  for (size_t done = 0; done < total_tiles; done += kTilesPerBatch) {
+    const size_t tiles = std::min(kTilesPerBatch, total_tiles - done);
+    cols_.resize(kBaseOts * tiles);
+    corr_.resize((nb + 1) * tiles);  // corrections of chunks first_corr.., then r
+    block* r = corr_.data() + (size_t)nb * tiles;
+    if (!random_choices)
+      for (size_t t = 0; t < tiles; ++t) r[t] = load_block(choices + (done + t) * 16);
+    block u[kSub];
+    for (int b = 0; b < nb; ++b) {
+      const AesKey* keys = leaf_keys_.data() + leaf_base_[b];
+      block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
+      for (size_t s = 0; s < tiles; s += kSub) {
+        const size_t tt = std::min(kSub, tiles - s);
+        expand_reduce(keys, nullptr, params_.depth[b], counter_ + done + s, tt, work_.data(),
+                      cols + s, tiles, u);
+        if (random_choices && b == 0) {
+          for (size_t t = 0; t < tt; ++t) r[s + t] = u[t];
+        } else {
+          block* c = corr_.data() + (b - first_corr) * tiles + s;
+          for (size_t t = 0; t < tt; ++t) c[t] = xor_block(u[t], r[s + t]);
+        }
+      }
+    }
+    const size_t ncorr = (size_t)nb - first_corr;
+    if (ncorr) ch.send(corr_.data(), ncorr * tiles * sizeof(block));
+    if (random_choices)
+      for (size_t t = 0; t < tiles; ++t) store_block(choices_out + (done + t) * 16, r[t]);
+    for (size_t t = 0; t < tiles; ++t) transpose128(cols_.data() + t, tiles, t_out + (done + t) * 128);
+  }
+  counter_ += total_tiles;
+  ch.flush();
+}
+
+// --------------------------------------------------------------- sender
+
+SoftSpokenCotSender::SoftSpokenCotSender(int k) : params_(k) {}
+
+void SoftSpokenCotSender::setup(Channel& ch, block delta) {
+  if (!lsb(delta)) throw std::logic_error("delta must have its lowest bit set");
+  delta_ = delta;
+  uint8_t bits[kBaseOts];
+  for (size_t j = 0; j < kBaseOts; ++j) bits[j] = bit_of(delta, (int)j);
+  block seeds[kBaseOts];
+  base_ot_recv(ch, bits, seeds, kBaseOts);
+  PhaseGuard phase(ch, Phase::BaseOT);
+  const size_t msg_blocks = 2 * (kBaseOts - params_.chunks);
+  BlockVector msg(msg_blocks);
+  if (msg_blocks) ch.recv(msg.data(), msg_blocks * sizeof(block));
+
+  size_t leaves = 0;
+  leaf_base_.assign(params_.chunks, 0);
+  for (int b = 0; b < params_.chunks; ++b) {
+    leaf_base_[b] = leaves;
+    leaves += size_t(1) << params_.depth[b];
+  }
+  leaf_keys_.assign(leaves, AesKey{});
+  keep_.resize(leaves);
+  delta_mask_.resize(kBaseOts);
+  for (size_t j = 0; j < kBaseOts; ++j) delta_mask_[j] = select_mask(bits[j]);
+
+  BlockVector nodes;
+  size_t used = 0;
+  const block ones = select_mask(true);
+  for (int b = 0; b < params_.chunks; ++b) {
+    const int d = params_.depth[b], j0 = params_.first_bit(b);
+    nodes.resize(size_t(1) << d);
+    // punct: the index (bits 0..i-1 so far) of the one node not known.
+    size_t punct = bits[j0];
+    nodes[1 - punct] = seeds[j0];
+    nodes[punct] = zero_block();
+    for (int i = 1; i < d; ++i) {
+      const size_t half = size_t(1) << i;
+      const int j = j0 + i;
+      const size_t c = bits[j];
+      for (size_t p = 0; p < half; ++p)
+        if (p != punct) ggm_expand(nodes[p], &nodes[p], &nodes[p + half]);
+      nodes[punct] = zero_block();
+      nodes[punct + half] = zero_block();
+      // K_{1-c} = msg[1-c] ^ k_c; the sibling is K_{1-c} minus the known
+      // nodes on that side.
+      block sib = xor_block(msg[used + (1 - c)], seeds[j]);
+      used += 2;
+      const size_t side = (1 - c) * half;
+      for (size_t p = 0; p < half; ++p) sib = xor_block(sib, nodes[side + p]);
+      nodes[punct + side] = sib;
+      punct += c * half;
+    }
+    for (size_t x = 0; x < nodes.size(); ++x) {
+      aes_expand_key(nodes[x], &leaf_keys_[leaf_base_[b] + x]);
+      keep_[leaf_base_[b] + x] = x == punct ? zero_block() : ones;
+    }
+  }
+  std::memset((void*)seeds, 0, sizeof seeds);
+  nodes.fill(0, nodes.size(), zero_block());
+  counter_ = 0;
+  ready_ = true;
+}
+
+void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choices) {
+  check_m(ready_, m);
+  PhaseGuard phase(ch, Phase::OTExtension);
+  const int nb = params_.chunks;
+  const size_t first_corr = random_choices ? 1 : 0;
+  const size_t total_tiles = m / 128;
+  work_.resize((size_t(1) << params_.depth[0]) * kSub);
+  for (size_t done = 0; done < total_tiles; done += kTilesPerBatch) {
+    const size_t tiles = std::min(kTilesPerBatch, total_tiles - done);
+    cols_.resize(kBaseOts * tiles);
+    corr_.resize(2 * (size_t)nb * tiles);  // received corrections, then the u totals
+    block* corr = corr_.data();
+    block* tot = corr_.data() + (size_t)nb * tiles;
+    // Expand first (while the evaluator does the same), then read its corrections.
+    for (int b = 0; b < nb; ++b) {
+      const size_t base = leaf_base_[b];
+      block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
+      for (size_t s = 0; s < tiles; s += kSub) {
+        const size_t tt = std::min(kSub, tiles - s);
+        expand_reduce(leaf_keys_.data() + base, keep_.data() + base, params_.depth[b],
+                      counter_ + done + s, tt, work_.data(), cols + s, tiles, tot + (size_t)b * tiles + s);
+      }
+    }
+    const size_t ncorr = (size_t)nb - first_corr;
+    if (first_corr) std::memset((void*)corr, 0, tiles * sizeof(block));
+    if (ncorr) ch.recv(corr + first_corr * tiles, ncorr * tiles * sizeof(block));
+    // Column j of chunk b: w_j ^= Delta_j * (T_b ^ c_b), which makes it
+    // v_j ^ Delta_j * r (T_b is u_b without the unknown leaf).
+    for (int b = 0; b < nb; ++b) {
+      const block* tb = tot + (size_t)b * tiles;
+      const block* cb = corr + (size_t)b * tiles;
+      for (int i = 0; i < params_.depth[b]; ++i) {
+        const size_t j = (size_t)params_.first_bit(b) + i;
+        const block mask = delta_mask_[j];
+        block* col = cols_.data() + j * tiles;
+        for (size_t t = 0; t < tiles; ++t)
+          col[t] = xor_block(col[t], and_block(mask, xor_block(tb[t], cb[t])));
+      }
+    }
+    for (size_t t = 0; t < tiles; ++t) transpose128(cols_.data() + t, tiles, q + (done + t) * 128);
+  }
+  counter_ += total_tiles;
+}
+
+}  // namespace gc

@@ -1,0 +1,396 @@
+// Standalone check (and benchmark) of SoftSpoken OT extension against the COT
+// correlation, over a loopback TCP Channel, without Python.
+//   g++ -std=c++17 -O2 -Wall -Wextra -maes -mssse3 -msse4.1 -mpclmul -Igarbled_core/include
+//     garbled_core/tests/softspoken_check.cpp garbled_core/src/softspoken.cpp
+//     garbled_core/src/iknp.cpp garbled_core/src/base_ot.cpp garbled_core/src/channel.cpp
+//     garbled_core/src/random.cpp -lssl -lcrypto -lpthread -o softspoken_check
+//   (one command line)
+//   ./softspoken_check           checks only; exit status 0 when all pass
+//   ./softspoken_check --bench   checks, then OTs/s at k = 2, 4, 8 and IKNP (m = 2^20)
+//   ./softspoken_check --bench-only [reps]
+// Checks, for k in {1, 2, 3, 4, 5, 7, 8} (3, 5, 7 do not divide 128), m in
+// {128, 1024, 128000}, chosen and random choices, several extends in a row on
+// one setup: t[j] == q[j] ^ r_j * Delta for every j; the exact bytes each side
+// sends and receives per phase; the garbler's labels all distinct and
+// nonzero; successive extends giving different outputs; random choices
+// balanced; the evaluator running extends ahead of the garbler (the session's
+// lookahead pattern).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "garbled_core/channel.h"
+#include "garbled_core/iknp.h"
+#include "garbled_core/random.h"
+#include "garbled_core/softspoken.h"
+
+using namespace gc;
+
+namespace {
+
+int g_failures = 0, g_checks = 0;
+
+#define CHECK(cond, ...)                                          \
+  do {                                                            \
+    ++g_checks;                                                   \
+    if (!(cond)) {                                                \
+      ++g_failures;                                               \
+      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);   \
+      std::fprintf(stderr, __VA_ARGS__);                          \
+      std::fprintf(stderr, "\n");                                 \
+    }                                                             \
+  } while (0)
+
+struct Link {
+  std::unique_ptr<Channel> garbler, evaluator;
+};
+
+Link make_link() {
+  Link l;
+  Listener listener("127.0.0.1", 0);
+  int port = listener.port();
+  std::exception_ptr err;
+  std::thread th([&] {
+    try {
+      l.evaluator = Channel::connect("127.0.0.1", port, nullptr, 10.0);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  });
+  l.garbler = listener.accept(nullptr, 10.0);
+  th.join();
+  if (err) std::rethrow_exception(err);
+  l.garbler->set_timeout(120);
+  l.evaluator->set_timeout(120);
+  return l;
+}
+
+// Runs the garbler's part on a thread and the evaluator's here; rethrows.
+void both(const std::function<void()>& garbler, const std::function<void()>& evaluator) {
+  std::exception_ptr gerr, eerr;
+  std::thread th([&] {
+    try {
+      garbler();
+    } catch (...) {
+      gerr = std::current_exception();
+    }
+  });
+  try {
+    evaluator();
+  } catch (...) {
+    eerr = std::current_exception();
+  }
+  th.join();
+  if (gerr) std::rethrow_exception(gerr);
+  if (eerr) std::rethrow_exception(eerr);
+}
+
+block random_delta() {
+  block d = random_block();
+  return xor_block(and_block(d, make_block(~0ull, ~1ull)), make_block(0, 1));
+}
+
+inline bool bit(const uint8_t* bits, size_t j) { return (bits[j >> 3] >> (j & 7)) & 1; }
+
+// Positions j where t[j] != q[j] ^ r_j * delta.
+size_t mismatches(const block* q, const block* t, const uint8_t* r, size_t m, block delta) {
+  size_t bad = 0;
+  for (size_t j = 0; j < m; ++j) {
+    block want = bit(r, j) ? xor_block(q[j], delta) : q[j];
+    if (!equal_block(want, t[j])) ++bad;
+  }
+  return bad;
+}
+
+bool all_distinct_nonzero(const block* q, size_t m) {
+  std::vector<std::pair<uint64_t, uint64_t>> v(m);
+  for (size_t j = 0; j < m; ++j) {
+    v[j] = {high64(q[j]), low64(q[j])};
+    if (v[j].first == 0 && v[j].second == 0) return false;
+  }
+  std::sort(v.begin(), v.end());
+  return std::adjacent_find(v.begin(), v.end()) == v.end();
+}
+
+size_t popcount(const uint8_t* bits, size_t m) {
+  size_t c = 0;
+  for (size_t j = 0; j < m; ++j) c += bit(bits, j);
+  return c;
+}
+
+size_t same_positions(const BlockVector& a, const BlockVector& b, size_t m) {
+  size_t s = 0;
+  for (size_t j = 0; j < m; ++j) s += equal_block(a[j], b[j]);
+  return s;
+}
+
+void check_k(int k) {
+  Link link = make_link();
+  Channel& gch = *link.garbler;
+  Channel& ech = *link.evaluator;
+  const block delta = random_delta();
+  SoftSpokenCotSender sender(k);
+  SoftSpokenCotReceiver receiver(k);
+  const SoftSpokenParams& P = sender.params();
+  both([&] { sender.setup(gch, delta); }, [&] { receiver.setup(ech); });
+  const uint64_t setup_e = 33 + P.setup_extra_bytes(), setup_g = 128 * 33;
+  CHECK(ech.bytes_sent(Phase::BaseOT) == setup_e, "k=%d setup: evaluator sent %llu, want %llu", k,
+        (unsigned long long)ech.bytes_sent(Phase::BaseOT), (unsigned long long)setup_e);
+  CHECK(gch.bytes_sent(Phase::BaseOT) == setup_g, "k=%d setup: garbler sent %llu, want %llu", k,
+        (unsigned long long)gch.bytes_sent(Phase::BaseOT), (unsigned long long)setup_g);
+  CHECK(gch.bytes_received(Phase::BaseOT) == setup_e && ech.bytes_received(Phase::BaseOT) == setup_g,
+        "k=%d setup: received counts", k);
+  CHECK(ech.total_sent() == setup_e && gch.total_sent() == setup_g, "k=%d setup: bytes outside BaseOT", k);
+
+  const size_t ms[] = {128, 1024, 128 * 1000};
+  for (size_t m : ms) {
+    for (int random_mode = 0; random_mode < 2; ++random_mode) {
+      BlockVector prev_q, prev_t;
+      for (int rep = 0; rep < 3; ++rep) {
+        BlockVector q(m), t(m);
+        std::vector<uint8_t> r(m / 8);
+        if (!random_mode) {
+          if (rep == 0) secure_random(r.data(), r.size());
+          if (rep == 1) std::fill(r.begin(), r.end(), 0xff);
+          if (rep == 2) std::fill(r.begin(), r.end(), 0x00);
+        }
+        const uint64_t e0 = ech.bytes_sent(Phase::OTExtension), g0 = gch.bytes_sent(Phase::OTExtension);
+        const uint64_t gr0 = gch.bytes_received(Phase::OTExtension);
+        const uint64_t et0 = ech.total_sent(), gt0 = gch.total_sent();
+        both(
+            [&] {
+              if (random_mode)
+                sender.extend_random(gch, q.data(), m);
+              else
+                sender.extend(gch, q.data(), m);
+            },
+            [&] {
+              if (random_mode)
+                receiver.extend_random(ech, r.data(), t.data(), m);
+              else
+                receiver.extend(ech, r.data(), t.data(), m);
+            });
+        const uint64_t want = P.extend_bytes(m, random_mode != 0);
+        const uint64_t esent = ech.bytes_sent(Phase::OTExtension) - e0;
+        CHECK(esent == want, "k=%d m=%zu random=%d rep=%d: evaluator sent %llu, want %llu", k, m, random_mode,
+              rep, (unsigned long long)esent, (unsigned long long)want);
+        CHECK(ech.total_sent() - et0 == want, "k=%d m=%zu: evaluator sent bytes outside OTExtension", k, m);
+        CHECK(gch.bytes_sent(Phase::OTExtension) == g0 && gch.total_sent() == gt0,
+              "k=%d m=%zu random=%d: garbler sent bytes in extend", k, m, random_mode);
+        CHECK(gch.bytes_received(Phase::OTExtension) - gr0 == want, "k=%d m=%zu: garbler received count", k, m);
+        CHECK(gch.phase() == Phase::Setup && ech.phase() == Phase::Setup, "k=%d: phase not restored", k);
+        size_t bad = mismatches(q.data(), t.data(), r.data(), m, delta);
+        CHECK(bad == 0, "k=%d m=%zu random=%d rep=%d: %zu of %zu OTs violate t = q ^ r*Delta", k, m,
+              random_mode, rep, bad, m);
+        CHECK(all_distinct_nonzero(q.data(), m), "k=%d m=%zu random=%d rep=%d: garbler labels not distinct",
+              k, m, random_mode, rep);
+        if (random_mode) {
+          // Binomial(m, 1/2): within 6 standard deviations.
+          double dev = std::fabs((double)popcount(r.data(), m) - m / 2.0) / (std::sqrt((double)m) / 2);
+          CHECK(dev < 6, "k=%d m=%zu rep=%d: random choices unbalanced (%.1f sigma)", k, m, rep, dev);
+        }
+        if (rep > 0) {
+          CHECK(same_positions(q, prev_q, m) == 0, "k=%d m=%zu random=%d rep=%d: q repeats the previous extend",
+                k, m, random_mode, rep);
+          CHECK(same_positions(t, prev_t, m) == 0, "k=%d m=%zu random=%d rep=%d: t repeats the previous extend",
+                k, m, random_mode, rep);
+        }
+        prev_q = std::move(q);
+        prev_t = std::move(t);
+      }
+    }
+  }
+
+  // The session's pattern: the evaluator runs several extends ahead (it never
+  // waits for the garbler), the garbler reads them later, in order.
+  {
+    const size_t m = 128 * 64 * 3, n = 6;
+    std::vector<BlockVector> q(n, BlockVector(m)), t(n, BlockVector(m));
+    std::vector<std::vector<uint8_t>> r(n, std::vector<uint8_t>(m / 8));
+    for (auto& x : r) secure_random(x.data(), x.size());
+    both(
+        [&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          for (size_t i = 0; i < n; ++i) {
+            if (i % 2)
+              sender.extend_random(gch, q[i].data(), m);
+            else
+              sender.extend(gch, q[i].data(), m);
+          }
+        },
+        [&] {
+          for (size_t i = 0; i < n; ++i) {
+            if (i % 2)
+              receiver.extend_random(ech, r[i].data(), t[i].data(), m);
+            else
+              receiver.extend(ech, r[i].data(), t[i].data(), m);
+          }
+        });
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += mismatches(q[i].data(), t[i].data(), r[i].data(), m, delta);
+    CHECK(bad == 0, "k=%d lookahead: %zu mismatches", k, bad);
+  }
+
+  std::printf("k=%d ok so far (chunks=%d, setup extra %zu B, %.3f B/OT chosen, %.3f B/OT random)\n", k,
+              P.chunks, P.setup_extra_bytes(), P.extend_bytes(128000, false) / 128000.0,
+              P.extend_bytes(128000, true) / 128000.0);
+}
+
+void check_misc() {
+  // The verifier itself catches a single flipped bit.
+  {
+    const size_t m = 256;
+    BlockVector q(m), t(m);
+    std::vector<uint8_t> r(m / 8);
+    secure_random(r.data(), r.size());
+    block delta = random_delta();
+    for (size_t j = 0; j < m; ++j) {
+      q[j] = random_block();
+      t[j] = bit(r.data(), j) ? xor_block(q[j], delta) : q[j];
+    }
+    CHECK(mismatches(q.data(), t.data(), r.data(), m, delta) == 0, "verifier: clean input");
+    t[77] = xor_block(t[77], make_block(0, 1ull << 40));
+    CHECK(mismatches(q.data(), t.data(), r.data(), m, delta) == 1, "verifier misses a flipped bit");
+  }
+  // Parameter validation.
+  bool threw = false;
+  try {
+    SoftSpokenParams p(0);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  CHECK(threw, "k=0 accepted");
+  threw = false;
+  try {
+    SoftSpokenParams p(11);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  CHECK(threw, "k=11 accepted");
+  for (int k = 1; k <= 10; ++k) {
+    SoftSpokenParams p(k);
+    int sum = 0;
+    for (int b = 0; b < p.chunks; ++b) sum += p.depth[b];
+    CHECK(sum == 128 && p.chunks == (128 + k - 1) / k, "k=%d: chunk layout", k);
+  }
+  // extend before setup, m not a multiple of 128
+  SoftSpokenCotSender s(8);
+  threw = false;
+  Link link = make_link();
+  try {
+    BlockVector q(128);
+    s.extend(*link.garbler, q.data(), 128);
+  } catch (const std::logic_error&) {
+    threw = true;
+  }
+  CHECK(threw, "extend before setup accepted");
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Each side times its own extends; both run at once over loopback.
+template <typename Sender, typename Receiver>
+void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random_mode, int reps) {
+  const size_t m = size_t(1) << 20;
+  Link link = make_link();
+  Channel& gch = *link.garbler;
+  Channel& ech = *link.evaluator;
+  const block delta = random_delta();
+  both([&] { sender.setup(gch, delta); }, [&] { receiver.setup(ech); });
+  BlockVector q(m), t(m);
+  std::vector<uint8_t> r(m / 8);
+  secure_random(r.data(), r.size());
+  double gs = 0, es = 0;
+  uint64_t bytes = 0;
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1: warm-up
+    uint64_t b0 = ech.bytes_sent(Phase::OTExtension);
+    double g = 0, e = 0;
+    both(
+        [&] {
+          auto t0 = std::chrono::steady_clock::now();
+          if constexpr (std::is_same<Sender, CotSender>::value)
+            sender.extend(gch, q.data(), m);
+          else if (random_mode)
+            sender.extend_random(gch, q.data(), m);
+          else
+            sender.extend(gch, q.data(), m);
+          g = seconds_since(t0);
+        },
+        [&] {
+          auto t0 = std::chrono::steady_clock::now();
+          if constexpr (std::is_same<Receiver, CotReceiver>::value)
+            receiver.extend(ech, r.data(), t.data(), m);
+          else if (random_mode)
+            receiver.extend_random(ech, r.data(), t.data(), m);
+          else
+            receiver.extend(ech, r.data(), t.data(), m);
+          e = seconds_since(t0);
+        });
+    if (rep >= 0) {
+      gs += g;
+      es += e;
+      bytes += ech.bytes_sent(Phase::OTExtension) - b0;
+    }
+  }
+  size_t bad = mismatches(q.data(), t.data(), r.data(), m, delta);
+  CHECK(bad == 0, "bench %s: %zu mismatches", name, bad);
+  double ots = (double)m * reps;
+  std::printf("%-22s m=2^20 x%d  garbler %7.2f M OT/s  evaluator %7.2f M OT/s  evaluator sent %.4f B/OT\n", name,
+              reps, ots / gs / 1e6, ots / es / 1e6, (double)bytes / ots);
+  std::fflush(stdout);
+}
+
+void bench(int reps) {
+  std::printf("benchmark (loopback TCP, plaintext channel, one thread per party, both at once)\n");
+  {
+    CotSender s;
+    CotReceiver r;
+    bench_one("IKNP", s, r, false, reps);
+  }
+  for (int k : {2, 4, 8}) {
+    for (int random_mode = 0; random_mode < 2; ++random_mode) {
+      SoftSpokenCotSender s(k);
+      SoftSpokenCotReceiver r(k);
+      char name[64];
+      std::snprintf(name, sizeof name, "SoftSpoken k=%d %s", k, random_mode ? "random" : "chosen");
+      bench_one(name, s, r, random_mode != 0, reps);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool run_checks = true, run_bench = false;
+  int reps = 4;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--bench") run_bench = true;
+    else if (a == "--bench-only") run_bench = true, run_checks = false;
+    else reps = std::max(1, std::atoi(argv[i]));
+  }
+  try {
+    if (run_checks) {
+      check_misc();
+      for (int k : {1, 2, 3, 4, 5, 7, 8}) check_k(k);
+    }
+    if (run_bench) bench(reps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "FAIL: exception: %s\n", e.what());
+    return 2;
+  }
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures ? 1 : 0;
+}
