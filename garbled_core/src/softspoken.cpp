@@ -37,48 +37,88 @@ inline void ggm_expand(block s, block* left, block* right) {
   *right = x[1];
 }
 
-// Expands the 2^d leaf streams of one chunk for tiles [ctr, ctr + tt) (tt <=
-// kSub) and reduces them: col(i)[0..tt) = XOR over leaves x with bit i set
-// (i < d), u[0..tt) = XOR over all leaves. keep (optional) masks each leaf's
-// stream (the garbler zeroes its unknown leaf). work holds 2^d * kSub blocks.
-void expand_reduce(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tt,
-                   block* work, block* cols, size_t stride, block* u) {
-  const size_t n = size_t(1) << d;
+// One leaf's stream for tiles [ctr, ctr + tt) (tt <= kSub) into w[0..tt),
+// masked by keep when kMask (the garbler zeroes its unknown leaf, without
+// branching on which one it is).
+template <bool kMask>
+inline void leaf_stream(const AesKey& key, block keep, const block* ctrs, size_t tt, block* w) {
   if (tt == kSub) {
-    for (size_t x = 0; x < n; ++x) {
-      block* w = work + x * kSub;
-      for (size_t t = 0; t < kSub; ++t) w[t] = make_block(0, ctr + t);
-      aes_encrypt_blocks<kSub>(keys[x], w);
-    }
+    // Local copies keep the 8 blocks in registers through the rounds.
+    block x[kSub];
+    for (size_t t = 0; t < kSub; ++t) x[t] = ctrs[t];
+    aes_encrypt_blocks<kSub>(key, x);
+    for (size_t t = 0; t < kSub; ++t) w[t] = kMask ? and_block(x[t], keep) : x[t];
   } else {
-    for (size_t x = 0; x < n; ++x) {
-      block* w = work + x * kSub;
-      for (size_t t = 0; t < tt; ++t) {
-        w[t] = make_block(0, ctr + t);
-        aes_encrypt_blocks<1>(keys[x], w + t);
-      }
+    for (size_t t = 0; t < tt; ++t) {
+      block x[1] = {ctrs[t]};
+      aes_encrypt_blocks<1>(key, x);
+      w[t] = kMask ? and_block(x[0], keep) : x[0];
     }
   }
-  if (keep)
-    for (size_t x = 0; x < n; ++x) {
-      block* w = work + x * kSub;
-      for (size_t t = 0; t < kSub; ++t) w[t] = and_block(w[t], keep[x]);
+}
+
+// Expands the 2^d leaf streams of one chunk for tiles [ctr, ctr + tt) (tt <=
+// kSub) and reduces them: col(i)[0..tt) = XOR over leaves x with bit i set
+// (i < d), u[0..tt) = XOR over all leaves. With kMask, keep[x] masks leaf x.
+// work holds 2^(d-2) * kSub blocks. Index bit i of a leaf is reduced at level
+// i: pairing the entries that differ in it, the odd ones' sum is column i and
+// the pair sums form the next level; levels 0 and 1 are done on groups of 4
+// leaves as they come out of AES, the rest in work: about 2 * 2^d * kSub XORs.
+template <bool kMask>
+void expand_reduce(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tt, block* work,
+                   block* cols, size_t stride, block* u) {
+  block ctrs[kSub];
+  for (size_t t = 0; t < kSub; ++t) ctrs[t] = make_block(0, ctr + t);
+  const block ones = select_mask(true);
+  auto keep_of = [&](size_t x) { return kMask ? keep[x] : ones; };
+  block a[kSub], b[kSub];
+  for (size_t t = 0; t < kSub; ++t) a[t] = b[t] = zero_block();
+  if (d == 1) {
+    leaf_stream<kMask>(keys[0], keep_of(0), ctrs, tt, a);
+    leaf_stream<kMask>(keys[1], keep_of(1), ctrs, tt, b);
+    for (size_t t = 0; t < tt; ++t) {
+      cols[t] = b[t];
+      u[t] = xor_block(a[t], b[t]);
     }
-  // Level by level: pair the entries differing in the lowest remaining index
-  // bit; the odd ones' sum is that bit's column, the pair sums the next level.
-  // 2 * 2^d * kSub XORs in all.
-  size_t len = n;
-  for (int i = 0; i < d; ++i) {
+    return;
+  }
+  const size_t n = size_t(1) << d;
+  block acc0[kSub], acc1[kSub], p0[kSub];
+  for (size_t t = 0; t < kSub; ++t) acc0[t] = acc1[t] = zero_block();
+  for (size_t g = 0; g < n / 4; ++g) {
+    const size_t x = 4 * g;
+    leaf_stream<kMask>(keys[x], keep_of(x), ctrs, tt, a);
+    leaf_stream<kMask>(keys[x + 1], keep_of(x + 1), ctrs, tt, b);
+    for (size_t t = 0; t < kSub; ++t) {
+      acc0[t] = xor_block(acc0[t], b[t]);
+      p0[t] = xor_block(a[t], b[t]);
+    }
+    leaf_stream<kMask>(keys[x + 2], keep_of(x + 2), ctrs, tt, a);
+    leaf_stream<kMask>(keys[x + 3], keep_of(x + 3), ctrs, tt, b);
+    block* o = work + g * kSub;
+    for (size_t t = 0; t < kSub; ++t) {
+      acc0[t] = xor_block(acc0[t], b[t]);
+      const block p1 = xor_block(a[t], b[t]);
+      acc1[t] = xor_block(acc1[t], p1);
+      o[t] = xor_block(p0[t], p1);
+    }
+  }
+  for (size_t t = 0; t < tt; ++t) {
+    cols[t] = acc0[t];
+    cols[stride + t] = acc1[t];
+  }
+  size_t len = n / 4;
+  for (int i = 2; i < d; ++i) {
     const size_t half = len >> 1;
     block acc[kSub];
     for (size_t t = 0; t < kSub; ++t) acc[t] = zero_block();
     for (size_t y = 0; y < half; ++y) {
-      const block* a = work + 2 * y * kSub;
-      const block* b = a + kSub;
+      const block* lo = work + 2 * y * kSub;
+      const block* hi = lo + kSub;
       block* o = work + y * kSub;
       for (size_t t = 0; t < kSub; ++t) {
-        acc[t] = xor_block(acc[t], b[t]);
-        o[t] = xor_block(a[t], b[t]);
+        acc[t] = xor_block(acc[t], hi[t]);
+        o[t] = xor_block(lo[t], hi[t]);
       }
     }
     block* col = cols + (size_t)i * stride;
@@ -180,7 +220,7 @@ void SoftSpokenCotReceiver::run(Channel& ch, const uint8_t* choices, uint8_t* ch
       block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
       for (size_t s = 0; s < tiles; s += kSub) {
         const size_t tt = std::min(kSub, tiles - s);
-        expand_reduce(keys, nullptr, params_.depth[b], counter_ + done + s, tt, work_.data(),
+        expand_reduce<false>(keys, nullptr, params_.depth[b], counter_ + done + s, tt, work_.data(),
                       cols + s, tiles, u);
         if (random_choices && b == 0) {
           for (size_t t = 0; t < tt; ++t) r[s + t] = u[t];
@@ -284,7 +324,7 @@ void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choic
       block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
       for (size_t s = 0; s < tiles; s += kSub) {
         const size_t tt = std::min(kSub, tiles - s);
-        expand_reduce(leaf_keys_.data() + base, keep_.data() + base, params_.depth[b],
+        expand_reduce<true>(leaf_keys_.data() + base, keep_.data() + base, params_.depth[b],
                       counter_ + done + s, tt, work_.data(), cols + s, tiles, tot + (size_t)b * tiles + s);
       }
     }
