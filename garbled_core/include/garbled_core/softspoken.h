@@ -47,8 +47,9 @@
 //
 // Security (semi-honest only; no consistency check, so a malicious
 // evaluator could learn bits of Delta by sending inconsistent corrections):
-//   - The evaluator learns nothing about Delta: it only sends (GGM sums and
-//     corrections) after the base OTs, whose receiver privacy hides Delta.
+//   - The evaluator learns nothing about Delta: all it ever receives are the
+//     base OT receiver's messages, which hide the choice bits (Delta) by the
+//     base OT's receiver privacy; everything after is evaluator -> garbler.
 //   - The garbler sees, per chunk, all leaves but s_{x*}; r_{x*} is a fresh
 //     AES-CTR stream under an unknown key, so u_b (and hence each correction
 //     c_b = u_b ^ r) is a one-time pad on r: the garbler learns nothing about
@@ -61,10 +62,30 @@
 //     64-bit value; a setup is good for 2^64 tiles.
 //   - Randomness: the GGM roots are the base OT strings themselves (OpenSSL
 //     CSPRNG scalars inside base OT); nothing else is drawn. Delta is the
-//     caller's (random_block(), OpenSSL CSPRNG).
+//     caller's (random_block(), OpenSSL CSPRNG). extend_random's choice bits
+//     are u_0, an XOR of AES-CTR streams under the chunk-0 leaf keys: as
+//     random as those (pseudorandom), and hidden from the garbler, which
+//     lacks the stream of its punctured leaf.
 //   - Do not run IKNP and SoftSpoken on the same base OT strings.
 //   - Leaf keys are secret (they are the OT extension's seeds); the objects
 //     hold them in memory until destroyed, like CotSender/CotReceiver.
+//
+// Integration (session.cpp): same calls, same order, same directions as
+// CotSender / CotReceiver, so a template parameter or a two-method adapter
+// switches them.
+//   setup: garbler base_ot_recv then recv(GGM sums); evaluator base_ot_send
+//     then send(GGM sums) and flush. Both parties must construct with the
+//     same k (it is not negotiated on the wire).
+//   extend: the evaluator only sends (batches of up to 64 * 128 OTs, flushed
+//     at the end of each call), the garbler only receives; neither waits for
+//     the other otherwise. So the evaluator may run any number of extends
+//     ahead (the session's lookahead of 4 chunks) and the garbler reads them
+//     later in order; tested in softspoken_check. Each side must make the same
+//     sequence of calls with the same m, and extend / extend_random must pair
+//     up call by call (a mismatch desynchronises the byte stream).
+//   Cost: per OT about 2^k / k AES blocks per side (k = 8: 32; IKNP: 1 on the
+//     garbler, 2 on the evaluator) plus IKNP's transpose; memory 2^k * 128/k
+//     AES key schedules per party (k = 8: 704 KiB).
 #pragma once
 
 #include <cstddef>
