@@ -9,7 +9,7 @@
 //   ./softspoken_check --bench   checks, then OTs/s at k = 2, 4, 8 and IKNP (m = 2^20)
 //   ./softspoken_check --bench-only [reps]
 // Checks, for k in {1, 2, 3, 4, 5, 6, 7, 8, 10} (3, 5, 6, 7, 10 do not divide 128), m in
-// {128, 1024, 128000}, chosen and random choices, several extends in a row on
+// {128, 1024, 128000} (and 13, 67 tiles), chosen and random choices, several extends in a row on
 // one setup: t[j] == q[j] ^ r_j * Delta for every j; the exact bytes each side
 // sends and receives per phase; the garbler's labels all distinct and
 // nonzero; successive extends giving different outputs; random choices
@@ -154,7 +154,8 @@ void check_k(int k) {
         "k=%d setup: received counts", k);
   CHECK(ech.total_sent() == setup_e && gch.total_sent() == setup_g, "k=%d setup: bytes outside BaseOT", k);
 
-  const size_t ms[] = {128, 1024, 128 * 1000};
+  // 13 and 67 tiles: partial AES groups (8 + 5) and a partial batch (64 + 3).
+  const size_t ms[] = {128, 1024, 128 * 1000, 128 * 13, 128 * 67};
   for (size_t m : ms) {
     for (int random_mode = 0; random_mode < 2; ++random_mode) {
       BlockVector prev_q, prev_t;
