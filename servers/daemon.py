@@ -430,7 +430,9 @@ class ServerDaemon:
         only exchanges the two noisy shares over the raw channel (no garbled circuit)."""
         if self.cfg.mode == "dng":
             return PartyLink(role, self._gc_channel, None)
-        return PartyLink.open(role, self._gc_channel, scheme=self.cfg.garbling_scheme)
+        return PartyLink.open(
+            role, self._gc_channel, scheme=self.cfg.garbling_scheme, ot_k=self.cfg.ot_k
+        )
 
     # ------------------------------------------------------------------ one server
 

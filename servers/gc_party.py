@@ -127,14 +127,20 @@ class PartyLink:
 
     @classmethod
     def open(
-        cls, role: str, channel: Any, chunk: int | None = None, scheme: str = "threehalves"
+        cls,
+        role: str,
+        channel: Any,
+        chunk: int | None = None,
+        scheme: str = "threehalves",
+        ot_k: int = 8,
     ) -> PartyLink:
         """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run);
-        ``scheme`` garbles AND gates (``threehalves`` or ``halfgates``, the same on both
-        sides: the engine's hello refuses a mismatch)."""
+        ``scheme`` garbles AND gates (``threehalves`` or ``halfgates``), ``ot_k`` picks the OT
+        extension (SoftSpoken k, 0 for IKNP); both the same on both sides: the engine's hello
+        refuses a mismatch."""
         role = _check_role(role)
         party = garbled_core.Garbler if role == "garbler" else garbled_core.Evaluator
-        kwargs: dict[str, Any] = {"scheme": scheme}
+        kwargs: dict[str, Any] = {"scheme": scheme, "ot_k": ot_k}
         if chunk is not None:
             kwargs["chunk"] = chunk
         return cls(role, channel, party(channel, **kwargs))

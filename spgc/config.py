@@ -168,6 +168,14 @@ class ServerConfig(_Schema):
         description="how AND gates are garbled: threehalves (24.6 bytes per AND gate) or "
         "halfgates (32 bytes, 1.5x fewer hash calls); both servers must set the same",
     )
+    ot_k: int = Field(
+        8,
+        ge=0,
+        le=8,
+        description="OT extension for H2's circuit inputs: SoftSpoken with this k sends 128/k "
+        "bits per input bit (8: 2 bytes, about 5x IKNP's CPU; 4: 4 bytes at IKNP's CPU); 0: IKNP, "
+        "16 bytes; both servers must set the same",
+    )
     metrics_port: int | None = Field(
         None,
         ge=0,

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from garbled_core import and_table_bytes
+from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc.app import bench_comm, cli
 from spgc.app.bench_sampler import party_links
 from spgc.servers.spgc_circuit import reconstruct_circuit
@@ -19,7 +20,7 @@ def ceil_div(a: int, b: int) -> int:
 
 
 def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = 1024) -> dict[str, int]:
-    """docs/ENGINE.md: per chunk of n_c instances, the evaluator sends 16 B per OT (its L input
+    """docs/ENGINE.md: per chunk of n_c instances, the evaluator sends 2 B per OT (its L input
     bits, padded to 128 OTs), the garbler three-halves tables (24 B and 5 bits per AND, a gate's
     bits padded to a byte per chunk); each side 1 bit per revealed output
     bit (L bits revealed to both), padded to whole bytes; 80-byte run header each way."""
@@ -27,7 +28,8 @@ def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = 1024) -> dict[str,
     chunks = [min(chunk, n - s) for s in range(0, n, chunk)]
     return {
         "run_headers": 2 * 80,
-        "ot_extension": sum(16 * ceil_div(ring_bits * c, 128) * 128 for c in chunks),
+        # SoftSpoken k = 8: 16 bits per OT
+        "ot_extension": sum(2 * ceil_div(ring_bits * c, 128) * 128 for c in chunks),
         "tables": sum(ands * and_table_bytes("threehalves", c) for c in chunks),
         "outputs": sum(2 * ring_bits * ceil_div(c, 8) for c in chunks),
     }
@@ -57,7 +59,8 @@ def test_context_matches_the_daemon_defaults(ctx) -> None:
         ctx.ring_bits - 2
     )
     # the session setup (hello, session keys, 128 base OTs) is measured once, apart
-    assert ctx.session_setup_bytes == 2 * 16 + 56 + 33 + 4224  # hello: role, version, scheme
+    # hello (role, version, scheme, ot_k), session keys, base OTs, SoftSpoken k = 8 GGM sums
+    assert ctx.session_setup_bytes == 2 * 20 + 56 + 33 + 4224 + 2 * 112 * 16
 
 
 @pytest.mark.parametrize("n", [1024, 1500])
@@ -171,6 +174,7 @@ def test_preprocessed_opens_one_ring_element_each_way_online(ctx) -> None:
     n = 300
     m = spec.measure(ctx, sigma, n)
     assert m.phases["opened"] == 16 * n and m.extra["online_bytes_per_coordinate"] == 16
-    # offline: the sampler's garbled trials, at least 32 B per AND of one accepted trial each
-    assert m.extra["offline_bytes_per_coordinate"] > 32 * 700
+    # offline: the sampler's garbled trials, at least 24.625 B per AND of one trial each
+    trial = build_trial_circuit(derive_params(sigma))
+    assert m.extra["offline_bytes_per_coordinate"] > 24.625 * trial.and_count
     assert m.extra["ring_bits"] > ctx.ring_bits  # the ring holds |S| plus the noise bound

@@ -33,7 +33,7 @@ def test_one_row_per_thread_count_each_checked_and_put_against_aes() -> None:
             assert r.bytes_per_and == 32.0  # two 16-byte rows per AND gate
         else:  # three 8-byte halves and 5 control bits; 3000 = 2 chunks of 1024 and one of 952
             assert r.bytes_per_and == 24 + (2 * 640 + 595) / 3000
-        assert r.eval_input_bytes_per_bit == 16.0  # IKNP correlated OT, one block per bit
+        assert r.eval_input_bytes_per_bit == 2.0  # SoftSpoken k = 8: 16 bits per input bit
         assert r.ratio_to_aes_ceiling == pytest.approx(r.and_gates_per_second / (aes / 4))
     assert runs[0].speedup_vs_one_thread == 1.0 and runs[2].speedup_vs_one_thread == 1.0
     assert runs[1].speedup_vs_one_thread == pytest.approx(

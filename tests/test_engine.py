@@ -37,11 +37,11 @@ def kernel(request):
 
 
 @pytest.fixture(
-    params=["threehalves"] + [f"halfgates-{k}" for k in available_and_kernels()]
+    params=[f"{s}-{k}" for s in ("threehalves", "halfgates") for k in available_and_kernels()]
 )
 def garbling(request):
-    """Session options for every way of garbling an AND gate: three-halves, and half-gates
-    under every kernel this CPU has (VAES and plain AES-NI)."""
+    """Session options for every way of garbling an AND gate: three-halves and half-gates,
+    each under every AES path this CPU has (VAES and plain AES-NI)."""
     scheme, _, name = request.param.partition("-")
     previous = _core.and_kernel()
     if name:
@@ -221,8 +221,14 @@ def table_bytes(scheme: str, n: int) -> int:
     return 32 * n if scheme == "halfgates" else 24 * n + -(-5 * n // 8)
 
 
-def expected_bytes(circuit, n: int, chunk: int, runs: int = 1, scheme: str = "threehalves") -> dict:
+def expected_bytes(
+    circuit, n: int, chunk: int, runs: int = 1, scheme: str = "threehalves", ot_k: int = 8
+) -> dict:
     """Closed form of every byte each party sends in one session (chunk a multiple of 8)."""
+    # OT extension: IKNP (ot_k 0) one 128-bit column per OT; SoftSpoken ceil(128/k) bits per OT,
+    # after 2 * (128 - ceil(128/k)) blocks of GGM level sums at setup.
+    chunks_of_delta = 128 if ot_k == 0 else -(-128 // ot_k)
+    ggm_bytes = 0 if ot_k == 0 else 2 * (128 - chunks_of_delta) * 16
     and_gates = circuit.and_count
     e_bits = circuit.input_bits("evaluator")
     outputs = circuit.outputs
@@ -232,26 +238,29 @@ def expected_bytes(circuit, n: int, chunk: int, runs: int = 1, scheme: str = "th
     point = 33  # a compressed P-256 point
     return {
         "garbler": {
-            "setup": 16 + 56 + 80 * runs,
+            "setup": 20 + 56 + 80 * runs,
             "base_ot": 128 * point,
             "tables": runs * sum(and_gates * table_bytes(scheme, c) for c in chunks),
             "outputs": runs * sum(to_evaluator * -(-c // 8) for c in chunks),
             "ot_extension": 0,
         },
         "evaluator": {
-            "setup": 16 + 80 * runs,
-            "base_ot": point,
+            "setup": 20 + 80 * runs,
+            "base_ot": point + ggm_bytes,
             "tables": 0,
             "outputs": runs * sum(to_garbler * -(-c // 8) for c in chunks),
-            # One 128-bit IKNP column per evaluator input bit, padded to 128 OTs per chunk.
-            "ot_extension": runs * sum(16 * (-(-(e_bits * c) // 128) * 128) for c in chunks),
+            # Per evaluator input bit, padded to 128 OTs per chunk.
+            "ot_extension": runs
+            * sum(chunks_of_delta * (-(-(e_bits * c) // 128) * 128) // 8 for c in chunks),
         },
     }
 
 
-@pytest.mark.parametrize("scheme", ["threehalves", "halfgates"])
+@pytest.mark.parametrize(
+    ("scheme", "ot_k"), [("threehalves", 8), ("halfgates", 0), ("threehalves", 5)]
+)
 @pytest.mark.parametrize("n", [1, 8, 1000, 4099])
-def test_exact_byte_counts(two_party, n, scheme):
+def test_exact_byte_counts(two_party, n, scheme, ot_k):
     b = CircuitBuilder("bytes")
     a = b.input("a", owner="garbler", width=32)
     x = b.input("b", owner="evaluator", width=32)
@@ -263,12 +272,12 @@ def test_exact_byte_counts(two_party, n, scheme):
     av = rng.integers(0, 1 << 32, n, dtype=np.uint64)
     bv = rng.integers(0, 1 << 32, n, dtype=np.uint64)
     chunk = 256
-    tp = two_party(chunk=chunk, scheme=scheme)
+    tp = two_party(chunk=chunk, scheme=scheme, ot_k=ot_k)
     out_g, out_e = tp.run(circuit, {"a": av}, {"b": bv})
     plain = circuit.evaluate({"a": av, "b": bv})
     assert np.array_equal(out_e["y"], plain["y"])
     assert np.array_equal(out_g["flag"], plain["flag"])
-    want = expected_bytes(circuit, n, chunk, scheme=scheme)
+    want = expected_bytes(circuit, n, chunk, scheme=scheme, ot_k=ot_k)
     got_g = tp.garbler_channel.counters()
     got_e = tp.evaluator_channel.counters()
     for phase, count in want["garbler"].items():
@@ -279,12 +288,13 @@ def test_exact_byte_counts(two_party, n, scheme):
         assert got_g[phase]["received"] == count, phase
     # Per AND gate exactly 32 bytes (half-gates) or 24 bytes and 5 bits (three-halves, the
     # bits of a chunk's gate rounded up to a byte); 16 bytes per evaluator input bit when
-    # n*bits fills the OTs.
+    # n*bits fills the OTs (IKNP; SoftSpoken k = 8: 2 bytes).
     per_and = 32 if scheme == "halfgates" else 24.625
     padding = circuit.and_count * -(-n // chunk)  # at most a byte per gate and chunk
     assert 0 <= got_g["tables"]["sent"] - per_and * circuit.and_count * n < padding
     if (32 * n) % 128 == 0:
-        assert got_e["ot_extension"]["sent"] == 16 * 32 * n
+        per_bit = {0: 16, 8: 2, 5: 26 / 8}[ot_k]
+        assert got_e["ot_extension"]["sent"] == per_bit * 32 * n
 
 
 def test_runs_without_evaluator_inputs_or_outputs(two_party):
@@ -308,9 +318,11 @@ def test_transpose128_matches_numpy():
     assert np.array_equal(_core._transpose128(m), want)
 
 
+@pytest.mark.parametrize("ot_k", [0, 1, 3, 8])
 @pytest.mark.parametrize("random_choices", [False, True])
-def test_ot_extension_labels_match(two_party, random_choices):
-    """The evaluator's label is q_j ^ r_j * Delta for its choice r_j."""
+def test_ot_extension_labels_match(two_party, random_choices, ot_k):
+    """The evaluator's label is q_j ^ r_j * Delta for its choice r_j: IKNP (ot_k 0, 16 bytes
+    per OT) and SoftSpoken (ceil(128 / k) bits per OT; k = 3 does not divide 128)."""
     tp = two_party()
     m = 128 * 70  # several IKNP batches
     rng = np.random.default_rng(9)
@@ -320,8 +332,8 @@ def test_ot_extension_labels_match(two_party, random_choices):
         choices = np.zeros(m // 8, dtype=np.uint8)
         choices[::3] = 0xFF
         choices[1::3] = rng.integers(0, 256, len(choices[1::3]), dtype=np.uint8)
-    sender = Background(lambda: _core._cot_send(tp.garbler_channel, m))
-    labels = _core._cot_recv(tp.evaluator_channel, choices)
+    sender = Background(lambda: _core._cot_send(tp.garbler_channel, m, ot_k))
+    labels = _core._cot_recv(tp.evaluator_channel, choices, ot_k)
     delta, q = sender.result()
     r = np.unpackbits(choices, bitorder="little").astype(bool)
     assert delta[0, 0] & 1 == 1  # colour bit of Delta
@@ -329,7 +341,8 @@ def test_ot_extension_labels_match(two_party, random_choices):
     want[r] ^= delta[0]
     assert np.array_equal(labels, want)
     assert not np.array_equal(labels[r], q[r])
-    assert tp.evaluator_channel.counters()["ot_extension"]["sent"] == 16 * m
+    bits_per_ot = 128 if ot_k == 0 else -(-128 // ot_k)
+    assert tp.evaluator_channel.counters()["ot_extension"]["sent"] == bits_per_ot * m // 8
 
 
 def test_circuit_mismatch_fails_on_both_sides(two_party):

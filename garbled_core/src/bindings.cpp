@@ -297,12 +297,15 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("n", [](const gc::CarriedInput& c) { return c.indices.size(); });
 
   py::class_<gc::GarblerSession>(m, "Garbler", "The garbling party (H1) of a two-party session.")
-      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme) {
+      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme,
+                       int ot_k) {
         if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
         if (threads == 0 || threads > 4) throw py::value_error("threads must be in 1..4");
-        return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme)});
+        if (ot_k < 0 || ot_k > gc::kMaxOtK)
+          throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
+        return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
       }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
-      py::keep_alive<1, 2>())
+      "ot_k"_a = 8, py::keep_alive<1, 2>())
       .def("setup", [](gc::GarblerSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GarblerSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Garbler);
@@ -310,12 +313,15 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("runs", &gc::GarblerSession::runs);
 
   py::class_<gc::EvaluatorSession>(m, "Evaluator", "The evaluating party (H2) of a two-party session.")
-      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme) {
+      .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme,
+                       int ot_k) {
         if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
         if (threads == 0 || threads > 4) throw py::value_error("threads must be in 1..4");
-        return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme)});
+        if (ot_k < 0 || ot_k > gc::kMaxOtK)
+          throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
+        return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
       }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
-      py::keep_alive<1, 2>())
+      "ot_k"_a = 8, py::keep_alive<1, 2>())
       .def("setup", [](gc::EvaluatorSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::EvaluatorSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Evaluator);
@@ -354,31 +360,47 @@ PYBIND11_MODULE(_core, m) {
     gc::transpose128(rows, 1, out);
     return blocks_to_array(out, 128);
   });
-  m.def("_cot_send", [](gc::Channel& ch, size_t m_ots) {
-    gc::CotSender sender;
+  m.def("_cot_send", [](gc::Channel& ch, size_t m_ots, int ot_k) {
     gc::block delta = gc::xor_block(gc::and_block(gc::random_block(), gc::make_block(~0ull, ~1ull)),
                                     gc::make_block(0, 1));
     gc::BlockVector q(m_ots);
     {
       py::gil_scoped_release r;
-      sender.setup(ch, delta);
-      sender.extend(ch, q.data(), m_ots);
+      if (ot_k > 0) {
+        gc::SoftSpokenCotSender sender(ot_k);
+        sender.setup(ch, delta);
+        sender.extend(ch, q.data(), m_ots);
+      } else {
+        gc::CotSender sender;
+        sender.setup(ch, delta);
+        sender.extend(ch, q.data(), m_ots);
+      }
       ch.flush();
     }
     return py::make_tuple(blocks_to_array(&delta, 1), blocks_to_array(q.data(), m_ots));
-  }, "channel"_a, "m"_a, "Test hook: IKNP sender for m OTs; returns (delta, q).");
-  m.def("_cot_recv", [](gc::Channel& ch, const py::array_t<uint8_t, py::array::c_style>& choices) {
+  }, "channel"_a, "m"_a, "ot_k"_a = 0,
+  "Test hook: COT sender (IKNP, or SoftSpoken k) for m OTs; returns (delta, q).");
+  m.def("_cot_recv", [](gc::Channel& ch, const py::array_t<uint8_t, py::array::c_style>& choices,
+                        int ot_k) {
     size_t m_ots = (size_t)choices.size() * 8;
-    gc::CotReceiver receiver;
     gc::BlockVector t(m_ots);
     std::vector<uint8_t> bits(choices.data(), choices.data() + choices.size());
     {
       py::gil_scoped_release r;
-      receiver.setup(ch);
-      receiver.extend(ch, bits.data(), t.data(), m_ots);
+      if (ot_k > 0) {
+        gc::SoftSpokenCotReceiver receiver(ot_k);
+        receiver.setup(ch);
+        receiver.extend(ch, bits.data(), t.data(), m_ots);
+        ch.flush();
+      } else {
+        gc::CotReceiver receiver;
+        receiver.setup(ch);
+        receiver.extend(ch, bits.data(), t.data(), m_ots);
+      }
     }
     return blocks_to_array(t.data(), m_ots);
-  }, "channel"_a, "choices"_a, "Test hook: IKNP receiver with packed choice bits; returns the labels.");
+  }, "channel"_a, "choices"_a, "ot_k"_a = 0,
+  "Test hook: COT receiver (IKNP, or SoftSpoken k) with packed choice bits; returns the labels.");
   m.def("_random_bytes", [](size_t n) {
     std::string s(n, '\0');
     gc::secure_random(s.data(), n);

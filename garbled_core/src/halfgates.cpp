@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "garbled_core/aes.h"
+#include "garbled_core/vaes.h"
 
 namespace gc {
 
@@ -127,34 +128,7 @@ void eval_and_aes128(const block* a, const block* b, block* c, const block* tabl
 // ---- VAES + AVX-512 path: 4 blocks per AES instruction. ----
 // Works on 16 instances (two hash groups) at a time, so the four AES keys
 // they need (2 groups x 2 halves) are expanded together in one register.
-#define GC_VAES_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,vaes,aes,sse4.1")))
-
-constexpr size_t kVaesSpan = 2 * kHashGroup;
-
-// AES-128 key expansion of four keys at once, one per 128-bit lane.
-// SubWord(RotWord(w3)) comes from AESENCLAST on a vector whose four words all
-// hold RotWord(w3): with equal columns ShiftRows does nothing, so what is
-// left is SubBytes plus the round constant.
-GC_VAES_TARGET inline void zexpand4(__m512i key, __m512i* rk) {
-  const __m512i rot_w3 = _mm512_maskz_broadcast_i32x4(
-      0xffff, _mm_setr_epi8(13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12));
-  static const int rcon[10] = {0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80, 0x1b, 0x36};
-  rk[0] = key;
-  for (int r = 0; r < 10; ++r) {
-    __m512i t = _mm512_shuffle_epi8(key, rot_w3);
-    t = _mm512_aesenclast_epi128(t, _mm512_set1_epi32(rcon[r]));
-    key = _mm512_xor_si512(key, _mm512_bslli_epi128(key, 4));
-    key = _mm512_xor_si512(key, _mm512_bslli_epi128(key, 8));
-    key = _mm512_xor_si512(key, t);
-    rk[r + 1] = key;
-  }
-}
-
-// Broadcasts lane L of v to all four lanes.
-template <int L>
-GC_VAES_TARGET inline __m512i zlane(__m512i v) {
-  return _mm512_maskz_shuffle_i64x2(0xff, v, v, L * 0x55);
-}
+constexpr size_t kVaesSpan = 2 * kHashGroup;  // instances per VAES kernel call
 
 // All-ones in each 128-bit lane whose lowest bit is set.
 GC_VAES_TARGET inline __m512i zlsb_mask(__m512i x) {
@@ -319,11 +293,6 @@ GC_VAES_TARGET void eval_and_vaes(const block* a, const block* b, block* c, cons
   }
 }
 
-bool cpu_has_vaes() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-}
 #endif
 
 const AndKernels kAes128Kernels = {"aesni", garble_and_aes128, eval_and_aes128};

@@ -16,7 +16,7 @@ namespace gc {
 
 namespace {
 
-constexpr uint32_t kProtocolVersion = 2;  // 2: the hello names the garbling scheme
+constexpr uint32_t kProtocolVersion = 3;  // 3: the hello names the garbling scheme and ot_k
 constexpr char kGarblerHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'G'};
 constexpr char kEvaluatorHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'E'};
 
@@ -257,13 +257,16 @@ void Session::exchange_hello(bool garbler) {
   const char* expected = garbler ? kEvaluatorHello : kGarblerHello;
   uint32_t version = kProtocolVersion, peer_version = 0;
   uint32_t scheme = (uint32_t)options_.scheme, peer_scheme = 0;
+  uint32_t ot_k = (uint32_t)options_.ot_k, peer_ot_k = 0;
   ch_.send(mine, 8);
   ch_.send(&version, 4);
   ch_.send(&scheme, 4);
+  ch_.send(&ot_k, 4);
   char hello[8];
   ch_.recv(hello, 8);
   ch_.recv(&peer_version, 4);
   ch_.recv(&peer_scheme, 4);
+  ch_.recv(&peer_ot_k, 4);
   if (std::memcmp(hello, mine, 8) == 0)
     throw ProtocolError(garbler ? "both parties are garblers: one side must run as the evaluator"
                                 : "both parties are evaluators: one side must run as the garbler");
@@ -278,6 +281,9 @@ void Session::exchange_hello(bool garbler) {
                         " here, " +
                         (peer_scheme <= 1 ? scheme_name((Scheme)peer_scheme) : "unknown") +
                         " at the peer (both servers must set the same garbling_scheme)");
+  if (peer_ot_k != ot_k)
+    throw ProtocolError("OT extension mismatch: ot_k " + std::to_string(ot_k) + " here, " +
+                        std::to_string(peer_ot_k) + " at the peer (both servers must set the same ot_k)");
 }
 
 // Both parties state what they are about to run; any disagreement stops the
@@ -354,7 +360,12 @@ void GarblerSession::setup() {
   ch_.send(&const_label_, 16);
   ch_.send(&input_seed, 16);
   garbler_input_prg_ = std::make_unique<Prg>(input_seed);
-  cot_.setup(ch_, delta_);
+  if (options_.ot_k > 0) {
+    softspoken_ = std::make_unique<SoftSpokenCotSender>(options_.ot_k);
+    softspoken_->setup(ch_, delta_);
+  } else {
+    iknp_.setup(ch_, delta_);
+  }
   ch_.flush();
   ready_ = true;
 }
@@ -411,6 +422,13 @@ size_t wave_size(const SessionOptions& opt) {
 
 }  // namespace
 
+void GarblerSession::extend_ot(block* q, size_t m) {
+  if (softspoken_)
+    softspoken_->extend(ch_, q, m);
+  else
+    iknp_.extend(ch_, q, m);
+}
+
 RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
   setup();
   check_inputs(c, in, InputOwner::Garbler);
@@ -447,7 +465,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
       // Evaluator inputs: row r of the OT batch is input bit r, one OT per instance.
       if (plan.ots(k)) {
         eval_labels.resize(plan.ots(k));
-        cot_.extend(ch_, eval_labels.data(), plan.ots(k));
+        extend_ot(eval_labels.data(), plan.ots(k));
       }
       // Garbler inputs: both parties expand the shared seed; the garbler's
       // zero-label is that block, shifted by Delta where its bit is 1.
@@ -522,9 +540,21 @@ void EvaluatorSession::setup() {
   ch_.recv(&const_label_, 16);
   ch_.recv(&input_seed, 16);
   garbler_input_prg_ = std::make_unique<Prg>(input_seed);
-  cot_.setup(ch_);
+  if (options_.ot_k > 0) {
+    softspoken_ = std::make_unique<SoftSpokenCotReceiver>(options_.ot_k);
+    softspoken_->setup(ch_);
+  } else {
+    iknp_.setup(ch_);
+  }
   ch_.flush();
   ready_ = true;
+}
+
+void EvaluatorSession::extend_ot(const uint8_t* choices, block* t, size_t m) {
+  if (softspoken_)
+    softspoken_->extend(ch_, choices, t, m);
+  else
+    iknp_.extend(ch_, choices, t, m);
 }
 
 RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
@@ -557,7 +587,7 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
     }
     BlockVector& labels = eval_labels[k % eval_labels.size()];
     labels.resize(ots);
-    cot_.extend(ch_, choices.data(), labels.data(), ots);
+    extend_ot(choices.data(), labels.data(), ots);
   };
   for (size_t k = 0; k < std::min(kOtLookahead, plan.chunks); ++k) send_ot(k);
 

@@ -50,6 +50,7 @@ MAX_THREADS = 4  # the engine's limit per party
 AES_CALLS_PER_AND = 4  # half-gates garbling: 2 hashes per half gate, 2 half gates per AND
 MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
 SCHEMES: tuple[str, ...] = tuple(garbled_core.GARBLING_SCHEMES)  # the first is the default
+DEFAULT_OT_K = 8  # SoftSpoken k = 8: 2 bytes per evaluator input bit (0: IKNP, 16 bytes)
 
 
 class BenchError(RuntimeError):
@@ -113,10 +114,11 @@ def _run_party(
     circuit: Any,
     threads: int = 1,
     scheme: str = SCHEMES[0],
+    ot_k: int = DEFAULT_OT_K,
 ) -> PartyReport:
     gc = garbled_core
     party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
-    party = party_cls(channel, threads=threads, scheme=scheme, **_chunk_kwargs(chunk))
+    party = party_cls(channel, threads=threads, scheme=scheme, ot_k=ot_k, **_chunk_kwargs(chunk))
     # Arrays that crossed a process boundary carry an unpickled (equal but not identical)
     # dtype object; re-view them with numpy's canonical uint64 dtype.
     inputs = {
@@ -145,6 +147,7 @@ def _garbler_main(
     chunk: int | None,
     threads: int,
     scheme: str,
+    ot_k: int,
 ) -> None:
     """Garbler process: listen on an ephemeral loopback port, report it, run, report results."""
     try:
@@ -156,7 +159,9 @@ def _garbler_main(
             tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
         )
         try:
-            report = _run_party(OWNER_GARBLER, channel, inputs, chunk, circuit, threads, scheme)
+            report = _run_party(
+                OWNER_GARBLER, channel, inputs, chunk, circuit, threads, scheme, ot_k
+            )
         finally:
             _close(channel)
             _close(listener)
@@ -175,6 +180,7 @@ def _evaluator_main(
     chunk: int | None,
     threads: int,
     scheme: str,
+    ot_k: int,
 ) -> None:
     """Evaluator process: connect to the garbler, run, report results."""
     try:
@@ -184,7 +190,9 @@ def _evaluator_main(
             HOST, port, tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
         )
         try:
-            report = _run_party(OWNER_EVALUATOR, channel, inputs, chunk, circuit, threads, scheme)
+            report = _run_party(
+                OWNER_EVALUATOR, channel, inputs, chunk, circuit, threads, scheme, ot_k
+            )
         finally:
             _close(channel)
         conn.send(("ok", report))
@@ -236,6 +244,7 @@ class RunResult:
     threads: int
     instances: int
     scheme: str
+    ot_k: int
     and_per_instance: int
     and_gates: int
     wall_seconds: float
@@ -264,6 +273,7 @@ def run_two_party(
     log: Callable[[str], None],
     threads: int = 1,
     scheme: str = SCHEMES[0],
+    ot_k: int = DEFAULT_OT_K,
 ) -> RunResult:
     """Run the circuit on ``instances`` random inputs in two processes (each party on
     ``threads`` threads, AND gates garbled by ``scheme``); check the result."""
@@ -297,7 +307,7 @@ def run_two_party(
         e_parent, e_child = ctx.Pipe()
         garbler = ctx.Process(
             target=_garbler_main,
-            args=(g_child, tls_g, inputs_g, chunk, threads, scheme),
+            args=(g_child, tls_g, inputs_g, chunk, threads, scheme, ot_k),
             name="spgc-garbler",
         )
         evaluator = None
@@ -311,7 +321,7 @@ def run_two_party(
             port = _receive(g_parent, garbler, "garbler", deadline)
             evaluator = ctx.Process(
                 target=_evaluator_main,
-                args=(e_child, port, tls_e, inputs_e, chunk, threads, scheme),
+                args=(e_child, port, tls_e, inputs_e, chunk, threads, scheme, ot_k),
                 name="spgc-evaluator",
             )
             evaluator.start()
@@ -348,6 +358,7 @@ def run_two_party(
         threads=threads,
         instances=instances,
         scheme=scheme,
+        ot_k=ot_k,
         and_per_instance=and_per_instance,
         and_gates=and_gates,
         wall_seconds=wall,
@@ -487,6 +498,7 @@ def bench_gc(
     threads: tuple[int, ...] = (1,),
     aes_rate: float | None = None,
     schemes: tuple[str, ...] = SCHEMES[:1],
+    ot_k: int = DEFAULT_OT_K,
 ) -> list[RunResult]:
     """Per scheme: the garble-only rate, then one two-process run per mode and thread count;
     returns the results (``aes_rate``: AES-128 blocks per second, for
@@ -499,6 +511,8 @@ def bench_gc(
         raise ValueError(f"--threads: each thread count must be in 1..{MAX_THREADS}")
     if not schemes or any(s not in SCHEMES for s in schemes):
         raise ValueError(f"--scheme: each scheme must be one of {', '.join(SCHEMES)}")
+    if not 0 <= ot_k <= 8:
+        raise ValueError("--ot-k must be in 0..8 (0: IKNP)")
 
     def _stderr(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -513,7 +527,7 @@ def bench_gc(
             base: RunResult | None = None
             for t in dict.fromkeys(threads):
                 run = run_two_party(
-                    circuit, instances, mode, chunk, rate, log, threads=t, scheme=scheme
+                    circuit, instances, mode, chunk, rate, log, threads=t, scheme=scheme, ot_k=ot_k
                 )
                 if t == 1:
                     base = run
@@ -537,6 +551,7 @@ def run_cli(
     as_json: bool,
     threads: tuple[int, ...] = (1,),
     schemes: tuple[str, ...] = SCHEMES[:1],
+    ot_k: int = DEFAULT_OT_K,
 ) -> int:
     """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect)."""
     modes: tuple[str, ...] = LINKS if both else (("plaintext",) if insecure else ("tls",))
@@ -548,6 +563,7 @@ def run_cli(
         threads=threads,
         aes_rate=aes_rate,
         schemes=schemes,
+        ot_k=ot_k,
     )
     table = format_table(runs, aes_rate)
     if as_json:

@@ -148,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=bench_gc.SCHEMES[0],
         help=f"how AND gates are garbled (default: {bench_gc.SCHEMES[0]}; both: one run each)",
     )
+    gc.add_argument(
+        "--ot-k",
+        type=int,
+        choices=range(9),
+        default=bench_gc.DEFAULT_OT_K,
+        metavar="K",
+        help="OT extension for the evaluator's inputs: SoftSpoken k (1..8, 128/k bits per "
+        f"input bit) or 0 for IKNP (default: {bench_gc.DEFAULT_OT_K})",
+    )
     link = gc.add_mutually_exclusive_group()
     link.add_argument(
         "--insecure",
@@ -305,6 +314,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         as_json=args.json,
         threads=args.threads,
         schemes=bench_gc.SCHEMES if args.scheme == "both" else (args.scheme,),
+        ot_k=args.ot_k,
     )
 
 

@@ -18,6 +18,7 @@
 #include "garbled_core/channel.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/iknp.h"
+#include "garbled_core/softspoken.h"
 #include "garbled_core/prg.h"
 
 namespace gc {
@@ -41,7 +42,12 @@ struct SessionOptions {
   size_t chunk = 1024;  // instances garbled together (rounded up to a multiple of 8)
   size_t threads = 1;   // chunks garbled or evaluated in parallel (at most 4)
   Scheme scheme = Scheme::ThreeHalves;
+  // OT extension for the evaluator's inputs: SoftSpoken with k = ot_k (1..8;
+  // 128 / k bits per input bit, 2 bytes at k = 8) or IKNP when 0 (16 bytes).
+  int ot_k = 8;
 };
+
+constexpr int kMaxOtK = 8;
 
 // Labels of one kept output port: this party's label for bit k of instance i
 // is labels[k * n + i] (the garbler holds zero-labels).
@@ -107,7 +113,9 @@ class GarblerSession : public Session {
 
  private:
   block delta_{};
-  CotSender cot_;
+  CotSender iknp_;                                  // ot_k == 0
+  std::unique_ptr<SoftSpokenCotSender> softspoken_;  // ot_k >= 1
+  void extend_ot(block* q, size_t m);
 };
 
 class EvaluatorSession : public Session {
@@ -117,7 +125,9 @@ class EvaluatorSession : public Session {
   RunOutputs run(const Circuit& c, const RunInputs& in);
 
  private:
-  CotReceiver cot_;
+  CotReceiver iknp_;
+  std::unique_ptr<SoftSpokenCotReceiver> softspoken_;
+  void extend_ot(const uint8_t* choices, block* t, size_t m);
 };
 
 // Garbles n instances with random inputs and no peer; returns seconds spent
