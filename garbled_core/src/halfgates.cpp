@@ -130,14 +130,6 @@ void eval_and_aes128(const block* a, const block* b, block* c, const block* tabl
 // they need (2 groups x 2 halves) are expanded together in one register.
 constexpr size_t kVaesSpan = 2 * kHashGroup;  // instances per VAES kernel call
 
-// All-ones in each 128-bit lane whose lowest bit is set.
-GC_VAES_TARGET inline __m512i zlsb_mask(__m512i x) {
-  const __m512i one = _mm512_set_epi64(0, 1, 0, 1, 0, 1, 0, 1);
-  __m512i t = _mm512_sub_epi64(_mm512_setzero_si512(), _mm512_and_si512(x, one));
-  // maskz forms: the unmasked intrinsics trip a GCC 12 -Wuninitialized bug.
-  return _mm512_maskz_shuffle_epi32(0xffff, t, (_MM_PERM_ENUM)0x44);
-}
-
 // Key material of groups g and g + 1, lanes: (g, garbler half), (g, evaluator
 // half), (g + 1, garbler half), (g + 1, evaluator half).
 GC_VAES_TARGET inline __m512i zkey_material(block salt, uint64_t tweak, uint64_t group) {

@@ -35,6 +35,14 @@ GC_VAES_TARGET inline __m512i zlane(__m512i v) {
   return _mm512_maskz_shuffle_i64x2(0xff, v, v, L * 0x55);
 }
 
+// All-ones in each 128-bit lane whose lowest bit is set.
+GC_VAES_TARGET inline __m512i zlsb_mask(__m512i x) {
+  const __m512i one = _mm512_set_epi64(0, 1, 0, 1, 0, 1, 0, 1);
+  __m512i t = _mm512_sub_epi64(_mm512_setzero_si512(), _mm512_and_si512(x, one));
+  // maskz forms: the unmasked intrinsics trip a GCC 12 -Wuninitialized bug.
+  return _mm512_maskz_shuffle_epi32(0xffff, t, (_MM_PERM_ENUM)0x44);
+}
+
 // True when this CPU has VAES, AVX-512F, BW and DQ.
 inline bool cpu_has_vaes() {
   __builtin_cpu_init();
