@@ -208,18 +208,20 @@ def run_sampler(
     params: SamplerParams,
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     on_round: Callable[[RoundResult], None] | None = None,
+    first_coordinate: int = 0,
 ) -> SamplerStats:
-    """Run the sampler's rounds for ``n`` coordinates on the link; ``on_round`` receives each
-    round's accepted coordinates with their kept noise (a ``Kept``) and trial indices."""
+    """Run the sampler's rounds for ``n`` coordinates (indices ``first_coordinate`` on, which
+    address their randomness) on the link; ``on_round`` receives each round's accepted
+    coordinates (0-based in this batch) with their kept noise (a ``Kept``) and trial indices."""
     role = _check_role(role)
     seed = check_seed(seed)
     circuit = build_trial_circuit(params)
     prefix = _PORT_PREFIX[role]
     stats = SamplerStats()
 
-    def run_stage(r: int, n_inst: int) -> tuple[np.ndarray, Any]:
-        inputs = expand_seed(seed, r, params.port_widths, n_inst, prefix)
-        out = link.session.run(circuit, inputs, {}, n_inst)
+    def run_stage(r: int, coords: np.ndarray, k: int) -> tuple[np.ndarray, Any]:
+        inputs = expand_seed(seed, r, params.port_widths, coords + first_coordinate, prefix, k)
+        out = link.session.run(circuit, inputs, {}, len(coords) * k)
         return out["accept"], out["z"]
 
     for result in sampling_rounds(n, schedule, run_stage, stats):

@@ -8,12 +8,15 @@ servers) and for audits and tests.
 
 Randomness: every random bit the sampler reads is r1 xor r2 (the circuit XORs a garbler port
 with an evaluator port). Each server expands only its own 32-byte round seed, outside the
-circuit, with AES-256-CTR: key = seed, initial counter block = b"SPGz" || stage (4 bytes, big
-endian) || 0 (8 bytes), where stage r is retry round r; port k of instance i is the little-endian
-64-bit word k * n + i of that stage's key stream, masked to the port's width
-(:func:`expand_seed`). Given both seeds the noise is reproducible (:func:`sample_noise_plain`);
-given one, the other stream is AES output under an unknown key, so the XOR is uniform to that
-party. :func:`sample_discrete_gaussian` draws both seeds from the OS CSPRNG.
+circuit, with AES-256 as a PRF keyed by the seed, addressed by where the bits are used: trial t
+of coordinate c in stage (retry round) r reads, for its port p of P, the little-endian 64-bit
+word (t * P + p) mod 2 of the block AES_seed(b"SPGc" || r (4 bytes) || c (6 bytes) || (t * P +
+p) // 2 (2 bytes)), all big endian, masked to the port's width (:func:`expand_seed`). So a
+coordinate's noise depends only on the two seeds and its own index, never on which other
+coordinates share its batch: a batch split into ranges (lanes, worker pairs) releases exactly
+the same vector. Given both seeds the noise is reproducible (:func:`sample_noise_plain`); given
+one, the other is AES output under an unknown key, so the XOR is uniform to that party.
+:func:`sample_discrete_gaussian` draws both seeds from the OS CSPRNG.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ __all__ = [
 ]
 
 SEED_BYTES = 32
-_STREAM_TAG = b"SPGz"
+_STREAM_TAG = b"SPGc"
+MAX_COORDINATE = 1 << 48  # coordinate indices fit 6 bytes of the PRF input
 
 
 def check_seed(seed: bytes | bytearray | memoryview) -> bytes:
@@ -62,23 +66,46 @@ def check_seed(seed: bytes | bytearray | memoryview) -> bytes:
 
 
 def expand_seed(
-    seed: bytes, stage: int, widths: Sequence[int], n: int, prefix: str
+    seed: bytes,
+    stage: int,
+    widths: Sequence[int],
+    coords: int | np.ndarray,
+    prefix: str,
+    trials: int = 1,
 ) -> dict[str, np.ndarray]:
-    """This party's random input ports for ``n`` instances of one stage: ``{prefix}k`` -> uint64
-    array (AES-256-CTR key stream of ``seed``; see the module docstring for the layout)."""
+    """This party's random input ports for ``trials`` trials of each coordinate in ``coords``
+    (an index array, or n for coordinates 0..n-1) in one stage: ``{prefix}k`` -> uint64 array,
+    instance ``row * trials + t`` for coordinate ``coords[row]``'s trial t (the module
+    docstring has the layout)."""
     seed = check_seed(seed)
     if not 0 <= stage < 1 << 32:
         raise ValueError(f"stage {stage} is outside 0..2^32-1")
-    words = len(widths) * n
-    nonce = _STREAM_TAG + stage.to_bytes(4, "big") + bytes(8)
-    enc = Cipher(algorithms.AES(seed), modes.CTR(nonce)).encryptor()
-    raw = enc.update(bytes(8 * words)) + enc.finalize()
-    stream = np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(len(widths), n)
-    ports = {}
+    idx = np.arange(coords, dtype=np.int64) if isinstance(coords, int) else np.asarray(coords)
+    idx = idx.astype(np.int64, copy=False)
+    if len(idx) and (idx.min() < 0 or idx.max() >= MAX_COORDINATE):
+        raise ValueError("coordinate indices must be in 0..2^48-1")
+    ports = len(widths)
+    words = trials * ports
+    blocks = -(-words // 2)
+    if blocks >= 1 << 16:
+        raise ValueError(f"{trials} trials x {ports} ports exceed one coordinate's stream")
+    n = len(idx)
+    counter = np.zeros((n, blocks, 16), dtype=np.uint8)
+    counter[:, :, 0:4] = np.frombuffer(_STREAM_TAG, dtype=np.uint8)
+    counter[:, :, 4:8] = np.frombuffer(stage.to_bytes(4, "big"), dtype=np.uint8)
+    be = idx.astype(">u8").view(np.uint8).reshape(n, 8)[:, 2:]  # low 6 bytes, big endian
+    counter[:, :, 8:14] = be[:, None, :]
+    counter[:, :, 14:16] = np.arange(blocks, dtype=">u2").view(np.uint8).reshape(blocks, 2)
+    # ECB over distinct counter blocks is AES used as a PRF (CTR mode with chosen counters).
+    enc = Cipher(algorithms.AES(seed), modes.ECB()).encryptor()  # noqa: S305
+    raw = enc.update(counter.tobytes()) + enc.finalize()
+    stream = np.frombuffer(raw, dtype="<u8").reshape(n, 2 * blocks)[:, :words]
+    stream = stream.reshape(n, trials, ports).astype(np.uint64)
+    out = {}
     for k, w in enumerate(widths):
-        col = stream[k]
-        ports[f"{prefix}{k}"] = col if w >= 64 else col & np.uint64((1 << w) - 1)
-    return ports
+        col = np.ascontiguousarray(stream[:, :, k]).reshape(n * trials)
+        out[f"{prefix}{k}"] = col if w >= 64 else col & np.uint64((1 << w) - 1)
+    return out
 
 
 # ------------------------------------------------------------------------------ rounds
@@ -105,17 +132,19 @@ class SamplerStats:
 def sampling_rounds(
     n: int,
     schedule: Sequence[int],
-    run_stage: Callable[[int, int], tuple[np.ndarray, Any]],
+    run_stage: Callable[[int, np.ndarray, int], tuple[np.ndarray, Any]],
     stats: SamplerStats,
 ) -> Iterator[RoundResult]:
-    """Drive the adaptive rejection rounds; ``run_stage(r, instances)`` -> (accept, noise)."""
+    """Drive the adaptive rejection rounds; ``run_stage(r, coords, k)`` runs k trials of each
+    still-unsampled coordinate in ``coords`` (indices into the batch, ascending) and returns
+    (accept, noise) per instance, coordinate-major."""
     pending = np.arange(n, dtype=np.int64)
     for r in range(MAX_ROUNDS):
         if len(pending) == 0:
             return
         k = schedule_at(schedule, r)
         n_inst = len(pending) * k
-        accept, noise = run_stage(r, n_inst)
+        accept, noise = run_stage(r, pending, k)
         stats.rounds += 1
         stats.trials += n_inst
         stats.per_round.append(n_inst)
@@ -142,18 +171,21 @@ def sample_noise_plain(
     distance_log2: float = DEFAULT_DISTANCE_LOG2,
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     params: SamplerParams | None = None,
+    first_coordinate: int = 0,
 ) -> np.ndarray:
-    """The noise a batch of ``n`` coordinates gets from round seeds s1 (H1) and s2 (H2): the same
-    circuits and rounds, evaluated in plaintext (for audits and tests). int64 array."""
+    """The noise coordinates ``first_coordinate`` .. ``first_coordinate + n - 1`` get from
+    round seeds s1 (H1) and s2 (H2): the same circuits and rounds, evaluated in plaintext (for
+    audits and tests). int64 array."""
     if params is None:
         params = derive_params(sigma_units, distance_log2)
     circuit = build_trial_circuit(params)
     seed1, seed2 = check_seed(seed1), check_seed(seed2)
 
-    def run_stage(r: int, n_inst: int) -> tuple[np.ndarray, Any]:
-        inputs = expand_seed(seed1, r, params.port_widths, n_inst, "g")
-        inputs.update(expand_seed(seed2, r, params.port_widths, n_inst, "e"))
-        out = circuit.evaluate(inputs, n_inst)
+    def run_stage(r: int, coords: np.ndarray, k: int) -> tuple[np.ndarray, Any]:
+        at = coords + first_coordinate
+        inputs = expand_seed(seed1, r, params.port_widths, at, "g", k)
+        inputs.update(expand_seed(seed2, r, params.port_widths, at, "e", k))
+        out = circuit.evaluate(inputs, len(coords) * k)
         return out["accept"], out["z"]
 
     z = np.zeros(n, dtype=np.int64)

@@ -120,12 +120,34 @@ def test_seed_expansion_layout():
     again = expand_seed(seed, 3, (64, 5, 64), 10, "g")  # more ports: a longer, same-prefix stream
     assert np.array_equal(again["g0"], ports["g0"])
     assert not np.array_equal(expand_seed(seed, 4, (64,), 10, "g")["g0"], ports["g0"])
-    # AES-256-CTR, key = seed, counter block "SPGz" || stage || 0
+    # AES-256 keyed by the seed, at "SPGc" || stage || coordinate (6 bytes) || block (2 bytes)
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-    enc = Cipher(algorithms.AES(seed), modes.CTR(b"SPGz" + (3).to_bytes(4, "big") + bytes(8)))
-    first = enc.encryptor().update(bytes(8))
-    assert int(ports["g0"][0]) == int.from_bytes(first, "little")
+    def block(stage: int, coord: int, index: int) -> bytes:
+        point = b"SPGc" + stage.to_bytes(4, "big") + coord.to_bytes(6, "big")
+        enc = Cipher(algorithms.AES(seed), modes.ECB()).encryptor()
+        return enc.update(point + index.to_bytes(2, "big"))
+
+    assert int(ports["g0"][7]) == int.from_bytes(block(3, 7, 0)[:8], "little")
+    assert int(ports["g1"][7]) == int.from_bytes(block(3, 7, 0)[8:], "little") & 31
+    # 3 trials of coordinates 5 and 9: instance 3 is coordinate 9's trial 0, instance 5 its
+    # trial 2, whose port 1 is word 2 * 2 + 1 = 5: block 2, high half
+    three = expand_seed(seed, 3, (64, 5), np.array([5, 9]), "g", trials=3)
+    assert len(three["g0"]) == 6
+    assert int(three["g0"][3]) == int(ports["g0"][9])
+    assert int(three["g1"][5]) == int.from_bytes(block(3, 9, 2)[8:], "little") & 31
+
+
+def test_noise_depends_only_on_the_seeds_and_the_coordinate():
+    """A batch split into ranges (lanes, worker pairs) gets exactly the same noise."""
+    s1, s2 = hashlib.sha256(b"x").digest(), hashlib.sha256(b"y").digest()
+    whole = sample_noise_plain(s1, s2, 900, 1000.0)
+    parts = [
+        sample_noise_plain(s1, s2, 300, 1000.0, first_coordinate=0),
+        sample_noise_plain(s1, s2, 250, 1000.0, first_coordinate=300),
+        sample_noise_plain(s1, s2, 350, 1000.0, first_coordinate=550),
+    ]
+    assert np.array_equal(whole, np.concatenate(parts))
 
 
 def test_refusals_name_the_limit(two_party):
