@@ -36,6 +36,7 @@ from garbled_core.discrete_gaussian import (
     build_trial_circuit,
     derive_params,
 )
+from spgc.lanes import lane_ranges, run_lanes
 from spgc.modes import MODES
 from spgc.noise import (
     RoundResult,
@@ -247,59 +248,115 @@ def run_aggregate(
     """One server's side of a batch: returns (Y, counters).
 
     ``role``: "garbler" (H1, passes A1) or "evaluator" (H2, passes A2); ``channel_session``: a
-    garbled_core ``Channel`` (a session is opened on it) or a :class:`PartyLink`; ``shares``: this
+    garbled_core ``Channel`` (a session is opened on it), a :class:`PartyLink`, or a list of
+    them: lanes (:mod:`spgc.lanes`), lane i running coordinates ``lane_ranges(n, lanes)[i]``
+    on its own link and thread (the other server must pass as many); ``shares``: this
     server's sums of shares, numpy uint64 in [0, 2^ring_bits); ``seed``: this server's 32-byte
     round seed (``spgc`` only; never reuse one); ``sigma_units``: noise std in fixed-point
     units. Both servers must pass the same sigma, ring_bits, mode, distance_log2, schedule,
-    output_bits and number of coordinates.
+    output_bits and number of coordinates. The released Y is the same for any number of lanes.
 
     Y is int64 when it fits 64 bits, else an object array of Python ints. The counters hold
-    this party's bytes per engine phase over the call, totals, rounds and trials.
+    this party's bytes per engine phase over the call (all lanes), totals, rounds and trials.
     ``on_stage`` runs after each of the sampler's stages (fault injection).
     """
     role = _check_role(role)
     mode = _check_mode(mode)
     ring_bits = check_ring_bits(ring_bits)
     shares = _check_shares(shares, ring_bits)
-    link = as_party_link(role, channel_session)
-    before = link.counters()
+    many = isinstance(channel_session, (list, tuple))
+    links = [as_party_link(role, cs) for cs in (channel_session if many else [channel_session])]
+    ranges = lane_ranges(len(shares), len(links))
+    before = [link.counters() for link in links]
     start = time.perf_counter()
     n = len(shares)
-    my_port = "a1" if role == "garbler" else "a2"
-    info: dict[str, Any] = {"mode": mode, "coordinates": n, "rounds": 0, "trials": 0}
-
-    if mode == "only-mpc":
-        circuit = reconstruct_circuit(ring_bits)
-        if n:
-            out = link.session.run(circuit, {my_port: shares}, {}, n)
-            y = decode_signed({"y": out["s"]}, ring_bits)
-        else:
-            y = np.zeros(0, dtype=np.int64)
-    else:
+    params = width = None
+    if mode != "only-mpc":
         if sigma_units is None:
             raise ValueError("spgc mode needs sigma_units")
         seed = check_seed(seed)  # type: ignore[arg-type]
         params = derive_params(sigma_units, distance_log2)
         width = output_width(ring_bits, params.noise_bits, output_bits)
-        claim_seed(seed)  # after every check, before the first byte
-        add = noisy_sum_circuit(ring_bits, params.noise_bits, width)
-        y = np.zeros(n, dtype=np.int64) if width <= 64 else np.zeros(n, dtype=object)
+        claim_seed(seed)  # after every check, before the first byte; once for all lanes
 
-        def finish(result: RoundResult) -> None:
-            if len(result.coords) == 0:
-                return
-            carried = {"z": result.noise.select(result.instances)}
-            mine = {my_port: shares[result.coords]}
-            out = link.session.run(add, mine, carried, len(result.coords))
-            y[result.coords] = decode_signed(out, width)
-            if on_stage is not None:
-                on_stage()
+    def lane(i: int) -> Callable[[], tuple[np.ndarray, dict[str, Any]]]:
+        lo, hi = ranges[i]
+        return lambda: _aggregate_range(
+            role, links[i], shares[lo:hi], lo, seed, params, width, ring_bits, mode, schedule,
+            on_stage,
+        )  # fmt: skip
 
-        stats = run_sampler(role, link, n, seed, params, schedule, finish)
-        info.update(rounds=stats.rounds, trials=stats.trials, trials_per_round=stats.per_round)
-        info["and_gates"] = stats.trials * build_trial_circuit(params).and_count + n * add.and_count
-    info.update(counter_delta(before, link.counters()))
+    parts = run_lanes(
+        [lane(i) for i in range(len(links))], on_failure=lambda i: links[i].channel.interrupt()
+    )
+    y = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    info: dict[str, Any] = {"mode": mode, "coordinates": n, "lanes": len(links)}
+    info["rounds"] = max(p[1]["rounds"] for p in parts)
+    info["trials"] = sum(p[1]["trials"] for p in parts)
+    if mode != "only-mpc":
+        per_round = [p[1]["trials_per_round"] for p in parts]
+        info["trials_per_round"] = [
+            sum(r[k] for r in per_round if k < len(r)) for k in range(info["rounds"])
+        ]
+        info["and_gates"] = sum(p[1]["and_gates"] for p in parts)
+    deltas = [counter_delta(b, link.counters()) for b, link in zip(before, links, strict=True)]
+    phases: dict[str, dict[str, int]] = {}
+    for d in deltas:
+        for phase, v in d["phases"].items():
+            mine = phases.setdefault(phase, {"sent": 0, "received": 0})
+            mine["sent"] += v["sent"]
+            mine["received"] += v["received"]
+    info.update(
+        phases=phases,
+        sent=sum(d["sent"] for d in deltas),
+        received=sum(d["received"] for d in deltas),
+    )
     info["seconds"] = time.perf_counter() - start
+    return y, info
+
+
+def _aggregate_range(
+    role: str,
+    link: PartyLink,
+    shares: np.ndarray,
+    first_coordinate: int,
+    seed: bytes | None,
+    params: SamplerParams | None,
+    width: int | None,
+    ring_bits: int,
+    mode: str,
+    schedule: Sequence[int],
+    on_stage: Callable[[], None] | None,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """One lane of :func:`run_aggregate`: coordinates ``first_coordinate`` on, on one link."""
+    n = len(shares)
+    my_port = "a1" if role == "garbler" else "a2"
+    info: dict[str, Any] = {"rounds": 0, "trials": 0}
+    if mode == "only-mpc":
+        circuit = reconstruct_circuit(ring_bits)
+        if n:
+            out = link.session.run(circuit, {my_port: shares}, {}, n)
+            return decode_signed({"y": out["s"]}, ring_bits), info
+        return np.zeros(0, dtype=np.int64), info
+    assert params is not None and width is not None and seed is not None
+    add = noisy_sum_circuit(ring_bits, params.noise_bits, width)
+    y = np.zeros(n, dtype=np.int64) if width <= 64 else np.zeros(n, dtype=object)
+
+    def finish(result: RoundResult) -> None:
+        if len(result.coords) == 0:
+            return
+        carried = {"z": result.noise.select(result.instances)}
+        mine = {my_port: shares[result.coords]}
+        out = link.session.run(add, mine, carried, len(result.coords))
+        y[result.coords] = decode_signed(out, width)
+        if on_stage is not None:
+            on_stage()
+
+    stats = SamplerStats()
+    if n:
+        stats = run_sampler(role, link, n, seed, params, schedule, finish, first_coordinate)
+    info.update(rounds=stats.rounds, trials=stats.trials, trials_per_round=stats.per_round)
+    info["and_gates"] = stats.trials * build_trial_circuit(params).and_count + n * add.and_count
     return y, info
 
 

@@ -8,7 +8,9 @@ evaluation.
 Speeds are put against the machine's single-core AES-128 rate, measured in the same run with
 ``openssl speed -evp aes-128-ecb``: a half-gates garbler needs 4 AES blocks per AND gate, so
 that rate / 4 is the AND gates per second one core could garble at most (``x ceiling``).
-``--threads`` runs each link once per thread count T (both parties use T threads); ``--scheme``
+``--threads`` runs each link once per lane count T: each party opens T connections and runs T
+independent engine sessions on T contiguous ranges of the instances, one thread each
+(:mod:`spgc.lanes`); ``--scheme``
 picks the garbling scheme (three-halves, the default, or half-gates; ``both`` runs each).
 """
 
@@ -36,6 +38,7 @@ import numpy as np
 import garbled_core
 from garbled_core.circuit import CircuitBuilder
 from spgc.certs import make_dev_pki
+from spgc.lanes import MAX_LANES, lane_ranges, run_lanes
 
 WIDTH = 32
 GARBLER_INPUTS: tuple[str, ...] = ("a", "t")
@@ -46,7 +49,7 @@ HOST = "127.0.0.1"
 CONNECT_TIMEOUT = 30.0
 
 LINKS = ("plaintext", "tls")
-MAX_THREADS = 4  # the engine's limit per party
+MAX_THREADS = MAX_LANES  # lanes per party (each its own connection, session and thread)
 AES_CALLS_PER_AND = 4  # half-gates garbling: 2 hashes per half gate, 2 half gates per AND
 MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
 SCHEMES: tuple[str, ...] = tuple(garbled_core.GARBLING_SCHEMES)  # the first is the default
@@ -108,28 +111,47 @@ def _close(obj: Any) -> None:
 
 def _run_party(
     role: str,
-    channel: Any,
+    channels: list[Any],
     inputs: dict[str, np.ndarray],
     chunk: int | None,
     circuit: Any,
-    threads: int = 1,
     scheme: str = SCHEMES[0],
     ot_k: int = DEFAULT_OT_K,
 ) -> PartyReport:
+    """This party's side over its lanes: lane i (channel i, its own session, its own thread)
+    runs instances lane_ranges(n, lanes)[i]."""
     gc = garbled_core
     party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
-    party = party_cls(channel, threads=threads, scheme=scheme, ot_k=ot_k, **_chunk_kwargs(chunk))
+    parties = [
+        party_cls(ch, scheme=scheme, ot_k=ot_k, **_chunk_kwargs(chunk)) for ch in channels
+    ]
     # Arrays that crossed a process boundary carry an unpickled (equal but not identical)
     # dtype object; re-view them with numpy's canonical uint64 dtype.
     inputs = {
         k: np.ascontiguousarray(v, dtype=np.uint64).view(np.uint64) for k, v in inputs.items()
     }
+    n = len(next(iter(inputs.values())))
+    ranges = lane_ranges(n, len(channels))
+
+    def lane(i: int) -> Callable[[], dict[str, Any]]:
+        lo, hi = ranges[i]
+        return lambda: parties[i].run(circuit, {k: v[lo:hi] for k, v in inputs.items()}, n=hi - lo)
+
     cpu0, t0 = time.process_time(), time.perf_counter()
-    out = party.run(circuit, inputs=inputs)
+    outs = run_lanes(
+        [lane(i) for i in range(len(channels))], on_failure=lambda i: channels[i].interrupt()
+    )
     run_seconds = time.perf_counter() - t0
     cpu_seconds = time.process_time() - cpu0
-    counters = {k: dict(v) for k, v in channel.counters().items()}
-    outputs = {k: np.asarray(v, dtype=np.uint64) for k, v in out.items()}
+    counters: dict[str, dict[str, int]] = {}
+    for ch in channels:
+        for phase, values in ch.counters().items():
+            mine = counters.setdefault(phase, {})
+            for key, value in values.items():
+                mine[key] = mine.get(key, 0) + int(value)
+    outputs = {
+        k: np.concatenate([np.asarray(o[k], dtype=np.uint64) for o in outs]) for k in outs[0]
+    }
     return PartyReport(role, run_seconds, cpu_seconds, counters, outputs)
 
 
@@ -145,25 +167,29 @@ def _garbler_main(
     tls: tuple[str, str, str] | None,
     inputs: dict[str, np.ndarray],
     chunk: int | None,
-    threads: int,
+    lanes: int,
     scheme: str,
     ot_k: int,
 ) -> None:
-    """Garbler process: listen on an ephemeral loopback port, report it, run, report results."""
+    """Garbler process: listen on an ephemeral loopback port, report it, take one connection
+    per lane (in the order the evaluator makes them), run, report results."""
     try:
         gc = garbled_core
         circuit = build_circuit()
         listener = gc.Listener(HOST, 0)
         conn.send(("port", int(listener.port)))
-        channel = listener.accept(
-            tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
-        )
+        channels = []
         try:
-            report = _run_party(
-                OWNER_GARBLER, channel, inputs, chunk, circuit, threads, scheme, ot_k
-            )
+            for _ in range(lanes):
+                channels.append(
+                    listener.accept(
+                        tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
+                    )
+                )
+            report = _run_party(OWNER_GARBLER, channels, inputs, chunk, circuit, scheme, ot_k)
         finally:
-            _close(channel)
+            for channel in channels:
+                _close(channel)
             _close(listener)
         conn.send(("ok", report))
     except BaseException:
@@ -178,23 +204,30 @@ def _evaluator_main(
     tls: tuple[str, str, str] | None,
     inputs: dict[str, np.ndarray],
     chunk: int | None,
-    threads: int,
+    lanes: int,
     scheme: str,
     ot_k: int,
 ) -> None:
-    """Evaluator process: connect to the garbler, run, report results."""
+    """Evaluator process: one connection to the garbler per lane, run, report results."""
     try:
         gc = garbled_core
         circuit = build_circuit()
-        channel = gc.Channel.connect(
-            HOST, port, tls=_tls_config(gc, tls), insecure=tls is None, timeout=CONNECT_TIMEOUT
-        )
+        channels = []
         try:
-            report = _run_party(
-                OWNER_EVALUATOR, channel, inputs, chunk, circuit, threads, scheme, ot_k
-            )
+            for _ in range(lanes):
+                channels.append(
+                    gc.Channel.connect(
+                        HOST,
+                        port,
+                        tls=_tls_config(gc, tls),
+                        insecure=tls is None,
+                        timeout=CONNECT_TIMEOUT,
+                    )
+                )
+            report = _run_party(OWNER_EVALUATOR, channels, inputs, chunk, circuit, scheme, ot_k)
         finally:
-            _close(channel)
+            for channel in channels:
+                _close(channel)
         conn.send(("ok", report))
     except BaseException:
         _report_error(conn, OWNER_EVALUATOR)
@@ -276,7 +309,7 @@ def run_two_party(
     ot_k: int = DEFAULT_OT_K,
 ) -> RunResult:
     """Run the circuit on ``instances`` random inputs in two processes (each party on
-    ``threads`` threads, AND gates garbled by ``scheme``); check the result."""
+    ``threads`` lanes, AND gates garbled by ``scheme``); check the result."""
     import multiprocessing as mp
 
     if mode not in LINKS:
@@ -313,7 +346,7 @@ def run_two_party(
         evaluator = None
         log(
             f"garbling {instances:,} instances ({scheme}) over {MODE_LABEL[mode]} (loopback, "
-            f"2 processes, {threads} thread(s) each) ..."
+            f"2 processes, {threads} lane(s) each) ..."
         )
         try:
             garbler.start()

@@ -139,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_thread_counts,
         default=(1,),
         metavar="T[,T...]",
-        help=f"threads per party, one run per count, each 1..{bench_gc.MAX_THREADS} "
-        "(default: 1; e.g. 1,2,4)",
+        help="lanes per party (connections, sessions and threads, each on its own range of "
+        f"instances), one run per count, each 1..{bench_gc.MAX_THREADS} (default: 1; e.g. 1,2,4)",
     )
     gc.add_argument(
         "--scheme",

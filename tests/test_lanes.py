@@ -1,0 +1,52 @@
+"""spgc.lanes: contiguous ranges, one thread per lane, a failing lane interrupts the others."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from spgc.lanes import lane_ranges, run_lanes
+
+
+@pytest.mark.parametrize(("n", "lanes"), [(0, 3), (2, 3), (10, 1), (10, 3), (1001, 7)])
+def test_ranges_cover_the_batch_in_order(n: int, lanes: int) -> None:
+    ranges = lane_ranges(n, lanes)
+    assert len(ranges) == lanes and ranges[0][0] == 0 and ranges[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    sizes = [hi - lo for lo, hi in ranges]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_bad_lane_counts_are_refused() -> None:
+    with pytest.raises(ValueError, match="lanes must be in 1..64"):
+        lane_ranges(10, 0)
+    with pytest.raises(ValueError, match="lanes must be in 1..64"):
+        lane_ranges(10, 65)
+
+
+def test_results_in_order_each_lane_on_its_own_thread() -> None:
+    names = run_lanes([lambda i=i: (i, threading.current_thread().name) for i in range(4)])
+    assert [i for i, _ in names] == [0, 1, 2, 3]
+    assert len({name for _, name in names}) == 4
+
+
+def test_a_failing_lane_interrupts_the_others_and_its_error_is_raised() -> None:
+    release = [threading.Event() for _ in range(3)]
+    interrupted: list[int] = []
+
+    def blocked(i: int) -> int:
+        if not release[i].wait(10):
+            raise TimeoutError("never interrupted")
+        raise ConnectionError(f"lane {i} interrupted")
+
+    def fail() -> int:
+        raise ValueError("lane 1 broke")
+
+    def interrupt(i: int) -> None:
+        interrupted.append(i)
+        release[i].set()
+
+    with pytest.raises(ValueError, match="lane 1 broke"):
+        run_lanes([lambda: blocked(0), fail, lambda: blocked(2)], on_failure=interrupt)
+    assert sorted(interrupted) == [0, 2]
