@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import threading
 import time
 from functools import partial
@@ -96,6 +97,20 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _agree_on_lanes(channel: Any, lanes: int, peer_name: str) -> None:
+    """Both ends of the data link state their gc_lanes on its first connection: a difference
+    stops both with a clear error instead of one side waiting for connections that never
+    come."""
+    channel.send(struct.pack("<I", lanes))
+    channel.flush()
+    theirs = struct.unpack("<I", channel.recv(4))[0]
+    if theirs != lanes:
+        raise PeerMismatchError(
+            f"gc_lanes differ: {lanes} here, {theirs} at {peer_name} (both servers must set the "
+            "same number of data-link lanes)"
+        )
+
+
 def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -151,7 +166,7 @@ class ServerDaemon:
         self.error: BaseException | None = None
         self._link: PartyLink | None = None
         self._link_ready = threading.Event()
-        self._gc_channel: Any = None
+        self._gc_channels: list[Any] = []  # the data link: one connection per lane
         self._listener: Any = None
         self._peer_channel: grpc.Channel | None = None
         # Pairing with the other server (two-server modes): a lost peer is waited for and the
@@ -429,10 +444,13 @@ class ServerDaemon:
         """The data link to the other server: an engine session on it, except in dng, which
         only exchanges the two noisy shares over the raw channel (no garbled circuit)."""
         if self.cfg.mode == "dng":
-            return PartyLink(role, self._gc_channel, None)
-        return PartyLink.open(
-            role, self._gc_channel, scheme=self.cfg.garbling_scheme, ot_k=self.cfg.ot_k
-        )
+            return PartyLink(role, self._gc_channels[0], None)
+        lanes = [
+            PartyLink.open(role, ch, scheme=self.cfg.garbling_scheme, ot_k=self.cfg.ot_k)
+            for ch in self._gc_channels
+        ]
+        lanes[0].extra_lanes = lanes[1:]  # rounds run on every lane; a noise block on lane 0
+        return lanes[0]
 
     # ------------------------------------------------------------------ one server
 
@@ -617,13 +635,13 @@ class ServerDaemon:
             self._session.set()
             self._set_paired_health(False)
             self._link_ready.clear()
-            channel, self._gc_channel = self._gc_channel, None
-            if channel is not None:
+            channels, self._gc_channels = self._gc_channels, []
+            for channel in channels:
                 channel.interrupt()  # a circuit or noise block running on it fails now
             for thread in self.peer_servicer.link_users():
                 thread.join(30)
             self.peer_servicer.unpair()
-            if channel is not None:
+            for channel in channels:
                 try:
                     channel.close()
                 except Exception as exc:  # already broken: nothing left to release
@@ -721,8 +739,8 @@ class ServerDaemon:
             if session is self._session:
                 self._lost_reason = reason
                 session.set()
-                if self._gc_channel is not None:
-                    self._gc_channel.interrupt()
+                for channel in self._gc_channels:
+                    channel.interrupt()
 
     def _start_watch(self, session: threading.Event) -> None:
         thread = threading.Thread(
@@ -746,16 +764,27 @@ class ServerDaemon:
         # Only the peer's authenticated TLS connection is taken: anything else on the circuit
         # port (a scan, junk, another certificate, silence) is closed and logged, and the
         # listener keeps waiting for the real peer.
-        channel = self._listener.accept(
-            timeout=max(1.0, deadline - time.monotonic()),
-            handshake_timeout=GC_HANDSHAKE_TIMEOUT,
-            on_refused=self._gc_refused,
-            **self._gc_tls(),
-        )
+        channels = []
+        try:
+            for _ in range(self.cfg.gc_lanes):
+                channels.append(
+                    self._listener.accept(
+                        timeout=max(1.0, deadline - time.monotonic()),
+                        handshake_timeout=GC_HANDSHAKE_TIMEOUT,
+                        on_refused=self._gc_refused,
+                        **self._gc_tls(),
+                    )
+                )
+                if len(channels) == 1:
+                    _agree_on_lanes(channels[0], self.cfg.gc_lanes, self.cfg.peer_name)
+        except BaseException:
+            for channel in channels:
+                channel.close()
+            raise
         self._listener.close()
         self._listener = None
         with self._reset_lock:
-            self._gc_channel = channel
+            self._gc_channels = channels
             if session.is_set():
                 raise PeerLost(self._lost_reason)
         self._link = self._open_link("garbler")
@@ -815,21 +844,32 @@ class ServerDaemon:
                 raise TimeoutError(f"no handshake from {self.cfg.peer_name}")
         epoch = self.peer_servicer.epoch
         host, port = _host_port(self.cfg.gc_address)
-        while True:
-            try:
-                channel = garbled_core.Channel.connect(host, port, timeout=10, **self._gc_tls())
-                break
-            except (OSError, RuntimeError):
-                if time.monotonic() > deadline or self.stop_event.is_set():
-                    raise
-                if session.is_set():
-                    raise PeerLost("re-paired while dialing the data link") from None
-                time.sleep(0.2)
+        channels: list[Any] = []
+        try:
+            while len(channels) < self.cfg.gc_lanes:
+                try:
+                    channels.append(
+                        garbled_core.Channel.connect(host, port, timeout=10, **self._gc_tls())
+                    )
+                except (OSError, RuntimeError):
+                    if time.monotonic() > deadline or self.stop_event.is_set():
+                        raise
+                    if session.is_set():
+                        raise PeerLost("re-paired while dialing the data link") from None
+                    time.sleep(0.2)
+                    continue
+                if len(channels) == 1:
+                    _agree_on_lanes(channels[0], self.cfg.gc_lanes, self.cfg.peer_name)
+        except BaseException:
+            for channel in channels:
+                channel.close()
+            raise
         with self._reset_lock:
             if session.is_set() or epoch != self.peer_servicer.epoch:
-                channel.close()
+                for channel in channels:
+                    channel.close()
                 raise PeerLost("re-paired while dialing the data link")
-            self._gc_channel = channel
+            self._gc_channels = channels
         self._link = self._open_link("evaluator")
         self._link_ready.set()
         self._session_paired = True  # see _run_h1
@@ -871,10 +911,10 @@ class ServerDaemon:
         self.stop_event.set()
         self._session.set()
         self.state.close()
-        if self._gc_channel is not None:
+        for channel in self._gc_channels:
             # A round or noise block may be running on the link in another thread: make its
             # I/O fail now; the channel is closed below, once those threads are done with it.
-            self._gc_channel.interrupt()
+            channel.interrupt()
         if self.server is not None:
             self._io.run(self.health.enter_graceful_shutdown())
             self._io.run(self.server.stop(grace), timeout=grace + 5)
@@ -892,7 +932,8 @@ class ServerDaemon:
             self.peer_server.stop(grace).wait(grace + 1)
         for thread in [*self._threads, *self.peer_servicer.link_users()]:
             thread.join(5)
-        for closer in (self._gc_channel, self._listener, self._peer_channel, self._probe_channel):
+        closers = (*self._gc_channels, self._listener, self._peer_channel, self._probe_channel)
+        for closer in closers:
             if closer is not None:
                 try:
                     closer.close()

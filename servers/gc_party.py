@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,13 @@ class PartyLink:
     role: str
     channel: Any
     session: Any
+    # Lanes 1.. of the data link (spgc.lanes), each its own connection and session; this link
+    # is lane 0. run_aggregate runs a round on every lane, everything else on lane 0.
+    extra_lanes: list[PartyLink] = field(default_factory=list)
+
+    def lanes(self) -> list[PartyLink]:
+        """Every lane of this link, lane 0 (this one, without its extra lanes) first."""
+        return [PartyLink(self.role, self.channel, self.session), *self.extra_lanes]
 
     @classmethod
     def open(
@@ -264,8 +271,10 @@ def run_aggregate(
     mode = _check_mode(mode)
     ring_bits = check_ring_bits(ring_bits)
     shares = _check_shares(shares, ring_bits)
-    many = isinstance(channel_session, (list, tuple))
-    links = [as_party_link(role, cs) for cs in (channel_session if many else [channel_session])]
+    if isinstance(channel_session, (list, tuple)):
+        links = [as_party_link(role, cs) for cs in channel_session]
+    else:
+        links = as_party_link(role, channel_session).lanes()
     ranges = lane_ranges(len(shares), len(links))
     before = [link.counters() for link in links]
     start = time.perf_counter()

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from garbled_core import GARBLING_SCHEMES
+from spgc.lanes import MAX_LANES
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 from spgc.wire.tls import TlsFiles
@@ -167,6 +168,15 @@ class ServerConfig(_Schema):
         "threehalves",
         description="how AND gates are garbled: threehalves (24.6 bytes per AND gate) or "
         "halfgates (32 bytes, 1.5x fewer hash calls); both servers must set the same",
+    )
+    gc_lanes: int = Field(
+        1,
+        ge=1,
+        le=MAX_LANES,
+        description="connections of the data link between the servers; a round's coordinates "
+        "are split into this many ranges run in parallel, each on its own connection, engine "
+        "session and thread (about one core per lane on each server); both servers must set "
+        "the same",
     )
     ot_k: int = Field(
         8,

@@ -494,3 +494,45 @@ def test_round_status_long_poll_answers_when_the_next_round_opens(pki, tmp_path)
             p.close()
         d1.stop()
         d2.stop()
+
+
+def test_a_round_over_three_data_link_lanes(pki, tmp_path):
+    """gc_lanes = 3: three connections between the servers, the round's coordinates split
+    over them; both servers release the same noisy sum."""
+    d1, d2 = start_pair(pki, tmp_path, mode="spgc", rounds=1, target_epsilon=8.0, gc_lanes=3)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        vecs = [np.full(cfg.num_parameters, 50 * (i + 1), dtype=np.int64) for i in range(3)]
+        for p, v in zip(providers, vecs, strict=True):
+            p.submit_both(cfg, 0, v)
+        wait_round_done((d1, d2), 0, timeout=50)
+        r1, r2 = d1.state.history[0], d2.state.history[0]
+        assert r1.model_sha256 == r2.model_sha256
+        np.testing.assert_array_equal(
+            np.asarray(r1.noisy_sum_units, dtype=np.int64),
+            np.asarray(r2.noisy_sum_units, dtype=np.int64),
+        )
+        assert len(d1._gc_channels) == len(d2._gc_channels) == 3
+        for dm in (d1, d2):  # every lane carried part of the round
+            assert all(ch.counters()["tables"]["sent" if dm is d1 else "received"] > 0
+                       for ch in dm._gc_channels)  # fmt: skip
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_different_lane_counts_stop_both_servers_with_a_clear_error(pki, tmp_path):
+    d1, d2 = bind_pair(pki, tmp_path, mode="spgc", rounds=1, target_epsilon=8.0, gc_lanes=2)
+    d2.cfg.gc_lanes = 1
+    d2.start()
+    d1.start()
+    try:
+        assert d1.wait(40) and d2.wait(40)
+        for dm in (d1, d2):
+            assert "gc_lanes differ" in str(dm.error)
+    finally:
+        d1.stop()
+        d2.stop()
