@@ -128,10 +128,24 @@ class PartyLink:
     # Lanes 1.. of the data link (spgc.lanes), each its own connection and session; this link
     # is lane 0. run_aggregate runs a round on every lane, everything else on lane 0.
     extra_lanes: list[PartyLink] = field(default_factory=list)
+    # Remote lanes (servers.ray_workers: worker pairs on the organisations' Ray clusters):
+    # when set, run_aggregate runs a round on them instead, and this link carries the rest.
+    remote_lanes: list[Any] = field(default_factory=list)
 
-    def lanes(self) -> list[PartyLink]:
-        """Every lane of this link, lane 0 (this one, without its extra lanes) first."""
+    def lanes(self) -> list[Any]:
+        """The lanes a round runs on: the remote ones if any, else this link's own, lane 0 (this
+        one, without its extra lanes) first. Each has ``aggregate_range`` and ``interrupt``."""
+        if self.remote_lanes:
+            return list(self.remote_lanes)
         return [PartyLink(self.role, self.channel, self.session), *self.extra_lanes]
+
+    def aggregate_range(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        """This link's part of a round (:func:`aggregate_range`)."""
+        return aggregate_range(link=self, **kwargs)
+
+    def interrupt(self) -> None:
+        """Make a run blocked on this link fail now (another lane failed)."""
+        self.channel.interrupt()
 
     @classmethod
     def open(
@@ -272,11 +286,15 @@ def run_aggregate(
     ring_bits = check_ring_bits(ring_bits)
     shares = _check_shares(shares, ring_bits)
     if isinstance(channel_session, (list, tuple)):
-        links = [as_party_link(role, cs) for cs in channel_session]
+        links = [
+            cs if hasattr(cs, "aggregate_range") else as_party_link(role, cs)
+            for cs in channel_session
+        ]
+    elif hasattr(channel_session, "aggregate_range") and not isinstance(channel_session, PartyLink):
+        links = [channel_session]
     else:
         links = as_party_link(role, channel_session).lanes()
     ranges = lane_ranges(len(shares), len(links))
-    before = [link.counters() for link in links]
     start = time.perf_counter()
     n = len(shares)
     params = width = None
@@ -290,13 +308,13 @@ def run_aggregate(
 
     def lane(i: int) -> Callable[[], tuple[np.ndarray, dict[str, Any]]]:
         lo, hi = ranges[i]
-        return lambda: _aggregate_range(
-            role, links[i], shares[lo:hi], lo, seed, params, width, ring_bits, mode, schedule,
-            on_stage,
+        return lambda: links[i].aggregate_range(
+            role=role, shares=shares[lo:hi], first_coordinate=lo, seed=seed, params=params,
+            width=width, ring_bits=ring_bits, mode=mode, schedule=schedule, on_stage=on_stage,
         )  # fmt: skip
 
     parts = run_lanes(
-        [lane(i) for i in range(len(links))], on_failure=lambda i: links[i].channel.interrupt()
+        [lane(i) for i in range(len(links))], on_failure=lambda i: links[i].interrupt()
     )
     y = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     info: dict[str, Any] = {"mode": mode, "coordinates": n, "lanes": len(links)}
@@ -308,7 +326,7 @@ def run_aggregate(
             sum(r[k] for r in per_round if k < len(r)) for k in range(info["rounds"])
         ]
         info["and_gates"] = sum(p[1]["and_gates"] for p in parts)
-    deltas = [counter_delta(b, link.counters()) for b, link in zip(before, links, strict=True)]
+    deltas = [p[1]["counters"] for p in parts]
     phases: dict[str, dict[str, int]] = {}
     for d in deltas:
         for phase, v in d["phases"].items():
@@ -324,7 +342,33 @@ def run_aggregate(
     return y, info
 
 
-def _aggregate_range(
+def aggregate_range(
+    *,
+    role: str,
+    link: PartyLink,
+    shares: np.ndarray,
+    first_coordinate: int,
+    seed: bytes | None,
+    params: SamplerParams | None,
+    width: int | None,
+    ring_bits: int,
+    mode: str,
+    schedule: Sequence[int],
+    on_stage: Callable[[], None] | None = None,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """One lane of :func:`run_aggregate` (checked and seed-claimed there): coordinates
+    ``first_coordinate`` on, on one link. Returns (Y of the range, info with the link's byte
+    ``counters`` over the call)."""
+    before = link.counters()
+    y, info = _aggregate_on_link(
+        role, link, shares, first_coordinate, seed, params, width, ring_bits, mode, schedule,
+        on_stage,
+    )  # fmt: skip
+    info["counters"] = counter_delta(before, link.counters())
+    return y, info
+
+
+def _aggregate_on_link(
     role: str,
     link: PartyLink,
     shares: np.ndarray,
@@ -337,7 +381,6 @@ def _aggregate_range(
     schedule: Sequence[int],
     on_stage: Callable[[], None] | None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """One lane of :func:`run_aggregate`: coordinates ``first_coordinate`` on, on one link."""
     n = len(shares)
     my_port = "a1" if role == "garbler" else "a2"
     info: dict[str, Any] = {"rounds": 0, "trials": 0}

@@ -1,0 +1,178 @@
+"""Worker pairs on Ray: each server organisation spreads a round's circuit work over its own
+Ray cluster (``pip install 'spgc[ray]'``).
+
+A server with ``workers: K`` starts K Ray actors (:class:`LaneWorker`) on its cluster
+(``ray_address``; empty: a local one). Worker i of H1 listens on an ephemeral port of its node;
+the daemons exchange those addresses over their authenticated data link; worker i of H2
+connects, with the server certificates, so the two organisations share nothing but these paired
+TLS links (the RayFed pattern). Each worker pair then runs one lane of every round
+(:mod:`spgc.lanes`): the coordinates ``lane_ranges(d, K)[i]``, the sampler and the
+reconstruction, on its own engine session. The daemons keep intake, agreement, accounting, the
+model update and the ledger. Noise is addressed by coordinate (:mod:`spgc.noise`), so the
+released vector is the same for any K.
+
+No retries of anything that reveals: the actors run with ``max_restarts=0`` and
+``max_task_retries=0``, so a lost worker fails the round (which the write-ahead ledger has
+already counted) instead of being run again; the next round is a new round with fresh seeds.
+A worker receives its server's round seed and its range of the summed shares over the
+organisation's own cluster; nothing of one server ever reaches the other's cluster.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import garbled_core
+from spgc.servers.gc_party import PartyLink, aggregate_range
+
+__all__ = ["LaneWorker", "RayLane", "connect_workers", "ray_available", "start_workers"]
+
+ACTOR_OPTIONS = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
+"""No restart, no retry (a re-executed release would be a second, uncounted one); two threads
+per actor so ``interrupt`` can reach a worker while it runs a range."""
+
+
+def ray_available() -> bool:
+    try:
+        import ray  # noqa: F401  (an optional extra)
+    except ImportError:
+        return False
+    return True
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RuntimeError(
+            "workers > 1 runs the circuit on Ray worker pairs: install the extra with "
+            "pip install 'spgc[ray]' (or set workers: 1 for the embedded path)"
+        ) from exc
+    return ray
+
+
+@dataclass(frozen=True)
+class WorkerTls:
+    """Certificate paths on the worker nodes (the daemon's), or insecure."""
+
+    cert: str = ""
+    key: str = ""
+    ca: str = ""
+    peer_name: str = ""
+    insecure: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        if self.insecure:
+            return {"insecure": True}
+        return {
+            "tls": garbled_core.TlsConfig(self.cert, self.key, self.ca, peer_name=self.peer_name)
+        }
+
+
+class LaneWorker:
+    """One lane of one server, as a Ray actor: its end of a paired data link and its engine
+    session."""
+
+    def __init__(self, role: str, tls: WorkerTls, scheme: str, ot_k: int) -> None:
+        self.role, self.tls, self.scheme, self.ot_k = role, tls, scheme, ot_k
+        self.listener: Any = None
+        self.link: PartyLink | None = None
+
+    def listen(self, host: str) -> tuple[str, int]:
+        """Garbler side: an ephemeral port on this node; returns (node address, port)."""
+        import ray
+
+        self.listener = garbled_core.Listener(host, 0)
+        local = host in ("127.0.0.1", "localhost")
+        address = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        return address, int(self.listener.port)
+
+    def accept(self, timeout: float) -> None:
+        channel = self.listener.accept(timeout=timeout, **self.tls.kwargs())
+        self.listener.close()
+        self.listener = None
+        self.link = PartyLink.open(self.role, channel, scheme=self.scheme, ot_k=self.ot_k)
+
+    def connect(self, host: str, port: int, timeout: float) -> None:
+        channel = garbled_core.Channel.connect(host, port, timeout=timeout, **self.tls.kwargs())
+        self.link = PartyLink.open(self.role, channel, scheme=self.scheme, ot_k=self.ot_k)
+
+    def aggregate_range(self, kwargs: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        if self.link is None:
+            raise RuntimeError("this worker has no data link to its pair")
+        y, info = aggregate_range(link=self.link, **kwargs)
+        info["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return y, info
+
+    def interrupt(self) -> None:
+        if self.link is not None:
+            self.link.channel.interrupt()
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.channel.close()
+            self.link = None
+
+
+class RayLane:
+    """A remote lane for :func:`servers.gc_party.run_aggregate`: the same ``aggregate_range``
+    and ``interrupt`` as a local :class:`PartyLink`, run by a :class:`LaneWorker`."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def aggregate_range(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        kwargs.pop("on_stage", None)  # fault hooks are the daemon's, not a worker's
+        ray = _ray()
+        try:
+            return ray.get(self.actor.aggregate_range.remote(kwargs))
+        except ray.exceptions.RayActorError as exc:
+            raise RuntimeError(f"a circuit worker was lost mid-round: {exc}") from exc
+
+    def interrupt(self) -> None:
+        self.actor.interrupt.remote()
+
+
+def start_workers(
+    role: str,
+    count: int,
+    tls: WorkerTls,
+    scheme: str = "threehalves",
+    ot_k: int = 8,
+    ray_address: str = "",
+) -> list[Any]:
+    """``count`` LaneWorker actors on this organisation's Ray cluster (started locally when
+    ``ray_address`` is empty and Ray is not initialised yet)."""
+    ray = _ray()
+    if not ray.is_initialized():
+        ray.init(
+            address=ray_address or None,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    actor_cls = ray.remote(**ACTOR_OPTIONS)(LaneWorker)
+    return [actor_cls.remote(role, tls, scheme, ot_k) for _ in range(count)]
+
+
+def connect_workers(
+    garblers: Sequence[Any], evaluators: Sequence[Any], host: str, timeout: float = 30.0
+) -> tuple[list[RayLane], list[RayLane]]:
+    """Pair worker i of H1 with worker i of H2 (both clusters reachable from here: tests and
+    benchmarks; the daemons do the same across organisations, exchanging the addresses over
+    their data link). Returns the lanes of each side."""
+    ray = _ray()
+    if len(garblers) != len(evaluators):
+        raise ValueError("both servers need the same number of workers")
+    addresses = ray.get([g.listen.remote(host) for g in garblers])
+    accepted = [g.accept.remote(timeout) for g in garblers]
+    ray.get(
+        [e.connect.remote(h, p, timeout) for e, (h, p) in zip(evaluators, addresses, strict=True)]
+    )
+    ray.get(accepted)
+    return [RayLane(g) for g in garblers], [RayLane(e) for e in evaluators]
