@@ -49,6 +49,7 @@ from spgc.servers.metrics import MetricsServer, ServerMetrics
 from spgc.servers.noise_pool import NoisePool
 from spgc.servers.peer import PeerServicer, config_differences
 from spgc.servers.pool_sync import NoiseProducer
+from spgc.servers.ray_workers import RayLane, WorkerTls, kill_worker, ray_get, start_workers
 from spgc.servers.state import PeerMismatchError, ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
@@ -97,18 +98,36 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _agree_on_lanes(channel: Any, lanes: int, peer_name: str) -> None:
-    """Both ends of the data link state their gc_lanes on its first connection: a difference
-    stops both with a clear error instead of one side waiting for connections that never
-    come."""
-    channel.send(struct.pack("<I", lanes))
+def _agree_on_lanes(channel: Any, lanes: int, workers: int, peer_name: str) -> None:
+    """Both ends of the data link state their gc_lanes and workers on its first connection: a
+    difference stops both with a clear error instead of one side waiting for connections that
+    never come."""
+    channel.send(struct.pack("<II", lanes, workers))
     channel.flush()
-    theirs = struct.unpack("<I", channel.recv(4))[0]
-    if theirs != lanes:
+    their_lanes, their_workers = struct.unpack("<II", channel.recv(8))
+    if their_lanes != lanes:
         raise PeerMismatchError(
-            f"gc_lanes differ: {lanes} here, {theirs} at {peer_name} (both servers must set the "
-            "same number of data-link lanes)"
+            f"gc_lanes differ: {lanes} here, {their_lanes} at {peer_name} (both servers must "
+            "set the same number of data-link lanes)"
         )
+    if their_workers != workers:
+        raise PeerMismatchError(
+            f"workers differ: {workers} here, {their_workers} at {peer_name} (both servers must "
+            "set the same number of circuit workers)"
+        )
+
+
+def _send_json(channel: Any, obj: Any) -> None:
+    data = json.dumps(obj).encode()
+    channel.send(struct.pack("<I", len(data)) + data)
+    channel.flush()
+
+
+def _recv_json(channel: Any, limit: int = 1 << 20) -> Any:
+    (size,) = struct.unpack("<I", channel.recv(4))
+    if size > limit:
+        raise PeerMismatchError(f"the other server sent a {size}-byte message; at most {limit}")
+    return json.loads(channel.recv(size))
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -167,6 +186,7 @@ class ServerDaemon:
         self._link: PartyLink | None = None
         self._link_ready = threading.Event()
         self._gc_channels: list[Any] = []  # the data link: one connection per lane
+        self._workers: list[Any] = []  # workers > 1: this server's Ray actors
         self._listener: Any = None
         self._peer_channel: grpc.Channel | None = None
         # Pairing with the other server (two-server modes): a lost peer is waited for and the
@@ -450,7 +470,55 @@ class ServerDaemon:
             for ch in self._gc_channels
         ]
         lanes[0].extra_lanes = lanes[1:]  # rounds run on every lane; a noise block on lane 0
+        if self.cfg.workers > 1:
+            lanes[0].remote_lanes = self._pair_workers(role, self._gc_channels[0])
         return lanes[0]
+
+    def _pair_workers(self, role: str, channel: Any) -> list[Any]:
+        """workers > 1: this server's Ray workers, each paired with the other server's worker of
+        the same index over its own TLS link (H1's listen, their addresses cross the data
+        link, H2's connect). Rounds then run on them (servers.ray_workers)."""
+        self._stop_workers()
+        tls = (
+            WorkerTls(insecure=True)
+            if self.tls is None
+            else WorkerTls(
+                str(self.tls.cert), str(self.tls.key), str(self.tls.ca), self.cfg.peer_name
+            )
+        )
+        actors = start_workers(
+            role,
+            self.cfg.workers,
+            tls,
+            self.cfg.garbling_scheme,
+            self.cfg.ot_k,
+            self.cfg.ray_address,
+        )
+        self._workers = actors
+        timeout = self.cfg.connect_timeout
+        if role == "garbler":
+            host, _ = _host_port(self.cfg.gc_address)
+            addresses = ray_get([a.listen.remote(host) for a in actors])
+            accepted = [a.accept.remote(timeout) for a in actors]
+            _send_json(channel, addresses)
+            ray_get(accepted)
+        else:
+            addresses = _recv_json(channel)
+            if len(addresses) != len(actors):
+                raise PeerMismatchError("the other server named a different number of workers")
+            ray_get(
+                [
+                    a.connect.remote(h, int(p), timeout)
+                    for a, (h, p) in zip(actors, addresses, strict=True)
+                ]
+            )
+        log.info("%s: %d circuit worker pair(s) linked", self.cfg.role_name, len(actors))
+        return [RayLane(a) for a in actors]
+
+    def _stop_workers(self) -> None:
+        for actor in self._workers:
+            kill_worker(actor)
+        self._workers = []
 
     # ------------------------------------------------------------------ one server
 
@@ -638,6 +706,7 @@ class ServerDaemon:
             channels, self._gc_channels = self._gc_channels, []
             for channel in channels:
                 channel.interrupt()  # a circuit or noise block running on it fails now
+            self._stop_workers()
             for thread in self.peer_servicer.link_users():
                 thread.join(30)
             self.peer_servicer.unpair()
@@ -776,7 +845,9 @@ class ServerDaemon:
                     )
                 )
                 if len(channels) == 1:
-                    _agree_on_lanes(channels[0], self.cfg.gc_lanes, self.cfg.peer_name)
+                    _agree_on_lanes(
+                        channels[0], self.cfg.gc_lanes, self.cfg.workers, self.cfg.peer_name
+                    )
         except BaseException:
             for channel in channels:
                 channel.close()
@@ -859,7 +930,9 @@ class ServerDaemon:
                     time.sleep(0.2)
                     continue
                 if len(channels) == 1:
-                    _agree_on_lanes(channels[0], self.cfg.gc_lanes, self.cfg.peer_name)
+                    _agree_on_lanes(
+                        channels[0], self.cfg.gc_lanes, self.cfg.workers, self.cfg.peer_name
+                    )
         except BaseException:
             for channel in channels:
                 channel.close()
@@ -915,6 +988,7 @@ class ServerDaemon:
             # A round or noise block may be running on the link in another thread: make its
             # I/O fail now; the channel is closed below, once those threads are done with it.
             channel.interrupt()
+        self._stop_workers()  # a round running on them fails now
         if self.server is not None:
             self._io.run(self.health.enter_graceful_shutdown())
             self._io.run(self.server.stop(grace), timeout=grace + 5)

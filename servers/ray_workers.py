@@ -20,6 +20,7 @@ organisation's own cluster; nothing of one server ever reaches the other's clust
 
 from __future__ import annotations
 
+import contextlib
 import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +31,16 @@ import numpy as np
 import garbled_core
 from spgc.servers.gc_party import PartyLink, aggregate_range
 
-__all__ = ["LaneWorker", "RayLane", "connect_workers", "ray_available", "start_workers"]
+__all__ = [
+    "LaneWorker",
+    "RayLane",
+    "WorkerTls",
+    "connect_workers",
+    "kill_worker",
+    "ray_available",
+    "ray_get",
+    "start_workers",
+]
 
 ACTOR_OPTIONS = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
 """No restart, no retry (a re-executed release would be a second, uncounted one); two threads
@@ -54,6 +64,17 @@ def _ray() -> Any:
             "pip install 'spgc[ray]' (or set workers: 1 for the embedded path)"
         ) from exc
     return ray
+
+
+def ray_get(refs: Any) -> Any:
+    """ray.get, through the optional import."""
+    return _ray().get(refs)
+
+
+def kill_worker(actor: Any) -> None:
+    """End a worker now (its link to its pair closes with it); already gone is fine."""
+    with contextlib.suppress(Exception):
+        _ray().kill(actor)
 
 
 @dataclass(frozen=True)

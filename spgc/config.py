@@ -178,6 +178,19 @@ class ServerConfig(_Schema):
         "session and thread (about one core per lane on each server); both servers must set "
         "the same",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=MAX_LANES,
+        description="circuit workers: 1 runs the circuit in the server process; K > 1 runs each "
+        "round's coordinates on K worker pairs of the organisation's Ray cluster (extra "
+        "spgc[ray]; worker i of H1 and of H2 share a TLS link); both servers must set the same",
+    )
+    ray_address: str = Field(
+        "",
+        description="the Ray cluster for workers > 1 (as ray.init takes it, e.g. "
+        "'ray://head:10001'); empty: a local one started by the server",
+    )
     ot_k: int = Field(
         8,
         ge=0,

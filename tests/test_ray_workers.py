@@ -78,3 +78,37 @@ def test_a_lost_worker_fails_the_round_on_both_servers(cluster):
     finally:
         for a in actors:
             ray.kill(a)
+
+
+def test_servers_run_a_round_on_two_worker_pairs(cluster, tmp_path):
+    """workers: 2 on both servers (one local Ray cluster stands in for both organisations'):
+    the daemons pair their workers over the data link, the round's circuit runs on them, and
+    both release the same noisy sum."""
+    from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
+
+    from spgc.certs import make_dev_pki
+
+    pki = tmp_path / "pki"
+    make_dev_pki(pki / "good", ["h1", "h2", *PROVIDERS])
+    d1, d2 = start_pair(pki, tmp_path, mode="spgc", rounds=1, target_epsilon=8.0, workers=2)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        vecs = [np.full(cfg.num_parameters, 40 * (i + 1), dtype=np.int64) for i in range(3)]
+        for p, v in zip(providers, vecs, strict=True):
+            p.submit_both(cfg, 0, v)
+        wait_round_done((d1, d2), 0, timeout=60)
+        r1, r2 = d1.state.history[0], d2.state.history[0]
+        assert r1.model_sha256 == r2.model_sha256
+        np.testing.assert_array_equal(
+            np.asarray(r1.noisy_sum_units, dtype=np.int64),
+            np.asarray(r2.noisy_sum_units, dtype=np.int64),
+        )
+        assert len(d1._workers) == len(d2._workers) == 2
+        # the circuit ran on the workers: the daemons' own data link carried no tables
+        assert d1._gc_channels[0].counters()["tables"]["sent"] == 0
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
