@@ -319,6 +319,9 @@ def run_aggregate(
     y = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     info: dict[str, Any] = {"mode": mode, "coordinates": n, "lanes": len(links)}
     info["rounds"] = max(p[1]["rounds"] for p in parts)
+    rss = [p[1]["peak_rss_mb"] for p in parts if "peak_rss_mb" in p[1]]
+    if rss:  # remote lanes (Ray workers) report their process's peak RSS
+        info["worker_rss_mb"] = rss
     info["trials"] = sum(p[1]["trials"] for p in parts)
     if mode != "only-mpc":
         per_round = [p[1]["trials_per_round"] for p in parts]

@@ -15,6 +15,7 @@ from spgc.app import (
     bench_gc,
     bench_load,
     bench_sampler,
+    bench_scale,
     experiment,
     export_cmd,
 )
@@ -177,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.set_defaults(bench="sampler")
 
 
+    scale = bench_scale.build_parser(
+        bench_sub.add_parser(
+            "scale",
+            help="one spgc round of D coordinates on K worker pairs (Ray), and the scaling model",
+            description=bench_scale.__doc__,
+        )
+    )
+    scale.set_defaults(bench="scale")
+
     comm = bench_comm.build_parser(
         bench_sub.add_parser(
             "comm",
@@ -306,6 +316,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return bench_comm.run_from_args(args)
     if args.bench == "load":
         return bench_load.run_from_args(args)
+    if args.bench == "scale":
+        return bench_scale.run_from_args(args)
     return bench_gc.run_cli(
         instances=args.instances,
         insecure=args.insecure,

@@ -1,0 +1,264 @@
+"""`spgc bench scale`: one real spgc round of D coordinates on K worker pairs, and what the
+measured constants imply for larger deployments.
+
+It starts a local Ray cluster (extra ``spgc[ray]``), K worker pairs (H1's worker i linked to
+H2's worker i over TLS, as the servers do with ``workers: K``; K = 1 without ``--ray`` runs
+the embedded path in this process), draws random shares of D coordinates and runs the round
+(the sampler and the reconstruction) with fresh round seeds. It prints ``seconds_per_round``,
+``and_gates_per_second``, the bytes both servers sent and each worker's peak RSS, checked
+against the plaintext evaluation of the same round. ``--model`` adds the per-round model of
+docs/SCALE.md from this run's constants: bytes and seconds per coordinate per worker pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import garbled_core
+from spgc.certs import make_dev_pki
+from spgc.lanes import MAX_LANES
+from spgc.noise import sample_noise_plain
+from spgc.servers.gc_party import PartyLink, run_aggregate
+from spgc.servers.ray_workers import WorkerTls, connect_workers, kill_worker, start_workers
+
+HOST = "127.0.0.1"
+RING_BITS = 32
+DEFAULT_SIGMA = 1000.0
+MODEL_DIMS = (10**6, 10**7, 10**8, 10**9)
+MODEL_WORKERS = (1, 8, 64)
+MODEL_GBITS = (1, 10, 100)
+
+
+def _shares(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+    sums = rng.integers(-(1 << 20), 1 << 20, d, dtype=np.int64)
+    r = rng.integers(0, 1 << RING_BITS, d, dtype=np.uint64)
+    a1 = (sums.astype(np.uint64) + r) & np.uint64((1 << RING_BITS) - 1)
+    return sums, a1, r
+
+
+def _pair_embedded(tls_dir: Path | None) -> tuple[list[Any], list[Any]]:
+    listener = garbled_core.Listener(HOST, 0)
+    kw_g: dict[str, Any] = {"insecure": True}
+    kw_e: dict[str, Any] = {"insecure": True}
+    if tls_dir is not None:
+        kw_g = {"tls": garbled_core.TlsConfig(*(str(tls_dir / f) for f in _files("h1")))}
+        kw_e = {"tls": garbled_core.TlsConfig(*(str(tls_dir / f) for f in _files("h2")))}
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.update(ch=listener.accept(timeout=30, **kw_g)))
+    t.start()
+    ch_e = garbled_core.Channel.connect(HOST, listener.port, timeout=30, **kw_e)
+    t.join()
+    listener.close()
+    return [PartyLink.open("garbler", box["ch"])], [PartyLink.open("evaluator", ch_e)]
+
+
+def _files(name: str) -> tuple[str, str, str]:
+    return f"{name}.pem", f"{name}.key", "ca.pem"
+
+
+def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> dict[str, Any]:
+    """One round of d coordinates on ``workers`` pairs; returns the measured figures."""
+    sums, a1, a2 = _shares(d)
+    s1, s2 = os.urandom(32), os.urandom(32)
+    actors: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="spgc-scale-") as tmp:
+        tls_dir = None
+        if tls:
+            tls_dir = Path(tmp)
+            make_dev_pki(tls_dir, ["h1", "h2"])
+        setup0 = time.perf_counter()
+        if use_ray:
+            def worker_tls(name: str, peer: str) -> WorkerTls:
+                if tls_dir is None:
+                    return WorkerTls(insecure=True)
+                cert, key, ca = (str(tls_dir / f) for f in _files(name))
+                return WorkerTls(cert, key, ca, peer)
+
+            g = start_workers("garbler", workers, worker_tls("h1", "h2"))
+            e = start_workers("evaluator", workers, worker_tls("h2", "h1"))
+            actors = g + e
+            lanes_g, lanes_e = connect_workers(g, e, HOST)
+        else:
+            lanes_g, lanes_e = _pair_embedded(tls_dir)
+        setup_seconds = time.perf_counter() - setup0
+        try:
+            box: dict[str, Any] = {}
+
+            def garbler() -> None:
+                box["g"] = run_aggregate("garbler", lanes_g, a1, s1, sigma, RING_BITS, "spgc")
+
+            t = threading.Thread(target=garbler)
+            start = time.perf_counter()
+            t.start()
+            ye, ie = run_aggregate("evaluator", lanes_e, a2, s2, sigma, RING_BITS, "spgc")
+            t.join()
+            seconds = time.perf_counter() - start
+        finally:
+            for actor in actors:
+                kill_worker(actor)
+    if "g" not in box:
+        raise RuntimeError("the garbler's side of the round failed")
+    yg, ig = box["g"]
+    z = sample_noise_plain(s1, s2, d, sigma)
+    correct = bool(np.array_equal(yg, ye)) and bool(np.array_equal(ye - sums, z))
+    sent = int(ig["sent"]) + int(ie["sent"])
+    return {
+        "dim": d,
+        "workers": workers,
+        "ray": use_ray,
+        "tls": tls,
+        "sigma_units": sigma,
+        "seconds_per_round": seconds,
+        "setup_seconds": setup_seconds,
+        "and_gates": int(ig["and_gates"]),
+        "and_gates_per_second": ig["and_gates"] / seconds,
+        "bytes_sent_both_servers": sent,
+        "bytes_per_coordinate": sent / d,
+        "seconds_per_coordinate_per_pair": seconds * workers / d,
+        "trials": int(ig["trials"]),
+        "rounds": int(ig["rounds"]),
+        "peak_rss_mb_per_worker": [] if not use_ray else _worker_rss(ig, ie),
+        "correct": correct,
+    }
+
+
+def _worker_rss(ig: dict[str, Any], ie: dict[str, Any]) -> list[float]:
+    return [float(x) for x in ig.get("worker_rss_mb", []) + ie.get("worker_rss_mb", [])]
+
+
+def model_rows(bytes_per_coord: float, seconds_per_coord_pair: float) -> list[dict[str, Any]]:
+    """Per round: link seconds (both directions' bytes over one link of G Gbit/s) against
+    compute seconds (d coordinates over K pairs at this run's per-pair rate), and which bounds."""
+    rows = []
+    for d in MODEL_DIMS:
+        for k in MODEL_WORKERS:
+            compute = d * seconds_per_coord_pair / k
+            for g in MODEL_GBITS:
+                link = d * bytes_per_coord * 8 / (g * 1e9)
+                rows.append(
+                    {
+                        "dim": d,
+                        "workers": k,
+                        "gbit_per_s": g,
+                        "gigabytes": d * bytes_per_coord / 1e9,
+                        "compute_seconds": compute,
+                        "link_seconds": link,
+                        "round_seconds": max(compute, link),
+                        "bound": "link" if link > compute else "CPU",
+                    }
+                )
+    return rows
+
+
+def format_model(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'dim':>13} {'K':>3} {'Gbit/s':>6} {'GB/round':>9} {'CPU s':>10} {'link s':>10} "
+        f"{'round s':>10}  bound"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['dim']:>13,} {r['workers']:>3} {r['gbit_per_s']:>6} {r['gigabytes']:>9.1f} "
+            f"{r['compute_seconds']:>10.1f} {r['link_seconds']:>10.1f} "
+            f"{r['round_seconds']:>10.1f}  {r['bound']}"
+        )
+    return "\n".join(lines)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Options of `spgc bench scale` (added to ``parser`` when given)."""
+    p = parser or argparse.ArgumentParser(prog="spgc bench scale", description=__doc__)
+    p.add_argument("--dim", type=int, default=100_000, metavar="D", help="coordinates (100000)")
+    p.add_argument(
+        "--workers", type=int, default=2, metavar="K", help=f"worker pairs, 1..{MAX_LANES} (2)"
+    )
+    p.add_argument(
+        "--sigma", type=float, default=DEFAULT_SIGMA, help="noise std in fixed-point units"
+    )
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        help="K = 1 in this process, without Ray (the workers: 1 path), for comparison",
+    )
+    p.add_argument("--insecure", action="store_true", help="plaintext worker links (not TLS)")
+    p.add_argument("--model", action="store_true", help="also print the per-round model")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    return p
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if args.dim < 1:
+        print("spgc: error: --dim must be at least 1", file=sys.stderr)
+        return 2
+    if not 1 <= args.workers <= MAX_LANES:
+        print(f"spgc: error: --workers must be in 1..{MAX_LANES}", file=sys.stderr)
+        return 2
+    if args.embedded and args.workers != 1:
+        print("spgc: error: --embedded runs one pair: pass --workers 1", file=sys.stderr)
+        return 2
+    if not math.isfinite(args.sigma) or args.sigma <= 0:
+        print("spgc: error: --sigma must be a positive number", file=sys.stderr)
+        return 2
+    use_ray = not args.embedded
+    if use_ray:
+        try:
+            import ray
+        except ImportError:
+            print(
+                "spgc: error: bench scale runs worker pairs on Ray: pip install 'spgc[ray]' "
+                "(or --embedded --workers 1)",
+                file=sys.stderr,
+            )
+            return 2
+        ray.init(
+            num_cpus=max(2, 2 * args.workers),
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    try:
+        result = run_round(args.dim, args.workers, args.sigma, use_ray, not args.insecure)
+    finally:
+        if use_ray:
+            ray.shutdown()
+    if args.model:
+        result["model"] = model_rows(
+            result["bytes_per_coordinate"], result["seconds_per_coordinate_per_pair"]
+        )
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(
+            f"{result['dim']:,} coordinates on {result['workers']} worker pair(s) "
+            f"({'Ray' if use_ray else 'embedded'}, {'TLS' if result['tls'] else 'plaintext'}): "
+            f"{result['seconds_per_round']:.2f} s per round, "
+            f"{result['and_gates_per_second'] / 1e6:.2f} M AND/s, "
+            f"{result['bytes_per_coordinate']:,.0f} B per coordinate, "
+            f"{'correct' if result['correct'] else 'WRONG'}"
+        )
+        if result["peak_rss_mb_per_worker"]:
+            rss = ", ".join(f"{x:.0f}" for x in result["peak_rss_mb_per_worker"])
+            print(f"peak RSS per worker (MB): {rss}")
+        if args.model:
+            print(format_model(result["model"]))
+    return 0 if result["correct"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_from_args(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
