@@ -79,6 +79,9 @@ _TAIL_MARGIN_LOG2 = 12  # the cut-off tail of the bucket distribution gets targe
 _MAX_ALIAS_BITS = 12  # largest alias table accepted with an explicit bucket_bits
 _SEARCH_ALIAS_BITS = 10  # largest alias table the automatic search tries
 _MAX_CHUNK = 7
+_MAX_TOP_CHUNK = 9
+_MAX_ROUND_COUNT = 8
+_ROUND_MARGIN_LOG2 = 6  # the randomized rounding gets at most target - 6
 
 
 # ---------------------------------------------------------------------------- exact arithmetic
@@ -189,6 +192,28 @@ class CoinTable:
     threshold: tuple[int, ...]
     max_error: Decimal
     """max over the table of |(T'+1) / 2^l - exp(-gamma * chunk * 2^offset)|."""
+    index_count: int
+    """The chunk is always below this (2^size, or less for the top chunk): only the monomials
+    below it are built."""
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """Randomized rounding of the low ``bits`` bits y of v (section 4 of docs/NOISE_SAMPLER.md).
+
+    A count J in 1..max_count is drawn by the small alias table ``count`` (code c = J - 1, an
+    exact, rounded, zero-truncated Poisson(mu) law, mu = gamma 2^bits) and J uniforms U_j of
+    ``bits`` bits; the carry ``OR_{j<=J} [y + U_j >= 2^bits]`` is added to v >> bits. Then
+    P(carry | y) = 1 - sum_j P(J=j) (1 - y/2^bits)^j, and with the ideal law the acceptance
+    factor (1 - P(carry)) + P(carry) exp(-mu) is exactly exp(-gamma y)."""
+
+    bits: int
+    max_count: int
+    count: AliasTable
+    coin_bits: int  # precision of the count alias coin
+    mu: Decimal
+    max_error: Decimal
+    """max over y of |P(carry | y) - ideal| times (1 - exp(-mu)): the acceptance error."""
 
 
 @dataclass(frozen=True)
@@ -204,11 +229,14 @@ class SamplerParams:
     alias: AliasTable
     coins: tuple[CoinTable, ...]
     v_bits: int
+    rounding: Rounding | None
+    w_bits: int  # width of w = (v >> k) + carry, the value the chunk coins read
     noise_bits: int
     noise_bound: int  # |z| <= noise_bound for every output
     acceptance: float  # probability that one trial is accepted (lower bound)
     sd_alias: Decimal  # SD of the implemented bucket distribution from the exact one
     sd_coins: Decimal  # sum of the coin tables' max errors
+    sd_round: Decimal  # acceptance error of the randomized rounding (0 without)
     tail_mass: Decimal  # exact bucket mass beyond grid_count (included in sd_alias)
     distance_bound: Decimal  # per-sample statistical distance bound
 
@@ -226,7 +254,11 @@ class SamplerParams:
     @property
     def random_bits(self) -> int:
         """Random bits one trial reads (from each party: the circuit XORs the two)."""
-        return self.alias.index_bits + self.coin_bits * (1 + len(self.coins)) + self.bucket_bits
+        bits = self.alias.index_bits + self.coin_bits * (1 + len(self.coins)) + self.bucket_bits
+        if self.rounding is not None:
+            rr = self.rounding
+            bits += rr.count.index_bits + rr.coin_bits + rr.max_count * rr.bits
+        return bits
 
     @property
     def port_widths(self) -> tuple[int, ...]:
@@ -255,6 +287,8 @@ class SamplerParams:
             "grid_count": self.grid_count,
             "v_bits": self.v_bits,
             "chunks": [c.size for c in self.coins],
+            "round_bits": 0 if self.rounding is None else self.rounding.bits,
+            "round_count": 0 if self.rounding is None else self.rounding.max_count,
             "noise_bits": self.noise_bits,
             "noise_bound": self.noise_bound,
             "acceptance": self.acceptance,
@@ -334,24 +368,116 @@ def _alias(
     return table, sd
 
 
-def _chunk_sizes(v_bits: int, coin_bits: int) -> list[int]:
-    """Chunk sizes covering v_bits bits at the least AND gates (l + 2^c - c - 1 each)."""
-    cost = [0.0] + [math.inf] * v_bits
-    choice = [0] * (v_bits + 1)
-    for k in range(1, v_bits + 1):
+def _mono_cost(size: int, count: int) -> int:
+    """AND gates for the monomials a table on ``size`` index bits needs when the index is always
+    below ``count``: only monomials m < count (the set [0, count) is closed under taking bit
+    subsets, so their ANF coefficients and values there involve no others), each one AND."""
+    count = min(count, 1 << size)
+    return sum(1 for m in range(1, count) if m & (m - 1))
+
+
+def _chunk_sizes(w_bits: int, coin_bits: int, w_max: int) -> tuple[list[int], int]:
+    """Chunk sizes (low to high) covering w_bits bits at the least AND gates, and that cost.
+
+    Chunk cost: l for the comparison plus its monomials (2^c - c - 1; for the top chunk only the
+    monomials below its largest value w_max >> offset, see :func:`_mono_cost`)."""
+    cost = [0] + [1 << 60] * w_bits
+    choice = [0] * (w_bits + 1)
+    for k in range(1, w_bits + 1):
         for c in range(1, min(_MAX_CHUNK, k) + 1):
             cand = cost[k - c] + coin_bits + (1 << c) - c - 1
             if cand < cost[k]:
                 cost[k], choice[k] = cand, c
+    best: tuple[int, int] | None = None
+    for top in range(1, min(_MAX_TOP_CHUNK, w_bits) + 1):
+        rest = w_bits - top
+        cand = cost[rest] + coin_bits + _mono_cost(top, (w_max >> rest) + 1)
+        if best is None or cand < best[0]:
+            best = (cand, top)
+    if best is None:
+        return [], 0
     sizes = []
-    k = v_bits
+    k = w_bits - best[1]
     while k:
         sizes.append(choice[k])
         k -= choice[k]
-    return sorted(sizes, reverse=True)
+    return [*sorted(sizes, reverse=True), best[1]], best[0]
 
 
-def _coin_table(offset: int, size: int, two_sigma2: Decimal, coin_bits: int) -> CoinTable:
+def _count_law(mu: Decimal, max_count: int) -> tuple[list[Decimal], Decimal]:
+    """P(J = j) for j = 1..max_count of the zero-truncated Poisson(mu) law, and the mass of
+    J > max_count: mu^j / (j! (e^mu - 1))."""
+    with _ctx():
+        norm = mu.exp() - 1
+        probs = []
+        term = Decimal(1)
+        for j in range(1, max_count + 1):
+            term = term * mu / j
+            probs.append(term / norm)
+        return probs, max(Decimal(0), 1 - sum(probs))
+
+
+def _rounding(two_sigma2: Decimal, bits: int, budget: Decimal) -> Rounding | None:
+    """The cheapest count law for rounding at ``bits`` whose acceptance error is <= budget."""
+    with _ctx():
+        mu = Decimal(1 << bits) / two_sigma2
+        damp = 1 - (-mu).exp()
+    for max_count in range(1, _MAX_ROUND_COUNT + 1):
+        probs, tail = _count_law(mu, max_count)
+        with _ctx():
+            if tail * damp > budget / 2:
+                continue
+        if max_count == 1:  # J = 1 always: no table, no coin
+            with _ctx():
+                err = tail * damp
+            if err > budget:
+                continue
+            table = AliasTable(0, (0,), (0,), (0,), (1,))
+            return Rounding(bits, 1, table, 0, mu, err)
+        index_bits = max(1, (max_count - 1).bit_length())
+        for coin_bits in range(4, 200):
+            table, sd = _alias(probs, index_bits, coin_bits)
+            with _ctx():
+                # TV(implemented, ideal) <= TV(rounded, normalised) + mass cut off
+                err = (sd + tail) * damp
+            if err <= budget:
+                return Rounding(bits, max_count, table, coin_bits, mu, err)
+        return None  # pragma: no cover - the loop always meets the budget
+    return None
+
+
+def _rounding_cost(rr: Rounding, w_bits: int) -> int:
+    """AND gates of the rounding: J carries of ``bits`` bits, the count table and coin, the
+    nested OR/AND of the carries, and the increment of v >> bits."""
+    a = rr.count.index_bits
+    j = rr.max_count
+    table = (1 << a) - a - 1 + rr.coin_bits + (j - 1) if j > 1 else 0
+    return j * rr.bits + table + 2 * (j - 1) + w_bits
+
+
+def _acceptance_plan(
+    two_sigma2: Decimal, v_max: int, coin_bits: int, budget: Decimal
+) -> tuple[Rounding | None, int, list[int]]:
+    """(rounding or None, w_bits, chunk sizes) with the least estimated AND gates."""
+    v_bits = v_max.bit_length()
+    sizes, best_cost = _chunk_sizes(v_bits, coin_bits, v_max)
+    best: tuple[Rounding | None, int, list[int]] = (None, v_bits, sizes)
+    for k in range(1, v_bits):
+        rr = _rounding(two_sigma2, k, budget)
+        if rr is None:
+            continue
+        w_max = (v_max >> k) + 1
+        w_bits = w_max.bit_length()
+        sizes_k, chunk_cost = _chunk_sizes(w_bits, coin_bits, w_max)
+        total = chunk_cost + _rounding_cost(rr, w_bits)
+        if total < best_cost:
+            best_cost, best = total, (rr, w_bits, sizes_k)
+    return best
+
+
+def _coin_table(
+    offset: int, size: int, two_sigma2: Decimal, coin_bits: int, index_count: int
+) -> CoinTable:
     cap = 1 << coin_bits
     thresholds = []
     worst = Decimal(0)
@@ -362,7 +488,7 @@ def _coin_table(offset: int, size: int, two_sigma2: Decimal, coin_bits: int) -> 
             t = min(max(t, 1), cap)  # T' = t - 1 must be a valid l-bit value
             worst = max(worst, abs(Decimal(t) / cap - exact))
             thresholds.append(t - 1)
-    return CoinTable(offset, size, tuple(thresholds), worst)
+    return CoinTable(offset, size, tuple(thresholds), worst, min(index_count, 1 << size))
 
 
 def _grid(sigma: Decimal, e: int, rel_tail: Decimal) -> tuple[list[Decimal], int, Decimal, Decimal]:
@@ -387,7 +513,13 @@ def _grid(sigma: Decimal, e: int, rel_tail: Decimal) -> tuple[list[Decimal], int
                 return weights, count, tail, included
 
 
-def _params_for(sigma_units: float, target_log2: float, e: int, coin_bits: int) -> SamplerParams:
+def _params_for(
+    sigma_units: float,
+    target_log2: float,
+    e: int,
+    coin_bits: int,
+    round_bits: int | None = None,
+) -> SamplerParams:
     sigma = _sigma_decimal(sigma_units)
     with _ctx():
         two_sigma2 = 2 * sigma * sigma
@@ -399,26 +531,48 @@ def _params_for(sigma_units: float, target_log2: float, e: int, coin_bits: int) 
         tail_mass = tail / (included + tail)  # upper bound on the exact cut-off mass
         sd_alias = sd_rounding + tail_mass
     magnitude_bits = max(1, (count - 1).bit_length())
+    rounding: Rounding | None = None
+    sd_round = Decimal(0)
     if e == 0:
-        v_bits, coins = 0, ()
+        v_bits, w_bits, coins = 0, 0, ()
         sd_coins = Decimal(0)
         acceptance = 1.0
         bound = sd_alias
     else:
         e_max = (1 << e) - 1
         p_max = ((count - 1) << e) + 1
-        v_bits = (e_max * (2 * p_max + e_max)).bit_length()
+        v_max = e_max * (2 * p_max + e_max)
+        v_bits = v_max.bit_length()
+        with _ctx():
+            budget = Decimal(2) ** math.floor(target_log2 - _ROUND_MARGIN_LOG2)
+        if round_bits is None:
+            rounding, w_bits, sizes = _acceptance_plan(two_sigma2, v_max, coin_bits, budget)
+        elif round_bits == 0:
+            rounding, w_bits = None, v_bits
+            sizes = _chunk_sizes(v_bits, coin_bits, v_max)[0]
+        else:
+            rounding = _rounding(two_sigma2, round_bits, budget)
+            if rounding is None:
+                raise ValueError(f"no randomized rounding at {round_bits} bits meets the target")
+            w_max = (v_max >> round_bits) + 1
+            w_bits = w_max.bit_length()
+            sizes = _chunk_sizes(w_bits, coin_bits, w_max)[0]
+        base = 0 if rounding is None else rounding.bits
+        w_max = v_max if rounding is None else (v_max >> base) + 1
         coins_list = []
         offset = 0
-        for size in _chunk_sizes(v_bits, coin_bits):
-            coins_list.append(_coin_table(offset, size, two_sigma2, coin_bits))
+        for t, size in enumerate(sizes):
+            index_count = (w_max >> offset) + 1 if t == len(sizes) - 1 else 1 << size
+            coins_list.append(_coin_table(base + offset, size, two_sigma2, coin_bits, index_count))
             offset += size
         coins = tuple(coins_list)
         with _ctx():
             sd_coins = sum((c.max_error for c in coins), Decimal(0))
+            if rounding is not None:
+                sd_round = rounding.max_error
             acc = theta(sigma_units) / ((1 << e) * (included + tail))
             # SD(first accepted, target) <= (||q~ - q||_1 + max|A~ - A|) / P(accept)
-            bound = (2 * sd_alias + sd_coins) / acc
+            bound = (2 * sd_alias + sd_coins + sd_round) / acc
             acceptance = float(acc) * (1 - 1e-15)
     noise_bits = e + magnitude_bits + 1
     return SamplerParams(
@@ -431,11 +585,14 @@ def _params_for(sigma_units: float, target_log2: float, e: int, coin_bits: int) 
         alias=alias,
         coins=coins,
         v_bits=v_bits,
+        rounding=rounding,
+        w_bits=w_bits,
         noise_bits=noise_bits,
         noise_bound=count << e,
         acceptance=acceptance,
         sd_alias=sd_alias,
         sd_coins=sd_coins,
+        sd_round=sd_round,
         tail_mass=tail_mass,
         distance_bound=bound,
     )
@@ -553,11 +710,16 @@ def derive_params(
 # ---------------------------------------------------------------------------- circuit
 
 
-def monomials(b: CircuitBuilder, bits: Sequence[Bits]) -> list[Bits | None]:
+def monomials(
+    b: CircuitBuilder, bits: Sequence[Bits], count: int | None = None
+) -> list[Bits | None]:
     """Products of every subset of ``bits`` (index = subset mask; None = the empty product, 1):
-    2^c - c - 1 AND gates."""
-    monos: list[Bits | None] = [None] * (1 << len(bits))
-    for mask in range(1, 1 << len(bits)):
+    2^c - c - 1 AND gates. With ``count``, only the masks below it (an index that is always
+    below ``count`` needs no others: see :func:`table_lookup`)."""
+    full = 1 << len(bits)
+    size = full if count is None else min(count, full)
+    monos: list[Bits | None] = [None] * size
+    for mask in range(1, size):
         top = mask.bit_length() - 1
         rest = mask ^ (1 << top)
         if rest == 0:
@@ -573,7 +735,12 @@ def table_lookup(
     b: CircuitBuilder, monos: list[Bits | None], table: Sequence[int], width: int
 ) -> Bits:
     """table[index] as ``width`` bits, by the algebraic normal form of each output bit over the
-    index monomials: XORs only (free)."""
+    index monomials: XORs only (free).
+
+    ``monos`` may hold only the masks below some count (``monomials(..., count)``): the result
+    is then right for every index below that count. The set [0, count) contains every bit subset
+    of its members, so the ANF coefficient of a mask m < count depends only on table entries
+    below count and the value at an index p < count only on coefficients of masks m <= p."""
     anf = list(table)
     size = len(anf)
     step = 1
@@ -584,7 +751,7 @@ def table_lookup(
         step <<= 1
     out = []
     for j in range(width):
-        terms = [monos[m] for m in range(1, size) if (anf[m] >> j) & 1]
+        terms = [monos[m] for m in range(1, min(size, len(monos))) if (anf[m] >> j) & 1]
         bit = b.xor_reduce(b.concat(*terms)) if terms else b.const(0, 1)  # type: ignore[arg-type]
         if anf[0] >> j & 1:
             bit = b.not_(bit)
@@ -632,6 +799,38 @@ def _excess_v(b: CircuitBuilder, e_bits: Bits, m_bits: Bits, s: Bits, e: int, wi
     return _weighted_sum(b, cols, width)
 
 
+def _count_indicators(table: AliasTable, codes: Sequence[int], max_count: int) -> list[int]:
+    """For each column's code c (J = c + 1): bit j - 2 set iff J >= j, for j = 2..max_count."""
+    return [sum(1 << (j - 2) for j in range(2, max_count + 1) if c + 1 >= j) for c in codes]
+
+
+def _rounded(b: CircuitBuilder, params: SamplerParams, v: Bits, field: Any) -> Bits:
+    """w = (v >> k) + carry, the carry drawn as in :class:`Rounding` (y = v mod 2^k)."""
+    rr = params.rounding
+    assert rr is not None
+    k = rr.bits
+    y, high = v[:k], v[k:]
+    carries = [b.lt_unsigned(b.not_(field(f"r_round{j}")), y) for j in range(rr.max_count)]
+    carry = carries[-1]
+    if rr.max_count > 1:
+        table = rr.count
+        monos = monomials(b, list(field("u_count")))
+        thr = table_lookup(b, monos, table.threshold, rr.coin_bits)
+        width = rr.max_count - 1
+        prim = table_lookup(b, monos, _count_indicators(table, table.primary, rr.max_count), width)
+        alt = table_lookup(b, monos, _count_indicators(table, table.alias, rr.max_count), width)
+        at_least = b.mux(b.lt_unsigned(field("r_count"), thr), prim, alt)  # bit j-2: J >= j
+        for j in range(rr.max_count - 1, 0, -1):  # carry_j-1 or (J >= j+1 and (...))
+            carry = b.or_(carries[j - 1], b.and_(at_least[j - 1], carry))
+    out = []
+    for i in range(params.w_bits):  # increment: a half adder per bit
+        bit = high[i] if i < len(high) else b.const(0, 1)
+        out.append(b.xor(bit, carry))
+        if i + 1 < params.w_bits:
+            carry = b.and_(bit, carry)
+    return b.concat(*out)
+
+
 def _repeat(b: CircuitBuilder, bit: Bits, width: int) -> Bits:
     return b.concat(*([bit] * width))
 
@@ -646,6 +845,11 @@ def trial_layout(params: SamplerParams) -> dict[str, tuple[int, int]]:
         ("d", params.bucket_bits),
     ]
     fields += [(f"r_coin{t}", params.coin_bits) for t in range(len(params.coins))]
+    rr = params.rounding
+    if rr is not None:
+        if rr.max_count > 1:
+            fields += [("u_count", rr.count.index_bits), ("r_count", rr.coin_bits)]
+        fields += [(f"r_round{j}", rr.bits) for j in range(rr.max_count)]
     for name, width in fields:
         layout[name] = (pos, width)
         pos += width
@@ -687,9 +891,12 @@ def build_trial_description(params: SamplerParams, *, z_reveal: str = "keep") ->
     if e:
         e_bits = b.xor(field("d"), _repeat(b, s, e))
         v = _excess_v(b, e_bits, m, s, e, params.v_bits)
+        w = v if params.rounding is None else _rounded(b, params, v, field)
+        base = 0 if params.rounding is None else params.rounding.bits
         coins = []
         for t, table in enumerate(params.coins):
-            monos_t = monomials(b, list(v[table.offset : table.offset + table.size]))
+            lo = table.offset - base
+            monos_t = monomials(b, list(w[lo : lo + table.size]), table.index_count)
             t_bits = table_lookup(b, monos_t, table.threshold, params.coin_bits)
             coins.append(b.le_unsigned(field(f"r_coin{t}"), t_bits))
         accept = b.and_reduce(b.concat(*coins))
