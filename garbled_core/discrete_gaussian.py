@@ -226,6 +226,7 @@ class SamplerParams:
     coin_bits: int  # l: precision of every coin
     grid_count: int  # M takes values 0 .. grid_count - 1 on each side
     magnitude_bits: int  # width of M
+    sign_coin: bool  # s is a fair random bit and the alias draws M alone (every e > 0)
     alias: AliasTable
     coins: tuple[CoinTable, ...]
     v_bits: int
@@ -249,12 +250,14 @@ class SamplerParams:
 
     @property
     def code_bits(self) -> int:
-        return 1 + self.magnitude_bits
+        """Width of an alias code: M, or s | M << 1 without the sign coin."""
+        return self.magnitude_bits + (0 if self.sign_coin else 1)
 
     @property
     def random_bits(self) -> int:
         """Random bits one trial reads (from each party: the circuit XORs the two)."""
         bits = self.alias.index_bits + self.coin_bits * (1 + len(self.coins)) + self.bucket_bits
+        bits += int(self.sign_coin)
         if self.rounding is not None:
             rr = self.rounding
             bits += rr.count.index_bits + rr.coin_bits + rr.max_count * rr.bits
@@ -491,23 +494,29 @@ def _coin_table(
     return CoinTable(offset, size, tuple(thresholds), worst, min(index_count, 1 << size))
 
 
-def _grid(sigma: Decimal, e: int, rel_tail: Decimal) -> tuple[list[Decimal], int, Decimal, Decimal]:
-    """Bucket weights rho(2^e M + s) for codes s | M << 1, M < count, with the cut-off tail.
+def _grid(
+    sigma: Decimal, e: int, rel_tail: Decimal, sign_coin: bool = False
+) -> tuple[list[Decimal], int, Decimal, Decimal]:
+    """Bucket weights rho(2^e M + s) for codes s | M << 1, M < count, with the cut-off tail;
+    with ``sign_coin``, weights rho(2^e M) for codes M (the sign is a fair coin, and both buckets
+    (0, M) and (1, M) get weight rho(2^e M)).
 
-    Returns (weights, count, tail_upper_bound, included_sum). The tail bound uses the ratio
-    rho(P + 2^e) / rho(P) <= r for every P >= 2^e * count."""
+    Returns (weights, count, tail_upper_bound, included_sum) (one side with ``sign_coin``). The
+    tail bound uses the ratio rho(P + 2^e) / rho(P) <= r for every P >= 2^e * count."""
     with _ctx():
         two_sigma2 = 2 * sigma * sigma
         weights: list[Decimal] = []
         count = 0
         while True:
             base = count << e
-            weights += [_rho(base, two_sigma2), _rho(base + 1, two_sigma2)]
+            weights.append(_rho(base, two_sigma2))
+            if not sign_coin:
+                weights.append(_rho(base + 1, two_sigma2))
             count += 1
             nxt = count << e
             first = _rho(nxt, two_sigma2)
             ratio = (-(Decimal((2 * nxt + (1 << e)) << e) / two_sigma2)).exp()
-            tail = 2 * first / (1 - ratio)
+            tail = (1 if sign_coin else 2) * first / (1 - ratio)
             included = sum(weights)
             if count >= 2 and tail <= rel_tail * included:
                 return weights, count, tail, included
@@ -524,7 +533,8 @@ def _params_for(
     with _ctx():
         two_sigma2 = 2 * sigma * sigma
         rel_tail = Decimal(2) ** math.floor(target_log2 - _TAIL_MARGIN_LOG2)
-    weights, count, tail, included = _grid(sigma, e, rel_tail)
+    sign_coin = e > 0
+    weights, count, tail, included = _grid(sigma, e, rel_tail, sign_coin)
     index_bits = max(1, (len(weights) - 1).bit_length())
     alias, sd_rounding = _alias(weights, index_bits, coin_bits)
     with _ctx():
@@ -539,9 +549,8 @@ def _params_for(
         acceptance = 1.0
         bound = sd_alias
     else:
-        e_max = (1 << e) - 1
-        p_max = ((count - 1) << e) + 1
-        v_max = e_max * (2 * p_max + e_max)
+        # largest x^2 - (2^e M)^2: s = 1, E = 2^e - 1, M = count - 1 (|x| = 2^e count)
+        v_max = (count << e) ** 2 - ((count - 1) << e) ** 2
         v_bits = v_max.bit_length()
         with _ctx():
             budget = Decimal(2) ** math.floor(target_log2 - _ROUND_MARGIN_LOG2)
@@ -570,7 +579,7 @@ def _params_for(
             sd_coins = sum((c.max_error for c in coins), Decimal(0))
             if rounding is not None:
                 sd_round = rounding.max_error
-            acc = theta(sigma_units) / ((1 << e) * (included + tail))
+            acc = theta(sigma_units) / ((1 << e) * 2 * (included + tail))
             # SD(first accepted, target) <= (||q~ - q||_1 + max|A~ - A|) / P(accept)
             bound = (2 * sd_alias + sd_coins + sd_round) / acc
             acceptance = float(acc) * (1 - 1e-15)
@@ -582,6 +591,7 @@ def _params_for(
         coin_bits=coin_bits,
         grid_count=count,
         magnitude_bits=magnitude_bits,
+        sign_coin=sign_coin,
         alias=alias,
         coins=coins,
         v_bits=v_bits,
@@ -778,8 +788,17 @@ def _weighted_sum(b: CircuitBuilder, columns: list[list[Bits]], width: int) -> B
     return b.concat(*out)
 
 
-def _excess_v(b: CircuitBuilder, e_bits: Bits, m_bits: Bits, s: Bits, e: int, width: int) -> Bits:
-    """v = E^2 + 2 s E + 2^(e+1) E M = E (2P + E), P = 2^e M + s."""
+def _excess_v(
+    b: CircuitBuilder,
+    e_bits: Bits,
+    m_bits: Bits,
+    s: Bits,
+    e: int,
+    width: int,
+    sign_coin: bool = False,
+) -> Bits:
+    """v = E^2 + 2 s E + 2^(e+1) E M = E (2P + E) = |x|^2 - P^2, P = 2^e M + s; with
+    ``sign_coin`` v = |x|^2 - (2^e M)^2, i.e. plus s (2^(e+1) M + 1)."""
     cols: list[list[Bits]] = [[] for _ in range(width)]
 
     def put(k: int, bit: Bits) -> None:
@@ -796,6 +815,10 @@ def _excess_v(b: CircuitBuilder, e_bits: Bits, m_bits: Bits, s: Bits, e: int, wi
         for k in range(len(m_bits)):
             if i + k + e + 1 < width:
                 put(i + k + e + 1, b.and_(e_bits[i], m_bits[k]))
+    if sign_coin:
+        put(0, s)
+        for k in range(len(m_bits)):
+            put(k + e + 1, b.and_(s, m_bits[k]))
     return _weighted_sum(b, cols, width)
 
 
@@ -844,6 +867,8 @@ def trial_layout(params: SamplerParams) -> dict[str, tuple[int, int]]:
         ("r_alias", params.coin_bits),
         ("d", params.bucket_bits),
     ]
+    if params.sign_coin:
+        fields.append(("s", 1))
     fields += [(f"r_coin{t}", params.coin_bits) for t in range(len(params.coins))]
     rr = params.rounding
     if rr is not None:
@@ -880,7 +905,7 @@ def build_trial_description(params: SamplerParams, *, z_reveal: str = "keep") ->
     other = table_lookup(b, monos, alias.alias, params.code_bits)
     take_primary = b.lt_unsigned(field("r_alias"), threshold)
     code = b.mux(take_primary, primary, other)
-    s, m = code[0], code[1:]
+    s, m = (field("s"), code) if params.sign_coin else (code[0], code[1:])
 
     # 2. candidate: x = (D, M xor s, s) in two's complement
     e = params.bucket_bits
@@ -890,7 +915,7 @@ def build_trial_description(params: SamplerParams, *, z_reveal: str = "keep") ->
     # 3. accept with probability exp(-v / (2 sigma^2)), v = E (2P + E)
     if e:
         e_bits = b.xor(field("d"), _repeat(b, s, e))
-        v = _excess_v(b, e_bits, m, s, e, params.v_bits)
+        v = _excess_v(b, e_bits, m, s, e, params.v_bits, params.sign_coin)
         w = v if params.rounding is None else _rounded(b, params, v, field)
         base = 0 if params.rounding is None else params.rounding.bits
         coins = []
@@ -953,7 +978,10 @@ def and_breakdown(params: SamplerParams) -> dict[str, int]:
         e_bits = b2.input("E", "garbler", params.bucket_bits)
         m_bits = b2.input("M", "garbler", params.magnitude_bits)
         s = b2.input("s", "garbler", 1)
-        b2.output("v", _excess_v(b2, e_bits, m_bits, s, params.bucket_bits, params.v_bits))
+        b2.output(
+            "v",
+            _excess_v(b2, e_bits, m_bits, s, params.bucket_bits, params.v_bits, params.sign_coin),
+        )
         out["excess_v"] = b2.description().and_count
         out["chunk_coins"] = sum(
             params.coin_bits + (1 << c.size) - c.size - 1 for c in params.coins

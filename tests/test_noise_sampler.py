@@ -62,11 +62,11 @@ def reference_trial(p: ns.SamplerParams, f: dict[str, int]) -> tuple[int, int, i
     a = p.alias
     u = f["u"]
     code = a.primary[u] if f["r_alias"] < a.threshold[u] else a.alias[u]
-    s, m = code & 1, code >> 1
+    s, m = (f["s"], code) if p.sign_coin else (code & 1, code >> 1)
     e = p.bucket_bits
     big_p = (m << e) + s
     big_e = f["d"] ^ ((1 << e) - 1 if s else 0)
-    v = big_e * (2 * big_p + big_e)
+    v = excess(p, m, s, big_e)
     w = reference_w(p, f, v)
     accept = 1
     for t, c in enumerate(p.coins):
@@ -74,6 +74,13 @@ def reference_trial(p: ns.SamplerParams, f: dict[str, int]) -> tuple[int, int, i
         accept &= int(f[f"r_coin{t}"] <= c.threshold[chunk])
     z = -(big_p + big_e) if s else big_p + big_e
     return accept, z, w
+
+
+def excess(p: ns.SamplerParams, m: int, s: int, big_e: int) -> int:
+    """v = |x|^2 - (anchor)^2: the anchor is 2^e M with the sign coin, else 2^e M + s."""
+    big_p = (m << p.bucket_bits) + s
+    anchor = m << p.bucket_bits if p.sign_coin else big_p
+    return (big_p + big_e) ** 2 - anchor**2
 
 
 def coin_product(p: ns.SamplerParams, w: int) -> Fraction:
@@ -132,14 +139,15 @@ def implied_pmf(p: ns.SamplerParams) -> dict[int, Fraction]:
     e = p.bucket_bits
     denom = Fraction(1, (1 << a.index_bits) * (1 << p.coin_bits))
     weights: dict[int, Fraction] = {}
-    for code, w in enumerate(a.weights):
+    codes = [(c & 1, c >> 1, w) for c, w in enumerate(a.weights)]
+    if p.sign_coin:  # the alias draws M, the sign is a fair coin
+        codes = [(s, c, Fraction(w, 2)) for c, w in enumerate(a.weights) for s in (0, 1)]
+    for s, m, w in codes:
         if not w:
             continue
-        s, m = code & 1, code >> 1
         big_p = (m << e) + s
         for big_e in range(1 << e):
-            v = big_e * (2 * big_p + big_e)
-            acc = acceptance_exact(p, v)
+            acc = acceptance_exact(p, excess(p, m, s, big_e)) if e else Fraction(1)
             x = -(big_p + big_e) if s else big_p + big_e
             weights[x] = w * denom * acc / (1 << e)
     total = sum(weights.values())
@@ -239,8 +247,8 @@ def _grid_weights(p: ns.SamplerParams) -> list[Decimal]:
         two_s2 = 2 * Decimal(p.sigma_units) ** 2
         out = []
         for m in range(p.grid_count):
-            for s in (0, 1):
-                x = (m << p.bucket_bits) + s
+            for s in (0, 1):  # with the sign coin both buckets (s, M) weigh rho(2^e M)
+                x = (m << p.bucket_bits) + (0 if p.sign_coin else s)
                 out.append((-(Decimal(x * x) / two_s2)).exp())
         return out
 
@@ -339,12 +347,16 @@ def test_excess_gadget_exhaustive():
     ss = b.input("s", "evaluator", 1)
     width = 16
     b.output("v", ns._excess_v(b, ee, mm, ss, e, width))
+    b.output("v2", ns._excess_v(b, ee, mm, ss, e, width, sign_coin=True))
     c = b.build()
     E, M, S = np.meshgrid(np.arange(16), np.arange(16), np.arange(2), indexing="ij")
     E, M, S = (a.ravel().astype(np.uint64) for a in (E, M, S))
-    v = c.evaluate({"E": E, "M": M, "s": S})["v"]
+    out = c.evaluate({"E": E, "M": M, "s": S})
     P = (M << np.uint64(e)) + S
-    assert np.array_equal(v, (E * (np.uint64(2) * P + E)) & np.uint64(0xFFFF))
+    assert np.array_equal(out["v"], (E * (np.uint64(2) * P + E)) & np.uint64(0xFFFF))
+    anchor = M << np.uint64(e)  # sign coin: v = |x|^2 - (2^e M)^2
+    want = ((P + E) * (P + E) - anchor * anchor) & np.uint64(0xFFFF)
+    assert np.array_equal(out["v2"], want)
 
 
 @pytest.mark.parametrize(
@@ -367,9 +379,9 @@ def test_trial_circuit_matches_its_tables(sigma, bucket_bits):
         if rr is not None:
             a = p.alias
             code = a.primary[f["u"]] if f["r_alias"] < a.threshold[f["u"]] else a.alias[f["u"]]
-            big_p = ((code >> 1) << p.bucket_bits) + (code & 1)
-            big_e = f["d"] ^ ((1 << p.bucket_bits) - 1 if code & 1 else 0)
-            y = (big_e * (2 * big_p + big_e)) & ((1 << rr.bits) - 1)
+            sign, m = (f["s"], code) if p.sign_coin else (code & 1, code >> 1)
+            big_e = f["d"] ^ ((1 << p.bucket_bits) - 1 if sign else 0)
+            y = excess(p, m, sign, big_e) & ((1 << rr.bits) - 1)
             for j in range(rr.max_count):  # U_j at 2^k - y - 1, 2^k - y, 2^k - y + 1
                 if (i + j) % 3:
                     edge = (1 << rr.bits) - y + (i + j) % 3 - 2
