@@ -81,7 +81,7 @@ _SEARCH_ALIAS_BITS = 10  # largest alias table the automatic search tries
 _MAX_CHUNK = 7
 _MAX_TOP_CHUNK = 9
 _MAX_ROUND_COUNT = 8
-_ROUND_MARGIN_LOG2 = 6  # the randomized rounding gets at most target - 6
+_ROUND_MARGIN_LOG2 = 3  # the randomized rounding gets at most target - 3
 
 
 # ---------------------------------------------------------------------------- exact arithmetic
@@ -449,13 +449,14 @@ def _rounding(two_sigma2: Decimal, bits: int, budget: Decimal) -> Rounding | Non
     return None
 
 
-def _rounding_cost(rr: Rounding, w_bits: int) -> int:
-    """AND gates of the rounding: J carries of ``bits`` bits, the count table and coin, the
-    nested OR/AND of the carries, and the increment of v >> bits."""
+def _rounding_cost(rr: Rounding) -> int:
+    """AND gates of the rounding (estimate): J carries of ``bits`` bits, the count table and
+    coin, the nested OR/AND of the carries, and about 2 for the carry's extra bit in column k
+    of v's compression (it ripples only through columns of odd height)."""
     a = rr.count.index_bits
     j = rr.max_count
     table = (1 << a) - a - 1 + rr.coin_bits + (j - 1) if j > 1 else 0
-    return j * rr.bits + table + 2 * (j - 1) + w_bits
+    return j * rr.bits + table + 2 * (j - 1) + 2
 
 
 def _acceptance_plan(
@@ -472,7 +473,7 @@ def _acceptance_plan(
         w_max = (v_max >> k) + 1
         w_bits = w_max.bit_length()
         sizes_k, chunk_cost = _chunk_sizes(w_bits, coin_bits, w_max)
-        total = chunk_cost + _rounding_cost(rr, w_bits)
+        total = chunk_cost + _rounding_cost(rr)
         if total < best_cost:
             best_cost, best = total, (rr, w_bits, sizes_k)
     return best
@@ -769,11 +770,21 @@ def table_lookup(
     return b.concat(*out)
 
 
-def _weighted_sum(b: CircuitBuilder, columns: list[list[Bits]], width: int) -> Bits:
+def _weighted_sum(
+    b: CircuitBuilder,
+    columns: list[list[Bits]],
+    width: int,
+    inject: tuple[int, Any] | None = None,
+) -> Bits:
     """Sum of bits with weights 2^k (column k) mod 2^width: full adders while a column has
-    three bits, a half adder at two (1 AND each; carries out of the top column are dropped)."""
-    out = []
+    three bits, a half adder at two (1 AND each; carries out of the top column are dropped).
+
+    ``inject = (j, fn)``: once columns below j are summed, fn(those j result bits) gives one
+    more bit for column j (the rounding carry: cheaper there than an increment afterwards)."""
+    out: list[Bits] = []
     for k in range(width):
+        if inject is not None and k == inject[0]:
+            columns[k].append(inject[1](b.concat(*out)))
         col = deque(columns[k])
         while len(col) >= 2:
             x, y = col.popleft(), col.popleft()
@@ -799,6 +810,19 @@ def _excess_v(
 ) -> Bits:
     """v = E^2 + 2 s E + 2^(e+1) E M = E (2P + E) = |x|^2 - P^2, P = 2^e M + s; with
     ``sign_coin`` v = |x|^2 - (2^e M)^2, i.e. plus s (2^(e+1) M + 1)."""
+    return _weighted_sum(b, _excess_columns(b, e_bits, m_bits, s, e, width, sign_coin), width)
+
+
+def _excess_columns(
+    b: CircuitBuilder,
+    e_bits: Bits,
+    m_bits: Bits,
+    s: Bits,
+    e: int,
+    width: int,
+    sign_coin: bool,
+) -> list[list[Bits]]:
+    """The partial products of :func:`_excess_v` by column (weight 2^column)."""
     cols: list[list[Bits]] = [[] for _ in range(width)]
 
     def put(k: int, bit: Bits) -> None:
@@ -819,7 +843,7 @@ def _excess_v(
         put(0, s)
         for k in range(len(m_bits)):
             put(k + e + 1, b.and_(s, m_bits[k]))
-    return _weighted_sum(b, cols, width)
+    return cols
 
 
 def _count_indicators(table: AliasTable, codes: Sequence[int], max_count: int) -> list[int]:
@@ -827,12 +851,10 @@ def _count_indicators(table: AliasTable, codes: Sequence[int], max_count: int) -
     return [sum(1 << (j - 2) for j in range(2, max_count + 1) if c + 1 >= j) for c in codes]
 
 
-def _rounded(b: CircuitBuilder, params: SamplerParams, v: Bits, field: Any) -> Bits:
-    """w = (v >> k) + carry, the carry drawn as in :class:`Rounding` (y = v mod 2^k)."""
+def _round_carry(b: CircuitBuilder, params: SamplerParams, y: Bits, field: Any) -> Bits:
+    """The carry of :class:`Rounding` for y = v mod 2^k."""
     rr = params.rounding
     assert rr is not None
-    k = rr.bits
-    y, high = v[:k], v[k:]
     carries = [b.lt_unsigned(b.not_(field(f"r_round{j}")), y) for j in range(rr.max_count)]
     carry = carries[-1]
     if rr.max_count > 1:
@@ -845,13 +867,7 @@ def _rounded(b: CircuitBuilder, params: SamplerParams, v: Bits, field: Any) -> B
         at_least = b.mux(b.lt_unsigned(field("r_count"), thr), prim, alt)  # bit j-2: J >= j
         for j in range(rr.max_count - 1, 0, -1):  # carry_j-1 or (J >= j+1 and (...))
             carry = b.or_(carries[j - 1], b.and_(at_least[j - 1], carry))
-    out = []
-    for i in range(params.w_bits):  # increment: a half adder per bit
-        bit = high[i] if i < len(high) else b.const(0, 1)
-        out.append(b.xor(bit, carry))
-        if i + 1 < params.w_bits:
-            carry = b.and_(bit, carry)
-    return b.concat(*out)
+    return carry
 
 
 def _repeat(b: CircuitBuilder, bit: Bits, width: int) -> Bits:
@@ -915,9 +931,15 @@ def build_trial_description(params: SamplerParams, *, z_reveal: str = "keep") ->
     # 3. accept with probability exp(-v / (2 sigma^2)), v = E (2P + E)
     if e:
         e_bits = b.xor(field("d"), _repeat(b, s, e))
-        v = _excess_v(b, e_bits, m, s, e, params.v_bits, params.sign_coin)
-        w = v if params.rounding is None else _rounded(b, params, v, field)
-        base = 0 if params.rounding is None else params.rounding.bits
+        if params.rounding is None:
+            base = 0
+            w = _excess_v(b, e_bits, m, s, e, params.v_bits, params.sign_coin)
+        else:  # w = (v >> k) + carry: the carry joins column k of v's compression
+            base = params.rounding.bits
+            width = base + params.w_bits
+            cols = _excess_columns(b, e_bits, m, s, e, width, params.sign_coin)
+            inject = (base, lambda y: _round_carry(b, params, y, field))
+            w = _weighted_sum(b, cols, width, inject)[base:]
         coins = []
         for t, table in enumerate(params.coins):
             lo = table.offset - base
