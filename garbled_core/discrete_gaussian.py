@@ -1005,8 +1005,24 @@ def and_breakdown(params: SamplerParams) -> dict[str, int]:
             _excess_v(b2, e_bits, m_bits, s, params.bucket_bits, params.v_bits, params.sign_coin),
         )
         out["excess_v"] = b2.description().and_count
+        rr = params.rounding
+        if rr is not None:
+            b3 = CircuitBuilder()
+            names = ["u_count", "r_count"] + [f"r_round{j}" for j in range(rr.max_count)]
+            ports = {}
+            for name in names:
+                if name in layout:  # split into 64-bit ports, as the trial circuit's words
+                    width = layout[name][1]
+                    parts = [
+                        b3.input(f"{name}_{i}", "garbler", min(MAX_PORT_WIDTH, width - i))
+                        for i in range(0, width, MAX_PORT_WIDTH)
+                    ]
+                    ports[name] = b3.concat(*parts)
+            y = b3.input("y", "evaluator", rr.bits)
+            b3.output("carry", _round_carry(b3, params, y, lambda name: ports[name]))
+            out["rounding_carry"] = b3.description().and_count
         out["chunk_coins"] = sum(
-            params.coin_bits + (1 << c.size) - c.size - 1 for c in params.coins
+            params.coin_bits + _mono_cost(c.size, c.index_count) for c in params.coins
         )
         out["accept_and"] = len(params.coins) - 1
     return out
@@ -1027,17 +1043,18 @@ def _main(argv: Sequence[str] | None = None) -> int:
         1e8,
     ]
     print(
-        "| sigma_u | e | l | a | M count | v bits | chunks | P_acc | AND/trial | AND/sample "
-        "| rand bits/trial (each party) | noise bits | SD bound |"
+        "| sigma_u | e | l | a | M count | v bits | k, J | chunks | P_acc | AND/trial "
+        "| AND/sample | rand bits/trial (each party) | noise bits | SD bound |"
     )
-    print("|" + "---|" * 13)
+    print("|" + "---|" * 14)
     parts = []
     for sigma in sigmas:
         p = derive_params(sigma)
         d = p.summary()
         print(
             f"| {sigma:g} | {p.bucket_bits} | {p.coin_bits} | {p.alias.index_bits} | "
-            f"{p.grid_count} | {p.v_bits} | {len(p.coins)} | {p.acceptance:.4f} | "
+            f"{p.grid_count} | {p.v_bits} | {d['round_bits']}, {d['round_count']} | "
+            f"{'+'.join(map(str, d['chunks'])) or '-'} | {p.acceptance:.4f} | "
             f"{d['and_gates_per_trial']} | {d['and_gates_per_sample']:.1f} | {p.random_bits} | "
             f"{p.noise_bits} | 2^{p.distance_log2:.2f} |"
         )
