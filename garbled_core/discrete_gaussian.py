@@ -809,7 +809,7 @@ def _excess_v(
     sign_coin: bool = False,
 ) -> Bits:
     """v = E^2 + 2 s E + 2^(e+1) E M = E (2P + E) = |x|^2 - P^2, P = 2^e M + s; with
-    ``sign_coin`` v = |x|^2 - (2^e M)^2, i.e. plus s (2^(e+1) M + 1)."""
+    ``sign_coin`` (``e_bits`` = D, |x| = 2^e M + D + s) v = |x|^2 - (2^e M)^2."""
     return _weighted_sum(b, _excess_columns(b, e_bits, m_bits, s, e, width, sign_coin), width)
 
 
@@ -822,13 +822,35 @@ def _excess_columns(
     width: int,
     sign_coin: bool,
 ) -> list[list[Bits]]:
-    """The partial products of :func:`_excess_v` by column (weight 2^column)."""
+    """The partial products of :func:`_excess_v` by column (weight 2^column).
+
+    With ``sign_coin`` ``e_bits`` is the uniform offset D and |x| = 2^e M + F, F = D + s in
+    [0, 2^e]: v = F (2^(e+1) M + F) (e ANDs for the increment; F_e = 1 only when F = 2^e, so
+    the products F_e F_i, i < e, are 0 and left out)."""
     cols: list[list[Bits]] = [[] for _ in range(width)]
 
     def put(k: int, bit: Bits) -> None:
         if k < width:
             cols[k].append(bit)
 
+    if sign_coin:
+        f_bits, carry = [], s
+        for i in range(len(e_bits)):  # F = D + s: a half adder per bit
+            f_bits.append(b.xor(e_bits[i], carry))
+            carry = b.and_(e_bits[i], carry)
+        top = len(f_bits)
+        put(2 * top, carry)
+        for k in range(len(m_bits)):
+            put(top + k + e + 1, b.and_(carry, m_bits[k]))
+        for i in range(top):
+            put(2 * i, f_bits[i])
+            for k in range(i + 1, top):
+                if i + k + 1 < width:
+                    put(i + k + 1, b.and_(f_bits[i], f_bits[k]))
+            for k in range(len(m_bits)):
+                if i + k + e + 1 < width:
+                    put(i + k + e + 1, b.and_(f_bits[i], m_bits[k]))
+        return cols
     n = len(e_bits)
     for i in range(n):
         put(2 * i, e_bits[i])
@@ -839,10 +861,6 @@ def _excess_columns(
         for k in range(len(m_bits)):
             if i + k + e + 1 < width:
                 put(i + k + e + 1, b.and_(e_bits[i], m_bits[k]))
-    if sign_coin:
-        put(0, s)
-        for k in range(len(m_bits)):
-            put(k + e + 1, b.and_(s, m_bits[k]))
     return cols
 
 
@@ -923,14 +941,17 @@ def build_trial_description(params: SamplerParams, *, z_reveal: str = "keep") ->
     code = b.mux(take_primary, primary, other)
     s, m = (field("s"), code) if params.sign_coin else (code[0], code[1:])
 
-    # 2. candidate: x = (D, M xor s, s) in two's complement
+    # 2. candidate in two's complement: x = (D, M xor s, s) (|x| = 2^e M + s + (D xor s));
+    # with the sign coin x = (D xor s, M xor s, s) (|x| = 2^e M + s + D)
     e = params.bucket_bits
     m_signed = b.xor(m, _repeat(b, s, len(m)))
-    z = b.concat(field("d"), m_signed, s) if e else b.concat(m_signed, s)
+    d_signed = b.xor(field("d"), _repeat(b, s, e)) if e else None
+    low = d_signed if params.sign_coin else field("d") if e else None
+    z = b.concat(low, m_signed, s) if low is not None else b.concat(m_signed, s)
 
-    # 3. accept with probability exp(-v / (2 sigma^2)), v = E (2P + E)
+    # 3. accept with probability exp(-v / (2 sigma^2)), v = |x|^2 - anchor^2
     if e:
-        e_bits = b.xor(field("d"), _repeat(b, s, e))
+        e_bits = field("d") if params.sign_coin else d_signed
         if params.rounding is None:
             base = 0
             w = _excess_v(b, e_bits, m, s, e, params.v_bits, params.sign_coin)

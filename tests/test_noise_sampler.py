@@ -65,7 +65,7 @@ def reference_trial(p: ns.SamplerParams, f: dict[str, int]) -> tuple[int, int, i
     s, m = (f["s"], code) if p.sign_coin else (code & 1, code >> 1)
     e = p.bucket_bits
     big_p = (m << e) + s
-    big_e = f["d"] ^ ((1 << e) - 1 if s else 0)
+    big_e = f["d"] if p.sign_coin else f["d"] ^ ((1 << e) - 1 if s else 0)
     v = excess(p, m, s, big_e)
     w = reference_w(p, f, v)
     accept = 1
@@ -354,7 +354,7 @@ def test_excess_gadget_exhaustive():
     out = c.evaluate({"E": E, "M": M, "s": S})
     P = (M << np.uint64(e)) + S
     assert np.array_equal(out["v"], (E * (np.uint64(2) * P + E)) & np.uint64(0xFFFF))
-    anchor = M << np.uint64(e)  # sign coin: v = |x|^2 - (2^e M)^2
+    anchor = M << np.uint64(e)  # sign coin: E is D, |x| = 2^e M + s + D, v = |x|^2 - (2^e M)^2
     want = ((P + E) * (P + E) - anchor * anchor) & np.uint64(0xFFFF)
     assert np.array_equal(out["v2"], want)
 
@@ -380,7 +380,7 @@ def test_trial_circuit_matches_its_tables(sigma, bucket_bits):
             a = p.alias
             code = a.primary[f["u"]] if f["r_alias"] < a.threshold[f["u"]] else a.alias[f["u"]]
             sign, m = (f["s"], code) if p.sign_coin else (code & 1, code >> 1)
-            big_e = f["d"] ^ ((1 << p.bucket_bits) - 1 if sign else 0)
+            big_e = f["d"] if p.sign_coin else f["d"] ^ ((1 << p.bucket_bits) - 1 if sign else 0)
             y = excess(p, m, sign, big_e) & ((1 << rr.bits) - 1)
             for j in range(rr.max_count):  # U_j at 2^k - y - 1, 2^k - y, 2^k - y + 1
                 if (i + j) % 3:
