@@ -4,25 +4,33 @@ The method (derivation, error budget and privacy argument in docs/NOISE_SAMPLER.
 
 One *trial* draws a candidate x and an accept bit. The integers are cut into buckets of
 ``2**e`` consecutive values: bucket (s=0, M) is ``[2^e M, 2^e M + 2^e)`` and bucket (s=1, M) is
-``[-(2^e M + 2^e), -(2^e M + 1)]``, for M = 0, 1, ...; P = 2^e M + s is the magnitude of the
-bucket's value nearest to zero, where the Gaussian weight rho(x) = exp(-x^2 / (2 sigma^2)) of the
-bucket peaks.
+``[-(2^e M + 2^e), -(2^e M + 1)]``, for M = 0, 1, ...; in bucket (s, M), |x| = 2^e M + F with
+F = D + s in [0, 2^e], D the uniform offset.
 
-1. (s, M) is drawn with probability proportional to rho(P) by Walker's alias method: a uniform
+1. M is drawn with probability proportional to rho(2^e M) by Walker's alias method: a uniform
    a-bit column index u and one l-bit coin against the column's public threshold (a public-table
    lookup costs 2^a - a - 1 AND gates for all monomials of u; the coin is an l-bit comparison).
-2. The offset inside the bucket, D, is e uniform bits; |x| = P + E with E = D xor s, and x itself
-   is the concatenation (D, M xor s, s) in two's complement: no gates.
-3. The trial is accepted with probability rho(x) / rho(P) = exp(-v / (2 sigma^2)) where
-   v = x^2 - P^2 = E (2P + E) is an exact integer (partial products and a carry-save column
-   compression). exp(-gamma v) = prod_t exp(-gamma 2^o_t v_t) over c-bit chunks v_t of v, so the
+   The sign s is a fair random bit (both buckets (0, M) and (1, M) weigh rho(2^e M), so it is
+   independent of M). For e = 0 the alias draws the code s | M << 1 itself, with weight rho(x).
+2. The offset D is e uniform bits; x is (D xor s, M xor s, s) in two's complement: no gates.
+3. The trial is accepted with probability rho(x) / rho(2^e M) = exp(-v / (2 sigma^2)) where
+   v = x^2 - (2^e M)^2 = F (2^(e+1) M + F) is an exact integer (an increment, partial products
+   and a carry-save column compression).
+4. Randomized rounding of the low k bits y of v: a carry c with P(c | y) = (1 - q^y) / (1 - q^N)
+   (q = exp(-1 / (2 sigma^2)), N = 2^k) is added to v >> k, giving w; then
+   E_c[exp(-gamma 2^k w)] = exp(-gamma v) exactly. The carry is the OR of J comparisons
+   y + U_j >= N with J drawn from a small alias table (a rounded zero-truncated Poisson law):
+   about J k + l' AND gates replace the chunk coins of k bits.
+5. exp(-gamma 2^k w) = prod_t exp(-gamma 2^(k + o_t) w_t) over c-bit chunks w_t of w, so the
    accept bit is the AND of one coin per chunk, each an l-bit comparison with a public table
-   indexed by the chunk.
+   indexed by the chunk (the top chunk, whose value stays below a known bound, builds only the
+   monomials below it).
 
 Accepted candidates are distributed as rho restricted to the support, up to the rounding of the
-public tables to l bits and the truncated tail of the bucket distribution; :func:`derive_params`
-computes those errors exactly (decimal arithmetic at 90 digits) and picks the smallest l that
-meets the target, and the bucket width that minimises the expected AND gates per sample.
+public tables, the count law and the truncated tail of the bucket distribution;
+:func:`derive_params` computes those errors exactly (decimal arithmetic at 90 digits) and picks
+the smallest l that meets the target, the rounding width k, and the bucket width that minimises
+the expected AND gates per sample.
 
 All the randomness a trial reads is one bit string, the XOR of a garbler port and an evaluator
 port per 64-bit word (each party expands its own seed outside the circuit).
@@ -48,6 +56,7 @@ __all__ = [
     "MIN_SIGMA_UNITS",
     "AliasTable",
     "CoinTable",
+    "Rounding",
     "SamplerParams",
     "build_trial_circuit",
     "derive_params",

@@ -579,8 +579,12 @@ def test_bench_sampler_json(capsys):
 def _print_figures() -> None:
     """`cd tests && ../.venv/bin/python test_noise_sampler.py`: the figures docs/NOISE_SAMPLER.md
     quotes (exact SD of the tables vs the bound; the 10^6-sample statistics)."""
-    for sigma, bucket_bits in [(2.0, None), (3.0, 1), (6.0, 2), (50.0, None)]:
-        p = ns.derive_params(sigma, bucket_bits=bucket_bits)
+    cases = [(2.0, None, None), (3.0, 1, None), (6.0, 2, None), (50.0, None, None)]
+    for sigma, bucket_bits, round_bits in [*cases, (50.0, 4, 3), (50.0, 4, 5)]:
+        if round_bits is None:
+            p = ns.derive_params(sigma, bucket_bits=bucket_bits)
+        else:
+            p = forced_rounding(sigma, bucket_bits, round_bits)
         implied = implied_pmf(p)
         xs = list(range(-p.noise_bound - 50, p.noise_bound + 51))
         with ns._ctx():
@@ -595,8 +599,9 @@ def _print_figures() -> None:
                 )
                 / 2
             )
+        k = 0 if p.rounding is None else p.rounding.bits
         print(
-            f"sigma={sigma:g} e={p.bucket_bits}: exact SD 2^{ns._log2(sd):.2f}, "
+            f"sigma={sigma:g} e={p.bucket_bits} k={k}: exact SD 2^{ns._log2(sd):.2f}, "
             f"bound 2^{p.distance_log2:.2f}"
         )
     for sigma in SIGMAS_DISTRIBUTION:
