@@ -449,7 +449,9 @@ def test_rounding_distribution_within_bound(sigma, bucket_bits, round_bits):
     assert sd / 2 <= p.distance_bound
 
 
-@pytest.mark.parametrize(("sigma", "bucket_bits", "round_bits"), [(50.0, 4, 4), (1000.0, None, 0)])
+@pytest.mark.parametrize(
+    ("sigma", "bucket_bits", "round_bits"), [(50.0, 4, 4), (1000.0, None, 0), (1e7, 20, 10)]
+)
 def test_rounding_error_is_accounted_exactly(sigma, bucket_bits, round_bits):
     """For every y < 2^k: the implemented P(carry | y), from the count table's exact weights,
     differs from (1 - q^y) / (1 - q^N) by at most max_error / (1 - e^-mu); and the acceptance of
@@ -480,6 +482,33 @@ def test_rounding_error_is_accounted_exactly(sigma, bucket_bits, round_bits):
             acc = acceptance_exact(p, v)
             got = Decimal(acc.numerator) / Decimal(acc.denominator)
             assert abs(got - (-Decimal(v) / two_s2).exp()) <= p.sd_coins + p.sd_round
+
+
+def test_single_carry_rounding_circuit():
+    """J = 1 (no count table): the circuit's carry is [y + U >= 2^k], against the model."""
+    p = forced_rounding(1e7, 20, 10)
+    rr = p.rounding
+    assert rr is not None and rr.max_count == 1 and "u_count" not in ns.trial_layout(p)
+    circuit = ns.build_trial_circuit(p, z_reveal="both")
+    pyrng, rng = random.Random(5), np.random.default_rng(5)
+    rows = []
+    for i in range(2000):
+        f = {name: pyrng.getrandbits(w) for name, (_, w) in ns.trial_layout(p).items()}
+        a = p.alias
+        code = a.primary[f["u"]] if f["r_alias"] < a.threshold[f["u"]] else a.alias[f["u"]]
+        y = excess(p, code, f["s"], f["d"]) & ((1 << rr.bits) - 1)
+        f["r_round0"] = min(max((1 << rr.bits) - y + i % 3 - 1, 0), (1 << rr.bits) - 1)
+        w = reference_w(p, f, excess(p, code, f["s"], f["d"]))
+        for t, c in enumerate(p.coins):  # R at T'[w's chunk] (+1 for the lowest, every other
+            # time): any other w moves some chunk's T' across R and flips the accept bit
+            thr = c.threshold[(w >> (c.offset - rr.bits)) & ((1 << c.size) - 1)]
+            f[f"r_coin{t}"] = min(thr + (i // 3 % 2 if t == 0 else 0), (1 << p.coin_bits) - 1)
+        rows.append(f)
+    out = circuit.evaluate(fields_to_ports(p, rows, rng))
+    want = [reference_trial(p, f) for f in rows]
+    assert out["accept"].tolist() == [w[0] for w in want]
+    assert signed(out["z"], p.noise_bits).tolist() == [w[1] for w in want]
+    assert 0.3 < np.mean(out["accept"]) < 0.7
 
 
 def test_rounding_cuts_the_coins():
