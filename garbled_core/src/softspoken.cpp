@@ -7,7 +7,9 @@
 #include <string>
 
 #include "garbled_core/base_ot.h"
-#include "garbled_core/iknp.h"  // kBaseOts, transpose128
+#include "garbled_core/halfgates.h"  // and_kernels(): the engine-wide AES path switch
+#include "garbled_core/iknp.h"       // kBaseOts, transpose128
+#include "garbled_core/vaes.h"
 
 namespace gc {
 
@@ -154,6 +156,214 @@ void expand_reduce(const AesKey* keys, const block* keep, int d, uint64_t ctr, s
   for (size_t t = 0; t < tt; ++t) u[t] = work[t];
 }
 
+// Portable path over a whole batch: tiles [ctr, ctr + tiles) of one chunk,
+// kSub at a time; u[0..tiles).
+template <bool kMask>
+void expand_chunk_aes128(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tiles, block* work,
+                         block* cols, size_t stride, block* u) {
+  for (size_t s = 0; s < tiles; s += kSub)
+    expand_reduce<kMask>(keys, keep, d, ctr + s, std::min(kSub, tiles - s), work, cols + s, stride, u + s);
+}
+
+#if GC_X86
+// VAES path. A zmm holds 4 consecutive tiles of one leaf's stream (the leaf's
+// round keys broadcast to the 4 lanes), so the reduction tree of the
+// portable path runs unchanged on zmm and the columns are stored 4 tiles at
+// a time. A pass is kZSub = 16 tiles: 4 leaves x 4 zmm = 16 AES chains in
+// flight, the first two reduction levels folded in registers, the rest in
+// work (2^(d-2) * 4 zmm). Same outputs as the portable path, bit for bit.
+constexpr size_t kZq = 4;             // zmm per leaf per pass
+constexpr size_t kZSub = 4 * kZq;     // tiles per pass
+
+// (The maskz form: GCC 12's plain _mm512_broadcast_i32x4 trips -Wuninitialized.)
+GC_VAES_TARGET inline __m512i zbcast(const block& b) { return _mm512_maskz_broadcast_i32x4(0xffff, b); }
+
+// Stores the first n (<= 16) tiles of v[0..kZq) to dst.
+GC_VAES_TARGET inline void zstore_tiles(block* dst, const __m512i* v, size_t n) {
+  if (n == kZSub) {
+#pragma GCC unroll 4
+    for (size_t q = 0; q < kZq; ++q) _mm512_storeu_si512((void*)(dst + 4 * q), v[q]);
+    return;
+  }
+  for (size_t q = 0; q < kZq && 4 * q < n; ++q) {
+    const size_t left = std::min<size_t>(4, n - 4 * q);
+    _mm512_mask_storeu_epi64((void*)(dst + 4 * q), (__mmask8)((1u << (2 * left)) - 1), v[q]);
+  }
+}
+
+// Leaves x .. x+3 over the pass's 4 counter zmm: out[l][q].
+template <bool kMask>
+GC_VAES_TARGET inline void zaes_4leaves(const AesKey* keys, const block* keep, const __m512i* ctr,
+                                        __m512i (*out)[kZq]) {
+  __m512i x[4][kZq];
+#pragma GCC unroll 4
+  for (int l = 0; l < 4; ++l) {
+    const __m512i k = zbcast(keys[l].rk[0]);
+#pragma GCC unroll 4
+    for (size_t q = 0; q < kZq; ++q) x[l][q] = _mm512_xor_si512(ctr[q], k);
+  }
+#pragma GCC unroll 9
+  for (int r = 1; r < 10; ++r) {
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; ++l) {
+      const __m512i k = zbcast(keys[l].rk[r]);
+#pragma GCC unroll 4
+      for (size_t q = 0; q < kZq; ++q) x[l][q] = _mm512_aesenc_epi128(x[l][q], k);
+    }
+  }
+#pragma GCC unroll 4
+  for (int l = 0; l < 4; ++l) {
+    const __m512i k = zbcast(keys[l].rk[10]);
+    const __m512i m = kMask ? zbcast(keep[l]) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (size_t q = 0; q < kZq; ++q) {
+      const __m512i y = _mm512_aesenclast_epi128(x[l][q], k);
+      out[l][q] = kMask ? _mm512_and_si512(y, m) : y;
+    }
+  }
+}
+
+// One pass of up to kZSub tiles of a chunk with d >= 2; as expand_reduce.
+template <bool kMask>
+GC_VAES_TARGET void expand_reduce_vaes(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tt,
+                                       __m512i* work, block* cols, size_t stride, block* u) {
+  __m512i ctrs[kZq], acc0[kZq], acc1[kZq];
+#pragma GCC unroll 4
+  for (size_t q = 0; q < kZq; ++q) {
+    const long long c = (long long)(ctr + 4 * q);
+    ctrs[q] = _mm512_set_epi64(0, c + 3, 0, c + 2, 0, c + 1, 0, c);
+    acc0[q] = acc1[q] = _mm512_setzero_si512();
+  }
+  const size_t groups = size_t(1) << (d - 2);
+  for (size_t g = 0; g < groups; ++g) {
+    __m512i r[4][kZq];
+    zaes_4leaves<kMask>(keys + 4 * g, kMask ? keep + 4 * g : nullptr, ctrs, r);
+    __m512i* o = work + g * kZq;
+#pragma GCC unroll 4
+    for (size_t q = 0; q < kZq; ++q) {
+      const __m512i p1 = _mm512_xor_si512(r[2][q], r[3][q]);
+      acc0[q] = _mm512_ternarylogic_epi64(acc0[q], r[1][q], r[3][q], 0x96);
+      acc1[q] = _mm512_xor_si512(acc1[q], p1);
+      o[q] = _mm512_ternarylogic_epi64(r[0][q], r[1][q], p1, 0x96);
+    }
+  }
+  zstore_tiles(cols, acc0, tt);
+  zstore_tiles(cols + stride, acc1, tt);
+  size_t len = groups;
+  for (int i = 2; i < d; ++i) {
+    const size_t half = len >> 1;
+    __m512i acc[kZq];
+#pragma GCC unroll 4
+    for (size_t q = 0; q < kZq; ++q) acc[q] = _mm512_setzero_si512();
+    for (size_t y = 0; y < half; ++y) {
+      const __m512i* lo = work + 2 * y * kZq;
+      const __m512i* hi = lo + kZq;
+      __m512i* o = work + y * kZq;
+#pragma GCC unroll 4
+      for (size_t q = 0; q < kZq; ++q) {
+        acc[q] = _mm512_xor_si512(acc[q], hi[q]);
+        o[q] = _mm512_xor_si512(lo[q], hi[q]);
+      }
+    }
+    zstore_tiles(cols + (size_t)i * stride, acc, tt);
+    len = half;
+  }
+  zstore_tiles(u, work, tt);
+}
+
+// (The maskz forms below: GCC 12's plain 32/64-bit unpacks trip
+// -Wuninitialized in its own headers; an all-ones mask compiles away.)
+// transpose128 (iknp.h) with AVX-512: out[j] bit i = in[i * stride] bit j.
+// Lane L of zmm x[t] holds row 16 L + t, so the 16 x 16 byte transpose of
+// iknp.cpp, run on all four lanes at once, leaves in y[k] byte k of rows 0..63
+// in order; VPMOVB2M then collects 64 bits of an output row per instruction.
+GC_VAES_TARGET void transpose128_vaes(const block* in, size_t stride, block* out) {
+  static const int rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+  uint64_t* o = reinterpret_cast<uint64_t*>(out);
+#pragma GCC unroll 1
+  for (int h = 0; h < 2; ++h) {
+    const block* base = in + (size_t)64 * h * stride;
+    __m512i x[16], y[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t) {
+      const block* r = base + (size_t)rev4[t] * stride;
+      __m512i v = _mm512_castsi128_si512(r[0]);
+      v = _mm512_inserti64x2(v, r[16 * stride], 1);
+      v = _mm512_inserti64x2(v, r[32 * stride], 2);
+      x[t] = _mm512_inserti64x2(v, r[48 * stride], 3);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      y[2 * i] = _mm512_unpacklo_epi8(x[i], x[i + 8]);
+      y[2 * i + 1] = _mm512_unpackhi_epi8(x[i], x[i + 8]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      x[2 * i] = _mm512_unpacklo_epi16(y[i], y[i + 8]);
+      x[2 * i + 1] = _mm512_unpackhi_epi16(y[i], y[i + 8]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      y[2 * i] = _mm512_maskz_unpacklo_epi32(0xffff, x[i], x[i + 8]);
+      y[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xffff, x[i], x[i + 8]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      x[2 * i] = _mm512_maskz_unpacklo_epi64(0xff, y[i], y[i + 8]);
+      x[2 * i + 1] = _mm512_maskz_unpackhi_epi64(0xff, y[i], y[i + 8]);
+    }
+    // x[k]: byte k (output rows 8k .. 8k+7) of input rows 64h .. 64h+63.
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) {
+      __m512i v = x[k];
+#pragma GCC unroll 8
+      for (int b = 7; b >= 0; --b) {
+        _store_mask64((__mmask64*)(o + 2 * (8 * k + b) + h), _mm512_movepi8_mask(v));
+        v = _mm512_add_epi8(v, v);
+      }
+    }
+  }
+}
+
+template <bool kMask>
+GC_VAES_TARGET void expand_chunk_vaes(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tiles,
+                                      block* work, block* cols, size_t stride, block* u) {
+  if (d < 2) {
+    expand_chunk_aes128<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
+    return;
+  }
+  for (size_t s = 0; s < tiles; s += kZSub)
+    expand_reduce_vaes<kMask>(keys, keep, d, ctr + s, std::min(kZSub, tiles - s), (__m512i*)work, cols + s,
+                              stride, u + s);
+}
+#endif
+
+// Expands and reduces one chunk over a batch of tiles (see expand_reduce),
+// on the engine's AES path: VAES + AVX-512 when and_kernels() is "vaes".
+// work holds 2^d * kSub blocks, 64-byte aligned.
+template <bool kMask>
+void expand_chunk(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tiles, block* work,
+                  block* cols, size_t stride, block* u) {
+#if GC_X86
+  if (std::strcmp(and_kernels().name, "vaes") == 0) {
+    expand_chunk_vaes<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
+    return;
+  }
+#endif
+  expand_chunk_aes128<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
+}
+
+// Transposes the 128 columns of each tile: cols[j * tiles + t] -> out[128 t + j].
+void transpose_tiles(const block* cols, size_t tiles, block* out) {
+#if GC_X86
+  if (std::strcmp(and_kernels().name, "vaes") == 0) {
+    for (size_t t = 0; t < tiles; ++t) transpose128_vaes(cols + t, tiles, out + t * 128);
+    return;
+  }
+#endif
+  for (size_t t = 0; t < tiles; ++t) transpose128(cols + t, tiles, out + t * 128);
+}
+
 void check_m(bool ready, size_t m) {
   if (!ready) throw std::logic_error("OT extension used before setup");
   if (m % 128) throw std::logic_error("OT extension needs a multiple of 128 OTs");
@@ -240,27 +450,23 @@ void SoftSpokenCotReceiver::run(Channel& ch, const uint8_t* choices, uint8_t* ch
     block* r = corr_.data() + (size_t)nb * tiles;
     if (!random_choices)
       for (size_t t = 0; t < tiles; ++t) r[t] = load_block(choices + (done + t) * 16);
-    block u[kSub];
+    block u[kTilesPerBatch];
     for (int b = 0; b < nb; ++b) {
       const AesKey* keys = leaf_keys_.data() + leaf_base_[b];
       block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
-      for (size_t s = 0; s < tiles; s += kSub) {
-        const size_t tt = std::min(kSub, tiles - s);
-        expand_reduce<false>(keys, nullptr, params_.depth[b], counter_ + done + s, tt, work_.data(),
-                      cols + s, tiles, u);
-        if (random_choices && b == 0) {
-          for (size_t t = 0; t < tt; ++t) r[s + t] = u[t];
-        } else {
-          block* c = corr_.data() + (b - first_corr) * tiles + s;
-          for (size_t t = 0; t < tt; ++t) c[t] = xor_block(u[t], r[s + t]);
-        }
+      expand_chunk<false>(keys, nullptr, params_.depth[b], counter_ + done, tiles, work_.data(), cols, tiles, u);
+      if (random_choices && b == 0) {
+        for (size_t t = 0; t < tiles; ++t) r[t] = u[t];
+      } else {
+        block* c = corr_.data() + (b - first_corr) * tiles;
+        for (size_t t = 0; t < tiles; ++t) c[t] = xor_block(u[t], r[t]);
       }
     }
     const size_t ncorr = (size_t)nb - first_corr;
     if (ncorr) ch.send(corr_.data(), ncorr * tiles * sizeof(block));
     if (random_choices)
       for (size_t t = 0; t < tiles; ++t) store_block(choices_out + (done + t) * 16, r[t]);
-    for (size_t t = 0; t < tiles; ++t) transpose128(cols_.data() + t, tiles, t_out + (done + t) * 128);
+    transpose_tiles(cols_.data(), tiles, t_out + done * 128);
   }
   counter_ += total_tiles;
   ch.flush();
@@ -348,11 +554,8 @@ void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choic
     for (int b = 0; b < nb; ++b) {
       const size_t base = leaf_base_[b];
       block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
-      for (size_t s = 0; s < tiles; s += kSub) {
-        const size_t tt = std::min(kSub, tiles - s);
-        expand_reduce<true>(leaf_keys_.data() + base, keep_.data() + base, params_.depth[b],
-                      counter_ + done + s, tt, work_.data(), cols + s, tiles, tot + (size_t)b * tiles + s);
-      }
+      expand_chunk<true>(leaf_keys_.data() + base, keep_.data() + base, params_.depth[b], counter_ + done, tiles,
+                         work_.data(), cols, tiles, tot + (size_t)b * tiles);
     }
     const size_t ncorr = (size_t)nb - first_corr;
     if (first_corr) std::memset((void*)corr, 0, tiles * sizeof(block));
@@ -370,7 +573,7 @@ void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choic
           col[t] = xor_block(col[t], and_block(mask, xor_block(tb[t], cb[t])));
       }
     }
-    for (size_t t = 0; t < tiles; ++t) transpose128(cols_.data() + t, tiles, q + (done + t) * 128);
+    transpose_tiles(cols_.data(), tiles, q + done * 128);
   }
   counter_ += total_tiles;
 }
