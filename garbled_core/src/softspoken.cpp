@@ -271,48 +271,54 @@ GC_VAES_TARGET void expand_reduce_vaes(const AesKey* keys, const block* keep, in
   zstore_tiles(u, work, tt);
 }
 
-// (The maskz forms below: GCC 12's plain 32/64-bit unpacks trip
-// -Wuninitialized in its own headers; an all-ones mask compiles away.)
-// transpose128 (iknp.h) with AVX-512: out[j] bit i = in[i * stride] bit j.
-// Lane L of zmm x[t] holds row 16 L + t, so the 16 x 16 byte transpose of
-// iknp.cpp, run on all four lanes at once, leaves in y[k] byte k of rows 0..63
-// in order; VPMOVB2M then collects 64 bits of an output row per instruction.
-GC_VAES_TARGET void transpose128_vaes(const block* in, size_t stride, block* out) {
+// transpose128 (iknp.h) with AVX-512: out[j] bit i = in[i * stride] bit j,
+// half a tile (input rows 64 h .. 64 h + 63) at a time. Lane L of zmm x[t]
+// holds row 16 L + t, so the 16 x 16 byte transpose of iknp.cpp, run on all
+// four lanes at once, leaves in x[k] byte k of the 64 rows, byte p holding
+// row 64 h + (p ^ kRowXor). (The maskz forms: GCC 12's plain 32/64-bit
+// unpacks trip -Wuninitialized in its own headers; an all-ones mask compiles
+// away.)
+template <int kRowXor>
+GC_VAES_TARGET inline void zbyte_transpose(const block* base, size_t stride, __m512i* x) {
   static const int rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+  __m512i y[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) {
+    const block* r = base + (size_t)(rev4[t] ^ kRowXor) * stride;
+    __m512i v = _mm512_castsi128_si512(r[0]);
+    v = _mm512_inserti64x2(v, r[16 * stride], 1);
+    v = _mm512_inserti64x2(v, r[32 * stride], 2);
+    x[t] = _mm512_inserti64x2(v, r[48 * stride], 3);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    y[2 * i] = _mm512_unpacklo_epi8(x[i], x[i + 8]);
+    y[2 * i + 1] = _mm512_unpackhi_epi8(x[i], x[i + 8]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = _mm512_unpacklo_epi16(y[i], y[i + 8]);
+    x[2 * i + 1] = _mm512_unpackhi_epi16(y[i], y[i + 8]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    y[2 * i] = _mm512_maskz_unpacklo_epi32(0xffff, x[i], x[i + 8]);
+    y[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xffff, x[i], x[i + 8]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = _mm512_maskz_unpacklo_epi64(0xff, y[i], y[i + 8]);
+    x[2 * i + 1] = _mm512_maskz_unpackhi_epi64(0xff, y[i], y[i + 8]);
+  }
+}
+
+// Bits from bytes with VPMOVB2M: 64 bits of an output row per instruction.
+GC_VAES_TARGET void transpose128_vaes(const block* in, size_t stride, block* out) {
   uint64_t* o = reinterpret_cast<uint64_t*>(out);
 #pragma GCC unroll 1
   for (int h = 0; h < 2; ++h) {
-    const block* base = in + (size_t)64 * h * stride;
-    __m512i x[16], y[16];
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; ++t) {
-      const block* r = base + (size_t)rev4[t] * stride;
-      __m512i v = _mm512_castsi128_si512(r[0]);
-      v = _mm512_inserti64x2(v, r[16 * stride], 1);
-      v = _mm512_inserti64x2(v, r[32 * stride], 2);
-      x[t] = _mm512_inserti64x2(v, r[48 * stride], 3);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      y[2 * i] = _mm512_unpacklo_epi8(x[i], x[i + 8]);
-      y[2 * i + 1] = _mm512_unpackhi_epi8(x[i], x[i + 8]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      x[2 * i] = _mm512_unpacklo_epi16(y[i], y[i + 8]);
-      x[2 * i + 1] = _mm512_unpackhi_epi16(y[i], y[i + 8]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      y[2 * i] = _mm512_maskz_unpacklo_epi32(0xffff, x[i], x[i + 8]);
-      y[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xffff, x[i], x[i + 8]);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      x[2 * i] = _mm512_maskz_unpacklo_epi64(0xff, y[i], y[i + 8]);
-      x[2 * i + 1] = _mm512_maskz_unpackhi_epi64(0xff, y[i], y[i + 8]);
-    }
-    // x[k]: byte k (output rows 8k .. 8k+7) of input rows 64h .. 64h+63.
+    __m512i x[16];
+    zbyte_transpose<0>(in + (size_t)64 * h * stride, stride, x);
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) {
       __m512i v = x[k];
@@ -322,6 +328,43 @@ GC_VAES_TARGET void transpose128_vaes(const block* in, size_t stride, block* out
         v = _mm512_add_epi8(v, v);
       }
     }
+  }
+}
+
+// With GFNI and AVX512-VBMI: each qword of x[k] is an 8 x 8 bit block (rows
+// 8c .. 8c+7 of the half, reversed by kRowXor = 7, times columns 8k .. 8k+7);
+// GF2P8AFFINEQB with the data as its matrix transposes it (result byte j, bit
+// i = bit j of matrix byte 7 - i = row 8c + i), VPERMB gathers byte c of
+// every block into output row 8k + j's qword, VPERMT2Q pairs the halves.
+#define GC_GFNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi,gfni,vaes,aes,sse4.1")))
+
+inline bool cpu_has_gfni_vbmi() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("gfni") && __builtin_cpu_supports("avx512vbmi");
+}
+
+GC_GFNI_TARGET void transpose128_gfni(const block* in, size_t stride, block* out) {
+  alignas(64) static const uint8_t kGather[64] = {
+      0, 8,  16, 24, 32, 40, 48, 56, 1, 9,  17, 25, 33, 41, 49, 57, 2, 10, 18, 26, 34, 42,
+      50, 58, 3, 11, 19, 27, 35, 43, 51, 59, 4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29,
+      37, 45, 53, 61, 6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63};
+  const __m512i gather = _mm512_load_si512((const void*)kGather);
+  const __m512i unit = _mm512_set1_epi64(0x8040201008040201ll);  // byte j = 1 << j
+  __m512i half[2][16];
+#pragma GCC unroll 1
+  for (int h = 0; h < 2; ++h) {
+    __m512i x[16];
+    zbyte_transpose<7>(in + (size_t)64 * h * stride, stride, x);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k)
+      half[h][k] = _mm512_maskz_permutexvar_epi8(~0ull, gather, _mm512_gf2p8affine_epi64_epi8(unit, x[k], 0));
+  }
+  const __m512i lo4 = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
+  const __m512i hi4 = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+#pragma GCC unroll 16
+  for (int k = 0; k < 16; ++k) {
+    _mm512_storeu_si512((void*)(out + 8 * k), _mm512_permutex2var_epi64(half[0][k], lo4, half[1][k]));
+    _mm512_storeu_si512((void*)(out + 8 * k + 4), _mm512_permutex2var_epi64(half[0][k], hi4, half[1][k]));
   }
 }
 
@@ -357,7 +400,11 @@ void expand_chunk(const AesKey* keys, const block* keep, int d, uint64_t ctr, si
 void transpose_tiles(const block* cols, size_t tiles, block* out) {
 #if GC_X86
   if (std::strcmp(and_kernels().name, "vaes") == 0) {
-    for (size_t t = 0; t < tiles; ++t) transpose128_vaes(cols + t, tiles, out + t * 128);
+    static const bool gfni = cpu_has_gfni_vbmi();
+    if (gfni)
+      for (size_t t = 0; t < tiles; ++t) transpose128_gfni(cols + t, tiles, out + t * 128);
+    else
+      for (size_t t = 0; t < tiles; ++t) transpose128_vaes(cols + t, tiles, out + t * 128);
     return;
   }
 #endif
