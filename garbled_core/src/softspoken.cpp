@@ -2,6 +2,7 @@
 #include "garbled_core/softspoken.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -169,106 +170,145 @@ void expand_chunk_aes128(const AesKey* keys, const block* keep, int d, uint64_t 
 // VAES path. A zmm holds 4 consecutive tiles of one leaf's stream (the leaf's
 // round keys broadcast to the 4 lanes), so the reduction tree of the
 // portable path runs unchanged on zmm and the columns are stored 4 tiles at
-// a time. A pass is kZSub = 16 tiles: 4 leaves x 4 zmm = 16 AES chains in
-// flight, the first two reduction levels folded in registers, the rest in
-// work (2^(d-2) * 4 zmm). Same outputs as the portable path, bit for bit.
-constexpr size_t kZq = 4;             // zmm per leaf per pass
-constexpr size_t kZSub = 4 * kZq;     // tiles per pass
+// a time. A pass is 4 Q tiles (Q zmm per leaf) of 2^G leaves at once, 16 AES
+// chains in flight: Q = 4, G = 2 for long runs; for a tail of <= 8 or <= 4
+// tiles Q = 2, G = 3 or Q = 1, G = 4 (G <= d), so that short extends do not
+// pay for 16 tiles. The first G reduction levels are folded in registers,
+// the rest run in work (2^(d-G) * Q zmm). Same outputs as the portable path,
+// bit for bit.
+constexpr size_t kZSub = 16;  // most tiles per pass
 
 // (The maskz form: GCC 12's plain _mm512_broadcast_i32x4 trips -Wuninitialized.)
 GC_VAES_TARGET inline __m512i zbcast(const block& b) { return _mm512_maskz_broadcast_i32x4(0xffff, b); }
 
-// Stores the first n (<= 16) tiles of v[0..kZq) to dst.
+// Stores the first n (<= 4 Q) tiles of v[0..Q) to dst.
+template <int Q>
 GC_VAES_TARGET inline void zstore_tiles(block* dst, const __m512i* v, size_t n) {
-  if (n == kZSub) {
+  if (n == 4 * Q) {
 #pragma GCC unroll 4
-    for (size_t q = 0; q < kZq; ++q) _mm512_storeu_si512((void*)(dst + 4 * q), v[q]);
+    for (int q = 0; q < Q; ++q) _mm512_storeu_si512((void*)(dst + 4 * q), v[q]);
     return;
   }
-  for (size_t q = 0; q < kZq && 4 * q < n; ++q) {
+  for (size_t q = 0; q < (size_t)Q && 4 * q < n; ++q) {
     const size_t left = std::min<size_t>(4, n - 4 * q);
     _mm512_mask_storeu_epi64((void*)(dst + 4 * q), (__mmask8)((1u << (2 * left)) - 1), v[q]);
   }
 }
 
-// Leaves x .. x+3 over the pass's 4 counter zmm: out[l][q].
-template <bool kMask>
-GC_VAES_TARGET inline void zaes_4leaves(const AesKey* keys, const block* keep, const __m512i* ctr,
-                                        __m512i (*out)[kZq]) {
-  __m512i x[4][kZq];
-#pragma GCC unroll 4
-  for (int l = 0; l < 4; ++l) {
+// Leaves keys[0 .. L) over the pass's Q counter zmm: x[l][q].
+template <bool kMask, int L, int Q>
+GC_VAES_TARGET inline void zaes_leaves(const AesKey* keys, const block* keep, const __m512i* ctr,
+                                       __m512i (*x)[Q]) {
+#pragma GCC unroll 16
+  for (int l = 0; l < L; ++l) {
     const __m512i k = zbcast(keys[l].rk[0]);
 #pragma GCC unroll 4
-    for (size_t q = 0; q < kZq; ++q) x[l][q] = _mm512_xor_si512(ctr[q], k);
+    for (int q = 0; q < Q; ++q) x[l][q] = _mm512_xor_si512(ctr[q], k);
   }
 #pragma GCC unroll 9
   for (int r = 1; r < 10; ++r) {
-#pragma GCC unroll 4
-    for (int l = 0; l < 4; ++l) {
+#pragma GCC unroll 16
+    for (int l = 0; l < L; ++l) {
       const __m512i k = zbcast(keys[l].rk[r]);
 #pragma GCC unroll 4
-      for (size_t q = 0; q < kZq; ++q) x[l][q] = _mm512_aesenc_epi128(x[l][q], k);
+      for (int q = 0; q < Q; ++q) x[l][q] = _mm512_aesenc_epi128(x[l][q], k);
     }
   }
-#pragma GCC unroll 4
-  for (int l = 0; l < 4; ++l) {
+#pragma GCC unroll 16
+  for (int l = 0; l < L; ++l) {
     const __m512i k = zbcast(keys[l].rk[10]);
     const __m512i m = kMask ? zbcast(keep[l]) : _mm512_setzero_si512();
 #pragma GCC unroll 4
-    for (size_t q = 0; q < kZq; ++q) {
+    for (int q = 0; q < Q; ++q) {
       const __m512i y = _mm512_aesenclast_epi128(x[l][q], k);
-      out[l][q] = kMask ? _mm512_and_si512(y, m) : y;
+      x[l][q] = kMask ? _mm512_and_si512(y, m) : y;
     }
   }
 }
 
-// One pass of up to kZSub tiles of a chunk with d >= 2; as expand_reduce.
-template <bool kMask>
+// One pass of up to 4 Q tiles of a chunk with d >= G; as expand_reduce.
+template <bool kMask, int Q, int G>
 GC_VAES_TARGET void expand_reduce_vaes(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tt,
                                        __m512i* work, block* cols, size_t stride, block* u) {
-  __m512i ctrs[kZq], acc0[kZq], acc1[kZq];
+  constexpr int L = 1 << G;
+  __m512i ctrs[Q], acc[G][Q];
 #pragma GCC unroll 4
-  for (size_t q = 0; q < kZq; ++q) {
+  for (int q = 0; q < Q; ++q) {
     const long long c = (long long)(ctr + 4 * q);
     ctrs[q] = _mm512_set_epi64(0, c + 3, 0, c + 2, 0, c + 1, 0, c);
-    acc0[q] = acc1[q] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int i = 0; i < G; ++i) acc[i][q] = _mm512_setzero_si512();
   }
-  const size_t groups = size_t(1) << (d - 2);
+  const size_t groups = size_t(1) << (d - G);
   for (size_t g = 0; g < groups; ++g) {
-    __m512i r[4][kZq];
-    zaes_4leaves<kMask>(keys + 4 * g, kMask ? keep + 4 * g : nullptr, ctrs, r);
-    __m512i* o = work + g * kZq;
+    __m512i x[L][Q];
+    zaes_leaves<kMask, L, Q>(keys + L * g, kMask ? keep + L * g : nullptr, ctrs, x);
+    // Levels 0 .. G-1 of the tree: pair the entries differing in bit i.
 #pragma GCC unroll 4
-    for (size_t q = 0; q < kZq; ++q) {
-      const __m512i p1 = _mm512_xor_si512(r[2][q], r[3][q]);
-      acc0[q] = _mm512_ternarylogic_epi64(acc0[q], r[1][q], r[3][q], 0x96);
-      acc1[q] = _mm512_xor_si512(acc1[q], p1);
-      o[q] = _mm512_ternarylogic_epi64(r[0][q], r[1][q], p1, 0x96);
+    for (int i = 0; i < G; ++i) {
+#pragma GCC unroll 8
+      for (int y = 0; y < (L >> (i + 1)); ++y)
+#pragma GCC unroll 4
+        for (int q = 0; q < Q; ++q) {
+          acc[i][q] = _mm512_xor_si512(acc[i][q], x[2 * y + 1][q]);
+          x[y][q] = _mm512_xor_si512(x[2 * y][q], x[2 * y + 1][q]);
+        }
     }
+#pragma GCC unroll 4
+    for (int q = 0; q < Q; ++q) work[g * Q + q] = x[0][q];
   }
-  zstore_tiles(cols, acc0, tt);
-  zstore_tiles(cols + stride, acc1, tt);
+#pragma GCC unroll 4
+  for (int i = 0; i < G; ++i) zstore_tiles<Q>(cols + (size_t)i * stride, acc[i], tt);
   size_t len = groups;
-  for (int i = 2; i < d; ++i) {
+  for (int i = G; i < d; ++i) {
     const size_t half = len >> 1;
-    __m512i acc[kZq];
+    __m512i a[Q];
 #pragma GCC unroll 4
-    for (size_t q = 0; q < kZq; ++q) acc[q] = _mm512_setzero_si512();
+    for (int q = 0; q < Q; ++q) a[q] = _mm512_setzero_si512();
     for (size_t y = 0; y < half; ++y) {
-      const __m512i* lo = work + 2 * y * kZq;
-      const __m512i* hi = lo + kZq;
-      __m512i* o = work + y * kZq;
+      const __m512i* lo = work + 2 * y * Q;
+      const __m512i* hi = lo + Q;
+      __m512i* o = work + y * Q;
 #pragma GCC unroll 4
-      for (size_t q = 0; q < kZq; ++q) {
-        acc[q] = _mm512_xor_si512(acc[q], hi[q]);
+      for (int q = 0; q < Q; ++q) {
+        a[q] = _mm512_xor_si512(a[q], hi[q]);
         o[q] = _mm512_xor_si512(lo[q], hi[q]);
       }
     }
-    zstore_tiles(cols + (size_t)i * stride, acc, tt);
+    zstore_tiles<Q>(cols + (size_t)i * stride, a, tt);
     len = half;
   }
-  zstore_tiles(u, work, tt);
+  zstore_tiles<Q>(u, work, tt);
+}
+
+template <bool kMask>
+GC_VAES_TARGET void expand_chunk_vaes(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tiles,
+                                      block* work, block* cols, size_t stride, block* u) {
+  if (d < 2) {
+    expand_chunk_aes128<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
+    return;
+  }
+  __m512i* zw = (__m512i*)work;
+  size_t s = 0;
+  while (tiles - s > 8) {
+    const size_t tt = std::min(kZSub, tiles - s);
+    expand_reduce_vaes<kMask, 4, 2>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+    s += tt;
+  }
+  if (s == tiles) return;
+  const size_t tt = tiles - s;
+  if (tt > 4) {
+    if (d >= 3)
+      expand_reduce_vaes<kMask, 2, 3>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+    else
+      expand_reduce_vaes<kMask, 2, 2>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+  } else if (d >= 4) {
+    expand_reduce_vaes<kMask, 1, 4>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+  } else if (d == 3) {
+    expand_reduce_vaes<kMask, 1, 3>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+  } else {
+    expand_reduce_vaes<kMask, 1, 2>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+  }
 }
 
 // transpose128 (iknp.h) with AVX-512: out[j] bit i = in[i * stride] bit j,
@@ -368,17 +408,6 @@ GC_GFNI_TARGET void transpose128_gfni(const block* in, size_t stride, block* out
   }
 }
 
-template <bool kMask>
-GC_VAES_TARGET void expand_chunk_vaes(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tiles,
-                                      block* work, block* cols, size_t stride, block* u) {
-  if (d < 2) {
-    expand_chunk_aes128<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
-    return;
-  }
-  for (size_t s = 0; s < tiles; s += kZSub)
-    expand_reduce_vaes<kMask>(keys, keep, d, ctr + s, std::min(kZSub, tiles - s), (__m512i*)work, cols + s,
-                              stride, u + s);
-}
 #endif
 
 // Expands and reduces one chunk over a batch of tiles (see expand_reduce),
@@ -400,7 +429,7 @@ void expand_chunk(const AesKey* keys, const block* keep, int d, uint64_t ctr, si
 void transpose_tiles(const block* cols, size_t tiles, block* out) {
 #if GC_X86
   if (std::strcmp(and_kernels().name, "vaes") == 0) {
-    static const bool gfni = cpu_has_gfni_vbmi();
+    static const bool gfni = cpu_has_gfni_vbmi() && !std::getenv("SPGC_SS_NO_GFNI");
     if (gfni)
       for (size_t t = 0; t < tiles; ++t) transpose128_gfni(cols + t, tiles, out + t * 128);
     else

@@ -10,7 +10,8 @@
 //                                vaes when present, plus one side on each); exit status 0
 //                                when all pass
 //   ./softspoken_check --bench   checks, then OTs/s at k = 2, 4, 7, 8 and IKNP (m = 2^20)
-//   ./softspoken_check --bench-only [reps] [--k 2,4,7,8]   (--k: those k only, no IKNP)
+//   ./softspoken_check --bench-only [reps] [--k 2,4,7,8] [--m 1024]
+//                                (--k: those k only, no IKNP; --m: OTs per extend, default 2^20)
 //   SPGC_GC_KERNEL=aesni ./softspoken_check --bench-only    benchmarks the portable path
 // Checks, for k in {1, 2, 3, 4, 5, 6, 7, 8, 10} (3, 5, 6, 7, 10 do not divide 128), m in
 // {128, 1024, 128000} (and 13, 67 tiles), chosen and random choices, several extends in a row on
@@ -354,10 +355,13 @@ double thread_cpu_seconds() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// Each side times its own extends; both run at once over loopback.
+size_t g_bench_m = size_t(1) << 20;
+
+// Each side times its own extends; both run at once over loopback. Each rep
+// is 2^20 OTs: 2^20 / m extends of m OTs (--m).
 template <typename Sender, typename Receiver>
 void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random_mode, int reps) {
-  const size_t m = size_t(1) << 20;
+  const size_t m = g_bench_m, calls = std::max<size_t>(1, (size_t(1) << 20) / m);
   Link link = make_link();
   Channel& gch = *link.garbler;
   Channel& ech = *link.evaluator;
@@ -378,11 +382,11 @@ void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random
           auto t0 = std::chrono::steady_clock::now();
           double c0 = thread_cpu_seconds();
           if constexpr (std::is_same<Sender, CotSender>::value)
-            sender.extend(gch, q.data(), m);
+            for (size_t c = 0; c < calls; ++c) sender.extend(gch, q.data(), m);
           else if (random_mode)
-            sender.extend_random(gch, q.data(), m);
+            for (size_t c = 0; c < calls; ++c) sender.extend_random(gch, q.data(), m);
           else
-            sender.extend(gch, q.data(), m);
+            for (size_t c = 0; c < calls; ++c) sender.extend(gch, q.data(), m);
           g = seconds_since(t0);
           gcpu = thread_cpu_seconds() - c0;
         },
@@ -390,11 +394,11 @@ void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random
           auto t0 = std::chrono::steady_clock::now();
           double c0 = thread_cpu_seconds();
           if constexpr (std::is_same<Receiver, CotReceiver>::value)
-            receiver.extend(ech, r.data(), t.data(), m);
+            for (size_t c = 0; c < calls; ++c) receiver.extend(ech, r.data(), t.data(), m);
           else if (random_mode)
-            receiver.extend_random(ech, r.data(), t.data(), m);
+            for (size_t c = 0; c < calls; ++c) receiver.extend_random(ech, r.data(), t.data(), m);
           else
-            receiver.extend(ech, r.data(), t.data(), m);
+            for (size_t c = 0; c < calls; ++c) receiver.extend(ech, r.data(), t.data(), m);
           e = seconds_since(t0);
           ecpu = thread_cpu_seconds() - c0;
         });
@@ -408,11 +412,11 @@ void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random
   }
   size_t bad = mismatches(q.data(), t.data(), r.data(), m, delta);
   CHECK(bad == 0, "bench %s: %zu mismatches", name, bad);
-  double ots = (double)m * reps;
+  double ots = (double)m * calls * reps;
   std::printf(
-      "%-22s m=2^20 x%d  wall: garbler %6.2f evaluator %6.2f M OT/s | per CPU-s: garbler %6.2f evaluator %6.2f M OT/s"
+      "%-22s m=%zu x%zu x%d  wall: garbler %6.2f evaluator %6.2f M OT/s | per CPU-s: garbler %6.2f evaluator %6.2f M OT/s"
       " | evaluator sent %.4f B/OT | setup %.0f ms\n",
-      name, reps, ots / gs / 1e6, ots / es / 1e6, ots / gc_ / 1e6, ots / ec / 1e6, (double)bytes / ots, setup_ms);
+      name, m, calls, reps, ots / gs / 1e6, ots / es / 1e6, ots / gc_ / 1e6, ots / ec / 1e6, (double)bytes / ots, setup_ms);
   std::fflush(stdout);
 }
 
@@ -447,7 +451,9 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--bench") run_bench = true;
     else if (a == "--bench-only") run_bench = true, run_checks = false;
-    else if (a == "--k" && i + 1 < argc) {  // e.g. --k 8 or --k 2,4,7,8 (SoftSpoken only)
+    else if (a == "--m" && i + 1 < argc) {  // OTs per extend in the benchmark (multiple of 128)
+      g_bench_m = std::max<size_t>(128, (size_t)std::strtoull(argv[++i], nullptr, 10) / 128 * 128);
+    } else if (a == "--k" && i + 1 < argc) {  // e.g. --k 8 or --k 2,4,7,8 (SoftSpoken only)
       g_bench_ks.clear();
       g_bench_iknp = false;
       for (const char* p = argv[++i]; *p;) {
