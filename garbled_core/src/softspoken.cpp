@@ -425,6 +425,40 @@ void expand_chunk(const AesKey* keys, const block* keep, int d, uint64_t ctr, si
   expand_chunk_aes128<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
 }
 
+// Garbler: col_i[t] ^= mask[i] & x[t] for the d columns of a chunk.
+inline void apply_corrections_aes128(block* cols, size_t tiles, const block* x, const block* mask, int d) {
+  for (int i = 0; i < d; ++i) {
+    block* col = cols + (size_t)i * tiles;
+    for (size_t t = 0; t < tiles; ++t) col[t] = xor_block(col[t], and_block(mask[i], x[t]));
+  }
+}
+
+#if GC_X86
+GC_VAES_TARGET void apply_corrections_vaes(block* cols, size_t tiles, const block* x, const block* mask, int d) {
+  for (int i = 0; i < d; ++i) {
+    block* col = cols + (size_t)i * tiles;
+    const __m512i m = zbcast(mask[i]);
+    size_t t = 0;
+    for (; t + 4 <= tiles; t += 4) {
+      const __m512i c = _mm512_loadu_si512((const void*)(col + t));
+      const __m512i v = _mm512_loadu_si512((const void*)(x + t));
+      _mm512_storeu_si512((void*)(col + t), _mm512_ternarylogic_epi64(c, m, v, 0x78));  // c ^ (m & v)
+    }
+    for (; t < tiles; ++t) col[t] = xor_block(col[t], and_block(mask[i], x[t]));
+  }
+}
+#endif
+
+void apply_corrections(block* cols, size_t tiles, const block* x, const block* mask, int d) {
+#if GC_X86
+  if (std::strcmp(and_kernels().name, "vaes") == 0) {
+    apply_corrections_vaes(cols, tiles, x, mask, d);
+    return;
+  }
+#endif
+  apply_corrections_aes128(cols, tiles, x, mask, d);
+}
+
 // Transposes the 128 columns of each tile: cols[j * tiles + t] -> out[128 t + j].
 void transpose_tiles(const block* cols, size_t tiles, block* out) {
 #if GC_X86
@@ -639,15 +673,11 @@ void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choic
     // Column j of chunk b: w_j ^= Delta_j * (T_b ^ c_b), which makes it
     // v_j ^ Delta_j * r (T_b is u_b without the unknown leaf).
     for (int b = 0; b < nb; ++b) {
-      const block* tb = tot + (size_t)b * tiles;
+      block* tb = tot + (size_t)b * tiles;
       const block* cb = corr + (size_t)b * tiles;
-      for (int i = 0; i < params_.depth[b]; ++i) {
-        const size_t j = (size_t)params_.first_bit(b) + i;
-        const block mask = delta_mask_[j];
-        block* col = cols_.data() + j * tiles;
-        for (size_t t = 0; t < tiles; ++t)
-          col[t] = xor_block(col[t], and_block(mask, xor_block(tb[t], cb[t])));
-      }
+      for (size_t t = 0; t < tiles; ++t) tb[t] = xor_block(tb[t], cb[t]);
+      const size_t j0 = (size_t)params_.first_bit(b);
+      apply_corrections(cols_.data() + j0 * tiles, tiles, tb, delta_mask_.data() + j0, params_.depth[b]);
     }
     transpose_tiles(cols_.data(), tiles, q + done * 128);
   }
