@@ -425,18 +425,21 @@ void expand_chunk(const AesKey* keys, const block* keep, int d, uint64_t ctr, si
   expand_chunk_aes128<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
 }
 
-// Garbler: col_i[t] ^= mask[i] & x[t] for the d columns of a chunk.
-inline void apply_corrections_aes128(block* cols, size_t tiles, const block* x, const block* mask, int d) {
+// Garbler: col_i[t] ^= mask[i] & x[t] for the d columns of a chunk (column i
+// at cols + i * stride).
+inline void apply_corrections_aes128(block* cols, size_t stride, size_t tiles, const block* x, const block* mask,
+                                     int d) {
   for (int i = 0; i < d; ++i) {
-    block* col = cols + (size_t)i * tiles;
+    block* col = cols + (size_t)i * stride;
     for (size_t t = 0; t < tiles; ++t) col[t] = xor_block(col[t], and_block(mask[i], x[t]));
   }
 }
 
 #if GC_X86
-GC_VAES_TARGET void apply_corrections_vaes(block* cols, size_t tiles, const block* x, const block* mask, int d) {
+GC_VAES_TARGET void apply_corrections_vaes(block* cols, size_t stride, size_t tiles, const block* x,
+                                           const block* mask, int d) {
   for (int i = 0; i < d; ++i) {
-    block* col = cols + (size_t)i * tiles;
+    block* col = cols + (size_t)i * stride;
     const __m512i m = zbcast(mask[i]);
     size_t t = 0;
     for (; t + 4 <= tiles; t += 4) {
@@ -449,29 +452,35 @@ GC_VAES_TARGET void apply_corrections_vaes(block* cols, size_t tiles, const bloc
 }
 #endif
 
-void apply_corrections(block* cols, size_t tiles, const block* x, const block* mask, int d) {
+void apply_corrections(block* cols, size_t stride, size_t tiles, const block* x, const block* mask, int d) {
 #if GC_X86
   if (std::strcmp(and_kernels().name, "vaes") == 0) {
-    apply_corrections_vaes(cols, tiles, x, mask, d);
+    apply_corrections_vaes(cols, stride, tiles, x, mask, d);
     return;
   }
 #endif
-  apply_corrections_aes128(cols, tiles, x, mask, d);
+  apply_corrections_aes128(cols, stride, tiles, x, mask, d);
 }
 
-// Transposes the 128 columns of each tile: cols[j * tiles + t] -> out[128 t + j].
-void transpose_tiles(const block* cols, size_t tiles, block* out) {
+// Row stride of the column matrix (cols_[j * stride + t], column j, tile t):
+// 4 blocks of padding, because with a stride of 64 tiles (1 KiB) the 128
+// loads of one tile's transpose all fall into 4 of L1's 64 sets and evict
+// each other before the next tile reuses their lines.
+inline size_t col_stride(size_t tiles) { return tiles + 4; }
+
+// Transposes the 128 columns of each tile: cols[j * stride + t] -> out[128 t + j].
+void transpose_tiles(const block* cols, size_t stride, size_t tiles, block* out) {
 #if GC_X86
   if (std::strcmp(and_kernels().name, "vaes") == 0) {
     static const bool gfni = cpu_has_gfni_vbmi() && !std::getenv("SPGC_SS_NO_GFNI");
     if (gfni)
-      for (size_t t = 0; t < tiles; ++t) transpose128_gfni(cols + t, tiles, out + t * 128);
+      for (size_t t = 0; t < tiles; ++t) transpose128_gfni(cols + t, stride, out + t * 128);
     else
-      for (size_t t = 0; t < tiles; ++t) transpose128_vaes(cols + t, tiles, out + t * 128);
+      for (size_t t = 0; t < tiles; ++t) transpose128_vaes(cols + t, stride, out + t * 128);
     return;
   }
 #endif
-  for (size_t t = 0; t < tiles; ++t) transpose128(cols + t, tiles, out + t * 128);
+  for (size_t t = 0; t < tiles; ++t) transpose128(cols + t, stride, out + t * 128);
 }
 
 void check_m(bool ready, size_t m) {
@@ -555,7 +564,8 @@ void SoftSpokenCotReceiver::run(Channel& ch, const uint8_t* choices, uint8_t* ch
   work_.resize((size_t(1) << params_.depth[0]) * kSub);
   for (size_t done = 0; done < total_tiles; done += kTilesPerBatch) {
     const size_t tiles = std::min(kTilesPerBatch, total_tiles - done);
-    cols_.resize(kBaseOts * tiles);
+    const size_t cs = col_stride(tiles);
+    cols_.resize(kBaseOts * cs);
     corr_.resize((nb + 1) * tiles);  // corrections of chunks first_corr.., then r
     block* r = corr_.data() + (size_t)nb * tiles;
     if (!random_choices)
@@ -563,8 +573,8 @@ void SoftSpokenCotReceiver::run(Channel& ch, const uint8_t* choices, uint8_t* ch
     block u[kTilesPerBatch];
     for (int b = 0; b < nb; ++b) {
       const AesKey* keys = leaf_keys_.data() + leaf_base_[b];
-      block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
-      expand_chunk<false>(keys, nullptr, params_.depth[b], counter_ + done, tiles, work_.data(), cols, tiles, u);
+      block* cols = cols_.data() + (size_t)params_.first_bit(b) * cs;
+      expand_chunk<false>(keys, nullptr, params_.depth[b], counter_ + done, tiles, work_.data(), cols, cs, u);
       if (random_choices && b == 0) {
         for (size_t t = 0; t < tiles; ++t) r[t] = u[t];
       } else {
@@ -576,7 +586,7 @@ void SoftSpokenCotReceiver::run(Channel& ch, const uint8_t* choices, uint8_t* ch
     if (ncorr) ch.send(corr_.data(), ncorr * tiles * sizeof(block));
     if (random_choices)
       for (size_t t = 0; t < tiles; ++t) store_block(choices_out + (done + t) * 16, r[t]);
-    transpose_tiles(cols_.data(), tiles, t_out + done * 128);
+    transpose_tiles(cols_.data(), cs, tiles, t_out + done * 128);
   }
   counter_ += total_tiles;
   ch.flush();
@@ -656,16 +666,17 @@ void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choic
   work_.resize((size_t(1) << params_.depth[0]) * kSub);
   for (size_t done = 0; done < total_tiles; done += kTilesPerBatch) {
     const size_t tiles = std::min(kTilesPerBatch, total_tiles - done);
-    cols_.resize(kBaseOts * tiles);
+    const size_t cs = col_stride(tiles);
+    cols_.resize(kBaseOts * cs);
     corr_.resize(2 * (size_t)nb * tiles);  // received corrections, then the u totals
     block* corr = corr_.data();
     block* tot = corr_.data() + (size_t)nb * tiles;
     // Expand first (while the evaluator does the same), then read its corrections.
     for (int b = 0; b < nb; ++b) {
       const size_t base = leaf_base_[b];
-      block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
+      block* cols = cols_.data() + (size_t)params_.first_bit(b) * cs;
       expand_chunk<true>(leaf_keys_.data() + base, keep_.data() + base, params_.depth[b], counter_ + done, tiles,
-                         work_.data(), cols, tiles, tot + (size_t)b * tiles);
+                         work_.data(), cols, cs, tot + (size_t)b * tiles);
     }
     const size_t ncorr = (size_t)nb - first_corr;
     if (first_corr) std::memset((void*)corr, 0, tiles * sizeof(block));
@@ -677,9 +688,9 @@ void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choic
       const block* cb = corr + (size_t)b * tiles;
       for (size_t t = 0; t < tiles; ++t) tb[t] = xor_block(tb[t], cb[t]);
       const size_t j0 = (size_t)params_.first_bit(b);
-      apply_corrections(cols_.data() + j0 * tiles, tiles, tb, delta_mask_.data() + j0, params_.depth[b]);
+      apply_corrections(cols_.data() + j0 * cs, cs, tiles, tb, delta_mask_.data() + j0, params_.depth[b]);
     }
-    transpose_tiles(cols_.data(), tiles, q + done * 128);
+    transpose_tiles(cols_.data(), cs, tiles, q + done * 128);
   }
   counter_ += total_tiles;
 }
