@@ -2,12 +2,15 @@
 #include "garbled_core/softspoken.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "garbled_core/base_ot.h"
-#include "garbled_core/iknp.h"  // kBaseOts, transpose128
+#include "garbled_core/halfgates.h"  // and_kernels(): the engine-wide AES path switch
+#include "garbled_core/iknp.h"       // kBaseOts, transpose128
+#include "garbled_core/vaes.h"
 
 namespace gc {
 
@@ -154,6 +157,332 @@ void expand_reduce(const AesKey* keys, const block* keep, int d, uint64_t ctr, s
   for (size_t t = 0; t < tt; ++t) u[t] = work[t];
 }
 
+// Portable path over a whole batch: tiles [ctr, ctr + tiles) of one chunk,
+// kSub at a time; u[0..tiles).
+template <bool kMask>
+void expand_chunk_aes128(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tiles, block* work,
+                         block* cols, size_t stride, block* u) {
+  for (size_t s = 0; s < tiles; s += kSub)
+    expand_reduce<kMask>(keys, keep, d, ctr + s, std::min(kSub, tiles - s), work, cols + s, stride, u + s);
+}
+
+#if GC_X86
+// VAES path. A zmm holds 4 consecutive tiles of one leaf's stream (the leaf's
+// round keys broadcast to the 4 lanes), so the reduction tree of the
+// portable path runs unchanged on zmm and the columns are stored 4 tiles at
+// a time. A pass is 4 Q tiles (Q zmm per leaf) of 2^G leaves at once, 16 AES
+// chains in flight: Q = 4, G = 2 for long runs; for a tail of <= 8 or <= 4
+// tiles Q = 2, G = 3 or Q = 1, G = 4 (G <= d), so that short extends do not
+// pay for 16 tiles. The first G reduction levels are folded in registers,
+// the rest run in work (2^(d-G) * Q zmm). Same outputs as the portable path,
+// bit for bit.
+constexpr size_t kZSub = 16;  // most tiles per pass
+
+// (The maskz form: GCC 12's plain _mm512_broadcast_i32x4 trips -Wuninitialized.)
+GC_VAES_TARGET inline __m512i zbcast(const block& b) { return _mm512_maskz_broadcast_i32x4(0xffff, b); }
+
+// Stores the first n (<= 4 Q) tiles of v[0..Q) to dst.
+template <int Q>
+GC_VAES_TARGET inline void zstore_tiles(block* dst, const __m512i* v, size_t n) {
+  if (n == 4 * Q) {
+#pragma GCC unroll 4
+    for (int q = 0; q < Q; ++q) _mm512_storeu_si512((void*)(dst + 4 * q), v[q]);
+    return;
+  }
+  for (size_t q = 0; q < (size_t)Q && 4 * q < n; ++q) {
+    const size_t left = std::min<size_t>(4, n - 4 * q);
+    _mm512_mask_storeu_epi64((void*)(dst + 4 * q), (__mmask8)((1u << (2 * left)) - 1), v[q]);
+  }
+}
+
+// Leaves keys[0 .. L) over the pass's Q counter zmm: x[l][q].
+template <bool kMask, int L, int Q>
+GC_VAES_TARGET inline void zaes_leaves(const AesKey* keys, const block* keep, const __m512i* ctr,
+                                       __m512i (*x)[Q]) {
+#pragma GCC unroll 16
+  for (int l = 0; l < L; ++l) {
+    const __m512i k = zbcast(keys[l].rk[0]);
+#pragma GCC unroll 4
+    for (int q = 0; q < Q; ++q) x[l][q] = _mm512_xor_si512(ctr[q], k);
+  }
+#pragma GCC unroll 9
+  for (int r = 1; r < 10; ++r) {
+#pragma GCC unroll 16
+    for (int l = 0; l < L; ++l) {
+      const __m512i k = zbcast(keys[l].rk[r]);
+#pragma GCC unroll 4
+      for (int q = 0; q < Q; ++q) x[l][q] = _mm512_aesenc_epi128(x[l][q], k);
+    }
+  }
+#pragma GCC unroll 16
+  for (int l = 0; l < L; ++l) {
+    const __m512i k = zbcast(keys[l].rk[10]);
+    const __m512i m = kMask ? zbcast(keep[l]) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int q = 0; q < Q; ++q) {
+      const __m512i y = _mm512_aesenclast_epi128(x[l][q], k);
+      x[l][q] = kMask ? _mm512_and_si512(y, m) : y;
+    }
+  }
+}
+
+// One pass of up to 4 Q tiles of a chunk with d >= G; as expand_reduce.
+template <bool kMask, int Q, int G>
+GC_VAES_TARGET void expand_reduce_vaes(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tt,
+                                       __m512i* work, block* cols, size_t stride, block* u) {
+  constexpr int L = 1 << G;
+  __m512i ctrs[Q], acc[G][Q];
+#pragma GCC unroll 4
+  for (int q = 0; q < Q; ++q) {
+    const long long c = (long long)(ctr + 4 * q);
+    ctrs[q] = _mm512_set_epi64(0, c + 3, 0, c + 2, 0, c + 1, 0, c);
+#pragma GCC unroll 4
+    for (int i = 0; i < G; ++i) acc[i][q] = _mm512_setzero_si512();
+  }
+  const size_t groups = size_t(1) << (d - G);
+  for (size_t g = 0; g < groups; ++g) {
+    __m512i x[L][Q];
+    zaes_leaves<kMask, L, Q>(keys + L * g, kMask ? keep + L * g : nullptr, ctrs, x);
+    // Levels 0 .. G-1 of the tree: pair the entries differing in bit i.
+#pragma GCC unroll 4
+    for (int i = 0; i < G; ++i) {
+#pragma GCC unroll 8
+      for (int y = 0; y < (L >> (i + 1)); ++y)
+#pragma GCC unroll 4
+        for (int q = 0; q < Q; ++q) {
+          acc[i][q] = _mm512_xor_si512(acc[i][q], x[2 * y + 1][q]);
+          x[y][q] = _mm512_xor_si512(x[2 * y][q], x[2 * y + 1][q]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < Q; ++q) work[g * Q + q] = x[0][q];
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < G; ++i) zstore_tiles<Q>(cols + (size_t)i * stride, acc[i], tt);
+  size_t len = groups;
+  for (int i = G; i < d; ++i) {
+    const size_t half = len >> 1;
+    __m512i a[Q];
+#pragma GCC unroll 4
+    for (int q = 0; q < Q; ++q) a[q] = _mm512_setzero_si512();
+    for (size_t y = 0; y < half; ++y) {
+      const __m512i* lo = work + 2 * y * Q;
+      const __m512i* hi = lo + Q;
+      __m512i* o = work + y * Q;
+#pragma GCC unroll 4
+      for (int q = 0; q < Q; ++q) {
+        a[q] = _mm512_xor_si512(a[q], hi[q]);
+        o[q] = _mm512_xor_si512(lo[q], hi[q]);
+      }
+    }
+    zstore_tiles<Q>(cols + (size_t)i * stride, a, tt);
+    len = half;
+  }
+  zstore_tiles<Q>(u, work, tt);
+}
+
+template <bool kMask>
+GC_VAES_TARGET void expand_chunk_vaes(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tiles,
+                                      block* work, block* cols, size_t stride, block* u) {
+  if (d < 2) {
+    expand_chunk_aes128<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
+    return;
+  }
+  __m512i* zw = (__m512i*)work;
+  size_t s = 0;
+  while (tiles - s > 8) {
+    const size_t tt = std::min(kZSub, tiles - s);
+    expand_reduce_vaes<kMask, 4, 2>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+    s += tt;
+  }
+  if (s == tiles) return;
+  const size_t tt = tiles - s;
+  if (tt > 4) {
+    if (d >= 3)
+      expand_reduce_vaes<kMask, 2, 3>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+    else
+      expand_reduce_vaes<kMask, 2, 2>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+  } else if (d >= 4) {
+    expand_reduce_vaes<kMask, 1, 4>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+  } else if (d == 3) {
+    expand_reduce_vaes<kMask, 1, 3>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+  } else {
+    expand_reduce_vaes<kMask, 1, 2>(keys, keep, d, ctr + s, tt, zw, cols + s, stride, u + s);
+  }
+}
+
+// transpose128 (iknp.h) with AVX-512: out[j] bit i = in[i * stride] bit j,
+// half a tile (input rows 64 h .. 64 h + 63) at a time. Lane L of zmm x[t]
+// holds row 16 L + t, so the 16 x 16 byte transpose of iknp.cpp, run on all
+// four lanes at once, leaves in x[k] byte k of the 64 rows, byte p holding
+// row 64 h + (p ^ kRowXor). (The maskz forms: GCC 12's plain 32/64-bit
+// unpacks trip -Wuninitialized in its own headers; an all-ones mask compiles
+// away.)
+template <int kRowXor>
+GC_VAES_TARGET inline void zbyte_transpose(const block* base, size_t stride, __m512i* x) {
+  static const int rev4[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+  __m512i y[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) {
+    const block* r = base + (size_t)(rev4[t] ^ kRowXor) * stride;
+    __m512i v = _mm512_castsi128_si512(r[0]);
+    v = _mm512_inserti64x2(v, r[16 * stride], 1);
+    v = _mm512_inserti64x2(v, r[32 * stride], 2);
+    x[t] = _mm512_inserti64x2(v, r[48 * stride], 3);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    y[2 * i] = _mm512_unpacklo_epi8(x[i], x[i + 8]);
+    y[2 * i + 1] = _mm512_unpackhi_epi8(x[i], x[i + 8]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = _mm512_unpacklo_epi16(y[i], y[i + 8]);
+    x[2 * i + 1] = _mm512_unpackhi_epi16(y[i], y[i + 8]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    y[2 * i] = _mm512_maskz_unpacklo_epi32(0xffff, x[i], x[i + 8]);
+    y[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xffff, x[i], x[i + 8]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    x[2 * i] = _mm512_maskz_unpacklo_epi64(0xff, y[i], y[i + 8]);
+    x[2 * i + 1] = _mm512_maskz_unpackhi_epi64(0xff, y[i], y[i + 8]);
+  }
+}
+
+// Bits from bytes with VPMOVB2M: 64 bits of an output row per instruction.
+GC_VAES_TARGET void transpose128_vaes(const block* in, size_t stride, block* out) {
+  uint64_t* o = reinterpret_cast<uint64_t*>(out);
+#pragma GCC unroll 1
+  for (int h = 0; h < 2; ++h) {
+    __m512i x[16];
+    zbyte_transpose<0>(in + (size_t)64 * h * stride, stride, x);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) {
+      __m512i v = x[k];
+#pragma GCC unroll 8
+      for (int b = 7; b >= 0; --b) {
+        _store_mask64((__mmask64*)(o + 2 * (8 * k + b) + h), _mm512_movepi8_mask(v));
+        v = _mm512_add_epi8(v, v);
+      }
+    }
+  }
+}
+
+// With GFNI and AVX512-VBMI: each qword of x[k] is an 8 x 8 bit block (rows
+// 8c .. 8c+7 of the half, reversed by kRowXor = 7, times columns 8k .. 8k+7);
+// GF2P8AFFINEQB with the data as its matrix transposes it (result byte j, bit
+// i = bit j of matrix byte 7 - i = row 8c + i), VPERMB gathers byte c of
+// every block into output row 8k + j's qword, VPERMT2Q pairs the halves.
+#define GC_GFNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi,gfni,vaes,aes,sse4.1")))
+
+inline bool cpu_has_gfni_vbmi() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("gfni") && __builtin_cpu_supports("avx512vbmi");
+}
+
+GC_GFNI_TARGET void transpose128_gfni(const block* in, size_t stride, block* out) {
+  alignas(64) static const uint8_t kGather[64] = {
+      0, 8,  16, 24, 32, 40, 48, 56, 1, 9,  17, 25, 33, 41, 49, 57, 2, 10, 18, 26, 34, 42,
+      50, 58, 3, 11, 19, 27, 35, 43, 51, 59, 4, 12, 20, 28, 36, 44, 52, 60, 5, 13, 21, 29,
+      37, 45, 53, 61, 6, 14, 22, 30, 38, 46, 54, 62, 7, 15, 23, 31, 39, 47, 55, 63};
+  const __m512i gather = _mm512_load_si512((const void*)kGather);
+  const __m512i unit = _mm512_set1_epi64(0x8040201008040201ll);  // byte j = 1 << j
+  __m512i half[2][16];
+#pragma GCC unroll 1
+  for (int h = 0; h < 2; ++h) {
+    __m512i x[16];
+    zbyte_transpose<7>(in + (size_t)64 * h * stride, stride, x);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k)
+      half[h][k] = _mm512_maskz_permutexvar_epi8(~0ull, gather, _mm512_gf2p8affine_epi64_epi8(unit, x[k], 0));
+  }
+  const __m512i lo4 = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
+  const __m512i hi4 = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
+#pragma GCC unroll 16
+  for (int k = 0; k < 16; ++k) {
+    _mm512_storeu_si512((void*)(out + 8 * k), _mm512_permutex2var_epi64(half[0][k], lo4, half[1][k]));
+    _mm512_storeu_si512((void*)(out + 8 * k + 4), _mm512_permutex2var_epi64(half[0][k], hi4, half[1][k]));
+  }
+}
+
+#endif
+
+// Expands and reduces one chunk over a batch of tiles (see expand_reduce),
+// on the engine's AES path: VAES + AVX-512 when and_kernels() is "vaes".
+// work holds 2^d * kSub blocks, 64-byte aligned.
+template <bool kMask>
+void expand_chunk(const AesKey* keys, const block* keep, int d, uint64_t ctr, size_t tiles, block* work,
+                  block* cols, size_t stride, block* u) {
+#if GC_X86
+  if (std::strcmp(and_kernels().name, "vaes") == 0) {
+    expand_chunk_vaes<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
+    return;
+  }
+#endif
+  expand_chunk_aes128<kMask>(keys, keep, d, ctr, tiles, work, cols, stride, u);
+}
+
+// Garbler: col_i[t] ^= mask[i] & x[t] for the d columns of a chunk (column i
+// at cols + i * stride).
+inline void apply_corrections_aes128(block* cols, size_t stride, size_t tiles, const block* x, const block* mask,
+                                     int d) {
+  for (int i = 0; i < d; ++i) {
+    block* col = cols + (size_t)i * stride;
+    for (size_t t = 0; t < tiles; ++t) col[t] = xor_block(col[t], and_block(mask[i], x[t]));
+  }
+}
+
+#if GC_X86
+GC_VAES_TARGET void apply_corrections_vaes(block* cols, size_t stride, size_t tiles, const block* x,
+                                           const block* mask, int d) {
+  for (int i = 0; i < d; ++i) {
+    block* col = cols + (size_t)i * stride;
+    const __m512i m = zbcast(mask[i]);
+    size_t t = 0;
+    for (; t + 4 <= tiles; t += 4) {
+      const __m512i c = _mm512_loadu_si512((const void*)(col + t));
+      const __m512i v = _mm512_loadu_si512((const void*)(x + t));
+      _mm512_storeu_si512((void*)(col + t), _mm512_ternarylogic_epi64(c, m, v, 0x78));  // c ^ (m & v)
+    }
+    for (; t < tiles; ++t) col[t] = xor_block(col[t], and_block(mask[i], x[t]));
+  }
+}
+#endif
+
+void apply_corrections(block* cols, size_t stride, size_t tiles, const block* x, const block* mask, int d) {
+#if GC_X86
+  if (std::strcmp(and_kernels().name, "vaes") == 0) {
+    apply_corrections_vaes(cols, stride, tiles, x, mask, d);
+    return;
+  }
+#endif
+  apply_corrections_aes128(cols, stride, tiles, x, mask, d);
+}
+
+// Row stride of the column matrix (cols_[j * stride + t], column j, tile t):
+// 4 blocks of padding, because with a stride of 64 tiles (1 KiB) the 128
+// loads of one tile's transpose all fall into 4 of L1's 64 sets and evict
+// each other before the next tile reuses their lines.
+inline size_t col_stride(size_t tiles) { return tiles + 4; }
+
+// Transposes the 128 columns of each tile: cols[j * stride + t] -> out[128 t + j].
+void transpose_tiles(const block* cols, size_t stride, size_t tiles, block* out) {
+#if GC_X86
+  if (std::strcmp(and_kernels().name, "vaes") == 0) {
+    static const bool gfni = cpu_has_gfni_vbmi() && !std::getenv("SPGC_SS_NO_GFNI");
+    if (gfni)
+      for (size_t t = 0; t < tiles; ++t) transpose128_gfni(cols + t, stride, out + t * 128);
+    else
+      for (size_t t = 0; t < tiles; ++t) transpose128_vaes(cols + t, stride, out + t * 128);
+    return;
+  }
+#endif
+  for (size_t t = 0; t < tiles; ++t) transpose128(cols + t, stride, out + t * 128);
+}
+
 void check_m(bool ready, size_t m) {
   if (!ready) throw std::logic_error("OT extension used before setup");
   if (m % 128) throw std::logic_error("OT extension needs a multiple of 128 OTs");
@@ -235,32 +564,29 @@ void SoftSpokenCotReceiver::run(Channel& ch, const uint8_t* choices, uint8_t* ch
   work_.resize((size_t(1) << params_.depth[0]) * kSub);
   for (size_t done = 0; done < total_tiles; done += kTilesPerBatch) {
     const size_t tiles = std::min(kTilesPerBatch, total_tiles - done);
-    cols_.resize(kBaseOts * tiles);
+    const size_t cs = col_stride(tiles);
+    cols_.resize(kBaseOts * cs);
     corr_.resize((nb + 1) * tiles);  // corrections of chunks first_corr.., then r
     block* r = corr_.data() + (size_t)nb * tiles;
     if (!random_choices)
       for (size_t t = 0; t < tiles; ++t) r[t] = load_block(choices + (done + t) * 16);
-    block u[kSub];
+    block u[kTilesPerBatch];
     for (int b = 0; b < nb; ++b) {
       const AesKey* keys = leaf_keys_.data() + leaf_base_[b];
-      block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
-      for (size_t s = 0; s < tiles; s += kSub) {
-        const size_t tt = std::min(kSub, tiles - s);
-        expand_reduce<false>(keys, nullptr, params_.depth[b], counter_ + done + s, tt, work_.data(),
-                      cols + s, tiles, u);
-        if (random_choices && b == 0) {
-          for (size_t t = 0; t < tt; ++t) r[s + t] = u[t];
-        } else {
-          block* c = corr_.data() + (b - first_corr) * tiles + s;
-          for (size_t t = 0; t < tt; ++t) c[t] = xor_block(u[t], r[s + t]);
-        }
+      block* cols = cols_.data() + (size_t)params_.first_bit(b) * cs;
+      expand_chunk<false>(keys, nullptr, params_.depth[b], counter_ + done, tiles, work_.data(), cols, cs, u);
+      if (random_choices && b == 0) {
+        for (size_t t = 0; t < tiles; ++t) r[t] = u[t];
+      } else {
+        block* c = corr_.data() + (b - first_corr) * tiles;
+        for (size_t t = 0; t < tiles; ++t) c[t] = xor_block(u[t], r[t]);
       }
     }
     const size_t ncorr = (size_t)nb - first_corr;
     if (ncorr) ch.send(corr_.data(), ncorr * tiles * sizeof(block));
     if (random_choices)
       for (size_t t = 0; t < tiles; ++t) store_block(choices_out + (done + t) * 16, r[t]);
-    for (size_t t = 0; t < tiles; ++t) transpose128(cols_.data() + t, tiles, t_out + (done + t) * 128);
+    transpose_tiles(cols_.data(), cs, tiles, t_out + done * 128);
   }
   counter_ += total_tiles;
   ch.flush();
@@ -340,19 +666,17 @@ void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choic
   work_.resize((size_t(1) << params_.depth[0]) * kSub);
   for (size_t done = 0; done < total_tiles; done += kTilesPerBatch) {
     const size_t tiles = std::min(kTilesPerBatch, total_tiles - done);
-    cols_.resize(kBaseOts * tiles);
+    const size_t cs = col_stride(tiles);
+    cols_.resize(kBaseOts * cs);
     corr_.resize(2 * (size_t)nb * tiles);  // received corrections, then the u totals
     block* corr = corr_.data();
     block* tot = corr_.data() + (size_t)nb * tiles;
     // Expand first (while the evaluator does the same), then read its corrections.
     for (int b = 0; b < nb; ++b) {
       const size_t base = leaf_base_[b];
-      block* cols = cols_.data() + (size_t)params_.first_bit(b) * tiles;
-      for (size_t s = 0; s < tiles; s += kSub) {
-        const size_t tt = std::min(kSub, tiles - s);
-        expand_reduce<true>(leaf_keys_.data() + base, keep_.data() + base, params_.depth[b],
-                      counter_ + done + s, tt, work_.data(), cols + s, tiles, tot + (size_t)b * tiles + s);
-      }
+      block* cols = cols_.data() + (size_t)params_.first_bit(b) * cs;
+      expand_chunk<true>(leaf_keys_.data() + base, keep_.data() + base, params_.depth[b], counter_ + done, tiles,
+                         work_.data(), cols, cs, tot + (size_t)b * tiles);
     }
     const size_t ncorr = (size_t)nb - first_corr;
     if (first_corr) std::memset((void*)corr, 0, tiles * sizeof(block));
@@ -360,17 +684,13 @@ void SoftSpokenCotSender::run(Channel& ch, block* q, size_t m, bool random_choic
     // Column j of chunk b: w_j ^= Delta_j * (T_b ^ c_b), which makes it
     // v_j ^ Delta_j * r (T_b is u_b without the unknown leaf).
     for (int b = 0; b < nb; ++b) {
-      const block* tb = tot + (size_t)b * tiles;
+      block* tb = tot + (size_t)b * tiles;
       const block* cb = corr + (size_t)b * tiles;
-      for (int i = 0; i < params_.depth[b]; ++i) {
-        const size_t j = (size_t)params_.first_bit(b) + i;
-        const block mask = delta_mask_[j];
-        block* col = cols_.data() + j * tiles;
-        for (size_t t = 0; t < tiles; ++t)
-          col[t] = xor_block(col[t], and_block(mask, xor_block(tb[t], cb[t])));
-      }
+      for (size_t t = 0; t < tiles; ++t) tb[t] = xor_block(tb[t], cb[t]);
+      const size_t j0 = (size_t)params_.first_bit(b);
+      apply_corrections(cols_.data() + j0 * cs, cs, tiles, tb, delta_mask_.data() + j0, params_.depth[b]);
     }
-    for (size_t t = 0; t < tiles; ++t) transpose128(cols_.data() + t, tiles, q + (done + t) * 128);
+    transpose_tiles(cols_.data(), cs, tiles, q + done * 128);
   }
   counter_ += total_tiles;
 }

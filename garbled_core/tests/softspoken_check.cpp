@@ -1,20 +1,29 @@
 // Standalone check (and benchmark) of SoftSpoken OT extension against the COT
 // correlation, over a loopback TCP Channel, without Python.
-//   g++ -std=c++17 -O2 -Wall -Wextra -maes -mssse3 -msse4.1 -mpclmul -Igarbled_core/include
+//   g++ -std=c++17 -O3 -Wall -Wextra -maes -mssse3 -msse4.1 -mpclmul -Igarbled_core/include
 //     garbled_core/tests/softspoken_check.cpp garbled_core/src/softspoken.cpp
 //     garbled_core/src/iknp.cpp garbled_core/src/base_ot.cpp garbled_core/src/channel.cpp
-//     garbled_core/src/random.cpp -lssl -lcrypto -lpthread -o softspoken_check
-//   (one command line)
-//   ./softspoken_check           checks only; exit status 0 when all pass
-//   ./softspoken_check --bench   checks, then OTs/s at k = 2, 4, 8 and IKNP (m = 2^20)
-//   ./softspoken_check --bench-only [reps]
+//     garbled_core/src/random.cpp garbled_core/src/halfgates.cpp -lssl -lcrypto -lpthread
+//     -o softspoken_check
+//   (one command line; halfgates.cpp holds the engine's AES path switch)
+//   ./softspoken_check           checks only, on every AES path the CPU has (aesni, and
+//                                vaes when present, plus one side on each); exit status 0
+//                                when all pass
+//   ./softspoken_check --bench   checks, then OTs/s at k = 2, 4, 7, 8 and IKNP (m = 2^20)
+//   ./softspoken_check --bench-only [reps] [--k 2,4,7,8] [--m 1024]
+//                                (--k: those k only, no IKNP; --m: OTs per extend, default 2^20)
+//   SPGC_GC_KERNEL=aesni ./softspoken_check --bench-only    benchmarks the portable path
 // Checks, for k in {1, 2, 3, 4, 5, 6, 7, 8, 10} (3, 5, 6, 7, 10 do not divide 128), m in
 // {128, 1024, 128000} (and 13, 67 tiles), chosen and random choices, several extends in a row on
 // one setup: t[j] == q[j] ^ r_j * Delta for every j; the exact bytes each side
 // sends and receives per phase; the garbler's labels all distinct and
 // nonzero; successive extends giving different outputs; random choices
 // balanced; the evaluator running extends ahead of the garbler (the session's
-// lookahead pattern).
+// lookahead pattern). All of it on each AES path (and_kernels(): aesni, and
+// vaes where the CPU has it); then, with both paths, the evaluator on one and
+// the garbler on the other (1, 13, 16, 67 tiles), which holds only if the
+// paths agree bit for bit. SPGC_SS_NO_GFNI=1 makes the vaes path use its
+// VPMOVB2M transpose instead of the GFNI one.
 #include <time.h>
 
 #include <algorithm>
@@ -32,6 +41,7 @@
 #include <vector>
 
 #include "garbled_core/channel.h"
+#include "garbled_core/halfgates.h"
 #include "garbled_core/iknp.h"
 #include "garbled_core/random.h"
 #include "garbled_core/softspoken.h"
@@ -249,6 +259,46 @@ void check_k(int k) {
               P.extend_bytes(128000, true) / 128000.0);
 }
 
+// The two AES paths (and_kernels(): "aesni", "vaes") must give the same
+// outputs bit for bit: the evaluator extends on one path, then the garbler
+// on the other (the evaluator only sends, so it can finish first; the
+// switch is process-wide, so the two must not overlap), and the correlation
+// holds only if both sides' leaf streams, reductions and transposes agree.
+void check_mixed_paths(int k, const char* first, const char* second) {
+  Link link = make_link();
+  Channel& gch = *link.garbler;
+  Channel& ech = *link.evaluator;
+  const block delta = random_delta();
+  SoftSpokenCotSender sender(k);
+  SoftSpokenCotReceiver receiver(k);
+  select_and_kernels(first);
+  both([&] { sender.setup(gch, delta); }, [&] { receiver.setup(ech); });
+  // One extend's corrections must fit the loopback socket buffers (the
+  // garbler reads only after the evaluator is done): at most 64 KiB.
+  const size_t ms[] = {128, 128 * 13, 128 * 16, 128 * 67};
+  for (int swap = 0; swap < 2; ++swap)
+    for (size_t m : ms)
+      for (int random_mode = 0; random_mode < 2; ++random_mode) {
+        if (sender.params().extend_bytes(m, false) > 65536) continue;
+        BlockVector q(m), t(m);
+        std::vector<uint8_t> r(m / 8);
+        if (!random_mode) secure_random(r.data(), r.size());
+        select_and_kernels(swap ? second : first);
+        if (random_mode)
+          receiver.extend_random(ech, r.data(), t.data(), m);
+        else
+          receiver.extend(ech, r.data(), t.data(), m);
+        select_and_kernels(swap ? first : second);
+        if (random_mode)
+          sender.extend_random(gch, q.data(), m);
+        else
+          sender.extend(gch, q.data(), m);
+        size_t bad = mismatches(q.data(), t.data(), r.data(), m, delta);
+        CHECK(bad == 0, "k=%d m=%zu random=%d: evaluator on %s, garbler on %s: %zu of %zu OTs differ", k, m,
+              random_mode, swap ? second : first, swap ? first : second, bad, m);
+      }
+}
+
 void check_misc() {
   // The verifier itself catches a single flipped bit.
   {
@@ -311,10 +361,13 @@ double thread_cpu_seconds() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// Each side times its own extends; both run at once over loopback.
+size_t g_bench_m = size_t(1) << 20;
+
+// Each side times its own extends; both run at once over loopback. Each rep
+// is 2^20 OTs: 2^20 / m extends of m OTs (--m).
 template <typename Sender, typename Receiver>
 void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random_mode, int reps) {
-  const size_t m = size_t(1) << 20;
+  const size_t m = g_bench_m, calls = std::max<size_t>(1, (size_t(1) << 20) / m);
   Link link = make_link();
   Channel& gch = *link.garbler;
   Channel& ech = *link.evaluator;
@@ -335,11 +388,11 @@ void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random
           auto t0 = std::chrono::steady_clock::now();
           double c0 = thread_cpu_seconds();
           if constexpr (std::is_same<Sender, CotSender>::value)
-            sender.extend(gch, q.data(), m);
+            for (size_t c = 0; c < calls; ++c) sender.extend(gch, q.data(), m);
           else if (random_mode)
-            sender.extend_random(gch, q.data(), m);
+            for (size_t c = 0; c < calls; ++c) sender.extend_random(gch, q.data(), m);
           else
-            sender.extend(gch, q.data(), m);
+            for (size_t c = 0; c < calls; ++c) sender.extend(gch, q.data(), m);
           g = seconds_since(t0);
           gcpu = thread_cpu_seconds() - c0;
         },
@@ -347,11 +400,11 @@ void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random
           auto t0 = std::chrono::steady_clock::now();
           double c0 = thread_cpu_seconds();
           if constexpr (std::is_same<Receiver, CotReceiver>::value)
-            receiver.extend(ech, r.data(), t.data(), m);
+            for (size_t c = 0; c < calls; ++c) receiver.extend(ech, r.data(), t.data(), m);
           else if (random_mode)
-            receiver.extend_random(ech, r.data(), t.data(), m);
+            for (size_t c = 0; c < calls; ++c) receiver.extend_random(ech, r.data(), t.data(), m);
           else
-            receiver.extend(ech, r.data(), t.data(), m);
+            for (size_t c = 0; c < calls; ++c) receiver.extend(ech, r.data(), t.data(), m);
           e = seconds_since(t0);
           ecpu = thread_cpu_seconds() - c0;
         });
@@ -365,23 +418,26 @@ void bench_one(const char* name, Sender& sender, Receiver& receiver, bool random
   }
   size_t bad = mismatches(q.data(), t.data(), r.data(), m, delta);
   CHECK(bad == 0, "bench %s: %zu mismatches", name, bad);
-  double ots = (double)m * reps;
+  double ots = (double)m * calls * reps;
   std::printf(
-      "%-22s m=2^20 x%d  wall: garbler %6.2f evaluator %6.2f M OT/s | per CPU-s: garbler %6.2f evaluator %6.2f M OT/s"
+      "%-22s m=%zu x%zu x%d  wall: garbler %6.2f evaluator %6.2f M OT/s | per CPU-s: garbler %6.2f evaluator %6.2f M OT/s"
       " | evaluator sent %.4f B/OT | setup %.0f ms\n",
-      name, reps, ots / gs / 1e6, ots / es / 1e6, ots / gc_ / 1e6, ots / ec / 1e6, (double)bytes / ots, setup_ms);
+      name, m, calls, reps, ots / gs / 1e6, ots / es / 1e6, ots / gc_ / 1e6, ots / ec / 1e6, (double)bytes / ots, setup_ms);
   std::fflush(stdout);
 }
+
+std::vector<int> g_bench_ks = {2, 4, 7, 8};
+bool g_bench_iknp = true;
 
 void bench(int reps) {
   std::printf("benchmark (loopback TCP, plaintext channel, one thread per party, both at once; wall = OTs / each"
               " side's elapsed time in extend, per CPU-s = OTs / that thread's CPU time)\n");
-  {
+  if (g_bench_iknp) {
     CotSender s;
     CotReceiver r;
     bench_one("IKNP", s, r, false, reps);
   }
-  for (int k : {2, 4, 8}) {
+  for (int k : g_bench_ks) {
     for (int random_mode = 0; random_mode < 2; ++random_mode) {
       SoftSpokenCotSender s(k);
       SoftSpokenCotReceiver r(k);
@@ -401,14 +457,43 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--bench") run_bench = true;
     else if (a == "--bench-only") run_bench = true, run_checks = false;
+    else if (a == "--m" && i + 1 < argc) {  // OTs per extend in the benchmark (multiple of 128)
+      g_bench_m = std::max<size_t>(128, (size_t)std::strtoull(argv[++i], nullptr, 10) / 128 * 128);
+    } else if (a == "--k" && i + 1 < argc) {  // e.g. --k 8 or --k 2,4,7,8 (SoftSpoken only)
+      g_bench_ks.clear();
+      g_bench_iknp = false;
+      for (const char* p = argv[++i]; *p;) {
+        char* end;
+        g_bench_ks.push_back((int)std::strtol(p, &end, 10));
+        p = *end ? end + 1 : end;
+      }
+    }
     else reps = std::max(1, std::atoi(argv[i]));
   }
   try {
+    const std::string initial = and_kernels().name;
     if (run_checks) {
-      check_misc();
-      for (int k : {1, 2, 3, 4, 5, 6, 7, 8, 10}) check_k(k);
+      // Every check on every AES path this CPU has.
+      std::vector<std::string> kernels;
+      for (const char* const* p = available_and_kernels(); *p; ++p) kernels.emplace_back(*p);
+      for (const std::string& kernel : kernels) {
+        select_and_kernels(kernel.c_str());
+        std::printf("AES path: %s\n", and_kernels().name);
+        check_misc();
+        for (int k : {1, 2, 3, 4, 5, 6, 7, 8, 10}) check_k(k);
+      }
+      if (kernels.size() > 1) {
+        for (int k : {1, 2, 3, 4, 5, 6, 7, 8, 10}) check_mixed_paths(k, kernels[0].c_str(), kernels[1].c_str());
+        std::printf("mixed paths (%s / %s) ok so far\n", kernels[0].c_str(), kernels[1].c_str());
+      } else {
+        std::printf("only the %s path on this CPU: mixed-path check skipped\n", kernels[0].c_str());
+      }
+      select_and_kernels(initial.c_str());
     }
-    if (run_bench) bench(reps);
+    if (run_bench) {
+      std::printf("AES path: %s (SPGC_GC_KERNEL=aesni forces the portable one)\n", and_kernels().name);
+      bench(reps);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: exception: %s\n", e.what());
     return 2;

@@ -86,6 +86,37 @@
 //   Cost: per OT about 2^k / k AES blocks per side (k = 8: 32; IKNP: 1 on the
 //     garbler, 2 on the evaluator) plus IKNP's transpose; memory 2^k * 128/k
 //     AES key schedules per party (k = 8: 704 KiB).
+//
+// Implementation (softspoken.cpp). Two paths with the same outputs bit for
+// bit, chosen per call by the engine-wide AES switch and_kernels()
+// (halfgates.h: "vaes" when the CPU has VAES + AVX-512, "aesni" otherwise or
+// with SPGC_GC_KERNEL=aesni / select_and_kernels("aesni")); the two parties
+// may run different paths.
+//   aesni (portable; AES-NI on x86, AESE/AESMC on aarch64): per leaf 8 tiles
+//     of its AES-CTR stream in registers, leaves in groups of 4 with the
+//     first two reduction levels folded in, the rest in a work buffer;
+//     transpose128 from iknp.cpp.
+//   Both: the column matrix's rows are padded by 4 blocks (a 1 KiB row
+//     stride put one tile's 128 transpose loads into 4 L1 sets).
+//   vaes (x86, compiled through target attributes, run only after the CPU
+//     check): a zmm holds 4 consecutive tiles of one leaf's stream (the
+//     leaf's round keys broadcast to the 4 lanes), so the same reduction
+//     tree runs on zmm and the columns are stored 4 tiles at a time; a pass
+//     is 16 tiles x 4 leaves = 16 AES chains in flight (about 90% of the
+//     VAES peak on Zen 4; a tail of <= 8 or <= 4 tiles runs 8 or 16 leaves
+//     at once instead, so short extends cost what they use). The garbler's
+//     Delta-masked column update runs in zmm too. Transpose: the byte transpose on four 16-row
+//     groups at once, then GF2P8AFFINEQB on 8 x 8 bit blocks plus VPERMB /
+//     VPERMT2Q when the CPU has GFNI and AVX512-VBMI (SPGC_SS_NO_GFNI=1, read
+//     once per process, disables it), else VPMOVB2M, 64 bits at a time.
+//   Rates (M OT per CPU-second per side, garbler / evaluator, m = 2^20,
+//     AMD EPYC Zen 4, both parties on one 2-core machine;
+//     softspoken_check --bench-only 8), before -> after this path:
+//     k = 2: 66 / 79 -> 187 / 136,  k = 4: 66 / 61 -> 146 / 151,
+//     k = 7: 25 / 26 -> 53 / 59,    k = 8: 15.7 / 15.6 -> 34 / 34
+//     (IKNP: 108-122 / 77-81). At k = 8 the vaes path is bound by the AES
+//     units: 32 blocks per OT is about 22 ns per OT at their peak; the aesni
+//     path keeps its old rates.
 #pragma once
 
 #include <cstddef>
