@@ -49,10 +49,12 @@ from spgc.noise import (
 from spgc.servers.spgc_circuit import (
     check_ring_bits,
     decode_signed,
+    noise_share_circuit,
     noisy_sum_circuit,
     output_width,
     reconstruct_circuit,
 )
+from spgc.sharing import ring_mask
 
 __all__ = [
     "CIRCUIT_MODES",
@@ -62,6 +64,10 @@ __all__ = [
     "as_party_link",
     "claim_seed",
     "counter_delta",
+    "merge_lane_counters",
+    "noise_shares_range",
+    "range_batches",
+    "resolve_lanes",
     "run_aggregate",
     "run_sampler",
     "set_seed_journal",
@@ -75,6 +81,9 @@ CIRCUIT_MODES = tuple(
     if m.trainable and m.circuit in ("reconstruct", "reconstruct+noise")
 )
 _PORT_PREFIX = {"garbler": "g", "evaluator": "e"}
+# Coordinates a lane runs at once (range_batches): the engine keeps every pending trial's noise
+# labels, about 16 bytes per noise bit per trial, so a batch of 2^20 needs some hundreds of MB.
+RANGE_BATCH = 1 << 20
 
 
 # ------------------------------------------------------------------------------ randomness
@@ -133,8 +142,9 @@ class PartyLink:
     remote_lanes: list[Any] = field(default_factory=list)
 
     def lanes(self) -> list[Any]:
-        """The lanes a round runs on: the remote ones if any, else this link's own, lane 0 (this
-        one, without its extra lanes) first. Each has ``aggregate_range`` and ``interrupt``."""
+        """The lanes a round or a noise block runs on: the remote ones if any, else this link's
+        own, lane 0 (this one, without its extra lanes) first. Each has ``aggregate_range``,
+        ``noise_shares_range`` and ``interrupt``."""
         if self.remote_lanes:
             return list(self.remote_lanes)
         return [PartyLink(self.role, self.channel, self.session), *self.extra_lanes]
@@ -142,6 +152,10 @@ class PartyLink:
     def aggregate_range(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
         """This link's part of a round (:func:`aggregate_range`)."""
         return aggregate_range(link=self, **kwargs)
+
+    def noise_shares_range(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        """This link's part of a block of preprocessed noise shares (:func:`noise_shares_range`)."""
+        return noise_shares_range(link=self, **kwargs)
 
     def interrupt(self) -> None:
         """Make a run blocked on this link fail now (another lane failed)."""
@@ -168,7 +182,15 @@ class PartyLink:
         return cls(role, channel, party(channel, **kwargs))
 
     def counters(self) -> dict[str, dict[str, int]]:
-        return {k: dict(v) for k, v in self.channel.counters().items()}
+        """Bytes per engine phase and direction on this link and every lane it holds (extra
+        lanes, Ray worker pairs): what crossed between the two servers."""
+        total = {k: dict(v) for k, v in self.channel.counters().items()}
+        for lane in (*self.extra_lanes, *self.remote_lanes):
+            for phase, v in lane.counters().items():
+                mine = total.setdefault(phase, {"sent": 0, "received": 0})
+                for direction, count in v.items():
+                    mine[direction] = mine.get(direction, 0) + count
+        return total
 
 
 def _check_role(role: str) -> str:
@@ -252,6 +274,34 @@ def run_sampler(
     return stats
 
 
+def resolve_lanes(role: str, channel_session: Any) -> list[Any]:
+    """The lanes a batch runs on: a list of links or remote lanes as given (bare channels get a
+    session each), a single remote lane, or a :class:`PartyLink`'s :meth:`PartyLink.lanes`."""
+    if isinstance(channel_session, (list, tuple)):
+        return [
+            cs if hasattr(cs, "aggregate_range") else as_party_link(role, cs)
+            for cs in channel_session
+        ]
+    if hasattr(channel_session, "aggregate_range") and not isinstance(channel_session, PartyLink):
+        return [channel_session]
+    return as_party_link(role, channel_session).lanes()
+
+
+def merge_lane_counters(deltas: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The byte counters of several lanes (each a :func:`counter_delta`) added up."""
+    phases: dict[str, dict[str, int]] = {}
+    for d in deltas:
+        for phase, v in d["phases"].items():
+            mine = phases.setdefault(phase, {"sent": 0, "received": 0})
+            mine["sent"] += v["sent"]
+            mine["received"] += v["received"]
+    return {
+        "phases": phases,
+        "sent": sum(d["sent"] for d in deltas),
+        "received": sum(d["received"] for d in deltas),
+    }
+
+
 def run_aggregate(
     role: str,
     channel_session: Any,
@@ -285,15 +335,7 @@ def run_aggregate(
     mode = _check_mode(mode)
     ring_bits = check_ring_bits(ring_bits)
     shares = _check_shares(shares, ring_bits)
-    if isinstance(channel_session, (list, tuple)):
-        links = [
-            cs if hasattr(cs, "aggregate_range") else as_party_link(role, cs)
-            for cs in channel_session
-        ]
-    elif hasattr(channel_session, "aggregate_range") and not isinstance(channel_session, PartyLink):
-        links = [channel_session]
-    else:
-        links = as_party_link(role, channel_session).lanes()
+    links = resolve_lanes(role, channel_session)
     ranges = lane_ranges(len(shares), len(links))
     start = time.perf_counter()
     n = len(shares)
@@ -329,18 +371,7 @@ def run_aggregate(
             sum(r[k] for r in per_round if k < len(r)) for k in range(info["rounds"])
         ]
         info["and_gates"] = sum(p[1]["and_gates"] for p in parts)
-    deltas = [p[1]["counters"] for p in parts]
-    phases: dict[str, dict[str, int]] = {}
-    for d in deltas:
-        for phase, v in d["phases"].items():
-            mine = phases.setdefault(phase, {"sent": 0, "received": 0})
-            mine["sent"] += v["sent"]
-            mine["received"] += v["received"]
-    info.update(
-        phases=phases,
-        sent=sum(d["sent"] for d in deltas),
-        received=sum(d["received"] for d in deltas),
-    )
+    info.update(merge_lane_counters([p[1]["counters"] for p in parts]))
     info["seconds"] = time.perf_counter() - start
     return y, info
 
@@ -363,12 +394,36 @@ def aggregate_range(
     ``first_coordinate`` on, on one link. Returns (Y of the range, info with the link's byte
     ``counters`` over the call)."""
     before = link.counters()
-    y, info = _aggregate_on_link(
-        role, link, shares, first_coordinate, seed, params, width, ring_bits, mode, schedule,
-        on_stage,
-    )  # fmt: skip
+    parts = []
+    for lo, hi in range_batches(len(shares)):
+        part = _aggregate_on_link(
+            role, link, shares[lo:hi], first_coordinate + lo, seed, params, width, ring_bits,
+            mode, schedule, on_stage,
+        )  # fmt: skip
+        parts.append(part)
+    if parts:
+        y = np.concatenate([p[0] for p in parts])
+    else:
+        y = np.zeros(0, dtype=np.int64 if width is None or width <= 64 else object)
+    info: dict[str, Any] = {
+        "rounds": max((p[1]["rounds"] for p in parts), default=0),
+        "trials": sum(p[1]["trials"] for p in parts),
+    }
+    if mode != "only-mpc":
+        per_round = [p[1]["trials_per_round"] for p in parts]
+        info["trials_per_round"] = [
+            sum(r[k] for r in per_round if k < len(r)) for k in range(info["rounds"])
+        ]
+        info["and_gates"] = sum(p[1]["and_gates"] for p in parts)
     info["counters"] = counter_delta(before, link.counters())
     return y, info
+
+
+def range_batches(n: int) -> list[tuple[int, int]]:
+    """A lane's range in batches of at most ``RANGE_BATCH`` coordinates, run one after the
+    other: a worker's memory for labels and trials stays bounded whatever d / K (coordinates
+    address their own noise, so batching does not change what is released)."""
+    return [(lo, min(n, lo + RANGE_BATCH)) for lo in range(0, n, RANGE_BATCH)]
 
 
 def _aggregate_on_link(
@@ -413,6 +468,52 @@ def _aggregate_on_link(
     info.update(rounds=stats.rounds, trials=stats.trials, trials_per_round=stats.per_round)
     info["and_gates"] = stats.trials * build_trial_circuit(params).and_count + n * add.and_count
     return y, info
+
+
+def noise_shares_range(
+    *,
+    role: str,
+    link: PartyLink,
+    n: int,
+    first_coordinate: int,
+    seed: bytes,
+    params: SamplerParams,
+    ring_bits: int,
+    schedule: Sequence[int],
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """One lane of a block of preprocessed noise (:func:`servers.noise_pool.produce_noise_shares`,
+    checked and seed-claimed there): samples ``first_coordinate`` on, as additive shares in
+    Z_{2^L}. H1's are -r with r its fresh mask from ``os.urandom``, H2's u = z + r (the circuit
+    reveals u to H2 only). Returns (shares of the range, info with the link's ``counters``)."""
+    before = link.counters()
+    circuit = noise_share_circuit(ring_bits, params.noise_bits)
+    mask = ring_mask(ring_bits)
+    shares = np.zeros(n, dtype=np.uint64)
+
+    def finish(result: RoundResult, lo: int) -> None:
+        m = len(result.coords)
+        if m == 0:
+            return
+        carried = {"z": result.noise.select(result.instances)}
+        where = result.coords + lo
+        if link.role == "garbler":
+            r = np.frombuffer(os.urandom(8 * m), dtype="<u8").astype(np.uint64) & mask
+            link.session.run(circuit, {"r": r}, carried, m)
+            shares[where] = (np.uint64(0) - r) & mask  # -r: wraps on purpose
+        else:
+            out = link.session.run(circuit, {}, carried, m)
+            shares[where] = np.asarray(out["u"], dtype=np.uint64) & mask
+
+    info: dict[str, Any] = {"rounds": 0, "trials": 0}
+    for lo, hi in range_batches(n):
+        stats = run_sampler(
+            role, link, hi - lo, seed, params, schedule,
+            lambda result, lo=lo: finish(result, lo), first_coordinate + lo,
+        )  # fmt: skip
+        info["rounds"] = max(info["rounds"], stats.rounds)
+        info["trials"] += stats.trials
+    info["counters"] = counter_delta(before, link.counters())
+    return shares, info
 
 
 # ------------------------------------------------------------------------------ plaintext

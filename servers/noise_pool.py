@@ -3,11 +3,13 @@ before the rounds, kept in a pool on each server's disk, every sample used exact
 
 Production of one block of n samples (H1 garbler, H2 evaluator, over the data link): the
 sampler's rejection rounds (:func:`servers.gc_party.run_sampler`, fresh 32-byte seeds on both
-servers) leave each accepted noise z as kept labels; :func:`noise_share_circuit` adds H1's mask r
-(L bits from ``os.urandom``, a garbler input the evaluator never learns) and reveals
-u = (z + r) mod 2^L to H2 only. H1 stores -r mod 2^L, H2 stores u, so the two shares add up to z
-in Z_{2^L} while each alone is uniform: neither server learns anything about z (the ABY
-Yao-to-arithmetic step).
+servers) leave each accepted noise z as kept labels; the share circuit
+(:func:`servers.spgc_circuit.noise_share_circuit`) adds H1's mask r (L bits from ``os.urandom``,
+a garbler input the evaluator never learns) and reveals u = (z + r) mod 2^L to H2 only. H1
+stores -r mod 2^L, H2 stores u, so the two shares add up to z in Z_{2^L} while each alone is
+uniform: neither server learns anything about z (the ABY Yao-to-arithmetic step). A block is
+split over the data link's lanes, or over the servers' Ray worker pairs (``workers: K``), in
+contiguous ranges; noise is addressed by sample index, so the block is the same for any split.
 
 Online, per round: each server adds its next d samples to its sum of shares and the two
 exchange one ring element per coordinate (:func:`servers.coordinator.dng_exchange`):
@@ -45,7 +47,6 @@ the move skips are destroyed like used ones).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -57,12 +58,11 @@ from typing import Any
 
 import numpy as np
 
-from garbled_core.circuit import CircuitBuilder
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
-from spgc.servers.gc_party import as_party_link, claim_seed, counter_delta, run_sampler
+from spgc.lanes import lane_ranges, run_lanes
+from spgc.servers.gc_party import claim_seed, merge_lane_counters, resolve_lanes
 from spgc.servers.private_files import write_private
-from spgc.servers.spgc_circuit import check_ring_bits
-from spgc.sharing import ring_mask
+from spgc.servers.spgc_circuit import check_ring_bits, noise_share_circuit
 
 __all__ = [
     "BLOCK_ID_BYTES",
@@ -72,7 +72,6 @@ __all__ = [
     "PoolError",
     "PoolExhaustedError",
     "PoolSlice",
-    "noise_share_circuit",
     "produce_noise_shares",
     "reconcile",
 ]
@@ -93,27 +92,6 @@ class PoolExhaustedError(PoolError):
     """Fewer unused samples than a round needs (never answered with less noise)."""
 
 
-# ------------------------------------------------------------------------------ the circuit
-
-
-@functools.lru_cache(maxsize=32)
-def noise_share_circuit(ring_bits: int, noise_bits: int) -> Any:
-    """u = (z + r) mod 2^L, revealed to the evaluator only: z carried (port ``z``, the sampler's
-    kept noise, ``noise_bits`` two's complement), r the garbler's mask (port ``r``, L bits).
-    L - 1 AND gates."""
-    ring_bits = check_ring_bits(ring_bits)
-    if not 2 <= noise_bits <= ring_bits:
-        raise ValueError(
-            f"the sampler's noise needs {noise_bits} bits, more than the ring's L={ring_bits}: "
-            f"S + z would not fit; the plan must size the ring for the noise"
-        )
-    b = CircuitBuilder(f"spgc-noise-share-L{ring_bits}-z{noise_bits}")
-    z = b.input("z", owner="carried", width=noise_bits)
-    r = b.input("r", owner="garbler", width=ring_bits)
-    b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
-    return b.build()
-
-
 def produce_noise_shares(
     role: str,
     link: Any,
@@ -127,42 +105,41 @@ def produce_noise_shares(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One server's side of producing ``n`` noise samples as additive shares in Z_{2^L}.
 
-    ``role`` "garbler" (H1) or "evaluator" (H2); ``link`` a :class:`servers.gc_party.PartyLink`;
+    ``role`` "garbler" (H1) or "evaluator" (H2); ``link`` a :class:`servers.gc_party.PartyLink`
+    (its lanes, or its Ray worker pairs when it has them, each make a contiguous range of the
+    block: :func:`servers.gc_party.noise_shares_range`), a list of lanes, or a bare channel;
     ``seed`` this server's fresh 32-byte sampler seed (refused if used before). Returns (shares,
     counters): H1's shares are -r mod 2^L, H2's u = z + r mod 2^L, uint64; their sum is the
-    noise the plaintext sampler gives for the same two seeds.
+    noise the plaintext sampler gives for the same two seeds, whatever the number of lanes
+    (noise is addressed by sample index).
     """
     ring_bits = check_ring_bits(ring_bits)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    link = as_party_link(role, link)
+    lanes = resolve_lanes(role, link)
     params = derive_params(sigma_units, distance_log2)
-    circuit = noise_share_circuit(ring_bits, params.noise_bits)
-    mask = ring_mask(ring_bits)
-    shares = np.zeros(n, dtype=np.uint64)
-    before = link.counters()
+    noise_share_circuit(ring_bits, params.noise_bits)  # refuses a ring too small, before a byte
     start = time.perf_counter()
-    claim_seed(seed)
+    claim_seed(seed)  # once for all lanes
+    ranges = lane_ranges(n, len(lanes))
 
-    def finish(result: Any) -> None:
-        m = len(result.coords)
-        if m == 0:
-            return
-        carried = {"z": result.noise.select(result.instances)}
-        if link.role == "garbler":
-            r = np.frombuffer(os.urandom(8 * m), dtype="<u8").astype(np.uint64) & mask
-            link.session.run(circuit, {"r": r}, carried, m)
-            shares[result.coords] = (np.uint64(0) - r) & mask  # -r: wraps on purpose
-        else:
-            out = link.session.run(circuit, {}, carried, m)
-            shares[result.coords] = np.asarray(out["u"], dtype=np.uint64) & mask
+    def lane(i: int) -> Any:
+        lo, hi = ranges[i]
+        return lambda: lanes[i].noise_shares_range(
+            role=role, n=hi - lo, first_coordinate=lo, seed=seed, params=params,
+            ring_bits=ring_bits, schedule=schedule,
+        )  # fmt: skip
 
-    if n:
-        stats = run_sampler(link.role, link, n, seed, params, schedule, finish)
-        info: dict[str, Any] = {"rounds": stats.rounds, "trials": stats.trials}
-    else:
-        info = {"rounds": 0, "trials": 0}
-    info.update(counter_delta(before, link.counters()))
+    parts = run_lanes(
+        [lane(i) for i in range(len(lanes))], on_failure=lambda i: lanes[i].interrupt()
+    )
+    shares = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.uint64)
+    info: dict[str, Any] = {
+        "rounds": max((p[1]["rounds"] for p in parts), default=0),
+        "trials": sum(p[1]["trials"] for p in parts),
+        "lanes": len(lanes),
+    }
+    info.update(merge_lane_counters([p[1]["counters"] for p in parts]))
     info["samples"] = n
     info["seconds"] = time.perf_counter() - start
     return shares, info

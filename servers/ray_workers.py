@@ -29,16 +29,18 @@ from typing import Any
 import numpy as np
 
 import garbled_core
-from spgc.servers.gc_party import PartyLink, aggregate_range
+from spgc.servers.gc_party import PartyLink, aggregate_range, noise_shares_range
 
 __all__ = [
     "LaneWorker",
     "RayLane",
     "WorkerTls",
     "connect_workers",
+    "init_ray",
     "kill_worker",
     "ray_available",
     "ray_get",
+    "shutdown_ray",
     "start_workers",
 ]
 
@@ -69,6 +71,19 @@ def _ray() -> Any:
 def ray_get(refs: Any) -> Any:
     """ray.get, through the optional import."""
     return _ray().get(refs)
+
+
+def init_ray(**kwargs: Any) -> None:
+    """ray.init with ``kwargs``, through the optional import (benchmarks' local clusters)."""
+    _ray().init(**kwargs)
+
+
+def shutdown_ray() -> None:
+    """ray.shutdown, when Ray is installed and running."""
+    if ray_available():
+        ray = _ray()
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 def kill_worker(actor: Any) -> None:
@@ -123,12 +138,28 @@ class LaneWorker:
         channel = garbled_core.Channel.connect(host, port, timeout=timeout, **self.tls.kwargs())
         self.link = PartyLink.open(self.role, channel, scheme=self.scheme, ot_k=self.ot_k)
 
-    def aggregate_range(self, kwargs: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+    def _linked(self) -> PartyLink:
         if self.link is None:
             raise RuntimeError("this worker has no data link to its pair")
-        y, info = aggregate_range(link=self.link, **kwargs)
+        return self.link
+
+    def aggregate_range(self, kwargs: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        y, info = aggregate_range(link=self._linked(), **kwargs)
         info["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         return y, info
+
+    def noise_shares_range(self, kwargs: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        shares, info = noise_shares_range(link=self._linked(), **kwargs)
+        info["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return shares, info
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Bytes per engine phase on this worker's link (benchmarks add them up)."""
+        return self._linked().counters()
+
+    def peak_rss_mb(self) -> float:
+        """This worker process's peak resident memory so far (benchmarks: the idle baseline)."""
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     def interrupt(self) -> None:
         if self.link is not None:
@@ -141,17 +172,28 @@ class LaneWorker:
 
 
 class RayLane:
-    """A remote lane for :func:`servers.gc_party.run_aggregate`: the same ``aggregate_range``
-    and ``interrupt`` as a local :class:`PartyLink`, run by a :class:`LaneWorker`."""
+    """A remote lane for :func:`servers.gc_party.run_aggregate` and
+    :func:`servers.noise_pool.produce_noise_shares`: the same ``aggregate_range``,
+    ``noise_shares_range``, ``counters`` and ``interrupt`` as a local :class:`PartyLink`, run by
+    a :class:`LaneWorker`."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
 
     def aggregate_range(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
         kwargs.pop("on_stage", None)  # fault hooks are the daemon's, not a worker's
+        return self._call("aggregate_range", kwargs)
+
+    def noise_shares_range(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        return self._call("noise_shares_range", kwargs)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return self._call("counters")
+
+    def _call(self, method: str, *args: Any) -> Any:
         ray = _ray()
         try:
-            return ray.get(self.actor.aggregate_range.remote(kwargs))
+            return ray.get(getattr(self.actor, method).remote(*args))
         except ray.exceptions.RayActorError as exc:
             raise RuntimeError(f"a circuit worker was lost mid-round: {exc}") from exc
 

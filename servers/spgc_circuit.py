@@ -4,6 +4,7 @@ Inputs per coordinate: A1 (garbler, H1) and A2 (evaluator, H2), the two servers'
 Z_{2^L}. S = (A1 - A2) mod 2^L read as a signed L-bit value (the paper's smod). The noise z comes
 from the sampler's accepted trial as a carried (kept) input, so nobody sees it; Y = S + z is
 computed in max(L, noise width) + 1 bits, which cannot wrap, and revealed to both servers.
+The preprocessed mode's share circuit turns the same kept noise into additive shares instead.
 
 Also here: the paper's table sampler (a lambda-bit index, r1 xor r2, into a public table of
 2^lambda rounded normal quantiles), as a labelled baseline for communication benchmarks only.
@@ -28,6 +29,7 @@ __all__ = [
     "TABLE_SAMPLER_LABEL",
     "check_ring_bits",
     "decode_signed",
+    "noise_share_circuit",
     "noisy_sum_circuit",
     "output_ports",
     "output_width",
@@ -132,6 +134,24 @@ def noisy_sum_circuit(ring_bits: int, noise_bits: int, output_bits: int | None =
 
 
 # ------------------------------------------------------------------ the paper's table sampler
+
+
+@functools.lru_cache(maxsize=32)
+def noise_share_circuit(ring_bits: int, noise_bits: int) -> Any:
+    """u = (z + r) mod 2^L, revealed to the evaluator only: z carried (port ``z``, the sampler's
+    kept noise, ``noise_bits`` two's complement), r the garbler's mask (port ``r``, L bits).
+    L - 1 AND gates."""
+    ring_bits = check_ring_bits(ring_bits)
+    if not 2 <= noise_bits <= ring_bits:
+        raise ValueError(
+            f"the sampler's noise needs {noise_bits} bits, more than the ring's L={ring_bits}: "
+            f"S + z would not fit; the plan must size the ring for the noise"
+        )
+    b = CircuitBuilder(f"spgc-noise-share-L{ring_bits}-z{noise_bits}")
+    z = b.input("z", owner="carried", width=noise_bits)
+    r = b.input("r", owner="garbler", width=ring_bits)
+    b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
+    return b.build()
 
 
 @functools.lru_cache(maxsize=16)

@@ -178,3 +178,29 @@ def test_preprocessed_opens_one_ring_element_each_way_online(ctx) -> None:
     trial = build_trial_circuit(derive_params(sigma))
     assert m.extra["offline_bytes_per_coordinate"] > 24.625 * trial.and_count
     assert m.extra["ring_bits"] > ctx.ring_bits  # the ring holds |S| plus the noise bound
+
+
+def test_workers_run_the_circuits_on_ray_worker_pairs(ctx, capsys) -> None:
+    """--workers 2: the circuits run on two worker pairs of a local Ray cluster; bytes are
+    those of both pairs (each lane its own chunks and session setup), rows say so."""
+    pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
+    rc = bench_comm.run(
+        "cancer", [8.0], modes=["only-mpc", "spgc", "preprocessed"], coordinates=200,
+        workers=2, as_json=True,
+    )  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr()
+    rows = {r["mode"]: r for r in json.loads(out.out)}
+    assert "2 Ray worker pairs" in out.err
+    assert all(r["workers"] == 2 for r in rows.values())
+    # two session setups (one per worker pair), each what one link costs
+    assert rows["only-mpc"]["session_setup_bytes"] == 2 * ctx.session_setup_bytes
+    # only-mpc on 62 coordinates (d): two lanes of 31, each exactly the engine's closed form
+    om = rows["only-mpc"]
+    lane = only_mpc_closed_form(ctx.ring_bits, 31)
+    per_coord = om["phase_bytes_per_coordinate"]
+    measured = {k: v * om["coordinates_measured"] for k, v in per_coord.items()}
+    assert om["coordinates_measured"] == 62
+    assert measured == pytest.approx({k: 2 * v for k, v in lane.items()})
+    assert rows["spgc"]["phase_bytes_per_coordinate"]["tables"] > 24.6 * 500
+    assert rows["preprocessed"]["offline_bytes_per_coordinate"] > 24.6 * 500

@@ -26,9 +26,12 @@ def test_ray_worker_pairs_round(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["correct"] and out["ray"] and out["workers"] == 2
     assert len(out["peak_rss_mb_per_worker"]) == 4 and min(out["peak_rss_mb_per_worker"]) > 10
     model = out["model"]
-    assert {r["bound"] for r in model} <= {"CPU", "link"}
+    assert {r["bound"] for r in model} <= {"CPU", "link", "memory"}
     row = next(r for r in model if r["dim"] == 10**9 and r["workers"] == 1)
     assert row["gigabytes"] == pytest.approx(out["bytes_per_coordinate"])  # 1e9 coords: B -> GB
+    # the round's working set was measured on the workers: the model's memory column uses it
+    assert out["rss_bytes_per_coordinate"] >= 0 and len(out["idle_rss_mb_per_worker"]) == 4
+    assert all(r["worker_memory_gb"] > 0 for r in model) and out["model_intake"]
 
 
 def test_model_bound_follows_the_slower_of_link_and_cpu() -> None:
@@ -39,6 +42,22 @@ def test_model_bound_follows_the_slower_of_link_and_cpu() -> None:
     assert slow["compute_seconds"] == pytest.approx(20.0) and slow["bound"] == "link"
     fast = at[10**6, 1, 100]
     assert fast["bound"] == "CPU" and fast["round_seconds"] == pytest.approx(20.0)
+
+
+def test_model_memory_bound_and_intake() -> None:
+    """A worker holds one batch's working set plus 24 bytes per coordinate of its range; a
+    range that does not fit the worker's memory is memory-bound whatever the link."""
+    rows = bench_scale.model_rows(25_000, 20e-6, rss_bytes_per_coord=600.0, idle_rss_mb=100.0,
+                                  worker_memory_gb=16.0)  # fmt: skip
+    at = {(r["dim"], r["workers"], r["gbit_per_s"]): r for r in rows}
+    one = at[10**9, 1, 100]
+    expected = (100 * 2**20 + bench_scale.RANGE_BATCH * 600.0 + 10**9 * 24) / 1e9
+    assert one["worker_memory_gb"] == pytest.approx(expected) and one["bound"] == "memory"
+    assert at[10**9, 64, 100]["bound"] != "memory"  # 1/64 of the range fits
+    intake = {(r["dim"], r["providers"], r["gbit_per_s"]): r for r in bench_scale.intake_rows()}
+    r = intake[10**6, 1000, 10]
+    assert r["gigabytes_per_server"] == pytest.approx(8.0)  # 1000 x 1e6 x 8 bytes
+    assert r["intake_seconds"] == pytest.approx(6.4)  # 64 Gbit at 10 Gbit/s
 
 
 @pytest.mark.parametrize(

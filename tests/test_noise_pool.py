@@ -13,6 +13,7 @@ import pytest
 from helpers import Background
 
 from spgc.noise import noise_bound_units, sample_noise_plain
+from spgc.servers import gc_party
 from spgc.servers.gc_party import PartyLink
 from spgc.servers.noise_pool import (
     CHUNK_SAMPLES,
@@ -21,10 +22,10 @@ from spgc.servers.noise_pool import (
     PoolError,
     PoolExhaustedError,
     PoolSlice,
-    noise_share_circuit,
     produce_noise_shares,
     reconcile,
 )
+from spgc.servers.spgc_circuit import noise_share_circuit
 
 
 def links(two_party):
@@ -63,6 +64,29 @@ def test_shares_add_up_to_the_plaintext_sampler_noise(two_party, ring_bits, sigm
     assert info_g["samples"] == n and info_g["rounds"] >= 1
     # H2 received the share circuit's tables and u's decoding only; bytes counted on both sides
     assert info_g["sent"] == info_e["received"] and info_e["sent"] == info_g["received"]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_block_split_over_lanes_is_the_same_block(two_party, monkeypatch, k):
+    """The data link's lanes each make a contiguous range of the block (in batches of
+    RANGE_BATCH); noise is addressed by sample index, so the shares still add up to the whole
+    block's plaintext noise."""
+    monkeypatch.setattr(gc_party, "RANGE_BATCH", 150)
+    n, ring_bits, sigma = 1001, 32, 300.0
+    pairs = [links(two_party) for _ in range(k)]
+    lg, le = pairs[0]
+    lg.extra_lanes = [g for g, _ in pairs[1:]]
+    le.extra_lanes = [e for _, e in pairs[1:]]
+    s1, s2 = os.urandom(32), os.urandom(32)
+    neg_r, u, info_g, info_e = produce_both(lg, le, n, sigma, ring_bits, s1, s2)
+    total = (neg_r.astype(object) + u.astype(object)) & ((1 << ring_bits) - 1)
+    z = sample_noise_plain(s1, s2, n, sigma)
+    assert signed(np.array(total.tolist(), dtype=np.uint64), ring_bits).tolist() == z.tolist()
+    assert info_g["lanes"] == info_e["lanes"] == k
+    # every lane carried its own range's tables
+    for g, _ in pairs:
+        assert g.counters()["tables"]["sent"] > 0
+    assert info_g["sent"] == info_e["received"]
 
 
 def test_share_circuit_cost_and_refusal():

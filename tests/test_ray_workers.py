@@ -12,6 +12,7 @@ from helpers import Background
 
 from spgc.noise import sample_noise_plain
 from spgc.servers.gc_party import run_aggregate
+from spgc.servers.noise_pool import produce_noise_shares
 
 ray = pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
 
@@ -63,6 +64,30 @@ def test_worker_pairs_release_the_sums_plus_the_seeds_noise(cluster, k):
     assert ig["phases"]["tables"]["sent"] == ie["phases"]["tables"]["received"] > 0
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_worker_pairs_make_the_same_noise_block(cluster, k):
+    """Preprocessed mode's noise block on K worker pairs: the shares add up to the plaintext
+    noise of the two seeds, whatever K; each worker reports its bytes and peak RSS."""
+    n, ring = 500, 32
+    s1 = hashlib.sha256(b"ray-pool-1-%d" % k).digest()
+    s2 = hashlib.sha256(b"ray-pool-2-%d" % k).digest()
+    lanes_g, lanes_e, actors = pairs(k)
+    try:
+        side = Background(lambda: produce_noise_shares("garbler", lanes_g, n, 400.0, ring, s1))
+        u, ie = produce_noise_shares("evaluator", lanes_e, n, 400.0, ring, s2)
+        neg_r, ig = side.result()
+        worker_tables = [lane.counters()["tables"]["sent"] for lane in lanes_g]
+    finally:
+        for a in actors:
+            ray.kill(a)
+    total = (neg_r.astype(object) + u.astype(object)) & ((1 << ring) - 1)
+    signed = [v - (1 << ring) if v >= 1 << (ring - 1) else v for v in total.tolist()]
+    assert signed == sample_noise_plain(s1, s2, n, 400.0).tolist()
+    assert ig["lanes"] == ie["lanes"] == k
+    assert all(t > 0 for t in worker_tables)
+    assert sum(worker_tables) == ig["phases"]["tables"]["sent"]
+
+
 def test_a_lost_worker_fails_the_round_on_both_servers(cluster):
     _, a1, a2 = shares(30000, 2)
     lanes_g, lanes_e, actors = pairs(2)
@@ -112,3 +137,29 @@ def test_servers_run_a_round_on_two_worker_pairs(cluster, tmp_path):
             p.close()
         d1.stop()
         d2.stop()
+
+
+def test_precompute_fills_the_pool_on_two_worker_pairs(cluster, tmp_path):
+    """`spgc server precompute` with workers: 2: the noise blocks are made on the worker pairs
+    (the daemons' own data link carries no tables) and both pools hold the same blocks."""
+    from test_server_daemon import PROVIDERS, bind_pair
+
+    from spgc.certs import make_dev_pki
+
+    pki = tmp_path / "pki"
+    make_dev_pki(pki / "good", ["h1", "h2", *PROVIDERS])
+    kw = {"mode": "preprocessed", "rounds": 1, "noise_multiplier": 1.0, "pool_block": 40}
+    a, b = bind_pair(pki, tmp_path, precompute=90, workers=2, **kw)
+    try:
+        b.start()
+        a.start()
+        assert a.wait(120) and b.wait(120) and a.error is None and b.error is None
+        assert a.state.pool.available == b.state.pool.available == 90
+        assert [blk.count for blk in a.state.pool.blocks] == [40, 40, 10]
+        assert [blk.block_id for blk in a.state.pool.blocks] == [
+            blk.block_id for blk in b.state.pool.blocks
+        ]
+        assert a._gc_channels[0].counters()["tables"]["sent"] == 0
+    finally:
+        a.stop()
+        b.stop()

@@ -255,3 +255,25 @@ def test_lanes_release_the_same_vector_as_one_link(two_party, mode):
         outputs.append(ye.tolist())
     if mode == "only-mpc":
         assert outputs[0] == outputs[1] == outputs[2]
+
+
+@pytest.mark.parametrize("mode", ["spgc", "only-mpc"])
+def test_a_lane_runs_its_range_in_batches_with_the_same_result(two_party, monkeypatch, mode):
+    """A lane's range larger than RANGE_BATCH runs batch after batch (bounded memory on a
+    worker); coordinates address their own noise, so the release is the whole batch's."""
+    monkeypatch.setattr(gc_party, "RANGE_BATCH", 64)
+    assert gc_party.range_batches(150) == [(0, 64), (64, 128), (128, 150)]
+    sums = sums_for(16, 150, 11)
+    a1, a2 = shares_of(sums, 16, 12)
+    _, lg, le = both(two_party)
+    s1 = hashlib.sha256(b"batches-1-" + mode.encode()).digest() if mode == "spgc" else None
+    s2 = hashlib.sha256(b"batches-2-" + mode.encode()).digest() if mode == "spgc" else None
+    sigma = 1000.0 if mode == "spgc" else None
+    yg, ye, cg, _ = run_both(lg, le, a1, a2, s1, s2, sigma, 16, mode)
+    assert yg.tolist() == ye.tolist()
+    if mode == "spgc":
+        z = sample_noise_plain(s1, s2, len(sums), sigma)
+        assert [int(y) - s for y, s in zip(ye.tolist(), sums, strict=True)] == z.tolist()
+        assert cg["trials"] >= 150 and len(cg["trials_per_round"]) == cg["rounds"]
+    else:
+        assert ye.tolist() == sums

@@ -15,6 +15,10 @@ offline, servers/noise_pool.py; online the servers open S + z, one ring element 
 ``table16``, the paper's table sampler (lambda = 16, ring N = 16): a labelled baseline that is NOT
 differentially private at these noise scales. What each mode is comes from the one modes table
 (:mod:`spgc.modes`); how to measure it is one ``ModeSpec`` in ``MODES`` here.
+
+``--workers K`` runs the circuits (spgc, only-mpc, preprocessed's noise blocks) on K Ray worker
+pairs of a local cluster, as servers with ``workers: K`` do (servers/ray_workers.py); the bytes
+are those of all pairs together (the same as one pair's, but for K session setups).
 """
 
 from __future__ import annotations
@@ -36,16 +40,20 @@ import numpy as np
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc import accounting
 from spgc.app.bench_sampler import party_links, two_party
+from spgc.app.bench_scale import init_local_ray, start_worker_pairs
 from spgc.config import ServerConfig
 from spgc.encoding import FixedPointConfig
+from spgc.lanes import MAX_LANES
 from spgc.models import build_model, flatten_params
 from spgc.modes import get_mode
 from spgc.noise import noise_bound_units, sample_discrete_gaussian
 from spgc.progress import Progress
 from spgc.servers.coordinator import dng_exchange
 from spgc.servers.gc_party import counter_delta, run_aggregate
-from spgc.servers.noise_pool import noise_share_circuit, produce_noise_shares
+from spgc.servers.noise_pool import produce_noise_shares
+from spgc.servers.ray_workers import kill_worker, shutdown_ray
 from spgc.servers.spgc_circuit import (
+    noise_share_circuit,
     noisy_sum_circuit,
     output_width,
     reconstruct_circuit,
@@ -769,6 +777,7 @@ def run(
     epochs: int = DEFAULT_EPOCHS,
     chunk: int | None = None,
     tls: bool = False,
+    workers: int = 1,
     as_json: bool = False,
     plot: Path | None = None,
 ) -> int:
@@ -780,14 +789,29 @@ def run(
     _check_inputs(epsilons, delta, calibration, modes, coordinates, epochs)
     if plot is not None and not Path(plot).parent.exists():
         raise BenchCommError(f"cannot write the plot: directory {Path(plot).parent} does not exist")
+    if not 1 <= workers <= MAX_LANES:
+        raise BenchCommError(f"--workers must be in 1..{MAX_LANES}, got {workers}")
     ctx = make_context(dataset)
     out = sys.stderr if as_json else sys.stdout
     _progress(f"bench comm: {dataset}, d = {ctx.dim:,}, modes {', '.join(modes)}")
+    actors: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="spgc-bench-comm-") as tmp:
         ctx.links = party_links(chunk, Path(tmp, "main") if tls else None)
         if "table16" in modes:
             ctx.table_links = party_links(TABLE_CHUNK, Path(tmp, "table") if tls else None)
         try:
+            if workers > 1:
+                try:
+                    init_local_ray(workers)
+                except RuntimeError as exc:
+                    raise BenchCommError(str(exc)) from None
+                _progress(f"bench comm: {workers} worker pairs on a local Ray cluster")
+                # the dev PKI party_links made: the workers' links use the servers' certificates
+                lanes_g, lanes_e, actors = start_worker_pairs(
+                    workers, Path(tmp, "main") if tls else None
+                )
+                ctx.links[0].remote_lanes = lanes_g
+                ctx.links[1].remote_lanes = lanes_e
             _warm_up(ctx)
             # A line per measurement; on a terminal also a progress line of the rows.
             bar = Progress(len(modes) * len(epsilons), "rows", desc="bench comm", lines=False)
@@ -798,14 +822,21 @@ def run(
             )  # fmt: skip
             bar.close()
         finally:
+            for actor in actors:
+                kill_worker(actor)
+            if workers > 1:
+                shutdown_ray()
             for pair in (ctx.links, ctx.table_links):
                 for link in pair or ():
                     link.channel.close()
             ctx.links = ctx.table_links = None
+    for row in rows:
+        row["workers"] = workers
     link_kind = "TLS 1.3" if tls else "plaintext TCP"
+    where = f", circuits on {workers} Ray worker pairs" if workers > 1 else ""
     header = (
         f"{dataset}: d = {ctx.dim:,}, delta = {delta:g}, {calibration} calibration, "
-        f"two-party over loopback ({link_kind})"
+        f"two-party over loopback ({link_kind}{where})"
     )
     print(format_table(rows, header), file=out)
     print(_notes(ctx, rows, epochs), file=out)
@@ -873,6 +904,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument("--chunk", type=int, default=None, metavar="N", help="engine batch size")
     p.add_argument("--tls", action="store_true", help="TLS 1.3 link with a throwaway dev PKI")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run the circuits on K worker pairs of a local Ray cluster (extra spgc[ray]), as "
+        "servers with workers: K do (default: 1, in this process)",
+    )
     p.add_argument("--json", action="store_true", help="JSON list on stdout (table to stderr)")
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="write a PNG plot")
     return p
@@ -891,6 +930,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         chunk=args.chunk,
         tls=args.tls,
+        workers=args.workers,
         as_json=args.json,
         plot=args.plot,
     )

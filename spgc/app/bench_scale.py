@@ -31,8 +31,17 @@ import garbled_core
 from spgc.certs import make_dev_pki
 from spgc.lanes import MAX_LANES
 from spgc.noise import sample_noise_plain
-from spgc.servers.gc_party import PartyLink, run_aggregate
-from spgc.servers.ray_workers import WorkerTls, connect_workers, kill_worker, start_workers
+from spgc.servers.gc_party import RANGE_BATCH, PartyLink, run_aggregate
+from spgc.servers.ray_workers import (
+    WorkerTls,
+    connect_workers,
+    init_ray,
+    kill_worker,
+    ray_available,
+    ray_get,
+    shutdown_ray,
+    start_workers,
+)
 
 HOST = "127.0.0.1"
 RING_BITS = 32
@@ -40,6 +49,12 @@ DEFAULT_SIGMA = 1000.0
 MODEL_DIMS = (10**6, 10**7, 10**8, 10**9)
 MODEL_WORKERS = (1, 8, 64)
 MODEL_GBITS = (1, 10, 100)
+MODEL_PROVIDERS = (10, 1000, 100_000)
+SHARE_BYTES = 8  # a share value on the provider wire (proto: little-endian uint64)
+# Per coordinate of a worker's range beyond its batch: its shares, its part of Y and their
+# concatenation (three 8-byte arrays), on top of the batch's measured working set.
+RANGE_BYTES_PER_COORDINATE = 24
+DEFAULT_WORKER_MEMORY_GB = 64.0
 
 
 def _shares(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,6 +85,45 @@ def _files(name: str) -> tuple[str, str, str]:
     return f"{name}.pem", f"{name}.key", "ca.pem"
 
 
+def start_worker_pairs(
+    workers: int, tls_dir: Path | None
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """``workers`` H1 and H2 worker actors on the running Ray cluster, worker i of H1 linked to
+    worker i of H2 (TLS with the dev PKI in ``tls_dir`` made by ``make_dev_pki(tls_dir, ["h1",
+    "h2"])``, or plaintext when None). Returns (H1's lanes, H2's lanes, every actor)."""
+
+    def worker_tls(name: str, peer: str) -> WorkerTls:
+        if tls_dir is None:
+            return WorkerTls(insecure=True)
+        cert, key, ca = (str(tls_dir / f) for f in _files(name))
+        return WorkerTls(cert, key, ca, peer)
+
+    g = start_workers("garbler", workers, worker_tls("h1", "h2"))
+    e = start_workers("evaluator", workers, worker_tls("h2", "h1"))
+    try:
+        lanes_g, lanes_e = connect_workers(g, e, HOST)
+    except BaseException:
+        for actor in g + e:
+            kill_worker(actor)
+        raise
+    return lanes_g, lanes_e, g + e
+
+
+def init_local_ray(workers: int) -> None:
+    """A local Ray cluster for ``workers`` pairs (two actors each), or a clear error when the
+    extra is missing."""
+    if not ray_available():
+        raise RuntimeError(
+            "worker pairs run on Ray: pip install 'spgc[ray]' (or run one pair: --workers 1)"
+        )
+    init_ray(
+        num_cpus=max(2, 2 * workers),
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+
+
 def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> dict[str, Any]:
     """One round of d coordinates on ``workers`` pairs; returns the measured figures."""
     sums, a1, a2 = _shares(d)
@@ -81,19 +135,12 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
             make_dev_pki(tls_dir, ["h1", "h2"])
         setup0 = time.perf_counter()
         if use_ray:
-            def worker_tls(name: str, peer: str) -> WorkerTls:
-                if tls_dir is None:
-                    return WorkerTls(insecure=True)
-                cert, key, ca = (str(tls_dir / f) for f in _files(name))
-                return WorkerTls(cert, key, ca, peer)
-
-            g = start_workers("garbler", workers, worker_tls("h1", "h2"))
-            e = start_workers("evaluator", workers, worker_tls("h2", "h1"))
-            actors = g + e
-            lanes_g, lanes_e = connect_workers(g, e, HOST)
+            lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir)
         else:
             lanes_g, lanes_e = _pair_embedded(tls_dir)
         setup_seconds = time.perf_counter() - setup0
+        idle = ray_get([a.peak_rss_mb.remote() for a in actors]) if actors else []
+        baseline = [float(x) for x in idle]
         try:
             # Round 1 sets the sessions up (base OTs, SoftSpoken trees) and warms the workers;
             # round 2, with fresh seeds, is the steady state that seconds_per_round reports.
@@ -105,7 +152,7 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
     z = sample_noise_plain(s1, s2, d, sigma)
     correct = bool(np.array_equal(yg, ye)) and bool(np.array_equal(ye - sums, z))
     sent = int(ig["sent"]) + int(ie["sent"])
-    return {
+    result: dict[str, Any] = {
         "dim": d,
         "workers": workers,
         "ray": use_ray,
@@ -122,8 +169,18 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
         "trials": int(ig["trials"]),
         "rounds": int(ig["rounds"]),
         "peak_rss_mb_per_worker": [] if not use_ray else _worker_rss(ig, ie),
+        "idle_rss_mb_per_worker": baseline,
         "correct": correct,
     }
+    if use_ray:
+        # the round's working set per coordinate of a worker's range (one batch when the
+        # range fits RANGE_BATCH), from the worker that grew most: an upper bound, since the
+        # growth also holds fixed costs (circuits, buffers); run --dim 1000000 or more for the
+        # model's memory column
+        grown = max(p - b for p, b in zip(result["peak_rss_mb_per_worker"], baseline, strict=True))
+        per_worker = -(-d // workers)
+        result["rss_bytes_per_coordinate"] = max(grown, 0.0) * 2**20 / per_worker
+    return result
 
 
 def _one_round(
@@ -152,15 +209,36 @@ def _worker_rss(ig: dict[str, Any], ie: dict[str, Any]) -> list[float]:
     return [float(x) for x in ig.get("worker_rss_mb", []) + ie.get("worker_rss_mb", [])]
 
 
-def model_rows(bytes_per_coord: float, seconds_per_coord_pair: float) -> list[dict[str, Any]]:
-    """Per round: link seconds (both directions' bytes over one link of G Gbit/s) against
-    compute seconds (d coordinates over K pairs at this run's per-pair rate), and which bounds."""
+def model_rows(
+    bytes_per_coord: float,
+    seconds_per_coord_pair: float,
+    rss_bytes_per_coord: float | None = None,
+    idle_rss_mb: float = 0.0,
+    worker_memory_gb: float = DEFAULT_WORKER_MEMORY_GB,
+) -> list[dict[str, Any]]:
+    """The circuit part of a round, per (d, K, link): link seconds (both directions' bytes over
+    one link of G Gbit/s) against compute seconds (d coordinates over K pairs at this run's
+    per-pair rate); the larger bounds the round. With a measured working set per coordinate, a
+    worker's peak memory (idle + one batch of at most RANGE_BATCH coordinates + 24 bytes per
+    coordinate of its range) and whether it fits ``worker_memory_gb``."""
     rows = []
     for d in MODEL_DIMS:
         for k in MODEL_WORKERS:
             compute = d * seconds_per_coord_pair / k
+            per_worker = -(-d // k)
+            memory_gb = None
+            if rss_bytes_per_coord is not None:
+                batch = min(per_worker, RANGE_BATCH)
+                memory_gb = (
+                    idle_rss_mb * 2**20
+                    + batch * rss_bytes_per_coord
+                    + per_worker * RANGE_BYTES_PER_COORDINATE
+                ) / 1e9
             for g in MODEL_GBITS:
                 link = d * bytes_per_coord * 8 / (g * 1e9)
+                bound = "link" if link > compute else "CPU"
+                if memory_gb is not None and memory_gb > worker_memory_gb:
+                    bound = "memory"
                 rows.append(
                     {
                         "dim": d,
@@ -170,23 +248,57 @@ def model_rows(bytes_per_coord: float, seconds_per_coord_pair: float) -> list[di
                         "compute_seconds": compute,
                         "link_seconds": link,
                         "round_seconds": max(compute, link),
-                        "bound": "link" if link > compute else "CPU",
+                        "worker_memory_gb": memory_gb,
+                        "bound": bound,
                     }
                 )
     return rows
 
 
-def format_model(rows: list[dict[str, Any]]) -> str:
+def intake_rows() -> list[dict[str, Any]]:
+    """The providers' part of a round, per (d, N providers, link): each server receives one
+    8-byte share per coordinate from each provider (N d 8 bytes on its own ingress link) and
+    spills shares above 64 KiB to disk (the same bytes), before the circuit runs."""
+    rows = []
+    for d in MODEL_DIMS:
+        for n in MODEL_PROVIDERS:
+            gigabytes = n * d * SHARE_BYTES / 1e9
+            for g in MODEL_GBITS:
+                rows.append(
+                    {
+                        "dim": d,
+                        "providers": n,
+                        "gbit_per_s": g,
+                        "gigabytes_per_server": gigabytes,
+                        "intake_seconds": gigabytes * 8 / g,
+                    }
+                )
+    return rows
+
+
+def format_model(rows: list[dict[str, Any]], intake: list[dict[str, Any]] | None = None) -> str:
     lines = [
+        "circuit part of a round (between the servers):",
         f"{'dim':>13} {'K':>3} {'Gbit/s':>6} {'GB/round':>9} {'CPU s':>10} {'link s':>10} "
-        f"{'round s':>10}  bound"
+        f"{'round s':>10} {'GB/worker':>9}  bound",
     ]
     for r in rows:
+        mem = "-" if r.get("worker_memory_gb") is None else f"{r['worker_memory_gb']:.2f}"
         lines.append(
             f"{r['dim']:>13,} {r['workers']:>3} {r['gbit_per_s']:>6} {r['gigabytes']:>9.1f} "
             f"{r['compute_seconds']:>10.1f} {r['link_seconds']:>10.1f} "
-            f"{r['round_seconds']:>10.1f}  {r['bound']}"
+            f"{r['round_seconds']:>10.1f} {mem:>9}  {r['bound']}"
         )
+    if intake:
+        lines += [
+            "intake part of a round (providers to each server, before the circuit):",
+            f"{'dim':>13} {'providers':>9} {'Gbit/s':>6} {'GB/server':>10} {'seconds':>10}",
+        ]
+        for r in intake:
+            lines.append(
+                f"{r['dim']:>13,} {r['providers']:>9,} {r['gbit_per_s']:>6} "
+                f"{r['gigabytes_per_server']:>10.1f} {r['intake_seconds']:>10.1f}"
+            )
     return "\n".join(lines)
 
 
@@ -207,6 +319,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument("--insecure", action="store_true", help="plaintext worker links (not TLS)")
     p.add_argument("--model", action="store_true", help="also print the per-round model")
+    p.add_argument(
+        "--worker-memory-gb",
+        type=float,
+        default=DEFAULT_WORKER_MEMORY_GB,
+        metavar="GB",
+        help="memory of one worker for the model's memory bound (default: 64)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
 
@@ -221,35 +340,37 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.embedded and args.workers != 1:
         print("spgc: error: --embedded runs one pair: pass --workers 1", file=sys.stderr)
         return 2
+    if not math.isfinite(args.worker_memory_gb) or args.worker_memory_gb <= 0:
+        print("spgc: error: --worker-memory-gb must be a positive number", file=sys.stderr)
+        return 2
     if not math.isfinite(args.sigma) or args.sigma <= 0:
         print("spgc: error: --sigma must be a positive number", file=sys.stderr)
         return 2
     use_ray = not args.embedded
     if use_ray:
-        try:
-            import ray
-        except ImportError:
+        if not ray_available():
             print(
                 "spgc: error: bench scale runs worker pairs on Ray: pip install 'spgc[ray]' "
                 "(or --embedded --workers 1)",
                 file=sys.stderr,
             )
             return 2
-        ray.init(
-            num_cpus=max(2, 2 * args.workers),
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
+        init_local_ray(args.workers)
     try:
         result = run_round(args.dim, args.workers, args.sigma, use_ray, not args.insecure)
     finally:
         if use_ray:
-            ray.shutdown()
+            shutdown_ray()
     if args.model:
+        idle = result["idle_rss_mb_per_worker"]
         result["model"] = model_rows(
-            result["bytes_per_coordinate"], result["seconds_per_coordinate_per_pair"]
+            result["bytes_per_coordinate"],
+            result["seconds_per_coordinate_per_pair"],
+            result.get("rss_bytes_per_coordinate"),
+            max(idle) if idle else 0.0,
+            args.worker_memory_gb,
         )
+        result["model_intake"] = intake_rows()
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
@@ -265,7 +386,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             rss = ", ".join(f"{x:.0f}" for x in result["peak_rss_mb_per_worker"])
             print(f"peak RSS per worker (MB): {rss}")
         if args.model:
-            print(format_model(result["model"]))
+            print(format_model(result["model"], result["model_intake"]))
     return 0 if result["correct"] else 1
 
 
