@@ -21,9 +21,11 @@ organisation's own cluster; nothing of one server ever reaches the other's clust
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -74,8 +76,21 @@ def ray_get(refs: Any) -> Any:
 
 
 def init_ray(**kwargs: Any) -> None:
-    """ray.init with ``kwargs``, through the optional import (benchmarks' local clusters)."""
-    _ray().init(**kwargs)
+    """ray.init with ``kwargs``, through the optional import.
+
+    Ray puts the driver's working directory on its workers' sys.path ahead of site-packages, so
+    a driver started in an SPGC checkout would make the workers import the checkout's ``spgc/``
+    (which has no ``servers``: it is installed as ``spgc.servers``). The driver connects from the
+    directory that holds the installed packages instead, which is what the workers should see.
+    """
+    ray = _ray()
+    installed = Path(garbled_core.__file__).resolve().parent.parent
+    previous = Path.cwd()
+    os.chdir(installed)
+    try:
+        ray.init(**kwargs)
+    finally:
+        os.chdir(previous)
 
 
 def shutdown_ray() -> None:
@@ -213,7 +228,7 @@ def start_workers(
     ``ray_address`` is empty and Ray is not initialised yet)."""
     ray = _ray()
     if not ray.is_initialized():
-        ray.init(
+        init_ray(
             address=ray_address or None,
             include_dashboard=False,
             log_to_driver=False,

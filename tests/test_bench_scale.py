@@ -72,3 +72,23 @@ def test_bad_input_is_one_line(argv, message, capsys: pytest.CaptureFixture[str]
     assert cli.main(["bench", "scale", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_workers_import_the_installed_package_from_any_directory(tmp_path) -> None:
+    """Ray puts the driver's working directory on its workers' sys.path: started next to a
+    directory named spgc (a checkout), the workers must still import the installed package."""
+    pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shadow = tmp_path / "spgc"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("")  # like the checkout's spgc/: no servers in it
+    spgc = Path(sys.executable).parent / "spgc"
+    run = subprocess.run(
+        [str(spgc), "bench", "scale", "--dim", "40", "--workers", "2", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["correct"]
