@@ -163,3 +163,44 @@ def test_precompute_fills_the_pool_on_two_worker_pairs(cluster, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_lost_worker_fails_the_round_which_is_counted_and_run_again(cluster, tmp_path):
+    """One of H2's workers dies before round 0's circuit: the round fails on both servers
+    after its release was written ahead, both go back to their checkpoint, pair fresh
+    workers, and run round 0 again as a new release with fresh seeds; both ledgers count
+    both releases."""
+    from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
+
+    from spgc.certs import make_dev_pki
+    from spgc.ledger import verify_ledger
+
+    pki = tmp_path / "pki"
+    make_dev_pki(pki / "good", ["h1", "h2", *PROVIDERS])
+    d1, d2 = start_pair(
+        pki, tmp_path, mode="spgc", rounds=1, noise_multiplier=2.0, target_epsilon=50.0,
+        workers=2,
+    )  # fmt: skip
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        first_workers = list(d2._workers)
+        ray.kill(first_workers[1])
+        vec = np.full(cfg.num_parameters, 40, dtype=np.int64)
+        for p in providers:
+            p.submit_both(cfg, 0, vec)
+        # the round fails, both servers rejoin and round 0 opens again: submit once more
+        cfg = providers[0].wait_collecting(0, timeout=90)
+        assert d2._workers and d2._workers[1] is not first_workers[1]
+        for p in providers:
+            p.submit_both(cfg, 0, vec)
+        wait_round_done((d1, d2), 0, timeout=90)
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    for daemon, sub in ((d1, "s1"), (d2, "s2")):
+        assert daemon.state.steps == 1
+        report = verify_ledger(tmp_path / sub / "ledger.jsonl")
+        assert report.steps == 2 == daemon.state.releases  # the failed release counts too
