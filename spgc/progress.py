@@ -35,7 +35,9 @@ class Progress:
         self.total, self.unit, self.desc, self.interval = total, unit, desc, interval
         self.lines = lines
         self.count = 0
-        self._printed: tuple[int, float] = (-1, 0.0)
+        # (count, monotonic time) of the last line; None: none yet, so the first update prints
+        # (monotonic time starts near 0 at boot: "0.0" would hold it back on a fresh machine)
+        self._printed: tuple[int, float | None] = (-1, None)
         self._pending: dict[str, Any] = {}
         self._bar: Any = None
         if _is_terminal(self.stream):
@@ -52,7 +54,8 @@ class Progress:
             self._bar.update(step)
             return
         now = time.monotonic()
-        if count != self._printed[0] and now - self._printed[1] >= self.interval:
+        last = self._printed[1]
+        if count != self._printed[0] and (last is None or now - last >= self.interval):
             self._line(shown)
             self._printed = (count, now)
         self._pending = shown

@@ -35,6 +35,17 @@ def test_interval_keeps_the_last_line() -> None:
     assert out.getvalue().splitlines() == ["1 samples", "5 samples"]
 
 
+def test_the_first_update_prints_just_after_boot(monkeypatch) -> None:
+    """time.monotonic() counts from about boot: minutes after it, the first line still prints."""
+    from spgc import progress
+
+    monkeypatch.setattr(progress.time, "monotonic", lambda: 5.0)
+    out = io.StringIO()
+    bar = Progress(None, "samples", stream=out, interval=30.0)
+    bar.update(1)
+    assert out.getvalue().splitlines() == ["1 samples"]
+
+
 def test_nothing_without_lines_and_a_bar_on_a_terminal() -> None:
     quiet = io.StringIO()
     bar = Progress(2, "rounds", stream=quiet, lines=False)
