@@ -698,7 +698,9 @@ def _notes(ctx: CommContext, rows: list[dict[str, Any]], epochs: int) -> str:
         "s/step both together",
         f"training = per step x {steps} steps ({work.steps_per_epoch} steps/epoch: "
         f"{work.rows_per_provider} rows / batch {work.batch_per_provider} per provider, "
-        f"{PAPER_PROVIDERS} providers) + one session setup ({ctx.session_setup_bytes:,} B); "
+        f"{PAPER_PROVIDERS} providers) + the session setup ({ctx.session_setup_bytes:,} B: "
+        "hello, base OTs and OT-extension setup, once per engine session, one per worker "
+        "pair with --workers); "
         + EPOCHS_NOTE.format(epochs=epochs),
         f"paper: Table 1 whole-training GB between the servers (its SPGC used the table sampler; "
         f"its model has d = {work.paper_dim:,}"

@@ -2,13 +2,15 @@
 measured constants imply for larger deployments.
 
 It starts a local Ray cluster (extra ``spgc[ray]``), K worker pairs (H1's worker i linked to
-H2's worker i over TLS, as the servers do with ``workers: K``; K = 1 without ``--ray`` runs
-the embedded path in this process), draws random shares of D coordinates and runs the round
-(the sampler and the reconstruction) twice with fresh round seeds: the first round also sets the
-sessions up, the second is the steady state. It prints ``seconds_per_round`` (the second),
+H2's worker i over TLS, as the servers do with ``workers: K``; ``--embedded --workers 1`` runs
+the embedded path in this process instead), draws random shares of D coordinates and runs two
+rounds with fresh round seeds: the first, on D/4 coordinates, also sets the sessions up; the
+second, on all D, is the steady state. It prints ``seconds_per_round`` (the second),
 ``and_gates_per_second``, the bytes both servers sent and each worker's peak RSS, checked
 against the plaintext evaluation of the same round. ``--model`` adds the per-round model of
-docs/SCALE.md from this run's constants: bytes and seconds per coordinate per worker pair.
+docs/SCALE.md from this run's constants: bytes and seconds per coordinate per worker pair, the
+workers' working set per coordinate (peak memory growth from the first round to the second),
+and the providers' intake.
 """
 
 from __future__ import annotations
@@ -139,12 +141,15 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
         else:
             lanes_g, lanes_e = _pair_embedded(tls_dir)
         setup_seconds = time.perf_counter() - setup0
-        idle = ray_get([a.peak_rss_mb.remote() for a in actors]) if actors else []
-        baseline = [float(x) for x in idle]
+        idle = _peak_rss(actors)
+        warm = max(1, d // 4)
         try:
-            # Round 1 sets the sessions up (base OTs, SoftSpoken trees) and warms the workers;
-            # round 2, with fresh seeds, is the steady state that seconds_per_round reports.
-            first_seconds, _ = _one_round(lanes_g, lanes_e, a1, a2, sigma)
+            # Round 1, on a quarter of the coordinates, sets the sessions up (base OTs,
+            # SoftSpoken trees) and warms the workers; round 2, all d with fresh seeds, is the
+            # steady state that seconds_per_round reports. The workers' peak memory after each
+            # gives the working set per coordinate without the fixed costs.
+            first_seconds, _ = _one_round(lanes_g, lanes_e, a1[:warm], a2[:warm], sigma)
+            after_warm = _peak_rss(actors)
             seconds, (yg, ig, ye, ie, s1, s2) = _one_round(lanes_g, lanes_e, a1, a2, sigma)
         finally:
             for actor in actors:
@@ -169,18 +174,24 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
         "trials": int(ig["trials"]),
         "rounds": int(ig["rounds"]),
         "peak_rss_mb_per_worker": [] if not use_ray else _worker_rss(ig, ie),
-        "idle_rss_mb_per_worker": baseline,
+        "idle_rss_mb_per_worker": idle,
         "correct": correct,
     }
     if use_ray:
-        # the round's working set per coordinate of a worker's range (one batch when the
-        # range fits RANGE_BATCH), from the worker that grew most: an upper bound, since the
-        # growth also holds fixed costs (circuits, buffers); run --dim 1000000 or more for the
-        # model's memory column
-        grown = max(p - b for p, b in zip(result["peak_rss_mb_per_worker"], baseline, strict=True))
-        per_worker = -(-d // workers)
-        result["rss_bytes_per_coordinate"] = max(grown, 0.0) * 2**20 / per_worker
+        # The working set per coordinate of a worker's range (one batch while the range fits
+        # RANGE_BATCH): the growth of peak memory from the quarter round to the full one, over
+        # the coordinates added, from the worker that grew most. Small d: fixed costs still
+        # show; run --dim 1000000 or more for the model's memory column.
+        peak = result["peak_rss_mb_per_worker"]
+        grown = max(p - w for p, w in zip(peak, after_warm, strict=True))
+        added = max(1, -(-d // workers) - -(-warm // workers))
+        result["rss_bytes_per_coordinate"] = max(grown, 0.0) * 2**20 / added
     return result
+
+
+def _peak_rss(actors: list[Any]) -> list[float]:
+    """Each worker process's peak resident memory so far (MB), in actor order."""
+    return [float(x) for x in ray_get([a.peak_rss_mb.remote() for a in actors])] if actors else []
 
 
 def _one_round(
