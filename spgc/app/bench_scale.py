@@ -395,7 +395,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
         if result["peak_rss_mb_per_worker"]:
             rss = ", ".join(f"{x:.0f}" for x in result["peak_rss_mb_per_worker"])
-            print(f"peak RSS per worker (MB): {rss}")
+            idle = ", ".join(f"{x:.0f}" for x in result["idle_rss_mb_per_worker"])
+            print(
+                f"peak RSS per worker (MB): {rss} (idle: {idle}); working set "
+                f"{result['rss_bytes_per_coordinate']:,.0f} B per coordinate of a worker's range"
+            )
         if args.model:
             print(format_model(result["model"], result["model_intake"]))
     return 0 if result["correct"] else 1
