@@ -15,6 +15,7 @@ import pytest
 from helpers import Background, tls_config
 
 from garbled_core import (
+    DEFAULT_OT_K,
     CircuitBuilder,
     Evaluator,
     Garbler,
@@ -222,7 +223,7 @@ def table_bytes(scheme: str, n: int) -> int:
 
 
 def expected_bytes(
-    circuit, n: int, chunk: int, runs: int = 1, scheme: str = "threehalves", ot_k: int = 8
+    circuit, n: int, chunk: int, runs: int = 1, scheme: str = "threehalves", ot_k: int = DEFAULT_OT_K
 ) -> dict:
     """Closed form of every byte each party sends in one session (chunk a multiple of 8)."""
     # OT extension: IKNP (ot_k 0) one 128-bit column per OT; SoftSpoken ceil(128/k) bits per OT,
@@ -257,7 +258,8 @@ def expected_bytes(
 
 
 @pytest.mark.parametrize(
-    ("scheme", "ot_k"), [("threehalves", 8), ("halfgates", 0), ("threehalves", 5)]
+    ("scheme", "ot_k"),
+    [("threehalves", DEFAULT_OT_K), ("threehalves", 8), ("halfgates", 0), ("threehalves", 5)],
 )
 @pytest.mark.parametrize("n", [1, 8, 1000, 4099])
 def test_exact_byte_counts(two_party, n, scheme, ot_k):
@@ -288,13 +290,37 @@ def test_exact_byte_counts(two_party, n, scheme, ot_k):
         assert got_g[phase]["received"] == count, phase
     # Per AND gate exactly 32 bytes (half-gates) or 24 bytes and 5 bits (three-halves, the
     # bits of a chunk's gate rounded up to a byte); 16 bytes per evaluator input bit when
-    # n*bits fills the OTs (IKNP; SoftSpoken k = 8: 2 bytes).
+    # n*bits fills the OTs (IKNP; SoftSpoken ceil(128 / k) bits: 2.375 bytes at k = 7, 2 at 8).
     per_and = 32 if scheme == "halfgates" else 24.625
     padding = circuit.and_count * -(-n // chunk)  # at most a byte per gate and chunk
     assert 0 <= got_g["tables"]["sent"] - per_and * circuit.and_count * n < padding
     if (32 * n) % 128 == 0:
-        per_bit = {0: 16, 8: 2, 5: 26 / 8}[ot_k]
+        per_bit = {0: 16, 7: 19 / 8, 8: 2, 5: 26 / 8}[ot_k]
         assert got_e["ot_extension"]["sent"] == per_bit * 32 * n
+
+
+def test_default_ot_extension_is_softspoken_k7(two_party):
+    """Sessions made without ot_k use SoftSpoken k = 7: 19 correction bits (2.375 bytes) per
+    evaluator input bit, within the 2.5 bytes the engine promises, after 2 * (128 - 19) blocks
+    of GGM level sums."""
+    assert DEFAULT_OT_K == 7
+    b = CircuitBuilder("default-ot")
+    a = b.input("a", owner="garbler", width=16)
+    x = b.input("b", owner="evaluator", width=16)
+    b.output("s", b.add(a, x), reveal="both")
+    circuit = b.build()
+    n = 1024
+    rng = np.random.default_rng(3)
+    av = rng.integers(0, 1 << 16, n, dtype=np.uint64)
+    bv = rng.integers(0, 1 << 16, n, dtype=np.uint64)
+    tp = two_party()
+    out_g, out_e = tp.run(circuit, {"a": av}, {"b": bv})
+    want = (av + bv) % (1 << 16)
+    assert np.array_equal(out_g["s"], want) and np.array_equal(out_e["s"], want)
+    sent = tp.evaluator_channel.counters()
+    assert sent["ot_extension"]["sent"] == 19 * 16 * n // 8
+    assert sent["ot_extension"]["sent"] / (16 * n) <= 2.5
+    assert sent["base_ot"]["sent"] == 33 + 2 * (128 - 19) * 16
 
 
 def test_runs_without_evaluator_inputs_or_outputs(two_party):
@@ -318,7 +344,7 @@ def test_transpose128_matches_numpy():
     assert np.array_equal(_core._transpose128(m), want)
 
 
-@pytest.mark.parametrize("ot_k", [0, 1, 3, 8])
+@pytest.mark.parametrize("ot_k", [0, 1, 3, 7, 8])
 @pytest.mark.parametrize("random_choices", [False, True])
 def test_ot_extension_labels_match(two_party, random_choices, ot_k):
     """The evaluator's label is q_j ^ r_j * Delta for its choice r_j: IKNP (ot_k 0, 16 bytes

@@ -305,7 +305,7 @@ PYBIND11_MODULE(_core, m) {
           throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
         return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
       }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
-      "ot_k"_a = 8, py::keep_alive<1, 2>())
+      "ot_k"_a = gc::kDefaultOtK, py::keep_alive<1, 2>())
       .def("setup", [](gc::GarblerSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GarblerSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Garbler);
@@ -321,7 +321,7 @@ PYBIND11_MODULE(_core, m) {
           throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
         return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
       }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
-      "ot_k"_a = 8, py::keep_alive<1, 2>())
+      "ot_k"_a = gc::kDefaultOtK, py::keep_alive<1, 2>())
       .def("setup", [](gc::EvaluatorSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::EvaluatorSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Evaluator);
@@ -338,6 +338,7 @@ PYBIND11_MODULE(_core, m) {
     return gc::and_table_bytes(parse_scheme(scheme), n);
   }, "scheme"_a, "n"_a, "Bytes of one AND gate's garbled table over n instances.");
   m.attr("GARBLING_SCHEMES") = py::make_tuple("threehalves", "halfgates");
+  m.attr("DEFAULT_OT_K") = gc::kDefaultOtK;
 
   m.def("and_kernel", []() { return std::string(gc::and_kernels().name); },
         "Name of the AND-gate kernels in use ('vaes' or 'aesni').");
