@@ -26,9 +26,9 @@ DELTA_CHUNKS = ceil_div(128, DEFAULT_OT_K)
 
 def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = 1024) -> dict[str, int]:
     """docs/ENGINE.md: per chunk of n_c instances, the evaluator sends ceil(128 / k) bits per OT
-    (its L input bits, padded to 128 OTs), the garbler three-halves tables (24 B and 5 bits per AND, a gate's
-    bits padded to a byte per chunk); each side 1 bit per revealed output
-    bit (L bits revealed to both), padded to whole bytes; 80-byte run header each way."""
+    (its L input bits, padded to 128 OTs), the garbler three-halves tables (24 B and 5 bits per
+    AND, a gate's bits padded to a byte per chunk); each side 1 bit per revealed output bit (L
+    bits revealed to both), padded to whole bytes; 80-byte run header each way."""
     ands = ring_bits - 1
     chunks = [min(chunk, n - s) for s in range(0, n, chunk)]
     return {

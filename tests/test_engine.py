@@ -223,7 +223,12 @@ def table_bytes(scheme: str, n: int) -> int:
 
 
 def expected_bytes(
-    circuit, n: int, chunk: int, runs: int = 1, scheme: str = "threehalves", ot_k: int = DEFAULT_OT_K
+    circuit,
+    n: int,
+    chunk: int,
+    runs: int = 1,
+    scheme: str = "threehalves",
+    ot_k: int = DEFAULT_OT_K,
 ) -> dict:
     """Closed form of every byte each party sends in one session (chunk a multiple of 8)."""
     # OT extension: IKNP (ot_k 0) one 128-bit column per OT; SoftSpoken ceil(128/k) bits per OT,
