@@ -562,6 +562,11 @@ void Channel::send(const void* data, size_t n) {
     return;
   }
   try {
+    if (n >= kSendBufferSize) {  // large: the pending bytes, then straight from the caller
+      flush();
+      write_all(p, n);
+      return;
+    }
     if (slen_ > 0) {  // top up the pending buffer so it goes out as one full write
       std::memcpy(sbuf_.get() + slen_, p, room);
       slen_ += room;
@@ -569,12 +574,8 @@ void Channel::send(const void* data, size_t n) {
       n -= room;
       flush();
     }
-    if (n >= kSendBufferSize) {
-      write_all(p, n);
-    } else {
-      std::memcpy(sbuf_.get(), p, n);
-      slen_ = n;
-    }
+    std::memcpy(sbuf_.get(), p, n);
+    slen_ = n;
   } catch (...) {
     broken_ = true;
     throw;
