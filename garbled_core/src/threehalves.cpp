@@ -439,14 +439,29 @@ GC_VAES_TARGET inline void garble_group_vaes(const block* a0, const block* b0, b
                                              __m512i d, const DeltaTerms& dterms,
                                              const __m512i* rk1, const __m512i* rk2) {
   const VaesGarbleTables& tables = vaes_garble_tables();
-  // Hash inputs, per register u: A0, A1, B0, B1, X0, X1 (colour-0 and colour-1 labels).
-  __m512i h[12];
+  const __m512i words_lo = _mm512_loadu_si512((const void*)tables.word);
+  const __m512i words_hi = _mm512_loadu_si512((const void*)(tables.word + 8));
+  const __m512i one = _mm512_set1_epi64(1), two = _mm512_set1_epi64(2);
+  const __m512i coin_word = _mm512_set1_epi64((long long)((uint64_t)coins << 2));
+  // Hash inputs, per register u: A0, A1, B0, B1, X0, X1 (colour-0 and colour-1 labels); the
+  // colour-0 labels, the case q and its word wait (in memory) while the AES runs.
+  __m512i h[12], abars[2], bbars[2], qs[2], words[2];
   for (int u = 0; u < 2; ++u) {
     const int v = 2 * Grp + u;
     const __m512i a = _mm512_loadu_si512((const void*)(a0 + 4 * v));
     const __m512i b = _mm512_loadu_si512((const void*)(b0 + 4 * v));
-    const __m512i abar = _mm512_ternarylogic_epi64(a, zlsb_mask(a), d, 0x78);  // a ^ (m & d)
-    const __m512i bbar = _mm512_ternarylogic_epi64(b, zlsb_mask(b), d, 0x78);
+    const __m512i pa = zlsb_mask(a), pb = zlsb_mask(b);
+    const __m512i abar = _mm512_ternarylogic_epi64(a, pa, d, 0x78);  // a ^ (m & d)
+    const __m512i bbar = _mm512_ternarylogic_epi64(b, pb, d, 0x78);
+    // Case q = pa | pb << 1 | coins << 2 in both qwords of each lane.
+    const __m512i cshift = _mm512_set_epi64(8 * v + 6, 8 * v + 6, 8 * v + 4, 8 * v + 4,
+                                            8 * v + 2, 8 * v + 2, 8 * v, 8 * v);
+    const __m512i cq = _mm512_and_si512(zsrlv(coin_word, cshift), _mm512_set1_epi64(12));
+    qs[u] = _mm512_or_si512(
+        _mm512_ternarylogic_epi64(_mm512_and_si512(pa, one), pb, two, 0xF8), cq);  // A | B & C
+    words[u] = _mm512_permutex2var_epi64(words_lo, qs[u], words_hi);
+    abars[u] = abar;
+    bbars[u] = bbar;
     const __m512i x = _mm512_xor_si512(abar, bbar);
     h[6 * u + 0] = abar;
     h[6 * u + 1] = _mm512_xor_si512(abar, d);
@@ -456,29 +471,12 @@ GC_VAES_TARGET inline void garble_group_vaes(const block* a0, const block* b0, b
     h[6 * u + 5] = _mm512_xor_si512(x, d);
   }
   zaes_group<Grp>(rk1, rk2, h);
-  const __m512i words_lo = _mm512_loadu_si512((const void*)tables.word);
-  const __m512i words_hi = _mm512_loadu_si512((const void*)(tables.word + 8));
-  const __m512i one = _mm512_set1_epi64(1), two = _mm512_set1_epi64(2);
-  const __m512i coin_word = _mm512_set1_epi64((long long)((uint64_t)coins << 2));
   const __m512i zbase = _mm512_set1_epi64((long long)dterms.vz);
   __m512i p1[2], p2[2], zv[2];
   for (int u = 0; u < 2; ++u) {
     const int v = 2 * Grp + u;
-    // Inputs again (loaded before c0 + 4 v is stored, so c0 may alias a0 or b0).
-    const __m512i a_in = _mm512_loadu_si512((const void*)(a0 + 4 * v));
-    const __m512i b_in = _mm512_loadu_si512((const void*)(b0 + 4 * v));
-    const __m512i pa = zlsb_mask(a_in), pb = zlsb_mask(b_in);
-    const __m512i a = _mm512_ternarylogic_epi64(a_in, pa, d, 0x78);
-    const __m512i b = _mm512_ternarylogic_epi64(b_in, pb, d, 0x78);
+    const __m512i a = abars[u], b = bbars[u], q = qs[u], word = words[u];
     const __m512i sa = zswap_halves(a), sb = zswap_halves(b);
-    // Case q = pa | pb << 1 | coins << 2 in both qwords of each lane.
-    const __m512i cshift = _mm512_set_epi64(8 * v + 6, 8 * v + 6, 8 * v + 4, 8 * v + 4,
-                                            8 * v + 2, 8 * v + 2, 8 * v, 8 * v);
-    const __m512i cq =
-        _mm512_and_si512(zsrlv(coin_word, cshift), _mm512_set1_epi64(12));
-    const __m512i q = _mm512_or_si512(
-        _mm512_ternarylogic_epi64(_mm512_and_si512(pa, one), pb, two, 0xF8), cq);  // A | B & C
-    const __m512i word = _mm512_permutex2var_epi64(words_lo, q, words_hi);
     const __m512i* e = h + 6 * u;  // AES of A0, A1, B0, B1, X0, X1
     const __m512i e0 = _mm512_xor_si512(e[0], e[4]);  // t0 = hA0 ^ hX0 = e0 ^ Bbar
     const __m512i e1 = _mm512_xor_si512(e[2], e[4]);  // t1 = hB0 ^ hX0 = e1 ^ Abar
