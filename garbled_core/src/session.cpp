@@ -165,6 +165,43 @@ GC_VAES_TARGET void pack_lsbs_avx512(const block* labels, size_t n, uint8_t* out
 }
 #endif
 
+#if GC_X86
+// Blocks counter .. counter + n - 1 of an AES-CTR stream (Prg's layout), n a multiple of 16.
+GC_VAES_TARGET void prg_blocks_avx512(const AesKey& key, uint64_t counter, block* out, size_t n) {
+  __m512i rk[11];
+  for (int r = 0; r < 11; ++r) rk[r] = _mm512_maskz_broadcast_i32x4(0xffff, key.rk[r]);
+  const __m512i step = _mm512_set_epi64(0, 16, 0, 16, 0, 16, 0, 16);
+  const long long c = (long long)counter;
+  __m512i ctr[4];
+  for (int v = 0; v < 4; ++v)
+    ctr[v] = _mm512_set_epi64(0, c + 4 * v + 3, 0, c + 4 * v + 2, 0, c + 4 * v + 1, 0, c + 4 * v);
+  for (size_t i = 0; i < n; i += 16) {
+    __m512i x[4];
+    for (int v = 0; v < 4; ++v) x[v] = _mm512_xor_si512(ctr[v], rk[0]);
+    for (int r = 1; r < 10; ++r)
+      for (int v = 0; v < 4; ++v) x[v] = _mm512_aesenc_epi128(x[v], rk[r]);
+    for (int v = 0; v < 4; ++v) {
+      _mm512_storeu_si512((void*)(out + i + 4 * v), _mm512_aesenclast_epi128(x[v], rk[10]));
+      ctr[v] = _mm512_add_epi64(ctr[v], step);
+    }
+  }
+}
+#endif
+
+// prg.fill(out, n), 16 blocks at a time in AVX-512 on the VAES path.
+void prg_fill(Prg& prg, block* out, size_t n) {
+#if GC_X86
+  const size_t wide = n / 16 * 16;
+  if (wide && std::strcmp(and_kernels().name, "vaes") == 0) {
+    prg_blocks_avx512(prg.key(), prg.counter(), out, wide);
+    prg.advance(wide);
+    out += wide;
+    n -= wide;
+  }
+#endif
+  prg.fill(out, n);
+}
+
 const RowOps& row_ops() {
   static const RowOps portable{xor_rows_portable,       xor_const_portable,
                                select_xor_portable,     lsbs_to_values_portable,
@@ -592,7 +629,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
       }
       // Garbler inputs: both parties expand the shared seed; the garbler's
       // zero-label is that block, shifted by Delta where its bit is 1.
-      garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
+      prg_fill(*garbler_input_prg_, input_labels.data(), plan.garbler_bits * cn);
       for (size_t p = 0; p < c.inputs().size(); ++p) {
         const InputPort& port = c.inputs()[p];
         if (port.owner == InputOwner::Carried) continue;
@@ -717,7 +754,7 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
     for (size_t j = 0; j < count; ++j) {
       const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
       block* wires = ws[j].wires.data();
-      garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
+      prg_fill(*garbler_input_prg_, input_labels.data(), plan.garbler_bits * cn);
       const BlockVector& my_labels = eval_labels[k % eval_labels.size()];
       for (size_t p = 0; p < c.inputs().size(); ++p) {
         const InputPort& port = c.inputs()[p];
