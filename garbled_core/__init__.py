@@ -13,6 +13,7 @@ until its timeout.
 """
 
 from garbled_core._core import (
+    DEFAULT_OT_K,
     GARBLING_SCHEMES,
     Channel,
     ChannelError,
@@ -36,6 +37,7 @@ from garbled_core._core import (
 from garbled_core.circuit import Bits, CircuitBuilder, CircuitDescription
 
 __all__ = [
+    "DEFAULT_OT_K",
     "GARBLING_SCHEMES",
     "Bits",
     "Channel",

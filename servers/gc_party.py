@@ -168,7 +168,7 @@ class PartyLink:
         channel: Any,
         chunk: int | None = None,
         scheme: str = "threehalves",
-        ot_k: int = 8,
+        ot_k: int = garbled_core.DEFAULT_OT_K,
     ) -> PartyLink:
         """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run);
         ``scheme`` garbles AND gates (``threehalves`` or ``halfgates``), ``ot_k`` picks the OT

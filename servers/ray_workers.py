@@ -221,7 +221,7 @@ def start_workers(
     count: int,
     tls: WorkerTls,
     scheme: str = "threehalves",
-    ot_k: int = 8,
+    ot_k: int = garbled_core.DEFAULT_OT_K,
     ray_address: str = "",
 ) -> list[Any]:
     """``count`` LaneWorker actors on this organisation's Ray cluster (started locally when

@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from garbled_core import GARBLING_SCHEMES
+from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
 from spgc.lanes import MAX_LANES
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
@@ -192,12 +192,13 @@ class ServerConfig(_Schema):
         "'ray://head:10001'); empty: a local one started by the server",
     )
     ot_k: int = Field(
-        8,
+        DEFAULT_OT_K,
         ge=0,
         le=8,
-        description="OT extension for H2's circuit inputs: SoftSpoken with this k sends 128/k "
-        "bits per input bit (8: 2 bytes, about 5x IKNP's CPU; 4: 4 bytes at IKNP's CPU); 0: IKNP, "
-        "16 bytes; both servers must set the same",
+        description="OT extension for H2's circuit inputs: SoftSpoken with this k sends "
+        "ceil(128/k) bits per input bit (7, the default: 2.375 bytes, about 3x IKNP's CPU; 8: 2 "
+        "bytes, about 5x; 4: 4 bytes at IKNP's CPU); 0: IKNP, 16 bytes; both servers must set the "
+        "same",
     )
     metrics_port: int | None = Field(
         None,

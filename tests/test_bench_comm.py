@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from garbled_core import and_table_bytes
+from garbled_core import DEFAULT_OT_K, and_table_bytes
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc.app import bench_comm, cli
 from spgc.app.bench_sampler import party_links
@@ -19,17 +19,21 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# SoftSpoken at the engine's default k: one correction bit per chunk of Delta per OT
+# (k = 7: 19 bits), after 2 * (128 - chunks) blocks of GGM level sums at setup
+DELTA_CHUNKS = ceil_div(128, DEFAULT_OT_K)
+
+
 def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = 1024) -> dict[str, int]:
-    """docs/ENGINE.md: per chunk of n_c instances, the evaluator sends 2 B per OT (its L input
-    bits, padded to 128 OTs), the garbler three-halves tables (24 B and 5 bits per AND, a gate's
-    bits padded to a byte per chunk); each side 1 bit per revealed output
-    bit (L bits revealed to both), padded to whole bytes; 80-byte run header each way."""
+    """docs/ENGINE.md: per chunk of n_c instances, the evaluator sends ceil(128 / k) bits per OT
+    (its L input bits, padded to 128 OTs), the garbler three-halves tables (24 B and 5 bits per
+    AND, a gate's bits padded to a byte per chunk); each side 1 bit per revealed output bit (L
+    bits revealed to both), padded to whole bytes; 80-byte run header each way."""
     ands = ring_bits - 1
     chunks = [min(chunk, n - s) for s in range(0, n, chunk)]
     return {
         "run_headers": 2 * 80,
-        # SoftSpoken k = 8: 16 bits per OT
-        "ot_extension": sum(2 * ceil_div(ring_bits * c, 128) * 128 for c in chunks),
+        "ot_extension": sum(DELTA_CHUNKS * ceil_div(ring_bits * c, 128) * 128 // 8 for c in chunks),
         "tables": sum(ands * and_table_bytes("threehalves", c) for c in chunks),
         "outputs": sum(2 * ring_bits * ceil_div(c, 8) for c in chunks),
     }
@@ -59,8 +63,8 @@ def test_context_matches_the_daemon_defaults(ctx) -> None:
         ctx.ring_bits - 2
     )
     # the session setup (hello, session keys, 128 base OTs) is measured once, apart
-    # hello (role, version, scheme, ot_k), session keys, base OTs, SoftSpoken k = 8 GGM sums
-    assert ctx.session_setup_bytes == 2 * 20 + 56 + 33 + 4224 + 2 * 112 * 16
+    # hello (role, version, scheme, ot_k), session keys, base OTs, SoftSpoken GGM sums
+    assert ctx.session_setup_bytes == 2 * 20 + 56 + 33 + 4224 + 2 * (128 - DELTA_CHUNKS) * 16
 
 
 @pytest.mark.parametrize("n", [1024, 1500])

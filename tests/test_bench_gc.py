@@ -41,7 +41,8 @@ def test_one_row_per_thread_count_each_checked_and_put_against_aes() -> None:
             ]
             per_gate = sum(and_table_bytes("threehalves", c) for c in chunks)
             assert r.bytes_per_and == per_gate / 3000
-        assert r.eval_input_bytes_per_bit == 2.0  # SoftSpoken k = 8: 16 bits per input bit
+        # SoftSpoken at the default k: ceil(128 / k) bits per input bit (k = 7: 2.375 bytes)
+        assert r.eval_input_bytes_per_bit == -(-128 // bench_gc.DEFAULT_OT_K) / 8
         assert r.ratio_to_aes_ceiling == pytest.approx(r.and_gates_per_second / (aes / 4))
     assert runs[0].speedup_vs_one_thread == 1.0 and runs[2].speedup_vs_one_thread == 1.0
     assert runs[1].speedup_vs_one_thread == pytest.approx(

@@ -15,6 +15,7 @@ import pytest
 from helpers import Background, tls_config
 
 from garbled_core import (
+    DEFAULT_OT_K,
     CircuitBuilder,
     Evaluator,
     Garbler,
@@ -222,7 +223,12 @@ def table_bytes(scheme: str, n: int) -> int:
 
 
 def expected_bytes(
-    circuit, n: int, chunk: int, runs: int = 1, scheme: str = "threehalves", ot_k: int = 8
+    circuit,
+    n: int,
+    chunk: int,
+    runs: int = 1,
+    scheme: str = "threehalves",
+    ot_k: int = DEFAULT_OT_K,
 ) -> dict:
     """Closed form of every byte each party sends in one session (chunk a multiple of 8)."""
     # OT extension: IKNP (ot_k 0) one 128-bit column per OT; SoftSpoken ceil(128/k) bits per OT,
@@ -257,7 +263,8 @@ def expected_bytes(
 
 
 @pytest.mark.parametrize(
-    ("scheme", "ot_k"), [("threehalves", 8), ("halfgates", 0), ("threehalves", 5)]
+    ("scheme", "ot_k"),
+    [("threehalves", DEFAULT_OT_K), ("threehalves", 8), ("halfgates", 0), ("threehalves", 5)],
 )
 @pytest.mark.parametrize("n", [1, 8, 1000, 4099])
 def test_exact_byte_counts(two_party, n, scheme, ot_k):
@@ -288,13 +295,37 @@ def test_exact_byte_counts(two_party, n, scheme, ot_k):
         assert got_g[phase]["received"] == count, phase
     # Per AND gate exactly 32 bytes (half-gates) or 24 bytes and 5 bits (three-halves, the
     # bits of a chunk's gate rounded up to a byte); 16 bytes per evaluator input bit when
-    # n*bits fills the OTs (IKNP; SoftSpoken k = 8: 2 bytes).
+    # n*bits fills the OTs (IKNP; SoftSpoken ceil(128 / k) bits: 2.375 bytes at k = 7, 2 at 8).
     per_and = 32 if scheme == "halfgates" else 24.625
     padding = circuit.and_count * -(-n // chunk)  # at most a byte per gate and chunk
     assert 0 <= got_g["tables"]["sent"] - per_and * circuit.and_count * n < padding
     if (32 * n) % 128 == 0:
-        per_bit = {0: 16, 8: 2, 5: 26 / 8}[ot_k]
+        per_bit = {0: 16, 7: 19 / 8, 8: 2, 5: 26 / 8}[ot_k]
         assert got_e["ot_extension"]["sent"] == per_bit * 32 * n
+
+
+def test_default_ot_extension_is_softspoken_k7(two_party):
+    """Sessions made without ot_k use SoftSpoken k = 7: 19 correction bits (2.375 bytes) per
+    evaluator input bit, within the 2.5 bytes the engine promises, after 2 * (128 - 19) blocks
+    of GGM level sums."""
+    assert DEFAULT_OT_K == 7
+    b = CircuitBuilder("default-ot")
+    a = b.input("a", owner="garbler", width=16)
+    x = b.input("b", owner="evaluator", width=16)
+    b.output("s", b.add(a, x), reveal="both")
+    circuit = b.build()
+    n = 1024
+    rng = np.random.default_rng(3)
+    av = rng.integers(0, 1 << 16, n, dtype=np.uint64)
+    bv = rng.integers(0, 1 << 16, n, dtype=np.uint64)
+    tp = two_party()
+    out_g, out_e = tp.run(circuit, {"a": av}, {"b": bv})
+    want = (av + bv) % (1 << 16)
+    assert np.array_equal(out_g["s"], want) and np.array_equal(out_e["s"], want)
+    sent = tp.evaluator_channel.counters()
+    assert sent["ot_extension"]["sent"] == 19 * 16 * n // 8
+    assert sent["ot_extension"]["sent"] / (16 * n) <= 2.5
+    assert sent["base_ot"]["sent"] == 33 + 2 * (128 - 19) * 16
 
 
 def test_runs_without_evaluator_inputs_or_outputs(two_party):
@@ -318,7 +349,7 @@ def test_transpose128_matches_numpy():
     assert np.array_equal(_core._transpose128(m), want)
 
 
-@pytest.mark.parametrize("ot_k", [0, 1, 3, 8])
+@pytest.mark.parametrize("ot_k", [0, 1, 3, 7, 8])
 @pytest.mark.parametrize("random_choices", [False, True])
 def test_ot_extension_labels_match(two_party, random_choices, ot_k):
     """The evaluator's label is q_j ^ r_j * Delta for its choice r_j: IKNP (ot_k 0, 16 bytes
@@ -396,6 +427,55 @@ def test_threehalves_tables_are_the_derived_ones():
     )
     assert done.returncode == 0, done.stderr
     assert "verified" in done.stdout
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 16, 17, 100, 1024, 1029])
+def test_threehalves_kernels_give_identical_tables(n):
+    """One three-halves AND gate over n instances (short spans and groups included) under every
+    AND kernel: the same output labels and the same table bytes (the VAES kernel hashes without
+    the feed-forward and folds it into its case tables; the AES-NI one does not), and the
+    evaluator of each kernel decodes every kernel's table to the garbler's output label (the
+    zero-label XOR Delta exactly when both inputs are 1)."""
+    rng = np.random.default_rng(n)
+    a0 = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+    b0 = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+    delta = bytearray(rng.integers(0, 256, 16, dtype=np.uint8).tobytes())
+    delta[0] |= 1  # colour bit of Delta
+    delta = bytes(delta)
+    salt = rng.integers(0, 256, 16, dtype=np.uint8).tobytes()
+    coins = rng.integers(0, 256, -(-n // 4), dtype=np.uint8).tobytes()
+    x = rng.integers(0, 2, n).astype(bool)
+    y = rng.integers(0, 2, n).astype(bool)
+    d = np.frombuffer(delta, dtype=np.uint8)
+    a_in, b_in = a0.copy(), b0.copy()
+    a_in[x] ^= d
+    b_in[y] ^= d
+    previous = _core.and_kernel()
+    garbled, decoded = {}, {}
+    try:
+        for name in available_and_kernels():
+            set_and_kernel(name)
+            garbled[name] = _core._garble_and_threehalves(a0, b0, delta, salt, 77, 4096, coins)
+        for name in available_and_kernels():
+            set_and_kernel(name)
+            decoded[name] = [
+                _core._eval_and_threehalves(a_in, b_in, table, salt, 77, 4096)
+                for _, table in garbled.values()
+            ]
+    finally:
+        set_and_kernel(previous)
+    c0, table = garbled["aesni"]
+    assert len(table) == 24 * n + -(-5 * n // 8)
+    for c, t in garbled.values():
+        assert np.array_equal(c, c0) and t == table
+    want = c0.copy()
+    want[x & y] ^= d
+    for outs in decoded.values():
+        for c in outs:
+            assert np.array_equal(c, want)
+    # a different tweak gives a different table (the hash keys depend on it)
+    set_and_kernel(previous)
+    assert _core._garble_and_threehalves(a0, b0, delta, salt, 78, 4096, coins)[1] != table
 
 
 def test_instance_count_mismatch(two_party):

@@ -14,6 +14,7 @@
 #include "garbled_core/iknp.h"
 #include "garbled_core/random.h"
 #include "garbled_core/session.h"
+#include "garbled_core/threehalves.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -305,7 +306,7 @@ PYBIND11_MODULE(_core, m) {
           throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
         return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
       }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
-      "ot_k"_a = 8, py::keep_alive<1, 2>())
+      "ot_k"_a = gc::kDefaultOtK, py::keep_alive<1, 2>())
       .def("setup", [](gc::GarblerSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GarblerSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Garbler);
@@ -321,7 +322,7 @@ PYBIND11_MODULE(_core, m) {
           throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
         return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
       }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
-      "ot_k"_a = 8, py::keep_alive<1, 2>())
+      "ot_k"_a = gc::kDefaultOtK, py::keep_alive<1, 2>())
       .def("setup", [](gc::EvaluatorSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::EvaluatorSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Evaluator);
@@ -338,6 +339,7 @@ PYBIND11_MODULE(_core, m) {
     return gc::and_table_bytes(parse_scheme(scheme), n);
   }, "scheme"_a, "n"_a, "Bytes of one AND gate's garbled table over n instances.");
   m.attr("GARBLING_SCHEMES") = py::make_tuple("threehalves", "halfgates");
+  m.attr("DEFAULT_OT_K") = gc::kDefaultOtK;
 
   m.def("and_kernel", []() { return std::string(gc::and_kernels().name); },
         "Name of the AND-gate kernels in use ('vaes' or 'aesni').");
@@ -359,6 +361,49 @@ PYBIND11_MODULE(_core, m) {
     for (int i = 0; i < 128; ++i) rows[i] = gc::load_block(in.data() + 16 * i);
     gc::transpose128(rows, 1, out);
     return blocks_to_array(out, 128);
+  });
+  // One three-halves AND gate over n instances with the current kernel: labels as (n, 16)
+  // uint8 arrays, delta / salt as 16 bytes, coins as ceil(n / 4) bytes.
+  auto blocks_of = [](const py::array_t<uint8_t, py::array::c_style>& a, const char* what) {
+    if (a.ndim() != 2 || a.shape(1) != 16) throw py::value_error(std::string(what) + ": expected (n, 16) uint8");
+    gc::BlockVector v((size_t)a.shape(0));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = gc::load_block(a.data() + 16 * i);
+    return v;
+  };
+  auto block_of = [](const py::bytes& b, const char* what) {
+    std::string s = b;
+    if (s.size() != 16) throw py::value_error(std::string(what) + ": expected 16 bytes");
+    return gc::load_block(reinterpret_cast<const uint8_t*>(s.data()));
+  };
+  m.def("_garble_and_threehalves", [blocks_of, block_of](
+      const py::array_t<uint8_t, py::array::c_style>& a0, const py::array_t<uint8_t, py::array::c_style>& b0,
+      const py::bytes& delta, const py::bytes& salt, uint64_t tweak, uint64_t first_instance,
+      const py::bytes& coins) {
+    gc::BlockVector a = blocks_of(a0, "a0"), b = blocks_of(b0, "b0");
+    const size_t n = a.size();
+    std::string cs = coins;
+    if (b.size() != n || cs.size() != (n + 3) / 4) throw py::value_error("sizes do not match");
+    if (first_instance % 8) throw py::value_error("first_instance must be a multiple of 8");
+    gc::BlockVector c(n);
+    std::vector<uint8_t> table(gc::threehalves_table_bytes(n));
+    gc::garble_and_threehalves(a.data(), b.data(), c.data(), table.data(), n, first_instance,
+                               block_of(delta, "delta"), block_of(salt, "salt"), tweak,
+                               reinterpret_cast<const uint8_t*>(cs.data()));
+    return py::make_tuple(blocks_to_array(c.data(), n),
+                          py::bytes(reinterpret_cast<const char*>(table.data()), table.size()));
+  });
+  m.def("_eval_and_threehalves", [blocks_of, block_of](
+      const py::array_t<uint8_t, py::array::c_style>& a_in, const py::array_t<uint8_t, py::array::c_style>& b_in,
+      const py::bytes& table, const py::bytes& salt, uint64_t tweak, uint64_t first_instance) {
+    gc::BlockVector a = blocks_of(a_in, "a"), b = blocks_of(b_in, "b");
+    const size_t n = a.size();
+    std::string t = table;
+    if (b.size() != n || t.size() != gc::threehalves_table_bytes(n)) throw py::value_error("sizes do not match");
+    if (first_instance % 8) throw py::value_error("first_instance must be a multiple of 8");
+    gc::BlockVector c(n);
+    gc::eval_and_threehalves(a.data(), b.data(), c.data(), reinterpret_cast<const uint8_t*>(t.data()), n,
+                             first_instance, block_of(salt, "salt"), tweak);
+    return blocks_to_array(c.data(), n);
   });
   m.def("_cot_send", [](gc::Channel& ch, size_t m_ots, int ot_k) {
     gc::block delta = gc::xor_block(gc::and_block(gc::random_block(), gc::make_block(~0ull, ~1ull)),

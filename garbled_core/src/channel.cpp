@@ -160,7 +160,9 @@ int bio_read(BIO* b, char* buf, int len) {
   BIO_clear_retry_flags(b);
   if (len <= 0) return 0;
   if (size_t got = st->take_ahead(reinterpret_cast<uint8_t*>(buf), (size_t)len)) return (int)got;
-  constexpr size_t kRefill = 256 * 1024;
+  // Small refills keep the socket drained, so the sender rarely finds it full and waits: on
+  // loopback 16-64 KiB cost the sender about 20% less CPU than 256 KiB, the receiver no more.
+  constexpr size_t kRefill = 32 * 1024;
   for (;;) {
     ssize_t n = ::recv(st->fd, st->ahead_room(kRefill), kRefill, MSG_DONTWAIT);
     if (n > 0) {
@@ -468,7 +470,9 @@ void Channel::write_all(const uint8_t* p, size_t n) {
     raw_write(p, n);
     return;
   }
-  constexpr size_t kChunk = 256 * 1024;  // plaintext per send() of records
+  // Plaintext per SSL_write_ex and records per send(): 1 MiB measured best on loopback (256 KiB
+  // cost the sender about 15% more CPU in wakeups and syscalls; 2-4 MiB no better).
+  constexpr size_t kChunk = 1024 * 1024;
   while (n > 0) {
     size_t take = std::min(n, kChunk);
     ERR_clear_error();
@@ -562,6 +566,11 @@ void Channel::send(const void* data, size_t n) {
     return;
   }
   try {
+    if (n >= kSendBufferSize) {  // large: the pending bytes, then straight from the caller
+      flush();
+      write_all(p, n);
+      return;
+    }
     if (slen_ > 0) {  // top up the pending buffer so it goes out as one full write
       std::memcpy(sbuf_.get() + slen_, p, room);
       slen_ += room;
@@ -569,12 +578,8 @@ void Channel::send(const void* data, size_t n) {
       n -= room;
       flush();
     }
-    if (n >= kSendBufferSize) {
-      write_all(p, n);
-    } else {
-      std::memcpy(sbuf_.get(), p, n);
-      slen_ = n;
-    }
+    std::memcpy(sbuf_.get(), p, n);
+    slen_ = n;
   } catch (...) {
     broken_ = true;
     throw;

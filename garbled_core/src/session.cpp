@@ -11,6 +11,7 @@
 #include "garbled_core/halfgates.h"
 #include "garbled_core/threehalves.h"
 #include "garbled_core/random.h"
+#include "garbled_core/vaes.h"
 
 namespace gc {
 
@@ -48,13 +49,170 @@ std::string hex(const uint8_t* p, size_t n) {
   return s;
 }
 
-// Packs the colour bits of n labels, LSB first.
-void pack_lsbs(const block* labels, size_t n, uint8_t* out) {
+inline bool packed_bit(const uint8_t* bits, size_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
+
+// The per-chunk loops over rows of labels: a portable form and an AVX-512 form (x86, compiled
+// through target attributes, used when the engine runs its VAES kernels). Both give the same
+// results; out may alias an input row.
+struct RowOps {
+  // out[i] = a[i] ^ b[i]
+  void (*xor_rows)(block* out, const block* a, const block* b, size_t n);
+  // out[i] = a[i] ^ d
+  void (*xor_const)(block* out, const block* a, block d, size_t n);
+  // out[i] = a[i] ^ (bit `bit` of v[i] ? d : 0)
+  void (*select_xor)(block* out, const block* a, const uint64_t* v, int bit, block d, size_t n);
+  // dst[i] ^= (lsb(labels[i]) ^ bit i of flip) << bit; flip may be null
+  void (*lsbs_to_values)(uint64_t* dst, const block* labels, const uint8_t* flip, int bit,
+                         size_t n);
+  // dst[i] ^= (bit i of bits) << bit
+  void (*bits_to_values)(uint64_t* dst, const uint8_t* bits, int bit, size_t n);
+  // The colour bits of n labels, LSB first, ceil(n / 8) bytes.
+  void (*pack_lsbs)(const block* labels, size_t n, uint8_t* out);
+};
+
+void xor_rows_portable(block* out, const block* a, const block* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = xor_block(a[i], b[i]);
+}
+void xor_const_portable(block* out, const block* a, block d, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = xor_block(a[i], d);
+}
+void select_xor_portable(block* out, const block* a, const uint64_t* v, int bit, block d,
+                         size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = xor_block(a[i], and_block(select_mask((v[i] >> bit) & 1), d));
+}
+void lsbs_to_values_portable(uint64_t* dst, const block* labels, const uint8_t* flip, int bit,
+                             size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    dst[i] ^= (uint64_t)(lsb(labels[i]) ^ (flip ? packed_bit(flip, i) : false)) << bit;
+}
+void bits_to_values_portable(uint64_t* dst, const uint8_t* bits, int bit, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] ^= (uint64_t)packed_bit(bits, i) << bit;
+}
+void pack_lsbs_portable(const block* labels, size_t n, uint8_t* out) {
   std::memset(out, 0, (n + 7) / 8);
   for (size_t i = 0; i < n; ++i) out[i >> 3] |= (uint8_t)(lsb(labels[i]) << (i & 7));
 }
 
-inline bool packed_bit(const uint8_t* bits, size_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
+#if GC_X86
+GC_VAES_TARGET void xor_rows_avx512(block* out, const block* a, const block* b, size_t n) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    _mm512_storeu_si512((void*)(out + i), _mm512_xor_si512(_mm512_loadu_si512((const void*)(a + i)),
+                                                           _mm512_loadu_si512((const void*)(b + i))));
+  xor_rows_portable(out + i, a + i, b + i, n - i);
+}
+
+GC_VAES_TARGET void xor_const_avx512(block* out, const block* a, block d, size_t n) {
+  const __m512i dd = _mm512_maskz_broadcast_i32x4(0xffff, d);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    _mm512_storeu_si512((void*)(out + i), _mm512_xor_si512(_mm512_loadu_si512((const void*)(a + i)), dd));
+  xor_const_portable(out + i, a + i, d, n - i);
+}
+
+GC_VAES_TARGET void select_xor_avx512(block* out, const block* a, const uint64_t* v, int bit,
+                                      block d, size_t n) {
+  const __m512i dd = _mm512_maskz_broadcast_i32x4(0xffff, d);
+  const __m512i pick = _mm512_set_epi64(3, 3, 2, 2, 1, 1, 0, 0);  // value i in both qwords
+  const __m512i sel = _mm512_set1_epi64((long long)((uint64_t)1 << bit));
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m512i vals =
+        _mm512_maskz_permutexvar_epi64(0xff, pick, _mm512_maskz_loadu_epi64(0x0f, v + i));
+    const __m512i x = _mm512_loadu_si512((const void*)(a + i));
+    _mm512_storeu_si512((void*)(out + i),
+                        _mm512_mask_xor_epi64(x, _mm512_test_epi64_mask(vals, sel), x, dd));
+  }
+  select_xor_portable(out + i, a + i, v + i, bit, d, n - i);
+}
+
+// The low qwords of labels[0..7] in one register.
+GC_VAES_TARGET inline __m512i low_qwords8(const block* labels) {
+  return _mm512_maskz_permutex2var_epi64(0xff, _mm512_loadu_si512((const void*)labels),
+                                         _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0),
+                                         _mm512_loadu_si512((const void*)(labels + 4)));
+}
+
+GC_VAES_TARGET void lsbs_to_values_avx512(uint64_t* dst, const block* labels, const uint8_t* flip,
+                                          int bit, size_t n) {
+  const __m512i one = _mm512_set1_epi64(1);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512i b = _mm512_and_si512(low_qwords8(labels + i), one);
+    if (flip) b = _mm512_mask_xor_epi64(b, (__mmask8)flip[i / 8], b, one);
+    const __m512i x = _mm512_loadu_si512((const void*)(dst + i));
+    _mm512_storeu_si512((void*)(dst + i), _mm512_xor_si512(x, _mm512_maskz_slli_epi64(0xff, b, (unsigned)bit)));
+  }
+  for (; i < n; ++i)
+    dst[i] ^= (uint64_t)(lsb(labels[i]) ^ (flip ? packed_bit(flip, i) : false)) << bit;
+}
+
+GC_VAES_TARGET void bits_to_values_avx512(uint64_t* dst, const uint8_t* bits, int bit, size_t n) {
+  const __m512i sel = _mm512_set1_epi64((long long)((uint64_t)1 << bit));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512i x = _mm512_loadu_si512((const void*)(dst + i));
+    _mm512_storeu_si512((void*)(dst + i), _mm512_mask_xor_epi64(x, (__mmask8)bits[i / 8], x, sel));
+  }
+  for (; i < n; ++i) dst[i] ^= (uint64_t)packed_bit(bits, i) << bit;
+}
+
+GC_VAES_TARGET void pack_lsbs_avx512(const block* labels, size_t n, uint8_t* out) {
+  const __m512i one = _mm512_set1_epi64(1);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) out[i / 8] = (uint8_t)_mm512_test_epi64_mask(low_qwords8(labels + i), one);
+  if (i < n) pack_lsbs_portable(labels + i, n - i, out + i / 8);
+}
+#endif
+
+#if GC_X86
+// Blocks counter .. counter + n - 1 of an AES-CTR stream (Prg's layout), n a multiple of 16.
+GC_VAES_TARGET void prg_blocks_avx512(const AesKey& key, uint64_t counter, block* out, size_t n) {
+  __m512i rk[11];
+  for (int r = 0; r < 11; ++r) rk[r] = _mm512_maskz_broadcast_i32x4(0xffff, key.rk[r]);
+  const __m512i step = _mm512_set_epi64(0, 16, 0, 16, 0, 16, 0, 16);
+  const long long c = (long long)counter;
+  __m512i ctr[4];
+  for (int v = 0; v < 4; ++v)
+    ctr[v] = _mm512_set_epi64(0, c + 4 * v + 3, 0, c + 4 * v + 2, 0, c + 4 * v + 1, 0, c + 4 * v);
+  for (size_t i = 0; i < n; i += 16) {
+    __m512i x[4];
+    for (int v = 0; v < 4; ++v) x[v] = _mm512_xor_si512(ctr[v], rk[0]);
+    for (int r = 1; r < 10; ++r)
+      for (int v = 0; v < 4; ++v) x[v] = _mm512_aesenc_epi128(x[v], rk[r]);
+    for (int v = 0; v < 4; ++v) {
+      _mm512_storeu_si512((void*)(out + i + 4 * v), _mm512_aesenclast_epi128(x[v], rk[10]));
+      ctr[v] = _mm512_add_epi64(ctr[v], step);
+    }
+  }
+}
+#endif
+
+// prg.fill(out, n), 16 blocks at a time in AVX-512 on the VAES path.
+void prg_fill(Prg& prg, block* out, size_t n) {
+#if GC_X86
+  const size_t wide = n / 16 * 16;
+  if (wide && std::strcmp(and_kernels().name, "vaes") == 0) {
+    prg_blocks_avx512(prg.key(), prg.counter(), out, wide);
+    prg.advance(wide);
+    out += wide;
+    n -= wide;
+  }
+#endif
+  prg.fill(out, n);
+}
+
+const RowOps& row_ops() {
+  static const RowOps portable{xor_rows_portable,       xor_const_portable,
+                               select_xor_portable,     lsbs_to_values_portable,
+                               bits_to_values_portable, pack_lsbs_portable};
+#if GC_X86
+  static const RowOps wide{xor_rows_avx512,       xor_const_avx512,      select_xor_avx512,
+                           lsbs_to_values_avx512, bits_to_values_avx512, pack_lsbs_avx512};
+  if (std::strcmp(and_kernels().name, "vaes") == 0) return wide;
+#endif
+  return portable;
+}
 
 // Runs the gates of one chunk. The garbler passes delta, the tables to fill
 // and (three-halves) a PRG for the per-gate coins; the evaluator passes the
@@ -63,6 +221,7 @@ void garble_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, siz
                   uint64_t first_instance, block delta, block salt, uint32_t run_id,
                   uint8_t* tables, Prg* coin_prg) {
   const AndKernels& kernels = and_kernels();
+  const RowOps& ops = row_ops();
   const size_t table_bytes = and_table_bytes(scheme, cn);
   BlockVector coins(scheme == Scheme::ThreeHalves ? (cn + 63) / 64 : 0);
   for (const SlotGate& g : c.gates()) {
@@ -71,10 +230,10 @@ void garble_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, siz
     block* out = wires + (size_t)g.out * cap;
     switch (g.op) {
       case GateOp::Xor:
-        for (size_t i = 0; i < cn; ++i) out[i] = xor_block(a[i], b[i]);
+        ops.xor_rows(out, a, b, cn);
         break;
       case GateOp::Not:  // free: the zero-label becomes the old one-label
-        for (size_t i = 0; i < cn; ++i) out[i] = xor_block(a[i], delta);
+        ops.xor_const(out, a, delta, cn);
         break;
       case GateOp::And:
         if (scheme == Scheme::ThreeHalves) {
@@ -95,6 +254,7 @@ void garble_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, siz
 void evaluate_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, size_t cn,
                     uint64_t first_instance, block salt, uint32_t run_id, const uint8_t* tables) {
   const AndKernels& kernels = and_kernels();
+  const RowOps& ops = row_ops();
   const size_t table_bytes = and_table_bytes(scheme, cn);
   for (const SlotGate& g : c.gates()) {
     const block* a = wires + (size_t)g.a * cap;
@@ -102,7 +262,7 @@ void evaluate_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, s
     block* out = wires + (size_t)g.out * cap;
     switch (g.op) {
       case GateOp::Xor:
-        for (size_t i = 0; i < cn; ++i) out[i] = xor_block(a[i], b[i]);
+        ops.xor_rows(out, a, b, cn);
         break;
       case GateOp::Not:  // the evaluator's label already means the negated value
         if (out != a) std::memcpy(out, a, cn * sizeof(block));
@@ -452,7 +612,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
       for (size_t bit = 0; bit < c.outputs()[o].slots.size(); ++bit, ++row) {
         uint64_t* dst = out.values[o].data() + start;
         const uint8_t* bits = peer_bits.data() + row * row_bytes;
-        for (size_t i = 0; i < cn; ++i) dst[i] ^= (uint64_t)packed_bit(bits, i) << bit;
+        row_ops().bits_to_values(dst, bits, (int)bit, cn);
       }
   };
 
@@ -469,7 +629,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
       }
       // Garbler inputs: both parties expand the shared seed; the garbler's
       // zero-label is that block, shifted by Delta where its bit is 1.
-      garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
+      prg_fill(*garbler_input_prg_, input_labels.data(), plan.garbler_bits * cn);
       for (size_t p = 0; p < c.inputs().size(); ++p) {
         const InputPort& port = c.inputs()[p];
         if (port.owner == InputOwner::Carried) continue;
@@ -479,9 +639,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
           if (port.owner == InputOwner::Evaluator) {
             std::memcpy(dst, eval_labels.data() + row, cn * sizeof(block));
           } else {
-            const uint64_t* v = in.values[p] + start;
-            for (size_t i = 0; i < cn; ++i)
-              dst[i] = xor_block(input_labels[row + i], and_block(select_mask((v[i] >> bit) & 1), delta_));
+            row_ops().select_xor(dst, input_labels.data() + row, in.values[p] + start, bit, delta_, cn);
           }
         }
       }
@@ -501,7 +659,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
       size_t row_bytes = (cn + 7) / 8, pos = 0;
       for (size_t o : plan.reveal_to_evaluator)
         for (uint32_t slot : c.outputs()[o].slots) {
-          pack_lsbs(wires + (size_t)slot * cap, cn, ws[j].decode.data() + pos);
+          row_ops().pack_lsbs(wires + (size_t)slot * cap, cn, ws[j].decode.data() + pos);
           pos += row_bytes;
         }
       if (pos) {
@@ -516,7 +674,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
         uint64_t* dst = out.values[o].data() + start;
         for (size_t bit = 0; bit < port.slots.size(); ++bit) {
           const block* labels = wires + (size_t)port.slots[bit] * cap;
-          for (size_t i = 0; i < cn; ++i) dst[i] |= (uint64_t)lsb(labels[i]) << bit;
+          row_ops().lsbs_to_values(dst, labels, nullptr, (int)bit, cn);
         }
       }
       store_kept(c, out, wires, cap, start, cn);
@@ -596,7 +754,7 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
     for (size_t j = 0; j < count; ++j) {
       const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
       block* wires = ws[j].wires.data();
-      garbler_input_prg_->fill(input_labels.data(), plan.garbler_bits * cn);
+      prg_fill(*garbler_input_prg_, input_labels.data(), plan.garbler_bits * cn);
       const BlockVector& my_labels = eval_labels[k % eval_labels.size()];
       for (size_t p = 0; p < c.inputs().size(); ++p) {
         const InputPort& port = c.inputs()[p];
@@ -636,10 +794,10 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
           if (to_me || share) {
             uint64_t* dst = out.values[o].data() + start;
             const uint8_t* d = to_me ? ws[j].decode.data() + (decode_row++) * row_bytes : nullptr;
-            for (size_t i = 0; i < cn; ++i)
-              dst[i] |= (uint64_t)(lsb(labels[i]) ^ (d ? packed_bit(d, i) : false)) << bit;
+            row_ops().lsbs_to_values(dst, labels, d, (int)bit, cn);
           }
-          if (to_garbler) pack_lsbs(labels, cn, my_bits.data() + (garbler_row++) * row_bytes);
+          if (to_garbler)
+            row_ops().pack_lsbs(labels, cn, my_bits.data() + (garbler_row++) * row_bytes);
         }
       }
       store_kept(c, out, wires, cap, start, cn);

@@ -107,6 +107,11 @@ const EvalTables& eval_tables() {
 struct DeltaTerms {
   block out[16][3];
   alignas(64) uint64_t lo[3 * 16], hi[3 * 16];  // the same by output pair p: [16 p + q]
+  // The VAES kernel hashes without the feed-forward x of H(x) = AES(x) ^ x and adds it back
+  // here: hA0 ^ hA1, hB0 ^ hB1 and hX0 ^ hX1 each carry one Delta, so [G0 | G1] gets
+  // [Delta_L | Delta_L] and G2 Delta_L; the Delta_R parts land in control bits z2, z3, z4.
+  alignas(64) uint64_t vlo[3 * 16], vhi[3 * 16];
+  uint64_t vz = 0;
   explicit DeltaTerms(block delta) {
     const uint64_t dl = low64(delta), dr = high64(delta);
     auto part = [&](unsigned coef) {
@@ -118,8 +123,11 @@ struct DeltaTerms {
         out[q][p] = make_block(p < 2 ? part(cs.coef[2 * p + 1]) : 0, part(cs.coef[2 * p]));
         lo[16 * p + q] = low64(out[q][p]);
         hi[16 * p + q] = high64(out[q][p]);
+        vlo[16 * p + q] = lo[16 * p + q] ^ (p > 0 ? dl : 0);
+        vhi[16 * p + q] = hi[16 * p + q] ^ (p == 1 ? dl : 0);
       }
     }
+    vz = (dr & 1) ? 0x1C : 0;
   }
 };
 
@@ -258,6 +266,9 @@ struct VaesGarbleTables {
           w |= (uint64_t)(high64(h.m[t]) & 1) << (8 * p + 2 * t + 1);
         }
       }
+      // The hash feed-forward of t0 = hA0 ^ hX0 (Bbar) and t1 = hB0 ^ hX0 (Abar): C0_L gets
+      // Bbar_L (symbol B, low half), C0_R gets Abar_L (symbol swap A, high half).
+      w ^= (uint64_t)1 << (2 * 2 + 0) | (uint64_t)1 << (2 * 1 + 1);
       word[q] = w;
     }
   }
@@ -278,6 +289,9 @@ struct VaesEvalTables {
       }
       w |= (uint64_t)(low64(et.g01[ij]) & 1) << 8 | (uint64_t)(high64(et.g01[ij]) & 1) << 9;
       w |= (uint64_t)(low64(et.g2[ij]) & 1) << 10;
+      // The hash feed-forward of hA ^ hX (B) and hB ^ hX (A): C_L gets B_L (symbol B, low
+      // half), C_R gets A_L (symbol swap A, high half).
+      w ^= (uint64_t)1 << (2 * 2 + 0) | (uint64_t)1 << (2 * 1 + 1);
       word[idx] = w;
     }
   }
@@ -292,34 +306,37 @@ const VaesEvalTables& vaes_eval_tables() {
   return t;
 }
 
-// All-ones qwords where bit (base + e) of the lane's word is set, e = 0 for the low qword and
-// 1 for the high one.
-GC_VAES_TARGET inline __m512i zbit_mask(__m512i word, int base) {
-  const __m512i shift = _mm512_set_epi64(62 - base, 63 - base, 62 - base, 63 - base, 62 - base,
-                                         63 - base, 62 - base, 63 - base);
-  return _mm512_srai_epi64(_mm512_sllv_epi64(word, shift), 63);
+// Masked (maskz, all lanes) forms of the AVX-512 operations used below: GCC 12's unmasked
+// intrinsics pass an undefined vector that trips -Wuninitialized (vaes.h does the same).
+GC_VAES_TARGET inline __m512i zsrli(__m512i x, unsigned n) { return _mm512_maskz_srli_epi64(0xff, x, n); }
+GC_VAES_TARGET inline __m512i zslli(__m512i x, unsigned n) { return _mm512_maskz_slli_epi64(0xff, x, n); }
+GC_VAES_TARGET inline __m512i zsrlv(__m512i x, __m512i n) { return _mm512_maskz_srlv_epi64(0xff, x, n); }
+GC_VAES_TARGET inline __m512i zsllv(__m512i x, __m512i n) { return _mm512_maskz_sllv_epi64(0xff, x, n); }
+GC_VAES_TARGET inline __m512i zunpacklo(__m512i x, __m512i y) {
+  return _mm512_maskz_unpacklo_epi64(0xff, x, y);
+}
+GC_VAES_TARGET inline __m512i zpermutexvar(__m512i idx, __m512i x) {
+  return _mm512_maskz_permutexvar_epi64(0xff, idx, x);
+}
+// OR of the 8 qwords.
+GC_VAES_TARGET inline uint64_t zor_qwords(__m512i x) {
+  const __m256i y = _mm256_or_si256(_mm512_maskz_extracti64x4_epi64(0xff, x, 0),
+                                    _mm512_maskz_extracti64x4_epi64(0xff, x, 1));
+  const __m128i z = _mm_or_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+  return (uint64_t)_mm_cvtsi128_si64(z) | (uint64_t)_mm_extract_epi64(z, 1);
 }
 
 GC_VAES_TARGET inline __m512i zswap_halves(__m512i x) {
   return _mm512_maskz_shuffle_epi32(0xffff, x, (_MM_PERM_ENUM)0x4E);
 }
 
-// The lowest bit of each lane's high qword, in both qwords.
-GC_VAES_TARGET inline __m512i zhigh_bit(__m512i x) {
-  const __m512i one = _mm512_set1_epi64(1);
-  return _mm512_and_si512(_mm512_maskz_shuffle_epi32(0xffff, x, (_MM_PERM_ENUM)0xEE), one);
+// Each lane's high qword, in both qwords.
+GC_VAES_TARGET inline __m512i zhigh_qword(__m512i x) {
+  return _mm512_maskz_shuffle_epi32(0xffff, x, (_MM_PERM_ENUM)0xEE);
 }
 
-// Sum over the four symbol blocks of their masks (bits 8 p + 2 s + e of word) and values.
-GC_VAES_TARGET inline __m512i zcombine(__m512i word, int base, __m512i a, __m512i sa, __m512i b,
-                                       __m512i sb) {
-  __m512i r = _mm512_and_si512(zbit_mask(word, base), a);
-  r = _mm512_xor_si512(r, _mm512_and_si512(zbit_mask(word, base + 2), sa));
-  r = _mm512_xor_si512(r, _mm512_and_si512(zbit_mask(word, base + 4), b));
-  return _mm512_xor_si512(r, _mm512_and_si512(zbit_mask(word, base + 6), sb));
-}
-
-// H = AES(x) ^ x in place over the 16 instances of a span: x[(3 v + w) * Per + t] holds
+// AES(x) in place (the caller adds the feed-forward x of H(x) = AES(x) ^ x where it needs
+// it, or folds it into its tables) over the 16 instances of a span: x[(3 v + w) * Per + t] holds
 // instances 4 v .. 4 v + 3 of hash w (0: A side, 1: B side, 2: A ^ B; Per inputs each, the
 // garbler's colour 0 and 1). Instances 0-7 are group g, 8-15 group g + 1; keys: rk1 lanes
 // (g, A), (g, B), (g + 1, A), (g + 1, B), rk2 lanes (g, X), (g + 1, X). Fully unrolled so
@@ -336,11 +353,8 @@ GC_VAES_TARGET inline void zround_keys(__m512i r1, __m512i r2, __m512i* k) {
 }
 
 template <int Per>
-GC_VAES_TARGET inline void zhash(const __m512i* rk1, const __m512i* rk2, __m512i* x) {
+GC_VAES_TARGET inline void zaes(const __m512i* rk1, const __m512i* rk2, __m512i* x) {
   constexpr int N = 12 * Per;
-  __m512i in[N];
-#pragma GCC unroll 64
-  for (int r = 0; r < N; ++r) in[r] = x[r];
   // Key index of register r: group (r / (6 Per)) and hash ((r / Per) % 3).
   auto key_of = [](int r) {
     const int grp = r / (6 * Per), w = (r / Per) % 3;
@@ -358,8 +372,7 @@ GC_VAES_TARGET inline void zhash(const __m512i* rk1, const __m512i* rk2, __m512i
   }
   zround_keys(rk1[10], rk2[10], k);
 #pragma GCC unroll 64
-  for (int r = 0; r < N; ++r)
-    x[r] = _mm512_xor_si512(_mm512_aesenclast_epi128(x[r], k[key_of(r)]), in[r]);
+  for (int r = 0; r < N; ++r) x[r] = _mm512_aesenclast_epi128(x[r], k[key_of(r)]);
 }
 
 // rk1 lanes: (g, A), (g, B), (g + 1, A), (g + 1, B); rk2 lanes: (g, X), (g + 1, X), again.
@@ -373,160 +386,217 @@ GC_VAES_TARGET inline void zhash_keys(block salt, uint64_t tweak, uint64_t group
            rk2);
 }
 
-// 16 instances (two hash groups): registers v = 0..3 hold instances 4 v .. 4 v + 3.
-GC_VAES_TARGET void garble_span16_vaes(const block* a0, const block* b0, block* c0, uint64_t* g,
-                                       uint8_t* z, const uint8_t* coins, block delta,
-                                       const uint64_t* dlo, const uint64_t* dhi, block salt,
-                                       uint64_t tweak, uint64_t group) {
+// AES only (no feed-forward) of the 12 garbler hash inputs of one group (registers 6 u + 2 w
+// + colour for its two registers u = 0, 1, hash w = A, B, X): keys (group, A) and (group, B)
+// from lanes 2 grp, 2 grp + 1 of rk1, (group, X) from lane grp of rk2. The garbler folds the
+// feed-forward into its tables (DeltaTerms::vlo / vhi / vz, VaesGarbleTables).
+template <int Grp>
+GC_VAES_TARGET inline void zgroup_keys(__m512i r1, __m512i r2, __m512i* k) {
+  k[0] = zlane<2 * Grp>(r1);
+  k[1] = zlane<2 * Grp + 1>(r1);
+  k[2] = zlane<Grp>(r2);
+}
+
+template <int Grp>
+GC_VAES_TARGET inline void zaes_group(const __m512i* rk1, const __m512i* rk2, __m512i* x) {
+  __m512i k[3];
+  zgroup_keys<Grp>(rk1[0], rk2[0], k);
+#pragma GCC unroll 16
+  for (int r = 0; r < 12; ++r) x[r] = _mm512_xor_si512(x[r], k[(r % 6) / 2]);
+#pragma GCC unroll 1
+  for (int round = 1; round < 10; ++round) {
+    zgroup_keys<Grp>(rk1[round], rk2[round], k);
+#pragma GCC unroll 16
+    for (int r = 0; r < 12; ++r) x[r] = _mm512_aesenc_epi128(x[r], k[(r % 6) / 2]);
+  }
+  zgroup_keys<Grp>(rk1[10], rk2[10], k);
+#pragma GCC unroll 16
+  for (int r = 0; r < 12; ++r) x[r] = _mm512_aesenclast_epi128(x[r], k[(r % 6) / 2]);
+}
+
+// The qword pattern (bit n in the low qword, bit n + 1 in the high one) in every lane:
+// vptestmq against it gives the lanes' per-half masks of bits n / n + 1 of a case word.
+#define GC_TH_PAIR(n) \
+  _mm512_set_epi64(2ll << (n), 1ll << (n), 2ll << (n), 1ll << (n), 2ll << (n), 1ll << (n), \
+                   2ll << (n), 1ll << (n))
+
+// acc ^ the four symbol blocks (A, swap A, B, swap B) under the masks of bits 8 p + 2 s + e.
+template <int P>
+GC_VAES_TARGET inline __m512i zcombine_k(__m512i acc, __m512i word, __m512i a, __m512i sa,
+                                         __m512i b, __m512i sb) {
+  acc = _mm512_mask_xor_epi64(acc, _mm512_test_epi64_mask(word, GC_TH_PAIR(8 * P + 0)), acc, a);
+  acc = _mm512_mask_xor_epi64(acc, _mm512_test_epi64_mask(word, GC_TH_PAIR(8 * P + 2)), acc, sa);
+  acc = _mm512_mask_xor_epi64(acc, _mm512_test_epi64_mask(word, GC_TH_PAIR(8 * P + 4)), acc, b);
+  return _mm512_mask_xor_epi64(acc, _mm512_test_epi64_mask(word, GC_TH_PAIR(8 * P + 6)), acc, sb);
+}
+
+// 16 instances (two hash groups): registers v = 0..3 hold instances 4 v .. 4 v + 3. coins:
+// bits 2 j, 2 j + 1 are instance j's two coins. zbits[h]: the control bits of group h packed
+// as in the table (bit 5 k + t = z_t of instance 8 h + k), all 8 instances.
+template <int Grp>
+GC_VAES_TARGET inline void garble_group_vaes(const block* a0, const block* b0, block* c0,
+                                             uint64_t* rows, uint64_t* zbits, uint32_t coins,
+                                             __m512i d, const DeltaTerms& dterms,
+                                             const __m512i* rk1, const __m512i* rk2) {
   const VaesGarbleTables& tables = vaes_garble_tables();
-  __m512i rk1[11], rk2[11];
-  zhash_keys(salt, tweak, group, rk1, rk2);
-  const __m512i d = _mm512_maskz_broadcast_i32x4(0xffff, delta);
   const __m512i words_lo = _mm512_loadu_si512((const void*)tables.word);
   const __m512i words_hi = _mm512_loadu_si512((const void*)(tables.word + 8));
-  __m512i abar[4], bbar[4], word[4];
-  // Hash inputs, per register v: A0, A1, B0, B1, X0, X1 (colour-0 and colour-1).
-  __m512i h[24];  // (3 v + w) * 2 + colour
-  for (int v = 0; v < 4; ++v) {
+  const __m512i one = _mm512_set1_epi64(1), two = _mm512_set1_epi64(2);
+  const __m512i coin_word = _mm512_set1_epi64((long long)((uint64_t)coins << 2));
+  // Hash inputs, per register u: A0, A1, B0, B1, X0, X1 (colour-0 and colour-1 labels); the
+  // colour-0 labels, the case q and its word wait (in memory) while the AES runs.
+  __m512i h[12], abars[2], bbars[2], qs[2], words[2];
+  for (int u = 0; u < 2; ++u) {
+    const int v = 2 * Grp + u;
     const __m512i a = _mm512_loadu_si512((const void*)(a0 + 4 * v));
     const __m512i b = _mm512_loadu_si512((const void*)(b0 + 4 * v));
     const __m512i pa = zlsb_mask(a), pb = zlsb_mask(b);
-    abar[v] = _mm512_xor_si512(a, _mm512_and_si512(pa, d));
-    bbar[v] = _mm512_xor_si512(b, _mm512_and_si512(pb, d));
-    const __m512i x = _mm512_xor_si512(abar[v], bbar[v]);
-    h[6 * v + 0] = abar[v];
-    h[6 * v + 1] = _mm512_xor_si512(abar[v], d);
-    h[6 * v + 2] = bbar[v];
-    h[6 * v + 3] = _mm512_xor_si512(bbar[v], d);
-    h[6 * v + 4] = x;
-    h[6 * v + 5] = _mm512_xor_si512(x, d);
+    const __m512i abar = _mm512_ternarylogic_epi64(a, pa, d, 0x78);  // a ^ (m & d)
+    const __m512i bbar = _mm512_ternarylogic_epi64(b, pb, d, 0x78);
     // Case q = pa | pb << 1 | coins << 2 in both qwords of each lane.
-    const __m512i coin = _mm512_set_epi64(coins[4 * v + 3], coins[4 * v + 3], coins[4 * v + 2],
-                                          coins[4 * v + 2], coins[4 * v + 1], coins[4 * v + 1],
-                                          coins[4 * v], coins[4 * v]);
-    const __m512i q = _mm512_or_si512(
-        _mm512_or_si512(_mm512_and_si512(pa, _mm512_set1_epi64(1)),
-                        _mm512_and_si512(pb, _mm512_set1_epi64(2))),
-        _mm512_slli_epi64(coin, 2));
-    word[v] = _mm512_permutex2var_epi64(words_lo, q, words_hi);
-    // Delta terms need q too: stash it in the unused upper bits of the word.
-    word[v] = _mm512_or_si512(word[v], _mm512_slli_epi64(q, 32));
+    const __m512i cshift = _mm512_set_epi64(8 * v + 6, 8 * v + 6, 8 * v + 4, 8 * v + 4,
+                                            8 * v + 2, 8 * v + 2, 8 * v, 8 * v);
+    const __m512i cq = _mm512_and_si512(zsrlv(coin_word, cshift), _mm512_set1_epi64(12));
+    qs[u] = _mm512_or_si512(
+        _mm512_ternarylogic_epi64(_mm512_and_si512(pa, one), pb, two, 0xF8), cq);  // A | B & C
+    words[u] = _mm512_permutex2var_epi64(words_lo, qs[u], words_hi);
+    abars[u] = abar;
+    bbars[u] = bbar;
+    const __m512i x = _mm512_xor_si512(abar, bbar);
+    h[6 * u + 0] = abar;
+    h[6 * u + 1] = _mm512_xor_si512(abar, d);
+    h[6 * u + 2] = bbar;
+    h[6 * u + 3] = _mm512_xor_si512(bbar, d);
+    h[6 * u + 4] = x;
+    h[6 * u + 5] = _mm512_xor_si512(x, d);
   }
-  zhash<2>(rk1, rk2, h);
-  const __m512i dlo_a = _mm512_loadu_si512((const void*)dlo);
-  const __m512i dlo_b = _mm512_loadu_si512((const void*)(dlo + 8));
-  const __m512i dlo_c = _mm512_loadu_si512((const void*)(dlo + 16));
-  const __m512i dlo_d = _mm512_loadu_si512((const void*)(dlo + 24));
-  const __m512i dlo_e = _mm512_loadu_si512((const void*)(dlo + 32));
-  const __m512i dlo_f = _mm512_loadu_si512((const void*)(dlo + 40));
-  const __m512i dhi_a = _mm512_loadu_si512((const void*)dhi);
-  const __m512i dhi_b = _mm512_loadu_si512((const void*)(dhi + 8));
-  const __m512i dhi_c = _mm512_loadu_si512((const void*)(dhi + 16));
-  const __m512i dhi_d = _mm512_loadu_si512((const void*)(dhi + 24));
-  const __m512i dhi_e = _mm512_loadu_si512((const void*)(dhi + 32));
-  const __m512i dhi_f = _mm512_loadu_si512((const void*)(dhi + 40));
-  const __m512i dlo_v[3][2] = {{dlo_a, dlo_b}, {dlo_c, dlo_d}, {dlo_e, dlo_f}};
-  const __m512i dhi_v[3][2] = {{dhi_a, dhi_b}, {dhi_c, dhi_d}, {dhi_e, dhi_f}};
-  __m512i p1[4], p2[4], zv[4];
-  for (int v = 0; v < 4; ++v) {
-    const __m512i* hv = h + 6 * v;
-    const __m512i t0 = _mm512_xor_si512(hv[0], hv[4]);  // hA0 ^ hX0
-    const __m512i t1 = _mm512_xor_si512(hv[2], hv[4]);  // hB0 ^ hX0
-    const __m512i t2 = _mm512_xor_si512(hv[0], hv[1]);  // hA0 ^ hA1
-    const __m512i t3 = _mm512_xor_si512(hv[2], hv[3]);  // hB0 ^ hB1
-    const __m512i t4 = _mm512_xor_si512(hv[4], hv[5]);  // hX0 ^ hX1
-    const __m512i a = abar[v], b = bbar[v], sa = zswap_halves(a), sb = zswap_halves(b);
-    const __m512i q = _mm512_srli_epi64(word[v], 32);
+  zaes_group<Grp>(rk1, rk2, h);
+  const __m512i zbase = _mm512_set1_epi64((long long)dterms.vz);
+  __m512i p1[2], p2[2], zv[2];
+  for (int u = 0; u < 2; ++u) {
+    const int v = 2 * Grp + u;
+    const __m512i a = abars[u], b = bbars[u], q = qs[u], word = words[u];
+    const __m512i sa = zswap_halves(a), sb = zswap_halves(b);
+    const __m512i* e = h + 6 * u;  // AES of A0, A1, B0, B1, X0, X1
+    const __m512i e0 = _mm512_xor_si512(e[0], e[4]);  // t0 = hA0 ^ hX0 = e0 ^ Bbar
+    const __m512i e1 = _mm512_xor_si512(e[2], e[4]);  // t1 = hB0 ^ hX0 = e1 ^ Abar
+    const __m512i e2 = _mm512_xor_si512(e[0], e[1]);  // t2 = hA0 ^ hA1 = e2 ^ Delta
+    const __m512i e3 = _mm512_xor_si512(e[2], e[3]);  // t3 = hB0 ^ hB1 = e3 ^ Delta
+    const __m512i e4 = _mm512_xor_si512(e[4], e[5]);  // t4 = hX0 ^ hX1 = e4 ^ Delta
     __m512i dt[3];
     for (int p = 0; p < 3; ++p) {
-      // The case's Delta term: its low qword from dlo[p], its high one from dhi[p].
-      const __m512i lo = _mm512_permutex2var_epi64(dlo_v[p][0], q, dlo_v[p][1]);
-      const __m512i hi = _mm512_permutex2var_epi64(dhi_v[p][0], q, dhi_v[p][1]);
+      // The case's Delta term: its low qword from vlo[p], its high one from vhi[p].
+      const __m512i lo = _mm512_permutex2var_epi64(
+          _mm512_loadu_si512((const void*)(dterms.vlo + 16 * p)), q,
+          _mm512_loadu_si512((const void*)(dterms.vlo + 16 * p + 8)));
+      const __m512i hi = _mm512_permutex2var_epi64(
+          _mm512_loadu_si512((const void*)(dterms.vhi + 16 * p)), q,
+          _mm512_loadu_si512((const void*)(dterms.vhi + 16 * p + 8)));
       dt[p] = _mm512_mask_blend_epi64(0xAA, lo, hi);
     }
-    const __m512i out0 = _mm512_xor_si512(_mm512_xor_si512(dt[0], zcombine(word[v], 0, a, sa, b, sb)),
-                                          _mm512_unpacklo_epi64(t0, t1));
-    p1[v] = _mm512_xor_si512(_mm512_xor_si512(dt[1], zcombine(word[v], 8, a, sa, b, sb)),
-                             _mm512_unpacklo_epi64(t2, t3));
-    p2[v] = _mm512_xor_si512(_mm512_xor_si512(dt[2], zcombine(word[v], 16, a, sa, b, sb)), t4);
+    const __m512i out0 = zcombine_k<0>(
+        _mm512_xor_si512(dt[0], zunpacklo(e0, e1)), word, a, sa, b, sb);
+    p1[u] = zcombine_k<1>(_mm512_xor_si512(dt[1], zunpacklo(e2, e3)), word, a, sa,
+                          b, sb);
+    p2[u] = zcombine_k<2>(_mm512_xor_si512(dt[2], e4), word, a, sa, b, sb);
     _mm512_storeu_si512((void*)(c0 + 4 * v), out0);
-    // Control bits: the case's coin part and bit 64 of each hash combination.
-    __m512i zz = _mm512_and_si512(_mm512_srli_epi64(word[v], 24), _mm512_set1_epi64(31));
-    zz = _mm512_xor_si512(zz, zhigh_bit(t0));
-    zz = _mm512_xor_si512(zz, _mm512_slli_epi64(zhigh_bit(t1), 1));
-    zz = _mm512_xor_si512(zz, _mm512_slli_epi64(zhigh_bit(t2), 2));
-    zz = _mm512_xor_si512(zz, _mm512_slli_epi64(zhigh_bit(t3), 3));
-    zv[v] = _mm512_xor_si512(zz, _mm512_slli_epi64(zhigh_bit(t4), 4));
+    // Control bits (in the high qword of each lane): the case's coin part, the Delta_R part,
+    // and bit 64 of t0 .. t4. zz ^ (x & bit) is ternary-logic function 0x78.
+    __m512i zz = _mm512_ternarylogic_epi64(zsrli(word, 24), _mm512_set1_epi64(31),
+                                           zbase, 0x6A);  // (A & B) ^ C
+    zz = _mm512_ternarylogic_epi64(zz, _mm512_xor_si512(e0, b), one, 0x78);
+    zz = _mm512_ternarylogic_epi64(zz, zslli(_mm512_xor_si512(e1, a), 1), two, 0x78);
+    zz = _mm512_ternarylogic_epi64(zz, zslli(e2, 2), _mm512_set1_epi64(4), 0x78);
+    zz = _mm512_ternarylogic_epi64(zz, zslli(e3, 3), _mm512_set1_epi64(8), 0x78);
+    zv[u] = _mm512_ternarylogic_epi64(zz, zslli(e4, 4), _mm512_set1_epi64(16), 0x78);
   }
   const __m512i even = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
-  for (int grp = 0; grp < 2; ++grp) {
-    uint64_t* rows = g + 3 * kGroup * grp;
-    const __m512i x1 = p1[2 * grp], y1 = p1[2 * grp + 1];
-    _mm512_storeu_si512((void*)rows, _mm512_permutex2var_epi64(x1, even, y1));
-    _mm512_storeu_si512((void*)(rows + kGroup), _mm512_permutex2var_epi64(x1, odd, y1));
-    _mm512_storeu_si512((void*)(rows + 2 * kGroup),
-                        _mm512_permutex2var_epi64(p2[2 * grp], even, p2[2 * grp + 1]));
-    alignas(64) uint64_t zs[16];
-    _mm512_store_si512((void*)zs, _mm512_permutex2var_epi64(zv[2 * grp], even, zv[2 * grp + 1]));
-    for (size_t j = 0; j < kGroup; ++j) z[kGroup * grp + j] = (uint8_t)zs[j];
-  }
+  _mm512_storeu_si512((void*)rows, _mm512_permutex2var_epi64(p1[0], even, p1[1]));
+  _mm512_storeu_si512((void*)(rows + kGroup), _mm512_permutex2var_epi64(p1[0], odd, p1[1]));
+  _mm512_storeu_si512((void*)(rows + 2 * kGroup), _mm512_permutex2var_epi64(p2[0], even, p2[1]));
+  const __m512i zk = _mm512_permutex2var_epi64(zv[0], odd, zv[1]);
+  *zbits = zor_qwords(
+      zsllv(zk, _mm512_set_epi64(35, 30, 25, 20, 15, 10, 5, 0)));
+}
+
+// 16 instances (two hash groups): registers v = 0..3 hold instances 4 v .. 4 v + 3, group
+// Grp the registers 2 Grp, 2 Grp + 1. coins: bits 2 j, 2 j + 1 are instance j's two coins.
+// zbits[h]: the control bits of group h packed as in the table (bit 5 k + t = z_t of instance
+// 8 h + k), all 8 instances.
+GC_VAES_TARGET void garble_span16_vaes(const block* a0, const block* b0, block* c0, uint64_t* g,
+                                       uint64_t* zbits, uint32_t coins, block delta,
+                                       const DeltaTerms& dterms, block salt, uint64_t tweak,
+                                       uint64_t group) {
+  __m512i rk1[11], rk2[11];
+  zhash_keys(salt, tweak, group, rk1, rk2);
+  const __m512i d = _mm512_maskz_broadcast_i32x4(0xffff, delta);
+  garble_group_vaes<0>(a0, b0, c0, g, zbits, coins, d, dterms, rk1, rk2);
+  garble_group_vaes<1>(a0, b0, c0, g + 3 * kGroup, zbits + 1, coins, d, dterms, rk1, rk2);
 }
 
 GC_VAES_TARGET void eval_span16_vaes(const block* a_in, const block* b_in, block* c,
-                                     const uint64_t* g, const uint8_t* z, block salt,
+                                     const uint64_t* g, const uint64_t* zbits, block salt,
                                      uint64_t tweak, uint64_t group) {
   const VaesEvalTables& tables = vaes_eval_tables();
   __m512i rk1[11], rk2[11];
   zhash_keys(salt, tweak, group, rk1, rk2);
+  __m512i h[12];  // 3 v + w: AES of A, B, A ^ B
+  for (int v = 0; v < 4; ++v) {
+    const __m512i a = _mm512_loadu_si512((const void*)(a_in + 4 * v));
+    const __m512i b = _mm512_loadu_si512((const void*)(b_in + 4 * v));
+    h[3 * v] = a;
+    h[3 * v + 1] = b;
+    h[3 * v + 2] = _mm512_xor_si512(a, b);
+  }
+  zaes<1>(rk1, rk2, h);
   const __m512i words_lo = _mm512_loadu_si512((const void*)tables.word);
   const __m512i words_hi = _mm512_loadu_si512((const void*)(tables.word + 8));
-  __m512i a[4], b[4], h[12];  // 3 v + w
+  const __m512i one = _mm512_set1_epi64(1), two = _mm512_set1_epi64(2);
   for (int v = 0; v < 4; ++v) {
-    a[v] = _mm512_loadu_si512((const void*)(a_in + 4 * v));
-    b[v] = _mm512_loadu_si512((const void*)(b_in + 4 * v));
-    h[3 * v] = a[v];
-    h[3 * v + 1] = b[v];
-    h[3 * v + 2] = _mm512_xor_si512(a[v], b[v]);
-  }
-  zhash<1>(rk1, rk2, h);
-  const __m512i one = _mm512_set1_epi64(1);
-  for (int v = 0; v < 4; ++v) {
-    const __m512i ha = h[3 * v], hb = h[3 * v + 1], hx = h[3 * v + 2];
-    const __m512i i = _mm512_and_si512(zlsb_mask(a[v]), one), j = _mm512_and_si512(zlsb_mask(b[v]), one);
-    const __m512i ix = _mm512_xor_si512(i, j);
-    const __m512i zz = _mm512_set_epi64(z[4 * v + 3], z[4 * v + 3], z[4 * v + 2], z[4 * v + 2],
-                                        z[4 * v + 1], z[4 * v + 1], z[4 * v], z[4 * v]);
-    const __m512i cx = zhigh_bit(hx);
-    __m512i r1 = _mm512_xor_si512(zz, _mm512_and_si512(i, _mm512_srli_epi64(zz, 2)));
-    r1 = _mm512_xor_si512(r1, _mm512_and_si512(ix, _mm512_srli_epi64(zz, 4)));
-    r1 = _mm512_and_si512(_mm512_xor_si512(r1, _mm512_xor_si512(zhigh_bit(ha), cx)), one);
-    __m512i r2 = _mm512_xor_si512(_mm512_srli_epi64(zz, 1),
-                                  _mm512_and_si512(j, _mm512_srli_epi64(zz, 3)));
-    r2 = _mm512_xor_si512(r2, _mm512_and_si512(ix, _mm512_srli_epi64(zz, 4)));
-    r2 = _mm512_and_si512(_mm512_xor_si512(r2, _mm512_xor_si512(zhigh_bit(hb), cx)), one);
-    // Table index 4 (2 i + j) + r1 + 2 r2.
-    const __m512i idx = _mm512_or_si512(
-        _mm512_or_si512(_mm512_slli_epi64(i, 3), _mm512_slli_epi64(j, 2)),
-        _mm512_or_si512(r1, _mm512_slli_epi64(r2, 1)));
+    const int grp = v / 2, k0 = 4 * (v % 2);
+    // Inputs again (loaded before c + 4 v is stored, so c may alias a_in or b_in).
+    const __m512i a = _mm512_loadu_si512((const void*)(a_in + 4 * v));
+    const __m512i b = _mm512_loadu_si512((const void*)(b_in + 4 * v));
+    const __m512i mi = zlsb_mask(a), mj = zlsb_mask(b);  // all-ones where i (j) is 1
+    const __m512i u1 = _mm512_xor_si512(h[3 * v], h[3 * v + 2]);      // hA ^ hX = u1 ^ B
+    const __m512i u2 = _mm512_xor_si512(h[3 * v + 1], h[3 * v + 2]);  // hB ^ hX = u2 ^ A
+    // z of the lane's instance (both qwords): bits 5 k .. 5 k + 4 of the group's word.
+    const __m512i zz = _mm512_and_si512(
+        zsrlv(_mm512_set1_epi64((long long)zbits[grp]),
+                          _mm512_set_epi64(5 * (k0 + 3), 5 * (k0 + 3), 5 * (k0 + 2),
+                                           5 * (k0 + 2), 5 * (k0 + 1), 5 * (k0 + 1), 5 * k0,
+                                           5 * k0)),
+        _mm512_set1_epi64(31));
+    // r1 (bit 0) and r2 (bit 1), valid in the high qword (the hash bits are bit 64):
+    // r1 = z0 ^ i z2 ^ (i ^ j) z4 ^ bit64(hA ^ hX), r2 = z1 ^ j z3 ^ (i ^ j) z4 ^ bit64(hB ^ hX).
+    // bit 0: i, bit 1: j (C ? A : B with C = 1; the bits above are not used).
+    const __m512i ij2 = _mm512_ternarylogic_epi64(mi, mj, one, 0xE4);
+    __m512i r = _mm512_ternarylogic_epi64(zz, zsrli(zz, 2), ij2, 0x78);
+    const __m512i t = _mm512_ternarylogic_epi64(mi, mj, zsrli(zz, 4), 0x28);  // (A^B)&C
+    r = _mm512_ternarylogic_epi64(r, t, zslli(t, 1), 0x96);  // A ^ B ^ C
+    r = _mm512_ternarylogic_epi64(r, _mm512_xor_si512(u1, b), one, 0x78);
+    r = _mm512_ternarylogic_epi64(r, zslli(_mm512_xor_si512(u2, a), 1), two, 0x78);
+    // Table index 4 (2 i + j) + r1 + 2 r2, from the high qword into both.
+    const __m512i idx = _mm512_ternarylogic_epi64(
+        _mm512_and_si512(mi, _mm512_set1_epi64(8)), _mm512_and_si512(mj, _mm512_set1_epi64(4)),
+        _mm512_and_si512(zhigh_qword(r), _mm512_set1_epi64(3)), 0xFE);  // A | B | C
     const __m512i word = _mm512_permutex2var_epi64(words_lo, idx, words_hi);
     // [G0 | G1] and [G2 | G2] of instances 4 v .. 4 v + 3.
-    const int grp = v / 2, k0 = 4 * (v % 2);
     const uint64_t* rows = g + 3 * kGroup * grp;
     const __m512i g0 = _mm512_loadu_si512((const void*)rows);
     const __m512i g1 = _mm512_loadu_si512((const void*)(rows + kGroup));
-    const __m512i g2 = _mm512_loadu_si512((const void*)(rows + 2 * kGroup));
     const __m512i pick01 = _mm512_set_epi64(8 + k0 + 3, k0 + 3, 8 + k0 + 2, k0 + 2, 8 + k0 + 1,
                                             k0 + 1, 8 + k0, k0);
     const __m512i pick22 = _mm512_set_epi64(k0 + 3, k0 + 3, k0 + 2, k0 + 2, k0 + 1, k0 + 1, k0, k0);
     const __m512i g01 = _mm512_permutex2var_epi64(g0, pick01, g1);
-    const __m512i g22 = _mm512_permutexvar_epi64(pick22, g2);
-    __m512i out = _mm512_unpacklo_epi64(_mm512_xor_si512(ha, hx), _mm512_xor_si512(hb, hx));
-    out = _mm512_xor_si512(out, _mm512_and_si512(zbit_mask(word, 8), g01));
-    const __m512i g2_sel = _mm512_srai_epi64(_mm512_slli_epi64(word, 63 - 10), 63);
-    out = _mm512_xor_si512(out, _mm512_and_si512(g2_sel, g22));
-    out = _mm512_xor_si512(out, zcombine(word, 0, a[v], zswap_halves(a[v]), b[v],
-                                         zswap_halves(b[v])));
+    const __m512i g22 =
+        zpermutexvar(pick22, _mm512_loadu_si512((const void*)(rows + 2 * kGroup)));
+    // G0 where i (low half), G1 where j (high half), G2 where i ^ j.
+    __m512i out = zunpacklo(u1, u2);
+    out = _mm512_ternarylogic_epi64(out, _mm512_mask_blend_epi64(0xAA, mi, mj), g01, 0x78);
+    out = _mm512_ternarylogic_epi64(out, _mm512_xor_si512(mi, mj), g22, 0x78);
+    out = zcombine_k<0>(out, word, a, zswap_halves(a), b, zswap_halves(b));
     _mm512_storeu_si512((void*)(c + 4 * v), out);
   }
 }
@@ -536,23 +606,6 @@ GC_VAES_TARGET void eval_span16_vaes(const block* a_in, const block* b_in, block
 
 namespace {
 
-// A span's control bits: 5 per instance, a full group's 40 bits being 5 whole bytes (group
-// start / 8 at byte 5 start / 8).
-inline void pack_control(const uint8_t* z, size_t rows, uint8_t* out) {
-  uint64_t bits = 0;
-  for (size_t j = 0; j < rows; ++j) bits |= (uint64_t)z[j] << (5 * j);
-  uint8_t packed[8];
-  for (size_t t = 0; t < 8; ++t) packed[t] = (uint8_t)(bits >> (8 * t));
-  std::memcpy(out, packed, (5 * rows + 7) / 8);
-}
-
-inline void unpack_control(const uint8_t* in, size_t rows, uint8_t* z) {
-  uint8_t packed[8] = {};
-  std::memcpy(packed, in, (5 * rows + 7) / 8);
-  uint64_t bits = 0;
-  for (size_t t = 0; t < 8; ++t) bits |= (uint64_t)packed[t] << (8 * t);
-  for (size_t j = 0; j < kGroup; ++j) z[j] = (uint8_t)((bits >> (5 * j)) & 31);
-}
 
 }  // namespace
 
@@ -581,14 +634,26 @@ void garble_and_threehalves(const block* a0, const block* b0, block* c0, uint8_t
     const block* b = full ? b0 + i : pb;
     block* c = full ? c0 + i : pc;
     uint64_t* g = full ? reinterpret_cast<uint64_t*>(table + 24 * i) : rows_copy;
-    uint8_t coin[kSpan] = {}, z[kSpan];
-    for (size_t j = 0; j < m; ++j) coin[j] = (coins[(i + j) >> 2] >> (2 * ((i + j) & 3))) & 3;
+    // The span's coins: 2 bits per instance, i a multiple of 16 so they start at byte i / 4.
+    uint32_t coin_bits = 0;
+    std::memcpy(&coin_bits, coins + i / 4, (2 * m + 7) / 8);
+    if (m < kSpan) coin_bits &= (1u << (2 * m)) - 1;
+    uint64_t zbits[2];
 #if GC_X86
-    if (vaes)
-      garble_span16_vaes(a, b, c, g, z, coin, delta, dterms.lo, dterms.hi, salt, tweak, group);
-    else
+    if (vaes) {
+      garble_span16_vaes(a, b, c, g, zbits, coin_bits, delta, dterms, salt, tweak, group);
+    } else
 #endif
+    {
+      uint8_t coin[kSpan], z[kSpan];
+      for (size_t j = 0; j < kSpan; ++j) coin[j] = (coin_bits >> (2 * j)) & 3;
       garble_span16(a, b, c, g, z, coin, delta, dterms, salt, tweak, group);
+      for (size_t h = 0; h < 2; ++h) {
+        zbits[h] = 0;
+        for (size_t j = 0; j < kGroup; ++j) zbits[h] |= (uint64_t)z[kGroup * h + j] << (5 * j);
+      }
+    }
+    (void)vaes;
     if (!full) std::memcpy(c0 + i, pc, m * sizeof(block));
     for (size_t h = 0; h * kGroup < m; ++h) {
       const size_t start = i + h * kGroup, rows = std::min(kGroup, m - h * kGroup);
@@ -597,7 +662,13 @@ void garble_and_threehalves(const block* a0, const block* b0, block* c0, uint8_t
         for (size_t t = 0; t < 3; ++t)
           std::memcpy(dst + 8 * rows * t, g + 3 * kGroup * h + kGroup * t, 8 * rows);
       }
-      pack_control(z + h * kGroup, rows, control + 5 * (start / kGroup));
+      // 5 bits per instance: a full group is 5 whole bytes; a short one's last byte is padded
+      // with zeros.
+      uint64_t bits = zbits[h];
+      if (rows < kGroup) bits &= ((uint64_t)1 << (5 * rows)) - 1;
+      uint8_t packed[8];
+      for (size_t t = 0; t < 8; ++t) packed[t] = (uint8_t)(bits >> (8 * t));
+      std::memcpy(control + 5 * (start / kGroup), packed, (5 * rows + 7) / 8);
     }
   }
 }
@@ -612,7 +683,7 @@ void eval_and_threehalves(const block* a, const block* b, block* c, const uint8_
     const bool full = m == kSpan;
     block pa[kSpan], pb[kSpan], pc[kSpan];
     uint64_t rows_copy[6 * kGroup];
-    uint8_t z[kSpan] = {};
+    uint64_t zbits[2] = {0, 0};
     if (!full) {
       std::memset(pa, 0, sizeof(pa));
       std::memset(pb, 0, sizeof(pb));
@@ -627,18 +698,26 @@ void eval_and_threehalves(const block* a, const block* b, block* c, const uint8_
         for (size_t t = 0; t < 3; ++t)
           std::memcpy(rows_copy + 3 * kGroup * h + kGroup * t, src + 8 * rows * t, 8 * rows);
       }
-      unpack_control(control + 5 * (start / kGroup), rows, z + h * kGroup);
+      // The group's control bits, 5 per instance (LSB-first bytes).
+      uint8_t packed[8] = {};
+      std::memcpy(packed, control + 5 * (start / kGroup), (5 * rows + 7) / 8);
+      for (size_t t = 0; t < 8; ++t) zbits[h] |= (uint64_t)packed[t] << (8 * t);
     }
     const block* ai = full ? a + i : pa;
     const block* bi = full ? b + i : pb;
     block* ci = full ? c + i : pc;
     const uint64_t* g = full ? reinterpret_cast<const uint64_t*>(table + 24 * i) : rows_copy;
 #if GC_X86
-    if (vaes)
-      eval_span16_vaes(ai, bi, ci, g, z, salt, tweak, group);
-    else
+    if (vaes) {
+      eval_span16_vaes(ai, bi, ci, g, zbits, salt, tweak, group);
+    } else
 #endif
+    {
+      uint8_t z[kSpan];
+      for (size_t j = 0; j < kSpan; ++j) z[j] = (uint8_t)((zbits[j / kGroup] >> (5 * (j % kGroup))) & 31);
       eval_span16(ai, bi, ci, g, z, salt, tweak, group);
+    }
+    (void)vaes;
     if (!full) std::memcpy(c + i, pc, m * sizeof(block));
   }
 }

@@ -53,7 +53,9 @@ MAX_THREADS = MAX_LANES  # lanes per party (each its own connection, session and
 AES_CALLS_PER_AND = 4  # half-gates garbling: 2 hashes per half gate, 2 half gates per AND
 MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
 SCHEMES: tuple[str, ...] = tuple(garbled_core.GARBLING_SCHEMES)  # the first is the default
-DEFAULT_OT_K = 8  # SoftSpoken k = 8: 2 bytes per evaluator input bit (0: IKNP, 16 bytes)
+# The engine's default OT extension: SoftSpoken k = 7, ceil(128 / 7) = 19 bits (2.375 bytes) per
+# evaluator input bit (0: IKNP, 16 bytes)
+DEFAULT_OT_K: int = garbled_core.DEFAULT_OT_K
 
 
 class BenchError(RuntimeError):

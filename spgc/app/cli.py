@@ -155,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=range(9),
         default=bench_gc.DEFAULT_OT_K,
         metavar="K",
-        help="OT extension for the evaluator's inputs: SoftSpoken k (1..8, 128/k bits per "
-        f"input bit) or 0 for IKNP (default: {bench_gc.DEFAULT_OT_K})",
+        help="OT extension for the evaluator's inputs: SoftSpoken k (1..8, ceil(128/k) bits "
+        f"per input bit) or 0 for IKNP (default: {bench_gc.DEFAULT_OT_K})",
     )
     link = gc.add_mutually_exclusive_group()
     link.add_argument(

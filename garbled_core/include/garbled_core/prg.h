@@ -38,6 +38,10 @@ class Prg {
   }
 
   uint64_t counter() const { return counter_; }
+  const AesKey& key() const { return key_; }
+  // Skips n blocks of the stream (a caller that produced them itself: block i of the stream is
+  // AES_key(counter + i) with the counter in the low qword).
+  void advance(uint64_t n) { counter_ += n; }
 
  private:
   AesKey key_;

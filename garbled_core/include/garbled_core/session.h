@@ -38,16 +38,21 @@ const char* scheme_name(Scheme s);
 // Bytes of one AND gate's garbled table over n instances.
 size_t and_table_bytes(Scheme s, size_t n);
 
+// The default OT extension: SoftSpoken k = 7 (19 chunks of Delta, 2.375 bytes
+// per evaluator input bit, about 2^7 / 7 = 18 AES blocks per OT against k = 8's
+// 32 for 2 bytes).
+constexpr int kDefaultOtK = SoftSpokenParams::kDefaultK;
+constexpr int kMaxOtK = 8;
+
 struct SessionOptions {
   size_t chunk = 1024;  // instances garbled together (rounded up to a multiple of 8)
   size_t threads = 1;   // chunks garbled or evaluated in parallel (at most 4)
   Scheme scheme = Scheme::ThreeHalves;
   // OT extension for the evaluator's inputs: SoftSpoken with k = ot_k (1..8;
-  // 128 / k bits per input bit, 2 bytes at k = 8) or IKNP when 0 (16 bytes).
-  int ot_k = 8;
+  // ceil(128 / k) bits per input bit, 2.375 bytes at the default k = 7) or
+  // IKNP when 0 (16 bytes).
+  int ot_k = kDefaultOtK;
 };
-
-constexpr int kMaxOtK = 8;
 
 // Labels of one kept output port: this party's label for bit k of instance i
 // is labels[k * n + i] (the garbler holds zero-labels).

@@ -41,9 +41,11 @@
 //     choice vector: r = u_0, so chunk 0 needs no correction; the evaluator
 //     learns its random choices from it). With chosen choices no chunk is
 //     free: every chunk's u_b must be corrected to r.
-//   k = 8: 2 bytes/OT chosen, 1.875 bytes/OT random (IKNP: 16).
+//   k = 8: 2 bytes/OT chosen, 1.875 bytes/OT random (IKNP: 16); k = 7 (the
+//   default): 19 chunks, 2.375 bytes/OT chosen, 2.25 random.
 //   Setup: the base OTs as IKNP, plus 2 * (128 - nb) blocks of GGM level
-//   sums from the evaluator (k = 8: 3584 bytes), counted under Phase::BaseOT.
+//   sums from the evaluator (k = 8: 3584 bytes, k = 7: 3488), counted under
+//   Phase::BaseOT.
 //
 // Security (semi-honest only; no consistency check, so a malicious
 // evaluator could learn bits of Delta by sending inconsistent corrections):
@@ -131,7 +133,7 @@ namespace gc {
 
 // Shared layout of the chunks (both parties derive it from k).
 struct SoftSpokenParams {
-  static constexpr int kMinK = 1, kMaxK = 10, kDefaultK = 8;
+  static constexpr int kMinK = 1, kMaxK = 10, kDefaultK = 7;
   int k = kDefaultK;
   int chunks = 0;                   // nb = ceil(128 / k)
   int depth[128] = {};              // d_b: k, the last one possibly shorter
