@@ -139,6 +139,9 @@ def produce_noise_shares(
         "trials": sum(p[1]["trials"] for p in parts),
         "lanes": len(lanes),
     }
+    rss = [p[1]["peak_rss_mb"] for p in parts if "peak_rss_mb" in p[1]]
+    if rss:  # remote lanes (Ray workers) report their process's peak RSS
+        info["worker_rss_mb"] = rss
     info.update(merge_lane_counters([p[1]["counters"] for p in parts]))
     info["samples"] = n
     info["seconds"] = time.perf_counter() - start

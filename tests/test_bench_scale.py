@@ -34,6 +34,24 @@ def test_ray_worker_pairs_round(capsys: pytest.CaptureFixture[str]) -> None:
     assert all(r["worker_memory_gb"] > 0 for r in model) and out["model_intake"]
 
 
+@pytest.mark.parametrize("ray_path", [False, True])
+def test_preprocessed_pool_production_and_online_round(ray_path, capsys) -> None:
+    """--mode preprocessed: the pool made on the pairs, stored, and one online round that opens
+    the sums plus the production seeds' plaintext noise, using up the pool."""
+    argv = ["bench", "scale", "--mode", "preprocessed", "--dim", "300", "--json"]
+    if ray_path:
+        pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
+        argv += ["--workers", "2"]
+    else:
+        argv += ["--workers", "1", "--embedded"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["correct"] and out["mode"] == "preprocessed" and out["pool_left_after_round"] == 0
+    assert out["offline_bytes_per_sample"] > 20 * 500 and out["online_bytes_per_coordinate"] == 16
+    assert out["samples_per_second"] > 0 and out["online_seconds_per_round"] > 0
+    assert len(out["peak_rss_mb_per_worker"]) == (4 if ray_path else 0)
+
+
 def test_model_bound_follows_the_slower_of_link_and_cpu() -> None:
     rows = bench_scale.model_rows(bytes_per_coord=25_000, seconds_per_coord_pair=20e-6)
     at = {(r["dim"], r["workers"], r["gbit_per_s"]): r for r in rows}
@@ -66,6 +84,7 @@ def test_model_memory_bound_and_intake() -> None:
         (["--dim", "0"], "--dim must be at least 1"),
         (["--workers", "0"], "--workers must be in 1..64"),
         (["--embedded", "--workers", "2"], "--embedded runs one pair"),
+        (["--mode", "preprocessed", "--model"], "--model is for --mode spgc"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys: pytest.CaptureFixture[str]) -> None:

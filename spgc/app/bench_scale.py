@@ -33,7 +33,14 @@ import garbled_core
 from spgc.certs import make_dev_pki
 from spgc.lanes import MAX_LANES
 from spgc.noise import sample_noise_plain
+from spgc.servers.coordinator import dng_exchange
 from spgc.servers.gc_party import RANGE_BATCH, PartyLink, run_aggregate
+from spgc.servers.noise_pool import (
+    BLOCK_ID_BYTES,
+    MAX_BLOCK_SAMPLES,
+    NoisePool,
+    produce_noise_shares,
+)
 from spgc.servers.ray_workers import (
     WorkerTls,
     connect_workers,
@@ -44,6 +51,7 @@ from spgc.servers.ray_workers import (
     shutdown_ray,
     start_workers,
 )
+from spgc.wire import aggregation_pb2 as pb
 
 HOST = "127.0.0.1"
 RING_BITS = 32
@@ -189,6 +197,110 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
     return result
 
 
+def run_preprocessed(
+    d: int, workers: int, sigma: float, use_ray: bool, tls: bool
+) -> dict[str, Any]:
+    """Mode preprocessed at d coordinates: offline, the noise pool's production of d samples on
+    ``workers`` pairs (the sampler and the share circuit, as `spgc server precompute` with
+    ``workers: K`` runs it); both pools stored on disk as the daemons keep them; online, one
+    round over the servers' own data link: each server takes d samples from its pool (cursor
+    first, samples zeroed after) and the two open S + z, one ring element each way. Checked
+    against the plaintext sampler for the two production seeds."""
+    sums, a1, a2 = _shares(d)
+    actors: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="spgc-scale-pool-") as tmp:
+        tls_dir = None
+        if tls:
+            tls_dir = Path(tmp, "pki")
+            make_dev_pki(tls_dir, ["h1", "h2"])
+        daemon_g, daemon_e = _pair_embedded(tls_dir)  # the daemons' own data link
+        lanes_g, lanes_e = daemon_g, daemon_e
+        try:
+            if use_ray:
+                lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir)
+            # sessions set up (base OTs, SoftSpoken trees) outside the measurement
+            def produce(role: str, lanes: list[Any], n: int, seed: bytes) -> Any:
+                return lambda: produce_noise_shares(role, lanes, n, sigma, RING_BITS, seed)
+
+            warm = min(d, 64)
+            _both(
+                produce("garbler", lanes_g, warm, os.urandom(32)),
+                produce("evaluator", lanes_e, warm, os.urandom(32)),
+            )
+            s1, s2 = os.urandom(32), os.urandom(32)
+            offline, (neg_r, info_g), (u, info_e) = _both(
+                produce("garbler", lanes_g, d, s1), produce("evaluator", lanes_e, d, s2)
+            )
+            pools = {
+                role: NoisePool(Path(tmp, f"pool-{role}"), role, sigma, RING_BITS)
+                for role in ("h1", "h2")
+            }
+            start = time.perf_counter()
+            for index, lo in enumerate(range(0, d, MAX_BLOCK_SAMPLES)):
+                block_id = os.urandom(BLOCK_ID_BYTES)
+                hi = min(d, lo + MAX_BLOCK_SAMPLES)
+                pools["h1"].add_block(index, block_id, neg_r[lo:hi])
+                pools["h2"].add_block(index, block_id, u[lo:hi])
+            store_seconds = time.perf_counter() - start
+            piece = pools["h1"].position(d)
+
+            def online(role: int, pool: NoisePool, link: PartyLink, share: np.ndarray) -> Any:
+                noise = pool.take(piece, 0)
+                return dng_exchange(role, link.channel, share, noise.view(np.int64), RING_BITS)
+
+            online_seconds, (yg, _), (ye, _) = _both(
+                lambda: online(pb.SERVER_ROLE_H1, pools["h1"], daemon_g[0], a1),
+                lambda: online(pb.SERVER_ROLE_H2, pools["h2"], daemon_e[0], a2),
+            )  # fmt: skip
+            used_left = pools["h1"].available + pools["h2"].available
+        finally:
+            for actor in actors:
+                kill_worker(actor)
+            for link in (*daemon_g, *daemon_e):
+                link.channel.close()
+    z = sample_noise_plain(s1, s2, d, sigma)
+    correct = bool(np.array_equal(yg, ye)) and bool(np.array_equal(ye - sums, z))
+    sent = int(info_g["sent"]) + int(info_e["sent"])
+    return {
+        "mode": "preprocessed",
+        "dim": d,
+        "workers": workers,
+        "ray": use_ray,
+        "tls": tls,
+        "sigma_units": sigma,
+        "offline_seconds": offline,
+        "samples_per_second": d / offline,
+        "offline_bytes_per_sample": sent / d,
+        "pool_store_seconds": store_seconds,
+        "online_seconds_per_round": online_seconds,
+        "online_bytes_per_coordinate": 16,
+        "pool_left_after_round": used_left,
+        "peak_rss_mb_per_worker": _worker_rss(info_g, info_e) if use_ray else [],
+        "correct": correct and used_left == 0,
+    }
+
+
+def _both(fn_g: Any, fn_e: Any) -> tuple[float, Any, Any]:
+    """H1's side in a thread, H2's here: (seconds, H1's result, H2's result)."""
+    box: dict[str, Any] = {}
+
+    def garbler() -> None:
+        try:
+            box["g"] = fn_g()
+        except BaseException as exc:  # re-raised below, after H2's side
+            box["error"] = exc
+
+    t = threading.Thread(target=garbler)
+    start = time.perf_counter()
+    t.start()
+    result_e = fn_e()
+    t.join()
+    seconds = time.perf_counter() - start
+    if "error" in box:
+        raise box["error"]
+    return seconds, box["g"], result_e
+
+
 def _peak_rss(actors: list[Any]) -> list[float]:
     """Each worker process's peak resident memory so far (MB), in actor order."""
     return [float(x) for x in ray_get([a.peak_rss_mb.remote() for a in actors])] if actors else []
@@ -199,20 +311,10 @@ def _one_round(
 ) -> tuple[float, tuple[Any, ...]]:
     """Both servers' sides of one spgc round with fresh seeds; (seconds, results)."""
     s1, s2 = os.urandom(32), os.urandom(32)
-    box: dict[str, Any] = {}
-
-    def garbler() -> None:
-        box["g"] = run_aggregate("garbler", lanes_g, a1, s1, sigma, RING_BITS, "spgc")
-
-    t = threading.Thread(target=garbler)
-    start = time.perf_counter()
-    t.start()
-    ye, ie = run_aggregate("evaluator", lanes_e, a2, s2, sigma, RING_BITS, "spgc")
-    t.join()
-    seconds = time.perf_counter() - start
-    if "g" not in box:
-        raise RuntimeError("the garbler's side of the round failed")
-    yg, ig = box["g"]
+    seconds, (yg, ig), (ye, ie) = _both(
+        lambda: run_aggregate("garbler", lanes_g, a1, s1, sigma, RING_BITS, "spgc"),
+        lambda: run_aggregate("evaluator", lanes_e, a2, s2, sigma, RING_BITS, "spgc"),
+    )
     return seconds, (yg, ig, ye, ie, s1, s2)
 
 
@@ -318,6 +420,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p = parser or argparse.ArgumentParser(prog="spgc bench scale", description=__doc__)
     p.add_argument("--dim", type=int, default=100_000, metavar="D", help="coordinates (100000)")
     p.add_argument(
+        "--mode",
+        choices=("spgc", "preprocessed"),
+        default="spgc",
+        help="spgc: a round's circuit on the pairs (default); preprocessed: the noise pool's "
+        "production of D samples on the pairs, then one online round of D coordinates",
+    )
+    p.add_argument(
         "--workers", type=int, default=2, metavar="K", help=f"worker pairs, 1..{MAX_LANES} (2)"
     )
     p.add_argument(
@@ -348,6 +457,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not 1 <= args.workers <= MAX_LANES:
         print(f"spgc: error: --workers must be in 1..{MAX_LANES}", file=sys.stderr)
         return 2
+    if args.model and args.mode != "spgc":
+        print("spgc: error: --model is for --mode spgc", file=sys.stderr)
+        return 2
     if args.embedded and args.workers != 1:
         print("spgc: error: --embedded runs one pair: pass --workers 1", file=sys.stderr)
         return 2
@@ -367,8 +479,9 @@ def run_from_args(args: argparse.Namespace) -> int:
             )
             return 2
         init_local_ray(args.workers)
+    run = run_round if args.mode == "spgc" else run_preprocessed
     try:
-        result = run_round(args.dim, args.workers, args.sigma, use_ray, not args.insecure)
+        result = run(args.dim, args.workers, args.sigma, use_ray, not args.insecure)
     finally:
         if use_ray:
             shutdown_ray()
@@ -384,6 +497,19 @@ def run_from_args(args: argparse.Namespace) -> int:
         result["model_intake"] = intake_rows()
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
+    elif args.mode == "preprocessed":
+        print(
+            f"preprocessed, {result['dim']:,} coordinates, {result['workers']} worker pair(s) "
+            f"({'Ray' if use_ray else 'embedded'}, {'TLS' if result['tls'] else 'plaintext'}): "
+            f"offline {result['offline_seconds']:.2f} s ({result['samples_per_second']:,.0f} "
+            f"samples/s, {result['offline_bytes_per_sample']:,.0f} B per sample), pools stored "
+            f"in {result['pool_store_seconds']:.2f} s, online round "
+            f"{result['online_seconds_per_round']:.2f} s (16 B per coordinate), "
+            f"{'correct' if result['correct'] else 'WRONG'}"
+        )
+        if result["peak_rss_mb_per_worker"]:
+            rss = ", ".join(f"{x:.0f}" for x in result["peak_rss_mb_per_worker"])
+            print(f"peak RSS per worker (MB): {rss}")
     else:
         print(
             f"{result['dim']:,} coordinates on {result['workers']} worker pair(s) "
