@@ -166,6 +166,7 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
     correct = bool(np.array_equal(yg, ye)) and bool(np.array_equal(ye - sums, z))
     sent = int(ig["sent"]) + int(ie["sent"])
     result: dict[str, Any] = {
+        "mode": "spgc",
         "dim": d,
         "workers": workers,
         "ray": use_ray,
@@ -497,38 +498,43 @@ def run_from_args(args: argparse.Namespace) -> int:
         result["model_intake"] = intake_rows()
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
-    elif args.mode == "preprocessed":
-        print(
-            f"preprocessed, {result['dim']:,} coordinates, {result['workers']} worker pair(s) "
-            f"({'Ray' if use_ray else 'embedded'}, {'TLS' if result['tls'] else 'plaintext'}): "
-            f"offline {result['offline_seconds']:.2f} s ({result['samples_per_second']:,.0f} "
-            f"samples/s, {result['offline_bytes_per_sample']:,.0f} B per sample), pools stored "
-            f"in {result['pool_store_seconds']:.2f} s, online round "
-            f"{result['online_seconds_per_round']:.2f} s (16 B per coordinate), "
-            f"{'correct' if result['correct'] else 'WRONG'}"
-        )
-        if result["peak_rss_mb_per_worker"]:
-            rss = ", ".join(f"{x:.0f}" for x in result["peak_rss_mb_per_worker"])
-            print(f"peak RSS per worker (MB): {rss}")
     else:
-        print(
-            f"{result['dim']:,} coordinates on {result['workers']} worker pair(s) "
-            f"({'Ray' if use_ray else 'embedded'}, {'TLS' if result['tls'] else 'plaintext'}): "
-            f"{result['seconds_per_round']:.2f} s per round, "
-            f"{result['and_gates_per_second'] / 1e6:.2f} M AND/s, "
-            f"{result['bytes_per_coordinate']:,.0f} B per coordinate, "
-            f"{'correct' if result['correct'] else 'WRONG'}"
-        )
+        print(_summary_line(result))
         if result["peak_rss_mb_per_worker"]:
             rss = ", ".join(f"{x:.0f}" for x in result["peak_rss_mb_per_worker"])
-            idle = ", ".join(f"{x:.0f}" for x in result["idle_rss_mb_per_worker"])
-            print(
-                f"peak RSS per worker (MB): {rss} (idle: {idle}); working set "
-                f"{result['rss_bytes_per_coordinate']:,.0f} B per coordinate of a worker's range"
-            )
+            line = f"peak RSS per worker (MB): {rss}"
+            if "rss_bytes_per_coordinate" in result:
+                idle = ", ".join(f"{x:.0f}" for x in result["idle_rss_mb_per_worker"])
+                line += (
+                    f" (idle: {idle}); working set {result['rss_bytes_per_coordinate']:,.0f} B "
+                    "per coordinate of a worker's range"
+                )
+            print(line)
         if args.model:
             print(format_model(result["model"], result["model_intake"]))
     return 0 if result["correct"] else 1
+
+
+def _summary_line(result: dict[str, Any]) -> str:
+    """One line: where it ran, what it measured, whether the release was checked correct."""
+    where = (
+        f"{result['workers']} worker pair(s) ({'Ray' if result['ray'] else 'embedded'}, "
+        f"{'TLS' if result['tls'] else 'plaintext'})"
+    )
+    verdict = "correct" if result["correct"] else "WRONG"
+    if result.get("mode") == "preprocessed":
+        return (
+            f"preprocessed, {result['dim']:,} coordinates, {where}: offline "
+            f"{result['offline_seconds']:.2f} s ({result['samples_per_second']:,.0f} samples/s, "
+            f"{result['offline_bytes_per_sample']:,.0f} B per sample), pools stored in "
+            f"{result['pool_store_seconds']:.2f} s, online round "
+            f"{result['online_seconds_per_round']:.2f} s (16 B per coordinate), {verdict}"
+        )
+    return (
+        f"{result['dim']:,} coordinates on {where}: {result['seconds_per_round']:.2f} s per "
+        f"round, {result['and_gates_per_second'] / 1e6:.2f} M AND/s, "
+        f"{result['bytes_per_coordinate']:,.0f} B per coordinate, {verdict}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
