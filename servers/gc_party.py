@@ -64,7 +64,7 @@ __all__ = [
     "as_party_link",
     "claim_seed",
     "counter_delta",
-    "merge_lane_counters",
+    "merge_part_infos",
     "noise_shares_range",
     "range_batches",
     "resolve_lanes",
@@ -184,13 +184,8 @@ class PartyLink:
     def counters(self) -> dict[str, dict[str, int]]:
         """Bytes per engine phase and direction on this link and every lane it holds (extra
         lanes, Ray worker pairs): what crossed between the two servers."""
-        total = {k: dict(v) for k, v in self.channel.counters().items()}
-        for lane in (*self.extra_lanes, *self.remote_lanes):
-            for phase, v in lane.counters().items():
-                mine = total.setdefault(phase, {"sent": 0, "received": 0})
-                for direction, count in v.items():
-                    mine[direction] = mine.get(direction, 0) + count
-        return total
+        lanes = (*self.extra_lanes, *self.remote_lanes)
+        return _add_phases([self.channel.counters(), *(lane.counters() for lane in lanes)])
 
 
 def _check_role(role: str) -> str:
@@ -287,19 +282,42 @@ def resolve_lanes(role: str, channel_session: Any) -> list[Any]:
     return as_party_link(role, channel_session).lanes()
 
 
-def merge_lane_counters(deltas: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The byte counters of several lanes (each a :func:`counter_delta`) added up."""
-    phases: dict[str, dict[str, int]] = {}
-    for d in deltas:
-        for phase, v in d["phases"].items():
-            mine = phases.setdefault(phase, {"sent": 0, "received": 0})
-            mine["sent"] += v["sent"]
-            mine["received"] += v["received"]
-    return {
-        "phases": phases,
-        "sent": sum(d["sent"] for d in deltas),
-        "received": sum(d["received"] for d in deltas),
+def _add_phases(readings: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """Several ``{phase: {"sent": n, "received": n}}`` byte readings added up, phase by phase."""
+    total: dict[str, dict[str, int]] = {}
+    for reading in readings:
+        for phase, v in reading.items():
+            mine = total.setdefault(phase, {"sent": 0, "received": 0})
+            for direction, count in v.items():
+                mine[direction] = mine.get(direction, 0) + count
+    return total
+
+
+def merge_part_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The info of a batch run in parts (lanes, or a lane's batches) added up: sampler rounds
+    (the most any part ran) and trials, per-round trials and AND gates where the parts count
+    them, the Ray workers' peak RSS where they report it, and the parts' byte ``counters``
+    (each a :func:`counter_delta`) as phases and totals."""
+    merged: dict[str, Any] = {
+        "rounds": max((i["rounds"] for i in infos), default=0),
+        "trials": sum(i["trials"] for i in infos),
     }
+    if any("trials_per_round" in i for i in infos):
+        per_round = [i.get("trials_per_round", []) for i in infos]
+        merged["trials_per_round"] = [
+            sum(r[k] for r in per_round if k < len(r)) for k in range(merged["rounds"])
+        ]
+    if any("and_gates" in i for i in infos):
+        merged["and_gates"] = sum(i.get("and_gates", 0) for i in infos)
+    rss = [i["peak_rss_mb"] for i in infos if "peak_rss_mb" in i]
+    if rss:  # remote lanes (Ray workers) report their process's peak RSS
+        merged["worker_rss_mb"] = rss
+    deltas = [i["counters"] for i in infos if "counters" in i]
+    if deltas:
+        merged["phases"] = _add_phases([d["phases"] for d in deltas])
+        merged["sent"] = sum(d["sent"] for d in deltas)
+        merged["received"] = sum(d["received"] for d in deltas)
+    return merged
 
 
 def run_aggregate(
@@ -360,18 +378,7 @@ def run_aggregate(
     )
     y = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     info: dict[str, Any] = {"mode": mode, "coordinates": n, "lanes": len(links)}
-    info["rounds"] = max(p[1]["rounds"] for p in parts)
-    rss = [p[1]["peak_rss_mb"] for p in parts if "peak_rss_mb" in p[1]]
-    if rss:  # remote lanes (Ray workers) report their process's peak RSS
-        info["worker_rss_mb"] = rss
-    info["trials"] = sum(p[1]["trials"] for p in parts)
-    if mode != "only-mpc":
-        per_round = [p[1]["trials_per_round"] for p in parts]
-        info["trials_per_round"] = [
-            sum(r[k] for r in per_round if k < len(r)) for k in range(info["rounds"])
-        ]
-        info["and_gates"] = sum(p[1]["and_gates"] for p in parts)
-    info.update(merge_lane_counters([p[1]["counters"] for p in parts]))
+    info.update(merge_part_infos([p[1] for p in parts]))
     info["seconds"] = time.perf_counter() - start
     return y, info
 
@@ -405,16 +412,10 @@ def aggregate_range(
         y = np.concatenate([p[0] for p in parts])
     else:
         y = np.zeros(0, dtype=np.int64 if width is None or width <= 64 else object)
-    info: dict[str, Any] = {
-        "rounds": max((p[1]["rounds"] for p in parts), default=0),
-        "trials": sum(p[1]["trials"] for p in parts),
-    }
-    if mode != "only-mpc":
-        per_round = [p[1]["trials_per_round"] for p in parts]
-        info["trials_per_round"] = [
-            sum(r[k] for r in per_round if k < len(r)) for k in range(info["rounds"])
-        ]
-        info["and_gates"] = sum(p[1]["and_gates"] for p in parts)
+    info = merge_part_infos([p[1] for p in parts])
+    if mode != "only-mpc":  # an empty range still reports its (zero) sampler work
+        info.setdefault("trials_per_round", [])
+        info.setdefault("and_gates", 0)
     info["counters"] = counter_delta(before, link.counters())
     return y, info
 

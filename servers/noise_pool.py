@@ -60,7 +60,7 @@ import numpy as np
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
 from spgc.lanes import lane_ranges, run_lanes
-from spgc.servers.gc_party import claim_seed, merge_lane_counters, resolve_lanes
+from spgc.servers.gc_party import claim_seed, merge_part_infos, resolve_lanes
 from spgc.servers.private_files import write_private
 from spgc.servers.spgc_circuit import check_ring_bits, noise_share_circuit
 
@@ -134,15 +134,8 @@ def produce_noise_shares(
         [lane(i) for i in range(len(lanes))], on_failure=lambda i: lanes[i].interrupt()
     )
     shares = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.uint64)
-    info: dict[str, Any] = {
-        "rounds": max((p[1]["rounds"] for p in parts), default=0),
-        "trials": sum(p[1]["trials"] for p in parts),
-        "lanes": len(lanes),
-    }
-    rss = [p[1]["peak_rss_mb"] for p in parts if "peak_rss_mb" in p[1]]
-    if rss:  # remote lanes (Ray workers) report their process's peak RSS
-        info["worker_rss_mb"] = rss
-    info.update(merge_lane_counters([p[1]["counters"] for p in parts]))
+    info: dict[str, Any] = {"lanes": len(lanes)}
+    info.update(merge_part_infos([p[1] for p in parts]))
     info["samples"] = n
     info["seconds"] = time.perf_counter() - start
     return shares, info

@@ -160,12 +160,12 @@ class LaneWorker:
 
     def aggregate_range(self, kwargs: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
         y, info = aggregate_range(link=self._linked(), **kwargs)
-        info["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        info["peak_rss_mb"] = self.peak_rss_mb()
         return y, info
 
     def noise_shares_range(self, kwargs: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
         shares, info = noise_shares_range(link=self._linked(), **kwargs)
-        info["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        info["peak_rss_mb"] = self.peak_rss_mb()
         return shares, info
 
     def counters(self) -> dict[str, dict[str, int]]:
