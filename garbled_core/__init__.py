@@ -3,8 +3,10 @@
 One circuit description (built with :class:`garbled_core.circuit.CircuitBuilder`) runs in three
 backends: plaintext (``Circuit.evaluate``), the garbler (``Garbler.run``) and the evaluator
 (``Evaluator.run``). AND gates by three-halves garbling (the default, 24.625 bytes per AND) or
-half-gates (``scheme="halfgates"``, 32 bytes), both with free-XOR; evaluator inputs by IKNP
-correlated OT; the data link is TCP with TLS 1.3 (mutual certificates) unless ``insecure=True``
+half-gates (``scheme="halfgates"``, 32 bytes), both with free-XOR; evaluator inputs by SoftSpoken
+correlated OT extension (``ot_k``, default ``DEFAULT_OT_K``; IKNP with ``ot_k=0``); instances go
+through the engine in chunks of ``DEFAULT_CHUNK`` unless ``chunk=`` says otherwise (both parties
+must use the same); the data link is TCP with TLS 1.3 (mutual certificates) unless ``insecure=True``
 is passed explicitly. With TLS, ``Listener.accept`` returns only a connection that completed
 the handshake (peer certificate from the CA, issued to ``TlsConfig.peer_name`` when set); any
 other connection is closed, counted in ``Listener.refused`` and reported to its
@@ -13,6 +15,7 @@ until its timeout.
 """
 
 from garbled_core._core import (
+    DEFAULT_CHUNK,
     DEFAULT_OT_K,
     GARBLING_SCHEMES,
     Channel,
@@ -37,6 +40,7 @@ from garbled_core._core import (
 from garbled_core.circuit import Bits, CircuitBuilder, CircuitDescription
 
 __all__ = [
+    "DEFAULT_CHUNK",
     "DEFAULT_OT_K",
     "GARBLING_SCHEMES",
     "Bits",

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from garbled_core import DEFAULT_OT_K, and_table_bytes
+from garbled_core import DEFAULT_CHUNK, DEFAULT_OT_K, and_table_bytes
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc.app import bench_comm, cli
 from spgc.app.bench_sampler import party_links
@@ -24,7 +24,7 @@ def ceil_div(a: int, b: int) -> int:
 DELTA_CHUNKS = ceil_div(128, DEFAULT_OT_K)
 
 
-def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = 1024) -> dict[str, int]:
+def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = DEFAULT_CHUNK) -> dict[str, int]:
     """docs/ENGINE.md: per chunk of n_c instances, the evaluator sends ceil(128 / k) bits per OT
     (its L input bits, padded to 128 OTs), the garbler three-halves tables (24 B and 5 bits per
     AND, a gate's bits padded to a byte per chunk); each side 1 bit per revealed output bit (L

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from garbled_core import and_table_bytes
+from garbled_core import DEFAULT_CHUNK, and_table_bytes
 from spgc.app import bench_gc, cli
 from spgc.lanes import lane_ranges
 
@@ -33,11 +33,11 @@ def test_one_row_per_thread_count_each_checked_and_put_against_aes() -> None:
         assert r.and_gates == 95 * 3000
         if r.scheme == "halfgates":
             assert r.bytes_per_and == 32.0  # two 16-byte rows per AND gate
-        else:  # three 8-byte halves and 5 control bits, per chunk of 1024 in each lane's range
+        else:  # three 8-byte halves and 5 control bits, per engine chunk in each lane's range
             chunks = [
-                min(1024, hi - start)
+                min(DEFAULT_CHUNK, hi - start)
                 for lo, hi in lane_ranges(3000, r.threads)
-                for start in range(lo, hi, 1024)
+                for start in range(lo, hi, DEFAULT_CHUNK)
             ]
             per_gate = sum(and_table_bytes("threehalves", c) for c in chunks)
             assert r.bytes_per_and == per_gate / 3000

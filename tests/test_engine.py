@@ -15,6 +15,7 @@ import pytest
 from helpers import Background, tls_config
 
 from garbled_core import (
+    DEFAULT_CHUNK,
     DEFAULT_OT_K,
     CircuitBuilder,
     Evaluator,
@@ -415,6 +416,48 @@ def test_garbling_scheme_mismatch_fails_on_both_sides(two_party):
         side.result()
     with pytest.raises(ValueError, match="scheme must be 'threehalves' or 'halfgates'"):
         Garbler(tp.garbler_channel, scheme="fourquarters")
+
+
+def test_chunk_size_mismatch_fails_on_both_sides(two_party):
+    """The chunking decides the order of tables and OTs on the wire, so the run header names
+    it and parties that differ stop before a table is sent."""
+    b = CircuitBuilder("chunked")
+    b.output(
+        "y", b.add(b.input("x", owner="garbler", width=8), b.input("y", owner="evaluator", width=8))
+    )
+    c = b.build()
+    tp = two_party()
+    tp.garbler = Garbler(tp.garbler_channel, chunk=256)
+    xs = np.arange(300, dtype=np.uint64) % 256
+    side = Background(lambda: tp.garbler.run(c, {"x": xs}))
+    want = f"chunk size mismatch: {DEFAULT_CHUNK} instances here, 256 at the peer"
+    with pytest.raises(ProtocolError, match=want):
+        tp.evaluator.run(c, {"y": xs})
+    with pytest.raises(ProtocolError, match="chunk size mismatch: 256 instances here"):
+        side.result()
+    assert tp.garbler_channel.counters()["tables"]["sent"] == 0
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_small_chunks_keep_a_long_ot_lookahead(two_party, threads):
+    """With chunks of 8 instances the evaluator keeps 512 chunks of OTs in flight (4,096
+    instances, as with larger chunks); a run of many more chunks than that, with a short last
+    one, still matches plaintext evaluation, on one thread or several."""
+    b = CircuitBuilder("small_chunks")
+    x = b.input("x", owner="garbler", width=16)
+    y = b.input("y", owner="evaluator", width=16)
+    b.output("y", b.mux(b.lt_signed(x, y), b.sub(x, y), b.add(x, y)), reveal="both")
+    c = b.build()
+    n = 8 * 1200 + 5
+    rng = np.random.default_rng(threads)
+    xs = rng.integers(0, 1 << 16, n, dtype=np.uint64)
+    ys = rng.integers(0, 1 << 16, n, dtype=np.uint64)
+    tp = two_party(chunk=8)
+    tp.garbler = Garbler(tp.garbler_channel, chunk=8, threads=threads)
+    tp.evaluator = Evaluator(tp.evaluator_channel, chunk=8, threads=threads)
+    out_g, out_e = tp.run(c, {"x": xs}, {"y": ys})
+    want = c.evaluate({"x": xs, "y": ys})["y"]
+    assert np.array_equal(out_g["y"], want) and np.array_equal(out_e["y"], want)
 
 
 def test_threehalves_tables_are_the_derived_ones():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import Background
 
-from garbled_core import and_table_bytes
+from garbled_core import DEFAULT_CHUNK, and_table_bytes
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc.noise import expand_seed, sample_noise_plain
 from spgc.servers import gc_party, spgc_circuit
@@ -89,9 +89,9 @@ def test_spgc_returns_s_plus_the_plaintext_sampler_noise(two_party, ring_bits, s
     and_instances = cg["trials"] * trial.and_count + len(sums) * add.and_count
     got = cg["phases"]["tables"]["sent"]
     assert got == ce["phases"]["tables"]["received"]
-    # a gate's control bits are rounded up to a byte once per chunk of at most 1024 instances
-    chunks = cg["trials"] / 1024 + cg["rounds"]
-    padding = trial.and_count * chunks + add.and_count * (len(sums) / 1024 + 1)
+    # a gate's control bits are rounded up to a byte once per chunk of the engine's size
+    chunks = cg["trials"] / DEFAULT_CHUNK + cg["rounds"]
+    padding = trial.and_count * chunks + add.and_count * (len(sums) / DEFAULT_CHUNK + 1)
     assert 24.625 * and_instances <= got < 24.625 * and_instances + padding
     assert cg["trials"] == ce["trials"] >= len(sums)
     assert cg["rounds"] >= 2  # some coordinates needed a retry round

@@ -305,7 +305,7 @@ PYBIND11_MODULE(_core, m) {
         if (ot_k < 0 || ot_k > gc::kMaxOtK)
           throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
         return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
-      }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
+      }), "channel"_a, "chunk"_a = gc::kDefaultChunk, "threads"_a = 1, "scheme"_a = "threehalves",
       "ot_k"_a = gc::kDefaultOtK, py::keep_alive<1, 2>())
       .def("setup", [](gc::GarblerSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GarblerSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
@@ -321,7 +321,7 @@ PYBIND11_MODULE(_core, m) {
         if (ot_k < 0 || ot_k > gc::kMaxOtK)
           throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
         return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
-      }), "channel"_a, "chunk"_a = 1024, "threads"_a = 1, "scheme"_a = "threehalves",
+      }), "channel"_a, "chunk"_a = gc::kDefaultChunk, "threads"_a = 1, "scheme"_a = "threehalves",
       "ot_k"_a = gc::kDefaultOtK, py::keep_alive<1, 2>())
       .def("setup", [](gc::EvaluatorSession& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::EvaluatorSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
@@ -333,13 +333,14 @@ PYBIND11_MODULE(_core, m) {
     gc::Scheme s = parse_scheme(scheme);
     py::gil_scoped_release r;
     return gc::garble_only_seconds(c, n, chunk, s);
-  }, "circuit"_a, "n"_a, "chunk"_a = 1024, "scheme"_a = "threehalves",
+  }, "circuit"_a, "n"_a, "chunk"_a = gc::kDefaultChunk, "scheme"_a = "threehalves",
   "Garbles n instances with random labels, no peer; returns seconds.");
   m.def("and_table_bytes", [](const std::string& scheme, size_t n) {
     return gc::and_table_bytes(parse_scheme(scheme), n);
   }, "scheme"_a, "n"_a, "Bytes of one AND gate's garbled table over n instances.");
   m.attr("GARBLING_SCHEMES") = py::make_tuple("threehalves", "halfgates");
   m.attr("DEFAULT_OT_K") = gc::kDefaultOtK;
+  m.attr("DEFAULT_CHUNK") = gc::kDefaultChunk;
 
   m.def("and_kernel", []() { return std::string(gc::and_kernels().name); },
         "Name of the AND-gate kernels in use ('vaes' or 'aesni').");
@@ -387,7 +388,7 @@ PYBIND11_MODULE(_core, m) {
     gc::BlockVector c(n);
     std::vector<uint8_t> table(gc::threehalves_table_bytes(n));
     gc::garble_and_threehalves(a.data(), b.data(), c.data(), table.data(), n, first_instance,
-                               block_of(delta, "delta"), block_of(salt, "salt"), tweak,
+                               gc::ThreeHalvesDelta(block_of(delta, "delta")), block_of(salt, "salt"), tweak,
                                reinterpret_cast<const uint8_t*>(cs.data()));
     return py::make_tuple(blocks_to_array(c.data(), n),
                           py::bytes(reinterpret_cast<const char*>(table.data()), table.size()));

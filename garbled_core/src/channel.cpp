@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -452,6 +453,33 @@ void Channel::raw_write(const uint8_t* p, size_t n) {
   }
 }
 
+void Channel::raw_write2(const uint8_t* p1, size_t n1, const uint8_t* p2, size_t n2) {
+  while (n1 > 0) {
+    struct iovec iov[2] = {{const_cast<uint8_t*>(p1), n1}, {const_cast<uint8_t*>(p2), n2}};
+    struct msghdr msg {};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      raw_sent_ += (uint64_t)w;
+      size_t first = std::min((size_t)w, n1);
+      p1 += first;
+      n1 -= first;
+      p2 += (size_t)w - first;
+      n2 -= (size_t)w - first;
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      wait_writable();
+      continue;
+    }
+    if (w < 0 && is_peer_gone(errno)) fail_closed(false);
+    throw ChannelError(std::string("send failed during ") + phase_name(phase_) + ": " + errno_text(errno));
+  }
+  raw_write(p2, n2);
+}
+
 void Channel::drain_tls() {
   std::string& out = io_->out;
   if (out.empty()) return;
@@ -465,7 +493,7 @@ void Channel::drain_tls_nowait() noexcept {
   out.clear();
 }
 
-void Channel::write_all(const uint8_t* p, size_t n) {
+void Channel::write_all(const uint8_t* p, size_t n, bool drain) {
   if (!ssl_) {
     raw_write(p, n);
     return;
@@ -496,7 +524,7 @@ void Channel::write_all(const uint8_t* p, size_t n) {
       fail_ssl(e, false, handshaking_ ? "TLS handshake failed" : nullptr);
     }
   }
-  drain_tls();
+  if (drain) drain_tls();
 }
 
 size_t Channel::read_some(uint8_t* p, size_t n) {
@@ -560,24 +588,29 @@ void Channel::send(const void* data, size_t n) {
   sent_[static_cast<int>(phase_)] += n;
   const uint8_t* p = static_cast<const uint8_t*>(data);
   size_t room = kSendBufferSize - slen_;
-  if (n <= room) {
+  if (n < kDirectBytes && n <= room) {
     std::memcpy(sbuf_.get() + slen_, p, n);
     slen_ += n;
     return;
   }
   try {
-    if (n >= kSendBufferSize) {  // large: the pending bytes, then straight from the caller
-      flush();
+    if (n >= kDirectBytes) {  // large: the pending bytes, then straight from the caller
+      const size_t pending = slen_;
+      slen_ = 0;
+      if (pending > 0 && !ssl_) {
+        raw_write2(sbuf_.get(), pending, p, n);  // one system call for both
+        return;
+      }
+      if (pending > 0) write_all(sbuf_.get(), pending, /*drain=*/false);  // leaves with p
       write_all(p, n);
       return;
     }
-    if (slen_ > 0) {  // top up the pending buffer so it goes out as one full write
-      std::memcpy(sbuf_.get() + slen_, p, room);
-      slen_ += room;
-      p += room;
-      n -= room;
-      flush();
-    }
+    // Small, but the buffer is full: top it up so it goes out as one full write.
+    std::memcpy(sbuf_.get() + slen_, p, room);
+    slen_ += room;
+    p += room;
+    n -= room;
+    flush();
     std::memcpy(sbuf_.get(), p, n);
     slen_ = n;
   } catch (...) {
@@ -601,7 +634,7 @@ void Channel::recv(void* data, size_t n) {
       want -= c;
     }
     while (want > 0) {
-      if (want >= kRecvBufferSize / 4) {  // large: straight into the caller's memory
+      if (want >= kDirectBytes) {  // large: straight into the caller's memory
         size_t got = read_some(p, want);
         p += got;
         want -= got;

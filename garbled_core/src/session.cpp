@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -17,7 +18,9 @@ namespace gc {
 
 namespace {
 
-constexpr uint32_t kProtocolVersion = 3;  // 3: the hello names the garbling scheme and ot_k
+// 3: the hello names the garbling scheme and ot_k; 4: the run header names the chunk size and
+// a chunk's decoding bits precede its tables.
+constexpr uint32_t kProtocolVersion = 4;
 constexpr char kGarblerHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'G'};
 constexpr char kEvaluatorHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'E'};
 
@@ -224,6 +227,8 @@ void garble_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, siz
   const RowOps& ops = row_ops();
   const size_t table_bytes = and_table_bytes(scheme, cn);
   BlockVector coins(scheme == Scheme::ThreeHalves ? (cn + 63) / 64 : 0);
+  std::optional<ThreeHalvesDelta> th_delta;
+  if (scheme == Scheme::ThreeHalves) th_delta.emplace(delta);
   for (const SlotGate& g : c.gates()) {
     const block* a = wires + (size_t)g.a * cap;
     const block* b = wires + (size_t)g.b * cap;
@@ -238,7 +243,7 @@ void garble_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, siz
       case GateOp::And:
         if (scheme == Scheme::ThreeHalves) {
           coin_prg->fill(coins.data(), coins.size());
-          garble_and_threehalves(a, b, out, tables, cn, first_instance, delta, salt,
+          garble_and_threehalves(a, b, out, tables, cn, first_instance, *th_delta, salt,
                                  gate_tweak(run_id, g.and_index),
                                  reinterpret_cast<const uint8_t*>(coins.data()));
         } else {
@@ -280,6 +285,11 @@ void evaluate_gates(const Circuit& c, Scheme scheme, block* wires, size_t cap, s
   }
 }
 
+// The chunk a run uses: the option rounded up to a whole hash group.
+size_t plan_chunk(const SessionOptions& opt) {
+  return std::max<size_t>(kHashGroup, round_up(opt.chunk, kHashGroup));
+}
+
 // Per-party layout of one run: which input bits come from where.
 struct RunPlan {
   size_t n = 0, chunk = 0, chunks = 0;
@@ -297,7 +307,7 @@ struct RunPlan {
 RunPlan plan_run(const Circuit& c, size_t n, const SessionOptions& opt) {
   RunPlan p;
   p.n = n;
-  p.chunk = std::max<size_t>(kHashGroup, round_up(opt.chunk, kHashGroup));
+  p.chunk = plan_chunk(opt);
   p.chunks = (n + p.chunk - 1) / p.chunk;
   for (auto& port : c.inputs()) {
     if (port.owner == InputOwner::Garbler) {
@@ -452,12 +462,13 @@ void Session::exchange_header(const Circuit& c, const RunInputs& in) {
   ch_.set_phase(Phase::Setup);
   struct Header {
     uint32_t run_id;
-    uint32_t reserved;
+    uint32_t chunk;  // the chunking decides the order of tables and OTs on the wire
     uint64_t n;
     uint8_t circuit[32];
     uint8_t carried[32];
   } mine{}, theirs{};
   mine.run_id = run_id_;
+  mine.chunk = (uint32_t)plan_chunk(options_);
   mine.n = in.n;
   std::memcpy(mine.circuit, c.digest().data(), 32);
   auto cd = carried_digest(c, in);
@@ -471,6 +482,9 @@ void Session::exchange_header(const Circuit& c, const RunInputs& in) {
   else if (mine.n != theirs.n)
     problem = "instance count mismatch: " + std::to_string(mine.n) + " here, " +
               std::to_string(theirs.n) + " at the peer";
+  else if (mine.chunk != theirs.chunk)
+    problem = "chunk size mismatch: " + std::to_string(mine.chunk) + " instances here, " +
+              std::to_string(theirs.chunk) + " at the peer (both parties must use the same chunk)";
   else if (mine.run_id != theirs.run_id)
     problem = "run counter mismatch: run " + std::to_string(mine.run_id) + " here, " +
               std::to_string(theirs.run_id) + " at the peer";
@@ -531,14 +545,19 @@ void GarblerSession::setup() {
 }
 
 // Message order, which lets both parties work at once: the evaluator sends
-// the OT matrices of the first kOtLookahead chunks up front, then after
-// evaluating chunk c its colour bits of chunk c and the matrix of chunk
-// c + kOtLookahead. The garbler, before chunk c >= kOtLookahead, reads the
-// colour bits of chunk c - kOtLookahead and the matrix of chunk c, and reads
-// the last colour bits at the end. With worker threads a party handles a
-// wave of up to kOtLookahead chunks at a time: inputs and network in chunk
-// order, the gates of the wave's chunks in parallel.
-constexpr size_t kOtLookahead = 4;
+// the OT matrices of the first L = ot_lookahead(chunk) chunks up front, then
+// after evaluating chunk c its colour bits of chunk c and the matrix of chunk
+// c + L. The garbler, before chunk c >= L, reads the colour bits of chunk
+// c - L and the matrix of chunk c, and reads the last colour bits at the end.
+// With worker threads a party handles a wave of up to kMaxThreads chunks at a
+// time: inputs and network in chunk order, the gates of the wave's chunks in
+// parallel.
+constexpr size_t kMinOtLookahead = 4;
+constexpr size_t kMaxThreads = 4;
+
+size_t ot_lookahead(size_t chunk) {
+  return std::max(kMinOtLookahead, (kOtLookaheadInstances + chunk - 1) / chunk);
+}
 
 namespace {
 
@@ -577,7 +596,7 @@ void run_parallel(size_t count, F f) {
 }
 
 size_t wave_size(const SessionOptions& opt) {
-  return std::max<size_t>(1, std::min(opt.threads, kOtLookahead));
+  return std::max<size_t>(1, std::min(opt.threads, kMaxThreads));
 }
 
 }  // namespace
@@ -594,7 +613,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
   check_inputs(c, in, InputOwner::Garbler);
   exchange_header(c, in);
   const RunPlan plan = plan_run(c, in.n, options_);
-  const size_t cap = plan.chunk, wave = wave_size(options_);
+  const size_t cap = plan.chunk, wave = wave_size(options_), lookahead = ot_lookahead(cap);
   RunOutputs out = prepare_outputs(c, in.n, true);
   std::vector<ChunkWorkspace> ws =
       make_workspaces(c, plan, wave, const_label_, options_.scheme, true);
@@ -621,7 +640,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
     for (size_t j = 0; j < count; ++j) {
       const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
       block* wires = ws[j].wires.data();
-      if (k >= kOtLookahead) read_peer_bits(k - kOtLookahead);
+      if (k >= lookahead) read_peer_bits(k - lookahead);
       // Evaluator inputs: row r of the OT batch is input bit r, one OT per instance.
       if (plan.ots(k)) {
         eval_labels.resize(plan.ots(k));
@@ -653,9 +672,8 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
     for (size_t j = 0; j < count; ++j) {
       const size_t k = first + j, start = plan.start(k), cn = plan.count(k);
       const block* wires = ws[j].wires.data();
-      ch_.set_phase(Phase::Tables);
-      ch_.send(ws[j].tables(), chunk_table_bytes(c, options_.scheme, cn));
-      // Decoding bits: the colour of each zero-label tells the evaluator the value.
+      // Decoding bits: the colour of each zero-label tells the evaluator the value. They go
+      // first, into the send buffer, so that they leave with the tables in one write.
       size_t row_bytes = (cn + 7) / 8, pos = 0;
       for (size_t o : plan.reveal_to_evaluator)
         for (uint32_t slot : c.outputs()[o].slots) {
@@ -666,6 +684,8 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
         ch_.set_phase(Phase::Outputs);
         ch_.send(ws[j].decode.data(), pos);
       }
+      ch_.set_phase(Phase::Tables);
+      ch_.send(ws[j].tables(), chunk_table_bytes(c, options_.scheme, cn));
       // This party's own view: shares, and its half of garbler-revealed values.
       for (size_t o = 0; o < c.outputs().size(); ++o) {
         const OutputPort& port = c.outputs()[o];
@@ -680,7 +700,7 @@ RunOutputs GarblerSession::run(const Circuit& c, const RunInputs& in) {
       store_kept(c, out, wires, cap, start, cn);
     }
   }
-  for (size_t k = plan.chunks > kOtLookahead ? plan.chunks - kOtLookahead : 0; k < plan.chunks; ++k)
+  for (size_t k = plan.chunks > lookahead ? plan.chunks - lookahead : 0; k < plan.chunks; ++k)
     read_peer_bits(k);
   ch_.flush();
   ++run_id_;
@@ -720,13 +740,13 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
   check_inputs(c, in, InputOwner::Evaluator);
   exchange_header(c, in);
   const RunPlan plan = plan_run(c, in.n, options_);
-  const size_t cap = plan.chunk, wave = wave_size(options_);
+  const size_t cap = plan.chunk, wave = wave_size(options_), lookahead = ot_lookahead(cap);
   RunOutputs out = prepare_outputs(c, in.n, false);
   std::vector<ChunkWorkspace> ws =
       make_workspaces(c, plan, wave, const_label_, options_.scheme, false);
   BlockVector input_labels(plan.garbler_bits * cap);
   // Labels of the evaluator's inputs for the chunks whose OTs are in flight.
-  std::vector<BlockVector> eval_labels(kOtLookahead + 1);
+  std::vector<BlockVector> eval_labels(lookahead + 1);
   std::vector<uint8_t> choices, my_bits(plan.garbler_rows * ((cap + 7) / 8));
 
   auto send_ot = [&](size_t k) {
@@ -747,7 +767,7 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
     labels.resize(ots);
     extend_ot(choices.data(), labels.data(), ots);
   };
-  for (size_t k = 0; k < std::min(kOtLookahead, plan.chunks); ++k) send_ot(k);
+  for (size_t k = 0; k < std::min(lookahead, plan.chunks); ++k) send_ot(k);
 
   for (size_t first = 0; first < plan.chunks; first += wave) {
     const size_t count = std::min(wave, plan.chunks - first);
@@ -767,12 +787,12 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
         }
       }
       load_carried(c, in, wires, cap, start, cn);
-      ch_.set_phase(Phase::Tables);
-      ch_.recv(ws[j].tables(), chunk_table_bytes(c, options_.scheme, cn));
       if (plan.evaluator_rows) {
         ch_.set_phase(Phase::Outputs);
         ch_.recv(ws[j].decode.data(), plan.evaluator_rows * ((cn + 7) / 8));
       }
+      ch_.set_phase(Phase::Tables);
+      ch_.recv(ws[j].tables(), chunk_table_bytes(c, options_.scheme, cn));
     }
     run_parallel(count, [&](size_t j) {
       const size_t k = first + j;
@@ -805,7 +825,7 @@ RunOutputs EvaluatorSession::run(const Circuit& c, const RunInputs& in) {
         ch_.set_phase(Phase::Outputs);
         ch_.send(my_bits.data(), plan.garbler_rows * row_bytes);
       }
-      if (k + kOtLookahead < plan.chunks) send_ot(k + kOtLookahead);
+      if (k + lookahead < plan.chunks) send_ot(k + lookahead);
     }
   }
   ch_.flush();

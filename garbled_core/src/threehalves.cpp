@@ -103,33 +103,7 @@ const EvalTables& eval_tables() {
   return t;
 }
 
-// The Delta part of each case's output pairs (Delta is fixed for a call).
-struct DeltaTerms {
-  block out[16][3];
-  alignas(64) uint64_t lo[3 * 16], hi[3 * 16];  // the same by output pair p: [16 p + q]
-  // The VAES kernel hashes without the feed-forward x of H(x) = AES(x) ^ x and adds it back
-  // here: hA0 ^ hA1, hB0 ^ hB1 and hX0 ^ hX1 each carry one Delta, so [G0 | G1] gets
-  // [Delta_L | Delta_L] and G2 Delta_L; the Delta_R parts land in control bits z2, z3, z4.
-  alignas(64) uint64_t vlo[3 * 16], vhi[3 * 16];
-  uint64_t vz = 0;
-  explicit DeltaTerms(block delta) {
-    const uint64_t dl = low64(delta), dr = high64(delta);
-    auto part = [&](unsigned coef) {
-      return ((coef >> 4 & 1) ? dl : 0) ^ ((coef >> 5 & 1) ? dr : 0);
-    };
-    for (unsigned q = 0; q < 16; ++q) {
-      const ThCase& cs = kThCases[q];
-      for (unsigned p = 0; p < 3; ++p) {
-        out[q][p] = make_block(p < 2 ? part(cs.coef[2 * p + 1]) : 0, part(cs.coef[2 * p]));
-        lo[16 * p + q] = low64(out[q][p]);
-        hi[16 * p + q] = high64(out[q][p]);
-        vlo[16 * p + q] = lo[16 * p + q] ^ (p > 0 ? dl : 0);
-        vhi[16 * p + q] = hi[16 * p + q] ^ (p == 1 ? dl : 0);
-      }
-    }
-    vz = (dr & 1) ? 0x1C : 0;
-  }
-};
+using DeltaTerms = ThreeHalvesDelta;
 
 inline bool use_vaes() {
 #if GC_X86
@@ -609,10 +583,26 @@ namespace {
 
 }  // namespace
 
+ThreeHalvesDelta::ThreeHalvesDelta(block d) : delta(d) {
+  const uint64_t dl = low64(delta), dr = high64(delta);
+  auto part = [&](unsigned coef) { return ((coef >> 4 & 1) ? dl : 0) ^ ((coef >> 5 & 1) ? dr : 0); };
+  for (unsigned q = 0; q < 16; ++q) {
+    const ThCase& cs = kThCases[q];
+    for (unsigned p = 0; p < 3; ++p) {
+      out[q][p] = make_block(p < 2 ? part(cs.coef[2 * p + 1]) : 0, part(cs.coef[2 * p]));
+      lo[16 * p + q] = low64(out[q][p]);
+      hi[16 * p + q] = high64(out[q][p]);
+      vlo[16 * p + q] = lo[16 * p + q] ^ (p > 0 ? dl : 0);
+      vhi[16 * p + q] = hi[16 * p + q] ^ (p == 1 ? dl : 0);
+    }
+  }
+  vz = (dr & 1) ? 0x1C : 0;
+}
+
 void garble_and_threehalves(const block* a0, const block* b0, block* c0, uint8_t* table, size_t n,
-                            uint64_t first_instance, block delta, block salt, uint64_t tweak,
-                            const uint8_t* coins) {
-  const DeltaTerms dterms(delta);
+                            uint64_t first_instance, const ThreeHalvesDelta& dterms, block salt,
+                            uint64_t tweak, const uint8_t* coins) {
+  const block delta = dterms.delta;
   const bool vaes = use_vaes();
   uint64_t group = first_instance / kGroup;
   uint8_t* control = table + 24 * n;

@@ -108,6 +108,9 @@ class Channel {
  public:
   static constexpr size_t kSendBufferSize = size_t(1) << 20;
   static constexpr size_t kRecvBufferSize = size_t(1) << 20;
+  // Messages of at least this many bytes bypass the buffers (no copy): a chunk's garbled
+  // tables are a few hundred KiB and are best sent while still in cache.
+  static constexpr size_t kDirectBytes = size_t(64) << 10;
 
   // Connects, retrying until timeout_s since the peer may not be listening yet,
   // then runs the TLS client handshake when tls != nullptr.
@@ -190,8 +193,10 @@ class Channel {
   // when the handshake fails. Never checks the deadline itself (wait_io does, or the caller).
   bool handshake_step();
 
-  void write_all(const uint8_t* p, size_t n);
+  // drain = false leaves the TLS records in IoState::out for the next write to send.
+  void write_all(const uint8_t* p, size_t n, bool drain = true);
   void raw_write(const uint8_t* p, size_t n);
+  void raw_write2(const uint8_t* p1, size_t n1, const uint8_t* p2, size_t n2);  // plaintext: p1 then p2
   void drain_tls();                     // sends every pending TLS record (may wait)
   void drain_tls_nowait() noexcept;     // best effort, never waits or throws
   size_t read_some(uint8_t* p, size_t n);

@@ -37,14 +37,28 @@ namespace gc {
 // Bytes of one AND gate's table over n instances.
 constexpr size_t threehalves_table_bytes(size_t n) { return 24 * n + (5 * n + 7) / 8; }
 
+// The garbler's Delta-dependent constants: the Delta part of each of the 16 cases' output
+// pairs. Delta is fixed for a session, so a garbler builds this once, not per gate.
+struct ThreeHalvesDelta {
+  explicit ThreeHalvesDelta(block delta);
+  block delta;
+  block out[16][3];
+  alignas(64) uint64_t lo[3 * 16], hi[3 * 16];  // the same by output pair p: [16 p + q]
+  // The VAES kernel hashes without the feed-forward x of H(x) = AES(x) ^ x and adds it back
+  // here: hA0 ^ hA1, hB0 ^ hB1 and hX0 ^ hX1 each carry one Delta, so [G0 | G1] gets
+  // [Delta_L | Delta_L] and G2 Delta_L; the Delta_R parts land in control bits z2, z3, z4.
+  alignas(64) uint64_t vlo[3 * 16], vhi[3 * 16];
+  uint64_t vz = 0;
+};
+
 // Garbles n instances: a0 / b0 are the zero-labels of the inputs, c0 receives
 // the zero-label of the output (c0 may alias a0 or b0), table receives
 // threehalves_table_bytes(n) bytes. coins holds 2 fresh random bits per
 // instance (bits 2k, 2k + 1 of the LSB-first string, ceil(n / 4) bytes).
 // first_instance must be a multiple of 8.
 void garble_and_threehalves(const block* a0, const block* b0, block* c0, uint8_t* table, size_t n,
-                            uint64_t first_instance, block delta, block salt, uint64_t tweak,
-                            const uint8_t* coins);
+                            uint64_t first_instance, const ThreeHalvesDelta& delta, block salt,
+                            uint64_t tweak, const uint8_t* coins);
 
 // Evaluates n instances from the active labels a, b and the gate's table.
 void eval_and_threehalves(const block* a, const block* b, block* c, const uint8_t* table, size_t n,
