@@ -287,9 +287,9 @@ GC_VAES_TARGET void eval_and_vaes(const block* a, const block* b, block* c, cons
 
 #endif
 
-const AndKernels kAes128Kernels = {"aesni", garble_and_aes128, eval_and_aes128};
+const AndKernels kAes128Kernels = {"aesni", false, garble_and_aes128, eval_and_aes128};
 #if GC_X86
-const AndKernels kVaesKernels = {"vaes", garble_and_vaes, eval_and_vaes};
+const AndKernels kVaesKernels = {"vaes", true, garble_and_vaes, eval_and_vaes};
 #endif
 
 const AndKernels* initial_kernels() {

@@ -195,7 +195,7 @@ GC_VAES_TARGET void prg_blocks_avx512(const AesKey& key, uint64_t counter, block
 void prg_fill(Prg& prg, block* out, size_t n) {
 #if GC_X86
   const size_t wide = n / 16 * 16;
-  if (wide && std::strcmp(and_kernels().name, "vaes") == 0) {
+  if (wide && and_kernels().wide) {
     prg_blocks_avx512(prg.key(), prg.counter(), out, wide);
     prg.advance(wide);
     out += wide;
@@ -212,7 +212,7 @@ const RowOps& row_ops() {
 #if GC_X86
   static const RowOps wide{xor_rows_avx512,       xor_const_avx512,      select_xor_avx512,
                            lsbs_to_values_avx512, bits_to_values_avx512, pack_lsbs_avx512};
-  if (std::strcmp(and_kernels().name, "vaes") == 0) return wide;
+  if (and_kernels().wide) return wide;
 #endif
   return portable;
 }

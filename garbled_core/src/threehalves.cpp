@@ -107,7 +107,7 @@ using DeltaTerms = ThreeHalvesDelta;
 
 inline bool use_vaes() {
 #if GC_X86
-  return std::strcmp(and_kernels().name, "vaes") == 0;
+  return and_kernels().wide;
 #else
   return false;
 #endif
@@ -317,13 +317,13 @@ GC_VAES_TARGET inline __m512i zhigh_qword(__m512i x) {
 // the registers stay in registers.
 // One round's six keys broadcast from their lanes (a function, not a lambda: a lambda would
 // not carry the target attribute, and nothing in it would inline).
-GC_VAES_TARGET inline void zround_keys(__m512i r1, __m512i r2, __m512i* k) {
-  k[0] = zlane<0>(r1);
-  k[1] = zlane<1>(r1);
-  k[2] = zlane<2>(r1);
-  k[3] = zlane<3>(r1);
-  k[4] = zlane<0>(r2);
-  k[5] = zlane<1>(r2);
+GC_VAES_TARGET inline void zround_keys(const __m512i* r1, const __m512i* r2, __m512i* k) {
+  k[0] = zlane_load<0>(r1);
+  k[1] = zlane_load<1>(r1);
+  k[2] = zlane_load<2>(r1);
+  k[3] = zlane_load<3>(r1);
+  k[4] = zlane_load<0>(r2);
+  k[5] = zlane_load<1>(r2);
 }
 
 template <int Per>
@@ -335,16 +335,16 @@ GC_VAES_TARGET inline void zaes(const __m512i* rk1, const __m512i* rk2, __m512i*
     return w < 2 ? 2 * grp + w : 4 + grp;
   };
   __m512i k[6];
-  zround_keys(rk1[0], rk2[0], k);
+  zround_keys(rk1, rk2, k);
 #pragma GCC unroll 64
   for (int r = 0; r < N; ++r) x[r] = _mm512_xor_si512(x[r], k[key_of(r)]);
 #pragma GCC unroll 1
   for (int round = 1; round < 10; ++round) {
-    zround_keys(rk1[round], rk2[round], k);
+    zround_keys(rk1 + round, rk2 + round, k);
 #pragma GCC unroll 64
     for (int r = 0; r < N; ++r) x[r] = _mm512_aesenc_epi128(x[r], k[key_of(r)]);
   }
-  zround_keys(rk1[10], rk2[10], k);
+  zround_keys(rk1 + 10, rk2 + 10, k);
 #pragma GCC unroll 64
   for (int r = 0; r < N; ++r) x[r] = _mm512_aesenclast_epi128(x[r], k[key_of(r)]);
 }
@@ -365,25 +365,25 @@ GC_VAES_TARGET inline void zhash_keys(block salt, uint64_t tweak, uint64_t group
 // from lanes 2 grp, 2 grp + 1 of rk1, (group, X) from lane grp of rk2. The garbler folds the
 // feed-forward into its tables (DeltaTerms::vlo / vhi / vz, VaesGarbleTables).
 template <int Grp>
-GC_VAES_TARGET inline void zgroup_keys(__m512i r1, __m512i r2, __m512i* k) {
-  k[0] = zlane<2 * Grp>(r1);
-  k[1] = zlane<2 * Grp + 1>(r1);
-  k[2] = zlane<Grp>(r2);
+GC_VAES_TARGET inline void zgroup_keys(const __m512i* r1, const __m512i* r2, __m512i* k) {
+  k[0] = zlane_load<2 * Grp>(r1);
+  k[1] = zlane_load<2 * Grp + 1>(r1);
+  k[2] = zlane_load<Grp>(r2);
 }
 
 template <int Grp>
 GC_VAES_TARGET inline void zaes_group(const __m512i* rk1, const __m512i* rk2, __m512i* x) {
   __m512i k[3];
-  zgroup_keys<Grp>(rk1[0], rk2[0], k);
+  zgroup_keys<Grp>(rk1, rk2, k);
 #pragma GCC unroll 16
   for (int r = 0; r < 12; ++r) x[r] = _mm512_xor_si512(x[r], k[(r % 6) / 2]);
 #pragma GCC unroll 1
   for (int round = 1; round < 10; ++round) {
-    zgroup_keys<Grp>(rk1[round], rk2[round], k);
+    zgroup_keys<Grp>(rk1 + round, rk2 + round, k);
 #pragma GCC unroll 16
     for (int r = 0; r < 12; ++r) x[r] = _mm512_aesenc_epi128(x[r], k[(r % 6) / 2]);
   }
-  zgroup_keys<Grp>(rk1[10], rk2[10], k);
+  zgroup_keys<Grp>(rk1 + 10, rk2 + 10, k);
 #pragma GCC unroll 16
   for (int r = 0; r < 12; ++r) x[r] = _mm512_aesenclast_epi128(x[r], k[(r % 6) / 2]);
 }

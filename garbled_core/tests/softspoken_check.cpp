@@ -333,8 +333,13 @@ void check_misc() {
   for (int k = 1; k <= 10; ++k) {
     SoftSpokenParams p(k);
     int sum = 0;
-    for (int b = 0; b < p.chunks; ++b) sum += p.depth[b];
-    CHECK(sum == 128 && p.chunks == (128 + k - 1) / k, "k=%d: chunk layout", k);
+    bool balanced = true;
+    for (int b = 0; b < p.chunks; ++b) {
+      balanced = balanced && p.first_bit(b) == sum && (p.depth[b] == k || p.depth[b] == k - 1) &&
+                 (b == 0 || p.depth[b] <= p.depth[b - 1]);
+      sum += p.depth[b];
+    }
+    CHECK(sum == 128 && p.chunks == (128 + k - 1) / k && balanced, "k=%d: chunk layout", k);
   }
   // extend before setup, m not a multiple of 128
   SoftSpokenCotSender s(8);

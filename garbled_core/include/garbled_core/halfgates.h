@@ -38,6 +38,7 @@ using EvalAndFn = void (*)(const block* a, const block* b, block* c, const block
 
 struct AndKernels {
   const char* name;
+  bool wide;  // VAES + AVX-512: the engine's other wide paths (rows, PRG, OT) follow it
   GarbleAndFn garble;
   EvalAndFn eval;
 };

@@ -9,17 +9,20 @@
 // The correlation is the garbler's free-XOR offset, so q_j is the zero-label
 // and t_j the label of the evaluator's bit r_j, as they stand.
 //
-// Construction. Delta's 128 bits are cut into nb = ceil(128 / k) chunks of k
-// bits (the last one 128 - k * (nb - 1) bits when k does not divide 128);
-// chunk b is the bits j = b*k .. b*k + d_b - 1, read as the leaf index
-// x*_b in [0, 2^d_b) (bit i of x*_b = bit b*k + i of Delta).
+// Construction. Delta's 128 bits are cut into nb = ceil(128 / k) chunks of
+// d_b = k bits, except that the last nb * k - 128 chunks have k - 1 (k = 7:
+// 14 chunks of 7 and 5 of 6 bits; cost is 2^d_b leaves per chunk, so this
+// balanced cut needs 8.5% fewer AES blocks than 18 x 7 + 2 for the same nb);
+// chunk b is the bits j = j_b .. j_b + d_b - 1 (j_b = d_0 + ... + d_{b-1}),
+// read as the leaf index x*_b in [0, 2^d_b) (bit i of x*_b = bit j_b + i of
+// Delta).
 //   Setup: 128 Chou-Orlandi base OTs (base_ot.h), the evaluator as OT sender
 //   (k0_j, k1_j), the garbler as receiver choosing bit j of Delta. For each
 //   chunk the evaluator grows a GGM tree of depth d_b: level 1 is the base OT
-//   pair of bit b*k itself (node[x] = k_{1-x}), each further level doubles it
+//   pair of bit j_b itself (node[x] = k_{1-x}), each further level doubles it
 //   with the PRG G(s) = (AES_s(c0), AES_s(c1)); bit i of a leaf's index is the
 //   branch taken at level i + 1. For level i + 1 >= 2 the evaluator sends
-//   (K_0 ^ k1_j, K_1 ^ k0_j), j = b*k + i, K_c the XOR of the level's nodes
+//   (K_0 ^ k1_j, K_1 ^ k0_j), j = j_b + i, K_c the XOR of the level's nodes
 //   whose bit i is c: the garbler, holding k_{Delta_j}, opens exactly
 //   K_{1 - Delta_j}, which gives it the sibling of its path. So the garbler
 //   ends up with every leaf seed except the one at x*_b (a (2^d - 1)-out-of-2^d
@@ -136,9 +139,10 @@ struct SoftSpokenParams {
   static constexpr int kMinK = 1, kMaxK = 10, kDefaultK = 7;
   int k = kDefaultK;
   int chunks = 0;                   // nb = ceil(128 / k)
-  int depth[128] = {};              // d_b: k, the last one possibly shorter
+  int depth[128] = {};              // d_b: k, or k - 1 for the last nb * k - 128 chunks
+  int first[128] = {};              // first Delta bit of chunk b
   explicit SoftSpokenParams(int k);
-  int first_bit(int b) const { return b * k; }
+  int first_bit(int b) const { return first[b]; }
   // Bytes the evaluator sends for one extend of m OTs.
   size_t extend_bytes(size_t m, bool random_choices) const {
     return (size_t)(random_choices ? chunks - 1 : chunks) * (m / 8);

@@ -35,6 +35,14 @@ GC_VAES_TARGET inline __m512i zlane(__m512i v) {
   return _mm512_maskz_shuffle_i64x2(0xff, v, v, L * 0x55);
 }
 
+// Lane L of the 512-bit value at p in all four lanes, as a broadcast load: a load-port uop,
+// where zlane of a register is a shuffle on the port the AES kernels' other work needs.
+template <int L>
+GC_VAES_TARGET inline __m512i zlane_load(const __m512i* p) {
+  // maskz form: the unmasked intrinsic trips a GCC 12 -Wuninitialized bug.
+  return _mm512_maskz_broadcast_i32x4(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + L));
+}
+
 // All-ones in each 128-bit lane whose lowest bit is set.
 GC_VAES_TARGET inline __m512i zlsb_mask(__m512i x) {
   const __m512i one = _mm512_set_epi64(0, 1, 0, 1, 0, 1, 0, 1);
