@@ -434,35 +434,21 @@ void Channel::wait_writable() {
   }
 }
 
-void Channel::raw_write(const uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::send(fd_, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w > 0) {
-      p += w;
-      n -= (size_t)w;
-      if (!ssl_) raw_sent_ += (uint64_t)w;  // TLS counts payload in write_all
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      wait_writable();
-      continue;
-    }
-    if (w < 0 && is_peer_gone(errno)) fail_closed(false);
-    throw ChannelError(std::string("send failed during ") + phase_name(phase_) + ": " + errno_text(errno));
-  }
-}
+void Channel::raw_write(const uint8_t* p, size_t n) { raw_write2(p, n, nullptr, 0); }
 
 void Channel::raw_write2(const uint8_t* p1, size_t n1, const uint8_t* p2, size_t n2) {
-  while (n1 > 0) {
-    struct iovec iov[2] = {{const_cast<uint8_t*>(p1), n1}, {const_cast<uint8_t*>(p2), n2}};
+  while (n1 + n2 > 0) {
+    struct iovec iov[2];
+    int parts = 0;
+    if (n1) iov[parts++] = {const_cast<uint8_t*>(p1), n1};
+    if (n2) iov[parts++] = {const_cast<uint8_t*>(p2), n2};
     struct msghdr msg {};
     msg.msg_iov = iov;
-    msg.msg_iovlen = 2;
+    msg.msg_iovlen = (size_t)parts;
     ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w > 0) {
-      raw_sent_ += (uint64_t)w;
-      size_t first = std::min((size_t)w, n1);
+      if (!ssl_) raw_sent_ += (uint64_t)w;  // TLS counts payload in write_all
+      const size_t first = std::min((size_t)w, n1);
       p1 += first;
       n1 -= first;
       p2 += (size_t)w - first;
@@ -477,7 +463,6 @@ void Channel::raw_write2(const uint8_t* p1, size_t n1, const uint8_t* p2, size_t
     if (w < 0 && is_peer_gone(errno)) fail_closed(false);
     throw ChannelError(std::string("send failed during ") + phase_name(phase_) + ": " + errno_text(errno));
   }
-  raw_write(p2, n2);
 }
 
 void Channel::drain_tls() {

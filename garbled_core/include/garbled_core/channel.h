@@ -196,7 +196,8 @@ class Channel {
   // drain = false leaves the TLS records in IoState::out for the next write to send.
   void write_all(const uint8_t* p, size_t n, bool drain = true);
   void raw_write(const uint8_t* p, size_t n);
-  void raw_write2(const uint8_t* p1, size_t n1, const uint8_t* p2, size_t n2);  // plaintext: p1 then p2
+  // p1 then p2 (either may be empty), in as few system calls as the socket takes them.
+  void raw_write2(const uint8_t* p1, size_t n1, const uint8_t* p2, size_t n2);
   void drain_tls();                     // sends every pending TLS record (may wait)
   void drain_tls_nowait() noexcept;     // best effort, never waits or throws
   size_t read_some(uint8_t* p, size_t n);
