@@ -208,3 +208,10 @@ def test_workers_run_the_circuits_on_ray_worker_pairs(ctx, capsys) -> None:
     assert measured == pytest.approx({k: 2 * v for k, v in lane.items()})
     assert rows["spgc"]["phase_bytes_per_coordinate"]["tables"] > 24.6 * 500
     assert rows["preprocessed"]["offline_bytes_per_coordinate"] > 24.6 * 500
+
+
+def test_epsilon_list_takes_either_spelling():
+    """`spgc experiment` says --epsilons; `spgc bench comm` accepts that spelling too."""
+    parser = bench_comm.build_parser()
+    assert parser.parse_args(["--epsilons", "0.5", "2"]).epsilon == [0.5, 2.0]
+    assert parser.parse_args(["--epsilon", "8"]).epsilon == [8.0]

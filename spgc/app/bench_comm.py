@@ -861,6 +861,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument(
         "--epsilon",
+        "--epsilons",  # the spelling of `spgc experiment`
+        dest="epsilon",
         type=float,
         nargs="+",
         default=list(DEFAULT_EPSILONS),
