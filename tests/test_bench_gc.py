@@ -82,3 +82,32 @@ def test_cli_json_has_the_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
         assert out["ratio_to_aes_ceiling"] == pytest.approx(
             out["and_gates_per_second"] / out["ceiling_and_gates_per_second"]
         )
+
+
+def test_repeat_reports_each_configurations_median_run() -> None:
+    """--repeat 3: every configuration runs three times, set after set; each row is the run
+    with the median rate, carrying all three rates, and the table shows their range."""
+    aes = 4e8
+    logged: list[str] = []
+    runs = bench_gc.bench_gc(
+        instances=2000,
+        modes=("plaintext",),
+        threads=(1, 2),
+        aes_rate=aes,
+        log=logged.append,
+        repeat=3,
+    )
+    assert [(r.mode, r.threads) for r in runs] == [("plaintext", 1), ("plaintext", 2)]
+    assert [m for m in logged if m.startswith("set ")] == ["set 1 of 3", "set 2 of 3", "set 3 of 3"]
+    for r in runs:
+        assert r.correct and len(r.repeat_and_gates_per_second) == 3
+        assert r.and_gates_per_second == sorted(r.repeat_and_gates_per_second)[1]
+    assert runs[1].speedup_vs_one_thread == pytest.approx(
+        runs[1].and_gates_per_second / runs[0].and_gates_per_second
+    )
+    table = bench_gc.format_table(runs, aes)
+    low, high = (f(runs[0].repeat_and_gates_per_second) / 1e8 for f in (min, max))
+    assert "range of 3" in table and f"{low:.3f}-{high:.3f}" in table
+    assert "the median of 3 runs" in table
+    with pytest.raises(ValueError, match="--repeat"):
+        bench_gc.bench_gc(instances=10, repeat=0, log=lambda _: None)

@@ -293,6 +293,8 @@ class RunResult:
     counters: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     speedup_vs_one_thread: float | None = None  # against the T = 1 run of the same link
     ratio_to_aes_ceiling: float | None = None  # end-to-end rate / (AES blocks per s / 4)
+    # With --repeat N: this is the median run of N; the end-to-end rates of all N, in run order.
+    repeat_and_gates_per_second: list[float] = field(default_factory=list)
 
 
 def _sum_sent(counters: dict[str, dict[str, int]], phases: Iterable[str]) -> int:
@@ -464,18 +466,33 @@ def _ratio(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _ceiling_range(r: RunResult, aes_rate: float | None) -> str:
+    """'lowest-highest' x ceiling over a repeated configuration's runs."""
+    if not aes_rate or not r.repeat_and_gates_per_second:
+        return "-"
+    ceiling = aes_rate / AES_CALLS_PER_AND
+    return f"{min(r.repeat_and_gates_per_second) / ceiling:.3f}-" + (
+        f"{max(r.repeat_and_gates_per_second) / ceiling:.3f}"
+    )
+
+
 def format_table(runs: list[RunResult], aes_rate: float | None = None) -> str:
-    """The human-readable result table, one row per run (and the AES ceiling it is put
-    against)."""
-    widths = [len(fmt.format(*([0] if "," in fmt or "f" in fmt else [""]))) for _, fmt in _COLUMNS]
-    widths = [max(w, len(name)) for w, (name, _) in zip(widths, _COLUMNS, strict=True)]
+    """The human-readable result table, one row per configuration (its median run when
+    repeated, with the range of x ceiling over the repeats) and the AES ceiling it is put
+    against."""
+    repeats = max((len(r.repeat_and_gates_per_second) for r in runs), default=0)
+    columns = list(_COLUMNS)
+    if repeats > 1:
+        columns.insert(7, (f"range of {repeats}", "{:>11}"))
+    widths = [len(fmt.format(*([0] if "," in fmt or "f" in fmt else [""]))) for _, fmt in columns]
+    widths = [max(w, len(name)) for w, (name, _) in zip(widths, columns, strict=True)]
     header = "  ".join(
         name.rjust(w) if i else name.ljust(w)
-        for i, ((name, _), w) in enumerate(zip(_COLUMNS, widths, strict=True))
+        for i, ((name, _), w) in enumerate(zip(columns, widths, strict=True))
     )
     lines = [header, "-" * len(header)]
     for r in runs:
-        values = (
+        values = [
             r.scheme,
             MODE_LABEL[r.mode],
             r.threads,
@@ -490,13 +507,20 @@ def format_table(runs: list[RunResult], aes_rate: float | None = None) -> str:
             r.cpu_seconds_garbler,
             r.cpu_seconds_evaluator,
             "yes" if r.correct else "NO",
-        )
-        cells = [fmt.format(v) for (_, fmt), v in zip(_COLUMNS, values, strict=True)]
+        ]
+        if repeats > 1:
+            values.insert(7, _ceiling_range(r, aes_rate))
+        cells = [fmt.format(v) for (_, fmt), v in zip(columns, values, strict=True)]
         lines.append(
             "  ".join(
                 c.rjust(w) if i else c.ljust(w)
                 for i, (c, w) in enumerate(zip(cells, widths, strict=True))
             )
+        )
+    if repeats > 1:
+        lines.append(
+            f"each row: the median of {repeats} runs (sets of every configuration, one set after "
+            "the other); range: the lowest and highest x ceiling of those runs"
         )
     if aes_rate is None:
         lines.append("x ceiling: - (openssl speed did not run)")
@@ -525,6 +549,17 @@ def to_json(
     return obj
 
 
+def _median_run(runs: list[RunResult]) -> RunResult:
+    """The run with the median end-to-end rate (the lower middle one of an even count), with
+    every run's rate attached; a run that was incorrect is reported whatever its rate."""
+    wrong = [r for r in runs if not r.correct]
+    ranked = sorted(runs, key=lambda r: r.and_gates_per_second)
+    chosen = wrong[0] if wrong else ranked[(len(runs) - 1) // 2]
+    if len(runs) > 1:
+        chosen.repeat_and_gates_per_second = [r.and_gates_per_second for r in runs]
+    return chosen
+
+
 def bench_gc(
     instances: int = 1_000_000,
     modes: tuple[str, ...] = ("tls",),
@@ -534,10 +569,15 @@ def bench_gc(
     aes_rate: float | None = None,
     schemes: tuple[str, ...] = SCHEMES[:1],
     ot_k: int = DEFAULT_OT_K,
+    repeat: int = 1,
 ) -> list[RunResult]:
-    """Per scheme: the garble-only rate, then one two-process run per mode and thread count;
+    """Per scheme: the garble-only rate, then a two-process run per mode and thread count;
     returns the results (``aes_rate``: AES-128 blocks per second, for
-    ``ratio_to_aes_ceiling``)."""
+    ``ratio_to_aes_ceiling``). ``repeat`` > 1 runs the whole set of configurations that many
+    times, one set after the other (so a noisy minute touches every configuration alike), and
+    reports each configuration's median run."""
+    if repeat < 1:
+        raise ValueError("--repeat must be at least 1")
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     if chunk is not None and chunk < 1:
@@ -555,26 +595,40 @@ def bench_gc(
     log = log or _stderr
     circuit = build_circuit()
     log(f"circuit: {int(circuit.and_count)} AND gates per instance")
-    runs = []
-    for scheme in dict.fromkeys(schemes):
-        rate = garble_only_rate(circuit, instances, chunk, log, scheme)
-        for mode in modes:
-            base: RunResult | None = None
-            for t in dict.fromkeys(threads):
-                run = run_two_party(
-                    circuit, instances, mode, chunk, rate, log, threads=t, scheme=scheme, ot_k=ot_k
+    schemes = tuple(dict.fromkeys(schemes))
+    rates = {scheme: garble_only_rate(circuit, instances, chunk, log, scheme) for scheme in schemes}
+    configs = [(s, m, t) for s in schemes for m in modes for t in dict.fromkeys(threads)]
+    done: dict[tuple[str, str, int], list[RunResult]] = {c: [] for c in configs}
+    for i in range(repeat):
+        if repeat > 1:
+            log(f"set {i + 1} of {repeat}")
+        for scheme, mode, t in configs:
+            done[scheme, mode, t].append(
+                run_two_party(
+                    circuit,
+                    instances,
+                    mode,
+                    chunk,
+                    rates[scheme],
+                    log,
+                    threads=t,
+                    scheme=scheme,
+                    ot_k=ot_k,
                 )
-                if t == 1:
-                    base = run
-                if base is not None and base.and_gates_per_second > 0:
-                    run.speedup_vs_one_thread = (
-                        run.and_gates_per_second / base.and_gates_per_second
-                    )
-                if aes_rate:
-                    run.ratio_to_aes_ceiling = run.and_gates_per_second / (
-                        aes_rate / AES_CALLS_PER_AND
-                    )
-                runs.append(run)
+            )
+    runs = []
+    base: RunResult | None = None
+    for scheme, mode, t in configs:
+        run = _median_run(done[scheme, mode, t])
+        if not runs or (runs[-1].scheme, runs[-1].mode) != (scheme, mode):
+            base = None  # speed-ups are against the T = 1 run of the same scheme and link
+        if t == 1:
+            base = run
+        if base is not None and base.and_gates_per_second > 0:
+            run.speedup_vs_one_thread = run.and_gates_per_second / base.and_gates_per_second
+        if aes_rate:
+            run.ratio_to_aes_ceiling = run.and_gates_per_second / (aes_rate / AES_CALLS_PER_AND)
+        runs.append(run)
     return runs
 
 
@@ -587,6 +641,7 @@ def run_cli(
     threads: tuple[int, ...] = (1,),
     schemes: tuple[str, ...] = SCHEMES[:1],
     ot_k: int = DEFAULT_OT_K,
+    repeat: int = 1,
 ) -> int:
     """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect)."""
     modes: tuple[str, ...] = LINKS if both else (("plaintext",) if insecure else ("tls",))
@@ -599,6 +654,7 @@ def run_cli(
         aes_rate=aes_rate,
         schemes=schemes,
         ot_k=ot_k,
+        repeat=repeat,
     )
     table = format_table(runs, aes_rate)
     if as_json:

@@ -150,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how AND gates are garbled (default: {bench_gc.SCHEMES[0]}; both: one run each)",
     )
     gc.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="run every configuration N times (set after set) and report each one's median run "
+        "and its range: timings on a shared machine are noisy (default: 1)",
+    )
+    gc.add_argument(
         "--ot-k",
         type=int,
         choices=range(9),
@@ -327,6 +335,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         threads=args.threads,
         schemes=bench_gc.SCHEMES if args.scheme == "both" else (args.scheme,),
         ot_k=args.ot_k,
+        repeat=args.repeat,
     )
 
 
