@@ -84,7 +84,7 @@
 //   extend: the evaluator only sends (batches of up to 64 * 128 OTs, flushed
 //     at the end of each call), the garbler only receives; neither waits for
 //     the other otherwise. So the evaluator may run any number of extends
-//     ahead (the session's lookahead of 4 chunks) and the garbler reads them
+//     ahead (the session keeps 4,096 instances of OTs in flight) and the garbler reads them
 //     later in order; tested in softspoken_check. Each side must make the same
 //     sequence of calls with the same m, and extend / extend_random must pair
 //     up call by call (a mismatch desynchronises the byte stream).
