@@ -544,6 +544,8 @@ void GarblerSession::setup() {
   ready_ = true;
 }
 
+namespace {
+
 // Message order, which lets both parties work at once: the evaluator sends
 // the OT matrices of the first L = ot_lookahead(chunk) chunks up front, then
 // after evaluating chunk c its colour bits of chunk c and the matrix of chunk
@@ -558,8 +560,6 @@ constexpr size_t kMaxThreads = 4;
 size_t ot_lookahead(size_t chunk) {
   return std::max(kMinOtLookahead, (kOtLookaheadInstances + chunk - 1) / chunk);
 }
-
-namespace {
 
 // One chunk's working memory: wire labels by slot, and its garbled tables.
 struct ChunkWorkspace {
