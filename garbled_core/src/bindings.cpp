@@ -301,7 +301,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme,
                        int ot_k) {
         if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
-        if (threads == 0 || threads > 4) throw py::value_error("threads must be in 1..4");
+        if (threads == 0 || threads > gc::kMaxSessionThreads)
+          throw py::value_error("threads must be in 1.." + std::to_string(gc::kMaxSessionThreads));
         if (ot_k < 0 || ot_k > gc::kMaxOtK)
           throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
         return new gc::GarblerSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});
@@ -317,7 +318,8 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme,
                        int ot_k) {
         if (chunk == 0 || chunk > (1u << 20)) throw py::value_error("chunk must be in 1..1048576");
-        if (threads == 0 || threads > 4) throw py::value_error("threads must be in 1..4");
+        if (threads == 0 || threads > gc::kMaxSessionThreads)
+          throw py::value_error("threads must be in 1.." + std::to_string(gc::kMaxSessionThreads));
         if (ot_k < 0 || ot_k > gc::kMaxOtK)
           throw py::value_error("ot_k must be in 0..8 (0: IKNP; k: SoftSpoken, 128/k bits per OT)");
         return new gc::EvaluatorSession(ch, gc::SessionOptions{chunk, threads, parse_scheme(scheme), ot_k});

@@ -551,11 +551,11 @@ namespace {
 // after evaluating chunk c its colour bits of chunk c and the matrix of chunk
 // c + L. The garbler, before chunk c >= L, reads the colour bits of chunk
 // c - L and the matrix of chunk c, and reads the last colour bits at the end.
-// With worker threads a party handles a wave of up to kMaxThreads chunks at a
+// With worker threads a party handles a wave of up to kMaxSessionThreads chunks at a
 // time: inputs and network in chunk order, the gates of the wave's chunks in
 // parallel.
 constexpr size_t kMinOtLookahead = 4;
-constexpr size_t kMaxThreads = 4;
+static_assert(kMinOtLookahead >= kMaxSessionThreads, "a wave's OT matrices must all be in flight");
 
 size_t ot_lookahead(size_t chunk) {
   return std::max(kMinOtLookahead, (kOtLookaheadInstances + chunk - 1) / chunk);
@@ -596,7 +596,7 @@ void run_parallel(size_t count, F f) {
 }
 
 size_t wave_size(const SessionOptions& opt) {
-  return std::max<size_t>(1, std::min(opt.threads, kMaxThreads));
+  return std::max<size_t>(1, std::min(opt.threads, kMaxSessionThreads));
 }
 
 }  // namespace

@@ -103,8 +103,6 @@ const EvalTables& eval_tables() {
   return t;
 }
 
-using DeltaTerms = ThreeHalvesDelta;
-
 inline bool use_vaes() {
 #if GC_X86
   return and_kernels().wide;
@@ -146,8 +144,9 @@ void hash_span(block salt, uint64_t tweak, uint64_t group, block* xa, block* xb,
 // ---------------------------------------------------------------- one span of 16
 
 void garble_span16(const block* a0, const block* b0, block* c0, uint64_t* g, uint8_t* z,
-                   const uint8_t* coins, block delta, const DeltaTerms& dterms, block salt,
+                   const uint8_t* coins, const ThreeHalvesDelta& dterms, block salt,
                    uint64_t tweak, uint64_t group) {
+  const block delta = dterms.delta;
   const GarbleTables& tables = garble_tables();
   block abar[kSpan], bbar[kSpan], xa[2 * kSpan], xb[2 * kSpan], xx[2 * kSpan];
   unsigned cases[kSpan];
@@ -363,7 +362,7 @@ GC_VAES_TARGET inline void zhash_keys(block salt, uint64_t tweak, uint64_t group
 // AES only (no feed-forward) of the 12 garbler hash inputs of one group (registers 6 u + 2 w
 // + colour for its two registers u = 0, 1, hash w = A, B, X): keys (group, A) and (group, B)
 // from lanes 2 grp, 2 grp + 1 of rk1, (group, X) from lane grp of rk2. The garbler folds the
-// feed-forward into its tables (DeltaTerms::vlo / vhi / vz, VaesGarbleTables).
+// feed-forward into its tables (ThreeHalvesDelta::vlo / vhi / vz, VaesGarbleTables).
 template <int Grp>
 GC_VAES_TARGET inline void zgroup_keys(const __m512i* r1, const __m512i* r2, __m512i* k) {
   k[0] = zlane_load<2 * Grp>(r1);
@@ -410,7 +409,7 @@ GC_VAES_TARGET inline __m512i zcombine_k(__m512i acc, __m512i word, __m512i a, _
 template <int Grp>
 GC_VAES_TARGET inline void garble_group_vaes(const block* a0, const block* b0, block* c0,
                                              uint64_t* rows, uint64_t* zbits, uint32_t coins,
-                                             __m512i d, const DeltaTerms& dterms,
+                                             __m512i d, const ThreeHalvesDelta& dterms,
                                              const __m512i* rk1, const __m512i* rk2) {
   const VaesGarbleTables& tables = vaes_garble_tables();
   const __m512i words_lo = _mm512_loadu_si512((const void*)tables.word);
@@ -499,12 +498,12 @@ GC_VAES_TARGET inline void garble_group_vaes(const block* a0, const block* b0, b
 // zbits[h]: the control bits of group h packed as in the table (bit 5 k + t = z_t of instance
 // 8 h + k), all 8 instances.
 GC_VAES_TARGET void garble_span16_vaes(const block* a0, const block* b0, block* c0, uint64_t* g,
-                                       uint64_t* zbits, uint32_t coins, block delta,
-                                       const DeltaTerms& dterms, block salt, uint64_t tweak,
+                                       uint64_t* zbits, uint32_t coins,
+                                       const ThreeHalvesDelta& dterms, block salt, uint64_t tweak,
                                        uint64_t group) {
   __m512i rk1[11], rk2[11];
   zhash_keys(salt, tweak, group, rk1, rk2);
-  const __m512i d = _mm512_maskz_broadcast_i32x4(0xffff, delta);
+  const __m512i d = _mm512_maskz_broadcast_i32x4(0xffff, dterms.delta);
   garble_group_vaes<0>(a0, b0, c0, g, zbits, coins, d, dterms, rk1, rk2);
   garble_group_vaes<1>(a0, b0, c0, g + 3 * kGroup, zbits + 1, coins, d, dterms, rk1, rk2);
 }
@@ -602,7 +601,6 @@ ThreeHalvesDelta::ThreeHalvesDelta(block d) : delta(d) {
 void garble_and_threehalves(const block* a0, const block* b0, block* c0, uint8_t* table, size_t n,
                             uint64_t first_instance, const ThreeHalvesDelta& dterms, block salt,
                             uint64_t tweak, const uint8_t* coins) {
-  const block delta = dterms.delta;
   const bool vaes = use_vaes();
   uint64_t group = first_instance / kGroup;
   uint8_t* control = table + 24 * n;
@@ -631,13 +629,13 @@ void garble_and_threehalves(const block* a0, const block* b0, block* c0, uint8_t
     uint64_t zbits[2];
 #if GC_X86
     if (vaes) {
-      garble_span16_vaes(a, b, c, g, zbits, coin_bits, delta, dterms, salt, tweak, group);
+      garble_span16_vaes(a, b, c, g, zbits, coin_bits, dterms, salt, tweak, group);
     } else
 #endif
     {
       uint8_t coin[kSpan], z[kSpan];
       for (size_t j = 0; j < kSpan; ++j) coin[j] = (coin_bits >> (2 * j)) & 3;
-      garble_span16(a, b, c, g, z, coin, delta, dterms, salt, tweak, group);
+      garble_span16(a, b, c, g, z, coin, dterms, salt, tweak, group);
       for (size_t h = 0; h < 2; ++h) {
         zbits[h] = 0;
         for (size_t j = 0; j < kGroup; ++j) zbits[h] |= (uint64_t)z[kGroup * h + j] << (5 * j);

@@ -53,9 +53,12 @@ constexpr size_t kDefaultChunk = 128;
 // the chunk size.
 constexpr size_t kOtLookaheadInstances = 4096;
 
+// Most worker threads one session runs its chunks on (SessionOptions::threads).
+constexpr size_t kMaxSessionThreads = 4;
+
 struct SessionOptions {
   size_t chunk = kDefaultChunk;  // rounded up to a multiple of 8; both parties must agree
-  size_t threads = 1;   // chunks garbled or evaluated in parallel (at most 4)
+  size_t threads = 1;   // chunks garbled or evaluated in parallel (at most kMaxSessionThreads)
   Scheme scheme = Scheme::ThreeHalves;
   // OT extension for the evaluator's inputs: SoftSpoken with k = ot_k (1..8;
   // ceil(128 / k) bits per input bit, 2.375 bytes at the default k = 7) or
