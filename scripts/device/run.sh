@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# The 16-core checks of issues 15 and 17, as one call on the device machine (which reaches no
+# network and lends 15 minutes in all, its start included). Here first:
+#
+#   bash scripts/device/pack.sh
+#
+# then the device tool: run(command="bash scripts/device/run.sh", carry=[".device"],
+# timeout_s=560). It installs the packed wheels and Ray under /tmp, builds SPGC with every core,
+# and runs, most important first, each under what is left of a time budget (a step that would
+# not fit is skipped and says so):
+#
+#   1. spgc bench gc --insecure --threads 1,2,4,8 --repeat 3   issue 15: T=4 >= 3x, T=8 >= 5x
+#   2. spgc bench scale --dim 1000000 --workers 1, then 8        issue 17: K=8 >= 5x K=1
+#   3. spgc bench scale --mode preprocessed --dim 1000000 --workers 1, 2, 4, 8   pool vs K
+#   4. spgc bench scale --mode preprocessed --dim 10000000 --workers 8   online round <= 60 s
+#   5. spgc bench gc --tls-only --threads 1,2,4,8 --repeat 3      the same lanes over TLS
+#
+# Two files land in $OUT (the device tool brings back at most 8): summary.txt, which the end of
+# the output repeats, and results.tar.gz (each step's JSON and log, the machine's description,
+# the build log), refreshed after every step so that a call cut short still brings back the
+# steps it finished. SPGC_DEVICE_QUICK=1 runs the same steps at small sizes (a rehearsal on any
+# machine with Python 3.12 and the device image's packages); SPGC_DEVICE_BUDGET_S sets the
+# budget (default 500 s).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT="${OUT:-/tmp/spgc-device-out}"
+SITE="${SPGC_DEVICE_SITE:-/tmp/spgc-device-site}"
+PY="${PYTHON:-python3}"
+QUICK="${SPGC_DEVICE_QUICK:-0}"
+BUDGET="${SPGC_DEVICE_BUDGET_S:-500}"
+START=$SECONDS
+WORK="$(mktemp -d /tmp/spgc-device-results.XXXXXX)"
+mkdir -p "$OUT"
+
+say() { printf '[device %4ds] %s\n' "$((SECONDS - START))" "$*" | tee -a "$OUT/summary.txt" >&2; }
+bundle() { tar -C "$WORK" -czf "$OUT/results.tar.gz" . ; }
+die() { say "error: $*"; bundle; exit 1; }
+
+[[ -d "$ROOT/.device/wheels" && -f "$ROOT/.device/ray-site.tar.xz" ]] \
+    || die "no .device/ pack: run bash scripts/device/pack.sh here and carry [\".device\"]"
+
+# ---------------------------------------------------------------- install and build
+say "installing the packed wheels and Ray into $SITE"
+rm -rf "$SITE"
+mkdir -p "$SITE"
+"$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+    "$ROOT"/.device/wheels/*.whl >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log" >&2; die "wheel install failed"; }
+tar -xJf "$ROOT/.device/ray-site.tar.xz" -C "$SITE" || die "unpacking Ray failed"
+export PYTHONPATH="$SITE"
+
+say "building SPGC (the engine with $(nproc) jobs)"
+export CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
+(cd "$ROOT" && "$PY" -m pip install --no-index --no-deps --no-build-isolation --no-compile \
+    --target "$SITE" .) >"$WORK/build.log" 2>&1 || { tail -n 40 "$WORK/build.log" >&2; die "build failed"; }
+# The module, not $SITE/bin/spgc: --target leaves bin/ as the first wheel with scripts made it.
+SPGC=("$PY" -m spgc.app.cli)
+
+# The benchmarks run outside the checkout so that nothing imports its source tree.
+RUN_DIR="$(mktemp -d)"
+cd "$RUN_DIR"
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "tree: $(cat "$ROOT/.device/commit" 2>/dev/null || echo unknown)"
+    echo "cpus: $(nproc); $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p')"
+    echo "threads per core: $(lscpu 2>/dev/null | sed -n 's/^Thread(s) per core: *//p')"
+    echo "memory: $(free -g 2>/dev/null | awk '/^Mem:/ {print $2 " GiB"}')"
+    echo "python: $("$PY" -V 2>&1); $(openssl version 2>/dev/null)"
+    "$PY" -c 'import garbled_core, spgc, ray, numpy; print("spgc", spgc.__version__, "from",
+        spgc.__file__, "| ray", ray.__version__, "| numpy", numpy.__version__)'
+} >"$WORK/machine.txt" 2>&1 || { cat "$WORK/machine.txt" >&2; die "the installed SPGC does not import"; }
+cat "$WORK/machine.txt" >>"$OUT/summary.txt"
+cat "$WORK/machine.txt" >&2
+
+# ---------------------------------------------------------------- the steps
+if [[ "$QUICK" == 1 ]]; then
+    GC_INSTANCES=100000; GC_THREADS=1,2; GC_REPEAT=1
+    DIM=40000; K_BIG=2; POOL_KS="1 2"; DIM_ONLINE=100000; K_ONLINE=2
+else
+    GC_INSTANCES=4000000; GC_THREADS=1,2,4,8; GC_REPEAT=3
+    DIM=1000000; K_BIG=8; POOL_KS="1 2 4 8"; DIM_ONLINE=10000000; K_ONLINE=8
+fi
+
+# step NAME MAX_SECONDS ARGS...: one spgc command under min(MAX, what is left of the budget),
+# its JSON to NAME.json and its log to NAME.log in the results.
+step() {
+    local name="$1" max="$2" left
+    shift 2
+    left=$((BUDGET - (SECONDS - START) - 5))
+    if ((left < 30)); then
+        say "$name: skipped, ${left} s left of the budget"
+        return 0
+    fi
+    ((max < left)) || max=$left
+    say "$name: spgc $* (at most ${max} s)"
+    timeout --signal=INT --kill-after=10 "$max" "${SPGC[@]}" "$@" --json \
+        >"$WORK/$name.json" 2>"$WORK/$name.log"
+    local rc=$?
+    if ((rc != 0)); then
+        if ((rc == 124)); then say "$name: timed out at ${max} s; the end of its log:"
+        else say "$name: exit $rc; the end of its log:"; fi
+        tail -n 5 "$WORK/$name.log" | tee -a "$OUT/summary.txt" >&2
+    fi
+    bundle
+}
+
+step gc_plain 150 bench gc --insecure --threads "$GC_THREADS" --repeat "$GC_REPEAT" \
+    --instances "$GC_INSTANCES"
+step scale_k1 120 bench scale --dim "$DIM" --workers 1 --model
+step "scale_k$K_BIG" 90 bench scale --dim "$DIM" --workers "$K_BIG"
+for k in $POOL_KS; do
+    step "pool_k$k" 90 bench scale --mode preprocessed --dim "$DIM" --workers "$k"
+done
+step online_10m 150 bench scale --mode preprocessed --dim "$DIM_ONLINE" --workers "$K_ONLINE"
+step gc_tls 150 bench gc --tls-only --threads "$GC_THREADS" --repeat "$GC_REPEAT" \
+    --instances "$GC_INSTANCES"
+
+# ---------------------------------------------------------------- the summary
+WORK="$WORK" K_BIG="$K_BIG" "$PY" - <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
+import json, os, pathlib
+
+out = pathlib.Path(os.environ["WORK"])
+
+
+def load(name):
+    try:
+        return json.loads((out / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+for name in ("gc_plain", "gc_tls"):
+    log = out / f"{name}.log"
+    if load(name) is not None and log.exists():
+        lines = log.read_text().splitlines()
+        table = [i for i, line in enumerate(lines) if line.startswith("scheme")]
+        print(f"== {name} (the benchmark's table)")
+        print("\n".join(lines[table[0] if table else 0:]))
+k1, kb = load("scale_k1"), load(f"scale_k{os.environ['K_BIG']}")
+for r in (k1, kb):
+    if r:
+        print(f"== spgc round, {r['dim']:,} coordinates, K = {r['workers']}: "
+              f"{r['seconds_per_round']:.2f} s, {r['and_gates_per_second'] / 1e6:.1f} M AND/s, "
+              f"correct {r['correct']}")
+if k1 and kb:
+    print(f"   K = {kb['workers']} over K = 1: {k1['seconds_per_round'] / kb['seconds_per_round']:.2f}x")
+pools = [p for p in (load(f"pool_k{k}") for k in (1, 2, 4, 8)) if p]
+for p in pools:
+    print(f"== pool production, {p['dim']:,} samples, K = {p['workers']}: "
+          f"{p['samples_per_second']:,.0f} samples/s "
+          f"({p['samples_per_second'] / pools[0]['samples_per_second']:.2f}x K = "
+          f"{pools[0]['workers']}), correct {p['correct']}")
+o = load("online_10m")
+if o:
+    print(f"== preprocessed, {o['dim']:,} coordinates, K = {o['workers']}: offline "
+          f"{o['offline_seconds']:.1f} s, online round {o['online_seconds_per_round']:.2f} s, "
+          f"correct {o['correct']}")
+EOF
+bundle
+say "done: $OUT/summary.txt and $OUT/results.tar.gz"
