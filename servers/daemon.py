@@ -50,10 +50,10 @@ from spgc.servers.noise_pool import NoisePool
 from spgc.servers.peer import PeerServicer, config_differences
 from spgc.servers.pool_sync import NoiseProducer
 from spgc.servers.ray_workers import RayLane, WorkerTls, kill_worker, ray_get, start_workers
-from spgc.servers.state import PeerMismatchError, ServerState
+from spgc.servers.state import RPC_SLACK, PeerMismatchError, ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
-from spgc.wire.errors import FailedPreconditionError, is_unavailable
+from spgc.wire.errors import FailedPreconditionError, NotPairedError, WireError, is_unavailable
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import (
     LoopThread,
@@ -117,22 +117,13 @@ def _agree_on_lanes(channel: Any, lanes: int, workers: int, peer_name: str) -> N
         )
 
 
-def _send_json(channel: Any, obj: Any) -> None:
-    data = json.dumps(obj).encode()
-    channel.send(struct.pack("<I", len(data)) + data)
-    channel.flush()
-
-
-def _recv_json(channel: Any, limit: int = 1 << 20) -> Any:
-    (size,) = struct.unpack("<I", channel.recv(4))
-    if size > limit:
-        raise PeerMismatchError(f"the other server sent a {size}-byte message; at most {limit}")
-    return json.loads(channel.recv(size))
-
-
 def _host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def _join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class ServerDaemon:
@@ -187,6 +178,14 @@ class ServerDaemon:
         self._link_ready = threading.Event()
         self._gc_channels: list[Any] = []  # the data link: one connection per lane
         self._workers: list[Any] = []  # workers > 1: this server's Ray actors
+        # H2, workers > 1: H1's PairWorkers call links the workers this server started for the
+        # current pairing (generation: which start they belong to, so that a call still
+        # running for an earlier pairing reports nothing to the new one).
+        self._workers_lock = threading.Lock()
+        self._workers_generation = 0
+        self._workers_started = threading.Event()
+        self._workers_linked = threading.Event()
+        self._workers_link_error: str | None = None
         self._listener: Any = None
         self._peer_channel: grpc.Channel | None = None
         # Pairing with the other server (two-server modes): a lost peer is waited for and the
@@ -295,6 +294,7 @@ class ServerDaemon:
             self._align_with_peer,
             on_repair=self._repair_on_handshake,
             on_paired=self._paired,
+            link_workers=self._link_workers if self.cfg.workers > 1 else None,
         )
         cfg = self.cfg
         self.gate = ProviderGate(
@@ -460,9 +460,10 @@ class ServerDaemon:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
         tmp.replace(self.cfg.summary_path)  # readers never see half a file
 
-    def _open_link(self, role: str) -> PartyLink:
+    def _open_link(self, role: str, stub: peer_pb2_grpc.PeerStub | None = None) -> PartyLink:
         """The data link to the other server: an engine session on it, except in dng, which
-        only exchanges the two noisy shares over the raw channel (no garbled circuit)."""
+        only exchanges the two noisy shares over the raw channel (no garbled circuit).
+        ``stub``: H1's control channel to H2, which pairs the workers when workers > 1."""
         if self.cfg.mode == "dng":
             return PartyLink(role, self._gc_channels[0], None)
         lanes = [
@@ -471,13 +472,14 @@ class ServerDaemon:
         ]
         lanes[0].extra_lanes = lanes[1:]  # rounds run on every lane; a noise block on lane 0
         if self.cfg.workers > 1:
-            lanes[0].remote_lanes = self._pair_workers(role, self._gc_channels[0])
+            lanes[0].remote_lanes = self._pair_workers(role, stub)
         return lanes[0]
 
-    def _pair_workers(self, role: str, channel: Any) -> list[Any]:
+    def _pair_workers(self, role: str, stub: peer_pb2_grpc.PeerStub | None) -> list[Any]:
         """workers > 1: this server's Ray workers, each paired with the other server's worker of
-        the same index over its own TLS link (H1's listen, their addresses cross the data
-        link, H2's connect). Rounds then run on them (servers.ray_workers)."""
+        the same index over its own TLS link. H1's workers listen and H1 names their addresses
+        to H2 in a PairWorkers call on the control channel; H2's workers dial them while H2
+        answers it (_link_workers). Rounds then run on them (servers.ray_workers)."""
         self._stop_workers()
         tls = (
             WorkerTls(insecure=True)
@@ -486,6 +488,9 @@ class ServerDaemon:
                 str(self.tls.cert), str(self.tls.key), str(self.tls.ca), self.cfg.peer_name
             )
         )
+        with self._workers_lock:
+            self._workers_generation += 1
+            generation = self._workers_generation
         actors = start_workers(
             role,
             self.cfg.workers,
@@ -494,31 +499,124 @@ class ServerDaemon:
             self.cfg.ot_k,
             self.cfg.ray_address,
         )
-        self._workers = actors
         timeout = self.cfg.connect_timeout
+        with self._workers_lock:
+            if generation != self._workers_generation:  # reset meanwhile: a new pairing
+                for actor in actors:
+                    kill_worker(actor)
+                raise PeerLost("re-paired while starting the circuit workers")
+            self._workers = actors
+            self._workers_started.set()
         if role == "garbler":
+            assert stub is not None
             host, _ = _host_port(self.cfg.gc_address)
-            addresses = ray_get([a.listen.remote(host) for a in actors])
+            listening = ray_get([a.listen.remote(host) for a in actors])
             accepted = [a.accept.remote(timeout) for a in actors]
-            _send_json(channel, addresses)
+            request = peer_pb2.WorkerPairing(
+                run_id=self.state.run_id,
+                role=self.cfg.role,
+                workers=len(actors),
+                addresses=[_join_host_port(h, int(p)) for h, p in listening],
+            )
+            try:
+                answer = stub.PairWorkers(request, timeout=timeout + RPC_SLACK)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:  # it restarted or re-paired
+                    raise PeerLost(f"pairing the circuit workers: {_describe(exc)}") from None
+                raise PeerMismatchError(
+                    f"{self.cfg.peer_name} could not link its circuit workers to ours: "
+                    f"{_describe(exc)}"
+                ) from None
+            if answer.workers != len(actors):
+                raise PeerMismatchError(
+                    f"workers differ: {len(actors)} here, {answer.workers} at {self.cfg.peer_name}"
+                )
             ray_get(accepted)
         else:
-            addresses = _recv_json(channel)
-            if len(addresses) != len(actors):
-                raise PeerMismatchError("the other server named a different number of workers")
-            ray_get(
-                [
-                    a.connect.remote(h, int(p), timeout)
-                    for a, (h, p) in zip(actors, addresses, strict=True)
-                ]
-            )
+            self._wait_for_worker_links(generation, timeout + RPC_SLACK)
         log.info("%s: %d circuit worker pair(s) linked", self.cfg.role_name, len(actors))
         return [RayLane(a) for a in actors]
 
+    def _wait_for_worker_links(self, generation: int, timeout: float) -> None:
+        """H2: until H1's PairWorkers call has linked the workers of this ``generation``."""
+        deadline = time.monotonic() + timeout
+        while not self._workers_linked.wait(0.2):
+            if self.stop_event.is_set() or self._session.is_set():
+                raise PeerLost("the pairing ended while the circuit workers were linking")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.cfg.peer_name} did not name its circuit workers within {timeout:g} s"
+                )
+        with self._workers_lock:
+            if generation != self._workers_generation:
+                raise PeerLost("re-paired while the circuit workers were linking")
+            if self._workers_link_error is not None:
+                raise PeerMismatchError(self._workers_link_error)
+
+    def _link_workers(self, addresses: list[tuple[str, int]], workers: int, timeout: float) -> int:
+        """H2's side of PairWorkers (the Peer servicer calls it): once this server's workers of
+        the current pairing are up, worker i dials H1's worker i at ``addresses[i]``. Returns
+        the number of workers linked; a refusal is the caller's gRPC status: UNAVAILABLE when
+        the pairing ends meanwhile (H1 pairs again), FAILED_PRECONDITION when a worker cannot
+        connect (ports, firewall, certificates: retrying would not help)."""
+        if workers != self.cfg.workers:
+            raise FailedPreconditionError(
+                f"workers differ: {workers} at {self.cfg.peer_name}, {self.cfg.workers} here"
+            )
+        epoch = self.peer_servicer.epoch
+        deadline = time.monotonic() + timeout
+        while not self._workers_started.wait(0.2):
+            if (
+                self.stop_event.is_set()
+                or not self.peer_servicer.paired
+                or self.peer_servicer.epoch != epoch
+            ):
+                raise NotPairedError(
+                    f"{self.cfg.role_name} lost the pairing while its circuit workers started"
+                )
+            if time.monotonic() > deadline:
+                raise WireError(
+                    f"{self.cfg.role_name}'s circuit workers did not start within {timeout:g} s",
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                )
+        with self._workers_lock:
+            generation, actors = self._workers_generation, list(self._workers)
+        error = None
+        try:
+            ray_get(
+                [
+                    a.connect.remote(host, port, timeout)
+                    for a, (host, port) in zip(actors, addresses, strict=True)
+                ]
+            )
+        except Exception as exc:  # a worker could not connect, or died
+            # Ray's error carries the worker's traceback; its last line is the cause.
+            cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            error = (
+                f"{self.cfg.role_name}'s circuit workers could not connect to "
+                f"{self.cfg.peer_name}'s at {', '.join(f'{h}:{p}' for h, p in addresses)}: "
+                f"{cause}"
+            )
+        with self._workers_lock:
+            current = generation == self._workers_generation
+            if current:
+                self._workers_link_error = error
+                self._workers_linked.set()
+        if not current:  # reset meanwhile: those workers were stopped
+            raise NotPairedError(f"{self.cfg.role_name} lost the pairing while linking workers")
+        if error is not None:
+            raise FailedPreconditionError(error)
+        return len(actors)
+
     def _stop_workers(self) -> None:
-        for actor in self._workers:
+        with self._workers_lock:
+            self._workers_generation += 1
+            self._workers_started.clear()
+            self._workers_linked.clear()
+            self._workers_link_error = None
+            actors, self._workers = self._workers, []
+        for actor in actors:
             kill_worker(actor)
-        self._workers = []
 
     # ------------------------------------------------------------------ one server
 
@@ -858,7 +956,7 @@ class ServerDaemon:
             self._gc_channels = channels
             if session.is_set():
                 raise PeerLost(self._lost_reason)
-        self._link = self._open_link("garbler")
+        self._link = self._open_link("garbler", stub)
         self._link_ready.set()
         # Paired and linked: a loss from here on is waited for. (One before the link is up is
         # not: a data link that never connects must end the run, not repeat it forever.)

@@ -38,6 +38,7 @@ from spgc.wire import (
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import (
     FailedPreconditionError,
+    InvalidArgumentError,
     NotPairedError,
     PermissionDeniedError,
     UnauthenticatedError,
@@ -48,6 +49,32 @@ from spgc.wire.identity import peer_identity
 log = logging.getLogger(__name__)
 
 MAX_STATEMENT_BYTES = 4096  # a release statement is a few hundred bytes of JSON
+MAX_ADDRESS_BYTES = 300  # "host:port": a DNS name is at most 253 bytes
+
+
+def parse_worker_addresses(addresses: Any, workers: int) -> list[tuple[str, int]]:
+    """PairWorkers' ``addresses`` as (host, port) pairs, exactly ``workers`` of them, each
+    "host:port" or "[v6 host]:port" with a port in 1..65535; InvalidArgumentError otherwise."""
+    if len(addresses) != workers:
+        raise InvalidArgumentError(
+            f"WorkerPairing names {len(addresses)} worker address(es) for {workers} workers"
+        )
+    out = []
+    for i, address in enumerate(addresses):
+        host, _, port = address.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if (
+            len(address.encode()) > MAX_ADDRESS_BYTES
+            or not host
+            or not port.isdigit()
+            or not 1 <= int(port) <= 65535
+        ):
+            raise InvalidArgumentError(
+                f"WorkerPairing.addresses[{i}]={address[:64]!r} is not host:port (port 1..65535, "
+                f"at most {MAX_ADDRESS_BYTES} bytes)"
+            )
+        out.append((host, int(port)))
+    return out
 
 
 # TrainingConfig fields named otherwise in the servers' configuration (docs/CONFIG.md).
@@ -88,6 +115,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         align: Callable[[pb.RoundInfo], None],
         on_repair: Callable[[str], None] | None = None,
         on_paired: Callable[[], None] | None = None,
+        link_workers: Callable[[list[tuple[str, int]], int, float], int] | None = None,
     ) -> None:
         self.state = state
         self.peer_name = peer_name
@@ -99,6 +127,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         # the round in progress and goes back to its last checkpoint before answering.
         self.on_repair = on_repair
         self.on_paired = on_paired  # after each successful Handshake (the daemon's bookkeeping)
+        # workers > 1: (H1's worker addresses, H1's worker count, timeout s) -> this server's
+        # worker count, once each of its workers is linked to H1's of the same index.
+        self.link_workers = link_workers
         self.paired = False  # a Handshake agreed and nothing since says the peer is gone
         self.epoch = 0  # successful Handshakes so far (a new one: a new pairing)
         self._seeds: dict[int, bytes] = {}
@@ -460,6 +491,26 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             role=state.role,
             num_parameters=state.plan.dim,
             sha256=sha,
+        )
+
+    @abort_on_error
+    def PairWorkers(
+        self, request: peer_pb2.WorkerPairing, context: grpc.ServicerContext
+    ) -> peer_pb2.WorkerPairing:
+        # Not under self._lock: it waits for this server's workers to start and connect (up to
+        # the caller's deadline), and no round call comes before H1 has its answer.
+        self._check(context, request.run_id, request.role)
+        if self.link_workers is None:
+            raise FailedPreconditionError(
+                "this server runs the circuit in its own process (workers: 1): it has no "
+                "workers to link"
+            )
+        addresses = parse_worker_addresses(request.addresses, request.workers)
+        remaining = context.time_remaining()
+        timeout = RPC_SLACK if remaining is None else max(0.0, remaining - 1.0)
+        workers = self.link_workers(addresses, request.workers, timeout)
+        return peer_pb2.WorkerPairing(
+            run_id=self.state.run_id, role=self.state.role, workers=workers
         )
 
 

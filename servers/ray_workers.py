@@ -3,8 +3,9 @@ Ray cluster (``pip install 'spgc[ray]'``).
 
 A server with ``workers: K`` starts K Ray actors (:class:`LaneWorker`) on its cluster
 (``ray_address``; empty: a local one). Worker i of H1 listens on an ephemeral port of its node;
-the daemons exchange those addresses over their authenticated data link; worker i of H2
-connects, with the server certificates, so the two organisations share nothing but these paired
+H1's daemon names those addresses to H2's in a ``PairWorkers`` call on their control channel
+(the mutually authenticated Peer gRPC service); worker i of H2 connects, with the server
+certificates, so the two organisations share nothing but these paired
 TLS links (the RayFed pattern). Each worker pair then runs one lane of every round
 (:mod:`spgc.lanes`): the coordinates ``lane_ranges(d, K)[i]``, the sampler and the
 reconstruction, on its own engine session. The daemons keep intake, agreement, accounting, the
@@ -242,8 +243,8 @@ def connect_workers(
     garblers: Sequence[Any], evaluators: Sequence[Any], host: str, timeout: float = 30.0
 ) -> tuple[list[RayLane], list[RayLane]]:
     """Pair worker i of H1 with worker i of H2 (both clusters reachable from here: tests and
-    benchmarks; the daemons do the same across organisations, exchanging the addresses over
-    their data link). Returns the lanes of each side."""
+    benchmarks; the daemons do the same across organisations, H1 naming the addresses to H2 in a
+    PairWorkers call on their control channel). Returns the lanes of each side."""
     ray = _ray()
     if len(garblers) != len(evaluators):
         raise ValueError("both servers need the same number of workers")

@@ -194,6 +194,7 @@ def test_services_and_package() -> None:
         "CosignRelease",
         "SyncPool",
         "ProduceNoise",
+        "PairWorkers",
     }
 
 

@@ -4,6 +4,7 @@ Ray cluster gives the same vector as the embedded path; a lost worker fails the 
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 
 import numpy as np
@@ -107,8 +108,8 @@ def test_a_lost_worker_fails_the_round_on_both_servers(cluster):
 
 def test_servers_run_a_round_on_two_worker_pairs(cluster, tmp_path):
     """workers: 2 on both servers (one local Ray cluster stands in for both organisations'):
-    the daemons pair their workers over the data link, the round's circuit runs on them, and
-    both release the same noisy sum."""
+    the daemons pair their workers (PairWorkers on the control channel), the round's circuit
+    runs on them, and both release the same noisy sum."""
     from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
     from spgc.certs import make_dev_pki
@@ -204,3 +205,38 @@ def test_a_lost_worker_fails_the_round_which_is_counted_and_run_again(cluster, t
         assert daemon.state.steps == 1
         report = verify_ledger(tmp_path / sub / "ledger.jsonl")
         assert report.steps == 2 == daemon.state.releases  # the failed release counts too
+
+
+def test_h2_workers_that_cannot_reach_h1s_fail_the_pairing_on_both_sides(cluster, tmp_path):
+    """PairWorkers names addresses where nothing listens: H2's workers cannot connect, the call
+    is refused with FAILED_PRECONDITION naming the addresses (retrying would not help), and
+    H2's own side of the pairing stops with the same words."""
+    from test_server_daemon import PROVIDERS, bind_pair
+
+    from spgc.certs import make_dev_pki
+    from spgc.servers.state import PeerMismatchError
+    from spgc.wire.errors import FailedPreconditionError
+
+    pki = tmp_path / "pki"
+    make_dev_pki(pki / "good", ["h1", "h2", *PROVIDERS])
+    d1, d2 = bind_pair(pki, tmp_path, mode="spgc", workers=2)
+    closed = []
+    for _ in range(2):  # two ports that were free a moment ago
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            closed.append(("127.0.0.1", s.getsockname()[1]))
+    try:
+        with d2._workers_lock:
+            d2._workers_generation += 1
+            generation = d2._workers_generation
+            d2._workers = start_workers("evaluator", 2, WorkerTls(insecure=True))
+            d2._workers_started.set()
+        d2.peer_servicer.paired = True
+        with pytest.raises(FailedPreconditionError, match="could not connect to h1's at") as info:
+            d2.peer_servicer.link_workers(closed, 2, 5.0)
+        assert f"127.0.0.1:{closed[1][1]}" in info.value.message
+        with pytest.raises(PeerMismatchError, match="could not connect"):
+            d2._wait_for_worker_links(generation, 5.0)
+    finally:
+        d1.stop()
+        d2.stop()

@@ -24,6 +24,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from spgc.lanes import MAX_LANES
 from spgc.wire.chunks import DEFAULT_MAX_VECTOR_BYTES, MAX_CHUNK_BYTES
 from spgc.wire.errors import InvalidArgumentError, ResourceExhaustedError, WireError
 
@@ -181,6 +182,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.ModelDigest.version": COUNTER,
     "spgc.v1.ModelDigest.num_parameters": _LENGTH,
     "spgc.v1.ReleaseStatement.round": COUNTER,
+    "spgc.v1.WorkerPairing.workers": Bound(1, MAX_LANES),  # the server key `workers`
     # --- well-known types carried by the messages
     "google.protobuf.Timestamp.seconds": Bound(0, _MAX_TIMESTAMP_SECONDS),
     "google.protobuf.Timestamp.nanos": Bound(0, 999_999_999),

@@ -192,3 +192,15 @@ class ReleaseStatement(_message.Message):
     statement: bytes
     signature: bytes
     def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class WorkerPairing(_message.Message):
+    __slots__ = ("run_id", "role", "workers", "addresses")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    role: _aggregation_pb2.ServerRole
+    workers: int
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., workers: _Optional[int] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...

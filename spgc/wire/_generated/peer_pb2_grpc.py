@@ -78,6 +78,11 @@ class PeerStub:
                 request_serializer=spgc_dot_v1_dot_peer__pb2.NoiseBlock.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_peer__pb2.NoiseBlock.FromString,
                 _registered_method=True)
+        self.PairWorkers = channel.unary_unary(
+                '/spgc.v1.Peer/PairWorkers',
+                request_serializer=spgc_dot_v1_dot_peer__pb2.WorkerPairing.SerializeToString,
+                response_deserializer=spgc_dot_v1_dot_peer__pb2.WorkerPairing.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -140,6 +145,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PairWorkers(self, request, context):
+        """workers > 1: links the callee's circuit workers to the caller's (see WorkerPairing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +194,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.ProduceNoise,
                     request_deserializer=spgc_dot_v1_dot_peer__pb2.NoiseBlock.FromString,
                     response_serializer=spgc_dot_v1_dot_peer__pb2.NoiseBlock.SerializeToString,
+            ),
+            'PairWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.PairWorkers,
+                    request_deserializer=spgc_dot_v1_dot_peer__pb2.WorkerPairing.FromString,
+                    response_serializer=spgc_dot_v1_dot_peer__pb2.WorkerPairing.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +418,33 @@ class Peer:
             '/spgc.v1.Peer/ProduceNoise',
             spgc_dot_v1_dot_peer__pb2.NoiseBlock.SerializeToString,
             spgc_dot_v1_dot_peer__pb2.NoiseBlock.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PairWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spgc.v1.Peer/PairWorkers',
+            spgc_dot_v1_dot_peer__pb2.WorkerPairing.SerializeToString,
+            spgc_dot_v1_dot_peer__pb2.WorkerPairing.FromString,
             options,
             channel_credentials,
             insecure,
