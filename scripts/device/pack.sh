@@ -70,6 +70,19 @@ rm -rf "$tmp"/site/ray/{jars,rllib,serve,llm,tune,train,data}
 # The console scripts pip would write are not needed: SPGC starts Ray with ray.init.
 tar -C "$tmp/site" -cf - . | xz -T0 -6 >"$DEST/ray-site.tar.xz"
 
+# The engine compiles against OpenSSL 3's headers. The device image is not known to hold them
+# (it has the runtime libraries); run.sh unpacks these only where they are missing.
+ssl_include="$(printf '#include <openssl/ssl.h>\n' | "${CXX:-c++}" -x c++ -E - 2>/dev/null \
+    | sed -n 's|^# [0-9]* "\(.*\)/openssl/ssl.h".*|\1|p' | head -1)"
+[[ -n "$ssl_include" ]] || die "no OpenSSL headers here to pack (apt-get install libssl-dev)"
+ssl_dirs=("$ssl_include/openssl")
+conf="$(printf '#include <openssl/configuration.h>\n' | "${CXX:-c++}" -x c++ -E - 2>/dev/null \
+    | sed -n 's|^# [0-9]* "\(.*\)/openssl/configuration.h".*|\1|p' | head -1)"
+[[ -n "$conf" && "$conf" != "$ssl_include" ]] && ssl_dirs+=("$conf/openssl")
+mkdir -p "$tmp/ssl/include/openssl"
+for dir in "${ssl_dirs[@]}"; do cp -r "$dir"/. "$tmp/ssl/include/openssl/"; done
+tar -C "$tmp/ssl" -czf "$DEST/openssl-headers.tar.gz" include
+
 # The device gets the working tree without .git: say which tree it is.
 dirty=""
 [[ -z "$(git status --porcelain --untracked-files=no)" ]] || dirty=" with uncommitted changes"

@@ -49,10 +49,33 @@ mkdir -p "$SITE"
 tar -xJf "$ROOT/.device/ray-site.tar.xz" -C "$SITE" || die "unpacking Ray failed"
 export PYTHONPATH="$SITE"
 
+# OpenSSL's headers, from the pack where the image has none; the image's own runtime libraries.
+cmake_defs=()
+have_ssl_headers() {
+    printf '#include <openssl/ssl.h>\nint main(){return 0;}\n' \
+        | "${CXX:-c++}" -x c++ -std=c++17 -fsyntax-only "$@" - >/dev/null 2>&1
+}
+if [[ "${SPGC_DEVICE_PACKED_SSL:-0}" == 1 ]] || ! have_ssl_headers; then
+    ssl_dir="$(mktemp -d)"
+    tar -xzf "$ROOT/.device/openssl-headers.tar.gz" -C "$ssl_dir" || die "no packed OpenSSL headers"
+    lib() { ldconfig -p | sed -n "s|.*$1 (libc6,x86-64) => ||p" | head -1; }
+    ssl_lib="$(lib libssl.so.3)"
+    crypto_lib="$(lib libcrypto.so.3)"
+    [[ -n "$ssl_lib" && -n "$crypto_lib" ]] || die "no OpenSSL 3 runtime (libssl.so.3, libcrypto.so.3)"
+    have_ssl_headers -I"$ssl_dir/include" || die "the packed OpenSSL headers do not compile here"
+    cmake_defs=(
+        -C "cmake.define.OPENSSL_INCLUDE_DIR=$ssl_dir/include"
+        -C "cmake.define.OPENSSL_SSL_LIBRARY=$ssl_lib"
+        -C "cmake.define.OPENSSL_CRYPTO_LIBRARY=$crypto_lib"
+    )
+    say "OpenSSL: the packed headers with $ssl_lib"
+fi
+
 say "building SPGC (the engine with $(nproc) jobs)"
 export CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
 (cd "$ROOT" && "$PY" -m pip install --no-index --no-deps --no-build-isolation --no-compile \
-    --target "$SITE" .) >"$WORK/build.log" 2>&1 || { tail -n 40 "$WORK/build.log" >&2; die "build failed"; }
+    "${cmake_defs[@]}" --target "$SITE" .) >"$WORK/build.log" 2>&1 \
+    || { tail -n 40 "$WORK/build.log" >&2; die "build failed"; }
 # The module, not $SITE/bin/spgc: --target leaves bin/ as the first wheel with scripts made it.
 SPGC=("$PY" -m spgc.app.cli)
 
