@@ -186,6 +186,7 @@ class ServerDaemon:
         self._workers_started = threading.Event()
         self._workers_linked = threading.Event()
         self._workers_link_error: str | None = None
+        self._workers_linking = False  # a PairWorkers call took this pairing's workers
         self._listener: Any = None
         self._peer_channel: grpc.Channel | None = None
         # Pairing with the other server (two-server modes): a lost peer is waited for and the
@@ -580,6 +581,12 @@ class ServerDaemon:
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                 )
         with self._workers_lock:
+            if self._workers_linking:  # a second call for the same workers: keep the first's
+                raise FailedPreconditionError(
+                    f"{self.cfg.role_name}'s circuit workers are already linked (or linking) "
+                    "for this pairing"
+                )
+            self._workers_linking = True
             generation, actors = self._workers_generation, list(self._workers)
         error = None
         try:
@@ -614,6 +621,7 @@ class ServerDaemon:
             self._workers_started.clear()
             self._workers_linked.clear()
             self._workers_link_error = None
+            self._workers_linking = False
             actors, self._workers = self._workers, []
         for actor in actors:
             kill_worker(actor)

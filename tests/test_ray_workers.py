@@ -113,6 +113,7 @@ def test_servers_run_a_round_on_two_worker_pairs(cluster, tmp_path):
     from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
     from spgc.certs import make_dev_pki
+    from spgc.wire.errors import FailedPreconditionError
 
     pki = tmp_path / "pki"
     make_dev_pki(pki / "good", ["h1", "h2", *PROVIDERS])
@@ -131,6 +132,8 @@ def test_servers_run_a_round_on_two_worker_pairs(cluster, tmp_path):
             np.asarray(r2.noisy_sum_units, dtype=np.int64),
         )
         assert len(d1._workers) == len(d2._workers) == 2
+        with pytest.raises(FailedPreconditionError, match="already linked"):  # once a pairing
+            d2.peer_servicer.link_workers([("127.0.0.1", 1), ("127.0.0.1", 2)], 2, 1.0)
         # the circuit ran on the workers: the daemons' own data link carried no tables
         assert d1._gc_channels[0].counters()["tables"]["sent"] == 0
     finally:
@@ -237,6 +240,9 @@ def test_h2_workers_that_cannot_reach_h1s_fail_the_pairing_on_both_sides(cluster
         assert f"127.0.0.1:{closed[1][1]}" in info.value.message
         with pytest.raises(PeerMismatchError, match="could not connect"):
             d2._wait_for_worker_links(generation, 5.0)
+        # a second call for the same pairing is refused: the workers are never handed twice
+        with pytest.raises(FailedPreconditionError, match="already linked"):
+            d2.peer_servicer.link_workers(closed, 2, 5.0)
     finally:
         d1.stop()
         d2.stop()

@@ -119,6 +119,13 @@ step() {
     timeout --signal=INT --kill-after=10 "$max" "${SPGC[@]}" "$@" --json \
         >"$WORK/$name.json" 2>"$WORK/$name.log"
     local rc=$?
+    # A step cut short can leave its Ray cluster or its party processes behind; they would take
+    # cores from the next step. (A finished step has ended its own.)
+    if ((rc != 0)); then
+        pkill -9 -f "$SITE/ray/" 2>/dev/null
+        pkill -9 -f "ray::" 2>/dev/null
+        pkill -9 -f "multiprocessing.spawn" 2>/dev/null
+    fi
     if ((rc != 0)); then
         if ((rc == 124)); then say "$name: timed out at ${max} s; the end of its log:"
         else say "$name: exit $rc; the end of its log:"; fi
