@@ -661,7 +661,8 @@ class ProviderClient:
             self.step_epsilon = check_privacy(tc, cfg)
             self._x, self._y = self._load_data(tc)
             self.fixed_point = check_training_config(tc, cfg, len(self._x))
-            self._model = build_provider_model(tc, cfg).to(resolve_device(cfg.device))
+            device = resolve_device(cfg.device)
+            self._model = build_provider_model(tc, cfg).to(device)
         except ProviderRefusal as exc:
             self._decline(tc.run_id, str(exc))
             raise
@@ -669,13 +670,14 @@ class ProviderClient:
             derive_params(tc.noise_std_units)  # cached: the round itself should not pay for it
         self.training = tc
         log.info(
-            "joined run %s: mode %s, model %s (d=%d), %d local examples, B=%d units "
-            "(inflation %.5f), per-step epsilon %s at delta %g",
+            "joined run %s: mode %s, model %s (d=%d), %d local examples, gradients on %s, "
+            "B=%d units (inflation %.5f), per-step epsilon %s at delta %g",
             tc.run_id,
             pb.Mode.Name(tc.mode),
             tc.model,
             tc.num_parameters,
             len(self._x),
+            device.type,
             self.fixed_point.l2_bound_units,
             self.fixed_point.inflation,
             "n/a (no noise)" if self.step_epsilon is None else f"{self.step_epsilon:.4g}",

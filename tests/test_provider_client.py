@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import torch
 
 from spgc.certs import make_dev_pki
 from spgc.config import ConfigError, ProviderConfig, load_provider_config
@@ -306,11 +308,17 @@ def expected_rows(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 # ----------------------------------------------------------------------------- end to end
 
 
-def test_one_round_end_to_end(pki: Path, servers: Any, cancer: Any) -> None:
+def test_one_round_end_to_end(
+    pki: Path, servers: Any, cancer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     h1, h2 = servers()
     cfg = provider_config(pki, [h1, h2])  # loads its own part of the cancer dataset
+    caplog.set_level(logging.INFO)
     with client_for(cfg) as client:
         report = client.run_round()
+    # the operator sees where the gradients are computed (device: auto, no GPU here)
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert any(f"gradients on {want}," in r.getMessage() for r in caplog.records)
     assert report is not None and report.accepted
     assert report.round == ROUND and report.model_version == ROUND
 

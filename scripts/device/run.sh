@@ -14,6 +14,7 @@
 #   3. spgc bench scale --mode preprocessed --dim 1000000 --workers 1, 2, 4, 8   pool vs K
 #   4. spgc bench scale --mode preprocessed --dim 10000000 --workers 8   online round <= 60 s
 #   5. spgc bench gc --tls-only --threads 1,2,4,8 --repeat 3      the same lanes over TLS
+#   6. spgc demo --rounds 3 --keep   providers on the GPU (device: auto), end to end
 #
 # Two files land in $OUT (the device tool brings back at most 8): summary.txt, which the end of
 # the output repeats, and results.tar.gz (each step's JSON and log, the machine's description,
@@ -89,8 +90,9 @@ cd "$RUN_DIR"
     echo "threads per core: $(lscpu 2>/dev/null | sed -n 's/^Thread(s) per core: *//p')"
     echo "memory: $(free -g 2>/dev/null | awk '/^Mem:/ {print $2 " GiB"}')"
     echo "python: $("$PY" -V 2>&1); $(openssl version 2>/dev/null)"
-    "$PY" -c 'import garbled_core, spgc, ray, numpy; print("spgc", spgc.__version__, "from",
-        spgc.__file__, "| ray", ray.__version__, "| numpy", numpy.__version__)'
+    "$PY" -c 'import garbled_core, spgc, ray, numpy, torch; print("spgc", spgc.__version__, "from",
+        spgc.__file__, "| ray", ray.__version__, "| numpy", numpy.__version__, "| torch",
+        torch.__version__, "cuda", torch.cuda.is_available())'
 } >"$WORK/machine.txt" 2>&1 || { cat "$WORK/machine.txt" >&2; die "the installed SPGC does not import"; }
 cat "$WORK/machine.txt" >>"$OUT/summary.txt"
 cat "$WORK/machine.txt" >&2
@@ -144,6 +146,14 @@ done
 step online_10m 150 bench scale --mode preprocessed --dim "$DIM_ONLINE" --workers "$K_ONLINE"
 step gc_tls 150 bench gc --tls-only --threads "$GC_THREADS" --repeat "$GC_REPEAT" \
     --instances "$GC_INSTANCES"
+step demo_gpu 90 demo --rounds 3 --keep
+kept="$(sed -n 's/^demo files kept in //p' "$WORK/demo_gpu.log" 2>/dev/null | tail -1)"
+if [[ -n "$kept" && -d "$kept" ]]; then  # where each provider computed its gradients
+    grep -ho "joined run .*gradients on [a-z]*" "$kept"/*.log >"$WORK/demo_devices.txt" 2>/dev/null
+    sed 's/^/   provider /; s/joined run [^:]*: .*gradients on/gradients on/' \
+        "$WORK/demo_devices.txt" | tee -a "$OUT/summary.txt" >&2
+    bundle
+fi
 
 # ---------------------------------------------------------------- the summary
 WORK="$WORK" K_BIG="$K_BIG" "$PY" - <<'EOF' 2>&1 | tee -a "$OUT/summary.txt"
@@ -180,6 +190,10 @@ for p in pools:
           f"{p['samples_per_second']:,.0f} samples/s "
           f"({p['samples_per_second'] / pools[0]['samples_per_second']:.2f}x K = "
           f"{pools[0]['workers']}), correct {p['correct']}")
+demo = load("demo_gpu")
+if demo:
+    keys = ("finished", "rounds", "test_accuracy", "epsilon", "gc_bytes", "seconds")
+    print(f"== spgc demo (providers with device: auto): {({k: demo.get(k) for k in keys})}")
 o = load("online_10m")
 if o:
     print(f"== preprocessed, {o['dim']:,} coordinates, K = {o['workers']}: offline "
