@@ -66,7 +66,7 @@ def parse_worker_addresses(addresses: Any, workers: int) -> list[tuple[str, int]
         if (
             len(address.encode()) > MAX_ADDRESS_BYTES
             or not host
-            or not port.isdigit()
+            or not (port.isascii() and port.isdigit())
             or not 1 <= int(port) <= 65535
         ):
             raise InvalidArgumentError(

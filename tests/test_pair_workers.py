@@ -80,6 +80,7 @@ def test_addresses_are_host_port_pairs_one_per_worker() -> None:
         (["h:0"], 1, "is not host:port"),
         (["h:65536"], 1, "is not host:port"),
         (["h:-1"], 1, "is not host:port"),
+        (["h:\u0663"], 1, "is not host:port"),  # a digit, but not an ASCII one
         (["h:80", "h:port"], 2, "addresses[1]='h:port'"),
         (["h" * 300 + ":80"], 1, "at most 300 bytes"),
     ]
