@@ -87,6 +87,7 @@ tar -C "$tmp/ssl" -czf "$DEST/openssl-headers.tar.gz" include
 dirty=""
 [[ -z "$(git status --porcelain --untracked-files=no)" ]] || dirty=" with uncommitted changes"
 echo "commit $(git rev-parse --short HEAD)$dirty, packed $(date -u '+%Y-%m-%d %H:%M UTC')" >"$DEST/commit"
+echo "$PYVER" >"$DEST/python-version"
 
 wheels_mib=$(du -sm "$DEST" | cut -f1)
 tree_mib=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null \

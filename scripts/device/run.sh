@@ -41,6 +41,11 @@ die() { say "error: $*"; bundle; exit 1; }
 [[ -d "$ROOT/.device/wheels" && -f "$ROOT/.device/ray-site.tar.xz" ]] \
     || die "no .device/ pack: run bash scripts/device/pack.sh here and carry [\".device\"]"
 
+packed_for="$(cat "$ROOT/.device/python-version" 2>/dev/null)"
+here="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)"
+[[ "$packed_for" == "$here" ]] || die "the pack's wheels are for Python ${packed_for:-?}, \
+$PY here is ${here:-missing}: SPGC_DEVICE_PYTHON=$here bash scripts/device/pack.sh"
+
 # ---------------------------------------------------------------- install and build
 say "installing the packed wheels and Ray into $SITE"
 rm -rf "$SITE"
