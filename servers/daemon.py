@@ -49,7 +49,14 @@ from spgc.servers.metrics import MetricsServer, ServerMetrics
 from spgc.servers.noise_pool import NoisePool
 from spgc.servers.peer import PeerServicer, config_differences
 from spgc.servers.pool_sync import NoiseProducer
-from spgc.servers.ray_workers import RayLane, WorkerTls, kill_worker, ray_get, start_workers
+from spgc.servers.ray_workers import (
+    RayLane,
+    WorkerTls,
+    kill_worker,
+    ray_available,
+    ray_get,
+    start_workers,
+)
 from spgc.servers.state import RPC_SLACK, PeerMismatchError, ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
@@ -140,6 +147,11 @@ class ServerDaemon:
         self.plan = make_plan(cfg)
         if precompute is not None and cfg.mode != "preprocessed":
             raise ValueError(f"precompute fills a noise pool: mode is {cfg.mode}, not preprocessed")
+        if cfg.workers > 1 and not ray_available():  # say so now, not after pairing
+            raise ValueError(
+                f"workers: {cfg.workers} runs the circuit on Ray worker pairs, and Ray is not "
+                "installed: pip install 'spgc[ray]' (or set workers: 1)"
+            )
         if cfg.state_dir is not None:
             # Private: checkpoints, the seed journal and spilled shares live here.
             cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -165,3 +165,18 @@ def test_h2_refuses_at_once_when_the_pairing_ends_while_its_workers_start(tmp_pa
     finally:
         d1.stop()
         d2.stop()
+
+
+def test_workers_without_ray_is_refused_at_start(tmp_path, monkeypatch) -> None:
+    """workers > 1 on a machine without the Ray extra: the daemon refuses to start and says
+    how to install it, instead of failing only once paired with the other server."""
+    from test_server_daemon import PROVIDERS, _cfg
+
+    import spgc.servers.daemon as daemon_module
+    from spgc.certs import make_dev_pki
+
+    make_dev_pki(tmp_path / "pki" / "good", ["h1", "h2", *PROVIDERS])
+    monkeypatch.setattr(daemon_module, "ray_available", lambda: False)
+    cfg = _cfg(tmp_path / "pki", 1, tmp_path / "s1", mode="spgc", workers=2)
+    with pytest.raises(ValueError, match=r"pip install 'spgc\[ray\]' \(or set workers: 1\)"):
+        daemon_module.ServerDaemon(cfg)
