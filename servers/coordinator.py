@@ -280,7 +280,7 @@ class H1Driver(_RoundLoop):
         try:
             self.producer.sync()
             if not self.state.finished and self.state.plan.cfg.pool_produce:
-                self.producer.fill(self.producer.target, progress=True)
+                self.producer.fill(self.producer.training_target, progress=True)
             super().run()
         except PoolError as exc:
             try:
@@ -306,7 +306,9 @@ class H1Driver(_RoundLoop):
         self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
         if self.producer is not None and cfg.pool_produce:
             # The data link is idle while the providers compute: top the pool up meanwhile.
-            self.producer.fill(self.producer.target, until=lambda: state.intake_complete(t))
+            self.producer.fill(
+                self.producer.training_target, until=lambda: state.intake_complete(t)
+            )
         state.wait_intake_done(t, self.stop)
         if self.stop.is_set():
             return

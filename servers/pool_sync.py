@@ -107,6 +107,15 @@ class NoiseProducer:
         """Samples H1 keeps ready: pool_rounds rounds' worth."""
         return self.state.plan.cfg.pool_rounds * self.state.plan.dim
 
+    @property
+    def training_target(self) -> int:
+        """What a training run keeps ready: pool_rounds rounds' worth, but no more than the
+        rounds the run has left (a run of 2 rounds makes 2 rounds of noise, not 4; a round
+        that fails and runs again is topped up like any other)."""
+        cfg = self.state.plan.cfg
+        left = max(1, cfg.rounds - self.state.round)
+        return min(cfg.pool_rounds, left) * self.state.plan.dim
+
     def sync(self) -> None:
         """Both servers keep the blocks both hold and the later cursor (after a restart)."""
         theirs = self.peer.SyncPool(pool_state_message(self.state), timeout=RPC_SLACK)

@@ -128,7 +128,9 @@ class ServerConfig(_Schema):
     pool_dir: Path | None = Field(
         None, description="mode preprocessed: where the noise shares live (state_dir/noise-pool)"
     )
-    pool_rounds: int = Field(4, ge=1, description="preprocessed: rounds of noise H1 keeps ready")
+    pool_rounds: int = Field(
+        4, ge=1, description="preprocessed: rounds of noise H1 keeps ready (at most those left)"
+    )
     pool_block: int = Field(
         16384, ge=1, description="preprocessed: largest block one production run makes"
     )

@@ -92,6 +92,29 @@ def test_opened_value_is_s_plus_the_pooled_noise(pki, tmp_path, seeds):
         d2.stop()
 
 
+def test_a_run_keeps_no_more_noise_ready_than_it_has_rounds_left(pki, tmp_path, seeds):
+    """pool_rounds 4 in a run of 2 rounds: the servers make 2 rounds of noise, not 4 (the
+    offline phase of a short run, the demo's included, takes half the time), and use it all."""
+    d1, d2 = start_pair(
+        pki, tmp_path, mode="preprocessed", rounds=2, noise_multiplier=1.0, pool_rounds=4,
+        pool_block=100,
+    )  # fmt: skip
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        d = cfg.num_parameters
+        values = [np.full(d, 11, dtype=np.int64) for _ in PROVIDERS]
+        run_rounds((d1, d2), providers, 0, 2, values)
+        assert d1.wait(20) and d2.wait(20) and d1.error is None and d2.error is None
+        assert sum(n for _, n in seeds["garbler"]) == 2 * d
+        assert d1.state.pool.available == d2.state.pool.available == 0
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
 def test_empty_pool_without_production_fails_clearly(pki, tmp_path):
     d1, d2 = start_pair(
         pki,
