@@ -67,9 +67,11 @@ from spgc.wire.transport import (
     add_aio_health,
     add_health,
     add_servicer,
+    join_host_port,
     make_aio_server,
     make_channel,
     make_server,
+    split_host_port,
 )
 
 log = logging.getLogger(__name__)
@@ -122,15 +124,6 @@ def _agree_on_lanes(channel: Any, lanes: int, workers: int, peer_name: str) -> N
             f"workers differ: {workers} here, {their_workers} at {peer_name} (both servers must "
             "set the same number of circuit workers)"
         )
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _join_host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class ServerDaemon:
@@ -353,7 +346,7 @@ class ServerDaemon:
             self._set_paired_health(False)
         if self.cfg.role == 1 and not self.cfg.single_server:
 
-            self._listener = garbled_core.Listener(*_host_port(self.cfg.gc_address))
+            self._listener = garbled_core.Listener(*split_host_port(self.cfg.gc_address))
             self.gc_port = self._listener.port
         if cfg.metrics_port is not None:
             self._start_metrics()
@@ -493,7 +486,7 @@ class ServerDaemon:
         the same index over its own TLS link. H1's workers listen and H1 names their addresses
         to H2 in a PairWorkers call on the control channel; H2's workers dial them while H2
         answers it (_link_workers). Rounds then run on them (servers.ray_workers)."""
-        self._stop_workers()
+        generation = self._stop_workers()
         tls = (
             WorkerTls(insecure=True)
             if self.tls is None
@@ -501,9 +494,6 @@ class ServerDaemon:
                 str(self.tls.cert), str(self.tls.key), str(self.tls.ca), self.cfg.peer_name
             )
         )
-        with self._workers_lock:
-            self._workers_generation += 1
-            generation = self._workers_generation
         actors = start_workers(
             role,
             self.cfg.workers,
@@ -522,14 +512,14 @@ class ServerDaemon:
             self._workers_started.set()
         if role == "garbler":
             assert stub is not None
-            host, _ = _host_port(self.cfg.gc_address)
+            host, _ = split_host_port(self.cfg.gc_address)
             listening = ray_get([a.listen.remote(host) for a in actors])
             accepted = [a.accept.remote(timeout) for a in actors]
             request = peer_pb2.WorkerPairing(
                 run_id=self.state.run_id,
                 role=self.cfg.role,
                 workers=len(actors),
-                addresses=[_join_host_port(h, int(p)) for h, p in listening],
+                addresses=[join_host_port(h, int(p)) for h, p in listening],
             )
             try:
                 answer = stub.PairWorkers(request, timeout=timeout + RPC_SLACK)
@@ -627,7 +617,9 @@ class ServerDaemon:
             raise FailedPreconditionError(error)
         return len(actors)
 
-    def _stop_workers(self) -> None:
+    def _stop_workers(self) -> int:
+        """Stop this server's workers; returns the new generation (workers started from here
+        on belong to it, until the next stop)."""
         with self._workers_lock:
             self._workers_generation += 1
             self._workers_started.clear()
@@ -635,8 +627,10 @@ class ServerDaemon:
             self._workers_link_error = None
             self._workers_linking = False
             actors, self._workers = self._workers, []
+            generation = self._workers_generation
         for actor in actors:
             kill_worker(actor)
+        return generation
 
     # ------------------------------------------------------------------ one server
 
@@ -946,7 +940,7 @@ class ServerDaemon:
         self._handshake(stub, deadline)
         self._paired()
         if self._listener is None:  # closed after the last link was taken
-            host, _ = _host_port(self.cfg.gc_address)
+            host, _ = split_host_port(self.cfg.gc_address)
             self._listener = garbled_core.Listener(host, self.gc_port)
         # Only the peer's authenticated TLS connection is taken: anything else on the circuit
         # port (a scan, junk, another certificate, silence) is closed and logged, and the
@@ -1032,7 +1026,7 @@ class ServerDaemon:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no handshake from {self.cfg.peer_name}")
         epoch = self.peer_servicer.epoch
-        host, port = _host_port(self.cfg.gc_address)
+        host, port = split_host_port(self.cfg.gc_address)
         channels: list[Any] = []
         try:
             while len(channels) < self.cfg.gc_lanes:

@@ -45,6 +45,7 @@ from spgc.wire.errors import (
     abort_on_error,
 )
 from spgc.wire.identity import peer_identity
+from spgc.wire.transport import split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +62,16 @@ def parse_worker_addresses(addresses: Any, workers: int) -> list[tuple[str, int]
         )
     out = []
     for i, address in enumerate(addresses):
-        host, _, port = address.rpartition(":")
-        host = host.removeprefix("[").removesuffix("]")
-        if (
-            len(address.encode()) > MAX_ADDRESS_BYTES
-            or not host
-            or not (port.isascii() and port.isdigit())
-            or not 1 <= int(port) <= 65535
-        ):
+        try:
+            host, port = split_host_port(address)
+        except ValueError:
+            host, port = "", 0
+        if len(address.encode()) > MAX_ADDRESS_BYTES or port == 0:  # port 0 only to listen
             raise InvalidArgumentError(
                 f"WorkerPairing.addresses[{i}]={address[:64]!r} is not host:port (port 1..65535, "
                 f"at most {MAX_ADDRESS_BYTES} bytes)"
             )
-        out.append((host, int(port)))
+        out.append((host, port))
     return out
 
 

@@ -72,12 +72,16 @@ tar -C "$tmp/site" -cf - . | xz -T0 -6 >"$DEST/ray-site.tar.xz"
 
 # The engine compiles against OpenSSL 3's headers. The device image is not known to hold them
 # (it has the runtime libraries); run.sh unpacks these only where they are missing.
-ssl_include="$(printf '#include <openssl/ssl.h>\n' | "${CXX:-c++}" -x c++ -E - 2>/dev/null \
-    | sed -n 's|^# [0-9]* "\(.*\)/openssl/ssl.h".*|\1|p' | head -1)"
+# include_dir H: the directory the compiler finds openssl/H in (Debian puts configuration.h
+# in an arch-specific one).
+include_dir() {
+    printf '#include <openssl/%s>\n' "$1" | "${CXX:-c++}" -x c++ -E - 2>/dev/null \
+        | sed -n "s|^# [0-9]* \"\(.*\)/openssl/$1\".*|\1|p" | head -1
+}
+ssl_include="$(include_dir ssl.h)"
 [[ -n "$ssl_include" ]] || die "no OpenSSL headers here to pack (apt-get install libssl-dev)"
 ssl_dirs=("$ssl_include/openssl")
-conf="$(printf '#include <openssl/configuration.h>\n' | "${CXX:-c++}" -x c++ -E - 2>/dev/null \
-    | sed -n 's|^# [0-9]* "\(.*\)/openssl/configuration.h".*|\1|p' | head -1)"
+conf="$(include_dir configuration.h)"
 [[ -n "$conf" && "$conf" != "$ssl_include" ]] && ssl_dirs+=("$conf/openssl")
 mkdir -p "$tmp/ssl/include/openssl"
 for dir in "${ssl_dirs[@]}"; do cp -r "$dir"/. "$tmp/ssl/include/openssl/"; done

@@ -132,8 +132,6 @@ step() {
         pkill -9 -f "$SITE/ray/" 2>/dev/null
         pkill -9 -f "ray::" 2>/dev/null
         pkill -9 -f "multiprocessing.spawn" 2>/dev/null
-    fi
-    if ((rc != 0)); then
         if ((rc == 124)); then say "$name: timed out at ${max} s; the end of its log:"
         else say "$name: exit $rc; the end of its log:"; fi
         tail -n 5 "$WORK/$name.log" | tee -a "$OUT/summary.txt" >&2

@@ -81,7 +81,7 @@ from spgc.modes import TWO_SERVER_MODES
 from spgc.progress import Progress
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed
 from spgc.wire.tls import TlsFiles
-from spgc.wire.transport import make_channel
+from spgc.wire.transport import make_channel, split_host_port
 
 __all__ = [
     "BenchLoadError",
@@ -318,11 +318,11 @@ def _silent_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: threading
 
 
 def _junk_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: threading.Event) -> None:
-    host, _, port = spec["gc"].rpartition(":")
+    host, port = split_host_port(spec["gc"])
     while not stop.is_set():
         began = time.time()
         try:
-            with socket.create_connection((host, int(port)), timeout=2.0) as sock:
+            with socket.create_connection((host, port), timeout=2.0) as sock:
                 sock.sendall(os.urandom(256))
                 try:
                     outcome = "closed_by_server" if sock.recv(4096) == b"" else "answered"

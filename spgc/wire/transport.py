@@ -47,6 +47,21 @@ def _check_transport(tls: TlsFiles | None, insecure: bool, what: str) -> None:
         raise ValueError(f"cannot {what}: both TLS files and insecure=True were given")
 
 
+def split_host_port(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6 host]:port"`` as (host, port); ValueError unless the host is
+    non-empty and the port is 0..65535 in ASCII digits (0: any free port, for a listener)."""
+    host, _, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(f"{address[:64]!r} is not host:port (port 0..65535)")
+    return host, int(port)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """The inverse of :func:`split_host_port` (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _is_loopback(host: str) -> bool:
     host = host.strip("[]")
     if host == "localhost":
