@@ -51,7 +51,9 @@ def test_bench_load_small_run_with_hostile_actors():
     # every hostile call was refused, each the way it should be
     calls = result["hostile_calls"]
     assert result["hostile_calls_total"] > 0 and result["hostile_calls_answered_ok"] == 0
-    assert "gc_port_junk" in calls and "malformed_as_provider" in calls
+    # the measured rounds wait for every actor's first call (silent stream, junk, malformed
+    # as a provider), however short the rounds are (these take about 0.05 s)
+    assert {"silent_streams", "gc_port_junk", "malformed_as_provider"} <= set(calls), calls
     for kind, outcomes in calls.items():
         if kind != "after_last_round":  # the servers were stopping: anything goes
             # UNAVAILABLE: the actor's own connection not set up in time on a busy machine

@@ -10,7 +10,7 @@ replaced: ``encode`` returns a random clipped fixed-point total of the model's s
 announced encoding of random examples clipped to C) instead of computing gradients, so a
 provider costs little CPU.
 
-Rounds. The servers run ``1 + R`` rounds (``1 + 2R`` with ``--hostile``). Round 0 is a warm-up,
+Rounds. The servers run ``1 + R`` rounds (``2 + 2R`` with ``--hostile``). Round 0 is a warm-up,
 not counted: it opens as soon as the servers are paired and closes once every provider has
 connected and sent its share, so it measures start-up. A round's time is its period at H1: from
 H1's log line of round t-1 (written when t-1 is published) to that of round t, i.e. round t from
@@ -19,15 +19,17 @@ provider's share is in (min_providers is 90% of N; round_deadline is long, 30 s 
 provider). ``missed_providers`` counts provider-rounds whose share is not in the sum: N x R
 minus the agreed providers of the published rounds.
 
-Hostile actors (``--hostile K``): after the R quiet rounds, the next R rounds run while K actors
-of each of three kinds repeat their action every ``--hostile-interval`` seconds (default 0.5 s)
-from a separate process: a silent or slow SubmitShare stream from a certificate of the CA that
-is not a provider ("intruder"); a TCP connection to H1's garbled-circuit port sending junk
-(the port is closed once the servers are linked: a refused connection is counted as such); a
-malformed request (bytes that do not parse) to an Aggregator method, alternately as a provider
-(its own certificate) and as the intruder. The result counts every hostile call by how it was
-answered (gRPC status names, or what the TCP connection did); calls started after the last
-round's line (the servers were stopping) are counted apart, under ``after_last_round``.
+Hostile actors (``--hostile K``): after the R quiet rounds, one round (not counted) holds the
+providers until every actor has begun its first call, so that the next R rounds, however short,
+all run while K actors of each of three kinds repeat their action every ``--hostile-interval``
+seconds (default 0.5 s) from a separate process: a silent or slow SubmitShare stream from a
+certificate of the CA that is not a provider ("intruder"); a TCP connection to H1's
+garbled-circuit port sending junk (the port is closed once the servers are linked: a refused
+connection is counted as such); a malformed request (bytes that do not parse) to an Aggregator
+method, alternately as a provider (its own certificate) and as the intruder. The result counts
+every hostile call by how it was answered (gRPC status names, or what the TCP connection did);
+calls started after the last round's line (the servers were stopping) are counted apart, under
+``after_last_round``.
 
 Resources: the servers' peak resident set (VmHWM from /proc/PID/status, sampled while they run,
 and the kernel's ru_maxrss when they are reaped) and CPU seconds (user + system, from the
@@ -149,7 +151,12 @@ class LoadOptions:
 
     @property
     def total_rounds(self) -> int:
-        return 1 + self.rounds * (2 if self.hostile else 1)
+        return 2 + 2 * self.rounds if self.hostile else 1 + self.rounds
+
+    @property
+    def hostile_rounds(self) -> range:
+        """The rounds measured under the hostile actors (after the one that waits for them)."""
+        return range(2 + self.rounds, self.total_rounds)
 
 
 # ----------------------------------------------------------------------------- providers
@@ -164,8 +171,18 @@ class BenchProvider(ProviderClient):
     (``make_vectors``), the streamed submissions with their retries.
     """
 
+    #: (round, event): from that round on, take part only once the event is set
+    gate: tuple[int, threading.Event] | None = None
+
     def load_params(self, params: np.ndarray) -> None:
         """No local model: the gradients are random."""
+
+    def wait_for_round(self) -> Any | None:
+        """The real long poll; a round at or past the gate's waits for the gate to open."""
+        info = super().wait_for_round()
+        if info is not None and self.gate is not None and info.round >= self.gate[0]:
+            self.gate[1].wait()
+        return info
 
     def clipped_gradients(self, idx: np.ndarray) -> np.ndarray:
         """Random examples' "gradients" (standard normal), each clipped to C."""
@@ -221,6 +238,13 @@ def _run_provider(client: BenchProvider, emit: _Emitter) -> None:
         client.close()
 
 
+def _await_go(go: threading.Event) -> None:
+    for line in sys.stdin:
+        if line.strip() == "go":
+            go.set()
+            return
+
+
 def worker_main(spec_path: Path) -> int:
     """A worker process: its share of the providers, one thread each; events on stdout."""
     setup_logging("warning")
@@ -228,11 +252,16 @@ def worker_main(spec_path: Path) -> int:
     emit = _Emitter(sys.stdout)
     ds = load_dataset(spec["dataset"])  # once per worker: the providers share its arrays
     parts = max(1, min(int(spec["providers"]), len(ds.x_train)))
+    gate = None
+    if spec.get("gate_round") is not None:  # held there until the bench says "go"
+        gate = (int(spec["gate_round"]), threading.Event())
+        threading.Thread(target=_await_go, args=(gate[1],), daemon=True).start()
     threads = []
     for path, index in zip(spec["configs"], spec["indices"], strict=True):
         cfg = load_provider_config(path)
         data = split_among_providers(ds.x_train, ds.y_train, parts, index % parts)
         client = BenchProvider(cfg, data=data)
+        client.gate = gate
         threads.append(
             threading.Thread(target=_run_provider, args=(client, emit), name=cfg.name, daemon=True)
         )
@@ -254,6 +283,21 @@ class _Counts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.calls: list[tuple[str, str, float]] = []
+        self.acting: set[int] = set()  # the actor threads that have begun a call
+        self.changed = threading.Condition(self.lock)
+
+    def begin(self) -> float:
+        """An actor begins a call: its start time (wall clock)."""
+        with self.lock:
+            if threading.get_ident() not in self.acting:
+                self.acting.add(threading.get_ident())
+                self.changed.notify_all()
+        return time.time()
+
+    def wait_acting(self, actors: int, timeout: float) -> bool:
+        """Whether ``actors`` threads have each begun a call within ``timeout`` seconds."""
+        with self.lock:
+            return self.changed.wait_for(lambda: len(self.acting) >= actors, timeout)
 
     def add(self, kind: str, outcome: str, started: float) -> None:
         with self.lock:
@@ -301,7 +345,7 @@ def _silent_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: threading
             kind = "slow_streams" if slow else "silent_streams"
             c += 1
             call = channels[role].stream_unary(_AGGREGATOR + "SubmitShare", None, None)
-            done, began = threading.Event(), time.time()
+            done, began = threading.Event(), counts.begin()
             try:
                 call(_stalling(done, stop, slow), timeout=60)
                 outcome = "OK"
@@ -320,7 +364,7 @@ def _silent_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: threading
 def _junk_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: threading.Event) -> None:
     host, port = split_host_port(spec["gc"])
     while not stop.is_set():
-        began = time.time()
+        began = counts.begin()
         try:
             with socket.create_connection((host, port), timeout=2.0) as sock:
                 sock.sendall(os.urandom(256))
@@ -360,7 +404,7 @@ def _malformed_actor(i: int, spec: dict[str, Any], counts: _Counts, stop: thread
             payload = head + os.urandom(8 + c % 32)
             c += 1
             channel, path = channels[(name, role)], _AGGREGATOR + method
-            began = time.time()
+            began = counts.begin()
             try:
                 if shape == "unary":
                     channel.unary_unary(path, None, None)(payload, timeout=10)
@@ -405,6 +449,9 @@ def hostile_main(spec_path: Path) -> int:
     started = time.monotonic()
     for t in threads:
         t.start()
+    # Once every actor is at work, the bench lets the measured rounds begin.
+    acting = counts.wait_acting(len(threads), 60.0)
+    print(json.dumps({"event": "acting", "ok": acting}), flush=True)
     until = math.inf
     for line in sys.stdin:
         words = line.split()
@@ -590,6 +637,8 @@ def _write_workers(opts: LoadOptions, work: Path, provider_cfgs: list[Path]) -> 
             "providers": opts.providers,
             "configs": [str(provider_cfgs[i]) for i in indices],
             "indices": indices,
+            # the round that waits for the hostile actors
+            "gate_round": 1 + opts.rounds if opts.hostile else None,
         }
         path = work / f"worker-{w + 1}.json"
         path.write_text(json.dumps(spec))
@@ -622,6 +671,48 @@ def _tell(proc: subprocess.Popen, word: str) -> None:
     with contextlib.suppress(OSError, ValueError):  # it has ended already
         proc.stdin.write(word + "\n")
         proc.stdin.flush()
+
+
+def _await_ready(proc: subprocess.Popen, lines: queue.Queue[str], work: Path, limit: float) -> None:
+    """Waits for a helper process's ``{"event": "ready"}`` line."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        with contextlib.suppress(ValueError):
+            if json.loads(line).get("event") == "ready":
+                return
+    raise BenchLoadError(
+        f"the hostile actors' process was not ready within {limit:g} s; last log lines:\n"
+        + _tail(work / "hostile.log")
+    )
+
+
+def _hostile_acting(proc: subprocess.Popen, lines: queue.Queue[str], work: Path) -> bool:
+    """Whether the hostile process has said its actors are all at work (without waiting)."""
+    while True:
+        try:
+            line = lines.get_nowait()
+        except queue.Empty:
+            if proc.poll() is not None:
+                raise BenchLoadError(
+                    "the hostile actors' process ended before acting; last log lines:\n"
+                    + _tail(work / "hostile.log")
+                ) from None
+            return False
+        with contextlib.suppress(ValueError):
+            ev = json.loads(line)
+            if ev.get("event") == "acting":
+                if not ev.get("ok"):
+                    raise BenchLoadError(
+                        "the hostile actors did not all begin within 60 s; last log lines:\n"
+                        + _tail(work / "hostile.log")
+                    )
+                return True
 
 
 def _how(code: int) -> str:
@@ -678,12 +769,6 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             proc = _start("spgc.servers", cfg, work, echo=False, out=sys.stderr)
             procs.append(proc)
             watches.append(_ServerWatch(f"h{i + 1}", proc))
-        clock["workers"] = time.monotonic()
-        for i, spec in enumerate(_write_workers(opts, work, provider_cfgs)):
-            proc = _spawn(["--worker", str(spec)], work, f"worker-{i + 1}.log")
-            workers.append(proc)
-            procs.append(proc)
-            threading.Thread(target=tally.read, args=(proc.stdout, n), daemon=True).start()
         if opts.hostile:
             listen1, gc = _server_address(server_cfgs[0])
             listen2, _ = _server_address(server_cfgs[1])
@@ -708,7 +793,18 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             threading.Thread(
                 target=lambda: [hostile_out.put(x) for x in hostile.stdout], daemon=True
             ).start()
+            # The actors must be able to act the moment the hostile rounds begin: rounds start
+            # only once providers are in, so the providers wait for the hostile process's
+            # imports (seconds on a busy machine, longer than two small rounds).
+            _await_ready(hostile, hostile_out, work, min(120.0, opts.timeout))
+        clock["workers"] = time.monotonic()
+        for i, spec in enumerate(_write_workers(opts, work, provider_cfgs)):
+            proc = _spawn(["--worker", str(spec)], work, f"worker-{i + 1}.log")
+            workers.append(proc)
+            procs.append(proc)
+            threading.Thread(target=tally.read, args=(proc.stdout, n), daemon=True).start()
         hostile_started_round: int | None = None
+        gate_open = False  # the providers held in the round before the hostile ones go on
         hostile_stopped = False
         total = opts.total_rounds
         h1_log = _H1Log(work / "h1.log")
@@ -731,6 +827,11 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             if hostile is not None and hostile_started_round is None and published > opts.rounds:
                 _tell(hostile, "go")
                 hostile_started_round = published
+            if hostile_started_round is not None and not gate_open:
+                gate_open = _hostile_acting(hostile, hostile_out, work)
+                if gate_open:
+                    for proc in workers:
+                        _tell(proc, "go")
             if hostile is not None and not hostile_stopped and published >= total:
                 # Calls started after the last round line met servers on their way out.
                 _tell(hostile, f"stop {times.get(total - 1, max(times.values()))}")
@@ -890,7 +991,7 @@ def _figures(
         "load_average_before": clock["load"],
     }
     if opts.hostile:
-        hot = phase(range(1 + r, 1 + 2 * r))
+        hot = phase(opts.hostile_rounds)
         counts = (hostile or {}).get("counts", {})
         out.update(
             {
