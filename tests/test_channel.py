@@ -438,7 +438,7 @@ def test_silent_connection_does_not_hold_up_the_peer(gc_pki):
         time.sleep(0.1)  # the listener has taken it and is waiting for its ClientHello
         start = time.monotonic()
         _peer_exchange(listener.port, cfg("h2", "h1"))
-        assert time.monotonic() - start < 2
+        assert time.monotonic() - start < 5  # not held up for the silent one's 8 s
         assert bg.result() == b"hello"
         assert refusals.calls == [
             (silent_addr, "closed unauthenticated: the peer authenticated on another connection")
@@ -540,7 +540,7 @@ def test_tls_accept_timeout_without_connections(gc_pki):
     start = time.monotonic()
     with pytest.raises(_core.ChannelTimeoutError, match=r"within 0.3 s \(0 connections refused\)$"):
         listener.accept(tls=cfg("h1", "h2"), timeout=0.3)
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 5
     assert listener.refused == 0
     listener.close()
 

@@ -7,8 +7,6 @@ asserting they agree. tests/test_gadgets.py reuses both.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -533,8 +531,8 @@ def test_native_circuit_agrees_with_description():
 # ---------------------------------------------------------------------------- speed
 
 
-def test_building_large_circuit_is_fast():
-    start = time.perf_counter()
+def test_building_a_large_circuit():
+    # (how fast it builds is for benchmarks, not a timed test on a shared machine)
     b = CircuitBuilder("big")
     x = b.input("x", "garbler", 32)
     y = b.input("y", "evaluator", 32)
@@ -543,7 +541,5 @@ def test_building_large_circuit_is_fast():
         acc = b.xor(b.add(acc, y), b.rotl(x, i))
     b.output("o", acc)
     desc = b.description()
-    elapsed = time.perf_counter() - start
     assert len(desc.gates) > 100_000
     assert desc.and_count == 600 * 31
-    assert elapsed < 2.0, f"building took {elapsed:.2f}s"

@@ -930,17 +930,25 @@ def _figures(
         )
         breakdown = {k: _percentile(v, 50) for k, v in sorted(parts.items())}
         breakdown["rest"] = _percentile(others, 50)
-        # CPU seconds per round (sampled when H1's round line appears: +- 0.1 s)
+        # CPU seconds per round (sampled when H1's round line appears: +- 0.1 s; when no round
+        # has samples at both ends, the mean over the sampled span)
         # (machine: every process on every core; others: the machine less this benchmark's
         # processes, i.e. whatever else ran meanwhile)
         spent: dict[str, list[float]] = {}
+
+        def add(a: int, b: int) -> None:  # rounds a..b-1, per round
+            delta = {who: (cpu[b][who] - cpu[a][who]) / (b - a) for who in cpu[a]}
+            ours = sum(v for who, v in delta.items() if who != "machine")
+            delta["others"] = max(0.0, delta["machine"] - ours)
+            for who, value in delta.items():
+                spent.setdefault(who, []).append(value)
+
         for t in rounds:
             if t in cpu and t + 1 in cpu:
-                delta = {who: cpu[t + 1][who] - cpu[t][who] for who in cpu[t]}
-                ours = sum(v for who, v in delta.items() if who != "machine")
-                delta["others"] = max(0.0, delta["machine"] - ours)
-                for who, value in delta.items():
-                    spent.setdefault(who, []).append(value)
+                add(t, t + 1)
+        sampled = sorted(k for k in cpu if rounds.start <= k <= rounds.stop)
+        if not spent and len(sampled) > 1:  # rounds shorter than the sampling: their mean
+            add(sampled[0], sampled[-1])
         cpu_round = {k: _percentile(v, 50) for k, v in spent.items() if any(v)}
         return {
             "seconds": [round(s, 3) for s in periods],
