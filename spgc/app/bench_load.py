@@ -793,9 +793,8 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             threading.Thread(
                 target=lambda: [hostile_out.put(x) for x in hostile.stdout], daemon=True
             ).start()
-            # The actors must be able to act the moment the hostile rounds begin: rounds start
-            # only once providers are in, so the providers wait for the hostile process's
-            # imports (seconds on a busy machine, longer than two small rounds).
+            # Its imports (seconds of CPU) done before the providers start, not during the
+            # quiet rounds they would slow down.
             _await_ready(hostile, hostile_out, work, min(120.0, opts.timeout))
         clock["workers"] = time.monotonic()
         for i, spec in enumerate(_write_workers(opts, work, provider_cfgs)):
