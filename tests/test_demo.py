@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from spgc.app.demo import _outgoing_port_range, free_ports
+
 SPGC = str(Path(sys.executable).parent / "spgc")  # the installed console script
 
 
@@ -27,25 +29,25 @@ def run_demo(*args: str, stderr: list[str] | None = None) -> dict:
     return json.loads(done.stdout)
 
 
-def _two_free_ports() -> int:
-    """N such that N and N + 1 are free (spgc demo --metrics-port N uses both)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise AssertionError("no two consecutive free ports")
+def test_free_ports_are_free_distinct_and_not_where_outgoing_connections_get_theirs():
+    low, high = _outgoing_port_range()
+    for consecutive in (False, True):
+        ports = free_ports(5, consecutive=consecutive)
+        assert len(set(ports)) == 5
+        if consecutive:
+            assert ports == list(range(ports[0], ports[0] + 5))
+        assert all(not low <= p <= high for p in ports), (ports, low, high)
+        socks = [socket.socket() for _ in ports]
+        try:
+            for sock, port in zip(socks, ports, strict=True):
+                sock.bind(("127.0.0.1", port))  # free, as promised
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 def test_demo_trains_with_dp_over_tls(tmp_path):
-    port = _two_free_ports()
+    port = free_ports(2, consecutive=True)[0]
     err: list[str] = []
     summary = run_demo(
         "--rounds", "2", "--epsilon", "4", "--state-dir", str(tmp_path / "run"),

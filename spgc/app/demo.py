@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -84,15 +85,50 @@ class DemoOptions:
     metrics_port: int | None = None
 
 
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
+def _outgoing_port_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (Linux's setting; else IANA's range)."""
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def free_ports(count: int, *, consecutive: bool = False) -> list[int]:
+    """``count`` distinct local ports that are free now (``consecutive``: N, N + 1, ...).
+
+    The daemons bind them seconds later. Ports handed out by a bind to port 0 come from the
+    range the kernel also gives outgoing connections, any of which could take one meanwhile;
+    so they are drawn outside that range where there is room, where only another explicit
+    bind can take one.
+    """
+    low, high = _outgoing_port_range()
+    first_ports = range(10_000, 65_536 - count + 1)
+    outside = [p for p in first_ports if p + count - 1 < low or p > high]
+    held: list[socket.socket] = []
+    try:
+        for pool in (outside, list(first_ports)):
+            for _ in range(200 if pool else 0):
+                first = secrets.choice(pool)
+                wanted = [first + i for i in range(count)] if consecutive else [first]
+                if {s.getsockname()[1] for s in held} & set(wanted):
+                    continue
+                trial: list[socket.socket] = []
+                try:
+                    for port in wanted:
+                        trial.append(socket.socket())
+                        trial[-1].bind(("127.0.0.1", port))
+                except OSError:
+                    for sock in trial:
+                        sock.close()
+                    continue
+                held += trial
+                if len(held) >= count:
+                    return [s.getsockname()[1] for s in held[:count]]
+        raise OSError(f"found no {count} free local ports")
     finally:
-        for s in socks:
-            s.close()
+        for sock in held:
+            sock.close()
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
@@ -121,7 +157,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
     names = [f"p{i + 1}" for i in range(opts.providers)]
     certified = ["h1", "h2", *names, *opts.extra_certs]
     pki = None if opts.insecure else make_dev_pki(work / "pki", certified)
-    listen1, listen2, peer1, peer2, gc = _free_ports(5)
+    listen1, listen2, peer1, peer2, gc = free_ports(5)
     defaults = DATASET_DEFAULTS[opts.dataset]
 
     def tls(name: str) -> dict[str, str] | None:
