@@ -673,8 +673,10 @@ def _tell(proc: subprocess.Popen, word: str) -> None:
         proc.stdin.flush()
 
 
-def _await_ready(proc: subprocess.Popen, lines: queue.Queue[str], work: Path, limit: float) -> None:
-    """Waits for a helper process's ``{"event": "ready"}`` line."""
+def _await_event(
+    proc: subprocess.Popen, lines: queue.Queue[str], work: Path, name: str, limit: float
+) -> dict[str, Any]:
+    """The hostile process's next ``{"event": name, ...}`` line, within ``limit`` seconds."""
     end = time.monotonic() + limit
     while time.monotonic() < end:
         try:
@@ -684,35 +686,13 @@ def _await_ready(proc: subprocess.Popen, lines: queue.Queue[str], work: Path, li
                 break
             continue
         with contextlib.suppress(ValueError):
-            if json.loads(line).get("event") == "ready":
-                return
+            ev = json.loads(line)
+            if ev.get("event") == name:
+                return ev
     raise BenchLoadError(
-        f"the hostile actors' process was not ready within {limit:g} s; last log lines:\n"
+        f"the hostile actors' process said no {name!r} within {limit:g} s; last log lines:\n"
         + _tail(work / "hostile.log")
     )
-
-
-def _hostile_acting(proc: subprocess.Popen, lines: queue.Queue[str], work: Path) -> bool:
-    """Whether the hostile process has said its actors are all at work (without waiting)."""
-    while True:
-        try:
-            line = lines.get_nowait()
-        except queue.Empty:
-            if proc.poll() is not None:
-                raise BenchLoadError(
-                    "the hostile actors' process ended before acting; last log lines:\n"
-                    + _tail(work / "hostile.log")
-                ) from None
-            return False
-        with contextlib.suppress(ValueError):
-            ev = json.loads(line)
-            if ev.get("event") == "acting":
-                if not ev.get("ok"):
-                    raise BenchLoadError(
-                        "the hostile actors did not all begin within 60 s; last log lines:\n"
-                        + _tail(work / "hostile.log")
-                    )
-                return True
 
 
 def _how(code: int) -> str:
@@ -795,7 +775,7 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             ).start()
             # Its imports (seconds of CPU) done before the providers start, not during the
             # quiet rounds they would slow down.
-            _await_ready(hostile, hostile_out, work, min(120.0, opts.timeout))
+            _await_event(hostile, hostile_out, work, "ready", min(120.0, opts.timeout))
         clock["workers"] = time.monotonic()
         for i, spec in enumerate(_write_workers(opts, work, provider_cfgs)):
             proc = _spawn(["--worker", str(spec)], work, f"worker-{i + 1}.log")
@@ -803,7 +783,6 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             procs.append(proc)
             threading.Thread(target=tally.read, args=(proc.stdout, n), daemon=True).start()
         hostile_started_round: int | None = None
-        gate_open = False  # the providers held in the round before the hostile ones go on
         hostile_stopped = False
         total = opts.total_rounds
         h1_log = _H1Log(work / "h1.log")
@@ -824,13 +803,17 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
                     "machine": _machine_busy_seconds(),
                 }
             if hostile is not None and hostile_started_round is None and published > opts.rounds:
+                # The providers hold in this round until every actor has begun (it says so
+                # within 60 s, or that it could not).
                 _tell(hostile, "go")
+                if not _await_event(hostile, hostile_out, work, "acting", 90.0).get("ok"):
+                    raise BenchLoadError(
+                        "the hostile actors did not all begin within 60 s; last log lines:\n"
+                        + _tail(work / "hostile.log")
+                    )
+                for proc in workers:
+                    _tell(proc, "go")
                 hostile_started_round = published
-            if hostile_started_round is not None and not gate_open:
-                gate_open = _hostile_acting(hostile, hostile_out, work)
-                if gate_open:
-                    for proc in workers:
-                        _tell(proc, "go")
             if hostile is not None and not hostile_stopped and published >= total:
                 # Calls started after the last round line met servers on their way out.
                 _tell(hostile, f"stop {times.get(total - 1, max(times.values()))}")

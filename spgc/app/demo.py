@@ -107,15 +107,12 @@ def free_ports(count: int, *, consecutive: bool = False) -> list[int]:
     outside = [p for p in first_ports if p + count - 1 < low or p > high]
     held: list[socket.socket] = []
     try:
-        for pool in (outside, list(first_ports)):
+        for pool in (outside, first_ports):
             for _ in range(200 if pool else 0):
                 first = secrets.choice(pool)
-                wanted = [first + i for i in range(count)] if consecutive else [first]
-                if {s.getsockname()[1] for s in held} & set(wanted):
-                    continue
                 trial: list[socket.socket] = []
-                try:
-                    for port in wanted:
+                try:  # a port held already fails to bind too
+                    for port in range(first, first + (count if consecutive else 1)):
                         trial.append(socket.socket())
                         trial[-1].bind(("127.0.0.1", port))
                 except OSError:
