@@ -163,6 +163,8 @@ def test_table_baseline_is_labelled_and_plot_is_written(tmp_path, capsys) -> Non
         (["--modes", "spgc", "ldp"], "unknown mode 'ldp'"),
         (["--calibration", "exact"], "calibration must be classic or analytic"),
         (["--delta", "2"], "delta must be in (0, 1)"),
+        (["--chunk", "-5"], "--chunk must be at least 1"),
+        (["--table-coordinates", "0"], "--table-coordinates must be at least 4"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_code_2(capsys, argv, message) -> None:

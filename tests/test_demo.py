@@ -109,6 +109,22 @@ def test_demo_refuses_unknown_mode_cleanly():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--epsilon", "0", "must be a finite number above 0"),
+        ("--epsilon", "nan", "must be a finite number above 0"),
+        ("--delta", "1", "must be below 1"),
+        ("--timeout", "-3", "must be a finite number above 0"),
+    ],
+)
+def test_demo_refuses_bad_numbers_before_starting_anything(option, value, message):
+    done = subprocess.run([SPGC, "demo", option, value], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert message in done.stderr and option in done.stderr
+    assert "h1.log" not in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("mode", ["plain", "only-mpc"])
 def test_demo_insecure_links_work(mode):
     """--insecure: providers name themselves in every request (no certificate to do it)."""

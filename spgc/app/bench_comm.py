@@ -793,6 +793,10 @@ def run(
         raise BenchCommError(f"cannot write the plot: directory {Path(plot).parent} does not exist")
     if not 1 <= workers <= MAX_LANES:
         raise BenchCommError(f"--workers must be in 1..{MAX_LANES}, got {workers}")
+    if chunk is not None and chunk < 1:
+        raise BenchCommError(f"--chunk must be at least 1, got {chunk}")
+    if table_coordinates is not None and table_coordinates < 4:
+        raise BenchCommError(f"--table-coordinates must be at least 4, got {table_coordinates}")
     ctx = make_context(dataset)
     out = sys.stderr if as_json else sys.stdout
     _progress(f"bench comm: {dataset}, d = {ctx.dim:,}, modes {', '.join(modes)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -44,6 +45,24 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0: {text!r}")
+    return value
+
+
+def _probability(text: str) -> float:
+    """A delta: strictly between 0 and 1."""
+    value = _positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be below 1: {text!r}")
     return value
 
 
@@ -233,14 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--mode", default="spgc", choices=list(TRAINING_MODES))
     demo.add_argument(
         "--epsilon",
-        type=float,
+        type=_positive_float,
         default=4.0,
         metavar="E",
         help="privacy budget for the whole training (default: 4)",
     )
-    demo.add_argument("--delta", type=float, default=1e-5)
+    demo.add_argument("--delta", type=_probability, default=1e-5)
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
-    demo.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     demo.add_argument(
         "--state-dir",
