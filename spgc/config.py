@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +29,7 @@ from spgc.lanes import MAX_LANES
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 from spgc.wire.tls import TlsFiles
+from spgc.wire.transport import split_host_port
 
 __all__ = [
     "LOG_LEVELS",
@@ -58,9 +58,19 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the file, key and value."""
 
 
+def _check_dial_address(key: str, value: str) -> None:
+    try:
+        port = split_host_port(value)[1]
+    except ValueError as e:
+        raise ValueError(f"{key}: {e}") from None
+    if port == 0:
+        raise ValueError(f"{key}={value!r}: port 0 cannot be dialled")
+
+
 class _Schema(BaseModel):
     # Unknown keys are refused: a misspelt key must never silently fall back to a default.
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # No inf or nan anywhere: "epsilon: .inf" must not read as "no privacy limit".
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class TlsPaths(_Schema):
@@ -299,6 +309,12 @@ class ServerConfig(_Schema):
             value = [v.strip() for v in value.split(",") if v.strip()]
         return value
 
+    @field_validator("listen", "peer_listen", "peer_address", "gc_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        split_host_port(value)  # ValueError naming the value; port 0 lets a listener pick
+        return value
+
     @field_validator("role", mode="before")
     @classmethod
     def _role(cls, value: Any) -> Any:
@@ -340,6 +356,10 @@ class ServerConfig(_Schema):
                 path = getattr(self.tls, key)
                 if not path.is_file():
                     raise ValueError(f"tls.{key}: {path} is not a file")
+        if not self.single_server:
+            _check_dial_address("peer_address", self.peer_address)
+        if not _NAME_RE.match(self.peer_name):
+            raise ValueError(f"peer_name={self.peer_name!r} is not a certificate name")
         if not self.providers:
             raise ValueError("providers: list the allowed provider names")
         if len(set(self.providers)) != len(self.providers):
@@ -523,6 +543,9 @@ class ProviderConfig(_Schema):
             )
         if not self.h1_address:
             raise ValueError("h1_address is required (H1, or the single server)")
+        for key in ("h1_address", "h2_address"):
+            if getattr(self, key):
+                _check_dial_address(key, getattr(self, key))
         for key in ("h1_name", "h2_name"):
             if not _NAME_RE.match(getattr(self, key)):
                 raise ValueError(f"{key}={getattr(self, key)!r} is not a certificate name")
@@ -543,8 +566,6 @@ class ProviderConfig(_Schema):
             raise ValueError(
                 f"provider_index must be in [0, {self.provider_count}), got {self.provider_index}"
             )
-        if self.max_step_epsilon is not None and not math.isfinite(self.max_step_epsilon):
-            raise ValueError(f"max_step_epsilon must be finite, got {self.max_step_epsilon}")
         if (
             self.max_step_epsilon is None
             and self.min_noise_multiplier is None
@@ -692,9 +713,7 @@ def _format(exc: ValidationError, schema: type[BaseModel], source: str, given: M
             known = sorted(schema.model_fields) if len(loc) == 1 else sorted(TlsPaths.model_fields)
             near = difflib.get_close_matches(loc[-1], known, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""
-            lines.append(
-                f"{source}: unknown key {key!r}{hint} (known keys: {', '.join(known)})"
-            )
+            lines.append(f"{source}: unknown key {key!r}{hint} (known keys: {', '.join(known)})")
             continue
         if not loc:  # a check across keys: the message names them
             lines.append(f"{source}: {msg}")

@@ -91,6 +91,25 @@ def test_key_path_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
         ("- a\n- b\n", [], r"the top level must be a mapping"),
         ("insecure: [\n", [], r"not valid YAML"),
         ("insecure: true\nproviders: [a, b]\n", ["rounds"], r"--set expects key=value"),
+        ("insecure: true\nproviders: [a, b]\n", ["listen=foo"], r"listen: 'foo' is not host:port"),
+        (
+            "insecure: true\nproviders: [a, b]\n",
+            ["gc_address=127.0.0.1:70000"],
+            r"gc_address: .*port 0..65535",
+        ),
+        (
+            "insecure: true\nproviders: [a, b]\n",
+            ["peer_address=127.0.0.1:0"],
+            r"peer_address=.*port 0 cannot be dialled",
+        ),
+        ("insecure: true\nproviders: [a, b]\n", ["peer_name="], r"peer_name='' is not a cert"),
+        # .inf must not read as "no privacy limit", nor .nan as a number
+        (
+            "insecure: true\nproviders: [a, b]\ntarget_epsilon: .inf\n",
+            [],
+            r"target_epsilon: .*finite",
+        ),
+        ("insecure: true\nproviders: [a, b]\n", ["target_delta=nan"], r"target_delta: .*finite"),
     ],
 )
 def test_errors_name_file_key_value_and_what_is_allowed(
@@ -115,6 +134,12 @@ def test_provider_nested_keys_flatten(tmp_path: Path) -> None:
     assert cfg.log_level == "debug"
     with pytest.raises(ConfigError, match=r"provider_index must be in \[0, 3\)"):
         load_provider_config(f, ["provider_index=3"])
+    with pytest.raises(ConfigError, match=r"h1_address: 'a' is not host:port"):
+        load_provider_config(f, ["h1_address=a"])
+    with pytest.raises(ConfigError, match=r"h2_address='b:0': port 0 cannot be dialled"):
+        load_provider_config(f, ["h2_address=b:0"])
+    with pytest.raises(ConfigError, match=r"max_total_epsilon: .*finite"):
+        load_provider_config(f, ["max_total_epsilon=inf"])
 
 
 def test_spgc_server_help_describes_every_option() -> None:
@@ -179,7 +204,9 @@ def test_grpc_core_quiet_unless_debug() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "ERROR"
     out = subprocess.run(
-        [sys.executable, "-c", code, "--log-level", "debug"], capture_output=True, text=True,
+        [sys.executable, "-c", code, "--log-level", "debug"],
+        capture_output=True,
+        text=True,
         env=env,
     )
     assert out.stdout.strip() == "None"
