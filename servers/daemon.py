@@ -147,7 +147,10 @@ class ServerDaemon:
             )
         if cfg.state_dir is not None:
             # Private: checkpoints, the seed journal and spilled shares live here.
-            cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"state_dir: cannot create {cfg.state_dir}: {e.strerror}") from e
             for stale in cfg.state_dir.glob("spgc-intake-*"):  # shares a crash left behind
                 shutil.rmtree(stale, ignore_errors=True)
         self.intake = ShareIntake(

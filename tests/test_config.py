@@ -196,6 +196,11 @@ def test_missing_state_dir_is_created_private(tmp_path: Path) -> None:
         assert state.is_dir() and (state.stat().st_mode & 0o777) == 0o700
     finally:
         daemon.intake.close()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    cfg = ServerConfig(insecure=True, providers=["p1"], min_providers=1, state_dir=blocked / "s")
+    with pytest.raises(ValueError, match=r"state_dir: cannot create .*file/s: Not a directory"):
+        ServerDaemon(cfg)
 
 
 def test_grpc_core_quiet_unless_debug() -> None:
