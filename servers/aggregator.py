@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import grpc
 
 from spgc import __version__
+from spgc.logs import printable
 from spgc.servers.intake import SubmissionRejected
 from spgc.servers.state import ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc
@@ -207,8 +208,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         seen["round"] = header.round
         who = self._identity(context, header.provider_id)
         seen["who"] = who
-        if header.run_id != self.state.run_id:
-            raise FailedPreconditionError(f"share for run {header.run_id!r}, not this run")
+        self._check_run(header.run_id)
         if header.server_role != self.state.role:
             # G = s1 - s2 mod 2^L: s1 is H1's, s2 H2's; a swapped share would negate the sum.
             raise InvalidArgumentError(
@@ -239,15 +239,16 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         receipt.accepted_at.GetCurrentTime()
         return receipt
 
+    def _check_run(self, run_id: str) -> None:
+        if run_id != self.state.run_id:  # the contract's "wrong run"
+            raise FailedPreconditionError(f"run {run_id[:80]!r} is not this server's run")
+
     @abort_on_error
     async def DeclinePlan(self, request: pb.DeclineRequest, context: Any) -> pb.DeclineReply:
         check_bounds(request)
         who = self._identity(context, request.provider_id)
-        reason = " ".join(request.reason.split())[:1000] or "(no reason given)"
-        if request.run_id != self.state.run_id:
-            raise WireError(
-                f"run {request.run_id!r} is not this server's run", grpc.StatusCode.NOT_FOUND
-            )
+        reason = printable(" ".join(request.reason.split())) or "(no reason given)"
+        self._check_run(request.run_id)
         self.state.note_declined(who, reason)
         log.warning("provider %s declined the plan of run %s: %s", who, request.run_id, reason)
         return pb.DeclineReply()
@@ -256,10 +257,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     async def FetchLedger(self, request: pb.LedgerRequest, context: Any) -> pb.LedgerReply:
         check_bounds(request)  # from_line: at most 2^63 - 1; past the end: no lines
         self._identity(context, request.provider_id)
-        if request.run_id != self.state.run_id:
-            raise WireError(
-                f"run {request.run_id!r} is not this server's run", grpc.StatusCode.NOT_FOUND
-            )
+        self._check_run(request.run_id)
         lines = self.state.ledger_lines()
         return pb.LedgerReply(lines=lines[request.from_line :], total_lines=len(lines))
 

@@ -9,7 +9,8 @@ an address), ``round`` and ``reason``, and event-specific fields. Events:
 ``start``                 the daemon serves (``run_id`` if known, ``round``, ``resumed``)
 ``resume``                a checkpoint was continued (``round``, ``version``, ``releases``)
 ``step_back``             one round ahead of the peer: back to the previous checkpoint
-``refused``               a provider call refused by the gate (``method``, ``code``, ``reason``)
+``refused``               a call refused by a gate: a provider's (identity, limits), or a Peer
+                          call from anyone but the other server (``method``, ``code``, ``reason``)
 ``share_refused``         a share refused by the intake or its checks (``round``, ``code``)
 ``circuit_refused``       a connection to the circuit port that did not authenticate
 ``provider_dropped``      a provider whose share reached this server but not both: left out
@@ -20,7 +21,10 @@ an address), ``round`` and ``reason``, and event-specific fields. Events:
 ``stop``                  the daemon stopped (``finished`` or ``failure``)
 ========================  ==============================================================
 
-No secret ever goes in: no share, seed, key or noise value; identities and reasons only.
+A refusal repeated by the same identity (or address) within 10 s is counted but not written:
+the next line written for it carries ``repeats``, how many were left out since its last line
+(the metrics count every one). No secret ever goes in: no share, seed, key or noise value;
+identities and reasons only.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from spgc.logs import RepeatLimiter
 
 __all__ = ["AuditLog"]
 
@@ -48,13 +54,16 @@ class AuditLog:
         self._lock = threading.Lock()
         self._file: Any = None
         self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
+        self._repeats = RepeatLimiter()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             self._file = os.fdopen(fd, "a", encoding="utf-8")
 
-    def record(self, event: str, **fields: Any) -> None:
-        """One event; ``fields`` with a None value are left out."""
+    def record(self, event: str, *, repeat_key: str | None = None, **fields: Any) -> bool:
+        """One event; ``fields`` with a None value are left out. With ``repeat_key`` (who
+        caused it) the event is written at most once per 10 s per (event, key); the listeners
+        see every one. Returns whether it was written (log it only then)."""
         now = time.time()
         entry = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
@@ -63,6 +72,14 @@ class AuditLog:
             "event": event,
             **{k: v for k, v in fields.items() if v is not None},
         }
+        if repeat_key is not None:
+            held = self._repeats.admit((event, repeat_key))
+            if held is None:
+                for listener in self._listeners:
+                    listener(event, entry)
+                return False
+            if held:
+                entry["repeats"] = held
         line = json.dumps(entry, sort_keys=True, default=str)
         log.debug("audit: %s", line)
         with self._lock:
@@ -71,9 +88,10 @@ class AuditLog:
                 self._file.flush()
         for listener in self._listeners:
             listener(event, entry)
+        return True
 
     def add_listener(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
-        """``listener(event, entry)`` is called after every event is written (metrics)."""
+        """``listener(event, entry)`` is called for every event, written or not (metrics)."""
         self._listeners.append(listener)
 
     def close(self) -> None:

@@ -44,7 +44,7 @@ from spgc.servers.curves import TrainingCurves
 from spgc.servers.faults import planned_fault
 from spgc.servers.gc_party import PartyLink, set_seed_journal
 from spgc.servers.intake import ShareIntake
-from spgc.servers.limits import ProviderGate, ProviderLimits
+from spgc.servers.limits import PeerGate, ProviderGate, ProviderLimits
 from spgc.servers.metrics import MetricsServer, ServerMetrics
 from spgc.servers.noise_pool import NoisePool
 from spgc.servers.peer import PeerServicer, config_differences
@@ -85,6 +85,13 @@ GC_HANDSHAKE_TIMEOUT = 10.0  # seconds a connection to the circuit port has to a
 PAIRED_HEALTH_SERVICE = "spgc.v1.Peer"
 PROBE_INTERVAL = 1.0  # seconds between two probes of the peer's pairing
 PROBE_FAILURES = 3  # unanswered probes in a row that mean the peer is gone
+
+
+def _host_of(who: str) -> str:
+    """A certificate name as is; an address without its port ("ipv4:10.0.0.7:51234" ->
+    "ipv4:10.0.0.7"): every connection has a port of its own, and repeats count per host."""
+    host, _, port = who.rpartition(":")
+    return host if host and port.isdigit() else who
 
 
 class PeerLost(Exception):
@@ -278,12 +285,17 @@ class ServerDaemon:
         self.state.config = self.plan.training_config(run_id)
 
     def _gc_refused(self, address: str, reason: str) -> None:
-        log.warning("circuit port: refused a connection from %s: %s", address, reason)
-        self.audit.record("circuit_refused", identity=address, reason=reason)
+        if self.audit.record(
+            "circuit_refused", repeat_key=_host_of(address), identity=address, reason=reason
+        ):
+            log.warning("circuit port: refused a connection from %s: %s", address, reason)
 
-    def _provider_refused(self, who: str, method: str, code: str, reason: str) -> None:
-        log.warning("refused %s from %s: %s", method, who, reason)
-        self.audit.record("refused", identity=who, method=method, code=code, reason=reason)
+    def _call_refused(self, who: str, method: str, code: str, reason: str) -> None:
+        if self.audit.record(
+            "refused", repeat_key=f"{_host_of(who)} {method} {code}", identity=who,
+            method=method, code=code, reason=reason,
+        ):  # fmt: skip
+            log.warning("refused %s from %s: %s", method, who, reason)
 
     def _get_link(self, timeout: float) -> PartyLink:
         if not self._link_ready.wait(timeout) or self._link is None:
@@ -316,7 +328,7 @@ class ServerDaemon:
             ),
             frozenset(cfg.providers),
             insecure,
-            on_refused=self._provider_refused,
+            on_refused=self._call_refused,
         )
         # The providers' server: asyncio, one event loop thread for every provider call (a
         # long poll is a coroutine, not a thread). Calls beyond the bound are refused, not
@@ -344,6 +356,7 @@ class ServerDaemon:
                 [partial(add_servicer, servicer=self.peer_servicer, service=PEER_SERVICE)],
                 self.tls,
                 insecure,
+                interceptors=[PeerGate(cfg.peer_name, insecure, on_refused=self._call_refused)],
             )
             self.peer_health = add_health(self.peer_server)
             self._set_paired_health(False)

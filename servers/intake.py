@@ -3,12 +3,15 @@
 A submission is checked before it can touch the sum: the round must be the open one, the
 provider known and not yet counted this round, the submission id never seen before (replays),
 the length equal to the model's parameter count, every chunk within the size limit and every
-value inside the ring. Chunks go to a private spill file as they arrive and are added to the
-in-memory sum only when the whole submission has passed, so a bad or broken stream leaves the
-round untouched and memory stays O(d) whatever the number of providers. A small share (at most
-``memory_share_bytes``, 64 KiB by default) is held in memory instead, up to ``memory_round_bytes``
-(256 MiB) per round, the rest spilled as before: creating a file per share cost about 0.5 ms of
-disk wait each on this project's test machine (ext4), on the path every provider takes.
+value inside the ring. A provider whose upload stalled (a lost connection the server has not
+noticed yet) may start again: the newer submission supersedes its unfinished one, which is
+refused with ABORTED if it ever goes on. Chunks go to a private spill file as they arrive and
+are added to the in-memory sum only when the whole submission has passed, so a bad or broken
+stream leaves the round untouched and memory stays O(d) whatever the number of providers. A
+small share (at most ``memory_share_bytes``, 64 KiB by default) is held in memory instead, up to
+``memory_round_bytes`` (256 MiB) per round, the rest spilled as before: creating a file per
+share cost about 0.5 ms of disk wait each on this project's test machine (ext4), on the path
+every provider takes.
 
 The spill files serve a second purpose: after the deadline the two servers agree on the
 providers whose shares BOTH received (SPEC step 6); a share that reached this server only must
@@ -37,6 +40,7 @@ FAILED_PRECONDITION = "FAILED_PRECONDITION"
 ALREADY_EXISTS = "ALREADY_EXISTS"
 PERMISSION_DENIED = "PERMISSION_DENIED"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+ABORTED = "ABORTED"
 
 _ADD_PIECE = 1 << 17  # values per read when adding a spill file to the sum (1 MiB)
 
@@ -56,7 +60,7 @@ class _Round:
     directory: Path
     total: np.ndarray
     spilled: dict[str, Path | bytes] = field(default_factory=dict)  # a file, or a small share
-    in_flight: set[str] = field(default_factory=set)
+    in_flight: dict[str, Submission] = field(default_factory=dict)  # the newest per provider
     closed: bool = False
     memory_bytes: int = 0  # shares held in memory (committed or on their way)
 
@@ -207,25 +211,29 @@ class ShareIntake:
         SubmissionRejected."""
         with self._lock:
             rnd = self._admit(provider, round_number, submission_id, length, ring_bits)
-            rnd.in_flight.add(provider)
             self._seen_ids.add((provider, bytes(submission_id)))
             held = self.in_memory and rnd.memory_bytes + 8 * length <= self.memory_round_bytes
             if held:
                 rnd.memory_bytes += 8 * length  # reserved; given back if never committed
+            submission = Submission(self, rnd, provider, round_number, length, held)
+            stalled = rnd.in_flight.get(provider)
+            if stalled is not None:
+                stalled.superseded = True  # its stream is refused at its next chunk or end
+            rnd.in_flight[provider] = submission
         if held:
-            return Submission(self, rnd, provider, round_number, length)
+            return submission
         path = rnd.directory / f"{len(rnd.spilled)}-{os.urandom(8).hex()}.share"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
-            with self._lock:
-                rnd.in_flight.discard(provider)
+            submission.discard()
             if self._round is rnd:
                 raise
             raise SubmissionRejected(
                 FAILED_PRECONDITION, f"round {round_number} was abandoned"
             ) from None
-        return Submission(self, rnd, provider, round_number, length, path, os.fdopen(fd, "wb"))
+        submission.spill_to(path, os.fdopen(fd, "wb"))
+        return submission
 
     def _admit(
         self, provider: str, round_number: int, submission_id: bytes, length: int, ring_bits: int
@@ -251,7 +259,7 @@ class ShareIntake:
             raise SubmissionRejected(INVALID_ARGUMENT, "submission id must be 1..64 bytes")
         if (provider, bytes(submission_id)) in self._seen_ids:
             raise SubmissionRejected(ALREADY_EXISTS, "this submission id was used before (replay)")
-        if provider in rnd.spilled or provider in rnd.in_flight:
+        if provider in rnd.spilled:
             raise SubmissionRejected(
                 ALREADY_EXISTS, f"provider {provider!r} already sent a share for round {rnd.number}"
             )
@@ -295,9 +303,10 @@ def _file_pieces(path: Path, size: int) -> Iterator[bytes]:
 
 class Submission:
     """One admitted share on its way in (:meth:`ShareIntake.begin`): chunks are checked and
-    spilled as they arrive (memory O(chunk)), or kept in memory for a small share (no
-    ``path``); :meth:`commit` adds the share to the round's sum once it is complete;
-    :meth:`discard` drops whatever was not committed."""
+    kept in memory for a small share (``held``, its bytes reserved in the round's memory
+    budget), else spilled as they arrive (memory O(chunk)) to the file :meth:`spill_to` gives;
+    :meth:`commit` adds the share to the round's sum once it is complete; :meth:`discard`
+    drops whatever was not committed."""
 
     def __init__(
         self,
@@ -306,17 +315,32 @@ class Submission:
         provider: str,
         round_number: int,
         length: int,
-        path: Path | None = None,
-        file: Any = None,
+        held: bool,
     ) -> None:
         self.intake, self.rnd, self.provider = intake, rnd, provider
-        self.round_number, self.length, self.path, self.file = round_number, length, path, file
-        self.buffer = bytearray() if file is None else None
+        self.round_number, self.length = round_number, length
+        self.path: Path | None = None
+        self.file: Any = None
+        self.buffer = bytearray() if held else None
         self.received = 0
         self.committed = self.done = False
+        self.superseded = False  # the provider began a newer submission for the round
+
+    def spill_to(self, path: Path, file: Any) -> None:
+        """Chunks go to ``path`` (open as ``file``); call once, before any chunk."""
+        self.path, self.file = path, file
+
+    def _check_current(self) -> None:
+        if self.superseded:
+            raise SubmissionRejected(
+                ABORTED,
+                f"provider {self.provider!r} began a newer submission for round "
+                f"{self.round_number}; this one no longer counts",
+            )
 
     def write(self, chunk: bytes) -> None:
         """One chunk of little-endian uint64 values; SubmissionRejected for a bad one."""
+        self._check_current()
         limit = self.intake.max_chunk_bytes
         if len(chunk) > limit:
             raise SubmissionRejected(
@@ -347,6 +371,7 @@ class Submission:
     def commit(self) -> None:
         """The whole share is in: add it to the round's sum (SubmissionRejected when it is
         short, or the round closed or was abandoned meanwhile)."""
+        self._check_current()
         if self.received != self.length:
             raise SubmissionRejected(
                 INVALID_ARGUMENT, f"share ended after {self.received:,} of {self.length:,} values"
@@ -363,6 +388,7 @@ class Submission:
                 raise self._abandoned_or(exc) from None
         intake, rnd = self.intake, self.rnd
         with intake._lock:
+            self._check_current()  # again: a newer one may have begun while this was read
             if rnd.closed or intake._round is not rnd:
                 raise SubmissionRejected(
                     FAILED_PRECONDITION,
@@ -383,7 +409,8 @@ class Submission:
         if not self.committed and self.path is not None:
             self.path.unlink(missing_ok=True)
         with self.intake._lock:
-            self.rnd.in_flight.discard(self.provider)
+            if self.rnd.in_flight.get(self.provider) is self:
+                del self.rnd.in_flight[self.provider]
             if not self.committed and self.buffer is not None:
                 self.rnd.memory_bytes -= 8 * self.length
 

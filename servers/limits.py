@@ -16,8 +16,10 @@ to the Aggregator service is checked first:
 
 Without TLS (``insecure``) identities are unauthenticated: the limits count per peer address.
 The server-to-server Peer service runs on its own gRPC server and port (``peer_listen``), so
-provider traffic can never starve it. The gate is a ``grpc.aio`` interceptor: it runs on the
-providers' server's event loop, so its counters need no lock.
+provider traffic can never starve it; its own gate (:class:`PeerGate`) refuses every
+certificate but the other server's before a request is read. The providers' gate is a
+``grpc.aio`` interceptor: it runs on the providers' server's event loop, so its counters
+need no lock.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import grpc
 
 from spgc.wire.identity import peer_identity
 
-__all__ = ["ProviderGate", "ProviderLimits"]
+__all__ = ["PeerGate", "ProviderGate", "ProviderLimits"]
 
 log = logging.getLogger(__name__)
 
 _GUARDED_PREFIX = "/spgc.v1.Aggregator/"
+_PEER_PREFIX = "/spgc.v1.Peer/"
 
 
 @dataclass(frozen=True)
@@ -213,3 +216,56 @@ class ProviderGate(grpc.aio.ServerInterceptor):
                 log.warning("cancelling a provider stream from %s: %s", context.peer(), reason)
                 await context.abort(grpc.StatusCode.CANCELLED, reason)
             yield message
+
+
+class PeerGate(grpc.ServerInterceptor):
+    """The interceptor of the Peer service's (threaded) gRPC server: with TLS, a caller whose
+    certificate name is not ``peer_name`` is refused with PERMISSION_DENIED (UNAUTHENTICATED
+    without a name) before its request is parsed, and reported to ``on_refused(identity,
+    method, code, reason)`` like a provider refusal. The servicer checks the role besides."""
+
+    def __init__(
+        self,
+        peer_name: str,
+        insecure: bool,
+        on_refused: Callable[[str, str, str, str], None] | None = None,
+    ) -> None:
+        self.peer_name = peer_name
+        self.insecure = insecure
+        self.on_refused = on_refused
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or not details.method.startswith(_PEER_PREFIX):
+            return handler
+        name = details.method[len(_PEER_PREFIX) :]
+        kinds = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+        kind = next(k for k in kinds if getattr(handler, k) is not None)
+        behaviour = getattr(handler, kind)
+
+        def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+            self._admit(name, context)
+            return behaviour(request, context)
+
+        make = getattr(grpc, f"{kind}_rpc_method_handler")
+        return make(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _admit(self, method: str, context: grpc.ServicerContext) -> None:
+        who = peer_identity(context)
+        if who is None and self.insecure:
+            return
+        if who is None:
+            who, code = context.peer(), grpc.StatusCode.UNAUTHENTICATED
+            reason = "no authenticated server certificate"
+        elif who != self.peer_name:
+            code = grpc.StatusCode.PERMISSION_DENIED
+            reason = f"{who!r} is not the peer server {self.peer_name!r}"
+        else:
+            return
+        if self.on_refused is not None:
+            self.on_refused(who, method, code.name, reason)
+        context.abort(code, reason)

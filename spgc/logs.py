@@ -13,10 +13,11 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
-__all__ = ["LOG_FORMAT", "quiet_grpc_core", "setup_logging"]
+__all__ = ["LOG_FORMAT", "RepeatLimiter", "printable", "quiet_grpc_core", "setup_logging"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -67,3 +68,39 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     # dp-accounting logs, through absl, every RDP order it drops for not converging: dozens
     # of lines per calibration that change nothing (the accountant uses the other orders).
     logging.getLogger("absl").setLevel(logging.DEBUG if debug else logging.ERROR)
+
+
+def printable(text: str, limit: int = 1000) -> str:
+    """``text`` safe for one log line: control characters (newlines, terminal escapes) as
+    ``\\xNN`` escapes, cut to ``limit`` characters. For what a remote party wrote."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return out if len(text) <= limit else out + "..."
+
+
+class RepeatLimiter:
+    """Lets one event per key through per ``window`` seconds: a peer repeating a refused call
+    hundreds of times a second must not fill the log and the disk. :meth:`admit` says how
+    many were held back since the last one let through, so nothing goes uncounted."""
+
+    MAX_KEYS = 4096  # distinct keys remembered (addresses are unbounded); then the oldest go
+
+    def __init__(self, window: float = 10.0) -> None:
+        self.window = window
+        self._lock = threading.Lock()
+        self._last: dict[Hashable, float] = {}  # key -> when one was last let through
+        self._held: dict[Hashable, int] = {}  # key -> held back since
+
+    def admit(self, key: Hashable) -> int | None:
+        """None: hold this one back; else let it through, and this many were held back."""
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.window:
+                self._held[key] = self._held.get(key, 0) + 1
+                return None
+            if last is None and len(self._last) >= self.MAX_KEYS:
+                oldest = min(self._last, key=self._last.__getitem__)
+                del self._last[oldest]
+                self._held.pop(oldest, None)
+            self._last[key] = now
+            return self._held.pop(key, 0)

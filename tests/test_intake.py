@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from spgc.servers.intake import (
+    ABORTED,
     ALREADY_EXISTS,
     FAILED_PRECONDITION,
     INVALID_ARGUMENT,
@@ -146,6 +147,42 @@ def test_stream_failing_midway_leaves_no_trace(intake):
     submit(intake, "p2", random_share(6))  # it may try again with a new submission id
     intake.close_round()
     assert np.array_equal(intake.total(), random_share(6))
+
+
+def test_a_new_submission_supersedes_a_stalled_one(intake, tmp_path):
+    """A provider whose upload stalled (its connection lost, the server not yet aware) starts
+    again: the new submission counts; the stalled one is refused with ABORTED if it goes on,
+    leaves no file, and cannot end the new one's slot; a committed share still refuses more."""
+    values = random_share(7)
+    stalled = intake.begin("p1", 1, os.urandom(16), DIM, RING)
+    stalled.write(chunks_of(values)[0])
+    fresh = random_share(8)
+    submit(intake, "p1", fresh)  # not ALREADY_EXISTS: the stalled one is not a share yet
+    with pytest.raises(SubmissionRejected, match="newer submission") as late:
+        stalled.write(chunks_of(values)[1])
+    assert late.value.code == ABORTED
+    with pytest.raises(SubmissionRejected) as late_commit:
+        stalled.commit()
+    assert late_commit.value.code == ABORTED
+    stalled.discard()
+    with pytest.raises(SubmissionRejected) as dup:
+        submit(intake, "p1", random_share(9))
+    assert dup.value.code == ALREADY_EXISTS
+    assert intake.close_round() == {"p1"}
+    assert np.array_equal(intake.total(), fresh)
+    assert len(list(tmp_path.rglob("*.share"))) == (0 if intake.in_memory else 1)
+
+
+def test_a_stalled_submission_cannot_free_the_newer_ones_slot(intake):
+    first = intake.begin("p2", 1, os.urandom(16), DIM, RING)
+    second = intake.begin("p2", 1, os.urandom(16), DIM, RING)
+    first.discard()  # the stalled stream ends (idle timeout) while the newer one runs
+    for chunk in chunks_of(random_share(10)):
+        second.write(chunk)
+    second.commit()
+    second.discard()
+    assert intake.close_round() == {"p2"}
+    assert np.array_equal(intake.total(), random_share(10))
 
 
 def test_concurrent_submissions(intake):

@@ -17,11 +17,24 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from test_server_daemon import PROVIDERS, Provider, bind_pair, start_pair, wait_round_done
+from test_server_daemon import (
+    PROVIDERS,
+    Provider,
+    assert_round_used,
+    bind_pair,
+    start_pair,
+    wait_round_done,
+)
 from test_server_daemon import pki as pki  # the module's fixture: h1, h2, p1..p3 and x9
 
+from spgc.servers.audit import AuditLog
+from spgc.sharing import share
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import peer_pb2, peer_pb2_grpc
+from spgc.wire.identity import new_submission_id
+from spgc.wire.messages import share_messages
+from spgc.wire.tls import TlsFiles
+from spgc.wire.transport import make_channel
 
 
 def _audit(state_dir: Path) -> list[dict]:
@@ -37,7 +50,7 @@ def _silent(release: threading.Event) -> Iterator[pb.ShareChunk]:
 
 
 def test_a_non_provider_is_refused_before_any_message(pki: Path, tmp_path: Path) -> None:
-    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1)
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1, metrics_port=0)
     release = threading.Event()
     intruder = Provider(pki, "x9", (d1, d2))  # a certificate of the CA, not in `providers`
     try:
@@ -49,9 +62,14 @@ def test_a_non_provider_is_refused_before_any_message(pki: Path, tmp_path: Path)
             assert "'x9' is not a provider of this run" in info.value.details()
         # Refused at once: the handler never waited for the first message.
         assert time.monotonic() - started < 10
-        with pytest.raises(grpc.RpcError) as info:
-            intruder.hello(1)
-        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        for _ in range(30):  # a flood of refused calls is counted, not written line by line
+            with pytest.raises(grpc.RpcError) as info:
+                intruder.hello(1)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert d1.metrics is not None
+        refusals = d1.metrics.registry.get_sample_value(
+            "spgc_requests_refused_total", {"reason": "PERMISSION_DENIED"}
+        )
     finally:
         release.set()
         intruder.close()
@@ -66,6 +84,25 @@ def test_a_non_provider_is_refused_before_any_message(pki: Path, tmp_path: Path)
     }
     assert events[0]["event"] == "start" and events[-1]["event"] == "stop"
     assert all(e["server"] == "h1" and e["time"].endswith("Z") for e in events)
+    assert refusals == 31  # ... while the metrics count every one
+
+
+def test_a_repeated_refusal_is_written_once_per_window_with_the_count_left_out(
+    tmp_path: Path,
+) -> None:
+    seen: list[str] = []
+    audit = AuditLog(tmp_path / "audit.jsonl", "h1")
+    audit.add_listener(lambda event, entry: seen.append(event))
+    audit._repeats.window = 0.3
+    written = [audit.record("refused", repeat_key="x9 Hello", identity="x9") for _ in range(5)]
+    assert written == [True, False, False, False, False]
+    assert audit.record("refused", repeat_key="x9 SubmitShare", identity="x9")  # another kind
+    time.sleep(0.35)
+    assert audit.record("refused", repeat_key="x9 Hello", identity="x9")
+    audit.close()
+    lines = _audit(tmp_path)
+    assert [e.get("repeats") for e in lines] == [None, None, 4]
+    assert len(seen) == 7  # listeners (the metrics) see every event
 
 
 def test_one_provider_cannot_hold_the_server(pki: Path, tmp_path: Path) -> None:
@@ -104,6 +141,49 @@ def test_one_provider_cannot_hold_the_server(pki: Path, tmp_path: Path) -> None:
         d2.stop()
 
 
+def test_a_stalled_upload_can_be_started_again(pki: Path, tmp_path: Path) -> None:
+    """A provider whose upload stalls (its connection lost, say) submits again at once: the new
+    submission counts, the stalled stream is refused with ABORTED if it goes on, and the round
+    holds the provider's share exactly once."""
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1, round_deadline=6.0)
+    p1, p2 = (Provider(pki, n, (d1, d2)) for n in PROVIDERS[:2])
+    go_on = threading.Event()
+    try:
+        cfg = p1.wait_collecting(0)
+        values = np.arange(cfg.num_parameters, dtype=np.int64) - 20
+        a1, a2 = share(values, cfg.ring_bits)
+        msgs = list(share_messages(
+            a1, run_id=cfg.run_id, round_number=0, server_role=pb.SERVER_ROLE_H1,
+            ring_bits=cfg.ring_bits, submission_id=new_submission_id(), chunk_bytes=256,
+        ))  # fmt: skip
+        assert len(msgs) >= 3  # a header and at least two chunks
+
+        def stalling() -> Iterator[pb.ShareChunk]:
+            yield from msgs[:2]
+            go_on.wait(30)
+            yield from msgs[2:]
+
+        stalled = p1.stubs[1].SubmitShare.future(stalling(), timeout=30)
+        time.sleep(0.5)  # its header and first chunk are in
+        p1.submit(1, cfg, 0, a1)  # not ALREADY_EXISTS: nothing of p1's is counted yet
+        p1.submit(2, cfg, 0, a2)
+        go_on.set()
+        with pytest.raises(grpc.RpcError) as info:
+            stalled.result(timeout=10)
+        assert info.value.code() == grpc.StatusCode.ABORTED
+        assert "began a newer submission" in info.value.details()
+        other = np.full(cfg.num_parameters, 3, dtype=np.int64)
+        p2.submit_both(cfg, 0, other)
+        wait_round_done((d1, d2), 0)
+        assert_round_used((d1, d2), 0, ["p1", "p2"], values + other, (["p1", "p2"],) * 2)
+    finally:
+        go_on.set()
+        p1.close()
+        p2.close()
+        d1.stop()
+        d2.stop()
+
+
 def test_the_peer_service_has_its_own_port(pki: Path, tmp_path: Path) -> None:
     d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1)
     p = Provider(pki, "p1", (d1, d2))
@@ -114,10 +194,26 @@ def test_the_peer_service_has_its_own_port(pki: Path, tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as info:
             stub.RoundBarrier(peer_pb2.BarrierState(run_id="x", round=0), timeout=10)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # On the peer port a provider's certificate is refused before its request is read
+        # (min_providers 0 is out of bounds: that would be INVALID_ARGUMENT), and audited.
+        tls = TlsFiles.from_dir(pki / "good", "p1")
+        peer_port = make_channel(f"127.0.0.1:{d2.peer_port}", tls, server_name="h2")
+        try:
+            ask = peer_pb2.ProviderSet(run_id=d2.state.run_id, round=0, min_providers=0)
+            with pytest.raises(grpc.RpcError) as info:
+                peer_pb2_grpc.PeerStub(peer_port).AgreeProviders(ask, timeout=10)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "'p1' is not the peer server 'h1'" in info.value.details()
+        finally:
+            peer_port.close()
     finally:
         p.close()
         d1.stop()
         d2.stop()
+    refused = [e for e in _audit(tmp_path / "s2") if e["event"] == "refused"]
+    assert [(e["identity"], e["method"], e["code"]) for e in refused] == [
+        ("p1", "AgreeProviders", "PERMISSION_DENIED")
+    ]
 
 
 def test_junk_on_the_circuit_port_does_not_stop_h1(

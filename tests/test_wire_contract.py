@@ -451,7 +451,9 @@ def test_round_status_carries_a_small_model_when_asked(
     assert inline_model(np.zeros(INLINE_MODEL_BYTES // 8 + 1)) is None  # larger: FetchModel
 
 
-def test_real_servicer_bounds_without_add_servicer(tmp_path: Path) -> None:
+def test_real_servicer_bounds_without_add_servicer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The handlers check the bounds themselves too (servers registered the generated way)."""
 
     class Context:
@@ -494,6 +496,23 @@ def test_real_servicer_bounds_without_add_servicer(tmp_path: Path) -> None:
         with pytest.raises(AssertionError, match=r"ShareHeader\.round="):
             stream = messages(pb.ShareChunk(header=header))
             asyncio.run(servicer.SubmitShare(stream, Context()))
+        # A wrong run is FAILED_PRECONDITION (the contract), for every call that names one.
+        wrong = grpc.StatusCode.FAILED_PRECONDITION, "run 'nope' is not this server's run"
+        other_run = pb.LedgerRequest(run_id="nope", provider_id="p1")
+        with pytest.raises(AssertionError) as info:
+            asyncio.run(servicer.FetchLedger(other_run, Context()))
+        assert info.value.args[0] == wrong
+        decline = pb.DeclineRequest(run_id="nope", reason="x", provider_id="p1")
+        with pytest.raises(AssertionError) as info:
+            asyncio.run(servicer.DeclinePlan(decline, Context()))
+        assert info.value.args[0] == wrong
+        # What a provider writes reaches the log as one line, terminal escapes escaped.
+        hostile = pb.DeclineRequest(run_id=RUN, reason="a\n\x1b[31mFAKE\r" * 300, provider_id="p1")
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(servicer.DeclinePlan(hostile, Context()))
+        line = caplog.records[-1].getMessage()
+        assert "\x1b" not in line and "\r" not in line and "\n" not in line
+        assert "a \\x1b[31mFAKE" in line and line.endswith("...")
     finally:
         state.close()
         servicer.close()
