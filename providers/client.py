@@ -939,6 +939,12 @@ class ProviderClient:
         assert self.fixed_point is not None
         tc, fp = self.training, self.fixed_point
         self.load_params(params)
+        if 0 < tc.max_batch_size < len(batch):
+            raise RoundFailed(
+                f"a batch of {len(batch)} examples is larger than the {tc.max_batch_size} the "
+                "servers sized the ring for (their max_batch_size): this round is sat out, "
+                "as the sum of all shares could wrap around"
+            )
         limit = 2 ** (tc.ring_bits - 1) - 1
         if fp.max_abs_sum_units(len(batch)) > limit:
             raise RoundFailed(

@@ -61,6 +61,7 @@ from spgc.servers.state import RPC_SLACK, PeerMismatchError, ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import FailedPreconditionError, NotPairedError, WireError, is_unavailable
+from spgc.wire.identity import certificate_identity
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import (
     LoopThread,
@@ -302,10 +303,21 @@ class ServerDaemon:
             raise RuntimeError("the garbled-circuit link to the other server is not up")
         return self._link
 
+    def _own_name(self) -> str:
+        """The name the providers know this server by (ServerInfo.server_name): its
+        certificate's, which need not be h1/h2; the role's without TLS."""
+        if self.tls is None:
+            return self.cfg.role_name
+        try:
+            name = certificate_identity(self.tls.cert)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"tls.cert: cannot read {self.tls.cert}: {exc}") from None
+        return name or self.cfg.role_name
+
     def bind(self) -> ServerDaemon:
         """Bind the gRPC port (and, on H1, the GC listener); sets ``port``/``gc_port``."""
         insecure = self.cfg.insecure
-        self.aggregator = AggregatorServicer(self.state, self.cfg.role_name, insecure)
+        self.aggregator = AggregatorServicer(self.state, self._own_name(), insecure)
         self.peer_servicer = PeerServicer(
             self.state,
             self.cfg.peer_name,

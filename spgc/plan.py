@@ -57,6 +57,8 @@ class RunPlan:
     # The architecture (spgc.models.model_fingerprint): providers building their own model
     # check they built the same one.
     model_fingerprint: str = ""
+    # The largest local batch the ring is sized for (TrainingConfig.max_batch_size).
+    max_batch_size: int = 0
 
     @property
     def dim(self) -> int:
@@ -127,6 +129,7 @@ class RunPlan:
             model_fingerprint=self.model_fingerprint,
             # G = s1 - s2 mod 2^L (spgc.sharing.share): the rule providers must follow.
             sharing_rule=pb.SHARING_RULE_DIFFERENCE_MOD_2L,
+            max_batch_size=self.max_batch_size,
         )
 
 
@@ -208,7 +211,8 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     params = flatten_params(model)
     fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=len(params))
     k = len(cfg.providers)
-    bound = max_abs_sum_units(_max_batch(cfg), fp.l2_bound_units, providers=k)
+    max_batch = _max_batch(cfg)
+    bound = max_abs_sum_units(max_batch, fp.l2_bound_units, providers=k)
     sampling = _sampling(cfg)
     nm = _noise_multiplier(cfg, sampling)
     sigma_units = nm * fp.l2_bound_units
@@ -222,8 +226,9 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     return RunPlan(
-        cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model)
-    )
+        cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
+        max_batch,
+    )  # fmt: skip
 
 
 def build_run_model(cfg: ServerConfig) -> nn.Module:

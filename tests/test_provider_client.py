@@ -662,6 +662,24 @@ def test_fixed_batches_option(pki: Path, servers: Any, cancer: Any) -> None:
     assert report is not None and report.batch_size == 32 and report.accepted
 
 
+def test_a_batch_larger_than_the_ring_is_sized_for_sits_the_round_out(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """The servers size the ring for batches of max_batch_size: a provider whose batch is
+    larger sends nothing (the sum of all shares could wrap) rather than a share."""
+    tc = training_config(sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=32, max_batch_size=31)
+    h1, h2 = servers(config1=tc)
+    refused = pytest.raises(RoundFailed, match="larger than the 31 the servers sized the ring")
+    with client_for(provider_config(pki, [h1, h2]), data=cancer) as client, refused:
+        client.run_round()
+    assert not h1.servicer.accepted and not h2.servicer.accepted
+    tc = training_config(sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=32, max_batch_size=32)
+    h1, h2 = servers(config1=tc)
+    with client_for(provider_config(pki, [h1, h2]), data=cancer) as client:
+        report = client.run_round()
+    assert report is not None and report.batch_size == 32 and report.accepted
+
+
 def test_main_exit_codes(pki: Path, servers: Any, tmp_path: Path) -> None:
     h1, h2 = servers()
     h1.servicer.finish_after_share = True

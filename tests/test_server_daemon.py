@@ -536,3 +536,36 @@ def test_different_lane_counts_stop_both_servers_with_a_clear_error(pki, tmp_pat
     finally:
         d1.stop()
         d2.stop()
+
+
+def test_servers_with_their_own_certificate_names(tmp_path):
+    """Certificates need not be named h1/h2: each server announces the name in its own
+    certificate (ServerInfo.server_name), the one a provider's h1_name/h2_name expects."""
+    names = ("agg-a", "agg-b")
+    make_dev_pki(tmp_path / "pki", [*names, "p1"])
+    d = tmp_path / "pki"
+    daemons = []
+    for role, (own, other) in ((1, names), (2, names[::-1])):
+        tls = TlsPaths(cert=d / f"{own}.pem", key=d / f"{own}.key", ca=d / "ca.pem")
+        (tmp_path / own).mkdir()
+        cfg = _cfg(d.parent, role, tmp_path / own, tls=tls, peer_name=other)
+        daemons.append(ServerDaemon(cfg).bind())
+    d1, d2 = daemons
+    d1.cfg.peer_address = f"127.0.0.1:{d2.peer_port}"
+    d2.cfg.gc_address = f"127.0.0.1:{d1.gc_port}"
+    d2.start()
+    d1.start()
+    tls = TlsFiles.from_dir(d, "p1")
+    try:
+        for daemon, name in zip(daemons, names, strict=True):
+            channel = make_channel(f"127.0.0.1:{daemon.port}", tls, server_name=name)
+            try:
+                info = aggregation_pb2_grpc.AggregatorStub(channel).Hello(
+                    pb.HelloRequest(protocol_version=1), timeout=10
+                )
+            finally:
+                channel.close()
+            assert info.server_name == name and info.provider_id == "p1"
+    finally:
+        d1.stop()
+        d2.stop()

@@ -7,8 +7,11 @@ import ipaddress
 import re
 import secrets
 from collections.abc import Container, Sequence
+from pathlib import Path
 
 import grpc
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from spgc.wire.errors import InvalidArgumentError, PermissionDeniedError, UnauthenticatedError
 
@@ -23,21 +26,13 @@ def _decoded(values: Sequence[bytes] | None) -> list[str]:
     return [v.decode("utf-8", "replace") for v in values or ()]
 
 
-def peer_identity(context: grpc.ServicerContext) -> str | None:
-    """The name in the client's verified certificate, or None (plaintext, or no certificate).
-
-    The common name when the certificate has exactly one; otherwise the only DNS name of the
-    subject alternative names besides "localhost" (IP addresses skipped). gRPC fills the auth
-    context only from a certificate that verified against the server's CA.
-    """
-    auth = context.auth_context()
-    if _decoded(auth.get("transport_security_type")) != ["ssl"]:
-        return None
-    common = _decoded(auth.get("x509_common_name"))
+def _identity_of(common: Sequence[str], alternative: Sequence[str]) -> str | None:
+    """The common name when there is exactly one; otherwise the only DNS name of the subject
+    alternative names besides "localhost" (IP addresses skipped); else None."""
     if len(common) == 1 and common[0]:
         return common[0]
     names = []
-    for san in _decoded(auth.get("x509_subject_alternative_name")):
+    for san in alternative:
         try:
             ipaddress.ip_address(san)
             continue
@@ -46,6 +41,32 @@ def peer_identity(context: grpc.ServicerContext) -> str | None:
         if san.lower() != "localhost":
             names.append(san)
     return names[0] if len(names) == 1 else None
+
+
+def peer_identity(context: grpc.ServicerContext) -> str | None:
+    """The name in the client's verified certificate, or None (plaintext, or no certificate),
+    by the rule of :func:`_identity_of`. gRPC fills the auth context only from a certificate
+    that verified against the server's CA."""
+    auth = context.auth_context()
+    if _decoded(auth.get("transport_security_type")) != ["ssl"]:
+        return None
+    return _identity_of(
+        _decoded(auth.get("x509_common_name")),
+        _decoded(auth.get("x509_subject_alternative_name")),
+    )
+
+
+def certificate_identity(cert_pem: Path) -> str | None:
+    """The name this party's own certificate (the first in the PEM file) gives it, by the same
+    rule as :func:`peer_identity`: what the other parties see it as."""
+    cert = x509.load_pem_x509_certificate(Path(cert_pem).read_bytes())
+    common = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        alternative = [str(v) for v in san.get_values_for_type(x509.DNSName)]
+    except x509.ExtensionNotFound:
+        alternative = []
+    return _identity_of(common, alternative)
 
 
 def caller_identity(
