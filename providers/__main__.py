@@ -12,6 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+import grpc
+
 from spgc.config import ConfigError, add_daemon_arguments, load_provider_config
 from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
@@ -76,6 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (TimeoutError, OSError, ValueError, *DATA_ERRORS) as exc:
         log.error("%s", exc)
+        return 1
+    except grpc.RpcError as exc:  # a refusal no step expects (e.g. removed from `providers`)
+        code = exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        log.error("a server refused a call: %s: %s", code, details)
         return 1
     finally:
         if "bar" in shown:

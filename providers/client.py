@@ -1042,7 +1042,13 @@ class ProviderClient:
                 if attempt == self.cfg.retries:
                     break
                 self._sleep(next(delays))
-                status = self._status(server, t)
+                try:
+                    status = self._status(server, t)
+                except grpc.RpcError as status_exc:  # e.g. NOT_FOUND: the round is not known
+                    raise RoundFailed(
+                        f"{server.name}: RoundStatus for round {t}: {status_exc.code().name}: "
+                        f"{status_exc.details()}"
+                    ) from None
                 if status is not None and status.caller_share_accepted:
                     log.info("%s: round %d share was accepted (receipt lost)", server.name, t)
                     return SubmitResult(server.name, True, attempt, sid, "status")

@@ -115,6 +115,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.finish_after_share = False
         self.inline_model: bytes | None = None  # RoundInfo.model_parameters when asked for
         self.fetches = 0
+        self.refuse_hello = False  # PERMISSION_DENIED, as for a provider no longer registered
 
     def _round_info(self, who: str) -> Any:
         return pb.RoundInfo(
@@ -130,6 +131,8 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
     @abort_on_error
     def Hello(self, request: Any, context: grpc.ServicerContext) -> Any:
         who = caller_identity(context, request.provider_id, insecure=False)
+        if self.refuse_hello:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{who!r} is not a provider")
         return pb.ServerInfo(
             protocol_version=1,
             software_version="fake",
@@ -680,7 +683,9 @@ def test_a_batch_larger_than_the_ring_is_sized_for_sits_the_round_out(
     assert report is not None and report.batch_size == 32 and report.accepted
 
 
-def test_main_exit_codes(pki: Path, servers: Any, tmp_path: Path) -> None:
+def test_main_exit_codes(
+    pki: Path, servers: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     h1, h2 = servers()
     h1.servicer.finish_after_share = True
     path = tmp_path / "provider.yaml"
@@ -696,3 +701,9 @@ def test_main_exit_codes(pki: Path, servers: Any, tmp_path: Path) -> None:
     assert main(["--config", str(path), "--set", "max_step_epsilon=0.5"]) == 3  # refusal
     assert main(["--config", str(path)]) == 0  # one round, then training finished
     assert len(h1.servicer.accepted) == 1 and len(h2.servicer.accepted) == 1
+    h2.servicer.refuse_hello = True  # no longer a registered provider: one line, exit 3
+    capsys.readouterr()
+    assert main(["--config", str(path)]) == 3
+    err = capsys.readouterr().err  # main() logs to stderr (setup_logging)
+    assert "Hello to h2 at 127.0.0.1:" in err and "Traceback" not in err
+    assert "failed: PERMISSION_DENIED: 'p1' is not a provider" in err
