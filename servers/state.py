@@ -519,6 +519,9 @@ class ServerState:
         """g = Y / s, one Adam step; keeps the result pending until both hashes agree."""
         start = time.perf_counter()
         gradient = np.asarray(y, dtype=np.float64) / self.plan.cfg.scale
+        trainable = self.plan.trainable
+        if trainable is not None and not trainable.all():
+            gradient[~trainable] = 0.0  # only noise there: a frozen parameter never moves
         new = self.adam.step(self.params, gradient)
         sha = vector_sha256(new)
         seconds["update"] = time.perf_counter() - start

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from spgc.models import check_per_example_compatible, parameter_count
+from spgc.models import check_per_example_compatible, parameter_count, trainable_mask
 
 # Default number of examples per vmap call: bounds the transient memory of torch.func
 # (activations and gradients of a chunk) without costing measurable speed.
@@ -114,7 +114,8 @@ def per_example_gradients(
     chunk_size: int = DEFAULT_CHUNK,
 ) -> np.ndarray:
     """Gradient of the cross-entropy loss of each example: an ``(m, d)`` float64 array, row i
-    for example i, columns in :func:`spgc.models.flatten_params` order.
+    for example i, columns in :func:`spgc.models.flatten_params` order; 0 in the columns of a
+    frozen parameter (``requires_grad=False``), so clipping spends nothing on them.
 
     Computed in the model's dtype (float32 by default) and upcast; ``m = 0`` gives ``(0, d)``.
     Values are reproducible for a given chunk size; another chunk size can change them by
@@ -138,6 +139,7 @@ def per_example_gradients(
     params = {name: p.detach() for name, p in model.named_parameters()}
     buffers = {name: b.detach() for name, b in model.named_buffers()}
     fn = _per_example_grad_fn(model)
+    frozen = ~trainable_mask(model)
     for start in range(0, m, chunk_size):
         stop = min(start + chunk_size, m)
         versions = {name: b._version for name, b in buffers.items()}
@@ -155,6 +157,8 @@ def per_example_gradients(
         flat = torch.cat([grads[name].reshape(stop - start, -1) for name in names], dim=1)
         # Back on the CPU before encoding: the shares are the same whatever the device.
         out[start:stop] = flat.to(torch.float64).cpu().numpy()
+    if frozen.any():
+        out[:, frozen] = 0.0
     return out
 
 

@@ -166,6 +166,14 @@ def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def trainable_mask(model: nn.Module) -> np.ndarray:
+    """Bool (d,), in :func:`flatten_params` order: False for the scalars of a parameter with
+    ``requires_grad=False`` (a frozen layer). Frozen parameters stay in the flat vector (the
+    model travels whole), but their gradient is 0 and the servers never update them."""
+    parts = [np.full(p.numel(), p.requires_grad, dtype=bool) for p in model.parameters()]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
+
+
 def flatten_params(model: nn.Module) -> np.ndarray:
     """All parameters as one float64 vector, in ``model.parameters()`` order (exact upcast)."""
     params = list(model.parameters())

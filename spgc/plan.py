@@ -23,6 +23,7 @@ from spgc.models import (
     load_initial_state,
     model_fingerprint,
     resolve_model,
+    trainable_mask,
 )
 from spgc.modes import NOISY_MODES, get_mode
 from spgc.noise import noise_bound_units
@@ -59,6 +60,8 @@ class RunPlan:
     model_fingerprint: str = ""
     # The largest local batch the ring is sized for (TrainingConfig.max_batch_size).
     max_batch_size: int = 0
+    # False where a parameter is frozen (requires_grad=False): the update leaves it alone.
+    trainable: np.ndarray | None = None
 
     @property
     def dim(self) -> int:
@@ -227,7 +230,7 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     return RunPlan(
         cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
-        max_batch,
+        max_batch, trainable_mask(model),
     )  # fmt: skip
 
 

@@ -13,7 +13,9 @@ import pytest
 
 from spgc.certs import make_dev_pki
 from spgc.config import ServerConfig, TlsPaths, load_server_config
+from spgc.gradients import per_example_gradients
 from spgc.ledger import verify_ledger
+from spgc.models import resolve_model, trainable_mask
 from spgc.servers.daemon import ServerDaemon
 from spgc.sharing import share
 from spgc.wire import aggregation_pb2 as pb
@@ -567,5 +569,43 @@ def test_servers_with_their_own_certificate_names(tmp_path):
                 channel.close()
             assert info.server_name == name and info.provider_id == "p1"
     finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_a_frozen_layer_never_moves(pki, tmp_path):
+    """A user's model with a frozen layer (requires_grad=False): providers' gradients are 0
+    there, and whatever the released sum holds at those coordinates (noise, in a noisy mode),
+    the servers' update leaves the layer as it was; the other layers train."""
+    factory = tmp_path / "frozen.py"
+    factory.write_text(
+        "from torch import nn\n\n\ndef frozen_first():\n"
+        "    m = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))\n"
+        "    m[0].weight.requires_grad_(False)\n    return m\n"
+    )
+    model = resolve_model(f"{factory}:frozen_first", seed=0)
+    frozen = ~trainable_mask(model)
+    assert frozen.tolist() == [True] * 12 + [False] * 11
+    grads = per_example_gradients(model, np.ones((3, 4), np.float32), np.array([0, 1, 1]))
+    assert not grads[:, frozen].any() and grads[:, ~frozen].any()
+
+    d1, d2 = start_pair(
+        pki, tmp_path, mode="only-mpc", rounds=1, dataset="", model=f"{factory}:frozen_first"
+    )
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        start = d1.state.params.copy()
+        cfg = providers[0].wait_collecting(0)
+        assert cfg.num_parameters == 23
+        for p in providers:  # as if noise had landed on the frozen coordinates
+            p.submit_both(cfg, 0, np.full(23, 500, dtype=np.int64))
+        wait_round_done((d1, d2), 0)
+        for d in (d1, d2):
+            after = d.state.params
+            assert np.array_equal(after[frozen], start[frozen])
+            assert not np.any(after[~frozen] == start[~frozen])
+    finally:
+        for p in providers:
+            p.close()
         d1.stop()
         d2.stop()
