@@ -82,7 +82,7 @@ from spgc.noise import sample_noise_plain
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
-from spgc.wire.errors import WireError
+from spgc.wire.errors import WRONG_RUN, WireError
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import read_inline_model, read_model_stream, share_messages
 from spgc.wire.transport import make_channel
@@ -491,6 +491,7 @@ class ProviderClient:
         self.last_round: int | None = None
         self._last_delivered = False  # a server accepted a share of ours for last_round
         self._told_waiting = False  # logged that a server waits for its peer
+        self._run_checked_at: int | None = None  # a round behind ours, seen and looked into
         # The shares of last_round when their delivery was troubled (a retry or a failure),
         # kept until every server holds its share or a later round opens: a server that lacks
         # its share while the other holds one (it was down, or dropped it when it lost its
@@ -790,6 +791,8 @@ class ProviderClient:
                 )
                 collecting = all(i.phase == pb.ROUND_PHASE_COLLECTING for i in infos)
                 new = self.last_round is None or first.round > self.last_round
+                if not new and first.round < self.last_round:
+                    self._check_still_the_run(first.round)
                 if self._resend is not None and self._resend[0] < first.round:
                     self._resend = None  # a later round: the old shares are never sent again
                 if (
@@ -851,6 +854,19 @@ class ProviderClient:
                     f"no round opened on every server within {self.cfg.wait_timeout:g}s"
                 )
             self._sleep(delay)
+
+    def _check_still_the_run(self, seen_round: int) -> None:
+        """The servers are at a round before ours: a step back, or another run (their state
+        was reset). Asked once per such round; RoundFailed naming WRONG_RUN for another run
+        (:meth:`run` then connects again)."""
+        if self._run_checked_at == seen_round or self.training is None:
+            return
+        self._run_checked_at = seen_round
+        current = self._hello(self.servers[0]).config.run_id
+        if current != self.training.run_id:
+            raise RoundFailed(
+                f"run {self.training.run_id!r} {WRONG_RUN} any more: the servers run {current!r}"
+            )
 
     def _resend_missing(self, infos: list[Any], info: Any) -> None:
         """Round ``info.round`` still collects and a server lacks our share (it was down when
@@ -1203,6 +1219,15 @@ class ProviderClient:
                 report = self.run_round()
             except RoundFailed as exc:
                 log.error("round %s failed: %s", self.last_round, exc)
+                if WRONG_RUN in str(exc) and self.training is not None:
+                    # The servers started another run (their state was reset): learn its
+                    # plan, check it against this provider's limits, and take part from its
+                    # first round; this provider's rounds of the old run are over.
+                    log.warning(
+                        "the servers no longer run %s: connecting again", self.training.run_id
+                    )
+                    self.training, self.last_round, self._resend = None, None, None
+                    self._run_checked_at = None
                 done += 1
                 if on_round is not None:
                     on_round(None)

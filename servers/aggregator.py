@@ -36,6 +36,7 @@ from spgc.wire.errors import (
     InvalidArgumentError,
     WireError,
     abort_on_error,
+    wrong_run,
 )
 from spgc.wire.identity import caller_identity, peer_identity
 from spgc.wire.messages import (
@@ -241,7 +242,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
 
     def _check_run(self, run_id: str) -> None:
         if run_id != self.state.run_id:  # the contract's "wrong run"
-            raise FailedPreconditionError(f"run {run_id[:80]!r} is not this server's run")
+            raise wrong_run(run_id)
 
     @abort_on_error
     async def DeclinePlan(self, request: pb.DeclineRequest, context: Any) -> pb.DeclineReply:

@@ -153,6 +153,7 @@ class ServerState:
         self.pool: Any = None  # mode preprocessed: this server's servers.noise_pool.NoisePool
         self.offline_bytes = 0  # preprocessed: bytes this server moved producing noise shares
         self.checkpoint_dir: Path | None = None  # where save_checkpoint writes (state_dir)
+        self.checkpointed = False  # a checkpoint of this run was written or restored
         self._export_lock = threading.Lock()  # one export at a time into the cached module
         self._export_module: nn.Module | None = None
         self.declined: dict[str, str] = {}  # provider -> why it refused the plan
@@ -222,8 +223,10 @@ class ServerState:
         some after the checkpoint): the accountant and the sampler's delta count them all."""
         entries = [json.loads(line) for line in lines]
         if not entries or entries[0].get("run_id") != self.run_id:
+            self._refuse_short_ledger(0)
             return
         releases = [e for e in entries if e.get("kind") == "release"]
+        self._refuse_short_ledger(len(releases))
         self.samples_drawn = max(self.samples_drawn, sum(int(e["noise_samples"]) for e in releases))
         extra = len(releases) - self.releases
         if extra > 0:
@@ -236,14 +239,28 @@ class ServerState:
                 extra,
             )
 
+    def _refuse_short_ledger(self, entries: int) -> None:
+        """A ledger holding fewer of this run's releases than the checkpoint counts was cut,
+        emptied, deleted or replaced: continuing would extend it and understate epsilon to
+        anyone who verifies it. CheckpointError (the daemon does not start)."""
+        if self.ledger_path is not None and entries < self.releases:
+            raise CheckpointError(
+                f"{self.ledger_path} holds {entries} release entr{'y' if entries == 1 else 'ies'}"
+                f" of run {self.run_id}, but the checkpoint counts {self.releases} release(s): "
+                "the ledger was truncated, deleted or replaced. Restore it from a backup; a "
+                "ledger is never continued with fewer releases than were made"
+            )
+
     def _count_ledger_on_disk(self) -> None:
         """At a restart: count the releases of this run's ledger file (verified) without
         opening it for writing (its header needs the peer's key, known at the Handshake)."""
         path = self.ledger_path
         if path is None or not path.exists():
+            self._refuse_short_ledger(0)
             return
         lines = read_ledger_lines(path)
         if not lines or json.loads(lines[0]).get("run_id") != self.run_id:
+            self._refuse_short_ledger(0)
             return  # another run's ledger: set aside when this run's is opened
         verify_ledger(lines)  # a damaged ledger stops the restart (LedgerError)
         self._count_ledger(lines)
@@ -711,6 +728,7 @@ class ServerState:
                 before_commit=lambda: fault_point("during-checkpoint", ended),
             )
             snapshot = (self.version, self.params, report)  # params are replaced, never mutated
+            self.checkpointed = True
         self._write_model(*snapshot)
 
     def restore(self, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -731,6 +749,7 @@ class ServerState:
             self.finished = False
             self.phase = pb.ROUND_PHASE_UNSPECIFIED
             self.run_id = record["run_id"]
+            self.checkpointed = True
             self.params = params
             self.version = int(record["version"])
             self.models = {self.version: (params, sha)}

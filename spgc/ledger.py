@@ -361,8 +361,8 @@ def verify_ledger(
 ) -> LedgerReport:
     """Check the chain and every signature and re-account epsilon from the release entries.
     LedgerError naming the line on a broken chain, a bad signature, a key other than
-    ``expected_keys`` (hex, optional pinning), or a recorded epsilon below the re-accounted
-    one (an under-count)."""
+    ``expected_keys`` (hex, optional pinning), a recorded epsilon below the re-accounted one
+    (an under-count), or above it (release entries missing)."""
     if isinstance(source, list):
         lines = [line for line in source if line.strip()]
     else:
@@ -474,6 +474,14 @@ def verify_ledger(
         raise LedgerError(
             f"line {recorded_line}: the {steps} release entries re-account to epsilon "
             f"{epsilon:.6g}, above the recorded {recorded}"
+        )
+    if epsilon is not None and steps and _above(recorded, epsilon, EPSILON_TOLERANCE):
+        # The server counts every release it made: a recorded figure above what the entries
+        # give means release entries are missing (a cut-off ledger that was continued).
+        raise LedgerError(
+            f"line {recorded_line}: the server recorded epsilon {recorded} after its releases, "
+            f"but the {steps} release entries here re-account to only {epsilon:.6g}: entries "
+            "are missing"
         )
     return LedgerReport(
         run_id=str(header.get("run_id", "")),

@@ -226,6 +226,17 @@ def test_truncated_ledger_still_counts_what_is_left(ledger_path):
     assert verify_ledger(lines).steps == 2
 
 
+def test_a_cut_ledger_that_was_continued_fails(ledger_path, key):
+    # A server that went on from a cut-off ledger records its true count in the next entry:
+    # more than the entries left in the file re-account to.
+    _write(ledger_path, _lines(ledger_path)[:-2])  # the last release and released lines
+    ledger = Ledger.open(ledger_path, key, HEADER)  # a valid prefix: it continues
+    assert ledger.releases == ROUNDS - 1
+    _record(ledger, ROUNDS, SAMPLES, _accountant().epsilon_after(ROUNDS + 1))
+    with pytest.raises(LedgerError, match=r"recorded epsilon .* re-account to only .* missing"):
+        verify_ledger(ledger_path)
+
+
 def test_resigned_ledger_fails_once_the_key_is_pinned(ledger_path, key):
     other = Ed25519PrivateKey.generate()
     forged = _resign(_entries(ledger_path), other)

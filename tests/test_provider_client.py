@@ -39,6 +39,7 @@ from spgc.wire.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     abort_on_error,
+    wrong_run,
 )
 from spgc.wire.identity import caller_identity
 from spgc.wire.messages import (
@@ -116,6 +117,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.inline_model: bytes | None = None  # RoundInfo.model_parameters when asked for
         self.fetches = 0
         self.refuse_hello = False  # PERMISSION_DENIED, as for a provider no longer registered
+        self.after_accept: Any = None  # called (no arguments) after a share is accepted
 
     def _round_info(self, who: str) -> Any:
         return pb.RoundInfo(
@@ -154,7 +156,9 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.fetches += 1
         if request.HasField("version") and request.version != self.round:
             raise FailedPreconditionError(f"version {request.version} is not served")
-        yield from model_messages(self.model, run_id=RUN, version=self.round, chunk_bytes=256)
+        yield from model_messages(
+            self.model, run_id=self.config.run_id, version=self.round, chunk_bytes=256
+        )
 
     @abort_on_error
     def SubmitShare(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
@@ -162,8 +166,8 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
             request_iterator, num_elements=self.config.num_parameters, ring_bits=RING
         )
         who = caller_identity(context, header.provider_id, insecure=False)
-        if header.run_id != RUN:
-            raise FailedPreconditionError(f"wrong run {header.run_id!r}")
+        if header.run_id != self.config.run_id:
+            raise wrong_run(header.run_id)
         if header.round != self.round or self.phase != pb.ROUND_PHASE_COLLECTING:
             raise FailedPreconditionError(f"round {header.round} is not open")
         if header.server_role != self.role:
@@ -187,8 +191,10 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
             if self.fail_after_accept:
                 self.fail_after_accept -= 1
                 raise _Unavailable("connection lost after accepting")
+        if self.after_accept is not None:
+            self.after_accept()
         return pb.SubmitReceipt(
-            run_id=RUN,
+            run_id=self.config.run_id,
             round=header.round,
             submission_id=header.submission_id,
             provider_id=who,
@@ -681,6 +687,30 @@ def test_a_batch_larger_than_the_ring_is_sized_for_sits_the_round_out(
     with client_for(provider_config(pki, [h1, h2]), data=cancer) as client:
         report = client.run_round()
     assert report is not None and report.batch_size == 32 and report.accepted
+
+
+def test_a_new_run_of_the_servers_is_joined_from_its_first_round(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """The servers lost their state and started another run (new run id, round 0): the
+    provider notices the rounds going back, reads the new plan (Hello) and takes part in the
+    new run, instead of sending shares of the old run that are refused forever."""
+    h1, h2 = servers()
+    new = training_config(run_id="run-2")
+
+    def start_a_new_run() -> None:  # once both servers hold the first round's shares
+        if len(h1.servicer.accepted) == len(h2.servicer.accepted) == 1:
+            for s in (h1, h2):
+                s.servicer.config, s.servicer.round = new, 0
+                s.servicer.finish_after_share = True
+
+    h1.servicer.after_accept = h2.servicer.after_accept = start_a_new_run
+    with client_for(provider_config(pki, [h1, h2]), data=cancer) as client:
+        reports = client.run()
+    assert [r.round for r in reports] == [ROUND, 0] and all(r.accepted for r in reports)
+    for s in (h1, h2):
+        assert s.servicer.accepted[("p1", 0)][0].run_id == "run-2"
+        assert s.servicer.accepted[("p1", ROUND)][0].run_id == RUN
 
 
 def test_main_exit_codes(

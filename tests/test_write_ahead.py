@@ -13,13 +13,22 @@ import grpc
 import numpy as np
 import pytest
 from test_modes import start_single, wait_single_collecting
-from test_server_daemon import PROVIDERS, Provider, bind_pair, start_pair, wait_round_done
+from test_server_daemon import (
+    PROVIDERS,
+    Provider,
+    _cfg,
+    bind_pair,
+    start_pair,
+    wait_round_done,
+)
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 from test_user_plans import provider_config
 
 from spgc.ledger import verify_ledger
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.servers import coordinator
+from spgc.servers.checkpoint import CheckpointError
+from spgc.servers.daemon import ServerDaemon
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import share_messages
@@ -100,6 +109,47 @@ def test_a_failure_after_the_reveal_is_counted_and_a_restart_continues(
         assert daemon.state.steps == 2
         assert report.epsilon == pytest.approx(daemon.state.epsilon(), rel=1e-9)
     assert len(reveals) == 6
+
+
+def test_a_cut_or_lost_ledger_stops_the_restart(pki: Path, tmp_path: Path) -> None:
+    """The checkpoint counts the releases made: a restart whose ledger holds fewer (its last
+    entries cut, the file deleted or emptied) does not start, and a ledger whose checkpoint was
+    lost is not silently followed by a new run with a fresh budget."""
+    d1, d2 = start_pair(pki, tmp_path, **NOISY)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        for t in (0, 1):
+            submit_round(providers, t)
+            wait_round_done((d1, d2), t)
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    ledger = tmp_path / "s2" / "ledger.jsonl"
+    whole = ledger.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    assert sum(b'"kind":"release"' in x for x in lines) == 2
+    cut = b"".join(x for x in lines if b'"index":1' not in x)  # the last release and released
+    def restart_h2(**changes: object) -> ServerDaemon:
+        return ServerDaemon(_cfg(pki, 2, tmp_path / "s2", **{**NOISY, **changes}))
+
+    for damaged in (cut, b""):
+        ledger.write_bytes(damaged)
+        with pytest.raises(CheckpointError, match=r"checkpoint counts 2 release.*truncated"):
+            restart_h2()
+    ledger.unlink()
+    with pytest.raises(CheckpointError, match="holds 0 release entries"):
+        restart_h2()
+    ledger.write_bytes(whole)
+    # The checkpoint lost, the ledger kept: no silent new run (resume: false starts one).
+    for name in ("checkpoint.json", "checkpoint.prev.json"):
+        (tmp_path / "s2" / name).unlink(missing_ok=True)
+    with pytest.raises(CheckpointError, match="no checkpoint, but its ledger records 2 rel"):
+        restart_h2()
+    fresh = restart_h2(resume=False)
+    assert fresh.state.round == 0 and fresh.state.releases == 0
+    fresh.intake.close()
 
 
 def test_ledger_entry_is_on_disk_before_the_reveal(

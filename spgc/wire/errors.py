@@ -54,6 +54,16 @@ class FailedPreconditionError(WireError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+#: The words of a wrong-run refusal (FAILED_PRECONDITION): a provider that reads them in a
+#: refusal knows the servers started another run and connects again (Hello) to learn its plan.
+WRONG_RUN = "is not this server's run"
+
+
+def wrong_run(run_id: str) -> FailedPreconditionError:
+    """The refusal of a request naming another run than the server's."""
+    return FailedPreconditionError(f"run {run_id[:80]!r} {WRONG_RUN}")
+
+
 class AlreadyExistsError(WireError):
     """A second submission for the same round, or a submission id used before."""
 
