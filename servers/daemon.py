@@ -489,13 +489,27 @@ class ServerDaemon:
         )
         return self
 
+    def _handshake_refusal(self, exc: grpc.RpcError) -> str:
+        """What an operator reads when peer_address answers the Handshake with an error: the
+        usual causes are a wrong address or certificate name."""
+        where = f"the Handshake to {self.cfg.peer_address} ({self.cfg.peer_name}) failed"
+        hint = {
+            grpc.StatusCode.UNIMPLEMENTED: "that address serves no Peer service: peer_address "
+            "must be the other server's peer_listen, not its listen (providers') port",
+            grpc.StatusCode.PERMISSION_DENIED: "the other server does not accept this server's "
+            "certificate as its peer: check its peer_name and this server's tls.cert",
+            grpc.StatusCode.UNAUTHENTICATED: "the other server found no identity in this "
+            "server's certificate",
+        }.get(exc.code())  # type: ignore[attr-defined]
+        return f"{where}: {_describe(exc)}" + (f" ({hint})" if hint else "")
+
     def _guard(self, target: Any) -> None:
         try:
             target()
         except BaseException as exc:
             if not self.stop_event.is_set():
                 self.error = exc
-                log.error("%s stopping: %s", self.cfg.role_name, exc)
+                log.error("%s stopping: %s", self.cfg.role_name, _describe(exc))
                 if _peer_gone(exc):
                     self.audit.record("peer_lost", identity=self.cfg.peer_name, reason=str(exc))
         finally:
@@ -725,7 +739,7 @@ class ServerDaemon:
                     msg = f"the other server refused to pair: {exc.details()}"
                     raise PeerMismatchError(msg) from None
                 if not is_unavailable(exc) or self.stop_event.is_set():
-                    raise
+                    raise PeerMismatchError(self._handshake_refusal(exc)) from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"{self.cfg.peer_name} did not answer the Handshake at "

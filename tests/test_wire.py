@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +38,13 @@ from spgc.wire.messages import (
     share_messages,
 )
 from spgc.wire.tls import TlsFiles
-from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, add_health, make_channel, make_server
+from spgc.wire.transport import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    LoopThread,
+    add_health,
+    make_channel,
+    make_server,
+)
 
 RUN = "run-test"
 ROUND = 5
@@ -576,3 +583,28 @@ def test_share_messages_reject_reserved_headers() -> None:
         list(iter_share_payload(iter(twice[1:]), header))
     with pytest.raises(InvalidArgumentError, match="empty stream"):
         read_share_header(iter([]))
+
+
+def test_the_aio_pollers_shutdown_race_is_not_printed_as_a_traceback(caplog) -> None:
+    """grpc.aio's poller may run once more on a descriptor its stopped server closed: that
+    EBADF is dropped; any other loop error is still reported."""
+    def failing(message: str, errno_value: int, where: str) -> OSError:
+        try:  # raised from a "file" of that name, as the poller's Cython source is
+            exec(compile(f"raise OSError({errno_value}, {message!r})", where, "exec"))
+        except OSError as exc:
+            return exc
+        raise AssertionError("not raised")
+
+    thread = LoopThread("test-loop")
+    try:
+        handler = thread.loop.get_exception_handler()
+        assert handler is not None
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            race = failing("Bad file descriptor", 9, "completion_queue.pyx.pxi")
+            handler(thread.loop, {"message": "callback", "exception": race})
+            assert not caplog.records
+            other = failing("Bad file descriptor", 9, "elsewhere.py")
+            handler(thread.loop, {"message": "callback", "exception": other})
+            assert len(caplog.records) == 1
+    finally:
+        thread.close()

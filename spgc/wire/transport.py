@@ -12,9 +12,11 @@ one-line warning instead of gRPC's INTERNAL and a logged traceback.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import threading
+import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -184,6 +186,21 @@ def make_aio_server(
     return server, _register_and_bind(server, servicer_adders, bind, creds)
 
 
+def _quiet_poller_shutdown(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """grpc.aio's completion-queue poller may run one last callback on its file descriptor
+    after the server stopped and closed it (EBADF): a harmless shutdown race that asyncio
+    would print as a traceback. Anything else goes to the default handler."""
+    exc = context.get("exception")
+    if (
+        isinstance(exc, OSError)
+        and exc.errno == errno.EBADF
+        and "completion_queue" in "".join(traceback.format_tb(exc.__traceback__))
+    ):
+        log.debug("asyncio callback after its descriptor was closed (ignored): %s", exc)
+        return
+    loop.default_exception_handler(context)
+
+
 class LoopThread:
     """An asyncio event loop on a thread of its own: how a threaded program (the daemon, a
     test) runs an asyncio gRPC server. ``run(coro)`` runs a coroutine on the loop and returns
@@ -191,6 +208,7 @@ class LoopThread:
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(_quiet_poller_shutdown)
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
