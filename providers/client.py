@@ -66,7 +66,12 @@ from spgc.data import (
     split_among_providers,
 )
 from spgc.encoding import FixedPointConfig, default_rounding_rng, encode_batch, stochastic_round
-from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
+from spgc.gradients import (
+    bounded_chunk,
+    check_model_on_data,
+    clip_per_example,
+    per_example_gradients,
+)
 from spgc.ledger import LedgerError, LedgerReport, verify_ledger
 from spgc.models import (
     MODEL_NAMES,
@@ -664,6 +669,11 @@ class ProviderClient:
             self.fixed_point = check_training_config(tc, cfg, len(self._x))
             device = resolve_device(cfg.device)
             self._model = build_provider_model(tc, cfg).to(device)
+            try:  # now, not mid-round: a model that cannot train on this data is declined
+                what = f"data {cfg.data!r}" if cfg.data else f"the {tc.dataset} data"
+                check_model_on_data(self._model, self._x, self._y, what)
+            except ValueError as exc:
+                raise ProviderRefusal(str(exc)) from None
         except ProviderRefusal as exc:
             self._decline(tc.run_id, str(exc))
             raise

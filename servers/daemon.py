@@ -171,6 +171,8 @@ class ServerDaemon:
         role = pb.SERVER_ROLE_SINGLE if cfg.single_server else cfg.role
         self.state = ServerState(self.plan, role, self.intake)
         self.state.ledger_key = cfg.ledger_key
+        if cfg.test_data and self.state.evaluator is not None:
+            self.state.evaluator.check(f"test_data {cfg.test_data!r}")
         if cfg.state_dir is not None:
             set_seed_journal(cfg.state_dir / "used-seeds")  # never a seed of an earlier process
             self.state.checkpoint_dir = cfg.state_dir

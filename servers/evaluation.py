@@ -9,6 +9,7 @@ import numpy as np
 
 from spgc.config import ServerConfig
 from spgc.data import load_dataset, load_user_data
+from spgc.gradients import check_model_on_data
 from spgc.models import MODEL_INPUT_SHAPES, PARAMETER_COUNTS, load_flat_params, resolve_model
 from spgc.optim import evaluate
 
@@ -68,6 +69,15 @@ class TestSetEvaluator:
         self._lock = threading.Lock()
         self._data: TestSet | None = None
         self._module = None
+
+    def check(self, what: str) -> None:
+        """Load the test set and the model now and try them together: a test set the model
+        cannot be evaluated on stops the daemon at its start (ValueError), not after the
+        first release."""
+        with self._lock:
+            self._data = self._load_test_set()
+            self._module = resolve_model(self.model)
+            check_model_on_data(self._module, *self._data, what)
 
     def __call__(self, params: np.ndarray) -> tuple[float, float]:
         with self._lock:

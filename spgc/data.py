@@ -435,7 +435,9 @@ def _as_numpy(value: Any) -> np.ndarray:
 
 
 def _features(x: Any, what: str) -> np.ndarray:
-    """``x`` as a float32 array of shape (n, ...), refusing non-numeric or non-finite values."""
+    """``x`` as a float32 array of shape (n, ...), or int64 when it holds integers (token ids
+    for an embedding; spgc.models.model_input turns them into floats for a model that does
+    not take integers), refusing non-numeric or non-finite values."""
     arr = _as_numpy(x)
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise ValueError(f"{what} must be numeric, got dtype {arr.dtype}")
@@ -445,6 +447,8 @@ def _features(x: Any, what: str) -> np.ndarray:
         raise ValueError(
             f"{what} must have shape (n, ...) with one row per example, got {arr.shape}"
         )
+    if np.issubdtype(arr.dtype, np.integer):
+        return np.ascontiguousarray(arr.astype(np.int64))
     out = arr.astype(np.float32)
     if not np.isfinite(out).all():
         bad = int((~np.isfinite(out)).sum())

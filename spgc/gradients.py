@@ -28,7 +28,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from spgc.models import check_per_example_compatible, parameter_count, trainable_mask
+from spgc.models import (
+    check_per_example_compatible,
+    model_input,
+    parameter_count,
+    trainable_mask,
+)
 
 # Default number of examples per vmap call: bounds the transient memory of torch.func
 # (activations and gradients of a chunk) without costing measurable speed.
@@ -56,8 +61,7 @@ def _as_tensors(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     first = next(model.parameters())
     # The examples go where the model is (a GPU when the provider has one).
-    xt = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-    xt = xt.to(device=first.device, dtype=first.dtype)
+    xt = model_input(model, x)
     yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
     yt = yt.to(device=first.device, dtype=torch.int64)
     if xt.shape[0] != yt.shape[0]:
@@ -160,6 +164,57 @@ def per_example_gradients(
     if frozen.any():
         out[:, frozen] = 0.0
     return out
+
+
+def check_model_on_data(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, what: str = "the data"
+) -> None:
+    """Before any round needs it: every label against the model's number of outputs, and one
+    example through the model and its per-example gradient. ValueError in one line naming
+    the problem (what the model raised, without its traceback)."""
+    if len(x) == 0:
+        return
+    try:
+        logits = _forward_one(model, x[:1])
+    except Exception as exc:  # whatever the user's model raises on this input
+        raise ValueError(
+            f"the model cannot read {what}: an example of shape {tuple(np.shape(x)[1:])} "
+            f"fails: {_first_line(exc)}"
+        ) from None
+    if logits.ndim != 2 or logits.shape[0] != 1:
+        raise ValueError(
+            f"the model's output for one example of {what} has shape {tuple(logits.shape)}; "
+            "the cross-entropy loss needs (1, classes)"
+        )
+    classes, top = int(logits.shape[1]), int(np.max(y))
+    if top >= classes:
+        raise ValueError(
+            f"{what} has class labels up to {top}, but the model has {classes} outputs "
+            f"(classes 0..{classes - 1})"
+        )
+    try:
+        per_example_gradients(model, x[:1], y[:1])
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(
+            f"per-example gradients fail on an example of {what}: {_first_line(exc)}"
+        ) from None
+
+
+def _forward_one(model: nn.Module, x: np.ndarray) -> torch.Tensor:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(model_input(model, x))
+    finally:
+        model.train(was_training)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = (str(exc) or type(exc).__name__).strip().splitlines()[0]
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def clip_per_example(grads: np.ndarray, clip_norm: float) -> np.ndarray:

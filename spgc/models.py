@@ -47,6 +47,7 @@ import json
 import os
 import struct
 import sys
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -164,6 +165,37 @@ def build_model(dataset_name: str, seed: int = 0, dtype: torch.dtype = torch.flo
 def parameter_count(model: nn.Module) -> int:
     """Number of trainable scalars d (the length of the flat vector)."""
     return sum(p.numel() for p in model.parameters())
+
+
+_TAKES_INTEGERS: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def model_input(model: nn.Module, x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``x`` as ``model``'s input, on its device: floats in the model's dtype; integers (token
+    ids for an ``nn.Embedding``) as int64 when the model takes integers, else as floats (pixel
+    values stored as uint8, say). Which one is found once per model, on one example."""
+    first = next(model.parameters())
+    xt = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.asarray(x))
+    if not xt.is_floating_point() and xt.shape[0] > 0:
+        takes = _TAKES_INTEGERS.get(model)
+        if takes is None:
+            takes = _TAKES_INTEGERS[model] = _runs_on(model, xt[:1].to(first.device, torch.int64))
+        if takes:
+            return xt.to(first.device, torch.int64)
+    return xt.to(device=first.device, dtype=first.dtype)
+
+
+def _runs_on(model: nn.Module, x: torch.Tensor) -> bool:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(x)
+        return True
+    except Exception:  # any refusal of integer input: floats it is
+        return False
+    finally:
+        model.train(was_training)
 
 
 def trainable_mask(model: nn.Module) -> np.ndarray:

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spgc.models import model_input
+
 
 class Adam:
     """Adam (Kingma and Ba 2015) on a flat float64 parameter vector, deterministic bit for bit.
@@ -136,9 +138,9 @@ def evaluate(
     ``batch_size`` under ``torch.no_grad`` (bounded memory for the 10k MNIST test set)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    dtype = next(model.parameters()).dtype
-    xt = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.asarray(x)).to(dtype)
-    yt = torch.as_tensor(y if isinstance(y, torch.Tensor) else np.asarray(y)).to(torch.int64)
+    xt = model_input(model, x)
+    yt = torch.as_tensor(y if isinstance(y, torch.Tensor) else np.asarray(y))
+    yt = yt.to(device=xt.device, dtype=torch.int64)
     n = int(xt.shape[0])
     if n == 0 or n != int(yt.shape[0]):
         raise ValueError(f"need a non-empty x and y of equal length, got {n} and {yt.shape[0]}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -19,6 +20,7 @@ from spgc.config import ProviderConfig, ServerConfig
 from spgc.models import resolve_model
 from spgc.plan import build_run_model, make_plan
 from spgc.providers.client import ProviderClient, ProviderRefusal, resolve_device
+from spgc.servers.daemon import ServerDaemon
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "custom-model" / "model.py"
@@ -134,6 +136,75 @@ def test_a_provider_model_of_another_architecture_is_refused(pki: Path, tmp_path
         with pytest.raises(ProviderRefusal, match="parameters for model"):
             ProviderClient(cfg).connect()
         assert "p1" in d1.state.summary()["declined"]
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_a_model_that_cannot_train_on_the_data_is_found_before_any_round(
+    pki: Path, tmp_path: Path
+) -> None:
+    """Labels beyond the model's outputs, or examples the model cannot read: a provider
+    declines at its start (the servers hear why), and a server with such a test_data does not
+    start, instead of failing after its first release."""
+    rng = np.random.default_rng(0)
+    four = tmp_path / "four.npz"  # 4 features, labels 0..2
+    np.savez(four, x=rng.standard_normal((30, 4)), y=rng.integers(0, 3, 30))
+    five = tmp_path / "five.npz"  # 5 features
+    np.savez(five, x=rng.standard_normal((30, 5)), y=rng.integers(0, 2, 30))
+    factory = tmp_path / "mlp.py"
+    factory.write_text(
+        "from torch import nn\n\ndef two_classes():\n"
+        "    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))\n"
+    )
+    model = f"{factory}:two_classes"
+    run = {**USER_RUN, "model": model, "test_data": "", "rounds": 1, "max_batch_size": 30}
+    server = ServerConfig(insecure=True, providers=["p1"], min_providers=1, **run)
+    for data, words in ((four, "class labels up to 2, but the model has 2 outputs"),
+                        (five, "cannot read test_data .*shape \\(5,\\) fails: mat1")):  # fmt: skip
+        with pytest.raises(ValueError, match=words):
+            ServerDaemon(server.model_copy(update={"test_data": str(data)}))
+    d1, d2 = start_pair(pki, tmp_path, **run)
+    try:
+        for i, (data, words) in enumerate(
+            ((four, "class labels up to 2, but the model has 2 outputs"),
+             (five, "cannot read data .*five.npz.*: an example of shape \\(5,\\) fails"))
+        ):  # fmt: skip
+            cfg = provider_config(pki, d1, d2, i, model=model, data=str(data))
+            with pytest.raises(ProviderRefusal, match=words):
+                ProviderClient(cfg).connect()
+        declined = d1.state.summary()["declined"]
+        assert "class labels up to 2" in declined["p1"] and "cannot read" in declined["p2"]
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_token_ids_reach_an_embedding_as_integers(pki: Path, tmp_path: Path) -> None:
+    """Integer inputs (token ids in an .npz) stay integers for a model that takes them."""
+    rng = np.random.default_rng(1)
+    tokens = tmp_path / "tokens.npz"
+    np.savez(tokens, x=rng.integers(0, 50, (40, 6)), y=rng.integers(0, 2, 40))
+    factory = tmp_path / "bag.py"
+    factory.write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Bag(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.embed, self.out = nn.Embedding(50, 4), nn.Linear(4, 2)\n\n"
+        "    def forward(self, x):\n        return self.out(self.embed(x).mean(dim=1))\n\n\n"
+        "def bag():\n    return Bag()\n"
+    )
+    model = f"{factory}:bag"
+    run = {**USER_RUN, "model": model, "test_data": str(tokens), "rounds": 2,
+           "max_batch_size": 40, "min_providers": 2, "round_deadline": 4.0}  # fmt: skip
+    d1, d2 = start_pair(pki, tmp_path, **run)
+    try:
+        configs = [provider_config(pki, d1, d2, i, model=model, data=str(tokens)) for i in (0, 1)]
+        results = run_providers(configs)
+        assert all(isinstance(r, list) and r for r in results), results
+        assert d1.wait(60) and d2.wait(60)
+        summary = d1.state.summary()
+        assert summary["steps"] == 2 and summary["failure"] is None
+        assert all(h["test_accuracy"] is not None for h in summary["history"])
     finally:
         d1.stop()
         d2.stop()
