@@ -628,6 +628,29 @@ def _is_path_field(schema: type[BaseModel], key: str) -> bool:
     return "Path" in text or "TlsPaths" in text
 
 
+# Keys naming a file by a string that may also be something else (a built-in name, a loader).
+# Not `model`: the servers compare its reference as written (TrainingConfig.model).
+_REFERENCE_FIELDS = frozenset({"data", "test_data"})
+_DATA_SUFFIXES = (".csv", ".npz")
+
+
+def _resolve_reference(value: str, base: Path) -> str:
+    """A relative file in ``value`` ("file.py:factory", "data.csv") made absolute against the
+    configuration file's directory when the file is there; anything else as given (a built-in
+    name, "package.module:factory", a file relative to the working directory)."""
+    target, colon, attr = value.rpartition(":")
+    if colon and target.endswith(".py"):
+        path, rest = target, f":{attr}"
+    elif not colon and value.lower().endswith(_DATA_SUFFIXES):
+        path, rest = value, ""
+    else:
+        return value
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute() or not (base / candidate).is_file():
+        return value
+    return f"{base / candidate}{rest}"
+
+
 def _resolve_paths(value: Any, base: Path, where: str) -> Any:
     """Relative paths resolve against the file's directory; ``env:NAME`` reads the path from
     the environment (so a key's location need not be written anywhere)."""
@@ -765,6 +788,8 @@ def load_config(
         for key, value in loaded.items():
             if _is_path_field(schema, str(key)):
                 value = _resolve_paths(value, base, f"{p}: {key}")
+            elif str(key) in _REFERENCE_FIELDS and isinstance(value, str):
+                value = _resolve_reference(value, base)
             raw[str(key)] = value
     cwd = Path.cwd()
     for item in overrides:
@@ -853,9 +878,12 @@ def config_markdown() -> str:
         "",
         "Each daemon reads one YAML file (`--config FILE`); every key can be overridden with",
         "`--set key=value` (repeatable; the value is read as YAML; `--set tls.cert=PATH` reaches",
-        "into a mapping). Relative paths resolve against the file's directory; a path given as",
-        "`env:NAME` is read from environment variable NAME. Unknown keys are refused. `spgc",
-        "config check FILE` validates a file; `spgc config show server|provider` prints this.",
+        "into a mapping). Relative paths resolve against the file's directory, and so do the",
+        "files of `data` and `test_data` when they are there (else the directory the daemon",
+        "runs in); `model` is read as written, from the directory the daemon runs in: the",
+        "servers compare it as written. A path given as `env:NAME` is read from environment",
+        "variable NAME. Unknown keys are refused. `spgc config check FILE` validates a file;",
+        "`spgc config show server|provider` prints this.",
         "",
     ]
     for kind, schema in SCHEMAS.items():

@@ -285,11 +285,28 @@ def _load_file_module(path: Path, ref: str) -> ModuleType:
     return module
 
 
+def _import_from_path_or_cwd(target: str) -> ModuleType:
+    """``import target``; a package missing from sys.path is also looked for in the current
+    directory, as ``python -m`` would (a console script's sys.path lacks it)."""
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        top = target.split(".")[0]
+        cwd = str(Path.cwd())
+        if exc.name != top or cwd in sys.path or not (
+            Path(cwd, top).is_dir() or Path(cwd, f"{top}.py").is_file()
+        ):
+            raise
+        sys.path.append(cwd)  # appended: never shadows an installed module
+        return importlib.import_module(target)
+
+
 def resolve_callable(ref: str, what: str = "factory") -> Callable[..., object]:
     """The function named by ``"package.module:name"`` or ``"path/to/file.py:name"``.
 
-    A module reference is imported with :func:`importlib.import_module`; a ``.py`` path (relative
-    to the current directory unless absolute) is executed as a module of its own. Raises
+    A module reference is imported with :func:`importlib.import_module` (from sys.path, else from
+    the current directory); a ``.py`` path (relative to the current directory unless absolute)
+    is executed as a module of its own. Raises
     ``ValueError`` naming ``ref`` and the reason when the module cannot be imported, has no such
     attribute, or the attribute is not callable (``what`` names the role in the messages).
     """
@@ -308,9 +325,12 @@ def resolve_callable(ref: str, what: str = "factory") -> Callable[..., object]:
         module = _load_file_module(Path(target).expanduser(), ref)
     else:
         try:
-            module = importlib.import_module(target)
+            module = _import_from_path_or_cwd(target)
         except ImportError as exc:
-            raise ValueError(f"{ref!r}: cannot import {target!r}: {exc}") from None
+            raise ValueError(
+                f"{ref!r}: cannot import {target!r}: {exc} (searched sys.path and the current "
+                f"directory {Path.cwd()}; set PYTHONPATH to the directory holding the package)"
+            ) from None
         except Exception as exc:
             raise ValueError(
                 f"{ref!r}: importing {target!r} failed: {type(exc).__name__}: {exc}"

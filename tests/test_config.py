@@ -64,6 +64,29 @@ def test_file_overrides_and_relative_paths(tmp_path: Path) -> None:
         load_server_config(f, ["tls.key=pki/nope.key"])
 
 
+def test_data_files_resolve_against_the_file_when_they_are_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "train.csv").write_text("a,label\n1,0\n")
+    (conf / "loader.py").write_text("def load():\n    pass\n")
+    f = conf / "p1.yaml"
+    f.write_text("name: p1\nh1_address: 'a:1'\ninsecure: true\nmin_noise_multiplier: 0.5\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_provider_config(f, [])
+    for given, resolved in (
+        ("train.csv", str(conf / "train.csv")),  # beside the file
+        ("loader.py:load", f"{conf / 'loader.py'}:load"),
+        ("elsewhere.csv", "elsewhere.csv"),  # not there: the working directory's, as before
+        ("cancer", "cancer"),
+    ):
+        f.write_text(f.read_text().split("data:")[0] + f"data: {given}\n")
+        cfg = load_provider_config(f, [])
+        assert cfg.data == resolved
+    assert load_provider_config(f, ["data=train.csv"]).data == "train.csv"  # --set: as given
+
+
 def test_key_path_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("h1.pem", "ca.pem", "h1.key"):
         (tmp_path / name).write_text("PEM")

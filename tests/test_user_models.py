@@ -3,6 +3,7 @@ check, architecture fingerprints, initial states, and data from CSV, NPZ and loa
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -108,6 +109,23 @@ def test_resolve_importable_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.syspath_prepend(str(tmp_path))
     model = resolve_model("userpkg_spgc_test.nets:small_cnn", seed=1)
     assert model(torch.zeros(1, 1, 6, 6)).shape == (1, 5)
+
+
+def test_a_package_in_the_current_directory_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """As `python -m` would: `spgc server` is a console script, whose sys.path lacks the
+    directory it runs in."""
+    package = tmp_path / "cwdpkg_spgc_test"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "nets.py").write_text(FACTORY_SOURCE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    model = resolve_model("cwdpkg_spgc_test.nets:small_cnn", seed=1)
+    assert model(torch.zeros(1, 1, 6, 6)).shape == (1, 5)
+    with pytest.raises(ValueError, match="set PYTHONPATH to the directory holding the package"):
+        resolve_model("nowhere_spgc_test.nets:small_cnn")
 
 
 def test_same_seed_same_weights_and_rng_untouched(factory_file: Path):
