@@ -505,9 +505,27 @@ class ServerDaemon:
         }.get(exc.code())  # type: ignore[attr-defined]
         return f"{where}: {_describe(exc)}" + (f" ({hint})" if hint else "")
 
+    def _nothing_trained(self) -> str | None:
+        """Why a run that ended without a single model update failed (None: it did not)."""
+        state = self.state
+        if self.precompute is not None or state.steps or not state.round or not state.finished:
+            return None
+        declined = state.summary()["declined"]
+        why = (
+            "; declined: " + "; ".join(f"{name}: {reason}" for name, reason in declined.items())
+            if declined
+            else ""
+        )
+        return (
+            f"training ended after {state.round} round(s) without one model update: no round "
+            f"had the shares of min_providers ({self.cfg.min_providers}) providers{why}"
+        )
+
     def _guard(self, target: Any) -> None:
         try:
             target()
+            if not self.stop_event.is_set() and (why := self._nothing_trained()):
+                raise RuntimeError(why)
         except BaseException as exc:
             if not self.stop_event.is_set():
                 self.error = exc
@@ -530,6 +548,7 @@ class ServerDaemon:
         summary = self.state.summary()
         if self.error is not None:
             summary["failure"] = summary["failure"] or str(self.error)
+        summary["finished"] = summary["finished"] and summary["failure"] is None
         tmp = self.cfg.summary_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
         tmp.replace(self.cfg.summary_path)  # readers never see half a file

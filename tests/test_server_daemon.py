@@ -16,6 +16,7 @@ from spgc.config import ServerConfig, TlsPaths, load_server_config
 from spgc.gradients import per_example_gradients
 from spgc.ledger import verify_ledger
 from spgc.models import resolve_model, trainable_mask
+from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.daemon import ServerDaemon
 from spgc.sharing import share
 from spgc.wire import aggregation_pb2 as pb
@@ -363,22 +364,27 @@ def test_model_hash_mismatch_stops_both_servers(pki, tmp_path):
 
 
 def test_resume_needs_both_checkpoints(pki, tmp_path):
-    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=2)
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=3)
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
-        cfg = providers[0].wait_collecting(0)
-        vecs = [np.full(cfg.num_parameters, 10 * (i + 1), dtype=np.int64) for i in range(3)]
-        for p, v in zip(providers, vecs, strict=True):
-            p.submit_both(cfg, 0, v)
-        wait_round_done((d1, d2), 0)
+        for t in (0, 1):
+            cfg = providers[0].wait_collecting(t)
+            vecs = [np.full(cfg.num_parameters, 10 * (i + 1), dtype=np.int64) for i in range(3)]
+            for p, v in zip(providers, vecs, strict=True):
+                p.submit_both(cfg, t, v)
+            wait_round_done((d1, d2), t)
     finally:
         for p in providers:
             p.close()
         d1.stop()
         d2.stop()
-    (tmp_path / "s2" / "checkpoint.json").unlink()  # H2 lost its state
-    a, b = bind_pair(pki, tmp_path, mode="only-mpc", rounds=2)
-    assert a.state.round == 1 and b.state.round == 0
+    for name in ("checkpoint.json", "checkpoint.prev.json"):  # H2 lost its checkpoints ...
+        (tmp_path / "s2" / name).unlink()
+    with pytest.raises(CheckpointError, match="has no checkpoint, but its ledger records 2 rel"):
+        ServerDaemon(_cfg(pki, 2, tmp_path / "s2", mode="only-mpc", rounds=3))
+    (tmp_path / "s2" / "ledger.jsonl").unlink()  # ... and its ledger: it starts afresh
+    a, b = bind_pair(pki, tmp_path, mode="only-mpc", rounds=3)
+    assert a.state.round == 2 and b.state.round == 0
     try:
         b.start()
         a.start()
