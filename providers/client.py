@@ -729,6 +729,11 @@ class ProviderClient:
                     if deadline is None
                     else time.monotonic() >= deadline
                 )
+                if code in RETRYABLE and exhausted and error is ProviderRefusal:
+                    # Not a refusal of the plan: the server could not be reached (exit 1).
+                    raise ConnectionError(
+                        f"{what} failed after {attempt} attempts: {code.name}: {exc.details()}"
+                    ) from None
                 if code not in RETRYABLE or exhausted:
                     raise error(
                         f"{what} failed: {code.name}: {exc.details()}"

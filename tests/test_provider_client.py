@@ -529,12 +529,16 @@ def test_hello_waits_for_a_server_still_starting(pki: Path) -> None:
 
     assert client._call_with_retry(flaky, "Hello", deadline=time.monotonic() + 30) == "up"
     calls.clear()
-    with pytest.raises(ProviderRefusal, match="failed after 2 attempts: UNAVAILABLE"):
+    # An unreachable server is not a refusal of the plan (exit 3) but an error (exit 1).
+    with pytest.raises(ConnectionError, match="failed after 2 attempts: UNAVAILABLE"):
         client._call_with_retry(flaky, "SubmitShare")
     calls.clear()
-    with pytest.raises(ProviderRefusal, match="UNAVAILABLE"):
+    with pytest.raises(ConnectionError, match="UNAVAILABLE"):
         client._call_with_retry(flaky, "Hello", deadline=time.monotonic() - 1)
     assert len(calls) == 1
+    calls.clear()
+    with pytest.raises(RoundFailed, match="failed after 2 attempts"):  # a round's call
+        client._call_with_retry(flaky, "FetchModel", RoundFailed)
 
 
 def test_lost_receipt_is_not_resent(pki: Path, servers: Any, cancer: Any) -> None:
