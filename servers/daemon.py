@@ -436,7 +436,11 @@ class ServerDaemon:
             return "training is finished"
         if not self.state.ready:
             return "the servers have not agreed on the plan yet (no Handshake)"
-        if not self.cfg.single_server and (not self._session_paired or self.state.peer_waiting):
+        if not self.cfg.single_server and (
+            not self._session_paired or self.state.peer_waiting or self._session.is_set()
+        ):
+            # _session is set the moment the probe finds the peer gone, while the driver may
+            # still be held in a call to it (a frozen peer) until that call's deadline.
             return "the other server is not connected"
         return None
 
@@ -1018,6 +1022,7 @@ class ServerDaemon:
                 session.set()
                 for channel in self._gc_channels:
                     channel.interrupt()
+        self._update_readiness()
 
     def _start_watch(self, session: threading.Event) -> None:
         thread = threading.Thread(
