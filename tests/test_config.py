@@ -211,6 +211,25 @@ def test_config_check_and_show(tmp_path: Path) -> None:
         assert key in out.stdout
 
 
+def test_config_check_builds_the_model_and_reads_the_data(tmp_path: Path) -> None:
+    """Beyond keys and values: what the daemon would build at its start, as it would."""
+    good = tmp_path / "h1.yaml"
+    good.write_text("insecure: true\nproviders: [p1, p2]\n")
+    out = run("spgc", "config", "check", str(good))
+    assert out.returncode == 0 and "(model cancer: 62 parameters, ring Z_2^" in out.stdout
+    assert "absl" not in out.stderr
+    for change, words in (
+        ("test_data=nosuch.csv", "data file 'nosuch.csv': no such file"),
+        ("model=nofile.py:mlp", "no such file 'nofile.py'"),
+        ("initial_model=nosuch.safetensors", "nosuch.safetensors': no such file"),
+    ):
+        out = run("spgc", "config", "check", str(good), "--set", change, cwd=tmp_path)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+        schema = run("spgc", "config", "check", str(good), "--set", change, "--schema-only")
+        assert schema.returncode == 0, schema.stderr  # the keys and values alone are fine
+
+
 def test_missing_state_dir_is_created_private(tmp_path: Path) -> None:
     state = tmp_path / "a" / "b" / "state"
     cfg = ServerConfig(insecure=True, providers=["p1"], min_providers=1, state_dir=state)

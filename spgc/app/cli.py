@@ -27,15 +27,22 @@ from spgc.certs import DEFAULT_NAMES, make_dev_pki, make_ledger_keys
 from spgc.config import (
     SCHEMAS,
     ConfigError,
+    ProviderConfig,
+    ServerConfig,
     config_markdown,
     describe_keys,
     detect_schema,
     load_config,
 )
-from spgc.data import DATA_ERRORS
+from spgc.data import DATA_ERRORS, load_user_data
+from spgc.gradients import check_model_on_data
+from spgc.logs import setup_logging
+from spgc.models import parameter_count, resolve_model
 from spgc.modes import TRAINING_MODES
+from spgc.plan import make_plan
 from spgc.providers.__main__ import main as provider_main
 from spgc.servers.__main__ import main as server_main
+from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
 
 
 def _positive_int(text: str) -> int:
@@ -302,6 +309,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="whose file it is (default: a provider's if it has name/h1_address, else a server's)",
     )
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    check.add_argument(
+        "--schema-only",
+        action="store_true",
+        help="check keys and values only; by default the model, initial_model, data and "
+        "test_data are also built and tried together, as the daemon does at its start",
+    )
     show = config_sub.add_parser(
         "show", help="every key, its default and meaning", description="List every key."
     )
@@ -391,13 +404,37 @@ def _cmd_config(args: argparse.Namespace) -> int:
             print(f"{key} ({kind}, default {default})\n    {meaning}")
         return 0
     kind = args.kind or detect_schema(args.file)
+    setup_logging("warning")  # the accountant's chatter (absl) stays out of a check's output
     try:
-        load_config(SCHEMAS[kind], args.file, args.overrides)  # type: ignore[type-var]
+        cfg = load_config(SCHEMAS[kind], args.file, args.overrides)  # type: ignore[type-var]
+        what = "" if args.schema_only else _try_model_and_data(cfg)
     except ConfigError as exc:
         print(f"spgc config check: {exc}", file=sys.stderr)
         return 2
-    print(f"{args.file}: a valid {kind} configuration")
+    except (ValueError, OSError, *DATA_ERRORS) as exc:
+        print(f"spgc config check: {args.file}: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.file}: a valid {kind} configuration{what}")
     return 0
+
+
+def _try_model_and_data(cfg: ServerConfig | ProviderConfig) -> str:
+    """What the daemon would build at its start, built now: the model (and initial_model), the
+    run's plan, the data and test_data, tried together. Returns a note for the check's line."""
+    if isinstance(cfg, ServerConfig):
+        plan = make_plan(cfg)
+        if cfg.test_data and cfg.evaluate:
+            loader = test_set_loader(cfg)
+            assert loader is not None
+            TestSetEvaluator(plan.model_name, loader).check(f"test_data {cfg.test_data!r}")
+        return f" (model {plan.model_name}: {plan.dim:,} parameters, ring Z_2^{plan.ring_bits})"
+    if not cfg.model:
+        return ""  # the servers' built-in model: checked when the plan is known
+    model = resolve_model(cfg.model)
+    if cfg.data:
+        data = load_user_data(cfg.data, cfg.data_label)
+        check_model_on_data(model, data.x_train, data.y_train, f"data {cfg.data!r}")
+    return f" (model {cfg.model}: {parameter_count(model):,} parameters)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
