@@ -262,7 +262,10 @@ class ServerState:
         if not lines or json.loads(lines[0]).get("run_id") != self.run_id:
             self._refuse_short_ledger(0)
             return  # another run's ledger: set aside when this run's is opened
-        verify_ledger(lines)  # a damaged ledger stops the restart (LedgerError)
+        try:
+            verify_ledger(lines)  # a damaged ledger stops the restart
+        except LedgerError as exc:
+            raise LedgerError(f"{path}: {exc}; restore it from a backup") from None
         self._count_ledger(lines)
 
     def ledger_public_key(self) -> bytes:

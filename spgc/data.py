@@ -451,8 +451,12 @@ def _features(x: Any, what: str) -> np.ndarray:
         return np.ascontiguousarray(arr.astype(np.int64))
     out = arr.astype(np.float32)
     if not np.isfinite(out).all():
-        bad = int((~np.isfinite(out)).sum())
-        raise ValueError(f"{what} holds {bad} NaN or infinite values (or values beyond float32)")
+        bad = ~np.isfinite(out)
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{what} holds {int(bad.sum())} NaN or infinite values (or values beyond float32), "
+            f"the first in example {first[0]} (0-based), at index {first[1:]} of its features"
+        )
     return np.ascontiguousarray(out)
 
 

@@ -221,7 +221,10 @@ class Ledger:
                     "plan_sha256"
                 ) == fields.get("plan_sha256")
                 if same:
-                    verify_ledger(existing)  # a damaged ledger is never extended
+                    try:
+                        verify_ledger(existing)  # a damaged ledger is never extended
+                    except LedgerError as exc:
+                        raise LedgerError(f"{path}: {exc}; not extending it") from None
                     ledger.header = first
                     ledger.lines = existing
                     if first.get("public_key") != fields["public_key"]:

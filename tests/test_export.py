@@ -184,7 +184,9 @@ def test_server_run_leaves_the_model_and_spgc_export_writes_it(server_pki, tmp_p
     assert report["version"] == 1 and report["steps"] == 1
     kept = safetensors.torch.load_file(s1 / "models" / "v00001.safetensors")
     assert first.keys() == kept.keys() and all(torch.equal(first[k], kept[k]) for k in first)
-    capsys.readouterr()
+    assert "warning" not in capsys.readouterr().err
+    assert _export(s1, tmp_path / "v0.safetensors", version=0) == 0  # the start: said so
+    assert "the initial model: no training step" in capsys.readouterr().err
 
     for args in (
         (s1, tmp_path / "x.safetensors", 7),  # no such version

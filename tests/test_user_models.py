@@ -370,8 +370,9 @@ def test_csv_refusals(tmp_path: Path):
     path.write_text("a,label\n1,0\n2\n")
     with pytest.raises(ValueError, match="line 3 has 1 fields"):
         load_user_data(path)
-    path.write_text("a,label\nnan,0\n")
-    with pytest.raises(ValueError, match="NaN or infinite"):
+    path.write_text("a,b,label\n1,2,0\n3,nan,0\n")
+    where = r"NaN or infinite.*example 1 \(0-based\), at index \(1,\)"
+    with pytest.raises(ValueError, match=where):
         load_user_data(path)
     with pytest.raises(ValueError, match="no such file"):
         load_user_data(tmp_path / "absent.csv")

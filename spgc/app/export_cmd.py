@@ -7,6 +7,7 @@ earlier one from the copy the server kept in state_dir/models/.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,4 +82,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"spgc export: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     print(f"model: {model}\nreport: {report}")
+    steps = json.loads(Path(report).read_text()).get("steps")
+    if steps == 0:
+        print(
+            "spgc export: warning: this is the initial model: no training step was published",
+            file=sys.stderr,
+        )
     return 0
