@@ -536,6 +536,9 @@ class _NoiseJob:
                 pool.ring_bits,
                 os.urandom(32),
             )
+        except garbled_core.ChannelError as exc:  # the link to H1 broke: H1 is gone
+            log.warning("noise block %d stopped: the link to h1 broke (%s)", self.block.index, exc)
+            self.error = exc
         except BaseException as exc:  # handed to H1 at STEP_FINISH
             log.exception("noise block %d failed", self.block.index)
             self.error = exc
