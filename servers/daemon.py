@@ -896,7 +896,6 @@ class ServerDaemon:
 
     def _paired(self) -> None:
         """A Handshake agreed: rounds may run again."""
-        self._checkpoint_the_start()
         self._round_state_live = True
         self.state.peer_back()
         self._set_paired_health(True)
@@ -1040,6 +1039,7 @@ class ServerDaemon:
         stub = peer_pb2_grpc.PeerStub(self._peer_channel)
         self._handshake(stub, deadline)
         self._paired()
+        self._checkpoint_the_start()  # before the link, hence before round 0 opens
         if self._listener is None:  # closed after the last link was taken
             host, _ = split_host_port(self.cfg.gc_address)
             self._listener = garbled_core.Listener(host, self.gc_port)
@@ -1127,6 +1127,7 @@ class ServerDaemon:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no handshake from {self.cfg.peer_name}")
         epoch = self.peer_servicer.epoch
+        self._checkpoint_the_start()  # before the link: H1 opens no round without it
         host, port = split_host_port(self.cfg.gc_address)
         channels: list[Any] = []
         try:
