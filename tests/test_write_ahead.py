@@ -57,6 +57,20 @@ def submit_round(providers: list[Provider], t: int, value: int = 10) -> None:
         p.submit_both(cfg, t, np.full(cfg.num_parameters, value * (i + 1), dtype=np.int64))
 
 
+def run_rounds(pki: Path, daemons: tuple[ServerDaemon, ServerDaemon], count: int) -> None:
+    """p1..p3 take part in rounds 0..count-1 of the started pair; then everything stops."""
+    providers = [Provider(pki, n, daemons) for n in PROVIDERS]
+    try:
+        for t in range(count):
+            submit_round(providers, t)
+            wait_round_done(daemons, t)
+    finally:
+        for p in providers:
+            p.close()
+        for d in daemons:
+            d.stop()
+
+
 def test_a_failure_after_the_reveal_is_counted_and_a_restart_continues(
     pki: Path, tmp_path: Path, reveals: list[tuple[int, int]]
 ) -> None:
@@ -115,17 +129,7 @@ def test_a_cut_or_lost_ledger_stops_the_restart(pki: Path, tmp_path: Path) -> No
     """The checkpoint counts the releases made: a restart whose ledger holds fewer (its last
     entries cut, the file deleted or emptied) does not start, and a ledger whose checkpoint was
     lost is not silently followed by a new run with a fresh budget."""
-    d1, d2 = start_pair(pki, tmp_path, **NOISY)
-    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
-    try:
-        for t in (0, 1):
-            submit_round(providers, t)
-            wait_round_done((d1, d2), t)
-    finally:
-        for p in providers:
-            p.close()
-        d1.stop()
-        d2.stop()
+    run_rounds(pki, start_pair(pki, tmp_path, **NOISY), 2)
     ledger = tmp_path / "s2" / "ledger.jsonl"
     whole = ledger.read_bytes()
     lines = whole.splitlines(keepends=True)
@@ -169,16 +173,7 @@ def test_ledger_entry_is_on_disk_before_the_reveal(
     monkeypatch.setattr(coordinator, "run_aggregate", tap)
     d1, d2 = start_pair(pki, tmp_path, **{**NOISY, "rounds": 2})
     servers.update({1: d1, 2: d2})
-    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
-    try:
-        for t in range(2):
-            submit_round(providers, t)
-            wait_round_done((d1, d2), t)
-    finally:
-        for p in providers:
-            p.close()
-        d1.stop()
-        d2.stop()
+    run_rounds(pki, (d1, d2), 2)
     assert sorted(seen) == [1, 1, 2, 2]  # the k-th reveal found k entries already written
 
 
