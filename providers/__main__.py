@@ -18,7 +18,7 @@ from spgc.config import ConfigError, add_daemon_arguments, load_provider_config
 from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
 from spgc.progress import Progress, terminal_logging
-from spgc.providers.client import ProviderClient, ProviderRefusal, RoundReport
+from spgc.providers.client import ProviderClient, ProviderRefusal, RoundReport, RunFailed
 
 PROG = "spgc provider"
 log = logging.getLogger("spgc.provider")
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.info("interrupted")
         return 130
-    except (TimeoutError, OSError, ValueError, *DATA_ERRORS) as exc:
+    except (RunFailed, TimeoutError, OSError, ValueError, *DATA_ERRORS) as exc:
         log.error("%s", exc)
         return 1
     except grpc.RpcError as exc:  # a refusal no step expects (e.g. removed from `providers`)

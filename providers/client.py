@@ -140,6 +140,11 @@ class RoundFailed(RuntimeError):
     """This provider's contribution to one round could not be delivered (the run goes on)."""
 
 
+class RunFailed(RuntimeError):
+    """A server says its run stopped on an error (RoundInfo.failure): training did not end as
+    planned."""
+
+
 @dataclass
 class _Server:
     """One server as the client sees it."""
@@ -796,6 +801,8 @@ class ProviderClient:
                 # One server says training is over: do not ask the other, which may be
                 # shutting down already.
                 if info is not None and info.phase == pb.ROUND_PHASE_FINISHED:
+                    if info.failure:
+                        raise RunFailed(f"{server.name} stopped the run: {info.failure}")
                     return None
                 infos.append(info)
             if all(i is not None for i in infos):

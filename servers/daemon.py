@@ -534,6 +534,7 @@ class ServerDaemon:
             if not self.stop_event.is_set():
                 self.error = exc
                 log.error("%s stopping: %s", self.cfg.role_name, _describe(exc))
+                self.state.fail(_describe(exc))  # long polls answer FINISHED with why
                 if _peer_gone(exc):
                     self.audit.record("peer_lost", identity=self.cfg.peer_name, reason=str(exc))
         finally:

@@ -32,6 +32,7 @@ from spgc.ledger import (
     released_digest,
     verify_ledger,
 )
+from spgc.logs import printable
 from spgc.models import resolve_model
 from spgc.modes import TWO_SERVER_MODES
 from spgc.optim import Adam
@@ -394,6 +395,8 @@ class ServerState:
             )
             if t == self.round and self.deadline:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
+            if phase == pb.ROUND_PHASE_FINISHED and self.failure:
+                info.failure = printable(" ".join(self.failure.split()))
             return info
 
     def add_round_listener(self, listener: Callable[[], None]) -> None:

@@ -118,6 +118,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.fetches = 0
         self.refuse_hello = False  # PERMISSION_DENIED, as for a provider no longer registered
         self.after_accept: Any = None  # called (no arguments) after a share is accepted
+        self.failure = ""  # RoundInfo.failure: the run stopped on an error
 
     def _round_info(self, who: str) -> Any:
         return pb.RoundInfo(
@@ -128,6 +129,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
             caller_share_accepted=(who, self.round) in self.accepted,
             shares_accepted=len(self.accepted),
             latest_model_version=self.round,
+            failure=self.failure,
         )
 
     @abort_on_error
@@ -731,6 +733,11 @@ def test_main_exit_codes(
     assert main(["--config", str(path), "--set", "max_step_epsilon=0.5"]) == 3  # refusal
     assert main(["--config", str(path)]) == 0  # one round, then training finished
     assert len(h1.servicer.accepted) == 1 and len(h2.servicer.accepted) == 1
+    h1.servicer.failure = "model v1 differs between the servers"  # the run stopped: exit 1
+    capsys.readouterr()
+    assert main(["--config", str(path)]) == 1
+    assert "h1 stopped the run: model v1 differs between the servers" in capsys.readouterr().err
+    h1.servicer.failure = ""
     h2.servicer.refuse_hello = True  # no longer a registered provider: one line, exit 3
     capsys.readouterr()
     assert main(["--config", str(path)]) == 3

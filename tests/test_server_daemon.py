@@ -354,6 +354,10 @@ def test_model_hash_mismatch_stops_both_servers(pki, tmp_path):
         assert "model v1 differs between the servers" in str(d2.error)
         for dm in (d1, d2):
             assert dm.state.version == 0 and dm.state.steps == 0  # nothing published
+        for role in (1, 2):  # providers hear that the run stopped on an error, and why
+            info = providers[0].stubs[role].RoundStatus(pb.RoundStatusRequest(), timeout=10)
+            assert info.phase == pb.ROUND_PHASE_FINISHED
+            assert "differs between the servers" in info.failure
         header, _ = providers[0].fetch(1)
         assert header.version == 0
     finally:
