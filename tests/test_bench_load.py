@@ -56,8 +56,11 @@ def test_bench_load_small_run_with_hostile_actors():
     assert {"silent_streams", "gc_port_junk", "malformed_as_provider"} <= set(calls), calls
     for kind, outcomes in calls.items():
         if kind != "after_last_round":  # the servers were stopping: anything goes
-            # UNAVAILABLE: the actor's own connection not set up in time on a busy machine
-            assert set(outcomes) <= REFUSALS[kind] | {"UNAVAILABLE"}, (kind, outcomes)
+            # UNAVAILABLE: the actor's own connection not set up in time on a busy machine;
+            # CANCELLED: a call the servers' shutdown cut, when they finished before the bench
+            # told the actors to stop (never an acceptance: answered_ok is 0 above)
+            allowed = REFUSALS[kind] | {"UNAVAILABLE", "CANCELLED"}
+            assert set(outcomes) <= allowed, (kind, outcomes)
     assert calls["malformed_as_provider"].get("INVALID_ARGUMENT", 0) > 0
 
 
