@@ -29,7 +29,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import garbled_core
 from spgc import __version__
 from spgc.config import ServerConfig
-from spgc.ledger import read_ledger_lines
 from spgc.plan import make_plan
 from spgc.progress import terminal_logging
 from spgc.servers.aggregator import AggregatorServicer
@@ -238,7 +237,7 @@ class ServerDaemon:
         assert self.cfg.state_dir is not None
         loaded = load_checkpoint(self.cfg.state_dir)
         if loaded is None:
-            self._refuse_a_ledger_without_checkpoint()
+            self.state.refuse_ledger_without_checkpoint()
             return
         record, arrays = loaded
         run_id = record["run_id"]
@@ -272,28 +271,6 @@ class ServerDaemon:
             f"{self.state.epsilon():.4f}",
             ": already finished" if self.state.finished else "",
         )
-
-    def _refuse_a_ledger_without_checkpoint(self) -> None:
-        """Every run checkpoints its start before its first release, so releases in the ledger
-        with no checkpoint beside them mean the checkpoint was lost: resuming silently would
-        start a new run with a fresh privacy budget on the same data."""
-        path = self.state.ledger_path
-        if path is None or not path.exists():
-            return
-        lines = read_ledger_lines(path)
-        try:
-            entries = [json.loads(line) for line in lines]
-        except ValueError:
-            raise CheckpointError(f"{path} is not a ledger (a line is not JSON)") from None
-        releases = sum(1 for e in entries if isinstance(e, dict) and e.get("kind") == "release")
-        if releases:
-            run = entries[0].get("run_id") if isinstance(entries[0], dict) else None
-            raise CheckpointError(
-                f"state_dir {self.cfg.state_dir} has no checkpoint, but its ledger records "
-                f"{releases} release(s) of run {run}: the checkpoint was lost. Restore it to "
-                "continue that run, or set resume: false to start a NEW run, whose privacy "
-                f"budget starts again (that ledger is then kept as ledger.jsonl.{run})"
-            )
 
     def _gc_tls(self) -> dict[str, Any]:
 
@@ -514,7 +491,8 @@ class ServerDaemon:
         state = self.state
         if self.precompute is not None or state.steps or not state.round or not state.finished:
             return None
-        declined = state.summary()["declined"]
+        with state.cond:
+            declined = dict(state.declined)
         why = (
             "; declined: " + "; ".join(f"{name}: {reason}" for name, reason in declined.items())
             if declined

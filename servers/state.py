@@ -86,6 +86,13 @@ class RoundRecord:
 _ENDED = (pb.ROUND_PHASE_PUBLISHED, pb.ROUND_PHASE_ABORTED)
 
 
+def _ledger_releases(lines: list[bytes]) -> tuple[Any, list[dict[str, Any]]]:
+    """The run id a ledger's header names (None: no lines) and its release entries."""
+    entries = [json.loads(line) for line in lines]
+    run = entries[0].get("run_id") if entries else None
+    return run, [e for e in entries if e.get("kind") == "release"]
+
+
 def _round_summary(rec: RoundRecord) -> dict[str, Any]:
     """One ended round as plain JSON (per-round curves for experiments and audits)."""
     return {
@@ -222,11 +229,10 @@ class ServerState:
     def _count_ledger(self, lines: list[bytes]) -> None:
         """Count every release entry of this run's ledger ``lines`` (a crash may have left
         some after the checkpoint): the accountant and the sampler's delta count them all."""
-        entries = [json.loads(line) for line in lines]
-        if not entries or entries[0].get("run_id") != self.run_id:
+        run, releases = _ledger_releases(lines)
+        if run != self.run_id:
             self._refuse_short_ledger(0)
             return
-        releases = [e for e in entries if e.get("kind") == "release"]
         self._refuse_short_ledger(len(releases))
         self.samples_drawn = max(self.samples_drawn, sum(int(e["noise_samples"]) for e in releases))
         extra = len(releases) - self.releases
@@ -238,6 +244,26 @@ class ServerState:
                 "%s: the ledger holds %d release(s) after the checkpoint; all are counted",
                 self.plan.cfg.role_name,
                 extra,
+            )
+
+    def refuse_ledger_without_checkpoint(self) -> None:
+        """At a start with no checkpoint (CheckpointError otherwise). Every run checkpoints its
+        start before its first release, so releases in the ledger with no checkpoint beside
+        them mean the checkpoint was lost: resuming silently would start a new run with a
+        fresh privacy budget on the same data."""
+        path = self.ledger_path
+        if path is None or not path.exists():
+            return
+        try:
+            run, releases = _ledger_releases(read_ledger_lines(path))
+        except (ValueError, AttributeError):  # not JSON objects
+            raise CheckpointError(f"{path} is not a ledger (a line is not a JSON object)") from None
+        if releases:
+            raise CheckpointError(
+                f"state_dir {path.parent} has no checkpoint, but its ledger records "
+                f"{len(releases)} release(s) of run {run}: the checkpoint was lost. Restore it "
+                "to continue that run, or set resume: false to start a NEW run, whose privacy "
+                f"budget starts again (that ledger is then kept as ledger.jsonl.{run})"
             )
 
     def _refuse_short_ledger(self, entries: int) -> None:
@@ -542,9 +568,8 @@ class ServerState:
         """g = Y / s, one Adam step; keeps the result pending until both hashes agree."""
         start = time.perf_counter()
         gradient = np.asarray(y, dtype=np.float64) / self.plan.cfg.scale
-        trainable = self.plan.trainable
-        if trainable is not None and not trainable.all():
-            gradient[~trainable] = 0.0  # only noise there: a frozen parameter never moves
+        if self.plan.frozen is not None:
+            gradient[self.plan.frozen] = 0.0  # only noise there: a frozen parameter never moves
         new = self.adam.step(self.params, gradient)
         sha = vector_sha256(new)
         seconds["update"] = time.perf_counter() - start

@@ -30,6 +30,7 @@ from torch.func import functional_call, grad, vmap
 
 from spgc.models import (
     check_per_example_compatible,
+    eval_forward,
     model_input,
     parameter_count,
     trainable_mask,
@@ -175,7 +176,7 @@ def check_model_on_data(
     if len(x) == 0:
         return
     try:
-        logits = _forward_one(model, x[:1])
+        logits = eval_forward(model, model_input(model, x[:1]))
     except Exception as exc:  # whatever the user's model raises on this input
         raise ValueError(
             f"the model cannot read {what}: an example of shape {tuple(np.shape(x)[1:])} "
@@ -200,16 +201,6 @@ def check_model_on_data(
         raise ValueError(
             f"per-example gradients fail on an example of {what}: {_first_line(exc)}"
         ) from None
-
-
-def _forward_one(model: nn.Module, x: np.ndarray) -> torch.Tensor:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return model(model_input(model, x))
-    finally:
-        model.train(was_training)
 
 
 def _first_line(exc: BaseException) -> str:

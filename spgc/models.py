@@ -186,14 +186,20 @@ def model_input(model: nn.Module, x: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 def _runs_on(model: nn.Module, x: torch.Tensor) -> bool:
+    try:
+        eval_forward(model, x)
+        return True
+    except Exception:  # any refusal of integer input: floats it is
+        return False
+
+
+def eval_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``model(x)`` in eval mode without gradients; the model's mode is restored after."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            model(x)
-        return True
-    except Exception:  # any refusal of integer input: floats it is
-        return False
+            return model(x)
     finally:
         model.train(was_training)
 

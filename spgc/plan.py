@@ -60,8 +60,9 @@ class RunPlan:
     model_fingerprint: str = ""
     # The largest local batch the ring is sized for (TrainingConfig.max_batch_size).
     max_batch_size: int = 0
-    # False where a parameter is frozen (requires_grad=False): the update leaves it alone.
-    trainable: np.ndarray | None = None
+    # True where a parameter is frozen (requires_grad=False): the update leaves it alone.
+    # None when nothing is frozen.
+    frozen: np.ndarray | None = None
 
     @property
     def dim(self) -> int:
@@ -230,8 +231,13 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     return RunPlan(
         cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
-        max_batch, trainable_mask(model),
+        max_batch, _frozen(model),
     )  # fmt: skip
+
+
+def _frozen(model: nn.Module) -> np.ndarray | None:
+    frozen = ~trainable_mask(model)
+    return frozen if frozen.any() else None
 
 
 def build_run_model(cfg: ServerConfig) -> nn.Module:
