@@ -38,7 +38,7 @@ for port in $ports; do
 done
 
 if [[ ! -f certs/ca.pem ]]; then
-    "$SPGC" certs certs --names h1 h2 p1 p2 p3 >/dev/null
+    "$SPGC" certs certs --names h1 h2 --providers p1 p2 p3 >/dev/null
 fi
 # The servers' YAML sets resume: false, so old state is simply replaced; only a stale summary
 # must go, or a failed run could report the previous run's figures.

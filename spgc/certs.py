@@ -19,7 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-DEFAULT_NAMES: tuple[str, ...] = ("h1", "h2", "p1", "p2", "p3")
+DEFAULT_NAMES: tuple[str, ...] = ("h1", "h2")
+DEFAULT_PROVIDERS: tuple[str, ...] = ("p1", "p2", "p3")
 CA_NAME = "ca"
 VALIDITY_DAYS = 365
 
@@ -124,8 +125,14 @@ def _make_leaf(
     ca_key: ec.EllipticCurvePrivateKey,
     ca_cert: x509.Certificate,
     now: _dt.datetime,
+    client_only: bool = False,
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
+    # A provider only ever dials out: without serverAuth a TLS client refuses its certificate
+    # as a server's, so a provider cannot pose as one even where names or addresses overlap.
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    if not client_only:
+        usages.insert(0, ExtendedKeyUsageOID.SERVER_AUTH)
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     if name.lower() != "localhost":
@@ -160,12 +167,7 @@ def _make_leaf(
             ),
             critical=True,
         )
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectAlternativeName(san), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
@@ -177,19 +179,25 @@ def _make_leaf(
 
 
 def make_dev_pki(
-    directory: Path, names: Sequence[str] = DEFAULT_NAMES, force: bool = False
+    directory: Path,
+    names: Sequence[str] = DEFAULT_NAMES,
+    force: bool = False,
+    providers: Sequence[str] = (),
 ) -> dict[str, CertPaths]:
     """Write a development CA and one leaf certificate per name into ``directory``.
 
-    Files: ``ca.pem``/``ca.key`` and ``NAME.pem``/``NAME.key`` for each name. Leaves are EC P-256,
-    valid for one year, usable as TLS server and client (SAN: localhost, 127.0.0.1, NAME).
+    Files: ``ca.pem``/``ca.key`` and ``NAME.pem``/``NAME.key`` for each name in ``names`` and
+    ``providers``. Leaves are EC P-256, valid for one year (SAN: localhost, 127.0.0.1, NAME);
+    those in ``names`` (the servers) serve TLS and authenticate as clients, those in
+    ``providers`` only authenticate as clients (no serverAuth).
     Private keys are created with mode 0600. Existing files are never overwritten unless
     ``force``; then they are replaced (removed and created anew, so their mode is 0600 again).
 
     Raises ``FileExistsError`` when a file exists and ``force`` is false, ``ValueError`` for a bad
     name, ``OSError`` for file-system errors.
     """
-    checked = _check_names(names)
+    checked = _check_names([*names, *providers])
+    client_only = set(checked[len(names) :])
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"{directory} exists and is not a directory")
@@ -213,7 +221,7 @@ def make_dev_pki(
 
     result: dict[str, CertPaths] = {}
     for name in checked:
-        key, cert = _make_leaf(name, ca_key, ca_cert, now)
+        key, cert = _make_leaf(name, ca_key, ca_cert, now, client_only=name in client_only)
         key_path, cert_path = directory / f"{name}.key", directory / f"{name}.pem"
         _write_new(key_path, _key_pem(key), 0o600)
         _write_new(cert_path, _cert_pem(cert), 0o644)

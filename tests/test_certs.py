@@ -113,9 +113,24 @@ def test_cli_certs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_default_names(tmp_path: Path) -> None:
+    """Servers h1 h2 serve TLS and authenticate as clients; providers p1..p3 only the latter."""
     assert main(["certs", str(tmp_path)]) == 0
     for name in ("h1", "h2", "p1", "p2", "p3"):
-        assert (tmp_path / f"{name}.pem").is_file()
+        eku = _load(tmp_path / f"{name}.pem").extensions.get_extension_for_class(
+            x509.ExtendedKeyUsage
+        )
+        client = {ExtendedKeyUsageOID.CLIENT_AUTH}
+        assert set(eku.value) == (client if name.startswith("p") else
+                                  client | {ExtendedKeyUsageOID.SERVER_AUTH})  # fmt: skip
+
+
+def test_cli_names_and_providers(tmp_path: Path) -> None:
+    assert main(["certs", str(tmp_path), "--names", "agg-a", "--providers", "lab1"]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.pem")) == ["agg-a.pem", "ca.pem", "lab1.pem"]
+    eku = _load(tmp_path / "lab1.pem").extensions.get_extension_for_class(x509.ExtendedKeyUsage)
+    assert list(eku.value) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    # A name cannot be both a server and a provider.
+    assert main(["certs", str(tmp_path / "x"), "--names", "a1", "--providers", "a1"]) == 2
 
 
 def test_ledger_signing_keys(tmp_path):

@@ -119,10 +119,12 @@ class ToyAggregator(aggregation_pb2_grpc.AggregatorServicer):
 class Served:
     """A started toy server; ``stub(name)`` makes a client with that party's certificate."""
 
-    def __init__(self, pki: Path, insecure: bool = False, dim: int = D) -> None:
+    def __init__(
+        self, pki: Path, insecure: bool = False, dim: int = D, cert: str = "h1"
+    ) -> None:
         self.pki = pki
         self.servicer = ToyAggregator(insecure, dim)
-        tls = None if insecure else TlsFiles.from_dir(pki, "h1")
+        tls = None if insecure else TlsFiles.from_dir(pki, cert)
         adder = functools.partial(
             aggregation_pb2_grpc.add_AggregatorServicer_to_server, self.servicer
         )
@@ -149,7 +151,7 @@ class Served:
 @pytest.fixture(scope="module")
 def pkis(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("grpc-pki")
-    make_dev_pki(base / "good", ["h1", "p1", "p2"])
+    make_dev_pki(base / "good", ["h1"], providers=["p1", "p2"])
     make_dev_pki(base / "other", ["h1", "p1"])  # same names, another CA
     return base / "good", base / "other"
 
@@ -250,6 +252,18 @@ def test_server_name_is_verified(served: Served) -> None:
     with pytest.raises(grpc.RpcError) as e:
         wrong.Hello(aggregation_pb2.HelloRequest(), timeout=TIMEOUT)
     assert _code(e) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_provider_certificate_cannot_serve(pkis: tuple[Path, Path]) -> None:
+    """A provider's development certificate authenticates clients only: a server holding it
+    (a provider posing as a server at an address its certificate names) is refused."""
+    posing = Served(pkis[0], cert="p2")
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            posing.stub("p1").Hello(aggregation_pb2.HelloRequest(), timeout=TIMEOUT)
+        assert _code(e) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        posing.close()
 
 
 def test_plaintext_client_cannot_talk_to_tls_server(served: Served) -> None:

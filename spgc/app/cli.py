@@ -23,7 +23,7 @@ from spgc.app import (
 from spgc.app.bench_gc import BenchError
 from spgc.app.demo import DemoError, DemoOptions, run_cli
 from spgc.app.experiment import run_from_args
-from spgc.certs import DEFAULT_NAMES, make_dev_pki, make_ledger_keys
+from spgc.certs import DEFAULT_NAMES, DEFAULT_PROVIDERS, make_dev_pki, make_ledger_keys
 from spgc.config import (
     SCHEMAS,
     ConfigError,
@@ -113,15 +113,26 @@ def build_parser() -> argparse.ArgumentParser:
         "certs",
         help="make a development CA and per-party TLS certificates",
         description="Write a development CA (ca.pem, ca.key) and, per name, NAME.pem and NAME.key "
-        "signed by it (EC P-256, one year, SAN localhost/127.0.0.1/NAME). For development only.",
+        "signed by it (EC P-256, one year, SAN localhost/127.0.0.1/NAME). Servers' certificates "
+        "serve TLS and authenticate as clients; providers' only authenticate as clients, so a "
+        "provider cannot pose as a server. With neither --names nor --providers: servers h1 h2, "
+        "providers p1 p2 p3. For development only.",
     )
     certs.add_argument("directory", type=Path, metavar="DIR")
     certs.add_argument(
         "--names",
         nargs="+",
-        default=list(DEFAULT_NAMES),
+        default=None,
         metavar="NAME",
-        help=f"parties to certify (default: {' '.join(DEFAULT_NAMES)})",
+        help=f"the servers to certify (default: {' '.join(DEFAULT_NAMES)})",
+    )
+    certs.add_argument(
+        "--providers",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the providers to certify, as TLS clients only (default: "
+        f"{' '.join(DEFAULT_PROVIDERS)} when --names is not given, else none)",
     )
     certs.add_argument("--force", action="store_true", help="replace existing files")
     certs.add_argument(
@@ -331,7 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
-    made = make_dev_pki(args.directory, args.names, force=args.force)
+    servers = DEFAULT_NAMES if args.names is None else args.names
+    if args.providers is not None:
+        providers = args.providers
+    else:
+        providers = DEFAULT_PROVIDERS if args.names is None else ()
+    made = make_dev_pki(args.directory, servers, force=args.force, providers=providers)
     ca = next(iter(made.values())).ca
     print(f"CA: {ca} (key {ca.with_suffix('.key')})")
     for name, paths in made.items():

@@ -152,8 +152,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         fits = [n for n in MODEL_NAMES if MODEL_INPUT_SHAPES[n] == shape]
         raise DemoError(f"model {opts.model!r} does not read {opts.dataset}; choose: {fits}")
     names = [f"p{i + 1}" for i in range(opts.providers)]
-    certified = ["h1", "h2", *names, *opts.extra_certs]
-    pki = None if opts.insecure else make_dev_pki(work / "pki", certified)
+    servers = ["h1", "h2", *opts.extra_certs]
+    pki = None if opts.insecure else make_dev_pki(work / "pki", servers, providers=names)
     listen1, listen2, peer1, peer2, gc = free_ports(5)
     defaults = DATASET_DEFAULTS[opts.dataset]
 
