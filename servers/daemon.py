@@ -134,6 +134,19 @@ def _agree_on_lanes(channel: Any, lanes: int, workers: int, peer_name: str) -> N
         )
 
 
+def _gc_address_hint(exc: BaseException) -> str:
+    """Why a TLS-level failure at gc_address is likely a wrong port: H1's gRPC ports (listen,
+    peer_listen) also speak TLS with H1's certificate, then drop a client that is not gRPC."""
+    if "could not connect" in str(exc):
+        return " (is H1 running, and is this H1's gc_address?)"
+    if "TLS" in str(exc):
+        return (
+            " (gc_address must be H1's gc_address, not its listen or peer_listen port, "
+            "and both servers' certificates must come from the same CA)"
+        )
+    return ""
+
+
 class ServerDaemon:
     """One SPGC server (H1 or H2)."""
 
@@ -1040,9 +1053,14 @@ class ServerDaemon:
                     _agree_on_lanes(
                         channels[0], self.cfg.gc_lanes, self.cfg.workers, self.cfg.peer_name
                     )
-        except BaseException:
+        except BaseException as exc:
             for channel in channels:
                 channel.close()
+            if isinstance(exc, TimeoutError) and "0 connections refused" in str(exc):
+                raise TimeoutError(
+                    f"{exc}: {self.cfg.peer_name} never dialed it (is {self.cfg.peer_name}'s "
+                    f"gc_address this server's gc_address, {self.cfg.gc_address}?)"
+                ) from exc
             raise
         self._listener.close()
         self._listener = None
@@ -1109,17 +1127,31 @@ class ServerDaemon:
         self._checkpoint_the_start()  # before the link: H1 opens no round without it
         host, port = split_host_port(self.cfg.gc_address)
         channels: list[Any] = []
+        told = ("", 0.0)  # the last failure logged, and when
         try:
             while len(channels) < self.cfg.gc_lanes:
                 try:
                     channels.append(
                         garbled_core.Channel.connect(host, port, timeout=10, **self._gc_tls())
                     )
-                except (OSError, RuntimeError):
+                except (OSError, RuntimeError) as exc:
                     if time.monotonic() > deadline or self.stop_event.is_set():
-                        raise
+                        raise RuntimeError(
+                            f"no data link to {self.cfg.peer_name} at gc_address "
+                            f"{self.cfg.gc_address}: {exc}{_gc_address_hint(exc)}"
+                        ) from exc
                     if session.is_set():
                         raise PeerLost("re-paired while dialing the data link") from None
+                    if str(exc) != told[0] or time.monotonic() - told[1] > 10:
+                        log.warning(
+                            "%s: data link to %s at %s not open yet: %s%s",
+                            self.cfg.role_name,
+                            self.cfg.peer_name,
+                            self.cfg.gc_address,
+                            exc,
+                            _gc_address_hint(exc),
+                        )
+                        told = (str(exc), time.monotonic())
                     time.sleep(0.2)
                     continue
                 if len(channels) == 1:

@@ -550,6 +550,25 @@ def test_different_lane_counts_stop_both_servers_with_a_clear_error(pki, tmp_pat
         d2.stop()
 
 
+def test_gc_address_at_a_grpc_port_names_the_likely_cause(pki, tmp_path, caplog):
+    """H2 dialing H1's providers' port (also TLS with H1's certificate) as its data link: both
+    servers stop after connect_timeout saying which setting to check, and H2 says so while
+    it still retries."""
+    d1, d2 = bind_pair(pki, tmp_path, mode="spgc", rounds=1, connect_timeout=4.0)
+    d2.cfg.gc_address = f"127.0.0.1:{d1.port}"
+    d2.start()
+    d1.start()
+    try:
+        assert d1.wait(40) and d2.wait(40)
+        assert "h2 never dialed it" in str(d1.error)
+        assert "no data link to h1 at gc_address" in str(d2.error)
+        said = [r.getMessage() for r in caplog.records if "not open yet" in r.getMessage()]
+        assert any("gc_address must be H1's gc_address" in m for m in said), said
+    finally:
+        d1.stop()
+        d2.stop()
+
+
 def test_servers_with_their_own_certificate_names(tmp_path):
     """Certificates need not be named h1/h2: each server announces the name in its own
     certificate (ServerInfo.server_name), the one a provider's h1_name/h2_name expects."""
