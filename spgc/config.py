@@ -256,7 +256,12 @@ class ServerConfig(_Schema):
     mode: Literal[TRAINING_MODES] = Field(
         "spgc", description=f"how noise is added: {', '.join(TRAINING_MODES)} (spgc.modes)"
     )
-    rounds: int = Field(10, ge=1, description="training rounds (model updates) at most")
+    rounds: int = Field(
+        10,
+        ge=1,
+        description="rounds at most: each published round is one model update; a round skipped "
+        "for want of min_providers counts too (it spends no privacy)",
+    )
     min_providers: int = Field(2, ge=1, description="fewest providers a round goes ahead with")
     round_deadline: float = Field(
         30.0, gt=0, description="seconds a round waits for shares after it opens"
