@@ -122,6 +122,9 @@ RETRYABLE = frozenset(
 # Seconds at most between two calls to a server that is not up (starting, or restarting while
 # we wait for a round); jittered like every backoff here.
 STARTUP_RETRY_MAX = 2.0
+#: A round a server still collects although, by our clock, its deadline passed longer ago than
+#: this: our clock is ahead of the servers' (their intake closes at their own deadline).
+CLOCK_AHEAD_SECONDS = 5.0
 _JITTER = secrets.SystemRandom()  # backoff jitter (the OS generator: nothing to seed)
 
 # The wire enum values of the modes table's rows (spgc.modes), grouped as the client branches.
@@ -501,13 +504,15 @@ class ProviderClient:
         self.last_round: int | None = None
         self._last_delivered = False  # a server accepted a share of ours for last_round
         self._told_waiting = False  # logged that a server waits for its peer
+        self._told_clock = False  # logged that this machine's clock seems ahead
         self._run_checked_at: int | None = None  # a round behind ours, seen and looked into
         # The shares of last_round when their delivery was troubled (a retry or a failure),
         # kept until every server holds its share or a later round opens: a server that lacks
         # its share while the other holds one (it was down, or dropped it when it lost its
         # peer) gets exactly its share again. Meanwhile the servers are asked without a long
         # poll, so that a server holding our share cannot hold the call while the other lacks.
-        self._resend: tuple[int, list[np.ndarray]] | None = None
+        # (round, the two shares, their vector id): what a server that lost our share gets.
+        self._resend: tuple[int, list[np.ndarray], bytes] | None = None
         self._round_infos: list[Any] = []  # every server's RoundInfo of the round joined
         self._senders: concurrent.futures.ThreadPoolExecutor | None = None  # one per server
         # The server this provider downloads models from (fixed per name: spreads the load).
@@ -866,6 +871,16 @@ class ProviderClient:
                         )
                         self.last_round = first.round
                     elif not _deadline_passed(first):
+                        late = _seconds_past_deadline(first)
+                        if late > CLOCK_AHEAD_SECONDS and not self._told_clock:
+                            log.warning(
+                                "round %d: the servers still collect shares, but by this "
+                                "machine's clock its deadline passed %.0f s ago: is the clock "
+                                "ahead? (taking part; synchronise it, e.g. with NTP)",
+                                first.round,
+                                late,
+                            )
+                            self._told_clock = True
                         self._round_infos = infos
                         return first
                 delay = self.cfg.poll_interval
@@ -895,12 +910,12 @@ class ProviderClient:
         we sent it, or restarted): send it exactly the share it was meant to get. Each server
         only ever sees its own share of the vector, whichever time it arrives."""
         assert self._resend is not None
-        vectors = self._resend[1]
+        _, vectors, vector_id = self._resend
         for server, status, vec in zip(self.servers, infos, vectors, strict=True):
             if status.caller_share_accepted:
                 continue
             try:
-                self._submit(server, vec, info)
+                self._submit(server, vec, info, vector_id)
             except RoundFailed as exc:
                 log.warning("round %d: resending to %s failed: %s", info.round, server.name, exc)
                 return
@@ -1039,9 +1054,10 @@ class ProviderClient:
         return [clear]
 
     def _submit(
-        self, server: _Server, vec: np.ndarray, info: Any, compute_seconds: float = 0.0
+        self, server: _Server, vec: np.ndarray, info: Any, vector_id: bytes
     ) -> SubmitResult:
-        """Deliver ``vec`` for round ``info.round`` to one server; never another vector."""
+        """Deliver ``vec`` for round ``info.round`` to one server; never another vector.
+        ``vector_id``: the same for both halves of one vector (ShareHeader.vector_id)."""
         tc, t = self.training, info.round
         digest = vector_sha256(vec)
         delays = self._backoffs()
@@ -1057,16 +1073,23 @@ class ProviderClient:
                 submission_id=sid,
                 provider_id=self.cfg.name,
                 chunk_bytes=self._chunk_bytes(server),
-                compute_seconds=compute_seconds,
+                vector_id=vector_id,
             )
             try:
                 receipt = server.stub.SubmitShare(messages, timeout=self.cfg.rpc_timeout)
             except grpc.RpcError as exc:
                 code = exc.code()
                 if code == grpc.StatusCode.ALREADY_EXISTS:
-                    # Fresh ids are never reused: a share of ours for round t is already in.
-                    log.info(
-                        "%s: round %d share already accepted (%s)", server.name, t, exc.details()
+                    # Fresh ids are never reused: a share of ours for round t is already in
+                    # (of another vector if we restarted mid-round: the round then leaves us
+                    # out, as the servers' details say).
+                    other = "ANOTHER vector" in (exc.details() or "")
+                    log.log(
+                        logging.WARNING if other else logging.INFO,
+                        "%s: round %d share already accepted (%s)",
+                        server.name,
+                        t,
+                        exc.details(),
                     )
                     return SubmitResult(server.name, True, attempt, sid, "duplicate")
                 if code not in RETRYABLE:
@@ -1134,6 +1157,7 @@ class ProviderClient:
         batch = self.draw_batch()
         total, compute, encode = self.encode(params, batch)
         vectors = self.make_vectors(total)
+        vector_id = new_submission_id()  # names this vector in both of its halves
         del total
         # The shares of round t are fixed from here on: retries resend exactly these.
         t0 = time.perf_counter()
@@ -1143,7 +1167,7 @@ class ProviderClient:
             )
         futures = [
             # No compute time on the wire: it would reveal the batch size.
-            self._senders.submit(self._submit, s, v, info)
+            self._senders.submit(self._submit, s, v, info, vector_id)
             for s, v in zip(self.servers, vectors, strict=True)
         ]
         results, errors = [], []
@@ -1155,7 +1179,7 @@ class ProviderClient:
         send = time.perf_counter() - t0
         self._last_delivered = bool(results)
         troubled = bool(errors) or any(r.attempts > 1 for r in results)
-        self._resend = (t, vectors) if troubled else None
+        self._resend = (t, vectors, vector_id) if troubled else None
         report = RoundReport(
             t, info.model_version, len(batch), compute, encode, send, results, info.epsilon_spent
         )
@@ -1263,7 +1287,16 @@ class ProviderClient:
         return self.reports
 
 
-def _deadline_passed(info: Any) -> bool:
+def _seconds_past_deadline(info: Any) -> float:
+    """How long ago, by this machine's clock, the round's announced deadline passed (negative:
+    still ahead; -inf: none announced)."""
     if not info.HasField("deadline") or info.deadline.seconds == 0:
-        return False
-    return time.time() > info.deadline.seconds + info.deadline.nanos * 1e-9
+        return -math.inf
+    return time.time() - (info.deadline.seconds + info.deadline.nanos * 1e-9)
+
+
+def _deadline_passed(info: Any) -> bool:
+    """The round's deadline passed by this machine's clock, by at most CLOCK_AHEAD_SECONDS.
+    Further past, while a server still collects, means our clock is ahead of the servers'; the
+    server's own deadline is what counts then (it refuses a late share itself)."""
+    return 0 < _seconds_past_deadline(info) <= CLOCK_AHEAD_SECONDS

@@ -218,7 +218,12 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             )
         # The intake checks round, duplicates, replays and identity before reading the payload.
         submission = self.state.intake.begin(
-            who, header.round, header.submission_id, header.num_elements, header.ring_bits
+            who,
+            header.round,
+            header.submission_id,
+            header.num_elements,
+            header.ring_bits,
+            header.vector_id,
         )
         try:
             if self.state.counts_on_receipt:

@@ -34,6 +34,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -65,11 +66,27 @@ _GC_ROLE = {pb.SERVER_ROLE_H1: "garbler", pb.SERVER_ROLE_H2: "evaluator"}
 
 
 def agreement(
-    own: list[str], other: list[str], min_providers: int
-) -> tuple[list[str], bytes, bool]:
-    """(P_t sorted, its digest, proceed): the same on both servers from the two sets."""
-    agreed = canonical_provider_set(set(own) & set(other))
-    return agreed, provider_set_digest(agreed), len(agreed) >= min_providers
+    own: list[str],
+    other: list[str],
+    min_providers: int,
+    own_ids: Sequence[bytes] = (),
+    other_ids: Sequence[bytes] = (),
+) -> tuple[list[str], bytes, bool, list[str]]:
+    """(P_t sorted, its digest, proceed, mismatched): the same on both servers from the two
+    sets. ``own_ids``/``other_ids``: each set's ShareHeader.vector_ids in its order (empty: the
+    sender has none); ``mismatched``, sorted, are the providers in both sets whose two vector
+    ids differ: their halves are of different vectors, so they are not in P_t."""
+    for names, ids in ((own, own_ids), (other, other_ids)):
+        if ids and len(ids) != len(names):
+            raise PeerMismatchError(f"{len(ids)} vector ids for {len(names)} providers")
+    mine = dict(zip(own, own_ids, strict=False))  # checked above: equal lengths or no ids
+    theirs = dict(zip(other, other_ids, strict=False))
+    both = set(own) & set(other)
+    mismatched = sorted(
+        name for name in both if mine.get(name) and theirs.get(name) and mine[name] != theirs[name]
+    )
+    agreed = canonical_provider_set(both - set(mismatched))
+    return agreed, provider_set_digest(agreed), len(agreed) >= min_providers, mismatched
 
 
 def dng_exchange(
@@ -315,6 +332,7 @@ class H1Driver(_RoundLoop):
         received = state.close_intake(t)
         self._barrier(t, peer_pb2.BARRIER_INTAKE_CLOSED, cfg.round_deadline + RPC_SLACK)
 
+        ids = [state.history[t].vector_ids.get(name, b"") for name in received]
         mine = peer_pb2.ProviderSet(
             run_id=state.run_id,
             round=t,
@@ -322,15 +340,20 @@ class H1Driver(_RoundLoop):
             providers=received,
             digest=provider_set_digest(received),
             min_providers=cfg.min_providers,
+            vector_ids=ids,
         )
         answer = self.peer.AgreeProviders(mine, timeout=RPC_SLACK)
-        agreed, digest, proceed = agreement(
-            received, list(answer.callee.providers), cfg.min_providers
+        agreed, digest, proceed, mismatched = agreement(
+            received,
+            list(answer.callee.providers),
+            cfg.min_providers,
+            ids,
+            list(answer.callee.vector_ids),
         )
         if digest != answer.agreed_digest or proceed != answer.proceed:
             raise PeerMismatchError(f"round {t}: H2 computed another provider set")
         reason = f"{len(agreed)} provider(s) in both servers < min_providers={cfg.min_providers}"
-        state.set_agreed(t, agreed, proceed, reason)
+        state.set_agreed(t, agreed, proceed, reason, mismatched)
         if not proceed:
             log_round(state, state.history[t])
             return

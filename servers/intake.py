@@ -60,6 +60,7 @@ class _Round:
     directory: Path
     total: np.ndarray
     spilled: dict[str, Path | bytes] = field(default_factory=dict)  # a file, or a small share
+    vector_ids: dict[str, bytes] = field(default_factory=dict)  # ShareHeader.vector_id, per share
     in_flight: dict[str, Submission] = field(default_factory=dict)  # the newest per provider
     closed: bool = False
     memory_bytes: int = 0  # shares held in memory (committed or on their way)
@@ -121,6 +122,12 @@ class ShareIntake:
             rnd.closed = True
             self._last_closed = rnd.number
             return frozenset(rnd.spilled)
+
+    def vector_ids(self) -> dict[str, bytes]:
+        """ShareHeader.vector_id of each share in the round's sum (b"" where none was sent)."""
+        with self._lock:
+            rnd = self._require_round()
+            return {name: rnd.vector_ids.get(name, b"") for name in rnd.spilled}
 
     def restrict_to(self, providers: Iterable[str]) -> frozenset[str]:
         """Keeps only `providers` (the set both servers received) in the sum; returns who was
@@ -184,6 +191,7 @@ class ShareIntake:
         ring_bits: int,
         chunks: Iterable[bytes],
         on_admit: Callable[[int], None] | None = None,
+        vector_id: bytes = b"",
     ) -> None:
         """Takes one provider's whole share (`length` little-endian uint64 values in chunks).
         ``on_admit(round)`` runs once the submission is admitted, before its payload is read
@@ -191,7 +199,9 @@ class ShareIntake:
 
         Raises SubmissionRejected, leaving the round's sum untouched, for anything wrong.
         """
-        submission = self.begin(provider, round_number, submission_id, length, ring_bits)
+        submission = self.begin(
+            provider, round_number, submission_id, length, ring_bits, vector_id
+        )
         try:
             if on_admit is not None:
                 on_admit(round_number)
@@ -202,7 +212,13 @@ class ShareIntake:
             submission.discard()
 
     def begin(
-        self, provider: str, round_number: int, submission_id: bytes, length: int, ring_bits: int
+        self,
+        provider: str,
+        round_number: int,
+        submission_id: bytes,
+        length: int,
+        ring_bits: int,
+        vector_id: bytes = b"",
     ) -> Submission:
         """Admit one submission (round, identity, duplicates, replays, length are checked
         before any payload is read); its chunks then go to :meth:`Submission.write`, and
@@ -210,12 +226,13 @@ class ShareIntake:
         :meth:`Submission.discard` at the end (a no-op after a commit). Raises
         SubmissionRejected."""
         with self._lock:
-            rnd = self._admit(provider, round_number, submission_id, length, ring_bits)
+            rnd = self._admit(provider, round_number, submission_id, length, ring_bits, vector_id)
             self._seen_ids.add((provider, bytes(submission_id)))
             held = self.in_memory and rnd.memory_bytes + 8 * length <= self.memory_round_bytes
             if held:
                 rnd.memory_bytes += 8 * length  # reserved; given back if never committed
             submission = Submission(self, rnd, provider, round_number, length, held)
+            submission.vector_id = bytes(vector_id)
             stalled = rnd.in_flight.get(provider)
             if stalled is not None:
                 stalled.superseded = True  # its stream is refused at its next chunk or end
@@ -236,7 +253,13 @@ class ShareIntake:
         return submission
 
     def _admit(
-        self, provider: str, round_number: int, submission_id: bytes, length: int, ring_bits: int
+        self,
+        provider: str,
+        round_number: int,
+        submission_id: bytes,
+        length: int,
+        ring_bits: int,
+        vector_id: bytes,
     ) -> _Round:
         rnd = self._round
         if self.allowed is not None and provider not in self.allowed:
@@ -259,7 +282,19 @@ class ShareIntake:
             raise SubmissionRejected(INVALID_ARGUMENT, "submission id must be 1..64 bytes")
         if (provider, bytes(submission_id)) in self._seen_ids:
             raise SubmissionRejected(ALREADY_EXISTS, "this submission id was used before (replay)")
+        if len(vector_id) > 64:
+            raise SubmissionRejected(INVALID_ARGUMENT, "vector id must be 0..64 bytes")
         if provider in rnd.spilled:
+            held = rnd.vector_ids.get(provider, b"")
+            if held and vector_id and held != vector_id:
+                # Another vector's share is in (a restarted provider, or two processes with one
+                # identity): the servers' agreement leaves the provider out if the halves differ.
+                raise SubmissionRejected(
+                    ALREADY_EXISTS,
+                    f"provider {provider!r} already sent a share of ANOTHER vector for round "
+                    f"{rnd.number} (vector id differs); if the other server holds this "
+                    "vector's half, the round leaves the provider out",
+                )
             raise SubmissionRejected(
                 ALREADY_EXISTS, f"provider {provider!r} already sent a share for round {rnd.number}"
             )
@@ -325,6 +360,7 @@ class Submission:
         self.received = 0
         self.committed = self.done = False
         self.superseded = False  # the provider began a newer submission for the round
+        self.vector_id = b""  # ShareHeader.vector_id
 
     def spill_to(self, path: Path, file: Any) -> None:
         """Chunks go to ``path`` (open as ``file``); call once, before any chunk."""
@@ -396,6 +432,7 @@ class Submission:
                 )
             intake._add_file(rnd.total, held, subtract=False)
             rnd.spilled[self.provider] = held
+            rnd.vector_ids[self.provider] = self.vector_id
             self.committed = True
 
     def discard(self) -> None:

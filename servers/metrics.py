@@ -13,8 +13,9 @@ Series (all prefixed ``spgc_``): ``rounds_completed_total`` (published rounds),
 ``round_duration_seconds{phase}`` (intake, agree, circuit, update, checkpoint; ``circuit`` is the
 noise exchange in dng and preprocessed), ``providers_in_round`` (the last round's agreed set),
 ``providers_dropped_total`` (shares received but left out because the other server lacked
-them), ``requests_refused_total{reason}`` (every refusal of a provider call or share, or of a
-Peer call from anyone but the other server, by gRPC status name),
+them or held a half of another vector), ``requests_refused_total{reason}`` (every refusal of
+a provider call or share, or of a Peer call from anyone but the other server, by gRPC status
+name),
 ``peer_bytes_total{direction}`` (the data link, sent/received), ``epsilon_spent`` and
 ``epsilon_budget``, ``noise_pool_samples`` (preprocessed mode), ``test_accuracy`` and
 ``test_loss`` (where the server evaluates), ``ready`` (1 when /readyz says ready).

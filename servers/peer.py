@@ -392,11 +392,21 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             if t != state.round or state.phase != pb.ROUND_PHASE_AGREEING:
                 raise FailedPreconditionError(f"round {t} is not closed at this server")
             own = state.history[t].received
-            agreed, digest, proceed = agreement(own, list(request.providers), cfg.min_providers)
+            own_ids = [state.history[t].vector_ids.get(name, b"") for name in own]
+            try:
+                agreed, digest, proceed, mismatched = agreement(
+                    own,
+                    list(request.providers),
+                    cfg.min_providers,
+                    own_ids,
+                    list(request.vector_ids),
+                )
+            except PeerMismatchError as exc:  # a malformed set: refused, the round untouched
+                raise FailedPreconditionError(str(exc)) from None
             reason = (
                 f"{len(agreed)} provider(s) in both servers < min_providers={cfg.min_providers}"
             )
-            state.set_agreed(t, agreed, proceed, reason)
+            state.set_agreed(t, agreed, proceed, reason, mismatched)
             if not proceed:
                 log_round(state, state.history[t])
         callee = peer_pb2.ProviderSet(
@@ -406,6 +416,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             providers=own,
             digest=provider_set_digest(own),
             min_providers=cfg.min_providers,
+            vector_ids=own_ids,
         )
         return peer_pb2.ProviderAgreement(
             callee=callee, agreed=agreed, agreed_digest=digest, proceed=proceed

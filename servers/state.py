@@ -12,7 +12,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,8 @@ class RoundRecord:
     peer_bytes: dict[str, int] = field(default_factory=dict)  # the data link: sent, received
     seconds: dict[str, float] = field(default_factory=dict)
     seed_commitments: dict[str, bytes] = field(default_factory=dict)
+    vector_ids: dict[str, bytes] = field(default_factory=dict)  # of the received shares
+    left_out: dict[str, str] = field(default_factory=dict)  # provider -> why not in P_t
 
 
 _ENDED = (pb.ROUND_PHASE_PUBLISHED, pb.ROUND_PHASE_ABORTED)
@@ -101,6 +103,7 @@ def _round_summary(rec: RoundRecord) -> dict[str, Any]:
         "reason": rec.reason,
         "providers_received": len(rec.received),
         "providers_used": len(rec.agreed),
+        "left_out": dict(sorted(rec.left_out.items())),
         "epsilon": None if math.isinf(rec.epsilon) else rec.epsilon,
         "test_loss": rec.test_loss,
         "test_accuracy": rec.test_accuracy,
@@ -542,19 +545,39 @@ class ServerState:
             received = sorted(self.intake.close_round())
             self.phase = pb.ROUND_PHASE_AGREEING
             self.history[t].received = received
+            self.history[t].vector_ids = self.intake.vector_ids()
             self._intake_closed = time.perf_counter()
             self.history[t].seconds["intake"] = self._intake_closed - self._opened
             return received
 
-    def set_agreed(self, t: int, agreed: list[str], proceed: bool, reason: str) -> None:
+    def set_agreed(
+        self,
+        t: int,
+        agreed: list[str],
+        proceed: bool,
+        reason: str,
+        mismatched: Sequence[str] = (),
+    ) -> None:
+        """Round t's P_t. ``mismatched``: providers both servers hold a share of, but of two
+        different vectors (ShareHeader.vector_id), left out like one-sided shares."""
         with self.cond:
             rec = self.history[t]
             rec.agreed = list(agreed)
             if self._intake_closed:
                 rec.seconds["agree"] = time.perf_counter() - self._intake_closed
-            why = "its share reached this server but not the other"
+            for name in sorted(self.allowed_providers - set(rec.received)):
+                rec.left_out[name] = "no share reached this server"
             for name in sorted(set(rec.received) - set(agreed)):
+                why = (
+                    "its shares at the two servers are halves of different vectors (restarted "
+                    "in the middle of the round, or two processes with one identity?)"
+                    if name in mismatched
+                    else "its share reached this server but not the other"
+                )
+                rec.left_out[name] = why
                 self.audit.record("provider_dropped", identity=name, round=t, reason=why)
+                if name in mismatched:
+                    log.warning("round %d: provider %s left out: %s", t, name, why)
             if not proceed:
                 self.audit.record("round_skipped", round=t, reason=reason)
             if proceed:
@@ -816,6 +839,7 @@ class ServerState:
                     test_accuracy=h["test_accuracy"],
                     gc_bytes=h["gc_bytes"],
                     seconds=dict(h["seconds"]),
+                    left_out=dict(h.get("left_out", {})),  # absent in older checkpoints
                 )
                 self.history[rec.round] = rec
             self.finished = self._should_stop()

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from spgc.servers.coordinator import agreement
 from spgc.servers.intake import (
     ABORTED,
     ALREADY_EXISTS,
@@ -18,6 +19,7 @@ from spgc.servers.intake import (
     ShareIntake,
     SubmissionRejected,
 )
+from spgc.servers.state import PeerMismatchError
 
 DIM, RING = 1000, 32
 MASK = np.uint64((1 << RING) - 1)
@@ -60,6 +62,7 @@ def submit(intake, provider, values, round_number=1, sid=None, **kw):
         kw.pop("length", DIM),
         kw.pop("ring_bits", RING),
         kw.pop("chunks", None) or chunks_of(values),
+        vector_id=kw.pop("vector_id", b""),
     )
 
 
@@ -173,6 +176,24 @@ def test_a_new_submission_supersedes_a_stalled_one(intake, tmp_path):
     assert len(list(tmp_path.rglob("*.share"))) == (0 if intake.in_memory else 1)
 
 
+def test_vector_ids_are_kept_and_another_vectors_half_is_named(intake):
+    """Each share's ShareHeader.vector_id is kept for the servers' agreement; a second half of
+    ANOTHER vector (a restarted provider, or a twin) is refused saying so."""
+    submit(intake, "p1", random_share(3), vector_id=b"a" * 16)
+    submit(intake, "p2", random_share(4))
+    with pytest.raises(SubmissionRejected, match="ANOTHER vector") as other:
+        submit(intake, "p1", random_share(5), vector_id=b"b" * 16)
+    assert other.value.code == ALREADY_EXISTS
+    with pytest.raises(SubmissionRejected, match="already sent a share for round 1") as same:
+        submit(intake, "p1", random_share(3), vector_id=b"a" * 16)
+    assert same.value.code == ALREADY_EXISTS
+    with pytest.raises(SubmissionRejected, match="vector id must be") as long_id:
+        submit(intake, "p3", random_share(6), vector_id=b"x" * 65)
+    assert long_id.value.code == INVALID_ARGUMENT
+    intake.close_round()
+    assert intake.vector_ids() == {"p1": b"a" * 16, "p2": b""}
+
+
 def test_a_stalled_submission_cannot_free_the_newer_ones_slot(intake):
     first = intake.begin("p2", 1, os.urandom(16), DIM, RING)
     second = intake.begin("p2", 1, os.urandom(16), DIM, RING)
@@ -238,3 +259,23 @@ def test_memory_for_a_round_is_bounded_the_rest_is_spilled(tmp_path):
     intake.close_round()
     assert np.array_equal(intake.total(), sum(shares.values()) & MASK)
     intake.close()
+
+
+@pytest.mark.parametrize(
+    ("own_ids", "other_ids", "agreed", "mismatched"),
+    [
+        ([b"a", b"b", b"c"], [b"b", b"c"], ["p2", "p3"], []),  # p1 one-sided; the rest match
+        ([b"a", b"x", b"c"], [b"b", b"c"], ["p3"], ["p2"]),  # p2: halves of two vectors
+        ([b"a", b"", b"c"], [b"b", b"c"], ["p2", "p3"], []),  # no id on one side: not checked
+        ([], [b"z", b"c"], ["p2", "p3"], []),  # a sender that predates vector ids
+    ],
+)
+def test_agreement_leaves_out_halves_of_different_vectors(own_ids, other_ids, agreed, mismatched):
+    """P_t as both servers compute it (servers.coordinator.agreement), from each one's set."""
+    own, other = ["p1", "p2", "p3"], ["p2", "p3"]
+    got = agreement(own, other, 1, own_ids, other_ids)
+    assert (got[0], got[2], got[3]) == (agreed, True, mismatched)
+    swapped = agreement(other, own, 1, other_ids, own_ids)  # the other server's view
+    assert swapped[:3] == got[:3]
+    with pytest.raises(PeerMismatchError):
+        agreement(own, other, 1, [b"a"], other_ids)  # ids that do not match the list

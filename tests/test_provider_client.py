@@ -119,9 +119,10 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.refuse_hello = False  # PERMISSION_DENIED, as for a provider no longer registered
         self.after_accept: Any = None  # called (no arguments) after a share is accepted
         self.failure = ""  # RoundInfo.failure: the run stopped on an error
+        self.deadline = 0.0  # RoundInfo.deadline (seconds since the epoch; 0: none announced)
 
     def _round_info(self, who: str) -> Any:
-        return pb.RoundInfo(
+        info = pb.RoundInfo(
             round=self.round,
             model_version=self.round,
             model_sha256=vector_sha256(self.model),
@@ -131,6 +132,9 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
             latest_model_version=self.round,
             failure=self.failure,
         )
+        if self.deadline:
+            info.deadline.FromNanoseconds(int(self.deadline * 1e9))
+        return info
 
     @abort_on_error
     def Hello(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -342,6 +346,8 @@ def test_one_round_end_to_end(
         assert hdr.chunk_count > 1  # the servers' preferred chunk size was used
     assert int(s1.max()) <= int(ring_mask(RING)) and int(s2.max()) <= int(ring_mask(RING))
     assert not np.array_equal(s1, s2)
+    # Both halves name one vector (the servers leave out a provider whose halves differ).
+    assert len(hdr1.vector_id) == 16 and hdr1.vector_id == hdr2.vector_id
 
     x, y = cancer
     batch, rows = expected_rows(x, y)
@@ -543,6 +549,30 @@ def test_hello_waits_for_a_server_still_starting(pki: Path) -> None:
         client._call_with_retry(flaky, "FetchModel", RoundFailed)
 
 
+def test_a_clock_ahead_of_the_servers_still_takes_part(
+    pki: Path, servers: Any, cancer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The servers still collect a round whose deadline, by this machine's clock, passed two
+    minutes ago: the clock is ahead. The provider takes part (the servers judge lateness) and
+    says what to check, once; a deadline just past is a round about to close: it sits it out."""
+    h1, h2 = servers()
+    for server in (h1, h2):
+        server.servicer.deadline = time.time() - 120
+    cfg = provider_config(pki, [h1, h2], wait_timeout=1.0)
+    with client_for(cfg, data=cancer) as client:
+        report = client.run_round()
+    assert report is not None and report.accepted
+    said = [r.getMessage() for r in caplog.records if "clock" in r.getMessage()]
+    assert len(said) == 1 and "ahead" in said[0], said
+    h1, h2 = servers()
+    for server in (h1, h2):
+        server.servicer.deadline = time.time() - 1
+    cfg = provider_config(pki, [h1, h2], wait_timeout=1.0)
+    with client_for(cfg, data=cancer) as client, pytest.raises(TimeoutError):
+        client.run_round()
+    assert not h1.servicer.attempts and not h2.servicer.attempts
+
+
 def test_lost_receipt_is_not_resent(pki: Path, servers: Any, cancer: Any) -> None:
     h1, h2 = servers()
     h2.servicer.fail_after_accept = 1
@@ -584,6 +614,8 @@ def test_a_share_a_server_missed_is_sent_again_unchanged(
     assert len(h1.servicer.attempts) == 1 and len(h2.servicer.accepted) == 1
     sent = [vec for _, vec in h2.servicer.attempts]
     assert len(sent) == 5 and all(np.array_equal(v, sent[0]) for v in sent)
+    ids = {hdr.vector_id for hdr, _ in h1.servicer.attempts + h2.servicer.attempts}
+    assert len(ids) == 1  # the resent half still names the vector H1 holds the other half of
     ((_, s1),) = h1.servicer.accepted.values()
     _, rows = expected_rows(*cancer)
     assert np.array_equal(reconstruct(s1, sent[0], RING), rows.sum(axis=0))
@@ -602,9 +634,10 @@ def test_a_round_both_servers_dropped_runs_again_with_a_fresh_vector(
             server.servicer.accepted.clear()
         again = client.run_round()
     assert again is not None and again.round == ROUND and again.accepted
-    (_, a1), (_, b1) = h1.servicer.attempts
-    (_, a2), (_, b2) = h2.servicer.attempts
+    (ha1, a1), (hb1, b1) = h1.servicer.attempts
+    (ha2, a2), (hb2, b2) = h2.servicer.attempts
     assert not np.array_equal(a1, b1) and not np.array_equal(a2, b2)
+    assert ha1.vector_id == ha2.vector_id != hb1.vector_id == hb2.vector_id  # a new vector
 
 
 # ----------------------------------------------------------------------------- config, noise

@@ -118,7 +118,7 @@ class Provider:
     def fetch(self, role: int) -> tuple[pb.ModelHeader, np.ndarray]:
         return read_model_stream(self.stubs[role].FetchModel(pb.ModelRequest(), timeout=10))
 
-    def submit(self, role, cfg, t, vec, *, sid=None, rnd=None):
+    def submit(self, role, cfg, t, vec, *, sid=None, rnd=None, vector_id=b""):
         msgs = share_messages(
             vec,
             run_id=cfg.run_id,
@@ -127,14 +127,16 @@ class Provider:
             ring_bits=cfg.ring_bits,
             submission_id=sid or new_submission_id(),
             chunk_bytes=256,
+            vector_id=vector_id,
         )
         return self.stubs[role].SubmitShare(msgs, timeout=10)
 
     def submit_both(self, cfg, t, values, roles=(1, 2)):
         a1, a2 = share(values, cfg.ring_bits)
+        vector_id = new_submission_id()
         for role, part in ((1, a1), (2, a2)):
             if role in roles:
-                self.submit(role, cfg, t, part)
+                self.submit(role, cfg, t, part, vector_id=vector_id)
 
     def close(self):
         for ch in self.channels:
@@ -250,6 +252,52 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
         ("p2", 0, "FAILED_PRECONDITION"),
         ("p2", 5, "FAILED_PRECONDITION"),
     }, refused
+
+
+def test_halves_of_two_vectors_leave_the_provider_out(pki, tmp_path):
+    """p3 runs twice at once (or restarted mid-round): H1 holds the first half of one vector,
+    H2 the second half of another. Their difference is a random vector, so the servers leave
+    p3 out (ShareHeader.vector_id) and the round's sum stays exact; the summary and audit log
+    say why. Where a provider sends no vector id, nothing is checked."""
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=2)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        rng = np.random.default_rng(2)
+        vecs = [rng.integers(-5000, 5000, cfg.num_parameters, dtype=np.int64) for _ in range(4)]
+        p1, p2, p3 = providers
+        p1.submit_both(cfg, 0, vecs[0])
+        p2.submit_both(cfg, 0, vecs[1])
+        first, _ = share(vecs[2], cfg.ring_bits)
+        _, second = share(vecs[3], cfg.ring_bits)
+        p3.submit(1, cfg, 0, first, vector_id=b"A" * 16)
+        p3.submit(2, cfg, 0, second, vector_id=b"B" * 16)
+        wait_round_done((d1, d2), 0)
+        assert_round_used((d1, d2), 0, ["p1", "p2"], vecs[0] + vecs[1], (PROVIDERS, PROVIDERS))
+        for dm in (d1, d2):
+            why = dm.state.history[0].left_out["p3"]
+            assert "halves of different vectors" in why
+            assert dm.state.summary()["history"][0]["left_out"] == {"p3": why}
+
+        # Round 1: shares without vector ids (a client predating the field) are not checked.
+        cfg = providers[0].wait_collecting(1)
+        for p, v in zip(providers, vecs, strict=False):
+            a1, a2 = share(v, cfg.ring_bits)
+            p.submit(1, cfg, 1, a1)
+            p.submit(2, cfg, 1, a2)
+        wait_round_done((d1, d2), 1)
+        assert_round_used((d1, d2), 1, PROVIDERS, sum(vecs[:3]), (PROVIDERS, PROVIDERS))
+        assert d1.wait(10) and d2.wait(10) and d1.error is None and d2.error is None
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    for sub in ("s1", "s2"):
+        audit = [json.loads(x) for x in (tmp_path / sub / "audit.jsonl").read_text().splitlines()]
+        dropped = [e for e in audit if e["event"] == "provider_dropped"]
+        assert [(e["identity"], e["round"]) for e in dropped] == [("p3", 0)]
+        assert "halves of different vectors" in dropped[0]["reason"]
 
 
 def test_a_provider_cut_off_mid_upload_is_left_out_and_the_round_completes(pki, tmp_path):

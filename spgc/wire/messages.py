@@ -73,11 +73,14 @@ def share_messages(
     provider_id: str = "",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     compute_seconds: float = 0.0,
+    vector_id: bytes = b"",
 ) -> Iterator[aggregation_pb2.ShareChunk]:
     """The SubmitShare request stream for a share vector (uint64, values < 2^ring_bits).
 
     ``server_role``: the ServerRole the share is for. ``provider_id`` only matters to a server
-    running with --insecure. ValueError for a vector that is not a valid share.
+    running with --insecure. ``vector_id``: the same in both halves of one shared vector (the
+    servers leave a provider out whose halves differ). ValueError for a vector that is not a
+    valid share.
     """
     arr = little_endian(vec)
     if arr.dtype.kind != "u" or arr.dtype.itemsize != 8:
@@ -88,6 +91,8 @@ def share_messages(
         raise ValueError(f"share has values outside Z_2^{ring_bits}")
     if not 1 <= len(submission_id) <= MAX_SUBMISSION_ID_BYTES:
         raise ValueError(f"submission_id must be 1..{MAX_SUBMISSION_ID_BYTES} bytes")
+    if len(vector_id) > MAX_SUBMISSION_ID_BYTES:
+        raise ValueError(f"vector_id must be 0..{MAX_SUBMISSION_ID_BYTES} bytes")
     check_send_chunk_bytes(chunk_bytes, 8)
     header = aggregation_pb2.ShareHeader(
         run_id=run_id,
@@ -101,6 +106,7 @@ def share_messages(
         sha256=vector_sha256(arr),
         provider_id=provider_id,
         compute_seconds=compute_seconds,
+        vector_id=vector_id,
     )
     yield aggregation_pb2.ShareChunk(header=header)
     for i, data in enumerate(iter_vector_chunks(arr, chunk_bytes)):
@@ -161,6 +167,10 @@ def read_share_header(
         raise InvalidArgumentError(
             f"submission_id must be 1..{MAX_SUBMISSION_ID_BYTES} bytes, "
             f"got {len(header.submission_id)}"
+        )
+    if len(header.vector_id) > MAX_SUBMISSION_ID_BYTES:
+        raise InvalidArgumentError(
+            f"vector_id must be 0..{MAX_SUBMISSION_ID_BYTES} bytes, got {len(header.vector_id)}"
         )
     if len(header.sha256) != 32:
         raise InvalidArgumentError(f"sha256 must be 32 bytes, got {len(header.sha256)}")
