@@ -366,7 +366,14 @@ class ServerDaemon:
         async def providers_server() -> tuple[grpc.aio.Server, int, Any]:
             server, port = make_aio_server(
                 cfg.listen,
-                [partial(add_servicer, servicer=self.aggregator, service=AGGREGATOR_SERVICE)],
+                [
+                    partial(
+                        add_servicer,
+                        servicer=self.aggregator,
+                        service=AGGREGATOR_SERVICE,
+                        on_refused=self._call_refused,
+                    )
+                ],
                 self.tls,
                 insecure,
                 maximum_concurrent_rpcs=min(16384, 64 + 4 * len(cfg.providers)),
@@ -381,7 +388,14 @@ class ServerDaemon:
             # The other server's control calls: a gRPC server and port of their own.
             self.peer_server, self.peer_port = make_server(
                 cfg.peer_listen,
-                [partial(add_servicer, servicer=self.peer_servicer, service=PEER_SERVICE)],
+                [
+                    partial(
+                        add_servicer,
+                        servicer=self.peer_servicer,
+                        service=PEER_SERVICE,
+                        on_refused=self._call_refused,
+                    )
+                ],
                 self.tls,
                 insecure,
                 interceptors=[PeerGate(cfg.peer_name, insecure, on_refused=self._call_refused)],

@@ -87,6 +87,36 @@ def test_a_non_provider_is_refused_before_any_message(pki: Path, tmp_path: Path)
     assert refusals == 31  # ... while the metrics count every one
 
 
+def test_malformed_requests_are_audited_and_counted(pki: Path, tmp_path: Path) -> None:
+    """A request that does not parse is refused before its handler; like every refusal it is
+    in the audit log under the caller's certificate name (repeats once per window) and in the
+    metrics, one count per call."""
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1, metrics_port=0)
+    p1 = Provider(pki, "p1", (d1, d2))
+    garbage = p1.channels[0].unary_unary(
+        "/spgc.v1.Aggregator/Hello", request_serializer=None, response_deserializer=None
+    )
+    try:
+        for _ in range(20):
+            with pytest.raises(grpc.RpcError) as info:
+                garbage(b"\xff\xff\xff", timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert d1.metrics is not None
+        counted = d1.metrics.registry.get_sample_value(
+            "spgc_requests_refused_total", {"reason": "INVALID_ARGUMENT"}
+        )
+    finally:
+        p1.close()
+        d1.stop()
+        d2.stop()
+    assert counted == 20
+    refused = [e for e in _audit(tmp_path / "s1") if e["event"] == "refused"]
+    assert [(e["identity"], e["method"], e["code"]) for e in refused] == [
+        ("p1", "Hello", "INVALID_ARGUMENT")
+    ]
+    assert "malformed Hello message" in refused[0]["reason"]
+
+
 def test_a_repeated_refusal_is_written_once_per_window_with_the_count_left_out(
     tmp_path: Path,
 ) -> None:

@@ -30,6 +30,7 @@ from grpc_health.v1.health import aio as aio_health
 from spgc.wire.bounds import check_bounds
 from spgc.wire.chunks import MAX_CHUNK_BYTES
 from spgc.wire.errors import WireError
+from spgc.wire.identity import peer_identity
 from spgc.wire.tls import TlsFiles, channel_credentials, server_credentials
 
 log = logging.getLogger(__name__)
@@ -294,13 +295,22 @@ class MalformedRequest(WireError):
     servicer's :func:`~spgc.wire.errors.abort_on_error` reports it like its own refusals."""
 
 
-class _RequestParser:
-    """Parses the raw requests of one method; refusals are logged in one line."""
+#: ``on_refused(who, method, code, reason)``: told of each request refused before its handler
+#: (who: the caller's certificate name, else its address; code: the gRPC status name).
+RefusalHandler = Callable[[str, str, str, str], None]
 
-    def __init__(self, method: MethodDescriptor, bounds: bool) -> None:
+
+class _RequestParser:
+    """Parses the raw requests of one method; a refusal goes to ``on_refused`` (else it is
+    logged in one line)."""
+
+    def __init__(
+        self, method: MethodDescriptor, bounds: bool, on_refused: RefusalHandler | None = None
+    ) -> None:
         self.method = method
         self.message_class: Any = message_factory.GetMessageClass(method.input_type)
         self.bounds = bounds
+        self.on_refused = on_refused
 
     def _refused(
         self,
@@ -308,7 +318,11 @@ class _RequestParser:
         message: str,
         code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
     ) -> MalformedRequest:
-        log.warning("%s from %s refused: %s", self.method.full_name, context.peer(), message)
+        if self.on_refused is None:
+            log.warning("%s from %s refused: %s", self.method.full_name, context.peer(), message)
+        else:
+            who = peer_identity(context) or context.peer()
+            self.on_refused(who, self.method.name, code.name, message)
         return MalformedRequest(message, code)
 
     def parse(self, raw: bytes, context: grpc.ServicerContext, index: int | None = None) -> Any:
@@ -345,9 +359,11 @@ def _abort_refused(exc: MalformedRequest, context: grpc.ServicerContext) -> None
     context.abort(exc.code, exc.message)
 
 
-def _method_handler(servicer: object, method: MethodDescriptor, bounds: bool) -> Any:
+def _method_handler(
+    servicer: object, method: MethodDescriptor, bounds: bool, on_refused: RefusalHandler | None
+) -> Any:
     behaviour = getattr(servicer, method.name)
-    parser = _RequestParser(method, bounds)
+    parser = _RequestParser(method, bounds, on_refused)
     serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
 
     if not method.client_streaming:
@@ -391,11 +407,13 @@ def _method_handler(servicer: object, method: MethodDescriptor, bounds: bool) ->
     )
 
 
-def _aio_method_handler(servicer: object, method: MethodDescriptor, bounds: bool) -> Any:
+def _aio_method_handler(
+    servicer: object, method: MethodDescriptor, bounds: bool, on_refused: RefusalHandler | None
+) -> Any:
     """:func:`_method_handler` for a ``grpc.aio`` server: the servicer's methods are
     coroutines (async generators for streamed responses)."""
     behaviour = getattr(servicer, method.name)
-    parser = _RequestParser(method, bounds)
+    parser = _RequestParser(method, bounds, on_refused)
     serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
 
     async def parse_or_abort(raw: bytes, context: Any) -> Any:
@@ -451,6 +469,7 @@ def add_servicer(
     service: ServiceDescriptor,
     *,
     bounds: bool = True,
+    on_refused: RefusalHandler | None = None,
 ) -> grpc.GenericRpcHandler:
     """Register ``servicer`` for ``service`` on ``server``; returns the handler added.
 
@@ -459,7 +478,8 @@ def add_servicer(
     of a request stream too) is parsed as it reaches the method: a malformed one is refused
     with INVALID_ARGUMENT ("malformed SubmitShare message: ...") and one warning line, and, with
     ``bounds``, so is a number outside :data:`spgc.wire.bounds.FIELD_BOUNDS`
-    (RESOURCE_EXHAUSTED for a size above its limit). Responses are serialised as the generated
+    (RESOURCE_EXHAUSTED for a size above its limit); ``on_refused`` is told of each such
+    refusal instead of the warning line. Responses are serialised as the generated
     code does. ``service`` is a descriptor of the generated modules, e.g.
     ``aggregation_pb2.DESCRIPTOR.services_by_name["Aggregator"]``; ``servicer`` has one method
     per RPC (subclass the generated ``XServicer`` for UNIMPLEMENTED defaults). For
@@ -467,7 +487,7 @@ def add_servicer(
     ``grpc.aio`` server (:func:`make_aio_server`) the servicer's methods are coroutines.
     """
     make = _aio_method_handler if isinstance(server, grpc.aio.Server) else _method_handler
-    handlers = {m.name: make(servicer, m, bounds) for m in service.methods}
+    handlers = {m.name: make(servicer, m, bounds, on_refused) for m in service.methods}
     generic = grpc.method_handlers_generic_handler(service.full_name, handlers)
     server.add_generic_rpc_handlers((generic,))
     server.add_registered_method_handlers(service.full_name, handlers)
