@@ -1231,16 +1231,19 @@ class ProviderClient:
             if report is None or found.steps > report.steps:
                 report = found
         limit = self.cfg.max_total_epsilon
-        if report is not None and limit is not None and tc.mode not in _NOISELESS:
+        if limit is not None and tc.mode not in _NOISELESS:
+            # Before the first release too: one step alone may spend more than the limit.
+            steps = 0 if report is None else report.steps
             nxt = PrivacyAccountant(
                 effective_noise_multiplier(tc), tc.target_delta, method=tc.accountant,
                 **self._ledger_sampling(),
-            ).epsilon_after(report.steps + 1)  # fmt: skip
+            ).epsilon_after(steps + 1)  # fmt: skip
             if nxt > limit:
+                spent = "" if report is None else f" (epsilon {report.epsilon:.4g})"
                 raise ProviderRefusal(
-                    f"the servers' ledger counts {report.steps} release(s) (epsilon "
-                    f"{report.epsilon:.4g}); one more would spend {nxt:.4g} > this provider's "
-                    f"max_total_epsilon {limit:g}: leaving the run"
+                    f"the servers' ledger counts {steps} release(s){spent}; one more would "
+                    f"spend {nxt:.4g} > this provider's max_total_epsilon {limit:g}: leaving "
+                    "the run"
                 )
         return report
 

@@ -83,6 +83,7 @@ _CONFIG_KEYS = {
     "model_fingerprint": "model (architecture)",
     "l2_bound_units": "scale/clip_norm (sensitivity)",
     "noise_std_units": "noise (derived from the privacy keys)",
+    "learning_rate": "lr",
 }
 
 

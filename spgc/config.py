@@ -297,9 +297,14 @@ class ServerConfig(_Schema):
         0.0, ge=0, description="per-release epsilon for calibration classic or analytic"
     )
     noise_multiplier: float = Field(
-        0.0, ge=0, description="explicit noise multiplier; > 0 skips calibration"
+        0.0,
+        ge=0,
+        description="explicit noise multiplier; > 0 skips calibration (one whose first release "
+        "alone would pass target_epsilon is refused)",
     )
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
+    lr: float = Field(
+        1e-3, gt=0, description="Adam learning rate (the servers compare it at the handshake)"
+    )
     model_seed: int = Field(0, description="seed of the initial model weights")
 
     @field_validator("log_level", mode="before")

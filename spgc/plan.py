@@ -134,6 +134,7 @@ class RunPlan:
             # G = s1 - s2 mod 2^L (spgc.sharing.share): the rule providers must follow.
             sharing_rule=pb.SHARING_RULE_DIFFERENCE_MOD_2L,
             max_batch_size=self.max_batch_size,
+            learning_rate=c.lr,
         )
 
 
@@ -229,10 +230,25 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
         bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=len(params)
     )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
-    return RunPlan(
+    plan = RunPlan(
         cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
         max_batch, _frozen(model),
     )  # fmt: skip
+    accountant = plan.new_accountant()
+    if accountant is not None and (first := accountant.epsilon_after(1)) > cfg.target_epsilon:
+        # The run stops before a release would pass the target: this one could never run.
+        how = (
+            "noise_multiplier"
+            if cfg.noise_multiplier > 0
+            else f"from calibration {cfg.calibration} with step_epsilon {cfg.step_epsilon:g}"
+        )
+        raise ValueError(
+            f"the noise multiplier {nm:.4g} ({how}) spends epsilon {first:.4g} in one step, "
+            f"more than target_epsilon {cfg.target_epsilon:g} (delta {cfg.target_delta:g}): "
+            "raise it or target_epsilon (or calibration: accountant, which fits the noise "
+            "to the target)"
+        )
+    return plan
 
 
 def _frozen(model: nn.Module) -> np.ndarray | None:

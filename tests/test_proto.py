@@ -159,6 +159,7 @@ def test_wire_field_numbers_are_stable() -> None:
         "sha256": 9,
         "provider_id": 10,
         "compute_seconds": 11,
+        "vector_id": 12,
     }
     assert numbers(aggregation_pb2.ModelHeader) == {
         "run_id": 1,

@@ -217,6 +217,11 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         return info
 
 
+    @abort_on_error
+    def FetchLedger(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return pb.LedgerReply(total_lines=0)  # no release recorded yet
+
+
 class FakeServer:
     """A started FakeAggregator on 127.0.0.1 with its certificate."""
 
@@ -570,6 +575,20 @@ def test_a_clock_ahead_of_the_servers_still_takes_part(
     cfg = provider_config(pki, [h1, h2], wait_timeout=1.0)
     with client_for(cfg, data=cancer) as client, pytest.raises(TimeoutError):
         client.run_round()
+    assert not h1.servicer.attempts and not h2.servicer.attempts
+
+
+def test_a_first_step_above_the_providers_limit_is_refused(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """Servers announce a target within max_total_epsilon, but their noise spends more than
+    that limit in the very first step: the provider leaves before sending anything."""
+    claimed = training_config(target_epsilon=0.5)  # noise multiplier 1, q 0.1: 2.13 a step
+    h1, h2 = servers(claimed, claimed)
+    cfg = provider_config(pki, [h1, h2], max_total_epsilon=1.0)
+    with client_for(cfg, data=cancer) as client, pytest.raises(ProviderRefusal) as refusal:
+        client.run_round()
+    assert "0 release(s); one more would spend 2.13" in str(refusal.value)
     assert not h1.servicer.attempts and not h2.servicer.attempts
 
 

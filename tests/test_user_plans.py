@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_server_daemon import PROVIDERS, bind_pair, start_pair
+from test_server_daemon import PROVIDERS, _cfg, bind_pair, start_pair
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 
 from spgc.config import ProviderConfig, ServerConfig
@@ -257,10 +257,17 @@ def test_device_choice() -> None:
             resolve_device("cuda")
 
 
-def test_servers_with_different_plans_refuse_to_pair(pki: Path, tmp_path: Path) -> None:
-    """H2 configured for 5 rounds, H1 for 3: neither trains, and both say which key differs."""
-    d1, d2 = bind_pair(pki, tmp_path, rounds=3)
-    d2.cfg.rounds = 5
+@pytest.mark.parametrize(
+    ("key", "h1", "h2", "named"),
+    [("rounds", 3, 5, "rounds (h1 3, h2 5)"), ("lr", 0.05, 0.1, "lr (h1 0.05, h2 0.1)")],
+)
+def test_servers_with_different_plans_refuse_to_pair(
+    pki: Path, tmp_path: Path, key: str, h1: float, h2: float, named: str
+) -> None:
+    """H2 configured for 5 rounds, H1 for 3 (or another learning rate, which would make the
+    models differ only after the first release): neither trains, both say which key differs."""
+    d1, d2 = bind_pair(pki, tmp_path, **{key: h1})
+    setattr(d2.cfg, key, h2)
     d2.plan = make_plan(d2.cfg)  # H2's plan as a daemon started from its own file would have
     d2.state.plan = d2.plan
     try:
@@ -268,8 +275,26 @@ def test_servers_with_different_plans_refuse_to_pair(pki: Path, tmp_path: Path) 
         d1.start()
         assert d1.wait(30) and d2.wait(30)
         assert "the other server refused to pair" in str(d1.error)
-        assert "rounds (h1 3, h2 5)" in str(d1.error)
-        assert "rounds (h1 3, h2 5)" in str(d2.state.failure)
+        assert named in str(d1.error)
+        assert named in str(d2.state.failure)
+        assert d1.state.releases == d2.state.releases == 0
     finally:
         d1.stop()
         d2.stop()
+
+
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        {"noise_multiplier": 1.0, "target_epsilon": 0.5},  # 1.91 in one step
+        {"calibration": "analytic", "step_epsilon": 4.0, "target_epsilon": 0.5},
+    ],
+)
+def test_a_plan_whose_first_step_passes_the_target_is_refused(
+    pki: Path, tmp_path: Path, privacy: dict
+) -> None:
+    """The run stops before a release would pass target_epsilon, so a noise whose first
+    release alone passes it could never run: refused at the start (and by config check)."""
+    with pytest.raises(ValueError, match=r"in one step, more than target_epsilon 0\.5"):
+        make_plan(_cfg(pki, 1, tmp_path, mode="spgc", **privacy))
+    make_plan(_cfg(pki, 1, tmp_path, mode="spgc", target_epsilon=0.5))  # calibrated: fits

@@ -134,6 +134,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.max_rounds": COUNTER,
     "spgc.v1.TrainingConfig.min_providers": Bound(1, _UINT32_MAX),
     "spgc.v1.TrainingConfig.max_batch_size": COUNTER,
+    "spgc.v1.TrainingConfig.learning_rate": _NON_NEGATIVE,
     "spgc.v1.RoundInfo.round": COUNTER,
     "spgc.v1.RoundInfo.model_version": COUNTER,
     "spgc.v1.RoundInfo.shares_accepted": ANY,  # informational
