@@ -217,6 +217,21 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 raise FailedPreconditionError(str(exc)) from None
             if request.HasField("round"):
                 self.align(request.round)
+                _, _, sha = self.state.model(None)
+                theirs = request.round
+                if theirs.model_version == self.state.version and theirs.model_sha256 != sha:
+                    msg = (
+                        f"model v{self.state.version} differs between the servers: h1 "
+                        f"{theirs.model_sha256.hex()[:16]}, h2 {sha.hex()[:16]}"
+                        + (
+                            " (model_seed or initial_model differ?)"
+                            if not theirs.model_version
+                            else ""
+                        )
+                    )
+                    self.state.fail(msg)
+                    log.error("refusing to start: %s", msg)
+                    raise FailedPreconditionError(msg)
             self.paired = True
             self.epoch += 1
             if self.on_paired is not None:

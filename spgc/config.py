@@ -88,8 +88,10 @@ class TlsPaths(_Schema):
 
 
 class ServerConfig(_Schema):
-    """One server daemon (H1 or H2). The training keys must be identical on both servers:
-    they are compared at the handshake, and a difference is refused naming the keys."""
+    """One server daemon (H1 or H2). The training keys (from `run_id` on in the table below,
+    but for `providers`, `round_deadline`, `test_data` and `test_data_label`) must be identical
+    on both servers: they are compared at the handshake (the model, `model_seed` and
+    `initial_model` through model v0's hash), and a difference is refused naming the keys."""
 
     # --- this daemon
     role: Literal[1, 2] = Field(1, description="1 = H1 (garbler, leads rounds), 2 = H2")
@@ -888,7 +890,8 @@ def config_markdown() -> str:
         "",
         "Each daemon reads one YAML file (`--config FILE`); every key can be overridden with",
         "`--set key=value` (repeatable; the value is read as YAML; `--set tls.cert=PATH` reaches",
-        "into a mapping). Relative paths resolve against the file's directory, and so do the",
+        "into a mapping). Relative paths in the file resolve against the file's directory (a",
+        "path given with `--set`, against the directory the daemon runs in), and so do the",
         "files of `data` and `test_data` when they are there (else the directory the daemon",
         "runs in); `model` is read as written, from the directory the daemon runs in: the",
         "servers compare it as written. A path given as `env:NAME` is read from environment",

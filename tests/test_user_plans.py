@@ -259,7 +259,10 @@ def test_device_choice() -> None:
 
 @pytest.mark.parametrize(
     ("key", "h1", "h2", "named"),
-    [("rounds", 3, 5, "rounds (h1 3, h2 5)"), ("lr", 0.05, 0.1, "lr (h1 0.05, h2 0.1)")],
+    [
+        ("rounds", 3, 5, "rounds (h1 3, h2 5)"),
+        ("lr", 0.05, 0.1, "lr (h1 0.05, h2 0.1)"),
+    ],
 )
 def test_servers_with_different_plans_refuse_to_pair(
     pki: Path, tmp_path: Path, key: str, h1: float, h2: float, named: str
@@ -298,3 +301,23 @@ def test_a_plan_whose_first_step_passes_the_target_is_refused(
     with pytest.raises(ValueError, match=r"in one step, more than target_epsilon 0\.5"):
         make_plan(_cfg(pki, 1, tmp_path, mode="spgc", **privacy))
     make_plan(_cfg(pki, 1, tmp_path, mode="spgc", target_epsilon=0.5))  # calibrated: fits
+
+
+def test_servers_with_different_initial_models_refuse_to_pair(pki: Path, tmp_path: Path) -> None:
+    """Another model_seed (or initial_model) on H2: the handshake compares model v0 and both
+    refuse, before any round."""
+    d1, d2 = bind_pair(pki, tmp_path, model_seed=1)
+    d2.stop()
+    d2 = ServerDaemon(_cfg(pki, 2, tmp_path / "s2", model_seed=2)).bind()
+    d1.cfg.peer_address = f"127.0.0.1:{d2.peer_port}"
+    d2.cfg.gc_address = f"127.0.0.1:{d1.gc_port}"
+    try:
+        d2.start()
+        d1.start()
+        assert d1.wait(30) and d2.wait(30)
+        assert "model v0 differs between the servers" in str(d1.error)
+        assert "model_seed or initial_model" in str(d2.state.failure)
+        assert d1.state.round == d2.state.round == 0
+    finally:
+        d1.stop()
+        d2.stop()
