@@ -490,6 +490,8 @@ class ProviderClient:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if cfg.tls is not None:
+            cfg.tls.check()  # a bad file named now, not as a TLS failure on every retry
         self.cfg = cfg
         self._data = data
         self.sampling_rng = as_secure_rng(sampling_rng, "the provider's batch sampling")

@@ -51,8 +51,13 @@ def build_parser(precompute: bool = False) -> argparse.ArgumentParser:
         )
     add_daemon_arguments(p, "--set rounds=5 or --set tls.cert=h1.pem")
     p.add_argument("--role", type=int, choices=(1, 2), help="key role: 1 = H1 (garbler), 2 = H2")
-    p.add_argument("--listen", metavar="HOST:PORT", help="key listen: for providers and the peer")
-    p.add_argument("--peer-address", metavar="HOST:PORT", help="key peer_address")
+    p.add_argument("--listen", metavar="HOST:PORT", help="key listen: the providers' port")
+    p.add_argument(
+        "--peer-listen", metavar="HOST:PORT", help="key peer_listen: the other server's port"
+    )
+    p.add_argument(
+        "--peer-address", metavar="HOST:PORT", help="key peer_address: the other's peer_listen"
+    )
     p.add_argument("--gc-address", metavar="HOST:PORT", help="key gc_address (circuit link)")
     p.add_argument("--mode", choices=TRAINING_MODES, help="key mode")
     p.add_argument(
@@ -78,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.overrides,
             role=args.role,
             listen=args.listen,
+            peer_listen=args.peer_listen,
             peer_address=args.peer_address,
             gc_address=args.gc_address,
             mode=args.mode,

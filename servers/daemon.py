@@ -99,6 +99,15 @@ class PeerLost(Exception):
     """The other server stopped, restarted or stopped answering."""
 
 
+#: Seconds the data link waits for the other server's next bytes (either end) before it gives
+#: the link up as lost.
+GC_IO_TIMEOUT = 10.0
+
+#: Times in a row the peer may be lost (and the round run again after a re-pairing) without a
+#: model update in between; one more stops the server.
+MAX_LOSSES_WITHOUT_PROGRESS = 3
+
+
 def _peer_gone(exc: BaseException) -> bool:
     """Whether a daemon's error means the other server stopped answering."""
     # ChannelError: the data link broke (closed, reset, timed out, or interrupted when the
@@ -202,6 +211,8 @@ class ServerDaemon:
                 cfg.pool_path, cfg.role_name, self.plan.sigma_units, self.plan.ring_bits
             )
         self.tls = None if cfg.tls is None else TlsFiles(cfg.tls.cert, cfg.tls.key, cfg.tls.ca)
+        if self.tls is not None:
+            self.tls.check()  # gRPC would only say "cannot bind", or fail each handshake
         self.stop_event = threading.Event()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -849,6 +860,7 @@ class ServerDaemon:
         the Handshake). A release of the abandoned round stays in the ledger, counted; its
         round runs again with fresh seeds and noise."""
         deadline = time.monotonic() + self.cfg.connect_timeout
+        losses, progress = 0, -1  # peer losses in a row without a model update in between
         while True:
             self._session = session = threading.Event()
             self._session_paired = False
@@ -863,6 +875,16 @@ class ServerDaemon:
                 if self.stop_event.is_set() or not self._may_rejoin(exc):
                     raise
                 reason = _describe(exc)
+                losses = losses + 1 if self.state.steps == progress else 1
+                progress = self.state.steps
+                if losses > MAX_LOSSES_WITHOUT_PROGRESS:
+                    # A peer that pairs but never finishes a round (frozen in a call, failing
+                    # each time) would otherwise have every attempt spend a release.
+                    raise RuntimeError(
+                        f"lost {self.cfg.peer_name} {losses} times in a row without a model "
+                        f"update (last: {reason}): stopping rather than run round "
+                        f"{self.state.round} again"
+                    ) from exc
                 if self.cfg.role == 1:  # H2 resets in the Handshake or on its probe's word
                     self._reset_for_peer(reason)
                 deadline = time.monotonic() + self.cfg.peer_timeout
@@ -1078,6 +1100,10 @@ class ServerDaemon:
             raise
         self._listener.close()
         self._listener = None
+        for channel in channels:
+            # The accept's timeout became the link's I/O timeout: what was left of the connect
+            # window. The same as H2's side instead, whenever H2 happened to dial.
+            channel.timeout = GC_IO_TIMEOUT
         with self._reset_lock:
             self._gc_channels = channels
             if session.is_set():
@@ -1146,7 +1172,9 @@ class ServerDaemon:
             while len(channels) < self.cfg.gc_lanes:
                 try:
                     channels.append(
-                        garbled_core.Channel.connect(host, port, timeout=10, **self._gc_tls())
+                        garbled_core.Channel.connect(
+                            host, port, timeout=GC_IO_TIMEOUT, **self._gc_tls()
+                        )
                     )
                 except (OSError, RuntimeError) as exc:
                     if time.monotonic() > deadline or self.stop_event.is_set():
@@ -1211,6 +1239,12 @@ class ServerDaemon:
         self.peer_servicer.wait_idle()
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
+        log.info(
+            "h2: training %s after %d round(s), %d step(s)",
+            "stopped" if self.stop_event.is_set() else "finished",
+            self.state.round,
+            self.state.steps,
+        )
 
     # ------------------------------------------------------------------ shutdown
 

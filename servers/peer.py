@@ -42,6 +42,7 @@ from spgc.wire.errors import (
     NotPairedError,
     PermissionDeniedError,
     UnauthenticatedError,
+    WireError,
     abort_on_error,
 )
 from spgc.wire.identity import peer_identity
@@ -133,6 +134,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.epoch = 0  # successful Handshakes so far (a new one: a new pairing)
         self._seeds: dict[int, bytes] = {}
         self._entries: dict[int, tuple[bytes, int]] = {}  # round -> (statement, ledger index)
+        # Rounds whose release ran in this pairing: one release per round (a round abandoned
+        # with its peer runs again only after a new Handshake, which clears this).
+        self._released: set[int] = set()
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # one control call changes the round at a time
         self._noise_job: _NoiseJob | None = None
@@ -150,6 +154,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             self.paired = False
             self._seeds.clear()
             self._entries.clear()
+            self._released.clear()
             self._worker = None
             self._noise_job = None
 
@@ -193,6 +198,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         if request.protocol_version != PROTOCOL_VERSION:
             raise FailedPreconditionError(f"protocol version {request.protocol_version}")
         if self.paired and self.on_repair is not None:
+            # Refuse another run or plan before dropping the round in progress for it.
+            with self._lock:
+                if self.state.ready and self.state.config is not None:
+                    self._refuse_other_plan(request.config)
             self.on_repair(f"{self.peer_name} paired again (it restarted)")
         with self._lock:
             own_run = self.state.plan.cfg.run_id
@@ -203,12 +212,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             if not self.state.ready:
                 self.on_handshake(request.config.run_id)
             assert self.state.config is not None
-            diff = config_differences(request.config, self.state.config)  # (h1, h2)
-            if diff:
-                msg = "training configurations differ in: " + ", ".join(diff)
-                self.state.fail(msg)
-                log.error("refusing to start: %s", msg)
-                raise FailedPreconditionError(msg)
+            self._refuse_other_plan(request.config)
             try:
                 self.state.set_peer_ledger_key(request.ledger_public_key)
             except PeerMismatchError as exc:
@@ -250,6 +254,16 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 ledger_public_key=self.state.ledger_public_key(),
             )
 
+    def _refuse_other_plan(self, theirs: pb.TrainingConfig) -> None:
+        """FailedPreconditionError (and this server's run failed) when H1's plan differs."""
+        assert self.state.config is not None
+        diff = config_differences(theirs, self.state.config)  # (h1, h2)
+        if diff:
+            msg = "training configurations differ in: " + ", ".join(diff)
+            self.state.fail(msg)
+            log.error("refusing to start: %s", msg)
+            raise FailedPreconditionError(msg)
+
     @abort_on_error
     def RoundBarrier(
         self, request: peer_pb2.BarrierState, context: grpc.ServicerContext
@@ -262,7 +276,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         if b == peer_pb2.BARRIER_ROUND_OPEN:
             with self._lock:
                 if state.phase != pb.ROUND_PHASE_COLLECTING:
-                    state.open_round(t)
+                    try:
+                        state.open_round(t)
+                    except RuntimeError as exc:  # past opening (intake closed, computing)
+                        raise FailedPreconditionError(str(exc)) from None
         elif b == peer_pb2.BARRIER_INTAKE_CLOSED:
             # Wait for OUR deadline (or all providers in): never for a call back to H1.
             state.wait_intake_done(t, threading.Event())
@@ -287,6 +304,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         state = self.state
         if state.phase != pb.ROUND_PHASE_COMPUTING:
             raise FailedPreconditionError(f"round {t} has no agreed provider set here")
+        if t in self._released:
+            raise FailedPreconditionError(f"round {t}: its release already ran")
         recorded = self._entries.pop(t, None)
         if recorded is None:  # write-ahead: never a release the ledger does not hold first
             raise FailedPreconditionError(f"round {t}: no co-signed ledger entry for the release")
@@ -311,12 +330,15 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 state.fail(msg)
                 raise FailedPreconditionError(msg)
         link = self.get_link(RPC_SLACK)
+        self._released.add(t)
 
         def work() -> None:
             try:
                 compute_round(state, link, t, entry, seed, pool_slice)
             except BaseException as exc:  # reported to H1 through CheckModel
-                if isinstance(exc, garbled_core.PeerClosedError):  # H1 went away: no traceback
+                if isinstance(exc, (garbled_core.ChannelError, garbled_core.ProtocolError)):
+                    # The link or H1 failed (closed, timed out, spoke something else): one
+                    # line, no traceback.
                     log.warning("round %d: circuit cut off: %s", t, exc)
                 else:
                     log.exception("round %d: circuit or update failed", t)
@@ -449,6 +471,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         with self._lock:
             if t != self.state.round or self.state.phase != pb.ROUND_PHASE_COMPUTING:
                 raise FailedPreconditionError(f"round {t} is not ready for seeds")
+            if t in self._released:
+                raise FailedPreconditionError(f"round {t}: its release already ran")
             if t in self._seeds:
                 raise FailedPreconditionError(f"round {t}: seed already committed")
             seed = os.urandom(32)  # fresh per round, never sent anywhere
@@ -502,7 +526,14 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         t = request.version - 1
         if t != state.round:
             raise FailedPreconditionError(f"model v{request.version}: at round {state.round}")
-        sha = state.wait_pending(t, (context.time_remaining() or RPC_SLACK) - 1.0)
+        if t not in self._released:
+            raise FailedPreconditionError(f"model v{request.version}: round {t} ran no release")
+        try:
+            sha = state.wait_pending(t, (context.time_remaining() or RPC_SLACK) - 1.0)
+        except TimeoutError as exc:
+            raise WireError(str(exc), grpc.StatusCode.DEADLINE_EXCEEDED) from None
+        except RuntimeError as exc:  # the round's circuit or update failed here
+            raise FailedPreconditionError(str(exc)) from None
         if sha != request.sha256:
             msg = (
                 f"model v{request.version} differs between the servers: h1 "

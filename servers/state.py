@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -733,6 +734,8 @@ class ServerState:
         state_dir/models/vNNNNN.safetensors (+ .json)."""
         assert self.checkpoint_dir is not None
         directory = self.checkpoint_dir / MODELS_DIR
+        if version == 0:
+            self._set_aside_other_runs_models(directory)
         directory.mkdir(exist_ok=True)
         with self._export_lock:  # outside cond: a large model must not stall the servicers
             if self._export_module is None:
@@ -740,6 +743,27 @@ class ServerState:
             kept = directory / f"v{version:05d}.safetensors"
             for path in (kept, self.checkpoint_dir / MODEL_FILE):
                 write_export(path, self._export_module, params, report)
+
+    def _set_aside_other_runs_models(self, directory: Path) -> None:
+        """A new run in an old state_dir (resume: false): the old run's models go to
+        ``models.<its run id>``, so that ``spgc export --version N`` never reads another run's
+        model as this one's."""
+        reports = sorted(directory.glob("v*.json"))
+        if not reports:
+            return
+        try:
+            old = json.loads(reports[-1].read_text()).get("run_id")
+        except (OSError, ValueError):
+            old = None
+        if old == self.run_id:
+            return
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", str(old or "old"))[:100]
+        target, n = directory.with_name(f"{MODELS_DIR}.{name}"), 0
+        while target.exists():
+            n += 1
+            target = directory.with_name(f"{MODELS_DIR}.{name}.{n}")
+        directory.rename(target)
+        log.info("the models of run %s are kept in %s", old, target)
 
     def save_checkpoint(self) -> None:
         """Write the state a restart continues from, and export the model (no-op without a

@@ -156,3 +156,26 @@ def test_ledger_signing_keys(tmp_path):
         verify_ledger(tmp_path / "ledger.jsonl", [public_key_hex(other)])
     with pytest.raises(FileExistsError, match="refusing to overwrite"):
         make_ledger_keys(tmp_path, ["h1"])
+
+
+def test_tls_files_check_names_what_is_wrong(tmp_path: Path) -> None:
+    """TlsFiles.check: what gRPC would only report as "cannot bind" or as failed handshakes."""
+    from spgc.wire.tls import TlsFiles
+
+    make_dev_pki(tmp_path / "a", ["h1", "h2"])
+    make_dev_pki(tmp_path / "b", ["h1"])
+    good = TlsFiles.from_dir(tmp_path / "a", "h1")
+    good.check()
+    other_key = TlsFiles(good.cert, tmp_path / "a" / "h2.key", good.ca)
+    with pytest.raises(ValueError, match=r"h2\.key is not the key of certificate"):
+        other_key.check()
+    foreign = TlsFiles(good.cert, good.key, tmp_path / "b" / "ca.pem")
+    with pytest.raises(ValueError, match="is not signed by the CA in"):
+        foreign.check()
+    (tmp_path / "junk.key").write_text("not a key\n")
+    with pytest.raises(ValueError, match=r"junk\.key cannot be used: not a PEM private key"):
+        TlsFiles(good.cert, tmp_path / "junk.key", good.ca).check()
+    with pytest.raises(ValueError, match="is not a PEM certificate"):
+        TlsFiles(tmp_path / "junk.key", good.key, good.ca).check()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        TlsFiles(tmp_path / "none.pem", good.key, good.ca).check()

@@ -198,3 +198,22 @@ def test_server_run_leaves_the_model_and_spgc_export_writes_it(server_pki, tmp_p
         err = capsys.readouterr().err
         assert err.startswith("spgc export: error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_new_run_sets_the_old_runs_models_aside(tmp_path):
+    """resume: false over an old state_dir: the first model the new run writes moves the old
+    run's models/ to models.<old run id>, so `spgc export --version N` cannot read them as the
+    new run's; a resumed run (same id) keeps its directory."""
+    from types import SimpleNamespace
+
+    from spgc.servers.state import ServerState
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "v00003.json").write_text(json.dumps({"run_id": "old-run"}))
+    (models / "v00003.safetensors").write_bytes(b"x")
+    ServerState._set_aside_other_runs_models(SimpleNamespace(run_id="old-run"), models)
+    assert (models / "v00003.json").exists()  # the same run: kept
+    ServerState._set_aside_other_runs_models(SimpleNamespace(run_id="new-run"), models)
+    assert not models.exists()
+    assert (tmp_path / "models.old-run" / "v00003.safetensors").read_bytes() == b"x"

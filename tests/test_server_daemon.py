@@ -17,7 +17,7 @@ from spgc.gradients import per_example_gradients
 from spgc.ledger import verify_ledger
 from spgc.models import resolve_model, trainable_mask
 from spgc.servers.checkpoint import CheckpointError
-from spgc.servers.daemon import ServerDaemon
+from spgc.servers.daemon import MAX_LOSSES_WITHOUT_PROGRESS, PeerLost, ServerDaemon
 from spgc.sharing import share
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import aggregation_pb2_grpc, vector_sha256
@@ -612,6 +612,28 @@ def test_gc_address_at_a_grpc_port_names_the_likely_cause(pki, tmp_path, caplog)
         assert "no data link to h1 at gc_address" in str(d2.error)
         said = [r.getMessage() for r in caplog.records if "not open yet" in r.getMessage()]
         assert any("gc_address must be H1's gc_address" in m for m in said), said
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_a_peer_lost_again_and_again_without_progress_stops_the_server(pki, tmp_path):
+    """A peer that pairs but never lets a round finish (frozen in a call, failing each time)
+    is waited for MAX_LOSSES_WITHOUT_PROGRESS times; then H1 stops instead of running the
+    round (and spending a release) once more."""
+    d1, d2 = bind_pair(pki, tmp_path)
+    attempts = []
+
+    def lost_every_time(session, deadline):
+        attempts.append(d1.state.round)
+        raise PeerLost("h2 stopped answering")
+
+    d1._run_h1 = lost_every_time
+    d1._reset_for_peer = lambda reason: None
+    try:
+        with pytest.raises(RuntimeError, match="lost h2 4 times in a row without a model update"):
+            d1._run_paired()
+        assert len(attempts) == MAX_LOSSES_WITHOUT_PROGRESS + 1
     finally:
         d1.stop()
         d2.stop()

@@ -20,11 +20,12 @@ under-reported epsilon, ...); 2 for a usage error or a file that cannot be read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,8 +116,9 @@ def add_parser(subparsers: Any) -> None:
         nargs="+",
         type=Path,
         metavar="PEM",
-        help="with --ledger: Ed25519 key files (public or private PEM); the ledger must be "
-        "signed by one of them",
+        help="with --ledger: Ed25519 key files (public or private PEM) pinning the servers' "
+        "signing keys: both keys the ledger's header names must be among them (two-server "
+        "modes: give both servers' keys)",
     )
     # Not argparse-required: --ledger takes these from the ledger, so run() checks them.
     p.add_argument(
@@ -209,6 +211,19 @@ def _error(message: str) -> int:
     return 2
 
 
+@contextlib.contextmanager
+def _quiet_accountant() -> Iterator[None]:
+    """dp-accounting logs (through absl) each RDP order it excludes, dozens of lines per
+    answer; the epsilon stays an upper bound, and the one-line contract of stderr is kept."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``spgc account``; 0, or 2 with one line on stderr (--ledger: 1 when the ledger does
     not verify)."""
@@ -216,7 +231,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_ledger(args)
     try:
         _check(args)
-        answer = _answer(args)
+        with _quiet_accountant():
+            answer = _answer(args)
     except (MemoryError, OverflowError) as exc:
         return _error(_too_large(args, exc))
     except ValueError as exc:  # the library's refusals, and _AccountError
@@ -370,19 +386,13 @@ def _run_ledger(args: argparse.Namespace) -> int:
         lines = read_ledger_lines(path)
     except OSError as exc:
         return _error(f"--ledger {path}: {exc.strerror or exc}")
-    # dp-accounting logs (through absl) each RDP order it excludes; the epsilon stays an upper
-    # bound, and the one-line contract of stderr is kept.
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)
     try:
-        answer = _ledger_answer(path, lines, keys)
+        with _quiet_accountant():
+            answer = _ledger_answer(path, lines, keys)
     except LedgerError as exc:
         message = " ".join(str(exc).split())
         print(f"{PROG}: ledger {path}: {message}", file=sys.stderr)
         return 1
-    finally:
-        absl.setLevel(level)
     if args.json:
         print(json.dumps(answer, allow_nan=False))
     else:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
 import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 
 
 class _HasTlsPaths(Protocol):
@@ -33,6 +37,49 @@ class TlsFiles:
     def of(cls, paths: _HasTlsPaths) -> TlsFiles:
         """From any object with ``cert``, ``key`` and ``ca`` (e.g. ``spgc.certs.CertPaths``)."""
         return cls(cert=Path(paths.cert), key=Path(paths.key), ca=Path(paths.ca))
+
+    def check(self) -> None:
+        """The files as TLS will use them, with one line naming the file for what is wrong
+        (gRPC itself only says it cannot bind, or fails every handshake): each one parses,
+        the key is the certificate's, the certificate is in its validity period and signed
+        by a certificate in ``ca``. ValueError or OSError."""
+        certs = _pem_certificates(self.cert, "certificate")
+        cas = _pem_certificates(self.ca, "CA certificate")
+        try:
+            key = serialization.load_pem_private_key(_read(self.key, "private key"), None)
+        except (ValueError, TypeError) as exc:
+            why = "it is encrypted" if "password" in str(exc).lower() else "not a PEM private key"
+            raise ValueError(f"private key {self.key} cannot be used: {why}") from None
+        leaf = certs[0]
+        if key.public_key() != leaf.public_key():
+            raise ValueError(f"private key {self.key} is not the key of certificate {self.cert}")
+        now = datetime.now(timezone.utc)
+        if not leaf.not_valid_before_utc <= now <= leaf.not_valid_after_utc:
+            raise ValueError(
+                f"certificate {self.cert} is valid from {leaf.not_valid_before_utc:%Y-%m-%d} "
+                f"to {leaf.not_valid_after_utc:%Y-%m-%d}, not now"
+            )
+        issuer = certs[-1]  # the chain's last certificate is the one the CA signs
+        if not any(_issued_by(issuer, ca) for ca in cas):
+            raise ValueError(
+                f"certificate {self.cert} is not signed by the CA in {self.ca} (another CA's?)"
+            )
+
+
+def _pem_certificates(path: Path, what: str) -> list[x509.Certificate]:
+    try:
+        certs = x509.load_pem_x509_certificates(_read(path, what))
+    except ValueError:
+        raise ValueError(f"{what} {path} is not a PEM certificate") from None
+    return certs
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
 
 
 def _read(path: Path | str, what: str) -> bytes:
