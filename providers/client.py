@@ -736,6 +736,10 @@ class ProviderClient:
                 return call()
             except grpc.RpcError as exc:
                 code = exc.code()
+                refused = _server_certificate_refused(exc.details() or "")
+                if code == grpc.StatusCode.UNAVAILABLE and refused:
+                    # Our check of the server's certificate failed: retrying cannot help.
+                    raise ConnectionError(f"{what}: {refused} ({exc.details()})") from None
                 exhausted = (
                     attempt >= self.cfg.retries
                     if deadline is None
@@ -1290,6 +1294,19 @@ class ProviderClient:
             if on_round is not None:
                 on_round(report)
         return self.reports
+
+
+def _server_certificate_refused(details: str) -> str:
+    """Why this client refused the server's TLS certificate, from gRPC's error text ("" when it
+    did not): a wrong name or another CA is a configuration error, not an outage."""
+    if "Hostname Verification Check failed" in details:
+        return (
+            "the server's certificate does not carry the name this provider expects (h1_name "
+            "/ h2_name), or the address is another server's"
+        )
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return "the server's certificate is not signed by this provider's tls_ca"
+    return ""
 
 
 def _seconds_past_deadline(info: Any) -> float:

@@ -10,8 +10,10 @@ package (the optional extra ``pip install 'spgc[tensorboard]'``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from spgc.servers.metrics import PHASES
 from spgc.servers.state import RoundRecord
@@ -20,9 +22,14 @@ __all__ = ["TrainingCurves"]
 
 
 class TrainingCurves:
-    """One server's curves in ``directory`` (created); :meth:`observe_round` per ended round."""
+    """One server's curves, a TensorBoard run per training run: ``directory/run-<run id>``
+    (created at the first ended round, when the run id is agreed; a restart that resumes the
+    run goes on in the same one, a new run gets its own). :meth:`observe_round` per ended
+    round."""
 
-    def __init__(self, directory: Path, epsilon: Callable[[], float]) -> None:
+    def __init__(
+        self, directory: Path, epsilon: Callable[[], float], run_id: Callable[[], str]
+    ) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
         except ImportError:
@@ -31,10 +38,16 @@ class TrainingCurves:
                 "(or pip install tensorboard)"
             ) from None
         directory.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=str(directory))
+        self._make_writer = SummaryWriter
+        self.directory = directory
+        self.writer: Any = None
         self.epsilon = epsilon
+        self.run_id = run_id
 
     def observe_round(self, rec: RoundRecord) -> None:
+        if self.writer is None:
+            name = re.sub(r"[^A-Za-z0-9._-]", "_", self.run_id())[:100]
+            self.writer = self._make_writer(log_dir=str(self.directory / f"run-{name}"))
         step, add = rec.round, self.writer.add_scalar
         eps = self.epsilon()
         if not math.isinf(eps):
@@ -53,4 +66,5 @@ class TrainingCurves:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()

@@ -421,7 +421,9 @@ class ServerDaemon:
             self._start_metrics()
         if cfg.tensorboard_dir is not None:
             # A run per server (h1, h2): side by side in TensorBoard when the directories meet.
-            self.curves = TrainingCurves(cfg.tensorboard_dir / cfg.role_name, self.state.epsilon)
+            self.curves = TrainingCurves(
+                cfg.tensorboard_dir / cfg.role_name, self.state.epsilon, lambda: self.state.run_id
+            )
             self.state.add_round_observer(self.curves.observe_round)
         return self
 

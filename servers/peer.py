@@ -498,6 +498,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         with self._lock:
             if t != state.round or state.phase != pb.ROUND_PHASE_COMPUTING:
                 raise FailedPreconditionError(f"round {t} has no agreed provider set here")
+            if t in self._released:
+                raise FailedPreconditionError(f"round {t}: its release already ran")
             statement, signature = state.release_statement(t)
             if request.statement != statement:
                 msg = (

@@ -120,6 +120,20 @@ def _make_ca(now: _dt.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certif
     return key, cert
 
 
+def _load_ca(
+    key_path: Path, cert_path: Path
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """The development CA made earlier in the same directory."""
+    try:
+        key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"cannot use the CA in {key_path.parent}: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != cert.public_key():
+        raise ValueError(f"{key_path} is not the key of {cert_path}")
+    return key, cert
+
+
 def _make_leaf(
     name: str,
     ca_key: ec.EllipticCurvePrivateKey,
@@ -190,8 +204,9 @@ def make_dev_pki(
     ``providers``. Leaves are EC P-256, valid for one year (SAN: localhost, 127.0.0.1, NAME);
     those in ``names`` (the servers) serve TLS and authenticate as clients, those in
     ``providers`` only authenticate as clients (no serverAuth).
-    Private keys are created with mode 0600. Existing files are never overwritten unless
-    ``force``; then they are replaced (removed and created anew, so their mode is 0600 again).
+    Private keys are created with mode 0600. A CA already in ``directory`` signs the new
+    certificates (adding a party); existing files are never overwritten unless ``force``;
+    then they are replaced (the CA too: removed and created anew, mode 0600 again).
 
     Raises ``FileExistsError`` when a file exists and ``force`` is false, ``ValueError`` for a bad
     name, ``OSError`` for file-system errors.
@@ -204,7 +219,9 @@ def make_dev_pki(
     directory.mkdir(parents=True, exist_ok=True)
 
     ca_pem, ca_key_path = directory / f"{CA_NAME}.pem", directory / f"{CA_NAME}.key"
-    targets = [ca_pem, ca_key_path]
+    # A CA already here signs the new parties (adding one to a deployment), unless --force.
+    keep_ca = not force and ca_pem.is_file() and ca_key_path.is_file()
+    targets = [] if keep_ca else [ca_pem, ca_key_path]
     for name in checked:
         targets += [directory / f"{name}.pem", directory / f"{name}.key"]
     existing = [p for p in targets if p.exists() or p.is_symlink()]
@@ -215,9 +232,12 @@ def make_dev_pki(
         p.unlink()
 
     now = _dt.datetime.now(_dt.timezone.utc)
-    ca_key, ca_cert = _make_ca(now)
-    _write_new(ca_key_path, _key_pem(ca_key), 0o600)
-    _write_new(ca_pem, _cert_pem(ca_cert), 0o644)
+    if keep_ca:
+        ca_key, ca_cert = _load_ca(ca_key_path, ca_pem)
+    else:
+        ca_key, ca_cert = _make_ca(now)
+        _write_new(ca_key_path, _key_pem(ca_key), 0o600)
+        _write_new(ca_pem, _cert_pem(ca_cert), 0o644)
 
     result: dict[str, CertPaths] = {}
     for name in checked:

@@ -226,7 +226,8 @@ class ServerConfig(_Schema):
     )
     tensorboard_dir: Path | None = Field(
         None,
-        description="write TensorBoard curves per round to DIR/h1 (or h2): epsilon, test loss "
+        description="write TensorBoard curves per round to DIR/h1/run-<run id> (or h2): "
+        "epsilon, test loss "
         "and accuracy, round seconds by phase, bytes to the peer, providers; needs pip install "
         "'spgc[tensorboard]'",
     )

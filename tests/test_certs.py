@@ -169,9 +169,8 @@ def test_tls_files_check_names_what_is_wrong(tmp_path: Path) -> None:
     other_key = TlsFiles(good.cert, tmp_path / "a" / "h2.key", good.ca)
     with pytest.raises(ValueError, match=r"h2\.key is not the key of certificate"):
         other_key.check()
-    foreign = TlsFiles(good.cert, good.key, tmp_path / "b" / "ca.pem")
-    with pytest.raises(ValueError, match="is not signed by the CA in"):
-        foreign.check()
+    # A CA file of other organisations (it verifies the peers, not this party) is fine.
+    TlsFiles(good.cert, good.key, tmp_path / "b" / "ca.pem").check()
     (tmp_path / "junk.key").write_text("not a key\n")
     with pytest.raises(ValueError, match=r"junk\.key cannot be used: not a PEM private key"):
         TlsFiles(good.cert, tmp_path / "junk.key", good.ca).check()
@@ -179,3 +178,15 @@ def test_tls_files_check_names_what_is_wrong(tmp_path: Path) -> None:
         TlsFiles(tmp_path / "junk.key", good.key, good.ca).check()
     with pytest.raises(FileNotFoundError, match="does not exist"):
         TlsFiles(tmp_path / "none.pem", good.key, good.ca).check()
+
+
+def test_a_party_is_added_with_the_ca_already_there(tmp_path: Path) -> None:
+    """`spgc certs DIR --providers p4` next to an existing CA: p4 is signed by that CA, which
+    stays as it was (the deployment's other certificates still verify against it)."""
+    first = make_dev_pki(tmp_path, ["h1"], providers=["p1"])
+    ca_before = (tmp_path / "ca.pem").read_bytes()
+    assert main(["certs", str(tmp_path), "--providers", "p4"]) == 0
+    assert (tmp_path / "ca.pem").read_bytes() == ca_before
+    ca = _load(first["h1"].ca)
+    _load(tmp_path / "p4.pem").verify_directly_issued_by(ca)
+    _load(tmp_path / "h1.pem").verify_directly_issued_by(ca)

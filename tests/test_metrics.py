@@ -113,7 +113,9 @@ def test_metrics_readiness_and_counters_over_two_rounds(pki: Path, tmp_path: Pat
 
         # The same rounds as TensorBoard curves, one run per server.
         for d in (d1, d2):
-            curves = EventAccumulator(str(tmp_path / "tb" / d.cfg.role_name))
+            (run,) = (tmp_path / "tb" / d.cfg.role_name).iterdir()  # one run: its own dir
+            assert run.name == f"run-{d.state.run_id}"
+            curves = EventAccumulator(str(run))
             curves.Reload()
             scalars = {tag: curves.Scalars(tag) for tag in curves.Tags()["scalars"]}
             assert [e.step for e in scalars["privacy/epsilon_spent"]] == [0, 1]

@@ -592,6 +592,26 @@ def test_a_first_step_above_the_providers_limit_is_refused(
     assert not h1.servicer.attempts and not h2.servicer.attempts
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [({"h1_name": "h9"}, "does not carry the name"), ({"tls_ca": "other"}, "not signed by")],
+)
+def test_a_server_certificate_this_provider_refuses_stops_it_at_once(
+    pki: Path, servers: Any, cancer: Any, tmp_path: Path, change: dict, said: str
+) -> None:
+    """Another name than h1_name, or another CA: a configuration error named at once, not an
+    outage retried for connect_timeout."""
+    if "tls_ca" in change:
+        make_dev_pki(tmp_path, ["x"])
+        change = {"tls_ca": tmp_path / "ca.pem"}
+    h1, h2 = servers()
+    cfg = provider_config(pki, [h1, h2], connect_timeout=120.0, **change)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=said), client_for(cfg, data=cancer) as client:
+        client.connect()
+    assert time.monotonic() - started < 30
+
+
 def test_lost_receipt_is_not_resent(pki: Path, servers: Any, cancer: Any) -> None:
     h1, h2 = servers()
     h2.servicer.fail_after_accept = 1

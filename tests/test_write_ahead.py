@@ -244,3 +244,50 @@ def test_ldp_counts_every_noisy_vector_it_receives(pki: Path, tmp_path: Path) ->
     assert (report.steps, report.released, report.cosigned) == (1, 0, False)
     assert report.epsilon == pytest.approx(d1.state.epsilon(), rel=1e-9) and report.epsilon > 0
     assert rounds["epsilon"] == pytest.approx(report.epsilon, rel=1e-9)
+
+
+def test_h2_runs_one_release_per_round(
+    pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An H1 that, once round 0's circuit is under way, asks H2 for another seed, another
+    co-signed ledger entry and another circuit for the same round (a second release on the
+    same sum) is refused each time; each ledger holds one release per round."""
+    from spgc.wire import SEED_COMMITMENT_SCHEME, peer_pb2, seed_commitment
+
+    answers: list[str] = []
+    real = coordinator.H1Driver._barrier
+
+    def barrier(self, t, which, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real(self, t, which, *args, **kwargs)
+        if which != peer_pb2.BARRIER_CIRCUIT_READY or answers:
+            return
+        run, h1 = self.state.run_id, pb.SERVER_ROLE_H1
+        statement, signature = self.state.release_statement(t)
+        again = [
+            lambda: self.peer.CommitSeed(
+                peer_pb2.SeedCommitment(
+                    run_id=run, round=t, role=h1, scheme=SEED_COMMITMENT_SCHEME,
+                    commitment=seed_commitment(run, t, h1, b"s" * 32),
+                ), timeout=10,
+            ),
+            lambda: self.peer.CosignRelease(
+                peer_pb2.ReleaseStatement(
+                    run_id=run, round=t, role=h1, statement=statement, signature=signature
+                ), timeout=10,
+            ),
+            lambda: real(self, t, peer_pb2.BARRIER_CIRCUIT_READY),
+        ]  # fmt: skip
+        for call in again:
+            try:
+                call()
+                answers.append("accepted")
+            except grpc.RpcError as exc:
+                answers.append(f"{exc.code().name}: {exc.details()}")
+
+    monkeypatch.setattr(coordinator.H1Driver, "_barrier", barrier)
+    daemons = start_pair(pki, tmp_path, **{**NOISY, "rounds": 2})
+    run_rounds(pki, daemons, 2)
+    assert len(answers) == 3
+    assert all(a == "FAILED_PRECONDITION: round 0: its release already ran" for a in answers)
+    for sub in ("s1", "s2"):
+        assert verify_ledger(tmp_path / sub / "ledger.jsonl").steps == 2

@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         "signed by it (EC P-256, one year, SAN localhost/127.0.0.1/NAME). Servers' certificates "
         "serve TLS and authenticate as clients; providers' only authenticate as clients, so a "
         "provider cannot pose as a server. With neither --names nor --providers: servers h1 h2, "
-        "providers p1 p2 p3. For development only.",
+        "providers p1 p2 p3. A CA already in DIR signs the new certificates (adding a party). "
+        "For development only.",
     )
     certs.add_argument("directory", type=Path, metavar="DIR")
     certs.add_argument(
@@ -124,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help=f"the servers to certify (default: {' '.join(DEFAULT_NAMES)})",
+        help=f"the servers to certify (default: {' '.join(DEFAULT_NAMES)} when --providers is "
+        "not given, else none)",
     )
     certs.add_argument(
         "--providers",
@@ -342,11 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_certs(args: argparse.Namespace) -> int:
-    servers = DEFAULT_NAMES if args.names is None else args.names
-    if args.providers is not None:
-        providers = args.providers
-    else:
-        providers = DEFAULT_PROVIDERS if args.names is None else ()
+    servers, providers = args.names or (), args.providers or ()
+    if args.names is None and args.providers is None:
+        servers, providers = DEFAULT_NAMES, DEFAULT_PROVIDERS
     made = make_dev_pki(args.directory, servers, force=args.force, providers=providers)
     ca = next(iter(made.values())).ca
     print(f"CA: {ca} (key {ca.with_suffix('.key')})")
