@@ -13,6 +13,7 @@ data link carries the two noisy shares instead of a garbled circuit (no engine s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import shutil
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -141,6 +143,15 @@ def _agree_on_lanes(channel: Any, lanes: int, workers: int, peer_name: str) -> N
             f"workers differ: {workers} here, {their_workers} at {peer_name} (both servers must "
             "set the same number of circuit workers)"
         )
+
+
+@contextlib.contextmanager
+def _naming_key(key: str) -> Iterator[None]:
+    """A port that cannot be bound, said with the configuration key that names it."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(f"{key}: {exc}") from exc
 
 
 def _gc_address_hint(exc: BaseException) -> str:
@@ -392,30 +403,32 @@ class ServerDaemon:
             )
             return server, port, await add_aio_health(server)
 
-        self.server, self.port, self.health = self._io.run(providers_server())
+        with _naming_key("listen"):
+            self.server, self.port, self.health = self._io.run(providers_server())
         self.state.add_round_listener(self._update_readiness)
         self._update_readiness()
         if not cfg.single_server:
             # The other server's control calls: a gRPC server and port of their own.
-            self.peer_server, self.peer_port = make_server(
-                cfg.peer_listen,
-                [
-                    partial(
-                        add_servicer,
-                        servicer=self.peer_servicer,
-                        service=PEER_SERVICE,
-                        on_refused=self._call_refused,
-                    )
-                ],
-                self.tls,
-                insecure,
-                interceptors=[PeerGate(cfg.peer_name, insecure, on_refused=self._call_refused)],
-            )
+            with _naming_key("peer_listen"):
+                self.peer_server, self.peer_port = make_server(
+                    cfg.peer_listen,
+                    [
+                        partial(
+                            add_servicer,
+                            servicer=self.peer_servicer,
+                            service=PEER_SERVICE,
+                            on_refused=self._call_refused,
+                        )
+                    ],
+                    self.tls,
+                    insecure,
+                    interceptors=[PeerGate(cfg.peer_name, insecure, on_refused=self._call_refused)],
+                )
             self.peer_health = add_health(self.peer_server)
             self._set_paired_health(False)
         if self.cfg.role == 1 and not self.cfg.single_server:
-
-            self._listener = garbled_core.Listener(*split_host_port(self.cfg.gc_address))
+            with _naming_key("gc_address"):
+                self._listener = garbled_core.Listener(*split_host_port(self.cfg.gc_address))
             self.gc_port = self._listener.port
         if cfg.metrics_port is not None:
             self._start_metrics()

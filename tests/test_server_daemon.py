@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -637,6 +638,18 @@ def test_a_peer_lost_again_and_again_without_progress_stops_the_server(pki, tmp_
     finally:
         d1.stop()
         d2.stop()
+
+
+@pytest.mark.parametrize("key", ["listen", "peer_listen", "gc_address"])
+def test_a_port_in_use_is_named_by_its_key(pki, tmp_path, key):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        daemon = ServerDaemon(_cfg(pki, 1, tmp_path, **{key: address}))
+        with pytest.raises(OSError, match=f"^{key}: "):
+            daemon.bind()
+        daemon.stop()
 
 
 def test_servers_with_their_own_certificate_names(tmp_path):
