@@ -1197,7 +1197,8 @@ class ServerDaemon:
                             f"no data link to {self.cfg.peer_name} at gc_address "
                             f"{self.cfg.gc_address}: {exc}{_gc_address_hint(exc)}"
                         ) from exc
-                    if session.is_set():
+                    if session.is_set() or epoch != self.peer_servicer.epoch:
+                        # H1 paired again meanwhile: dial its new listener, with a new deadline.
                         raise PeerLost("re-paired while dialing the data link") from None
                     if str(exc) != told[0] or time.monotonic() - told[1] > 10:
                         log.warning(

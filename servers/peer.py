@@ -76,6 +76,9 @@ def parse_worker_addresses(addresses: Any, workers: int) -> list[tuple[str, int]
     return out
 
 
+#: Seconds a round or noise-block call waits for this server's side of the data link.
+LINK_WAIT = 15.0
+
 # TrainingConfig fields named otherwise in the servers' configuration (docs/CONFIG.md).
 _CONFIG_KEYS = {
     "max_rounds": "rounds",
@@ -254,6 +257,16 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 ledger_public_key=self.state.ledger_public_key(),
             )
 
+    def _own_link(self) -> Any:
+        """This server's side of the data link, waited for LINK_WAIT s at most: H1 calls only
+        once its side is up, so a longer wait means this side was lost (or never came up),
+        and H1 must hear it at once (UNAVAILABLE: it pairs again), not at its call's deadline,
+        by which time this server may have given up dialing."""
+        try:
+            return self.get_link(LINK_WAIT)
+        except RuntimeError as exc:
+            raise NotPairedError(str(exc)) from None
+
     def _refuse_other_plan(self, theirs: pb.TrainingConfig) -> None:
         """FailedPreconditionError (and this server's run failed) when H1's plan differs."""
         assert self.state.config is not None
@@ -329,7 +342,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 log.error("stopping: %s", msg)
                 state.fail(msg)
                 raise FailedPreconditionError(msg)
-        link = self.get_link(RPC_SLACK)
+        link = self._own_link()
         self._released.add(t)
 
         def work() -> None:
@@ -399,7 +412,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                         f"a noise block has a {BLOCK_ID_BYTES}-byte id and 1..{MAX_BLOCK_SAMPLES} "
                         "samples"
                     )
-                self._noise_job = _NoiseJob(block, self.get_link(RPC_SLACK), state.pool)
+                self._noise_job = _NoiseJob(block, self._own_link(), state.pool)
             return out
         if step != peer_pb2.NoiseBlock.STEP_FINISH:
             raise FailedPreconditionError(f"unknown noise-block step {step}")

@@ -673,10 +673,18 @@ def test_servers_with_their_own_certificate_names(tmp_path):
     try:
         for daemon, name in zip(daemons, names, strict=True):
             channel = make_channel(f"127.0.0.1:{daemon.port}", tls, server_name=name)
+            end = time.monotonic() + 30
             try:
-                info = aggregation_pb2_grpc.AggregatorStub(channel).Hello(
-                    pb.HelloRequest(protocol_version=1), timeout=10
-                )
+                while True:  # UNAVAILABLE until the servers' handshake is done
+                    try:
+                        info = aggregation_pb2_grpc.AggregatorStub(channel).Hello(
+                            pb.HelloRequest(protocol_version=1), timeout=10
+                        )
+                        break
+                    except grpc.RpcError as exc:
+                        if "handshake" not in (exc.details() or "") or time.monotonic() > end:
+                            raise
+                        time.sleep(0.1)
             finally:
                 channel.close()
             assert info.server_name == name and info.provider_id == "p1"
