@@ -249,6 +249,7 @@ class ServerDaemon:
         self._round_state_live = False  # rounds ran since the last checkpoint restore
         self.peer_health: Any = None
         self._session_paired = False  # the current session got as far as a data link
+        self._dialed_epoch = 0  # H2: the pairing (PeerServicer.epoch) its data link was dialed for
         self._lost_reason = "the peer was lost"
         self._probe_channel: grpc.Channel | None = None  # H2: to H1's peer port (probes)
         self._threads: list[threading.Thread] = []
@@ -1171,14 +1172,17 @@ class ServerDaemon:
     # ------------------------------------------------------------------ H2
 
     def _run_h2(self, session: threading.Event, deadline: float) -> None:
-        while not self.peer_servicer.paired:  # H1's Handshake fixes the run first
+        # H1's Handshake fixes the run first; after a loss, a NEW one (the flag may still say
+        # paired while the reset runs): a link dialed for the old pairing could be taken by
+        # a restarted H1 as its new one, then dropped here, leaving H1 with a dead link.
+        while not self.peer_servicer.paired or self.peer_servicer.epoch == self._dialed_epoch:
             if self.state.failure:
                 raise PeerMismatchError(self.state.failure)
             if self.stop_event.wait(0.1):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no handshake from {self.cfg.peer_name}")
-        epoch = self.peer_servicer.epoch
+        epoch = self._dialed_epoch = self.peer_servicer.epoch
         self._checkpoint_the_start()  # before the link: H1 opens no round without it
         host, port = split_host_port(self.cfg.gc_address)
         channels: list[Any] = []
