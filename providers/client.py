@@ -87,7 +87,7 @@ from spgc.noise import sample_noise_plain
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
-from spgc.wire.errors import WRONG_RUN, WireError
+from spgc.wire.errors import ANOTHER_VECTOR, WRONG_RUN, WireError
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import read_inline_model, read_model_stream, share_messages
 from spgc.wire.transport import make_channel
@@ -1089,7 +1089,7 @@ class ProviderClient:
                     # Fresh ids are never reused: a share of ours for round t is already in
                     # (of another vector if we restarted mid-round: the round then leaves us
                     # out, as the servers' details say).
-                    other = "ANOTHER vector" in (exc.details() or "")
+                    other = ANOTHER_VECTOR in (exc.details() or "")
                     log.log(
                         logging.WARNING if other else logging.INFO,
                         "%s: round %d share already accepted (%s)",

@@ -10,11 +10,11 @@ package (the optional extra ``pip install 'spgc[tensorboard]'``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spgc.ledger import run_file_name
 from spgc.servers.metrics import PHASES
 from spgc.servers.state import RoundRecord
 
@@ -46,8 +46,8 @@ class TrainingCurves:
 
     def observe_round(self, rec: RoundRecord) -> None:
         if self.writer is None:
-            name = re.sub(r"[^A-Za-z0-9._-]", "_", self.run_id())[:100]
-            self.writer = self._make_writer(log_dir=str(self.directory / f"run-{name}"))
+            name = f"run-{run_file_name(self.run_id())}"
+            self.writer = self._make_writer(log_dir=str(self.directory / name))
         step, add = rec.round, self.writer.add_scalar
         eps = self.epsilon()
         if not math.isinf(eps):

@@ -162,7 +162,7 @@ def _gc_address_hint(exc: BaseException) -> str:
     if "TLS" in str(exc):
         return (
             " (gc_address must be H1's gc_address, not its listen or peer_listen port, "
-            "and both servers' certificates must come from the same CA)"
+            "and each server's tls.ca must hold the CA of the other's certificate)"
         )
     return ""
 

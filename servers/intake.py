@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from spgc.sharing import aggregate_shares, validate_share
+from spgc.wire.errors import ANOTHER_VECTOR
 
 # gRPC status names a servicer maps these refusals to.
 INVALID_ARGUMENT = "INVALID_ARGUMENT"
@@ -291,7 +292,7 @@ class ShareIntake:
                 # identity): the servers' agreement leaves the provider out if the halves differ.
                 raise SubmissionRejected(
                     ALREADY_EXISTS,
-                    f"provider {provider!r} already sent a share of ANOTHER vector for round "
+                    f"provider {provider!r} already sent {ANOTHER_VECTOR} for round "
                     f"{rnd.number} (vector id differs); if the other server holds this "
                     "vector's half, the round leaves the provider out",
                 )

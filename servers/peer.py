@@ -267,6 +267,11 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         except RuntimeError as exc:
             raise NotPairedError(str(exc)) from None
 
+    def _refuse_a_second_release(self, t: int) -> None:
+        """One release per round per pairing: its seed, co-signed entry and circuit once."""
+        if t in self._released:
+            raise FailedPreconditionError(f"round {t}: its release already ran")
+
     def _refuse_other_plan(self, theirs: pb.TrainingConfig) -> None:
         """FailedPreconditionError (and this server's run failed) when H1's plan differs."""
         assert self.state.config is not None
@@ -317,8 +322,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         state = self.state
         if state.phase != pb.ROUND_PHASE_COMPUTING:
             raise FailedPreconditionError(f"round {t} has no agreed provider set here")
-        if t in self._released:
-            raise FailedPreconditionError(f"round {t}: its release already ran")
+        self._refuse_a_second_release(t)
         recorded = self._entries.pop(t, None)
         if recorded is None:  # write-ahead: never a release the ledger does not hold first
             raise FailedPreconditionError(f"round {t}: no co-signed ledger entry for the release")
@@ -484,8 +488,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         with self._lock:
             if t != self.state.round or self.state.phase != pb.ROUND_PHASE_COMPUTING:
                 raise FailedPreconditionError(f"round {t} is not ready for seeds")
-            if t in self._released:
-                raise FailedPreconditionError(f"round {t}: its release already ran")
+            self._refuse_a_second_release(t)
             if t in self._seeds:
                 raise FailedPreconditionError(f"round {t}: seed already committed")
             seed = os.urandom(32)  # fresh per round, never sent anywhere
@@ -511,8 +514,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         with self._lock:
             if t != state.round or state.phase != pb.ROUND_PHASE_COMPUTING:
                 raise FailedPreconditionError(f"round {t} has no agreed provider set here")
-            if t in self._released:
-                raise FailedPreconditionError(f"round {t}: its release already ran")
+            self._refuse_a_second_release(t)
             statement, signature = state.release_statement(t)
             if request.statement != statement:
                 msg = (

@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from spgc.export import privacy_report, write_export
 from spgc.ledger import (
     Ledger,
     LedgerError,
+    aside_path,
     load_signing_key,
     public_key_hex,
     read_ledger_lines,
@@ -757,11 +757,7 @@ class ServerState:
             old = None
         if old == self.run_id:
             return
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", str(old or "old"))[:100]
-        target, n = directory.with_name(f"{MODELS_DIR}.{name}"), 0
-        while target.exists():
-            n += 1
-            target = directory.with_name(f"{MODELS_DIR}.{name}.{n}")
+        target = aside_path(directory, str(old or "old"))
         directory.rename(target)
         log.info("the models of run %s are kept in %s", old, target)
 

@@ -159,10 +159,15 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _aside(path: Path, run_id: str) -> Path:
-    """Where an older run's ledger is kept: ``ledger.jsonl.<run_id>`` (the run id made safe
-    for a file name), never overwriting an earlier one (``.1``, ``.2``, ...)."""
-    base = path.with_name(f"{path.name}.{re.sub(r'[^A-Za-z0-9._-]', '_', run_id)[:100]}")
+def run_file_name(run_id: str) -> str:
+    """A run id made safe for a file name (it comes from a configuration or a peer)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run_id)[:100]
+
+
+def aside_path(path: Path, run_id: str) -> Path:
+    """Where an older run's file or directory is kept: ``<path>.<run id>`` (e.g.
+    ``ledger.jsonl.<run id>``), never over an earlier one (``.1``, ``.2``, ...)."""
+    base = path.with_name(f"{path.name}.{run_file_name(run_id)}")
     target, n = base, 0
     while target.exists():
         n += 1
@@ -238,7 +243,7 @@ class Ledger:
                             f"peer server {first.get('peer')!r} than the one it now presents"
                         )
                     return ledger
-                path.replace(_aside(path, str(first.get("run_id") or "old")))
+                path.replace(aside_path(path, str(first.get("run_id") or "old")))
         ledger._append(dict(fields))
         return ledger
 

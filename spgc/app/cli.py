@@ -437,8 +437,9 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _try_model_and_data(cfg: ServerConfig | ProviderConfig) -> str:
     """What the daemon would build at its start, built now: the model (and initial_model), the
     run's plan, the data and test_data, tried together. Returns a note for the check's line."""
-    tls = cfg.tls.files() if isinstance(cfg, ServerConfig) and cfg.tls else None
-    if isinstance(cfg, ProviderConfig):
+    if isinstance(cfg, ServerConfig):
+        tls = cfg.tls.files() if cfg.tls is not None else None
+    else:
         tls = cfg.tls
     if tls is not None:
         tls.check()

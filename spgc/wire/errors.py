@@ -64,6 +64,11 @@ def wrong_run(run_id: str) -> FailedPreconditionError:
     return FailedPreconditionError(f"run {run_id[:80]!r} {WRONG_RUN}")
 
 
+#: The words of an ALREADY_EXISTS refusal whose held share is a half of ANOTHER vector of the
+#: provider (ShareHeader.vector_id differs): the round will likely leave the provider out.
+ANOTHER_VECTOR = "a share of ANOTHER vector"
+
+
 class AlreadyExistsError(WireError):
     """A second submission for the same round, or a submission id used before."""
 
