@@ -140,7 +140,13 @@ class ProviderRefusal(RuntimeError):
 
 
 class RoundFailed(RuntimeError):
-    """This provider's contribution to one round could not be delivered (the run goes on)."""
+    """This provider's contribution to one round could not be delivered (the run goes on).
+    ``resending``: a server has the share and another not yet; the missing half is sent again
+    while the round still collects, so the round may yet count."""
+
+    def __init__(self, message: str, resending: bool = False) -> None:
+        super().__init__(message)
+        self.resending = resending
 
 
 class RunFailed(RuntimeError):
@@ -183,11 +189,13 @@ class RoundReport:
     send_seconds: float
     results: list[SubmitResult] = field(default_factory=list)
     epsilon_spent: float = 0.0  # what the servers had spent when the round opened
+    servers: int = 0  # how many servers this provider shares among (0: those in results)
 
     @property
     def accepted(self) -> bool:
-        """Whether every server accepted this provider's share."""
-        return bool(self.results) and all(r.accepted for r in self.results)
+        """Whether every server accepted this provider's share (a resend included)."""
+        taken = {r.server for r in self.results if r.accepted}
+        return bool(taken) and len(taken) >= max(self.servers, len(self.results))
 
 
 # ----------------------------------------------------------------------------- checks
@@ -921,10 +929,13 @@ class ProviderClient:
             if status.caller_share_accepted:
                 continue
             try:
-                self._submit(server, vec, info, vector_id)
+                result = self._submit(server, vec, info, vector_id)
             except RoundFailed as exc:
                 log.warning("round %d: resending to %s failed: %s", info.round, server.name, exc)
                 return
+            for report in self.reports:
+                if report.round == info.round:
+                    report.results.append(result)
             log.info("round %d: %s now holds our share (sent again)", info.round, server.name)
         self._resend = None
 
@@ -1187,7 +1198,15 @@ class ProviderClient:
         troubled = bool(errors) or any(r.attempts > 1 for r in results)
         self._resend = (t, vectors, vector_id) if troubled else None
         report = RoundReport(
-            t, info.model_version, len(batch), compute, encode, send, results, info.epsilon_spent
+            t,
+            info.model_version,
+            len(batch),
+            compute,
+            encode,
+            send,
+            results,
+            info.epsilon_spent,
+            len(self.servers),
         )
         self.reports.append(report)
         log.info(
@@ -1203,7 +1222,7 @@ class ProviderClient:
             info.epsilon_spent,
         )
         if errors:
-            raise RoundFailed("; ".join(errors))
+            raise RoundFailed("; ".join(errors), resending=bool(results))
         return report
 
     def check_ledger(self) -> LedgerReport | None:
@@ -1273,7 +1292,15 @@ class ProviderClient:
             try:
                 report = self.run_round()
             except RoundFailed as exc:
-                log.error("round %s failed: %s", self.last_round, exc)
+                if exc.resending:
+                    log.warning(
+                        "round %s: not every server took our share yet (%s): sending it again "
+                        "while the round collects",
+                        self.last_round,
+                        exc,
+                    )
+                else:
+                    log.error("round %s failed: %s", self.last_round, exc)
                 if WRONG_RUN in str(exc) and self.training is not None:
                     # The servers started another run (their state was reset): learn its
                     # plan, check it against this provider's limits, and take part from its

@@ -644,12 +644,16 @@ def test_a_share_a_server_missed_is_sent_again_unchanged(
     h2.servicer.fail_before_accept = 4  # = retries
     cfg = provider_config(pki, [h1, h2], wait_timeout=0.5)
     with client_for(cfg, data=cancer) as client:
-        with pytest.raises(RoundFailed, match="h2"):
+        with pytest.raises(RoundFailed, match="h2") as failed:
             client.run_round()
+        assert failed.value.resending  # H1 holds its half: logged as pending, not as lost
         assert not h2.servicer.accepted
+        (report,) = client.reports
+        assert not report.accepted  # one of two servers is not "every server"
         h1.servicer.phase = pb.ROUND_PHASE_AGREEING  # H1 had every share it waited for
         with pytest.raises(TimeoutError):  # no new round: but the share got through meanwhile
             client.run_round()
+        assert report.accepted and [r.server for r in report.results] == ["h1", "h2"]
     assert len(h1.servicer.attempts) == 1 and len(h2.servicer.accepted) == 1
     sent = [vec for _, vec in h2.servicer.attempts]
     assert len(sent) == 5 and all(np.array_equal(v, sent[0]) for v in sent)
