@@ -123,7 +123,9 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         return who
 
     def _authenticate(self, context: Any, claimed: str) -> str:
-        return caller_identity(context, claimed, insecure=self.insecure, allowed=self.allowed)
+        who = caller_identity(context, claimed, insecure=self.insecure, allowed=self.allowed)
+        self.state.note_caller(who)
+        return who
 
     def _require_ready(self) -> None:
         if not self.state.ready:  # no run id / agreed configuration before the Handshake

@@ -257,6 +257,67 @@ def _eps(eps: float) -> str:
     return "inf (no noise)" if math.isinf(eps) else f"{eps:.4f}"
 
 
+#: At most this many seconds between H1's calls to H2 while the first round waits for
+#: providers (H2 stops after peer_timeout without a call from H1).
+WAITING_CALL_INTERVAL = 10.0
+#: How often the first-round wait says how many providers are there.
+WAITING_LOG_INTERVAL = 15.0
+
+
+def wait_for_providers(
+    state: ServerState, stop: threading.Event, still_waiting: Any = None
+) -> None:
+    """Before the run's first round: until min_providers providers have called this server,
+    for at most first_round_wait seconds (then the round opens anyway and, short of shares,
+    is skipped). Providers started a little after the servers then miss no round.
+    ``still_waiting()`` is called every few seconds meanwhile (H1: tells H2 it is alive)."""
+    cfg = state.plan.cfg
+    if cfg.first_round_wait <= 0:
+        return
+    start = told = called = time.monotonic()
+    interval = min(WAITING_CALL_INTERVAL, cfg.peer_timeout / 4)
+    first = True
+    while not stop.is_set():
+        present = state.providers_present()
+        if len(present) >= cfg.min_providers:
+            if not first:
+                log.info(
+                    "%s: round 0 opens: %d provider(s) connected (%s)",
+                    cfg.role_name,
+                    len(present),
+                    ", ".join(present),
+                )
+            return
+        now = time.monotonic()
+        if now - start >= cfg.first_round_wait:
+            log.warning(
+                "%s: round 0 opens with %d of min_providers=%d provider(s) connected after "
+                "%g s (first_round_wait)%s",
+                cfg.role_name,
+                len(present),
+                cfg.min_providers,
+                cfg.first_round_wait,
+                f": {', '.join(present)}" if present else "",
+            )
+            return
+        if first or now - told >= WAITING_LOG_INTERVAL:
+            log.info(
+                "%s: round 0 opens once min_providers=%d providers have connected: %d so far%s; "
+                "it opens anyway in %.0f s (first_round_wait)",
+                cfg.role_name,
+                cfg.min_providers,
+                len(present),
+                f" ({', '.join(present)})" if present else "",
+                cfg.first_round_wait - (now - start),
+            )
+            told, first = now, False
+        if still_waiting is not None and now - called >= interval:
+            still_waiting()
+            called = now
+        with state.cond:
+            state.cond.wait(0.5)
+
+
 class _RoundLoop:
     """Runs rounds until training is finished or the daemon stops."""
 
@@ -319,6 +380,12 @@ class H1Driver(_RoundLoop):
 
     def run_round(self, t: int) -> None:
         state, cfg = self.state, self.state.plan.cfg
+        if t == 0:
+            wait_for_providers(
+                state, self.stop, lambda: self._barrier(t, peer_pb2.BARRIER_WAITING_FOR_PROVIDERS)
+            )
+            if self.stop.is_set():
+                return
         state.open_round(t)
         self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
         if self.producer is not None and cfg.pool_produce:
@@ -437,6 +504,10 @@ class SingleDriver(_RoundLoop):
 
     def run_round(self, t: int) -> None:
         state, cfg = self.state, self.state.plan.cfg
+        if t == 0:
+            wait_for_providers(state, self.stop)
+            if self.stop.is_set():
+                return
         state.open_round(t)
         state.wait_intake_done(t, self.stop)
         if self.stop.is_set():

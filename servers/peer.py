@@ -306,6 +306,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     state.close_intake(t)
         elif b == peer_pb2.BARRIER_CIRCUIT_READY:
             self._start_circuit(t, request)
+        elif b == peer_pb2.BARRIER_WAITING_FOR_PROVIDERS:
+            pass  # H1 is alive, still waiting to open round t: nothing changes here
         elif b == peer_pb2.BARRIER_MODEL_PUBLISHED:
             with self._lock:
                 if state.pending is None:

@@ -169,6 +169,7 @@ class ServerState:
         self._export_lock = threading.Lock()  # one export at a time into the cached module
         self._export_module: nn.Module | None = None
         self.declined: dict[str, str] = {}  # provider -> why it refused the plan
+        self.callers: set[str] = set()  # providers that called this server (first-round wait)
         # The write-ahead privacy ledger (spgc.ledger): opened once the run id is known.
         self.ledger: Ledger | None = None
         self.ledger_path: Path | None = None  # None: in memory only (no state_dir)
@@ -661,6 +662,19 @@ class ServerState:
         if self.accountant is None:
             return False
         return self.accountant.epsilon_after(self.releases + 1) > self.plan.cfg.target_epsilon
+
+    def note_caller(self, provider: str) -> None:
+        """An authenticated provider called this server (any call)."""
+        if provider in self.callers:  # the common case: no lock, no wake-up
+            return
+        with self.cond:
+            self.callers.add(provider)
+            self.cond.notify_all()
+
+    def providers_present(self) -> list[str]:
+        """Providers that called this server and did not refuse the plan."""
+        with self.cond:
+            return sorted(self.callers - set(self.declined))
 
     def note_declined(self, provider: str, reason: str) -> None:
         """A provider refused the plan (its last reason is kept for the summary)."""

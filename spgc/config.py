@@ -178,6 +178,13 @@ class ServerConfig(_Schema):
         description="seconds a server waits for a lost peer to come back (and H2 for a call "
         "from a silent H1) before it stops; must exceed round_deadline plus H1's work in a round",
     )
+    first_round_wait: float = Field(
+        0.0,
+        ge=0,
+        description="seconds the run's first round may wait to open until min_providers "
+        "providers have called this server (H1, or the single server), e.g. when providers are "
+        "started by hand; then it opens anyway; 0: at once, as soon as the servers are paired",
+    )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",
         description="how AND gates are garbled: threehalves (24.6 bytes per AND gate) or "

@@ -497,6 +497,57 @@ def test_h2_stops_when_h1_disappears(pki, tmp_path):
         d2.stop()
 
 
+def test_the_first_round_waits_for_min_providers_and_keeps_h2_waiting(pki, tmp_path):
+    """first_round_wait: round 0 opens only once min_providers providers have called H1, and
+    H2 (peer_timeout 2 s) stays paired through a longer wait (H1 calls it meanwhile)."""
+    d1, d2 = start_pair(
+        pki, tmp_path, mode="only-mpc", first_round_wait=60.0, peer_timeout=2.0, round_deadline=1.5,
+        rounds=1,
+    )
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS[:2]]
+    try:
+        end = time.monotonic() + 20
+        while not d1.state.ready and time.monotonic() < end:
+            time.sleep(0.1)
+        info = None
+        end = time.monotonic() + 5  # longer than H2's peer_timeout
+        while time.monotonic() < end:
+            try:
+                info = providers[0].hello(1).round
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE  # not paired yet
+            time.sleep(0.2)
+        assert info is not None and info.phase == pb.ROUND_PHASE_UNSPECIFIED  # not open
+        assert d2.error is None and not d2.wait(0)  # H2 still there, waiting with H1
+        audit = (tmp_path / "s2" / "audit.jsonl").read_text().splitlines()
+        assert "peer_lost" not in [json.loads(line)["event"] for line in audit]
+        assert d1.state.providers_present() == ["p1"]
+        cfg = providers[1].wait_collecting(0, timeout=10)  # the second provider: it opens
+        for i, p in enumerate(providers):
+            p.submit_both(cfg, 0, np.full(cfg.num_parameters, i + 1, dtype=np.int64))
+        assert d1.wait(30) and d2.wait(30)
+        assert d1.error is None and d2.error is None
+        assert d1.state.steps == 1  # round 0 ran with both providers
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_the_first_round_opens_anyway_after_first_round_wait(pki, tmp_path):
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", first_round_wait=1.5, rounds=1)
+    provider = Provider(pki, "p1", (d1, d2))
+    try:
+        provider.wait_collecting(0, timeout=20)  # one provider only: opens after 1.5 s
+        assert d1.wait(30) and d1.error is not None  # the one round was skipped
+        assert "no round had the shares of min_providers" in str(d1.error)
+    finally:
+        provider.close()
+        d1.stop()
+        d2.stop()
+
+
 def test_h2_answers_the_last_round_before_it_stops(pki, tmp_path, monkeypatch):
     """H2 logs, evaluates and checkpoints the last round after it is finished; stopping H2 as
     soon as it is done must not cut H1's MODEL_PUBLISHED call short."""
