@@ -88,7 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "bar" in shown:
             shown["bar"].close()
     accepted = sum(r.accepted for r in reports)
-    log.info("done: %d round(s), %d accepted by every server", len(reports), accepted)
+    left_out = sum(bool(r.left_out) for r in reports)
+    log.info(
+        "done: %d round(s), %d accepted by every server%s",
+        len(reports),
+        accepted,
+        f", {left_out} of them left out of the sum (see the warnings)" if left_out else "",
+    )
     return 0
 
 

@@ -190,6 +190,7 @@ class RoundReport:
     results: list[SubmitResult] = field(default_factory=list)
     epsilon_spent: float = 0.0  # what the servers had spent when the round opened
     servers: int = 0  # how many servers this provider shares among (0: those in results)
+    left_out: str | None = None  # why the servers left this share out of the sum (None: unknown)
 
     @property
     def accepted(self) -> bool:
@@ -919,6 +920,27 @@ class ProviderClient:
                 f"run {self.training.run_id!r} {WRONG_RUN} any more: the servers run {current!r}"
             )
 
+    def _learn_outcome(self) -> None:
+        """Whether the servers used our last share (RoundInfo.caller_left_out, asked of the
+        first server once the round is over): a left-out share is said, not taken for
+        counted. A server that no longer knows the round (restarted) tells nothing."""
+        last = self.reports[-1] if self.reports else None
+        if last is None or last.left_out is not None or not last.results:
+            return
+        try:
+            info = self._status(self.servers[0], last.round)
+        except grpc.RpcError:  # NOT_FOUND: the server restarted and no longer knows the round
+            return
+        if info is None or info.phase in (
+            pb.ROUND_PHASE_COLLECTING,
+            pb.ROUND_PHASE_AGREEING,
+            pb.ROUND_PHASE_WAITING_FOR_PEER,
+        ):
+            return
+        last.left_out = info.caller_left_out
+        if last.left_out:
+            log.warning("round %d: our share is not in the sum: %s", last.round, last.left_out)
+
     def _resend_missing(self, infos: list[Any], info: Any) -> None:
         """Round ``info.round`` still collects and a server lacks our share (it was down when
         we sent it, or restarted): send it exactly the share it was meant to get. Each server
@@ -1161,6 +1183,7 @@ class ProviderClient:
         if self.training is None:
             self.connect()
         info = self.wait_for_round()
+        self._learn_outcome()
         if info is None:
             return None
         t = info.round

@@ -75,7 +75,10 @@ def agreement(
     """(P_t sorted, its digest, proceed, mismatched): the same on both servers from the two
     sets. ``own_ids``/``other_ids``: each set's ShareHeader.vector_ids in its order (empty: the
     sender has none); ``mismatched``, sorted, are the providers in both sets whose two vector
-    ids differ: their halves are of different vectors, so they are not in P_t."""
+    ids differ: their halves are of different vectors, so they are not in P_t. A half with an
+    id and a half without one differ too (one client sends both halves alike); two halves
+    without ids (a client predating the field) are not checked, nor is anything when a set
+    comes without ids (a server predating the field)."""
     for names, ids in ((own, own_ids), (other, other_ids)):
         if ids and len(ids) != len(names):
             raise PeerMismatchError(f"{len(ids)} vector ids for {len(names)} providers")
@@ -83,7 +86,9 @@ def agreement(
     theirs = dict(zip(other, other_ids, strict=False))
     both = set(own) & set(other)
     mismatched = sorted(
-        name for name in both if mine.get(name) and theirs.get(name) and mine[name] != theirs[name]
+        name
+        for name in both
+        if name in mine and name in theirs and bytes(mine[name]) != bytes(theirs[name])
     )
     agreed = canonical_provider_set(both - set(mismatched))
     return agreed, provider_set_digest(agreed), len(agreed) >= min_providers, mismatched

@@ -234,6 +234,7 @@ class ShareIntake:
                 rnd.memory_bytes += 8 * length  # reserved; given back if never committed
             submission = Submission(self, rnd, provider, round_number, length, held)
             submission.vector_id = bytes(vector_id)
+            submission.submission_id = bytes(submission_id)
             stalled = rnd.in_flight.get(provider)
             if stalled is not None:
                 stalled.superseded = True  # its stream is refused at its next chunk or end
@@ -362,6 +363,7 @@ class Submission:
         self.committed = self.done = False
         self.superseded = False  # the provider began a newer submission for the round
         self.vector_id = b""  # ShareHeader.vector_id
+        self.submission_id = b""  # ShareHeader.submission_id: free again unless committed
 
     def spill_to(self, path: Path, file: Any) -> None:
         """Chunks go to ``path`` (open as ``file``); call once, before any chunk."""
@@ -373,6 +375,11 @@ class Submission:
                 ABORTED,
                 f"provider {self.provider!r} began a newer submission for round "
                 f"{self.round_number}; this one no longer counts",
+            )
+        if self.rnd.closed:  # a slow upload is cut at its next chunk, not read to its end
+            raise SubmissionRejected(
+                FAILED_PRECONDITION,
+                f"round {self.round_number} closed before the share was complete",
             )
 
     def write(self, chunk: bytes) -> None:
@@ -451,6 +458,10 @@ class Submission:
                 del self.rnd.in_flight[self.provider]
             if not self.committed and self.buffer is not None:
                 self.rnd.memory_bytes -= 8 * self.length
+            if not self.committed:
+                # A refused submission counts for nothing: the same id may be sent again (a
+                # retry after a bad chunk must not be answered "already exists" as if done).
+                self.intake._seen_ids.discard((self.provider, self.submission_id))
 
     def _abandoned_or(self, exc: OSError) -> Exception:
         """The error to raise for a failed spill write: the round was abandoned under us (its

@@ -428,7 +428,19 @@ class ServerState:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
             if phase == pb.ROUND_PHASE_FINISHED and self.failure:
                 info.failure = printable(" ".join(self.failure.split()))
+            if rec is not None and caller is not None:
+                info.caller_left_out = printable(self._left_out(rec, caller))
             return info
+
+    @staticmethod
+    def _left_out(rec: RoundRecord, caller: str) -> str:
+        """Why ``caller``'s share is not in round ``rec``'s sum ("" if it is, or not agreed
+        yet)."""
+        if caller in rec.left_out:
+            return rec.left_out[caller]
+        if caller in rec.agreed and rec.phase == pb.ROUND_PHASE_ABORTED:
+            return f"the round was skipped: {rec.reason}"
+        return ""
 
     def add_round_listener(self, listener: Callable[[], None]) -> None:
         """``listener()`` is called (holding the state's lock: it must only schedule work)
@@ -578,8 +590,13 @@ class ServerState:
                 )
                 rec.left_out[name] = why
                 self.audit.record("provider_dropped", identity=name, round=t, reason=why)
-                if name in mismatched:
-                    log.warning("round %d: provider %s left out: %s", t, name, why)
+                log.log(
+                    logging.WARNING if name in mismatched else logging.INFO,
+                    "round %d: provider %s left out: %s",
+                    t,
+                    name,
+                    why,
+                )
             if not proceed:
                 self.audit.record("round_skipped", round=t, reason=reason)
             if proceed:

@@ -130,6 +130,36 @@ def test_duplicates_replays_and_strangers(intake):
         submit(intake, "p2", random_share(1), round_number=1)
 
 
+def test_a_refused_submission_leaves_its_id_free_for_a_retry(intake):
+    """A submission refused after admission (here a value outside the ring) counted for
+    nothing: the provider's retry with the same id is taken, not answered "already exists"."""
+    sid = os.urandom(16)
+    bad = random_share(1)
+    bad[5] = np.uint64(1 << RING)
+    with pytest.raises(SubmissionRejected) as refused:
+        submit(intake, "p1", bad, sid=sid)
+    assert refused.value.code == INVALID_ARGUMENT
+    good = random_share(2)
+    submit(intake, "p1", good, sid=sid)
+    with pytest.raises(SubmissionRejected, match=r"replay|already sent") as again:
+        submit(intake, "p1", good, sid=sid)  # once taken, the id is spent
+    assert again.value.code == ALREADY_EXISTS
+    assert intake.close_round() == {"p1"}
+    assert np.array_equal(intake.total(), good & MASK)
+
+
+def test_an_upload_still_running_when_the_round_closes_is_cut_at_its_next_chunk(intake):
+    submission = intake.begin("p1", 1, os.urandom(16), DIM, RING)
+    pieces = chunks_of(random_share(1))
+    submission.write(pieces[0])
+    intake.close_round()
+    with pytest.raises(SubmissionRejected, match="closed before the share was complete") as cut:
+        submission.write(pieces[1])
+    assert cut.value.code == FAILED_PRECONDITION
+    submission.discard()
+    assert not np.any(intake.total())
+
+
 def test_share_that_reached_one_server_only_is_taken_out(intake):
     shares = {p: random_share(10 + i) for i, p in enumerate(["p1", "p2", "p3"])}
     for p, v in shares.items():
@@ -266,7 +296,8 @@ def test_memory_for_a_round_is_bounded_the_rest_is_spilled(tmp_path):
     [
         ([b"a", b"b", b"c"], [b"b", b"c"], ["p2", "p3"], []),  # p1 one-sided; the rest match
         ([b"a", b"x", b"c"], [b"b", b"c"], ["p3"], ["p2"]),  # p2: halves of two vectors
-        ([b"a", b"", b"c"], [b"b", b"c"], ["p2", "p3"], []),  # no id on one side: not checked
+        ([b"a", b"", b"c"], [b"b", b"c"], ["p3"], ["p2"]),  # an id on one side only: differ
+        ([b"a", b"", b"c"], [b"", b"c"], ["p2", "p3"], []),  # no id on either side: unchecked
         ([], [b"z", b"c"], ["p2", "p3"], []),  # a sender that predates vector ids
     ],
 )

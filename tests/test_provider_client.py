@@ -120,6 +120,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.after_accept: Any = None  # called (no arguments) after a share is accepted
         self.failure = ""  # RoundInfo.failure: the run stopped on an error
         self.deadline = 0.0  # RoundInfo.deadline (seconds since the epoch; 0: none announced)
+        self.left_out = ""  # RoundInfo.caller_left_out: why the servers did not use the share
 
     def _round_info(self, who: str) -> Any:
         info = pb.RoundInfo(
@@ -131,6 +132,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
             shares_accepted=len(self.accepted),
             latest_model_version=self.round,
             failure=self.failure,
+            caller_left_out=self.left_out if self.phase != pb.ROUND_PHASE_COLLECTING else "",
         )
         if self.deadline:
             info.deadline.FromNanoseconds(int(self.deadline * 1e9))
@@ -424,6 +426,21 @@ def test_run_stops_when_training_finishes(pki: Path, servers: Any, cancer: Any) 
         reports = client.run(on_round=seen.append)  # the provider's progress line hook
     assert [r.round for r in reports] == [ROUND]
     assert seen == reports and seen[0].epsilon_spent == 0.0
+
+
+def test_a_share_the_servers_left_out_is_said_not_counted(
+    pki: Path, servers: Any, cancer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both servers took the share, but the agreement left it out (RoundInfo.caller_left_out):
+    the provider says so once the round is over."""
+    h1, h2 = servers()
+    h1.servicer.finish_after_share = True
+    h1.servicer.left_out = "its share reached this server but not the other"
+    cfg = provider_config(pki, [h1, h2])
+    with caplog.at_level(logging.WARNING), client_for(cfg, data=cancer) as client:
+        (report,) = client.run()
+    assert report.accepted and report.left_out == h1.servicer.left_out
+    assert f"round {ROUND}: our share is not in the sum: its share reached" in caplog.text
 
 
 # ----------------------------------------------------------------------------- refusals

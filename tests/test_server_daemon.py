@@ -279,15 +279,22 @@ def test_halves_of_two_vectors_leave_the_provider_out(pki, tmp_path):
             why = dm.state.history[0].left_out["p3"]
             assert "halves of different vectors" in why
             assert dm.state.summary()["history"][0]["left_out"] == {"p3": why}
+        for role in (1, 2):  # each provider can learn whether its share is in the sum
+            status = p3.stubs[role].RoundStatus(pb.RoundStatusRequest(round=0), timeout=5)
+            assert status.caller_share_accepted  # this server took it ...
+            assert "halves of different vectors" in status.caller_left_out  # ... but unused
+            status = p1.stubs[role].RoundStatus(pb.RoundStatusRequest(round=0), timeout=5)
+            assert status.caller_share_accepted and status.caller_left_out == ""
 
-        # Round 1: shares without vector ids (a client predating the field) are not checked.
+        # Round 1: shares without vector ids (a client predating the field) are not checked;
+        # a vector id in one half only does not match the other half's none.
         cfg = providers[0].wait_collecting(1)
         for p, v in zip(providers, vecs, strict=False):
             a1, a2 = share(v, cfg.ring_bits)
-            p.submit(1, cfg, 1, a1)
+            p.submit(1, cfg, 1, a1, vector_id=b"C" * 16 if p is p3 else b"")
             p.submit(2, cfg, 1, a2)
         wait_round_done((d1, d2), 1)
-        assert_round_used((d1, d2), 1, PROVIDERS, sum(vecs[:3]), (PROVIDERS, PROVIDERS))
+        assert_round_used((d1, d2), 1, ["p1", "p2"], vecs[0] + vecs[1], (PROVIDERS, PROVIDERS))
         assert d1.wait(10) and d2.wait(10) and d1.error is None and d2.error is None
     finally:
         for p in providers:
@@ -297,8 +304,8 @@ def test_halves_of_two_vectors_leave_the_provider_out(pki, tmp_path):
     for sub in ("s1", "s2"):
         audit = [json.loads(x) for x in (tmp_path / sub / "audit.jsonl").read_text().splitlines()]
         dropped = [e for e in audit if e["event"] == "provider_dropped"]
-        assert [(e["identity"], e["round"]) for e in dropped] == [("p3", 0)]
-        assert "halves of different vectors" in dropped[0]["reason"]
+        assert [(e["identity"], e["round"]) for e in dropped] == [("p3", 0), ("p3", 1)]
+        assert all("halves of different vectors" in e["reason"] for e in dropped)
 
 
 def test_a_provider_cut_off_mid_upload_is_left_out_and_the_round_completes(pki, tmp_path):
