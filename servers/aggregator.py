@@ -46,7 +46,7 @@ from spgc.wire.messages import (
     model_messages,
     read_share_header,
 )
-from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES
+from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, MalformedRequest
 
 MAX_LONG_POLL_SECONDS = 30.0
 BLOCKING_THREADS = 4  # threads for the few steps that may wait on a disk
@@ -185,16 +185,31 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         seen: dict[str, object] = {}
         try:
             return await self._submit_share(request_iterator, context, seen)
+        except MalformedRequest:
+            raise  # audited and logged where it was parsed (add_servicer's on_refused)
         except (WireError, SubmissionRejected) as exc:
-            # Every refused share leaves a trail (who, which round, why).
+            # Every refused share leaves a trail (who, which round, why): the audit log, and
+            # a log line (repeats of one kind by one caller in one round: once per 10 s, counted).
             code = exc.code.name if isinstance(exc, WireError) else exc.code
-            self.state.audit.record(
+            who = seen.get("who") or peer_identity(context) or context.peer()
+            if self.state.audit.record(
                 "share_refused",
-                identity=seen.get("who") or peer_identity(context) or context.peer(),
+                repeat_key=f"{who} {code} {seen.get('round')}",
+                identity=who,
                 round=seen.get("round"),
                 code=code,
                 reason=str(exc),
-            )
+            ):
+                # A retry's "already" or a superseded upload is the protocol working.
+                benign = code in ("ALREADY_EXISTS", "ABORTED")
+                log.log(
+                    logging.INFO if benign else logging.WARNING,
+                    "refused a share from %s for round %s: %s: %s",
+                    printable(str(who)),
+                    seen.get("round", "?"),
+                    code,
+                    exc,
+                )
             raise
 
     async def _submit_share(
@@ -205,6 +220,8 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
     ) -> pb.SubmitReceipt:
         plan = self.state.plan
         first = await anext(request_iterator, None)
+        if first is not None and first.WhichOneof("kind") == "header":
+            seen["round"] = first.header.round  # for the audit, should the header be refused
         header = read_share_header(
             iter(() if first is None else (first,)), num_elements=plan.dim, ring_bits=plan.ring_bits
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -169,7 +170,8 @@ def _code(fn) -> grpc.StatusCode:
     return info.value.code()
 
 
-def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
+def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
     d1, d2 = start_pair(pki, tmp_path, mode="only-mpc")
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
@@ -249,10 +251,15 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path):
     }
     assert refused == {
         ("p1", 1, "ALREADY_EXISTS"),
-        ("p2", None, "INVALID_ARGUMENT"),  # refused in the header, before its round is read
+        ("p2", 1, "INVALID_ARGUMENT"),  # refused for its header's length, round 1 named
         ("p2", 0, "FAILED_PRECONDITION"),
         ("p2", 5, "FAILED_PRECONDITION"),
     }, refused
+    # ... and a line in the server's log, naming who, the round and why.
+    assert "refused a share from p2 for round 5: FAILED_PRECONDITION: round 5 is not open" in (
+        caplog.text
+    )
+    assert "round 1: provider p3 left out: its share reached this server but not" in caplog.text
 
 
 def test_halves_of_two_vectors_leave_the_provider_out(pki, tmp_path):
