@@ -778,13 +778,14 @@ class ServerDaemon:
 
     def _handshake(self, stub: peer_pb2_grpc.PeerStub, deadline: float) -> None:
         run_id = self.state.run_id or self.cfg.run_id or os.urandom(16).hex()
-        self._adopt_run(run_id)
-        assert self.state.config is not None
+        # Announced to providers (Hello) only once H2 agreed to it: until then they are told
+        # UNAVAILABLE, as by H2, and never learn of a run that may not take place.
+        config = self.plan.training_config(run_id)
         hello = peer_pb2.PeerHello(
             protocol_version=PROTOCOL_VERSION,
             software_version=f"spgc {__version__}",
             role=self.cfg.role,
-            config=self.state.config,
+            config=config,
             round=self.state.round_info(None, None),
             ledger_public_key=self.state.ledger_public_key(),
         )
@@ -804,9 +805,10 @@ class ServerDaemon:
                         f"{self.cfg.peer_address}: {_describe(exc)}"
                     ) from None
                 time.sleep(0.2)
-        diff = config_differences(self.state.config, answer.config)
+        diff = config_differences(config, answer.config)
         if diff:
             raise PeerMismatchError("training configurations differ in: " + ", ".join(diff))
+        self._adopt_run(run_id)
         self.state.set_peer_ledger_key(answer.ledger_public_key)
         self._align_with_peer(answer.round)
         _, _, sha = self.state.model(None)

@@ -511,6 +511,25 @@ def test_h2_stops_when_h1_disappears(pki, tmp_path):
         d2.stop()
 
 
+def test_h1_alone_tells_providers_it_is_not_paired_yet(pki, tmp_path):
+    """Until H2 agreed to the run, H1 announces none: Hello is UNAVAILABLE, as at H2."""
+    d1, d2 = bind_pair(pki, tmp_path)
+    d1.start()
+    provider = Provider(pki, "p1", (d1, d2))
+    try:
+        time.sleep(1.0)  # H1 is calling H2's Handshake meanwhile
+        with pytest.raises(grpc.RpcError) as early:
+            provider.hello(1)
+        assert early.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "handshake" in early.value.details()
+        d2.start()
+        provider.wait_collecting(0)  # paired: both answer
+    finally:
+        provider.close()
+        d1.stop()
+        d2.stop()
+
+
 def test_the_first_round_waits_for_min_providers_and_keeps_h2_waiting(pki, tmp_path):
     """first_round_wait: round 0 opens only once min_providers providers have called H1, and
     H2 (peer_timeout 2 s) stays paired through a longer wait (H1 calls it meanwhile)."""
