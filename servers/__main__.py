@@ -114,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.freeze()
     while not daemon.wait(0.5) and not daemon.stop_event.is_set():
         pass
+    if daemon.error is None and daemon.state.finished:
+        daemon.linger()  # providers computing or polling slowly learn that training is over
     daemon.stop()
     return 1 if daemon.error is not None else 0
 

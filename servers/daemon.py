@@ -109,6 +109,9 @@ GC_IO_TIMEOUT = 10.0
 #: model update in between; one more stops the server.
 MAX_LOSSES_WITHOUT_PROGRESS = 3
 
+#: Seconds a server whose training is over keeps answering providers not yet told so.
+FINISHED_LINGER = 10.0
+
 
 def _peer_gone(exc: BaseException) -> bool:
     """Whether a daemon's error means the other server stopped answering."""
@@ -1273,6 +1276,26 @@ class ServerDaemon:
     def wait(self, timeout: float | None = None) -> bool:
         """True once the background work ended (finished, failed or stopped)."""
         return self.done.wait(timeout)
+
+    def linger(self, timeout: float = FINISHED_LINGER) -> None:
+        """Training is over: keep answering until every provider that called this server was
+        told so (a RoundInfo with ROUND_PHASE_FINISHED), for at most ``timeout`` s. One that
+        was computing or polling slowly then learns the end instead of finding no server."""
+        end = time.monotonic() + timeout
+        waiting: list[str] = []
+        with self.state.cond:
+            while not self.stop_event.is_set():
+                waiting = self.state.providers_not_told_finished()
+                left = end - time.monotonic()
+                if not waiting or left <= 0:
+                    break
+                self.state.cond.wait(min(left, 0.5))
+        if waiting:
+            log.info(
+                "%s: stopping; not told that training is over: %s",
+                self.cfg.role_name,
+                ", ".join(waiting),
+            )
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, close the links and delete the spill files (idempotent)."""

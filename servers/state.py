@@ -170,6 +170,7 @@ class ServerState:
         self._export_module: nn.Module | None = None
         self.declined: dict[str, str] = {}  # provider -> why it refused the plan
         self.callers: set[str] = set()  # providers that called this server (first-round wait)
+        self.told_finished: set[str] = set()  # providers answered ROUND_PHASE_FINISHED
         # The write-ahead privacy ledger (spgc.ledger): opened once the run id is known.
         self.ledger: Ledger | None = None
         self.ledger_path: Path | None = None  # None: in memory only (no state_dir)
@@ -426,6 +427,9 @@ class ServerState:
             )
             if t == self.round and self.deadline:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
+            if phase == pb.ROUND_PHASE_FINISHED and caller is not None:
+                self.told_finished.add(caller)
+                self.cond.notify_all()
             if phase == pb.ROUND_PHASE_FINISHED and self.failure:
                 info.failure = printable(" ".join(self.failure.split()))
             if rec is not None and caller is not None:
@@ -687,6 +691,12 @@ class ServerState:
         with self.cond:
             self.callers.add(provider)
             self.cond.notify_all()
+
+    def providers_not_told_finished(self) -> list[str]:
+        """Providers that called and took part in the plan but were not yet answered that
+        training is over."""
+        with self.cond:
+            return sorted(self.callers - set(self.declined) - self.told_finished)
 
     def providers_present(self) -> list[str]:
         """Providers that called this server and did not refuse the plan."""

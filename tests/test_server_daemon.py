@@ -511,6 +511,37 @@ def test_h2_stops_when_h1_disappears(pki, tmp_path):
         d2.stop()
 
 
+def test_a_finished_server_lingers_until_its_providers_were_told(pki, tmp_path):
+    """After the last round a server keeps answering (linger) until every provider that
+    called it was answered ROUND_PHASE_FINISHED: one still computing then learns the end
+    instead of finding no server; at most the linger's timeout."""
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", rounds=1)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS[:2]]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        providers[1].hello(1)
+        for i, p in enumerate(providers):
+            p.submit_both(cfg, 0, np.full(cfg.num_parameters, i + 1, dtype=np.int64))
+        assert d1.wait(30) and d1.error is None and d1.state.finished
+        lingered = threading.Thread(target=d1.linger, kwargs={"timeout": 20.0})
+        start = time.monotonic()
+        lingered.start()
+        assert providers[0].hello(1).round.phase == pb.ROUND_PHASE_FINISHED
+        time.sleep(1.0)
+        assert lingered.is_alive()  # p2 has not been told yet
+        assert providers[1].hello(1).round.phase == pb.ROUND_PHASE_FINISHED
+        lingered.join(5)
+        assert not lingered.is_alive() and time.monotonic() - start < 10
+        start = time.monotonic()
+        d1.linger(timeout=0.5)  # nobody left to tell: at once
+        assert time.monotonic() - start < 0.4
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
 def test_h1_alone_tells_providers_it_is_not_paired_yet(pki, tmp_path):
     """Until H2 agreed to the run, H1 announces none: Hello is UNAVAILABLE, as at H2."""
     d1, d2 = bind_pair(pki, tmp_path)
