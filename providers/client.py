@@ -110,12 +110,14 @@ pb = aggregation_pb2
 
 #: Codes after which the same submission may be tried again (after checking RoundStatus):
 #: the server is down or restarting, or it is shedding load (RESOURCE_EXHAUSTED: this
-#: identity's calls in flight or call rate are at their limit); nothing was admitted.
+#: identity's calls in flight or call rate are at their limit), or it cut a call that stalled
+#: or that it was stopping under (CANCELLED); nothing was admitted.
 RETRYABLE = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
     }
 )
 
@@ -794,7 +796,7 @@ class ProviderClient:
         except grpc.RpcError as exc:
             # CANCELLED: the server stopped while holding our long poll (a restart, or the
             # end of training); asking again tells which.
-            if exc.code() in RETRYABLE or exc.code() == grpc.StatusCode.CANCELLED:
+            if exc.code() in RETRYABLE:
                 log.warning("RoundStatus at %s: %s", server.name, exc.code().name)
                 return None
             raise
