@@ -28,6 +28,8 @@ Line kinds:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -67,6 +69,24 @@ FORMAT = 1
 # What the re-accounted epsilon may exceed the recorded one by before it counts as an
 # under-report (dp-accounting's own floating-point noise).
 EPSILON_TOLERANCE = 1e-6
+
+
+def _write_whole_line(fd: int, data: bytes) -> None:
+    """Append ``data`` whole, or raise with the file as it was: os.write may write only part
+    (a disk filling up), and a torn entry would be read at the next start as one that was
+    never durable, though its release went ahead."""
+    start = os.lseek(fd, 0, os.SEEK_END)
+    done = 0
+    try:
+        while done < len(data):
+            written = os.write(fd, data[done:])
+            if written <= 0:
+                raise OSError(errno.ENOSPC, "no room to append the ledger entry")
+            done += written
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)  # the entry is not there: the caller does not go on
+        raise
 
 
 class LedgerError(ValueError):
@@ -267,7 +287,7 @@ class Ledger:
             new = not self.path.exists()
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                os.write(fd, line + b"\n")
+                _write_whole_line(fd, line + b"\n")
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import math
+import os
 import stat
 import subprocess
 import sys
@@ -190,6 +192,28 @@ def test_another_run_moves_the_old_file_aside(ledger_path, key):
     ]
     assert aside.read_bytes() == old
     assert verify_ledger(ledger_path.with_name("ledger.jsonl.run-2")).steps == 1
+
+
+def test_a_short_write_fails_the_entry_and_leaves_the_file_whole(ledger_path, key, monkeypatch):
+    """A disk that fills up mid-entry: os.write writes part of the line, then nothing. The
+    entry must fail (the release does not go ahead) with the file as it was, not torn."""
+    before = ledger_path.read_bytes()
+    ledger = Ledger.open(ledger_path, key, HEADER)
+    real_write = os.write
+    calls = []
+
+    def short_write(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, data[:10])  # part of the line
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", short_write)
+    with pytest.raises(OSError):
+        _record(ledger, ROUNDS, SAMPLES, 1.0)
+    monkeypatch.undo()
+    assert ledger_path.read_bytes() == before and len(calls) == 2
+    assert verify_ledger(ledger_path).steps == ROUNDS
 
 
 def test_in_memory_ledger(key):
