@@ -768,6 +768,7 @@ class ServerState:
                 dataset=cfg.dataset,
                 accountant=cfg.accountant,
                 model_sha256=self.models[self.version][1].hex(),
+                releases=self.releases,
             )
 
     def _write_model(self, version: int, params: np.ndarray, report: dict[str, Any]) -> None:

@@ -70,6 +70,7 @@ def privacy_report(
     dataset: str = "",
     accountant: str = "",
     model_sha256: str = "",
+    releases: int | None = None,
 ) -> dict[str, Any]:
     """The JSON privacy report of one published model, from plain values.
 
@@ -104,6 +105,8 @@ def privacy_report(
         "delta": float(delta) if eps is not None else None,
         "accountant": accountant if eps is not None else None,
         "steps": int(steps),
+        # every release the ledger counted (a release whose round then failed included)
+        "releases_counted": int(steps if releases is None else releases),
         "noise_by": m.noise_by,
         "noise_multiplier": float(noise_multiplier),
         "noise_std_units": float(noise_multiplier) * float(sensitivity_units),

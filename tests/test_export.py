@@ -199,6 +199,25 @@ def test_server_run_leaves_the_model_and_spgc_export_writes_it(server_pki, tmp_p
         assert err.startswith("spgc export: error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "x.safetensors").exists()
 
+    # The report is held to the ledger: an edited checkpoint cannot lower the epsilon ...
+    true_eps = report_of(s1)["epsilon"]
+    record = json.loads((s1 / "checkpoint.json").read_text())
+    record["report"]["epsilon"] = 0.5
+    (s1 / "checkpoint.json").write_text(json.dumps(record))
+    assert _export(s1, tmp_path / "edited.safetensors") == 0
+    assert "the ledger counts 2 release(s)" in capsys.readouterr().err
+    _, edited = load_export(tmp_path / "edited.safetensors")
+    assert edited["epsilon"] == pytest.approx(true_eps) and edited["releases_counted"] == 2
+    # ... and a ledger that does not verify vouches for nothing.
+    lines = (s1 / "ledger.jsonl").read_text().splitlines()
+    (s1 / "ledger.jsonl").write_text("\n".join(lines[:1] + lines[2:]) + "\n")
+    assert _export(s1, tmp_path / "cut.safetensors") == 2
+    assert "does not verify" in capsys.readouterr().err
+
+
+def report_of(state_dir: Path) -> dict:
+    return json.loads((state_dir / "model.json").read_text())
+
 
 def test_a_new_run_sets_the_old_runs_models_aside(tmp_path):
     """resume: false over an old state_dir: the first model the new run writes moves the old

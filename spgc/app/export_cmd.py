@@ -16,6 +16,7 @@ import numpy as np
 from safetensors import SafetensorError
 
 from spgc.export import load_export, write_export
+from spgc.ledger import LedgerError, verify_ledger
 from spgc.models import flatten_params
 from spgc.servers.checkpoint import CheckpointError, load_checkpoint
 from spgc.servers.state import MODELS_DIR, run_model
@@ -50,6 +51,47 @@ def add_parser(subparsers: Any) -> None:
     )
 
 
+#: The server's privacy ledger in its state_dir (servers.daemon).
+LEDGER_FILE = "ledger.jsonl"
+
+
+def _checked_against_ledger(
+    state_dir: Path, record: dict[str, Any], report: dict[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """The checkpoint's report, held to the ledger beside it: the ledger must verify, and
+    every release it holds is counted (a release after the last checkpoint, a run abandoned
+    after a reveal, an edited checkpoint). Returns (report, a warning or None)."""
+    path = state_dir / LEDGER_FILE
+    if not path.is_file():
+        return report, f"no privacy ledger in {state_dir}: the report is the checkpoint's own"
+    try:
+        ledger = verify_ledger(path)
+    except LedgerError as exc:
+        raise ExportError(
+            f"the privacy ledger {path} does not verify ({exc}): no report can be vouched for"
+        ) from None
+    if ledger.run_id != record.get("run_id", ledger.run_id):
+        raise ExportError(
+            f"the privacy ledger {path} is of run {ledger.run_id}, the checkpoint of run "
+            f"{record.get('run_id')}"
+        )
+    report = {**report, "releases_counted": ledger.steps}
+    if not report.get("differentially_private") or ledger.epsilon is None:
+        return report, None
+    if report.get("epsilon") is not None and ledger.epsilon <= report["epsilon"] * (1 + 1e-9):
+        return report, None
+    warning = (
+        f"the ledger counts {ledger.steps} release(s), epsilon {ledger.epsilon:.6g}, more than "
+        f"the checkpoint's report ({report.get('epsilon')}): the report gives the ledger's"
+    )
+    report["epsilon"] = ledger.epsilon
+    report["note"] = (
+        f"({ledger.epsilon:.6g}, {report['delta']:g})-differentially private after "
+        f"{ledger.steps} release(s) counted in the ledger"
+    )
+    return report, warning
+
+
 def _export(state_dir: Path, out: Path, version: int | None) -> tuple[Path, Path]:
     if not state_dir.is_dir():
         raise ExportError(f"no state directory {state_dir}")
@@ -64,7 +106,10 @@ def _export(state_dir: Path, out: Path, version: int | None) -> tuple[Path, Path
         params = np.asarray(arrays["params"], dtype=np.float64)
         if vector_sha256(params).hex() != record["model_sha256"]:
             raise ExportError(f"the checkpoint model in {state_dir} does not match its hash")
-        return write_export(out, module, params, record["report"])
+        report, warning = _checked_against_ledger(state_dir, record, record["report"])
+        if warning:
+            print(f"spgc export: warning: {warning}", file=sys.stderr)
+        return write_export(out, module, params, report)
     kept = state_dir / MODELS_DIR / f"v{version:05d}.safetensors"
     if not kept.is_file():
         raise ExportError(f"no model version {version} in {state_dir} (latest {record['version']})")
