@@ -518,6 +518,7 @@ class ProviderClient:
         self._last_delivered = False  # a server accepted a share of ours for last_round
         self._told_waiting = False  # logged that a server waits for its peer
         self._told_clock = False  # logged that this machine's clock seems ahead
+        self._epsilon_seen: dict[str, float] = {}  # the most privacy each server said was spent
         self._run_checked_at: int | None = None  # a round behind ours, seen and looked into
         # The shares of last_round when their delivery was troubled (a retry or a failure),
         # kept until every server holds its share or a later round opens: a server that lacks
@@ -642,6 +643,7 @@ class ProviderClient:
         TrainingConfig. Raises ProviderRefusal when this provider will not take part."""
         cfg = self.cfg
         self.close()
+        self._epsilon_seen = {}  # a run's count starts at its first Hello
         h1 = self._open(pb.SERVER_ROLE_H1, cfg.h1_name, cfg.h1_address)
         self.servers = [h1]
         info1 = self._hello(h1)
@@ -837,6 +839,7 @@ class ProviderClient:
                 new = self.last_round is None or first.round > self.last_round
                 if not new and first.round < self.last_round:
                     self._check_still_the_run(first.round)
+                self._check_privacy_count(infos)
                 if self._resend is not None and self._resend[0] < first.round:
                     self._resend = None  # a later round: the old shares are never sent again
                 if (
@@ -908,6 +911,23 @@ class ProviderClient:
                     f"no round opened on every server within {self.cfg.wait_timeout:g}s"
                 )
             self._sleep(delay)
+
+    def _check_privacy_count(self, infos: list[Any]) -> None:
+        """The privacy spent (RoundInfo.epsilon_spent) of one run never goes down: a release
+        is counted for good, a round that failed included. Lower than before means a server's
+        state went back to an earlier point (a state_dir restored from a backup): releases it
+        made would be made again and not counted. ProviderRefusal then."""
+        for server, info in zip(self.servers, infos, strict=True):
+            spent = self._epsilon_seen.get(server.name, 0.0)
+            now = info.epsilon_spent
+            if not math.isnan(now) and now < spent * (1 - 1e-9):
+                raise ProviderRefusal(
+                    f"{server.name} says epsilon {now:.6g} is spent, but it said {spent:.6g} "
+                    "before: its count of releases went back (its state restored from a "
+                    "backup?); releases made since would go uncounted, so not taking part"
+                )
+            if now > spent:
+                self._epsilon_seen[server.name] = now
 
     def _check_still_the_run(self, seen_round: int) -> None:
         """The servers are at a round before ours: a step back, or another run (their state

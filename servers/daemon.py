@@ -59,7 +59,12 @@ from spgc.servers.ray_workers import (
     ray_get,
     start_workers,
 )
-from spgc.servers.state import RPC_SLACK, PeerMismatchError, ServerState
+from spgc.servers.state import (
+    RPC_SLACK,
+    PeerMismatchError,
+    ServerState,
+    release_counts_problem,
+)
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import FailedPreconditionError, NotPairedError, WireError, is_unavailable
@@ -791,6 +796,7 @@ class ServerDaemon:
             config=config,
             round=self.state.round_info(None, None),
             ledger_public_key=self.state.ledger_public_key(),
+            ledger_releases=self.state.counted_releases(),
         )
         while True:
             try:
@@ -811,6 +817,9 @@ class ServerDaemon:
         diff = config_differences(config, answer.config)
         if diff:
             raise PeerMismatchError("training configurations differ in: " + ", ".join(diff))
+        problem = release_counts_problem(hello.ledger_releases, answer.ledger_releases)
+        if problem:
+            raise PeerMismatchError(problem)
         self._adopt_run(run_id)
         self.state.set_peer_ledger_key(answer.ledger_public_key)
         self._align_with_peer(answer.round)

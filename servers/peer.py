@@ -26,7 +26,12 @@ from spgc.servers.noise_pool import (
     produce_noise_shares,
 )
 from spgc.servers.pool_sync import adopt_peer_pool, pool_state_message, slice_from_message
-from spgc.servers.state import RPC_SLACK, PeerMismatchError, ServerState
+from spgc.servers.state import (
+    RPC_SLACK,
+    PeerMismatchError,
+    ServerState,
+    release_counts_problem,
+)
 from spgc.wire import (
     PROTOCOL_VERSION,
     SEED_COMMITMENT_SCHEME,
@@ -239,6 +244,13 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     self.state.fail(msg)
                     log.error("refusing to start: %s", msg)
                     raise FailedPreconditionError(msg)
+            problem = release_counts_problem(
+                request.ledger_releases, self.state.counted_releases()
+            )
+            if problem:
+                self.state.fail(problem)
+                log.error("refusing to start: %s", problem)
+                raise FailedPreconditionError(problem)
             self.paired = True
             self.epoch += 1
             if self.on_paired is not None:
@@ -255,6 +267,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 config=self.state.config,
                 round=self.state.round_info(None, None),
                 ledger_public_key=self.state.ledger_public_key(),
+                ledger_releases=self.state.counted_releases(),
             )
 
     def _own_link(self) -> Any:

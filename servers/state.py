@@ -113,6 +113,19 @@ def _round_summary(rec: RoundRecord) -> dict[str, Any]:
     }
 
 
+def release_counts_problem(h1: int, h2: int) -> str | None:
+    """Why two servers whose ledgers count ``h1`` and ``h2`` releases of one run must not pair
+    (None: they may). H2 records each release before H1, so H2 may hold one more."""
+    if h2 - h1 in (0, 1):
+        return None
+    return (
+        f"the servers' privacy ledgers count different releases of the run: h1 {h1}, h2 {h2} "
+        "(each release is recorded by both, so a ledger lost entries: a state_dir restored "
+        "from a backup, or a cut ledger file?); restore the newest state_dir of each server, "
+        "or start a new run on both"
+    )
+
+
 class ServerState:
     """Models, round phase and privacy spent at one server (thread-safe)."""
 
@@ -377,10 +390,34 @@ class ServerState:
                 self.accountant.step()
             return index
 
-    def ledger_lines(self) -> list[bytes]:
-        """The ledger's lines so far (empty before the first release of the run)."""
+    def _ledger_file_lines(self) -> list[bytes]:
+        """This run's ledger as the file holds it, before this process opened it (a restart:
+        it opens at the first release); [] without one (the caller holds ``cond``)."""
+        if self.ledger_path is None or not self.ledger_path.is_file():
+            return []
+        lines = [line for line in self.ledger_path.read_bytes().splitlines() if line.strip()]
+        try:
+            run, _ = _ledger_releases(lines)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return []  # damaged: refused with its reasons when the ledger is opened
+        return lines if run == self.run_id else []
+
+    def counted_releases(self) -> int:
+        """Release entries of this run that this server counts: its ledger's, at least the
+        checkpoint's (compared with the peer's at the Handshake)."""
         with self.cond:
-            return [] if self.ledger is None else list(self.ledger.lines)
+            if self.ledger is not None:
+                return self.releases
+            _, releases = _ledger_releases(self._ledger_file_lines())
+            return max(self.releases, len(releases))
+
+    def ledger_lines(self) -> list[bytes]:
+        """The ledger's lines so far (a restarted server's file before its first new release;
+        empty before the first release of the run)."""
+        with self.cond:
+            if self.ledger is None:
+                return self._ledger_file_lines()
+            return list(self.ledger.lines)
 
     def record_released(self, index: int, t: int, y: np.ndarray) -> None:
         """What release ``index`` revealed: the SHA-256 of its values as decimal text (they

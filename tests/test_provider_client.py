@@ -121,6 +121,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.failure = ""  # RoundInfo.failure: the run stopped on an error
         self.deadline = 0.0  # RoundInfo.deadline (seconds since the epoch; 0: none announced)
         self.left_out = ""  # RoundInfo.caller_left_out: why the servers did not use the share
+        self.epsilon = 0.0  # RoundInfo.epsilon_spent
 
     def _round_info(self, who: str) -> Any:
         info = pb.RoundInfo(
@@ -133,6 +134,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
             latest_model_version=self.round,
             failure=self.failure,
             caller_left_out=self.left_out if self.phase != pb.ROUND_PHASE_COLLECTING else "",
+            epsilon_spent=self.epsilon,
         )
         if self.deadline:
             info.deadline.FromNanoseconds(int(self.deadline * 1e9))
@@ -441,6 +443,25 @@ def test_a_share_the_servers_left_out_is_said_not_counted(
         (report,) = client.run()
     assert report.accepted and report.left_out == h1.servicer.left_out
     assert f"round {ROUND}: our share is not in the sum: its share reached" in caplog.text
+
+
+def test_a_count_of_releases_that_goes_back_is_refused(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """A server's epsilon spent never goes down within a run; lower than it said before, its
+    state went back (a restored backup) and releases would go uncounted: the provider leaves.
+    The two servers may differ (H2 records each release first)."""
+    h1, h2 = servers()
+    h1.servicer.epsilon, h2.servicer.epsilon = 2.0, 2.5
+    cfg = provider_config(pki, [h1, h2], wait_timeout=5)
+    with client_for(cfg, data=cancer) as client:
+        client.run_round()
+        for h in (h1, h2):
+            h.servicer.round += 1
+        h2.servicer.epsilon = 2.2  # still above H1's: but below what H2 itself said
+        went_back = r"h2 says epsilon 2\.2 is spent, but it said 2\.5"
+        with pytest.raises(ProviderRefusal, match=went_back):
+            client.run_round()
 
 
 # ----------------------------------------------------------------------------- refusals

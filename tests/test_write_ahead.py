@@ -7,6 +7,7 @@ ledgers and accountants count at least the reveals.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import grpc
@@ -154,6 +155,38 @@ def test_a_cut_or_lost_ledger_stops_the_restart(pki: Path, tmp_path: Path) -> No
     fresh = restart_h2(resume=False)
     assert fresh.state.round == 0 and fresh.state.releases == 0
     fresh.intake.close()
+
+
+def test_a_state_dir_restored_from_a_backup_is_refused_at_the_handshake(
+    pki: Path, tmp_path: Path
+) -> None:
+    """H2's state_dir restored from a backup one round old: its checkpoint and its ledger agree,
+    but H1's ledger (which H2 co-signed) holds a release more. The servers compare the counts
+    at the Handshake and refuse to pair, naming both, instead of going on with H2's count low."""
+    run_rounds(pki, start_pair(pki, tmp_path, **NOISY), 1)
+    backup = tmp_path / "s2-backup"
+    shutil.copytree(tmp_path / "s2", backup)
+    a, b = start_pair(pki, tmp_path, **NOISY)  # resumed at round 1
+    providers = [Provider(pki, n, (a, b)) for n in PROVIDERS]
+    try:
+        submit_round(providers, 1)
+        wait_round_done((a, b), 1)
+    finally:
+        for p in providers:
+            p.close()
+        a.stop()
+        b.stop()
+    assert verify_ledger(tmp_path / "s1" / "ledger.jsonl").steps == 2
+    shutil.rmtree(tmp_path / "s2")
+    shutil.copytree(backup, tmp_path / "s2")  # the restore
+    h1, h2 = start_pair(pki, tmp_path, **NOISY)
+    try:
+        assert h1.wait(30) and h2.wait(30)
+    finally:
+        h1.stop()
+        h2.stop()
+    for daemon in (h1, h2):
+        assert "ledgers count different releases of the run: h1 2, h2 1" in str(daemon.error)
 
 
 def test_ledger_entry_is_on_disk_before_the_reveal(

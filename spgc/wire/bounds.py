@@ -168,6 +168,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.LedgerReply.total_lines": COUNTER,
     # --- peer.proto
     "spgc.v1.PeerHello.protocol_version": ANY,  # the callee compares: FAILED_PRECONDITION
+    "spgc.v1.PeerHello.ledger_releases": COUNTER,
     "spgc.v1.BarrierState.round": COUNTER,
     "spgc.v1.PoolSlice.block_index": COUNTER,
     "spgc.v1.PoolSlice.offset": COUNTER,
