@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import garbled_core
 from spgc import __version__
 from spgc.config import ServerConfig
+from spgc.ledger import LedgerError
 from spgc.plan import make_plan
 from spgc.progress import terminal_logging
 from spgc.servers.aggregator import AggregatorServicer
@@ -817,9 +818,6 @@ class ServerDaemon:
         diff = config_differences(config, answer.config)
         if diff:
             raise PeerMismatchError("training configurations differ in: " + ", ".join(diff))
-        problem = release_counts_problem(hello.ledger_releases, answer.ledger_releases)
-        if problem:
-            raise PeerMismatchError(problem)
         self._adopt_run(run_id)
         self.state.set_peer_ledger_key(answer.ledger_public_key)
         self._align_with_peer(answer.round)
@@ -830,8 +828,16 @@ class ServerDaemon:
             raise PeerMismatchError(
                 f"h1 is at round {mine[0]} (model v{mine[1]} {sha.hex()[:12]}), h2 at round "
                 f"{other.round} (model v{other.model_version} {other.model_sha256.hex()[:12]}): "
-                "both servers must resume the same checkpoint (or start over with resume: false)"
+                "both servers must resume the same checkpoint (or both start a new run with "
+                "resume: false, whose privacy budget starts again)"
             )
+        problem = release_counts_problem(hello.ledger_releases, answer.ledger_releases)
+        if problem:
+            raise PeerMismatchError(problem)
+        try:
+            self.state.open_ledger()  # checked now: another key, a damaged file
+        except (LedgerError, CheckpointError) as exc:
+            raise PeerMismatchError(str(exc)) from None
 
     def _align_with_peer(self, other: pb.RoundInfo) -> None:
         """Step back to the previous checkpoint if this server is one published round ahead

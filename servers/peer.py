@@ -18,6 +18,8 @@ import grpc
 
 import garbled_core
 from spgc import __version__
+from spgc.ledger import LedgerError
+from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import agreement, compute_round, log_round
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
@@ -247,6 +249,11 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             problem = release_counts_problem(
                 request.ledger_releases, self.state.counted_releases()
             )
+            if problem is None:
+                try:
+                    self.state.open_ledger()  # checked now: another key, a damaged file
+                except (LedgerError, CheckpointError) as exc:
+                    problem = str(exc)
             if problem:
                 self.state.fail(problem)
                 log.error("refusing to start: %s", problem)

@@ -120,9 +120,10 @@ def release_counts_problem(h1: int, h2: int) -> str | None:
         return None
     return (
         f"the servers' privacy ledgers count different releases of the run: h1 {h1}, h2 {h2} "
-        "(each release is recorded by both, so a ledger lost entries: a state_dir restored "
-        "from a backup, or a cut ledger file?); restore the newest state_dir of each server, "
-        "or start a new run on both"
+        "(each release is recorded by both, so one server's state lost some: a state_dir "
+        "restored from a backup, a cut ledger file, a server started afresh?); restore the "
+        "newest state_dir of each server, or start a new run on both (resume: false), whose "
+        "privacy budget starts again"
     )
 
 
@@ -237,6 +238,12 @@ class ServerState:
             "delta": cfg.target_delta,
             "sensitivity_units": float(plan.fixed_point.l2_bound_units),
         }
+
+    def open_ledger(self) -> None:
+        """Open (and check) this run's ledger now, once both servers' keys are known (at the
+        Handshake): a ledger that cannot be continued stops the pairing, not a release."""
+        with self.cond:
+            self._open_ledger()
 
     def _open_ledger(self) -> Ledger:
         """This run's ledger (continued after a restart); the caller holds ``cond``."""

@@ -55,6 +55,7 @@ __all__ = [
     "LedgerError",
     "LedgerReport",
     "canonical",
+    "compare_ledgers",
     "load_signing_key",
     "public_key_hex",
     "read_ledger_lines",
@@ -567,3 +568,47 @@ def _reaccount(header: Mapping[str, Any], steps: int) -> float | None:
     except (KeyError, TypeError, ValueError) as exc:
         raise LedgerError(f"line 1: the header's plan cannot be re-accounted: {exc}") from None
     return epsilon
+
+
+def _one_more(longer: list[Any], shorter: list[Any]) -> bool:
+    """Whether ``longer`` is ``shorter`` with one item inserted somewhere (or equal)."""
+    if len(longer) == len(shorter):
+        return longer == shorter
+    if len(longer) != len(shorter) + 1:
+        return False
+    i = 0
+    while i < len(shorter) and shorter[i] == longer[i]:
+        i += 1
+    return longer[i + 1 :] == shorter[i:]
+
+
+def compare_ledgers(first: list[bytes], second: list[bytes]) -> None:
+    """Check the two servers' ledgers of one run against each other (each already verified
+    alone: :func:`verify_ledger`): one run and plan, each naming the other's key, and the same
+    releases, in order: every release is recorded by both before it runs (H2 first), so one
+    ledger may hold one release more, written just before a crash or a lost answer; anything
+    else means a server dropped entries from its ledger and re-signed the chain. LedgerError
+    naming the difference."""
+    headers = [json.loads(lines[0]) for lines in (first, second)]
+    a, b = headers
+    for key in ("run_id", "plan_sha256"):
+        if a.get(key) != b.get(key):
+            raise LedgerError(f"the ledgers are of different runs or plans ({key} differs)")
+    if not a.get("peer_public_key") or not b.get("peer_public_key"):
+        raise LedgerError("a one-server ledger has no peer's ledger to compare with")
+    if a["peer_public_key"] != b["public_key"] or b["peer_public_key"] != a["public_key"]:
+        raise LedgerError("the ledgers do not name each other's signing keys: not one pair")
+    releases = []
+    for lines in (first, second):
+        entries = (json.loads(line) for line in lines[1:])
+        releases.append(
+            [(e["round"], e["noise_samples"]) for e in entries if e.get("kind") == "release"]
+        )
+    counts = f"{a.get('server')} {len(releases[0])}, {b.get('server')} {len(releases[1])}"
+    longer, shorter = sorted(releases, key=len, reverse=True)
+    if not _one_more(longer, shorter):
+        raise LedgerError(
+            f"the two ledgers hold different releases ({counts} release entries): each "
+            "release is co-signed and recorded by both servers, so one of them dropped entries"
+        )
+

@@ -653,3 +653,51 @@ def test_a_write_torn_by_a_crash_is_cut_off(ledger_path, key):
     assert ledger_path.read_bytes().startswith(intact)
     assert ledger_path.with_name("ledger.jsonl.torn").read_bytes() == torn + b"\n"
     assert verify_ledger(ledger_path).steps == ROUNDS + 1
+
+
+def _pair(tmp_path: Path, key: Ed25519PrivateKey, rounds: tuple[int, int]) -> tuple[Path, Path]:
+    """Both servers' ledgers of one run: h1 signed by ``key``, h2 by PEER, each release
+    co-signed by the other; ``rounds``: how many releases each holds (the same rounds)."""
+    h2_header = {**HEADER, "server": "h2", "peer": "h1", "peer_public_key": public_key_hex(key)}
+    paths = (tmp_path / "h1.jsonl", tmp_path / "h2.jsonl")
+    for path, own, other, header, count in (
+        (paths[0], key, PEER, HEADER, rounds[0]),
+        (paths[1], PEER, key, h2_header, rounds[1]),
+    ):
+        ledger = Ledger.open(path, own, header)
+        acc = _accountant()
+        for i in range(count):
+            _record(ledger, i, SAMPLES, acc.epsilon_after(i + 1), peer=other)
+    return paths
+
+
+@pytest.mark.parametrize(
+    ("rounds", "code", "said"),
+    [
+        ((5, 5), 0, "hold the same releases (5 and 5 entries): the run counted 5 release(s)"),
+        ((4, 5), 0, "the run counted 5 release(s)"),  # a crash between the two entries
+        ((3, 5), 1, "hold different releases (h1 3, h2 5 release entries)"),  # entries dropped
+    ],
+)
+def test_cli_checks_both_servers_ledgers_against_each_other(
+    parser, capsys, tmp_path, key, rounds, code, said
+):
+    h1, h2 = _pair(tmp_path, key, rounds)
+    got, out, err = _run(parser, capsys, "--ledger", h1, h2)
+    assert got == code and said in (out + err)
+    if code == 0:
+        got, out, _ = _run(parser, capsys, "--ledger", h1, h2, "--json")
+        both = json.loads(out)
+        assert both["consistent"] and both["steps"] == max(rounds)
+        assert both["epsilon"] == pytest.approx(_accountant().epsilon_after(max(rounds)))
+
+
+def test_cli_refuses_two_ledgers_that_are_not_one_pair(parser, capsys, tmp_path, key):
+    h1, _ = _pair(tmp_path, key, (2, 2))
+    stranger = tmp_path / "other" / "h1.jsonl"
+    stranger.parent.mkdir()
+    _pair(stranger.parent, Ed25519PrivateKey.generate(), (2, 2))
+    code, _, err = _run(parser, capsys, "--ledger", h1, stranger)
+    assert code == 1 and "do not name each other's signing keys" in err
+    code, _, err = _run(parser, capsys, "--ledger", h1, h1, h1)
+    assert code == 2 and "one file, or the two servers' ledgers" in err

@@ -189,6 +189,24 @@ def test_a_state_dir_restored_from_a_backup_is_refused_at_the_handshake(
         assert "ledgers count different releases of the run: h1 2, h2 1" in str(daemon.error)
 
 
+def test_a_ledger_that_cannot_be_continued_is_refused_at_the_handshake(
+    pki: Path, tmp_path: Path
+) -> None:
+    """H2's signing key replaced (its key file lost: a new one is made): its ledger of the run
+    cannot be continued. Both servers stop at the pairing naming it, not at the next release
+    (where H2 answered with a traceback and went on running)."""
+    run_rounds(pki, start_pair(pki, tmp_path, **NOISY), 1)
+    (tmp_path / "s2" / "ledger-signing.key").unlink()
+    h1, h2 = start_pair(pki, tmp_path, **NOISY)
+    try:
+        assert h1.wait(30) and h2.wait(30)
+    finally:
+        h1.stop()
+        h2.stop()
+    for daemon in (h1, h2):
+        assert "written with another signing key" in str(daemon.error)
+
+
 def test_ledger_entry_is_on_disk_before_the_reveal(
     pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,7 +34,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.accounting import calibrate_noise_multiplier, epsilon_for
-from spgc.ledger import LedgerError, public_key_hex, read_ledger_lines, verify_ledger
+from spgc.ledger import (
+    LedgerError,
+    compare_ledgers,
+    public_key_hex,
+    read_ledger_lines,
+    verify_ledger,
+)
 
 __all__ = ["add_parser", "run"]
 
@@ -107,9 +113,12 @@ def add_parser(subparsers: Any) -> None:
     question.add_argument(
         "--ledger",
         type=Path,
+        nargs="+",
         metavar="FILE",
         help="a server's privacy ledger (state_dir/ledger.jsonl): verify its chain and "
-        "signatures and re-account epsilon from its entries (takes no plan options)",
+        "signatures and re-account epsilon from its entries (takes no plan options); two "
+        "files, both servers' ledgers of one run: also check that they hold the same releases "
+        "(one may hold one more: a crash between the two entries) and report the higher count",
     )
     p.add_argument(
         "--keys",
@@ -378,23 +387,53 @@ def _ledger_human(a: dict[str, Any]) -> str:
 def _run_ledger(args: argparse.Namespace) -> int:
     try:
         _check_ledger(args)
+        if len(args.ledger) > 2:
+            raise _AccountError("--ledger takes one file, or the two servers' ledgers of a run")
         keys = None if args.keys is None else [_pinned_key(p) for p in args.keys]
     except _AccountError as exc:
         return _error(str(exc))
-    path = Path(args.ledger)
+    answers, read = [], []
+    for path in map(Path, args.ledger):
+        try:
+            lines = read_ledger_lines(path)
+        except OSError as exc:
+            return _error(f"--ledger {path}: {exc.strerror or exc}")
+        try:
+            with _quiet_accountant():
+                answers.append(_ledger_answer(path, lines, keys))
+        except LedgerError as exc:
+            message = " ".join(str(exc).split())
+            print(f"{PROG}: ledger {path}: {message}", file=sys.stderr)
+            return 1
+        read.append(lines)
+    if len(answers) == 1:
+        print(json.dumps(answers[0], allow_nan=False) if args.json else _ledger_human(answers[0]))
+        return 0
     try:
-        lines = read_ledger_lines(path)
-    except OSError as exc:
-        return _error(f"--ledger {path}: {exc.strerror or exc}")
-    try:
-        with _quiet_accountant():
-            answer = _ledger_answer(path, lines, keys)
+        compare_ledgers(*read)
     except LedgerError as exc:
-        message = " ".join(str(exc).split())
-        print(f"{PROG}: ledger {path}: {message}", file=sys.stderr)
+        print(f"{PROG}: ledgers {args.ledger[0]} and {args.ledger[1]}: {exc}", file=sys.stderr)
         return 1
+    # One may count a release more (written just before a crash): the run spent the higher.
+    worst = max(answers, key=lambda a: a["steps"])
+    both = {
+        "ledgers": answers,
+        "consistent": True,
+        "steps": worst["steps"],
+        "epsilon": worst["epsilon"],
+        "delta": worst["delta"],
+        "differentially_private": worst["differentially_private"],
+    }
     if args.json:
-        print(json.dumps(answer, allow_nan=False))
-    else:
-        print(_ledger_human(answer))
+        print(json.dumps(both, allow_nan=False))
+        return 0
+    print("\n".join(_ledger_human(a) for a in answers))
+    eps = "none (not differentially private)"
+    if worst["differentially_private"]:
+        eps = "inf" if worst["epsilon"] is None else _ceil_sig(worst["epsilon"], 4)
+    print(
+        f"the two ledgers hold the same releases ({answers[0]['steps']} and "
+        f"{answers[1]['steps']} entries): the run counted {worst['steps']} release(s), "
+        f"epsilon {eps}"
+    )
     return 0
