@@ -157,6 +157,17 @@ def test_a_cut_or_lost_ledger_stops_the_restart(pki: Path, tmp_path: Path) -> No
     fresh.intake.close()
 
 
+def pairing_errors(pki: Path, tmp_path: Path) -> list[str]:
+    """Start the pair on tmp_path's state_dirs; both must stop: their errors."""
+    h1, h2 = start_pair(pki, tmp_path, **NOISY)
+    try:
+        assert h1.wait(30) and h2.wait(30)
+    finally:
+        h1.stop()
+        h2.stop()
+    return [str(h1.error), str(h2.error)]
+
+
 def test_a_state_dir_restored_from_a_backup_is_refused_at_the_handshake(
     pki: Path, tmp_path: Path
 ) -> None:
@@ -179,14 +190,8 @@ def test_a_state_dir_restored_from_a_backup_is_refused_at_the_handshake(
     assert verify_ledger(tmp_path / "s1" / "ledger.jsonl").steps == 2
     shutil.rmtree(tmp_path / "s2")
     shutil.copytree(backup, tmp_path / "s2")  # the restore
-    h1, h2 = start_pair(pki, tmp_path, **NOISY)
-    try:
-        assert h1.wait(30) and h2.wait(30)
-    finally:
-        h1.stop()
-        h2.stop()
-    for daemon in (h1, h2):
-        assert "ledgers count different releases of the run: h1 2, h2 1" in str(daemon.error)
+    for error in pairing_errors(pki, tmp_path):
+        assert "ledgers count different releases of the run: h1 2, h2 1" in error
 
 
 def test_a_ledger_that_cannot_be_continued_is_refused_at_the_handshake(
@@ -197,14 +202,8 @@ def test_a_ledger_that_cannot_be_continued_is_refused_at_the_handshake(
     (where H2 answered with a traceback and went on running)."""
     run_rounds(pki, start_pair(pki, tmp_path, **NOISY), 1)
     (tmp_path / "s2" / "ledger-signing.key").unlink()
-    h1, h2 = start_pair(pki, tmp_path, **NOISY)
-    try:
-        assert h1.wait(30) and h2.wait(30)
-    finally:
-        h1.stop()
-        h2.stop()
-    for daemon in (h1, h2):
-        assert "written with another signing key" in str(daemon.error)
+    for error in pairing_errors(pki, tmp_path):
+        assert "written with another signing key" in error
 
 
 def test_ledger_entry_is_on_disk_before_the_reveal(
