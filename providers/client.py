@@ -37,6 +37,7 @@ discrete Gaussian noise of the announced ``noise_std_units`` locally (see
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import logging
 import math
@@ -107,6 +108,9 @@ __all__ = [
 log = logging.getLogger("spgc.provider")
 
 pb = aggregation_pb2
+
+#: Seconds for the one RoundStatus that tells a server we saw training end elsewhere.
+FINISHED_CALL_TIMEOUT = 2.0
 
 #: Codes after which the same submission may be tried again (after checking RoundStatus):
 #: the server is down or restarting, or it is shedding load (RESOURCE_EXHAUSTED: this
@@ -822,9 +826,10 @@ class ProviderClient:
             for index, server in enumerate(self.servers):
                 # The server we take the model from sends a small one with its answer.
                 info = self._status(server, wait=wait, include_model=index == self._model_source)
-                # One server says training is over: do not ask the other, which may be
-                # shutting down already.
+                # One server says training is over: the other hears that we know (it waits
+                # for its providers to learn it before it exits), briefly: it may be gone.
                 if info is not None and info.phase == pb.ROUND_PHASE_FINISHED:
+                    self._ask_the_others_briefly(index)
                     if info.failure:
                         raise RunFailed(f"{server.name} stopped the run: {info.failure}")
                     return None
@@ -911,6 +916,16 @@ class ProviderClient:
                     f"no round opened on every server within {self.cfg.wait_timeout:g}s"
                 )
             self._sleep(delay)
+
+    def _ask_the_others_briefly(self, answered: int) -> None:
+        """A RoundStatus to every server but ``answered``, errors ignored: a server that
+        finished stops once each provider that called it has seen the end."""
+        for index, server in enumerate(self.servers):
+            if index == answered:
+                continue
+            req = pb.RoundStatusRequest(provider_id=self.cfg.name)
+            with contextlib.suppress(grpc.RpcError):
+                server.stub.RoundStatus(req, timeout=FINISHED_CALL_TIMEOUT)
 
     def _check_privacy_count(self, infos: list[Any]) -> None:
         """The privacy spent (RoundInfo.epsilon_spent) of one run never goes down: a release
