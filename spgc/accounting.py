@@ -35,7 +35,10 @@ accountant (the default for training).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from collections.abc import Iterator
 from typing import Literal
 
 import dp_accounting
@@ -52,6 +55,7 @@ __all__ = [
     "epsilon_for",
     "noise_multiplier_for",
     "per_step_epsilon",
+    "quiet_dp_accounting",
     "units_noise_multiplier",
 ]
 
@@ -506,3 +510,17 @@ def noise_multiplier_for(
     raise ValueError(
         f"calibration must be 'classic', 'analytic' or 'accountant', got {calibration!r}"
     )
+
+
+@contextlib.contextmanager
+def quiet_dp_accounting() -> Iterator[None]:
+    """dp-accounting logs (through absl) each RDP order it excludes, dozens of lines per
+    answer; the epsilon stays an upper bound. Quiet for one command's stderr contract."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+

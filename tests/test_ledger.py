@@ -674,7 +674,7 @@ def _pair(tmp_path: Path, key: Ed25519PrivateKey, rounds: tuple[int, int]) -> tu
 @pytest.mark.parametrize(
     ("rounds", "code", "said"),
     [
-        ((5, 5), 0, "hold the same releases (5 and 5 entries): the run counted 5 release(s)"),
+        ((5, 5), 0, "the two ledgers agree (5 and 5 release entries, the same releases"),
         ((4, 5), 0, "the run counted 5 release(s)"),  # a crash between the two entries
         ((3, 5), 1, "hold different releases (h1 3, h2 5 release entries)"),  # entries dropped
     ],

@@ -20,12 +20,10 @@ under-reported epsilon, ...); 2 for a usage error or a file that cannot be read.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import logging
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
-from spgc.accounting import calibrate_noise_multiplier, epsilon_for
+from spgc.accounting import calibrate_noise_multiplier, epsilon_for, quiet_dp_accounting
 from spgc.ledger import (
     LedgerError,
     compare_ledgers,
@@ -220,19 +218,6 @@ def _error(message: str) -> int:
     return 2
 
 
-@contextlib.contextmanager
-def _quiet_accountant() -> Iterator[None]:
-    """dp-accounting logs (through absl) each RDP order it excludes, dozens of lines per
-    answer; the epsilon stays an upper bound, and the one-line contract of stderr is kept."""
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        absl.setLevel(level)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``spgc account``; 0, or 2 with one line on stderr (--ledger: 1 when the ledger does
     not verify)."""
@@ -240,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_ledger(args)
     try:
         _check(args)
-        with _quiet_accountant():
+        with quiet_dp_accounting():
             answer = _answer(args)
     except (MemoryError, OverflowError) as exc:
         return _error(_too_large(args, exc))
@@ -399,7 +384,7 @@ def _run_ledger(args: argparse.Namespace) -> int:
         except OSError as exc:
             return _error(f"--ledger {path}: {exc.strerror or exc}")
         try:
-            with _quiet_accountant():
+            with quiet_dp_accounting():
                 answers.append(_ledger_answer(path, lines, keys))
         except LedgerError as exc:
             message = " ".join(str(exc).split())
@@ -432,8 +417,8 @@ def _run_ledger(args: argparse.Namespace) -> int:
     if worst["differentially_private"]:
         eps = "inf" if worst["epsilon"] is None else _ceil_sig(worst["epsilon"], 4)
     print(
-        f"the two ledgers hold the same releases ({answers[0]['steps']} and "
-        f"{answers[1]['steps']} entries): the run counted {worst['steps']} release(s), "
-        f"epsilon {eps}"
+        f"the two ledgers agree ({answers[0]['steps']} and {answers[1]['steps']} release "
+        "entries, the same releases in order; one may hold one more, recorded just before a "
+        f"crash): the run counted {worst['steps']} release(s), epsilon {eps}"
     )
     return 0

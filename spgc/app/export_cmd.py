@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from safetensors import SafetensorError
 
+from spgc.accounting import quiet_dp_accounting
 from spgc.export import load_export, write_export
 from spgc.ledger import LedgerError, verify_ledger
 from spgc.models import flatten_params
@@ -65,7 +66,8 @@ def _checked_against_ledger(
     if not path.is_file():
         return report, f"no privacy ledger in {state_dir}: the report is the checkpoint's own"
     try:
-        ledger = verify_ledger(path)
+        with quiet_dp_accounting():
+            ledger = verify_ledger(path)
     except LedgerError as exc:
         raise ExportError(
             f"the privacy ledger {path} does not verify ({exc}): no report can be vouched for"
