@@ -1150,6 +1150,7 @@ class ProviderClient:
                 provider_id=self.cfg.name,
                 chunk_bytes=self._chunk_bytes(server),
                 vector_id=vector_id,
+                model_version=info.model_version,
             )
             try:
                 receipt = server.stub.SubmitShare(messages, timeout=self.cfg.rpc_timeout)

@@ -229,6 +229,13 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         who = self._identity(context, header.provider_id)
         seen["who"] = who
         self._check_run(header.run_id)
+        if header.HasField("model_version"):
+            want = self.state.collecting_model_version(header.round)
+            if want is not None and header.model_version != want:
+                raise FailedPreconditionError(
+                    f"share computed on model v{header.model_version}; round {header.round} "
+                    f"trains model v{want}"
+                )
         if header.server_role != self.state.role:
             # G = s1 - s2 mod 2^L: s1 is H1's, s2 H2's; a swapped share would negate the sum.
             raise InvalidArgumentError(

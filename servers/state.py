@@ -444,6 +444,14 @@ class ServerState:
         sampler = (1.0 + math.exp(min(eps, 700.0))) * self.noise_samples() * eta
         return self.plan.cfg.target_delta + sampler
 
+    def collecting_model_version(self, t: int) -> int | None:
+        """The model version round ``t`` trains on while it collects shares (None: t is not
+        the round collecting)."""
+        with self.cond:
+            if t != self.round or self.phase != pb.ROUND_PHASE_COLLECTING:
+                return None
+            return self.version
+
     def round_info(self, number: int | None, caller: str | None) -> pb.RoundInfo:
         """The RoundInfo of round ``number`` (None: the current one); KeyError if unknown."""
         with self.cond:

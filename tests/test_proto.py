@@ -160,6 +160,7 @@ def test_wire_field_numbers_are_stable() -> None:
         "provider_id": 10,
         "compute_seconds": 11,
         "vector_id": 12,
+        "model_version": 13,
     }
     assert numbers(aggregation_pb2.ModelHeader) == {
         "run_id": 1,

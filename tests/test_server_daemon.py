@@ -120,7 +120,7 @@ class Provider:
     def fetch(self, role: int) -> tuple[pb.ModelHeader, np.ndarray]:
         return read_model_stream(self.stubs[role].FetchModel(pb.ModelRequest(), timeout=10))
 
-    def submit(self, role, cfg, t, vec, *, sid=None, rnd=None, vector_id=b""):
+    def submit(self, role, cfg, t, vec, *, sid=None, rnd=None, vector_id=b"", model_version=None):
         msgs = share_messages(
             vec,
             run_id=cfg.run_id,
@@ -130,6 +130,7 @@ class Provider:
             submission_id=sid or new_submission_id(),
             chunk_bytes=256,
             vector_id=vector_id,
+            model_version=model_version,
         )
         return self.stubs[role].SubmitShare(msgs, timeout=10)
 
@@ -164,10 +165,14 @@ def assert_round_used(daemons, t: int, agreed, total, received) -> None:
         np.testing.assert_array_equal(np.asarray(rec.noisy_sum_units, dtype=np.int64), total)
 
 
-def _code(fn) -> grpc.StatusCode:
+def _error(fn) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as info:
         fn()
-    return info.value.code()
+    return info.value
+
+
+def _code(fn) -> grpc.StatusCode:
+    return _error(fn).code()
 
 
 def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
@@ -212,7 +217,13 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
         assert _code(lambda: p2.submit(1, cfg, 1, zero, rnd=5)) == (
             grpc.StatusCode.FAILED_PRECONDITION
         )
-        p2.submit_both(cfg, 1, vecs[1])
+        # A share computed on the previous model (a stale client) is refused, naming both.
+        stale = _error(lambda: p2.submit(1, cfg, 1, zero, model_version=0))
+        assert stale.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "computed on model v0; round 1 trains model v1" in stale.details()
+        a1, a2 = share(vecs[1], cfg.ring_bits)  # with the model version it was computed on
+        p2.submit(1, cfg, 1, a1, model_version=1)
+        p2.submit(2, cfg, 1, a2, model_version=1)
         p3.submit_both(cfg, 1, vecs[2], roles=(1,))
         # Unregistered name with a valid certificate; a certificate of another CA.
         x9 = Provider(pki, "x9", (d1,))
@@ -254,6 +265,7 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
         ("p2", 1, "INVALID_ARGUMENT"),  # refused for its header's length, round 1 named
         ("p2", 0, "FAILED_PRECONDITION"),
         ("p2", 5, "FAILED_PRECONDITION"),
+        ("p2", 1, "FAILED_PRECONDITION"),  # computed on a stale model
     }, refused
     # ... and a line in the server's log, naming who, the round and why.
     assert "refused a share from p2 for round 5: FAILED_PRECONDITION: round 5 is not open" in (

@@ -169,6 +169,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     # --- peer.proto
     "spgc.v1.PeerHello.protocol_version": ANY,  # the callee compares: FAILED_PRECONDITION
     "spgc.v1.PeerHello.ledger_releases": COUNTER,
+    "spgc.v1.ShareHeader.model_version": COUNTER,
     "spgc.v1.BarrierState.round": COUNTER,
     "spgc.v1.PoolSlice.block_index": COUNTER,
     "spgc.v1.PoolSlice.offset": COUNTER,

@@ -74,13 +74,15 @@ def share_messages(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     compute_seconds: float = 0.0,
     vector_id: bytes = b"",
+    model_version: int | None = None,
 ) -> Iterator[aggregation_pb2.ShareChunk]:
     """The SubmitShare request stream for a share vector (uint64, values < 2^ring_bits).
 
     ``server_role``: the ServerRole the share is for. ``provider_id`` only matters to a server
     running with --insecure. ``vector_id``: the same in both halves of one shared vector (the
-    servers leave a provider out whose halves differ). ValueError for a vector that is not a
-    valid share.
+    servers leave a provider out whose halves differ). ``model_version``: the version the
+    gradient was computed on (the server refuses a share of another). ValueError for a vector
+    that is not a valid share.
     """
     arr = little_endian(vec)
     if arr.dtype.kind != "u" or arr.dtype.itemsize != 8:
@@ -108,6 +110,8 @@ def share_messages(
         compute_seconds=compute_seconds,
         vector_id=vector_id,
     )
+    if model_version is not None:
+        header.model_version = model_version
     yield aggregation_pb2.ShareChunk(header=header)
     for i, data in enumerate(iter_vector_chunks(arr, chunk_bytes)):
         yield aggregation_pb2.ShareChunk(chunk=aggregation_pb2.VectorChunk(index=i, data=data))

@@ -273,7 +273,7 @@ class ModelChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ...) -> None: ...
 
 class ShareHeader(_message.Message):
-    __slots__ = ("run_id", "round", "server_role", "num_elements", "ring_bits", "chunk_bytes", "chunk_count", "submission_id", "sha256", "provider_id", "compute_seconds", "vector_id")
+    __slots__ = ("run_id", "round", "server_role", "num_elements", "ring_bits", "chunk_bytes", "chunk_count", "submission_id", "sha256", "provider_id", "compute_seconds", "vector_id", "model_version")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SERVER_ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +286,7 @@ class ShareHeader(_message.Message):
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     VECTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     server_role: ServerRole
@@ -298,7 +299,8 @@ class ShareHeader(_message.Message):
     provider_id: str
     compute_seconds: float
     vector_id: bytes
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., server_role: _Optional[_Union[ServerRole, str]] = ..., num_elements: _Optional[int] = ..., ring_bits: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., sha256: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., vector_id: _Optional[bytes] = ...) -> None: ...
+    model_version: int
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., server_role: _Optional[_Union[ServerRole, str]] = ..., num_elements: _Optional[int] = ..., ring_bits: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., sha256: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., vector_id: _Optional[bytes] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class ShareChunk(_message.Message):
     __slots__ = ("header", "chunk")
