@@ -838,6 +838,14 @@ class ServerDaemon:
             self.state.open_ledger()  # checked now: another key, a damaged file
         except (LedgerError, CheckpointError) as exc:
             raise PeerMismatchError(str(exc)) from None
+        if answer.ledger_releases == hello.ledger_releases + 1:
+            # H2 recorded a release this server never did (H2 records first): count it too.
+            if not answer.HasField("unmatched_release"):
+                raise PeerMismatchError(
+                    f"{self.cfg.peer_name} counts one release more and did not send it"
+                )
+            missing = answer.unmatched_release
+            self.state.record_peer_release(missing.statement, missing.signature)
 
     def _align_with_peer(self, other: pb.RoundInfo) -> None:
         """Step back to the previous checkpoint if this server is one published round ahead

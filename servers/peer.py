@@ -267,7 +267,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 self.peer_name,
                 self.state.run_id,
             )
-            return peer_pb2.PeerHello(
+            answer = peer_pb2.PeerHello(
                 protocol_version=PROTOCOL_VERSION,
                 software_version=f"spgc {__version__}",
                 role=self.state.role,
@@ -276,6 +276,20 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 ledger_public_key=self.state.ledger_public_key(),
                 ledger_releases=self.state.counted_releases(),
             )
+            last = self.state.last_release_statement()
+            if answer.ledger_releases == request.ledger_releases + 1 and last is not None:
+                # H1 never recorded our last release (H2 records first): it records it now.
+                t, statement, signature = last
+                answer.unmatched_release.CopyFrom(
+                    peer_pb2.ReleaseStatement(
+                        run_id=self.state.run_id,
+                        round=t,
+                        role=self.state.role,
+                        statement=statement,
+                        signature=signature,
+                    )
+                )
+            return answer
 
     def _own_link(self) -> Any:
         """This server's side of the data link, waited for LINK_WAIT s at most: H1 calls only

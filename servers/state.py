@@ -380,22 +380,64 @@ class ServerState:
         of round t, BEFORE anything noisy leaves this server. Two-server modes need the peer's
         signature over :meth:`release_statement`. Returns the entry's index."""
         with self.cond:
+            return self._count_release(t, self._release_samples(t, providers), peer_sig)
+
+    def _count_release(self, t: int, samples: int, peer_sig: bytes | None) -> int:
+        """The ledger entry, then the count (the caller holds ``cond``)."""
+        ledger = self._open_ledger()
+        after = (
+            self.accountant.epsilon_after(self.accountant.steps + 1)
+            if self.accountant is not None
+            else math.inf
+        )
+        try:
+            index = ledger.record_release(t, samples, after, peer_sig)
+        except LedgerError as exc:
+            raise PeerMismatchError(str(exc)) from None
+        self.releases += 1
+        self.samples_drawn += samples
+        if self.accountant is not None:
+            self.accountant.step()
+        return index
+
+    def last_release_statement(self) -> tuple[int, bytes, bytes] | None:
+        """(round, statement, this server's signature) of this run's last release entry (None:
+        no release yet): what H2 sends H1 when H1 never recorded it."""
+        with self.cond:
             ledger = self._open_ledger()
-            samples = self._release_samples(t, providers)
-            after = (
-                self.accountant.epsilon_after(self.accountant.steps + 1)
-                if self.accountant is not None
-                else math.inf
-            )
-            try:
-                index = ledger.record_release(t, samples, after, peer_sig)
-            except LedgerError as exc:
-                raise PeerMismatchError(str(exc)) from None
-            self.releases += 1
-            self.samples_drawn += samples
-            if self.accountant is not None:
-                self.accountant.step()
-            return index
+            _, releases = _ledger_releases(ledger.lines)
+            if not releases:
+                return None
+            last = releases[-1]
+            t = int(last["round"])
+            statement, signature = ledger.statement(t, int(last["noise_samples"]))
+            return t, statement, signature
+
+    def record_peer_release(self, statement: bytes, signature: bytes) -> None:
+        """H1 at the Handshake: the release H2 recorded last and this server never did (a
+        crash or a lost answer between the two entries), recorded now with H2's signature, so
+        both ledgers and both accountants count it. PeerMismatchError unless the statement is
+        the one this server would make for that round."""
+        try:
+            fields = json.loads(statement)
+            t, samples = int(fields["round"]), int(fields["noise_samples"])
+        except (ValueError, KeyError, TypeError):
+            raise PeerMismatchError("the other server sent a malformed release statement") from None
+        with self.cond:
+            mine, _ = self._open_ledger().statement(t, samples)
+            if mine != statement:
+                raise PeerMismatchError(
+                    f"the release of round {t} that the other server recorded alone is not "
+                    "one of this run's plan"
+                )
+            self._count_release(t, samples, signature)
+        log.warning(
+            "%s: recorded the release of round %d that the other server had recorded alone (a "
+            "crash or a lost answer between the two entries): both ledgers count %d",
+            self.plan.cfg.role_name,
+            t,
+            self.releases,
+        )
 
     def _ledger_file_lines(self) -> list[bytes]:
         """This run's ledger as the file holds it, before this process opened it (a restart:

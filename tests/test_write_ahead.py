@@ -7,6 +7,7 @@ ledgers and accountants count at least the reveals.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from test_server_daemon import (
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 from test_user_plans import provider_config
 
-from spgc.ledger import verify_ledger
+from spgc.ledger import compare_ledgers, read_ledger_lines, verify_ledger
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.servers import coordinator
 from spgc.servers.checkpoint import CheckpointError
@@ -204,6 +205,49 @@ def test_a_ledger_that_cannot_be_continued_is_refused_at_the_handshake(
     (tmp_path / "s2" / "ledger-signing.key").unlink()
     for error in pairing_errors(pki, tmp_path):
         assert "written with another signing key" in error
+
+
+def test_a_release_h2_recorded_alone_is_recorded_by_h1_at_the_next_handshake(
+    pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """H2 records each release before H1: H1 failing in between (a crash, a lost answer)
+    leaves H2's ledger one release ahead. At the next Handshake H2 sends that release's
+    statement with its signature and H1 records it, so both ledgers hold the same releases and
+    both stopping rules agree; the run then finishes on both."""
+    d1, d2 = start_pair(pki, tmp_path, **NOISY)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        submit_round(providers, 0)
+        wait_round_done((d1, d2), 0)
+
+        def crash(*args: object, **kwargs: object) -> int:
+            raise RuntimeError("h1 crashed after h2 recorded the release")
+
+        monkeypatch.setattr(d1.state, "record_release", crash)
+        submit_round(providers, 1)
+        assert d1.wait(60) and "crashed" in str(d1.error)
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    counts = [verify_ledger(tmp_path / s / "ledger.jsonl").steps for s in ("s1", "s2")]
+    assert counts == [1, 2]
+    caplog.set_level(logging.WARNING)
+    a, b = start_pair(pki, tmp_path, **NOISY)  # the restart
+    watcher = Provider(pki, "p1", (a, b))
+    try:
+        watcher.wait_collecting(1)  # paired: round 1 runs again
+    finally:
+        watcher.close()
+        a.stop()
+        b.stop()
+    assert "recorded the release of round 1 that the other server had recorded alone" in (
+        caplog.text
+    )
+    lines = [read_ledger_lines(tmp_path / s / "ledger.jsonl") for s in ("s1", "s2")]
+    assert [verify_ledger(x).steps for x in lines] == [2, 2]
+    compare_ledgers(*lines)
 
 
 def test_ledger_entry_is_on_disk_before_the_reveal(

@@ -30,7 +30,7 @@ BARRIER_MODEL_PUBLISHED: Barrier
 BARRIER_WAITING_FOR_PROVIDERS: Barrier
 
 class PeerHello(_message.Message):
-    __slots__ = ("protocol_version", "software_version", "role", "config", "round", "ledger_public_key", "ledger_releases")
+    __slots__ = ("protocol_version", "software_version", "role", "config", "round", "ledger_public_key", "ledger_releases", "unmatched_release")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class PeerHello(_message.Message):
     ROUND_FIELD_NUMBER: _ClassVar[int]
     LEDGER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     LEDGER_RELEASES_FIELD_NUMBER: _ClassVar[int]
+    UNMATCHED_RELEASE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     software_version: str
     role: _aggregation_pb2.ServerRole
@@ -45,7 +46,8 @@ class PeerHello(_message.Message):
     round: _aggregation_pb2.RoundInfo
     ledger_public_key: bytes
     ledger_releases: int
-    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ..., ledger_public_key: _Optional[bytes] = ..., ledger_releases: _Optional[int] = ...) -> None: ...
+    unmatched_release: ReleaseStatement
+    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ..., ledger_public_key: _Optional[bytes] = ..., ledger_releases: _Optional[int] = ..., unmatched_release: _Optional[_Union[ReleaseStatement, _Mapping]] = ...) -> None: ...
 
 class BarrierState(_message.Message):
     __slots__ = ("run_id", "round", "barrier", "role", "reached_at", "pool")
