@@ -62,6 +62,8 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # Python's warnings (a library's UserWarning, say) in the same format, not as raw lines.
+    logging.captureWarnings(True)
     debug = level.lower() == "debug"
     for noisy in ("grpc", "urllib3", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.WARNING)

@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -266,11 +267,17 @@ def test_json_log_lines(capsys: pytest.CaptureFixture[str]) -> None:
         setup_logging("info", "json")
         logging.getLogger("spgc.servers.test").info("round %d done", 3)
         logging.getLogger("absl").warning("dp-accounting chatter")  # dropped below error
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("a library's warning", UserWarning, stacklevel=1)  # a JSON line too
         lines = [json.loads(line) for line in capsys.readouterr().err.strip().splitlines()]
-        assert [(e["level"], e["logger"], e["message"]) for e in lines] == [
-            ("info", "spgc.servers.test", "round 3 done")
+        assert [(e["level"], e["logger"]) for e in lines] == [
+            ("info", "spgc.servers.test"),
+            ("warning", "py.warnings"),
         ]
-        assert lines[0]["time"].endswith("Z")
+        assert lines[0]["message"] == "round 3 done" and lines[0]["time"].endswith("Z")
+        assert "a library's warning" in lines[1]["message"]
     finally:
+        logging.captureWarnings(False)
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
