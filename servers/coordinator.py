@@ -34,7 +34,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -270,7 +270,7 @@ WAITING_LOG_INTERVAL = 15.0
 
 
 def wait_for_providers(
-    state: ServerState, stop: threading.Event, still_waiting: Any = None
+    state: ServerState, stop: threading.Event, still_waiting: Callable[[], None] | None = None
 ) -> None:
     """Before the run's first round: until min_providers providers have called this server,
     for at most first_round_wait seconds (then the round opens anyway and, short of shares,
@@ -330,12 +330,20 @@ class _RoundLoop:
     stop: threading.Event
 
     def run(self) -> None:
-        """Rounds until finished or stopped; raises on a disagreement or a broken peer."""
+        """Rounds until finished or stopped; raises on a disagreement or a broken peer. The
+        run's first round waits for its providers first (first_round_wait)."""
         while not self.stop.is_set() and not self.state.finished:
+            if self.state.round == 0:
+                wait_for_providers(self.state, self.stop, self.still_waiting)
+                if self.stop.is_set():
+                    return
             self.run_round(self.state.round)
 
     def run_round(self, t: int) -> None:
         raise NotImplementedError
+
+    def still_waiting(self) -> None:
+        """Called every few seconds while the first round waits for providers."""
 
 
 class H1Driver(_RoundLoop):
@@ -385,12 +393,6 @@ class H1Driver(_RoundLoop):
 
     def run_round(self, t: int) -> None:
         state, cfg = self.state, self.state.plan.cfg
-        if t == 0:
-            wait_for_providers(
-                state, self.stop, lambda: self._barrier(t, peer_pb2.BARRIER_WAITING_FOR_PROVIDERS)
-            )
-            if self.stop.is_set():
-                return
         state.open_round(t)
         self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
         if self.producer is not None and cfg.pool_produce:
@@ -468,6 +470,10 @@ class H1Driver(_RoundLoop):
         log_round(state, state.publish(t))
 
 
+    def still_waiting(self) -> None:
+        """H2 stops after peer_timeout without a call from H1: say H1 is alive, before round 0."""
+        self._barrier(self.state.round, peer_pb2.BARRIER_WAITING_FOR_PROVIDERS)
+
     def cosign_release(self, t: int) -> int:
         """Write-ahead, on both servers: H2 checks H1's statement of round t's release, records
         it with H1's signature and answers with its own, which H1 records; only then does the
@@ -509,10 +515,6 @@ class SingleDriver(_RoundLoop):
 
     def run_round(self, t: int) -> None:
         state, cfg = self.state, self.state.plan.cfg
-        if t == 0:
-            wait_for_providers(state, self.stop)
-            if self.stop.is_set():
-                return
         state.open_round(t)
         state.wait_intake_done(t, self.stop)
         if self.stop.is_set():

@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import garbled_core
 from spgc import __version__
 from spgc.config import ServerConfig
-from spgc.ledger import LedgerError
+from spgc.ledger import LEDGER_FILE, LedgerError
 from spgc.plan import make_plan
 from spgc.progress import terminal_logging
 from spgc.servers.aggregator import AggregatorServicer
@@ -217,7 +217,7 @@ class ServerDaemon:
         if cfg.state_dir is not None:
             set_seed_journal(cfg.state_dir / "used-seeds")  # never a seed of an earlier process
             self.state.checkpoint_dir = cfg.state_dir
-            self.state.ledger_path = cfg.state_dir / "ledger.jsonl"
+            self.state.ledger_path = cfg.state_dir / LEDGER_FILE
         self.state.ledger_public_key()  # a bad ledger_key fails here, before any port opens
         audit_path = cfg.audit_log
         if audit_path is None and cfg.state_dir is not None:
@@ -797,7 +797,7 @@ class ServerDaemon:
             config=config,
             round=self.state.round_info(None, None),
             ledger_public_key=self.state.ledger_public_key(),
-            ledger_releases=self.state.counted_releases(),
+            ledger_releases=self.state.releases,
         )
         while True:
             try:

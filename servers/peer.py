@@ -247,7 +247,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     log.error("refusing to start: %s", msg)
                     raise FailedPreconditionError(msg)
             problem = release_counts_problem(
-                request.ledger_releases, self.state.counted_releases()
+                request.ledger_releases, self.state.releases
             )
             if problem is None:
                 try:
@@ -274,7 +274,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 config=self.state.config,
                 round=self.state.round_info(None, None),
                 ledger_public_key=self.state.ledger_public_key(),
-                ledger_releases=self.state.counted_releases(),
+                ledger_releases=self.state.releases,
             )
             last = self.state.last_release_statement()
             if answer.ledger_releases == request.ledger_releases + 1 and last is not None:

@@ -440,25 +440,17 @@ class ServerState:
         )
 
     def _ledger_file_lines(self) -> list[bytes]:
-        """This run's ledger as the file holds it, before this process opened it (a restart:
-        it opens at the first release); [] without one (the caller holds ``cond``)."""
+        """This run's ledger as the file holds it, before this process opened it (after a
+        restart it opens at the Handshake, or in the one-server modes at the first release);
+        [] without one (the caller holds ``cond``)."""
         if self.ledger_path is None or not self.ledger_path.is_file():
             return []
-        lines = [line for line in self.ledger_path.read_bytes().splitlines() if line.strip()]
+        lines = read_ledger_lines(self.ledger_path)
         try:
             run, _ = _ledger_releases(lines)
         except (ValueError, KeyError, TypeError, AttributeError):
             return []  # damaged: refused with its reasons when the ledger is opened
         return lines if run == self.run_id else []
-
-    def counted_releases(self) -> int:
-        """Release entries of this run that this server counts: its ledger's, at least the
-        checkpoint's (compared with the peer's at the Handshake)."""
-        with self.cond:
-            if self.ledger is not None:
-                return self.releases
-            _, releases = _ledger_releases(self._ledger_file_lines())
-            return max(self.releases, len(releases))
 
     def ledger_lines(self) -> list[bytes]:
         """The ledger's lines so far (a restarted server's file before its first new release;
@@ -521,9 +513,9 @@ class ServerState:
             )
             if t == self.round and self.deadline:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
-            if phase == pb.ROUND_PHASE_FINISHED and caller is not None:
+            if phase == pb.ROUND_PHASE_FINISHED and caller and caller not in self.told_finished:
                 self.told_finished.add(caller)
-                self.cond.notify_all()
+                self.cond.notify_all()  # a lingering server may stop
             if phase == pb.ROUND_PHASE_FINISHED and self.failure:
                 info.failure = printable(" ".join(self.failure.split()))
             if rec is not None and caller is not None:
@@ -787,10 +779,10 @@ class ServerState:
             self.cond.notify_all()
 
     def providers_not_told_finished(self) -> list[str]:
-        """Providers that called and took part in the plan but were not yet answered that
-        training is over."""
+        """Providers present (:meth:`providers_present`) not yet answered that training is
+        over."""
         with self.cond:
-            return sorted(self.callers - set(self.declined) - self.told_finished)
+            return [p for p in self.providers_present() if p not in self.told_finished]
 
     def providers_present(self) -> list[str]:
         """Providers that called this server and did not refuse the plan."""

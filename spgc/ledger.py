@@ -51,6 +51,7 @@ from spgc.modes import get_mode
 
 __all__ = [
     "FORMAT",
+    "LEDGER_FILE",
     "Ledger",
     "LedgerError",
     "LedgerReport",
@@ -71,6 +72,9 @@ FORMAT = 1
 # under-report (dp-accounting's own floating-point noise).
 EPSILON_TOLERANCE = 1e-6
 
+
+#: A server's ledger file in its state_dir.
+LEDGER_FILE = "ledger.jsonl"
 
 def _write_whole_line(fd: int, data: bytes) -> None:
     """Append ``data`` whole, or raise with the file as it was: os.write may write only part

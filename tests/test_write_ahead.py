@@ -59,11 +59,14 @@ def submit_round(providers: list[Provider], t: int, value: int = 10) -> None:
         p.submit_both(cfg, t, np.full(cfg.num_parameters, value * (i + 1), dtype=np.int64))
 
 
-def run_rounds(pki: Path, daemons: tuple[ServerDaemon, ServerDaemon], count: int) -> None:
-    """p1..p3 take part in rounds 0..count-1 of the started pair; then everything stops."""
+def run_rounds(
+    pki: Path, daemons: tuple[ServerDaemon, ServerDaemon], count: int, first: int = 0
+) -> None:
+    """p1..p3 take part in rounds first..first+count-1 of the started pair; then everything
+    stops."""
     providers = [Provider(pki, n, daemons) for n in PROVIDERS]
     try:
-        for t in range(count):
+        for t in range(first, first + count):
             submit_round(providers, t)
             wait_round_done(daemons, t)
     finally:
@@ -178,16 +181,7 @@ def test_a_state_dir_restored_from_a_backup_is_refused_at_the_handshake(
     run_rounds(pki, start_pair(pki, tmp_path, **NOISY), 1)
     backup = tmp_path / "s2-backup"
     shutil.copytree(tmp_path / "s2", backup)
-    a, b = start_pair(pki, tmp_path, **NOISY)  # resumed at round 1
-    providers = [Provider(pki, n, (a, b)) for n in PROVIDERS]
-    try:
-        submit_round(providers, 1)
-        wait_round_done((a, b), 1)
-    finally:
-        for p in providers:
-            p.close()
-        a.stop()
-        b.stop()
+    run_rounds(pki, start_pair(pki, tmp_path, **NOISY), 1, first=1)  # resumed at round 1
     assert verify_ledger(tmp_path / "s1" / "ledger.jsonl").steps == 2
     shutil.rmtree(tmp_path / "s2")
     shutil.copytree(backup, tmp_path / "s2")  # the restore

@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 
 from spgc.accounting import quiet_dp_accounting
 from spgc.export import load_export, write_export
-from spgc.ledger import LedgerError, verify_ledger
+from spgc.ledger import LEDGER_FILE, LedgerError, verify_ledger
 from spgc.models import flatten_params
 from spgc.servers.checkpoint import CheckpointError, load_checkpoint
 from spgc.servers.state import MODELS_DIR, run_model
@@ -50,10 +50,6 @@ def add_parser(subparsers: Any) -> None:
         metavar="N",
         help="model version (default: the latest, the checkpoint's)",
     )
-
-
-#: The server's privacy ledger in its state_dir (servers.daemon).
-LEDGER_FILE = "ledger.jsonl"
 
 
 def _checked_against_ledger(
