@@ -511,7 +511,9 @@ class ProviderClient:
         self._data = data
         self.sampling_rng = as_secure_rng(sampling_rng, "the provider's batch sampling")
         self.rounding_rng = rounding_rng or default_rounding_rng()
-        self.noise_seed = noise_seed  # tests only: None draws fresh noise every round
+        # Tests only: the next ldp noise comes from this seed, and the seed is then dropped, so
+        # it never serves two rounds (later rounds draw fresh noise, as with None).
+        self.noise_seed = noise_seed
         self._sleep = sleep
         self._clock = clock
         self.servers: list[_Server] = []
@@ -1103,7 +1105,8 @@ class ProviderClient:
         elif tc.rounding == pb.ROUNDING_NEAREST:
             total = np.rint(real_sum * tc.scale).astype(np.int64)
         if tc.mode == pb.MODE_LDP:
-            total = total + local_noise(tc.noise_std_units, tc.num_parameters, self.noise_seed)
+            seed, self.noise_seed = self.noise_seed, None  # a seed is never used twice
+            total = total + local_noise(tc.noise_std_units, tc.num_parameters, seed)
         check_fits(total, tc.ring_bits)
         encode += time.perf_counter() - t0
         return total, compute, encode

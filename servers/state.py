@@ -63,6 +63,11 @@ class PeerMismatchError(RuntimeError):
     """The two servers disagree (configuration or model hash): training must stop."""
 
 
+class BudgetExceededError(PeerMismatchError):
+    """A release would take the run past its privacy budget. The round loop never opens such
+    a round, so this is a broken invariant: the run stops, as on a mismatch."""
+
+
 @dataclass
 class RoundRecord:
     """What happened in one round at this server (exposed for tests and logs)."""
@@ -380,7 +385,21 @@ class ServerState:
         of round t, BEFORE anything noisy leaves this server. Two-server modes need the peer's
         signature over :meth:`release_statement`. Returns the entry's index."""
         with self.cond:
+            self._refuse_over_budget(t)
             return self._count_release(t, self._release_samples(t, providers), peer_sig)
+
+    def _refuse_over_budget(self, t: int) -> None:
+        """Nothing is released past the budget, whatever opened the round (the caller holds
+        ``cond``). Not for a release the peer already made (:meth:`record_peer_release`): that
+        one is counted whatever it costs."""
+        if self.accountant is None:
+            return
+        after = self.accountant.epsilon_after(self.accountant.steps + 1)
+        if after > self.plan.cfg.target_epsilon:
+            raise BudgetExceededError(
+                f"round {t}: its release would bring epsilon to {after:.4f}, past the budget "
+                f"{self.plan.cfg.target_epsilon:g} ({self.releases} release(s) counted): refused"
+            )
 
     def _count_release(self, t: int, samples: int, peer_sig: bytes | None) -> int:
         """The ledger entry, then the count (the caller holds ``cond``)."""
@@ -431,6 +450,9 @@ class ServerState:
                     "one of this run's plan"
                 )
             self._count_release(t, samples, signature)
+            self.finished = self._should_stop()  # the count moved: so may the stopping rule
+            if self.finished:
+                self.phase = pb.ROUND_PHASE_FINISHED
         log.warning(
             "%s: recorded the release of round %d that the other server had recorded alone (a "
             "crash or a lost answer between the two entries): both ledgers count %d",

@@ -781,6 +781,7 @@ def test_ldp_mode_adds_local_discrete_gaussian_noise(pki: Path, servers: Any, ca
     _, rows = expected_rows(*cancer)
     noisy = rows.sum(axis=0) + local_noise(std, D, seed=b"n" * 32)
     assert np.array_equal(vec, noisy.view(np.uint64) & ring_mask(RING))
+    assert client.noise_seed is None  # used once: a later round draws fresh noise
 
 
 def test_fixed_batches_option(pki: Path, servers: Any, cancer: Any) -> None:

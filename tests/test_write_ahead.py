@@ -26,11 +26,15 @@ from test_server_daemon import (
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 from test_user_plans import provider_config
 
+from spgc.config import ServerConfig
 from spgc.ledger import compare_ledgers, read_ledger_lines, verify_ledger
+from spgc.plan import make_plan
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.servers import coordinator
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.daemon import ServerDaemon
+from spgc.servers.intake import ShareIntake
+from spgc.servers.state import BudgetExceededError, ServerState
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import share_messages
@@ -379,3 +383,23 @@ def test_h2_runs_one_release_per_round(
     assert all(a == "FAILED_PRECONDITION: round 0: its release already ran" for a in answers)
     for sub in ("s1", "s2"):
         assert verify_ledger(tmp_path / sub / "ledger.jsonl").steps == 2
+
+
+def test_no_release_is_recorded_past_the_budget(tmp_path: Path) -> None:
+    """The round loop opens no round whose release would pass target_epsilon; the state
+    refuses such a release itself too (before its ledger entry), whatever opened the round."""
+    cfg = ServerConfig(role=1, mode="ldp", insecure=True, providers=["p1"], dataset="cancer",
+                       max_batch_size=8, rounds=10_000, min_providers=1, target_epsilon=1.0,
+                       noise_multiplier=1.0)  # fmt: skip
+    plan = make_plan(cfg)
+    state = ServerState(plan, pb.SERVER_ROLE_H1, ShareIntake(plan.dim, plan.ring_bits, tmp_path))
+    state.run_id, state.config = "budget", plan.training_config("budget")
+    assert state.accountant is not None
+    allowed = state.accountant.steps_within(cfg.target_epsilon)
+    assert 1 < allowed < cfg.rounds
+    for t in range(allowed):
+        state.record_release(t, providers=1)
+    with pytest.raises(BudgetExceededError, match=f"round {allowed}: its release would bring"):
+        state.record_release(allowed, providers=1)
+    assert state.releases == allowed and state.epsilon() <= cfg.target_epsilon
+    assert state.ledger is not None and len(state.ledger.lines) == allowed + 1  # header + entries
