@@ -56,7 +56,13 @@ from torch import nn
 
 from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
-from spgc.accounting import PrivacyAccountant, per_step_epsilon
+from spgc.accounting import (
+    BATCH_OVERFLOW_LOG2,
+    PrivacyAccountant,
+    per_step_epsilon,
+    poisson_overflow_log2,
+    smallest_batch_cap,
+)
 from spgc.config import ProviderConfig
 from spgc.csprng import SecureRandom, as_secure_rng
 from spgc.data import (
@@ -315,6 +321,24 @@ def check_privacy(tc: Any, cfg: ProviderConfig) -> float | None:
     return eps
 
 
+def _refuse_batches_over_the_cap(tc: Any, local_examples: int) -> None:
+    """A Poisson batch over max_batch_size sits its round out, which the accountant does not
+    model: join only where that is negligible (2^BATCH_OVERFLOW_LOG2 per round, counted in the
+    servers' reported delta)."""
+    cap, q = tc.max_batch_size, tc.sampling_rate
+    if cap <= 0 or tc.noise_multiplier <= 0:  # no cap, or nothing accounted
+        return
+    if poisson_overflow_log2(local_examples, q, cap) <= BATCH_OVERFLOW_LOG2:
+        return
+    raise ProviderRefusal(
+        f"with {local_examples} examples at sampling rate {q:g} a batch may exceed the servers' "
+        f"max_batch_size {cap} (probability above 2^{BATCH_OVERFLOW_LOG2} per round; such a "
+        "round would be sat out, which the privacy accounting does not cover): the servers' "
+        f"max_batch_size must be at least {smallest_batch_cap(local_examples, q)} for this "
+        "provider's data"
+    )
+
+
 def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> FixedPointConfig:
     """Check that this provider computes what the servers announce; returns its encoding.
 
@@ -355,12 +379,24 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
     if tc.sampling == pb.BATCH_SAMPLING_POISSON:
         if tc.WhichOneof("batch") != "sampling_rate" or not 0 < tc.sampling_rate <= 1:
             raise ProviderRefusal("Poisson sampling announced without a rate in (0, 1]")
+        _refuse_batches_over_the_cap(tc, local_examples)
     elif tc.sampling == pb.BATCH_SAMPLING_SHUFFLE:
         if tc.WhichOneof("batch") != "batch_size" or tc.batch_size < 1:
             raise ProviderRefusal("fixed-size batches announced without a batch size")
         if tc.batch_size > local_examples:
             raise ProviderRefusal(
                 f"batch size {tc.batch_size} exceeds this provider's {local_examples} examples"
+            )
+        if tc.batches_per_epoch < 1:
+            raise ProviderRefusal(
+                "fixed-size batches announced without batches_per_epoch (a server that "
+                "predates it): the batches could not follow the accountant's epochs"
+            )
+        if tc.batches_per_epoch * tc.batch_size > local_examples:
+            raise ProviderRefusal(
+                f"an epoch of {tc.batches_per_epoch} batches of {tc.batch_size} needs "
+                f"{tc.batches_per_epoch * tc.batch_size} examples, this provider holds "
+                f"{local_examples}: its examples would be in more releases than counted"
             )
     else:
         raise ProviderRefusal(f"unsupported sampling {pb.BatchSampling.Name(tc.sampling)}")
@@ -540,7 +576,10 @@ class ProviderClient:
         self._model: Any = None
         self._x: np.ndarray | None = None
         self._y: np.ndarray | None = None
-        self._epoch: Iterator[np.ndarray] | None = None
+        # Fixed batches: (epoch number, that epoch's batches), and the first epoch this
+        # process may draw from (see draw_batch).
+        self._epoch: tuple[int, list[np.ndarray]] | None = None
+        self._first_epoch: int | None = None
         self.reports: list[RoundReport] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -710,6 +749,8 @@ class ProviderClient:
             raise
         if tc.mode == pb.MODE_LDP:
             derive_params(tc.noise_std_units)  # cached: the round itself should not pay for it
+        if self.training is None or self.training.run_id != tc.run_id:
+            self._epoch = self._first_epoch = None  # another run: its own epochs
         self.training = tc
         log.info(
             "joined run %s: mode %s, model %s (d=%d), %d local examples, gradients on %s, "
@@ -1057,13 +1098,45 @@ class ProviderClient:
         tc, n = self.training, len(self._x)
         if tc.sampling == pb.BATCH_SAMPLING_POISSON:
             return poisson_batch(n, tc.sampling_rate, self.sampling_rng)
-        while True:
-            if self._epoch is None:
-                self._epoch = fixed_batches(n, tc.batch_size, self.sampling_rng)
-            batch = next(self._epoch, None)
-            if batch is not None:
-                return batch
-            self._epoch = None
+        return self._fixed_batch(self._release_index())
+
+    def _release_index(self) -> int:
+        """The run's release number this round's release would take (both servers must say
+        the same: RoundInfo.releases_counted); RoundFailed when they do not."""
+        counts = {i.releases_counted for i in self._round_infos}
+        if len(counts) != 1:
+            raise RoundFailed(
+                f"the servers count different releases ({sorted(counts)}): a fixed batch is "
+                "drawn by the release number, sitting this round out"
+            )
+        return counts.pop()
+
+    def _fixed_batch(self, r: int) -> np.ndarray:
+        """Batch r mod E of the permutation drawn for epoch r // E (E = batches_per_epoch), so
+        an example is in at most one release per epoch, as the accountant counts: a round with
+        no release leaves r as it was and its batch is used again. A process started in the
+        middle of an epoch joins at the next one: it cannot know which examples a previous run
+        of this provider put in the releases of this epoch."""
+        assert self._x is not None and self.training is not None
+        per_epoch = self.training.batches_per_epoch
+        epoch, position = divmod(r, per_epoch)
+        if self._first_epoch is None:
+            self._first_epoch = epoch if position == 0 else epoch + 1
+            if position:
+                log.info(
+                    "fixed batches: joining at the next epoch (release %d); this epoch's "
+                    "earlier batches may hold examples a previous start of this provider used",
+                    self._first_epoch * per_epoch,
+                )
+        if epoch < self._first_epoch:
+            raise RoundFailed(
+                f"fixed batches: this provider joins at release {self._first_epoch * per_epoch}, "
+                f"the next epoch (release {r} now): sitting this round out"
+            )
+        if self._epoch is None or self._epoch[0] != epoch:
+            batches = list(fixed_batches(len(self._x), self.training.batch_size, self.sampling_rng))
+            self._epoch = (epoch, batches)
+        return self._epoch[1][position]
 
     def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
         """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s)."""

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from torch import nn
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
+from spgc.accounting import BATCH_OVERFLOW_LOG2
 from spgc.export import privacy_report, write_export
 from spgc.ledger import (
     Ledger,
@@ -492,13 +493,17 @@ class ServerState:
     def reported_delta(self) -> float | None:
         """The delta of the guarantee: the accountant's plus what the sampler's statistical
         distance eta per sample can add over N samples, (1 + e^epsilon) N eta (a sampler
-        within eta of the exact discrete Gaussian; docs/NOISE_SAMPLER.md). None without DP."""
+        within eta of the exact discrete Gaussian; docs/NOISE_SAMPLER.md), and likewise the
+        chance per release that a capped Poisson batch sat its round out (providers join only
+        where it is at most 2^BATCH_OVERFLOW_LOG2). None without DP."""
         if not self.differentially_private:
             return None
         eps = self.epsilon()
-        eta = 2.0**DEFAULT_DISTANCE_LOG2
-        sampler = (1.0 + math.exp(min(eps, 700.0))) * self.noise_samples() * eta
-        return self.plan.cfg.target_delta + sampler
+        cfg = self.plan.cfg
+        unmodelled = self.noise_samples() * 2.0**DEFAULT_DISTANCE_LOG2
+        if cfg.batch_size <= 0 and cfg.max_batch_size > 0:
+            unmodelled += self.releases * 2.0**BATCH_OVERFLOW_LOG2
+        return cfg.target_delta + (1.0 + math.exp(min(eps, 700.0))) * unmodelled
 
     def collecting_model_version(self, t: int) -> int | None:
         """The model version round ``t`` trains on while it collects shares (None: t is not
@@ -532,6 +537,7 @@ class ServerState:
                 providers_agreed=len(rec.agreed) if rec else 0,
                 epsilon_spent=self.epsilon(),
                 latest_model_version=self.version,
+                releases_counted=self.releases,
             )
             if t == self.round and self.deadline:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))

@@ -12,8 +12,9 @@ Neighbouring relation. ``sampling="poisson"`` (default, what providers do by def
 add/remove-one-example DP with a ``PoissonSampledDpEvent`` of rate q. ``sampling="fixed"`` (the
 paper's fixed-size shuffled batches) gets NO amplification by sampling: shuffling is not
 sampling without replacement (Chua et al. 2024, "How Private are DP-SGD Implementations?").
-Each example is in exactly one batch per epoch (``population // sample_size`` batches), so an
-epoch is one Gaussian release per example under replace-one adjacency, whose sensitivity for a
+Each example is in at most one release per epoch of ``population // sample_size`` batches
+(providers draw batch r mod E of epoch r // E for the run's release r), so an epoch is one
+Gaussian release per example under replace-one adjacency, whose sensitivity for a
 sum of examples of norm <= B is 2B: the Gaussian event gets ``noise_multiplier / 2`` (inputs
 stay relative to B), composed over the epochs begun (a partial epoch counts as a whole one).
 Replace-one is the adjacency every report names for fixed batches. RDP only (PLD refused, as
@@ -24,6 +25,12 @@ Discrete noise. The Gaussian events describe continuous noise. For a single rele
 discrete Gaussian has the same zCDP as the continuous one (Canonne-Kamath-Steinke 2020); using
 the continuous Gaussian's subsampled RDP/PLD for the discrete one is standard practice but is an
 assumption, not a theorem proved here.
+
+Capped Poisson batches. A provider whose Poisson batch is larger than the ring is sized for
+(``max_batch_size``) sits the round out, an outcome the subsampled Gaussian does not model.
+``poisson_overflow_log2`` bounds its probability (Chernoff); providers join only where it is at
+most 2^``BATCH_OVERFLOW_LOG2`` per round, and the reported delta counts it per release, like the
+sampler's statistical distance.
 
 Calibration. ``classic_noise_multiplier`` is the paper's ``sqrt(2 ln(1.25/delta))/epsilon``
 (Dwork-Roth Thm A.1), valid only for epsilon < 1: it raises ValueError for epsilon >= 1 unless
@@ -47,15 +54,19 @@ from dp_accounting import pld, rdp
 from scipy.special import log_ndtr
 
 __all__ = [
+    "BATCH_OVERFLOW_LOG2",
     "PrivacyAccountant",
     "analytic_gaussian_delta",
     "analytic_gaussian_noise_multiplier",
+    "batches_per_epoch",
     "calibrate_noise_multiplier",
     "classic_noise_multiplier",
     "epsilon_for",
     "noise_multiplier_for",
     "per_step_epsilon",
+    "poisson_overflow_log2",
     "quiet_dp_accounting",
+    "smallest_batch_cap",
     "units_noise_multiplier",
 ]
 
@@ -65,6 +76,44 @@ Calibration = Literal["classic", "analytic", "accountant"]
 
 # dp-accounting's own default PLD grid; coarser grids are faster and still pessimistic.
 DEFAULT_PLD_DISCRETIZATION = 1e-4
+
+
+# The most a round's Poisson batch may exceed max_batch_size by chance (log2 of the
+# probability): where a provider's data could do it more often, the provider does not join.
+BATCH_OVERFLOW_LOG2 = -64
+
+
+def poisson_overflow_log2(n: int, q: float, cap: int) -> float:
+    """log2 of an upper bound on P[Binomial(n, q) > cap], the chance that a Poisson batch of
+    ``n`` examples at rate ``q`` is larger than ``cap``: the Chernoff bound
+    exp(-n KL((cap+1)/n || q)); -inf when it cannot happen."""
+    k = cap + 1
+    if k > n or q <= 0.0:
+        return -math.inf
+    a = k / n
+    if q >= 1.0 or a <= q:
+        return 0.0
+    kl = a * math.log(a / q) + ((1.0 - a) * math.log((1.0 - a) / (1.0 - q)) if a < 1.0 else 0.0)
+    return -n * kl / math.log(2.0)
+
+
+def smallest_batch_cap(n: int, q: float, log2_bound: float = BATCH_OVERFLOW_LOG2) -> int:
+    """The smallest cap a Poisson batch of ``n`` examples at rate ``q`` exceeds with
+    probability at most 2^``log2_bound`` (by :func:`poisson_overflow_log2`)."""
+    lo, hi = 0, max(n, 0)  # the bound is -inf at cap = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if poisson_overflow_log2(n, q, mid) <= log2_bound:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def batches_per_epoch(population: int, sample_size: int) -> int:
+    """Fixed batches: the batches of one epoch, in which each example is in at most one (a
+    provider uses batch r mod E of epoch r // E's permutation for the run's release r)."""
+    return max(1, population // sample_size)
 
 
 def units_noise_multiplier(noise_std_units: float, sensitivity_units: float) -> float:
@@ -167,7 +216,7 @@ class _EventSpec:
         if self.sampling == "poisson":
             return self.step_event(noise_multiplier), steps
         assert self.population is not None and self.sample_size is not None
-        per_epoch = max(1, self.population // self.sample_size)
+        per_epoch = batches_per_epoch(self.population, self.sample_size)
         epochs = -(-steps // per_epoch)  # ceil: a begun epoch counts whole
         return dp_accounting.GaussianDpEvent(noise_multiplier / 2), epochs
 

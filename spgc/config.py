@@ -291,7 +291,8 @@ class ServerConfig(_Schema):
         0,
         ge=0,
         description="largest local batch of any provider (ring sizing); 0: the data set's "
-        "training-set size",
+        "training-set size. With Poisson sampling it must be one no provider's batch passes "
+        "but with probability <= 2^-64 per round (providers refuse to join otherwise)",
     )
     target_epsilon: float = Field(
         2.0, gt=0, description="privacy budget of the whole training (epsilon)"

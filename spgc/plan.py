@@ -135,6 +135,16 @@ class RunPlan:
             sharing_rule=pb.SHARING_RULE_DIFFERENCE_MOD_2L,
             max_batch_size=self.max_batch_size,
             learning_rate=c.lr,
+            batches_per_epoch=self.batches_per_epoch,
+        )
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Fixed batches: the batches of one epoch the accountant counts (0: Poisson)."""
+        if self.sampling.get("sampling") != "fixed":
+            return 0
+        return accounting.batches_per_epoch(
+            self.sampling["population"], self.sampling["sample_size"]
         )
 
 
@@ -166,9 +176,30 @@ def _max_batch(cfg: ServerConfig) -> int:
     if cfg.batch_size > 0:
         return cfg.batch_size
     if cfg.max_batch_size > 0:
+        if cfg.dataset and cfg.mode in NOISY_MODES:  # only DP runs are accounted
+            _check_batch_cap(cfg, load_dataset(cfg.dataset).n_train)
         return cfg.max_batch_size
 
     return load_dataset(cfg.dataset).n_train
+
+
+def _check_batch_cap(cfg: ServerConfig, n_train: int) -> None:
+    """A bundled data set is split evenly: refuse a max_batch_size its providers' Poisson
+    batches could exceed (each provider would refuse to join; see
+    accounting.poisson_overflow_log2)."""
+    largest = -(-n_train // len(cfg.providers))
+    if (
+        accounting.poisson_overflow_log2(largest, cfg.sampling_rate, cfg.max_batch_size)
+        > accounting.BATCH_OVERFLOW_LOG2
+    ):
+        need = accounting.smallest_batch_cap(largest, cfg.sampling_rate)
+        raise ValueError(
+            f"max_batch_size={cfg.max_batch_size} is below what a Poisson batch of a provider "
+            f"holding {largest} examples of {cfg.dataset} ({len(cfg.providers)} provider(s), "
+            f"sampling_rate {cfg.sampling_rate:g}) may reach: a larger batch would sit its round "
+            "out, which the privacy accounting does not cover; set max_batch_size >= "
+            f"{need}, or 0"
+        )
 
 
 def _noise_multiplier(cfg: ServerConfig, sampling: dict[str, Any]) -> float:

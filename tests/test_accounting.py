@@ -6,8 +6,10 @@ import math
 
 import dp_accounting
 import pytest
+from scipy.stats import binom
 
 from spgc.accounting import (
+    BATCH_OVERFLOW_LOG2,
     PrivacyAccountant,
     analytic_gaussian_delta,
     analytic_gaussian_noise_multiplier,
@@ -16,6 +18,8 @@ from spgc.accounting import (
     epsilon_for,
     noise_multiplier_for,
     per_step_epsilon,
+    poisson_overflow_log2,
+    smallest_batch_cap,
     units_noise_multiplier,
 )
 
@@ -218,3 +222,17 @@ def test_dispatch():
     )
     s = noise_multiplier_for("accountant", 3.0, 1e-5, sampling_rate=0.01, steps=200)
     assert epsilon_for(s, 1e-5, 0.01, 200) <= 3.0
+
+
+@pytest.mark.parametrize("n, q", [(130, 0.01), (390, 1 / 13), (5000, 0.02), (60000, 0.5)])
+def test_poisson_overflow_bound_holds_and_the_cap_is_the_smallest(n: int, q: float) -> None:
+    """The Chernoff bound is above the exact binomial tail, and the suggested cap is the
+    first one it puts under 2^-64 (a capped batch over it sits its round out)."""
+    for cap in (int(n * q), int(n * q) + 10, 2 * int(n * q) + 20):
+        exact = binom.sf(cap, n, q)
+        assert exact == 0.0 or math.log2(exact) <= poisson_overflow_log2(n, q, cap) + 1e-9
+    cap = smallest_batch_cap(n, q)
+    assert poisson_overflow_log2(n, q, cap) <= BATCH_OVERFLOW_LOG2
+    assert poisson_overflow_log2(n, q, cap - 1) > BATCH_OVERFLOW_LOG2
+    assert math.log2(binom.sf(cap, n, q) or 2.0**-1000) <= BATCH_OVERFLOW_LOG2
+    assert poisson_overflow_log2(n, q, n) == -math.inf  # no batch is larger than the data

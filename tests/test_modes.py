@@ -246,6 +246,8 @@ def test_accountants_and_fixed_batches_through_the_daemon(
             tc = c.connect()
         if batch_size:
             assert tc.sampling == pb.BATCH_SAMPLING_SHUFFLE and tc.batch_size == batch_size
+            per_epoch = load_dataset("cancer").n_train // len(PROVIDERS) // batch_size
+            assert tc.batches_per_epoch == per_epoch  # batch r mod E of epoch r // E
         else:
             assert tc.sampling == pb.BATCH_SAMPLING_POISSON and tc.sampling_rate == 0.05
         assert tc.accountant == accountant
@@ -256,6 +258,7 @@ def test_accountants_and_fixed_batches_through_the_daemon(
             for th in threads:
                 th.join(60)
         assert d1.wait(20) and d1.error is None and d1.state.steps == 2
+        assert d1.state.round_info(None, "p1").releases_counted == 2
         if batch_size:
             assert all(r.batch_size == batch_size for c in clients for r in c.reports)
             n_local = load_dataset("cancer").n_train // len(PROVIDERS)
@@ -281,3 +284,12 @@ def test_accountants_and_fixed_batches_through_the_daemon(
 def test_fixed_batches_refuse_pld(pki: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="RDP only"):
         _cfg(pki, 1, tmp_path, mode="ldp", accountant="pld", batch_size=5)
+
+
+def test_a_batch_cap_poisson_batches_could_pass_is_refused(pki: Path, tmp_path: Path) -> None:
+    """A bundled data set is split evenly, so the servers know what each provider holds: a
+    max_batch_size that a Poisson batch could pass (the round would be sat out, outside the
+    accounting) is a configuration error naming the smallest cap that is not."""
+    with pytest.raises(ValueError, match=r"set max_batch_size >= 22, or 0"):
+        make_plan(_cfg(pki, 1, tmp_path, max_batch_size=21, sampling_rate=0.01))
+    assert make_plan(_cfg(pki, 1, tmp_path, max_batch_size=22, sampling_rate=0.01))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from spgc.accounting import smallest_batch_cap
 from spgc.certs import make_dev_pki
 from spgc.config import ConfigError, ProviderConfig, load_provider_config
 from spgc.csprng import SecureRandom
@@ -489,6 +490,25 @@ def test_refuses_weaker_privacy_than_minimum(pki: Path, servers: Any, cancer: An
     assert not h1.servicer.attempts and not h2.servicer.attempts
 
 
+def test_refuses_a_batch_cap_its_poisson_batches_could_pass(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """A Poisson batch over max_batch_size would sit its round out (not in the accounting):
+    a provider joins only where that has probability <= 2^-64 per round, else it names the cap
+    its data needs."""
+    n = len(cancer[0])
+    need = smallest_batch_cap(n, Q)
+    h1, h2 = servers(config1=training_config(max_batch_size=need - 1))
+    cfg = provider_config(pki, [h1, h2])
+    match = f"max_batch_size must be at least {need} for this provider's data"
+    with client_for(cfg, data=cancer) as client, pytest.raises(ProviderRefusal, match=match):
+        client.run_round()
+    assert not h1.servicer.attempts and not h2.servicer.attempts
+    h1, h2 = servers(config1=training_config(max_batch_size=need))
+    with client_for(provider_config(pki, [h1, h2]), data=cancer) as client:
+        assert client.run_round() is not None
+
+
 def test_refuses_no_noise_when_a_minimum_is_set() -> None:
     tc = training_config(mode=pb.MODE_ONLY_MPC)
     cfg = ProviderConfig(name="p1", h1_address="x:1", insecure=True, max_step_epsilon=5.0)
@@ -786,11 +806,83 @@ def test_ldp_mode_adds_local_discrete_gaussian_noise(pki: Path, servers: Any, ca
 
 def test_fixed_batches_option(pki: Path, servers: Any, cancer: Any) -> None:
     # max_batch_size: the servers sized the ring for batches of 32; this one is at the limit
-    tc = training_config(sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=32, max_batch_size=32)
+    tc = training_config(
+        sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=32, max_batch_size=32, batches_per_epoch=4
+    )
     h1, h2 = servers(config1=tc)
     with client_for(provider_config(pki, [h1, h2]), data=cancer) as client:
         report = client.run_round()
     assert report is not None and report.batch_size == 32 and report.accepted
+
+
+def _fixed_batch_client(pki: Path, cancer: Any, per_epoch: int = 4) -> ProviderClient:
+    """A provider holding the cancer data under a fixed-batch plan (no servers needed to
+    draw batches)."""
+    client = client_for(provider_config(pki, [FakeServerAddress()]), data=cancer)
+    client._x, client._y = cancer
+    client.training = training_config(
+        sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=10, batches_per_epoch=per_epoch
+    )
+    return client
+
+
+class FakeServerAddress:
+    address = "127.0.0.1:1"
+
+
+def test_fixed_batches_follow_the_release_count(pki: Path, cancer: Any) -> None:
+    """Batch r mod E of epoch r // E's permutation for the run's release r: a round without a
+    release (r unchanged) draws the same batch again, so an example is in at most one release
+    per epoch whatever rounds were skipped (the accountant counts ceil(releases / E) epochs)."""
+    client = _fixed_batch_client(pki, cancer)
+    draws = [(r, client._fixed_batch(r)) for r in (0, 0, 1, 2, 2, 2, 3, 4, 5)]
+    by_release: dict[int, np.ndarray] = {}
+    for r, batch in draws:
+        assert len(batch) == 10
+        if r in by_release:
+            assert np.array_equal(by_release[r], batch)  # no release in between: same batch
+        by_release[r] = batch
+    epoch0 = np.concatenate([by_release[r] for r in range(4)])
+    assert len(set(epoch0.tolist())) == 40  # one epoch: no example twice
+    assert not np.array_equal(by_release[4], by_release[0])  # epoch 1: a new permutation
+
+
+def test_fixed_batches_a_provider_started_mid_epoch_joins_at_the_next(
+    pki: Path, cancer: Any
+) -> None:
+    """A (re)started provider cannot know which examples its earlier process put in this
+    epoch's releases: it sits out until the next epoch begins."""
+    client = _fixed_batch_client(pki, cancer)
+    for r in (2, 3):
+        with pytest.raises(RoundFailed, match="joins at release 4, the next epoch"):
+            client._fixed_batch(r)
+    assert len(client._fixed_batch(4)) == 10
+    assert len(_fixed_batch_client(pki, cancer)._fixed_batch(8)) == 10  # at a boundary: at once
+
+
+def test_fixed_batches_need_both_servers_to_count_the_same_releases(
+    pki: Path, cancer: Any
+) -> None:
+    client = _fixed_batch_client(pki, cancer)
+    client._round_infos = [pb.RoundInfo(releases_counted=3), pb.RoundInfo(releases_counted=4)]
+    with pytest.raises(RoundFailed, match=r"count different releases \(\[3, 4\]\)"):
+        client.draw_batch()
+    client._round_infos = [pb.RoundInfo(releases_counted=0), pb.RoundInfo(releases_counted=0)]
+    assert len(client.draw_batch()) == 10
+
+
+def test_fixed_batches_refuse_data_too_small_for_an_epoch(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """E batches of b per epoch need E * b examples: with fewer, an example would be in more
+    releases than the accountant counts."""
+    tc = training_config(sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=32, batches_per_epoch=20)
+    h1, h2 = servers(config1=tc)
+    match = "an epoch of 20 batches of 32 needs 640 examples, this provider holds"
+    with client_for(provider_config(pki, [h1, h2]), data=cancer) as client, pytest.raises(
+        ProviderRefusal, match=match
+    ):
+        client.run_round()
 
 
 def test_a_batch_larger_than_the_ring_is_sized_for_sits_the_round_out(
@@ -798,7 +890,9 @@ def test_a_batch_larger_than_the_ring_is_sized_for_sits_the_round_out(
 ) -> None:
     """The servers size the ring for batches of max_batch_size: a provider whose batch is
     larger sends nothing (the sum of all shares could wrap) rather than a share."""
-    tc = training_config(sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=32, max_batch_size=31)
+    tc = training_config(
+        sampling=pb.BATCH_SAMPLING_SHUFFLE, batch_size=32, max_batch_size=31, batches_per_epoch=4
+    )
     h1, h2 = servers(config1=tc)
     refused = pytest.raises(RoundFailed, match="larger than the 31 the servers sized the ring")
     with client_for(provider_config(pki, [h1, h2]), data=cancer) as client, refused:

@@ -477,7 +477,7 @@ def test_real_servicer_bounds_without_add_servicer(
             yield item
 
     cfg = ServerConfig(role=1, insecure=True, providers=["p1"], dataset="cancer",
-                       max_batch_size=8, rounds=1, min_providers=1)  # fmt: skip
+                       max_batch_size=40, rounds=1, min_providers=1)  # fmt: skip
     plan = make_plan(cfg)
     state = ServerState(plan, pb.SERVER_ROLE_H1, ShareIntake(plan.dim, plan.ring_bits, tmp_path))
     state.run_id, state.config = RUN, plan.training_config(RUN)

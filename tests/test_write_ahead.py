@@ -389,7 +389,7 @@ def test_no_release_is_recorded_past_the_budget(tmp_path: Path) -> None:
     """The round loop opens no round whose release would pass target_epsilon; the state
     refuses such a release itself too (before its ledger entry), whatever opened the round."""
     cfg = ServerConfig(role=1, mode="ldp", insecure=True, providers=["p1"], dataset="cancer",
-                       max_batch_size=8, rounds=10_000, min_providers=1, target_epsilon=1.0,
+                       max_batch_size=40, rounds=10_000, min_providers=1, target_epsilon=1.0,
                        noise_multiplier=1.0)  # fmt: skip
     plan = make_plan(cfg)
     state = ServerState(plan, pb.SERVER_ROLE_H1, ShareIntake(plan.dim, plan.ring_bits, tmp_path))

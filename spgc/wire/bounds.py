@@ -135,12 +135,14 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.min_providers": Bound(1, _UINT32_MAX),
     "spgc.v1.TrainingConfig.max_batch_size": COUNTER,
     "spgc.v1.TrainingConfig.learning_rate": _NON_NEGATIVE,
+    "spgc.v1.TrainingConfig.batches_per_epoch": _UINT32,
     "spgc.v1.RoundInfo.round": COUNTER,
     "spgc.v1.RoundInfo.model_version": COUNTER,
     "spgc.v1.RoundInfo.shares_accepted": ANY,  # informational
     "spgc.v1.RoundInfo.providers_agreed": ANY,  # informational
     "spgc.v1.RoundInfo.epsilon_spent": _NON_NEGATIVE_OR_INF,
     "spgc.v1.RoundInfo.latest_model_version": COUNTER,
+    "spgc.v1.RoundInfo.releases_counted": COUNTER,
     "spgc.v1.WireLimits.max_message_bytes": ANY,  # informational
     "spgc.v1.WireLimits.max_chunk_bytes": _LIMIT_CHUNK_BYTES,
     "spgc.v1.WireLimits.preferred_chunk_bytes": _LIMIT_CHUNK_BYTES,
