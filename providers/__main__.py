@@ -2,7 +2,8 @@
 
 The same command as ``spgc-provider`` and ``python -m spgc.providers``. Exit status: 0 when
 training finished (or ``max_rounds`` were done), 2 for a configuration error, 3 when the
-provider refused to take part (the message says why), 1 otherwise.
+provider refused to take part (the message says why), 130 on Ctrl-C (SIGINT) and 143 on
+SIGTERM, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import grpc
 
 from spgc.config import ConfigError, add_daemon_arguments, load_provider_config
 from spgc.data import DATA_ERRORS
-from spgc.logs import setup_logging
+from spgc.logs import interrupted_status, print_error, setup_logging, stop_like_ctrl_c_on_sigterm
 from spgc.progress import Progress, terminal_logging
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundReport, RunFailed
 
@@ -46,9 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.config, args.overrides, log_level=level, log_format=args.log_format
         )
     except ConfigError as exc:
-        print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
+        print_error(PROG, f"configuration error: {exc}", argv)
         return 2
     setup_logging(cfg.log_level, cfg.log_format)
+    stop_like_ctrl_c_on_sigterm()
     shown: dict[str, Progress] = {}
     try:
         with ProviderClient(cfg) as client:
@@ -73,9 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProviderRefusal as exc:
         log.error("refusing to take part: %s", exc)
         return 3
-    except KeyboardInterrupt:
-        log.info("interrupted")
-        return 130
+    except KeyboardInterrupt as exc:
+        signum, status = interrupted_status(exc)
+        log.info("interrupted (signal %d)", signum)
+        return status
     except (RunFailed, TimeoutError, OSError, ValueError, *DATA_ERRORS) as exc:
         log.error("%s", exc)
         return 1

@@ -18,7 +18,7 @@ from types import FrameType
 
 from spgc.config import ConfigError, add_daemon_arguments, load_server_config
 from spgc.data import DATA_ERRORS
-from spgc.logs import setup_logging
+from spgc.logs import interrupted_status, print_error, setup_logging, stop_like_ctrl_c_on_sigterm
 from spgc.modes import TRAINING_MODES
 from spgc.servers.daemon import ServerDaemon
 from spgc.servers.noise_pool import PoolError
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     precompute = bool(argv) and argv[0] == "precompute"
     args = build_parser(precompute).parse_args(argv[1:] if precompute else argv)
     if precompute and args.samples < 0:
-        print(f"{PROG}: configuration error: --samples must be >= 0", file=sys.stderr)
+        print_error(PROG, "configuration error: --samples must be >= 0", argv)
         return 2
     try:
         cfg = load_server_config(
@@ -92,15 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_format=args.log_format,
         )
     except ConfigError as exc:
-        print(f"{PROG}: configuration error: {exc}", file=sys.stderr)
+        print_error(PROG, f"configuration error: {exc}", argv)
         return 2
     setup_logging(cfg.log_level, cfg.log_format)
+    stop_like_ctrl_c_on_sigterm()  # until the daemon runs: start-up is seconds under load
     try:
         daemon = ServerDaemon(cfg, args.samples if precompute else None).start()
     # A pool made for other parameters, a model that cannot be built, a missing data set, ...
     except (ValueError, OSError, PoolError, *DATA_ERRORS) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print_error(PROG, f"error: {exc}", fmt=cfg.log_format)
         return 2
+    except KeyboardInterrupt as exc:
+        signum, status = interrupted_status(exc)
+        log.info("signal %d during start-up: stopped", signum)
+        return status
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: shutting down", signum)

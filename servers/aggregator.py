@@ -282,7 +282,10 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         reason = printable(" ".join(request.reason.split())) or "(no reason given)"
         self._check_run(request.run_id)
         self.state.note_declined(who, reason)
-        log.warning("provider %s declined the plan of run %s: %s", who, request.run_id, reason)
+        if self.state.audit.record(
+            "plan_declined", repeat_key=who, identity=who, run_id=request.run_id, reason=reason
+        ):
+            log.warning("provider %s declined the plan of run %s: %s", who, request.run_id, reason)
         return pb.DeclineReply()
 
     @abort_on_error

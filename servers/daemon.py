@@ -459,6 +459,9 @@ class ServerDaemon:
             epsilon_budget=cfg.target_epsilon if state.differentially_private else None,
             pool_samples=None if pool is None else (lambda: pool.available),
             readiness=self.readiness_problem,
+            progress=lambda: (state.round, state.releases),
+            rounds_planned=cfg.rounds,
+            identity={"role": cfg.role_name, "mode": cfg.mode, "version": __version__},
         )
         state.add_round_observer(self.metrics.observe_round)
         self.audit.add_listener(self.metrics.on_audit)

@@ -18,7 +18,12 @@ a provider call or share, or of a Peer call from anyone but the other server, by
 name),
 ``peer_bytes_total{direction}`` (the data link, sent/received), ``epsilon_spent`` and
 ``epsilon_budget``, ``noise_pool_samples`` (preprocessed mode), ``test_accuracy`` and
-``test_loss`` (where the server evaluates), ``ready`` (1 when /readyz says ready).
+``test_loss`` (where the server evaluates), ``ready`` (1 when /readyz says ready),
+``rounds_skipped_total`` (rounds ended without a release: too few providers, a lost peer),
+``round`` and ``rounds_planned`` (the round in progress, counted from 0, and the plan's
+``rounds``), ``releases_counted`` (the ledger's releases: failed and re-run rounds included, so
+it may exceed the rounds completed), ``plans_declined_total`` (providers that refused the
+plan), and ``info{role,mode,version}`` (1).
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ class ServerMetrics:
         epsilon_budget: float | None,
         pool_samples: Callable[[], int] | None = None,
         readiness: Callable[[], str | None] | None = None,
+        progress: Callable[[], tuple[int, int]] | None = None,
+        rounds_planned: int | None = None,
+        identity: dict[str, str] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
@@ -141,6 +149,31 @@ class ServerMetrics:
         )
         for unknown in (self.test_accuracy, self.test_loss):  # NaN until a model is evaluated
             unknown.set(math.nan)
+        self.rounds_skipped = Counter(
+            "spgc_rounds_skipped", "Rounds ended without a release (too few providers, ...)",
+            registry=r,
+        )  # fmt: skip
+        self.plans_declined = Counter(
+            "spgc_plans_declined", "Providers that declined the run's plan", registry=r
+        )
+        if progress is not None:  # (round in progress, releases counted)
+            self.round = Gauge(
+                "spgc_round", "The round in progress (counted from 0)", registry=r
+            )
+            self.round.set_function(lambda: progress()[0])
+            self.releases_counted = Gauge(
+                "spgc_releases_counted", "Releases the privacy ledger counts", registry=r
+            )
+            self.releases_counted.set_function(lambda: progress()[1])
+        if rounds_planned is not None:
+            self.rounds_planned = Gauge("spgc_rounds_planned", "The plan's rounds", registry=r)
+            self.rounds_planned.set(rounds_planned)
+        if identity is not None:
+            self.info = Gauge(
+                "spgc_info", "This server: role, mode and software version (always 1)",
+                sorted(identity), registry=r,
+            )  # fmt: skip
+            self.info.labels(**identity).set(1)
 
     def observe_round(self, rec: RoundRecord) -> None:
         """One ended round (published or skipped)."""
@@ -153,6 +186,7 @@ class ServerMetrics:
         for direction, count in rec.peer_bytes.items():
             self.peer_bytes.labels(direction).inc(count)
         if rec.phase != pb.ROUND_PHASE_PUBLISHED:
+            self.rounds_skipped.inc()
             return
         self.rounds_completed.inc()
         if rec.test_accuracy is not None:
@@ -164,9 +198,12 @@ class ServerMetrics:
         self.requests_refused.labels(reason).inc()
 
     def on_audit(self, event: str, entry: dict[str, Any]) -> None:
-        """An audit log listener: every refusal (of a call or of a share) counts."""
+        """An audit log listener: every refusal (of a call or of a share) and every declined
+        plan counts."""
         if event in REFUSAL_EVENTS:
             self.refused(str(entry.get("code", "UNKNOWN")))
+        elif event == "plan_declined":
+            self.plans_declined.inc()
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -4,7 +4,10 @@ gRPC's C core writes its own lines (handshake failures, fork warnings) straight 
 another format and before Python logging exists; the daemons report those events themselves.
 The core reads ``GRPC_VERBOSITY`` once, when grpc is imported, so :func:`quiet_grpc_core` runs
 from ``spgc/__init__.py``, before anything imports grpc. A value the user set wins, and a
-command line asking for ``--log-level debug`` keeps the core's lines.
+command line asking for ``--log-level debug`` keeps the core's lines. JSON logs (``--log-format
+json``, ``--set log_format=json`` or ``log_format: json`` in the ``--config`` file) silence the
+core entirely: its lines are not JSON, and any client, even one without a certificate, can make
+the core write one per connection attempt.
 """
 
 from __future__ import annotations
@@ -12,12 +15,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Hashable, Sequence
+from pathlib import Path
 
-__all__ = ["LOG_FORMAT", "RepeatLimiter", "printable", "quiet_grpc_core", "setup_logging"]
+import yaml
+
+__all__ = [
+    "LOG_FORMAT",
+    "RepeatLimiter",
+    "interrupted_status",
+    "print_error",
+    "printable",
+    "quiet_grpc_core",
+    "setup_logging",
+    "stop_like_ctrl_c_on_sigterm",
+]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -31,10 +47,35 @@ def _asks_for_debug(argv: Sequence[str]) -> bool:
     )
 
 
+def _asks_for_json(argv: Sequence[str]) -> bool:
+    """Whether this command line asks for JSON logs: on it, or in its --config file (read
+    quietly here; the daemon reads and checks the file itself later)."""
+    args = list(argv)
+    pairs = list(zip(args, [*args[1:], ""], strict=True))
+    for a, b in pairs:
+        if (a == "--log-format" and b == "json") or a in ("--log-format=json", "log_format=json"):
+            return True
+    if any(a == "--log-format" or a.startswith("--log-format=") for a, _ in pairs):
+        return False  # the command line wins over the file
+    paths = [b for a, b in pairs if a == "--config"]
+    paths += [a.removeprefix("--config=") for a, _ in pairs if a.startswith("--config=")]
+    if not paths:
+        return False
+    try:
+        with Path(paths[-1]).open(encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and data.get("log_format") == "json"
+
+
 def quiet_grpc_core(argv: Sequence[str] | None = None) -> None:
-    """Silence gRPC's C-core logging (errors only) unless debug logging was asked for."""
-    if not _asks_for_debug(sys.argv if argv is None else argv):
-        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    """Silence gRPC's C-core logging: errors only, nothing with JSON logs (its lines are not
+    JSON), all of it when debug logging was asked for."""
+    args = sys.argv if argv is None else argv
+    if _asks_for_debug(args):
+        return
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE" if _asks_for_json(args) else "ERROR")
 
 
 class _JsonFormatter(logging.Formatter):
@@ -70,6 +111,35 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     # dp-accounting logs, through absl, every RDP order it drops for not converging: dozens
     # of lines per calibration that change nothing (the accountant uses the other orders).
     logging.getLogger("absl").setLevel(logging.DEBUG if debug else logging.ERROR)
+
+
+def print_error(
+    prog: str, message: str, argv: Sequence[str] | None = None, *, fmt: str = ""
+) -> None:
+    """A command's error before (or instead of) its logging: ``prog: message`` on stderr, or
+    one JSON line when JSON logs were asked for (``fmt``, else the command line ``argv``)."""
+    if (fmt or ("json" if _asks_for_json(sys.argv if argv is None else argv) else "")) == "json":
+        record = logging.LogRecord(prog, logging.ERROR, "", 0, message, None, None)
+        sys.stderr.write(_JsonFormatter().format(record) + "\n")
+    else:
+        sys.stderr.write(f"{prog}: {message}\n")
+    sys.stderr.flush()
+
+
+def stop_like_ctrl_c_on_sigterm() -> None:
+    """SIGTERM (kill, systemd, Kubernetes) ends the command the way Ctrl-C does: a
+    KeyboardInterrupt whose argument is the signal number, for the exit status 128 + it."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signum)
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def interrupted_status(exc: KeyboardInterrupt) -> tuple[int, int]:
+    """(signal number, exit status 128 + it) of an interruption (Ctrl-C: SIGINT)."""
+    signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else int(signal.SIGINT)
+    return signum, 128 + signum
 
 
 def printable(text: str, limit: int = 1000) -> str:

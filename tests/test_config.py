@@ -260,6 +260,26 @@ def test_grpc_core_quiet_unless_debug() -> None:
     assert out.stdout.strip() == "None"
 
 
+def test_grpc_core_silent_with_json_logs(tmp_path: Path) -> None:
+    """Its lines are not JSON (and any client can make it write one per connection): JSON
+    logs asked for on the command line or in the --config file silence it."""
+    code = "import os, spgc; print(os.environ.get('GRPC_VERBOSITY'))"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    cfg = tmp_path / "h1.yaml"
+    cfg.write_text("role: 1\nlog_format: json\n")
+    for args, want in (
+        (["--log-format", "json"], "NONE"),
+        (["--set", "log_format=json"], "NONE"),
+        (["--config", str(cfg)], "NONE"),
+        (["--config", str(cfg), "--log-format", "text"], "ERROR"),
+        (["--config", str(tmp_path / "missing.yaml")], "ERROR"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env
+        )
+        assert out.stdout.strip() == want, args
+
+
 def test_json_log_lines(capsys: pytest.CaptureFixture[str]) -> None:
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
@@ -281,3 +301,28 @@ def test_json_log_lines(capsys: pytest.CaptureFixture[str]) -> None:
         logging.captureWarnings(False)
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_sigterm_stops_a_provider_like_ctrl_c(tmp_path: Path) -> None:
+    """systemd, Kubernetes and kill send SIGTERM: the provider says so and exits 128 + 15."""
+    cfg = tmp_path / "p1.yaml"
+    cfg.write_text(
+        "name: p1\nh1_address: 127.0.0.1:1\nh2_address: 127.0.0.1:2\ninsecure: true\n"
+        "dataset: cancer\nmax_step_epsilon: 10\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spgc.providers", "--config", str(cfg), "--log-format", "json"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:  # wait until it runs: retrying the unreachable servers
+        lines.append(line)
+        if "retrying" in line:
+            break
+    proc.terminate()
+    rest = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 143
+    entries = [json.loads(line) for line in [*lines, *rest.splitlines()] if line.strip()]
+    assert entries[-1]["message"] == "interrupted (signal 15)"

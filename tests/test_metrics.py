@@ -11,11 +11,16 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_server_daemon import PROVIDERS, Provider, bind_pair, wait_round_done
 
+from spgc import __version__
 from spgc.certs import make_dev_pki
+from spgc.servers.metrics import ServerMetrics
+from spgc.servers.state import RoundRecord
+from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import make_channel
 
@@ -103,6 +108,11 @@ def test_metrics_readiness_and_counters_over_two_rounds(pki: Path, tmp_path: Pat
             assert 0 < m[("spgc_epsilon_spent", ())] <= m[("spgc_epsilon_budget", ())] == 8.0
             assert m[("process_cpu_seconds_total", ())] > 0
             assert m[("spgc_ready", ())] == 0  # training is over
+            assert m[("spgc_rounds_skipped_total", ())] == 0
+            assert m[("spgc_round", ())] == 2 and m[("spgc_rounds_planned", ())] == 2
+            assert m[("spgc_releases_counted", ())] == 2  # the ledger's count
+            role = (("mode", "spgc"), ("role", d.cfg.role_name), ("version", __version__))
+            assert m[("spgc_info", role)] == 1
             status, body = _get(d.metrics_port, "/readyz")
             assert status == 503 and "training is finished" in body
         m1, m2 = _scrape(d1.metrics_port), _scrape(d2.metrics_port)
@@ -132,3 +142,20 @@ def test_metrics_readiness_and_counters_over_two_rounds(pki: Path, tmp_path: Pat
             p.close()
         d1.stop()
         d2.stop()
+
+
+def test_skipped_rounds_and_declined_plans_are_counted() -> None:
+    metrics = ServerMetrics(epsilon=lambda: None, epsilon_budget=None)
+    metrics.observe_round(RoundRecord(0, pb.ROUND_PHASE_ABORTED, reason="too few providers"))
+    metrics.on_audit("plan_declined", {"identity": "p1", "reason": "epsilon too high"})
+    metrics.on_audit("refused", {"code": "PERMISSION_DENIED"})
+    text = generate_latest(metrics.registry).decode()
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert values[("spgc_rounds_skipped_total", ())] == 1
+    assert values[("spgc_rounds_completed_total", ())] == 0
+    assert values[("spgc_plans_declined_total", ())] == 1
+    assert values[("spgc_requests_refused_total", (("reason", "PERMISSION_DENIED"),))] == 1
