@@ -193,7 +193,7 @@ class ServerDaemon:
         if cfg.workers > 1 and not ray_available():  # say so now, not after pairing
             raise ValueError(
                 f"workers: {cfg.workers} runs the circuit on Ray worker pairs, and Ray is not "
-                "installed: pip install 'spgc[ray]' (or set workers: 1)"
+                "installed: pip install '.[ray]' in the checkout (or set workers: 1)"
             )
         if cfg.state_dir is not None:
             # Private: checkpoints, the seed journal and spilled shares live here.

@@ -1,5 +1,5 @@
 """Worker pairs on Ray: each server organisation spreads a round's circuit work over its own
-Ray cluster (``pip install 'spgc[ray]'``).
+Ray cluster (``pip install '.[ray]' in the checkout``).
 
 A server with ``workers: K`` starts K Ray actors (:class:`LaneWorker`) on its cluster
 (``ray_address``; empty: a local one). Worker i of H1 listens on an ephemeral port of its node;
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from spgc.servers.gc_party import PartyLink, aggregate_range, noise_shares_range
 __all__ = [
     "LaneWorker",
     "RayLane",
+    "WorkerLost",
     "WorkerTls",
     "connect_workers",
     "init_ray",
@@ -50,6 +52,16 @@ __all__ = [
 ACTOR_OPTIONS = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2}
 """No restart, no retry (a re-executed release would be a second, uncounted one); two threads
 per actor so ``interrupt`` can reach a worker while it runs a range."""
+
+
+class WorkerLost(garbled_core.ChannelError):
+    """A circuit worker of this server died mid-round. Its link to the paired worker is gone,
+    as when the peer is lost: the daemon pairs fresh workers and the round runs again (its
+    release, written ahead, stays counted)."""
+
+
+# Terminal colour codes in Ray's remote tracebacks.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def ray_available() -> bool:
@@ -66,7 +78,7 @@ def _ray() -> Any:
     except ImportError as exc:
         raise RuntimeError(
             "workers > 1 runs the circuit on Ray worker pairs: install the extra with "
-            "pip install 'spgc[ray]' (or set workers: 1 for the embedded path)"
+            "pip install '.[ray]' in the checkout (or set workers: 1 for the embedded path)"
         ) from exc
     return ray
 
@@ -211,7 +223,15 @@ class RayLane:
         try:
             return ray.get(getattr(self.actor, method).remote(*args))
         except ray.exceptions.RayActorError as exc:
-            raise RuntimeError(f"a circuit worker was lost mid-round: {exc}") from exc
+            # One line, no Ray internals (they reach the providers' "stopped" messages).
+            raise WorkerLost(
+                f"a circuit worker was lost mid-round ({type(exc).__name__})"
+            ) from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)  # the worker's own error, e.g. its link closed
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise RuntimeError(_ANSI.sub("", str(exc)).splitlines()[0]) from None
 
     def interrupt(self) -> None:
         self.actor.interrupt.remote()
@@ -230,7 +250,7 @@ def start_workers(
     ray = _ray()
     if not ray.is_initialized():
         init_ray(
-            address=ray_address or None,
+            address=ray_address or "local",  # "": a private cluster, never RAY_ADDRESS's
             include_dashboard=False,
             log_to_driver=False,
             configure_logging=False,

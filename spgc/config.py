@@ -205,12 +205,14 @@ class ServerConfig(_Schema):
         le=MAX_LANES,
         description="circuit workers: 1 runs the circuit in the server process; K > 1 runs each "
         "round's coordinates on K worker pairs of the organisation's Ray cluster (extra "
-        "spgc[ray]; worker i of H1 and of H2 share a TLS link); both servers must set the same",
+        "ray, pip install '.[ray]'; worker i of H1 and of H2 share a TLS link); both servers "
+        "must set the same",
     )
     ray_address: str = Field(
         "",
         description="the Ray cluster for workers > 1 (as ray.init takes it, e.g. "
-        "'ray://head:10001'); empty: a local one started by the server",
+        "'ray://head:10001'); empty: a private local one started by the server (never one "
+        "RAY_ADDRESS or `ray start` on the host names)",
     )
     ot_k: int = Field(
         DEFAULT_OT_K,

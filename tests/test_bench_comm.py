@@ -189,7 +189,7 @@ def test_preprocessed_opens_one_ring_element_each_way_online(ctx) -> None:
 def test_workers_run_the_circuits_on_ray_worker_pairs(ctx, capsys) -> None:
     """--workers 2: the circuits run on two worker pairs of a local Ray cluster; bytes are
     those of both pairs (each lane its own chunks and session setup), rows say so."""
-    pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
+    pytest.importorskip("ray", reason="the Ray extra (pip install '.[ray]') is missing")
     rc = bench_comm.run(
         "cancer", [8.0], modes=["only-mpc", "spgc", "preprocessed"], coordinates=200,
         workers=2, as_json=True,

@@ -19,7 +19,7 @@ def test_embedded_round_is_checked_and_reported(capsys: pytest.CaptureFixture[st
 
 
 def test_ray_worker_pairs_round(capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
+    pytest.importorskip("ray", reason="the Ray extra (pip install '.[ray]') is missing")
     rc = cli.main(["bench", "scale", "--dim", "200", "--workers", "2", "--model", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
@@ -40,7 +40,7 @@ def test_preprocessed_pool_production_and_online_round(ray_path, capsys) -> None
     the sums plus the production seeds' plaintext noise, using up the pool."""
     argv = ["bench", "scale", "--mode", "preprocessed", "--dim", "300", "--json"]
     if ray_path:
-        pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
+        pytest.importorskip("ray", reason="the Ray extra (pip install '.[ray]') is missing")
         argv += ["--workers", "2"]
     else:
         argv += ["--workers", "1", "--embedded"]
@@ -96,7 +96,7 @@ def test_bad_input_is_one_line(argv, message, capsys: pytest.CaptureFixture[str]
 def test_workers_import_the_installed_package_from_any_directory(tmp_path) -> None:
     """Ray puts the driver's working directory on its workers' sys.path: started next to a
     directory named spgc (a checkout), the workers must still import the installed package."""
-    pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
+    pytest.importorskip("ray", reason="the Ray extra (pip install '.[ray]') is missing")
     import subprocess
     import sys
     from pathlib import Path

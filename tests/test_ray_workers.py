@@ -15,9 +15,14 @@ from spgc.noise import sample_noise_plain
 from spgc.servers.gc_party import run_aggregate
 from spgc.servers.noise_pool import produce_noise_shares
 
-ray = pytest.importorskip("ray", reason="the Ray extra (pip install 'spgc[ray]') is missing")
+ray = pytest.importorskip("ray", reason="the Ray extra (pip install '.[ray]') is missing")
 
-from spgc.servers.ray_workers import WorkerTls, connect_workers, start_workers  # noqa: E402
+from spgc.servers.ray_workers import (  # noqa: E402
+    WorkerLost,
+    WorkerTls,
+    connect_workers,
+    start_workers,
+)
 
 RING = 16
 
@@ -98,8 +103,8 @@ def test_a_lost_worker_fails_the_round_on_both_servers(cluster):
     try:
         with pytest.raises(Exception):  # noqa: B017 - the peer's failure surfaces as its own error
             run_aggregate("evaluator", lanes_e, a2, s2, 500.0, RING, "spgc")
-        with pytest.raises(RuntimeError, match="circuit worker was lost mid-round"):
-            side.result()
+        with pytest.raises(WorkerLost, match=r"circuit worker was lost mid-round \(\w+\)$"):
+            side.result()  # one line, no Ray internals; a ChannelError: the peer-lost path
         killer.result()
     finally:
         for a in actors:
@@ -169,11 +174,12 @@ def test_precompute_fills_the_pool_on_two_worker_pairs(cluster, tmp_path):
         b.stop()
 
 
-def test_a_lost_worker_fails_the_round_which_is_counted_and_run_again(cluster, tmp_path):
-    """One of H2's workers dies before round 0's circuit: the round fails on both servers
-    after its release was written ahead, both go back to their checkpoint, pair fresh
+@pytest.mark.parametrize("side", [1, 2])
+def test_a_lost_worker_fails_the_round_which_is_counted_and_run_again(cluster, tmp_path, side):
+    """One of H1's or H2's workers dies before round 0's circuit: the round fails on both
+    servers after its release was written ahead, both go back to their checkpoint, pair fresh
     workers, and run round 0 again as a new release with fresh seeds; both ledgers count
-    both releases."""
+    both releases (H1's lost worker once stopped the whole run)."""
     from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
     from spgc.certs import make_dev_pki
@@ -188,14 +194,15 @@ def test_a_lost_worker_fails_the_round_which_is_counted_and_run_again(cluster, t
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
         cfg = providers[0].wait_collecting(0)
-        first_workers = list(d2._workers)
+        losing = d1 if side == 1 else d2
+        first_workers = list(losing._workers)
         ray.kill(first_workers[1])
         vec = np.full(cfg.num_parameters, 40, dtype=np.int64)
         for p in providers:
             p.submit_both(cfg, 0, vec)
         # the round fails, both servers rejoin and round 0 opens again: submit once more
         cfg = providers[0].wait_collecting(0, timeout=90)
-        assert d2._workers and d2._workers[1] is not first_workers[1]
+        assert losing._workers and losing._workers[1] is not first_workers[1]
         for p in providers:
             p.submit_both(cfg, 0, vec)
         wait_round_done((d1, d2), 0, timeout=90)

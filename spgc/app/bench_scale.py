@@ -124,7 +124,8 @@ def init_local_ray(workers: int) -> None:
     extra is missing."""
     if not ray_available():
         raise RuntimeError(
-            "worker pairs run on Ray: pip install 'spgc[ray]' (or run one pair: --workers 1)"
+            "worker pairs run on Ray: pip install '.[ray]' in the checkout (or run one pair: "
+            "--workers 1)"
         )
     init_ray(
         num_cpus=max(2, 2 * workers),
@@ -474,8 +475,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if use_ray:
         if not ray_available():
             print(
-                "spgc: error: bench scale runs worker pairs on Ray: pip install 'spgc[ray]' "
-                "(or --embedded --workers 1)",
+                "spgc: error: bench scale runs worker pairs on Ray: pip install '.[ray]' in the "
+                "checkout (or --embedded --workers 1)",
                 file=sys.stderr,
             )
             return 2
