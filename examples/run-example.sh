@@ -29,7 +29,7 @@ fi
 
 # The ports of h1.yaml/h2.yaml: a daemon already listening there (another run of this
 # example?) would make ours fail at startup with a less obvious message.
-ports=$(sed -nE 's/^(listen|gc_address):[[:space:]]*[^#]*:([0-9]+).*/\2/p' h1.yaml h2.yaml | sort -u)
+ports=$(sed -nE 's/^(listen|peer_listen|gc_address):[[:space:]]*[^#]*:([0-9]+).*/\2/p' h1.yaml h2.yaml | sort -u)
 for port in $ports; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         echo "run.sh: port $port on 127.0.0.1 is in use: stop whatever listens there" >&2
