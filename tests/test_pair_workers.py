@@ -178,5 +178,6 @@ def test_workers_without_ray_is_refused_at_start(tmp_path, monkeypatch) -> None:
     make_dev_pki(tmp_path / "pki" / "good", ["h1", "h2", *PROVIDERS])
     monkeypatch.setattr(daemon_module, "ray_available", lambda: False)
     cfg = _cfg(tmp_path / "pki", 1, tmp_path / "s1", mode="spgc", workers=2)
-    with pytest.raises(ValueError, match=r"pip install 'spgc\[ray\]' \(or set workers: 1\)"):
+    how = r"pip install '\.\[ray\]' in the checkout \(or set workers: 1\)"
+    with pytest.raises(ValueError, match=how):
         daemon_module.ServerDaemon(cfg)
