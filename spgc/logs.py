@@ -38,31 +38,36 @@ __all__ = [
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+def _command_line_value(argv: Sequence[str], flag: str, key: str = "") -> str | None:
+    """What ``flag VALUE``, ``flag=VALUE`` or (with ``key``) ``--set key=VALUE`` gives on a
+    command line, the last one winning; None when none does."""
+    args = list(argv)
+    value = None
+    for a, b in zip(args, [*args[1:], ""], strict=True):
+        if a == flag:
+            value = b
+        elif a.startswith(flag + "="):
+            value = a.removeprefix(flag + "=")
+        elif key and a.startswith(key + "="):
+            value = a.removeprefix(key + "=")
+    return value
+
+
 def _asks_for_debug(argv: Sequence[str]) -> bool:
-    args = [a.lower() for a in argv]
-    pairs = zip(args, [*args[1:], ""], strict=True)
-    return any(
-        (a == "--log-level" and b == "debug") or a in ("--log-level=debug", "log_level=debug")
-        for a, b in pairs
-    )
+    return (_command_line_value(argv, "--log-level", "log_level") or "").lower() == "debug"
 
 
 def _asks_for_json(argv: Sequence[str]) -> bool:
-    """Whether this command line asks for JSON logs: on it, or in its --config file (read
-    quietly here; the daemon reads and checks the file itself later)."""
-    args = list(argv)
-    pairs = list(zip(args, [*args[1:], ""], strict=True))
-    for a, b in pairs:
-        if (a == "--log-format" and b == "json") or a in ("--log-format=json", "log_format=json"):
-            return True
-    if any(a == "--log-format" or a.startswith("--log-format=") for a, _ in pairs):
-        return False  # the command line wins over the file
-    paths = [b for a, b in pairs if a == "--config"]
-    paths += [a.removeprefix("--config=") for a, _ in pairs if a.startswith("--config=")]
-    if not paths:
+    """Whether this command line asks for JSON logs: on it (which wins), or in its --config
+    file (read quietly here; the daemon reads and checks the file itself later)."""
+    given = _command_line_value(argv, "--log-format", "log_format")
+    if given is not None:
+        return given == "json"
+    path = _command_line_value(argv, "--config")
+    if not path:
         return False
     try:
-        with Path(paths[-1]).open(encoding="utf-8") as f:
+        with Path(path).open(encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
@@ -118,7 +123,8 @@ def print_error(
 ) -> None:
     """A command's error before (or instead of) its logging: ``prog: message`` on stderr, or
     one JSON line when JSON logs were asked for (``fmt``, else the command line ``argv``)."""
-    if (fmt or ("json" if _asks_for_json(sys.argv if argv is None else argv) else "")) == "json":
+    json_lines = fmt == "json" if fmt else _asks_for_json(sys.argv if argv is None else argv)
+    if json_lines:
         record = logging.LogRecord(prog, logging.ERROR, "", 0, message, None, None)
         sys.stderr.write(_JsonFormatter().format(record) + "\n")
     else:
