@@ -21,7 +21,9 @@
 # the build log), refreshed after every step so that a call cut short still brings back the
 # steps it finished. SPGC_DEVICE_QUICK=1 runs the same steps at small sizes (a rehearsal on any
 # machine with Python 3.12 and the device image's packages); SPGC_DEVICE_BUDGET_S sets the
-# budget (default 500 s).
+# budget (default 500 s). SPGC_DEVICE_STEPS names the steps to run (default all of them, in
+# the order above: gc_plain scale pool online_10m gc_tls demo_gpu) and SPGC_DEVICE_GC_REPEAT the
+# gc steps' --repeat (default 3): a second call re-measures only what a first one missed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -111,6 +113,10 @@ else
     DIM=1000000; K_BIG=8; POOL_KS="1 2 4 8"; DIM_ONLINE=10000000; K_ONLINE=8
 fi
 
+STEPS="${SPGC_DEVICE_STEPS:-gc_plain scale pool online_10m gc_tls demo_gpu}"
+GC_REPEAT="${SPGC_DEVICE_GC_REPEAT:-$GC_REPEAT}"
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
+
 # step NAME MAX_SECONDS ARGS...: one spgc command under min(MAX, what is left of the budget),
 # its JSON to NAME.json and its log to NAME.log in the results.
 step() {
@@ -139,23 +145,35 @@ step() {
     bundle
 }
 
-step gc_plain 150 bench gc --insecure --threads "$GC_THREADS" --repeat "$GC_REPEAT" \
-    --instances "$GC_INSTANCES"
-step scale_k1 120 bench scale --dim "$DIM" --workers 1 --model
-step "scale_k$K_BIG" 90 bench scale --dim "$DIM" --workers "$K_BIG"
-for k in $POOL_KS; do
-    step "pool_k$k" 90 bench scale --mode preprocessed --dim "$DIM" --workers "$k"
-done
-step online_10m 150 bench scale --mode preprocessed --dim "$DIM_ONLINE" --workers "$K_ONLINE"
-step gc_tls 150 bench gc --tls-only --threads "$GC_THREADS" --repeat "$GC_REPEAT" \
-    --instances "$GC_INSTANCES"
-step demo_gpu 90 demo --rounds 3 --keep
-kept="$(sed -n 's/^demo files kept in //p' "$WORK/demo_gpu.log" 2>/dev/null | tail -1)"
-if [[ -n "$kept" && -d "$kept" ]]; then  # where each provider computed its gradients
-    grep -ho "joined run .*gradients on [a-z]*" "$kept"/*.log >"$WORK/demo_devices.txt" 2>/dev/null
-    sed 's/^/   provider /; s/joined run [^:]*: .*gradients on/gradients on/' \
-        "$WORK/demo_devices.txt" | tee -a "$OUT/summary.txt" >&2
-    bundle
+if wanted gc_plain; then
+    step gc_plain 150 bench gc --insecure --threads "$GC_THREADS" --repeat "$GC_REPEAT" \
+        --instances "$GC_INSTANCES"
+fi
+if wanted scale; then
+    step scale_k1 120 bench scale --dim "$DIM" --workers 1 --model
+    step "scale_k$K_BIG" 90 bench scale --dim "$DIM" --workers "$K_BIG"
+fi
+if wanted pool; then
+    for k in $POOL_KS; do
+        step "pool_k$k" 90 bench scale --mode preprocessed --dim "$DIM" --workers "$k"
+    done
+fi
+if wanted online_10m; then
+    step online_10m 150 bench scale --mode preprocessed --dim "$DIM_ONLINE" --workers "$K_ONLINE"
+fi
+if wanted gc_tls; then
+    step gc_tls 150 bench gc --tls-only --threads "$GC_THREADS" --repeat "$GC_REPEAT" \
+        --instances "$GC_INSTANCES"
+fi
+if wanted demo_gpu; then
+    step demo_gpu 90 demo --rounds 3 --keep
+    kept="$(sed -n 's/^demo files kept in //p' "$WORK/demo_gpu.log" 2>/dev/null | tail -1)"
+    if [[ -n "$kept" && -d "$kept" ]]; then  # where each provider computed its gradients
+        grep -ho "joined run .*gradients on [a-z]*" "$kept"/*.log >"$WORK/demo_devices.txt" 2>/dev/null
+        sed 's/^/   provider /; s/joined run [^:]*: .*gradients on/gradients on/' \
+            "$WORK/demo_devices.txt" | tee -a "$OUT/summary.txt" >&2
+        bundle
+    fi
 fi
 
 # ---------------------------------------------------------------- the summary

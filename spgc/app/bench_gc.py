@@ -27,7 +27,8 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -301,6 +302,23 @@ def _sum_sent(counters: dict[str, dict[str, int]], phases: Iterable[str]) -> int
     return sum(int(counters.get(p, {}).get("sent", 0)) for p in phases)
 
 
+@contextlib.contextmanager
+def _spawn_without_main_module() -> Iterator[None]:
+    """Start spawned processes that do not re-run the parent's main module.
+
+    A spawned child first re-imports the parent's ``__main__``: here the ``spgc`` command line,
+    which imports torch, several seconds per party on a cold disk. The parties need only this
+    module, which unpickling their target imports. ``Process.start()`` reads ``__main__`` once,
+    synchronously, so a bare stand-in for that call is enough.
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 def run_two_party(
     circuit: Any,
     instances: int,
@@ -353,7 +371,8 @@ def run_two_party(
             f"2 processes, {threads} lane(s) each) ..."
         )
         try:
-            garbler.start()
+            with _spawn_without_main_module():
+                garbler.start()
             g_child.close()
             port = _receive(g_parent, garbler, "garbler", deadline)
             evaluator = ctx.Process(
@@ -361,7 +380,8 @@ def run_two_party(
                 args=(e_child, port, tls_e, inputs_e, chunk, threads, scheme, ot_k),
                 name="spgc-evaluator",
             )
-            evaluator.start()
+            with _spawn_without_main_module():
+                evaluator.start()
             e_child.close()
             rep_e: PartyReport = _receive(e_parent, evaluator, "evaluator", deadline)
             rep_g: PartyReport = _receive(g_parent, garbler, "garbler", deadline)
