@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import types
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +114,20 @@ def test_repeat_reports_each_configurations_median_run() -> None:
     assert "the median of 3 runs" in table
     with pytest.raises(ValueError, match="--repeat"):
         bench_gc.bench_gc(instances=10, repeat=0, log=lambda _: None)
+
+
+def test_party_processes_do_not_rerun_the_callers_main_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `spgc bench gc` runs under the `spgc` script, whose module imports torch: spawned parties
+    # re-running it cost seconds each. A stand-in main script leaves a mark if it is re-run.
+    mark = tmp_path / "main-ran"
+    script = tmp_path / "fake_main.py"
+    script.write_text(f"open({str(mark)!r}, 'a').write('ran\\n')\n")
+    fake_main = types.ModuleType("__main__")
+    fake_main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", fake_main)
+    runs = bench_gc.bench_gc(instances=200, modes=("plaintext",), threads=(1,), log=lambda _: None)
+    assert [r.correct for r in runs] == [True]
+    assert not mark.exists()
+    assert sys.modules["__main__"] is fake_main  # put back after the parties started
