@@ -21,10 +21,17 @@ Replace-one is the adjacency every report names for fixed batches. RDP only (PLD
 before, to keep one tested path). With several providers, an example is sampled at its own
 provider's rate: pass the largest rate over providers (worst case).
 
-Discrete noise. The Gaussian events describe continuous noise. For a single release the
-discrete Gaussian has the same zCDP as the continuous one (Canonne-Kamath-Steinke 2020); using
-the continuous Gaussian's subsampled RDP/PLD for the discrete one is standard practice but is an
-assumption, not a theorem proved here.
+Discrete noise. SPGC adds discrete Gaussian noise N_Z(0, sigma^2) to integer sums. Its Renyi
+divergence for an integer shift is at most the continuous Gaussian's, alpha Delta^2 / (2 sigma^2)
+(its moment generating function is at most the continuous one's, Canonne-Kamath-Steinke 2020),
+and divergences add over independent coordinates: one release, and fixed batches (no
+amplification), are accounted exactly as proved. Poisson subsampling is where "rdp" and "pld"
+assume: their amplification formulas are the continuous Gaussian's, standard practice for the
+discrete one but not a theorem. ``method="rdp_discrete"`` assumes nothing: Zhu and Wang's
+general bound for Poisson subsampling (ICML 2019, Theorem 6), which holds for any mechanism
+given its RDP at integer orders, applied to the discrete Gaussian's curve, and never above that
+curve (subsampling cannot hurt: Renyi divergence is jointly quasi-convex). It is looser: a
+larger epsilon for the same noise, or more noise for the same target.
 
 Capped Poisson batches. A provider whose Poisson batch is larger than the ring is sized for
 (``max_batch_size``) sits the round out, an outcome the subsampled Gaussian does not model.
@@ -51,16 +58,19 @@ from typing import Literal
 import dp_accounting
 import numpy as np
 from dp_accounting import pld, rdp
-from scipy.special import log_ndtr
+from scipy.special import gammaln, log_ndtr, logsumexp
 
 __all__ = [
+    "ACCOUNTANTS",
     "BATCH_OVERFLOW_LOG2",
+    "DISCRETE_RDP_ORDERS",
     "PrivacyAccountant",
     "analytic_gaussian_delta",
     "analytic_gaussian_noise_multiplier",
     "batches_per_epoch",
     "calibrate_noise_multiplier",
     "classic_noise_multiplier",
+    "discrete_gaussian_subsampled_rdp",
     "epsilon_for",
     "noise_multiplier_for",
     "per_step_epsilon",
@@ -70,7 +80,9 @@ __all__ = [
     "units_noise_multiplier",
 ]
 
-Method = Literal["rdp", "pld"]
+Method = Literal["rdp", "pld", "rdp_discrete"]
+# The accountants a run may name (config, `spgc account`, the wire's TrainingConfig.accountant).
+ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld", "rdp_discrete")
 Sampling = Literal["poisson", "fixed"]
 Calibration = Literal["classic", "analytic", "accountant"]
 
@@ -116,6 +128,51 @@ def batches_per_epoch(population: int, sample_size: int) -> int:
     return max(1, population // sample_size)
 
 
+# Orders of the "rdp_discrete" curve. Zhu-Wang's bound is for integer orders; up to 1,024 as
+# dp-accounting's own orders go (large orders serve small epsilons).
+DISCRETE_RDP_ORDERS = np.concatenate(
+    [np.arange(2, 257), [288, 320, 384, 448, 512, 640, 768, 896, 1024]]
+).astype(float)
+
+
+def discrete_gaussian_subsampled_rdp(
+    noise_multiplier: float, sampling_rate: float, orders: np.ndarray = DISCRETE_RDP_ORDERS
+) -> np.ndarray:
+    """Upper bounds on the RDP, at integer ``orders``, of one Poisson-subsampled release of
+    discrete Gaussian noise (std / add-remove L2 sensitivity = ``noise_multiplier``).
+
+    The base curve eps(a) = a / (2 m^2) holds for the discrete Gaussian (module docstring). Zhu
+    and Wang 2019, Theorem 6, for rate q and integer a >= 2 bounds the subsampled curve by
+    log[(1-q)^(a-1) (a q - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^eps(2)
+        + 3 sum_{l=3..a} C(a,l) (1-q)^(a-l) q^l e^((l-1) eps(l))] / (a - 1),
+    computed in log space; the result is never above eps(a) itself."""
+    m = float(noise_multiplier)
+    q = float(sampling_rate)
+    if not (m > 0 and math.isfinite(m)):
+        raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
+    if not 0 < q <= 1:
+        raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+    a_all = np.asarray(orders, dtype=float)
+    if np.any(a_all < 2) or np.any(a_all != np.round(a_all)):
+        raise ValueError("the orders must be integers >= 2")
+    base = a_all / (2.0 * m * m)
+    if q == 1.0:
+        return base
+    log_q, log_1q = math.log(q), math.log1p(-q)
+    bound = np.empty_like(base)
+    for i, a in enumerate(a_all):
+        ls = np.arange(3.0, a + 1.0)
+        log_binom = gammaln(a + 1) - gammaln(ls + 1) - gammaln(a - ls + 1)
+        terms = [
+            (a - 1) * log_1q + math.log1p((a - 1) * q),  # (1-q)^(a-1) (aq - q + 1)
+            math.log(a * (a - 1) / 2) + 2 * log_q + (a - 2) * log_1q + 2.0 / (2 * m * m),
+        ]
+        rest = math.log(3.0) + log_binom + (a - ls) * log_1q + ls * log_q
+        rest += (ls - 1) * ls / (2 * m * m)
+        bound[i] = logsumexp(np.concatenate([terms, rest])) / (a - 1)
+    return np.minimum(bound, base)
+
+
 def units_noise_multiplier(noise_std_units: float, sensitivity_units: float) -> float:
     """noise std / sensitivity, both in fixed-point units (sensitivity = B from encoding)."""
     if not (sensitivity_units > 0 and math.isfinite(sensitivity_units)):
@@ -148,8 +205,8 @@ class _EventSpec:
         population: int | None,
         value_discretization_interval: float,
     ) -> None:
-        if method not in ("rdp", "pld"):
-            raise ValueError(f"method must be 'rdp' or 'pld', got {method!r}")
+        if method not in ACCOUNTANTS:
+            raise ValueError(f"method must be one of {', '.join(ACCOUNTANTS)}, got {method!r}")
         if sampling not in ("poisson", "fixed"):
             raise ValueError(f"sampling must be 'poisson' or 'fixed', got {sampling!r}")
         if not value_discretization_interval > 0:
@@ -231,6 +288,10 @@ class _EventSpec:
             return 0.0
         if noise_multiplier <= 0:
             return math.inf
+        if self.method == "rdp_discrete":
+            orders, curve = self._discrete_curve(noise_multiplier)
+            count = self._base_event(noise_multiplier, steps)[1]
+            return float(rdp.compute_epsilon(orders, count * curve, delta)[0])
         if self.method == "rdp":
             event, count = self._base_event(noise_multiplier, steps)
             if noise_multiplier not in self._rdp_one:
@@ -245,13 +306,26 @@ class _EventSpec:
         acc.compose(self.run_event(noise_multiplier, steps))
         return float(acc.get_epsilon(delta))
 
+    def _discrete_curve(self, noise_multiplier: float) -> tuple[np.ndarray, np.ndarray]:
+        """ "rdp_discrete": (orders, the RDP curve of one base event). Poisson: Zhu-Wang's bound;
+        fixed batches: an epoch's replace-one release, the discrete Gaussian's own curve at
+        noise_multiplier / 2 (sensitivity 2B), as the "rdp" accountant has it."""
+        if noise_multiplier not in self._rdp_one:
+            orders = DISCRETE_RDP_ORDERS
+            if self.sampling == "poisson":
+                curve = discrete_gaussian_subsampled_rdp(noise_multiplier, self.sampling_rate)
+            else:
+                curve = discrete_gaussian_subsampled_rdp(noise_multiplier / 2, 1.0)
+            self._rdp_one[noise_multiplier] = (orders, curve)
+        return self._rdp_one[noise_multiplier]
+
 
 class PrivacyAccountant:
     """Tracks the privacy spent by a training run and answers what-if questions.
 
     ``noise_multiplier`` = noise std / sensitivity in units (module docstring);
     ``sampling_rate`` = q for Poisson sampling (for ``sampling="fixed"`` give ``sample_size``
-    and ``population`` instead); ``method`` = "rdp" or "pld".
+    and ``population`` instead); ``method`` = "rdp", "pld" or "rdp_discrete".
     """
 
     def __init__(
@@ -285,7 +359,7 @@ class PrivacyAccountant:
 
     @property
     def method(self) -> str:
-        """ "rdp" or "pld"."""
+        """ "rdp", "pld" or "rdp_discrete"."""
         return self._spec.method
 
     @property
@@ -394,9 +468,10 @@ def calibrate_noise_multiplier(
 ) -> float:
     """Smallest noise multiplier (within ``rel_tol``) whose training epsilon is <= the target.
 
-    Uses ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) on a bracket found here;
-    the result is never below the true minimum by more than the tolerance and always meets the
-    target under the same accountant.
+    Uses ``dp_accounting.calibrate_dp_mechanism`` (Brent's method) on a bracket found here
+    ("rdp_discrete", whose curve dp-accounting does not know: bisection); the result is never
+    below the true minimum by more than the tolerance and always meets the target under the
+    same accountant.
     """
     _check_epsilon(target_epsilon)
     _check_delta(delta)
@@ -430,6 +505,14 @@ def calibrate_noise_multiplier(
             lo, hi = lo / 2, lo
             if lo < 1e-4:
                 return hi  # tiny multipliers: numerically meaningless to go further
+    if method == "rdp_discrete":
+        while hi - lo > rel_tol * lo:  # invariant: eps(lo) > target >= eps(hi)
+            mid = (lo + hi) / 2
+            if eps(mid) <= target_epsilon:
+                hi = mid
+            else:
+                lo = mid
+        return hi
     return float(
         dp_accounting.calibrate_dp_mechanism(
             spec.fresh_accountant,
@@ -572,4 +655,3 @@ def quiet_dp_accounting() -> Iterator[None]:
         yield
     finally:
         absl.setLevel(level)
-

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
+from spgc.accounting import ACCOUNTANTS
 from spgc.lanes import MAX_LANES
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 CALIBRATIONS = ("analytic", "classic", "accountant")
-ACCOUNTANTS = ("rdp", "pld")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _ENV_PREFIX = "env:"
@@ -305,7 +305,11 @@ class ServerConfig(_Schema):
         description="noise calibration: accountant (whole run), analytic or classic "
         "(per-release step_epsilon; classic is the paper's formula, valid for epsilon < 1)",
     )
-    accountant: Literal[ACCOUNTANTS] = Field("rdp", description="privacy accountant: rdp or pld")
+    accountant: Literal[ACCOUNTANTS] = Field(
+        "rdp",
+        description="privacy accountant: rdp, pld (tighter) or rdp_discrete (Poisson "
+        "subsampling of the discrete Gaussian proved, not assumed as by the other two; looser)",
+    )
     step_epsilon: float = Field(
         0.0, ge=0, description="per-release epsilon for calibration classic or analytic"
     )

@@ -16,7 +16,8 @@ from spgc.app import account_cmd
 
 # ANCHORS.md (dp-accounting): q=0.01, sigma=1.1, T=1000, delta=1e-5 -> 1.712 (RDP), 1.515 (PLD).
 PLAN = ["--sampling-rate", "0.01", "--steps", "1000", "--delta", "1e-5"]
-REFERENCE = {"rdp": 1.712, "pld": 1.515}
+# rdp_discrete: 2.0151 by an independent implementation of Zhu-Wang's bound (the privacy audit).
+REFERENCE = {"rdp": 1.712, "pld": 1.515, "rdp_discrete": 2.015}
 FIELDS = {"epsilon", "noise_multiplier", "delta", "steps", "sampling_rate", "accountant"}
 
 
@@ -41,7 +42,7 @@ def _json(parser: argparse.ArgumentParser, capsys, *argv: str) -> dict:
     return json.loads(out)
 
 
-@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+@pytest.mark.parametrize("accountant", ["rdp", "pld", "rdp_discrete"])
 def test_reference_epsilon(parser, capsys, accountant):
     got = _json(parser, capsys, "--sigma", "1.1", *PLAN, "--accountant", accountant)
     assert round(got["epsilon"], 3) == REFERENCE[accountant]
@@ -135,7 +136,7 @@ def test_argparse_refuses_bad_values(parser, capsys, argv):
         ("--sigma 1.1 --steps 10 --delta 1e-5", "missing --sampling-rate"),
         ("--sigma 1.1 --sampling-rate 0.01", "missing --steps, --delta"),
         # Values argparse accepts but the accountant cannot handle: one line, no traceback.
-        ("--sigma 1e300 --sampling-rate 0.01 --steps 10 --delta 1e-5", "RDP accountant overflowed"),
+        ("--sigma 1e300 --sampling-rate 0.01 --steps 10 --delta 1e-5", "rdp accountant overflowed"),
         (
             "--sigma 1e-9 --sampling-rate 1 --steps 10 --delta 1e-5 --accountant pld",
             "try --accountant rdp",

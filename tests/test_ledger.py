@@ -701,3 +701,25 @@ def test_cli_refuses_two_ledgers_that_are_not_one_pair(parser, capsys, tmp_path,
     assert code == 1 and "do not name each other's signing keys" in err
     code, _, err = _run(parser, capsys, "--ledger", h1, h1, h1)
     assert code == 2 and "one file, or the two servers' ledgers" in err
+
+
+def test_a_ledger_is_re_accounted_with_the_accountant_its_header_names(
+    parser, capsys, tmp_path, key
+):
+    # rdp_discrete gives a larger epsilon for the same releases: entries that claim the rdp
+    # figures under a header naming rdp_discrete under-count, and the check says so.
+    header = {**HEADER, "accountant": "rdp_discrete"}
+    proved = PrivacyAccountant(1.1, 1e-5, sampling_rate=0.01, method="rdp_discrete")
+    honest, short = tmp_path / "honest.jsonl", tmp_path / "short.jsonl"
+    for path, acc in ((honest, proved), (short, _accountant())):
+        ledger = Ledger.open(path, key, header)
+        for t in range(ROUNDS):
+            index = _record(ledger, t, SAMPLES, acc.epsilon_after(t + 1))
+            ledger.record_released(index, t, _sha(f"y{t}"))
+    code, out, err = _run(parser, capsys, "--ledger", honest, "--json")
+    assert (code, err) == (0, "")
+    got = json.loads(out)
+    assert got["epsilon"] == pytest.approx(proved.epsilon_after(ROUNDS), rel=1e-12)
+    assert got["epsilon"] > _accountant().epsilon_after(ROUNDS)
+    code, out, err = _run(parser, capsys, "--ledger", short, "--json")
+    assert (code, out) == (1, "") and "re-account to epsilon" in err

@@ -220,7 +220,9 @@ def real_clients(pki: Path, d1: ServerDaemon) -> list[ProviderClient]:
 
 
 @pytest.mark.parametrize(
-    ("accountant", "batch_size"), [("pld", 0), ("rdp", 5)], ids=["pld-poisson", "rdp-fixed"]
+    ("accountant", "batch_size"),
+    [("pld", 0), ("rdp", 5), ("rdp_discrete", 0)],
+    ids=["pld-poisson", "rdp-fixed", "rdp_discrete-poisson"],
 )
 def test_accountants_and_fixed_batches_through_the_daemon(
     pki: Path, tmp_path: Path, accountant: str, batch_size: int
@@ -271,7 +273,7 @@ def test_accountants_and_fixed_batches_through_the_daemon(
                 population=n_local,
             )
         else:
-            ref = PrivacyAccountant(d1.plan.noise_multiplier, 1e-5, 0.05, method="pld")
+            ref = PrivacyAccountant(d1.plan.noise_multiplier, 1e-5, 0.05, method=accountant)
         ref.step(2)
         assert d1.state.epsilon() == pytest.approx(ref.epsilon())
         assert d1.state.summary()["epsilon"] == pytest.approx(ref.epsilon())

@@ -31,7 +31,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
-from spgc.accounting import calibrate_noise_multiplier, epsilon_for, quiet_dp_accounting
+from spgc.accounting import (
+    ACCOUNTANTS,
+    calibrate_noise_multiplier,
+    epsilon_for,
+    quiet_dp_accounting,
+)
 from spgc.ledger import (
     LedgerError,
     compare_ledgers,
@@ -43,7 +48,6 @@ from spgc.ledger import (
 __all__ = ["add_parser", "run"]
 
 PROG = "spgc account"
-ACCOUNTANTS = ("rdp", "pld")
 
 
 class _AccountError(ValueError):
@@ -141,7 +145,9 @@ def add_parser(subparsers: Any) -> None:
         "--accountant",
         choices=ACCOUNTANTS,
         default=None,  # rdp; None tells run() it was not given (--ledger names its own)
-        help="rdp (Renyi DP, the default) or pld (privacy loss distributions, tighter)",
+        help="rdp (Renyi DP, the default), pld (privacy loss distributions, tighter) or "
+        "rdp_discrete (Renyi DP with the discrete Gaussian's Poisson subsampling proved "
+        "rather than assumed as by the other two; looser)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
@@ -175,7 +181,9 @@ def _check(args: argparse.Namespace) -> None:
     if args.accountant is None:
         args.accountant = "rdp"
     if args.accountant not in ACCOUNTANTS:
-        raise _AccountError(f"--accountant must be rdp or pld, got {args.accountant!r}")
+        raise _AccountError(
+            f"--accountant must be one of {', '.join(ACCOUNTANTS)}, got {args.accountant!r}"
+        )
 
 
 def _answer(args: argparse.Namespace) -> dict[str, Any]:
@@ -245,7 +253,7 @@ def _too_large(args: argparse.Namespace, exc: BaseException) -> str:
     # PLD's grid grows with the privacy loss (tiny sigma, many steps); RDP has no grid.
     hint = "; try --accountant rdp" if args.accountant == "pld" else ""
     what = "overflowed" if isinstance(exc, OverflowError) else "ran out of memory"
-    return f"the {args.accountant.upper()} accountant {what} for these values{hint}"
+    return f"the {args.accountant} accountant {what} for these values{hint}"
 
 
 # ---------------------------------------------------------------------------- --ledger
