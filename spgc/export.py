@@ -149,6 +149,8 @@ def write_export(
     out = Path(out)
     if out.suffix != SUFFIX:
         raise ValueError(f"export file must end in {SUFFIX}: {out}")
+    if not out.parent.is_dir():  # else the error names the hidden temporary file
+        raise ValueError(f"no directory {out.parent} to write {out.name} in")
     if len(flat) != parameter_count(model):
         raise ValueError(
             f"{len(flat)} parameters do not fit model {report.get('model', '?')} "

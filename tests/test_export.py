@@ -109,6 +109,11 @@ def test_refuses_another_suffix(tmp_path):
         write_export(out, build_model("cancer"), _trained("cancer"), _report())
     with pytest.raises(ValueError, match="62"):  # a vector of another model
         write_export(tmp_path / "m.safetensors", build_model("cancer"), np.zeros(61), _report())
+    missing = tmp_path / "exports" / "run-1"
+    with pytest.raises(ValueError, match=f"^no directory {re.escape(str(missing))} to write m"):
+        write_export(
+            missing / "m.safetensors", build_model("cancer"), _trained("cancer"), _report()
+        )
     assert list(tmp_path.iterdir()) == []
 
 
