@@ -637,6 +637,7 @@ class ServerDaemon:
             self.cfg.garbling_scheme,
             self.cfg.ot_k,
             self.cfg.ray_address,
+            self.cfg.connect_timeout,
         )
         timeout = self.cfg.connect_timeout
         with self._workers_lock:

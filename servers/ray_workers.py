@@ -25,6 +25,7 @@ import contextlib
 import os
 import re
 import resource
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ import numpy as np
 
 import garbled_core
 from spgc.servers.gc_party import PartyLink, aggregate_range, noise_shares_range
+from spgc.wire.transport import ray_cluster_endpoint
 
 __all__ = [
     "LaneWorker",
@@ -237,6 +239,24 @@ class RayLane:
         self.actor.interrupt.remote()
 
 
+def check_ray_address(address: str, timeout: float) -> None:
+    """Refuse, within ``timeout`` seconds and naming it, a cluster address nothing answers on:
+    ray.init would wait on it for minutes with only Ray's own log lines. "" (a private local
+    cluster), "local" and "auto" (Ray looks for one on this host) are Ray's to resolve."""
+    endpoint = ray_cluster_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        with socket.create_connection(endpoint, timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__  # a timeout has no strerror
+        raise ConnectionError(
+            f"no Ray cluster answers at ray_address {address} ({reason}; waited up to "
+            f"{timeout:g} s)"
+        ) from None
+
+
 def start_workers(
     role: str,
     count: int,
@@ -244,11 +264,14 @@ def start_workers(
     scheme: str = "threehalves",
     ot_k: int = garbled_core.DEFAULT_OT_K,
     ray_address: str = "",
+    connect_timeout: float = 30.0,
 ) -> list[Any]:
     """``count`` LaneWorker actors on this organisation's Ray cluster (started locally when
-    ``ray_address`` is empty and Ray is not initialised yet)."""
+    ``ray_address`` is empty and Ray is not initialised yet; a named one must answer within
+    ``connect_timeout`` seconds)."""
     ray = _ray()
     if not ray.is_initialized():
+        check_ray_address(ray_address, connect_timeout)
         init_ray(
             address=ray_address or "local",  # "": a private cluster, never RAY_ADDRESS's
             include_dashboard=False,

@@ -30,7 +30,7 @@ from spgc.lanes import MAX_LANES
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 from spgc.wire.tls import TlsFiles
-from spgc.wire.transport import split_host_port
+from spgc.wire.transport import ray_cluster_endpoint, split_host_port
 
 __all__ = [
     "LOG_LEVELS",
@@ -340,6 +340,12 @@ class ServerConfig(_Schema):
     @classmethod
     def _address(cls, value: str) -> str:
         split_host_port(value)  # ValueError naming the value; port 0 lets a listener pick
+        return value
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, value: str) -> str:
+        ray_cluster_endpoint(value)  # ValueError naming the value
         return value
 
     @field_validator("role", mode="before")

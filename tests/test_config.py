@@ -134,6 +134,11 @@ def test_key_path_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
             r"target_epsilon: .*finite",
         ),
         ("insecure: true\nproviders: [a, b]\n", ["target_delta=nan"], r"target_delta: .*finite"),
+        (
+            "insecure: true\nproviders: [a, b]\nray_address: head\n",
+            [],
+            r"ray_address: .*'head' is not host:port, ray://host:port, auto or empty",
+        ),
     ],
 )
 def test_errors_name_file_key_value_and_what_is_allowed(

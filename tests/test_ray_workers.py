@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray", reason="the Ray extra (pip install '.[ray]') is
 from spgc.servers.ray_workers import (  # noqa: E402
     WorkerLost,
     WorkerTls,
+    check_ray_address,
     connect_workers,
     start_workers,
 )
@@ -253,3 +254,28 @@ def test_h2_workers_that_cannot_reach_h1s_fail_the_pairing_on_both_sides(cluster
     finally:
         d1.stop()
         d2.stop()
+
+
+def test_a_named_cluster_nothing_answers_on_is_refused_at_once_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ray.init would wait minutes on it with only Ray's own lines.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        started = time.monotonic()
+        with pytest.raises(
+            ConnectionError, match=f"no Ray cluster answers at ray_address {address}"
+        ):
+            check_ray_address(address, timeout=5)
+        assert time.monotonic() - started < 5
+    # start_workers checks before it starts Ray (this module's cluster may be up: say it is not)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **_: pytest.fail("ray.init was called"))
+    with pytest.raises(ConnectionError, match="no Ray cluster answers"):
+        start_workers("garbler", 2, WorkerTls(insecure=True), ray_address=f"127.0.0.1:{port}")
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        check_ray_address(f"127.0.0.1:{listening.getsockname()[1]}", timeout=5)
+    for resolved_by_ray in ("", "local", "auto"):
+        check_ray_address(resolved_by_ray, timeout=0.001)

@@ -60,6 +60,20 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def ray_cluster_endpoint(address: str) -> tuple[str, int] | None:
+    """The (host, port) a Ray cluster address names (``host:port``, the head's GCS;
+    ``ray://host:port``, Ray Client), or None for those Ray resolves itself: "" (the servers'
+    private local cluster), "local" and "auto". ValueError for anything else."""
+    if address in ("", "local", "auto"):
+        return None
+    try:
+        return split_host_port(address.removeprefix("ray://"))
+    except ValueError:
+        raise ValueError(
+            f"{address[:64]!r} is not host:port, ray://host:port, auto or empty"
+        ) from None
+
+
 def join_host_port(host: str, port: int) -> str:
     """The inverse of :func:`split_host_port` (an IPv6 host in brackets)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
