@@ -205,8 +205,8 @@ class ServerConfig(_Schema):
         le=MAX_LANES,
         description="circuit workers: 1 runs the circuit in the server process; K > 1 runs each "
         "round's coordinates on K worker pairs of the organisation's Ray cluster (extra "
-        "ray, pip install '.[ray]'; worker i of H1 and of H2 share a TLS link); both servers "
-        "must set the same",
+        "ray, pip install '.[ray]'; worker i of H1 and of H2 share a TLS link; gc_lanes must "
+        "then be 1); both servers must set the same",
     )
     ray_address: str = Field(
         "",
@@ -391,6 +391,12 @@ class ServerConfig(_Schema):
                     raise ValueError(f"tls.{key}: {path} is not a file")
         if not self.single_server:
             _check_dial_address("peer_address", self.peer_address)
+        if self.workers > 1 and self.gc_lanes > 1:
+            raise ValueError(
+                f"gc_lanes: {self.gc_lanes} with workers: {self.workers}: rounds run on the "
+                "workers only, and the data link's other connections would sit idle; set "
+                "gc_lanes: 1 (workers split the coordinates across the Ray cluster)"
+            )
         if not _NAME_RE.match(self.peer_name):
             raise ValueError(f"peer_name={self.peer_name!r} is not a certificate name")
         if not self.providers:

@@ -135,6 +135,11 @@ def test_key_path_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
         ),
         ("insecure: true\nproviders: [a, b]\n", ["target_delta=nan"], r"target_delta: .*finite"),
         (
+            "insecure: true\nproviders: [a, b]\nworkers: 2\ngc_lanes: 2\n",
+            [],
+            r"gc_lanes: 2 with workers: 2: rounds run on the workers only",
+        ),
+        (
             "insecure: true\nproviders: [a, b]\nray_address: head\n",
             [],
             r"ray_address: .*'head' is not host:port, ray://host:port, auto or empty",
