@@ -1184,10 +1184,23 @@ class ServerDaemon:
         producer.sync()
         target = self.precompute or producer.target
         started = time.perf_counter()
-        with terminal_logging():  # log lines above the progress line
-            reached = producer.fill(target, progress=True)
-        if not reached:
-            raise RuntimeError("precompute stopped before the pool was full")
+        try:
+            with terminal_logging():  # log lines above the progress line
+                reached = producer.fill(target, progress=True)
+        except Exception:
+            if not self.stop_event.is_set():
+                raise
+            reached = False  # stopping interrupts the link under a block being made
+        if not reached:  # the blocks made are kept: both servers reconcile them on a rerun
+            ready = (
+                f"{self.state.pool.available:,} of {target:,} noise samples ready in "
+                f"{self.cfg.pool_path} (made {producer.samples_made:,} now); run it again to go "
+                "on from there"
+            )
+            if self.stop_event.is_set():  # Ctrl-C, SIGTERM: no failure, but say where it is
+                log.info("h1: precompute stopped: %s", ready)
+                return
+            raise RuntimeError(f"precompute stopped before the pool was full: {ready}")
         producer.end_peer()
         self.state.finish_precompute()
         seconds = time.perf_counter() - started

@@ -4,6 +4,9 @@ across a restart; an empty pool fails the round with a clear error, never less n
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -264,3 +267,28 @@ def test_precompute_fills_the_pool_then_training_uses_it(pki, tmp_path):
             p.close()
         d1.stop()
         d2.stop()
+
+
+def test_precompute_stopped_says_how_much_of_the_pool_is_ready(pki, tmp_path, caplog):
+    kw = {"mode": "preprocessed", "rounds": 2, "noise_multiplier": 1.0, "pool_block": 200}
+    a, b = bind_pair(pki, tmp_path, precompute=10_000_000, **kw)
+    try:
+        b.start()
+        a.start()
+        deadline = time.monotonic() + 60
+        while a.state.pool.available < 400 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a.state.pool.available >= 400
+        with caplog.at_level(logging.INFO):
+            a.stop()  # what Ctrl-C does
+            assert a.wait(30) and a.error is None
+        ready = a.state.pool.available
+        said = [r.getMessage() for r in caplog.records if "precompute stopped" in r.getMessage()]
+        assert len(said) == 1 and re.fullmatch(
+            rf"h1: precompute stopped: {ready:,} of 10,000,000 noise samples ready in \S+ "
+            rf"\(made [0-9,]+ now\); run it again to go on from there",
+            said[0],
+        ), said
+    finally:
+        a.stop()
+        b.stop()
