@@ -1081,7 +1081,11 @@ class ServerDaemon:
             if status == health_pb2.HealthCheckResponse.SERVING:
                 seen = True
             elif seen:
-                self._lose_peer(session, f"{self.cfg.peer_name} is no longer paired (restarted)")
+                self._lose_peer(
+                    session,
+                    f"{self.cfg.peer_name} is no longer paired (it restarted, or dropped the "
+                    "pairing after a failure on its side, such as a lost circuit worker)",
+                )
                 return
 
     def _lose_peer(self, session: threading.Event, reason: str) -> None:

@@ -212,7 +212,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             with self._lock:
                 if self.state.ready and self.state.config is not None:
                     self._refuse_other_plan(request.config)
-            self.on_repair(f"{self.peer_name} paired again (it restarted)")
+            self.on_repair(
+                f"{self.peer_name} paired again (it restarted, or re-paired after a failure, "
+                "such as a lost circuit worker)"
+            )
         with self._lock:
             own_run = self.state.plan.cfg.run_id
             if own_run and own_run != request.config.run_id:
