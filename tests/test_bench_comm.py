@@ -110,7 +110,8 @@ def test_json_rows_scaling_and_paper_figures(capsys) -> None:
     for r in rows:
         for key in ("mode", "epsilon", "sigma_units", "bytes_per_coordinate", "bytes_per_step"):
             assert key in r
-        assert r["seconds_per_step"] > 0
+        assert r["seconds_per_step"] > 0 and r["seconds_per_round"] == r["seconds_per_step"]
+        assert "peak_rss_mb_per_worker" not in r  # no workers: nothing to report
         assert r["dim"] == 642 and r["scaled_to_dim"] and r["coordinates_measured"] == 256
         assert r["bytes_per_step"] == pytest.approx(r["bytes_per_coordinate"] * 642)
         for name, rate in (("1gbit", 1e9), ("10gbit", 1e10)):
@@ -128,8 +129,10 @@ def test_json_rows_scaling_and_paper_figures(capsys) -> None:
     assert om[0]["bytes_per_coordinate_small"] == pytest.approx(
         om[0]["bytes_per_coordinate"], rel=0.05
     )
+    assert om[0]["and_gates_per_second"] > 0
     dng = [r for r in rows if r["mode"] == "dng"]
     assert [r["bytes_per_coordinate"] for r in dng] == [16.0, 16.0]
+    assert [r["and_gates_per_second"] for r in dng] == [0.0, 0.0]  # no circuit
     assert dng[0]["sigma_units"] > dng[1]["sigma_units"] > 0  # eps 0.5 noisier than eps 8
 
 
@@ -210,6 +213,19 @@ def test_workers_run_the_circuits_on_ray_worker_pairs(ctx, capsys) -> None:
     assert measured == pytest.approx({k: 2 * v for k, v in lane.items()})
     assert rows["spgc"]["phase_bytes_per_coordinate"]["tables"] > 24.6 * 500
     assert rows["preprocessed"]["offline_bytes_per_coordinate"] > 24.6 * 500
+    # each row: the round's time and AND/s, and each of the 4 workers' peak memory so far
+    for r in rows.values():
+        assert r["seconds_per_round"] > 0
+        # preprocessed: the round opens precomputed shares, its circuit ran offline
+        assert (r["and_gates_per_second"] > 0) == (r["mode"] != "preprocessed")
+        rss = r["peak_rss_mb_per_worker"]
+        assert len(rss) == 4 and all(50 < x < 4000 for x in rss)
+    spgc = rows["spgc"]  # all d = 62 coordinates measured: the round's time is the measured one
+    assert not spgc["scaled_to_dim"]
+    assert spgc["and_gates_per_second"] == pytest.approx(
+        spgc["and_gates_per_coordinate"] * 62 / spgc["seconds_per_round"]
+    )
+    assert "peak RSS per worker after the last row (MB): " in out.err
 
 
 def test_epsilon_list_takes_either_spelling():

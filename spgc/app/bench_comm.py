@@ -40,7 +40,7 @@ import numpy as np
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc import accounting
 from spgc.app.bench_sampler import party_links, two_party
-from spgc.app.bench_scale import init_local_ray, start_worker_pairs
+from spgc.app.bench_scale import init_local_ray, start_worker_pairs, workers_peak_rss_mb
 from spgc.config import ServerConfig
 from spgc.encoding import FixedPointConfig
 from spgc.lanes import MAX_LANES
@@ -589,6 +589,9 @@ def _row(
         "and_gates_per_coordinate": big.and_gates,
         "bytes_per_step": per_step,
         "seconds_per_step": seconds,
+        "seconds_per_round": seconds,  # a training step is one round
+        # measured, not scaled: the circuit's AND gates over the time of the measured run
+        "and_gates_per_second": big.and_gates * big.n / big.seconds if big.seconds > 0 else 0.0,
         "scaled_to_dim": scaled,
         "epochs": epochs,
         "steps_per_training": steps,
@@ -651,6 +654,7 @@ def format_table(rows: list[dict[str, Any]], header: str = "") -> str:
     head = (
         f"{'mode':<12} {'eps':>5} {'sigma_u':>9} {'L':>3} {'B/coord':>9} {'(n/4)':>9} "
         f"{'OT':>7} {'tables':>9} {'outputs':>7} {'other':>6} {'per step':>9} {'s/step':>8} "
+        f"{'M AND/s':>8} "
         f"{'1G s':>8} {'10G s':>8} "
         f"{'training':>9} {'paper':>9} {'x only-mpc':>10} {'paper x':>8}"
     )
@@ -666,6 +670,7 @@ def format_table(rows: list[dict[str, Any]], header: str = "") -> str:
             f"{ph.get('ot_extension', 0):>7,.0f} {ph.get('tables', 0):>9,.0f} "
             f"{ph.get('outputs', 0):>7,.0f} {other:>6,.0f} "
             f"{_fmt_bytes(r['bytes_per_step']):>9} {r['seconds_per_step']:>8.3g} "
+            f"{r['and_gates_per_second'] / 1e6:>8.3g} "
             f"{_link(r, '1gbit'):>8} {_link(r, '10gbit'):>8} "
             f"{_fmt_bytes(r['bytes_per_training']):>9} "
             f"{'-' if paper is None else format(paper, ',.1f') + ' GB':>9} "
@@ -688,6 +693,9 @@ def _notes(ctx: CommContext, rows: list[dict[str, Any]], epochs: int) -> str:
         + "; s/step: straight line through the two measured sizes (per-run overhead + per "
         "coordinate), both parties sharing this machine over loopback; one-time circuit "
         "preparation not included",
+        "M AND/s: the round's AND gates per second in the larger measured run (0 for dng, and "
+        "for preprocessed, whose circuit runs offline; JSON: and_gates_per_second, and "
+        "seconds_per_round = seconds_per_step, and with --workers peak_rss_mb_per_worker)",
         "1G s / 10G s: seconds the step's bytes take on a 1 / 10 Gbit/s link between the "
         "servers (8 x bytes / bit rate), starred (*) where that exceeds s/step: there the link, "
         "not the computation, bounds the step (JSON: link_seconds_per_step_1gbit, "
@@ -821,12 +829,21 @@ def run(
             _warm_up(ctx)
             # A line per measurement; on a terminal also a progress line of the rows.
             bar = Progress(len(modes) * len(epsilons), "rows", desc="bench comm", lines=False)
+            worker_rss: list[list[float]] = []  # each worker's peak so far, after each row
+
+            def row_done(count: int) -> None:
+                bar.update(count)
+                if actors:
+                    worker_rss.append(workers_peak_rss_mb(actors))
+
             rows = measure_rows(
                 ctx, epsilons, delta=delta, calibration=calibration, modes=modes,
                 coordinates=coordinates, table_coordinates=table_coordinates, epochs=epochs,
-                progress=bar.note, on_row=bar.update,
+                progress=bar.note, on_row=row_done,
             )  # fmt: skip
             bar.close()
+            for row, rss in zip(rows, worker_rss, strict=False):
+                row["peak_rss_mb_per_worker"] = rss
         finally:
             for actor in actors:
                 kill_worker(actor)
@@ -846,6 +863,9 @@ def run(
     )
     print(format_table(rows, header), file=out)
     print(_notes(ctx, rows, epochs), file=out)
+    if rows and rows[-1].get("peak_rss_mb_per_worker"):
+        rss = ", ".join(f"{x:.0f}" for x in rows[-1]["peak_rss_mb_per_worker"])
+        print(f"peak RSS per worker after the last row (MB): {rss}", file=out)
     if plot is not None:
         write_plot(rows, Path(plot))
         print(f"plot written to {plot}", file=out)

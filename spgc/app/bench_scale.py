@@ -150,7 +150,7 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
         else:
             lanes_g, lanes_e = _pair_embedded(tls_dir)
         setup_seconds = time.perf_counter() - setup0
-        idle = _peak_rss(actors)
+        idle = workers_peak_rss_mb(actors)
         warm = max(1, d // 4)
         try:
             # Round 1, on a quarter of the coordinates, sets the sessions up (base OTs,
@@ -158,7 +158,7 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
             # steady state that seconds_per_round reports. The workers' peak memory after each
             # gives the working set per coordinate without the fixed costs.
             first_seconds, _ = _one_round(lanes_g, lanes_e, a1[:warm], a2[:warm], sigma)
-            after_warm = _peak_rss(actors)
+            after_warm = workers_peak_rss_mb(actors)
             seconds, (yg, ig, ye, ie, s1, s2) = _one_round(lanes_g, lanes_e, a1, a2, sigma)
         finally:
             for actor in actors:
@@ -303,7 +303,7 @@ def _both(fn_g: Any, fn_e: Any) -> tuple[float, Any, Any]:
     return seconds, box["g"], result_e
 
 
-def _peak_rss(actors: list[Any]) -> list[float]:
+def workers_peak_rss_mb(actors: list[Any]) -> list[float]:
     """Each worker process's peak resident memory so far (MB), in actor order."""
     return [float(x) for x in ray_get([a.peak_rss_mb.remote() for a in actors])] if actors else []
 
