@@ -96,7 +96,13 @@ from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, v
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
 from spgc.wire.errors import ANOTHER_VECTOR, WRONG_RUN, WireError
 from spgc.wire.identity import new_submission_id
-from spgc.wire.messages import read_inline_model, read_model_stream, share_messages
+from spgc.wire.messages import (
+    read_inline_model,
+    read_model_stream,
+    share_encoding_for,
+    share_messages,
+    share_payload,
+)
 from spgc.wire.transport import make_channel
 
 __all__ = [
@@ -187,6 +193,7 @@ class SubmitResult:
     attempts: int
     submission_id: bytes
     how: str  # "receipt", "status" (receipt lost, RoundStatus says accepted), "duplicate"
+    bytes_sent: int = 0  # the share's payload in one attempt (ShareHeader.encoding's bytes)
 
 
 @dataclass
@@ -1211,7 +1218,9 @@ class ProviderClient:
         """Deliver ``vec`` for round ``info.round`` to one server; never another vector.
         ``vector_id``: the same for both halves of one vector (ShareHeader.vector_id)."""
         tc, t = self.training, info.round
-        digest = vector_sha256(vec)
+        encoding = share_encoding_for(tc)  # packed where the server accepts it
+        payload = share_payload(vec, tc.ring_bits, encoding)[0]
+        digest, payload_bytes = vector_sha256(payload), payload.nbytes
         delays = self._backoffs()
         sid = b""
         for attempt in range(1, self.cfg.retries + 1):
@@ -1227,6 +1236,7 @@ class ProviderClient:
                 chunk_bytes=self._chunk_bytes(server),
                 vector_id=vector_id,
                 model_version=info.model_version,
+                encoding=encoding,
             )
             try:
                 receipt = server.stub.SubmitShare(messages, timeout=self.cfg.rpc_timeout)
@@ -1244,7 +1254,7 @@ class ProviderClient:
                         t,
                         exc.details(),
                     )
-                    return SubmitResult(server.name, True, attempt, sid, "duplicate")
+                    return SubmitResult(server.name, True, attempt, sid, "duplicate", payload_bytes)
                 if code not in RETRYABLE:
                     raise RoundFailed(
                         f"{server.name} refused the share for round {t}: {code.name}: "
@@ -1265,7 +1275,7 @@ class ProviderClient:
                     ) from None
                 if status is not None and status.caller_share_accepted:
                     log.info("%s: round %d share was accepted (receipt lost)", server.name, t)
-                    return SubmitResult(server.name, True, attempt, sid, "status")
+                    return SubmitResult(server.name, True, attempt, sid, "status", payload_bytes)
                 if status is not None and status.phase != pb.ROUND_PHASE_COLLECTING:
                     raise RoundFailed(
                         f"{server.name}: round {t} closed ({pb.RoundPhase.Name(status.phase)}) "
@@ -1278,7 +1288,7 @@ class ProviderClient:
                 raise RoundFailed(f"{server.name} sent a receipt for another submission")
             if bytes(receipt.sha256) != digest:
                 raise RoundFailed(f"{server.name} received a share with another SHA-256")
-            return SubmitResult(server.name, True, attempt, sid, "receipt")
+            return SubmitResult(server.name, True, attempt, sid, "receipt", payload_bytes)
         raise RoundFailed(
             f"{server.name}: share for round {t} not delivered after {self.cfg.retries} attempts"
         )

@@ -29,6 +29,7 @@ from spgc.modes import NOISY_MODES, get_mode
 from spgc.noise import noise_bound_units
 from spgc.sharing import max_abs_sum_units, ring_bits_for
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.messages import ACCEPTED_SHARE_ENCODINGS
 
 _CALIBRATIONS = {
     "classic": pb.CALIBRATION_CLASSIC,
@@ -136,6 +137,7 @@ class RunPlan:
             max_batch_size=self.max_batch_size,
             learning_rate=c.lr,
             batches_per_epoch=self.batches_per_epoch,
+            share_encodings=ACCEPTED_SHARE_ENCODINGS,
         )
 
     @property

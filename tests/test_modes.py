@@ -260,6 +260,11 @@ def test_accountants_and_fixed_batches_through_the_daemon(
             for th in threads:
                 th.join(60)
         assert d1.wait(20) and d1.error is None and d1.state.steps == 2
+        # the server offers packed shares: ceil(L / 8) bytes per element, not 8
+        assert pb.SHARE_ENCODING_PACKED in tc.share_encodings
+        width = -(-tc.ring_bits // 8)
+        sent = {r.bytes_sent for c in clients for rep in c.reports for r in rep.results}
+        assert width < 8 and sent == {width * tc.num_parameters}
         assert d1.state.round_info(None, "p1").releases_counted == 2
         if batch_size:
             assert all(r.batch_size == batch_size for c in clients for r in c.reports)

@@ -161,6 +161,7 @@ def test_wire_field_numbers_are_stable() -> None:
         "compute_seconds": 11,
         "vector_id": 12,
         "model_version": 13,
+        "encoding": 14,
     }
     assert numbers(aggregation_pb2.ModelHeader) == {
         "run_id": 1,

@@ -18,7 +18,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from spgc.certs import make_dev_pki
 from spgc.wire import AGGREGATOR_SERVICE, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
-from spgc.wire.chunks import MAX_CHUNK_BYTES, ChunkReassembler, ChunkValidator, iter_vector_chunks
+from spgc.wire.chunks import (
+    MAX_CHUNK_BYTES,
+    ChunkReassembler,
+    ChunkValidator,
+    iter_vector_chunks,
+    pack_elements,
+    packed_width,
+)
 from spgc.wire.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
@@ -30,11 +37,13 @@ from spgc.wire.errors import (
 )
 from spgc.wire.identity import caller_identity, new_submission_id, peer_identity
 from spgc.wire.messages import (
+    ACCEPTED_SHARE_ENCODINGS,
     iter_share_payload,
     model_messages,
     read_model_stream,
     read_share_header,
     read_share_stream,
+    share_encoding_for,
     share_messages,
 )
 from spgc.wire.tls import TlsFiles
@@ -112,16 +121,14 @@ class ToyAggregator(aggregation_pb2_grpc.AggregatorServicer):
             submission_id=header.submission_id,
             provider_id=who,
             num_elements=header.num_elements,
-            sha256=vector_sha256(vec),
+            sha256=header.sha256,  # as the servers do: the payload was checked against it
         )
 
 
 class Served:
     """A started toy server; ``stub(name)`` makes a client with that party's certificate."""
 
-    def __init__(
-        self, pki: Path, insecure: bool = False, dim: int = D, cert: str = "h1"
-    ) -> None:
+    def __init__(self, pki: Path, insecure: bool = False, dim: int = D, cert: str = "h1") -> None:
         self.pki = pki
         self.servicer = ToyAggregator(insecure, dim)
         tls = None if insecure else TlsFiles.from_dir(pki, cert)
@@ -602,6 +609,7 @@ def test_share_messages_reject_reserved_headers() -> None:
 def test_the_aio_pollers_shutdown_race_is_not_printed_as_a_traceback(caplog) -> None:
     """grpc.aio's poller may run once more on a descriptor its stopped server closed: that
     EBADF is dropped; any other loop error is still reported."""
+
     def failing(message: str, errno_value: int, where: str) -> OSError:
         try:  # raised from a "file" of that name, as the poller's Cython source is
             exec(compile(f"raise OSError({errno_value}, {message!r})", where, "exec"))
@@ -622,3 +630,75 @@ def test_the_aio_pollers_shutdown_race_is_not_printed_as_a_traceback(caplog) -> 
             assert len(caplog.records) == 1
     finally:
         thread.close()
+
+
+# ----------------------------------------------------------------------------- packed shares
+
+
+@pytest.mark.parametrize("ring_bits", [2, 8, 9, 16, 20, 33, 63, 64])
+def test_packed_shares_send_ceil_l_over_8_bytes_per_element(ring_bits: int) -> None:
+    n = 10_007
+    rng = np.random.default_rng(ring_bits)  # test data only
+    vec = rng.integers(0, 1 << min(ring_bits, 63), size=n, dtype=np.uint64)
+    if ring_bits == 64:
+        vec[0] = np.uint64(2**64 - 1)  # every bit of the widest element
+    width = packed_width(ring_bits)
+    stream = list(
+        share_messages(
+            vec, run_id=RUN, round_number=0, server_role=1, ring_bits=ring_bits,
+            submission_id=b"x", chunk_bytes=4096,
+            encoding=aggregation_pb2.SHARE_ENCODING_PACKED,
+        )
+    )  # fmt: skip
+    header = stream[0].header
+    sent = b"".join(m.chunk.data for m in stream[1:])
+    assert header.encoding == aggregation_pb2.SHARE_ENCODING_PACKED
+    assert len(sent) == width * n and header.chunk_bytes % width == 0
+    assert header.sha256 == hashlib.sha256(sent).digest()
+    # the low `width` bytes of each little-endian uint64, in order
+    expected = vec.astype("<u8").view(np.uint8).reshape(n, 8)[:, :width].tobytes()
+    assert sent == expected
+    _, back = read_share_stream(iter(stream), num_elements=n, ring_bits=ring_bits)
+    np.testing.assert_array_equal(back, vec)
+    # what a server's intake reads: uint64 values, whatever was sent
+    wide = b"".join(iter_share_payload(iter(stream[1:]), header))
+    np.testing.assert_array_equal(np.frombuffer(wide, dtype="<u8"), vec)
+
+
+def test_packed_share_over_mutual_tls(served: Served) -> None:
+    vec = _share()  # RING = 40: 5 bytes per element, 10 MB against 16 MB
+    # p2: p1's share for the round is in already (the module's server)
+    receipt = _submit(served.stub("p2"), vec, encoding=aggregation_pb2.SHARE_ENCODING_PACKED)
+    np.testing.assert_array_equal(served.servicer.shares[("p2", ROUND)], vec)
+    assert receipt.sha256 == vector_sha256(pack_elements(vec, 5))
+
+
+def test_packed_share_refusals() -> None:
+    ring_bits, n = 20, 100  # 3 bytes per element, the top 4 bits of the third must be 0
+    vec = np.arange(n, dtype=np.uint64)
+    packed = bytearray(pack_elements(vec, 3).tobytes())
+    packed[7 * 3 + 2] |= 0x10  # element 7 gets bit 20
+    header = _header(
+        vec, chunk_bytes=300, ring_bits=ring_bits, chunk_count=1,
+        sha256=hashlib.sha256(bytes(packed)).digest(),
+        encoding=aggregation_pb2.SHARE_ENCODING_PACKED,
+    )  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match=r"element 7 = 1048583 is outside Z_2\^20"):
+        read_share_stream(_raw_stream(header, [(0, bytes(packed))]))
+    with pytest.raises(InvalidArgumentError, match="not a positive multiple of 3"):
+        read_share_header(iter([aggregation_pb2.ShareChunk(header=_header(
+            vec, chunk_bytes=256, ring_bits=ring_bits, chunk_count=2,
+            encoding=aggregation_pb2.SHARE_ENCODING_PACKED,
+        ))]))  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match="unknown share encoding 9"):
+        read_share_header(iter([aggregation_pb2.ShareChunk(header=_header(vec, encoding=9))]))
+    with pytest.raises(ValueError, match="unknown share encoding 9"):
+        next(share_messages(vec, run_id=RUN, round_number=0, server_role=1, ring_bits=20,
+                            submission_id=b"x", encoding=9))  # fmt: skip
+
+
+def test_packed_only_to_a_server_that_lists_it() -> None:
+    old = aggregation_pb2.TrainingConfig()  # a server that predates share_encodings
+    assert share_encoding_for(old) == aggregation_pb2.SHARE_ENCODING_UINT64
+    new = aggregation_pb2.TrainingConfig(share_encodings=ACCEPTED_SHARE_ENCODINGS)
+    assert share_encoding_for(new) == aggregation_pb2.SHARE_ENCODING_PACKED

@@ -372,8 +372,9 @@ def model_rows(
 
 def intake_rows() -> list[dict[str, Any]]:
     """The providers' part of a round, per (d, N providers, link): each server receives one
-    8-byte share per coordinate from each provider (N d 8 bytes on its own ingress link) and
-    spills shares above 64 KiB to disk (the same bytes), before the circuit runs."""
+    8-byte (uint64) share element per coordinate from each provider (N d 8 bytes on its own
+    ingress link; packed shares take ceil(L/8) of the 8) and spills shares above 64 KiB to disk,
+    before the circuit runs."""
     rows = []
     for d in MODEL_DIMS:
         for n in MODEL_PROVIDERS:

@@ -30,6 +30,28 @@ def little_endian(vec: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
 
 
+def packed_width(ring_bits: int) -> int:
+    """Bytes per element of a packed share (SHARE_ENCODING_PACKED): ceil(L / 8)."""
+    if not 1 <= ring_bits <= 64:
+        raise ValueError(f"ring_bits={ring_bits} is not in 1..64")
+    return (ring_bits + 7) // 8
+
+
+def pack_elements(values: np.ndarray, width: int) -> np.ndarray:
+    """The low ``width`` little-endian bytes of each uint64 (as one flat uint8 array)."""
+    arr = np.ascontiguousarray(values, dtype="<u8")
+    return np.ascontiguousarray(arr.view(np.uint8).reshape(-1, 8)[:, :width]).reshape(-1)
+
+
+def widen_elements(data: bytes, width: int) -> np.ndarray:
+    """The inverse of :func:`pack_elements`: ``width``-byte little-endian elements as uint64."""
+    if len(data) % width:
+        raise ValueError(f"{len(data)} bytes are not a whole number of {width}-byte elements")
+    wide = np.zeros((len(data) // width, 8), dtype=np.uint8)
+    wide[:, :width] = np.frombuffer(data, dtype=np.uint8).reshape(-1, width)
+    return wide.reshape(-1).view("<u8")
+
+
 def check_send_chunk_bytes(chunk_bytes: int, itemsize: int) -> None:
     if not 0 < chunk_bytes <= MAX_CHUNK_BYTES or chunk_bytes % itemsize:
         raise ValueError(
@@ -119,6 +141,12 @@ class ChunkValidator:
         self.received_bytes = 0
         self.finished = False
 
+    def elements(self, data: bytes) -> np.ndarray:
+        """A checked chunk's elements as little-endian uint64 (packed ones widened)."""
+        if self.itemsize == 8:
+            return np.frombuffer(data, dtype="<u8")
+        return widen_elements(data, self.itemsize)
+
     def expected_length(self, index: int) -> int:
         """Payload bytes chunk ``index`` must carry."""
         if index < self.chunk_count - 1:
@@ -149,11 +177,11 @@ class ChunkValidator:
                 f"({self.num_elements:,} values in chunks of {self.chunk_bytes:,} bytes)"
             )
         if self.ring_bits is not None and self.ring_bits < 64:
-            values = np.frombuffer(data, dtype="<u8")
+            values = self.elements(data)
             high = values >> np.uint64(self.ring_bits)
             if high.any():
                 pos = int(np.flatnonzero(high)[0])
-                element = index * (self.chunk_bytes // 8) + pos
+                element = index * (self.chunk_bytes // self.itemsize) + pos
                 raise InvalidArgumentError(
                     f"element {element:,} = {int(values[pos])} is outside Z_2^{self.ring_bits}"
                 )
@@ -190,6 +218,7 @@ class ChunkReassembler(ChunkValidator):
         chunk_count: int | None = None,
         *,
         dtype: np.dtype | type = np.uint64,
+        itemsize: int = 8,
         max_chunk_bytes: int = MAX_CHUNK_BYTES,
         max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
         sha256: bytes | None = None,
@@ -200,11 +229,13 @@ class ChunkReassembler(ChunkValidator):
             raise ValueError(f"dtype must be uint64 or float64, not {dt}")
         if ring_bits is not None and dt.kind != "u":
             raise ValueError("ring_bits applies to uint64 vectors only")
+        if itemsize != 8 and dt.kind != "u":
+            raise ValueError("packed elements (itemsize < 8) are uint64 shares only")
         super().__init__(
             num_elements,
             chunk_bytes,
             chunk_count,
-            itemsize=8,
+            itemsize=itemsize,
             max_chunk_bytes=max_chunk_bytes,
             max_total_bytes=max_total_bytes,
             sha256=sha256,
@@ -214,10 +245,11 @@ class ChunkReassembler(ChunkValidator):
         self._bytes = memoryview(self._array).cast("B")
 
     def add(self, index: int, data: bytes) -> None:
-        """Validate the next chunk and store it."""
+        """Validate the next chunk and store it (packed elements widened to 8 bytes)."""
         self.check(index, data)
-        start = index * self.chunk_bytes
-        self._bytes[start : start + len(data)] = data
+        start = index * (self.chunk_bytes // self.itemsize) * 8
+        wide = data if self.itemsize == 8 else self.elements(data).tobytes()
+        self._bytes[start : start + len(wide)] = wide
 
     def finish(self) -> np.ndarray:  # type: ignore[override]
         """The complete vector (raises like :meth:`ChunkValidator.finish`)."""

@@ -24,14 +24,17 @@ _SEED_DOMAIN = b"spgc.v1.seed-commitment\x00"
 def vector_sha256(vec: np.ndarray) -> bytes:
     """SHA-256 of a 1-D vector's little-endian bytes (ModelHeader.sha256, ShareHeader.sha256).
 
-    ``vec`` must be uint64 (shares) or float64 (models); other dtypes raise ValueError so that a
-    float32 model is never hashed in a form the other side does not use.
+    ``vec`` must be uint64 (shares), uint8 (a packed share's bytes) or float64 (models); other
+    dtypes raise ValueError so that a float32 model is never hashed in a form the other side
+    does not use.
     """
     arr = np.asarray(vec)
     if arr.ndim != 1:
         raise ValueError(f"expected a 1-D vector, got shape {arr.shape}")
-    if arr.dtype.kind not in "uf" or arr.dtype.itemsize != 8:
-        raise ValueError(f"expected uint64 or float64 values, got {arr.dtype}")
+    if arr.dtype not in (np.dtype(np.uint8),) and (
+        arr.dtype.kind not in "uf" or arr.dtype.itemsize != 8
+    ):
+        raise ValueError(f"expected uint64, uint8 or float64 values, got {arr.dtype}")
     le = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
     return hashlib.sha256(np.ascontiguousarray(le).data).digest()
 

@@ -24,6 +24,8 @@ from spgc.wire.chunks import (
     chunk_count,
     iter_vector_chunks,
     little_endian,
+    pack_elements,
+    packed_width,
 )
 from spgc.wire.digests import vector_sha256
 from spgc.wire.errors import FailedPreconditionError, InvalidArgumentError
@@ -62,6 +64,40 @@ def _chunks_of(messages: Iterator[Any], what: str) -> Iterator[tuple[int, bytes]
         yield _chunk_of(msg, what)
 
 
+# A share's elements as 8-byte uint64 values: UNSPECIFIED is what clients before the field send.
+UINT64_ENCODINGS = (
+    aggregation_pb2.SHARE_ENCODING_UNSPECIFIED,
+    aggregation_pb2.SHARE_ENCODING_UINT64,
+)
+
+
+# What this version's servers accept (TrainingConfig.share_encodings).
+ACCEPTED_SHARE_ENCODINGS = (
+    aggregation_pb2.SHARE_ENCODING_UINT64,
+    aggregation_pb2.SHARE_ENCODING_PACKED,
+)
+
+
+def share_encoding_for(config: aggregation_pb2.TrainingConfig) -> int:
+    """The encoding to send a server that announced ``config``: packed where it accepts it."""
+    if aggregation_pb2.SHARE_ENCODING_PACKED in config.share_encodings:
+        return aggregation_pb2.SHARE_ENCODING_PACKED
+    return aggregation_pb2.SHARE_ENCODING_UINT64
+
+
+def share_payload(vec: np.ndarray, ring_bits: int, encoding: int) -> tuple[np.ndarray, int]:
+    """(the share's elements as sent, bytes per element): the little-endian uint64 values, or
+    their low ceil(ring_bits / 8) bytes each (SHARE_ENCODING_PACKED, a flat uint8 array).
+    ShareHeader.sha256 is the SHA-256 of the first."""
+    arr = little_endian(vec)
+    if encoding == aggregation_pb2.SHARE_ENCODING_PACKED:
+        width = packed_width(ring_bits)
+        return pack_elements(arr, width), width
+    if encoding in UINT64_ENCODINGS:
+        return arr, 8
+    raise ValueError(f"unknown share encoding {encoding}")
+
+
 def share_messages(
     vec: np.ndarray,
     *,
@@ -75,14 +111,17 @@ def share_messages(
     compute_seconds: float = 0.0,
     vector_id: bytes = b"",
     model_version: int | None = None,
+    encoding: int = aggregation_pb2.SHARE_ENCODING_UINT64,
 ) -> Iterator[aggregation_pb2.ShareChunk]:
     """The SubmitShare request stream for a share vector (uint64, values < 2^ring_bits).
 
     ``server_role``: the ServerRole the share is for. ``provider_id`` only matters to a server
     running with --insecure. ``vector_id``: the same in both halves of one shared vector (the
     servers leave a provider out whose halves differ). ``model_version``: the version the
-    gradient was computed on (the server refuses a share of another). ValueError for a vector
-    that is not a valid share.
+    gradient was computed on (the server refuses a share of another). ``encoding``:
+    SHARE_ENCODING_PACKED sends ceil(ring_bits / 8) bytes per element, to a server that lists it
+    in TrainingConfig.share_encodings (``chunk_bytes`` is then rounded down to a multiple of
+    that width). ValueError for a vector that is not a valid share.
     """
     arr = little_endian(vec)
     if arr.dtype.kind != "u" or arr.dtype.itemsize != 8:
@@ -95,7 +134,9 @@ def share_messages(
         raise ValueError(f"submission_id must be 1..{MAX_SUBMISSION_ID_BYTES} bytes")
     if len(vector_id) > MAX_SUBMISSION_ID_BYTES:
         raise ValueError(f"vector_id must be 0..{MAX_SUBMISSION_ID_BYTES} bytes")
-    check_send_chunk_bytes(chunk_bytes, 8)
+    payload, width = share_payload(arr, ring_bits, encoding)
+    chunk_bytes -= chunk_bytes % width
+    check_send_chunk_bytes(chunk_bytes, width)
     header = aggregation_pb2.ShareHeader(
         run_id=run_id,
         round=round_number,
@@ -103,18 +144,29 @@ def share_messages(
         num_elements=len(arr),
         ring_bits=ring_bits,
         chunk_bytes=chunk_bytes,
-        chunk_count=chunk_count(arr.nbytes, chunk_bytes),
+        chunk_count=chunk_count(payload.nbytes, chunk_bytes),
         submission_id=submission_id,
-        sha256=vector_sha256(arr),
+        sha256=vector_sha256(payload),
         provider_id=provider_id,
         compute_seconds=compute_seconds,
         vector_id=vector_id,
+        encoding=encoding,
     )
     if model_version is not None:
         header.model_version = model_version
     yield aggregation_pb2.ShareChunk(header=header)
-    for i, data in enumerate(iter_vector_chunks(arr, chunk_bytes)):
+    for i, data in enumerate(iter_vector_chunks(payload, chunk_bytes)):
         yield aggregation_pb2.ShareChunk(chunk=aggregation_pb2.VectorChunk(index=i, data=data))
+
+
+def share_element_width(header: aggregation_pb2.ShareHeader) -> int:
+    """Bytes per element of the share the header announces (8, or packed ceil(L / 8));
+    InvalidArgumentError for an encoding this version does not know."""
+    if header.encoding in UINT64_ENCODINGS:
+        return 8
+    if header.encoding == aggregation_pb2.SHARE_ENCODING_PACKED:
+        return packed_width(header.ring_bits)  # ring_bits is checked against its bounds first
+    raise InvalidArgumentError(f"unknown share encoding {header.encoding}")
 
 
 def _share_validator(
@@ -128,6 +180,7 @@ def _share_validator(
         header.num_elements,
         header.chunk_bytes,
         header.chunk_count,
+        itemsize=share_element_width(header),
         max_chunk_bytes=max_chunk_bytes,
         max_total_bytes=max_total_bytes,
         sha256=header.sha256,
@@ -182,6 +235,11 @@ def read_share_header(
     return header
 
 
+def _as_uint64_bytes(validator: ChunkValidator, data: bytes) -> bytes:
+    """A checked chunk as little-endian uint64 values, whatever its encoding."""
+    return data if validator.itemsize == 8 else validator.elements(data).tobytes()
+
+
 def iter_share_payload(
     messages: Iterator[aggregation_pb2.ShareChunk],
     header: aggregation_pb2.ShareHeader,
@@ -189,7 +247,8 @@ def iter_share_payload(
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
     max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
 ) -> Iterator[bytes]:
-    """The validated chunk payloads of a share stream whose header was read already.
+    """The validated chunk payloads of a share stream whose header was read already, as
+    little-endian uint64 values whatever the encoding (packed elements widened).
 
     Streams (memory O(chunk)): each chunk is yielded once checked (order, length, ring range);
     after the last one the count and SHA-256 are checked, so a consumer must treat the data as
@@ -197,7 +256,7 @@ def iter_share_payload(
     """
     validator = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
     for index, data in _chunks_of(messages, "share"):
-        yield validator.check(index, data)
+        yield _as_uint64_bytes(validator, validator.check(index, data))
     validator.finish()
 
 
@@ -211,7 +270,7 @@ async def aiter_share_payload(
     """:func:`iter_share_payload` of an asyncio server's request stream."""
     validator = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
     async for msg in messages:
-        yield validator.check(*_chunk_of(msg, "share"))
+        yield _as_uint64_bytes(validator, validator.check(*_chunk_of(msg, "share")))
     validator.finish()
 
 

@@ -48,6 +48,12 @@ class SharingRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHARING_RULE_UNSPECIFIED: _ClassVar[SharingRule]
     SHARING_RULE_DIFFERENCE_MOD_2L: _ClassVar[SharingRule]
 
+class ShareEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARE_ENCODING_UNSPECIFIED: _ClassVar[ShareEncoding]
+    SHARE_ENCODING_UINT64: _ClassVar[ShareEncoding]
+    SHARE_ENCODING_PACKED: _ClassVar[ShareEncoding]
+
 class Calibration(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CALIBRATION_UNSPECIFIED: _ClassVar[Calibration]
@@ -85,6 +91,9 @@ ROUNDING_STOCHASTIC: Rounding
 ROUNDING_NEAREST: Rounding
 SHARING_RULE_UNSPECIFIED: SharingRule
 SHARING_RULE_DIFFERENCE_MOD_2L: SharingRule
+SHARE_ENCODING_UNSPECIFIED: ShareEncoding
+SHARE_ENCODING_UINT64: ShareEncoding
+SHARE_ENCODING_PACKED: ShareEncoding
 CALIBRATION_UNSPECIFIED: Calibration
 CALIBRATION_CLASSIC: Calibration
 CALIBRATION_ANALYTIC: Calibration
@@ -99,7 +108,7 @@ ROUND_PHASE_FINISHED: RoundPhase
 ROUND_PHASE_WAITING_FOR_PEER: RoundPhase
 
 class TrainingConfig(_message.Message):
-    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch")
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +137,7 @@ class TrainingConfig(_message.Message):
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     BATCHES_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SHARE_ENCODINGS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     mode: Mode
     dataset: str
@@ -156,7 +166,8 @@ class TrainingConfig(_message.Message):
     max_batch_size: int
     learning_rate: float
     batches_per_epoch: int
-    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ...) -> None: ...
+    share_encodings: _containers.RepeatedScalarFieldContainer[ShareEncoding]
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
     __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version", "model_parameters", "failure", "caller_left_out", "releases_counted")
@@ -277,7 +288,7 @@ class ModelChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ...) -> None: ...
 
 class ShareHeader(_message.Message):
-    __slots__ = ("run_id", "round", "server_role", "num_elements", "ring_bits", "chunk_bytes", "chunk_count", "submission_id", "sha256", "provider_id", "compute_seconds", "vector_id", "model_version")
+    __slots__ = ("run_id", "round", "server_role", "num_elements", "ring_bits", "chunk_bytes", "chunk_count", "submission_id", "sha256", "provider_id", "compute_seconds", "vector_id", "model_version", "encoding")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SERVER_ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +302,7 @@ class ShareHeader(_message.Message):
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     VECTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     server_role: ServerRole
@@ -304,7 +316,8 @@ class ShareHeader(_message.Message):
     compute_seconds: float
     vector_id: bytes
     model_version: int
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., server_role: _Optional[_Union[ServerRole, str]] = ..., num_elements: _Optional[int] = ..., ring_bits: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., sha256: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., vector_id: _Optional[bytes] = ..., model_version: _Optional[int] = ...) -> None: ...
+    encoding: ShareEncoding
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., server_role: _Optional[_Union[ServerRole, str]] = ..., num_elements: _Optional[int] = ..., ring_bits: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., sha256: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., vector_id: _Optional[bytes] = ..., model_version: _Optional[int] = ..., encoding: _Optional[_Union[ShareEncoding, str]] = ...) -> None: ...
 
 class ShareChunk(_message.Message):
     __slots__ = ("header", "chunk")
