@@ -44,8 +44,13 @@ class CheckpointError(ValueError):
 
 
 def config_digest(config: pb.TrainingConfig) -> str:
-    """SHA-256 of the TrainingConfig (deterministic serialisation): what must not change."""
-    return hashlib.sha256(config.SerializeToString(deterministic=True)).hexdigest()
+    """SHA-256 of the TrainingConfig (deterministic serialisation): what must not change.
+    The share encodings a server accepts are how shares travel, not the plan: left out, so a
+    run keeps its digest (and resumes) across versions that accept more of them."""
+    plan = pb.TrainingConfig()
+    plan.CopyFrom(config)
+    plan.ClearField("share_encodings")
+    return hashlib.sha256(plan.SerializeToString(deterministic=True)).hexdigest()
 
 
 def save_checkpoint(

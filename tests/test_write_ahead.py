@@ -31,7 +31,7 @@ from spgc.ledger import compare_ledgers, read_ledger_lines, verify_ledger
 from spgc.plan import make_plan
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.servers import coordinator
-from spgc.servers.checkpoint import CheckpointError
+from spgc.servers.checkpoint import CheckpointError, config_digest
 from spgc.servers.daemon import ServerDaemon
 from spgc.servers.intake import ShareIntake
 from spgc.servers.state import BudgetExceededError, ServerState
@@ -403,3 +403,16 @@ def test_no_release_is_recorded_past_the_budget(tmp_path: Path) -> None:
         state.record_release(allowed, providers=1)
     assert state.releases == allowed and state.epsilon() <= cfg.target_epsilon
     assert state.ledger is not None and len(state.ledger.lines) == allowed + 1  # header + entries
+
+
+def test_the_plan_digest_leaves_out_how_shares_may_travel() -> None:
+    # A run begun by a version that accepted fewer share encodings resumes under this one.
+    plan = pb.TrainingConfig(run_id="r", num_parameters=62, ring_bits=16)
+    offered = pb.TrainingConfig()
+    offered.CopyFrom(plan)
+    offered.share_encodings.extend([pb.SHARE_ENCODING_UINT64, pb.SHARE_ENCODING_PACKED])
+    assert config_digest(offered) == config_digest(plan)
+    other = pb.TrainingConfig()
+    other.CopyFrom(plan)
+    other.ring_bits = 17  # the plan itself: a different digest
+    assert config_digest(other) != config_digest(plan)
