@@ -692,6 +692,9 @@ def test_packed_share_refusals() -> None:
         ))]))  # fmt: skip
     with pytest.raises(InvalidArgumentError, match="unknown share encoding 9"):
         read_share_header(iter([aggregation_pb2.ShareChunk(header=_header(vec, encoding=9))]))
+    with pytest.raises(ValueError, match="chunk_bytes=1001 must be a positive multiple of 8"):
+        next(share_messages(vec, run_id=RUN, round_number=0, server_role=1, ring_bits=20,
+                            submission_id=b"x", chunk_bytes=1001))  # fmt: skip
     with pytest.raises(ValueError, match="unknown share encoding 9"):
         next(share_messages(vec, run_id=RUN, round_number=0, server_role=1, ring_bits=20,
                             submission_id=b"x", encoding=9))  # fmt: skip
