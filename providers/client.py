@@ -1237,6 +1237,7 @@ class ProviderClient:
                 vector_id=vector_id,
                 model_version=info.model_version,
                 encoding=encoding,
+                sha256=digest,  # hashed once for every attempt and the receipt's check
             )
             try:
                 receipt = server.stub.SubmitShare(messages, timeout=self.cfg.rpc_timeout)

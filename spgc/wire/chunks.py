@@ -155,6 +155,19 @@ class ChunkValidator:
 
     def check(self, index: int, data: bytes) -> bytes:
         """Validate the next chunk; returns ``data`` (for streaming it on)."""
+        self._check(index, data)
+        return data
+
+    def check_as_uint64(self, index: int, data: bytes) -> bytes:
+        """Validate the next chunk; returns it as little-endian uint64 values (packed elements
+        widened, once: the range check's widening is reused)."""
+        values = self._check(index, data)
+        if self.itemsize == 8:
+            return data
+        return (values if values is not None else self.elements(data)).tobytes()
+
+    def _check(self, index: int, data: bytes) -> np.ndarray | None:
+        """The checks of :meth:`check`; returns the elements when the range check read them."""
         if self.finished:
             raise InvalidArgumentError("chunk after the end of the stream")
         if index >= self.chunk_count:
@@ -176,6 +189,7 @@ class ChunkValidator:
                 f"chunk {index} has {n:,} bytes; expected {want:,} "
                 f"({self.num_elements:,} values in chunks of {self.chunk_bytes:,} bytes)"
             )
+        values = None
         if self.ring_bits is not None and self.ring_bits < 64:
             values = self.elements(data)
             high = values >> np.uint64(self.ring_bits)
@@ -188,7 +202,7 @@ class ChunkValidator:
         self._hash.update(data)
         self.next_index += 1
         self.received_bytes += n
-        return data
+        return values
 
     def finish(self) -> bytes:
         """Check that the stream is complete (and the hash, if announced); returns the SHA-256."""
@@ -246,9 +260,8 @@ class ChunkReassembler(ChunkValidator):
 
     def add(self, index: int, data: bytes) -> None:
         """Validate the next chunk and store it (packed elements widened to 8 bytes)."""
-        self.check(index, data)
+        wide = self.check_as_uint64(index, data)
         start = index * (self.chunk_bytes // self.itemsize) * 8
-        wide = data if self.itemsize == 8 else self.elements(data).tobytes()
         self._bytes[start : start + len(wide)] = wide
 
     def finish(self) -> np.ndarray:  # type: ignore[override]

@@ -31,9 +31,7 @@ def vector_sha256(vec: np.ndarray) -> bytes:
     arr = np.asarray(vec)
     if arr.ndim != 1:
         raise ValueError(f"expected a 1-D vector, got shape {arr.shape}")
-    if arr.dtype not in (np.dtype(np.uint8),) and (
-        arr.dtype.kind not in "uf" or arr.dtype.itemsize != 8
-    ):
+    if arr.dtype != np.uint8 and (arr.dtype.kind not in "uf" or arr.dtype.itemsize != 8):
         raise ValueError(f"expected uint64, uint8 or float64 values, got {arr.dtype}")
     le = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
     return hashlib.sha256(np.ascontiguousarray(le).data).digest()

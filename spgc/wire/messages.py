@@ -112,6 +112,7 @@ def share_messages(
     vector_id: bytes = b"",
     model_version: int | None = None,
     encoding: int = aggregation_pb2.SHARE_ENCODING_UINT64,
+    sha256: bytes | None = None,
 ) -> Iterator[aggregation_pb2.ShareChunk]:
     """The SubmitShare request stream for a share vector (uint64, values < 2^ring_bits).
 
@@ -121,7 +122,8 @@ def share_messages(
     gradient was computed on (the server refuses a share of another). ``encoding``:
     SHARE_ENCODING_PACKED sends ceil(ring_bits / 8) bytes per element, to a server that lists it
     in TrainingConfig.share_encodings (``chunk_bytes`` is then rounded down to a multiple of
-    that width). ValueError for a vector that is not a valid share.
+    that width). ``sha256``: the hash of :func:`share_payload` when the caller has it already
+    (it is recomputed otherwise). ValueError for a vector that is not a valid share.
     """
     arr = little_endian(vec)
     if arr.dtype.kind != "u" or arr.dtype.itemsize != 8:
@@ -147,7 +149,7 @@ def share_messages(
         chunk_bytes=chunk_bytes,
         chunk_count=chunk_count(payload.nbytes, chunk_bytes),
         submission_id=submission_id,
-        sha256=vector_sha256(payload),
+        sha256=sha256 if sha256 is not None else vector_sha256(payload),
         provider_id=provider_id,
         compute_seconds=compute_seconds,
         vector_id=vector_id,
@@ -236,11 +238,6 @@ def read_share_header(
     return header
 
 
-def _as_uint64_bytes(validator: ChunkValidator, data: bytes) -> bytes:
-    """A checked chunk as little-endian uint64 values, whatever its encoding."""
-    return data if validator.itemsize == 8 else validator.elements(data).tobytes()
-
-
 def iter_share_payload(
     messages: Iterator[aggregation_pb2.ShareChunk],
     header: aggregation_pb2.ShareHeader,
@@ -257,7 +254,7 @@ def iter_share_payload(
     """
     validator = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
     for index, data in _chunks_of(messages, "share"):
-        yield _as_uint64_bytes(validator, validator.check(index, data))
+        yield validator.check_as_uint64(index, data)
     validator.finish()
 
 
@@ -271,7 +268,7 @@ async def aiter_share_payload(
     """:func:`iter_share_payload` of an asyncio server's request stream."""
     validator = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
     async for msg in messages:
-        yield _as_uint64_bytes(validator, validator.check(*_chunk_of(msg, "share")))
+        yield validator.check_as_uint64(*_chunk_of(msg, "share"))
     validator.finish()
 
 
