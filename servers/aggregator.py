@@ -45,6 +45,8 @@ from spgc.wire.messages import (
     inline_model,
     model_messages,
     read_share_header,
+    share_element_width,
+    share_encoding_name,
 )
 from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, MalformedRequest
 
@@ -259,7 +261,12 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             await self._off_loop(submission.commit)
         finally:
             submission.discard()
-        self.state.note_accepted(header.round, who)  # compute_seconds: reserved, ignored
+        self.state.note_accepted(  # compute_seconds: reserved, ignored
+            header.round,
+            who,
+            share_encoding_name(header),
+            header.num_elements * share_element_width(header),
+        )
         receipt = pb.SubmitReceipt(
             run_id=header.run_id,
             round=header.round,

@@ -464,6 +464,7 @@ class ServerDaemon:
             identity={"role": cfg.role_name, "mode": cfg.mode, "version": __version__},
         )
         state.add_round_observer(self.metrics.observe_round)
+        state.add_share_observer(self.metrics.share_accepted)
         self.audit.add_listener(self.metrics.on_audit)
         self.metrics_server = MetricsServer(
             self.metrics, self.readiness_problem, cfg.metrics_host, cfg.metrics_port or 0

@@ -16,7 +16,10 @@ noise exchange in dng and preprocessed), ``providers_in_round`` (the last round'
 them or held a half of another vector), ``requests_refused_total{reason}`` (every refusal of
 a provider call or share, or of a Peer call from anyone but the other server, by gRPC status
 name),
-``peer_bytes_total{direction}`` (the data link, sent/received), ``epsilon_spent`` and
+``peer_bytes_total{direction}`` (the data link, sent/received),
+``shares_accepted_total{encoding}`` and ``share_bytes_received_total{encoding}`` (provider
+shares accepted into a round and the bytes of their elements, uint64 or packed: the intake's
+traffic, framing aside), ``epsilon_spent`` and
 ``epsilon_budget``, ``noise_pool_samples`` (preprocessed mode), ``test_accuracy`` and
 ``test_loss`` (where the server evaluates), ``ready`` (1 when /readyz says ready),
 ``rounds_skipped_total`` (rounds ended without a release: too few providers, a lost peer),
@@ -67,6 +70,8 @@ COMMON_REFUSALS = (
     "UNAUTHENTICATED", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT",
     "FAILED_PRECONDITION", "ALREADY_EXISTS",
 )  # fmt: skip
+#: Share encodings (spgc.wire.messages.share_encoding_name) whose series exist from the start.
+SHARE_ENCODINGS = ("uint64", "packed")
 #: Audit events that are a refused provider request (servers/audit.py).
 REFUSAL_EVENTS = frozenset({"refused", "share_refused"})
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -122,6 +127,18 @@ class ServerMetrics:
         )  # fmt: skip
         for direction in ("sent", "received"):
             self.peer_bytes.labels(direction)
+        self.shares_accepted = Counter(
+            "spgc_shares_accepted", "Provider shares accepted into a round, by encoding",
+            ["encoding"], registry=r,
+        )  # fmt: skip
+        self.share_bytes = Counter(
+            "spgc_share_bytes_received",
+            "Bytes of accepted provider shares' elements (the intake's payload), by encoding",
+            ["encoding"], registry=r,
+        )  # fmt: skip
+        for encoding in SHARE_ENCODINGS:
+            self.shares_accepted.labels(encoding)
+            self.share_bytes.labels(encoding)
         self.epsilon_spent = Gauge(
             "spgc_epsilon_spent", "Privacy spent so far (epsilon at the run's delta)", registry=r
         )
@@ -193,6 +210,11 @@ class ServerMetrics:
             self.test_accuracy.set(rec.test_accuracy)
         if rec.test_loss is not None:
             self.test_loss.set(rec.test_loss)
+
+    def share_accepted(self, encoding: str, payload_bytes: int) -> None:
+        """One provider share in a round (a state share observer)."""
+        self.shares_accepted.labels(encoding).inc()
+        self.share_bytes.labels(encoding).inc(payload_bytes)
 
     def refused(self, reason: str) -> None:
         self.requests_refused.labels(reason).inc()

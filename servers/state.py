@@ -146,6 +146,7 @@ class ServerState:
         # training ends, or the peer comes and goes: not on every accepted share.
         self._round_listeners: list[Callable[[], None]] = []
         self._round_observers: list[Callable[[RoundRecord], None]] = []
+        self._share_observers: list[Callable[[str, int], None]] = []
         self._intake_closed = 0.0  # perf_counter when the current round's intake closed
         self.allowed_providers = frozenset(plan.cfg.providers)
         self.run_id = ""
@@ -649,12 +650,24 @@ class ServerState:
                 self.record_release(t, providers=len(self.plan.cfg.providers))
                 self._ldp_counted.add(t)
 
-    def note_accepted(self, t: int, provider: str) -> None:
-        """A share (or, in ldp, a noisy vector) of ``provider`` is in round t's sum."""
+    def note_accepted(
+        self, t: int, provider: str, encoding: str = "uint64", payload_bytes: int = 0
+    ) -> None:
+        """A share (or, in ldp, a noisy vector) of ``provider`` is in round t's sum; it came
+        as ``payload_bytes`` bytes of elements in ``encoding`` (the share observers' figures)."""
         with self.cond:
             self.accepted.setdefault(t, set()).add(provider)
             self.cond.notify_all()
+        for observer in self._share_observers:
+            try:
+                observer(encoding, payload_bytes)
+            except Exception as exc:  # a metrics failure must never refuse a share
+                log.warning("share observer failed: %s", exc)
         fault_point("during-intake", t)
+
+    def add_share_observer(self, observer: Callable[[str, int], None]) -> None:
+        """``observer(encoding, payload_bytes)`` runs once per accepted share (metrics)."""
+        self._share_observers.append(observer)
 
     def intake_complete(self, t: int) -> bool:
         """The deadline passed or every allowed provider's share is in."""

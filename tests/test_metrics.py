@@ -18,9 +18,10 @@ from test_server_daemon import PROVIDERS, Provider, bind_pair, wait_round_done
 
 from spgc import __version__
 from spgc.certs import make_dev_pki
-from spgc.servers.metrics import ServerMetrics
+from spgc.servers.metrics import SHARE_ENCODINGS, ServerMetrics
 from spgc.servers.state import RoundRecord
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.chunks import packed_width
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import make_channel
 
@@ -92,7 +93,7 @@ def test_metrics_readiness_and_counters_over_two_rounds(pki: Path, tmp_path: Pat
         wait_round_done((d1, d2), 0, timeout=50)
         cfg = providers[0].wait_collecting(1)
         providers[0].submit_both(cfg, 1, vec)
-        providers[1].submit_both(cfg, 1, vec)
+        providers[1].submit_both(cfg, 1, vec, encoding=pb.SHARE_ENCODING_PACKED)
         providers[2].submit_both(cfg, 1, vec, roles=(1,))  # H2 never gets it: dropped
         assert d1.wait(40) and d2.wait(40)
         assert d1.error is None and d2.error is None
@@ -119,6 +120,19 @@ def test_metrics_readiness_and_counters_over_two_rounds(pki: Path, tmp_path: Pat
         assert m1[("spgc_providers_dropped_total", ())] == 1  # p3's share reached H1 only
         assert m2[("spgc_providers_dropped_total", ())] == 0
         assert m1[("spgc_requests_refused_total", (("reason", "PERMISSION_DENIED"),))] == 1
+        # Shares in: H1 got 5 as uint64 (p3's dropped one too) and 1 packed, H2 4 and 1.
+        width = packed_width(cfg.ring_bits)
+        for m, uint64_shares in ((m1, 5), (m2, 4)):
+            counts = {
+                e: m[("spgc_shares_accepted_total", (("encoding", e),))] for e in SHARE_ENCODINGS
+            }
+            assert counts == {"uint64": uint64_shares, "packed": 1}
+            assert m[("spgc_share_bytes_received_total", (("encoding", "uint64"),))] == (
+                uint64_shares * 8 * cfg.num_parameters
+            )
+            assert m[("spgc_share_bytes_received_total", (("encoding", "packed"),))] == (
+                width * cfg.num_parameters
+            )
         assert m1[("spgc_epsilon_spent", ())] == pytest.approx(d1.state.epsilon())
 
         # The same rounds as TensorBoard curves, one run per server.

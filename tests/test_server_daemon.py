@@ -120,7 +120,10 @@ class Provider:
     def fetch(self, role: int) -> tuple[pb.ModelHeader, np.ndarray]:
         return read_model_stream(self.stubs[role].FetchModel(pb.ModelRequest(), timeout=10))
 
-    def submit(self, role, cfg, t, vec, *, sid=None, rnd=None, vector_id=b"", model_version=None):
+    def submit(
+        self, role, cfg, t, vec, *, sid=None, rnd=None, vector_id=b"", model_version=None,
+        encoding=pb.SHARE_ENCODING_UINT64,
+    ):  # fmt: skip
         msgs = share_messages(
             vec,
             run_id=cfg.run_id,
@@ -131,15 +134,16 @@ class Provider:
             chunk_bytes=256,
             vector_id=vector_id,
             model_version=model_version,
+            encoding=encoding,
         )
         return self.stubs[role].SubmitShare(msgs, timeout=10)
 
-    def submit_both(self, cfg, t, values, roles=(1, 2)):
+    def submit_both(self, cfg, t, values, roles=(1, 2), encoding=pb.SHARE_ENCODING_UINT64):
         a1, a2 = share(values, cfg.ring_bits)
         vector_id = new_submission_id()
         for role, part in ((1, a1), (2, a2)):
             if role in roles:
-                self.submit(role, cfg, t, part, vector_id=vector_id)
+                self.submit(role, cfg, t, part, vector_id=vector_id, encoding=encoding)
 
     def close(self):
         for ch in self.channels:

@@ -172,6 +172,12 @@ def share_element_width(header: aggregation_pb2.ShareHeader) -> int:
     raise InvalidArgumentError(f"unknown share encoding {header.encoding}")
 
 
+def share_encoding_name(header: aggregation_pb2.ShareHeader) -> str:
+    """The encoding the header announces, as metrics and logs name it: ``uint64`` (unset
+    included) or ``packed``."""
+    return "packed" if header.encoding == aggregation_pb2.SHARE_ENCODING_PACKED else "uint64"
+
+
 def _share_validator(
     header: aggregation_pb2.ShareHeader,
     max_chunk_bytes: int,
