@@ -144,6 +144,11 @@ def test_key_path_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
             [],
             r"ray_address: .*'head' is not host:port, ray://host:port, auto or empty",
         ),
+        (
+            "insecure: true\nproviders: [a, b]\nray_address: 'ray://head:0'\n",
+            [],
+            r"ray_address: .*'ray://head:0': a Ray cluster's port cannot be 0",
+        ),
     ],
 )
 def test_errors_name_file_key_value_and_what_is_allowed(

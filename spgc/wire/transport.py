@@ -67,11 +67,14 @@ def ray_cluster_endpoint(address: str) -> tuple[str, int] | None:
     if address in ("", "local", "auto"):
         return None
     try:
-        return split_host_port(address.removeprefix("ray://"))
+        host, port = split_host_port(address.removeprefix("ray://"))
     except ValueError:
         raise ValueError(
             f"{address[:64]!r} is not host:port, ray://host:port, auto or empty"
         ) from None
+    if port == 0:  # "any free port" means nothing for a cluster that already listens
+        raise ValueError(f"{address[:64]!r}: a Ray cluster's port cannot be 0")
+    return host, port
 
 
 def join_host_port(host: str, port: int) -> str:
