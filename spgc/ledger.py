@@ -589,10 +589,10 @@ def _one_more(longer: list[Any], shorter: list[Any]) -> bool:
 def compare_ledgers(first: list[bytes], second: list[bytes]) -> None:
     """Check the two servers' ledgers of one run against each other (each already verified
     alone: :func:`verify_ledger`): one run and plan, each naming the other's key, and the same
-    releases, in order: every release is recorded by both before it runs (H2 first), so one
+    releases, in order: every release is recorded by both before it runs (H2 first), so H2's
     ledger may hold one release more, written just before a crash or a lost answer; anything
-    else means a server dropped entries from its ledger and re-signed the chain. LedgerError
-    naming the difference."""
+    else (H1's holding one more included) means a server dropped entries from its ledger and
+    re-signed the chain. LedgerError naming the difference."""
     headers = [json.loads(lines[0]) for lines in (first, second)]
     a, b = headers
     for key in ("run_id", "plan_sha256"):
@@ -614,5 +614,11 @@ def compare_ledgers(first: list[bytes], second: list[bytes]) -> None:
         raise LedgerError(
             f"the two ledgers hold different releases ({counts} release entries): each "
             "release is co-signed and recorded by both servers, so one of them dropped entries"
+        )
+    by_role = {str(h.get("server")): r for h, r in zip(headers, releases, strict=True)}
+    if set(by_role) == {"h1", "h2"} and len(by_role["h1"]) > len(by_role["h2"]):
+        raise LedgerError(
+            f"h1's ledger holds a release that h2's lacks ({counts} release entries): h2 "
+            "records every release before h1, so h2's ledger dropped an entry"
         )
 

@@ -677,6 +677,8 @@ def _pair(tmp_path: Path, key: Ed25519PrivateKey, rounds: tuple[int, int]) -> tu
         ((5, 5), 0, "the two ledgers agree (5 and 5 release entries, the same releases"),
         ((4, 5), 0, "the run counted 5 release(s)"),  # a crash between the two entries
         ((3, 5), 1, "hold different releases (h1 3, h2 5 release entries)"),  # entries dropped
+        # H2 records first: h1's holding one more means h2 dropped it (and re-signed).
+        ((5, 4), 1, "h1's ledger holds a release that h2's lacks (h1 5, h2 4 release entries)"),
     ],
 )
 def test_cli_checks_both_servers_ledgers_against_each_other(

@@ -120,7 +120,7 @@ def add_parser(subparsers: Any) -> None:
         help="a server's privacy ledger (state_dir/ledger.jsonl): verify its chain and "
         "signatures and re-account epsilon from its entries (takes no plan options); two "
         "files, both servers' ledgers of one run: also check that they hold the same releases "
-        "(one may hold one more: a crash between the two entries) and report the higher count",
+        "(h2's may hold one more: a crash between the two entries) and report the higher count",
     )
     p.add_argument(
         "--keys",
@@ -426,7 +426,7 @@ def _run_ledger(args: argparse.Namespace) -> int:
         eps = "inf" if worst["epsilon"] is None else _ceil_sig(worst["epsilon"], 4)
     print(
         f"the two ledgers agree ({answers[0]['steps']} and {answers[1]['steps']} release "
-        "entries, the same releases in order; one may hold one more, recorded just before a "
+        "entries, the same releases in order; h2's may hold one more, recorded just before a "
         f"crash): the run counted {worst['steps']} release(s), epsilon {eps}"
     )
     return 0
