@@ -117,6 +117,9 @@ MAX_LOSSES_WITHOUT_PROGRESS = 3
 
 #: Seconds a server whose training is over keeps answering providers not yet told so.
 FINISHED_LINGER = 10.0
+#: Seconds it still answers after telling the last of them: one just told asks next how its
+#: last round ended (RoundStatus(round=t).caller_left_out, docs/CLIENTS.md section 1.3).
+FINISHED_GRACE = 3.0
 
 
 def _peer_gone(exc: BaseException) -> bool:
@@ -1324,15 +1327,20 @@ class ServerDaemon:
 
     def linger(self, timeout: float = FINISHED_LINGER) -> None:
         """Training is over: keep answering until every provider that called this server was
-        told so (a RoundInfo with ROUND_PHASE_FINISHED), for at most ``timeout`` s. One that
-        was computing or polling slowly then learns the end instead of finding no server."""
+        told so (a RoundInfo with ROUND_PHASE_FINISHED) and then FINISHED_GRACE s more, for at
+        most ``timeout`` s. One that was computing or polling slowly then learns the end
+        instead of finding no server, and one just told can still ask how its last round
+        ended."""
         end = time.monotonic() + timeout
         waiting: list[str] = []
         with self.state.cond:
             while not self.stop_event.is_set():
                 waiting = self.state.providers_not_told_finished()
-                left = end - time.monotonic()
-                if not waiting or left <= 0:
+                now = time.monotonic()
+                if not waiting:
+                    end = min(end, self.state.last_told_finished + FINISHED_GRACE)
+                left = end - now
+                if left <= 0:
                     break
                 self.state.cond.wait(min(left, 0.5))
         if waiting:

@@ -192,6 +192,7 @@ class ServerState:
         self.declined: dict[str, str] = {}  # provider -> why it refused the plan
         self.callers: set[str] = set()  # providers that called this server (first-round wait)
         self.told_finished: set[str] = set()  # providers answered ROUND_PHASE_FINISHED
+        self.last_told_finished = -math.inf  # time.monotonic() when the last one was
         # The write-ahead privacy ledger (spgc.ledger): opened once the run id is known.
         self.ledger: Ledger | None = None
         self.ledger_path: Path | None = None  # None: in memory only (no state_dir)
@@ -544,6 +545,7 @@ class ServerState:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
             if phase == pb.ROUND_PHASE_FINISHED and caller and caller not in self.told_finished:
                 self.told_finished.add(caller)
+                self.last_told_finished = time.monotonic()
                 self.cond.notify_all()  # a lingering server may stop
             if phase == pb.ROUND_PHASE_FINISHED and self.failure:
                 info.failure = printable(" ".join(self.failure.split()))

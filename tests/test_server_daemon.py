@@ -19,7 +19,12 @@ from spgc.gradients import per_example_gradients
 from spgc.ledger import verify_ledger
 from spgc.models import resolve_model, trainable_mask
 from spgc.servers.checkpoint import CheckpointError
-from spgc.servers.daemon import MAX_LOSSES_WITHOUT_PROGRESS, PeerLost, ServerDaemon
+from spgc.servers.daemon import (
+    FINISHED_GRACE,
+    MAX_LOSSES_WITHOUT_PROGRESS,
+    PeerLost,
+    ServerDaemon,
+)
 from spgc.sharing import share
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import aggregation_pb2_grpc, vector_sha256
@@ -547,8 +552,16 @@ def test_a_finished_server_lingers_until_its_providers_were_told(pki, tmp_path):
         time.sleep(1.0)
         assert lingered.is_alive()  # p2 has not been told yet
         assert providers[1].hello(1).round.phase == pb.ROUND_PHASE_FINISHED
-        lingered.join(5)
-        assert not lingered.is_alive() and time.monotonic() - start < 10
+        told = time.monotonic()
+        # Everyone was told; for FINISHED_GRACE s more a provider can ask how its last
+        # round ended (here: its share is in the sum).
+        time.sleep(1.0)
+        assert lingered.is_alive()
+        last = providers[1].stubs[1].RoundStatus(pb.RoundStatusRequest(round=0), timeout=5)
+        assert last.phase == pb.ROUND_PHASE_PUBLISHED and last.caller_left_out == ""
+        lingered.join(10)
+        assert not lingered.is_alive()
+        assert FINISHED_GRACE - 0.5 < time.monotonic() - told < FINISHED_GRACE + 2
         start = time.monotonic()
         d1.linger(timeout=0.5)  # nobody left to tell: at once
         assert time.monotonic() - start < 0.4
