@@ -94,7 +94,7 @@ from spgc.noise import sample_noise_plain
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
-from spgc.wire.errors import ANOTHER_VECTOR, WRONG_RUN, WireError
+from spgc.wire.errors import ANOTHER_VECTOR, WRONG_RUN, WireError, is_size_refusal
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import (
     read_inline_model,
@@ -1256,7 +1256,7 @@ class ProviderClient:
                         exc.details(),
                     )
                     return SubmitResult(server.name, True, attempt, sid, "duplicate", payload_bytes)
-                if code not in RETRYABLE:
+                if code not in RETRYABLE or is_size_refusal(exc):
                     raise RoundFailed(
                         f"{server.name} refused the share for round {t}: {code.name}: "
                         f"{exc.details()}"

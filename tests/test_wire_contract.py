@@ -40,6 +40,7 @@ from spgc.wire.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
     abort_on_error,
+    is_size_refusal,
 )
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import (
@@ -310,7 +311,8 @@ def test_out_of_bounds_requests_are_refused_before_the_servicer(
     )
     err = _refused(lambda: stub.SubmitShare(iter([pb.ShareChunk(header=header)]), timeout=10))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # a size above its limit
-    assert "ShareChunk.header.chunk_bytes=2097152 is out of bounds" in err.details()
+    assert "ShareChunk.header.chunk_bytes=2097152 exceeds the limit" in err.details()
+    assert is_size_refusal(err)  # a client does not retry it (a limit on calls it would)
     assert servicer.calls == ["SubmitShare"]  # the stream's first message fails in its loop
     assert stub.RoundStatus(pb.RoundStatusRequest(round=MAX_COUNTER), timeout=TIMEOUT).round
     _no_tracebacks(caplog)

@@ -181,7 +181,7 @@ class ChunkValidator:
         n = len(data)
         if n > self.max_chunk_bytes:
             raise ResourceExhaustedError(
-                f"chunk {index} has {n:,} bytes, above the limit of {self.max_chunk_bytes:,}"
+                f"chunk {index} of {n:,} bytes exceeds the limit of {self.max_chunk_bytes:,}"
             )
         want = self.expected_length(index)
         if n != want:

@@ -43,9 +43,26 @@ class NotPairedError(WireError):
 
 
 class ResourceExhaustedError(WireError):
-    """A chunk, message or vector above the size limits."""
+    """A chunk, message or vector above the size limits; its message says "exceeds the
+    limit" (:data:`SIZE_REFUSALS`)."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+#: Words of a RESOURCE_EXHAUSTED that refuses a size (ours; gRPC's own for a message above
+#: its maximum): sending the same again fails the same way. Every other RESOURCE_EXHAUSTED is
+#: a limit on calls (at once, per second) that a later retry gets past.
+SIZE_REFUSALS = ("exceeds the limit", "larger than max")
+
+
+def is_size_refusal(exc: BaseException) -> bool:
+    """A gRPC error refusing a size (:data:`SIZE_REFUSALS`): not worth a retry."""
+    if not isinstance(exc, grpc.RpcError) or not isinstance(exc, grpc.Call):
+        return False
+    details = exc.details() or ""
+    return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+        words in details for words in SIZE_REFUSALS
+    )
 
 
 class FailedPreconditionError(WireError):
