@@ -25,6 +25,7 @@ import grpc
 
 from spgc import __version__
 from spgc.logs import printable
+from spgc.servers.audit import host_of
 from spgc.servers.intake import SubmissionRejected
 from spgc.servers.state import ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2_grpc
@@ -34,6 +35,7 @@ from spgc.wire.chunks import MAX_CHUNK_BYTES
 from spgc.wire.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
+    StreamEndedEarly,
     WireError,
     abort_on_error,
     wrong_run,
@@ -55,6 +57,15 @@ BLOCKING_THREADS = 4  # threads for the few steps that may wait on a disk
 
 _T = TypeVar("_T")
 
+
+#: Why a share stream may end before its last chunk besides the provider closing it: gRPC
+#: ends the request stream the same way, unseen by the servicer, when the provider cancels
+#: or sends a message above the size limit (the provider then gets CANCELLED or
+#: RESOURCE_EXHAUSTED, not this refusal).
+ENDED_EARLY = (
+    "the provider closed or cancelled the call, or sent a message above the size limit "
+    "(gRPC refuses that one with RESOURCE_EXHAUSTED)"
+)
 
 log = logging.getLogger(__name__)
 
@@ -191,16 +202,20 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             raise  # audited and logged where it was parsed (add_servicer's on_refused)
         except (WireError, SubmissionRejected) as exc:
             # Every refused share leaves a trail (who, which round, why): the audit log, and
-            # a log line (repeats of one kind by one caller in one round: once per 10 s, counted).
+            # a log line (repeats of one kind by one caller, for one round near the current
+            # one or for any far one: once per 10 s, counted).
             code = exc.code.name if isinstance(exc, WireError) else exc.code
             who = seen.get("who") or peer_identity(context) or context.peer()
+            reason = str(exc)
+            if isinstance(exc, StreamEndedEarly):
+                reason = f"{reason}: {ENDED_EARLY}"
             if self.state.audit.record(
                 "share_refused",
-                repeat_key=f"{who} {code} {seen.get('round')}",
+                repeat_key=f"{host_of(str(who))} {code} {self._round_bucket(seen.get('round'))}",
                 identity=who,
                 round=seen.get("round"),
                 code=code,
-                reason=str(exc),
+                reason=reason,
             ):
                 # A retry's "already" or a superseded upload is the protocol working.
                 benign = code in ("ALREADY_EXISTS", "ABORTED")
@@ -210,7 +225,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
                     printable(str(who)),
                     seen.get("round", "?"),
                     code,
-                    exc,
+                    reason,
                 )
             raise
 
@@ -277,6 +292,14 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         )
         receipt.accepted_at.GetCurrentTime()
         return receipt
+
+    def _round_bucket(self, number: object) -> str:
+        """The round a refusal names, for its repeat key: itself near the current round, else
+        one bucket. The caller picks the number: a new key per call would defeat the limit
+        and let a registered provider fill the disk with refusal lines."""
+        if isinstance(number, int) and abs(number - self.state.round) <= 1:
+            return str(number)
+        return "far"
 
     def _check_run(self, run_id: str) -> None:
         if run_id != self.state.run_id:  # the contract's "wrong run"

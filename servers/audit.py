@@ -40,9 +40,17 @@ from typing import Any
 
 from spgc.logs import RepeatLimiter
 
-__all__ = ["AuditLog"]
+__all__ = ["AuditLog", "host_of"]
 
 log = logging.getLogger(__name__)
+
+
+def host_of(who: str) -> str:
+    """Who caused an event, for a repeat key: a certificate name as is; an address without its
+    port ("ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7"): every connection has a port of its own,
+    and repeats count per host."""
+    host, _, port = who.rpartition(":")
+    return host if host and port.isdigit() else who
 
 
 class AuditLog:

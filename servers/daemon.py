@@ -35,7 +35,7 @@ from spgc.ledger import LEDGER_FILE, LedgerError
 from spgc.plan import make_plan
 from spgc.progress import terminal_logging
 from spgc.servers.aggregator import AggregatorServicer
-from spgc.servers.audit import AuditLog
+from spgc.servers.audit import AuditLog, host_of
 from spgc.servers.checkpoint import (
     CheckpointError,
     config_digest,
@@ -94,13 +94,6 @@ GC_HANDSHAKE_TIMEOUT = 10.0  # seconds a connection to the circuit port has to a
 PAIRED_HEALTH_SERVICE = "spgc.v1.Peer"
 PROBE_INTERVAL = 1.0  # seconds between two probes of the peer's pairing
 PROBE_FAILURES = 3  # unanswered probes in a row that mean the peer is gone
-
-
-def _host_of(who: str) -> str:
-    """A certificate name as is; an address without its port ("ipv4:10.0.0.7:51234" ->
-    "ipv4:10.0.0.7"): every connection has a port of its own, and repeats count per host."""
-    host, _, port = who.rpartition(":")
-    return host if host and port.isdigit() else who
 
 
 class PeerLost(Exception):
@@ -338,13 +331,13 @@ class ServerDaemon:
 
     def _gc_refused(self, address: str, reason: str) -> None:
         if self.audit.record(
-            "circuit_refused", repeat_key=_host_of(address), identity=address, reason=reason
+            "circuit_refused", repeat_key=host_of(address), identity=address, reason=reason
         ):
             log.warning("circuit port: refused a connection from %s: %s", address, reason)
 
     def _call_refused(self, who: str, method: str, code: str, reason: str) -> None:
         if self.audit.record(
-            "refused", repeat_key=f"{_host_of(who)} {method} {code}", identity=who,
+            "refused", repeat_key=f"{host_of(who)} {method} {code}", identity=who,
             method=method, code=code, reason=reason,
         ):  # fmt: skip
             log.warning("refused %s from %s: %s", method, who, reason)

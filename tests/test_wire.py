@@ -556,7 +556,7 @@ def test_validator_limits_and_layout() -> None:
     with pytest.raises(InvalidArgumentError, match="chunk_count=2"):
         ChunkValidator(100, 256, 2)
     v = ChunkValidator(4, 8, max_chunk_bytes=16)
-    with pytest.raises(ResourceExhaustedError, match="above the limit"):
+    with pytest.raises(ResourceExhaustedError, match="exceeds the limit"):
         v.check(0, bytes(32))
     v = ChunkValidator(4, 32, ring_bits=8)
     with pytest.raises(InvalidArgumentError, match="element 2 = 256 is outside Z_2\\^8"):

@@ -8,6 +8,8 @@ import functools
 import logging
 import math
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from spgc.certs import make_dev_pki
 from spgc.config import ServerConfig
 from spgc.plan import make_plan
 from spgc.providers.client import ProviderRefusal, check_wire_contract
-from spgc.servers.aggregator import AggregatorServicer
+from spgc.servers.aggregator import ENDED_EARLY, AggregatorServicer
 from spgc.servers.intake import ShareIntake
 from spgc.servers.state import ServerState
 from spgc.sharing import reconstruct, share
@@ -152,6 +154,7 @@ class Served:
                 "127.0.0.1:0", adders, None, insecure=True, max_workers=4
             )
             self.server.start()
+        self.port = port
         self.channel = make_channel(f"127.0.0.1:{port}", None, insecure=True)
 
     def raw_unary(self, method: str, body: bytes, service: str = "spgc.v1.Aggregator") -> Any:
@@ -433,6 +436,85 @@ def test_real_servicer_refuses_garbage_and_keeps_the_round(
     header, params = read_model_stream(stream)
     assert header.num_parameters == d and len(params) == d
     _no_tracebacks(caplog)
+
+
+def test_a_share_stream_ended_by_grpc_or_the_client_is_logged_as_such(
+    aggregator: tuple[Served, ServerState], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A message above gRPC's size limit, or a client's cancel, ends the request stream the
+    servicer reads as if the provider had closed it: the refusal says that it may be either
+    (gRPC tells the servicer nothing), not only that the provider stopped sending."""
+    caplog.set_level(logging.INFO)
+    served, state = aggregator
+    refusals: list[dict[str, Any]] = []
+    state.audit.add_listener(lambda event, entry: refusals.append(entry))
+    d, bits = state.plan.dim, state.plan.ring_bits
+    s1, _ = share(np.arange(d, dtype=np.int64), bits)
+    header, *chunks = [
+        m.SerializeToString()
+        for m in share_messages(
+            s1, run_id=RUN, round_number=0, server_role=pb.SERVER_ROLE_H1, ring_bits=bits,
+            submission_id=new_submission_id(), provider_id="p1", chunk_bytes=64,
+        )
+    ]  # fmt: skip
+    huge = pb.ShareChunk(chunk=pb.VectorChunk(index=0, data=bytes(2 << 20))).SerializeToString()
+    unlimited = grpc.insecure_channel(
+        f"127.0.0.1:{served.port}", options=[("grpc.max_send_message_length", -1)]
+    )
+    submit = unlimited.stream_unary("/spgc.v1.Aggregator/SubmitShare")
+    try:
+        err = _refused(lambda: submit(iter([header, huge]), timeout=TIMEOUT))
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        release = threading.Event()
+
+        def stalled() -> Iterator[bytes]:
+            yield header
+            yield chunks[0]
+            release.wait(TIMEOUT)
+
+        call = submit.future(stalled(), timeout=TIMEOUT)
+        time.sleep(0.5)
+        call.cancel()
+        release.set()
+        deadline = time.monotonic() + 5
+        while len(refusals) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        unlimited.close()
+    assert [r["reason"] for r in refusals] == [
+        f"stream ended after 0 of 8 chunk(s) (0 of 496 bytes): {ENDED_EARLY}",
+        f"stream ended after 1 of 8 chunk(s) (64 of 496 bytes): {ENDED_EARLY}",
+    ]
+    # One log line: the second refusal of its kind by p1 within 10 s is only counted.
+    (line,) = _refusal_lines(caplog)
+    assert "sent a message above the size limit" in line
+    assert "p1" not in state.accepted.get(0, set())
+    _no_tracebacks(caplog)
+
+
+def test_refusals_naming_far_rounds_share_one_log_line(
+    aggregator: tuple[Served, ServerState], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The round in a refused header is the caller's pick: refusals for rounds far from the
+    current one share one repeat key, so a registered provider cannot write a log and an
+    audit line per call by naming a new round each time (one line per 10 s, counted)."""
+    caplog.set_level(logging.INFO)
+    served, state = aggregator
+    refusals: list[dict[str, Any]] = []
+    state.audit.add_listener(lambda event, entry: refusals.append(entry))
+    vec = np.zeros(state.plan.dim, dtype=np.uint64)
+    for t in (*range(10**9, 10**9 + 20), 1):  # round 0 is open
+        messages = share_messages(
+            vec, run_id=RUN, round_number=t, server_role=pb.SERVER_ROLE_H1,
+            ring_bits=state.plan.ring_bits, submission_id=new_submission_id(),
+            provider_id="p1", chunk_bytes=64,
+        )  # fmt: skip
+        err = _refused(lambda m=messages: _stub(served).SubmitShare(iter(m), timeout=TIMEOUT))
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert len(refusals) == 20 + 1  # every refusal is counted (metrics)
+    lines = _refusal_lines(caplog)
+    assert len(lines) == 2, lines  # the first far round, and round 1 (near: its own key)
+    assert "for round 1000000000:" in lines[0] and "for round 1:" in lines[1]
 
 
 def test_round_status_carries_a_small_model_when_asked(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from spgc.wire.errors import InvalidArgumentError, ResourceExhaustedError
+from spgc.wire.errors import InvalidArgumentError, ResourceExhaustedError, StreamEndedEarly
 
 #: Largest chunk payload in bytes (131,072 uint64/float64 values).
 MAX_CHUNK_BYTES = 1 << 20
@@ -207,7 +207,7 @@ class ChunkValidator:
     def finish(self) -> bytes:
         """Check that the stream is complete (and the hash, if announced); returns the SHA-256."""
         if self.next_index != self.chunk_count:
-            raise InvalidArgumentError(
+            raise StreamEndedEarly(
                 f"stream ended after {self.next_index} of {self.chunk_count} chunk(s) "
                 f"({self.received_bytes:,} of {self.total_bytes:,} bytes)"
             )

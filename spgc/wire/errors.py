@@ -35,6 +35,10 @@ class InvalidArgumentError(WireError):
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class StreamEndedEarly(InvalidArgumentError):
+    """A request stream that ended before its header or its last chunk."""
+
+
 class NotPairedError(WireError):
     """A peer call before this server's Handshake with the caller (a restarted server): the
     caller treats it as a lost peer and pairs again."""

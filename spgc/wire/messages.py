@@ -28,7 +28,7 @@ from spgc.wire.chunks import (
     packed_width,
 )
 from spgc.wire.digests import vector_sha256
-from spgc.wire.errors import FailedPreconditionError, InvalidArgumentError
+from spgc.wire.errors import FailedPreconditionError, InvalidArgumentError, StreamEndedEarly
 from spgc.wire.identity import MAX_SUBMISSION_ID_BYTES
 
 
@@ -216,7 +216,7 @@ def read_share_header(
     """
     first = next(messages, None)
     if first is None:
-        raise InvalidArgumentError("empty stream: the first message must be a ShareHeader")
+        raise StreamEndedEarly("empty stream: the first message must be a ShareHeader")
     if first.WhichOneof("kind") != "header":
         raise InvalidArgumentError("the first message of a share stream must be a ShareHeader")
     header = first.header
