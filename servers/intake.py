@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from spgc.sharing import aggregate_shares, validate_share
+from spgc.wire.chunks import MAX_CHUNK_BYTES
 from spgc.wire.errors import ANOTHER_VECTOR
 
 # gRPC status names a servicer maps these refusals to.
@@ -80,7 +81,7 @@ class ShareIntake:
         ring_bits: int,
         spill_root: Path | None = None,
         allowed_providers: Iterable[str] | None = None,
-        max_chunk_bytes: int = 1 << 20,
+        max_chunk_values: int = MAX_CHUNK_BYTES,
         memory_share_bytes: int = 1 << 16,
         memory_round_bytes: int = 256 << 20,
     ) -> None:
@@ -88,11 +89,13 @@ class ShareIntake:
             raise ValueError(f"dim must be positive, not {dim}")
         if not 1 <= ring_bits <= 64:
             raise ValueError(f"ring_bits must be in 1..64, not {ring_bits}")
-        if max_chunk_bytes < 8:
-            raise ValueError("max_chunk_bytes must hold at least one value")
+        if max_chunk_values < 1:
+            raise ValueError("max_chunk_values must be at least 1")
         self.dim = dim
         self.ring_bits = ring_bits
-        self.max_chunk_bytes = max_chunk_bytes - max_chunk_bytes % 8
+        # Values, not bytes: chunks arrive here widened to uint64, and a packed wire chunk of
+        # MAX_CHUNK_BYTES carries up to MAX_CHUNK_BYTES values (one byte each at L <= 8).
+        self.max_chunk_values = max_chunk_values
         self.in_memory = 8 * dim <= memory_share_bytes  # shares held in memory, not spilled
         self.memory_round_bytes = memory_round_bytes  # at most this much of a round in memory
         self.allowed = None if allowed_providers is None else frozenset(allowed_providers)
@@ -383,12 +386,14 @@ class Submission:
             )
 
     def write(self, chunk: bytes) -> None:
-        """One chunk of little-endian uint64 values; SubmissionRejected for a bad one."""
+        """One chunk of little-endian uint64 values (a packed wire chunk already widened);
+        SubmissionRejected for a bad one."""
         self._check_current()
-        limit = self.intake.max_chunk_bytes
-        if len(chunk) > limit:
+        limit = self.intake.max_chunk_values
+        if len(chunk) > 8 * limit:
             raise SubmissionRejected(
-                RESOURCE_EXHAUSTED, f"chunk of {len(chunk):,} bytes exceeds the limit of {limit:,}"
+                RESOURCE_EXHAUSTED,
+                f"chunk of {len(chunk) // 8:,} values exceeds the limit of {limit:,}",
             )
         if len(chunk) % 8:
             raise SubmissionRejected(

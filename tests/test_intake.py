@@ -20,6 +20,9 @@ from spgc.servers.intake import (
     SubmissionRejected,
 )
 from spgc.servers.state import PeerMismatchError
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.chunks import MAX_CHUNK_BYTES, packed_width
+from spgc.wire.messages import iter_share_payload, read_share_header, share_messages
 
 DIM, RING = 1000, 32
 MASK = np.uint64((1 << RING) - 1)
@@ -95,7 +98,7 @@ def test_bad_submissions_are_refused_and_the_round_goes_on(
     tmp_path, kwargs, code, message, memory_share_bytes
 ):
     intake = ShareIntake(
-        DIM, RING, spill_root=tmp_path, max_chunk_bytes=4096, memory_share_bytes=memory_share_bytes
+        DIM, RING, spill_root=tmp_path, max_chunk_values=512, memory_share_bytes=memory_share_bytes
     )
     intake.open_round(1)
     good = random_share(1)
@@ -310,3 +313,31 @@ def test_agreement_leaves_out_halves_of_different_vectors(own_ids, other_ids, ag
     assert swapped[:3] == got[:3]
     with pytest.raises(PeerMismatchError):
         agreement(own, other, 1, [b"a"], other_ids)  # ids that do not match the list
+
+
+@pytest.mark.parametrize("ring_bits", [8, 16, 24])
+def test_a_full_packed_wire_chunk_fits_the_intake_once_widened(tmp_path, ring_bits):
+    """Packed chunks reach the intake widened to 8 bytes a value: a wire chunk of the largest
+    size (1 MiB) at width 1, 2 or 3 bytes is 8/3 to 8 MiB there, and must be taken (the
+    intake once compared it with the wire's byte limit: every model above 131,072
+    parameters was refused)."""
+    width = packed_width(ring_bits)
+    dim = MAX_CHUNK_BYTES // width + 5  # one full chunk and a short one
+    values = np.random.default_rng(ring_bits).integers(0, 1 << ring_bits, dim, dtype=np.uint64)
+    messages = share_messages(
+        values, run_id="r", round_number=1, server_role=pb.SERVER_ROLE_H1, ring_bits=ring_bits,
+        submission_id=os.urandom(16), chunk_bytes=MAX_CHUNK_BYTES,
+        encoding=pb.SHARE_ENCODING_PACKED,
+    )  # fmt: skip
+    header = read_share_header(messages, num_elements=dim, ring_bits=ring_bits)
+    intake = ShareIntake(dim, ring_bits, spill_root=tmp_path, memory_share_bytes=0)
+    intake.open_round(1)
+    try:
+        submission = intake.begin("p1", 1, header.submission_id, dim, ring_bits)
+        for chunk in iter_share_payload(messages, header):
+            submission.write(chunk)
+        submission.commit()
+        assert intake.close_round() == {"p1"}
+        assert np.array_equal(intake.total(), values)
+    finally:
+        intake.close()
