@@ -389,7 +389,8 @@ def check_per_example_compatible(model: nn.Module) -> None:
     mode without running statistics (it then normalises with the batch's statistics, which mixes
     the examples of a batch); InstanceNorm with ``track_running_stats=True`` in training mode
     (it updates its buffers during the forward pass); lazy layers not yet initialised. Also
-    refuses a model without parameters. GroupNorm and LayerNorm are per-example and fine.
+    refuses a model without parameters, or with every parameter frozen. GroupNorm and
+    LayerNorm are per-example and fine.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"expected a torch.nn.Module, got {type(model).__name__}")
@@ -416,6 +417,34 @@ def check_per_example_compatible(model: nn.Module) -> None:
             )
     if not any(True for _ in model.parameters()):
         raise ValueError("the model has no parameters to train")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            "every parameter of the model is frozen (requires_grad=False): there is nothing "
+            "to train, and each round would spend privacy for nothing"
+        )
+
+
+def check_buffers_match(model: nn.Module, as_built: nn.Module, how: str) -> None:
+    """Refuse a run model whose buffers (BatchNorm statistics, registered tensors) differ from
+    ``as_built``'s, the same factory as every provider and evaluator builds it (seed 0, no
+    initial state). Only parameters travel between the parties, so each builds its buffers
+    itself; a buffer that depends on ``how`` (model_seed, initial_model) would differ between
+    the model trained, the providers' and the exported one. ValueError naming the buffers."""
+    built = dict(as_built.named_buffers())
+    differ = [
+        name
+        for name, buf in model.named_buffers()
+        if name not in built
+        or built[name].shape != buf.shape
+        or not torch.equal(built[name].to(buf.dtype), buf)
+    ]
+    if differ:
+        raise ValueError(
+            f"buffer(s) {_listed(differ)} differ from those the factory builds without {how}: "
+            "only parameters travel between servers and providers, and each party builds its "
+            "buffers itself from the factory, so they must not depend on it; make them a "
+            "fixed part of the factory, or parameters with requires_grad=False (which travel)"
+        )
 
 
 def model_fingerprint(model: nn.Module) -> str:

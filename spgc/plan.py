@@ -18,6 +18,7 @@ from spgc.config import ServerConfig
 from spgc.data import load_dataset
 from spgc.encoding import FixedPointConfig
 from spgc.models import (
+    check_buffers_match,
     check_per_example_compatible,
     flatten_params,
     load_initial_state,
@@ -298,4 +299,13 @@ def build_run_model(cfg: ServerConfig) -> nn.Module:
     check_per_example_compatible(model)
     if cfg.initial_model is not None:
         load_initial_state(model, cfg.initial_model)
+    changes = [f"model_seed {cfg.model_seed}"] if cfg.model_seed else []
+    if cfg.initial_model is not None:
+        changes.append(f"initial_model {str(cfg.initial_model)!r}")
+    if changes and any(True for _ in model.buffers()):
+        how = " and ".join(changes)
+        try:
+            check_buffers_match(model, resolve_model(cfg.model_name), how)
+        except ValueError as exc:
+            raise ValueError(f"model {cfg.model_name!r}: {exc}") from None
     return model

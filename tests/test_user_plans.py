@@ -245,6 +245,47 @@ def test_initial_model_state_is_where_the_run_starts(tmp_path: Path) -> None:
         assert torch.equal(a, b), name
 
 
+BUFFERED = (
+    "import torch\n"
+    "from torch import nn\n"
+    "class Shifted(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = nn.Linear(4, 2)\n"
+    "        self.bn = nn.BatchNorm1d(4).eval()\n"
+    "        self.register_buffer('shift', torch.randn(4))  # drawn from the seeded RNG\n"
+    "    def forward(self, x):\n"
+    "        return self.fc(self.bn(x + self.shift))\n"
+    "def build_model():\n"
+    "    return Shifted()\n"
+    "def build_frozen():\n"
+    "    return Shifted().requires_grad_(False)\n"
+)
+
+
+def test_buffers_that_the_providers_would_build_otherwise_are_refused(tmp_path: Path) -> None:
+    """Only parameters travel: a buffer that model_seed or initial_model changes would differ
+    between the model the servers train and export and the providers' (which build it from
+    the factory alone), and training would go on silently wrong. Refused, naming it."""
+    (tmp_path / "buffered.py").write_text(BUFFERED)
+    ref = f"{tmp_path / 'buffered.py'}:build_model"
+    base = {"insecure": True, "providers": ["p1", "p2"], "dataset": "", "max_batch_size": 10}
+    build_run_model(ServerConfig(**base, model=ref))  # seed 0: as every party builds it
+    with pytest.raises(ValueError, match=r"buffer\(s\) shift differ .* without model_seed 7"):
+        build_run_model(ServerConfig(**base, model=ref, model_seed=7))
+    state = {k: v.contiguous() for k, v in resolve_model(ref).state_dict().items()}
+    save_file(state, tmp_path / "same.safetensors")  # the factory's own buffers: fine
+    build_run_model(ServerConfig(**base, model=ref, initial_model=tmp_path / "same.safetensors"))
+    state["bn.running_mean"] = torch.full((4,), 3.0)
+    save_file(state, tmp_path / "stats.safetensors")
+    with pytest.raises(ValueError, match=r"bn\.running_mean differ .* without initial_model"):
+        build_run_model(
+            ServerConfig(**base, model=ref, initial_model=tmp_path / "stats.safetensors")
+        )
+    with pytest.raises(ValueError, match="every parameter of the model is frozen"):
+        build_run_model(ServerConfig(**base, model=f"{tmp_path / 'buffered.py'}:build_frozen"))
+
+
 def test_device_choice() -> None:
     """auto takes a GPU only where there is one; cuda without one is refused, never ignored."""
     has_gpu = torch.cuda.is_available()
