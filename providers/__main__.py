@@ -19,7 +19,13 @@ from spgc.config import ConfigError, add_daemon_arguments, load_provider_config
 from spgc.data import DATA_ERRORS
 from spgc.logs import interrupted_status, print_error, setup_logging, stop_like_ctrl_c_on_sigterm
 from spgc.progress import Progress, terminal_logging
-from spgc.providers.client import ProviderClient, ProviderRefusal, RoundReport, RunFailed
+from spgc.providers.client import (
+    ModelFailed,
+    ProviderClient,
+    ProviderRefusal,
+    RoundReport,
+    RunFailed,
+)
 
 PROG = "spgc provider"
 log = logging.getLogger("spgc.provider")
@@ -79,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signum, status = interrupted_status(exc)
         log.info("interrupted (signal %d)", signum)
         return status
-    except (RunFailed, TimeoutError, OSError, ValueError, *DATA_ERRORS) as exc:
+    except (RunFailed, ModelFailed, TimeoutError, OSError, ValueError, *DATA_ERRORS) as exc:
         log.error("%s", exc)
         return 1
     except grpc.RpcError as exc:  # a refusal no step expects (e.g. removed from `providers`)

@@ -70,6 +70,7 @@ from spgc.data import (
     load_dataset,
     load_user_data,
     poisson_batch,
+    provider_part_of,
     split_among_providers,
 )
 from spgc.encoding import FixedPointConfig, default_rounding_rng, encode_batch, stochastic_round
@@ -106,6 +107,7 @@ from spgc.wire.messages import (
 from spgc.wire.transport import make_channel
 
 __all__ = [
+    "ModelFailed",
     "ProviderClient",
     "ProviderRefusal",
     "RoundFailed",
@@ -167,9 +169,19 @@ class RoundFailed(RuntimeError):
         self.resending = resending
 
 
+class ModelFailed(RuntimeError):
+    """The model raised while computing this provider's gradients (its data are checked at
+    start-up, so this is a failure the check could not see): the provider stops."""
+
+
 class RunFailed(RuntimeError):
     """A server says its run stopped on an error (RoundInfo.failure): training did not end as
     planned."""
+
+
+def _examples(idx: np.ndarray) -> str:
+    shown = ", ".join(str(int(i)) for i in idx[:8])
+    return shown + (f", ... ({len(idx)} in all)" if len(idx) > 8 else "")
 
 
 @dataclass
@@ -637,9 +649,12 @@ class ProviderClient:
                 raise ProviderRefusal(f"data {self.cfg.data!r}: {exc}") from None
             x, y = ds.x_train, ds.y_train
             if self.cfg.provider_count > 1:  # one loader for all: this provider's part of it
-                x, y = split_among_providers(
-                    x, y, self.cfg.provider_count, self.cfg.provider_index
-                )
+                try:
+                    x, y = provider_part_of(
+                        x, y, self.cfg.data, self.cfg.provider_count, self.cfg.provider_index
+                    )
+                except ValueError as exc:
+                    raise ProviderRefusal(str(exc)) from None
         else:
             dataset = self.cfg.dataset or tc.dataset
             if not dataset:
@@ -1199,7 +1214,16 @@ class ProviderClient:
         """The per-example gradients of local examples ``idx``, each clipped to C (float64,
         len(idx) x d): what :meth:`encode` encodes."""
         assert self._x is not None and self._y is not None
-        grads = per_example_gradients(self._model, self._x[idx], self._y[idx], chunk_size=len(idx))
+        try:
+            grads = per_example_gradients(
+                self._model, self._x[idx], self._y[idx], chunk_size=len(idx)
+            )
+        except Exception as exc:  # whatever the user's model raises
+            first = (str(exc) or type(exc).__name__).strip().splitlines()[0][:300]
+            raise ModelFailed(
+                f"the model failed computing the gradients of local examples "
+                f"{_examples(idx)}: {type(exc).__name__}: {first}"
+            ) from None
         return clip_per_example(grads, self.training.clip_norm)
 
     def make_vectors(self, total: np.ndarray) -> list[np.ndarray]:

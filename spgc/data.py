@@ -708,10 +708,26 @@ def provider_slice(n: int, k: int, index: int) -> slice:
     if not 0 <= index < k:
         raise ValueError(f"provider index must be in [0, {k}), got {index}")
     if n < k:
-        raise ValueError(f"cannot split {n} rows among {k} providers")
+        raise ValueError(
+            f"cannot split {n} rows among {k} providers: each needs at least one (lower "
+            "provider_count, or give each provider its own data)"
+        )
     base, extra = divmod(n, k)
     start = index * base + min(index, extra)
     return slice(start, start + base + (1 if index < extra else 0))
+
+
+def provider_part_of(
+    x: np.ndarray, y: np.ndarray, source: str, count: int, index: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`split_among_providers` of a provider's ``data`` loaded whole by every provider;
+    ValueError naming ``source`` and the two keys when it cannot be split."""
+    try:
+        return split_among_providers(x, y, count, index)
+    except ValueError as exc:
+        raise ValueError(
+            f"data {source!r} (provider_count {count}, provider_index {index}): {exc}"
+        ) from None
 
 
 def split_among_providers(

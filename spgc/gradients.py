@@ -170,9 +170,10 @@ def per_example_gradients(
 def check_model_on_data(
     model: nn.Module, x: np.ndarray, y: np.ndarray, what: str = "the data"
 ) -> None:
-    """Before any round needs it: every label against the model's number of outputs, and one
-    example through the model and its per-example gradient. ValueError in one line naming
-    the problem (what the model raised, without its traceback)."""
+    """Before any round needs it: every label against the model's number of outputs, one
+    example through the model and its per-example gradient, then every example through the
+    model. ValueError in one line naming the problem (what the model raised, without its
+    traceback)."""
     if len(x) == 0:
         return
     try:
@@ -201,6 +202,36 @@ def check_model_on_data(
         raise ValueError(
             f"per-example gradients fail on an example of {what}: {_first_line(exc)}"
         ) from None
+    _check_every_example(model, x, what)
+
+
+#: Examples per forward pass when every example of a data set is tried once.
+CHECK_CHUNK = 256
+
+
+def _check_every_example(model: nn.Module, x: np.ndarray, what: str) -> None:
+    """Every example through the model once (no gradients): one the model fails on (a token id
+    past an embedding, say) is found now, naming it, not in some later round."""
+    for start in range(0, len(x), CHECK_CHUNK):
+        chunk = x[start : start + CHECK_CHUNK]
+        if _runs(model, chunk):
+            continue
+        for i in range(len(chunk)):  # find the example: one at a time, this chunk only
+            try:
+                eval_forward(model, model_input(model, chunk[i : i + 1]))
+            except Exception as exc:
+                raise ValueError(
+                    f"the model fails on example {start + i} of {what} (counted from 0): "
+                    f"{_first_line(exc)}"
+                ) from None
+
+
+def _runs(model: nn.Module, x: np.ndarray) -> bool:
+    try:
+        eval_forward(model, model_input(model, x))
+    except Exception:  # whatever the user's model raises; the caller names the example
+        return False
+    return True
 
 
 def _first_line(exc: BaseException) -> str:

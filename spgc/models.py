@@ -174,7 +174,9 @@ def model_input(model: nn.Module, x: np.ndarray | torch.Tensor) -> torch.Tensor:
     """``x`` as ``model``'s input, on its device: floats in the model's dtype; integers (token
     ids for an ``nn.Embedding``) as int64 when the model takes integers, else as floats (pixel
     values stored as uint8, say). Which one is found once per model, on one example."""
-    first = next(model.parameters())
+    first = next(model.parameters(), None)
+    if first is None:
+        raise ValueError("the model has no parameters to train")
     xt = torch.as_tensor(x if isinstance(x, torch.Tensor) else np.asarray(x))
     if not xt.is_floating_point() and xt.shape[0] > 0:
         takes = _TAKES_INTEGERS.get(model)

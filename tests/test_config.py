@@ -246,6 +246,31 @@ def test_config_check_builds_the_model_and_reads_the_data(tmp_path: Path) -> Non
         assert schema.returncode == 0, schema.stderr  # the keys and values alone are fine
 
 
+def test_provider_config_check_tries_its_part_of_the_data_and_the_model(tmp_path: Path) -> None:
+    """What the provider would refuse at its start: its part of a data file every provider
+    loads whole (provider_count), a model without parameters; each named, no traceback."""
+    (tmp_path / "m.py").write_text(
+        "from torch import nn\n"
+        "def mlp():\n    return nn.Sequential(nn.Linear(2, 2))\n"
+        "def empty():\n    return nn.Sequential(nn.Flatten())\n"
+    )
+    (tmp_path / "d.csv").write_text("a,b,label\n1,2,0\n")
+    cfg = tmp_path / "p1.yaml"
+    cfg.write_text(
+        "name: p1\nh1_address: 127.0.0.1:1\nh2_address: 127.0.0.1:2\ninsecure: true\n"
+        "min_noise_multiplier: 0.5\nmodel: m.py:mlp\ndata: d.csv\nprovider_count: 2\n"
+    )
+    for change, words in (
+        ("provider_count=2", "(provider_count 2, provider_index 0): cannot split 1 rows among 2"),
+        ("model=m.py:empty", "the model has no parameters to train"),
+    ):
+        out = run("spgc", "config", "check", str(cfg), "--set", change, cwd=tmp_path)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    out = run("spgc", "config", "check", str(cfg), "--set", "provider_count=1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+
+
 def test_missing_state_dir_is_created_private(tmp_path: Path) -> None:
     state = tmp_path / "a" / "b" / "state"
     cfg = ServerConfig(insecure=True, providers=["p1"], min_providers=1, state_dir=state)
@@ -299,6 +324,9 @@ def test_json_log_lines(capsys: pytest.CaptureFixture[str]) -> None:
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     try:
+        # An earlier test's setup_logging may have left logging thinking warnings are
+        # captured after pytest restored warnings.showwarning: start from neither.
+        logging.captureWarnings(False)
         setup_logging("info", "json")
         logging.getLogger("spgc.servers.test").info("round %d done", 3)
         logging.getLogger("absl").warning("dp-accounting chatter")  # dropped below error

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from spgc.data import load_user_data
-from spgc.gradients import clipped_gradient_sum, per_example_gradients
+from spgc.gradients import check_model_on_data, clipped_gradient_sum, per_example_gradients
 from spgc.models import (
     MODEL_NAMES,
     build_model,
@@ -27,6 +28,7 @@ from spgc.models import (
     parameter_count,
     resolve_model,
 )
+from spgc.providers.client import ModelFailed, ProviderClient
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "custom-model" / "model.py"
 
@@ -500,3 +502,38 @@ def test_custom_model_example_trains():
         params = params - 2.0 * g
         load_flat_params(model, params)
     assert loss() < start - 0.1
+
+
+def _embedding_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(50, 4), nn.Flatten(), nn.Linear(12, 3))
+
+
+def test_an_example_the_model_fails_on_is_named_before_any_round():
+    """A token id past the embedding in example 300: the start-up check (every example once,
+    no gradients) names it, where it used to surface as a traceback in a later round."""
+    x = np.random.default_rng(0).integers(0, 50, (400, 3))
+    x[300, 1] = 99
+    y = np.zeros(400, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"fails on example 300 of tokens.npz \(counted from 0\)"):
+        check_model_on_data(_embedding_model(), x, y, "tokens.npz")
+    check_model_on_data(_embedding_model(), x[:300], y[:300], "tokens.npz")
+
+
+def test_a_model_failing_mid_round_stops_the_provider_naming_the_examples():
+    """What the start-up check cannot see (here a model that breaks after it ran) stops the
+    provider with ModelFailed naming the local examples, not a traceback."""
+    client = object.__new__(ProviderClient)  # only what clipped_gradients reads
+    client._model = _embedding_model()
+    client._x = np.random.default_rng(1).integers(0, 50, (20, 3))
+    client._y = np.zeros(20, dtype=np.int64)
+    client.training = SimpleNamespace(clip_norm=1.0)
+    assert client.clipped_gradients(np.arange(4)).shape == (4, parameter_count(client._model))
+    client._x[2, 0] = 77
+    with pytest.raises(ModelFailed, match=r"local examples 0, 1, 2, 3: IndexError: index out"):
+        client.clipped_gradients(np.arange(4))
+
+
+def test_config_check_of_a_model_without_parameters_says_so():
+    with pytest.raises(ValueError, match="no parameters to train"):
+        check_model_on_data(nn.Sequential(nn.Flatten()), np.ones((2, 3)), np.zeros(2), "x")

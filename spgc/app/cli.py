@@ -34,10 +34,10 @@ from spgc.config import (
     detect_schema,
     load_config,
 )
-from spgc.data import DATA_ERRORS, load_user_data
+from spgc.data import DATA_ERRORS, load_user_data, provider_part_of
 from spgc.gradients import check_model_on_data
 from spgc.logs import setup_logging
-from spgc.models import parameter_count, resolve_model
+from spgc.models import check_per_example_compatible, parameter_count, resolve_model
 from spgc.modes import TRAINING_MODES
 from spgc.plan import make_plan
 from spgc.providers.__main__ import main as provider_main
@@ -453,9 +453,13 @@ def _try_model_and_data(cfg: ServerConfig | ProviderConfig) -> str:
     if not cfg.model:
         return ""  # the servers' built-in model: checked when the plan is known
     model = resolve_model(cfg.model)
+    check_per_example_compatible(model)
     if cfg.data:
         data = load_user_data(cfg.data, cfg.data_label)
-        check_model_on_data(model, data.x_train, data.y_train, f"data {cfg.data!r}")
+        x, y = data.x_train, data.y_train
+        if cfg.provider_count > 1:  # as the provider splits it
+            x, y = provider_part_of(x, y, cfg.data, cfg.provider_count, cfg.provider_index)
+        check_model_on_data(model, x, y, f"data {cfg.data!r}")
     return f" (model {cfg.model}: {parameter_count(model):,} parameters)"
 
 
