@@ -472,8 +472,14 @@ def _labels(y: Any, n: int, what: str) -> np.ndarray:
     if arr.dtype == np.bool_:
         arr = arr.astype(np.int64)
     if np.issubdtype(arr.dtype, np.floating):
-        if not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
-            raise ValueError(f"{what} must hold integer class labels 0..C-1, found non-integers")
+        whole = np.isfinite(arr) & (arr == np.round(arr))
+        if not whole.all():
+            first = int(np.argmin(whole))
+            raise ValueError(
+                f"{what} must hold integer class labels 0..C-1, found non-integers (example "
+                f"{first}: {float(arr[first])!r}): SPGC trains classifiers (cross-entropy over "
+                "class labels); a regression target is not supported"
+            )
     elif not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{what} must hold integer class labels 0..C-1, got dtype {arr.dtype}")
     if arr.size and arr.min() < 0:
@@ -486,10 +492,12 @@ def _user_dataset(
     source: str,
     arrays: tuple[Any, ...],
     feature_names: tuple[str, ...] = (),
+    labels: str = "y",
 ) -> Dataset:
-    """A :class:`Dataset` from ``(x, y)`` or ``(x_train, y_train, x_test, y_test)``, checked."""
+    """A :class:`Dataset` from ``(x, y)`` or ``(x_train, y_train, x_test, y_test)``, checked;
+    ``labels`` names y in errors (a CSV file's label column)."""
     x_train = _features(arrays[0], f"{source}: x")
-    y_train = _labels(arrays[1], x_train.shape[0], f"{source}: y")
+    y_train = _labels(arrays[1], x_train.shape[0], f"{source}: {labels}")
     if x_train.shape[0] == 0:
         raise ValueError(f"{source}: no training examples")
     shape = tuple(int(s) for s in x_train.shape[1:])
@@ -526,6 +534,16 @@ def _user_dataset(
 
 def _read_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """Features and labels of a CSV file with a header row."""
+    try:
+        return _parse_csv(path, label)
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}): "
+            "save the file as UTF-8"
+        ) from None
+
+
+def _parse_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     with path.open(newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header: list[str] | None = None
@@ -549,7 +567,8 @@ def _read_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[str
     if header.count(label) != 1:
         problem = "no" if label not in header else "more than one"
         raise ValueError(
-            f"{path}: {problem} label column {label!r}; the columns are: {', '.join(header)}"
+            f"{path}: {problem} label column {label!r}; the columns are: "
+            f"{_shown_columns(header)}{_header_hint(header)}"
         )
     if not rows:
         raise ValueError(f"{path}: no data rows after the header")
@@ -583,9 +602,42 @@ def _read_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[str
     return np.delete(table, j, axis=1), table[:, j], features
 
 
+def _shown_columns(header: list[str]) -> str:
+    shown = ", ".join(header[:20])
+    return shown + (f", ... ({len(header)} in all)" if len(header) > 20 else "")
+
+
+def _header_hint(header: list[str]) -> str:
+    """Why a header may lack the label column: no header row, or another separator."""
+    if all(_is_number(cell) for cell in header):
+        return (
+            " (the first line holds numbers: the file seems to have no header row; add one "
+            "naming the columns, the label's included)"
+        )
+    if len(header) == 1 and any(sep in header[0] for sep in (";", "\t", "|")):
+        return " (one column: the file seems to use another separator; write it with commas)"
+    return ""
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
 def _read_npz(path: Path) -> tuple[np.ndarray, ...]:
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        opened = np.load(path, allow_pickle=False)
+    except ValueError:  # not a zip: numpy took it for a pickle, which is never loaded
+        raise ValueError(f"{path}: not a .npz archive (numpy's np.savez writes one)") from None
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path}: not a readable .npz file: {exc}") from None
+    if not isinstance(opened, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: a single .npy array, not a .npz archive of x and y")
+    try:
+        with opened as archive:
             present = set(archive.files)
             missing = [k for k in ("x", "y") if k not in present]
             if missing:
@@ -676,7 +728,9 @@ def load_user_data(ref: str | os.PathLike[str], label: str = "label", seed: int 
             raise ValueError(f"data file {text!r}: no such file (from {Path.cwd()})")
         if suffix == ".csv":
             x, y, names = _read_csv(path, label)
-            return _user_dataset(path.name, str(path), (x, y), feature_names=names)
+            return _user_dataset(
+                path.name, str(path), (x, y), feature_names=names, labels=f"label column {label!r}"
+            )
         return _user_dataset(path.name, str(path), _read_npz(path))
     if ":" not in text:
         raise ValueError(

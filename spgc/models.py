@@ -274,7 +274,8 @@ def _load_file_module(path: Path, ref: str) -> ModuleType:
     """Execute the Python file ``path`` as a module (registered in ``sys.modules`` under a name
     derived from its absolute path, so dataclasses and pickling inside it work)."""
     if not path.is_file():
-        raise ValueError(f"{ref!r}: no such file {str(path)!r}")
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        raise ValueError(f"{ref!r}: no such file {str(path)!r}{where}")
     resolved = path.resolve()
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
     name = f"spgc_user_{digest}_{resolved.stem.replace('-', '_')}"

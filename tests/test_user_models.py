@@ -363,8 +363,18 @@ def test_csv_refusals(tmp_path: Path):
     path.write_text("a,label\n1,cat\n")
     with pytest.raises(ValueError, match="label column 'label' must hold integer class labels"):
         load_user_data(path)
-    path.write_text("a,label\n1,0.5\n")
-    with pytest.raises(ValueError, match="integer class labels"):
+    path.write_text("a,label\n1,0\n2,0.5\n")
+    regression = r"label column 'label' must .* \(example 1: 0\.5\).*regression target is not"
+    with pytest.raises(ValueError, match=regression):
+        load_user_data(path)
+    path.write_text("0.1,0.2,1\n0.3,0.4,0\n")
+    with pytest.raises(ValueError, match=r"the columns are: 0\.1, 0\.2, 1 \(.*no header row"):
+        load_user_data(path)
+    path.write_text("a;b;label\n1;2;0\n")
+    with pytest.raises(ValueError, match=r"a;b;label \(one column: .*another separator"):
+        load_user_data(path)
+    path.write_bytes("a,label\n1,0\n\xe9,0\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"d\.csv: not UTF-8 text \(byte 0xe9 at offset 12\)"):
         load_user_data(path)
     path.write_text("a,label\n1,-1\n")
     with pytest.raises(ValueError, match=r"class labels 0\.\.C-1, found -1"):
@@ -402,6 +412,14 @@ def test_npz(tmp_path: Path):
     np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}], dtype=object), y=y)
     with pytest.raises(ValueError, match=r"obj\.npz"):
         load_user_data(tmp_path / "obj.npz")
+    (tmp_path / "text.npz").write_text("x,y\n1,0\n")  # numpy would take it for a pickle
+    with pytest.raises(ValueError, match=r"text\.npz: not a \.npz archive") as refused:
+        load_user_data(tmp_path / "text.npz")
+    assert "allow_pickle" not in str(refused.value)
+    with (tmp_path / "one.npz").open("wb") as f:
+        np.save(f, x)
+    with pytest.raises(ValueError, match=r"one\.npz: a single \.npy array, not a \.npz"):
+        load_user_data(tmp_path / "one.npz")
 
 
 LOADER_SOURCE = textwrap.dedent(
