@@ -21,6 +21,7 @@ from spgc.models import resolve_model
 from spgc.plan import build_run_model, make_plan
 from spgc.providers.client import ProviderClient, ProviderRefusal, resolve_device
 from spgc.servers.daemon import ServerDaemon
+from spgc.wire.chunks import MAX_CHUNK_BYTES, packed_width
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "custom-model" / "model.py"
@@ -205,6 +206,43 @@ def test_token_ids_reach_an_embedding_as_integers(pki: Path, tmp_path: Path) -> 
         summary = d1.state.summary()
         assert summary["steps"] == 2 and summary["failure"] is None
         assert all(h["test_accuracy"] is not None for h in summary["history"])
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_a_model_above_one_chunk_of_widened_values_trains(pki: Path, tmp_path: Path) -> None:
+    """150,014 parameters: each packed share chunk carries more values than 1 MiB holds as
+    uint64 (131,072), which the intake once refused in every round. One round, mode dng (no
+    circuit), real providers sending packed shares."""
+    rng = np.random.default_rng(2)
+    tokens = tmp_path / "tokens.npz"
+    np.savez(tokens, x=rng.integers(0, 25_000, (40, 3)), y=rng.integers(0, 2, 40))
+    factory = tmp_path / "wide.py"
+    factory.write_text(
+        "from torch import nn\n\n\nclass Wide(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.embed, self.out = nn.Embedding(25_000, 6), nn.Linear(6, 2)\n\n"
+        "    def forward(self, x):\n        return self.out(self.embed(x).mean(dim=1))\n\n\n"
+        "def wide():\n    return Wide()\n"
+    )
+    model = f"{factory}:wide"
+    run = {**USER_RUN, "model": model, "test_data": str(tokens), "rounds": 1, "mode": "dng",
+           "max_batch_size": 40, "min_providers": 2, "round_deadline": 20.0}  # fmt: skip
+    d1, d2 = start_pair(pki, tmp_path, **run)
+    try:
+        assert d1.plan.dim == 150_014 > MAX_CHUNK_BYTES // 8
+        configs = [provider_config(pki, d1, d2, i, model=model, data=str(tokens)) for i in (0, 1)]
+        results = run_providers(configs)
+        assert all(isinstance(r, list) and r for r in results), results
+        sent = [s for r in results for report in r for s in report.results]
+        width = packed_width(d1.plan.ring_bits)  # packed: fewer than 8 bytes a value
+        assert width < 8 and len(sent) == 4
+        assert all(s.accepted and s.bytes_sent == width * 150_014 for s in sent)
+        assert d1.wait(60) and d2.wait(60)
+        summary = d1.state.summary()
+        assert summary["steps"] == 1 and summary["failure"] is None
+        assert d1.state.history[0].agreed == ["p1", "p2"]
     finally:
         d1.stop()
         d2.stop()
