@@ -363,19 +363,18 @@ def test_csv_refusals(tmp_path: Path):
     path.write_text("a,label\n1,cat\n")
     with pytest.raises(ValueError, match="label column 'label' must hold integer class labels"):
         load_user_data(path)
-    path.write_text("a,label\n1,0\n2,0.5\n")
-    regression = r"label column 'label' must .* \(example 1: 0\.5\).*regression target is not"
-    with pytest.raises(ValueError, match=regression):
-        load_user_data(path)
-    path.write_text("0.1,0.2,1\n0.3,0.4,0\n")
-    with pytest.raises(ValueError, match=r"the columns are: 0\.1, 0\.2, 1 \(.*no header row"):
-        load_user_data(path)
-    path.write_text("a;b;label\n1;2;0\n")
-    with pytest.raises(ValueError, match=r"a;b;label \(one column: .*another separator"):
-        load_user_data(path)
-    path.write_bytes("a,label\n1,0\n\xe9,0\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"d\.csv: not UTF-8 text \(byte 0xe9 at offset 12\)"):
-        load_user_data(path)
+    # What to fix, said: regression targets, no header row, another separator, not UTF-8.
+    for content, words in (
+        (b"a,label\n1,0\n2,0.5\n",
+         r"label column 'label' must .* \(example 1: 0\.5\).*regression target is not"),
+        (b"0.1,0.2,1\n0.3,0.4,0\n", r"the columns are: 0\.1, 0\.2, 1 \(.*no header row"),
+        (b"a;b;label\n1;2;0\n", r"a;b;label \(one column: .*another separator"),
+        ("a,label\n1,0\n\xe9,0\n".encode("latin-1"),
+         r"d\.csv: not UTF-8 text \(byte 0xe9 at offset 12\)"),
+    ):  # fmt: skip
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=words):
+            load_user_data(path)
     path.write_text("a,label\n1,-1\n")
     with pytest.raises(ValueError, match=r"class labels 0\.\.C-1, found -1"):
         load_user_data(path)

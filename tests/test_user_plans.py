@@ -181,25 +181,34 @@ def test_a_model_that_cannot_train_on_the_data_is_found_before_any_round(
         d2.stop()
 
 
-def test_token_ids_reach_an_embedding_as_integers(pki: Path, tmp_path: Path) -> None:
-    """Integer inputs (token ids in an .npz) stay integers for a model that takes them."""
-    rng = np.random.default_rng(1)
-    tokens = tmp_path / "tokens.npz"
-    np.savez(tokens, x=rng.integers(0, 50, (40, 6)), y=rng.integers(0, 2, 40))
+def _bag_of_tokens(
+    tmp_path: Path, vocabulary: int, width: int, tokens: int, seed: int
+) -> tuple[str, str]:
+    """(model reference, data file): a bag-of-embeddings classifier in a file of its own and
+    40 examples of ``tokens`` token ids each, two classes."""
+    rng = np.random.default_rng(seed)
+    data = tmp_path / "tokens.npz"
+    np.savez(data, x=rng.integers(0, vocabulary, (40, tokens)), y=rng.integers(0, 2, 40))
     factory = tmp_path / "bag.py"
     factory.write_text(
-        "import torch\nfrom torch import nn\n\n\nclass Bag(nn.Module):\n"
+        "from torch import nn\n\n\nclass Bag(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n"
-        "        self.embed, self.out = nn.Embedding(50, 4), nn.Linear(4, 2)\n\n"
+        f"        self.embed = nn.Embedding({vocabulary}, {width})\n"
+        f"        self.out = nn.Linear({width}, 2)\n\n"
         "    def forward(self, x):\n        return self.out(self.embed(x).mean(dim=1))\n\n\n"
         "def bag():\n    return Bag()\n"
     )
-    model = f"{factory}:bag"
-    run = {**USER_RUN, "model": model, "test_data": str(tokens), "rounds": 2,
+    return f"{factory}:bag", str(data)
+
+
+def test_token_ids_reach_an_embedding_as_integers(pki: Path, tmp_path: Path) -> None:
+    """Integer inputs (token ids in an .npz) stay integers for a model that takes them."""
+    model, tokens = _bag_of_tokens(tmp_path, vocabulary=50, width=4, tokens=6, seed=1)
+    run = {**USER_RUN, "model": model, "test_data": tokens, "rounds": 2,
            "max_batch_size": 40, "min_providers": 2, "round_deadline": 4.0}  # fmt: skip
     d1, d2 = start_pair(pki, tmp_path, **run)
     try:
-        configs = [provider_config(pki, d1, d2, i, model=model, data=str(tokens)) for i in (0, 1)]
+        configs = [provider_config(pki, d1, d2, i, model=model, data=tokens) for i in (0, 1)]
         results = run_providers(configs)
         assert all(isinstance(r, list) and r for r in results), results
         assert d1.wait(60) and d2.wait(60)
@@ -215,24 +224,13 @@ def test_a_model_above_one_chunk_of_widened_values_trains(pki: Path, tmp_path: P
     """150,014 parameters: each packed share chunk carries more values than 1 MiB holds as
     uint64 (131,072), which the intake once refused in every round. One round, mode dng (no
     circuit), real providers sending packed shares."""
-    rng = np.random.default_rng(2)
-    tokens = tmp_path / "tokens.npz"
-    np.savez(tokens, x=rng.integers(0, 25_000, (40, 3)), y=rng.integers(0, 2, 40))
-    factory = tmp_path / "wide.py"
-    factory.write_text(
-        "from torch import nn\n\n\nclass Wide(nn.Module):\n"
-        "    def __init__(self):\n        super().__init__()\n"
-        "        self.embed, self.out = nn.Embedding(25_000, 6), nn.Linear(6, 2)\n\n"
-        "    def forward(self, x):\n        return self.out(self.embed(x).mean(dim=1))\n\n\n"
-        "def wide():\n    return Wide()\n"
-    )
-    model = f"{factory}:wide"
-    run = {**USER_RUN, "model": model, "test_data": str(tokens), "rounds": 1, "mode": "dng",
+    model, tokens = _bag_of_tokens(tmp_path, vocabulary=25_000, width=6, tokens=3, seed=2)
+    run = {**USER_RUN, "model": model, "test_data": tokens, "rounds": 1, "mode": "dng",
            "max_batch_size": 40, "min_providers": 2, "round_deadline": 20.0}  # fmt: skip
     d1, d2 = start_pair(pki, tmp_path, **run)
     try:
         assert d1.plan.dim == 150_014 > MAX_CHUNK_BYTES // 8
-        configs = [provider_config(pki, d1, d2, i, model=model, data=str(tokens)) for i in (0, 1)]
+        configs = [provider_config(pki, d1, d2, i, model=model, data=tokens) for i in (0, 1)]
         results = run_providers(configs)
         assert all(isinstance(r, list) and r for r in results), results
         sent = [s for r in results for report in r for s in report.results]
