@@ -81,6 +81,7 @@ from spgc.gradients import (
     per_example_gradients,
 )
 from spgc.ledger import LedgerError, LedgerReport, verify_ledger
+from spgc.logs import first_line, listed
 from spgc.models import (
     MODEL_NAMES,
     build_model,
@@ -177,11 +178,6 @@ class ModelFailed(RuntimeError):
 class RunFailed(RuntimeError):
     """A server says its run stopped on an error (RoundInfo.failure): training did not end as
     planned."""
-
-
-def _examples(idx: np.ndarray) -> str:
-    shown = ", ".join(str(int(i)) for i in idx[:8])
-    return shown + (f", ... ({len(idx)} in all)" if len(idx) > 8 else "")
 
 
 @dataclass
@@ -1219,10 +1215,9 @@ class ProviderClient:
                 self._model, self._x[idx], self._y[idx], chunk_size=len(idx)
             )
         except Exception as exc:  # whatever the user's model raises
-            first = (str(exc) or type(exc).__name__).strip().splitlines()[0][:300]
             raise ModelFailed(
                 f"the model failed computing the gradients of local examples "
-                f"{_examples(idx)}: {type(exc).__name__}: {first}"
+                f"{listed(idx.tolist(), 8)}: {type(exc).__name__}: {first_line(exc)}"
             ) from None
         return clip_per_example(grads, self.training.clip_norm)
 

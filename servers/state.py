@@ -652,9 +652,7 @@ class ServerState:
                 self.record_release(t, providers=len(self.plan.cfg.providers))
                 self._ldp_counted.add(t)
 
-    def note_accepted(
-        self, t: int, provider: str, encoding: str = "uint64", payload_bytes: int = 0
-    ) -> None:
+    def note_accepted(self, t: int, provider: str, encoding: str, payload_bytes: int) -> None:
         """A share (or, in ldp, a noisy vector) of ``provider`` is in round t's sum; it came
         as ``payload_bytes`` bytes of elements in ``encoding`` (the share observers' figures)."""
         with self.cond:

@@ -62,6 +62,7 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import IterableDataset, TensorDataset
 
 from spgc.csprng import SecureRandom, as_secure_rng
+from spgc.logs import listed
 from spgc.models import resolve_callable
 
 DATASET_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist")
@@ -568,7 +569,7 @@ def _parse_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[st
         problem = "no" if label not in header else "more than one"
         raise ValueError(
             f"{path}: {problem} label column {label!r}; the columns are: "
-            f"{_shown_columns(header)}{_header_hint(header)}"
+            f"{listed(header, 20)}{_header_hint(header)}"
         )
     if not rows:
         raise ValueError(f"{path}: no data rows after the header")
@@ -600,11 +601,6 @@ def _parse_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[st
     j = header.index(label)
     features = tuple(c for k, c in enumerate(header) if k != j)
     return np.delete(table, j, axis=1), table[:, j], features
-
-
-def _shown_columns(header: list[str]) -> str:
-    shown = ", ".join(header[:20])
-    return shown + (f", ... ({len(header)} in all)" if len(header) > 20 else "")
 
 
 def _header_hint(header: list[str]) -> str:

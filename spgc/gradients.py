@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from spgc.logs import first_line
 from spgc.models import (
     check_per_example_compatible,
     eval_forward,
@@ -181,7 +182,7 @@ def check_model_on_data(
     except Exception as exc:  # whatever the user's model raises on this input
         raise ValueError(
             f"the model cannot read {what}: an example of shape {tuple(np.shape(x)[1:])} "
-            f"fails: {_first_line(exc)}"
+            f"fails: {first_line(exc)}"
         ) from None
     if logits.ndim != 2 or logits.shape[0] != 1:
         raise ValueError(
@@ -200,7 +201,7 @@ def check_model_on_data(
         raise
     except Exception as exc:
         raise ValueError(
-            f"per-example gradients fail on an example of {what}: {_first_line(exc)}"
+            f"per-example gradients fail on an example of {what}: {first_line(exc)}"
         ) from None
     _check_every_example(model, x, what)
 
@@ -222,7 +223,7 @@ def _check_every_example(model: nn.Module, x: np.ndarray, what: str) -> None:
             except Exception as exc:
                 raise ValueError(
                     f"the model fails on example {start + i} of {what} (counted from 0): "
-                    f"{_first_line(exc)}"
+                    f"{first_line(exc)}"
                 ) from None
 
 
@@ -232,11 +233,6 @@ def _runs(model: nn.Module, x: np.ndarray) -> bool:
     except Exception:  # whatever the user's model raises; the caller names the example
         return False
     return True
-
-
-def _first_line(exc: BaseException) -> str:
-    text = (str(exc) or type(exc).__name__).strip().splitlines()[0]
-    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def clip_per_example(grads: np.ndarray, clip_norm: float) -> np.ndarray:

@@ -27,7 +27,9 @@ import yaml
 __all__ = [
     "LOG_FORMAT",
     "RepeatLimiter",
+    "first_line",
     "interrupted_status",
+    "listed",
     "print_error",
     "printable",
     "quiet_grpc_core",
@@ -153,6 +155,19 @@ def printable(text: str, limit: int = 1000) -> str:
     ``\\xNN`` escapes, cut to ``limit`` characters. For what a remote party wrote."""
     out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return out if len(text) <= limit else out + "..."
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of what ``exc`` says (its class name if nothing), cut to ``limit``: a
+    user's code failing, told in one line without its traceback."""
+    text = (str(exc) or type(exc).__name__).strip().splitlines()[0]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def listed(items: Sequence[object], limit: int = 5) -> str:
+    """The first ``limit`` items, comma-separated, and how many more there are."""
+    shown = ", ".join(str(item) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 class RepeatLimiter:

@@ -61,6 +61,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.nn.modules.lazy import LazyModuleMixin
 
+from spgc.logs import listed
+
 MODEL_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist", "mnist-wide")
 
 # Input shape each model expects (per example), matching spgc.data.Dataset.input_shape.
@@ -443,7 +445,7 @@ def check_buffers_match(model: nn.Module, as_built: nn.Module, how: str) -> None
     ]
     if differ:
         raise ValueError(
-            f"buffer(s) {_listed(differ)} differ from those the factory builds without {how}: "
+            f"buffer(s) {listed(differ)} differ from those the factory builds without {how}: "
             "only parameters travel between servers and providers, and each party builds its "
             "buffers itself from the factory, so they must not depend on it; make them a "
             "fixed part of the factory, or parameters with requires_grad=False (which travel)"
@@ -458,11 +460,6 @@ def model_fingerprint(model: nn.Module) -> str:
     h = hashlib.sha256(_FINGERPRINT_DOMAIN)
     h.update(json.dumps(layout, separators=(",", ":")).encode())
     return h.hexdigest()[:16]
-
-
-def _listed(names: list[str], limit: int = 5) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def load_initial_state(model: nn.Module, path: str | os.PathLike[str]) -> None:
@@ -487,22 +484,22 @@ def load_initial_state(model: nn.Module, path: str | os.PathLike[str]) -> None:
     unexpected = [k for k in state if k not in expected]
     problems = []
     if missing:
-        problems.append(f"missing keys {_listed(missing)}")
+        problems.append(f"missing keys {listed(missing)}")
     if unexpected:
-        problems.append(f"unexpected keys {_listed(unexpected)}")
+        problems.append(f"unexpected keys {listed(unexpected)}")
     shapes = [
         f"{k} {tuple(state[k].shape)} (model {tuple(v.shape)})"
         for k, v in expected.items()
         if k in state and tuple(state[k].shape) != tuple(v.shape)
     ]
     if shapes:
-        problems.append(f"wrong shapes {_listed(shapes)}")
+        problems.append(f"wrong shapes {listed(shapes)}")
     if problems:
         raise ValueError(
             f"initial state {str(file)!r} does not fit the model: {'; '.join(problems)}"
         )
     bad = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
-        raise ValueError(f"initial state {str(file)!r}: NaN or infinity in {_listed(bad)}")
+        raise ValueError(f"initial state {str(file)!r}: NaN or infinity in {listed(bad)}")
     with torch.no_grad():
         model.load_state_dict(state, strict=True)

@@ -225,12 +225,12 @@ def _check_value(field: FieldDescriptor, value: float, path: str) -> None:
         return
     is_float = field.cpp_type in _FLOATS
     shown = repr(float(value)) if is_float else str(value)
-    too_big = value > bound.high and not math.isnan(value)
-    error = bound.too_big if too_big else InvalidArgumentError
-    # "exceeds the limit": what a client reads to tell a size it must shrink from a limit on
-    # calls that a retry gets past (both RESOURCE_EXHAUSTED)
-    why = "exceeds the limit" if error is not InvalidArgumentError else "is out of bounds"
-    raise error(f"{path}={shown} {why}: must be {bound.describe(is_float)}")
+    must = f"must be {bound.describe(is_float)}"
+    if value > bound.high and bound.too_big is not InvalidArgumentError:  # NaN is not above
+        # "exceeds the limit": what a client reads to tell a size it must shrink from a limit
+        # on calls that a retry gets past (both RESOURCE_EXHAUSTED)
+        raise bound.too_big(f"{path}={shown} exceeds the limit: {must}")
+    raise InvalidArgumentError(f"{path}={shown} is out of bounds: {must}")
 
 
 def _walk(message: Message, path: str) -> None:
