@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from torch import nn
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
-from spgc.accounting import BATCH_OVERFLOW_LOG2
+from spgc.accounting import capped_poisson, reported_delta
 from spgc.export import privacy_report, write_export
 from spgc.ledger import (
     Ledger,
@@ -239,12 +239,16 @@ class ServerState:
             "peer": ("h2" if self.role == pb.SERVER_ROLE_H1 else "h1") if two_servers else None,
             "peer_public_key": self.peer_ledger_key if two_servers else None,
             "mode": cfg.mode,
-                "plan_sha256": config_digest(plan.training_config(self.run_id)),
+            "plan_sha256": config_digest(plan.training_config(self.run_id)),
             "noise_multiplier": plan.noise_multiplier if self.accountant else 0.0,
             "sampling": plan.sampling,
             "accountant": cfg.accountant,
             "delta": cfg.target_delta,
             "sensitivity_units": float(plan.fixed_point.l2_bound_units),
+            # A Poisson batch over this cap sits its round out (reported_delta counts it).
+            "max_batch_size": (
+                int(cfg.max_batch_size) if capped_poisson(plan.sampling, cfg.max_batch_size) else 0
+            ),
         }
 
     def open_ledger(self) -> None:
@@ -493,19 +497,13 @@ class ServerState:
             self._open_ledger().record_released(index, t, digest)
 
     def reported_delta(self) -> float | None:
-        """The delta of the guarantee: the accountant's plus what the sampler's statistical
-        distance eta per sample can add over N samples, (1 + e^epsilon) N eta (a sampler
-        within eta of the exact discrete Gaussian; docs/NOISE_SAMPLER.md), and likewise the
-        chance per release that a capped Poisson batch sat its round out (providers join only
-        where it is at most 2^BATCH_OVERFLOW_LOG2). None without DP."""
+        """The delta of the guarantee (spgc.accounting.reported_delta: the accountant's, the
+        sampler's statistical distance and the capped Poisson batches). None without DP."""
         if not self.differentially_private:
             return None
-        eps = self.epsilon()
         cfg = self.plan.cfg
-        unmodelled = self.noise_samples() * 2.0**DEFAULT_DISTANCE_LOG2
-        if cfg.batch_size <= 0 and cfg.max_batch_size > 0:
-            unmodelled += self.releases * 2.0**BATCH_OVERFLOW_LOG2
-        return cfg.target_delta + (1.0 + math.exp(min(eps, 700.0))) * unmodelled
+        capped = self.releases if capped_poisson(self.plan.sampling, cfg.max_batch_size) else 0
+        return reported_delta(cfg.target_delta, self.epsilon(), self.noise_samples(), capped)
 
     def collecting_model_version(self, t: int) -> int | None:
         """The model version round ``t`` trains on while it collects shares (None: t is not

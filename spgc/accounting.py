@@ -60,6 +60,8 @@ import numpy as np
 from dp_accounting import pld, rdp
 from scipy.special import gammaln, log_ndtr, logsumexp
 
+from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
+
 __all__ = [
     "ACCOUNTANTS",
     "BATCH_OVERFLOW_LOG2",
@@ -69,6 +71,7 @@ __all__ = [
     "analytic_gaussian_noise_multiplier",
     "batches_per_epoch",
     "calibrate_noise_multiplier",
+    "capped_poisson",
     "classic_noise_multiplier",
     "discrete_gaussian_subsampled_rdp",
     "epsilon_for",
@@ -76,6 +79,7 @@ __all__ = [
     "per_step_epsilon",
     "poisson_overflow_log2",
     "quiet_dp_accounting",
+    "reported_delta",
     "smallest_batch_cap",
     "units_noise_multiplier",
 ]
@@ -107,6 +111,27 @@ def poisson_overflow_log2(n: int, q: float, cap: int) -> float:
         return 0.0
     kl = a * math.log(a / q) + ((1.0 - a) * math.log((1.0 - a) / (1.0 - q)) if a < 1.0 else 0.0)
     return -n * kl / math.log(2.0)
+
+
+def capped_poisson(sampling: dict[str, object], max_batch_size: int) -> bool:
+    """Whether a run's releases carry the capped-batch term of :func:`reported_delta`: Poisson
+    sampling (``sampling`` as the accountant takes it) with a max_batch_size cap."""
+    return sampling.get("sampling", "poisson") == "poisson" and int(max_batch_size) > 0
+
+
+def reported_delta(
+    delta: float, epsilon: float, noise_samples: int, capped_releases: int = 0
+) -> float:
+    """The delta of the guarantee, the one formula the servers, ``spgc account`` and providers'
+    budget files use: the accountant's ``delta`` plus what no accountant models, each counted
+    as (1 + e^epsilon) times its probability (an event of probability p moves delta by at most
+    that much at ``epsilon``): the sampler's statistical distance, 2^DEFAULT_DISTANCE_LOG2 per
+    noise sample (docs/NOISE_SAMPLER.md), and, for each of ``capped_releases`` releases of a
+    Poisson run with a max_batch_size cap, the chance 2^BATCH_OVERFLOW_LOG2 that a provider's
+    batch was over the cap and sat the round out."""
+    unmodelled = noise_samples * 2.0**DEFAULT_DISTANCE_LOG2
+    unmodelled += capped_releases * 2.0**BATCH_OVERFLOW_LOG2
+    return float(delta) + (1.0 + math.exp(min(float(epsilon), 700.0))) * unmodelled
 
 
 def smallest_batch_cap(n: int, q: float, log2_bound: float = BATCH_OVERFLOW_LOG2) -> int:
