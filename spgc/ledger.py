@@ -15,14 +15,23 @@ re-accounts epsilon from the entries with dp-accounting, independently of the se
 
 Line kinds:
 
-- ``header``: ``run_id``, ``server``, ``public_key`` (hex, raw Ed25519), ``peer`` and
-  ``peer_public_key`` (the other server; null in the one-server modes), the plan (``mode``,
-  ``plan_sha256``, ``noise_multiplier``, ``sampling``, ``accountant``, ``delta``,
-  ``sensitivity_units``).
-- ``release``: written BEFORE a release: the shared fields ``run_id``, ``round``, ``mode``,
-  ``plan_sha256``, ``noise_multiplier``, ``sampling``, ``sensitivity_units``,
+- ``header``: ``run_id``, ``server`` (its role, ``h1`` or ``h2``), ``public_key`` (hex, raw
+  Ed25519), ``peer`` and ``peer_public_key`` (the other server; null in the one-server modes),
+  the plan: every field re-accounting reads (:data:`PLAN_KEYS`: ``mode``, ``plan_sha256``,
+  ``noise_multiplier``, ``sampling``, ``accountant``, ``delta``, ``sensitivity_units``,
+  ``max_batch_size``).
+- ``release``: written BEFORE a release: the shared fields (:data:`STATEMENT_KEYS`): the
+  header's plan fields, ``signers`` (role -> public key, both servers'), ``round`` and
   ``noise_samples``; this server's ``index`` (0, 1, ...) and ``epsilon_after`` (its own count
   at the plan's delta, this release included); ``peer_sig`` (two-server modes).
+
+What a dishonest server cannot do. Every field that re-accounting reads is in the statement
+both servers sign for every release, and each release entry must repeat its header's fields:
+a server that edits its header (a larger delta, another accountant) and re-signs its file with
+its own key breaks the peer's signature on every release entry. The statement also names both
+servers' keys by role, so a ledger cannot present its own key as the peer's. What one ledger
+cannot show alone: that its server did not drop its latest release entries and re-sign the
+chain; :func:`compare_ledgers` checks the two servers' ledgers against each other.
 - ``released``: written after it: ``index`` of its ``release``, ``round``, ``vector_sha256``.
 """
 
@@ -46,12 +55,15 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from spgc.accounting import PrivacyAccountant
+from spgc.accounting import PrivacyAccountant, capped_poisson, reported_delta
 from spgc.modes import get_mode
 
 __all__ = [
     "FORMAT",
     "LEDGER_FILE",
+    "PLAN_KEYS",
+    "ROLES",
+    "STATEMENT_KEYS",
     "Ledger",
     "LedgerError",
     "LedgerReport",
@@ -67,7 +79,9 @@ __all__ = [
     "verify_statement",
 ]
 
-FORMAT = 1
+# 2: every field re-accounting reads (delta, accountant, max_batch_size) and both servers'
+# keys by role are in the co-signed statement. Format 1 left them out; it is refused.
+FORMAT = 2
 # What the re-accounted epsilon may exceed the recorded one by before it counts as an
 # under-report (dp-accounting's own floating-point noise).
 EPSILON_TOLERANCE = 1e-6
@@ -103,20 +117,32 @@ def canonical(entry: Mapping[str, Any]) -> bytes:
     return json.dumps(entry, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-# The fields of a release entry both servers sign (the same bytes on both: nothing local).
-STATEMENT_KEYS = (
-    "kind",
+# What a ledger's header says of the plan: every field that re-accounting reads. Each release
+# entry repeats them (checked against the header), and both servers sign them.
+PLAN_KEYS = (
+    "format",
     "run_id",
-    "round",
     "mode",
     "plan_sha256",
     "noise_multiplier",
     "sampling",
+    "accountant",
+    "delta",
     "sensitivity_units",
-    "noise_samples",
+    "max_batch_size",
 )
-# Entry fields copied from the header into every release entry (and checked against it).
-_PLAN_KEYS = ("run_id", "mode", "plan_sha256", "noise_multiplier", "sampling", "sensitivity_units")
+# The fields of a release entry both servers sign (the same bytes on both: nothing local).
+STATEMENT_KEYS = ("kind", *PLAN_KEYS, "signers", "round", "noise_samples")
+# The servers' roles; a one-server mode's server is h1.
+ROLES = ("h1", "h2")
+
+
+def signers(header: Mapping[str, Any]) -> dict[str, Any]:
+    """Role -> public key (hex) of the servers that sign a run's releases, from a header."""
+    out = {str(header.get("server")): header.get("public_key")}
+    if header.get("peer_public_key") is not None:
+        out[str(header.get("peer"))] = header.get("peer_public_key")
+    return out
 
 
 def release_statement(
@@ -124,7 +150,8 @@ def release_statement(
 ) -> dict[str, Any]:
     """The shared fields of the release entry for ``round_number`` under ``header``'s plan."""
     out: dict[str, Any] = {"kind": "release", "round": int(round_number)}
-    out.update({k: header.get(k) for k in _PLAN_KEYS})
+    out.update({k: header.get(k) for k in PLAN_KEYS})
+    out["signers"] = signers(header)
     out["noise_samples"] = int(noise_samples)
     return out
 
@@ -236,6 +263,8 @@ class Ledger:
         plan), else start one with ``header`` (an older run's file is kept aside as
         ``ledger.jsonl.<run_id>``)."""
         fields = {**header, "kind": "header", "format": FORMAT, "public_key": public_key_hex(key)}
+        if fields.get("peer_public_key") == fields["public_key"]:
+            raise LedgerError("the peer server's ledger key is this server's own")
         ledger = cls(path, key, dict(fields))
         if path is not None and path.exists():
             _cut_torn_tail(path)
@@ -369,10 +398,14 @@ class LedgerReport:
     released: int  # of which a released line followed
     epsilon: float | None  # re-accounted from the entries (None: no noise, not DP)
     epsilon_recorded: float | None  # the last release entry's own count
-    delta: float | None
+    delta: float | None  # the accountant's (the header's), None without DP
     noise_samples: int
+    # The delta of the guarantee: the accountant's plus the sampler's distance and the capped
+    # Poisson batches (spgc.accounting.reported_delta, as the servers report it).
+    delta_reported: float | None = None
     signatures_valid: bool = True
     cosigned: bool = False  # every release entry also carries the peer server's signature
+    keys_pinned: bool = False  # both keys matched the expected ones, each in its role
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -390,12 +423,13 @@ def _entries(lines: list[bytes]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
 
 
 def verify_ledger(
-    source: Path | str | list[bytes], expected_keys: list[str] | None = None
+    source: Path | str | list[bytes], expected_keys: Mapping[str, str] | None = None
 ) -> LedgerReport:
     """Check the chain and every signature and re-account epsilon from the release entries.
-    LedgerError naming the line on a broken chain, a bad signature, a key other than
-    ``expected_keys`` (hex, optional pinning), a recorded epsilon below the re-accounted one
-    (an under-count), or above it (release entries missing)."""
+    LedgerError naming the line on a broken chain, a bad signature, a header whose keys are not
+    ``expected_keys`` (role -> hex public key, each pinned to its role: the header's own key to
+    its ``server``, its peer's to ``peer``), a recorded epsilon below the re-accounted one (an
+    under-count), or above it (release entries missing)."""
     if isinstance(source, list):
         lines = [line for line in source if line.strip()]
     else:
@@ -418,31 +452,8 @@ def verify_ledger(
         if entry.get("prev") != want:
             raise LedgerError(f"line {number}: broken chain (prev does not hash line {number - 1})")
         if number == 1:
-            if entry.get("kind") != "header" or entry.get("format") != FORMAT:
-                raise LedgerError("line 1: not a ledger header of format 1")
+            public = _check_header(entry, expected_keys)
             header = entry
-            try:
-                public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry["public_key"]))
-            except (KeyError, TypeError, ValueError):
-                raise LedgerError("line 1: no valid public_key") from None
-            peer_hex = entry.get("peer_public_key")
-            if peer_hex is not None:
-                try:
-                    Ed25519PublicKey.from_public_bytes(bytes.fromhex(peer_hex))
-                except (TypeError, ValueError):
-                    raise LedgerError("line 1: peer_public_key is not an Ed25519 key") from None
-            elif _servers(entry.get("mode")) == 2:
-                raise LedgerError(
-                    f"line 1: mode {entry.get('mode')!r} has two servers but the header names "
-                    "no peer_public_key"
-                )
-            if expected_keys is not None:
-                pinned = {k.lower() for k in expected_keys}
-                for name in ("public_key", "peer_public_key"):
-                    if entry.get(name) is not None and entry[name].lower() not in pinned:
-                        raise LedgerError(
-                            f"line 1: {name} is not one of the expected keys (--keys)"
-                        )
         assert public is not None
         unsigned = {k: v for k, v in entry.items() if k != "sig"}
         try:
@@ -456,9 +467,11 @@ def verify_ledger(
             if not _is_int(entry.get("index")) or entry["index"] != steps:
                 raise LedgerError(f"line {number}: release index {entry.get('index')}, "
                                   f"expected {steps}")  # fmt: skip
-            for key in _PLAN_KEYS:
+            for key in PLAN_KEYS:
                 if entry.get(key) != header.get(key):
                     raise LedgerError(f"line {number}: {key} differs from the header's")
+            if entry.get("signers") != signers(header):
+                raise LedgerError(f"line {number}: signers differ from the header's keys")
             peer_hex = header.get("peer_public_key")
             if peer_hex is not None and not verify_statement(
                 peer_hex, statement_bytes(entry), _hex_bytes(entry.get("peer_sig"))
@@ -516,6 +529,12 @@ def verify_ledger(
             f"but the {steps} release entries here re-account to only {epsilon:.6g}: entries "
             "are missing"
         )
+    delta_reported = None
+    if epsilon is not None and math.isfinite(epsilon):
+        capped = capped_poisson(header.get("sampling") or {}, header["max_batch_size"])
+        delta_reported = reported_delta(
+            float(header["delta"]), epsilon, samples, steps if capped else 0
+        )
     return LedgerReport(
         run_id=str(header.get("run_id", "")),
         server=str(header.get("server", "")),
@@ -527,8 +546,70 @@ def verify_ledger(
         epsilon_recorded=recorded,
         delta=header.get("delta") if epsilon is not None else None,
         noise_samples=samples,
+        delta_reported=delta_reported,
         cosigned=header.get("peer_public_key") is not None,
+        keys_pinned=expected_keys is not None,
     )
+
+
+def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None) -> Any:
+    """Line 1: a header of this format whose roles and keys make sense (and are the pinned
+    ones); returns its public key. LedgerError naming what is wrong."""
+    if entry.get("kind") != "header":
+        raise LedgerError("line 1: not a ledger header")
+    if entry.get("format") != FORMAT:
+        old = ""
+        if entry.get("format") == 1:
+            old = " (written before delta and accountant were co-signed)"
+        raise LedgerError(
+            f"line 1: ledger format {entry.get('format')!r}{old}; this version verifies format "
+            f"{FORMAT} only"
+        )
+    for key in PLAN_KEYS:
+        if key not in entry:
+            raise LedgerError(f"line 1: the header has no {key}")
+    if not _is_int(entry.get("max_batch_size")) or entry["max_batch_size"] < 0:
+        raise LedgerError("line 1: max_batch_size must be an integer >= 0")
+    try:
+        public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry["public_key"]))
+    except (KeyError, TypeError, ValueError):
+        raise LedgerError("line 1: no valid public_key") from None
+    server, peer = entry.get("server"), entry.get("peer")
+    if server not in ROLES:
+        raise LedgerError(f"line 1: server {server!r} is not a role ({', '.join(ROLES)})")
+    peer_hex = entry.get("peer_public_key")
+    two = _servers(entry.get("mode")) == 2
+    if two:
+        if peer_hex is None:
+            raise LedgerError(
+                f"line 1: mode {entry.get('mode')!r} has two servers but the header names no "
+                "peer_public_key"
+            )
+        if peer not in ROLES or peer == server:
+            raise LedgerError(f"line 1: peer {peer!r} is not the other role than {server!r}")
+        try:
+            Ed25519PublicKey.from_public_bytes(bytes.fromhex(peer_hex))
+        except (TypeError, ValueError):
+            raise LedgerError("line 1: peer_public_key is not an Ed25519 key") from None
+        if str(peer_hex).lower() == str(entry["public_key"]).lower():
+            raise LedgerError(
+                "line 1: the header names this server's own key as the peer server's: no "
+                "second server co-signed this ledger"
+            )
+    elif peer_hex is not None:
+        raise LedgerError(f"line 1: mode {entry.get('mode')!r} has one server but names a peer")
+    if expected_keys is not None:
+        pinned = {role: key.lower() for role, key in expected_keys.items()}
+        named = {server: entry["public_key"]}
+        if two:
+            named[peer] = peer_hex
+        for role, key in named.items():
+            if role not in pinned:
+                raise LedgerError(f"line 1: no key pinned for {role} (--keys {role}=PEM)")
+            if str(key).lower() != pinned[role]:
+                which = "this server's public_key" if role == server else "peer_public_key"
+                raise LedgerError(f"line 1: {which} is not the key pinned for {role} (--keys)")
+    return public
 
 
 def _servers(mode: Any) -> int:
@@ -574,51 +655,54 @@ def _reaccount(header: Mapping[str, Any], steps: int) -> float | None:
     return epsilon
 
 
-def _one_more(longer: list[Any], shorter: list[Any]) -> bool:
-    """Whether ``longer`` is ``shorter`` with one item inserted somewhere (or equal)."""
-    if len(longer) == len(shorter):
-        return longer == shorter
-    if len(longer) != len(shorter) + 1:
-        return False
-    i = 0
-    while i < len(shorter) and shorter[i] == longer[i]:
-        i += 1
-    return longer[i + 1 :] == shorter[i:]
+def _shared(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: entry.get(k) for k in STATEMENT_KEYS}
 
 
 def compare_ledgers(first: list[bytes], second: list[bytes]) -> None:
     """Check the two servers' ledgers of one run against each other (each already verified
-    alone: :func:`verify_ledger`): one run and plan, each naming the other's key, and the same
-    releases, in order: every release is recorded by both before it runs (H2 first), so H2's
-    ledger may hold one release more, written just before a crash or a lost answer; anything
-    else (H1's holding one more included) means a server dropped entries from its ledger and
-    re-signed the chain. LedgerError naming the difference."""
-    headers = [json.loads(lines[0]) for lines in (first, second)]
-    a, b = headers
-    for key in ("run_id", "plan_sha256"):
-        if a.get(key) != b.get(key):
-            raise LedgerError(f"the ledgers are of different runs or plans ({key} differs)")
-    if not a.get("peer_public_key") or not b.get("peer_public_key"):
-        raise LedgerError("a one-server ledger has no peer's ledger to compare with")
-    if a["peer_public_key"] != b["public_key"] or b["peer_public_key"] != a["public_key"]:
-        raise LedgerError("the ledgers do not name each other's signing keys: not one pair")
-    releases = []
+    alone: :func:`verify_ledger`): one h1 and one h2, each naming the other's key, the same
+    plan field by field, and the same releases, in order, field by field. Every release is
+    recorded by both before it runs (H2 first), so H2's ledger may hold one release more, as
+    its last release entry: written just before a crash or a lost answer. Anything else (H1's
+    holding one more included) means a server dropped or changed entries of its ledger and
+    re-signed the chain. LedgerError naming the first difference."""
+    ledgers = []
     for lines in (first, second):
-        entries = (json.loads(line) for line in lines[1:])
-        releases.append(
-            [(e["round"], e["noise_samples"]) for e in entries if e.get("kind") == "release"]
-        )
-    counts = f"{a.get('server')} {len(releases[0])}, {b.get('server')} {len(releases[1])}"
-    longer, shorter = sorted(releases, key=len, reverse=True)
-    if not _one_more(longer, shorter):
+        entries = [json.loads(line) for line in lines]
+        ledgers.append((entries[0], [e for e in entries[1:] if e.get("kind") == "release"]))
+    roles = [str(header.get("server")) for header, _ in ledgers]
+    if sorted(roles) != list(ROLES):
         raise LedgerError(
-            f"the two ledgers hold different releases ({counts} release entries): each "
-            "release is co-signed and recorded by both servers, so one of them dropped entries"
+            f"the ledgers are of servers {roles[0]!r} and {roles[1]!r}: give h1's and h2's"
         )
-    by_role = {str(h.get("server")): r for h, r in zip(headers, releases, strict=True)}
-    if set(by_role) == {"h1", "h2"} and len(by_role["h1"]) > len(by_role["h2"]):
+    by_role = dict(zip(roles, ledgers, strict=True))
+    (h1, r1), (h2, r2) = by_role["h1"], by_role["h2"]
+    if h1.get("peer_public_key") is None or h2.get("peer_public_key") is None:
+        raise LedgerError("a one-server ledger has no peer's ledger to compare with")
+    for key in PLAN_KEYS:
+        if h1.get(key) != h2.get(key):
+            raise LedgerError(
+                f"the headers differ in {key}: h1 {h1.get(key)!r}, h2 {h2.get(key)!r}"
+            )
+    if h1["peer_public_key"] != h2["public_key"] or h2["peer_public_key"] != h1["public_key"]:
+        raise LedgerError("the ledgers do not name each other's signing keys: not one pair")
+    counts = f"h1 {len(r1)}, h2 {len(r2)} release entries"
+    for index, (a, b) in enumerate(zip(r1, r2, strict=False)):
+        sa, sb = _shared(a), _shared(b)
+        if sa != sb:
+            key = next(k for k in STATEMENT_KEYS if sa[k] != sb[k])
+            raise LedgerError(
+                f"release entry {index} differs in {key}: h1 {sa[key]!r}, h2 {sb[key]!r} "
+                f"({counts}): both servers sign the same statement for every release"
+            )
+    if len(r1) > len(r2):
         raise LedgerError(
-            f"h1's ledger holds a release that h2's lacks ({counts} release entries): h2 "
-            "records every release before h1, so h2's ledger dropped an entry"
+            f"h1's ledger holds a release that h2's lacks ({counts}): h2 records every "
+            "release before h1, so h2's ledger dropped an entry"
         )
-
+    if len(r2) > len(r1) + 1:
+        raise LedgerError(
+            f"h2's ledger holds {len(r2) - len(r1)} releases that h1's lacks ({counts}): only "
+            "its last release, recorded just before a crash, may be missing from h1's"
+        )

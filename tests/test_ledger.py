@@ -27,6 +27,7 @@ from spgc.ledger import (
     canonical,
     load_signing_key,
     public_key_hex,
+    statement_bytes,
     verify_ledger,
 )
 
@@ -44,6 +45,7 @@ HEADER: dict[str, Any] = {
     "accountant": "rdp",
     "delta": 1e-5,
     "sensitivity_units": 1024.0,
+    "max_batch_size": 0,
 }
 ROUNDS = 5
 SAMPLES = 1000  # noise samples per release in these ledgers
@@ -128,7 +130,7 @@ def test_honest_ledger_verifies(ledger_path, key):
     assert report.noise_samples == ROUNDS * SAMPLES
     assert report.signatures_valid is True
     # Pinning the right key passes too; the lines can also be given as a list.
-    both = [public_key_hex(key), public_key_hex(PEER)]
+    both = {"h1": public_key_hex(key), "h2": public_key_hex(PEER)}
     assert verify_ledger(_lines(ledger_path), expected_keys=both).steps == ROUNDS
     assert report.peer_public_key == public_key_hex(PEER) and report.cosigned is True
     # Every line: canonical JSON, chained, with the header first.
@@ -261,13 +263,31 @@ def test_a_cut_ledger_that_was_continued_fails(ledger_path, key):
         verify_ledger(ledger_path)
 
 
+def _forge_pair_keys(entries: list[dict[str, Any]], own: Any, peer: Any) -> list[bytes]:
+    """A whole ledger made again by a forger holding two keys of its own: every release
+    statement names them and is co-signed by ``peer``."""
+    keys = {"public_key": public_key_hex(own), "peer_public_key": public_key_hex(peer)}
+    out = [{**entries[0], **keys}]
+    for entry in entries[1:]:
+        entry = dict(entry)
+        if entry["kind"] == "release":
+            entry["signers"] = {"h1": public_key_hex(own), "h2": public_key_hex(peer)}
+            entry["peer_sig"] = peer.sign(statement_bytes(entry)).hex()
+        out.append(entry)
+    return _resign(out, own)
+
+
 def test_resigned_ledger_fails_once_the_key_is_pinned(ledger_path, key):
-    other = Ed25519PrivateKey.generate()
-    forged = _resign(_entries(ledger_path), other)
+    other, other_peer = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    # Another key alone: the release entries still name the real keys, co-signed by PEER.
+    with pytest.raises(LedgerError, match=r"^line 2: signers differ from the header's keys"):
+        verify_ledger(_resign(_entries(ledger_path), other))
+    forged = _forge_pair_keys(_entries(ledger_path), other, other_peer)
     report = verify_ledger(forged)  # consistent on its own ...
     assert report.public_key == public_key_hex(other) and report.steps == ROUNDS
-    with pytest.raises(LedgerError, match=r"^line 1: public_key is not one of the expected"):
-        verify_ledger(forged, expected_keys=[public_key_hex(key), public_key_hex(PEER)])
+    pinned = {"h1": public_key_hex(key), "h2": public_key_hex(PEER)}
+    with pytest.raises(LedgerError, match=r"^line 1: this server's public_key is not the key "):
+        verify_ledger(forged, expected_keys=pinned)
 
 
 def test_under_reported_epsilon(ledger_path, key):
@@ -354,18 +374,25 @@ def test_a_release_needs_the_peer_signature(tmp_path, key):
     assert ledger.releases == 0  # nothing was written
     assert ledger.record_release(0, SAMPLES, 1.0, PEER.sign(statement)) == 0
     # The statement: the shared fields only, the same bytes on both servers.
+    # Every field re-accounting reads, and both servers' keys by role.
     assert json.loads(statement) == {
         "kind": "release",
+        "format": 2,
         "run_id": "run-1",
         "round": 0,
         "mode": "spgc",
         "plan_sha256": HEADER["plan_sha256"],
         "noise_multiplier": 1.1,
         "sampling": HEADER["sampling"],
+        "accountant": "rdp",
+        "delta": 1e-5,
         "sensitivity_units": 1024.0,
+        "max_batch_size": 0,
+        "signers": {"h1": public_key_hex(key), "h2": public_key_hex(PEER)},
         "noise_samples": SAMPLES,
     }
-    peer_view = Ledger.open(None, PEER, {**HEADER, "server": "h2", "peer": "h1"})
+    h2_header = {**HEADER, "server": "h2", "peer": "h1", "peer_public_key": public_key_hex(key)}
+    peer_view = Ledger.open(None, PEER, h2_header)
     assert peer_view.statement(0, SAMPLES)[0] == statement
 
 
@@ -463,7 +490,7 @@ def test_cli_json(parser, capsys, ledger_path, key):
     assert got["cosigned"] is True and got["peer_public_key"] == public_key_hex(PEER)
     # The delta the servers report: the accountant's plus the sampler's distance.
     sampler = (1 + math.exp(got["epsilon"])) * ROUNDS * SAMPLES * 2.0**-64
-    assert got["delta_sampler"] == pytest.approx(sampler, rel=1e-12)
+    assert got["delta_unmodelled"] == pytest.approx(sampler, rel=1e-12)
     assert got["delta_reported"] == pytest.approx(1e-5 + sampler, rel=1e-12)
 
 
@@ -474,7 +501,8 @@ def test_cli_human(parser, capsys, ledger_path):
     assert "run run-1, server h1, mode spgc" in out
     assert f"releases counted: {ROUNDS} " in out
     assert "re-accounted from the entries (RDP, noise multiplier 1.1)" in out
-    assert "= 1e-05 (accountant) + " in out and "x 2^-64)" in out
+    assert "= 1e-05 (accountant) + " in out and "(sampler: (1 + e^epsilon) x their" in out
+    assert "this ledger alone cannot establish:" in out and "give both servers' ledgers" in out
     assert f"noise samples: {ROUNDS * SAMPLES}" in out
     assert "signatures valid (this server's key" in out
     assert "every release co-signed by the peer server's key" in out
@@ -485,22 +513,50 @@ def test_cli_pinned_keys(parser, capsys, tmp_path, ledger_path, key, private):
     other = _pem(tmp_path / "other.pem", Ed25519PrivateKey.generate(), private)
     mine = _pem(tmp_path / "mine.pem", key, private)
     peer = _pem(tmp_path / "peer.pem", PEER, private)
-    argv = ("--ledger", ledger_path, "--keys", other, mine, peer, "--json")
+    argv = ("--ledger", ledger_path, "--keys", f"h2={peer}", f"h1={mine}", "--json")
     code, out, err = _run(parser, capsys, *argv)
     assert (code, err) == (0, "")
-    assert json.loads(out)["keys_pinned"] is True
+    got = json.loads(out)
+    assert got["keys_pinned"] is True
+    assert not any("who signed" in what for what in got["cannot_establish_alone"])
     assert "PRIVATE" not in out  # the key file's contents are never printed
 
-    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", other)
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", f"h1={other}",
+                          f"h2={peer}")  # fmt: skip
     assert (code, out) == (1, "")
     assert err == (
-        f"spgc account: ledger {ledger_path}: line 1: public_key is not one of the expected "
-        "keys (--keys)\n"
+        f"spgc account: ledger {ledger_path}: line 1: this server's public_key is not the key "
+        "pinned for h1 (--keys)\n"
     )
     # Only this server's key pinned: the peer's key in the header is not trusted.
-    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", mine)
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", f"h1={mine}")
     assert (code, out) == (1, "")
-    assert "line 1: peer_public_key is not one of the expected keys" in err
+    assert "line 1: no key pinned for h2 (--keys h2=PEM)" in err
+    # Both real keys, in the wrong roles: refused (a set of keys pins nothing).
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", f"h1={peer}",
+                          f"h2={mine}")  # fmt: skip
+    assert code == 1 and "not the key pinned for h1" in err
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (["PEM"], "--keys PEM: name each key's role: --keys h1=H1_KEY.pem h2=H2_KEY.pem"),
+        (["h3=x.pem"], "--keys h3=x.pem: the role must be h1 or h2, got 'h3'"),
+        (["h1=MINE", "h1=MINE"], "--keys: h1 is given twice"),
+        (
+            ["h1=MINE", "h2=MINE"],
+            "--keys: h1 and h2 are pinned to the same key; each server has its own",
+        ),
+    ],
+)
+def test_cli_keys_name_their_roles(parser, capsys, tmp_path, ledger_path, key, keys, message):
+    """The positional form (a set of keys) is refused with one line showing the new form."""
+    mine = _pem(tmp_path / "mine.pem", key, False)
+    argv = [k.replace("MINE", str(mine)) for k in keys]
+    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", *argv)
+    assert (code, out) == (2, "")
+    assert err == f"spgc account: error: {message}\n"
 
 
 def test_cli_broken_ledger_exits_1_naming_the_line(parser, capsys, ledger_path):
@@ -515,7 +571,8 @@ def test_cli_broken_ledger_exits_1_naming_the_line(parser, capsys, ledger_path):
 
 def test_cli_no_noise(parser, capsys, tmp_path, key):
     path = tmp_path / "ledger.jsonl"
-    header = {**HEADER, "mode": "plain", "noise_multiplier": 0.0, "peer_public_key": None}
+    header = {**HEADER, "mode": "plain", "noise_multiplier": 0.0, "peer": None,
+              "peer_public_key": None}  # fmt: skip
     ledger = Ledger.open(path, key, header)
     ledger.record_release(0, 0, math.inf)
     code, out, _ = _run(parser, capsys, "--ledger", path)
@@ -534,7 +591,7 @@ def test_cli_no_noise(parser, capsys, tmp_path, key):
             ["--sampling-rate", "0.1", "--delta", "1e-5", "--accountant", "pld"],
             "--sampling-rate, --delta, --accountant cannot be given with --ledger",
         ),
-        (["--keys", "missing.pem"], "--keys missing.pem: No such file or directory"),
+        (["--keys", "h1=missing.pem"], "--keys missing.pem: No such file or directory"),
     ],
 )
 def test_cli_usage_errors_exit_2(parser, capsys, ledger_path, argv, message):
@@ -555,7 +612,7 @@ def test_cli_unreadable_file_exits_2(parser, capsys, tmp_path):
 def test_cli_bad_key_file_exits_2(parser, capsys, tmp_path, ledger_path):
     bad = tmp_path / "bad.pem"
     bad.write_text("not a key\n")
-    code, _, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", bad)
+    code, _, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", f"h1={bad}")
     assert (
         code == 2
         and err == f"spgc account: error: --keys {bad}: not a PEM key without a password\n"
@@ -565,7 +622,7 @@ def test_cli_bad_key_file_exits_2(parser, capsys, tmp_path, ledger_path):
 def test_cli_keys_without_ledger(parser, capsys, tmp_path):
     code, _, err = _run(
         parser, capsys, "--sigma", "1.1", "--sampling-rate", "0.01", "--steps", "10",
-        "--delta", "1e-5", "--keys", tmp_path / "k.pem",
+        "--delta", "1e-5", "--keys", f"h1={tmp_path / 'k.pem'}",
     )  # fmt: skip
     assert code == 2 and err == "spgc account: error: --keys goes with --ledger\n"
 
@@ -674,9 +731,9 @@ def _pair(tmp_path: Path, key: Ed25519PrivateKey, rounds: tuple[int, int]) -> tu
 @pytest.mark.parametrize(
     ("rounds", "code", "said"),
     [
-        ((5, 5), 0, "the two ledgers agree (5 and 5 release entries, the same releases"),
+        ((5, 5), 0, "the two ledgers agree (5 and 5 release entries, the same plan and"),
         ((4, 5), 0, "the run counted 5 release(s)"),  # a crash between the two entries
-        ((3, 5), 1, "hold different releases (h1 3, h2 5 release entries)"),  # entries dropped
+        ((3, 5), 1, "h2's ledger holds 2 releases that h1's lacks (h1 3, h2 5 release"),
         # H2 records first: h1's holding one more means h2 dropped it (and re-signed).
         ((5, 4), 1, "h1's ledger holds a release that h2's lacks (h1 5, h2 4 release entries)"),
     ],
@@ -696,7 +753,7 @@ def test_cli_checks_both_servers_ledgers_against_each_other(
 
 def test_cli_refuses_two_ledgers_that_are_not_one_pair(parser, capsys, tmp_path, key):
     h1, _ = _pair(tmp_path, key, (2, 2))
-    stranger = tmp_path / "other" / "h1.jsonl"
+    stranger = tmp_path / "other" / "h2.jsonl"
     stranger.parent.mkdir()
     _pair(stranger.parent, Ed25519PrivateKey.generate(), (2, 2))
     code, _, err = _run(parser, capsys, "--ledger", h1, stranger)

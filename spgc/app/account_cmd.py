@@ -30,7 +30,6 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.accounting import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
@@ -38,6 +37,7 @@ from spgc.accounting import (
     quiet_dp_accounting,
 )
 from spgc.ledger import (
+    ROLES,
     LedgerError,
     compare_ledgers,
     public_key_hex,
@@ -125,11 +125,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--keys",
         nargs="+",
-        type=Path,
-        metavar="PEM",
-        help="with --ledger: Ed25519 key files (public or private PEM) pinning the servers' "
-        "signing keys: both keys the ledger's header names must be among them (two-server "
-        "modes: give both servers' keys)",
+        metavar="ROLE=PEM",
+        help="with --ledger: pin each server's Ed25519 signing key to its role, h1=PEM and "
+        "h2=PEM (public or private PEM files): a ledger's own key must be the one pinned for "
+        "its server, its peer's the one pinned for the other (two-server modes: give both)",
     )
     # Not argparse-required: --ledger takes these from the ledger, so run() checks them.
     p.add_argument(
@@ -298,14 +297,49 @@ def _pinned_key(path: Path) -> str:
     return public_key_hex(key)
 
 
-def _sampler_delta(epsilon: float, samples: int) -> float:
-    """What the sampler's statistical distance (2^-64 per sample, docs/NOISE_SAMPLER.md) can
-    add to delta over ``samples`` samples: (1 + e^epsilon) x samples x 2^-64 (as the servers
-    report it)."""
-    return (1.0 + math.exp(min(epsilon, 700.0))) * samples * 2.0**DEFAULT_DISTANCE_LOG2
+def _pinned_keys(items: list[str]) -> dict[str, str]:
+    """``--keys h1=PEM h2=PEM``: role -> the hex public key pinned for it."""
+    keys: dict[str, str] = {}
+    for item in items:
+        role, sep, path = item.partition("=")
+        if not sep:
+            raise _AccountError(
+                f"--keys {item}: name each key's role: --keys h1=H1_KEY.pem h2=H2_KEY.pem"
+            )
+        if role not in ROLES:
+            raise _AccountError(f"--keys {item}: the role must be h1 or h2, got {role!r}")
+        if role in keys:
+            raise _AccountError(f"--keys: {role} is given twice")
+        keys[role] = _pinned_key(Path(path))
+    if len(set(keys.values())) < len(keys):
+        raise _AccountError("--keys: h1 and h2 are pinned to the same key; each server has its own")
+    return keys
 
 
-def _ledger_answer(path: Path, lines: list[bytes], keys: list[str] | None) -> dict[str, Any]:
+def _alone(report: Any, pinned: bool) -> list[str]:
+    """What one ledger checked on its own cannot establish (said with every single check)."""
+    out = []
+    if report.cosigned:
+        out.append(
+            "that this server did not drop its latest release entries and re-sign its chain "
+            "with its own key: give both servers' ledgers (--ledger H1 H2) to compare them"
+        )
+    else:
+        out.append(
+            "anything a second server would vouch for: a one-server mode has no co-signer, so "
+            "this is the server's own record alone"
+        )
+    if not pinned:
+        out.append(
+            "who signed it: without --keys h1=PEM h2=PEM any key pair could have made this "
+            "ledger"
+        )
+    return out
+
+
+def _ledger_answer(
+    path: Path, lines: list[bytes], keys: dict[str, str] | None
+) -> dict[str, Any]:
     """The report on the ledger's ``lines`` (read once: what is verified is what is shown)."""
     report = verify_ledger(lines, expected_keys=keys)
     header = json.loads(lines[0])  # verified: the header object
@@ -313,10 +347,6 @@ def _ledger_answer(path: Path, lines: list[bytes], keys: list[str] | None) -> di
     epsilon = report.epsilon
     dp = epsilon is not None
     finite = epsilon is not None and math.isfinite(epsilon)
-    sampler = reported = None
-    if epsilon is not None and finite and report.delta is not None:
-        sampler = _sampler_delta(epsilon, report.noise_samples)
-        reported = report.delta + sampler
     answer.update(
         {
             "ledger": str(path),
@@ -324,17 +354,19 @@ def _ledger_answer(path: Path, lines: list[bytes], keys: list[str] | None) -> di
             "noise_multiplier": header.get("noise_multiplier"),
             "sampling": header.get("sampling"),
             "accountant": header.get("accountant") if dp else None,
+            "max_batch_size": header.get("max_batch_size"),
             "differentially_private": dp,
             "epsilon": epsilon if finite else None,  # JSON has no Infinity
-            "delta_sampler": sampler,
-            "delta_reported": reported,
+            "delta_unmodelled": (
+                None if report.delta_reported is None else report.delta_reported - report.delta
+            ),
             "signatures_valid": True,  # verify_ledger raised otherwise
             "signatures_checked": (
                 "this server's key on every line and the peer server's on every release entry"
                 if report.cosigned
                 else "this server's key on every line (a one-server mode: no peer)"
             ),
-            "keys_pinned": keys is not None,
+            "cannot_establish_alone": _alone(report, keys is not None),
         }
     )
     return answer
@@ -361,12 +393,14 @@ def _ledger_human(a: dict[str, Any]) -> str:
         if a["delta_reported"] is None:
             lines.append(f"  delta {a['delta']:g} (accountant)")
         else:
+            capped = " and capped Poisson batches" if a.get("max_batch_size") else ""
             lines.append(
                 f"  delta {a['delta_reported']:.12g} = {a['delta']:g} (accountant) + "
-                f"{a['delta_sampler']:.4g} (sampler: (1 + e^epsilon) x noise samples x 2^-64)"
+                f"{a['delta_unmodelled']:.4g} (sampler{capped}: (1 + e^epsilon) x their "
+                "probability)"
             )
     lines.append(f"  noise samples: {a['noise_samples']}")
-    pinned = ", pinned by --keys" if a["keys_pinned"] else ""
+    pinned = ", each pinned to its role by --keys" if a["keys_pinned"] else ""
     peer = a.get("peer_public_key")
     cosigned = (
         f"; every release co-signed by the peer server's key {peer[:16]}..."
@@ -377,12 +411,40 @@ def _ledger_human(a: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _alone_human(a: dict[str, Any]) -> str:
+    return "\n".join(
+        ["  this ledger alone cannot establish:"]
+        + [f"  - {what}" for what in a["cannot_establish_alone"]]
+    )
+
+
+def _worst(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figure for a run from its two ledgers: the worse of the two, field by field."""
+
+    def high(key: str, infinite: bool) -> Any:
+        values = [a[key] for a in answers]
+        if any(v is None for v in values) and infinite:
+            return None  # an infinite epsilon (JSON null) is the worst
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    dp = all(a["differentially_private"] for a in answers)
+    return {
+        "steps": max(a["steps"] for a in answers),
+        "noise_samples": max(a["noise_samples"] for a in answers),
+        "epsilon": high("epsilon", dp),
+        "delta": high("delta", False),
+        "delta_reported": high("delta_reported", False),
+        "differentially_private": dp,
+    }
+
+
 def _run_ledger(args: argparse.Namespace) -> int:
     try:
         _check_ledger(args)
         if len(args.ledger) > 2:
             raise _AccountError("--ledger takes one file, or the two servers' ledgers of a run")
-        keys = None if args.keys is None else [_pinned_key(p) for p in args.keys]
+        keys = None if args.keys is None else _pinned_keys(args.keys)
     except _AccountError as exc:
         return _error(str(exc))
     answers, read = [], []
@@ -400,23 +462,20 @@ def _run_ledger(args: argparse.Namespace) -> int:
             return 1
         read.append(lines)
     if len(answers) == 1:
-        print(json.dumps(answers[0], allow_nan=False) if args.json else _ledger_human(answers[0]))
+        if args.json:
+            print(json.dumps(answers[0], allow_nan=False))
+        else:
+            print(_ledger_human(answers[0]) + "\n" + _alone_human(answers[0]))
         return 0
     try:
         compare_ledgers(*read)
     except LedgerError as exc:
         print(f"{PROG}: ledgers {args.ledger[0]} and {args.ledger[1]}: {exc}", file=sys.stderr)
         return 1
-    # One may count a release more (written just before a crash): the run spent the higher.
-    worst = max(answers, key=lambda a: a["steps"])
-    both = {
-        "ledgers": answers,
-        "consistent": True,
-        "steps": worst["steps"],
-        "epsilon": worst["epsilon"],
-        "delta": worst["delta"],
-        "differentially_private": worst["differentially_private"],
-    }
+    worst = _worst(answers)
+    for a in answers:
+        a["cannot_establish_alone"] = [] if keys else a["cannot_establish_alone"][-1:]
+    both = {"ledgers": answers, "consistent": True, **worst, "keys_pinned": keys is not None}
     if args.json:
         print(json.dumps(both, allow_nan=False))
         return 0
@@ -424,9 +483,17 @@ def _run_ledger(args: argparse.Namespace) -> int:
     eps = "none (not differentially private)"
     if worst["differentially_private"]:
         eps = "inf" if worst["epsilon"] is None else _ceil_sig(worst["epsilon"], 4)
+        if worst["delta_reported"] is not None:
+            eps += f" at delta {worst['delta_reported']:.6g}"
     print(
         f"the two ledgers agree ({answers[0]['steps']} and {answers[1]['steps']} release "
-        "entries, the same releases in order; h2's may hold one more, recorded just before a "
-        f"crash): the run counted {worst['steps']} release(s), epsilon {eps}"
+        "entries, the same plan and releases field by field; h2's may hold one more as its "
+        f"last, recorded just before a crash): the run counted {worst['steps']} release(s), "
+        f"epsilon {eps} (the worse of the two)"
     )
+    if keys is None:
+        print(
+            "  not established: who signed them: without --keys h1=PEM h2=PEM any two key "
+            "pairs could have made this pair of ledgers"
+        )
     return 0

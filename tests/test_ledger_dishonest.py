@@ -1,0 +1,223 @@
+"""A dishonest server with its own real signing key cannot fool `spgc account` (issue 32).
+
+Each test is one hole an audit found on the ledger as it was: a header re-signed with the
+server's own key (delta, accountant), the two-ledger figure taken from the first file, keys
+pinned as a set rather than per role, a header naming its own key as the peer's, h2's extra
+release accepted anywhere, and a delta that left out the capped-Poisson term.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from test_ledger import (
+    HEADER,
+    PEER,
+    ROUNDS,
+    SAMPLES,
+    _accountant,
+    _entries,
+    _forge_pair_keys,
+    _pair,
+    _pem,
+    _record,
+    _resign,
+    _run,
+    _write,
+)
+from test_ledger import parser as parser  # the module's fixture
+
+from spgc.accounting import reported_delta
+from spgc.config import ServerConfig
+from spgc.ledger import Ledger, LedgerError, compare_ledgers, public_key_hex, verify_ledger
+from spgc.plan import make_plan
+from spgc.servers.intake import ShareIntake
+from spgc.servers.state import ServerState
+from spgc.wire import aggregation_pb2 as pb
+
+
+@pytest.fixture
+def key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture
+def pair(tmp_path: Path, key: Ed25519PrivateKey) -> tuple[Path, Path]:
+    """h1's ledger (signed by ``key``) and h2's (signed by PEER), 5 releases each."""
+    return _pair(tmp_path, key, (ROUNDS, ROUNDS))
+
+
+@pytest.fixture
+def role_keys(tmp_path: Path, key: Ed25519PrivateKey) -> list[str]:
+    """``--keys h1=PEM h2=PEM`` for the pair's two real keys (public PEM files)."""
+    h1, h2 = _pem(tmp_path / "h1.pub", key, False), _pem(tmp_path / "h2.pub", PEER, False)
+    return [f"h1={h1}", f"h2={h2}"]
+
+
+def _resigned_header(path: Path, key: Ed25519PrivateKey, **changes: Any) -> None:
+    """What the audit did: change the header's fields and re-sign the whole file with the
+    server's own real key (the release entries, co-signed by the peer, left as they were)."""
+    entries = _entries(path)
+    entries[0].update(changes)
+    _write(path, _resign(entries, key))
+
+
+@pytest.mark.parametrize("change", [{"delta": 0.5}, {"accountant": "pld"}])
+@pytest.mark.parametrize("order", ["h1 h2", "h2 h1"])
+def test_a_header_re_signed_with_the_servers_own_key_is_caught(
+    parser, capsys, pair, key, role_keys, change, order
+):
+    """Before: "the two ledgers agree ... epsilon 0" (delta 0.5), or 3.23 for a run that spent
+    4.0 (accountant pld), exit 0. The statement both servers sign now holds every field that
+    re-accounting reads, and each release entry must repeat its header's."""
+    h1, h2 = pair
+    _resigned_header(h1, key, **change)
+    files = [h1, h2] if order == "h1 h2" else [h2, h1]
+    code, out, err = _run(parser, capsys, "--ledger", *files, "--keys", *role_keys)
+    field = next(iter(change))
+    assert (code, out) == (1, "")
+    assert err == f"spgc account: ledger {h1}: line 2: {field} differs from the header's\n"
+
+
+@pytest.mark.parametrize("change", [{"delta": 0.5}, {"accountant": "pld"}])
+def test_changing_the_release_entries_too_breaks_the_peers_signature(pair, key, change):
+    h1, _ = pair
+    entries = _entries(h1)
+    for entry in entries:
+        if entry["kind"] in ("header", "release"):
+            entry.update(change)
+    with pytest.raises(LedgerError, match=r"^line 2: bad or missing signature of the peer"):
+        verify_ledger(_resign(entries, key))
+
+
+def test_compare_ledgers_names_the_first_field_that_differs(tmp_path, key):
+    """Two ledgers, each consistent and co-signed, that disagree on the plan: refused field
+    by field (before, only run id and plan hash were compared)."""
+    h2_header = {**HEADER, "server": "h2", "peer": "h1", "peer_public_key": public_key_hex(key)}
+    lines = []
+    for sub, own, other, header in (
+        ("a", key, PEER, {**HEADER, "delta": 1e-6}),
+        ("b", PEER, key, h2_header),
+    ):
+        ledger = Ledger.open(tmp_path / f"{sub}.jsonl", own, header)
+        _record(ledger, 0, SAMPLES, 1.0, peer=other)
+        lines.append(ledger.lines)
+    with pytest.raises(LedgerError, match=r"^the headers differ in delta: h1 1e-06, h2 1e-05$"):
+        compare_ledgers(*lines)
+    # Release entries are compared field by field too, naming the entry and the field.
+    a, b = (Ledger.open(tmp_path / f"{s}2.jsonl", k, h) for s, k, h in
+            (("a", key, HEADER), ("b", PEER, h2_header)))  # fmt: skip
+    _record(a, 0, SAMPLES, 1.0)
+    _record(b, 0, SAMPLES + 1, 1.0, peer=key)
+    with pytest.raises(LedgerError, match=r"^release entry 0 differs in noise_samples: h1 1000,"):
+        compare_ledgers(a.lines, b.lines)
+
+
+@pytest.mark.parametrize("order", ["h1 h2", "h2 h1"])
+def test_the_figure_for_a_run_is_the_worse_of_the_two_ledgers(
+    parser, capsys, tmp_path, key, role_keys, order
+):
+    """h2 holds one release more (a crash between the two entries): whatever the order of
+    the files, the run's figure is h2's (before: the first file's)."""
+    h1, h2 = _pair(tmp_path, key, (ROUNDS - 1, ROUNDS))
+    files = [h1, h2] if order == "h1 h2" else [h2, h1]
+    code, out, err = _run(parser, capsys, "--ledger", *files, "--keys", *role_keys, "--json")
+    assert (code, err) == (0, "")
+    both = json.loads(out)
+    expected = _accountant().epsilon_after(ROUNDS)
+    assert both["steps"] == ROUNDS and both["epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert both["delta_reported"] == max(a["delta_reported"] for a in both["ledgers"])
+    assert both["keys_pinned"] is True
+    assert all(a["cannot_establish_alone"] == [] for a in both["ledgers"])
+
+
+def test_one_ledger_says_what_it_cannot_establish_alone(parser, capsys, pair, role_keys):
+    h1, _ = pair
+    code, out, _ = _run(parser, capsys, "--ledger", h1, "--keys", *role_keys, "--json")
+    assert code == 0
+    alone = json.loads(out)["cannot_establish_alone"]
+    assert len(alone) == 1 and "did not drop its latest release entries" in alone[0]
+    code, out, _ = _run(parser, capsys, "--ledger", h1)
+    assert code == 0 and "this ledger alone cannot establish:" in out
+    assert "without --keys h1=PEM h2=PEM any key pair could have made this ledger" in out
+
+
+def test_a_header_naming_its_own_key_as_the_peers_is_refused(parser, capsys, pair, key, role_keys):
+    """Before: a ledger whose header named its own key as the peer's, co-signed by itself,
+    passed a single-file check with both real keys pinned (as a set)."""
+    h1, _ = pair
+    _write(h1, _forge_pair_keys(_entries(h1), key, key))
+    code, out, err = _run(parser, capsys, "--ledger", h1, "--keys", *role_keys)
+    assert (code, out) == (1, "")
+    assert "line 1: the header names this server's own key as the peer server's" in err
+    with pytest.raises(LedgerError, match="the peer server's ledger key is this server's own"):
+        Ledger.open(None, key, {**HEADER, "peer_public_key": public_key_hex(key)})
+
+
+def test_keys_are_pinned_per_role(parser, capsys, pair, role_keys):
+    """h2's ledger checked with the two real keys in swapped roles is refused."""
+    _, h2 = pair
+    swapped = [f"h1={role_keys[1].split('=', 1)[1]}", f"h2={role_keys[0].split('=', 1)[1]}"]
+    assert _run(parser, capsys, "--ledger", h2, "--keys", *role_keys)[0] == 0
+    code, _, err = _run(parser, capsys, "--ledger", h2, "--keys", *swapped)
+    assert code == 1 and "this server's public_key is not the key pinned for h2" in err
+
+
+def _drop_release(path: Path, key: Ed25519PrivateKey, index: int) -> None:
+    """h1 drops release ``index`` from its ledger, renumbers the rest, fixes its own counts
+    and re-signs its chain: it verifies alone."""
+    entries = [e for e in _entries(path) if not (e["kind"] == "release" and e["index"] == index)]
+    acc, n = _accountant(), 0
+    for entry in entries:
+        if entry["kind"] == "release":
+            entry["index"], entry["epsilon_after"] = n, acc.epsilon_after(n + 1)
+            n += 1
+    _write(path, _resign(entries, key))
+
+
+@pytest.mark.parametrize(("dropped", "ok"), [(ROUNDS - 1, True), (2, False), (0, False)])
+def test_h2s_one_extra_release_only_as_its_last(parser, capsys, pair, key, role_keys, dropped, ok):
+    """h2 may hold one release more than h1, written just before a crash: only as its last
+    release entry (before, anywhere)."""
+    h1, h2 = pair
+    _drop_release(h1, key, dropped)
+    assert verify_ledger(h1).steps == ROUNDS - 1  # alone, it verifies
+    code, out, err = _run(parser, capsys, "--ledger", h1, h2, "--keys", *role_keys)
+    if ok:
+        assert code == 0 and f"the run counted {ROUNDS} release(s)" in out
+    else:
+        assert code == 1
+        assert f"release entry {dropped} differs in round: h1 {dropped + 1}, h2 {dropped}" in err
+
+
+def test_a_format_1_ledger_is_refused(pair, key):
+    h1, _ = pair
+    entries = _entries(h1)
+    entries[0]["format"] = 1
+    with pytest.raises(LedgerError, match=r"^line 1: ledger format 1 \(written before delta and"):
+        verify_ledger(_resign(entries, key))
+
+
+def test_spgc_account_reports_the_servers_delta(tmp_path):
+    """One delta formula: a Poisson run capped by max_batch_size adds 2^-64 per release to
+    delta; the servers counted it and `spgc account` left it out (before)."""
+    cfg = ServerConfig(role=1, mode="ldp", insecure=True, providers=["p1"], dataset="cancer",
+                       max_batch_size=40, rounds=50, min_providers=1, target_epsilon=10.0,
+                       noise_multiplier=1.0)  # fmt: skip
+    plan = make_plan(cfg)
+    state = ServerState(plan, pb.SERVER_ROLE_H1, ShareIntake(plan.dim, plan.ring_bits, tmp_path))
+    state.run_id, state.config = "capped", plan.training_config("capped")
+    for t in range(3):
+        state.record_release(t, providers=1)
+    assert state.ledger is not None
+    report = verify_ledger(state.ledger.lines)
+    assert report.delta_reported == state.reported_delta()
+    samples = 3 * plan.noise_samples_per_step(1)
+    uncapped = reported_delta(cfg.target_delta, report.epsilon, samples)
+    assert report.delta_reported == reported_delta(cfg.target_delta, report.epsilon, samples, 3)
+    assert report.delta_reported > uncapped
+    assert json.loads(state.ledger.lines[0])["max_batch_size"] == 40
