@@ -11,9 +11,11 @@ than planned. ``--json`` gives the unrounded values.
 
 ``--ledger FILE`` verifies a server's privacy ledger (``spgc.ledger``, docs/PRIVACY.md): the hash
 chain, every line's Ed25519 signature by the server, the other server's co-signature on every
-release entry (two-server modes; both keys pinned with ``--keys``), and epsilon re-accounted
-from the release entries with dp-accounting, independently of the server's own count. Exit 0
-when it verifies; 1, naming the line, when it does not (broken chain, bad signature, an
+release entry (two-server modes; each key pinned to its role with ``--keys h1=PEM h2=PEM``), and
+epsilon re-accounted from the release entries with dp-accounting, independently of the server's
+own count; given both servers' ledgers, it also holds them to each other and reports the worse
+figure. ``--budget FILE`` prints a provider's budget file (``spgc.budget``). Exit 0 when it
+verifies; 1, naming the line, when it does not (broken chain, bad signature, an
 under-reported epsilon, ...); 2 for a usage error or a file that cannot be read.
 """
 
