@@ -486,7 +486,7 @@ def _run_ledger(args: argparse.Namespace) -> int:
     if worst["differentially_private"]:
         eps = "inf" if worst["epsilon"] is None else _ceil_sig(worst["epsilon"], 4)
         if worst["delta_reported"] is not None:
-            eps += f" at delta {worst['delta_reported']:.6g}"
+            eps += f" at delta {worst['delta_reported']:.12g}"
     print(
         f"the two ledgers agree ({answers[0]['steps']} and {answers[1]['steps']} release "
         "entries, the same plan and releases field by field; h2's may hold one more as its "
