@@ -119,3 +119,27 @@ def test_demo_passes_the_model_to_the_servers(tmp_path: Path) -> None:
         assert cfg["peer_timeout"] > cfg["round_deadline"]
     with pytest.raises(DemoError, match="does not read cancer"):
         write_configs(DemoOptions(dataset="cancer", model="mnist-wide"), tmp_path / "x")
+
+
+def test_demo_takes_a_users_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`spgc demo --model file.py:factory`: checked on the dataset's examples before anything
+    starts; both servers and every provider get the same factory (the file made absolute)."""
+    import yaml
+
+    (tmp_path / "mine.py").write_text(
+        "import torch.nn as nn\n\n"
+        "def small():\n    return nn.Sequential(nn.Linear(30, 4), nn.ReLU(), nn.Linear(4, 2))\n\n"
+        "def wrong_width():\n    return nn.Linear(8, 2)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    servers, providers = write_configs(
+        DemoOptions(dataset="cancer", model="mine.py:small", insecure=True), tmp_path / "w"
+    )
+    want = f"{tmp_path / 'mine.py'}:small"
+    assert {yaml.safe_load(p.read_text())["model"] for p in servers + providers} == {want}
+    for ref, message in (
+        ("mine.py:wrong_width", "the model cannot read the cancer data"),
+        ("mine.py:missing", "has no attribute 'missing'"),
+    ):
+        with pytest.raises(DemoError, match=rf"^--model {ref}: .*{message}"):
+            write_configs(DemoOptions(dataset="cancer", model=ref), tmp_path / "x")

@@ -264,8 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--model",
         default="",
-        metavar="NAME",
-        help="train this model instead of the dataset's own, e.g. mnist-wide (10M parameters)",
+        metavar="MODEL",
+        help="train this model instead of the dataset's own: a built-in name, e.g. mnist-wide "
+        "(10M parameters), or your own factory, file.py:factory or package.module:factory",
     )
     demo.add_argument("--providers", type=_positive_int, default=3, metavar="K")
     demo.add_argument("--rounds", type=_positive_int, default=5, metavar="R")

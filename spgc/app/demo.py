@@ -26,8 +26,9 @@ from typing import Any, TextIO
 import yaml
 
 from spgc.certs import make_dev_pki
-from spgc.data import load_dataset
-from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
+from spgc.data import DATA_ERRORS, load_dataset
+from spgc.gradients import check_model_on_data
+from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES, resolve_model
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 
 # Per data set: the paper's local batch (providers' rows x rate) and a learning rate that
@@ -65,7 +66,8 @@ class DemoOptions:
     epsilon: float = 4.0
     delta: float = 1e-5
     insecure: bool = False
-    # Empty: the dataset's own model; else a spgc.models name reading the dataset's examples.
+    # Empty: the dataset's own model; else a spgc.models name reading the dataset's examples,
+    # or a user's factory, `file.py:factory` or `package.module:factory`.
     model: str = ""
     timeout: float = 600.0
     keep: bool = False
@@ -139,6 +141,35 @@ def _state_dir(opts: DemoOptions, work: Path, role: int) -> Path:
     return work / f"h{role}-state"
 
 
+def _model_for(opts: DemoOptions) -> str:
+    """The servers' ``model`` key for ``--model``: "" (the dataset's own), a built-in name that
+    reads the dataset's examples, or a user's factory checked now on the dataset's examples
+    (a ``file.py`` made absolute, since the daemons run elsewhere). DemoError naming why not."""
+    if not opts.model:
+        return ""
+    if ":" not in opts.model:
+        if MODEL_INPUT_SHAPES.get(opts.model) != MODEL_INPUT_SHAPES[opts.dataset]:
+            shape = MODEL_INPUT_SHAPES[opts.dataset]
+            fits = [n for n in MODEL_NAMES if MODEL_INPUT_SHAPES[n] == shape]
+            raise DemoError(
+                f"model {opts.model!r} does not read {opts.dataset}; choose: {fits}, or give "
+                "your own factory as file.py:factory or package.module:factory"
+            )
+        return opts.model
+    where, _, factory = opts.model.rpartition(":")
+    if where.endswith(".py"):
+        where = str(Path(where).expanduser().resolve())
+    ref = f"{where}:{factory}"
+    try:
+        data = load_dataset(opts.dataset)
+        check_model_on_data(
+            resolve_model(ref), data.x_train[:64], data.y_train[:64], f"the {opts.dataset} data"
+        )
+    except (ValueError, *DATA_ERRORS) as exc:
+        raise DemoError(f"--model {opts.model}: {' '.join(str(exc).split())}") from None
+    return ref
+
+
 def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]]:
     """Certificates and the YAML files of both servers and every provider."""
     if opts.dataset not in DATASET_DEFAULTS:
@@ -147,10 +178,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         raise DemoError(f"mode {opts.mode!r} is not available; choose from {TRAINING_MODES}")
     if not 1 <= opts.providers <= opts.max_providers:
         raise DemoError(f"--providers must be in 1..{opts.max_providers}")
-    if opts.model and MODEL_INPUT_SHAPES.get(opts.model) != MODEL_INPUT_SHAPES[opts.dataset]:
-        shape = MODEL_INPUT_SHAPES[opts.dataset]
-        fits = [n for n in MODEL_NAMES if MODEL_INPUT_SHAPES[n] == shape]
-        raise DemoError(f"model {opts.model!r} does not read {opts.dataset}; choose: {fits}")
+    model = _model_for(opts)
     names = [f"p{i + 1}" for i in range(opts.providers)]
     servers = ["h1", "h2", *opts.extra_certs]
     pki = None if opts.insecure else make_dev_pki(work / "pki", servers, providers=names)
@@ -191,9 +219,9 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             "target_epsilon": opts.epsilon,
             "target_delta": opts.delta,
         }
-        if opts.model:
-            cfg["model"] = opts.model
-            cfg.update(MODEL_DEFAULTS.get(opts.model, {}))
+        if model:
+            cfg["model"] = model
+            cfg.update(MODEL_DEFAULTS.get(model, {}))
         if opts.metrics_port is not None:
             cfg["metrics_port"] = opts.metrics_port + role - 1
         cfg.update(opts.server_overrides)
@@ -215,6 +243,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             "provider": {"index": i, "count": opts.providers},
             "step_delta": opts.delta,
         }
+        if ":" in model:  # a user's factory: the providers build the same one
+            pcfg["model"] = model
         if not single:
             pcfg["h2"] = {"address": f"127.0.0.1:{listen2}", "name": "h2"}
         if opts.mode in NOISY_MODES:
