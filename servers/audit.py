@@ -21,10 +21,13 @@ an address), ``round`` and ``reason``, and event-specific fields. Events:
 ``stop``                  the daemon stopped (``finished`` or ``failure``)
 ========================  ==============================================================
 
-A refusal repeated by the same identity (or address) within 10 s is counted but not written:
-the next line written for it carries ``repeats``, how many were left out since its last line
-(the metrics count every one). No secret ever goes in: no share, seed, key or noise value;
-identities and reasons only.
+A refusal repeated by the same identity (or address) for the same reason within 10 s is counted
+but not written: the next line written for it carries ``repeats``, how many were left out since
+its last line (the metrics count every one). Reasons are told apart by their words (numbers
+aside, so "round 5" and "round 6" are one reason): every new reason from an identity is written
+at least once, up to ``REASONS_PER_KEY`` reasons per identity in a window; a caller inventing a
+new reason on every call shares one key past that, so it cannot flood the log either. No secret
+ever goes in: no share, seed, key or noise value; identities and reasons only.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +57,16 @@ def host_of(who: str) -> str:
     return host if host and port.isdigit() else who
 
 
+# Distinct reasons written per (event, repeat key) in one window; more share one key.
+REASONS_PER_KEY = 8
+_NUMBERS = re.compile(r"\d+(\.\d+)?")
+
+
+def reason_kind(reason: Any) -> str:
+    """What tells two refusals' reasons apart for the repeat key: their words, numbers aside."""
+    return _NUMBERS.sub("#", " ".join(str(reason).split()))[:160]
+
+
 class AuditLog:
     """Appends audit events to ``path`` (None: events go to the process log only)."""
 
@@ -63,6 +77,8 @@ class AuditLog:
         self._file: Any = None
         self._listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self._repeats = RepeatLimiter()
+        # (event, repeat key) -> (window start, the reason kinds seen in it)
+        self._reasons: dict[tuple[str, str], tuple[float, set[str]]] = {}
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -81,7 +97,8 @@ class AuditLog:
             **{k: v for k, v in fields.items() if v is not None},
         }
         if repeat_key is not None:
-            held = self._repeats.admit((event, repeat_key))
+            kind = self._reason_key(event, repeat_key, fields.get("reason"))
+            held = self._repeats.admit((event, repeat_key, kind))
             if held is None:
                 for listener in self._listeners:
                     listener(event, entry)
@@ -97,6 +114,26 @@ class AuditLog:
         for listener in self._listeners:
             listener(event, entry)
         return True
+
+    def _reason_key(self, event: str, repeat_key: str, reason: Any) -> str:
+        """The reason's part of the repeat key: its kind, or "" past REASONS_PER_KEY kinds in
+        one window from this key."""
+        if reason is None:
+            return ""
+        kind, now = reason_kind(reason), time.monotonic()
+        with self._lock:
+            start, kinds = self._reasons.get((event, repeat_key), (now, set()))
+            if now - start >= self._repeats.window:
+                start, kinds = now, set()
+            if kind not in kinds and len(kinds) >= REASONS_PER_KEY:
+                kind = ""
+            else:
+                kinds.add(kind)
+            full = len(self._reasons) >= RepeatLimiter.MAX_KEYS
+            if full and (event, repeat_key) not in self._reasons:
+                self._reasons.pop(next(iter(self._reasons)))  # the oldest key
+            self._reasons[(event, repeat_key)] = (start, kinds)
+        return kind
 
     def add_listener(self, listener: Callable[[str, dict[str, Any]], None]) -> None:
         """``listener(event, entry)`` is called for every event, written or not (metrics)."""
