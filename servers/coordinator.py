@@ -41,6 +41,7 @@ import grpc
 import numpy as np
 
 from spgc.noise import sample_discrete_gaussian
+from spgc.servers.errors import PeerMismatchError
 from spgc.servers.faults import fault_point, tap_reveal
 from spgc.servers.gc_party import run_aggregate
 from spgc.servers.noise_pool import (
@@ -48,7 +49,8 @@ from spgc.servers.noise_pool import (
     PoolSlice,
 )
 from spgc.servers.pool_sync import NoiseProducer, slice_message
-from spgc.servers.state import RPC_SLACK, PeerMismatchError, RoundRecord, ServerState
+from spgc.servers.round_phases import RoundRecord
+from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.sharing import reconstruct, ring_mask
 from spgc.wire import (
     SEED_COMMITMENT_SCHEME,

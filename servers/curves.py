@@ -16,7 +16,7 @@ from typing import Any
 
 from spgc.ledger import run_file_name
 from spgc.servers.metrics import PHASES
-from spgc.servers.state import RoundRecord
+from spgc.servers.round_phases import RoundRecord
 
 __all__ = ["TrainingCurves"]
 

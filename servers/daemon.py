@@ -44,9 +44,11 @@ from spgc.servers.checkpoint import (
 )
 from spgc.servers.coordinator import H1Driver, SingleDriver
 from spgc.servers.curves import TrainingCurves
+from spgc.servers.errors import PeerLost, PeerMismatchError, describe_error, peer_gone
 from spgc.servers.faults import planned_fault
 from spgc.servers.gc_party import PartyLink, set_seed_journal
 from spgc.servers.intake import ShareIntake
+from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.limits import PeerGate, ProviderGate, ProviderLimits
 from spgc.servers.metrics import MetricsServer, ServerMetrics
 from spgc.servers.noise_pool import NoisePool
@@ -60,12 +62,7 @@ from spgc.servers.ray_workers import (
     ray_get,
     start_workers,
 )
-from spgc.servers.state import (
-    RPC_SLACK,
-    PeerMismatchError,
-    ServerState,
-    release_counts_problem,
-)
+from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, peer_pb2, peer_pb2_grpc
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import FailedPreconditionError, NotPairedError, WireError, is_unavailable
@@ -96,10 +93,6 @@ PROBE_INTERVAL = 1.0  # seconds between two probes of the peer's pairing
 PROBE_FAILURES = 3  # unanswered probes in a row that mean the peer is gone
 
 
-class PeerLost(Exception):
-    """The other server stopped, restarted or stopped answering."""
-
-
 #: Seconds the data link waits for the other server's next bytes (either end) before it gives
 #: the link up as lost.
 GC_IO_TIMEOUT = 10.0
@@ -113,22 +106,6 @@ FINISHED_LINGER = 10.0
 #: Seconds it still answers after telling the last of them: one just told asks next how its
 #: last round ended (RoundStatus(round=t).caller_left_out, docs/CLIENTS.md section 1.3).
 FINISHED_GRACE = 3.0
-
-
-def _peer_gone(exc: BaseException) -> bool:
-    """Whether a daemon's error means the other server stopped answering."""
-    # ChannelError: the data link broke (closed, reset, timed out, or interrupted when the
-    # peer was found gone), PeerClosedError included.
-    if isinstance(exc, (PeerLost, TimeoutError, garbled_core.ChannelError)):
-        return True
-    return isinstance(exc, grpc.RpcError) and is_unavailable(exc)
-
-
-def _describe(exc: BaseException) -> str:
-    """One line for the log and the audit log (a gRPC error's repr spans several)."""
-    if isinstance(exc, grpc.RpcError):
-        return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
-    return str(exc) or type(exc).__name__
 
 
 def _agree_on_lanes(channel: Any, lanes: int, workers: int, peer_name: str) -> None:
@@ -547,7 +524,7 @@ class ServerDaemon:
             grpc.StatusCode.UNAUTHENTICATED: "the other server found no identity in this "
             "server's certificate",
         }.get(exc.code())  # type: ignore[attr-defined]
-        return f"{where}: {_describe(exc)}" + (f" ({hint})" if hint else "")
+        return f"{where}: {describe_error(exc)}" + (f" ({hint})" if hint else "")
 
     def _nothing_trained(self) -> str | None:
         """Why a run that ended without a single model update failed (None: it did not)."""
@@ -574,9 +551,9 @@ class ServerDaemon:
         except BaseException as exc:
             if not self.stop_event.is_set():
                 self.error = exc
-                log.error("%s stopping: %s", self.cfg.role_name, _describe(exc))
-                self.state.fail(_describe(exc))  # long polls answer FINISHED with why
-                if _peer_gone(exc):
+                log.error("%s stopping: %s", self.cfg.role_name, describe_error(exc))
+                self.state.fail(describe_error(exc))  # long polls answer FINISHED with why
+                if peer_gone(exc):
                     self.audit.record("peer_lost", identity=self.cfg.peer_name, reason=str(exc))
         finally:
             self._write_summary()
@@ -659,10 +636,10 @@ class ServerDaemon:
                 answer = stub.PairWorkers(request, timeout=timeout + RPC_SLACK)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:  # it restarted or re-paired
-                    raise PeerLost(f"pairing the circuit workers: {_describe(exc)}") from None
+                    raise PeerLost(f"pairing the circuit workers: {describe_error(exc)}") from None
                 raise PeerMismatchError(
                     f"{self.cfg.peer_name} could not link its circuit workers to ours: "
-                    f"{_describe(exc)}"
+                    f"{describe_error(exc)}"
                 ) from None
             if answer.workers != len(actors):
                 raise PeerMismatchError(
@@ -813,7 +790,7 @@ class ServerDaemon:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"{self.cfg.peer_name} did not answer the Handshake at "
-                        f"{self.cfg.peer_address}: {_describe(exc)}"
+                        f"{self.cfg.peer_address}: {describe_error(exc)}"
                     ) from None
                 time.sleep(0.2)
         diff = config_differences(config, answer.config)
@@ -919,7 +896,7 @@ class ServerDaemon:
             except BaseException as exc:
                 if self.stop_event.is_set() or not self._may_rejoin(exc):
                     raise
-                reason = _describe(exc)
+                reason = describe_error(exc)
                 losses = losses + 1 if self.state.steps == progress else 1
                 progress = self.state.steps
                 if losses > MAX_LOSSES_WITHOUT_PROGRESS:
@@ -946,7 +923,7 @@ class ServerDaemon:
         both a common state to go back to."""
         return (
             (self._session_paired or isinstance(exc, PeerLost))
-            and _peer_gone(exc)
+            and peer_gone(exc)
             and self.cfg.state_dir is not None
             and self.precompute is None
             and self.state.failure is None

@@ -50,7 +50,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from spgc.servers.state import RoundRecord
+from spgc.servers.round_phases import RoundRecord
 from spgc.wire import aggregation_pb2 as pb
 
 __all__ = ["PHASES", "MetricsServer", "ServerMetrics"]

@@ -21,6 +21,8 @@ from spgc import __version__
 from spgc.ledger import LedgerError
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import agreement, compute_round, log_round
+from spgc.servers.errors import PeerMismatchError
+from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
     MAX_BLOCK_SAMPLES,
@@ -28,12 +30,7 @@ from spgc.servers.noise_pool import (
     produce_noise_shares,
 )
 from spgc.servers.pool_sync import adopt_peer_pool, pool_state_message, slice_from_message
-from spgc.servers.state import (
-    RPC_SLACK,
-    PeerMismatchError,
-    ServerState,
-    release_counts_problem,
-)
+from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import (
     PROTOCOL_VERSION,
     SEED_COMMITMENT_SCHEME,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spgc.progress import Progress
+from spgc.servers.errors import PeerMismatchError
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
     PoolBlock,
@@ -20,7 +21,7 @@ from spgc.servers.noise_pool import (
     produce_noise_shares,
     reconcile,
 )
-from spgc.servers.state import RPC_SLACK, PeerMismatchError, ServerState
+from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import peer_pb2, peer_pb2_grpc
 

@@ -20,7 +20,7 @@ from spgc.export import load_export, write_export
 from spgc.ledger import LEDGER_FILE, LedgerError, verify_ledger
 from spgc.models import flatten_params
 from spgc.servers.checkpoint import CheckpointError, load_checkpoint
-from spgc.servers.state import MODELS_DIR, run_model
+from spgc.servers.state_checkpoints import MODELS_DIR, run_model
 from spgc.wire import vector_sha256
 
 __all__ = ["ExportError", "add_parser", "run"]
