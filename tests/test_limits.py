@@ -258,7 +258,7 @@ def test_junk_on_the_circuit_port_does_not_stop_h1(
     silent = socket.create_connection(("127.0.0.1", d1.gc_port))
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
-        with caplog.at_level("WARNING", logger="spgc.servers.daemon"):
+        with caplog.at_level("WARNING", logger="spgc.servers.data_link"):
             junk.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 10)
             d1.start()
             time.sleep(1.0)
