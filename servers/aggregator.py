@@ -179,6 +179,13 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             version, params, sha = self.state.model(want)
         except KeyError:
             raise FailedPreconditionError(f"model version {want} is not served") from None
+        plan = self.state.plan
+        if request.part == pb.MODEL_PART_FROZEN:
+            if not plan.coordinates.anything_frozen:
+                raise WireError("the model has no frozen parameters", grpc.StatusCode.NOT_FOUND)
+            params, sha = plan.frozen_vector(), plan.coordinates.frozen_sha256(plan.initial_params)
+        else:
+            params = plan.model_vector(params)
         chunk = request.chunk_bytes or MAX_CHUNK_BYTES
         chunk = max(8, min(chunk, MAX_CHUNK_BYTES) // 8 * 8)
         for message in model_messages(
@@ -188,6 +195,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             model=self.state.plan.model_name,
             chunk_bytes=chunk,
             sha256=sha,
+            part=request.part,
         ):
             yield message
 
@@ -351,5 +359,5 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         the last one is kept: every provider asks for the same."""
         if self._inlined[0] != version:
             _, params, _ = self.state.model(version)
-            self._inlined = (version, inline_model(params) or b"")
+            self._inlined = (version, inline_model(self.state.plan.model_vector(params)) or b"")
         return self._inlined[1]

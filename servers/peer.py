@@ -92,6 +92,9 @@ _CONFIG_KEYS = {
     "l2_bound_units": "scale/clip_norm (sensitivity)",
     "noise_std_units": "noise (derived from the privacy keys)",
     "learning_rate": "lr",
+    "model_parameters": "model (parameters, frozen included)",
+    "trainable": "model (which parameters are frozen)",
+    "frozen_sha256": "model / initial_model (the frozen parameters' values)",
 }
 
 

@@ -21,7 +21,6 @@ import numpy as np
 
 from spgc.servers.faults import fault_point
 from spgc.wire import aggregation_pb2 as pb
-from spgc.wire import vector_sha256
 
 log = logging.getLogger(__name__)
 
@@ -187,11 +186,15 @@ class RoundPhases:
     def apply_update(self, t: int, y: np.ndarray, info: dict[str, Any], seconds: dict) -> bytes:
         """g = Y / s, one Adam step; keeps the result pending until both hashes agree."""
         start = time.perf_counter()
+        # Y holds the trained coordinates only (spgc.trainable): a frozen parameter never moves.
         gradient = np.asarray(y, dtype=np.float64) / self.plan.cfg.scale
-        if self.plan.frozen is not None:
-            gradient[self.plan.frozen] = 0.0  # only noise there: a frozen parameter never moves
-        new = self.adam.step(self.params, gradient)
-        sha = vector_sha256(new)
+        trained = self.plan.coordinates
+        if trained.anything_frozen:
+            new = self.params.copy()
+            new[trained.index] = self.adam.step(self.params[trained.index], gradient)
+        else:
+            new = self.adam.step(self.params, gradient)
+        sha = self.plan.model_sha256(new)
         seconds["update"] = time.perf_counter() - start
         with self.cond:
             rec = self.history[t]

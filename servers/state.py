@@ -34,7 +34,6 @@ from spgc.servers.ledger_state import LedgerState
 from spgc.servers.round_phases import ENDED_PHASES, RoundPhases, RoundRecord, round_summary
 from spgc.servers.state_checkpoints import StateCheckpoints
 from spgc.wire import aggregation_pb2 as pb
-from spgc.wire import vector_sha256
 
 # The errors and the round record are importable from here too, as before the state was split.
 __all__ = [
@@ -71,7 +70,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.params = plan.initial_params.copy()
         self.version = 0
         self.models: dict[int, tuple[np.ndarray, bytes]] = {
-            0: (self.params, vector_sha256(self.params))
+            0: (self.params, plan.model_sha256(self.params))
         }
         self.adam = Adam(plan.dim, lr=plan.cfg.lr)
         test_set = test_set_loader(plan.cfg)
@@ -240,7 +239,8 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
             listener()
 
     def model(self, version: int | None) -> tuple[int, np.ndarray, bytes]:
-        """(version, params, sha256) of a served version; KeyError if not served."""
+        """(version, its whole parameter vector, the SHA-256 of its model vector: the trained
+        coordinates, plan.model_vector) of a served version; KeyError if not served."""
         with self.cond:
             v = self.version if version is None else version
             params, sha = self.models[v]

@@ -25,7 +25,6 @@ from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpo
 from spgc.servers.faults import fault_point
 from spgc.servers.round_phases import ENDED_PHASES, RoundRecord, round_summary
 from spgc.wire import aggregation_pb2 as pb
-from spgc.wire import vector_sha256
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +145,10 @@ class StateCheckpoints:
         """Continue from a checkpoint (its TrainingConfig was checked by the caller)."""
 
         params = np.asarray(arrays["params"], dtype=np.float64)
-        sha = vector_sha256(params)
-        if params.shape != (self.plan.dim,) or sha.hex() != record["model_sha256"]:
+        if params.shape != (self.plan.model_dim,):
+            raise CheckpointError("checkpoint model does not match its recorded hash or size")
+        sha = self.plan.model_sha256(params)
+        if sha.hex() != record["model_sha256"]:
             raise CheckpointError("checkpoint model does not match its recorded hash or size")
         with self.cond:
             # Also a step back to the previous checkpoint at the Handshake: start from scratch.

@@ -7,9 +7,11 @@ Python loop over examples); the loop in :func:`per_example_gradients` runs over 
 examples only, to bound memory (an (m, d) float64 matrix for m = 3,000 and the 28,938-parameter
 MNIST CNN is 0.7 GB).
 
-Columns are in the order of :func:`spgc.models.flatten_params`. Clipping is done in float64
-numpy; the float64 result can exceed C by a rounding error (relative ~1e-16), so code that needs
-an exact bound must enforce it after fixed-point encoding, on the integers (SPEC section 4).
+Columns are the trained coordinates (``requires_grad``; :mod:`spgc.trainable`) in the order of
+:func:`spgc.models.flatten_params`: a frozen parameter gets no gradient and never travels.
+Clipping is done in float64 numpy; the float64 result can exceed C by a rounding error
+(relative ~1e-16), so code that needs an exact bound must enforce it after fixed-point encoding,
+on the integers (SPEC section 4).
 
 Models: :func:`per_example_gradients` first calls
 :func:`spgc.models.check_per_example_compatible`, which refuses layers that mix the examples of a
@@ -33,8 +35,7 @@ from spgc.models import (
     check_per_example_compatible,
     eval_forward,
     model_input,
-    parameter_count,
-    trainable_mask,
+    trainable_count,
 )
 
 # Default number of examples per vmap call: bounds the transient memory of torch.func
@@ -74,17 +75,18 @@ def _as_tensors(
 
 
 def _per_example_grad_fn(model: nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
-    """vmap(grad(loss)) for ``model``: maps (params, buffers, x[m], y[m]) to a dict of
-    per-example gradients with a leading batch dimension m."""
+    """vmap(grad(loss)) for ``model``: maps (trained params, constants (frozen params and
+    buffers), x[m], y[m]) to a dict of per-example gradients with a leading batch dimension m."""
 
     def loss_one(
         params: dict[str, torch.Tensor],
-        buffers: dict[str, torch.Tensor],
+        constants: dict[str, torch.Tensor],
         xi: torch.Tensor,
         yi: torch.Tensor,
     ) -> torch.Tensor:
-        # A batch of one inside vmap: the model's layers expect a batch dimension.
-        logits = functional_call(model, (params, buffers), (xi.unsqueeze(0),))
+        # A batch of one inside vmap: the model's layers expect a batch dimension. Only the
+        # trained parameters are differentiated; frozen ones and buffers are constants.
+        logits = functional_call(model, (params, constants), (xi.unsqueeze(0),))
         return F.cross_entropy(logits, yi.unsqueeze(0))
 
     # randomness="different": each example draws its own dropout mask, as in a loop over the
@@ -120,8 +122,9 @@ def per_example_gradients(
     chunk_size: int = DEFAULT_CHUNK,
 ) -> np.ndarray:
     """Gradient of the cross-entropy loss of each example: an ``(m, d)`` float64 array, row i
-    for example i, columns in :func:`spgc.models.flatten_params` order; 0 in the columns of a
-    frozen parameter (``requires_grad=False``), so clipping spends nothing on them.
+    for example i, one column per trained coordinate (``requires_grad``) in
+    :func:`spgc.models.flatten_params` order; frozen parameters have no column (they never
+    travel, :mod:`spgc.trainable`).
 
     Computed in the model's dtype (float32 by default) and upcast; ``m = 0`` gives ``(0, d)``.
     Values are reproducible for a given chunk size; another chunk size can change them by
@@ -137,20 +140,21 @@ def per_example_gradients(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     check_per_example_compatible(model)
     xt, yt = _as_tensors(model, x, y)
-    m, d = int(xt.shape[0]), parameter_count(model)
+    m, d = int(xt.shape[0]), trainable_count(model)
     out = np.empty((m, d), dtype=np.float64)
     if m == 0:
         return out
-    names = [name for name, _ in model.named_parameters()]
-    params = {name: p.detach() for name, p in model.named_parameters()}
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    frozen = {name: p.detach() for name, p in model.named_parameters() if not p.requires_grad}
     buffers = {name: b.detach() for name, b in model.named_buffers()}
+    constants = {**frozen, **buffers}
     fn = _per_example_grad_fn(model)
-    frozen = ~trainable_mask(model)
     for start in range(0, m, chunk_size):
         stop = min(start + chunk_size, m)
         versions = {name: b._version for name, b in buffers.items()}
         try:
-            grads = fn(params, buffers, xt[start:stop], yt[start:stop])
+            grads = fn(params, constants, xt[start:stop], yt[start:stop])
         except RuntimeError as exc:
             _refuse_changed_buffers(model, buffers, versions, exc)
             if "vmap" not in str(exc) and "batched" not in str(exc).lower():
@@ -163,8 +167,6 @@ def per_example_gradients(
         flat = torch.cat([grads[name].reshape(stop - start, -1) for name in names], dim=1)
         # Back on the CPU before encoding: the shares are the same whatever the device.
         out[start:stop] = flat.to(torch.float64).cpu().numpy()
-    if frozen.any():
-        out[:, frozen] = 0.0
     return out
 
 
@@ -263,16 +265,16 @@ def clipped_gradient_sum(
     chunk_size: int = DEFAULT_CHUNK,
 ) -> np.ndarray:
     """Sum over the batch of the per-example gradients, each clipped to L2 norm <= ``clip_norm``:
-    a float64 vector of length d. Works chunk by chunk, so memory is O(chunk_size * d) whatever
-    the batch size (chunk_size is capped by :func:`bounded_chunk`); an empty batch gives the
-    zero vector."""
+    a float64 vector of length d (the trained coordinates). Works chunk by chunk, so memory is
+    O(chunk_size * d) whatever the batch size (chunk_size is capped by :func:`bounded_chunk`);
+    an empty batch gives the zero vector."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if not (np.isfinite(clip_norm) and clip_norm > 0):
         raise ValueError(f"clip_norm must be a positive finite number, got {clip_norm}")
     check_per_example_compatible(model)
     xt, yt = _as_tensors(model, x, y)
-    d = parameter_count(model)
+    d = trainable_count(model)
     chunk_size = bounded_chunk(chunk_size, d)
     total = np.zeros(d, dtype=np.float64)
     for start in range(0, int(xt.shape[0]), chunk_size):

@@ -165,8 +165,13 @@ def build_model(dataset_name: str, seed: int = 0, dtype: torch.dtype = torch.flo
 
 
 def parameter_count(model: nn.Module) -> int:
-    """Number of trainable scalars d (the length of the flat vector)."""
+    """Number of scalars in all parameters, frozen ones included (the flat vector's length)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def trainable_count(model: nn.Module) -> int:
+    """Number of trained scalars d (``requires_grad``): what travels (spgc.trainable)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 _TAKES_INTEGERS: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
@@ -209,9 +214,9 @@ def eval_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def trainable_mask(model: nn.Module) -> np.ndarray:
-    """Bool (d,), in :func:`flatten_params` order: False for the scalars of a parameter with
-    ``requires_grad=False`` (a frozen layer). Frozen parameters stay in the flat vector (the
-    model travels whole), but their gradient is 0 and the servers never update them."""
+    """Bool (D,), in :func:`flatten_params` order: False for the scalars of a parameter with
+    ``requires_grad=False`` (a frozen layer). Frozen parameters stay in the whole flat vector,
+    but never travel in a model or share vector and are never updated (spgc.trainable)."""
     parts = [np.full(p.numel(), p.requires_grad, dtype=bool) for p in model.parameters()]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
@@ -454,9 +459,13 @@ def check_buffers_match(model: nn.Module, as_built: nn.Module, how: str) -> None
 
 def model_fingerprint(model: nn.Module) -> str:
     """A short hex digest (16 characters of SHA-256) of the model's architecture: its parameter
-    names and shapes in ``named_parameters()`` order, not their values or dtype. Two models with
-    the same fingerprint have flat vectors (:func:`flatten_params`) of the same layout."""
-    layout = [[name, list(p.shape)] for name, p in model.named_parameters()]
+    names and shapes in ``named_parameters()`` order, and which are frozen, not their values or
+    dtype. Two models with the same fingerprint have flat vectors (:func:`flatten_params`) of
+    the same layout, and train the same coordinates."""
+    layout = [
+        [name, list(p.shape)] if p.requires_grad else [name, list(p.shape), "frozen"]
+        for name, p in model.named_parameters()
+    ]
     h = hashlib.sha256(_FINGERPRINT_DOMAIN)
     h.update(json.dumps(layout, separators=(",", ":")).encode())
     return h.hexdigest()[:16]

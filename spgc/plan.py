@@ -24,12 +24,13 @@ from spgc.models import (
     load_initial_state,
     model_fingerprint,
     resolve_model,
-    trainable_mask,
 )
 from spgc.modes import NOISY_MODES, get_mode
 from spgc.noise import noise_bound_units
 from spgc.sharing import max_abs_sum_units, ring_bits_for
+from spgc.trainable import TrainableCoordinates
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.digests import vector_sha256
 from spgc.wire.messages import ACCEPTED_SHARE_ENCODINGS
 
 _CALIBRATIONS = {
@@ -62,13 +63,53 @@ class RunPlan:
     model_fingerprint: str = ""
     # The largest local batch the ring is sized for (TrainingConfig.max_batch_size).
     max_batch_size: int = 0
-    # True where a parameter is frozen (requires_grad=False): the update leaves it alone.
-    # None when nothing is frozen.
-    frozen: np.ndarray | None = None
+    # The trained coordinates of the model's flat vector (requires_grad): the only ones that
+    # travel, are noised and are updated; None: all of them.
+    trainable: TrainableCoordinates | None = None
+
+    def __post_init__(self) -> None:
+        if self.trainable is None:
+            self.trainable = TrainableCoordinates.everything(len(self.initial_params))
+
+    @property
+    def coordinates(self) -> TrainableCoordinates:
+        assert self.trainable is not None
+        return self.trainable
+
+    @property
+    def frozen(self) -> np.ndarray | None:
+        """True at the whole vector's frozen coordinates; None when nothing is frozen."""
+        if not self.coordinates.anything_frozen:
+            return None
+        mask = np.ones(self.model_dim, dtype=bool)
+        mask[self.coordinates.index] = False
+        return mask
 
     @property
     def dim(self) -> int:
+        """d: the trained coordinates, the length of every model and share vector."""
+        return self.coordinates.count
+
+    @property
+    def model_dim(self) -> int:
+        """The model's whole parameter count, frozen ones included."""
         return len(self.initial_params)
+
+    def model_vector(self, whole: np.ndarray) -> np.ndarray:
+        """The model vector of a whole parameter vector: what FetchModel serves, what
+        model_sha256 hashes (the trained coordinates; the whole vector when nothing is
+        frozen)."""
+        if not self.coordinates.anything_frozen:
+            return whole
+        return self.coordinates.trainable_part(whole)
+
+    def model_sha256(self, whole: np.ndarray) -> bytes:
+        """SHA-256 of :meth:`model_vector` (RoundInfo.model_sha256, ModelHeader.sha256)."""
+        return vector_sha256(self.model_vector(whole))
+
+    def frozen_vector(self) -> np.ndarray:
+        """The frozen coordinates, fixed for the run (empty when nothing is frozen)."""
+        return self.coordinates.frozen_part(self.initial_params)
 
     @property
     def model_name(self) -> str:
@@ -139,6 +180,11 @@ class RunPlan:
             learning_rate=c.lr,
             batches_per_epoch=self.batches_per_epoch,
             share_encodings=ACCEPTED_SHARE_ENCODINGS,
+            model_parameters=self.model_dim,
+            trainable=[
+                pb.CoordinateRange(start=a, length=n) for a, n in self.coordinates.wire_ranges()
+            ],
+            frozen_sha256=self.coordinates.frozen_sha256(self.initial_params),
         )
 
     @property
@@ -248,7 +294,9 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     """Derive the run's parameters; ValueError (naming the limit) if no ring fits."""
     model = build_run_model(cfg)
     params = flatten_params(model)
-    fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=len(params))
+    trainable = TrainableCoordinates.of_model(model)
+    # Only the trained coordinates travel: the rounding's slack counts them alone.
+    fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=trainable.count)
     k = len(cfg.providers)
     max_batch = _max_batch(cfg)
     bound = max_abs_sum_units(max_batch, fp.l2_bound_units, providers=k)
@@ -261,12 +309,12 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
 
         bound += noise_bound_units(sigma_units)
     ring_bits = ring_bits_for(
-        bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=len(params)
+        bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=trainable.count
     )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     plan = RunPlan(
         cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
-        max_batch, _frozen(model),
+        max_batch, trainable,
     )  # fmt: skip
     accountant = plan.new_accountant()
     if accountant is not None and (first := accountant.epsilon_after(1)) > cfg.target_epsilon:
@@ -283,11 +331,6 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
             "to the target)"
         )
     return plan
-
-
-def _frozen(model: nn.Module) -> np.ndarray | None:
-    frozen = ~trainable_mask(model)
-    return frozen if frozen.any() else None
 
 
 def build_run_model(cfg: ServerConfig) -> nn.Module:

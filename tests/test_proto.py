@@ -172,6 +172,7 @@ def test_wire_field_numbers_are_stable() -> None:
         "chunk_count": 6,
         "model": 7,
         "published_at": 8,
+        "part": 9,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -122,8 +123,11 @@ class Provider:
             time.sleep(0.05)
         raise AssertionError(f"round {t} never opened at both servers")
 
-    def fetch(self, role: int) -> tuple[pb.ModelHeader, np.ndarray]:
-        return read_model_stream(self.stubs[role].FetchModel(pb.ModelRequest(), timeout=10))
+    def fetch(
+        self, role: int, part: int = pb.MODEL_PART_TRAINABLE
+    ) -> tuple[pb.ModelHeader, np.ndarray]:
+        request = pb.ModelRequest(part=part)
+        return read_model_stream(self.stubs[role].FetchModel(request, timeout=10))
 
     def submit(
         self, role, cfg, t, vec, *, sid=None, rnd=None, vector_id=b"", model_version=None,
@@ -839,9 +843,10 @@ def test_servers_with_their_own_certificate_names(tmp_path):
 
 
 def test_a_frozen_layer_never_moves(pki, tmp_path):
-    """A user's model with a frozen layer (requires_grad=False): providers' gradients are 0
-    there, and whatever the released sum holds at those coordinates (noise, in a noisy mode),
-    the servers' update leaves the layer as it was; the other layers train."""
+    """A user's model with a frozen layer (requires_grad=False): only the 11 trained
+    coordinates travel (the plan, the shares, the model vector and its hash); the servers
+    serve the 12 frozen ones once, hash-checked; their update leaves the layer as it was and
+    the other layers train."""
     factory = tmp_path / "frozen.py"
     factory.write_text(
         "from torch import nn\n\n\ndef frozen_first():\n"
@@ -852,7 +857,7 @@ def test_a_frozen_layer_never_moves(pki, tmp_path):
     frozen = ~trainable_mask(model)
     assert frozen.tolist() == [True] * 12 + [False] * 11
     grads = per_example_gradients(model, np.ones((3, 4), np.float32), np.array([0, 1, 1]))
-    assert not grads[:, frozen].any() and grads[:, ~frozen].any()
+    assert grads.shape == (3, 11) and grads.any()  # the trained coordinates only
 
     d1, d2 = start_pair(
         pki, tmp_path, mode="only-mpc", rounds=1, dataset="", model=f"{factory}:frozen_first"
@@ -861,9 +866,16 @@ def test_a_frozen_layer_never_moves(pki, tmp_path):
     try:
         start = d1.state.params.copy()
         cfg = providers[0].wait_collecting(0)
-        assert cfg.num_parameters == 23
-        for p in providers:  # as if noise had landed on the frozen coordinates
-            p.submit_both(cfg, 0, np.full(23, 500, dtype=np.int64))
+        assert (cfg.num_parameters, cfg.model_parameters) == (11, 23)
+        assert [(r.start, r.length) for r in cfg.trainable] == [(12, 11)]
+        frozen_part = providers[0].fetch(1, pb.MODEL_PART_FROZEN)[1]
+        assert np.array_equal(frozen_part, start[:12])
+        assert hashlib.sha256(frozen_part.astype("<f8").tobytes()).digest() == cfg.frozen_sha256
+        header, trained = providers[0].fetch(2)
+        assert header.sha256 == providers[0].hello(2).round.model_sha256
+        assert np.array_equal(trained, start[12:])
+        for p in providers:
+            p.submit_both(cfg, 0, np.full(11, 500, dtype=np.int64))
         wait_round_done((d1, d2), 0)
         for d in (d1, d2):
             after = d.state.params

@@ -111,6 +111,7 @@ _NON_NEGATIVE_OR_INF = Bound(0.0, math.inf, infinite=True)
 _PROBABILITY = Bound(0.0, 1.0, high_open=True)  # a delta
 _RING_BITS = Bound(MIN_RING_BITS, MAX_RING_BITS)
 _LENGTH = Bound(1, MAX_NUM_PARAMETERS, too_big=ResourceExhaustedError)
+_LENGTH_OR_UNSET = Bound(0, MAX_NUM_PARAMETERS, too_big=ResourceExhaustedError)
 _CHUNK_BYTES = Bound(8, MAX_CHUNK_BYTES, too_big=ResourceExhaustedError)
 _LIMIT_CHUNK_BYTES = Bound(0, MAX_CHUNK_BYTES)  # 0: unset
 
@@ -136,6 +137,10 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.max_batch_size": COUNTER,
     "spgc.v1.TrainingConfig.learning_rate": _NON_NEGATIVE,
     "spgc.v1.TrainingConfig.batches_per_epoch": _UINT32,
+    # 0: nothing frozen; the ranges' sum and order are checked where they are read.
+    "spgc.v1.TrainingConfig.model_parameters": _LENGTH_OR_UNSET,
+    "spgc.v1.CoordinateRange.start": Bound(0, MAX_NUM_PARAMETERS),
+    "spgc.v1.CoordinateRange.length": _LENGTH,
     "spgc.v1.RoundInfo.round": COUNTER,
     "spgc.v1.RoundInfo.model_version": COUNTER,
     "spgc.v1.RoundInfo.shares_accepted": ANY,  # informational

@@ -316,10 +316,12 @@ def model_messages(
     model: str = "",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     sha256: bytes | None = None,
+    part: int = aggregation_pb2.MODEL_PART_TRAINABLE,
 ) -> Iterator[aggregation_pb2.ModelChunk]:
     """The FetchModel response stream for a float64 parameter vector.
 
     ``sha256``: the vector's hash when the caller has it already (it is recomputed otherwise).
+    ``part``: which part of the model ``params`` is (ModelHeader.part).
     """
     arr = little_endian(params)
     if arr.dtype != np.dtype("<f8"):
@@ -333,6 +335,7 @@ def model_messages(
         chunk_bytes=chunk_bytes,
         chunk_count=chunk_count(arr.nbytes, chunk_bytes),
         model=model,
+        part=part,
     )
     header.published_at.GetCurrentTime()
     yield aggregation_pb2.ModelChunk(header=header)

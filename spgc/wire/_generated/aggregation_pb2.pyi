@@ -71,6 +71,11 @@ class RoundPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUND_PHASE_ABORTED: _ClassVar[RoundPhase]
     ROUND_PHASE_FINISHED: _ClassVar[RoundPhase]
     ROUND_PHASE_WAITING_FOR_PEER: _ClassVar[RoundPhase]
+
+class ModelPart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MODEL_PART_TRAINABLE: _ClassVar[ModelPart]
+    MODEL_PART_FROZEN: _ClassVar[ModelPart]
 SERVER_ROLE_UNSPECIFIED: ServerRole
 SERVER_ROLE_H1: ServerRole
 SERVER_ROLE_H2: ServerRole
@@ -106,9 +111,11 @@ ROUND_PHASE_PUBLISHED: RoundPhase
 ROUND_PHASE_ABORTED: RoundPhase
 ROUND_PHASE_FINISHED: RoundPhase
 ROUND_PHASE_WAITING_FOR_PEER: RoundPhase
+MODEL_PART_TRAINABLE: ModelPart
+MODEL_PART_FROZEN: ModelPart
 
 class TrainingConfig(_message.Message):
-    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings")
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +145,9 @@ class TrainingConfig(_message.Message):
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     BATCHES_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SHARE_ENCODINGS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    TRAINABLE_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_SHA256_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     mode: Mode
     dataset: str
@@ -167,7 +177,18 @@ class TrainingConfig(_message.Message):
     learning_rate: float
     batches_per_epoch: int
     share_encodings: _containers.RepeatedScalarFieldContainer[ShareEncoding]
-    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ...) -> None: ...
+    model_parameters: int
+    trainable: _containers.RepeatedCompositeFieldContainer[CoordinateRange]
+    frozen_sha256: bytes
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ...) -> None: ...
+
+class CoordinateRange(_message.Message):
+    __slots__ = ("start", "length")
+    START_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    length: int
+    def __init__(self, start: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
     __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version", "model_parameters", "failure", "caller_left_out", "releases_counted")
@@ -242,17 +263,19 @@ class ServerInfo(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[ServerRole, str]] = ..., server_name: _Optional[str] = ..., provider_id: _Optional[str] = ..., config: _Optional[_Union[TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[RoundInfo, _Mapping]] = ..., limits: _Optional[_Union[WireLimits, _Mapping]] = ...) -> None: ...
 
 class ModelRequest(_message.Message):
-    __slots__ = ("version", "chunk_bytes", "provider_id")
+    __slots__ = ("version", "chunk_bytes", "provider_id", "part")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_ID_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     version: int
     chunk_bytes: int
     provider_id: str
-    def __init__(self, version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., provider_id: _Optional[str] = ...) -> None: ...
+    part: ModelPart
+    def __init__(self, version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., provider_id: _Optional[str] = ..., part: _Optional[_Union[ModelPart, str]] = ...) -> None: ...
 
 class ModelHeader(_message.Message):
-    __slots__ = ("run_id", "version", "num_parameters", "sha256", "chunk_bytes", "chunk_count", "model", "published_at")
+    __slots__ = ("run_id", "version", "num_parameters", "sha256", "chunk_bytes", "chunk_count", "model", "published_at", "part")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +284,7 @@ class ModelHeader(_message.Message):
     CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     num_parameters: int
@@ -269,7 +293,8 @@ class ModelHeader(_message.Message):
     chunk_count: int
     model: str
     published_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., sha256: _Optional[bytes] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., model: _Optional[str] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    part: ModelPart
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., num_parameters: _Optional[int] = ..., sha256: _Optional[bytes] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., model: _Optional[str] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., part: _Optional[_Union[ModelPart, str]] = ...) -> None: ...
 
 class VectorChunk(_message.Message):
     __slots__ = ("index", "data")

@@ -1,0 +1,155 @@
+"""Which coordinates of a model's flat vector are trained, and so travel (issue 33).
+
+A parameter with ``requires_grad=False`` is frozen: it keeps its initial value for the whole
+run. Only the trainable coordinates are clipped, encoded, shared, summed, noised, released and
+accounted; the model vector served each round (and its SHA-256) holds them alone, and the
+frozen coordinates are fetched once per run and checked against ``frozen_sha256``. A model
+with nothing frozen has one range covering everything, and every vector is the whole model, as
+before. The wire form is ``TrainingConfig.trainable`` (ranges) with ``model_parameters`` and
+``frozen_sha256``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch import nn
+
+from spgc.models import trainable_mask
+
+__all__ = ["TrainableCoordinates", "TrainableLayoutError"]
+
+
+class TrainableLayoutError(ValueError):
+    """A trainable layout that is not a valid set of ranges of the model's vector."""
+
+
+@dataclass(frozen=True)
+class TrainableCoordinates:
+    """The trainable coordinates of a flat vector of ``total`` values, as sorted disjoint
+    ``(start, length)`` ranges."""
+
+    total: int
+    ranges: tuple[tuple[int, int], ...]
+    _index: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        end = 0
+        for start, length in self.ranges:
+            if start < end or length < 1 or start + length > self.total:
+                raise TrainableLayoutError(
+                    f"trainable ranges must be increasing, disjoint, non-empty and within the "
+                    f"model's {self.total} parameters; got ({start}, {length}) after {end}"
+                )
+            end = start + length
+        parts = [np.arange(s, s + n, dtype=np.int64) for s, n in self.ranges]
+        index = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        object.__setattr__(self, "_index", index)
+
+    @classmethod
+    def of_model(cls, model: nn.Module) -> TrainableCoordinates:
+        """The coordinates of ``model``'s parameters with ``requires_grad`` set."""
+        return cls.from_mask(trainable_mask(model))
+
+    @classmethod
+    def from_mask(cls, mask: np.ndarray) -> TrainableCoordinates:
+        """From a boolean vector, True where a coordinate is trained."""
+        mask = np.asarray(mask, dtype=bool)
+        edges = np.flatnonzero(np.diff(np.concatenate([[False], mask, [False]]).astype(np.int8)))
+        starts, stops = edges[0::2], edges[1::2]
+        ranges = tuple((int(a), int(b - a)) for a, b in zip(starts, stops, strict=True))
+        return cls(len(mask), ranges)
+
+    @classmethod
+    def everything(cls, total: int) -> TrainableCoordinates:
+        return cls(total, ((0, total),) if total else ())
+
+    @classmethod
+    def from_wire(
+        cls, count: int, total: int, ranges: Iterable[tuple[int, int]]
+    ) -> TrainableCoordinates:
+        """From TrainingConfig's ``num_parameters``, ``model_parameters`` (0: nothing frozen)
+        and ``trainable`` ranges (empty: all); TrainableLayoutError when they disagree."""
+        ranges = tuple((int(s), int(n)) for s, n in ranges)
+        if not ranges:
+            if total not in (0, count):
+                raise TrainableLayoutError(
+                    f"model_parameters {total} differs from num_parameters {count} but no "
+                    "trainable ranges are given"
+                )
+            return cls.everything(count)
+        layout = cls(total, ranges)
+        if layout.count != count:
+            raise TrainableLayoutError(
+                f"the trainable ranges cover {layout.count} coordinates, num_parameters is {count}"
+            )
+        return layout
+
+    @property
+    def count(self) -> int:
+        """How many coordinates are trained: the length of every model and share vector."""
+        return len(self._index)
+
+    @property
+    def frozen_count(self) -> int:
+        return self.total - self.count
+
+    @property
+    def anything_frozen(self) -> bool:
+        return self.count < self.total
+
+    @property
+    def index(self) -> np.ndarray:
+        """The trained coordinates' positions in the whole vector (int64, increasing)."""
+        return self._index
+
+    def frozen_index(self) -> np.ndarray:
+        mask = np.ones(self.total, dtype=bool)
+        mask[self._index] = False
+        return np.flatnonzero(mask)
+
+    def wire_ranges(self) -> list[tuple[int, int]]:
+        """What TrainingConfig.trainable carries: the ranges, or none when nothing is frozen."""
+        return list(self.ranges) if self.anything_frozen else []
+
+    def trainable_part(self, whole: np.ndarray) -> np.ndarray:
+        """The model vector of ``whole``: its trained coordinates, in order (a copy)."""
+        return np.asarray(whole)[self._index]
+
+    def frozen_part(self, whole: np.ndarray) -> np.ndarray:
+        return np.asarray(whole)[self.frozen_index()]
+
+    def assemble(self, trainable: np.ndarray, frozen: np.ndarray) -> np.ndarray:
+        """The whole vector from its two parts (float64)."""
+        if len(trainable) != self.count or len(frozen) != self.frozen_count:
+            raise TrainableLayoutError(
+                f"expected {self.count} trainable and {self.frozen_count} frozen values, got "
+                f"{len(trainable)} and {len(frozen)}"
+            )
+        whole = np.empty(self.total, dtype=np.float64)
+        whole[self._index] = trainable
+        whole[self.frozen_index()] = frozen
+        return whole
+
+    def expand(self, trainable: np.ndarray) -> np.ndarray:
+        """A whole-model vector with ``trainable`` at the trained coordinates and 0 elsewhere
+        (a released update: a frozen parameter never moves)."""
+        out = np.zeros(self.total, dtype=np.float64)
+        out[self._index] = trainable
+        return out
+
+    def frozen_sha256(self, whole: np.ndarray) -> bytes:
+        """SHA-256 of the frozen coordinates' little-endian float64 bytes (b"" when none)."""
+        if not self.anything_frozen:
+            return b""
+        data = np.ascontiguousarray(self.frozen_part(whole), dtype="<f8").tobytes()
+        return hashlib.sha256(data).digest()
+
+    def describe(self) -> str:
+        """One line for logs: "d of D parameters trained (F frozen)"."""
+        if not self.anything_frozen:
+            return f"all {self.total:,} parameters trained"
+        return f"{self.count:,} of {self.total:,} parameters trained ({self.frozen_count:,} frozen)"
