@@ -233,3 +233,19 @@ def test_epsilon_list_takes_either_spelling():
     parser = bench_comm.build_parser()
     assert parser.parse_args(["--epsilons", "0.5", "2"]).epsilon == [0.5, 2.0]
     assert parser.parse_args(["--epsilon", "8"]).epsilon == [8.0]
+
+
+def test_a_model_with_frozen_parameters_counts_its_trained_coordinates(tmp_path) -> None:
+    """`--model FILE:FACTORY`: d is the trained coordinates (what the servers sum, noise and
+    release); a frozen backbone never travels, so bytes per step scale with the head alone."""
+    (tmp_path / "tuned.py").write_text(
+        "from torch import nn\n\n"
+        "def head_only():\n"
+        "    m = nn.Sequential(nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 2))\n"
+        "    m[0].requires_grad_(False)\n    return m\n"
+    )
+    ctx = bench_comm.make_context("cancer", model=f"{tmp_path / 'tuned.py'}:head_only")
+    assert (ctx.dim, ctx.model_parameters) == (130, 30 * 64 + 64 + 130)
+    assert bench_comm.make_context("cancer").dim == 62  # the dataset's own, nothing frozen
+    with pytest.raises(bench_comm.BenchCommError, match=r"--model nope\.py:f: "):
+        bench_comm.make_context("cancer", model="nope.py:f")

@@ -39,12 +39,23 @@ import numpy as np
 
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc import accounting
+from spgc.app.bench_comm_report import format_table, notes, write_plot
 from spgc.app.bench_sampler import party_links, two_party
 from spgc.app.bench_scale import init_local_ray, start_worker_pairs, workers_peak_rss_mb
+from spgc.app.paper_workloads import (
+    DATASETS,
+    DEFAULT_EPOCHS,
+    GB,
+    LINK_SPEEDS,
+    PAPER_PROVIDERS,
+    PAPER_TABLE_LAMBDA,
+    PAPER_TABLE_RING_BITS,
+    PaperWorkload,
+)
 from spgc.config import ServerConfig
 from spgc.encoding import FixedPointConfig
 from spgc.lanes import MAX_LANES
-from spgc.models import build_model, flatten_params
+from spgc.models import parameter_count, resolve_model, trainable_count
 from spgc.modes import get_mode
 from spgc.noise import noise_bound_units, sample_discrete_gaussian
 from spgc.progress import Progress
@@ -86,56 +97,8 @@ DEFAULT_COORDINATES = 2000
 # The table sampler costs 2^16 AND gates per coordinate (2 MB): a smaller sample suffices.
 DEFAULT_TABLE_COORDINATES = 128
 TABLE_CHUNK = 64  # engine batch for the table circuit (see CommContext.table_links)
-PAPER_PROVIDERS = 3
-PAPER_TABLE_LAMBDA = 16
-PAPER_TABLE_RING_BITS = 16
-# The paper (seeds/004, section 5) gives data and batch sizes but not the number of epochs; its
-# text refers to epoch 18 of Figure 1, so the accuracy curves run at least that far.
-DEFAULT_EPOCHS = 20
-EPOCHS_NOTE = (
-    "the paper does not state its number of epochs (its text mentions epoch 18 of Figure 1); "
-    "{epochs} epochs assumed (--epochs)"
-)
-GB = 1e9  # the paper's "GB" read as 10^9 bytes (it does not say)
-# Links the round time is shown for (bits per second): between two organisations the link, not
-# the CPU, is often what runs out.
-LINK_SPEEDS: dict[str, float] = {"1gbit": 1e9, "10gbit": 1e10}
-
-
 class BenchCommError(ValueError):
     """Bad input to the benchmark; the message is meant for the terminal (one line)."""
-
-
-@dataclass(frozen=True)
-class PaperWorkload:
-    """The paper's workload for one dataset (seeds/004 section 5.2 and Table 1)."""
-
-    rows_per_provider: int
-    batch_per_provider: int
-    paper_dim: int  # the paper's model size (Cancer: 90 binarised inputs -> 2, not ours)
-    table1_spgc_gb: dict[float, float]  # whole-training GB between the servers, per epsilon
-    table1_only_mpc_gb: float
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.rows_per_provider // self.batch_per_provider
-
-
-DATASETS: dict[str, PaperWorkload] = {
-    "mnist": PaperWorkload(
-        20_000,
-        1000,
-        28_938,
-        {0.01: 5172.0, 0.1: 5164.6, 0.5: 5094.6, 2.0: 5094.6, 8.0: 5018.8},
-        289.2,
-    ),
-    "cancer": PaperWorkload(
-        130, 10, 182, {0.01: 736.9, 0.1: 707.8, 0.5: 711.7, 2.0: 699.8, 8.0: 698.8}, 39.5
-    ),
-    "diabetes": PaperWorkload(
-        200, 10, 642, {0.01: 81.6, 0.1: 78.4, 0.5: 78.9, 2.0: 77.5, 8.0: 77.5}, 4.4
-    ),
-}
 
 
 # ------------------------------------------------------------------------------ context
@@ -146,7 +109,7 @@ class CommContext:
     """What every mode needs: the model size, fixed point, ring and the open links."""
 
     dataset: str
-    dim: int
+    dim: int  # d: the coordinates that travel (the model's trained parameters)
     scale: float
     clip_norm: float
     l2_bound_units: int
@@ -158,6 +121,8 @@ class CommContext:
     table_links: tuple[Any, Any] | None = None
     session_setup_bytes: int = 0
     table_lambda: int = PAPER_TABLE_LAMBDA
+    model: str = ""  # the model measured ("": the dataset's own)
+    model_parameters: int = 0  # its whole parameter count, frozen ones included
 
 
 @dataclass
@@ -410,23 +375,35 @@ MODES: dict[str, ModeSpec] = {
 
 
 def make_context(
-    dataset: str, *, scale: float | None = None, clip_norm: float | None = None
+    dataset: str,
+    *,
+    scale: float | None = None,
+    clip_norm: float | None = None,
+    model: str = "",
 ) -> CommContext:
     """The model size, fixed point and ring the daemon would use for ``dataset`` with the
-    paper's workload (3 providers, its per-provider batch as the enforced batch cap)."""
+    paper's workload (3 providers, its per-provider batch as the enforced batch cap). ``model``:
+    another model (a built-in name or a user's factory) whose trained coordinates are d."""
 
     if dataset not in DATASETS:
         raise BenchCommError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
     defaults = ServerConfig.model_construct()  # the defaults, unvalidated
     scale = defaults.scale if scale is None else scale
     clip_norm = defaults.clip_norm if clip_norm is None else clip_norm
-    dim = len(flatten_params(build_model(dataset, seed=defaults.model_seed)))
+    try:
+        net = resolve_model(model or dataset, seed=defaults.model_seed)
+    except ValueError as exc:
+        raise BenchCommError(f"--model {model}: {' '.join(str(exc).split())}") from None
+    dim = trainable_count(net)  # only the trained coordinates travel (spgc.trainable)
+    if dim < 1:
+        raise BenchCommError(f"--model {model}: every parameter is frozen: nothing travels")
     fp = FixedPointConfig(scale=scale, clip_norm=clip_norm, dim=dim)
     work = DATASETS[dataset]
     bound = max_abs_sum_units(work.batch_per_provider, fp.l2_bound_units, providers=PAPER_PROVIDERS)
     return CommContext(
-        dataset, dim, scale, clip_norm, fp.l2_bound_units, ring_bits_for(bound), bound
-    )
+        dataset, dim, scale, clip_norm, fp.l2_bound_units, ring_bits_for(bound), bound,
+        model=model or dataset, model_parameters=parameter_count(net),
+    )  # fmt: skip
 
 
 def sigma_units_for(
@@ -568,7 +545,10 @@ def _row(
         seconds = max(big.seconds + slope * (ctx.dim - big.n), 0.0)
     row: dict[str, Any] = {
         "dataset": ctx.dataset,
+        "model": ctx.model,
         "dim": ctx.dim,
+        "coordinates": ctx.dim,  # the trained parameters: what the servers sum and noise
+        "model_parameters": ctx.model_parameters,
         "mode": spec.name,
         "label": spec.label,
         "differentially_private": spec.dp,
@@ -619,6 +599,7 @@ def _row(
         paper_gb = work.table1_only_mpc_gb
     elif spec.paper == "spgc":
         paper_gb = work.table1_spgc_gb.get(float(eps))
+    row["paper_column"] = spec.paper
     row["paper_gb_per_training"] = paper_gb
     row["paper_bytes_per_step"] = None if paper_gb is None else paper_gb * GB / steps
     row["paper_dim"] = work.paper_dim
@@ -626,153 +607,6 @@ def _row(
         None if paper_gb is None else row["paper_bytes_per_step"] / work.paper_dim
     )
     return row
-
-
-# ------------------------------------------------------------------------------ output
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= size:
-            return f"{b / size:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3g}"
-
-
-def _link(row: dict[str, Any], name: str) -> str:
-    """Seconds the step's bytes take on the link, starred when the link bounds the step."""
-    seconds = row[f"link_seconds_per_step_{name}"]
-    return f"{seconds:.3g}" + ("*" if row[f"bound_at_{name}"] == "link" else "")
-
-
-def format_table(rows: list[dict[str, Any]], header: str = "") -> str:
-    """The terminal table: per mode and epsilon, per-coordinate bytes (both sample sizes and
-    by phase), per step, per training, and the paper's Table 1 figure."""
-    head = (
-        f"{'mode':<12} {'eps':>5} {'sigma_u':>9} {'L':>3} {'B/coord':>9} {'(n/4)':>9} "
-        f"{'OT':>7} {'tables':>9} {'outputs':>7} {'other':>6} {'per step':>9} {'s/step':>8} "
-        f"{'M AND/s':>8} "
-        f"{'1G s':>8} {'10G s':>8} "
-        f"{'training':>9} {'paper':>9} {'x only-mpc':>10} {'paper x':>8}"
-    )
-    lines = [header] if header else []
-    lines += [head, "-" * len(head)]
-    for r in rows:
-        ph = r["phase_bytes_per_coordinate"]
-        other = sum(v for k, v in ph.items() if k not in ("ot_extension", "tables", "outputs"))
-        paper = r["paper_gb_per_training"]
-        lines.append(
-            f"{r['mode']:<12} {r['epsilon']:>5g} {r['sigma_units']:>9.4g} {r['ring_bits']:>3} "
-            f"{r['bytes_per_coordinate']:>9,.0f} {r['bytes_per_coordinate_small']:>9,.0f} "
-            f"{ph.get('ot_extension', 0):>7,.0f} {ph.get('tables', 0):>9,.0f} "
-            f"{ph.get('outputs', 0):>7,.0f} {other:>6,.0f} "
-            f"{_fmt_bytes(r['bytes_per_step']):>9} {r['seconds_per_step']:>8.3g} "
-            f"{r['and_gates_per_second'] / 1e6:>8.3g} "
-            f"{_link(r, '1gbit'):>8} {_link(r, '10gbit'):>8} "
-            f"{_fmt_bytes(r['bytes_per_training']):>9} "
-            f"{'-' if paper is None else format(paper, ',.1f') + ' GB':>9} "
-            f"{_ratio(r['ratio_to_only_mpc']):>10} {_ratio(r['paper_ratio_to_only_mpc']):>8}"
-        )
-    return "\n".join(lines)
-
-
-def _notes(ctx: CommContext, rows: list[dict[str, Any]], epochs: int) -> str:
-    work = DATASETS[ctx.dataset]
-    steps = epochs * work.steps_per_epoch
-    n = {r["mode"]: (r["coordinates_measured"], r["coordinates_small"]) for r in rows}
-    sample = ", ".join(f"{m} {a} and {b}" for m, (a, b) in n.items())
-    lines = [
-        f"B/coord: bytes sent by both servers per coordinate, measured on {sample} coordinates "
-        "(the '(n/4)' column: the smaller sample, same per-coordinate cost up to per-run "
-        "overhead)",
-        f"per step = B/coord x d (d = {ctx.dim:,})"
-        + (" (scaled linearly from the sample)" if any(r["scaled_to_dim"] for r in rows) else "")
-        + "; s/step: straight line through the two measured sizes (per-run overhead + per "
-        "coordinate), both parties sharing this machine over loopback; one-time circuit "
-        "preparation not included",
-        "M AND/s: the round's AND gates per second in the larger measured run (0 for dng, and "
-        "for preprocessed, whose circuit runs offline; JSON: and_gates_per_second, and "
-        "seconds_per_round = seconds_per_step, and with --workers peak_rss_mb_per_worker)",
-        "1G s / 10G s: seconds the step's bytes take on a 1 / 10 Gbit/s link between the "
-        "servers (8 x bytes / bit rate), starred (*) where that exceeds s/step: there the link, "
-        "not the computation, bounds the step (JSON: link_seconds_per_step_1gbit, "
-        "bound_at_1gbit, ...)",
-        "OT / tables / outputs: the engine's phases ot_extension, tables, outputs; other: per-run "
-        "headers, and the opened shares of dng and preprocessed (8 B each way); preprocessed: "
-        "offline (the circuit making the noise shares: OT/tables/outputs) + online (opened), "
-        "s/step both together",
-        f"training = per step x {steps} steps ({work.steps_per_epoch} steps/epoch: "
-        f"{work.rows_per_provider} rows / batch {work.batch_per_provider} per provider, "
-        f"{PAPER_PROVIDERS} providers) + the session setup ({ctx.session_setup_bytes:,} B: "
-        "hello, base OTs and OT-extension setup, once per engine session, one per worker "
-        "pair with --workers); "
-        + EPOCHS_NOTE.format(epochs=epochs),
-        f"paper: Table 1 whole-training GB between the servers (its SPGC used the table sampler; "
-        f"its model has d = {work.paper_dim:,}"
-        + (f", ours {ctx.dim:,}" if work.paper_dim != ctx.dim else "")
-        + "); GB read as 10^9 bytes; 'x only-mpc': traffic relative to only-mpc (ours, "
-        "and 'paper x' the paper's SPGC/Only-MPC), independent of the step count and of d",
-        f"L: ring bits (daemon's defaults: scale {ctx.scale:g}, clip {ctx.clip_norm:g}, "
-        f"sensitivity {ctx.l2_bound_units} units, batch cap = the paper's per-provider "
-        "batch); table16 runs the paper's ring N = 16",
-        "table16: the paper's table sampler, NOT differentially private at these noise scales "
-        "(SPEC.md section 4)",
-    ]
-    if any(not r["calibration_valid"] for r in rows):
-        lines.append(
-            "classic calibration at eps >= 1 is outside its proof (Dwork-Roth A.1), kept to match "
-            "the paper"
-        )
-    return "\n".join(lines)
-
-
-def write_plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Bytes per step against epsilon (log axes), one line per mode, the paper's figures as
-    points (its whole-training GB divided by the same number of steps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    for mode in dict.fromkeys(r["mode"] for r in rows):
-        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["epsilon"])
-        ax.plot(
-            [r["epsilon"] for r in rs],
-            [r["bytes_per_step"] for r in rs],
-            marker="o",
-            label=mode
-            + {"table16": " (NOT DP)", "preprocessed": " (offline + online)"}.get(mode, ""),
-        )
-    for which, marker in (("spgc", "s"), ("only-mpc", "^")):
-        pts = {
-            r["epsilon"]: r["paper_bytes_per_step"]
-            for r in rows
-            if MODES[r["mode"]].paper == which and r["paper_bytes_per_step"] is not None
-        }
-        if pts:
-            xs = sorted(pts)
-            name = "SPGC (table sampler)" if which == "spgc" else "Only-MPC"
-            ax.scatter(xs, [pts[x] for x in xs], marker=marker, s=60, facecolors="none",
-                       edgecolors="black", label=f"paper {name}", zorder=3)  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("per-step epsilon")
-    ax.set_ylabel("bytes between the servers per step")
-    r0 = rows[0]
-    ax.set_title(
-        f"{r0['dataset']} (d = {r0['dim']:,}), delta = {r0['delta']:g}, {r0['calibration']} "
-        f"calibration; paper per step = its total / {r0['steps_per_training']} steps",
-        fontsize=9,
-    )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def run(
@@ -790,6 +624,7 @@ def run(
     workers: int = 1,
     as_json: bool = False,
     plot: Path | None = None,
+    model: str = "",
 ) -> int:
     """Run the benchmark; the table goes to stdout (stderr with ``as_json``), JSON to stdout.
     Returns the exit code; BenchCommError (a ValueError) for bad input."""
@@ -805,9 +640,9 @@ def run(
         raise BenchCommError(f"--chunk must be at least 1, got {chunk}")
     if table_coordinates is not None and table_coordinates < 4:
         raise BenchCommError(f"--table-coordinates must be at least 4, got {table_coordinates}")
-    ctx = make_context(dataset)
+    ctx = make_context(dataset, model=model)
     out = sys.stderr if as_json else sys.stdout
-    _progress(f"bench comm: {dataset}, d = {ctx.dim:,}, modes {', '.join(modes)}")
+    _progress(f"bench comm: {_what(ctx)}, modes {', '.join(modes)}")
     actors: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="spgc-bench-comm-") as tmp:
         ctx.links = party_links(chunk, Path(tmp, "main") if tls else None)
@@ -858,11 +693,11 @@ def run(
     link_kind = "TLS 1.3" if tls else "plaintext TCP"
     where = f", circuits on {workers} Ray worker pairs" if workers > 1 else ""
     header = (
-        f"{dataset}: d = {ctx.dim:,}, delta = {delta:g}, {calibration} calibration, "
+        f"{_what(ctx)}, delta = {delta:g}, {calibration} calibration, "
         f"two-party over loopback ({link_kind}{where})"
     )
     print(format_table(rows, header), file=out)
-    print(_notes(ctx, rows, epochs), file=out)
+    print(notes(ctx, rows, epochs), file=out)
     if rows and rows[-1].get("peak_rss_mb_per_worker"):
         rss = ", ".join(f"{x:.0f}" for x in rows[-1]["peak_rss_mb_per_worker"])
         print(f"peak RSS per worker after the last row (MB): {rss}", file=out)
@@ -874,6 +709,15 @@ def run(
     return 0
 
 
+def _what(ctx: CommContext) -> str:
+    """The model measured, for the table's header: its d, and how many are frozen."""
+    name = ctx.dataset if ctx.model == ctx.dataset else f"{ctx.dataset} workload, model {ctx.model}"
+    frozen = ctx.model_parameters - ctx.dim
+    return f"{name}: d = {ctx.dim:,}" + (
+        f" trained coordinates ({frozen:,} frozen parameters never travel)" if frozen else ""
+    )
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Options of `spgc bench comm` (added to ``parser`` when given)."""
     p = parser or argparse.ArgumentParser(prog="spgc bench comm", description=__doc__)
@@ -882,6 +726,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default="cancer",
         metavar="NAME",
         help=f"model whose d is used: {', '.join(DATASETS)} (default: cancer)",
+    )
+    p.add_argument(
+        "--model",
+        default="",
+        metavar="MODEL",
+        help="measure this model instead of the dataset's own: a built-in name or your factory "
+        "(file.py:factory, package.module:factory); d is its trained coordinates (frozen "
+        "parameters never travel); the dataset still sets the paper's workload",
     )
     p.add_argument(
         "--epsilon",
@@ -961,6 +813,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         workers=args.workers,
         as_json=args.json,
         plot=args.plot,
+        model=args.model,
     )
 
 
