@@ -519,10 +519,25 @@ class ProviderConfig(_Schema):
         None, gt=0, description="refuse a run whose noise std / sensitivity is below this"
     )
     max_total_epsilon: float | None = Field(
-        None, gt=0, description="refuse a plan whose whole-training budget exceeds this epsilon"
+        None,
+        gt=0,
+        description="the most epsilon this provider's data set may spend in its lifetime, all "
+        "runs together (its budget_file): a run that could pass it is declined, naming the "
+        "figures, and a run is left before a release would pass it",
     )
     max_training_rounds: int | None = Field(
         None, ge=1, description="refuse a plan of more rounds than this"
+    )
+    state_dir: Path | None = Field(
+        None,
+        description="this provider's own state: its data sets' budget files (default: "
+        "$XDG_STATE_HOME/spgc, or ~/.local/state/spgc when XDG_STATE_HOME is unset)",
+    )
+    budget_file: Path | None = Field(
+        None,
+        description="the privacy budget file of this provider's data set, kept across runs "
+        "(default: state_dir/budget/SHA.json, SHA the SHA-256 of the data set's contents); "
+        "`spgc account --budget FILE` prints it",
     )
     accept_modes: list[Literal[TRAINING_MODES]] = Field(
         default_factory=list, description="refuse a plan in any other mode (empty: any mode)"
