@@ -31,7 +31,12 @@ again) does the provider take part again, with a new vector and a new sharing.
 
 One-server modes: ``plain`` sends G itself (mod 2^L) to the single server; ``ldp`` first adds
 discrete Gaussian noise of the announced ``noise_std_units`` locally (see
-:func:`local_noise`: the servers' exact sampler run in plaintext).
+:func:`local_noise`: the servers' exact sampler run in plaintext). A round sent again gets the
+same noisy vector (providers/local_noise.py), and every vector drawn is counted first.
+
+The data set's budget across runs (providers/data_budget.py, spgc/budget.py): on joining a run,
+before each vector leaves (write-ahead) and after each ledger verified, the provider records
+and checks what its data spent, every run together, against ``max_total_epsilon``.
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ import contextlib
 import hashlib
 import logging
 import math
-import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -63,6 +67,7 @@ from spgc.accounting import (
     poisson_overflow_log2,
     smallest_batch_cap,
 )
+from spgc.budget import RunPlan
 from spgc.config import ProviderConfig
 from spgc.csprng import SecureRandom, as_secure_rng
 from spgc.data import (
@@ -92,7 +97,9 @@ from spgc.models import (
     resolve_model,
 )
 from spgc.modes import MODES, SINGLE_SERVER_MODES, TWO_SERVER_MODES
-from spgc.noise import sample_noise_plain
+from spgc.providers.data_budget import ProviderBudget
+from spgc.providers.errors import ModelFailed, ProviderRefusal, RoundFailed, RunFailed
+from spgc.providers.local_noise import LastNoisyVector, local_noise
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
@@ -153,31 +160,6 @@ _WIRE = {m.name: pb.Mode.Value(m.wire_name) for m in MODES.values() if m.trainab
 _TWO_SERVER = frozenset(_WIRE[m] for m in TWO_SERVER_MODES)
 _ONE_SERVER = frozenset(_WIRE[m] for m in SINGLE_SERVER_MODES)
 _NOISELESS = frozenset(_WIRE[m] for m in _WIRE if not MODES[m].noisy)
-
-
-class ProviderRefusal(RuntimeError):
-    """The provider refuses to take part: the servers disagree, or announce parameters it does
-    not accept (weaker privacy than its minimum, another encoding, another model)."""
-
-
-class RoundFailed(RuntimeError):
-    """This provider's contribution to one round could not be delivered (the run goes on).
-    ``resending``: a server has the share and another not yet; the missing half is sent again
-    while the round still collects, so the round may yet count."""
-
-    def __init__(self, message: str, resending: bool = False) -> None:
-        super().__init__(message)
-        self.resending = resending
-
-
-class ModelFailed(RuntimeError):
-    """The model raised while computing this provider's gradients (its data are checked at
-    start-up, so this is a failure the check could not see): the provider stops."""
-
-
-class RunFailed(RuntimeError):
-    """A server says its run stopped on an error (RoundInfo.failure): training did not end as
-    planned."""
 
 
 @dataclass
@@ -514,23 +496,6 @@ def describe_plan(tc: Any) -> str:
     )
 
 
-# ----------------------------------------------------------------------------- local noise
-
-
-def local_noise(sigma_units: float, size: int, seed: bytes | None = None) -> np.ndarray:
-    """``size`` samples of N_Z(0, sigma_units^2) as int64, for ldp mode: the servers' exact
-    sampler (statistical distance <= 2^-64 per sample, docs/NOISE_SAMPLER.md) evaluated in
-    plaintext on this provider's own randomness. ``seed``: 32 bytes for reproducible tests;
-    by default fresh from the OS CSPRNG (the noise must stay secret)."""
-    if not (sigma_units > 0 and math.isfinite(sigma_units)):
-        raise ValueError(f"sigma must be finite and > 0, got {sigma_units}")
-    seed = os.urandom(32) if seed is None else seed
-    # The sampler XORs two independent streams; both derive from this provider's one seed.
-    s1 = hashlib.sha256(b"spgc-ldp-1" + seed).digest()
-    s2 = hashlib.sha256(b"spgc-ldp-2" + seed).digest()
-    return sample_noise_plain(s1, s2, size, sigma_units)
-
-
 # ----------------------------------------------------------------------------- the client
 
 
@@ -596,6 +561,12 @@ class ProviderClient:
         self._epoch: tuple[int, list[np.ndarray]] | None = None
         self._first_epoch: int | None = None
         self.reports: list[RoundReport] = []
+        # The data set's budget file across runs (set by connect), the noisy vector of the
+        # latest round (ldp: a round sent again gets the same one), and whether the round
+        # wait_for_round returned is one the servers run again (our shares were dropped).
+        self.budget: ProviderBudget | None = None
+        self._noisy = LastNoisyVector()
+        self._again = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -762,6 +733,10 @@ class ProviderClient:
                 check_model_on_data(self._model, self._x, self._y, what)
             except ValueError as exc:
                 raise ProviderRefusal(str(exc)) from None
+            # Last: the run is recorded in the data set's budget file once it is joined.
+            self.budget = ProviderBudget.join(cfg, tc.run_id, self._run_plan(tc), self._x, self._y)
+            if tc.mode == pb.MODE_LDP:
+                self.budget.prepare_noise_draw()
         except ProviderRefusal as exc:
             self._decline(tc.run_id, str(exc))
             raise
@@ -919,7 +894,7 @@ class ProviderClient:
                     # went back to their last common checkpoint. The round runs again as a new
                     # release; we take part with a fresh vector (neither server holds the old).
                     log.info("round %d runs again (servers re-paired): taking part", first.round)
-                    new = True
+                    new = self._again = True
                 waiting = [
                     s.name
                     for s, i in zip(self.servers, infos, strict=True)
@@ -1118,6 +1093,12 @@ class ProviderClient:
             return poisson_batch(n, tc.sampling_rate, self.sampling_rng)
         return self._fixed_batch(self._release_index())
 
+    def _fixed_release(self) -> int | None:
+        """Fixed batches: the release number this round's release takes (None: Poisson)."""
+        if self.training.sampling == pb.BATCH_SAMPLING_POISSON:
+            return None
+        return self._release_index()
+
     def _release_index(self) -> int:
         """The run's release number this round's release would take (both servers must say
         the same: RoundInfo.releases_counted); RoundFailed when they do not."""
@@ -1196,6 +1177,8 @@ class ProviderClient:
         elif tc.rounding == pb.ROUNDING_NEAREST:
             total = np.rint(real_sum * tc.scale).astype(np.int64)
         if tc.mode == pb.MODE_LDP:
+            assert self.budget is not None  # connect() opened it
+            self.budget.before_noise_draw(self._fixed_release())  # counted before it is drawn
             seed, self.noise_seed = self.noise_seed, None  # a seed is never used twice
             total = total + local_noise(tc.noise_std_units, tc.num_parameters, seed)
         check_fits(total, tc.ring_bits)
@@ -1330,19 +1313,34 @@ class ProviderClient:
         self._learn_outcome()
         if info is None:
             return None
-        t = info.round
+        t, tc = info.round, self.training
         # Round t is attempted once: whatever happens below, no second share vector for it
         # (unless both servers drop what they hold and run it again: see wait_for_round).
         self.last_round = t
         self._last_delivered = False
+        again, self._again = self._again, False
         if self.cfg.max_total_epsilon is not None:  # a limit of our own to hold the run to
             self.check_ledger()
-        params = self.fetch_model(info)
-        batch = self.draw_batch()
-        total, compute, encode = self.encode(params, batch)
+        # ldp: a round sent again gets the noisy vector sent before (no second noisy view).
+        kept = self._noisy.get(tc.run_id, t) if tc.mode == pb.MODE_LDP else None
+        if kept is None:
+            params = self.fetch_model(info)
+            batch = self.draw_batch()
+            total, compute, encode = self.encode(params, batch)
+            batch_size = len(batch)
+            if tc.mode == pb.MODE_LDP:
+                self._noisy.keep(tc.run_id, t, total, batch_size)
+        else:
+            (total, batch_size), compute, encode = kept, 0.0, 0.0
+            log.info("round %d: sending the noisy vector drawn for it before", t)
         vectors = self.make_vectors(total)
         vector_id = new_submission_id()  # names this vector in both of its halves
         del total
+        assert self.budget is not None  # connect() opened it
+        # Write-ahead: the round is in the budget file before any of its vector leaves.
+        self.budget.before_submit(
+            t, fresh=kept is None, again=again, release_index=self._fixed_release()
+        )
         # The shares of round t are fixed from here on: retries resend exactly these.
         t0 = time.perf_counter()
         if self._senders is None:
@@ -1367,7 +1365,7 @@ class ProviderClient:
         report = RoundReport(
             t,
             info.model_version,
-            len(batch),
+            batch_size,
             compute,
             encode,
             send,
@@ -1381,7 +1379,7 @@ class ProviderClient:
             "epsilon spent so far %.4g",
             t,
             info.model_version,
-            len(batch),
+            batch_size,
             compute,
             encode,
             send,
@@ -1395,9 +1393,11 @@ class ProviderClient:
     def check_ledger(self) -> LedgerReport | None:
         """Fetch and verify every server's privacy ledger (chain, signature, re-accounted
         epsilon) and refuse (ProviderRefusal) to take part in another release that would
-        spend more than ``max_total_epsilon``, counting every release the servers recorded
-        (failed and re-run rounds included). None before the run's first release."""
-        tc, report = self.training, None
+        spend more than ``max_total_epsilon`` (with what the data set's other runs spent),
+        counting every release the servers recorded (failed and re-run rounds included).
+        The release entries at rounds this provider submitted to go into its budget file.
+        None before the run's first release."""
+        tc, report, verified = self.training, None, []
         for server in self.servers:
             request = pb.LedgerRequest(run_id=tc.run_id, provider_id=self.cfg.name)
             reply = self._call_with_retry(
@@ -1420,30 +1420,55 @@ class ProviderClient:
                 raise ProviderRefusal(msg) from None
             if found.run_id != tc.run_id:
                 raise ProviderRefusal(f"{server.name}'s ledger is of run {found.run_id}")
+            verified.append(list(reply.lines))
             if report is None or found.steps > report.steps:
                 report = found
+        if self.budget is not None:
+            self.budget.after_ledgers(verified)
         limit = self.cfg.max_total_epsilon
         if limit is not None and tc.mode not in _NOISELESS:
             # Before the first release too: one step alone may spend more than the limit.
             steps = 0 if report is None else report.steps
             nxt = PrivacyAccountant(
                 effective_noise_multiplier(tc), tc.target_delta, method=tc.accountant,
-                **self._ledger_sampling(),
+                **self._ledger_sampling(tc),
             ).epsilon_after(steps + 1)  # fmt: skip
-            if nxt > limit:
+            others, note = (0.0, "") if self.budget is None else self.budget.others_note()
+            if nxt + others > limit:
                 spent = "" if report is None else f" (epsilon {report.epsilon:.4g})"
                 raise ProviderRefusal(
                     f"the servers' ledger counts {steps} release(s){spent}; one more would "
-                    f"spend {nxt:.4g} > this provider's max_total_epsilon {limit:g}: leaving "
-                    "the run"
+                    f"spend {nxt:.4g}{note} > this provider's max_total_epsilon {limit:g}: "
+                    "leaving the run"
                 )
         return report
 
-    def _ledger_sampling(self) -> dict[str, Any]:
-        tc = self.training
+    def _ledger_sampling(self, tc: Any) -> dict[str, Any]:
+        """The accountant's sampling arguments for plan ``tc`` (fixed batches: a population
+        of batches_per_epoch batches, the epochs providers draw by)."""
         if tc.WhichOneof("batch") == "sampling_rate":
             return {"sampling": "poisson", "sampling_rate": tc.sampling_rate}
-        return {"sampling": "fixed", "sample_size": tc.batch_size, "population": len(self._x)}
+        return {
+            "sampling": "fixed",
+            "sample_size": tc.batch_size,
+            "population": tc.batches_per_epoch * tc.batch_size,
+        }
+
+    def _run_plan(self, tc: Any) -> RunPlan:
+        """What the budget file accounts this run with: the effective noise multiplier (0:
+        no noise), the plan's sampling, accountant, delta and budget."""
+        name = next((m for m, v in _WIRE.items() if v == tc.mode), pb.Mode.Name(tc.mode))
+        noisy = tc.mode not in _NOISELESS
+        return RunPlan(
+            mode=name,
+            noise_multiplier=effective_noise_multiplier(tc),
+            sampling=self._ledger_sampling(tc),
+            accountant=tc.accountant or "rdp",
+            delta=tc.target_delta if noisy else 0.0,
+            max_batch_size=tc.max_batch_size,
+            num_parameters=tc.num_parameters,
+            target_epsilon=tc.target_epsilon if noisy else None,
+        )
 
     def run(
         self, on_round: Callable[[RoundReport | None], None] | None = None
