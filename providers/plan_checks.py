@@ -1,0 +1,382 @@
+"""What a provider checks in the servers' plan before it takes part (SPEC section 3, step 1).
+
+The announced TrainingConfig must name a sharing rule and ring this provider implements, with
+numbers within the protocol's bounds (:func:`check_wire_contract`); describe a model, data set
+and encoding this provider computes the same way (:func:`check_training_config`,
+:func:`build_provider_model`); promise at least the provider's own minimum privacy per step
+(:func:`check_privacy`) and stay within its own limits (:func:`check_plan`). Each refusal is a
+:class:`ProviderRefusal` naming the field. Also: what the plan means for accounting
+(:func:`effective_noise_multiplier`, :func:`accountant_sampling`, :func:`run_plan`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from spgc.accounting import (
+    BATCH_OVERFLOW_LOG2,
+    per_step_epsilon,
+    poisson_overflow_log2,
+    smallest_batch_cap,
+)
+from spgc.budget import RunPlan
+from spgc.config import ProviderConfig
+from spgc.encoding import FixedPointConfig
+from spgc.models import (
+    MODEL_NAMES,
+    build_model,
+    check_per_example_compatible,
+    model_fingerprint,
+    parameter_count,
+    resolve_model,
+)
+from spgc.modes import MODES, SINGLE_SERVER_MODES, TWO_SERVER_MODES
+from spgc.providers.errors import ProviderRefusal
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
+from spgc.wire.errors import WireError
+
+__all__ = [
+    "IMPLEMENTED_SHARING_RULES",
+    "NOISELESS_WIRE",
+    "ONE_SERVER_WIRE",
+    "TWO_SERVER_WIRE",
+    "WIRE_MODES",
+    "accountant_sampling",
+    "build_provider_model",
+    "check_plan",
+    "check_privacy",
+    "check_training_config",
+    "check_wire_contract",
+    "describe_diff",
+    "describe_plan",
+    "effective_noise_multiplier",
+    "in_bounds",
+    "resolve_device",
+    "run_plan",
+]
+
+# The wire enum values of the modes table's rows (spgc.modes), grouped as the client branches.
+WIRE_MODES = {m.name: pb.Mode.Value(m.wire_name) for m in MODES.values() if m.trainable}
+TWO_SERVER_WIRE = frozenset(WIRE_MODES[m] for m in TWO_SERVER_MODES)
+ONE_SERVER_WIRE = frozenset(WIRE_MODES[m] for m in SINGLE_SERVER_MODES)
+NOISELESS_WIRE = frozenset(WIRE_MODES[m] for m in WIRE_MODES if not MODES[m].noisy)
+
+
+#: The sharing rules this provider implements: G = s1 - s2 mod 2^L (spgc.sharing.share). 0 is a
+#: server from before TrainingConfig.sharing_rule existed, whose rule was the same one.
+IMPLEMENTED_SHARING_RULES = frozenset(
+    {pb.SHARING_RULE_UNSPECIFIED, pb.SHARING_RULE_DIFFERENCE_MOD_2L}
+)
+
+
+def _enum_name(enum: Any, value: int) -> str:
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        return f"{value} (unknown)"
+
+
+def in_bounds(message: Any, name: str, who: str) -> None:
+    """check_bounds; a violation is a ProviderRefusal naming the server and the field."""
+    try:
+        check_bounds(message, name)
+    except WireError as exc:
+        msg = f"{who} sent a {name} out of the protocol's bounds: {exc.message}"
+        raise ProviderRefusal(msg) from None
+
+
+def check_wire_contract(tc: Any) -> None:
+    """Refuse (ProviderRefusal, naming the field) a TrainingConfig this provider cannot follow:
+    a ``sharing_rule`` other than SHARING_RULE_DIFFERENCE_MOD_2L (G = s1 - s2 mod 2^L), a
+    ``ring_bits`` outside 2..64, or any number outside its bound (spgc.wire.bounds)."""
+    if tc.sharing_rule not in IMPLEMENTED_SHARING_RULES:
+        raise ProviderRefusal(
+            "the servers announce TrainingConfig.sharing_rule="
+            f"{_enum_name(pb.SharingRule, tc.sharing_rule)}; this provider implements only "
+            "SHARING_RULE_DIFFERENCE_MOD_2L (G = s1 - s2 mod 2^L, s1 to H1, s2 to H2)"
+        )
+    if not MIN_RING_BITS <= tc.ring_bits <= MAX_RING_BITS:
+        raise ProviderRefusal(
+            f"the servers announce TrainingConfig.ring_bits={tc.ring_bits}; this provider "
+            f"implements rings Z_2^L with L in {MIN_RING_BITS}..{MAX_RING_BITS}"
+        )
+    in_bounds(tc, "TrainingConfig", "the servers")
+
+
+def describe_diff(a: Any, b: Any) -> str:
+    diffs = []
+    for f in a.DESCRIPTOR.fields:
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if va != vb:
+            diffs.append(f"{f.name}: {va!r} vs {vb!r}")
+    return "; ".join(diffs) or "(serialisations differ)"
+
+
+def _model_key(name: str, dataset: str) -> str:
+    key = (name or dataset).strip().lower()
+    if key in MODEL_NAMES:
+        return key
+    head = key.split("-", 1)[0]
+    if head in MODEL_NAMES:
+        return head
+    raise ProviderRefusal(f"the servers announce model {name!r}, which this provider cannot build")
+
+
+def effective_noise_multiplier(tc: Any) -> float:
+    """Noise std / sensitivity per step in fixed-point units, as announced (0: no noise).
+
+    The smaller of the announced ``noise_multiplier`` and ``noise_std_units / l2_bound_units``
+    (the second is what the integer mechanism actually delivers when rounding inflates the
+    sensitivity over s*C).
+    """
+    if tc.mode in NOISELESS_WIRE:
+        return 0.0
+    if tc.l2_bound_units <= 0 or tc.noise_std_units <= 0 or tc.noise_multiplier <= 0:
+        return 0.0
+    return min(tc.noise_multiplier, tc.noise_std_units / tc.l2_bound_units)
+
+
+def check_privacy(tc: Any, cfg: ProviderConfig) -> float | None:
+    """Refuse (ProviderRefusal) a TrainingConfig weaker per step than ``cfg``'s minimum.
+
+    Returns the per-step epsilon at ``cfg.step_delta`` this provider computed itself (without
+    subsampling amplification), None for a no-noise mode.
+    """
+    sigma = effective_noise_multiplier(tc)
+    wants = cfg.max_step_epsilon is not None or cfg.min_noise_multiplier is not None
+    mode = pb.Mode.Name(tc.mode)
+    if sigma <= 0:
+        if wants:
+            raise ProviderRefusal(
+                f"the servers announce {mode} with no noise (noise_multiplier="
+                f"{tc.noise_multiplier}, noise_std_units={tc.noise_std_units}); this provider "
+                "requires a minimum privacy per step"
+            )
+        return None
+    if cfg.min_noise_multiplier is not None and sigma < cfg.min_noise_multiplier:
+        raise ProviderRefusal(
+            f"announced noise multiplier {sigma:.6g} (std {tc.noise_std_units:g} units / "
+            f"sensitivity {tc.l2_bound_units:g} units) is below this provider's minimum "
+            f"{cfg.min_noise_multiplier:g}"
+        )
+    eps = per_step_epsilon(sigma, cfg.step_delta)
+    if cfg.max_step_epsilon is not None and eps > cfg.max_step_epsilon:
+        raise ProviderRefusal(
+            f"one step of this run is ({eps:.4g}, {cfg.step_delta:g})-DP (noise multiplier "
+            f"{sigma:.4g}), weaker than this provider's minimum epsilon {cfg.max_step_epsilon:g} "
+            f"per step at delta {cfg.step_delta:g} (servers announce step_epsilon="
+            f"{tc.step_epsilon:g})"
+        )
+    return eps
+
+
+def _refuse_batches_over_the_cap(tc: Any, local_examples: int) -> None:
+    """A Poisson batch over max_batch_size sits its round out, which the accountant does not
+    model: join only where that is negligible (2^BATCH_OVERFLOW_LOG2 per round, counted in the
+    servers' reported delta)."""
+    cap, q = tc.max_batch_size, tc.sampling_rate
+    if cap <= 0 or tc.noise_multiplier <= 0:  # no cap, or nothing accounted
+        return
+    if poisson_overflow_log2(local_examples, q, cap) <= BATCH_OVERFLOW_LOG2:
+        return
+    raise ProviderRefusal(
+        f"with {local_examples} examples at sampling rate {q:g} a batch may exceed the servers' "
+        f"max_batch_size {cap} (probability above 2^{BATCH_OVERFLOW_LOG2} per round; such a "
+        "round would be sat out, which the privacy accounting does not cover): the servers' "
+        f"max_batch_size must be at least {smallest_batch_cap(local_examples, q)} for this "
+        "provider's data"
+    )
+
+
+def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> FixedPointConfig:
+    """Check that this provider computes what the servers announce; returns its encoding.
+
+    Refuses (ProviderRefusal) another dataset, an impossible ring, an ``l2_bound_units``
+    other than its own computation, and a batch setting
+    it cannot draw.
+    """
+    if not cfg.data and cfg.dataset and tc.dataset.strip().lower() != cfg.dataset.lower():
+        raise ProviderRefusal(
+            f"the servers train on dataset {tc.dataset!r}; this provider holds {cfg.dataset!r}"
+        )
+    d = tc.num_parameters
+    if not MIN_RING_BITS <= tc.ring_bits <= MAX_RING_BITS:
+        raise ProviderRefusal(
+            f"TrainingConfig.ring_bits={tc.ring_bits} is not in {MIN_RING_BITS}..{MAX_RING_BITS}"
+        )
+    try:
+        fp = FixedPointConfig(scale=tc.scale, clip_norm=tc.clip_norm, dim=d)
+    except ValueError as exc:
+        raise ProviderRefusal(f"announced fixed-point parameters are unusable: {exc}") from None
+    if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
+        if tc.l2_bound_units != float(fp.l2_bound_units):
+            raise ProviderRefusal(
+                f"the servers announce l2_bound_units={tc.l2_bound_units:g}; this provider's "
+                f"conditional rounding with s={tc.scale:g}, C={tc.clip_norm:g}, d={d} bounds "
+                f"each example by B={fp.l2_bound_units} units (sensitivity mismatch)"
+            )
+    elif tc.rounding in (pb.ROUNDING_STOCHASTIC, pb.ROUNDING_NEAREST):
+        # Rounding the sum once: neighbours differ by up to s*C + sqrt(d) units.
+        need = fp.scaled_clip_norm + math.sqrt(d)
+        if tc.l2_bound_units < need:
+            raise ProviderRefusal(
+                f"the servers announce l2_bound_units={tc.l2_bound_units:g}, but rounding the "
+                f"sum once has sensitivity up to s*C + sqrt(d) = {need:.6g} units"
+            )
+    else:
+        raise ProviderRefusal(f"unsupported rounding {pb.Rounding.Name(tc.rounding)}")
+    if tc.sampling == pb.BATCH_SAMPLING_POISSON:
+        if tc.WhichOneof("batch") != "sampling_rate" or not 0 < tc.sampling_rate <= 1:
+            raise ProviderRefusal("Poisson sampling announced without a rate in (0, 1]")
+        _refuse_batches_over_the_cap(tc, local_examples)
+    elif tc.sampling == pb.BATCH_SAMPLING_SHUFFLE:
+        if tc.WhichOneof("batch") != "batch_size" or tc.batch_size < 1:
+            raise ProviderRefusal("fixed-size batches announced without a batch size")
+        if tc.batch_size > local_examples:
+            raise ProviderRefusal(
+                f"batch size {tc.batch_size} exceeds this provider's {local_examples} examples"
+            )
+        if tc.batches_per_epoch < 1:
+            raise ProviderRefusal(
+                "fixed-size batches announced without batches_per_epoch (a server that "
+                "predates it): the batches could not follow the accountant's epochs"
+            )
+        if tc.batches_per_epoch * tc.batch_size > local_examples:
+            raise ProviderRefusal(
+                f"an epoch of {tc.batches_per_epoch} batches of {tc.batch_size} needs "
+                f"{tc.batches_per_epoch * tc.batch_size} examples, this provider holds "
+                f"{local_examples}: its examples would be in more releases than counted"
+            )
+    else:
+        raise ProviderRefusal(f"unsupported sampling {pb.BatchSampling.Name(tc.sampling)}")
+    if tc.mode == pb.MODE_UNSPECIFIED:
+        raise ProviderRefusal("the servers announce no mode")
+    return fp
+
+
+def check_plan(tc: Any, cfg: ProviderConfig) -> None:
+    """Refuse (ProviderRefusal) a plan outside this provider's own limits: its mode, its
+    whole-training epsilon, its number of rounds."""
+    mode = pb.Mode.Name(tc.mode)
+    name = next((m for m, v in WIRE_MODES.items() if v == tc.mode), mode)
+    if cfg.accept_modes and name not in cfg.accept_modes:
+        raise ProviderRefusal(
+            f"the plan's mode is {name}; this provider accepts {', '.join(cfg.accept_modes)}"
+        )
+    if cfg.max_total_epsilon is not None:
+        if tc.mode in NOISELESS_WIRE:
+            raise ProviderRefusal(
+                f"the plan's mode {name} adds no noise (no epsilon bound); this provider's "
+                f"max_total_epsilon is {cfg.max_total_epsilon:g}"
+            )
+        if tc.target_epsilon > cfg.max_total_epsilon:
+            raise ProviderRefusal(
+                f"the plan spends up to epsilon {tc.target_epsilon:g} (delta "
+                f"{tc.target_delta:g}) over the training; this provider's max_total_epsilon is "
+                f"{cfg.max_total_epsilon:g}"
+            )
+    if cfg.max_training_rounds is not None and tc.max_rounds > cfg.max_training_rounds:
+        raise ProviderRefusal(
+            f"the plan runs up to {tc.max_rounds} rounds; this provider's max_training_rounds "
+            f"is {cfg.max_training_rounds}"
+        )
+
+
+def build_provider_model(tc: Any, cfg: ProviderConfig) -> nn.Module:
+    """The model this provider computes gradients of: its own ``model`` reference, or the
+    built-in one the servers announce. Refuses (ProviderRefusal) one whose architecture
+    (parameter count, fingerprint) is not the servers', or that per-example gradients cannot
+    handle."""
+    if cfg.model:
+        try:
+            model = resolve_model(cfg.model)
+        except ValueError as exc:
+            raise ProviderRefusal(f"model {cfg.model!r}: {exc}") from None
+        where = f"this provider's model {cfg.model!r}"
+    else:
+        if ":" in tc.model:
+            raise ProviderRefusal(
+                f"the servers train the user model {tc.model!r}: set model: to the same "
+                "factory (package.module:factory or file.py:factory)"
+            )
+        model = build_model(_model_key(tc.model, tc.dataset))
+        where = f"this provider's built-in {tc.model or tc.dataset} model"
+    d = parameter_count(model)
+    if tc.num_parameters != d:
+        raise ProviderRefusal(
+            f"the servers announce {tc.num_parameters:,} parameters for model {tc.model!r}; "
+            f"{where} has {d:,}"
+        )
+    if tc.model_fingerprint and tc.model_fingerprint != model_fingerprint(model):
+        raise ProviderRefusal(
+            f"{where} has another architecture than the servers' {tc.model!r} (parameter names "
+            f"and shapes: fingerprint {model_fingerprint(model)} vs {tc.model_fingerprint})"
+        )
+    try:
+        check_per_example_compatible(model)
+    except ValueError as exc:
+        raise ProviderRefusal(str(exc)) from None
+    return model
+
+
+def resolve_device(choice: str) -> torch.device:
+    """``auto``: a CUDA GPU when there is one, else the CPU; ``cuda`` without one is an error."""
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ProviderRefusal("device: cuda, but torch sees no CUDA GPU on this machine")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def describe_plan(tc: Any) -> str:
+    """The servers' plan in one line: what this provider is asked to take part in."""
+    batch = (
+        f"Poisson rate {tc.sampling_rate:g}"
+        if tc.WhichOneof("batch") == "sampling_rate"
+        else f"fixed batches of {tc.batch_size}"
+    )
+    noise = (
+        "no noise (NOT differentially private)"
+        if tc.mode in NOISELESS_WIRE
+        else f"noise multiplier {tc.noise_multiplier:.4g}, budget epsilon "
+        f"{tc.target_epsilon:g} at delta {tc.target_delta:g} ({tc.accountant})"
+    )
+    return (
+        f"run {tc.run_id}: mode {pb.Mode.Name(tc.mode)}, model {tc.model} "
+        f"(d={tc.num_parameters:,}), data set {tc.dataset or '(each provider own)'}, up to "
+        f"{tc.max_rounds} rounds, {batch}, clip {tc.clip_norm:g}, scale {tc.scale:g}, {noise}"
+    )
+
+
+def accountant_sampling(tc: Any) -> dict[str, Any]:
+    """The accountant's sampling arguments for plan ``tc`` (fixed batches: a population of
+    batches_per_epoch batches, the epochs providers draw by)."""
+    if tc.WhichOneof("batch") == "sampling_rate":
+        return {"sampling": "poisson", "sampling_rate": tc.sampling_rate}
+    return {
+        "sampling": "fixed",
+        "sample_size": tc.batch_size,
+        "population": tc.batches_per_epoch * tc.batch_size,
+    }
+
+
+def run_plan(tc: Any) -> RunPlan:
+    """What the data set's budget file accounts run ``tc`` with: the effective noise
+    multiplier (0: no noise), the plan's sampling, accountant, delta and budget."""
+    name = next((m for m, v in WIRE_MODES.items() if v == tc.mode), pb.Mode.Name(tc.mode))
+    noisy = tc.mode not in NOISELESS_WIRE
+    return RunPlan(
+        mode=name,
+        noise_multiplier=effective_noise_multiplier(tc),
+        sampling=accountant_sampling(tc),
+        accountant=tc.accountant or "rdp",
+        delta=tc.target_delta if noisy else 0.0,
+        max_batch_size=tc.max_batch_size,
+        num_parameters=tc.num_parameters,
+        target_epsilon=tc.target_epsilon if noisy else None,
+    )
