@@ -19,7 +19,7 @@ Every refusal is a :class:`ProviderRefusal` that names the figures and the file.
 from __future__ import annotations
 
 import json
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 
@@ -58,7 +58,8 @@ class ProviderBudget:
         self.plan = plan
 
     @property
-    def path(self) -> Any:
+    def path(self) -> Path:
+        """The budget file."""
         return self.budget.path
 
     @classmethod

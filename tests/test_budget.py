@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -226,22 +227,24 @@ def test_a_failed_write_leaves_the_file_as_it_was(
     assert before != path.read_bytes()  # (round 0 is in it)
 
 
-def _count_vectors(path: str, times: int) -> None:
-    b = DatasetBudget.open(Path(path), H)
-    for _ in range(times):
-        b.record_local_vector("r")
+COUNT_VECTORS = """
+import sys
+from pathlib import Path
+from spgc.budget import DatasetBudget
+b = DatasetBudget.open(Path(sys.argv[1]), sys.argv[2])
+for _ in range(int(sys.argv[3])):
+    b.record_local_vector("r")
+"""
 
 
 def test_two_processes_holding_the_data_set_lose_no_update(tmp_path: Path) -> None:
+    """Each update re-reads the file under the lock: three processes counting at once lose
+    none of each other's counts."""
     path = tmp_path / "shared.json"
     DatasetBudget.open(path, H).record_run("r", plan(mode="ldp"))
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_count_vectors, args=(str(path), 40)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0, 0, 0]
+    argv = [sys.executable, "-c", COUNT_VECTORS, str(path), H, "40"]
+    procs = [subprocess.Popen(argv) for _ in range(3)]
+    assert [p.wait(120) for p in procs] == [0, 0, 0]
     assert DatasetBudget.open(path, H).run("r").local_vectors == 120
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from spgc.app.demo import _outgoing_port_range, free_ports
+from spgc.budget import budget_summary
 
 SPGC = str(Path(sys.executable).parent / "spgc")  # the installed console script
 
@@ -75,6 +76,11 @@ def test_demo_trains_with_dp_over_tls(tmp_path):
     for role in ("h1", "h2"):
         assert (tmp_path / "run" / role / "model.safetensors").is_file()
         assert (tmp_path / "run" / role / "checkpoint.json").is_file()
+    # ... and each provider's: its data set's budget file, the run's release counted there
+    for name in ("p1", "p2", "p3"):
+        (budget,) = (tmp_path / "run" / name / "budget").glob("*.json")
+        (run,) = budget_summary(budget)["runs"]
+        assert 1 <= run["steps"] <= 2 and 0 < run["epsilon"] <= 4
 
 
 def test_demo_only_mpc_reports_no_privacy():

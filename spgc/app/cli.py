@@ -286,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="keep the servers' state (checkpoints, exported model) in DIR/h1 and DIR/h2",
+        help="keep the servers' state (checkpoints, exported model) in DIR/h1 and DIR/h2, and "
+        "each provider's (its data set's budget file) in DIR/p1, ...",
     )
     demo.add_argument(
         "--metrics-port",

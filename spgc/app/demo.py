@@ -135,10 +135,12 @@ def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def _state_dir(opts: DemoOptions, work: Path, role: int) -> Path:
+def _state_dir(opts: DemoOptions, work: Path, name: str) -> Path:
+    """The state directory of daemon ``name`` (h1, h2, or a provider: its data sets' budget
+    files): DIR/name with ``--state-dir DIR``, else in the demo's work directory."""
     if opts.state_dir is not None:
-        return opts.state_dir.resolve() / f"h{role}"
-    return work / f"h{role}-state"
+        return opts.state_dir.resolve() / name
+    return work / f"{name}-state"
 
 
 def _model_for(opts: DemoOptions) -> str:
@@ -206,7 +208,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             "peer_address": f"127.0.0.1:{peer}",
             "peer_name": f"h{3 - role}",
             "gc_address": f"127.0.0.1:{gc}",
-            "state_dir": str(_state_dir(opts, work, role)),
+            "state_dir": str(_state_dir(opts, work, f"h{role}")),
             "summary_path": str(work / f"h{role}-summary.json"),
             "providers": names,
             "dataset": opts.dataset,
@@ -225,7 +227,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         if opts.metrics_port is not None:
             cfg["metrics_port"] = opts.metrics_port + role - 1
         cfg.update(opts.server_overrides)
-        _state_dir(opts, work, role).mkdir(mode=0o700, parents=True, exist_ok=True)
+        _state_dir(opts, work, f"h{role}").mkdir(mode=0o700, parents=True, exist_ok=True)
         if opts.state_dir is not None:
             cfg["resume"] = False  # a demo always starts a new run, whatever DIR holds
         if pki is None:
@@ -242,6 +244,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             "dataset": opts.dataset,
             "provider": {"index": i, "count": opts.providers},
             "step_delta": opts.delta,
+            "state_dir": str(_state_dir(opts, work, name)),
         }
         if ":" in model:  # a user's factory: the providers build the same one
             pcfg["model"] = model
