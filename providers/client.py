@@ -80,9 +80,7 @@ from spgc.gradients import (
 )
 from spgc.ledger import LedgerError, LedgerReport, verify_ledger
 from spgc.logs import first_line, listed
-from spgc.models import (
-    load_flat_params,
-)
+from spgc.models import flatten_params, load_flat_params
 from spgc.providers.data_budget import ProviderBudget
 from spgc.providers.errors import ModelFailed, ProviderRefusal, RoundFailed, RunFailed
 from spgc.providers.local_noise import LastNoisyVector, local_noise
@@ -102,6 +100,7 @@ from spgc.providers.plan_checks import (
     in_bounds,
     resolve_device,
     run_plan,
+    trained_coordinates,
 )
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
@@ -262,6 +261,10 @@ class ProviderClient:
         # The server this provider downloads models from (fixed per name: spreads the load).
         self._model_source = 0
         self._model: Any = None
+        # The frozen coordinates of the model (fetched once per run, hash-checked) and which
+        # coordinates travel (spgc.trainable); None: nothing is frozen.
+        self._frozen: np.ndarray | None = None
+        self._trained: Any = None
         self._x: np.ndarray | None = None
         self._y: np.ndarray | None = None
         # Fixed batches: (epoch number, that epoch's batches), and the first epoch this
@@ -441,6 +444,8 @@ class ProviderClient:
                 check_model_on_data(self._model, self._x, self._y, what)
             except ValueError as exc:
                 raise ProviderRefusal(str(exc)) from None
+            self._trained = trained_coordinates(tc)
+            self._frozen = self._fetch_frozen(tc) if self._trained.anything_frozen else None
             # Last: the run is recorded in the data set's budget file once it is joined.
             self.budget = ProviderBudget.join(cfg, tc.run_id, run_plan(tc), self._x, self._y)
             if tc.mode == pb.MODE_LDP:
@@ -894,8 +899,40 @@ class ProviderClient:
         return total, compute, encode
 
     def load_params(self, params: np.ndarray) -> None:
-        """Put the round's model parameters into the local model."""
+        """Put the round's model vector (its trained coordinates) into the local model; the
+        frozen ones are those fetched once for the run."""
+        if self._frozen is not None:
+            params = self._trained.assemble(params, self._frozen)
         load_flat_params(self._model, params)
+
+    def _fetch_frozen(self, tc: Any) -> np.ndarray:
+        """The model's frozen coordinates, once per run (FetchModel, MODEL_PART_FROZEN), checked
+        against the frozen_sha256 both servers announced; loaded into the local model."""
+        s = self.servers[self._model_source]
+        request = pb.ModelRequest(
+            part=pb.MODEL_PART_FROZEN, chunk_bytes=self.cfg.chunk_bytes, provider_id=self.cfg.name
+        )
+
+        def fetch() -> tuple[Any, np.ndarray]:
+            return read_model_stream(
+                s.stub.FetchModel(request, timeout=self.cfg.rpc_timeout),
+                num_parameters=self._trained.frozen_count,
+            )
+
+        try:
+            header, frozen = self._call_with_retry(
+                fetch, f"FetchModel (frozen part) from {s.name}", ProviderRefusal
+            )
+        except WireError as exc:
+            raise ProviderRefusal(f"{s.name} sent a malformed frozen part: {exc}") from None
+        if bytes(header.sha256) != bytes(tc.frozen_sha256):
+            raise ProviderRefusal(
+                f"{s.name} sent frozen parameters whose SHA-256 {bytes(header.sha256).hex()[:16]}"
+                f" is not the announced {bytes(tc.frozen_sha256).hex()[:16]}"
+            )
+        trained = self._trained.trainable_part(flatten_params(self._model))
+        load_flat_params(self._model, self._trained.assemble(trained, frozen))
+        return frozen
 
     def clipped_gradients(self, idx: np.ndarray) -> np.ndarray:
         """The per-example gradients of local examples ``idx``, each clipped to C (float64,

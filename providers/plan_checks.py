@@ -36,6 +36,7 @@ from spgc.models import (
 )
 from spgc.modes import MODES, SINGLE_SERVER_MODES, TWO_SERVER_MODES
 from spgc.providers.errors import ProviderRefusal
+from spgc.trainable import TrainableCoordinates, TrainableLayoutError
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
 from spgc.wire.errors import WireError
@@ -50,6 +51,7 @@ __all__ = [
     "build_provider_model",
     "check_plan",
     "check_privacy",
+    "check_trained_coordinates",
     "check_training_config",
     "check_wire_contract",
     "describe_diff",
@@ -58,6 +60,7 @@ __all__ = [
     "in_bounds",
     "resolve_device",
     "run_plan",
+    "trained_coordinates",
 ]
 
 # The wire enum values of the modes table's rows (spgc.modes), grouped as the client branches.
@@ -306,12 +309,7 @@ def build_provider_model(tc: Any, cfg: ProviderConfig) -> nn.Module:
             )
         model = build_model(_model_key(tc.model, tc.dataset))
         where = f"this provider's built-in {tc.model or tc.dataset} model"
-    d = parameter_count(model)
-    if tc.num_parameters != d:
-        raise ProviderRefusal(
-            f"the servers announce {tc.num_parameters:,} parameters for model {tc.model!r}; "
-            f"{where} has {d:,}"
-        )
+    check_trained_coordinates(tc, model, where)
     if tc.model_fingerprint and tc.model_fingerprint != model_fingerprint(model):
         raise ProviderRefusal(
             f"{where} has another architecture than the servers' {tc.model!r} (parameter names "
@@ -322,6 +320,35 @@ def build_provider_model(tc: Any, cfg: ProviderConfig) -> nn.Module:
     except ValueError as exc:
         raise ProviderRefusal(str(exc)) from None
     return model
+
+
+def trained_coordinates(tc: Any) -> TrainableCoordinates:
+    """The coordinates the servers train (TrainingConfig.trainable); ProviderRefusal when
+    the announced ranges do not make sense."""
+    try:
+        return TrainableCoordinates.from_wire(
+            tc.num_parameters, tc.model_parameters, [(r.start, r.length) for r in tc.trainable]
+        )
+    except TrainableLayoutError as exc:
+        raise ProviderRefusal(f"the servers' trainable coordinates: {exc}") from None
+
+
+def check_trained_coordinates(tc: Any, model: nn.Module, where: str) -> None:
+    """The model's parameter count and its trained coordinates (requires_grad) are the ones
+    the servers announce: only those travel (spgc.trainable)."""
+    total = parameter_count(model)
+    announced_total = tc.model_parameters or tc.num_parameters
+    if announced_total != total:
+        raise ProviderRefusal(
+            f"the servers announce {announced_total:,} parameters for model {tc.model!r}; "
+            f"{where} has {total:,}"
+        )
+    mine = TrainableCoordinates.of_model(model)
+    if trained_coordinates(tc) != mine:
+        raise ProviderRefusal(
+            f"the servers train {tc.num_parameters:,} of model {tc.model!r}'s parameters, "
+            f"{where} {mine.describe()}: freeze the same parameters (requires_grad=False)"
+        )
 
 
 def resolve_device(choice: str) -> torch.device:
