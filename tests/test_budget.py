@@ -470,3 +470,25 @@ def test_ldp_the_provider_stops_at_its_own_count(pki: Path, cancer: Any) -> None
             other.stop()
     finally:
         server.stop()
+
+
+def test_spgc_account_budget_prints_the_file(tmp_path: Path) -> None:
+    """`spgc account --budget FILE`: the file's runs and lifetime figure; one line and exit 2
+    for a file that cannot be read."""
+    path = tmp_path / "data.json"
+    b = DatasetBudget.open(path, H)
+    b.record_run("r1", plan())
+    b.record_submission("r1", 0)
+    spgc = [sys.executable, "-m", "spgc.app.cli"]
+    done = subprocess.run([*spgc, "account", "--budget", str(path), "--json"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["dataset_sha256"] == H and [r["run_id"] for r in got["runs"]] == ["r1"]
+    done = subprocess.run([*spgc, "account", "--budget", str(path)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and f"budget file {path}" in done.stdout
+    missing = subprocess.run([*spgc, "account", "--budget", str(tmp_path / "none.json")],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert missing.stderr.startswith("spgc account: error: ")

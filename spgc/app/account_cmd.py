@@ -38,6 +38,7 @@ from spgc.accounting import (
     epsilon_for,
     quiet_dp_accounting,
 )
+from spgc.budget import BudgetError, budget_summary, format_budget
 from spgc.ledger import (
     ROLES,
     LedgerError,
@@ -123,6 +124,13 @@ def add_parser(subparsers: Any) -> None:
         "signatures and re-account epsilon from its entries (takes no plan options); two "
         "files, both servers' ledgers of one run: also check that they hold the same releases "
         "(h2's may hold one more: a crash between the two entries) and report the higher count",
+    )
+    question.add_argument(
+        "--budget",
+        type=Path,
+        metavar="FILE",
+        help="a provider's budget file (its data set's privacy spent across runs): print what "
+        "it holds, each run and the lifetime figure",
     )
     p.add_argument(
         "--keys",
@@ -232,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
     not verify)."""
     if getattr(args, "ledger", None) is not None:
         return _run_ledger(args)
+    if getattr(args, "budget", None) is not None:
+        return _run_budget(args)
     try:
         _check(args)
         with quiet_dp_accounting():
@@ -260,9 +270,9 @@ def _too_large(args: argparse.Namespace, exc: BaseException) -> str:
 # ---------------------------------------------------------------------------- --ledger
 
 
-def _check_ledger(args: argparse.Namespace) -> None:
+def _check_ledger(args: argparse.Namespace, what: str = "--ledger") -> None:
     if args.sigma is not None or args.epsilon is not None:
-        raise _AccountError("give exactly one of --sigma, --epsilon and --ledger")
+        raise _AccountError(f"give exactly one of --sigma, --epsilon and {what}")
     given = [
         flag
         for flag, value in (
@@ -275,7 +285,7 @@ def _check_ledger(args: argparse.Namespace) -> None:
     ]
     if given:
         raise _AccountError(
-            f"{', '.join(given)} cannot be given with --ledger (the ledger's header holds the plan)"
+            f"{', '.join(given)} cannot be given with {what} (the file holds the plan)"
         )
 
 
@@ -439,6 +449,21 @@ def _worst(answers: list[dict[str, Any]]) -> dict[str, Any]:
         "delta_reported": high("delta_reported", False),
         "differentially_private": dp,
     }
+
+
+def _run_budget(args: argparse.Namespace) -> int:
+    """``--budget FILE``: what a provider's budget file holds; exit 2 for one that cannot be
+    read or is damaged."""
+    try:
+        _check_ledger(args, "--budget")  # the file holds the plans
+        if args.keys is not None:
+            raise _AccountError("--keys goes with --ledger")
+        with quiet_dp_accounting():
+            summary = budget_summary(args.budget)
+    except (_AccountError, BudgetError) as exc:
+        return _error(str(exc))
+    print(json.dumps(summary, allow_nan=False) if args.json else format_budget(summary))
+    return 0
 
 
 def _run_ledger(args: argparse.Namespace) -> int:
