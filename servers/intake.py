@@ -119,6 +119,14 @@ class ShareIntake:
             total = np.zeros(self.dim, dtype=np.uint64)
             self._round = _Round(number=number, directory=directory, total=total)
 
+    def values_in_flight(self, provider: str) -> int | None:
+        """How many values of ``provider``'s submission under way in the open round have
+        arrived (None: none under way): for tests that must wait for an upload to be in."""
+        with self._lock:
+            rnd = self._round
+            submission = None if rnd is None else rnd.in_flight.get(provider)
+            return None if submission is None else submission.received
+
     def close_round(self) -> frozenset[str]:
         """Stops the intake (the deadline passed); returns the providers whose shares are in."""
         with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,14 @@ def proto_descriptors_with_comments(tmp_path: Path) -> Any:
     args = ["protoc", f"-I{root}", f"-I{include}", "--include_source_info"]
     assert protoc.main([*args, f"--descriptor_set_out={out}", *codegen.PROTO_FILES]) == 0
     return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+
+
+def wait_until(condition: Any, what: str, timeout: float = 20.0) -> None:
+    """Poll ``condition()`` until it holds: a test waits on what it needs to have happened,
+    never on a fixed sleep that a loaded (or a quiet) machine can beat. AssertionError naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from helpers import wait_until
 from test_server_daemon import (
     PROVIDERS,
     Provider,
@@ -148,9 +149,19 @@ def test_one_provider_cannot_hold_the_server(pki: Path, tmp_path: Path) -> None:
     others = [Provider(pki, n, (d1, d2)) for n in PROVIDERS[1:]]
     try:
         held = [hog.stubs[1].SubmitShare.future(_silent(release), timeout=20) for _ in range(2)]
-        time.sleep(0.5)
+        refused: list[grpc.RpcError] = []
+
+        def third_call_refused() -> bool:  # once both uploads are in flight at the server
+            try:
+                hog.hello(1)
+            except grpc.RpcError as exc:
+                refused.append(exc)
+                return True
+            return False
+
+        wait_until(third_call_refused, "p1's third call to be refused")
         with pytest.raises(grpc.RpcError) as info:
-            hog.hello(1)
+            raise refused[0]
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "more than 2 calls at once from 'p1'" in info.value.details()
         assert not is_size_refusal(info.value)  # a limit on calls: worth a later retry
@@ -196,7 +207,10 @@ def test_a_stalled_upload_can_be_started_again(pki: Path, tmp_path: Path) -> Non
             yield from msgs[2:]
 
         stalled = p1.stubs[1].SubmitShare.future(stalling(), timeout=30)
-        time.sleep(0.5)  # its header and first chunk are in
+        wait_until(
+            lambda: (d1.state.intake.values_in_flight("p1") or 0) > 0,
+            "the stalled upload's header and first chunk at h1",
+        )
         p1.submit(1, cfg, 0, a1)  # not ALREADY_EXISTS: nothing of p1's is counted yet
         p1.submit(2, cfg, 0, a2)
         go_on.set()

@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf import descriptor_pb2, timestamp_pb2
-from helpers import proto_descriptors_with_comments
+from helpers import proto_descriptors_with_comments, wait_until
 
 from spgc.certs import make_dev_pki
 from spgc.config import ServerConfig
@@ -473,7 +473,9 @@ def test_a_share_stream_ended_by_grpc_or_the_client_is_logged_as_such(
             release.wait(TIMEOUT)
 
         call = submit.future(stalled(), timeout=TIMEOUT)
-        time.sleep(0.5)
+        wait_until(  # its first chunk is in: the refusal counts it
+            lambda: (state.intake.values_in_flight("p1") or 0) > 0, "p1's first chunk"
+        )
         call.cancel()
         release.set()
         deadline = time.monotonic() + 5
