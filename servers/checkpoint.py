@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from spgc.servers.private_files import write_private
+from spgc.durable import write_atomically
 from spgc.wire import aggregation_pb2 as pb
 
 __all__ = ["CheckpointError", "config_digest", "load_checkpoint", "save_checkpoint", "step_back"]
@@ -71,8 +71,8 @@ def save_checkpoint(
     if previous is not None and previous.get("arrays") == name:
         previous = None  # the same round again: the older checkpoint stays the previous one
     if previous is not None:
-        write_private(directory / _PREVIOUS, current.read_bytes())
-    write_private(directory / name, data)
+        write_atomically(directory / _PREVIOUS, current.read_bytes())
+    write_atomically(directory / name, data)
     if before_commit is not None:
         before_commit()
     record = {
@@ -81,7 +81,7 @@ def save_checkpoint(
         "arrays": name,
         "arrays_sha256": hashlib.sha256(data).hexdigest(),
     }
-    write_private(current, json.dumps(record, indent=1, sort_keys=True).encode())
+    write_atomically(current, json.dumps(record, indent=1, sort_keys=True).encode())
     keep = {name}
     if (directory / _PREVIOUS).exists():
         keep.add(str(json.loads((directory / _PREVIOUS).read_text()).get("arrays")))
@@ -95,7 +95,7 @@ def step_back(directory: Path) -> None:
     previous = directory / _PREVIOUS
     if not previous.exists():
         raise CheckpointError(f"no previous checkpoint in {directory}")
-    write_private(directory / _NAME, previous.read_bytes())
+    write_atomically(directory / _NAME, previous.read_bytes())
     previous.unlink()
 
 

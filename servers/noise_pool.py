@@ -59,9 +59,9 @@ from typing import Any
 import numpy as np
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
+from spgc.durable import write_atomically
 from spgc.lanes import lane_ranges, run_lanes
 from spgc.servers.gc_party import claim_seed, merge_part_infos, resolve_lanes
-from spgc.servers.private_files import write_private
 from spgc.servers.spgc_circuit import check_ring_bits, noise_share_circuit
 
 __all__ = [
@@ -291,7 +291,7 @@ class NoisePool:
         path = self.dir / "pool.json"
         want = self._meta()
         if not path.exists():
-            write_private(path, json.dumps(want, sort_keys=True).encode())
+            write_atomically(path, json.dumps(want, sort_keys=True).encode())
             return
         have = json.loads(path.read_text())
         if have.get("format") != _FORMAT:
@@ -359,7 +359,7 @@ class NoisePool:
 
     def _save_cursor(self) -> None:
         data = json.dumps({"block": self.cursor[0], "offset": self.cursor[1]}).encode()
-        write_private(self.dir / "cursor.json", data)
+        write_atomically(self.dir / "cursor.json", data)
 
     def _delete(self, block: PoolBlock) -> None:
         # Uncommit first (durably): a crash before the data is gone leaves a .bin without its
@@ -498,15 +498,15 @@ class NoisePool:
         data = shares.astype("<u8").tobytes()
         step = 8 * CHUNK_SAMPLES
         sums = b"".join(_digest(data[at : at + step]) for at in range(0, len(data), step))
-        write_private(self._bin(index), data)
-        write_private(self._sums(index), sums)
+        write_atomically(self._bin(index), data)
+        write_atomically(self._sums(index), sums)
         meta = {
             "index": index,
             "block_id": block_id.hex(),
             "count": len(shares),
             "chunk_samples": CHUNK_SAMPLES,
         }
-        write_private(self._json(index), json.dumps(meta, sort_keys=True).encode())
+        write_atomically(self._json(index), json.dumps(meta, sort_keys=True).encode())
         block = PoolBlock(index, bytes(block_id), len(shares))
         self.blocks.append(block)
         self._verified[index] = set(range(_chunks(len(shares))))  # hashed from these very bytes
