@@ -23,7 +23,7 @@ from spgc.models import (
     parameter_count,
 )
 from spgc.plan import make_plan
-from spgc.providers.client import _model_key
+from spgc.providers.plan_checks import _model_key
 from spgc.servers.evaluation import model_for
 
 WIDE_D = 10_000_315  # 784*12,579 + 12,579 + 12,579*10 + 10
