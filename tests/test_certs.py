@@ -144,16 +144,17 @@ def test_ledger_signing_keys(tmp_path):
     other = load_signing_key(made["h2"][0])  # h2's key co-signs h1's release entries
     header = {"run_id": "r", "server": "h1", "mode": "only-mpc", "plan_sha256": "00",
               "noise_multiplier": 0.0, "sampling": {}, "accountant": "rdp", "delta": 1e-5,
-              "sensitivity_units": 1.0, "peer": "h2",
+              "sensitivity_units": 1.0, "max_batch_size": 0, "peer": "h2",
               "peer_public_key": public_key_hex(other)}  # fmt: skip
     ledger = Ledger.open(tmp_path / "ledger.jsonl", key, header)
     statement, _ = ledger.statement(0, 0)
     ledger.record_release(0, 0, float("inf"), other.sign(statement))
     h2_pub = serialization.load_pem_public_key(made["h2"][1].read_bytes())
-    both = [public_key_hex(public), public_key_hex(h2_pub)]
+    both = {"h1": public_key_hex(public), "h2": public_key_hex(h2_pub)}
     assert verify_ledger(tmp_path / "ledger.jsonl", both).steps == 1
-    with pytest.raises(ValueError, match="public_key is not one of the expected"):
-        verify_ledger(tmp_path / "ledger.jsonl", [public_key_hex(other)])
+    swapped = {"h1": public_key_hex(h2_pub), "h2": public_key_hex(public)}
+    with pytest.raises(ValueError, match="public_key is not the key pinned for h1"):
+        verify_ledger(tmp_path / "ledger.jsonl", swapped)
     with pytest.raises(FileExistsError, match="refusing to overwrite"):
         make_ledger_keys(tmp_path, ["h1"])
 
