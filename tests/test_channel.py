@@ -412,8 +412,8 @@ def test_silent_connection_is_refused_after_handshake_timeout(gc_pki):
     listener = _core.Listener()
     refusals = _Refusals()
     bg = _accept_and_echo(listener, cfg("h1", "h2"), refusals, timeout=10, handshake_timeout=0.5)
+    start = time.monotonic()  # before it connects: its handshake's 0.5 s start after this
     silent, silent_addr = _tcp(listener.port)
-    start = time.monotonic()
     with silent:
         ((peer, reason),) = refusals.wait(1)
         assert 0.45 <= refusals.times[0] - start < 2.5
@@ -503,11 +503,8 @@ def test_only_junk_times_out_counting_refusals(gc_pki):
     listener = _core.Listener()
     refusals = _Refusals()
     port = listener.port
-    bg = Background(
-        lambda: listener.accept(
-            tls=cfg("h1", "h2"), timeout=1.0, handshake_timeout=0.5, on_refused=refusals
-        )
-    )
+    # All three wait in the listen queue before the accept and its 1 s start: none can come
+    # after that second because the test's thread was slow.
     socks = []
     junk, _ = _tcp(port)  # junk, then stays open
     junk.sendall(b"\x00junk" * 20)
@@ -517,6 +514,11 @@ def test_only_junk_times_out_counting_refusals(gc_pki):
     silent, _ = _tcp(port)  # says nothing: the 0.5 s handshake timeout
     socks.append(silent)
     start = time.monotonic()
+    bg = Background(
+        lambda: listener.accept(
+            tls=cfg("h1", "h2"), timeout=1.0, handshake_timeout=0.5, on_refused=refusals
+        )
+    )
     with pytest.raises(_core.ChannelTimeoutError) as err:
         bg.result()
     assert time.monotonic() - start < 3

@@ -5,12 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import Background, wait_until
 
 from garbled_core import (
     ChannelError,
@@ -68,18 +68,28 @@ def start_peer(role: str, port: int, n: int, stall: bool = False) -> subprocess.
 
 def test_evaluator_killed_mid_run_fails_the_garbler_fast():
     listener = Listener("127.0.0.1", 0)
-    n = 3_000_000  # several seconds of work, so the kill lands mid-run
+    # Hundreds of MB of tables: the evaluator cannot have read them all (and sent its outputs)
+    # when the garbler's first tables are out, so the kill lands mid-run.
+    n = 3_000_000
     peer = start_peer("evaluator", listener.port, n)
     try:
         ch = listener.accept(insecure=True, timeout=20)
         ch.timeout = 5
         garbler = Garbler(ch)
-        threading.Timer(1.5, peer.kill).start()
+        values = np.arange(n, dtype=np.uint64) & np.uint64(0xFFFFFFFF)
+        run = Background(lambda: garbler.run(bench_circuit(), {"a": values}))
+        # The peer dies once the run is in its tables (not after a fixed delay, which a quick
+        # run could beat and a slow start could make land before the run).
+        wait_until(
+            lambda: ch.counters()["tables"]["sent"] > 0 or not run.thread.is_alive(),
+            "the garbler's first tables",
+            timeout=60,
+        )
+        peer.kill()
+        peer.wait()
         started = time.monotonic()
         with pytest.raises(ChannelError, match=r"peer|connection"):
-            garbler.run(
-                bench_circuit(), {"a": np.arange(n, dtype=np.uint64) & np.uint64(0xFFFFFFFF)}
-            )
+            run.result(timeout=30)
         assert time.monotonic() - started < 15
     finally:
         peer.kill()

@@ -11,11 +11,19 @@ import pytest
 
 import spgc.app.launch as launch
 
-# SIGINT 0.3 s in, while spgc.app.launch imports torch and gRPC (seconds).
+# SIGINT as spgc.app.launch starts its slow imports (torch, gRPC: seconds): an import hook
+# sends it when spgc.app.cli, the first of them, is looked up. Not after a fixed delay,
+# which a quick import could beat and a slow start could make land before the handler.
 INTERRUPT_WHILE_IMPORTING = (
-    "import os, signal, sys, threading\n"
+    "import os, signal, sys\n"
     "sys.argv[0] = 'spgc'\n"
-    "threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+    "class InterruptTheSlowImports:\n"
+    "    @staticmethod\n"
+    "    def find_spec(name, path=None, target=None):\n"
+    "        if name == 'spgc.app.cli':\n"
+    "            os.kill(os.getpid(), signal.SIGINT)\n"
+    "        return None\n"
+    "sys.meta_path.insert(0, InterruptTheSlowImports)\n"
     "{ignore}"
     "import spgc.app.launch\n"
     "print('imported', signal.getsignal(signal.SIGINT))\n"

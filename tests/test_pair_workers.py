@@ -133,6 +133,20 @@ def test_a_failed_link_is_the_callers_status() -> None:
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "did not start" in words
 
 
+class _EndsOnFirstWait(threading.Event):
+    """An Event whose first wait() calls ``end`` first (then waits as any Event does)."""
+
+    def __init__(self, end: Any) -> None:
+        super().__init__()
+        self.end, self.waits = end, 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        if self.waits == 1:
+            self.end()
+        return super().wait(timeout)
+
+
 def test_h2_refuses_at_once_when_the_pairing_ends_while_its_workers_start(tmp_path) -> None:
     """H2's handler waits for its own workers of the current pairing; a new Handshake (H1
     restarted) or an unpairing meanwhile answers UNAVAILABLE at once, so that H1 pairs again
@@ -157,10 +171,14 @@ def test_h2_refuses_at_once_when_the_pairing_ends_while_its_workers_start(tmp_pa
         assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
         for end_pairing in (lambda: setattr(h2, "epoch", h2.epoch + 1), h2.unpair):
             h2.paired = True
-            threading.Timer(0.3, end_pairing).start()
+            # The pairing ends while the handler waits for H2's workers: from inside that wait
+            # (not after a fixed delay, which could also end it before the handler began)
+            ends = _EndsOnFirstWait(end_pairing)
+            d2._workers_started = ends
             started = time.monotonic()
             with pytest.raises(NotPairedError, match="lost the pairing"):
                 h2.link_workers(addresses, 2, 30.0)
+            assert ends.waits >= 1 and not ends.is_set()
             assert time.monotonic() - started < 5
     finally:
         d1.stop()

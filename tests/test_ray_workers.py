@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import Background
+from helpers import Background, wait_until
 
 from spgc.noise import sample_noise_plain
 from spgc.servers.gc_party import run_aggregate
@@ -33,6 +33,23 @@ def cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
+
+
+def kill_and_wait_until_gone(actor: object, timeout: float = 60.0) -> None:
+    """ray.kill, then wait until the actor answers no more (ray.kill only asks for it): what
+    runs on it next fails for sure, however quick or slow this machine is."""
+    ray.kill(actor)
+
+    def gone() -> bool:
+        try:
+            ray.get(actor.peak_rss_mb.remote(), timeout=5)  # type: ignore[attr-defined]
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.GetTimeoutError:
+            pass
+        return False
+
+    wait_until(gone, "the killed Ray worker to be gone", timeout=timeout)
 
 
 def pairs(k: int) -> tuple[list, list, list]:
@@ -100,13 +117,14 @@ def test_a_lost_worker_fails_the_round_on_both_servers(cluster):
     lanes_g, lanes_e, actors = pairs(2)
     s1, s2 = hashlib.sha256(b"ray-kill-1").digest(), hashlib.sha256(b"ray-kill-2").digest()
     # The garbler's worker 1 dies inside the round, as the round hands it its range of
-    # coordinates (deterministic: no timer racing a round that may finish first).
+    # coordinates, and is gone before it gets it (deterministic: no timer racing a round
+    # that may finish first, nor a kill that may land after the range is done).
     lost = lanes_g[1]
     assert lost.actor is actors[1]
     handed_out = lost.aggregate_range
 
     def dies_inside_the_round(**kwargs):  # type: ignore[no-untyped-def]
-        ray.kill(lost.actor)
+        kill_and_wait_until_gone(lost.actor)
         return handed_out(**kwargs)
 
     lost.aggregate_range = dies_inside_the_round
@@ -206,7 +224,7 @@ def test_a_lost_worker_fails_the_round_which_is_counted_and_run_again(cluster, t
         cfg = providers[0].wait_collecting(0)
         losing = d1 if side == 1 else d2
         first_workers = list(losing._workers)
-        ray.kill(first_workers[1])
+        kill_and_wait_until_gone(first_workers[1])  # gone before the round's circuit starts
         vec = np.full(cfg.num_parameters, 40, dtype=np.int64)
         for p in providers:
             p.submit_both(cfg, 0, vec)
