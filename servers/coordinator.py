@@ -159,7 +159,7 @@ def compute_round(
         seconds["exchange"] = time.perf_counter() - start
         del noise
     elif plan.cfg.mode == "dng":
-        noise = sample_discrete_gaussian(plan.dim, plan.sigma_units)
+        noise = sample_discrete_gaussian(plan.share_dim, plan.sigma_units)
         seconds = {"noise": time.perf_counter() - start}
         start = time.perf_counter()
         y, info = dng_exchange(state.role, link.channel, total, noise, plan.ring_bits)

@@ -130,7 +130,7 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
             for stale in cfg.state_dir.glob("spgc-intake-*"):  # shares a crash left behind
                 shutil.rmtree(stale, ignore_errors=True)
         self.intake = ShareIntake(
-            self.plan.dim,
+            self.plan.share_dim,
             self.plan.ring_bits,
             spill_root=cfg.state_dir,
             allowed_providers=cfg.providers,

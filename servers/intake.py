@@ -319,7 +319,8 @@ class ShareIntake:
         if length != self.dim:
             raise SubmissionRejected(
                 INVALID_ARGUMENT,
-                f"share has {length:,} values; the model has {self.dim:,} parameters",
+                f"share has {length:,} values; this run's shares have {self.dim:,} (the model's "
+                "trained parameters, and the unclipped count with adaptive clipping)",
             )
         return rnd
 

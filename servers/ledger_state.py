@@ -101,7 +101,32 @@ class LedgerState:
             "max_batch_size": (
                 int(cfg.max_batch_size) if capped_poisson(plan.sampling, cfg.max_batch_size) else 0
             ),
+            "clip": self._clip_rule(),
         }
+
+    def _clip_rule(self) -> dict[str, Any]:
+        """The ledger header's clip: the fixed C, or the adaptive rule with both noises."""
+        plan, adaptive = self.plan, self.plan.adaptive_clip
+        if adaptive is None:
+            return {"rule": "fixed", "clip_norm": plan.cfg.clip_norm}
+        return {
+            "rule": "adaptive",
+            "initial_norm": adaptive.initial_norm,
+            "target_quantile": adaptive.target_quantile,
+            "learning_rate": adaptive.learning_rate,
+            "update_noise_multiplier": adaptive.update_noise_multiplier(
+                plan.sigma_units, plan.cfg.scale
+            ),
+            "count_noise_std": adaptive.count_noise_std(plan.sigma_units, plan.cfg.scale),
+        }
+
+    def _release_clip(self, t: int) -> float:
+        """Round t's clip norm (the caller holds ``cond``): the plan's, or with adaptive
+        clipping the one round t ran (or, not opened here, will run) with."""
+        if self.plan.adaptive_clip is None:
+            return self.plan.cfg.clip_norm
+        rec = self.history.get(t)
+        return rec.clip_norm if rec is not None and rec.clip_norm else self.clip_norm
 
     def open_ledger(self) -> None:
         """Open (and check) this run's ledger now, once both servers' keys are known (at the
@@ -235,7 +260,9 @@ class LedgerState:
         """(statement, this server's signature) of round t's release: what the two servers
         exchange (CosignRelease) before either records and runs it."""
         with self.cond:
-            return self._open_ledger().statement(t, self._release_samples(t, None))
+            return self._open_ledger().statement(
+                t, self._release_samples(t, None), self._release_clip(t)
+            )
 
     def record_release(
         self, t: int, providers: int | None = None, peer_sig: bytes | None = None
@@ -269,7 +296,9 @@ class LedgerState:
             else math.inf
         )
         try:
-            index = ledger.record_release(t, samples, after, peer_sig)
+            index = ledger.record_release(
+                t, samples, after, peer_sig, clip_norm=self._release_clip(t)
+            )
         except LedgerError as exc:
             raise PeerMismatchError(str(exc)) from None
         self.releases += 1
@@ -288,7 +317,9 @@ class LedgerState:
                 return None
             last = releases[-1]
             t = int(last["round"])
-            statement, signature = ledger.statement(t, int(last["noise_samples"]))
+            statement, signature = ledger.statement(
+                t, int(last["noise_samples"]), float(last["clip_norm"])
+            )
             return t, statement, signature
 
     def record_peer_release(self, statement: bytes, signature: bytes) -> None:
@@ -302,7 +333,7 @@ class LedgerState:
         except (ValueError, KeyError, TypeError):
             raise PeerMismatchError("the other server sent a malformed release statement") from None
         with self.cond:
-            mine, _ = self._open_ledger().statement(t, samples)
+            mine, _ = self._open_ledger().statement(t, samples, self._release_clip(t))
             if mine != statement:
                 raise PeerMismatchError(
                     f"the release of round {t} that the other server recorded alone is not "

@@ -48,6 +48,10 @@ class RoundRecord:
     seed_commitments: dict[str, bytes] = field(default_factory=dict)
     vector_ids: dict[str, bytes] = field(default_factory=dict)  # of the received shares
     left_out: dict[str, str] = field(default_factory=dict)  # provider -> why not in P_t
+    # clip: adaptive (spgc.clipping): the round's C_r and its released noisy count of
+    # unclipped examples (None until released; 0.0 / None with a fixed clip norm).
+    clip_norm: float = 0.0
+    noisy_count: float | None = None
 
 
 ENDED_PHASES = (pb.ROUND_PHASE_PUBLISHED, pb.ROUND_PHASE_ABORTED)  # a round over, either way
@@ -66,6 +70,8 @@ def round_summary(rec: RoundRecord) -> dict[str, Any]:
         "test_loss": rec.test_loss,
         "test_accuracy": rec.test_accuracy,
         "gc_bytes": rec.gc_bytes,
+        "clip_norm": rec.clip_norm or None,
+        "noisy_count": rec.noisy_count,
         "seconds": {k: round(v, 6) for k, v in rec.seconds.items()},
     }
 
@@ -80,6 +86,8 @@ class RoundPhases:
             self.intake.open_round(t)
             self.accepted[t] = set()
             self.history[t] = RoundRecord(t, pb.ROUND_PHASE_COLLECTING)
+            if self.plan.adaptive_clip is not None:
+                self.history[t].clip_norm = self.clip_norm
             self.deadline = time.time() + self.plan.cfg.round_deadline
             self._opened = time.perf_counter()
             self.phase = pb.ROUND_PHASE_COLLECTING
@@ -184,10 +192,18 @@ class RoundPhases:
                 self._end_round(pb.ROUND_PHASE_ABORTED)
 
     def apply_update(self, t: int, y: np.ndarray, info: dict[str, Any], seconds: dict) -> bytes:
-        """g = Y / s, one Adam step; keeps the result pending until both hashes agree."""
+        """g = Y / s, one Adam step; keeps the result pending until both hashes agree. With
+        adaptive clipping, Y's last value is the noisy count of unclipped examples, which moves
+        the clip norm of the next round (spgc.clipping)."""
         start = time.perf_counter()
         # Y holds the trained coordinates only (spgc.trainable): a frozen parameter never moves.
-        gradient = np.asarray(y, dtype=np.float64) / self.plan.cfg.scale
+        adaptive, count, next_clip = self.plan.adaptive_clip, None, self.clip_norm
+        if adaptive is None:
+            gradient = np.asarray(y, dtype=np.float64) / self.plan.cfg.scale
+        else:
+            clip_norm = self.history[t].clip_norm
+            gradient, count = adaptive.split_release(y, self.plan.cfg.scale, clip_norm)
+            next_clip = adaptive.next_clip_norm(clip_norm, count)
         trained = self.plan.coordinates
         if trained.anything_frozen:
             new = self.params.copy()
@@ -198,12 +214,13 @@ class RoundPhases:
         seconds["update"] = time.perf_counter() - start
         with self.cond:
             rec = self.history[t]
-            rec.noisy_sum_units, rec.gradient = y, gradient
+            rec.noisy_sum_units, rec.gradient, rec.noisy_count = y, gradient, count
             rec.peer_bytes = {d: int(info.get(d, 0)) for d in ("sent", "received")}
             rec.gc_bytes = sum(rec.peer_bytes.values())
             rec.seconds.update(seconds)
             rec.model_sha256 = sha
             self.pending = (new, sha)
+            self.pending_clip_norm = next_clip
             self.cond.notify_all()
         return sha
 
@@ -230,6 +247,7 @@ class RoundPhases:
             assert self.pending is not None
             self.params, sha = self.pending
             self.pending = None
+            self.clip_norm = self.pending_clip_norm  # the next round's C (adaptive clipping)
             self.version += 1
             self.models[self.version] = (self.params, sha)
             for old in [v for v in self.models if v <= self.version - _KEEP_VERSIONS]:

@@ -88,6 +88,10 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.accepted: dict[int, set[str]] = {}
         self.history: dict[int, RoundRecord] = {}
         self.pending: tuple[np.ndarray, bytes] | None = None  # computed, not yet published
+        # The clip norm of the next round to open (clip: adaptive moves it after every
+        # published round; fixed: the plan's), and the one computed with ``pending``.
+        self.clip_norm = plan.cfg.clip_norm
+        self.pending_clip_norm = self.clip_norm
         self.compute_error: BaseException | None = None
         self.failure: str | None = None
         self.finished = False
@@ -163,6 +167,8 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
             )
             if t == self.round and self.deadline:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
+            if self.plan.adaptive_clip is not None:
+                info.clip_norm = rec.clip_norm if rec is not None else self.clip_norm
             if phase == pb.ROUND_PHASE_FINISHED and caller and caller not in self.told_finished:
                 self.told_finished.add(caller)
                 self.last_told_finished = time.monotonic()

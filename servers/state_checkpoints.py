@@ -118,6 +118,7 @@ class StateCheckpoints:
                 "steps": self.steps,
                 "releases": self.releases,
                 "noise_samples": self.samples_drawn,
+                "clip_norm": self.clip_norm,
                 "model_sha256": self.models[self.version][1].hex(),
                 "adam": {
                     "t": adam["t"],
@@ -176,6 +177,10 @@ class StateCheckpoints:
             self.steps = int(record["steps"])
             self.releases = int(record.get("releases", self.steps))
             self.samples_drawn = int(record.get("noise_samples", 0))
+            # The next round's C (adaptive clipping); absent in checkpoints that predate it.
+            self.clip_norm = self.pending_clip_norm = float(
+                record.get("clip_norm", self.plan.cfg.clip_norm)
+            )
             if self.accountant is not None and self.releases:
                 self.accountant.step(self.releases)  # every release counts
             # The ledger may hold releases after this checkpoint (a crash after the entry).
@@ -198,6 +203,8 @@ class StateCheckpoints:
                     gc_bytes=h["gc_bytes"],
                     seconds=dict(h["seconds"]),
                     left_out=dict(h.get("left_out", {})),  # absent in older checkpoints
+                    clip_norm=h.get("clip_norm") or 0.0,
+                    noisy_count=h.get("noisy_count"),
                 )
                 self.history[rec.round] = rec
             self.finished = self._should_stop()

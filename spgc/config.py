@@ -28,7 +28,7 @@ from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
 from spgc.accounting import ACCOUNTANTS
 from spgc.lanes import MAX_LANES
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
-from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
+from spgc.modes import ADAPTIVE_CLIP_MODES, NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import ray_cluster_endpoint, split_host_port
 
@@ -278,7 +278,35 @@ class ServerConfig(_Schema):
     round_deadline: float = Field(
         30.0, gt=0, description="seconds a round waits for shares after it opens"
     )
-    clip_norm: float = Field(1.0, gt=0, description="L2 clip norm C of each example's gradient")
+    clip_norm: float = Field(
+        1.0,
+        gt=0,
+        description="L2 clip norm C of each example's gradient (with clip: adaptive, the "
+        "first round's C0)",
+    )
+    clip: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="adaptive: C follows a target quantile of the examples' gradient norms "
+        "(Andrew et al. 2021), from a noisy count that travels with the shares",
+    )
+    clip_target_quantile: float = Field(
+        0.5, gt=0, lt=1, description="clip: adaptive: the share of examples left unclipped"
+    )
+    clip_learning_rate: float = Field(
+        0.2, gt=0, le=10, description="clip: adaptive: eta in C <- C exp(-eta (b - quantile))"
+    )
+    clip_count_noise: float = Field(
+        0.0,
+        ge=0,
+        description="clip: adaptive: std of the noise on the unclipped-example count (in "
+        "examples); 0: the expected examples per round / 20 (the paper's default)",
+    )
+    expected_batch_size: float = Field(
+        0.0,
+        ge=0,
+        description="clip: adaptive: examples expected per round over all providers; 0: from "
+        "the data set (sampling_rate x examples, or batch_size x providers)",
+    )
     scale: float = Field(1024.0, gt=0, description="fixed-point units per gradient unit (s)")
     sampling_rate: float = Field(
         0.01, gt=0, le=1, description="Poisson sampling rate q of each provider's examples"
@@ -412,6 +440,16 @@ class ServerConfig(_Schema):
             raise ValueError(
                 "fixed batches (batch_size > 0) are accounted with RDP only (dp-accounting has no "
                 "PLD for sampling without replacement): set accountant: rdp"
+            )
+        if self.clip == "adaptive" and self.mode not in ADAPTIVE_CLIP_MODES:
+            raise ValueError(
+                f"clip: adaptive needs the noise added once to the sum (modes "
+                f"{', '.join(ADAPTIVE_CLIP_MODES)}); mode {self.mode} does not: use clip: fixed"
+            )
+        if self.clip == "adaptive" and not self.dataset and self.expected_batch_size <= 0:
+            raise ValueError(
+                "clip: adaptive with providers' own data needs expected_batch_size, the "
+                "examples expected per round over all providers"
             )
         if self.mode == "preprocessed" and self.pool_path is None:
             raise ValueError(

@@ -19,10 +19,13 @@ Line kinds:
   Ed25519), ``peer`` and ``peer_public_key`` (the other server; null in the one-server modes),
   the plan: every field re-accounting reads (:data:`PLAN_KEYS`: ``mode``, ``plan_sha256``,
   ``noise_multiplier``, ``sampling``, ``accountant``, ``delta``, ``sensitivity_units``,
-  ``max_batch_size``).
+  ``max_batch_size``, ``clip``: ``{"rule": "fixed", "clip_norm": C}`` or, with adaptive
+  clipping, ``{"rule": "adaptive", "initial_norm", "target_quantile", "learning_rate",
+  "update_noise_multiplier", "count_noise_std"}``: the pair of noises that ``noise_multiplier``
+  accounts as one Gaussian, checked here to be no smaller than it, spgc.clipping).
 - ``release``: written BEFORE a release: the shared fields (:data:`STATEMENT_KEYS`): the
-  header's plan fields, ``signers`` (role -> public key, both servers'), ``round`` and
-  ``noise_samples``; this server's ``index`` (0, 1, ...) and ``epsilon_after`` (its own count
+  header's plan fields, ``signers`` (role -> public key, both servers'), ``round``,
+  ``noise_samples`` and ``clip_norm`` (the round's C); this server's ``index`` (0, 1, ...) and ``epsilon_after`` (its own count
   at the plan's delta, this release included); ``peer_sig`` (two-server modes).
 
 What a dishonest server cannot do. Every field that re-accounting reads is in the statement
@@ -81,7 +84,7 @@ __all__ = [
 
 # 2: every field re-accounting reads (delta, accountant, max_batch_size) and both servers'
 # keys by role are in the co-signed statement. Format 1 left them out; it is refused.
-FORMAT = 2
+FORMAT = 3
 # What the re-accounted epsilon may exceed the recorded one by before it counts as an
 # under-report (dp-accounting's own floating-point noise).
 EPSILON_TOLERANCE = 1e-6
@@ -130,9 +133,10 @@ PLAN_KEYS = (
     "delta",
     "sensitivity_units",
     "max_batch_size",
+    "clip",
 )
 # The fields of a release entry both servers sign (the same bytes on both: nothing local).
-STATEMENT_KEYS = ("kind", *PLAN_KEYS, "signers", "round", "noise_samples")
+STATEMENT_KEYS = ("kind", *PLAN_KEYS, "signers", "round", "noise_samples", "clip_norm")
 # The servers' roles; a one-server mode's server is h1.
 ROLES = ("h1", "h2")
 
@@ -146,13 +150,15 @@ def signers(header: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def release_statement(
-    header: Mapping[str, Any], round_number: int, noise_samples: int
+    header: Mapping[str, Any], round_number: int, noise_samples: int, clip_norm: float
 ) -> dict[str, Any]:
-    """The shared fields of the release entry for ``round_number`` under ``header``'s plan."""
+    """The shared fields of the release entry for ``round_number`` (of clip norm
+    ``clip_norm``) under ``header``'s plan."""
     out: dict[str, Any] = {"kind": "release", "round": int(round_number)}
     out.update({k: header.get(k) for k in PLAN_KEYS})
     out["signers"] = signers(header)
     out["noise_samples"] = int(noise_samples)
+    out["clip_norm"] = float(clip_norm)
     return out
 
 
@@ -336,10 +342,14 @@ class Ledger:
         self.lines.append(line)
         return entry
 
-    def statement(self, round_number: int, noise_samples: int) -> tuple[bytes, bytes]:
+    def statement(
+        self, round_number: int, noise_samples: int, clip_norm: float
+    ) -> tuple[bytes, bytes]:
         """(statement, this server's signature over it) for a release of ``round_number``:
         what the peer server checks and co-signs (CosignRelease)."""
-        data = statement_bytes(release_statement(self.header, round_number, noise_samples))
+        data = statement_bytes(
+            release_statement(self.header, round_number, noise_samples, clip_norm)
+        )
         return data, self.key.sign(data)
 
     def record_release(
@@ -348,11 +358,13 @@ class Ledger:
         noise_samples: int,
         epsilon_after: float,
         peer_sig: bytes | None = None,
+        *,
+        clip_norm: float,
     ) -> int:
         """Write-ahead entry for one release (call it, then release). Returns its index.
         Two-server runs (the header names a peer key) need ``peer_sig``, the other server's
         signature over :meth:`statement`, checked here."""
-        entry = release_statement(self.header, round_number, noise_samples)
+        entry = release_statement(self.header, round_number, noise_samples, clip_norm)
         peer_key = self.header.get("peer_public_key")
         if peer_key is not None:
             if peer_sig is None or not verify_statement(
@@ -406,6 +418,8 @@ class LedgerReport:
     signatures_valid: bool = True
     cosigned: bool = False  # every release entry also carries the peer server's signature
     keys_pinned: bool = False  # both keys matched the expected ones, each in its role
+    clip: dict[str, Any] | None = None  # the header's clip rule (fixed or adaptive)
+    clip_norms: list[float] | None = None  # each release's clip norm, in order
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -446,6 +460,7 @@ def verify_ledger(
     recorded: float | None = None
     recorded_line = 0  # the last release entry's line
     rounds: dict[int, int] = {}  # release index -> its round
+    clip_norms: list[float] = []
     seen_released: set[int] = set()
     for number, raw, entry in _entries(lines):
         want = None if prev is None else _sha256(prev)
@@ -493,6 +508,7 @@ def verify_ledger(
                     f"line {number}: epsilon_after {after} is below the previous entry's "
                     f"{recorded}"
                 )
+            clip_norms.append(_release_clip_norm(number, entry, header["clip"]))
             rounds[steps] = entry["round"]
             steps += 1
             samples += count
@@ -549,6 +565,8 @@ def verify_ledger(
         delta_reported=delta_reported,
         cosigned=header.get("peer_public_key") is not None,
         keys_pinned=expected_keys is not None,
+        clip=header.get("clip"),
+        clip_norms=clip_norms,
     )
 
 
@@ -561,6 +579,8 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
         old = ""
         if entry.get("format") == 1:
             old = " (written before delta and accountant were co-signed)"
+        elif entry.get("format") == 2:
+            old = " (written before the clip norms were co-signed)"
         raise LedgerError(
             f"line 1: ledger format {entry.get('format')!r}{old}; this version verifies format "
             f"{FORMAT} only"
@@ -570,6 +590,7 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
             raise LedgerError(f"line 1: the header has no {key}")
     if not _is_int(entry.get("max_batch_size")) or entry["max_batch_size"] < 0:
         raise LedgerError("line 1: max_batch_size must be an integer >= 0")
+    _check_clip(entry["clip"], entry.get("noise_multiplier"))
     try:
         public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry["public_key"]))
     except (KeyError, TypeError, ValueError):
@@ -610,6 +631,51 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
                 which = "this server's public_key" if role == server else "peer_public_key"
                 raise LedgerError(f"line 1: {which} is not the key pinned for {role} (--keys)")
     return public
+
+
+def _number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _check_clip(clip: Any, noise_multiplier: Any) -> None:
+    """The header's clip rule: fixed with its C, or adaptive with both noises, which together
+    must be no weaker than the one Gaussian of ``noise_multiplier`` the entries are accounted
+    with (1 / z^2 >= 1 / z_update^2 + 1 / sigma_count^2, spgc.clipping)."""
+    if not isinstance(clip, dict) or clip.get("rule") not in ("fixed", "adaptive"):
+        raise LedgerError("line 1: clip must be {rule: fixed|adaptive, ...}")
+    if clip["rule"] == "fixed":
+        if not _number(clip.get("clip_norm")):
+            raise LedgerError("line 1: clip.clip_norm must be a number > 0")
+        return
+    keys = ("initial_norm", "learning_rate", "update_noise_multiplier", "count_noise_std")
+    for key in (*keys, "target_quantile"):
+        if not _number(clip.get(key)):
+            raise LedgerError(f"line 1: clip.{key} must be a number > 0")
+    if not (isinstance(noise_multiplier, (int, float)) and noise_multiplier > 0):
+        raise LedgerError("line 1: adaptive clipping without noise (noise_multiplier 0)")
+    pair = (clip["update_noise_multiplier"] ** -2 + clip["count_noise_std"] ** -2) ** -0.5
+    if pair < noise_multiplier * (1 - 1e-9):
+        raise LedgerError(
+            f"line 1: the update's noise multiplier {clip['update_noise_multiplier']:.6g} and "
+            f"the count's noise {clip['count_noise_std']:.6g} make a Gaussian of multiplier "
+            f"{pair:.6g}, below the noise_multiplier {noise_multiplier:.6g} it is accounted with"
+        )
+
+
+def _release_clip_norm(number: int, entry: Mapping[str, Any], clip: Mapping[str, Any]) -> float:
+    """A release entry's clip norm: the header's with a fixed rule, any C > 0 with adaptive
+    clipping (the accounting does not depend on it: every row is bounded in units)."""
+    value = entry.get("clip_norm")
+    if not _number(value):
+        raise LedgerError(f"line {number}: clip_norm must be a number > 0")
+    if clip["rule"] == "fixed" and value != clip["clip_norm"]:
+        raise LedgerError(f"line {number}: clip_norm {value} is not the header's fixed clip norm")
+    return float(value)
 
 
 def _servers(mode: Any) -> int:

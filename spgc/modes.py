@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ADAPTIVE_CLIP_MODES",
     "BASELINES",
     "MODES",
     "NOISY_MODES",
@@ -75,6 +76,13 @@ SINGLE_SERVER_MODES: tuple[str, ...] = tuple(
 TWO_SERVER_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and m.servers == 2)
 #: Training modes that add DP noise (calibrated from target_epsilon or noise_multiplier).
 NOISY_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and m.noisy)
+#: Training modes that run adaptive clipping (clip: adaptive): the unclipped-example count
+#: travels as one more coordinate of the shares and the circuit noises it with the rest. The
+#: other modes' noise (each server's, each provider's, the preprocessed pool) is sized for the
+#: model's coordinates only.
+ADAPTIVE_CLIP_MODES: tuple[str, ...] = tuple(
+    m.name for m in _TABLE if m.trainable and m.circuit == "reconstruct+noise"
+)
 
 
 def get_mode(name: str) -> Mode:

@@ -14,6 +14,7 @@ import numpy as np
 from torch import nn
 
 from spgc import accounting
+from spgc.clipping import AdaptiveClip
 from spgc.config import ServerConfig
 from spgc.data import load_dataset
 from spgc.encoding import FixedPointConfig
@@ -66,6 +67,8 @@ class RunPlan:
     # The trained coordinates of the model's flat vector (requires_grad): the only ones that
     # travel, are noised and are updated; None: all of them.
     trainable: TrainableCoordinates | None = None
+    # clip: adaptive (spgc.clipping): the count coordinate's size and the rule; None: fixed C.
+    adaptive_clip: AdaptiveClip | None = None
 
     def __post_init__(self) -> None:
         if self.trainable is None:
@@ -89,6 +92,12 @@ class RunPlan:
     def dim(self) -> int:
         """d: the trained coordinates, the length of every model and share vector."""
         return self.coordinates.count
+
+    @property
+    def share_dim(self) -> int:
+        """The length of every share vector and of the released sum: d, plus the count of
+        unclipped examples with adaptive clipping (its last coordinate)."""
+        return self.dim + (1 if self.adaptive_clip is not None else 0)
 
     @property
     def model_dim(self) -> int:
@@ -185,7 +194,22 @@ class RunPlan:
                 pb.CoordinateRange(start=a, length=n) for a, n in self.coordinates.wire_ranges()
             ],
             frozen_sha256=self.coordinates.frozen_sha256(self.initial_params),
+            **self._adaptive_clip_fields(),
         )
+
+    def _adaptive_clip_fields(self) -> dict[str, Any]:
+        a = self.adaptive_clip
+        if a is None:
+            return {}
+        return {
+            "clip_rule": pb.CLIP_RULE_ADAPTIVE,
+            "clip_target_quantile": a.target_quantile,
+            "clip_learning_rate": a.learning_rate,
+            "count_clip": a.count_clip,
+            "expected_batch_size": a.expected_batch,
+            "update_noise_multiplier": a.update_noise_multiplier(self.sigma_units, self.cfg.scale),
+            "count_noise_std": a.count_noise_std(self.sigma_units, self.cfg.scale),
+        }
 
     @property
     def batches_per_epoch(self) -> int:
@@ -274,6 +298,33 @@ def _noise_multiplier(cfg: ServerConfig, sampling: dict[str, Any]) -> float:
     )
 
 
+def expected_examples_per_round(cfg: ServerConfig) -> float:
+    """The examples a round is expected to sum over all providers: the configured
+    expected_batch_size, else from the data set (Poisson: sampling_rate x its training examples;
+    fixed batches: batch_size x providers)."""
+    if cfg.expected_batch_size > 0:
+        return cfg.expected_batch_size
+    if cfg.batch_size > 0:
+        return float(cfg.batch_size * len(cfg.providers))
+    return cfg.sampling_rate * load_dataset(cfg.dataset).n_train
+
+
+def _adaptive_clip(cfg: ServerConfig, noise_multiplier: float) -> AdaptiveClip | None:
+    if cfg.clip != "adaptive":
+        return None
+    try:
+        return AdaptiveClip.design(
+            initial_norm=cfg.clip_norm,
+            target_quantile=cfg.clip_target_quantile,
+            learning_rate=cfg.clip_learning_rate,
+            expected_batch=expected_examples_per_round(cfg),
+            noise_multiplier=noise_multiplier,
+            count_noise=cfg.clip_count_noise,
+        )
+    except ValueError as exc:
+        raise ValueError(f"clip: adaptive: {exc}") from None
+
+
 def _ring_noise_std(mode: str, sigma_units: float, providers: int) -> float:
     """Std of the noise that lives in the ring Z_2^L next to S (0: none does).
 
@@ -295,13 +346,18 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     model = build_run_model(cfg)
     params = flatten_params(model)
     trainable = TrainableCoordinates.of_model(model)
-    # Only the trained coordinates travel: the rounding's slack counts them alone.
-    fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=trainable.count)
+    sampling = _sampling(cfg)
+    nm = _noise_multiplier(cfg, sampling)
+    adaptive = _adaptive_clip(cfg, nm)
+    # Only the trained coordinates travel: the rounding's slack counts them alone (and the
+    # unclipped-example count with adaptive clipping, whose rows are bounded by row_norm).
+    if adaptive is None:
+        fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=trainable.count)
+    else:
+        fp = FixedPointConfig(scale=cfg.scale, clip_norm=adaptive.row_norm, dim=trainable.count + 1)
     k = len(cfg.providers)
     max_batch = _max_batch(cfg)
     bound = max_abs_sum_units(max_batch, fp.l2_bound_units, providers=k)
-    sampling = _sampling(cfg)
-    nm = _noise_multiplier(cfg, sampling)
     sigma_units = nm * fp.l2_bound_units
     if cfg.mode == "preprocessed" and sigma_units > 0:
         # The noise shares live in the providers' ring and S + z is opened there: L holds |S|
@@ -309,12 +365,12 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
 
         bound += noise_bound_units(sigma_units)
     ring_bits = ring_bits_for(
-        bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=trainable.count
+        bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=fp.dim
     )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     plan = RunPlan(
         cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
-        max_batch, trainable,
+        max_batch, trainable, adaptive,
     )  # fmt: skip
     accountant = plan.new_accountant()
     if accountant is not None and (first := accountant.epsilon_after(1)) > cfg.target_epsilon:

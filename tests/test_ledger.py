@@ -46,7 +46,9 @@ HEADER: dict[str, Any] = {
     "delta": 1e-5,
     "sensitivity_units": 1024.0,
     "max_batch_size": 0,
+    "clip": {"rule": "fixed", "clip_norm": 1.0},
 }
+CLIP = 1.0  # the fixed clip norm of every release in these ledgers
 ROUNDS = 5
 SAMPLES = 1000  # noise samples per release in these ledgers
 
@@ -61,8 +63,8 @@ def _sha(text: str) -> str:
 
 def _record(ledger: Ledger, t: int, samples: int, epsilon: float, peer=PEER) -> int:
     """A release entry co-signed by ``peer`` (what CosignRelease gives the server)."""
-    statement, _ = ledger.statement(t, samples)
-    return ledger.record_release(t, samples, epsilon, peer.sign(statement))
+    statement, _ = ledger.statement(t, samples, CLIP)
+    return ledger.record_release(t, samples, epsilon, peer.sign(statement), clip_norm=CLIP)
 
 
 def _build(
@@ -364,20 +366,21 @@ def test_no_noise_ledger_has_no_epsilon(tmp_path, key):
 def test_a_release_needs_the_peer_signature(tmp_path, key):
     ledger = Ledger.open(tmp_path / "ledger.jsonl", key, HEADER)
     with pytest.raises(LedgerError, match="no valid signature of the peer server 'h2'"):
-        ledger.record_release(0, SAMPLES, 1.0)
-    statement, mine = ledger.statement(0, SAMPLES)
+        ledger.record_release(0, SAMPLES, 1.0, clip_norm=CLIP)
+    statement, mine = ledger.statement(0, SAMPLES, CLIP)
     with pytest.raises(LedgerError, match="no valid signature of the peer"):
-        ledger.record_release(0, SAMPLES, 1.0, mine)  # its own signature is not the peer's
-    wrong, _ = ledger.statement(0, SAMPLES + 1)  # the peer signed another sample count
+        # Its own signature is not the peer's.
+        ledger.record_release(0, SAMPLES, 1.0, mine, clip_norm=CLIP)
+    wrong, _ = ledger.statement(0, SAMPLES + 1, CLIP)  # the peer signed another sample count
     with pytest.raises(LedgerError, match="no valid signature of the peer"):
-        ledger.record_release(0, SAMPLES, 1.0, PEER.sign(wrong))
+        ledger.record_release(0, SAMPLES, 1.0, PEER.sign(wrong), clip_norm=CLIP)
     assert ledger.releases == 0  # nothing was written
-    assert ledger.record_release(0, SAMPLES, 1.0, PEER.sign(statement)) == 0
+    assert ledger.record_release(0, SAMPLES, 1.0, PEER.sign(statement), clip_norm=CLIP) == 0
     # The statement: the shared fields only, the same bytes on both servers.
     # Every field re-accounting reads, and both servers' keys by role.
     assert json.loads(statement) == {
         "kind": "release",
-        "format": 2,
+        "format": 3,
         "run_id": "run-1",
         "round": 0,
         "mode": "spgc",
@@ -388,12 +391,14 @@ def test_a_release_needs_the_peer_signature(tmp_path, key):
         "delta": 1e-5,
         "sensitivity_units": 1024.0,
         "max_batch_size": 0,
+        "clip": {"rule": "fixed", "clip_norm": 1.0},
         "signers": {"h1": public_key_hex(key), "h2": public_key_hex(PEER)},
         "noise_samples": SAMPLES,
+        "clip_norm": CLIP,
     }
     h2_header = {**HEADER, "server": "h2", "peer": "h1", "peer_public_key": public_key_hex(key)}
     peer_view = Ledger.open(None, PEER, h2_header)
-    assert peer_view.statement(0, SAMPLES)[0] == statement
+    assert peer_view.statement(0, SAMPLES, CLIP)[0] == statement
 
 
 def test_a_server_alone_cannot_change_a_cosigned_entry(ledger_path, key):
@@ -417,9 +422,9 @@ def test_a_server_alone_cannot_change_a_cosigned_entry(ledger_path, key):
 def test_a_one_server_ledger_has_no_peer(tmp_path, key):
     header = {**HEADER, "mode": "ldp", "peer": None, "peer_public_key": None}
     ledger = Ledger.open(tmp_path / "ledger.jsonl", key, header)
-    ledger.record_release(0, 10, _accountant().epsilon_after(1))
+    ledger.record_release(0, 10, _accountant().epsilon_after(1), clip_norm=CLIP)
     with pytest.raises(LedgerError, match="takes no peer signature"):
-        ledger.record_release(1, 10, 1.0, b"x" * 64)
+        ledger.record_release(1, 10, 1.0, b"x" * 64, clip_norm=CLIP)
     report = verify_ledger(ledger.lines)
     assert report.steps == 1 and report.cosigned is False and report.peer_public_key is None
 
@@ -574,7 +579,7 @@ def test_cli_no_noise(parser, capsys, tmp_path, key):
     header = {**HEADER, "mode": "plain", "noise_multiplier": 0.0, "peer": None,
               "peer_public_key": None}  # fmt: skip
     ledger = Ledger.open(path, key, header)
-    ledger.record_release(0, 0, math.inf)
+    ledger.record_release(0, 0, math.inf, clip_norm=CLIP)
     code, out, _ = _run(parser, capsys, "--ledger", path)
     assert code == 0 and "NOT differentially private: mode plain adds no noise" in out
     code, out, _ = _run(parser, capsys, "--ledger", path, "--json")

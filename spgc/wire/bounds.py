@@ -139,6 +139,13 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.batches_per_epoch": _UINT32,
     # 0: nothing frozen; the ranges' sum and order are checked where they are read.
     "spgc.v1.TrainingConfig.model_parameters": _LENGTH_OR_UNSET,
+    # clip_rule CLIP_RULE_ADAPTIVE (0 otherwise): the provider checks they are > 0 there.
+    "spgc.v1.TrainingConfig.clip_target_quantile": _PROBABILITY,
+    "spgc.v1.TrainingConfig.clip_learning_rate": _NON_NEGATIVE,
+    "spgc.v1.TrainingConfig.count_clip": _NON_NEGATIVE,
+    "spgc.v1.TrainingConfig.expected_batch_size": _NON_NEGATIVE,
+    "spgc.v1.TrainingConfig.update_noise_multiplier": _NON_NEGATIVE,
+    "spgc.v1.TrainingConfig.count_noise_std": _NON_NEGATIVE,
     "spgc.v1.CoordinateRange.start": Bound(0, MAX_NUM_PARAMETERS),
     "spgc.v1.CoordinateRange.length": _LENGTH,
     "spgc.v1.RoundInfo.round": COUNTER,
@@ -148,6 +155,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.RoundInfo.epsilon_spent": _NON_NEGATIVE_OR_INF,
     "spgc.v1.RoundInfo.latest_model_version": COUNTER,
     "spgc.v1.RoundInfo.releases_counted": COUNTER,
+    "spgc.v1.RoundInfo.clip_norm": _NON_NEGATIVE,  # 0: fixed clip norm
     "spgc.v1.WireLimits.max_message_bytes": ANY,  # informational
     "spgc.v1.WireLimits.max_chunk_bytes": _LIMIT_CHUNK_BYTES,
     "spgc.v1.WireLimits.preferred_chunk_bytes": _LIMIT_CHUNK_BYTES,

@@ -72,6 +72,11 @@ class RoundPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUND_PHASE_FINISHED: _ClassVar[RoundPhase]
     ROUND_PHASE_WAITING_FOR_PEER: _ClassVar[RoundPhase]
 
+class ClipRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLIP_RULE_FIXED: _ClassVar[ClipRule]
+    CLIP_RULE_ADAPTIVE: _ClassVar[ClipRule]
+
 class ModelPart(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     MODEL_PART_TRAINABLE: _ClassVar[ModelPart]
@@ -111,11 +116,13 @@ ROUND_PHASE_PUBLISHED: RoundPhase
 ROUND_PHASE_ABORTED: RoundPhase
 ROUND_PHASE_FINISHED: RoundPhase
 ROUND_PHASE_WAITING_FOR_PEER: RoundPhase
+CLIP_RULE_FIXED: ClipRule
+CLIP_RULE_ADAPTIVE: ClipRule
 MODEL_PART_TRAINABLE: ModelPart
 MODEL_PART_FROZEN: ModelPart
 
 class TrainingConfig(_message.Message):
-    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256")
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +155,13 @@ class TrainingConfig(_message.Message):
     MODEL_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     TRAINABLE_FIELD_NUMBER: _ClassVar[int]
     FROZEN_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CLIP_RULE_FIELD_NUMBER: _ClassVar[int]
+    CLIP_TARGET_QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    CLIP_LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_CLIP_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    COUNT_NOISE_STD_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     mode: Mode
     dataset: str
@@ -180,7 +194,14 @@ class TrainingConfig(_message.Message):
     model_parameters: int
     trainable: _containers.RepeatedCompositeFieldContainer[CoordinateRange]
     frozen_sha256: bytes
-    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ...) -> None: ...
+    clip_rule: ClipRule
+    clip_target_quantile: float
+    clip_learning_rate: float
+    count_clip: float
+    expected_batch_size: float
+    update_noise_multiplier: float
+    count_noise_std: float
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ...) -> None: ...
 
 class CoordinateRange(_message.Message):
     __slots__ = ("start", "length")
@@ -191,7 +212,7 @@ class CoordinateRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version", "model_parameters", "failure", "caller_left_out", "releases_counted")
+    __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version", "model_parameters", "failure", "caller_left_out", "releases_counted", "clip_norm")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +227,7 @@ class RoundInfo(_message.Message):
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     CALLER_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     RELEASES_COUNTED_FIELD_NUMBER: _ClassVar[int]
+    CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
     round: int
     model_version: int
     model_sha256: bytes
@@ -220,7 +242,8 @@ class RoundInfo(_message.Message):
     failure: str
     caller_left_out: str
     releases_counted: int
-    def __init__(self, round: _Optional[int] = ..., model_version: _Optional[int] = ..., model_sha256: _Optional[bytes] = ..., phase: _Optional[_Union[RoundPhase, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., caller_share_accepted: _Optional[bool] = ..., shares_accepted: _Optional[int] = ..., providers_agreed: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., latest_model_version: _Optional[int] = ..., model_parameters: _Optional[bytes] = ..., failure: _Optional[str] = ..., caller_left_out: _Optional[str] = ..., releases_counted: _Optional[int] = ...) -> None: ...
+    clip_norm: float
+    def __init__(self, round: _Optional[int] = ..., model_version: _Optional[int] = ..., model_sha256: _Optional[bytes] = ..., phase: _Optional[_Union[RoundPhase, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., caller_share_accepted: _Optional[bool] = ..., shares_accepted: _Optional[int] = ..., providers_agreed: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., latest_model_version: _Optional[int] = ..., model_parameters: _Optional[bytes] = ..., failure: _Optional[str] = ..., caller_left_out: _Optional[str] = ..., releases_counted: _Optional[int] = ..., clip_norm: _Optional[float] = ...) -> None: ...
 
 class WireLimits(_message.Message):
     __slots__ = ("max_message_bytes", "max_chunk_bytes", "preferred_chunk_bytes")

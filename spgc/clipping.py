@@ -1,0 +1,157 @@
+"""Adaptive clipping (Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning
+with Adaptive Clipping", NeurIPS 2021), on the secure sum.
+
+The clip norm ``C`` follows a target quantile ``gamma`` of the examples' gradient norms: each
+round every example adds one bit, ``b = 1[||g|| <= C]``, to a count that is noised and released
+with the gradient sum, and the servers move ``C`` geometrically towards the quantile::
+
+    C_{r+1} = C_r * exp(-eta * (b_r - gamma)),   b_r = noisy count / expected examples.
+
+How it rides on the fixed-point shares (why nothing else changes). Every example's row is
+``[clip(g, C_r) * C0 / C_r,  kappa * b]``: the gradient clipped to this round's ``C_r`` and
+rescaled to the first round's ``C0``, then one more coordinate, ``kappa`` per unclipped example.
+Every row has L2 norm at most ``sqrt(C0^2 + kappa^2)`` whatever ``C_r`` is, so the encoder,
+its bound ``B`` in units, the ring, the circuit's one noise std ``sigma`` and the accountant's
+noise multiplier ``z = sigma / B`` are those of a fixed run with clip norm ``sqrt(C0^2 +
+kappa^2)`` and ``d + 1`` coordinates: the pair (update, count) is ONE Gaussian mechanism of
+multiplier ``z``, accounted as such every round (as TFF does). Decoded, the update carries noise
+``z_update * C_r`` with ``z_update = sigma / (s C0)`` and the count noise ``sigma_count = sigma
+/ (s kappa)`` examples, and ``z_update^-2 + sigma_count^-2 = (s sqrt(C0^2 + kappa^2) / sigma)^2
+>= z^-2`` (the rounding's inflation ``B / (s sqrt(C0^2 + kappa^2)) >= 1`` only helps): the
+paper's ``z_update = (z^-2 - sigma_count^-2)^(-1/2)``, here with the count's sensitivity 1
+(the bit is 0 or 1, not centred: the number of examples of a Poisson batch is not public).
+
+``kappa`` is chosen so that the count gets the configured noise: ``kappa = C0 z_update /
+sigma_count``; it needs ``sigma_count > z``. The paper's defaults: ``gamma = 0.5``, ``eta =
+0.2``, ``sigma_count`` = the expected examples per round / 20, ``C0 = 0.1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["AdaptiveClip", "CLIP_RANGE"]
+
+#: How far C may move from C0 (both ways): keeps C0 / C a sane float factor over any run.
+CLIP_RANGE = 1e6
+
+
+@dataclass(frozen=True)
+class AdaptiveClip:
+    """One run's adaptive clipping: the rule's parameters and the count coordinate's size."""
+
+    initial_norm: float  # C0 (the plan's clip_norm)
+    target_quantile: float  # gamma
+    learning_rate: float  # eta
+    expected_batch: float  # examples expected per round over all providers (b's denominator)
+    count_clip: float  # kappa: the count coordinate of an unclipped example, in gradient units
+
+    def __post_init__(self) -> None:
+        for name in ("initial_norm", "learning_rate", "expected_batch", "count_clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"adaptive clipping: {name} must be > 0, got {value}")
+        if not 0 < self.target_quantile < 1:
+            raise ValueError(
+                f"adaptive clipping: target_quantile must be in (0, 1), got {self.target_quantile}"
+            )
+
+    @classmethod
+    def design(
+        cls,
+        *,
+        initial_norm: float,
+        target_quantile: float,
+        learning_rate: float,
+        expected_batch: float,
+        noise_multiplier: float,
+        count_noise: float = 0.0,
+    ) -> AdaptiveClip:
+        """The count coordinate for a run of noise multiplier ``z``: ``count_noise`` examples of
+        std on the count (0: ``expected_batch / 20``). ValueError when the count's noise is not
+        above ``z`` (the update's multiplier would have to be infinite)."""
+        if not (math.isfinite(expected_batch) and expected_batch > 0):
+            raise ValueError(
+                f"adaptive clipping needs the examples expected per round (> 0), got "
+                f"{expected_batch}"
+            )
+        sigma_count = count_noise if count_noise > 0 else expected_batch / 20
+        z = noise_multiplier
+        if not (math.isfinite(z) and z > 0):
+            raise ValueError(f"adaptive clipping needs a noise multiplier > 0, got {z}")
+        if sigma_count <= z:
+            raise ValueError(
+                f"adaptive clipping: the count's noise ({sigma_count:.4g} examples"
+                f"{'' if count_noise > 0 else ', the expected examples per round / 20'}) must "
+                f"exceed the noise multiplier {z:.4g}; raise clip_count_noise or the examples "
+                "per round"
+            )
+        z_update = 1.0 / math.sqrt(z**-2 - sigma_count**-2)
+        return cls(
+            initial_norm=initial_norm,
+            target_quantile=target_quantile,
+            learning_rate=learning_rate,
+            expected_batch=expected_batch,
+            count_clip=initial_norm * z_update / sigma_count,
+        )
+
+    @property
+    def row_norm(self) -> float:
+        """The L2 bound of every row, ``sqrt(C0^2 + kappa^2)``: the encoder's clip norm."""
+        return math.hypot(self.initial_norm, self.count_clip)
+
+    def update_noise_multiplier(self, sigma_units: float, scale: float) -> float:
+        """z_update: the update's noise std in units of the round's clip norm."""
+        return sigma_units / (scale * self.initial_norm)
+
+    def count_noise_std(self, sigma_units: float, scale: float) -> float:
+        """sigma_count: the released count's noise std, in examples."""
+        return sigma_units / (scale * self.count_clip)
+
+    def check_clip_norm(self, clip_norm: float) -> None:
+        """ValueError unless ``clip_norm`` is one the rule can reach from C0."""
+        lo, hi = self.initial_norm / CLIP_RANGE, self.initial_norm * CLIP_RANGE
+        if not (math.isfinite(clip_norm) and lo <= clip_norm <= hi):
+            raise ValueError(
+                f"round clip norm {clip_norm!r} is outside [{lo:.3g}, {hi:.3g}] (C0 / 1e6 to "
+                "C0 * 1e6)"
+            )
+
+    def rows(self, grads: np.ndarray, clip_norm: float) -> np.ndarray:
+        """The rows a provider encodes for per-example gradients ``grads`` (m, d) in a round of
+        clip norm ``clip_norm``: (m, d + 1) float64, each of L2 norm <= :attr:`row_norm`."""
+        self.check_clip_norm(clip_norm)
+        g = np.asarray(grads, dtype=np.float64)
+        if g.ndim != 2:
+            raise ValueError(f"expected an (m, d) array, got shape {g.shape}")
+        norms = np.sqrt(np.einsum("ij,ij->i", g, g))
+        unclipped = norms <= clip_norm
+        factors = np.ones_like(norms)
+        factors[~unclipped] = clip_norm / norms[~unclipped]
+        # Clipped to C_r, then rescaled to C0: the same bound in units every round.
+        factors *= self.initial_norm / clip_norm
+        out = np.empty((g.shape[0], g.shape[1] + 1), dtype=np.float64)
+        np.multiply(g, factors[:, None], out=out[:, :-1])
+        out[:, -1] = np.where(unclipped, self.count_clip, 0.0)
+        return out
+
+    def split_release(
+        self, released_units: np.ndarray, scale: float, clip_norm: float
+    ) -> tuple[np.ndarray, float]:
+        """The released noisy sum (d + 1 values, in units) as (the round's gradient sum in
+        gradient units, d values; the noisy count of unclipped examples)."""
+        y = np.asarray(released_units, dtype=np.float64)
+        gradient = y[:-1] / scale * (clip_norm / self.initial_norm)
+        return gradient, float(y[-1]) / (scale * self.count_clip)
+
+    def next_clip_norm(self, clip_norm: float, noisy_count: float) -> float:
+        """C_{r+1} from C_r and the round's noisy count (kept within C0 / 1e6 .. C0 * 1e6)."""
+        unclipped_share = noisy_count / self.expected_batch
+        step = -self.learning_rate * (unclipped_share - self.target_quantile)
+        # A count far off (noise on a tiny batch) must not overflow exp: the range caps C anyway.
+        new = clip_norm * math.exp(max(-50.0, min(50.0, step)))
+        lo, hi = self.initial_norm / CLIP_RANGE, self.initial_norm * CLIP_RANGE
+        return min(hi, max(lo, new))
