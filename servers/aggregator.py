@@ -248,7 +248,9 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         if first is not None and first.WhichOneof("kind") == "header":
             seen["round"] = first.header.round  # for the audit, should the header be refused
         header = read_share_header(
-            iter(() if first is None else (first,)), num_elements=plan.share_dim, ring_bits=plan.ring_bits
+            iter(() if first is None else (first,)),
+            num_elements=plan.share_dim,
+            ring_bits=plan.ring_bits,
         )
         seen["round"] = header.round
         who = self._identity(context, header.provider_id)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["AdaptiveClip", "CLIP_RANGE"]
+__all__ = ["CLIP_RANGE", "AdaptiveClip"]
 
 #: How far C may move from C0 (both ways): keeps C0 / C a sane float factor over any run.
 CLIP_RANGE = 1e6

@@ -25,8 +25,9 @@ Line kinds:
   accounts as one Gaussian, checked here to be no smaller than it, spgc.clipping).
 - ``release``: written BEFORE a release: the shared fields (:data:`STATEMENT_KEYS`): the
   header's plan fields, ``signers`` (role -> public key, both servers'), ``round``,
-  ``noise_samples`` and ``clip_norm`` (the round's C); this server's ``index`` (0, 1, ...) and ``epsilon_after`` (its own count
-  at the plan's delta, this release included); ``peer_sig`` (two-server modes).
+  ``noise_samples`` and ``clip_norm`` (the round's C); this server's ``index`` (0, 1, ...)
+  and ``epsilon_after`` (its own count at the plan's delta, this release included);
+  ``peer_sig`` (two-server modes).
 
 What a dishonest server cannot do. Every field that re-accounting reads is in the statement
 both servers sign for every release, and each release entry must repeat its header's fields:
