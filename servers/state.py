@@ -308,6 +308,11 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "noise_std_total_units": self.plan.total_noise_std_units,
                 "gc_bytes": sum(r.gc_bytes for r in self.history.values()),
                 "offline_gc_bytes": self.offline_bytes,
+                "clip": self.plan.cfg.clip,
+                # Each published round's clip norm, in order (adaptive clipping moves it).
+                "clip_norms": [
+                    r.clip_norm or self.plan.cfg.clip_norm for r in published
+                ],
                 "history": [
                     round_summary(r) for r in self.history.values() if r.phase in ENDED_PHASES
                 ],

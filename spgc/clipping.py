@@ -23,7 +23,8 @@ paper's ``z_update = (z^-2 - sigma_count^-2)^(-1/2)``, here with the count's sen
 
 ``kappa`` is chosen so that the count gets the configured noise: ``kappa = C0 z_update /
 sigma_count``; it needs ``sigma_count > z``. The paper's defaults: ``gamma = 0.5``, ``eta =
-0.2``, ``sigma_count`` = the expected examples per round / 20, ``C0 = 0.1``.
+0.2``, ``sigma_count`` = the expected examples per round / 20 (here at least ``2 z``: the
+paper's rounds hold hundreds of clients, ours may hold 30 examples), ``C0 = 0.1``.
 """
 
 from __future__ import annotations
@@ -71,23 +72,22 @@ class AdaptiveClip:
         count_noise: float = 0.0,
     ) -> AdaptiveClip:
         """The count coordinate for a run of noise multiplier ``z``: ``count_noise`` examples of
-        std on the count (0: ``expected_batch / 20``). ValueError when the count's noise is not
-        above ``z`` (the update's multiplier would have to be infinite)."""
+        std on the count (0: the paper's ``expected_batch / 20``, but at least ``2 z``, so that
+        the update's multiplier is at most 1.155 z on small batches). ValueError when the
+        count's noise is not above ``z`` (the update's multiplier would have to be infinite)."""
         if not (math.isfinite(expected_batch) and expected_batch > 0):
             raise ValueError(
                 f"adaptive clipping needs the examples expected per round (> 0), got "
                 f"{expected_batch}"
             )
-        sigma_count = count_noise if count_noise > 0 else expected_batch / 20
         z = noise_multiplier
         if not (math.isfinite(z) and z > 0):
             raise ValueError(f"adaptive clipping needs a noise multiplier > 0, got {z}")
+        sigma_count = count_noise if count_noise > 0 else max(expected_batch / 20, 2 * z)
         if sigma_count <= z:
             raise ValueError(
-                f"adaptive clipping: the count's noise ({sigma_count:.4g} examples"
-                f"{'' if count_noise > 0 else ', the expected examples per round / 20'}) must "
-                f"exceed the noise multiplier {z:.4g}; raise clip_count_noise or the examples "
-                "per round"
+                f"adaptive clipping: the count's noise ({sigma_count:.4g} examples) must exceed "
+                f"the noise multiplier {z:.4g}; raise clip_count_noise (0 picks one)"
             )
         z_update = 1.0 / math.sqrt(z**-2 - sigma_count**-2)
         return cls(

@@ -299,7 +299,8 @@ class ServerConfig(_Schema):
         0.0,
         ge=0,
         description="clip: adaptive: std of the noise on the unclipped-example count (in "
-        "examples); 0: the expected examples per round / 20 (the paper's default)",
+        "examples), > the noise multiplier; 0: the expected examples per round / 20 (the "
+        "paper's default), at least twice the noise multiplier",
     )
     expected_batch_size: float = Field(
         0.0,

@@ -279,6 +279,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="privacy budget for the whole training (default: 4)",
     )
     demo.add_argument("--delta", type=_probability, default=1e-5)
+    demo.add_argument(
+        "--clip",
+        choices=["fixed", "adaptive"],
+        default="fixed",
+        help="adaptive: the clip norm follows the examples' median gradient norm, from a noisy "
+        "count that travels with the shares (Andrew et al. 2021; the JSON's clip_norms)",
+    )
+    demo.add_argument(
+        "--clip-norm",
+        type=_positive_float,
+        metavar="C",
+        help="the clip norm (with --clip adaptive the first round's; default 1, adaptive 0.1)",
+    )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -404,6 +417,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         keep=args.keep,
         state_dir=args.state_dir,
         metrics_port=args.metrics_port,
+        clip=args.clip,
+        clip_norm=args.clip_norm,
     )
     return run_cli(opts, args.json)
 

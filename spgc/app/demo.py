@@ -57,6 +57,10 @@ class DemoError(RuntimeError):
     """The demo could not run or a daemon failed; the message says which and why."""
 
 
+# The first round's clip norm of `--clip adaptive` (Andrew et al.'s default C0).
+ADAPTIVE_CLIP_C0 = 0.1
+
+
 @dataclass
 class DemoOptions:
     dataset: str = "cancer"
@@ -85,6 +89,10 @@ class DemoOptions:
     extra_certs: tuple[str, ...] = ()
     # Prometheus /metrics, /healthz, /readyz: H1 on this port, H2 on the next; None: off.
     metrics_port: int | None = None
+    # "adaptive": C follows the median gradient norm (spgc.clipping) from clip_norm.
+    clip: str = "fixed"
+    # C (fixed) or C0 (adaptive); None: the servers' default 1.0, or the paper's C0 = 0.1.
+    clip_norm: float | None = None
 
 
 def _outgoing_port_range() -> tuple[int, int]:
@@ -226,6 +234,9 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             cfg.update(MODEL_DEFAULTS.get(model, {}))
         if opts.metrics_port is not None:
             cfg["metrics_port"] = opts.metrics_port + role - 1
+        cfg["clip"] = opts.clip
+        if opts.clip_norm is not None or opts.clip == "adaptive":
+            cfg["clip_norm"] = ADAPTIVE_CLIP_C0 if opts.clip_norm is None else opts.clip_norm
         cfg.update(opts.server_overrides)
         _state_dir(opts, work, f"h{role}").mkdir(mode=0o700, parents=True, exist_ok=True)
         if opts.state_dir is not None:
