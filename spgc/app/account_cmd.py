@@ -412,6 +412,7 @@ def _ledger_human(a: dict[str, Any]) -> str:
                 "probability)"
             )
     lines.append(f"  noise samples: {a['noise_samples']}")
+    lines.append(_clip_human(a.get("clip") or {}, a.get("clip_norms") or []))
     pinned = ", each pinned to its role by --keys" if a["keys_pinned"] else ""
     peer = a.get("peer_public_key")
     cosigned = (
@@ -421,6 +422,20 @@ def _ledger_human(a: dict[str, Any]) -> str:
     )
     lines.append(f"  signatures valid (this server's key {key[:16]}...{cosigned}{pinned})")
     return "\n".join(lines)
+
+
+def _clip_human(clip: dict[str, Any], norms: list[float]) -> str:
+    """The clip rule and each release's clip norm (co-signed), in one line."""
+    if clip.get("rule") != "adaptive":
+        return f"  clip norm {clip.get('clip_norm', 0):g} (fixed)"
+    seen = ", ".join(f"{c:.4g}" for c in norms[:8]) + (", ..." if len(norms) > 8 else "")
+    return (
+        f"  clip adaptive (quantile {clip['target_quantile']:g}, learning rate "
+        f"{clip['learning_rate']:g}): the update's noise multiplier "
+        f"{clip['update_noise_multiplier']:.4g} and the count's noise "
+        f"{clip['count_noise_std']:.4g} examples, accounted together as the noise multiplier "
+        f"above; clip norms per release: {seen or 'none yet'}"
+    )
 
 
 def _alone_human(a: dict[str, Any]) -> str:
