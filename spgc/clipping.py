@@ -30,11 +30,15 @@ paper's rounds hold hundreds of clients, ours may hold 30 examples), ``C0 = 0.1`
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["CLIP_RANGE", "AdaptiveClip"]
+from spgc.wire import aggregation_pb2 as pb
+
+__all__ = ["CLIP_RANGE", "AdaptiveClip", "adaptive_clip_of", "round_clip_norm"]
 
 #: How far C may move from C0 (both ways): keeps C0 / C a sane float factor over any run.
 CLIP_RANGE = 1e6
@@ -155,3 +159,47 @@ class AdaptiveClip:
         new = clip_norm * math.exp(max(-50.0, min(50.0, step)))
         lo, hi = self.initial_norm / CLIP_RANGE, self.initial_norm * CLIP_RANGE
         return min(hi, max(lo, new))
+
+
+def adaptive_clip_of(tc: Any) -> AdaptiveClip | None:
+    """A TrainingConfig's adaptive clipping (None with a fixed clip norm), checked as a provider
+    needs it: ValueError in one line when a field is missing or the announced noises do not
+    follow from the announced noise std (a server cannot claim a count noise it does not add)."""
+    if tc.clip_rule == pb.CLIP_RULE_FIXED:
+        return None
+    if tc.clip_rule != pb.CLIP_RULE_ADAPTIVE:
+        raise ValueError(f"clip_rule {tc.clip_rule} is not one this provider knows")
+    try:
+        clip = AdaptiveClip(
+            initial_norm=tc.clip_norm,
+            target_quantile=tc.clip_target_quantile,
+            learning_rate=tc.clip_learning_rate,
+            expected_batch=tc.expected_batch_size,
+            count_clip=tc.count_clip,
+        )
+    except ValueError as exc:
+        raise ValueError(f"the servers' adaptive clipping is malformed: {exc}") from None
+    for name, announced, derived in (
+        ("update_noise_multiplier", tc.update_noise_multiplier,
+         clip.update_noise_multiplier(tc.noise_std_units, tc.scale)),
+        ("count_noise_std", tc.count_noise_std,
+         clip.count_noise_std(tc.noise_std_units, tc.scale)),
+    ):  # fmt: skip
+        if not math.isclose(announced, derived, rel_tol=1e-9):
+            raise ValueError(
+                f"the servers announce {name} {announced:.6g}, but their noise std and "
+                f"adaptive clipping give {derived:.6g}"
+            )
+    return clip
+
+
+def round_clip_norm(clip: AdaptiveClip, announced: Sequence[float]) -> float:
+    """The round's clip norm from each server's RoundInfo.clip_norm: they must agree and be
+    one the rule can reach (ValueError in one line otherwise)."""
+    values = set(announced)
+    if len(values) != 1:
+        shown = ", ".join(f"{v:.6g}" for v in announced)
+        raise ValueError(f"the servers announce different clip norms for the round: {shown}")
+    (value,) = values
+    clip.check_clip_norm(value)
+    return value

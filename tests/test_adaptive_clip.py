@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from spgc.clipping import CLIP_RANGE, AdaptiveClip
+from spgc.clipping import CLIP_RANGE, AdaptiveClip, adaptive_clip_of, round_clip_norm
 from spgc.config import ConfigError, ServerConfig
 from spgc.data import load_dataset
 from spgc.encoding import FixedPointConfig, encode_batch
@@ -146,3 +146,25 @@ def test_the_verifier_checks_the_pair_against_the_accounted_multiplier() -> None
     with pytest.raises(LedgerError, match="clip must be"):
         _check_clip({"rule": "whatever"}, 1.0)
     _check_clip({"rule": "fixed", "clip_norm": 1.0}, 1.0)
+
+
+def test_a_provider_reads_and_checks_the_announced_rule() -> None:
+    plan = make_plan(_cfg(clip="adaptive", clip_norm=0.1, sampling_rate=0.2))
+    tc = plan.training_config("run")
+    clip = adaptive_clip_of(tc)
+    assert clip == plan.adaptive_clip
+    assert adaptive_clip_of(make_plan(_cfg()).training_config("run")) is None
+    forged = type(tc)()
+    forged.CopyFrom(tc)
+    forged.count_noise_std *= 4  # a server claiming more noise on the count than it adds
+    with pytest.raises(ValueError, match="announce count_noise_std"):
+        adaptive_clip_of(forged)
+    forged.CopyFrom(tc)
+    forged.count_clip = 0.0
+    with pytest.raises(ValueError, match="malformed: adaptive clipping: count_clip"):
+        adaptive_clip_of(forged)
+    assert round_clip_norm(clip, [0.2, 0.2]) == 0.2
+    with pytest.raises(ValueError, match="different clip norms"):
+        round_clip_norm(clip, [0.2, 0.3])
+    with pytest.raises(ValueError, match="outside"):
+        round_clip_norm(clip, [0.0, 0.0])
