@@ -138,13 +138,13 @@ class RunPlan:
 
     def noise_samples_per_step(self, providers_used: int) -> int:
         """Discrete Gaussian samples one released step draws (the sampler's statistical
-        distance counts per sample): one per coordinate from the circuit (spgc, preprocessed),
+        distance counts per sample): one per share coordinate from the circuit (spgc, preprocessed),
         one per coordinate from each server (dng) or from each provider used (ldp)."""
         noise_by = get_mode(self.cfg.mode).noise_by
         if self.sigma_units <= 0 or noise_by == "nobody":
             return 0
         parties = {"circuit": 1, "each server": 2, "each provider": providers_used}[noise_by]
-        return parties * self.dim
+        return parties * self.share_dim  # the unclipped count too, with adaptive clipping
 
     def new_accountant(self) -> accounting.PrivacyAccountant | None:
         """A fresh accountant for the run (None when no noise is added: nothing to account)."""
@@ -194,6 +194,8 @@ class RunPlan:
                 pb.CoordinateRange(start=a, length=n) for a, n in self.coordinates.wire_ranges()
             ],
             frozen_sha256=self.coordinates.frozen_sha256(self.initial_params),
+            task=c.task,
+            loss=c.loss_name,
             **self._adaptive_clip_fields(),
         )
 
