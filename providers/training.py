@@ -1,0 +1,124 @@
+"""Training and encoding: the round's model put into the local model, per-example gradients
+(torch.func vmap) each clipped to C, fixed-point encoded with the announced rounding and summed
+(G), ldp's local noise, and the vectors that leave: two additive shares of G, or G mod 2^L for
+one server (one of :class:`~spgc.providers.client.ProviderClient`'s parts)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from spgc.config import ProviderConfig
+from spgc.encoding import FixedPointConfig, encode_batch, stochastic_round
+from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
+from spgc.logs import first_line, listed
+from spgc.models import load_flat_params
+from spgc.providers.data_budget import ProviderBudget
+from spgc.providers.errors import ModelFailed, RoundFailed
+from spgc.providers.local_noise import local_noise
+from spgc.sharing import check_fits, ring_mask, share
+from spgc.wire import aggregation_pb2
+
+__all__ = ["Training"]
+
+pb = aggregation_pb2
+
+
+class Training:
+    """Gradients, encoding and vectors (a part of ProviderClient: the attributes below are set
+    by ``ProviderClient.__init__`` and ``connect``)."""
+
+    cfg: ProviderConfig
+    training: Any
+    servers: list[Any]
+    fixed_point: FixedPointConfig | None
+    rounding_rng: np.random.Generator
+    noise_seed: bytes | None
+    budget: ProviderBudget | None
+    _model: Any
+    _trained: Any
+    _frozen: np.ndarray | None
+    _x: np.ndarray | None
+    _y: np.ndarray | None
+
+    def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s)."""
+        assert self.fixed_point is not None
+        tc, fp = self.training, self.fixed_point
+        self.load_params(params)
+        if 0 < tc.max_batch_size < len(batch):
+            raise RoundFailed(
+                f"a batch of {len(batch)} examples is larger than the {tc.max_batch_size} the "
+                "servers sized the ring for (their max_batch_size): this round is sat out, "
+                "as the sum of all shares could wrap around"
+            )
+        limit = 2 ** (tc.ring_bits - 1) - 1
+        if fp.max_abs_sum_units(len(batch)) > limit:
+            raise RoundFailed(
+                f"a batch of {len(batch)} examples with B={fp.l2_bound_units} units may reach "
+                f"{fp.max_abs_sum_units(len(batch))} > 2^{tc.ring_bits - 1}-1, the signed limit "
+                f"of Z_2^{tc.ring_bits}"
+            )
+        total = np.zeros(tc.num_parameters, dtype=np.int64)
+        real_sum = np.zeros(tc.num_parameters, dtype=np.float64)
+        compute = encode = 0.0
+        # gradient_chunk examples at a time, fewer for a big model (bounded memory).
+        step = bounded_chunk(self.cfg.gradient_chunk, tc.num_parameters)
+        for start in range(0, len(batch), step):
+            t0 = time.perf_counter()
+            clipped = self.clipped_gradients(batch[start : start + step])
+            t1 = time.perf_counter()
+            if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
+                total += encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
+            else:
+                real_sum += clipped.sum(axis=0)
+            t2 = time.perf_counter()
+            compute += t1 - t0
+            encode += t2 - t1
+        t0 = time.perf_counter()
+        if tc.rounding == pb.ROUNDING_STOCHASTIC:
+            total = stochastic_round(real_sum * tc.scale, self.rounding_rng)
+        elif tc.rounding == pb.ROUNDING_NEAREST:
+            total = np.rint(real_sum * tc.scale).astype(np.int64)
+        if tc.mode == pb.MODE_LDP:
+            assert self.budget is not None  # connect() opened it
+            self.budget.before_noise_draw(self._fixed_release())  # counted before it is drawn
+            seed, self.noise_seed = self.noise_seed, None  # a seed is never used twice
+            total = total + local_noise(tc.noise_std_units, tc.num_parameters, seed)
+        check_fits(total, tc.ring_bits)
+        encode += time.perf_counter() - t0
+        return total, compute, encode
+
+    def load_params(self, params: np.ndarray) -> None:
+        """Put the round's model vector (its trained coordinates) into the local model; the
+        frozen ones are those fetched once for the run."""
+        if self._frozen is not None:
+            params = self._trained.assemble(params, self._frozen)
+        load_flat_params(self._model, params)
+
+    def clipped_gradients(self, idx: np.ndarray) -> np.ndarray:
+        """The per-example gradients of local examples ``idx``, each clipped to C (float64,
+        len(idx) x d): what :meth:`encode` encodes."""
+        assert self._x is not None and self._y is not None
+        try:
+            grads = per_example_gradients(
+                self._model, self._x[idx], self._y[idx], chunk_size=len(idx)
+            )
+        except Exception as exc:  # whatever the user's model raises
+            raise ModelFailed(
+                f"the model failed computing the gradients of local examples "
+                f"{listed(idx.tolist(), 8)}: {type(exc).__name__}: {first_line(exc)}"
+            ) from None
+        return clip_per_example(grads, self.training.clip_norm)
+
+    def make_vectors(self, total: np.ndarray) -> list[np.ndarray]:
+        """One uint64 vector per server: the two shares, or G mod 2^L for one server."""
+        bits = self.training.ring_bits
+        if len(self.servers) == 2:
+            a1, a2 = share(total, bits)
+            return [a1, a2]
+        check_fits(total, bits)
+        clear = np.asarray(total, dtype=np.int64).view(np.uint64) & ring_mask(bits)
+        return [clear]
