@@ -40,6 +40,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from spgc.losses import REGRESSION_METRICS
 from spgc.noise import sample_discrete_gaussian
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.faults import fault_point, tap_reveal
@@ -228,8 +229,10 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         return
     metrics = ""
     if state.evaluator is not None:
-        rec.test_loss, rec.test_accuracy = state.evaluator(state.params)
-        metrics = f"test loss {rec.test_loss:.4f} accuracy {rec.test_accuracy:.4f}, "
+        tested = state.evaluator(state.params)
+        rec.test_loss, rec.test_accuracy = tested["test_loss"], tested.get("test_accuracy")
+        rec.test_metrics = {k: v for k, v in tested.items() if k in REGRESSION_METRICS}
+        metrics = _test_line(tested)
     log.info(
         "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units "
         "(total %.4g), "
@@ -251,6 +254,16 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         s.get("circuit", s.get("exchange", 0.0)),
         s.get("update", 0.0),
     )
+
+
+def _test_line(tested: dict[str, float]) -> str:
+    """The round line's test metrics: loss and accuracy, or for regression MSE, MAE and R^2."""
+    if "test_r2" in tested:
+        return (
+            f"test loss {tested['test_loss']:.4f} mse {tested['test_mse']:.4f} "
+            f"mae {tested['test_mae']:.4f} r2 {tested['test_r2']:.4f}, "
+        )
+    return f"test loss {tested['test_loss']:.4f} accuracy {tested['test_accuracy']:.4f}, "
 
 
 def _privacy(state: ServerState) -> str:

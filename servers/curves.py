@@ -1,7 +1,8 @@
 """Training curves where ML people look: TensorBoard event files (``tensorboard_dir``).
 
 Per ended round, at step = the round number: ``privacy/epsilon_spent``, ``test/loss`` and
-``test/accuracy`` (where the server evaluates), ``round_seconds/<phase>`` (the phases of
+``test/accuracy`` (where the server evaluates; a regression run ``test/mse``, ``test/mae`` and
+``test/r2`` instead of the accuracy), ``round_seconds/<phase>`` (the phases of
 ``spgc_round_duration_seconds``), ``peer_bytes/sent`` and ``peer_bytes/received``,
 ``providers/in_round``. Written through torch's SummaryWriter, which needs the tensorboard
 package (the optional extra ``pip install 'spgc[tensorboard]'``).
@@ -56,6 +57,8 @@ class TrainingCurves:
             add("test/loss", rec.test_loss, step)
         if rec.test_accuracy is not None:
             add("test/accuracy", rec.test_accuracy, step)
+        for name, value in rec.test_metrics.items():  # regression: test_mse -> test/mse
+            add(f"test/{name.removeprefix('test_')}", value, step)
         for phase, keys in PHASES.items():
             seconds = next((rec.seconds[k] for k in keys if k in rec.seconds), None)
             if seconds is not None:

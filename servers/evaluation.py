@@ -1,4 +1,5 @@
-"""Held-out test metrics of the published model (what the round log and the demo report)."""
+"""Held-out test metrics of the published model (what the round log and the demo report):
+loss and accuracy for classification, loss, MSE, MAE and R^2 for regression (spgc.losses)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from spgc.config import ServerConfig
 from spgc.data import load_dataset, load_user_data
 from spgc.gradients import check_model_on_data
 from spgc.models import MODEL_INPUT_SHAPES, PARAMETER_COUNTS, load_flat_params, resolve_model
-from spgc.optim import evaluate
+from spgc.optim import evaluate_metrics
 
 TestSet = tuple[np.ndarray, np.ndarray]
 
@@ -40,7 +41,7 @@ def test_set_loader(cfg: ServerConfig) -> Callable[[], TestSet] | None:
     if cfg.test_data:
 
         def own() -> TestSet:
-            ds = load_user_data(cfg.test_data, cfg.test_data_label)
+            ds = load_user_data(cfg.test_data, cfg.test_data_label, task=cfg.task)
             return (ds.x_test, ds.y_test) if len(ds.x_test) else (ds.x_train, ds.y_train)
 
         return own
@@ -55,16 +56,26 @@ def test_set_loader(cfg: ServerConfig) -> Callable[[], TestSet] | None:
 
 
 class TestSetEvaluator:
-    """Loss and accuracy of a flat parameter vector on a held-out test set.
+    """Test metrics of a flat parameter vector on a held-out test set
+    (:func:`spgc.optim.evaluate_metrics`: ``test_loss`` and ``test_accuracy``, or for
+    regression ``test_loss``, ``test_mse``, ``test_mae`` and ``test_r2``).
 
     The test set and the model are loaded on first use, so a daemon that never evaluates pays
-    nothing. ``model`` is the run's model reference (a built-in name or ``module:factory``).
+    nothing. ``model`` is the run's model reference (a built-in name or ``module:factory``);
+    ``task`` and ``loss`` the plan's.
     """
 
     __test__ = False  # not a pytest class, despite the name
 
-    def __init__(self, model: str, load_test_set: Callable[[], TestSet]) -> None:
+    def __init__(
+        self,
+        model: str,
+        load_test_set: Callable[[], TestSet],
+        task: str = "classification",
+        loss: str = "",
+    ) -> None:
         self.model = model
+        self.task, self.loss = task, loss
         self._load_test_set = load_test_set
         self._lock = threading.Lock()
         self._data: TestSet | None = None
@@ -77,13 +88,15 @@ class TestSetEvaluator:
         with self._lock:
             self._data = self._load_test_set()
             self._module = resolve_model(self.model)
-            check_model_on_data(self._module, *self._data, what)
+            check_model_on_data(
+                self._module, *self._data, what, task=self.task, loss=self.loss
+            )
 
-    def __call__(self, params: np.ndarray) -> tuple[float, float]:
+    def __call__(self, params: np.ndarray) -> dict[str, float]:
         with self._lock:
             if self._data is None:
                 self._data = self._load_test_set()
                 self._module = resolve_model(self.model)
             load_flat_params(self._module, params)
-            loss, accuracy = evaluate(self._module, *self._data)
-            return float(loss), float(accuracy)
+            metrics = evaluate_metrics(self._module, *self._data, task=self.task, loss=self.loss)
+            return {k: float(v) for k, v in metrics.items()}

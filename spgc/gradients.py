@@ -1,7 +1,8 @@
 """Per-example gradients (vectorised with torch.func), L2 clipping and the clipped sum.
 
-This is the provider's side of SPEC section 3 step 3: per-example gradients of the
-cross-entropy loss, each clipped to L2 norm <= C, summed over the batch. The gradients are
+This is the provider's side of SPEC section 3 step 3: per-example gradients of the run's loss
+(cross-entropy by default; :mod:`spgc.losses`: mse for regression, or the user's), each clipped
+to L2 norm <= C, summed over the batch. The gradients are
 computed with ``vmap(grad(loss))`` over the batch dimension (one batched computation, not a
 Python loop over examples); the loop in :func:`per_example_gradients` runs over CHUNKS of
 examples only, to bound memory (an (m, d) float64 matrix for m = 3,000 and the 28,938-parameter
@@ -26,11 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from spgc.logs import first_line
+from spgc.losses import label_dtype, loss_function, resolved_loss
 from spgc.models import (
     check_per_example_compatible,
     eval_forward,
@@ -60,23 +61,33 @@ def bounded_chunk(requested: int, dim: int, budget_bytes: int = CHUNK_BUDGET_BYT
 
 
 def _as_tensors(
-    model: nn.Module, x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor
+    model: nn.Module,
+    x: np.ndarray | torch.Tensor,
+    y: np.ndarray | torch.Tensor,
+    task: str = "classification",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     first = next(model.parameters())
     # The examples go where the model is (a GPU when the provider has one).
     xt = model_input(model, x)
     yt = torch.as_tensor(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
-    yt = yt.to(device=first.device, dtype=torch.int64)
+    # Class indices (int64) or, for regression, real targets (float32).
+    yt = yt.to(device=first.device, dtype=label_dtype(task))
     if xt.shape[0] != yt.shape[0]:
         raise ValueError(f"x has {xt.shape[0]} examples but y has {yt.shape[0]}")
-    if yt.ndim != 1:
+    if task != "regression" and yt.ndim != 1:
         raise ValueError(f"y must be a vector of class labels, got shape {tuple(yt.shape)}")
+    if task == "regression" and yt.ndim not in (1, 2):
+        raise ValueError(f"y must hold one target (or a row) per example, got {tuple(yt.shape)}")
     return xt, yt
 
 
-def _per_example_grad_fn(model: nn.Module) -> Callable[..., dict[str, torch.Tensor]]:
+def _per_example_grad_fn(
+    model: nn.Module, loss: str = "cross_entropy"
+) -> Callable[..., dict[str, torch.Tensor]]:
     """vmap(grad(loss)) for ``model``: maps (trained params, constants (frozen params and
-    buffers), x[m], y[m]) to a dict of per-example gradients with a leading batch dimension m."""
+    buffers), x[m], y[m]) to a dict of per-example gradients with a leading batch dimension m.
+    ``loss``: a resolved loss name or reference (:func:`spgc.losses.loss_function`)."""
+    loss_fn = loss_function(loss)
 
     def loss_one(
         params: dict[str, torch.Tensor],
@@ -86,8 +97,8 @@ def _per_example_grad_fn(model: nn.Module) -> Callable[..., dict[str, torch.Tens
     ) -> torch.Tensor:
         # A batch of one inside vmap: the model's layers expect a batch dimension. Only the
         # trained parameters are differentiated; frozen ones and buffers are constants.
-        logits = functional_call(model, (params, constants), (xi.unsqueeze(0),))
-        return F.cross_entropy(logits, yi.unsqueeze(0))
+        outputs = functional_call(model, (params, constants), (xi.unsqueeze(0),))
+        return loss_fn(outputs, yi.unsqueeze(0))
 
     # randomness="different": each example draws its own dropout mask, as in a loop over the
     # examples; a model without random layers is unaffected.
@@ -120,8 +131,11 @@ def per_example_gradients(
     y: np.ndarray | torch.Tensor,
     *,
     chunk_size: int = DEFAULT_CHUNK,
+    task: str = "classification",
+    loss: str = "",
 ) -> np.ndarray:
-    """Gradient of the cross-entropy loss of each example: an ``(m, d)`` float64 array, row i
+    """Gradient of the loss of each example (``loss``, empty: the ``task``'s default,
+    cross-entropy or mse; :mod:`spgc.losses`): an ``(m, d)`` float64 array, row i
     for example i, one column per trained coordinate (``requires_grad``) in
     :func:`spgc.models.flatten_params` order; frozen parameters have no column (they never
     travel, :mod:`spgc.trainable`).
@@ -139,7 +153,7 @@ def per_example_gradients(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     check_per_example_compatible(model)
-    xt, yt = _as_tensors(model, x, y)
+    xt, yt = _as_tensors(model, x, y, task)
     m, d = int(xt.shape[0]), trainable_count(model)
     out = np.empty((m, d), dtype=np.float64)
     if m == 0:
@@ -149,7 +163,7 @@ def per_example_gradients(
     frozen = {name: p.detach() for name, p in model.named_parameters() if not p.requires_grad}
     buffers = {name: b.detach() for name, b in model.named_buffers()}
     constants = {**frozen, **buffers}
-    fn = _per_example_grad_fn(model)
+    fn = _per_example_grad_fn(model, resolved_loss(task, loss))
     for start in range(0, m, chunk_size):
         stop = min(start + chunk_size, m)
         versions = {name: b._version for name, b in buffers.items()}
@@ -171,12 +185,19 @@ def per_example_gradients(
 
 
 def check_model_on_data(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, what: str = "the data"
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    what: str = "the data",
+    *,
+    task: str = "classification",
+    loss: str = "",
 ) -> None:
-    """Before any round needs it: every label against the model's number of outputs, one
-    example through the model and its per-example gradient, then every example through the
-    model. ValueError in one line naming the problem (what the model raised, without its
-    traceback)."""
+    """Before any round needs it: every label against the model's number of outputs (class
+    labels for classification, finite targets of the outputs' shape for regression), one
+    example through the model and its per-example gradient under the run's ``loss``, then
+    every example through the model. ValueError in one line naming the problem (what the model
+    raised, without its traceback)."""
     if len(x) == 0:
         return
     try:
@@ -186,6 +207,22 @@ def check_model_on_data(
             f"the model cannot read {what}: an example of shape {tuple(np.shape(x)[1:])} "
             f"fails: {first_line(exc)}"
         ) from None
+    if task == "regression":
+        _check_regression_targets(logits, y, what)
+    else:
+        _check_class_labels(logits, y, what)
+    try:
+        per_example_gradients(model, x[:1], y[:1], task=task, loss=loss)
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise ValueError(
+            f"per-example gradients fail on an example of {what}: {first_line(exc)}"
+        ) from None
+    _check_every_example(model, x, what)
+
+
+def _check_class_labels(logits: torch.Tensor, y: np.ndarray, what: str) -> None:
     if logits.ndim != 2 or logits.shape[0] != 1:
         raise ValueError(
             f"the model's output for one example of {what} has shape {tuple(logits.shape)}; "
@@ -197,15 +234,24 @@ def check_model_on_data(
             f"{what} has class labels up to {top}, but the model has {classes} outputs "
             f"(classes 0..{classes - 1})"
         )
-    try:
-        per_example_gradients(model, x[:1], y[:1])
-    except ValueError:
-        raise
-    except Exception as exc:
+
+
+def _check_regression_targets(outputs: torch.Tensor, y: np.ndarray, what: str) -> None:
+    """Regression: finite targets, one per output (a vector for a model with one output)."""
+    yy = np.asarray(y)
+    if not np.issubdtype(yy.dtype, np.number) or not np.isfinite(yy).all():
+        raise ValueError(f"{what} must hold finite numeric regression targets")
+    if outputs.ndim != 2 or outputs.shape[0] != 1:
         raise ValueError(
-            f"per-example gradients fail on an example of {what}: {first_line(exc)}"
-        ) from None
-    _check_every_example(model, x, what)
+            f"the model's output for one example of {what} has shape {tuple(outputs.shape)}; "
+            "a regression model needs (1, outputs)"
+        )
+    k = int(outputs.shape[1])
+    per_example = 1 if yy.ndim == 1 else int(np.prod(yy.shape[1:]))
+    if yy.ndim > 2 or per_example != k:
+        raise ValueError(
+            f"{what} has {per_example} target(s) per example, but the model has {k} output(s)"
+        )
 
 
 #: Examples per forward pass when every example of a data set is tried once.
@@ -263,6 +309,8 @@ def clipped_gradient_sum(
     clip_norm: float,
     *,
     chunk_size: int = DEFAULT_CHUNK,
+    task: str = "classification",
+    loss: str = "",
 ) -> np.ndarray:
     """Sum over the batch of the per-example gradients, each clipped to L2 norm <= ``clip_norm``:
     a float64 vector of length d (the trained coordinates). Works chunk by chunk, so memory is
@@ -273,12 +321,14 @@ def clipped_gradient_sum(
     if not (np.isfinite(clip_norm) and clip_norm > 0):
         raise ValueError(f"clip_norm must be a positive finite number, got {clip_norm}")
     check_per_example_compatible(model)
-    xt, yt = _as_tensors(model, x, y)
+    xt, yt = _as_tensors(model, x, y, task)
     d = trainable_count(model)
     chunk_size = bounded_chunk(chunk_size, d)
     total = np.zeros(d, dtype=np.float64)
     for start in range(0, int(xt.shape[0]), chunk_size):
         stop = start + chunk_size
-        g = per_example_gradients(model, xt[start:stop], yt[start:stop], chunk_size=chunk_size)
+        g = per_example_gradients(
+            model, xt[start:stop], yt[start:stop], chunk_size=chunk_size, task=task, loss=loss
+        )
         total += clip_per_example(g, clip_norm).sum(axis=0)
     return total

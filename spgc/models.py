@@ -15,6 +15,9 @@ Architectures (d = number of parameters):
   activations, whose gradient is zero almost everywhere, so plain backpropagation cannot train
   them (XONN trains with a straight-through estimator). We use ``tanh``, the smooth function
   with the same range and sign, as the differentiable stand-in.
+- ``diabetes-regression`` (d = 11): not from the paper; linear regression from the 10
+  standardised features of scikit-learn's diabetes data to one output, the standardised
+  target (task regression, loss mse; :mod:`spgc.losses`).
 - ``mnist-wide`` (d = 10,000,315): not from the paper; an MLP 784 -> 12,579 (ReLU) -> 10 for the
   mnist data, i.e. 784*12,579 + 12,579 + 12,579*10 + 10 parameters, the narrowest such MLP
   with d >= 10,000,000. It exists to exercise the system at a 10M-parameter scale (chunked
@@ -61,9 +64,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.nn.modules.lazy import LazyModuleMixin
 
+from spgc.adapters import backbone_state
 from spgc.logs import listed
 
-MODEL_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist", "mnist-wide")
+MODEL_NAMES: tuple[str, ...] = ("cancer", "diabetes", "mnist", "mnist-wide", "diabetes-regression")
 
 # Input shape each model expects (per example), matching spgc.data.Dataset.input_shape.
 MODEL_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
@@ -71,6 +75,7 @@ MODEL_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "cancer": (30,),
     "diabetes": (8,),
     "mnist-wide": (1, 28, 28),
+    "diabetes-regression": (10,),
 }
 
 # Hidden width of mnist-wide: the smallest H with 795*H + 10 >= 10,000,000.
@@ -82,6 +87,7 @@ PARAMETER_COUNTS: dict[str, int] = {
     "cancer": 62,
     "diabetes": 642,
     "mnist-wide": 10_000_315,
+    "diabetes-regression": 11,
 }
 
 _HASH_DOMAIN = b"spgc-model-v1\x00"
@@ -113,6 +119,10 @@ def _diabetes_mlp() -> nn.Module:
     )
 
 
+def _diabetes_linear() -> nn.Module:
+    return nn.Sequential(nn.Linear(10, 1))
+
+
 def _mnist_wide_mlp() -> nn.Module:
     return nn.Sequential(
         nn.Flatten(),
@@ -127,6 +137,7 @@ _BUILDERS = {
     "cancer": _cancer_logreg,
     "diabetes": _diabetes_mlp,
     "mnist-wide": _mnist_wide_mlp,
+    "diabetes-regression": _diabetes_linear,
 }
 
 
@@ -476,8 +487,10 @@ def load_initial_state(model: nn.Module, path: str | os.PathLike[str]) -> None:
     place; values are converted to the model's dtypes.
 
     Raises ``ValueError`` when the file is missing or unreadable, when its keys differ from the
-    model's ``state_dict()`` keys (listing the missing and the unexpected ones), when a tensor's
-    shape differs, or when a floating-point tensor holds NaN or infinity.
+    model's ``state_dict()`` keys (listing the missing and the unexpected ones) and the state
+    is not a backbone of the model either (a pretrained backbone that the model wraps with
+    adapters or a new head, :mod:`spgc.adapters`), when a tensor's shape differs, or when a
+    floating-point tensor holds NaN or infinity.
     """
     file = Path(path)
     if not file.is_file():
@@ -496,6 +509,12 @@ def load_initial_state(model: nn.Module, path: str | os.PathLike[str]) -> None:
         problems.append(f"missing keys {listed(missing)}")
     if unexpected:
         problems.append(f"unexpected keys {listed(unexpected)}")
+    if problems:  # a pretrained backbone of a model that wraps it (adapters: spgc.adapters)?
+        try:
+            state = backbone_state(model, state)
+            problems = []
+        except ValueError as exc:
+            problems.append(f"nor is it a backbone of the model: {exc}")
     shapes = [
         f"{k} {tuple(state[k].shape)} (model {tuple(v.shape)})"
         for k, v in expected.items()

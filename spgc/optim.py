@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spgc.losses import loss_function, outputs_like_targets, resolved_loss
 from spgc.models import model_input
 
 
@@ -128,22 +129,36 @@ class Adam:
         return h.hexdigest()
 
 
+def _test_tensors(
+    model: nn.Module,
+    x: np.ndarray | torch.Tensor,
+    y: np.ndarray | torch.Tensor,
+    batch_size: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    xt = model_input(model, x)
+    yt = torch.as_tensor(y if isinstance(y, torch.Tensor) else np.asarray(y))
+    yt = yt.to(device=xt.device, dtype=dtype)
+    n = int(xt.shape[0])
+    if n == 0 or n != int(yt.shape[0]):
+        raise ValueError(f"need a non-empty x and y of equal length, got {n} and {yt.shape[0]}")
+    return xt, yt, n
+
+
 def evaluate(
     model: nn.Module,
     x: np.ndarray | torch.Tensor,
     y: np.ndarray | torch.Tensor,
     batch_size: int = 1000,
+    loss: str = "cross_entropy",
 ) -> tuple[float, float]:
-    """Mean cross-entropy loss and accuracy of ``model`` on ``(x, y)``, in batches of
-    ``batch_size`` under ``torch.no_grad`` (bounded memory for the 10k MNIST test set)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    xt = model_input(model, x)
-    yt = torch.as_tensor(y if isinstance(y, torch.Tensor) else np.asarray(y))
-    yt = yt.to(device=xt.device, dtype=torch.int64)
-    n = int(xt.shape[0])
-    if n == 0 or n != int(yt.shape[0]):
-        raise ValueError(f"need a non-empty x and y of equal length, got {n} and {yt.shape[0]}")
+    """Mean loss (cross-entropy, or the run's classification ``loss``) and accuracy of
+    ``model`` on ``(x, y)``, in batches of ``batch_size`` under ``torch.no_grad`` (bounded
+    memory for the 10k MNIST test set). Regression: :func:`evaluate_regression`."""
+    xt, yt, n = _test_tensors(model, x, y, batch_size, torch.int64)
+    loss_fn = loss_function(loss)
     was_training = model.training
     model.eval()
     loss_sum, correct = 0.0, 0
@@ -152,8 +167,78 @@ def evaluate(
             for start in range(0, n, batch_size):
                 logits = model(xt[start : start + batch_size])
                 target = yt[start : start + batch_size]
-                loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+                if loss == "cross_entropy":
+                    loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+                else:  # a mean over the batch: weighted by its size
+                    loss_sum += float(loss_fn(logits, target)) * int(target.shape[0])
                 correct += int((logits.argmax(dim=1) == target).sum())
     finally:
         model.train(was_training)
     return loss_sum / n, correct / n
+
+
+def evaluate_regression(
+    model: nn.Module,
+    x: np.ndarray | torch.Tensor,
+    y: np.ndarray | torch.Tensor,
+    batch_size: int = 1000,
+    loss: str = "mse",
+) -> dict[str, float]:
+    """Test metrics of a regression model on ``(x, y)``: ``test_mse`` (mean over examples and
+    outputs of the squared error), ``test_mae`` (of the absolute error), ``test_r2`` (1 - the
+    squared errors' sum / the targets' sum of squares about their mean, averaged over the
+    outputs as scikit-learn's r2_score; 0 for a model that always predicts the test mean, below
+    0 for a worse one) and ``test_loss`` (the run's ``loss``, the MSE for mse). Errors are
+    accumulated in float64, in batches under ``torch.no_grad``."""
+    xt, yt, n = _test_tensors(model, x, y, batch_size, torch.float32)
+    loss_fn = loss_function(loss)
+    was_training = model.training
+    model.eval()
+    preds, loss_sum = [], 0.0
+    try:
+        with torch.no_grad():
+            for start in range(0, n, batch_size):
+                target = yt[start : start + batch_size]
+                out = outputs_like_targets(model(xt[start : start + batch_size]), target)
+                if out.shape != target.shape:
+                    raise ValueError(
+                        f"the model's outputs have shape {tuple(out.shape)}, the targets "
+                        f"{tuple(target.shape)}"
+                    )
+                if loss != "mse":
+                    loss_sum += float(loss_fn(out, target)) * int(target.shape[0])
+                preds.append(out.to(torch.float64).cpu().numpy())
+    finally:
+        model.train(was_training)
+    pred = np.concatenate(preds).reshape(n, -1)
+    true = yt.to(torch.float64).cpu().numpy().reshape(n, -1)
+    err = pred - true
+    mse = float(np.mean(err * err))
+    ss_res = np.sum(err * err, axis=0)
+    ss_tot = np.sum((true - true.mean(axis=0)) ** 2, axis=0)
+    # A constant target column: R^2 is 1 for an exact fit, 0 otherwise (scikit-learn's rule).
+    r2 = np.where(ss_tot > 0, 1.0 - ss_res / np.where(ss_tot > 0, ss_tot, 1.0), 0.0)
+    r2 = np.where((ss_tot == 0) & (ss_res == 0), 1.0, r2)
+    return {
+        "test_loss": mse if loss == "mse" else loss_sum / n,
+        "test_mse": mse,
+        "test_mae": float(np.mean(np.abs(err))),
+        "test_r2": float(np.mean(r2)),
+    }
+
+
+def evaluate_metrics(
+    model: nn.Module,
+    x: np.ndarray | torch.Tensor,
+    y: np.ndarray | torch.Tensor,
+    task: str = "classification",
+    loss: str = "",
+) -> dict[str, float]:
+    """The run's test metrics by task: ``test_loss`` and ``test_accuracy`` (classification), or
+    ``test_loss``, ``test_mse``, ``test_mae`` and ``test_r2`` (regression)."""
+    name = resolved_loss(task, loss)
+    if task == "regression":
+        return evaluate_regression(model, x, y, loss=name)
+    test_loss, accuracy = evaluate(model, x, y, loss=name)
+    return {"test_loss": test_loss, "test_accuracy": accuracy}
+

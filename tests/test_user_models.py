@@ -366,7 +366,7 @@ def test_csv_refusals(tmp_path: Path):
     # What to fix, said: regression targets, no header row, another separator, not UTF-8.
     for content, words in (
         (b"a,label\n1,0\n2,0.5\n",
-         r"label column 'label' must .* \(example 1: 0\.5\).*regression target is not"),
+         r"label column 'label' must .* \(example 1: 0\.5\).*need task: regression"),
         (b"0.1,0.2,1\n0.3,0.4,0\n", r"the columns are: 0\.1, 0\.2, 1 \(.*no header row"),
         (b"a;b;label\n1;2;0\n", r"a;b;label \(one column: .*another separator"),
         ("a,label\n1,0\n\xe9,0\n".encode("latin-1"),

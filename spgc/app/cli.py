@@ -260,7 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start both servers and the providers as separate processes on localhost "
         "(TLS with certificates made on the fly), train, show progress, stop everything.",
     )
-    demo.add_argument("--dataset", default="cancer", choices=["cancer", "diabetes", "mnist"])
+    demo.add_argument(
+        "--dataset",
+        default="cancer",
+        choices=["cancer", "diabetes", "mnist", "diabetes-regression"],
+    )
     demo.add_argument(
         "--model",
         default="",
@@ -465,7 +469,9 @@ def _try_model_and_data(cfg: ServerConfig | ProviderConfig) -> str:
         if cfg.test_data and cfg.evaluate:
             loader = test_set_loader(cfg)
             assert loader is not None
-            TestSetEvaluator(plan.model_name, loader).check(f"test_data {cfg.test_data!r}")
+            TestSetEvaluator(plan.model_name, loader, cfg.task, cfg.loss_name).check(
+                f"test_data {cfg.test_data!r}"
+            )
         return f" (model {plan.model_name}: {plan.dim:,} parameters, ring Z_2^{plan.ring_bits})"
     if not cfg.model:
         return ""  # the servers' built-in model: checked when the plan is known

@@ -122,7 +122,7 @@ MODEL_PART_TRAINABLE: ModelPart
 MODEL_PART_FROZEN: ModelPart
 
 class TrainingConfig(_message.Message):
-    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std")
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "task", "loss", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,8 @@ class TrainingConfig(_message.Message):
     MODEL_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     TRAINABLE_FIELD_NUMBER: _ClassVar[int]
     FROZEN_SHA256_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
     CLIP_RULE_FIELD_NUMBER: _ClassVar[int]
     CLIP_TARGET_QUANTILE_FIELD_NUMBER: _ClassVar[int]
     CLIP_LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +196,8 @@ class TrainingConfig(_message.Message):
     model_parameters: int
     trainable: _containers.RepeatedCompositeFieldContainer[CoordinateRange]
     frozen_sha256: bytes
+    task: str
+    loss: str
     clip_rule: ClipRule
     clip_target_quantile: float
     clip_learning_rate: float
@@ -201,7 +205,7 @@ class TrainingConfig(_message.Message):
     expected_batch_size: float
     update_noise_multiplier: float
     count_noise_std: float
-    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., task: _Optional[str] = ..., loss: _Optional[str] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ...) -> None: ...
 
 class CoordinateRange(_message.Message):
     __slots__ = ("start", "length")
