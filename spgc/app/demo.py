@@ -26,7 +26,7 @@ from typing import Any, TextIO
 import yaml
 
 from spgc.certs import make_dev_pki
-from spgc.data import DATA_ERRORS, load_dataset
+from spgc.data import DATA_ERRORS, dataset_task, load_dataset
 from spgc.gradients import check_model_on_data
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES, resolve_model
 from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
@@ -37,6 +37,8 @@ DATASET_DEFAULTS: dict[str, dict[str, float]] = {
     "cancer": {"sampling_rate": 10 / 130, "lr": 0.05},
     "diabetes": {"sampling_rate": 10 / 200, "lr": 0.02},
     "mnist": {"sampling_rate": 1000 / 20000, "lr": 0.005},
+    # Regression (linear model, mse): 30 of each provider's 100 rows a round.
+    "diabetes-regression": {"sampling_rate": 30 / 100, "lr": 0.05},
 }
 
 # Per model other than a dataset's own (--model): server keys that replace the dataset's. The
@@ -173,7 +175,11 @@ def _model_for(opts: DemoOptions) -> str:
     try:
         data = load_dataset(opts.dataset)
         check_model_on_data(
-            resolve_model(ref), data.x_train[:64], data.y_train[:64], f"the {opts.dataset} data"
+            resolve_model(ref),
+            data.x_train[:64],
+            data.y_train[:64],
+            f"the {opts.dataset} data",
+            task=dataset_task(opts.dataset),
         )
     except (ValueError, *DATA_ERRORS) as exc:
         raise DemoError(f"--model {opts.model}: {' '.join(str(exc).split())}") from None
@@ -390,7 +396,13 @@ def run_cli(opts: DemoOptions, as_json: bool) -> int:
         return 0
     acc, eps = summary.get("test_accuracy"), summary.get("epsilon")
     parts = [f"{summary['rounds']} rounds, {summary['steps']} model updates"]
-    parts.append("no update published" if acc is None else f"test accuracy {acc:.4f}")
+    if summary.get("task") == "regression":
+        r2, mse = summary.get("test_r2"), summary.get("test_mse")
+        parts.append(
+            "no update published" if r2 is None else f"test R^2 {r2:.4f} (MSE {mse:.4f})"
+        )
+    else:
+        parts.append("no update published" if acc is None else f"test accuracy {acc:.4f}")
     parts.append(
         "no DP noise" if eps is None else f"epsilon {eps:.4f} (delta {summary['delta']:g})"
     )
