@@ -48,7 +48,9 @@ class Batches:
             x, y = self._data
         elif self.cfg.data:
             try:
-                ds = load_user_data(self.cfg.data, self.cfg.data_label)
+                # Class labels, or real targets when the plan's task is regression.
+                task = tc.task or "classification"
+                ds = load_user_data(self.cfg.data, self.cfg.data_label, task=task)
             except ValueError as exc:
                 raise ProviderRefusal(f"data {self.cfg.data!r}: {exc}") from None
             x, y = ds.x_train, ds.y_train

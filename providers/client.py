@@ -81,6 +81,7 @@ from spgc.providers.plan_checks import (
     describe_plan,
     effective_noise_multiplier,
     in_bounds,
+    plan_task_loss,
     resolve_device,
     run_plan,
     trained_coordinates,
@@ -266,13 +267,15 @@ class ProviderClient(RoundFollower, Batches, Training):
             check_wire_contract(tc)
             check_plan(tc, cfg)
             self.step_epsilon = check_privacy(tc, cfg)
+            self.task_loss = plan_task_loss(tc, cfg)
             self._x, self._y = self._load_data(tc)
             self.fixed_point = check_training_config(tc, cfg, len(self._x))
             device = resolve_device(cfg.device)
             self._model = build_provider_model(tc, cfg).to(device)
             try:  # now, not mid-round: a model that cannot train on this data is declined
                 what = f"data {cfg.data!r}" if cfg.data else f"the {tc.dataset} data"
-                check_model_on_data(self._model, self._x, self._y, what)
+                task, loss = self.task_loss
+                check_model_on_data(self._model, self._x, self._y, what, task=task, loss=loss)
             except ValueError as exc:
                 raise ProviderRefusal(str(exc)) from None
             self._trained = trained_coordinates(tc)

@@ -26,6 +26,7 @@ from spgc.accounting import (
 from spgc.budget import RunPlan
 from spgc.config import ProviderConfig
 from spgc.encoding import FixedPointConfig
+from spgc.losses import TASKS, resolved_loss, task_loss_problem
 from spgc.models import (
     MODEL_NAMES,
     build_model,
@@ -407,3 +408,20 @@ def run_plan(tc: Any) -> RunPlan:
         num_parameters=tc.num_parameters,
         target_epsilon=tc.target_epsilon if noisy else None,
     )
+
+
+def plan_task_loss(tc: Any, cfg: ProviderConfig) -> tuple[str, str]:
+    """(task, loss) of the servers' plan (TrainingConfig.task and .loss; empty, from a server
+    that predates them: classification with cross_entropy). Refuses (ProviderRefusal) a task
+    or loss this provider does not know, and the servers' own ``module:function`` loss unless
+    this provider's ``loss`` names the same one: it imports no code the servers name."""
+    task = tc.task or "classification"
+    loss = resolved_loss(task, tc.loss) if task in TASKS else tc.loss
+    if (problem := task_loss_problem(task, loss)) is not None:
+        raise ProviderRefusal(f"the servers' plan: {problem}")
+    if ":" in loss and loss != cfg.loss.strip():
+        raise ProviderRefusal(
+            f"the servers train with their own loss {loss!r}: set loss: to the same reference "
+            "in this provider's configuration (package.module:function or file.py:function)"
+        )
+    return task, loss

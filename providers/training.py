@@ -42,6 +42,8 @@ class Training:
     _frozen: np.ndarray | None
     _x: np.ndarray | None
     _y: np.ndarray | None
+    # The plan's task and loss (spgc.losses; set by ``connect``): what the gradients are of.
+    task_loss: tuple[str, str] = ("classification", "cross_entropy")
 
     def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
         """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s)."""
@@ -103,8 +105,9 @@ class Training:
         len(idx) x d): what :meth:`encode` encodes."""
         assert self._x is not None and self._y is not None
         try:
+            task, loss = self.task_loss
             grads = per_example_gradients(
-                self._model, self._x[idx], self._y[idx], chunk_size=len(idx)
+                self._model, self._x[idx], self._y[idx], chunk_size=len(idx), task=task, loss=loss
             )
         except Exception as exc:  # whatever the user's model raises
             raise ModelFailed(
