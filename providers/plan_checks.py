@@ -419,6 +419,11 @@ def plan_task_loss(tc: Any, cfg: ProviderConfig) -> tuple[str, str]:
     loss = resolved_loss(task, tc.loss) if task in TASKS else tc.loss
     if (problem := task_loss_problem(task, loss)) is not None:
         raise ProviderRefusal(f"the servers' plan: {problem}")
+    if cfg.task and cfg.task != task:
+        raise ProviderRefusal(
+            f"the servers train a {task} task; this provider's data is for {cfg.task} "
+            f"(task: {cfg.task})"
+        )
     if ":" in loss and loss != cfg.loss.strip():
         raise ProviderRefusal(
             f"the servers train with their own loss {loss!r}: set loss: to the same reference "

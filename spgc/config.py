@@ -591,6 +591,13 @@ class ProviderConfig(_Schema):
         "same reference (a provider imports no code the servers name); the task and the "
         "built-in losses come from the plan",
     )
+    task: Literal["", "classification", "regression"] = Field(
+        "",
+        description="what the labels of your own data are: class labels 0..C-1 (classification) "
+        "or real targets (regression), as read and checked at the start; empty: class labels "
+        "at the start, the plan's task once connected; when set, a plan of another task is "
+        "refused",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="where gradients are computed: auto (a GPU if there is one), cpu, cuda"
     )

@@ -538,7 +538,8 @@ def _labels(y: Any, n: int, what: str) -> np.ndarray:
             raise ValueError(
                 f"{what} must hold integer class labels 0..C-1, found non-integers (example "
                 f"{first}: {float(arr[first])!r}): a classification task needs class labels; "
-                "real targets need task: regression in the servers' plan"
+                "real targets need task: regression (the servers' plan, and a provider's own "
+                "data)"
             )
     elif not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{what} must hold integer class labels 0..C-1, got dtype {arr.dtype}")

@@ -24,6 +24,7 @@ from spgc.plan import make_plan
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import plan_task_loss
 from spgc.servers.peer import config_differences
+from spgc.wire import aggregation_pb2 as pb
 
 SPGC = str(Path(sys.executable).parent / "spgc")
 
@@ -147,6 +148,11 @@ def test_plan_announces_task_and_loss_and_servers_compare_them():
     assert config_differences(tc, other) == ["loss (h1 'mse', h2 'my.module:huber')"]
 
 
+def test_task_and_loss_field_numbers_are_pinned():
+    fields = pb.TrainingConfig.DESCRIPTOR.fields_by_name
+    assert (fields["task"].number, fields["loss"].number) == (33, 34)
+
+
 def pb_copy(msg):
     out = type(msg)()
     out.CopyFrom(msg)
@@ -171,6 +177,10 @@ def test_provider_takes_task_and_loss_from_the_plan():
         plan_task_loss(SimpleNamespace(task="classification", loss="mse"), cfg)
     with pytest.raises(ProviderRefusal, match="set loss: to the same reference"):
         plan_task_loss(SimpleNamespace(task="regression", loss="os:system"), cfg)
+    regression = SimpleNamespace(task="regression", loss="")
+    with pytest.raises(ProviderRefusal, match="servers train a regression task; this provider"):
+        plan_task_loss(regression, _provider(task="classification"))
+    assert plan_task_loss(regression, _provider(task="regression")) == ("regression", "mse")
     mine = _provider(loss="my_losses:huber")
     assert plan_task_loss(SimpleNamespace(task="regression", loss="my_losses:huber"), mine) == (
         "regression",
