@@ -24,6 +24,7 @@ from spgc.accounting import (
     smallest_batch_cap,
 )
 from spgc.budget import RunPlan
+from spgc.clipping import adaptive_clip_of
 from spgc.config import ProviderConfig
 from spgc.encoding import FixedPointConfig
 from spgc.losses import TASKS, resolved_loss, task_loss_problem
@@ -35,7 +36,13 @@ from spgc.models import (
     parameter_count,
     resolve_model,
 )
-from spgc.modes import MODES, SINGLE_SERVER_MODES, TWO_SERVER_MODES
+from spgc.modes import (
+    ADAPTIVE_CLIP_MODES,
+    MODES,
+    SINGLE_SERVER_MODES,
+    TWO_SERVER_MODES,
+    get_mode,
+)
 from spgc.providers.errors import ProviderRefusal
 from spgc.trainable import TrainableCoordinates, TrainableLayoutError
 from spgc.wire import aggregation_pb2 as pb
@@ -197,6 +204,26 @@ def _refuse_batches_over_the_cap(tc: Any, local_examples: int) -> None:
     )
 
 
+def _encoded_rows(tc: Any, d: int) -> tuple[float, int]:
+    """The clip norm and width of the rows this provider encodes: C and d, or with adaptive
+    clipping sqrt(C0^2 + kappa^2) and d + 1 (spgc.clipping). ProviderRefusal for an adaptive
+    rule that is malformed, or announced where its count would not be noised as announced."""
+    try:
+        adaptive = adaptive_clip_of(tc)
+    except ValueError as exc:
+        raise ProviderRefusal(str(exc)) from None
+    if adaptive is None:
+        return tc.clip_norm, d
+    modes = {get_mode(m).wire_name for m in ADAPTIVE_CLIP_MODES}
+    if pb.Mode.Name(tc.mode) not in modes or tc.rounding != pb.ROUNDING_CONDITIONAL_STOCHASTIC:
+        raise ProviderRefusal(
+            f"the servers announce adaptive clipping in mode {pb.Mode.Name(tc.mode)} with "
+            f"rounding {pb.Rounding.Name(tc.rounding)}; it runs only in mode(s) "
+            f"{', '.join(ADAPTIVE_CLIP_MODES)} with conditional rounding"
+        )
+    return adaptive.row_norm, d + 1
+
+
 def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> FixedPointConfig:
     """Check that this provider computes what the servers announce; returns its encoding.
 
@@ -213,15 +240,16 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
         raise ProviderRefusal(
             f"TrainingConfig.ring_bits={tc.ring_bits} is not in {MIN_RING_BITS}..{MAX_RING_BITS}"
         )
+    clip, dim = _encoded_rows(tc, d)
     try:
-        fp = FixedPointConfig(scale=tc.scale, clip_norm=tc.clip_norm, dim=d)
+        fp = FixedPointConfig(scale=tc.scale, clip_norm=clip, dim=dim)
     except ValueError as exc:
         raise ProviderRefusal(f"announced fixed-point parameters are unusable: {exc}") from None
     if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
         if tc.l2_bound_units != float(fp.l2_bound_units):
             raise ProviderRefusal(
                 f"the servers announce l2_bound_units={tc.l2_bound_units:g}; this provider's "
-                f"conditional rounding with s={tc.scale:g}, C={tc.clip_norm:g}, d={d} bounds "
+                f"conditional rounding with s={tc.scale:g}, C={clip:g}, d={dim} bounds "
                 f"each example by B={fp.l2_bound_units} units (sensitivity mismatch)"
             )
     elif tc.rounding in (pb.ROUNDING_STOCHASTIC, pb.ROUNDING_NEAREST):

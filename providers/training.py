@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from spgc.clipping import AdaptiveClip, adaptive_clip_of, round_clip_norm
 from spgc.config import ProviderConfig
 from spgc.encoding import FixedPointConfig, encode_batch, stochastic_round
 from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
@@ -42,13 +43,18 @@ class Training:
     _frozen: np.ndarray | None
     _x: np.ndarray | None
     _y: np.ndarray | None
+    _round_infos: list[Any]
     # The plan's task and loss (spgc.losses; set by ``connect``): what the gradients are of.
     task_loss: tuple[str, str] = ("classification", "cross_entropy")
 
     def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
-        """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s)."""
+        """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s).
+        With adaptive clipping G has d + 1 values: the last counts the unclipped examples
+        (spgc.clipping)."""
         assert self.fixed_point is not None
         tc, fp = self.training, self.fixed_point
+        adaptive = adaptive_clip_of(tc)  # checked when the plan was accepted
+        clip_norm = self._round_clip_norm(adaptive)
         self.load_params(params)
         if 0 < tc.max_batch_size < len(batch):
             raise RoundFailed(
@@ -63,14 +69,19 @@ class Training:
                 f"{fp.max_abs_sum_units(len(batch))} > 2^{tc.ring_bits - 1}-1, the signed limit "
                 f"of Z_2^{tc.ring_bits}"
             )
-        total = np.zeros(tc.num_parameters, dtype=np.int64)
-        real_sum = np.zeros(tc.num_parameters, dtype=np.float64)
+        width = tc.num_parameters + (0 if adaptive is None else 1)
+        total = np.zeros(width, dtype=np.int64)
+        real_sum = np.zeros(width, dtype=np.float64)
         compute = encode = 0.0
         # gradient_chunk examples at a time, fewer for a big model (bounded memory).
         step = bounded_chunk(self.cfg.gradient_chunk, tc.num_parameters)
         for start in range(0, len(batch), step):
             t0 = time.perf_counter()
-            clipped = self.clipped_gradients(batch[start : start + step])
+            idx = batch[start : start + step]
+            if adaptive is None:
+                clipped = self.clipped_gradients(idx)
+            else:  # clipped to the round's C, rescaled to C0, and the unclipped count
+                clipped = adaptive.rows(self.example_gradients(idx), clip_norm)
             t1 = time.perf_counter()
             if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
                 total += encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
@@ -100,9 +111,24 @@ class Training:
             params = self._trained.assemble(params, self._frozen)
         load_flat_params(self._model, params)
 
+    def _round_clip_norm(self, adaptive: AdaptiveClip | None) -> float:
+        """The joined round's clip norm: the plan's, or with adaptive clipping the C_r both
+        servers announce (RoundFailed when they differ: the round is sat out)."""
+        if adaptive is None:
+            return float(self.training.clip_norm)
+        try:
+            return round_clip_norm(adaptive, [i.clip_norm for i in self._round_infos])
+        except ValueError as exc:
+            raise RoundFailed(f"{exc}: this round is sat out") from None
+
     def clipped_gradients(self, idx: np.ndarray) -> np.ndarray:
         """The per-example gradients of local examples ``idx``, each clipped to C (float64,
-        len(idx) x d): what :meth:`encode` encodes."""
+        len(idx) x d): what :meth:`encode` encodes with a fixed clip norm."""
+        return clip_per_example(self.example_gradients(idx), self.training.clip_norm)
+
+    def example_gradients(self, idx: np.ndarray) -> np.ndarray:
+        """The per-example gradients of local examples ``idx``, unclipped (float64, len(idx)
+        x d); ModelFailed naming the examples when the model fails on them."""
         assert self._x is not None and self._y is not None
         try:
             task, loss = self.task_loss
@@ -114,7 +140,7 @@ class Training:
                 f"the model failed computing the gradients of local examples "
                 f"{listed(idx.tolist(), 8)}: {type(exc).__name__}: {first_line(exc)}"
             ) from None
-        return clip_per_example(grads, self.training.clip_norm)
+        return grads
 
     def make_vectors(self, total: np.ndarray) -> list[np.ndarray]:
         """One uint64 vector per server: the two shares, or G mod 2^L for one server."""

@@ -136,3 +136,27 @@ def test_demo_insecure_links_work(mode):
     """--insecure: providers name themselves in every request (no certificate to do it)."""
     summary = run_demo("--rounds", "2", "--mode", mode, "--insecure", "--timeout", "120")
     assert summary["steps"] == 2 and summary["failure"] is None
+
+
+def test_demo_adaptive_clipping_moves_the_clip_norm_and_the_ledger_records_it(tmp_path):
+    """`spgc demo --clip adaptive`: C starts at the paper's C0 = 0.1 and moves with the noisy
+    count each round; every release entry of both ledgers carries that round's C, co-signed,
+    and `spgc account` re-accounts the run to the summary's epsilon."""
+    summary = run_demo(
+        "--rounds", "3", "--clip", "adaptive", "--state-dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert summary["clip"] == "adaptive" and summary["steps"] == 3
+    norms = summary["clip_norms"]
+    assert len(norms) == 3 and norms[0] == 0.1 and len(set(norms)) == 3
+    assert all(0.1 * math.exp(-0.2 * 3) <= c <= 0.1 * math.exp(0.2 * 3) for c in norms)
+    assert summary["noise_samples"] == 3 * 63  # 62 coordinates and the count
+    ledgers = [str(tmp_path / "run" / role / "ledger.jsonl") for role in ("h1", "h2")]
+    done = subprocess.run(
+        [SPGC, "account", "--ledger", *ledgers, "--json"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    for ledger in answer["ledgers"]:
+        assert ledger["clip_norms"] == norms
+        assert ledger["clip"]["rule"] == "adaptive"
+    assert answer["epsilon"] == pytest.approx(summary["epsilon"], rel=1e-9)
