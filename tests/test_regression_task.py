@@ -218,11 +218,11 @@ def test_diabetes_regression_data_set_is_deterministic_and_standardised():
     check_model_on_data(model, a.x_train, a.y_train, "diabetes", task="regression")
 
 
-def test_demo_trains_diabetes_regression_and_reports_r2():
+def test_demo_trains_diabetes_regression_and_reports_r2(tmp_path):
     done = subprocess.run(
         # plain: one server and no circuit, so that it runs in about a minute
         [SPGC, "demo", "--json", "--dataset", "diabetes-regression", "--rounds", "5", "--insecure",
-         "--mode", "plain", "--timeout", "240"],
+         "--mode", "plain", "--timeout", "240", "--state-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -235,3 +235,6 @@ def test_demo_trains_diabetes_regression_and_reports_r2():
     assert summary["test_r2"] > 0, summary["history"]
     assert all("test_r2" in r for r in summary["history"] if r["published"])
     assert " r2 " in done.stderr  # the round lines
+    report = json.loads((tmp_path / "h1" / "model.json").read_text())  # the model report
+    assert (report["task"], report["loss"]) == ("regression", "mse")
+    assert report["test_metrics"]["test_r2"] == summary["test_r2"]
