@@ -238,3 +238,21 @@ def test_demo_trains_diabetes_regression_and_reports_r2(tmp_path):
     report = json.loads((tmp_path / "h1" / "model.json").read_text())  # the model report
     assert (report["task"], report["loss"]) == ("regression", "mse")
     assert report["test_metrics"]["test_r2"] == summary["test_r2"]
+
+
+def test_regression_metrics_reach_prometheus_and_the_round_summary():
+    from prometheus_client import generate_latest
+
+    from spgc.servers.metrics import ServerMetrics
+    from spgc.servers.round_phases import RoundRecord, round_summary
+
+    metrics = ServerMetrics(epsilon=lambda: None, epsilon_budget=None)
+    rec = RoundRecord(0, pb.ROUND_PHASE_PUBLISHED, test_loss=0.5)
+    rec.test_metrics = {"test_mse": 0.5, "test_mae": 0.25, "test_r2": 0.75}
+    metrics.observe_round(rec)
+    text = generate_latest(metrics.registry).decode()
+    for line in ("spgc_test_mse 0.5", "spgc_test_mae 0.25", "spgc_test_r2 0.75"):
+        assert line in text.splitlines()
+    assert "spgc_test_accuracy NaN" in text.splitlines()
+    summary = round_summary(rec)
+    assert (summary["test_r2"], summary["test_accuracy"]) == (0.75, None)
