@@ -66,6 +66,10 @@ class TrainingCurves:
         for direction, count in rec.peer_bytes.items():
             add(f"peer_bytes/{direction}", count, step)
         add("providers/in_round", len(rec.agreed), step)
+        if rec.clip_norm:  # adaptive clipping: the round's C and its noisy unclipped count
+            add("clip/norm", rec.clip_norm, step)
+            if rec.noisy_count is not None:
+                add("clip/noisy_unclipped_count", rec.noisy_count, step)
         self.writer.flush()
 
     def close(self) -> None:

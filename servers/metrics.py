@@ -22,7 +22,8 @@ shares accepted into a round and the bytes of their elements, uint64 or packed: 
 traffic, framing aside), ``epsilon_spent`` and
 ``epsilon_budget``, ``noise_pool_samples`` (preprocessed mode), ``test_accuracy`` and
 ``test_loss`` (where the server evaluates; a regression run also ``test_mse``, ``test_mae``
-and ``test_r2``, and no accuracy), ``ready`` (1 when /readyz says ready),
+and ``test_r2``, and no accuracy), ``clip_norm`` (the last published round's, with adaptive
+clipping; NaN otherwise), ``ready`` (1 when /readyz says ready),
 ``rounds_skipped_total`` (rounds ended without a release: too few providers, a lost peer),
 ``round`` and ``rounds_planned`` (the round in progress, counted from 0, and the plan's
 ``rounds``), ``releases_counted`` (the ledger's releases: failed and re-run rounds included, so
@@ -170,8 +171,14 @@ class ServerMetrics:
             name: Gauge(f"spgc_{name}", f"Test {label} of the last published model", registry=r)
             for name, label in (("test_mse", "MSE"), ("test_mae", "MAE"), ("test_r2", "R^2"))
         }
-        # NaN until a model is evaluated
-        for unknown in (self.test_accuracy, self.test_loss, *self.test_regression.values()):
+        self.clip_norm = Gauge(
+            "spgc_clip_norm", "Clip norm of the last published round (adaptive clipping)",
+            registry=r,
+        )  # fmt: skip
+        # NaN until a model is evaluated (a round is published)
+        for unknown in (
+            self.test_accuracy, self.test_loss, self.clip_norm, *self.test_regression.values()
+        ):
             unknown.set(math.nan)
         self.rounds_skipped = Counter(
             "spgc_rounds_skipped", "Rounds ended without a release (too few providers, ...)",
@@ -213,6 +220,8 @@ class ServerMetrics:
             self.rounds_skipped.inc()
             return
         self.rounds_completed.inc()
+        if rec.clip_norm:
+            self.clip_norm.set(rec.clip_norm)
         if rec.test_accuracy is not None:
             self.test_accuracy.set(rec.test_accuracy)
         if rec.test_loss is not None:
