@@ -233,6 +233,11 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         rec.test_loss, rec.test_accuracy = tested["test_loss"], tested.get("test_accuracy")
         rec.test_metrics = {k: v for k, v in tested.items() if k in REGRESSION_METRICS}
         metrics = _test_line(tested)
+    if rec.clip_norm and rec.noisy_count is not None:  # adaptive clipping
+        metrics += (
+            f"clip {rec.clip_norm:.4g} (noisy unclipped count {rec.noisy_count:.1f}, next "
+            f"{state.clip_norm:.4g}), "
+        )
     log.info(
         "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units "
         "(total %.4g), "
