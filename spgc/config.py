@@ -69,20 +69,24 @@ def _check_dial_address(key: str, value: str) -> None:
         raise ValueError(f"{key}={value!r}: port 0 cannot be dialled")
 
 
-class _Schema(BaseModel):
+class _OneLineErrors(type(BaseModel)):  # type: ignore[misc]
+    """Built in code (the Python API: ``ServerConfig(...)``, ``ProviderConfig(...)``,
+    ``TlsPaths(...)``), a bad argument is a ConfigError of one line per problem naming the key,
+    the value and what is allowed, as a file's is (load_config), not pydantic's ValidationError.
+    (On the class's call, not in ``__init__``: pydantic runs a custom ``__init__`` inside
+    ``model_validate`` too, where load_config formats the errors itself.)"""
+
+    def __call__(cls, *args: Any, **data: Any) -> Any:
+        try:
+            return super().__call__(*args, **data)
+        except ValidationError as exc:
+            raise ConfigError(_format(exc, cls, cls.__name__, data)) from None
+
+
+class _Schema(BaseModel, metaclass=_OneLineErrors):
     # Unknown keys are refused: a misspelt key must never silently fall back to a default.
     # No inf or nan anywhere: "epsilon: .inf" must not read as "no privacy limit".
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
-
-    def __init__(self, /, **data: Any) -> None:
-        # Built in code (the Python API: ServerConfig(...), ProviderConfig(...), TlsPaths(...)):
-        # a bad argument is a ConfigError of one line per problem naming the key, the value
-        # and what is allowed, as a file's is (load_config), not pydantic's ValidationError.
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            name = type(self).__name__
-            raise ConfigError(_format(exc, type(self), name, data)) from None
 
 
 class TlsPaths(_Schema):
