@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -36,7 +35,6 @@ class RoundFollower(Transport):
     """Waiting for rounds over :class:`Transport`'s calls (a part of ProviderClient: the
     attributes below are set by ``ProviderClient.__init__`` and ``connect``)."""
 
-    _clock: Callable[[], float]
     _resend: tuple[int, list[Any], bytes] | None
     _last_delivered: bool
     _told_waiting: bool

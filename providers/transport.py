@@ -105,6 +105,7 @@ class Transport:
     training: Any
     last_round: int | None
     _sleep: Callable[[float], None]
+    _clock: Callable[[], float]
     _senders: concurrent.futures.ThreadPoolExecutor | None
     _model_source: int
     _model: Any
@@ -150,7 +151,8 @@ class Transport:
         info = self._call_with_retry(
             lambda: server.stub.Hello(request, timeout=self.cfg.rpc_timeout),
             f"Hello to {server.name} at {server.address}",
-            deadline=time.monotonic() + self.cfg.connect_timeout,
+            deadline=self._clock() + self.cfg.connect_timeout,
+            waiting=f"{server.name} at {server.address}",
         )
         if info.protocol_version != PROTOCOL_VERSION:
             raise ProviderRefusal(
@@ -187,12 +189,16 @@ class Transport:
         what: str,
         error: type[Exception] = ProviderRefusal,
         deadline: float | None = None,
+        waiting: str | None = None,
     ) -> Any:
         """``call()``, retried with backoff on UNAVAILABLE/DEADLINE_EXCEEDED; other gRPC errors
-        and exhausted retries raise ``error``. With a monotonic ``deadline`` the call is retried
-        until then instead of ``retries`` times (a server that is still starting up)."""
+        and exhausted retries raise ``error``. With a ``deadline`` (by ``self._clock``) the call
+        is retried until then instead of ``retries`` times (a server that is still starting up);
+        ``waiting`` ("h1 at ADDRESS") then names whom it waits for, in a line said once and
+        repeated at the configured backoff (:class:`_WaitingNote`), not a warning per attempt."""
         delays = self._backoffs()
         attempt = 0
+        note = _WaitingNote(self, waiting, deadline) if waiting and deadline is not None else None
         while True:
             attempt += 1
             try:
@@ -204,9 +210,7 @@ class Transport:
                     # Our check of the server's certificate failed: retrying cannot help.
                     raise ConnectionError(f"{what}: {refused} ({exc.details()})") from None
                 exhausted = (
-                    attempt >= self.cfg.retries
-                    if deadline is None
-                    else time.monotonic() >= deadline
+                    attempt >= self.cfg.retries if deadline is None else self._clock() >= deadline
                 )
                 if code in RETRYABLE and exhausted and error is ProviderRefusal:
                     # Not a refusal of the plan: the server could not be reached (exit 1).
@@ -222,7 +226,10 @@ class Transport:
                 delay = next(delays)
                 if deadline is not None:  # a server starting up: ask again soon
                     delay = min(delay, STARTUP_RETRY_MAX)
-                log.warning("%s: %s, retrying in %.1fs", what, code.name, delay)
+                if note is not None:
+                    note.failed(code.name, delay)
+                else:
+                    log.warning("%s: %s, retrying in %.1fs", what, code.name, delay)
                 self._sleep(delay)
 
     def _status(
@@ -424,6 +431,44 @@ class Transport:
             want = min(want or limits.max_chunk_bytes, limits.max_chunk_bytes)
         want = want or (1 << 20)
         return max(8, want - want % 8)
+
+
+class _WaitingNote:
+    """What a provider says while a server it calls is not up yet (it starts after the
+    provider, or restarts): "waiting for h1 at ADDRESS (up to N s)" once, then a reminder at
+    the configured backoff (``backoff_initial``, doubling up to ``backoff_max``, on the
+    client's clock), each attempt in between at debug level only."""
+
+    def __init__(self, client: Transport, who: str, deadline: float) -> None:
+        self.client, self.who = client, who
+        self.start = client._clock()
+        self.limit = max(0.0, deadline - self.start)
+        self.gap = client.cfg.backoff_initial
+        self.next_at: float | None = None
+
+    def failed(self, code: str, delay: float) -> None:
+        """One attempt failed with ``code``; the next comes in ``delay`` seconds."""
+        now = self.client._clock()
+        if self.next_at is None:
+            log.info("waiting for %s (up to %s s)", self.who, _seconds(self.limit))
+        elif now >= self.next_at:
+            log.info(
+                "%s: still %s after %s s (waiting up to %s s)",
+                self.who,
+                code,
+                _seconds(now - self.start),
+                _seconds(self.limit),
+            )
+            self.gap = min(self.gap * 2, self.client.cfg.backoff_max)
+        else:
+            log.debug("%s: %s, retrying in %.1fs", self.who, code, delay)
+            return
+        self.next_at = now + self.gap
+
+
+def _seconds(value: float) -> str:
+    """Seconds as people write them: 300, 2.5."""
+    return f"{round(value, 1):g}"
 
 
 def _server_certificate_refused(details: str) -> str:

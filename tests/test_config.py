@@ -360,9 +360,9 @@ def test_sigterm_stops_a_provider_like_ctrl_c(tmp_path: Path) -> None:
     )
     assert proc.stderr is not None
     lines = []
-    for line in proc.stderr:  # wait until it runs: retrying the unreachable servers
+    for line in proc.stderr:  # wait until it runs: waiting for the unreachable servers
         lines.append(line)
-        if "retrying" in line:
+        if "waiting for h1 at 127.0.0.1:1" in line:
             break
     proc.terminate()
     rest = proc.communicate(timeout=30)[1]
