@@ -1,9 +1,10 @@
 """``spgc provider --config provider.yaml [--set key=value ...]``: run one provider.
 
 The same command as ``spgc-provider`` and ``python -m spgc.providers``. Exit status: 0 when
-training finished (or ``max_rounds`` were done), 2 for a configuration error, 3 when the
-provider refused to take part (the message says why), 130 on Ctrl-C (SIGINT) and 143 on
-SIGTERM, 1 otherwise.
+training finished (or ``max_rounds`` were done), 2 for a configuration error (a key or value,
+or, found at the start before any server is called, a model or data the provider cannot use:
+what ``spgc config check`` finds), 3 when the provider refused to take part (the message says
+why), 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from spgc.providers.client import (
     ProviderRefusal,
     RoundReport,
     RunFailed,
+    SelfCheckFailed,
 )
 
 PROG = "spgc provider"
@@ -78,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             with terminal_logging():
                 reports = client.run(on_round=show)
+    except SelfCheckFailed as exc:  # before any server was called
+        log.error("cannot start: %s", exc)
+        return 2
     except ProviderRefusal as exc:
         log.error("refusing to take part: %s", exc)
         return 3

@@ -60,12 +60,19 @@ from garbled_core.discrete_gaussian import derive_params
 from spgc.accounting import PrivacyAccountant
 from spgc.config import ProviderConfig
 from spgc.csprng import SecureRandom, as_secure_rng
+from spgc.data import DATA_ERRORS
 from spgc.encoding import FixedPointConfig, default_rounding_rng
 from spgc.gradients import check_model_on_data
 from spgc.ledger import LedgerError, LedgerReport, verify_ledger
 from spgc.providers.batches import Batches
 from spgc.providers.data_budget import ProviderBudget
-from spgc.providers.errors import ModelFailed, ProviderRefusal, RoundFailed, RunFailed
+from spgc.providers.errors import (
+    ModelFailed,
+    ProviderRefusal,
+    RoundFailed,
+    RunFailed,
+    SelfCheckFailed,
+)
 from spgc.providers.local_noise import LastNoisyVector, local_noise
 from spgc.providers.plan_checks import (
     NOISELESS_WIRE,
@@ -87,6 +94,7 @@ from spgc.providers.plan_checks import (
     trained_coordinates,
 )
 from spgc.providers.rounds import RoundFollower
+from spgc.providers.selfcheck import check_model_and_data
 from spgc.providers.training import Training
 from spgc.providers.transport import SubmitResult, _Server
 from spgc.wire import aggregation_pb2
@@ -100,6 +108,7 @@ __all__ = [
     "RoundFailed",
     "RoundReport",
     "RunFailed",
+    "SelfCheckFailed",
     "SubmitResult",
     "check_privacy",
     "check_training_config",
@@ -214,6 +223,16 @@ class ProviderClient(RoundFollower, Batches, Training):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def self_check(self) -> str:
+        """Check this provider's own model and data before calling any server (as ``spgc
+        config check`` does: providers/selfcheck.py), so that a broken one fails at once, even
+        while the servers are down. SelfCheckFailed (a ConfigError) naming the problem; returns
+        a note on what was built ("" when the model is the servers' built-in one)."""
+        try:
+            return check_model_and_data(self.cfg, self._data).note
+        except (ValueError, OSError, *DATA_ERRORS) as exc:
+            raise SelfCheckFailed(str(exc)) from None
 
     def connect(self) -> Any:
         """Hello to the configured servers and check what they announce; returns the
@@ -454,7 +473,9 @@ class ProviderClient(RoundFollower, Batches, Training):
 
         A failed round is logged and the provider goes on with the next one; a refusal stops.
         ``on_round(report)`` after every round taken part in (None for a failed one): progress.
+        The provider's own model and data are checked first (:meth:`self_check`).
         """
+        self.self_check()
         self.connect()
         done = 0
         while self.cfg.max_rounds is None or done < self.cfg.max_rounds:

@@ -3,13 +3,20 @@ re-exported by :mod:`spgc.providers.client`)."""
 
 from __future__ import annotations
 
-__all__ = ["ModelFailed", "ProviderRefusal", "RoundFailed", "RunFailed"]
+from spgc.config import ConfigError
+
+__all__ = ["ModelFailed", "ProviderRefusal", "RoundFailed", "RunFailed", "SelfCheckFailed"]
 
 
 class ProviderRefusal(RuntimeError):
     """The provider refuses to take part: the servers disagree, or announce parameters it does
     not accept (weaker privacy than its minimum, another encoding, another model), or its data
     set's budget would be passed."""
+
+
+class SelfCheckFailed(ConfigError):
+    """The provider's own model or data cannot be used (providers/selfcheck.py): found at its
+    start, before any server is called, as ``spgc config check`` finds it."""
 
 
 class RoundFailed(RuntimeError):

@@ -338,16 +338,16 @@ def build_provider_model(tc: Any, cfg: ProviderConfig) -> nn.Module:
             )
         model = build_model(_model_key(tc.model, tc.dataset))
         where = f"this provider's built-in {tc.model or tc.dataset} model"
+    try:  # first: a layer per-example gradients cannot handle is named, whatever else differs
+        check_per_example_compatible(model)
+    except ValueError as exc:
+        raise ProviderRefusal(f"{where}: {exc}") from None
     check_trained_coordinates(tc, model, where)
     if tc.model_fingerprint and tc.model_fingerprint != model_fingerprint(model):
         raise ProviderRefusal(
             f"{where} has another architecture than the servers' {tc.model!r} (parameter names "
             f"and shapes: fingerprint {model_fingerprint(model)} vs {tc.model_fingerprint})"
         )
-    try:
-        check_per_example_compatible(model)
-    except ValueError as exc:
-        raise ProviderRefusal(str(exc)) from None
     return model
 
 

@@ -34,13 +34,12 @@ from spgc.config import (
     detect_schema,
     load_config,
 )
-from spgc.data import DATA_ERRORS, load_user_data, provider_part_of
-from spgc.gradients import check_model_on_data
+from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
-from spgc.models import check_per_example_compatible, parameter_count, resolve_model
 from spgc.modes import TRAINING_MODES
 from spgc.plan import make_plan
 from spgc.providers.__main__ import main as provider_main
+from spgc.providers.selfcheck import check_model_and_data
 from spgc.servers.__main__ import main as server_main
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
 
@@ -473,17 +472,8 @@ def _try_model_and_data(cfg: ServerConfig | ProviderConfig) -> str:
                 f"test_data {cfg.test_data!r}"
             )
         return f" (model {plan.model_name}: {plan.dim:,} parameters, ring Z_2^{plan.ring_bits})"
-    if not cfg.model:
-        return ""  # the servers' built-in model: checked when the plan is known
-    model = resolve_model(cfg.model)
-    check_per_example_compatible(model)
-    if cfg.data:
-        data = load_user_data(cfg.data, cfg.data_label)
-        x, y = data.x_train, data.y_train
-        if cfg.provider_count > 1:  # as the provider splits it
-            x, y = provider_part_of(x, y, cfg.data, cfg.provider_count, cfg.provider_index)
-        check_model_on_data(model, x, y, f"data {cfg.data!r}")
-    return f" (model {cfg.model}: {parameter_count(model):,} parameters)"
+    # The check each provider makes of itself at its start (providers/selfcheck.py).
+    return check_model_and_data(cfg).note
 
 
 def main(argv: Sequence[str] | None = None) -> int:
