@@ -651,7 +651,10 @@ class ProviderConfig(_Schema):
     )
     retries: int = Field(5, ge=1, description="submission attempts per server and round")
     connect_timeout: float = Field(
-        300.0, gt=0, description="seconds Hello keeps retrying a server that is not up yet"
+        300.0,
+        gt=0,
+        description="seconds Hello keeps retrying a server that is not up yet (saying once "
+        "'waiting for h1 at ADDRESS (up to N s)', then again at the backoff)",
     )
     backoff_initial: float = Field(
         0.5, gt=0, description="seconds before the first retry; doubles up to backoff_max"
