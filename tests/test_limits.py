@@ -158,6 +158,17 @@ def test_one_provider_cannot_hold_the_server(pki: Path, tmp_path: Path) -> None:
     hog = Provider(pki, "p1", (d1, d2))
     others = [Provider(pki, n, (d1, d2)) for n in PROVIDERS[1:]]
     try:
+
+        def paired() -> bool:  # before, every call is UNAVAILABLE, the uploads too
+            try:
+                hog.hello(1)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False
+                raise
+            return True
+
+        wait_until(paired, "the servers to pair")
         held = [hog.stubs[1].SubmitShare.future(_silent(release), timeout=20) for _ in range(2)]
         refused: list[grpc.RpcError] = []
 
@@ -165,6 +176,8 @@ def test_one_provider_cannot_hold_the_server(pki: Path, tmp_path: Path) -> None:
             try:
                 hog.hello(1)
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    return False  # the servers are still pairing: not the limit yet
                 refused.append(exc)
                 return True
             return False
