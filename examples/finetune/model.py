@@ -1,0 +1,127 @@
+"""Fine-tuning with adapters: a backbone pretrained on public data, LoRA adapters and a new head
+trained with differential privacy on the providers' private data.
+
+Data: scikit-learn's 8x8 handwritten digits (shipped with it, no download). The PUBLIC part is
+the digits 0-4 (:func:`public_data`, for :mod:`pretrain`); the PRIVATE part is the digits 5-9
+(:func:`private_data`, labels 0-4 standing for 5-9), which the three providers share out and
+the servers test on.
+
+Models, all the same :class:`Classifier` (a two-layer MLP backbone and a linear head):
+
+- :func:`factory`: LoRA adapters (rank 2) of our own on both backbone layers, the backbone
+  frozen, a new head trained: only the adapters and the head travel.
+- :func:`full`: every parameter trained (full fine-tuning), for the comparison.
+- :func:`peft_factory`: the same adapters made by ``peft`` (``pip install 'spgc[peft]'``).
+
+The servers' ``initial_model: backbone.safetensors`` is the pretrained classifier's state
+without its head (``backbone.1.weight``, ...). It loads into the wrapped model because the
+adapters keep the layer they wrap as ``base_layer``, as peft does (:mod:`spgc.adapters`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import nn
+
+HIDDEN = 128
+CLASSES = 5  # each half of the digits
+RANK = 2
+ALPHA = 4.0
+
+
+class Classifier(nn.Module):
+    """(n, 1, 8, 8) images -> (n, 5) logits: Linear(64, 128), ReLU, Linear(128, 128), ReLU as
+    the backbone, Linear(128, 5) as the head; 25,477 parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(
+            nn.Flatten(), nn.Linear(64, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU()
+        )
+        self.head = nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+class LoRALinear(nn.Module):
+    """``base_layer(x) + B A dropout(x) * alpha / rank`` (Hu et al. 2021): the wrapped layer
+    is frozen; A (rank x in) starts small and random, B (out x rank) at zero, so the wrapped
+    model computes the backbone's function until B moves."""
+
+    def __init__(
+        self, base_layer: nn.Linear, rank: int = RANK, alpha: float = ALPHA, dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.base_layer = base_layer.requires_grad_(False)
+        self.lora_A = nn.Parameter(torch.empty(rank, base_layer.in_features))
+        self.lora_B = nn.Parameter(torch.zeros(base_layer.out_features, rank))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.dropout = nn.Dropout(dropout)
+        self.scaling = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = self.dropout(x) @ self.lora_A.T @ self.lora_B.T
+        return self.base_layer(x) + update * self.scaling
+
+
+def with_adapters(model: Classifier, rank: int = RANK, dropout: float = 0.0) -> Classifier:
+    """``model`` with every backbone Linear wrapped in a :class:`LoRALinear`; the head stays
+    trainable."""
+    for i, layer in enumerate(model.backbone):
+        if isinstance(layer, nn.Linear):
+            model.backbone[i] = LoRALinear(layer, rank=rank, dropout=dropout)
+    return model
+
+
+def factory() -> nn.Module:
+    """The adapters' model: 1,541 trained parameters (896 in the adapters, 645 in the head) of
+    26,373; the backbone's 24,832 are frozen."""
+    return with_adapters(Classifier())
+
+
+def full() -> nn.Module:
+    """Full fine-tuning: all 25,477 parameters trained."""
+    return Classifier()
+
+
+def peft_factory() -> nn.Module:
+    """The same rank-2 adapters from peft (``spgc[peft]``), its LoRA on both backbone layers
+    and the head trained; peft names the layers base_model.model.backbone.1.base_layer, ..."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules=["backbone.1", "backbone.3"], lora_dropout=0.0
+    )
+    model = get_peft_model(Classifier(), config)
+    model.base_model.model.head.requires_grad_(True)
+    return model
+
+
+def _digits(low: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The digits low..low+4, labels 0..4, pixels in [0, 1] as (n, 1, 8, 8) float32, a fixed
+    stratified 80/20 split."""
+    digits = load_digits()
+    keep = (digits.target >= low) & (digits.target < low + CLASSES)
+    x = (digits.images[keep] / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = (digits.target[keep] - low).astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=0.2, stratify=y, random_state=0
+    )
+    return x_train, y_train, x_test, y_test
+
+
+def public_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The public half, digits 0-4 (901 images): what the backbone is pretrained on."""
+    return _digits(0)
+
+
+def private_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The private half, digits 5-9 as labels 0-4 (896 images): 716 for training, shared out
+    among the providers, and 180 for the servers' test."""
+    return _digits(CLASSES)
