@@ -81,7 +81,7 @@ def peft_model(dropout: float = 0.0) -> nn.Module:
     config = peft.LoraConfig(
         r=mod.RANK,
         lora_alpha=mod.ALPHA,
-        target_modules=["backbone.1", "backbone.3"],
+        target_modules=list(mod.ADAPTED),
         lora_dropout=dropout,
     )
     model = peft.get_peft_model(mod.Classifier(), config)
@@ -98,7 +98,7 @@ def test_own_lora_gradients_equal_a_loop_over_examples():
     model = moved_adapters(example("factory"))
     x, y = digits()
     got = per_example_gradients(model, x, y, chunk_size=7)  # several chunks
-    assert got.shape == (len(x), trainable_count(model)) == (24, 1541)
+    assert got.shape == (len(x), trainable_count(model)) == (24, 2181)
     np.testing.assert_allclose(got, loop_gradients(model, x, y), rtol=1e-4, atol=1e-6)
     assert np.abs(got).sum() > 0
 
@@ -108,7 +108,7 @@ def test_peft_lora_gradients_equal_a_loop_over_examples():
     x, y = digits()
     got = per_example_gradients(model, x, y, chunk_size=10)
     # The same adapters and head as the example's own: the same number of coordinates.
-    assert got.shape == (len(x), 1541)
+    assert got.shape == (len(x), 2181)
     np.testing.assert_allclose(got, loop_gradients(model, x, y), rtol=1e-4, atol=1e-6)
 
 
@@ -144,8 +144,9 @@ def test_dropout_inside_lora_draws_a_mask_per_example(kind: str):
 def test_only_the_adapters_and_the_head_travel():
     adapters, full = example("factory"), example("full")
     layout = TrainableCoordinates.of_model(adapters)
-    assert layout.count == trainable_count(adapters) == 896 + 645  # LoRA rank 2, head 128x5+5
-    assert layout.total == 25_477 + 896 and layout.frozen_count == 24_832  # the backbone
+    # LoRA rank 8 on the first layer (64 -> 128), the head 128x5+5
+    assert layout.count == trainable_count(adapters) == 1536 + 645
+    assert layout.total == 25_477 + 1536 and layout.frozen_count == 24_832  # the backbone
     assert TrainableCoordinates.of_model(full).count == trainable_count(full) == 25_477
     assert layout.count < full_count_tenth(full)
     trained = {n for n, p in adapters.named_parameters() if p.requires_grad}
@@ -160,7 +161,7 @@ def full_count_tenth(full: nn.Module) -> float:
 
 def test_peft_trains_the_same_coordinates():
     model = peft_model()
-    assert trainable_count(model) == trainable_count(example("factory")) == 1541
+    assert trainable_count(model) == trainable_count(example("factory")) == 2181
     trained = [n for n, p in model.named_parameters() if p.requires_grad]
     assert all("lora_" in n or ".head." in n for n in trained)
 
@@ -195,13 +196,14 @@ def test_a_backbone_loads_into_the_own_adapters_model(tmp_path: Path):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     load_initial_state(model, path)
     state = model.state_dict()
-    for i in (1, 3):
-        for p in ("weight", "bias"):
-            assert torch.equal(state[f"backbone.{i}.base_layer.{p}"],
-                               pretrained.state_dict()[f"backbone.{i}.{p}"])  # fmt: skip
-        # The adapters keep the factory's start: B at zero, so the backbone's function.
-        assert torch.equal(state[f"backbone.{i}.lora_A"], before[f"backbone.{i}.lora_A"])
-        assert not state[f"backbone.{i}.lora_B"].any()
+    pretrained_state = pretrained.state_dict()
+    for p in ("weight", "bias"):
+        # The adapted layer's base_layer and the plain frozen layer both take the backbone.
+        assert torch.equal(state[f"backbone.1.base_layer.{p}"], pretrained_state[f"backbone.1.{p}"])
+        assert torch.equal(state[f"backbone.3.{p}"], pretrained_state[f"backbone.3.{p}"])
+    # The adapter keeps the factory's start: B at zero, so the backbone's function.
+    assert torch.equal(state["backbone.1.lora_A"], before["backbone.1.lora_A"])
+    assert not state["backbone.1.lora_B"].any()
     assert torch.equal(state["head.weight"], before["head.weight"])
     # The wrapped model computes the pretrained backbone's features.
     x = torch.as_tensor(digits(8)[0])
@@ -219,7 +221,9 @@ def test_a_backbone_loads_into_the_peft_model(tmp_path: Path):
     model = peft_model()
     load_initial_state(model, path)
     state = model.state_dict()
-    assert torch.equal(state["base_model.model.backbone.3.base_layer.weight"],
+    assert torch.equal(state["base_model.model.backbone.1.base_layer.weight"],
+                       pretrained.state_dict()["backbone.1.weight"])  # fmt: skip
+    assert torch.equal(state["base_model.model.backbone.3.weight"],
                        pretrained.state_dict()["backbone.3.weight"])  # fmt: skip
     x = torch.as_tensor(digits(8)[0])
     with torch.no_grad():
@@ -264,13 +268,13 @@ def test_states_that_fit_neither_way_are_refused_in_one_line(tmp_path: Path):
     assert "does not fit the model" in message and "nor is it a backbone" in message
     assert "4 of its 4 keys name no layer of the model (encoder." in message
 
-    shape = dict(good, **{"backbone.3.weight": torch.zeros(4, 128)})
+    shape = dict(good, **{"backbone.1.weight": torch.zeros(4, 64)})
     message = refusal(shape)
-    assert "wrong shapes backbone.3.weight (4, 128) (model backbone.3.base_layer.weight" in message
+    assert "wrong shapes backbone.1.weight (4, 64) (model backbone.1.base_layer.weight" in message
 
-    partial = {k: v for k, v in good.items() if not k.startswith("backbone.3.")}
+    partial = {k: v for k, v in good.items() if not k.startswith("backbone.1.")}
     message = refusal(partial)
-    assert "no value to the frozen parameter(s) backbone.3.base_layer.weight" in message
+    assert "no value to the frozen parameter(s) backbone.1.base_layer.weight" in message
     assert np.array_equal(flatten_params(model), before)  # nothing half-loaded
 
 

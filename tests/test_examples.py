@@ -29,15 +29,19 @@ PORTS = (50151, 50152, 50161)  # h1.yaml / h2.yaml
 def copy_example(tmp_path: Path, name: str = "localhost") -> Path:
     """A copy of examples/ (each run.sh calls the shared ../run-example.sh); its NAME folder."""
     shutil.copytree(
-        EXAMPLES, tmp_path / "examples", ignore=shutil.ignore_patterns("certs", "state", "logs")
+        EXAMPLES,
+        tmp_path / "examples",
+        ignore=shutil.ignore_patterns("certs", "state", "logs", "backbone.safetensors"),
     )
     return tmp_path / "examples" / name
 
 
-def run_script(work: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_script(
+    work: Path, timeout: float = 600, args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "SPGC": str(SPGC)}
     return subprocess.run(
-        ["bash", str(work / "run.sh")],
+        ["bash", str(work / "run.sh"), *args],
         cwd=work.parent,  # run.sh changes to its own directory
         env=env,
         capture_output=True,
@@ -147,3 +151,26 @@ def test_custom_model_example_trains_the_users_model(tmp_path: Path) -> None:
     assert result["accuracy"] >= 0.8  # 10 classes; about 0.89 measured
     assert 0 < result["epsilon"] <= target
     assert result["provider_exit"] == {"p1": 0, "p2": 0, "p3": 0}
+
+
+def test_finetune_example_pretrains_then_trains_only_the_adapters(tmp_path: Path) -> None:
+    """examples/finetune, shortened to 8 rounds: run.sh pretrains the backbone on the public
+    digits (backbone.safetensors), the servers load it under the adapters, and its JSON line
+    counts the trained coordinates (the adapter and the head) against all parameters."""
+    work = copy_example(tmp_path, "finetune")
+    for name in ("h1.yaml", "h2.yaml"):
+        config = work / name
+        config.write_text(config.read_text().replace("rounds: 40\n", "rounds: 8\n"))
+    target = yaml.safe_load((work / "h1.yaml").read_text())["target_epsilon"]
+    result = last_json(run_script(work))
+    assert (work / "backbone.safetensors").is_file()
+    assert result["rounds"] == 8 and result["steps"] == 8
+    assert (result["coordinates"], result["parameters"]) == (2181, 27013)
+    assert 0 < result["epsilon"] <= target
+    assert result["gc_bytes"] > 0
+    assert result["accuracy"] > 0.4  # 5 classes: chance is 0.2
+    assert result["provider_exit"] == {"p1": 0, "p2": 0, "p3": 0}
+    # Only the trained coordinates were noised: the ledger's releases carry 2,181 samples.
+    ledger = [json.loads(line) for line in (work / "state/h1/ledger.jsonl").open()]
+    releases = [e for e in ledger if e["kind"] == "release"]
+    assert len(releases) == 8 and {e["noise_samples"] for e in releases} == {2181}

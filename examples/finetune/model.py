@@ -8,8 +8,8 @@ the servers test on.
 
 Models, all the same :class:`Classifier` (a two-layer MLP backbone and a linear head):
 
-- :func:`factory`: LoRA adapters (rank 2) of our own on both backbone layers, the backbone
-  frozen, a new head trained: only the adapters and the head travel.
+- :func:`factory`: a LoRA adapter (rank 8) of our own on the backbone's first layer, the
+  backbone frozen, a new head trained: only the adapter and the head travel.
 - :func:`full`: every parameter trained (full fine-tuning), for the comparison.
 - :func:`peft_factory`: the same adapters made by ``peft`` (``pip install 'spgc[peft]'``).
 
@@ -30,8 +30,15 @@ from torch import nn
 
 HIDDEN = 128
 CLASSES = 5  # each half of the digits
-RANK = 2
-ALPHA = 4.0
+RANK = 8
+ALPHA = 8.0  # scaling alpha / rank = 1
+# The adapted layers: the backbone's first Linear (64 pixels -> 128) only. The features of
+# digits 0-4 need their first layer moved most for 5-9; every adapted coordinate also takes
+# noise. In a DP-SGD simulation of this run (the same data, noise multiplier, rounds and
+# Adam, 3 to 6 seeds each), mean test accuracy: rank 2 on both layers 0.90, rank 4 on the
+# last layer 0.81, rank 4 on the first layer and 2 on the last 0.95, rank 8 on the first
+# layer 0.96 (full fine-tuning: 0.96; the head alone: 0.67).
+ADAPTED = ("backbone.1",)
 
 
 class Classifier(nn.Module):
@@ -70,18 +77,24 @@ class LoRALinear(nn.Module):
         return self.base_layer(x) + update * self.scaling
 
 
-def with_adapters(model: Classifier, rank: int = RANK, dropout: float = 0.0) -> Classifier:
-    """``model`` with every backbone Linear wrapped in a :class:`LoRALinear`; the head stays
-    trainable."""
+def with_adapters(
+    model: Classifier,
+    rank: int = RANK,
+    dropout: float = 0.0,
+    adapted: tuple[str, ...] = ADAPTED,
+) -> Classifier:
+    """``model`` with the backbone Linears named in ``adapted`` (``backbone.3``, ...) wrapped
+    in a :class:`LoRALinear`, the rest of the backbone frozen; the head stays trainable."""
+    model.backbone.requires_grad_(False)
     for i, layer in enumerate(model.backbone):
-        if isinstance(layer, nn.Linear):
+        if f"backbone.{i}" in adapted and isinstance(layer, nn.Linear):
             model.backbone[i] = LoRALinear(layer, rank=rank, dropout=dropout)
     return model
 
 
 def factory() -> nn.Module:
-    """The adapters' model: 1,541 trained parameters (896 in the adapters, 645 in the head) of
-    26,373; the backbone's 24,832 are frozen."""
+    """The adapter's model: 2,181 trained parameters (1,536 in the adapter, 645 in the head)
+    of 27,013; the backbone's 24,832 are frozen."""
     return with_adapters(Classifier())
 
 
@@ -91,12 +104,12 @@ def full() -> nn.Module:
 
 
 def peft_factory() -> nn.Module:
-    """The same rank-2 adapters from peft (``spgc[peft]``), its LoRA on both backbone layers
-    and the head trained; peft names the layers base_model.model.backbone.1.base_layer, ..."""
+    """The same rank-8 adapter from peft (``spgc[peft]``), its LoRA on the backbone's first
+    layer and the head trained; peft names the layer base_model.model.backbone.1.base_layer"""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
-        r=RANK, lora_alpha=ALPHA, target_modules=["backbone.1", "backbone.3"], lora_dropout=0.0
+        r=RANK, lora_alpha=ALPHA, target_modules=list(ADAPTED), lora_dropout=0.0
     )
     model = get_peft_model(Classifier(), config)
     model.base_model.model.head.requires_grad_(True)
