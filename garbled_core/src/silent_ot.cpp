@@ -1,8 +1,12 @@
 // Silent correlated OT (Ferret, semi-honest); see silent_ot.h for the protocol.
 #include "garbled_core/silent_ot.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -82,28 +86,47 @@ void expand_level(block* nd, size_t cnt, block* s0, block* s1) {
 }
 
 // out[i] ^= XOR_{j < 10} base[idx(i, j)] for i < n: Ferret's local linear code (d = 10).
+// Indices for outputs i .. i + 7 come from 3 AES blocks each (12 32-bit words, the first 10
+// scaled to [0, k)); a batch's indices are computed, and their base blocks prefetched, one
+// batch ahead of the XORs (the base is larger than L2, often than L3).
 constexpr int kD = 10;
+void lpn_indices(const AesKey& key, uint64_t k, size_t i, const block* base, uint32_t* idx) {
+  block r[24];
+  for (int j = 0; j < 8; ++j)
+    for (int w = 0; w < 3; ++w) r[3 * j + w] = make_block((uint64_t)w, (uint64_t)(i + j));
+  aes_encrypt_blocks<8>(key, r);
+  aes_encrypt_blocks<8>(key, r + 8);
+  aes_encrypt_blocks<8>(key, r + 16);
+  uint32_t words[96];
+  std::memcpy(words, r, sizeof words);
+  for (int j = 0; j < 8; ++j)
+    for (int w = 0; w < kD; ++w) {
+      const uint32_t x = (uint32_t)(((uint64_t)words[12 * j + w] * k) >> 32);
+      idx[kD * j + w] = x;
+#if GC_X86
+      _mm_prefetch((const char*)(base + x), _MM_HINT_T0);
+#else
+      __builtin_prefetch(base + x);
+#endif
+    }
+}
+
 void lpn_encode(const FerretParams& p, const block* base, block* out) {
   const AesKey key = lpn_key(p);
-  const uint64_t k = p.k;
   const size_t n = p.n;
-  size_t i = 0;
-  for (; i < n; i += 8) {
+  uint32_t idx[2][8 * kD];
+  int cur = 0;
+  lpn_indices(key, p.k, 0, base, idx[0]);
+  for (size_t i = 0; i < n; i += 8) {
+    if (i + 8 < n) lpn_indices(key, p.k, i + 8, base, idx[cur ^ 1]);
     const size_t cnt = std::min<size_t>(8, n - i);
-    block r[24];
-    for (int j = 0; j < 8; ++j)
-      for (int w = 0; w < 3; ++w) r[3 * j + w] = make_block((uint64_t)w, (uint64_t)(i + j));
-    aes_encrypt_blocks<8>(key, r);
-    aes_encrypt_blocks<8>(key, r + 8);
-    aes_encrypt_blocks<8>(key, r + 16);
-    uint32_t words[96];
-    std::memcpy(words, r, sizeof words);
+    const uint32_t* ix = idx[cur];
     for (size_t j = 0; j < cnt; ++j) {
-      const uint32_t* wd = words + 12 * j;
       block acc = out[i + j];
-      for (int w = 0; w < kD; ++w) acc = xor_block(acc, base[((uint64_t)wd[w] * k) >> 32]);
+      for (int w = 0; w < kD; ++w) acc = xor_block(acc, base[ix[kD * j + w]]);
       out[i + j] = acc;
     }
+    cur ^= 1;
   }
 }
 
@@ -121,10 +144,44 @@ struct PhaseGuard {
 void wipe(BlockVector& v) {
   if (v.size()) std::memset((void*)v.data(), 0, v.size() * sizeof(block));
 }
+void wipe(detail::HugeBlocks& v) { v.wipe(); }
 
 constexpr int kSoftSpokenK = 7;
 
 }  // namespace
+
+// ---------------------------------------------------------------- HugeBlocks
+
+namespace detail {
+
+HugeBlocks::~HugeBlocks() {
+  wipe();
+  std::free(p_);
+}
+
+void HugeBlocks::wipe() {
+  if (n_) std::memset((void*)p_, 0, n_ * sizeof(block));
+}
+
+void HugeBlocks::resize(size_t n) {
+  if (n > cap_) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t bytes = (n * sizeof(block) + kHuge - 1) / kHuge * kHuge;
+    block* p = static_cast<block*>(std::aligned_alloc(kHuge, bytes));
+    if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);  // advice only: fine if refused
+#endif
+    if (n_) std::memcpy((void*)p, p_, n_ * sizeof(block));
+    wipe();
+    std::free(p_);
+    p_ = p;
+    cap_ = bytes / sizeof(block);
+  }
+  n_ = n;
+}
+
+}  // namespace detail
 
 // ---------------------------------------------------------------- parameters
 

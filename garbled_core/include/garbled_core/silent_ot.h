@@ -81,6 +81,30 @@
 
 namespace gc {
 
+namespace detail {
+// A block array on 2 MiB-aligned memory with transparent huge pages advised (Linux
+// madvise; elsewhere plain memory): the LPN encoder reads its k-block base at random,
+// and 4 KiB pages cost it a TLB miss per read. Grows keeping its contents; zeroed on
+// destruction (it holds COT secrets).
+class HugeBlocks {
+ public:
+  HugeBlocks() = default;
+  ~HugeBlocks();
+  HugeBlocks(const HugeBlocks&) = delete;
+  HugeBlocks& operator=(const HugeBlocks&) = delete;
+  void resize(size_t n);
+  block* data() { return p_; }
+  const block* data() const { return p_; }
+  size_t size() const { return n_; }
+  block& operator[](size_t i) { return p_[i]; }
+  void wipe();
+
+ private:
+  block* p_ = nullptr;
+  size_t n_ = 0, cap_ = 0;
+};
+}  // namespace detail
+
 // One LPN / MPCOT parameter set: n = t * 2^h outputs from k + t*h base COTs.
 struct FerretParams {
   const char* name = "";
@@ -135,7 +159,8 @@ class SilentCotSender {
   SilentOtParams params_;
   bool ready_ = false;
   uint64_t iterations_ = 0, tweak_base_ = 0;
-  BlockVector base_, out_, msg_;
+  detail::HugeBlocks base_, out_;
+  BlockVector msg_;
   size_t out_size_ = 0, pos_ = 0;
 };
 
@@ -162,7 +187,8 @@ class SilentCotReceiver {
   SilentOtParams params_;
   bool ready_ = false;
   uint64_t iterations_ = 0, tweak_base_ = 0;
-  BlockVector base_, out_, msg_;
+  detail::HugeBlocks base_, out_;
+  BlockVector msg_;
   size_t out_size_ = 0, pos_ = 0;
 };
 
