@@ -22,9 +22,9 @@ def check_correlation(delta: np.ndarray, q: np.ndarray, choices: np.ndarray, lab
     assert delta.shape == (1, 16) and delta[0, 0] & 1 == 1
     b = np.unpackbits(choices, bitorder="little")[:m].astype(bool)
     assert not np.unpackbits(choices, bitorder="little")[m:].any()
-    want = q.copy()
-    want[b] ^= delta[0]
-    assert np.array_equal(labels, want)
+    # t ^ q == b * Delta, compared as two 64-bit words per label.
+    diff = labels.view(np.uint64) ^ q.view(np.uint64)
+    assert np.array_equal(diff, np.where(b[:, None], delta.view(np.uint64), np.uint64(0)))
     # The receiver reads its choice bit off its label; the sender's outputs have lsb 0.
     assert np.array_equal(labels[:, 0] & 1, b.astype(np.uint8))
     assert not (q[:, 0] & 1).any()
