@@ -54,10 +54,9 @@
 // 0.447 bits per OT. Setup: 128 base OTs + SoftSpoken for k + t*h of the
 // setup set + that set's tree messages.
 //
-// Security (semi-honest; no consistency check: a malicious sender could shift
-// the receiver's outputs by sending inconsistent sums, a malicious receiver
-// gains nothing it can use without the check either way but we do not claim
-// it): the receiver's view is the level sums (each masked by a hash of the
+// Security (semi-honest only; there is no consistency check, so a malicious
+// sender could corrupt the receiver's outputs with inconsistent sums, and
+// nothing is claimed against malicious parties): the receiver's view is the level sums (each masked by a hash of the
 // COT string it does not hold) and c (masked by the punctured leaf v_alpha);
 // the sender's view is nothing at all after the base COTs. Output
 // pseudorandomness rests on primal LPN with regular noise over the local code
