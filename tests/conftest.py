@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from helpers import TwoParty, make_test_pki
 
-
 # The full matrices of the slowest end-to-end tests (every fault point on either server, ...)
 # run with SPGC_EXTENDED_TESTS=1 (`make test-extended`); `make test` runs a representative case
 # of each kind, so that CI stays within its time budget on two cores.

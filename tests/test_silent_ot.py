@@ -16,7 +16,9 @@ SS_K = 7
 SS_CHUNKS = -(-128 // SS_K)
 
 
-def check_correlation(delta: np.ndarray, q: np.ndarray, choices: np.ndarray, labels: np.ndarray) -> None:
+def check_correlation(
+    delta: np.ndarray, q: np.ndarray, choices: np.ndarray, labels: np.ndarray
+) -> None:
     m = len(q)
     assert labels.shape == q.shape == (m, 16)
     assert delta.shape == (1, 16) and delta[0, 0] & 1 == 1
@@ -41,8 +43,18 @@ def run_pair(two_party, m, test_only=True):
 def test_parameter_sets():
     f = _core._silent_ot_params()
     # Ferret (CCS 2020), regular noise: main and setup sets.
-    assert (f["main"]["n"], f["main"]["k"], f["main"]["t"], f["main"]["h"]) == (10_805_248, 589_760, 1_319, 13)
-    assert (f["setup"]["n"], f["setup"]["k"], f["setup"]["t"], f["setup"]["h"]) == (642_048, 19_870, 2_508, 8)
+    assert (f["main"]["n"], f["main"]["k"], f["main"]["t"], f["main"]["h"]) == (
+        10_805_248,
+        589_760,
+        1_319,
+        13,
+    )
+    assert (f["setup"]["n"], f["setup"]["k"], f["setup"]["t"], f["setup"]["h"]) == (
+        642_048,
+        19_870,
+        2_508,
+        8,
+    )
     assert f["secure"]
     for s in (f["main"], f["setup"]):
         assert s["n"] == s["t"] << s["h"]
@@ -101,7 +113,9 @@ def test_ferret_parameters_end_to_end(two_party):
     assert sstats["extend_sent"] == 2 * 569_808 and rstats["extend_sent"] == 0
     b = np.unpackbits(choices, bitorder="little")[:m]
     assert abs(b.mean() - 0.5) < 0.001
-    assert sstats["extend_sent"] * 8 / (2 * p["usable_per_iteration"]) == pytest.approx(p["bits_per_ot"])
+    assert sstats["extend_sent"] * 8 / (2 * p["usable_per_iteration"]) == pytest.approx(
+        p["bits_per_ot"]
+    )
 
 
 def test_peer_closing_mid_extend_is_a_clean_error(two_party):
@@ -111,7 +125,7 @@ def test_peer_closing_mid_extend_is_a_clean_error(two_party):
     u = _core._silent_ot_params(test_only=True)["usable_per_iteration"]
     sender = Background(lambda: _core._silent_cot_send(tp.garbler_channel, 10, True))
     receiver = Background(lambda: _core._silent_cot_recv(tp.evaluator_channel, 3 * u, True))
-    delta, q = sender.result()
+    _delta, q = sender.result()
     assert q.shape == (10, 16)
     tp.garbler_channel.close()
     with pytest.raises(PeerClosedError) as err:

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -44,12 +45,18 @@ py::dict set_dict(const gc::FerretParams& p) {
 
 struct Counts {
   uint64_t setup_sent = 0, setup_received = 0, extend_sent = 0, extend_received = 0, iterations = 0;
+  double setup_seconds = 0, extend_seconds = 0;  // wall clock of this side (spgc bench ot)
   py::dict to_dict() const {
     return py::dict("setup_sent"_a = setup_sent, "setup_received"_a = setup_received,
                     "extend_sent"_a = extend_sent, "extend_received"_a = extend_received,
-                    "iterations"_a = iterations);
+                    "iterations"_a = iterations, "setup_seconds"_a = setup_seconds,
+                    "extend_seconds"_a = extend_seconds);
   }
 };
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 }  // namespace
 
@@ -75,8 +82,11 @@ void bind_silent_ot(py::module_& m) {
       py::gil_scoped_release r;
       gc::SilentCotSender sender(ch, delta, params_of(test_only));
       const uint64_t s0 = ch.total_sent(), r0 = ch.total_received();
+      const auto t0 = std::chrono::steady_clock::now();
       sender.setup();
       ch.flush();
+      const double setup_s = seconds_since(t0);
+      const auto t1 = std::chrono::steady_clock::now();
       const uint64_t s1 = ch.total_sent(), r1 = ch.total_received();
       size_t done = 0;
       for (size_t s : sizes) {
@@ -84,7 +94,8 @@ void bind_silent_ot(py::module_& m) {
         done += s;
       }
       ch.flush();
-      c = {s1 - s0, r1 - r0, ch.total_sent() - s1, ch.total_received() - r1, sender.iterations()};
+      c = {s1 - s0, r1 - r0, ch.total_sent() - s1, ch.total_received() - r1, sender.iterations(),
+           setup_s, seconds_since(t1)};
     }
     py::object d = labels_array(&delta, 1), labels = labels_array(q.data(), total);
     if (stats) return py::tuple(py::make_tuple(d, labels, c.to_dict()));
@@ -104,7 +115,10 @@ void bind_silent_ot(py::module_& m) {
       py::gil_scoped_release r;
       gc::SilentCotReceiver receiver(ch, params_of(test_only));
       const uint64_t s0 = ch.total_sent(), r0 = ch.total_received();
+      const auto t0 = std::chrono::steady_clock::now();
       receiver.setup();
+      const double setup_s = seconds_since(t0);
+      const auto t1 = std::chrono::steady_clock::now();
       const uint64_t s1 = ch.total_sent(), r1 = ch.total_received();
       size_t done = 0;
       std::vector<uint8_t> part;
@@ -116,7 +130,8 @@ void bind_silent_ot(py::module_& m) {
         done += s;
       }
       ch.flush();
-      c = {s1 - s0, r1 - r0, ch.total_sent() - s1, ch.total_received() - r1, receiver.iterations()};
+      c = {s1 - s0, r1 - r0, ch.total_sent() - s1, ch.total_received() - r1, receiver.iterations(),
+           setup_s, seconds_since(t1)};
     }
     py::array_t<uint8_t> choices((py::ssize_t)bits.size());
     if (!bits.empty()) std::memcpy(choices.mutable_data(), bits.data(), bits.size());

@@ -40,8 +40,9 @@ DEFAULT_SAMPLES = 20_000
 HOST = "127.0.0.1"
 
 
-class _Thread:
-    """Runs fn in a thread; result() re-raises its exception."""
+class BackgroundParty:
+    """Runs fn (one party of a two-party benchmark) in a thread; result() re-raises its
+    exception."""
 
     def __init__(self, fn: Any) -> None:
         self.value: Any = None
@@ -64,20 +65,26 @@ class _Thread:
         return self.value
 
 
-def party_links(chunk: int | None, tls_dir: Path | None) -> tuple[Any, Any]:
-
+def loopback_channels(tls_dir: Path | None) -> tuple[Any, Any]:
+    """A connected (garbler, evaluator) pair of engine channels over loopback: TLS 1.3 with a
+    throwaway dev PKI made in ``tls_dir``, or plaintext TCP when it is None."""
     kw_g: dict[str, Any] = {"insecure": True}
     kw_e: dict[str, Any] = {"insecure": True}
     if tls_dir is not None:
-
         pki = make_dev_pki(tls_dir, ["h1", "h2"])
         kw_g = {"tls": gc.TlsConfig(str(pki["h1"].cert), str(pki["h1"].key), str(pki["h1"].ca))}
         kw_e = {"tls": gc.TlsConfig(str(pki["h2"].cert), str(pki["h2"].key), str(pki["h2"].ca))}
     listener = gc.Listener(HOST, 0)
-    accepting = _Thread(lambda: listener.accept(timeout=30, **kw_g))
+    accepting = BackgroundParty(lambda: listener.accept(timeout=30, **kw_g))
     ch_e = gc.Channel.connect(HOST, listener.port, timeout=30, **kw_e)
     ch_g = accepting.result()
     listener.close()
+    return ch_g, ch_e
+
+
+def party_links(chunk: int | None, tls_dir: Path | None) -> tuple[Any, Any]:
+    """Garbler and evaluator links over :func:`loopback_channels`."""
+    ch_g, ch_e = loopback_channels(tls_dir)
     return PartyLink.open("garbler", ch_g, chunk), PartyLink.open("evaluator", ch_e, chunk)
 
 
@@ -90,7 +97,7 @@ def two_party(links: tuple[Any, Any], fn_g: Any, fn_e: Any) -> tuple[float, int,
     lg, le = links
     before = _sent(lg.counters()) + _sent(le.counters())
     start = time.perf_counter()
-    side = _Thread(lambda: fn_g(lg))
+    side = BackgroundParty(lambda: fn_g(lg))
     fn_e(le)
     value = side.result()
     seconds = time.perf_counter() - start

@@ -15,6 +15,7 @@ from spgc.app import (
     bench_comm,
     bench_gc,
     bench_load,
+    bench_ot,
     bench_sampler,
     bench_scale,
     experiment,
@@ -223,6 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sampler.set_defaults(bench="sampler")
 
+    ot = bench_ot.build_parser(
+        bench_sub.add_parser(
+            "ot",
+            help="correlated OT between the servers: silent (Ferret) and SoftSpoken, bits per "
+            "OT, OTs/s, setup",
+            description=bench_ot.__doc__,
+        )
+    )
+    ot.set_defaults(bench="ot")
+
 
     scale = bench_scale.build_parser(
         bench_sub.add_parser(
@@ -390,6 +401,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return bench_comm.run_from_args(args)
     if args.bench == "load":
         return bench_load.run_from_args(args)
+    if args.bench == "ot":
+        return bench_ot.run_from_args(args)
     if args.bench == "scale":
         return bench_scale.run_from_args(args)
     return bench_gc.run_cli(
