@@ -15,6 +15,8 @@ demo: setup
 # root nor its garbled_core/ without a compiled module is on sys.path), and the check below
 # fails if an import would resolve to the source tree anyway. tests/ must stay a plain
 # directory (no __init__.py), else pytest would put the checkout root on sys.path.
+# Two pytest-xdist workers (this project's CI machine has two cores); tests that must not run
+# side by side (fixed ports, one Ray cluster) share an xdist_group, hence --dist loadgroup.
 test: setup
 	@test ! -e tests/__init__.py || { echo "tests/__init__.py would shadow the installed package" >&2; exit 1; }
 	@cd tests && ../$(PY) -c 'import pathlib, sys, spgc, garbled_core; \
@@ -22,7 +24,7 @@ test: setup
 	  bad = [f"{m.__name__} from {p}" for m in (spgc, garbled_core) for p in m.__path__ \
 	         if venv not in pathlib.Path(p).resolve().parents]; \
 	  sys.exit(f"tests would not import the installed package: {bad}" if bad else 0)'
-	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --durations=25 .
+	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n 2 --dist loadgroup .
 
 # Also the full matrices of the slowest end-to-end tests (tests/conftest.py: EXTENDED_ENV).
 test-extended:

@@ -43,6 +43,7 @@ def run_snippet(code: str, tmp_path: Path, timeout: float, cwd: Path = ROOT) -> 
     return done.stdout
 
 
+@pytest.mark.xdist_group("fixed-ports")  # 50251...: examples/custom-model's (test_examples)
 def test_doc_snippet_runs_both_servers_and_three_providers(tmp_path: Path) -> None:
     out = run_snippet(python_blocks()[0], tmp_path, timeout=300)
     values = dict(line.split(": ", 1) for line in out.strip().splitlines())

@@ -24,6 +24,9 @@ EXAMPLE = EXAMPLES / "localhost"
 SPGC = Path(sys.executable).parent / "spgc"
 YAMLS = ["h1.yaml", "h2.yaml", "provider1.yaml", "provider2.yaml", "provider3.yaml"]
 PORTS = (50151, 50152, 50161)  # h1.yaml / h2.yaml
+# The examples listen on fixed ports (their YAML): under pytest-xdist they all run on one
+# worker, with the API doc's snippet that uses custom-model's (tests/test_api.py).
+pytestmark = pytest.mark.xdist_group("fixed-ports")
 
 
 def copy_example(tmp_path: Path, name: str = "localhost") -> Path:

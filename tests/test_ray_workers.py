@@ -26,6 +26,8 @@ from spgc.servers.ray_workers import (  # noqa: E402
 )
 
 RING = 16
+# One local Ray cluster at a time: under pytest-xdist every test here runs on the same worker.
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")
