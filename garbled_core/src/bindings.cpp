@@ -9,6 +9,7 @@
 #include <string>
 
 #include "garbled_core/bind_channel.h"
+#include "garbled_core/bind_gmw.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/halfgates.h"
 #include "garbled_core/iknp.h"
@@ -454,4 +455,5 @@ PYBIND11_MODULE(_core, m) {
     gc::secure_random(s.data(), n);
     return py::bytes(s);
   });
+  bind_gmw(m);
 }
