@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 
-.PHONY: setup demo test lint dev clean
+.PHONY: setup demo test test-extended lint dev clean
 
 setup:
 	bash scripts/setup.sh
@@ -23,6 +23,10 @@ test: setup
 	         if venv not in pathlib.Path(p).resolve().parents]; \
 	  sys.exit(f"tests would not import the installed package: {bad}" if bad else 0)'
 	cd tests && ../$(PY) -m pytest -q -p no:cacheprovider --durations=25 .
+
+# Also the full matrices of the slowest end-to-end tests (tests/conftest.py: EXTENDED_ENV).
+test-extended:
+	SPGC_EXTENDED_TESTS=1 $(MAKE) test
 
 lint:
 	@if [ -x $(VENV)/bin/ruff ]; then $(VENV)/bin/ruff check .; else ruff check .; fi

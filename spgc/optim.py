@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -147,6 +148,22 @@ def _test_tensors(
     return xt, yt, n
 
 
+def _eval_batches(
+    model: nn.Module, xt: torch.Tensor, yt: torch.Tensor, batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(outputs, targets) batch by batch, the model in eval mode under ``torch.no_grad``
+    (bounded memory for the 10k MNIST test set); its mode is restored at the end, or when the
+    caller stops early or raises (the generator is closed)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, int(xt.shape[0]), batch_size):
+                yield model(xt[start : start + batch_size]), yt[start : start + batch_size]
+    finally:
+        model.train(was_training)
+
+
 def evaluate(
     model: nn.Module,
     x: np.ndarray | torch.Tensor,
@@ -159,21 +176,13 @@ def evaluate(
     memory for the 10k MNIST test set). Regression: :func:`evaluate_regression`."""
     xt, yt, n = _test_tensors(model, x, y, batch_size, torch.int64)
     loss_fn = loss_function(loss)
-    was_training = model.training
-    model.eval()
     loss_sum, correct = 0.0, 0
-    try:
-        with torch.no_grad():
-            for start in range(0, n, batch_size):
-                logits = model(xt[start : start + batch_size])
-                target = yt[start : start + batch_size]
-                if loss == "cross_entropy":
-                    loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
-                else:  # a mean over the batch: weighted by its size
-                    loss_sum += float(loss_fn(logits, target)) * int(target.shape[0])
-                correct += int((logits.argmax(dim=1) == target).sum())
-    finally:
-        model.train(was_training)
+    for logits, target in _eval_batches(model, xt, yt, batch_size):
+        if loss == "cross_entropy":
+            loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+        else:  # a mean over the batch: weighted by its size
+            loss_sum += float(loss_fn(logits, target)) * int(target.shape[0])
+        correct += int((logits.argmax(dim=1) == target).sum())
     return loss_sum / n, correct / n
 
 
@@ -192,24 +201,17 @@ def evaluate_regression(
     accumulated in float64, in batches under ``torch.no_grad``."""
     xt, yt, n = _test_tensors(model, x, y, batch_size, torch.float32)
     loss_fn = loss_function(loss)
-    was_training = model.training
-    model.eval()
     preds, loss_sum = [], 0.0
-    try:
-        with torch.no_grad():
-            for start in range(0, n, batch_size):
-                target = yt[start : start + batch_size]
-                out = outputs_like_targets(model(xt[start : start + batch_size]), target)
-                if out.shape != target.shape:
-                    raise ValueError(
-                        f"the model's outputs have shape {tuple(out.shape)}, the targets "
-                        f"{tuple(target.shape)}"
-                    )
-                if loss != "mse":
-                    loss_sum += float(loss_fn(out, target)) * int(target.shape[0])
-                preds.append(out.to(torch.float64).cpu().numpy())
-    finally:
-        model.train(was_training)
+    for raw, target in _eval_batches(model, xt, yt, batch_size):
+        out = outputs_like_targets(raw, target)
+        if out.shape != target.shape:
+            raise ValueError(
+                f"the model's outputs have shape {tuple(out.shape)}, the targets "
+                f"{tuple(target.shape)}"
+            )
+        if loss != "mse":
+            loss_sum += float(loss_fn(out, target)) * int(target.shape[0])
+        preds.append(out.to(torch.float64).cpu().numpy())
     pred = np.concatenate(preds).reshape(n, -1)
     true = yt.to(torch.float64).cpu().numpy().reshape(n, -1)
     err = pred - true

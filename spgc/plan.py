@@ -80,15 +80,6 @@ class RunPlan:
         return self.trainable
 
     @property
-    def frozen(self) -> np.ndarray | None:
-        """True at the whole vector's frozen coordinates; None when nothing is frozen."""
-        if not self.coordinates.anything_frozen:
-            return None
-        mask = np.ones(self.model_dim, dtype=bool)
-        mask[self.coordinates.index] = False
-        return mask
-
-    @property
     def dim(self) -> int:
         """d: the trained coordinates, the length of every model and share vector."""
         return self.coordinates.count

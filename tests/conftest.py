@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import TwoParty, make_test_pki
+
+
+# The full matrices of the slowest end-to-end tests (every fault point on either server, ...)
+# run with SPGC_EXTENDED_TESTS=1 (`make test-extended`); `make test` runs a representative case
+# of each kind, so that CI stays within its time budget on two cores.
+EXTENDED_ENV = "SPGC_EXTENDED_TESTS"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"extended: a case of a full matrix, run only with {EXTENDED_ENV}=1"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(EXTENDED_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"extended matrix: {EXTENDED_ENV}=1 runs it")
+    for item in items:
+        if item.get_closest_marker("extended") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

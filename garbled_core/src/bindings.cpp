@@ -10,6 +10,7 @@
 
 #include "garbled_core/bind_channel.h"
 #include "garbled_core/bind_gmw.h"
+#include "garbled_core/bind_silent_ot.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/halfgates.h"
 #include "garbled_core/iknp.h"
@@ -225,6 +226,7 @@ gc::Scheme parse_scheme(const std::string& name) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "SPGC garbled-circuit engine (half-gates, free-XOR, IKNP OT extension)";
   bind_channel(m);
+  bind_silent_ot(m);
   py::register_exception<gc::ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
 
   py::class_<gc::Circuit, std::shared_ptr<gc::Circuit>>(m, "Circuit",

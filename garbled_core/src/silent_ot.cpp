@@ -1,0 +1,403 @@
+// Silent correlated OT (Ferret, semi-honest); see silent_ot.h for the protocol.
+#include "garbled_core/silent_ot.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "garbled_core/aes.h"
+#include "garbled_core/random.h"
+#include "garbled_core/softspoken.h"
+
+namespace gc {
+
+namespace {
+
+// Fixed public AES keys: the GGM PRG's two halves and the TCCR hash's permutation.
+const AesKey& prg_key0() {
+  static const AesKey k = aes_key(make_block(0x5350474346455230ull, 0x47474d2d6c656674ull));  // "SPGCFER0" "GGM-left"
+  return k;
+}
+const AesKey& prg_key1() {
+  static const AesKey k = aes_key(make_block(0x5350474346455231ull, 0x47474d2d72676874ull));  // "SPGCFER1" "GGM-rght"
+  return k;
+}
+const AesKey& hash_key() {
+  static const AesKey k = aes_key(make_block(0x5350474346455248ull, 0x5443435268617368ull));  // "SPGCFERH" "TCCRhash"
+  return k;
+}
+// The LPN code's public seed: fixed per parameter set (both parties derive it).
+AesKey lpn_key(const FerretParams& p) {
+  return aes_key(make_block(0x535047434c504e43ull ^ (uint64_t)p.n, ((uint64_t)p.k << 8) | (uint64_t)p.h));
+}
+
+const block kClearLsb = make_block(~0ull, ~1ull);
+
+// TCCR hash H(x, tw) = pi(pi(x) ^ tw) ^ pi(x) (Guo, Katz, Wang, Yu, S&P 2020).
+inline block tccr(block x, block tw) {
+  block a[1] = {x};
+  aes_encrypt_blocks<1>(hash_key(), a);
+  block b[1] = {xor_block(a[0], tw)};
+  aes_encrypt_blocks<1>(hash_key(), b);
+  return xor_block(b[0], a[0]);
+}
+
+// One GGM level in place: nodes nd[0..cnt) become nd[0..2 cnt), node x's children at
+// 2x (left) and 2x + 1 (right), G(s) = (AES_K0(s) ^ s, AES_K1(s) ^ s). s0 / s1 get the XOR
+// of the new left / right children. Parents are read before any child overwrites them
+// (descending order; a batch reads its 4 parents first).
+void expand_level(block* nd, size_t cnt, block* s0, block* s1) {
+  block l0 = zero_block(), l1 = zero_block();
+  size_t p = cnt;
+  while (p >= 4) {
+    p -= 4;
+    block par[4], a[4], b[4];
+    for (int i = 0; i < 4; ++i) par[i] = a[i] = b[i] = nd[p + i];
+    aes_encrypt_blocks<4>(prg_key0(), a);
+    aes_encrypt_blocks<4>(prg_key1(), b);
+    for (int i = 0; i < 4; ++i) {
+      const block c0 = xor_block(a[i], par[i]), c1 = xor_block(b[i], par[i]);
+      nd[2 * (p + i)] = c0;
+      nd[2 * (p + i) + 1] = c1;
+      l0 = xor_block(l0, c0);
+      l1 = xor_block(l1, c1);
+    }
+  }
+  while (p > 0) {
+    --p;
+    const block par = nd[p];
+    block a[1] = {par}, b[1] = {par};
+    aes_encrypt_blocks<1>(prg_key0(), a);
+    aes_encrypt_blocks<1>(prg_key1(), b);
+    const block c0 = xor_block(a[0], par), c1 = xor_block(b[0], par);
+    nd[2 * p] = c0;
+    nd[2 * p + 1] = c1;
+    l0 = xor_block(l0, c0);
+    l1 = xor_block(l1, c1);
+  }
+  *s0 = l0;
+  *s1 = l1;
+}
+
+// out[i] ^= XOR_{j < 10} base[idx(i, j)] for i < n: Ferret's local linear code (d = 10).
+// Indices for outputs i .. i + 7 come from 3 AES blocks each (12 32-bit words, the first 10
+// scaled to [0, k)); a batch's indices are computed, and their base blocks prefetched, one
+// batch ahead of the XORs (the base is larger than L2, often than L3).
+constexpr int kD = 10;
+void lpn_indices(const AesKey& key, uint64_t k, size_t i, const block* base, uint32_t* idx) {
+  block r[24];
+  for (int j = 0; j < 8; ++j)
+    for (int w = 0; w < 3; ++w) r[3 * j + w] = make_block((uint64_t)w, (uint64_t)(i + j));
+  aes_encrypt_blocks<8>(key, r);
+  aes_encrypt_blocks<8>(key, r + 8);
+  aes_encrypt_blocks<8>(key, r + 16);
+  uint32_t words[96];
+  std::memcpy(words, r, sizeof words);
+  for (int j = 0; j < 8; ++j)
+    for (int w = 0; w < kD; ++w) {
+      const uint32_t x = (uint32_t)(((uint64_t)words[12 * j + w] * k) >> 32);
+      idx[kD * j + w] = x;
+#if GC_X86
+      _mm_prefetch((const char*)(base + x), _MM_HINT_T0);
+#else
+      __builtin_prefetch(base + x);
+#endif
+    }
+}
+
+void lpn_encode(const FerretParams& p, const block* base, block* out) {
+  const AesKey key = lpn_key(p);
+  const size_t n = p.n;
+  uint32_t idx[2][8 * kD];
+  int cur = 0;
+  lpn_indices(key, p.k, 0, base, idx[0]);
+  for (size_t i = 0; i < n; i += 8) {
+    if (i + 8 < n) lpn_indices(key, p.k, i + 8, base, idx[cur ^ 1]);
+    const size_t cnt = std::min<size_t>(8, n - i);
+    const uint32_t* ix = idx[cur];
+    for (size_t j = 0; j < cnt; ++j) {
+      block acc = out[i + j];
+      for (int w = 0; w < kD; ++w) acc = xor_block(acc, base[ix[kD * j + w]]);
+      out[i + j] = acc;
+    }
+    cur ^= 1;
+  }
+}
+
+inline block tweak(uint64_t iteration, size_t tree, int level) {
+  return make_block(iteration, ((uint64_t)tree << 8) | (uint64_t)level);
+}
+
+struct PhaseGuard {
+  Channel& ch;
+  Phase previous;
+  PhaseGuard(Channel& c, Phase p) : ch(c), previous(c.phase()) { c.set_phase(p); }
+  ~PhaseGuard() { ch.set_phase(previous); }
+};
+
+void wipe(BlockVector& v) {
+  if (v.size()) std::memset((void*)v.data(), 0, v.size() * sizeof(block));
+}
+void wipe(detail::HugeBlocks& v) { v.wipe(); }
+
+constexpr int kSoftSpokenK = 7;
+
+}  // namespace
+
+// ---------------------------------------------------------------- HugeBlocks
+
+namespace detail {
+
+HugeBlocks::~HugeBlocks() {
+  wipe();
+  std::free(p_);
+}
+
+void HugeBlocks::wipe() {
+  if (n_) std::memset((void*)p_, 0, n_ * sizeof(block));
+}
+
+void HugeBlocks::resize(size_t n) {
+  if (n > cap_) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t bytes = (n * sizeof(block) + kHuge - 1) / kHuge * kHuge;
+    block* p = static_cast<block*>(std::aligned_alloc(kHuge, bytes));
+    if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);  // advice only: fine if refused
+#endif
+    if (n_) std::memcpy((void*)p, p_, n_ * sizeof(block));
+    wipe();
+    std::free(p_);
+    p_ = p;
+    cap_ = bytes / sizeof(block);
+  }
+  n_ = n;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- parameters
+
+SilentOtParams SilentOtParams::ferret() {
+  SilentOtParams s;
+  s.setup = FerretParams{"ferret-setup", 642048, 19870, 2508, 8};
+  s.main = FerretParams{"ferret-main", 10805248, 589760, 1319, 13};
+  s.secure = true;
+  return s;
+}
+
+SilentOtParams SilentOtParams::test_only() {
+  SilentOtParams s;
+  s.setup = FerretParams{"TEST-ONLY-insecure-setup", 4096, 512, 64, 6};
+  s.main = FerretParams{"TEST-ONLY-insecure-main", 16384, 2048, 64, 8};
+  s.secure = false;
+  return s;
+}
+
+void SilentOtParams::validate() const {
+  for (const FerretParams* p : {&setup, &main}) {
+    if (p->h < 1 || p->h > 24 || p->k < 1 || p->t < 1 || p->n != (p->t << p->h) || p->k >= p->n)
+      throw std::invalid_argument(std::string("silent OT: inconsistent parameter set ") + p->name);
+  }
+  if (setup.n < main.reserve())
+    throw std::invalid_argument("silent OT: the setup iteration yields fewer COTs than a main iteration needs");
+  if (main.n <= main.reserve())
+    throw std::invalid_argument("silent OT: a main iteration yields no COTs beyond its own base");
+}
+
+// ---------------------------------------------------------------- sender
+
+SilentCotSender::SilentCotSender(Channel& ch, block delta, const SilentOtParams& params)
+    : ch_(ch), delta_(delta), params_(params) {
+  if (!lsb(delta)) throw std::invalid_argument("silent OT: delta must have its lowest bit set");
+  params_.validate();
+}
+
+SilentCotSender::~SilentCotSender() {
+  wipe(base_);
+  wipe(out_);
+  delta_ = zero_block();
+}
+
+void SilentCotSender::setup() {
+  ready_ = false;
+  const size_t m0 = params_.base_cots();
+  {
+    SoftSpokenCotSender ss(kSoftSpokenK);
+    ss.setup(ch_, delta_);
+    BlockVector q0(m0);
+    ss.extend_random(ch_, q0.data(), m0);
+    base_.resize(params_.setup.reserve());
+    for (size_t j = 0; j < base_.size(); ++j) base_[j] = and_block(q0[j], kClearLsb);
+    wipe(q0);
+  }
+  {
+    PhaseGuard phase(ch_, Phase::BaseOT);
+    iterate(params_.setup);
+  }
+  pos_ = out_size_;  // the setup iteration's other outputs are dropped
+  ready_ = true;
+}
+
+void SilentCotSender::iterate(const FerretParams& p) {
+  const size_t h = (size_t)p.h, leaves = size_t(1) << h, per_tree = 2 * h + 1;
+  out_.resize(p.n);
+  msg_.resize(p.t * per_tree);
+  BlockVector roots(p.t);
+  secure_random(roots.data(), p.t * sizeof(block));
+  const block* tree_cots = base_.data() + p.k;
+  for (size_t i = 0; i < p.t; ++i) {
+    block* nd = out_.data() + i * leaves;
+    block* msg = msg_.data() + i * per_tree;
+    nd[0] = roots[i];
+    for (size_t l = 0; l < h; ++l) {
+      block s0, s1;
+      expand_level(nd, size_t(1) << l, &s0, &s1);
+      const block q = tree_cots[i * h + l], tw = tweak(tweak_base_, i, (int)l);
+      msg[2 * l] = xor_block(s0, tccr(q, tw));
+      msg[2 * l + 1] = xor_block(s1, tccr(xor_block(q, delta_), tw));
+    }
+    block c = delta_;
+    for (size_t x = 0; x < leaves; ++x) {
+      nd[x] = and_block(nd[x], kClearLsb);
+      c = xor_block(c, nd[x]);
+    }
+    msg[2 * h] = c;
+  }
+  wipe(roots);
+  ch_.send(msg_.data(), msg_.size() * sizeof(block));
+  ch_.flush();
+  lpn_encode(p, base_.data(), out_.data());
+  // Bootstrapping: the first outputs are the next (main) iteration's base.
+  const size_t next = params_.main.reserve();
+  base_.resize(next);
+  std::memcpy((void*)base_.data(), out_.data(), next * sizeof(block));
+  out_size_ = p.n;
+  pos_ = next;
+  ++tweak_base_;
+}
+
+void SilentCotSender::extend(size_t m, block* q) {
+  if (!ready_) throw std::logic_error("silent OT: extend before setup (or after a failed one)");
+  size_t done = 0;
+  while (done < m) {
+    if (pos_ == out_size_) {
+      ready_ = false;
+      PhaseGuard phase(ch_, Phase::OTExtension);
+      iterate(params_.main);
+      ++iterations_;
+      ready_ = true;
+    }
+    const size_t take = std::min(m - done, out_size_ - pos_);
+    std::memcpy((void*)(q + done), out_.data() + pos_, take * sizeof(block));
+    done += take;
+    pos_ += take;
+  }
+}
+
+// ---------------------------------------------------------------- receiver
+
+SilentCotReceiver::SilentCotReceiver(Channel& ch, const SilentOtParams& params) : ch_(ch), params_(params) {
+  params_.validate();
+}
+
+SilentCotReceiver::~SilentCotReceiver() {
+  wipe(base_);
+  wipe(out_);
+}
+
+void SilentCotReceiver::setup() {
+  ready_ = false;
+  const size_t m0 = params_.base_cots();
+  {
+    SoftSpokenCotReceiver ss(kSoftSpokenK);
+    ss.setup(ch_);
+    BlockVector t0(m0);
+    std::vector<uint8_t> r(m0 / 8);
+    ss.extend_random(ch_, r.data(), t0.data(), m0);
+    base_.resize(params_.setup.reserve());
+    for (size_t j = 0; j < base_.size(); ++j) {
+      const uint64_t bit = (r[j >> 3] >> (j & 7)) & 1;
+      base_[j] = xor_block(and_block(t0[j], kClearLsb), make_block(0, bit));
+    }
+    wipe(t0);
+    std::fill(r.begin(), r.end(), 0);
+  }
+  {
+    PhaseGuard phase(ch_, Phase::BaseOT);
+    iterate(params_.setup);
+  }
+  pos_ = out_size_;
+  ready_ = true;
+}
+
+void SilentCotReceiver::iterate(const FerretParams& p) {
+  const size_t h = (size_t)p.h, leaves = size_t(1) << h, per_tree = 2 * h + 1;
+  out_.resize(p.n);
+  msg_.resize(p.t * per_tree);
+  ch_.recv(msg_.data(), msg_.size() * sizeof(block));
+  const block* tree_cots = base_.data() + p.k;
+  for (size_t i = 0; i < p.t; ++i) {
+    block* nd = out_.data() + i * leaves;
+    const block* msg = msg_.data() + i * per_tree;
+    size_t punct = 0;  // index of the one node not known at the current level
+    nd[0] = zero_block();
+    for (size_t l = 0; l < h; ++l) {
+      block s[2];
+      expand_level(nd, size_t(1) << l, &s[0], &s[1]);
+      const block t = tree_cots[i * h + l];
+      const size_t r = lsb(t) ? 1 : 0;  // the opened side; the path goes the other way
+      const block k = xor_block(msg[2 * l + r], tccr(t, tweak(tweak_base_, i, (int)l)));
+      // s[r] holds the punctured node's (meaningless) child once: remove it.
+      block& known = nd[2 * punct + r];
+      known = xor_block(xor_block(k, s[r]), known);
+      nd[2 * punct + 1 - r] = zero_block();
+      punct = 2 * punct + 1 - r;
+    }
+    block c = msg[2 * h];
+    for (size_t x = 0; x < leaves; ++x) {
+      nd[x] = and_block(nd[x], kClearLsb);
+      c = xor_block(c, nd[x]);
+    }
+    nd[punct] = c;  // v_alpha ^ Delta (nd[punct] was zero in the sum)
+  }
+  lpn_encode(p, base_.data(), out_.data());
+  const size_t next = params_.main.reserve();
+  base_.resize(next);
+  std::memcpy((void*)base_.data(), out_.data(), next * sizeof(block));
+  out_size_ = p.n;
+  pos_ = next;
+  ++tweak_base_;
+}
+
+void SilentCotReceiver::extend(size_t m, uint8_t* choices, block* t) {
+  if (!ready_) throw std::logic_error("silent OT: extend before setup (or after a failed one)");
+  if (choices) std::memset(choices, 0, (m + 7) / 8);
+  size_t done = 0;
+  while (done < m) {
+    if (pos_ == out_size_) {
+      ready_ = false;
+      PhaseGuard phase(ch_, Phase::OTExtension);
+      iterate(params_.main);
+      ++iterations_;
+      ready_ = true;
+    }
+    const size_t take = std::min(m - done, out_size_ - pos_);
+    const block* src = out_.data() + pos_;
+    std::memcpy((void*)(t + done), src, take * sizeof(block));
+    if (choices)
+      for (size_t j = 0; j < take; ++j)
+        choices[(done + j) >> 3] |= (uint8_t)((low64(src[j]) & 1) << ((done + j) & 7));
+    done += take;
+    pos_ += take;
+  }
+}
+
+}  // namespace gc
