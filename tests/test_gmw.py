@@ -462,6 +462,55 @@ def test_bytes_per_and_gate(gmw_pair):
     assert pair.h1.last_layers < ands
 
 
+def silent_pair(gmw_pair) -> GmwPair:
+    pair = gmw_pair()
+    pair.h1 = GmwParty(pair.h1_channel, "garbler", ot="silent-test-only")
+    pair.h2 = GmwParty(pair.h2_channel, "evaluator", ot="silent-test-only")
+    return pair
+
+
+def test_triples_from_silent_ot(gmw_pair):
+    """The same backend on silent random OTs (Ferret's code, silent_ot.h, at its INSECURE test
+    size): outputs equal the plaintext ones, runs get fresh triples, and after setup each party
+    sends only the trees of the Ferret iterations its ROTs need, ceil(ROTs / usable) of them,
+    17,408 bytes each at this size (Ferret's real set: 569,808 bytes per 9.6 M ROTs)."""
+    circuit = random_circuit(2)
+    pair = silent_pair(gmw_pair)
+    side = Background(pair.h1.setup)
+    pair.h2.setup()
+    side.result()
+    pair.h1_channel.reset_counters()
+    pair.h2_channel.reset_counters()
+    rng = np.random.default_rng(9)
+    n = 2000
+    g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+    e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+    expected = circuit.evaluate({"g": g, "e": e})
+    out1, out2 = pair.run(circuit, {"g": g}, {"e": e})
+    assert np.array_equal(out1["out"], expected["out"])
+    assert np.array_equal(out2["mid"], expected["mid"])
+    rots = -(-(circuit.and_count * n) // 128) * 128
+    usable, tree_bytes = 16384 - (2048 + 64 * 8), 64 * (2 * 8 + 1) * 16
+    for ch in (pair.h1_channel, pair.h2_channel):
+        assert ch.counters()["ot_extension"]["sent"] == -(-rots // usable) * tree_bytes
+        assert ch.counters()["tables"]["sent"] == 2 * circuit.and_count * -(-n // 8)
+    first = pair.h1.last_transcript
+    again1, again2 = pair.run(circuit, {"g": g}, {"e": e})
+    assert np.array_equal(again1["out"], expected["out"])
+    assert np.array_equal(again2["mid"], expected["mid"])
+    assert pair.h1.last_transcript != first
+
+
+def test_random_ot_sources_must_match(gmw_pair):
+    pair = gmw_pair()
+    silent = GmwParty(pair.h2_channel, "evaluator", ot="silent-test-only")
+    side = Background(pair.h1.setup)
+    with pytest.raises(ProtocolError, match="random OT mismatch"):
+        silent.setup()
+    with pytest.raises(ProtocolError, match="random OT mismatch"):
+        side.result()
+
+
 def test_gc_backend_still_matches(two_party):
     """The same description through the garbled-circuit backend gives the GMW outputs."""
     circuit = random_circuit(6, gates=200)

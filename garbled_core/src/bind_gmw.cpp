@@ -133,13 +133,21 @@ void bind_gmw(py::module_& m) {
       "One server of the GMW backend: role 'garbler' (H1, party 0, owns the garbler ports) or "
       "'evaluator' (H2, party 1). run() takes and returns what Garbler/Evaluator.run do; Keep "
       "outputs are XOR shares that only this backend's runs accept as carried inputs.")
-      .def(py::init([](gc::Channel& ch, const std::string& role, int ot_k) {
+      .def(py::init([](gc::Channel& ch, const std::string& role, int ot_k, const std::string& ot) {
         int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
         if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
         if (ot_k < 1 || ot_k > gc::kMaxOtK)
           throw py::value_error("ot_k must be in 1..8 (SoftSpoken k of the random OTs)");
-        return new gc::GmwParty(ch, party, gc::GmwOptions{ot_k});
-      }), "channel"_a, "role"_a, "ot_k"_a = gc::kDefaultOtK, py::keep_alive<1, 2>())
+        if (ot == "softspoken") return new gc::GmwParty(ch, party, gc::GmwOptions{ot_k});
+        if (ot == "silent")
+          return new gc::GmwParty(ch, party, std::make_unique<gc::SilentRandomOt>(gc::SilentOtParams::ferret()));
+        if (ot == "silent-test-only")  // NOT SECURE: tiny LPN parameters, for tests
+          return new gc::GmwParty(ch, party,
+                                  std::make_unique<gc::SilentRandomOt>(gc::SilentOtParams::test_only()));
+        throw py::value_error("ot must be 'softspoken', 'silent' or 'silent-test-only', not '" + ot + "'");
+      }), "channel"_a, "role"_a, "ot_k"_a = gc::kDefaultOtK, "ot"_a = "softspoken", py::keep_alive<1, 2>(),
+      "ot: where the triples' random OTs come from: 'softspoken' (ot_k), 'silent' (Ferret, "
+      "silent_ot.h) or 'silent-test-only' (Ferret's code at an INSECURE size, for tests).")
       .def("setup", [](gc::GmwParty& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_gmw(s, c, inputs, carried, n);

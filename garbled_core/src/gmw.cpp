@@ -68,6 +68,47 @@ inline AesKey rot_key(block salt, int sender, uint64_t group) {
   return aes_key(xor_block(salt, make_block(hi, group)));
 }
 
+// Receiver side of mb ROTs (mb a multiple of 8) from COT labels t: chosen bit j
+// is lsb H(t_j), written to dst (mb / 8 bytes, LSB first). `index` is the
+// direction's ROT counter before this batch.
+void hash_received(block salt, int sender, uint64_t index, const block* t, size_t mb, uint64_t* dst) {
+  std::memset(dst, 0, (mb + 7) / 8);
+  uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+  for (size_t j = 0; j < mb; j += 8) {
+    const AesKey key = rot_key(salt, sender, (index + j) / 8);
+    block x[8];
+    for (int i = 0; i < 8; ++i) x[i] = t[j + i];
+    aes_encrypt_blocks<8>(key, x);
+    uint8_t bits = 0;
+    for (int i = 0; i < 8; ++i) bits |= (uint8_t)(lsb(xor_block(x[i], t[j + i])) << i);
+    out[j / 8] = bits;
+  }
+}
+
+// Sender side: s0 = lsb H(q_j), s1 = lsb H(q_j ^ Delta), same keys as the receiver's.
+void hash_sent(block salt, int sender, uint64_t index, block delta, const block* q, size_t mb,
+               uint64_t* s0, uint64_t* s1) {
+  uint8_t* o0 = reinterpret_cast<uint8_t*>(s0);
+  uint8_t* o1 = reinterpret_cast<uint8_t*>(s1);
+  for (size_t j = 0; j < mb; j += 8) {
+    const AesKey key = rot_key(salt, sender, (index + j) / 8);
+    block x[16], in[16];
+    for (int i = 0; i < 8; ++i) {
+      in[i] = q[j + i];
+      in[8 + i] = xor_block(q[j + i], delta);
+    }
+    std::memcpy(x, in, sizeof(x));
+    aes_encrypt_blocks<16>(key, x);
+    uint8_t b0 = 0, b1 = 0;
+    for (int i = 0; i < 8; ++i) {
+      b0 |= (uint8_t)(lsb(xor_block(x[i], in[i])) << i);
+      b1 |= (uint8_t)(lsb(xor_block(x[8 + i], in[8 + i])) << i);
+    }
+    o0[j / 8] = b0;
+    o1[j / 8] = b1;
+  }
+}
+
 // Bits first .. first + count - 1 of a packed stream (which has a spare word at
 // its end) as a row of `words` words, bits past `count` cleared.
 void extract_row(const uint64_t* stream, uint64_t first, size_t count, size_t words, uint64_t* out) {
@@ -243,21 +284,10 @@ double SoftSpokenRandomOt::bytes_per_rot() const {
 void SoftSpokenRandomOt::receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) {
   if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
   buf_.resize(std::min(m, kRotBatch));
-  const int sender = 1 - party_;
   for (size_t done = 0; done < m;) {
     const size_t mb = std::min(kRotBatch, m - done);
     receiver_.extend_random(ch, reinterpret_cast<uint8_t*>(choice + done / 64), buf_.data(), mb);
-    uint64_t* dst = chosen + done / 64;
-    std::memset(dst, 0, mb / 8);
-    for (size_t j = 0; j < mb; j += 8) {
-      const AesKey key = rot_key(salt_, sender, (received_ + j) / 8);
-      block x[8];
-      for (int i = 0; i < 8; ++i) x[i] = buf_[j + i];
-      aes_encrypt_blocks<8>(key, x);
-      uint64_t bits = 0;
-      for (int i = 0; i < 8; ++i) bits |= (uint64_t)lsb(xor_block(x[i], buf_[j + i])) << i;
-      dst[j / 64] |= bits << (j & 63);
-    }
+    hash_received(salt_, 1 - party_, received_, buf_.data(), mb, chosen + done / 64);
     received_ += mb;
     done += mb;
   }
@@ -269,30 +299,57 @@ void SoftSpokenRandomOt::send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m)
   for (size_t done = 0; done < m;) {
     const size_t mb = std::min(kRotBatch, m - done);
     sender_.extend_random(ch, buf_.data(), mb);
-    uint64_t* d0 = s0 + done / 64;
-    uint64_t* d1 = s1 + done / 64;
-    std::memset(d0, 0, mb / 8);
-    std::memset(d1, 0, mb / 8);
-    for (size_t j = 0; j < mb; j += 8) {
-      const AesKey key = rot_key(salt_, party_, (sent_ + j) / 8);
-      block x[16], in[16];
-      for (int i = 0; i < 8; ++i) {
-        in[i] = buf_[j + i];
-        in[8 + i] = xor_block(buf_[j + i], delta_);
-      }
-      std::memcpy(x, in, sizeof(x));
-      aes_encrypt_blocks<16>(key, x);
-      uint64_t b0 = 0, b1 = 0;
-      for (int i = 0; i < 8; ++i) {
-        b0 |= (uint64_t)lsb(xor_block(x[i], in[i])) << i;
-        b1 |= (uint64_t)lsb(xor_block(x[8 + i], in[8 + i])) << i;
-      }
-      d0[j / 64] |= b0 << (j & 63);
-      d1[j / 64] |= b1 << (j & 63);
-    }
+    hash_sent(salt_, party_, sent_, delta_, buf_.data(), mb, s0 + done / 64, s1 + done / 64);
     sent_ += mb;
     done += mb;
   }
+}
+
+SilentRandomOt::SilentRandomOt(const SilentOtParams& params) : params_(params) { params_.validate(); }
+
+SilentRandomOt::~SilentRandomOt() = default;
+
+void SilentRandomOt::setup(Channel& ch, int party, block salt) {
+  party_ = party;
+  salt_ = salt;
+  delta_ = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  sender_ = std::make_unique<SilentCotSender>(ch, delta_, params_);
+  receiver_ = std::make_unique<SilentCotReceiver>(ch, params_);
+  // Direction 0 (party 0 sends ROTs) first, then direction 1.
+  if (party == 0) {
+    sender_->setup();
+    receiver_->setup();
+  } else {
+    receiver_->setup();
+    sender_->setup();
+  }
+  ch.flush();
+}
+
+void SilentRandomOt::receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) {
+  if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
+  buf_.resize(std::min(m, kRotBatch));
+  for (size_t done = 0; done < m;) {
+    const size_t mb = std::min(kRotBatch, m - done);
+    receiver_->extend(mb, reinterpret_cast<uint8_t*>(choice + done / 64), buf_.data());
+    hash_received(salt_, 1 - party_, received_, buf_.data(), mb, chosen + done / 64);
+    received_ += mb;
+    done += mb;
+  }
+  (void)ch;  // the COT objects hold the channel
+}
+
+void SilentRandomOt::send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) {
+  if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
+  buf_.resize(std::min(m, kRotBatch));
+  for (size_t done = 0; done < m;) {
+    const size_t mb = std::min(kRotBatch, m - done);
+    sender_->extend(mb, buf_.data());
+    hash_sent(salt_, party_, sent_, delta_, buf_.data(), mb, s0 + done / 64, s1 + done / 64);
+    sent_ += mb;
+    done += mb;
+  }
+  ch.flush();  // the trees of any iteration just run
 }
 
 // -------------------------------------------------------------- triples
@@ -305,24 +362,38 @@ void generate_triples(RandomOtSource& ot, Channel& ch, size_t count, BitTriples&
   out.b.assign(words + 1, 0);
   out.c.assign(words + 1, 0);
   if (!m) return;
-  std::vector<uint64_t> s0(std::min(m, kTripleBatch) / 64), s1(s0.size());
+  std::vector<uint64_t> t0(std::min(m, kTripleBatch) / 64), t1(t0.size());
   const size_t steps = (m + kTripleBatch - 1) / kTripleBatch;
-  auto step_start = [&](size_t i) { return i * kTripleBatch; };
   auto step_size = [&](size_t i) { return std::min(kTripleBatch, m - i * kTripleBatch); };
-  // As receiver: b = the random choices, c starts as the chosen bits.
-  auto receive = [&](size_t i) {
-    const size_t w = step_start(i) / 64;
-    ot.receive(ch, out.b.data() + w, out.c.data() + w, step_size(i));
+  const bool receiver_first = ot.receiver_speaks();
+  // The speaking half of step i writes into the triple arrays:
+  //   receiver first: b = choices u, c = chosen bits s_u;
+  //   sender first:   a = s1, c = s0 (a is completed to s0 ^ s1 below).
+  auto speak = [&](size_t i) {
+    const size_t w = i * kTripleBatch / 64;
+    if (receiver_first)
+      ot.receive(ch, out.b.data() + w, out.c.data() + w, step_size(i));
+    else
+      ot.send(ch, out.c.data() + w, out.a.data() + w, step_size(i));
   };
-  receive(0);
+  // The listening half of step i completes a = s0 ^ s1, b = u, c = a & b ^ s0 ^ s_u.
+  speak(0);
   for (size_t i = 0; i < steps; ++i) {
-    if (i + 1 < steps) receive(i + 1);  // sent ahead: no wait on the link per step
-    const size_t w0 = step_start(i) / 64, nw = step_size(i) / 64;
-    ot.send(ch, s0.data(), s1.data(), step_size(i));
-    for (size_t k = 0; k < nw; ++k) {
-      const uint64_t a = s0[k] ^ s1[k];
-      out.a[w0 + k] = a;
-      out.c[w0 + k] ^= (a & out.b[w0 + k]) ^ s0[k];
+    if (i + 1 < steps) speak(i + 1);  // sent ahead: no wait on the link per step
+    const size_t w0 = i * kTripleBatch / 64, nw = step_size(i) / 64;
+    uint64_t *a = out.a.data() + w0, *b = out.b.data() + w0, *c = out.c.data() + w0;
+    if (receiver_first) {
+      ot.send(ch, t0.data(), t1.data(), step_size(i));  // t0 = s0, t1 = s1
+      for (size_t k = 0; k < nw; ++k) {
+        a[k] = t0[k] ^ t1[k];
+        c[k] ^= (a[k] & b[k]) ^ t0[k];
+      }
+    } else {
+      ot.receive(ch, b, t1.data(), step_size(i));  // b = u, t1 = s_u
+      for (size_t k = 0; k < nw; ++k) {
+        a[k] ^= c[k];  // s1 ^ s0
+        c[k] ^= (a[k] & b[k]) ^ t1[k];
+      }
     }
   }
 }

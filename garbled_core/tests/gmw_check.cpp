@@ -120,6 +120,7 @@ class DealtOt : public RandomOtSource {
   void send(Channel&, uint64_t* s0, uint64_t* s1, size_t m) override {
     deal(party_, m, s0, s1, nullptr, nullptr);
   }
+  bool receiver_speaks() const override { return true; }  // neither half uses the link
   double bytes_per_rot() const override { return 0; }
 
  private:

@@ -34,8 +34,8 @@
 // sets a = s0 ^ s1 (its sender pair), b = u (its choice), c = a&b ^ s0 ^ s_u';
 // then c0 ^ c1 = (a0 ^ a1) & (b0 ^ b1).
 //
-// The ROT source sits behind RandomOtSource so that a silent (LPN) source can
-// replace SoftSpoken; the triple generator only sees bits.
+// The ROT source sits behind RandomOtSource (SoftSpoken, or silent OT from
+// silent_ot.h); the triple generator only sees bits.
 #pragma once
 
 #include <array>
@@ -49,6 +49,7 @@
 #include "garbled_core/channel.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/session.h"
+#include "garbled_core/silent_ot.h"
 #include "garbled_core/softspoken.h"
 
 namespace gc {
@@ -63,12 +64,15 @@ class RandomOtSource {
   // block both parties agree on (fresh per session) for the hash tweaks.
   virtual void setup(Channel& ch, int party, block salt) = 0;
   // This party as ROT receiver: m random choice bits and the chosen bits.
-  // Only sends (it never waits for the peer), so both parties call receive()
-  // first and send() second without a round trip between them.
   virtual void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) = 0;
   // This party as ROT sender: m pairs of random bits (s0, s1). Pairs with the
   // peer's receive() of the same m, call by call.
   virtual void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) = 0;
+  // Which half only writes to the link (never waits for the peer): true when
+  // the receiver speaks (SoftSpoken), false when the sender does (silent OT,
+  // whose receiver sends nothing after setup). Both parties call the speaking
+  // half first, so neither waits on the other and no call can deadlock.
+  virtual bool receiver_speaks() const = 0;
   // Bytes this party sends per ROT it receives (for the accounting tests).
   virtual double bytes_per_rot() const = 0;
 };
@@ -86,6 +90,7 @@ class SoftSpokenRandomOt : public RandomOtSource {
   void setup(Channel& ch, int party, block salt) override;
   void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) override;
   void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) override;
+  bool receiver_speaks() const override { return true; }
   double bytes_per_rot() const override;
 
  private:
@@ -95,6 +100,31 @@ class SoftSpokenRandomOt : public RandomOtSource {
   uint64_t sent_ = 0, received_ = 0;  // ROTs done as sender / receiver (tweak counters)
   SoftSpokenCotSender sender_;
   SoftSpokenCotReceiver receiver_;
+  BlockVector buf_;
+};
+
+// Random OTs from silent correlated OT (silent_ot.h, Ferret), one sender and
+// one receiver per party, hashed to bits exactly as SoftSpokenRandomOt does
+// (silent COTs have lsb(q) = 0, which the hash makes irrelevant).
+class SilentRandomOt : public RandomOtSource {
+ public:
+  explicit SilentRandomOt(const SilentOtParams& params = SilentOtParams::ferret());
+  ~SilentRandomOt() override;
+  const char* name() const override { return params_.secure ? "silent-ferret" : "silent-TEST-ONLY"; }
+  void setup(Channel& ch, int party, block salt) override;
+  void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) override;
+  void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) override;
+  bool receiver_speaks() const override { return false; }
+  double bytes_per_rot() const override { return params_.bits_per_ot() / 8.0; }
+
+ private:
+  SilentOtParams params_;
+  int party_ = 0;
+  block salt_{};
+  block delta_{};
+  uint64_t sent_ = 0, received_ = 0;
+  std::unique_ptr<SilentCotSender> sender_;
+  std::unique_ptr<SilentCotReceiver> receiver_;
   BlockVector buf_;
 };
 
