@@ -12,6 +12,11 @@ the handshake (peer certificate from the CA, issued to ``TlsConfig.peer_name`` w
 other connection is closed, counted in ``Listener.refused`` and reported to its
 ``on_refused(peer_address, reason)`` callback, and the listener goes on waiting for the peer
 until its timeout.
+
+A fourth backend, :class:`GmwParty` (``role="garbler"`` for H1, ``"evaluator"`` for H2), runs
+the same circuits with GMW on XOR shares: Beaver triples from random OT (SoftSpoken ``ot_k``),
+one message each way per AND layer; ``run`` takes and returns what ``Garbler.run`` and
+``Evaluator.run`` do (its ``Kept`` outputs hold XOR shares and feed only GMW runs).
 """
 
 from garbled_core._core import (
@@ -24,6 +29,7 @@ from garbled_core._core import (
     Circuit,
     Evaluator,
     Garbler,
+    GmwParty,
     Kept,
     KeptSelection,
     Listener,
@@ -52,6 +58,7 @@ __all__ = [
     "CircuitDescription",
     "Evaluator",
     "Garbler",
+    "GmwParty",
     "Kept",
     "KeptSelection",
     "Listener",

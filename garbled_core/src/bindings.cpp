@@ -9,6 +9,7 @@
 #include <string>
 
 #include "garbled_core/bind_channel.h"
+#include "garbled_core/bind_gmw.h"
 #include "garbled_core/bind_silent_ot.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/halfgates.h"
@@ -456,4 +457,5 @@ PYBIND11_MODULE(_core, m) {
     gc::secure_random(s.data(), n);
     return py::bytes(s);
   });
+  bind_gmw(m);
 }

@@ -1,0 +1,171 @@
+// GMW backend: the two servers evaluate the same compiled gc::Circuit that the
+// garbler and evaluator run, on XOR shares of every wire (Goldreich-Micali-
+// Wigderson, two parties, semi-honest), with AND gates from Beaver triples.
+//
+// Roles: party 0 is H1 and owns the circuit's "garbler" input ports, party 1
+// is H2 and owns the "evaluator" ports. The run interface and its semantics
+// are those of GarblerSession / EvaluatorSession::run (RunInputs, RunOutputs):
+// outputs Both / Garbler / Evaluator are opened to those parties, Shares gives
+// each party its XOR share, Keep leaves the shares in a KeptLabels for a later
+// run's carried input (a GMW Kept holds bit-sliced share words, not labels; a
+// garbled-circuit Kept is refused by GMW, and a GMW Kept by the garbled-circuit
+// sessions, since the session ids differ).
+//
+// One run of n instances (everything bit-sliced, 64 instances per uint64):
+//   1. header: circuit digest, n, run counter, carried inputs, roles; any
+//      disagreement is a ProtocolError on both sides (Phase::Setup).
+//   2. triples: exactly and_count * n Boolean Beaver triples, generated for this
+//      run from 2 random OTs each (one per direction) and consumed once; no
+//      triple outlives its run, so none is ever reused (Phase::OTExtension).
+//   3. inputs: the owner's share of an input bit is x ^ r, the other party's r,
+//      with r from an AES-CTR stream both parties seed at setup: no bytes.
+//   4. gates in AND-depth layers: XOR / NOT locally; per layer ONE message each
+//      way with the shares of d = x ^ a and e = y ^ b of every AND gate of the
+//      layer for all n instances (2 bits per AND per instance per direction,
+//      Phase::Tables); z = c ^ d&b ^ e&a (^ d&e at party 0).
+//   5. outputs: one message each way with the shares of opened outputs and an
+//      8-byte end-of-run tag (Phase::Outputs).
+// Round trips per run: AND-depth + about 3 (header, triples stream, outputs).
+//
+// Triples from random OT (ROT). A ROT gives the sender random bits (s0, s1) and
+// the receiver a random choice u with s_u. Then s0 ^ s_u = u & (s0 ^ s1): XOR
+// shares of the product of the sender's bit s0 ^ s1 and the receiver's u. Each
+// party is the sender of one ROT and the receiver of another per triple and
+// sets a = s0 ^ s1 (its sender pair), b = u (its choice), c = a&b ^ s0 ^ s_u';
+// then c0 ^ c1 = (a0 ^ a1) & (b0 ^ b1).
+//
+// The ROT source sits behind RandomOtSource (SoftSpoken, or silent OT from
+// silent_ot.h); the triple generator only sees bits.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "garbled_core/block.h"
+#include "garbled_core/channel.h"
+#include "garbled_core/circuit.h"
+#include "garbled_core/session.h"
+#include "garbled_core/silent_ot.h"
+#include "garbled_core/softspoken.h"
+
+namespace gc {
+
+// Random bit OTs in both directions over one channel. Bits are packed LSB
+// first in uint64 words; m is always a multiple of 128.
+class RandomOtSource {
+ public:
+  virtual ~RandomOtSource() = default;
+  virtual const char* name() const = 0;
+  // Interactive setup; party 0 and party 1 call it at the same time. salt is a
+  // block both parties agree on (fresh per session) for the hash tweaks.
+  virtual void setup(Channel& ch, int party, block salt) = 0;
+  // This party as ROT receiver: m random choice bits and the chosen bits.
+  virtual void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) = 0;
+  // This party as ROT sender: m pairs of random bits (s0, s1). Pairs with the
+  // peer's receive() of the same m, call by call.
+  virtual void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) = 0;
+  // Which half only writes to the link (never waits for the peer): true when
+  // the receiver speaks (SoftSpoken), false when the sender does (silent OT,
+  // whose receiver sends nothing after setup). Both parties call the speaking
+  // half first, so neither waits on the other and no call can deadlock.
+  virtual bool receiver_speaks() const = 0;
+  // Bytes this party sends per ROT it receives (for the accounting tests).
+  virtual double bytes_per_rot() const = 0;
+};
+
+// Random OTs from SoftSpoken correlated OT (softspoken.h, random choices) in
+// each direction, hashed to bits: s0 = lsb H(q, j), s1 = lsb H(q ^ Delta, j),
+// s_u = lsb H(t, j), with the engine's tweakable correlation-robust hash
+// H(x, tweak) = AES_{salt ^ tweak}(x) ^ x (halfgates.h), one key per 8 OTs of
+// one direction, the tweak naming the direction and the OT index, which
+// advances over the whole session (no key is ever used for two groups).
+class SoftSpokenRandomOt : public RandomOtSource {
+ public:
+  explicit SoftSpokenRandomOt(int k = SoftSpokenParams::kDefaultK);
+  const char* name() const override { return "softspoken"; }
+  void setup(Channel& ch, int party, block salt) override;
+  void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) override;
+  void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) override;
+  bool receiver_speaks() const override { return true; }
+  double bytes_per_rot() const override;
+
+ private:
+  int party_ = 0;
+  block salt_{};
+  block delta_{};
+  uint64_t sent_ = 0, received_ = 0;  // ROTs done as sender / receiver (tweak counters)
+  SoftSpokenCotSender sender_;
+  SoftSpokenCotReceiver receiver_;
+  BlockVector buf_;
+};
+
+// Random OTs from silent correlated OT (silent_ot.h, Ferret), one sender and
+// one receiver per party, hashed to bits exactly as SoftSpokenRandomOt does
+// (silent COTs have lsb(q) = 0, which the hash makes irrelevant).
+class SilentRandomOt : public RandomOtSource {
+ public:
+  explicit SilentRandomOt(const SilentOtParams& params = SilentOtParams::ferret());
+  ~SilentRandomOt() override;
+  const char* name() const override { return params_.secure ? "silent-ferret" : "silent-TEST-ONLY"; }
+  void setup(Channel& ch, int party, block salt) override;
+  void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) override;
+  void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) override;
+  bool receiver_speaks() const override { return false; }
+  double bytes_per_rot() const override { return params_.bits_per_ot() / 8.0; }
+
+ private:
+  SilentOtParams params_;
+  int party_ = 0;
+  block salt_{};
+  block delta_{};
+  uint64_t sent_ = 0, received_ = 0;
+  std::unique_ptr<SilentCotSender> sender_;
+  std::unique_ptr<SilentCotReceiver> receiver_;
+  BlockVector buf_;
+};
+
+// Boolean Beaver triples of one party, packed bits: triple t is bit t of a, b, c.
+struct BitTriples {
+  size_t count = 0;
+  std::vector<uint64_t> a, b, c;  // ceil(count / 64) words each, plus one spare word
+};
+
+// Makes count fresh triples (2 ROTs each, one per direction). Both parties
+// call it with the same count at the same time.
+void generate_triples(RandomOtSource& ot, Channel& ch, size_t count, BitTriples& out);
+
+struct GmwOptions {
+  int ot_k = SoftSpokenParams::kDefaultK;  // SoftSpoken k of the ROT source
+};
+
+class GmwParty : public Session {
+ public:
+  // party 0 = H1 ("garbler" ports), 1 = H2 ("evaluator" ports).
+  GmwParty(Channel& ch, int party, GmwOptions options = {});
+  // With another ROT source (e.g. silent OT); both parties must use the same.
+  GmwParty(Channel& ch, int party, std::unique_ptr<RandomOtSource> ot);
+  int party() const { return party_; }
+  void setup();
+  RunOutputs run(const Circuit& c, const RunInputs& in);
+  // SHA-256 of everything the peer sent in the last run's AND layers (its
+  // openings): fresh triples make it differ between runs on the same inputs.
+  const std::array<uint8_t, 32>& last_transcript() const { return transcript_; }
+  // Round trips of the last run's AND layers (= the circuit's AND-depth).
+  size_t last_layers() const { return layers_; }
+
+ private:
+  int party_;
+  std::unique_ptr<RandomOtSource> ot_;
+  std::array<uint8_t, 32> transcript_{};
+  size_t layers_ = 0;
+  bool broken_ = false;  // a run failed midway: the link is out of step
+  void exchange_gmw_hello();
+  RunOutputs run_checked(const Circuit& c, const RunInputs& in);
+  void exchange_gmw_header(const Circuit& c, const RunInputs& in);
+};
+
+}  // namespace gc

@@ -1,0 +1,728 @@
+// GMW backend (see gmw.h for the protocol and its message order).
+#include "garbled_core/gmw.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "garbled_core/aes.h"
+#include "garbled_core/prg.h"
+#include "garbled_core/random.h"
+
+namespace gc {
+
+namespace {
+
+constexpr uint32_t kGmwVersion = 1;
+constexpr char kHello0[8] = {'S', 'P', 'G', 'C', 'G', 'M', 'W', '0'};
+constexpr char kHello1[8] = {'S', 'P', 'G', 'C', 'G', 'M', 'W', '1'};
+constexpr char kEndTag[4] = {'G', 'M', 'W', 'E'};
+// ROTs per SoftSpoken extend call (bounds the COT buffer: 1 MiB of blocks).
+constexpr size_t kRotBatch = size_t(1) << 16;
+// Triples per generation step: a step's receiver half is sent one step ahead of
+// its sender half, so the link stays busy whatever its latency.
+constexpr size_t kTripleBatch = size_t(1) << 20;
+
+size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+uint32_t fnv1a(const char* s) {
+  uint32_t h = 2166136261u;
+  for (; *s; ++s) h = (h ^ (uint8_t)*s) * 16777619u;
+  return h;
+}
+
+struct Sha256 {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  Sha256() {
+    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1)
+      throw std::runtime_error("SHA-256 unavailable");
+  }
+  ~Sha256() { EVP_MD_CTX_free(ctx); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
+  std::array<uint8_t, 32> digest() {
+    std::array<uint8_t, 32> out{};
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx, out.data(), &len);
+    return out;
+  }
+};
+
+std::string hex8(const uint8_t* p) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < 8; ++i) {
+    s.push_back(digits[p[i] >> 4]);
+    s.push_back(digits[p[i] & 15]);
+  }
+  return s;
+}
+
+// Key of the hash for group `group` (8 consecutive ROTs) of the direction whose
+// sender is party `sender`. The high word names the domain and the direction.
+inline AesKey rot_key(block salt, int sender, uint64_t group) {
+  const uint64_t hi = 0x474d57524f540000ull | (uint64_t)(sender & 1);  // "GMWROT", direction
+  return aes_key(xor_block(salt, make_block(hi, group)));
+}
+
+// Receiver side of mb ROTs (mb a multiple of 8) from COT labels t: chosen bit j
+// is lsb H(t_j), written to dst (mb / 8 bytes, LSB first). `index` is the
+// direction's ROT counter before this batch.
+void hash_received(block salt, int sender, uint64_t index, const block* t, size_t mb, uint64_t* dst) {
+  std::memset(dst, 0, (mb + 7) / 8);
+  uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+  for (size_t j = 0; j < mb; j += 8) {
+    const AesKey key = rot_key(salt, sender, (index + j) / 8);
+    block x[8];
+    for (int i = 0; i < 8; ++i) x[i] = t[j + i];
+    aes_encrypt_blocks<8>(key, x);
+    uint8_t bits = 0;
+    for (int i = 0; i < 8; ++i) bits |= (uint8_t)(lsb(xor_block(x[i], t[j + i])) << i);
+    out[j / 8] = bits;
+  }
+}
+
+// Sender side: s0 = lsb H(q_j), s1 = lsb H(q_j ^ Delta), same keys as the receiver's.
+void hash_sent(block salt, int sender, uint64_t index, block delta, const block* q, size_t mb,
+               uint64_t* s0, uint64_t* s1) {
+  uint8_t* o0 = reinterpret_cast<uint8_t*>(s0);
+  uint8_t* o1 = reinterpret_cast<uint8_t*>(s1);
+  for (size_t j = 0; j < mb; j += 8) {
+    const AesKey key = rot_key(salt, sender, (index + j) / 8);
+    block x[16], in[16];
+    for (int i = 0; i < 8; ++i) {
+      in[i] = q[j + i];
+      in[8 + i] = xor_block(q[j + i], delta);
+    }
+    std::memcpy(x, in, sizeof(x));
+    aes_encrypt_blocks<16>(key, x);
+    uint8_t b0 = 0, b1 = 0;
+    for (int i = 0; i < 8; ++i) {
+      b0 |= (uint8_t)(lsb(xor_block(x[i], in[i])) << i);
+      b1 |= (uint8_t)(lsb(xor_block(x[8 + i], in[8 + i])) << i);
+    }
+    o0[j / 8] = b0;
+    o1[j / 8] = b1;
+  }
+}
+
+// Bits first .. first + count - 1 of a packed stream (which has a spare word at
+// its end) as a row of `words` words, bits past `count` cleared.
+void extract_row(const uint64_t* stream, uint64_t first, size_t count, size_t words, uint64_t* out) {
+  const size_t q = (size_t)(first >> 6);
+  const unsigned s = (unsigned)(first & 63);
+  if (s == 0) {
+    std::memcpy(out, stream + q, words * sizeof(uint64_t));
+  } else {
+    for (size_t k = 0; k < words; ++k) out[k] = (stream[q + k] >> s) | (stream[q + k + 1] << (64 - s));
+  }
+  if (count & 63) out[words - 1] &= (uint64_t(1) << (count & 63)) - 1;
+}
+
+// The schedule of one circuit for GMW: gates regrouped by AND-depth stage (the
+// XOR / NOT gates of a stage, in circuit order, then its AND gates as one
+// layer) over slots of its own, allocated for that order.
+struct GmwPlan {
+  struct Op {
+    GateOp op;
+    uint32_t a, b, out, and_index;
+  };
+  struct Stage {
+    size_t local_begin, local_end, and_begin, and_end;
+  };
+  uint32_t slots = 1;
+  std::vector<std::vector<uint32_t>> input_slots;   // per input port, per bit
+  std::vector<std::vector<uint32_t>> output_slots;  // per output port, per bit
+  std::vector<Op> ops;
+  std::vector<Stage> stages;
+  size_t max_layer = 0;  // most AND gates in one layer
+  size_t layers = 0;     // layers with at least one AND gate (= AND-depth)
+};
+
+GmwPlan plan_circuit(const Circuit& c) {
+  const auto& gates = c.gates();
+  const size_t G = gates.size();
+  uint32_t first_gate_wire = 1;
+  for (auto& port : c.inputs()) first_gate_wire += (uint32_t)port.width;
+  const uint32_t W = c.num_wires();
+  // Wire-level gates, recovered from the slot-level ones in circuit order.
+  std::vector<uint32_t> slot_wire(c.num_slots(), 0), ga(G), gb(G);
+  for (size_t p = 0; p < c.inputs().size(); ++p)
+    for (int bit = 0; bit < c.inputs()[p].width; ++bit)
+      slot_wire[c.input_slots()[p][bit]] = c.inputs()[p].first_wire + (uint32_t)bit;
+  for (size_t g = 0; g < G; ++g) {
+    ga[g] = slot_wire[gates[g].a];
+    gb[g] = gates[g].op == GateOp::Not ? 0 : slot_wire[gates[g].b];
+    slot_wire[gates[g].out] = first_gate_wire + (uint32_t)g;
+  }
+  // Stages: an AND whose inputs are ready after layer L opens in layer L.
+  std::vector<uint32_t> level(W, 0), stage(G, 0);
+  uint32_t last_stage = 0;
+  for (size_t g = 0; g < G; ++g) {
+    uint32_t s = std::max(level[ga[g]], level[gb[g]]);
+    stage[g] = s;
+    level[first_gate_wire + g] = s + (gates[g].op == GateOp::And ? 1 : 0);
+    last_stage = std::max(last_stage, s);
+  }
+  const size_t nstages = G ? (size_t)last_stage + 1 : 0;
+  std::vector<std::vector<uint32_t>> locals(nstages), ands(nstages);
+  for (size_t g = 0; g < G; ++g)
+    (gates[g].op == GateOp::And ? ands : locals)[stage[g]].push_back((uint32_t)g);
+
+  // Positions in the new order; an AND layer reads at one position.
+  constexpr int64_t kForever = INT64_MAX;
+  std::vector<int64_t> pos(G), last_use(W, -1);
+  int64_t next = 0;
+  for (size_t s = 0; s < nstages; ++s) {
+    for (uint32_t g : locals[s]) pos[g] = next++;
+    for (uint32_t g : ands[s]) pos[g] = next;
+    if (!ands[s].empty()) next += 2;
+  }
+  for (size_t g = 0; g < G; ++g) {
+    last_use[ga[g]] = std::max(last_use[ga[g]], pos[g]);
+    if (gates[g].op != GateOp::Not) last_use[gb[g]] = std::max(last_use[gb[g]], pos[g]);
+  }
+  for (auto& port : c.outputs())
+    for (uint32_t w : port.wires) last_use[w] = kForever;
+  last_use[0] = kForever;
+
+  GmwPlan plan;
+  std::vector<uint32_t> slot_of(W, 0), free_slots;
+  std::vector<bool> freed(W, false);
+  auto take = [&]() {
+    if (!free_slots.empty()) {
+      uint32_t s = free_slots.back();
+      free_slots.pop_back();
+      return s;
+    }
+    return plan.slots++;
+  };
+  auto release = [&](uint32_t w) {
+    if (!freed[w]) {
+      freed[w] = true;
+      free_slots.push_back(slot_of[w]);
+    }
+  };
+  plan.input_slots.resize(c.inputs().size());
+  for (size_t p = 0; p < c.inputs().size(); ++p)
+    for (int bit = 0; bit < c.inputs()[p].width; ++bit) {
+      uint32_t w = c.inputs()[p].first_wire + (uint32_t)bit;
+      slot_of[w] = plan.slots++;  // distinct: every input is loaded before the first gate
+      plan.input_slots[p].push_back(slot_of[w]);
+    }
+  for (uint32_t w = 1; w < first_gate_wire; ++w)
+    if (last_use[w] < 0) release(w);
+  for (size_t s = 0; s < nstages; ++s) {
+    GmwPlan::Stage st{};
+    st.local_begin = plan.ops.size();
+    for (uint32_t g : locals[s]) {
+      const uint32_t out_wire = first_gate_wire + g;
+      GmwPlan::Op op{gates[g].op, slot_of[ga[g]], gates[g].op == GateOp::Not ? 0u : slot_of[gb[g]], 0,
+                     0};
+      if (last_use[ga[g]] == pos[g]) release(ga[g]);
+      if (gates[g].op != GateOp::Not && last_use[gb[g]] == pos[g]) release(gb[g]);
+      slot_of[out_wire] = op.out = take();
+      if (last_use[out_wire] < 0) release(out_wire);  // dead gate
+      plan.ops.push_back(op);
+    }
+    st.local_end = st.and_begin = plan.ops.size();
+    if (!ands[s].empty()) {
+      const int64_t p = pos[ands[s][0]];
+      for (uint32_t g : ands[s])
+        plan.ops.push_back({GateOp::And, slot_of[ga[g]], slot_of[gb[g]], 0, gates[g].and_index});
+      // Every input of the layer is read (into the openings) before any output is written.
+      for (uint32_t g : ands[s]) {
+        if (last_use[ga[g]] == p) release(ga[g]);
+        if (last_use[gb[g]] == p) release(gb[g]);
+      }
+      for (size_t j = 0; j < ands[s].size(); ++j) {
+        const uint32_t out_wire = first_gate_wire + ands[s][j];
+        slot_of[out_wire] = plan.ops[st.and_begin + j].out = take();
+      }
+      for (uint32_t g : ands[s])
+        if (last_use[first_gate_wire + g] < 0) release(first_gate_wire + g);
+      plan.max_layer = std::max(plan.max_layer, ands[s].size());
+      ++plan.layers;
+    }
+    st.and_end = plan.ops.size();
+    plan.stages.push_back(st);
+  }
+  plan.output_slots.resize(c.outputs().size());
+  for (size_t o = 0; o < c.outputs().size(); ++o)
+    for (uint32_t w : c.outputs()[o].wires) plan.output_slots[o].push_back(slot_of[w]);
+  return plan;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ random OT
+
+SoftSpokenRandomOt::SoftSpokenRandomOt(int k) : sender_(k), receiver_(k) {}
+
+void SoftSpokenRandomOt::setup(Channel& ch, int party, block salt) {
+  party_ = party;
+  salt_ = salt;
+  delta_ = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  // Direction 0 (party 0 sends ROTs) first, then direction 1.
+  if (party == 0) {
+    sender_.setup(ch, delta_);
+    receiver_.setup(ch);
+  } else {
+    receiver_.setup(ch);
+    sender_.setup(ch, delta_);
+  }
+  ch.flush();
+}
+
+double SoftSpokenRandomOt::bytes_per_rot() const {
+  return (double)receiver_.params().extend_bytes(128, true) / 128.0;
+}
+
+void SoftSpokenRandomOt::receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) {
+  if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
+  buf_.resize(std::min(m, kRotBatch));
+  for (size_t done = 0; done < m;) {
+    const size_t mb = std::min(kRotBatch, m - done);
+    receiver_.extend_random(ch, reinterpret_cast<uint8_t*>(choice + done / 64), buf_.data(), mb);
+    hash_received(salt_, 1 - party_, received_, buf_.data(), mb, chosen + done / 64);
+    received_ += mb;
+    done += mb;
+  }
+}
+
+void SoftSpokenRandomOt::send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) {
+  if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
+  buf_.resize(std::min(m, kRotBatch));
+  for (size_t done = 0; done < m;) {
+    const size_t mb = std::min(kRotBatch, m - done);
+    sender_.extend_random(ch, buf_.data(), mb);
+    hash_sent(salt_, party_, sent_, delta_, buf_.data(), mb, s0 + done / 64, s1 + done / 64);
+    sent_ += mb;
+    done += mb;
+  }
+}
+
+SilentRandomOt::SilentRandomOt(const SilentOtParams& params) : params_(params) { params_.validate(); }
+
+SilentRandomOt::~SilentRandomOt() = default;
+
+void SilentRandomOt::setup(Channel& ch, int party, block salt) {
+  party_ = party;
+  salt_ = salt;
+  delta_ = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  sender_ = std::make_unique<SilentCotSender>(ch, delta_, params_);
+  receiver_ = std::make_unique<SilentCotReceiver>(ch, params_);
+  // Direction 0 (party 0 sends ROTs) first, then direction 1.
+  if (party == 0) {
+    sender_->setup();
+    receiver_->setup();
+  } else {
+    receiver_->setup();
+    sender_->setup();
+  }
+  ch.flush();
+}
+
+void SilentRandomOt::receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) {
+  if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
+  buf_.resize(std::min(m, kRotBatch));
+  for (size_t done = 0; done < m;) {
+    const size_t mb = std::min(kRotBatch, m - done);
+    receiver_->extend(mb, reinterpret_cast<uint8_t*>(choice + done / 64), buf_.data());
+    hash_received(salt_, 1 - party_, received_, buf_.data(), mb, chosen + done / 64);
+    received_ += mb;
+    done += mb;
+  }
+  (void)ch;  // the COT objects hold the channel
+}
+
+void SilentRandomOt::send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) {
+  if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
+  buf_.resize(std::min(m, kRotBatch));
+  for (size_t done = 0; done < m;) {
+    const size_t mb = std::min(kRotBatch, m - done);
+    sender_->extend(mb, buf_.data());
+    hash_sent(salt_, party_, sent_, delta_, buf_.data(), mb, s0 + done / 64, s1 + done / 64);
+    sent_ += mb;
+    done += mb;
+  }
+  ch.flush();  // the trees of any iteration just run
+}
+
+// -------------------------------------------------------------- triples
+
+void generate_triples(RandomOtSource& ot, Channel& ch, size_t count, BitTriples& out) {
+  const size_t m = round_up(count, 128), words = m / 64;
+  out.count = count;
+  // One spare word so that extract_row may read one word past a row.
+  out.a.assign(words + 1, 0);
+  out.b.assign(words + 1, 0);
+  out.c.assign(words + 1, 0);
+  if (!m) return;
+  std::vector<uint64_t> t0(std::min(m, kTripleBatch) / 64), t1(t0.size());
+  const size_t steps = (m + kTripleBatch - 1) / kTripleBatch;
+  auto step_size = [&](size_t i) { return std::min(kTripleBatch, m - i * kTripleBatch); };
+  const bool receiver_first = ot.receiver_speaks();
+  // The speaking half of step i writes into the triple arrays:
+  //   receiver first: b = choices u, c = chosen bits s_u;
+  //   sender first:   a = s1, c = s0 (a is completed to s0 ^ s1 below).
+  auto speak = [&](size_t i) {
+    const size_t w = i * kTripleBatch / 64;
+    if (receiver_first)
+      ot.receive(ch, out.b.data() + w, out.c.data() + w, step_size(i));
+    else
+      ot.send(ch, out.c.data() + w, out.a.data() + w, step_size(i));
+  };
+  // The listening half of step i completes a = s0 ^ s1, b = u, c = a & b ^ s0 ^ s_u.
+  speak(0);
+  for (size_t i = 0; i < steps; ++i) {
+    if (i + 1 < steps) speak(i + 1);  // sent ahead: no wait on the link per step
+    const size_t w0 = i * kTripleBatch / 64, nw = step_size(i) / 64;
+    uint64_t *a = out.a.data() + w0, *b = out.b.data() + w0, *c = out.c.data() + w0;
+    if (receiver_first) {
+      ot.send(ch, t0.data(), t1.data(), step_size(i));  // t0 = s0, t1 = s1
+      for (size_t k = 0; k < nw; ++k) {
+        a[k] = t0[k] ^ t1[k];
+        c[k] ^= (a[k] & b[k]) ^ t0[k];
+      }
+    } else {
+      ot.receive(ch, b, t1.data(), step_size(i));  // b = u, t1 = s_u
+      for (size_t k = 0; k < nw; ++k) {
+        a[k] ^= c[k];  // s1 ^ s0
+        c[k] ^= (a[k] & b[k]) ^ t1[k];
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------ GMW party
+
+GmwParty::GmwParty(Channel& ch, int party, GmwOptions options)
+    : Session(ch, SessionOptions{kDefaultChunk, 1, Scheme::ThreeHalves, options.ot_k}),
+      party_(party) {
+  if (party != 0 && party != 1) throw std::invalid_argument("GMW party must be 0 (H1) or 1 (H2)");
+  if (options.ot_k < 1 || options.ot_k > kMaxOtK)
+    throw std::invalid_argument("GMW ot_k must be in 1..8 (SoftSpoken k)");
+  ot_ = std::make_unique<SoftSpokenRandomOt>(options.ot_k);
+}
+
+GmwParty::GmwParty(Channel& ch, int party, std::unique_ptr<RandomOtSource> ot)
+    : Session(ch, SessionOptions{kDefaultChunk, 1, Scheme::ThreeHalves, 0}), party_(party),
+      ot_(std::move(ot)) {
+  if (party != 0 && party != 1) throw std::invalid_argument("GMW party must be 0 (H1) or 1 (H2)");
+  if (!ot_) throw std::invalid_argument("GMW needs a random OT source");
+}
+
+void GmwParty::exchange_gmw_hello() {
+  ch_.set_phase(Phase::Setup);
+  // 20 bytes, like the garbled-circuit hello, so a party of the other backend
+  // reads a whole hello and fails cleanly instead of waiting.
+  struct Hello {
+    char magic[8];
+    uint32_t version, ot_k, source;
+  } mine{}, theirs{};
+  std::memcpy(mine.magic, party_ == 0 ? kHello0 : kHello1, 8);
+  mine.version = kGmwVersion;
+  mine.ot_k = (uint32_t)options_.ot_k;
+  mine.source = fnv1a(ot_->name());
+  static_assert(sizeof(Hello) == 20, "hello layout");
+  ch_.send(&mine, sizeof(mine));
+  ch_.recv(&theirs, sizeof(theirs));
+  if (std::memcmp(theirs.magic, mine.magic, 8) == 0)
+    throw ProtocolError(std::string("both parties are GMW party ") + (party_ == 0 ? "0 (H1)" : "1 (H2)") +
+                        ": one side must run as the " + (party_ == 0 ? "evaluator" : "garbler"));
+  if (std::memcmp(theirs.magic, "SPGCGC-", 7) == 0)
+    throw ProtocolError("backend mismatch: this party runs GMW, the peer the garbled-circuit backend "
+                        "(both servers must use the same backend)");
+  if (std::memcmp(theirs.magic, party_ == 0 ? kHello1 : kHello0, 8) != 0)
+    throw ProtocolError("the peer is not an SPGC GMW party");
+  if (theirs.version != kGmwVersion)
+    throw ProtocolError("GMW protocol version mismatch: " + std::to_string(kGmwVersion) + " here, " +
+                        std::to_string(theirs.version) + " at the peer");
+  if (theirs.source != mine.source || theirs.ot_k != mine.ot_k)
+    throw ProtocolError("random OT mismatch: " + std::string(ot_->name()) + " with ot_k " +
+                        std::to_string(mine.ot_k) + " here, ot_k " + std::to_string(theirs.ot_k) +
+                        " at the peer (both servers must set the same ot_k)");
+}
+
+void GmwParty::setup() {
+  if (ready_) return;
+  exchange_gmw_hello();
+  // Party 0 draws the session id, the hash salt and the input-mask seed.
+  block input_seed;
+  if (party_ == 0) {
+    secure_random(&session_id_, sizeof(session_id_));
+    salt_ = random_block();
+    input_seed = random_block();
+    ch_.send(&session_id_, 8);
+    ch_.send(&salt_, 16);
+    ch_.send(&input_seed, 16);
+    ch_.flush();
+  } else {
+    ch_.recv(&session_id_, 8);
+    ch_.recv(&salt_, 16);
+    ch_.recv(&input_seed, 16);
+  }
+  garbler_input_prg_ = std::make_unique<Prg>(input_seed);
+  ot_->setup(ch_, party_, salt_);
+  ch_.flush();
+  ready_ = true;
+}
+
+void GmwParty::exchange_gmw_header(const Circuit& c, const RunInputs& in) {
+  ch_.set_phase(Phase::Setup);
+  struct Header {
+    char magic[4];
+    uint32_t party;
+    uint32_t run_id;
+    uint32_t and_layers;
+    uint64_t n;
+    uint8_t circuit[32];
+    uint8_t carried[32];
+  } mine{}, theirs{};
+  std::memcpy(mine.magic, "GMWH", 4);
+  mine.party = (uint32_t)party_;
+  mine.run_id = run_id_;
+  mine.and_layers = 0;
+  mine.n = in.n;
+  std::memcpy(mine.circuit, c.digest().data(), 32);
+  auto cd = carried_digest(c, in);
+  std::memcpy(mine.carried, cd.data(), 32);
+  ch_.send(&mine, sizeof(mine));
+  ch_.recv(&theirs, sizeof(theirs));
+  std::string problem;
+  if (std::memcmp(theirs.magic, "GMWH", 4) != 0)
+    problem = "the peer's run header is not a GMW header (out of step or another backend)";
+  else if (theirs.party == mine.party)
+    problem = "both parties run as GMW party " + std::to_string(party_);
+  else if (std::memcmp(mine.circuit, theirs.circuit, 32) != 0)
+    problem = "circuit mismatch: this party runs '" + c.name() + "' (" + hex8(mine.circuit) +
+              "...), the peer a circuit with hash " + hex8(theirs.circuit) + "...";
+  else if (mine.n != theirs.n)
+    problem = "instance count mismatch: " + std::to_string(mine.n) + " here, " +
+              std::to_string(theirs.n) + " at the peer";
+  else if (mine.run_id != theirs.run_id)
+    problem = "run counter mismatch: run " + std::to_string(mine.run_id) + " here, " +
+              std::to_string(theirs.run_id) + " at the peer";
+  else if (std::memcmp(mine.carried, theirs.carried, 32) != 0)
+    problem = "carried inputs differ between the parties (source runs or selected instances)";
+  if (!problem.empty()) throw ProtocolError(problem);
+}
+
+RunOutputs GmwParty::run(const Circuit& c, const RunInputs& in) {
+  if (broken_)
+    throw ProtocolError("this GMW party's link is out of step after a failed run; start a new session");
+  // A Kept of another backend or session is refused before anything is sent.
+  for (size_t p = 0; p < c.inputs().size() && p < in.carried.size(); ++p) {
+    if (c.inputs()[p].owner != InputOwner::Carried || !in.carried[p].source) continue;
+    const KeptLabels& k = *in.carried[p].source;
+    const size_t need = ((size_t)k.width * ((k.n + 63) / 64) + 1) / 2;
+    if (!ready_ || k.session_id != session_id_ || k.labels.size() != need)
+      throw std::invalid_argument("run: carried input '" + c.inputs()[p].name +
+                                  "' was not kept by this GMW party (a garbled-circuit Kept, or "
+                                  "another session's, cannot feed a GMW run)");
+  }
+  check_inputs(c, in, party_ == 0 ? InputOwner::Garbler : InputOwner::Evaluator);
+  setup();
+  try {
+    return run_checked(c, in);
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
+}
+
+RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
+  exchange_gmw_header(c, in);
+  const GmwPlan plan = plan_circuit(c);
+  const size_t n = in.n, W = (n + 63) / 64, row_bytes = (n + 7) / 8;
+  const uint64_t tail = (n & 63) ? (uint64_t(1) << (n & 63)) - 1 : ~uint64_t(0);
+  layers_ = plan.layers;
+
+  // Triples: exactly and_count * n, fresh for this run, each used once below
+  // (AND gate g of instance i takes triple g * n + i) and dropped at the end.
+  BitTriples triples;
+  ch_.set_phase(Phase::OTExtension);
+  generate_triples(*ot_, ch_, (size_t)c.and_count() * n, triples);
+
+  // Inputs: no bytes. Shared masks r from the common stream, the owner adds its bits.
+  ch_.set_phase(Phase::Inputs);
+  std::vector<uint64_t> wires((size_t)plan.slots * W + 1, 0);
+  auto row = [&](uint32_t slot) { return wires.data() + (size_t)slot * W; };
+  const InputOwner self = party_ == 0 ? InputOwner::Garbler : InputOwner::Evaluator;
+  BlockVector masks((W + 1) / 2);
+  for (size_t p = 0; p < c.inputs().size(); ++p) {
+    const InputPort& port = c.inputs()[p];
+    if (port.owner == InputOwner::Carried) {
+      const CarriedInput& src = in.carried[p];
+      const KeptLabels& kept = *src.source;
+      const size_t ws = (kept.n + 63) / 64;
+      const uint64_t* words = reinterpret_cast<const uint64_t*>(kept.labels.data());
+      for (int bit = 0; bit < port.width; ++bit) {
+        uint64_t* dst = row(plan.input_slots[p][bit]);
+        const uint64_t* from = words + (size_t)bit * ws;
+        if (src.indices.empty()) {
+          if (W) std::memcpy(dst, from, W * sizeof(uint64_t));
+        } else {
+          std::memset(dst, 0, W * sizeof(uint64_t));
+          for (size_t i = 0; i < n; ++i) {
+            const uint64_t j = src.indices[i];
+            dst[i >> 6] |= ((from[j >> 6] >> (j & 63)) & 1) << (i & 63);
+          }
+        }
+      }
+      continue;
+    }
+    for (int bit = 0; bit < port.width; ++bit) {
+      uint64_t* dst = row(plan.input_slots[p][bit]);
+      garbler_input_prg_->fill(masks.data(), masks.size());
+      if (W) std::memcpy(dst, masks.data(), W * sizeof(uint64_t));
+      if (W) dst[W - 1] &= tail;
+      if (port.owner == self) {
+        const uint64_t* v = in.values[p];
+        for (size_t i = 0; i < n; ++i) dst[i >> 6] ^= ((v[i] >> bit) & 1) << (i & 63);
+      }
+    }
+  }
+
+  // Gates, stage by stage; one exchange per AND layer.
+  ch_.set_phase(Phase::Tables);
+  Sha256 transcript;
+  std::vector<uint64_t> mine(2 * plan.max_layer * W + 1), ta(W + 1), tb(W + 1), tc(W + 1),
+      pd(W + 1), pe(W + 1);
+  std::vector<uint8_t> out_msg(2 * plan.max_layer * row_bytes), in_msg(out_msg.size());
+  for (const GmwPlan::Stage& st : plan.stages) {
+    for (size_t k = st.local_begin; k < st.local_end; ++k) {
+      const GmwPlan::Op& op = plan.ops[k];
+      const uint64_t* a = row(op.a);
+      uint64_t* out = row(op.out);
+      if (op.op == GateOp::Xor) {
+        const uint64_t* b = row(op.b);
+        for (size_t w = 0; w < W; ++w) out[w] = a[w] ^ b[w];
+      } else if (party_ == 0) {  // NOT: party 0 flips its share
+        for (size_t w = 0; w < W; ++w) out[w] = ~a[w];
+      } else if (out != a) {
+        std::memcpy(out, a, W * sizeof(uint64_t));
+      }
+    }
+    const size_t ands = st.and_end - st.and_begin;
+    if (!ands || !n) continue;
+    // This party's shares of d = x ^ a and e = y ^ b, padding bits cleared.
+    for (size_t j = 0; j < ands; ++j) {
+      const GmwPlan::Op& op = plan.ops[st.and_begin + j];
+      const uint64_t first = (uint64_t)op.and_index * n;
+      extract_row(triples.a.data(), first, n, W, ta.data());
+      extract_row(triples.b.data(), first, n, W, tb.data());
+      const uint64_t* x = row(op.a);
+      const uint64_t* y = row(op.b);
+      uint64_t* d = mine.data() + 2 * j * W;
+      uint64_t* e = d + W;
+      for (size_t w = 0; w < W; ++w) {
+        d[w] = x[w] ^ ta[w];
+        e[w] = y[w] ^ tb[w];
+      }
+      d[W - 1] &= tail;
+      e[W - 1] &= tail;
+      std::memcpy(out_msg.data() + 2 * j * row_bytes, d, row_bytes);
+      std::memcpy(out_msg.data() + (2 * j + 1) * row_bytes, e, row_bytes);
+    }
+    const size_t msg = 2 * ands * row_bytes;
+    ch_.send(out_msg.data(), msg);
+    ch_.recv(in_msg.data(), msg);  // flushes ours first
+    transcript.update(in_msg.data(), msg);
+    for (size_t j = 0; j < ands; ++j) {
+      const GmwPlan::Op& op = plan.ops[st.and_begin + j];
+      const uint64_t first = (uint64_t)op.and_index * n;
+      extract_row(triples.a.data(), first, n, W, ta.data());
+      extract_row(triples.b.data(), first, n, W, tb.data());
+      extract_row(triples.c.data(), first, n, W, tc.data());
+      pd[W - 1] = pe[W - 1] = 0;
+      std::memcpy(pd.data(), in_msg.data() + 2 * j * row_bytes, row_bytes);
+      std::memcpy(pe.data(), in_msg.data() + (2 * j + 1) * row_bytes, row_bytes);
+      const uint64_t* d = mine.data() + 2 * j * W;
+      const uint64_t* e = d + W;
+      uint64_t* z = row(op.out);
+      const uint64_t own = party_ == 0 ? ~uint64_t(0) : 0;
+      for (size_t w = 0; w < W; ++w) {
+        const uint64_t dd = d[w] ^ pd[w], ee = e[w] ^ pe[w];
+        z[w] = tc[w] ^ (dd & tb[w]) ^ (ee & ta[w]) ^ (dd & ee & own);
+      }
+    }
+  }
+  transcript_ = transcript.digest();
+  triples = BitTriples();  // used up: dropped, never reused
+
+  // Outputs: one message each way (shares of what the peer learns, end tag).
+  ch_.set_phase(Phase::Outputs);
+  RunOutputs out;
+  out.values.resize(c.outputs().size());
+  out.kept.resize(c.outputs().size());
+  const Reveal mine_only = party_ == 0 ? Reveal::Garbler : Reveal::Evaluator;
+  const Reveal peer_only = party_ == 0 ? Reveal::Evaluator : Reveal::Garbler;
+  std::vector<uint8_t> send_buf, recv_buf;
+  size_t recv_rows = 0;
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    const Reveal r = c.outputs()[o].reveal;
+    if (r == Reveal::Both || r == peer_only)
+      for (uint32_t slot : plan.output_slots[o]) {
+        uint64_t* src = row(slot);
+        if (W) src[W - 1] &= tail;
+        send_buf.insert(send_buf.end(), reinterpret_cast<uint8_t*>(src),
+                        reinterpret_cast<uint8_t*>(src) + row_bytes);
+      }
+    if (r == Reveal::Both || r == mine_only) recv_rows += plan.output_slots[o].size();
+  }
+  uint8_t tag[8];
+  std::memcpy(tag, kEndTag, 4);
+  std::memcpy(tag + 4, &run_id_, 4);
+  send_buf.insert(send_buf.end(), tag, tag + 8);
+  recv_buf.resize(recv_rows * row_bytes + 8);
+  ch_.send(send_buf.data(), send_buf.size());
+  ch_.recv(recv_buf.data(), recv_buf.size());
+  ch_.flush();
+  if (std::memcmp(recv_buf.data() + recv_rows * row_bytes, tag, 8) != 0)
+    throw ProtocolError("GMW run " + std::to_string(run_id_) +
+                        ": the peer's end-of-run tag is wrong (the parties are out of step)");
+  size_t recv_row = 0;
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    const OutputPort& port = c.outputs()[o];
+    const Reveal r = port.reveal;
+    if (r == Reveal::Keep) {
+      auto kept = std::make_shared<KeptLabels>();
+      kept->session_id = session_id_;
+      kept->run_id = run_id_;
+      kept->port = port.name;
+      kept->width = (int)port.wires.size();
+      kept->n = n;
+      kept->labels.resize(((size_t)kept->width * W + 1) / 2);
+      uint64_t* words = reinterpret_cast<uint64_t*>(kept->labels.data());
+      for (size_t bit = 0; bit < plan.output_slots[o].size(); ++bit)
+        if (W) std::memcpy(words + bit * W, row(plan.output_slots[o][bit]), W * sizeof(uint64_t));
+      out.kept[o] = kept;
+      continue;
+    }
+    const bool learns = r == Reveal::Both || r == Reveal::Shares || r == mine_only;
+    const bool opened = r == Reveal::Both || r == mine_only;
+    if (!learns) continue;
+    std::vector<uint64_t>& v = out.values[o];
+    v.assign(n, 0);
+    for (size_t bit = 0; bit < plan.output_slots[o].size(); ++bit) {
+      uint64_t* share = row(plan.output_slots[o][bit]);
+      if (opened) {
+        pd.assign(W + 1, 0);
+        if (row_bytes) std::memcpy(pd.data(), recv_buf.data() + recv_row * row_bytes, row_bytes);
+        ++recv_row;
+        for (size_t w = 0; w < W; ++w) pd[w] ^= share[w];
+        share = pd.data();
+      }
+      for (size_t i = 0; i < n; ++i) v[i] |= ((share[i >> 6] >> (i & 63)) & 1) << bit;
+    }
+  }
+  ++run_id_;
+  return out;
+}
+
+}  // namespace gc

@@ -1,0 +1,550 @@
+"""The GMW backend runs the same circuit descriptions as the plaintext evaluator, the garbler
+and the evaluator, and gets the same outputs.
+
+Two GmwParty objects (H1 = role "garbler", H2 = role "evaluator") talk over a loopback
+Channel, one of them in a background thread (the engine releases the GIL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import Background
+from test_engine import all_pairs, edge_and_random, gadget_circuit, random_circuit
+
+from garbled_core import (
+    DEFAULT_OT_K,
+    Channel,
+    ChannelError,
+    CircuitBuilder,
+    Evaluator,
+    Garbler,
+    GmwParty,
+    Listener,
+    ProtocolError,
+    _core,
+)
+from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+
+# GMW's messages, from gmw.h / gmw.cpp: hello 20 bytes each way; party 0 then sends the
+# session id, hash salt and input-mask seed (40 bytes); per run a 88-byte header each way and
+# an 8-byte end-of-run tag after the output shares.
+HELLO, SEEDS, HEADER, END_TAG = 20, 40, 88, 8
+P256_POINT = 33  # a compressed point of the Chou-Orlandi base OT
+
+
+class GmwPair:
+    """H1 and H2 GMW parties linked over loopback."""
+
+    def __init__(self, ot_k: int = DEFAULT_OT_K) -> None:
+        listener = Listener("127.0.0.1", 0)
+        accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
+        self.h2_channel = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
+        self.h1_channel = accepting.result()
+        listener.close()
+        self.h1 = GmwParty(self.h1_channel, "garbler", ot_k=ot_k)
+        self.h2 = GmwParty(self.h2_channel, "evaluator", ot_k=ot_k)
+
+    def run(
+        self,
+        circuit: Any,
+        h1_inputs: dict | None = None,
+        h2_inputs: dict | None = None,
+        h1_carried: dict | None = None,
+        h2_carried: dict | None = None,
+        n: int | None = None,
+    ) -> tuple[dict, dict]:
+        side = Background(lambda: self.h1.run(circuit, h1_inputs or {}, h1_carried or {}, n))
+        out2 = self.h2.run(circuit, h2_inputs or {}, h2_carried or {}, n)
+        return side.result(), out2
+
+    def close(self) -> None:
+        self.h1_channel.close()
+        self.h2_channel.close()
+
+
+@pytest.fixture
+def gmw_pair():
+    made: list[GmwPair] = []
+
+    def make(**kw: Any) -> GmwPair:
+        pair = GmwPair(**kw)
+        made.append(pair)
+        return pair
+
+    yield make
+    for pair in made:
+        pair.close()
+
+
+@pytest.mark.parametrize("width", [1, 8, 32, 64])
+def test_every_gadget_equals_plaintext(gmw_pair, width):
+    circuit = gadget_circuit(width)
+    xs, ys = all_pairs(edge_and_random(14, width, 1), edge_and_random(14, width, 2))
+    expected = circuit.evaluate({"x": xs, "y": ys})
+    pair = gmw_pair()
+    out1, out2 = pair.run(circuit, {"x": xs}, {"y": ys})
+    for name, values in expected.items():
+        assert np.array_equal(out1[name], values), name
+        assert np.array_equal(out2[name], values), name
+    # One exchange each way per AND layer: the circuit's AND-depth, at most its AND count.
+    assert 1 <= pair.h1.last_layers == pair.h2.last_layers <= circuit.and_count
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_circuits(gmw_pair, seed):
+    circuit = random_circuit(seed)
+    assert circuit.and_count > 50
+    rng = np.random.default_rng(seed)
+    n = 1000 + seed * 37  # not a multiple of 8 or 64
+    g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+    e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+    expected = circuit.evaluate({"g": g, "e": e})
+    out1, out2 = gmw_pair().run(circuit, {"g": g}, {"e": e})
+    assert np.array_equal(out1["out"], expected["out"])
+    assert np.array_equal(out2["out"], expected["out"])
+    assert np.array_equal(out2["mid"], expected["mid"])
+    assert "mid" not in out1  # revealed to H2 (the "evaluator" role) only
+
+
+def test_small_and_empty_batches(gmw_pair):
+    circuit = random_circuit(4, gates=120)
+    pair = gmw_pair()
+    for n in (1, 7, 64, 65, 0):
+        rng = np.random.default_rng(n)
+        g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+        e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+        expected = circuit.evaluate({"g": g, "e": e}, n=n)
+        out1, out2 = pair.run(circuit, {"g": g}, {"e": e}, n=n)
+        assert np.array_equal(out1["out"], expected["out"]), n
+        assert np.array_equal(out2["mid"], expected["mid"]), n
+    assert pair.h1.runs == pair.h2.runs == 5
+
+
+def test_trial_circuit_of_the_sampler(gmw_pair):
+    params = derive_params(64.0)
+    circuit = build_trial_circuit(params, z_reveal="both")
+    assert circuit.and_count > 300
+    rng = np.random.default_rng(5)
+    n = 300
+    h1_inputs, h2_inputs = {}, {}
+    for name, owner, width in circuit.inputs:
+        values = rng.integers(0, 1 << width, n, dtype=np.uint64)
+        (h1_inputs if owner == "garbler" else h2_inputs)[name] = values
+    expected = circuit.evaluate({**h1_inputs, **h2_inputs})
+    pair = gmw_pair()
+    out1, out2 = pair.run(circuit, h1_inputs, h2_inputs)
+    for name in ("accept", "z"):
+        assert np.array_equal(out1[name], expected[name]), name
+        assert np.array_equal(out2[name], expected[name]), name
+    assert 0 < expected["accept"].sum() < n  # both branches of the sampler exercised
+    assert pair.h1.last_layers > 10  # ripple-carry arithmetic: many AND layers
+
+
+def reveal_circuit():
+    b = CircuitBuilder("reveal")
+    x = b.input("x", owner="garbler", width=16)
+    y = b.input("y", owner="evaluator", width=16)
+    s = b.add(x, y)
+    b.output("both", s, reveal="both")
+    b.output("to_garbler", b.xor(x, y), reveal="garbler")
+    b.output("to_evaluator", b.sub(x, y), reveal="evaluator")
+    b.output("shared", s, reveal="shares")
+    b.output("shared_input", x, reveal="shares")
+    return b.build()
+
+
+def test_reveal_modes_and_fresh_triples_per_run(gmw_pair):
+    circuit = reveal_circuit()
+    rng = np.random.default_rng(7)
+    xs = rng.integers(0, 1 << 16, 3001, dtype=np.uint64)
+    ys = rng.integers(0, 1 << 16, 3001, dtype=np.uint64)
+    expected = circuit.evaluate({"x": xs, "y": ys})
+    pair = gmw_pair()
+    out1, out2 = pair.run(circuit, {"x": xs}, {"y": ys})
+    assert sorted(out1) == ["both", "shared", "shared_input", "to_garbler"]
+    assert sorted(out2) == ["both", "shared", "shared_input", "to_evaluator"]
+    assert np.array_equal(out1["both"], expected["both"])
+    assert np.array_equal(out2["both"], expected["both"])
+    assert np.array_equal(out1["to_garbler"], expected["to_garbler"])
+    assert np.array_equal(out2["to_evaluator"], expected["to_evaluator"])
+    for name in ("shared", "shared_input"):
+        assert np.array_equal(out1[name] ^ out2[name], expected[name]), name
+        # A share alone is masked: an input's share too (the mask stream, not zero).
+        assert not np.array_equal(out1[name], expected[name]), name
+        assert not np.array_equal(out2[name], np.zeros_like(out2[name])), name
+    first = (pair.h1.last_transcript, pair.h2.last_transcript, out1["shared"].copy())
+
+    # The same inputs again: same outputs, but new triples, so new openings and new shares.
+    again1, again2 = pair.run(circuit, {"x": xs}, {"y": ys})
+    assert np.array_equal(again1["both"], expected["both"])
+    assert np.array_equal(again1["shared"] ^ again2["shared"], expected["shared"])
+    assert pair.h1.last_transcript != first[0]
+    assert pair.h2.last_transcript != first[1]
+    assert not np.array_equal(again1["shared"], first[2])
+
+
+def test_keep_then_carry_selected_instances(gmw_pair):
+    """Stage 1 reveals an accept bit and keeps a value as shares; stage 2 continues from the
+    accepted instances only (the noise sampler's pattern)."""
+    b1 = CircuitBuilder("stage1")
+    x = b1.input("x", owner="garbler", width=24)
+    y = b1.input("y", owner="evaluator", width=24)
+    total = b1.add(x, y)
+    b1.output("accept", total[0], reveal="both")
+    b1.output("total", total, reveal="keep")
+    stage1 = b1.build()
+    b2 = CircuitBuilder("stage2")
+    t = b2.input("total", owner="carried", width=24)
+    z = b2.input("z", owner="evaluator", width=24)
+    b2.output("result", b2.add(b2.mul_const(t, 3, 24), z))
+    b2.output("again", t, reveal="keep")
+    stage2 = b2.build()
+    b3 = CircuitBuilder("stage3")
+    b3.output("t", b3.input("t", owner="carried", width=24), reveal="both")
+    stage3 = b3.build()
+
+    rng = np.random.default_rng(11)
+    n = 2000
+    xs = rng.integers(0, 1 << 24, n, dtype=np.uint64)
+    ys = rng.integers(0, 1 << 24, n, dtype=np.uint64)
+    pair = gmw_pair()
+    g1, e1 = pair.run(stage1, {"x": xs}, {"y": ys})
+    assert np.array_equal(g1["accept"], e1["accept"])
+    assert g1["total"].n == n and g1["total"].width == 24
+    accepted = np.flatnonzero(e1["accept"]).astype(np.uint64)
+    chosen = accepted[::-1].copy()  # any order, not only increasing
+    zs = rng.integers(0, 1 << 24, len(chosen), dtype=np.uint64)
+    g2, e2 = pair.run(
+        stage2,
+        h2_inputs={"z": zs},
+        h1_carried={"total": g1["total"].select(chosen)},
+        h2_carried={"total": e1["total"].select(chosen)},
+    )
+    totals = (xs + ys) & np.uint64((1 << 24) - 1)
+    want = (totals[chosen] * np.uint64(3) + zs) & np.uint64((1 << 24) - 1)
+    assert np.array_equal(e2["result"], want)
+    assert np.array_equal(g2["result"], want)
+    # A Kept of a run that itself carried (a whole Kept, no selection) chains on.
+    g3, e3 = pair.run(stage3, h1_carried={"t": g2["again"]}, h2_carried={"t": e2["again"]})
+    assert np.array_equal(g3["t"], totals[chosen])
+    assert np.array_equal(e3["t"], totals[chosen])
+
+
+def test_kept_values_do_not_cross_backends(gmw_pair, two_party):
+    b1 = CircuitBuilder("keep")
+    b1.output("v", b1.input("x", owner="garbler", width=8), reveal="keep")
+    keep = b1.build()
+    b2 = CircuitBuilder("use")
+    b2.output("v", b2.input("v", owner="carried", width=8))
+    use = b2.build()
+    xs = np.arange(100, dtype=np.uint64)
+    gc_pair = two_party()
+    gc_g, gc_e = gc_pair.run(keep, {"x": xs}, n=100)
+    gmw = gmw_pair()
+    gmw_1, gmw_2 = gmw.run(keep, {"x": xs}, n=100)
+    # Refused before anything is sent, on each side, so both links stay usable.
+    with pytest.raises(ValueError, match="not kept by this GMW party"):
+        gmw.h1.run(use, {}, {"v": gc_g["v"]})
+    with pytest.raises(ValueError, match="not kept by this GMW party"):
+        gmw.h2.run(use, {}, {"v": gc_e["v"].select(np.arange(10, dtype=np.uint64))})
+    with pytest.raises(ValueError, match="another session"):
+        gc_pair.garbler.run(use, {}, {"v": gmw_1["v"]})
+    with pytest.raises(ValueError, match="another session"):
+        gc_pair.evaluator.run(use, {}, {"v": gmw_2["v"]})
+    out1, out2 = gmw.run(use, h1_carried={"v": gmw_1["v"]}, h2_carried={"v": gmw_2["v"]})
+    assert np.array_equal(out1["v"], xs) and np.array_equal(out2["v"], xs)
+    out_g, out_e = gc_pair.run(
+        use, garbler_carried={"v": gc_g["v"]}, evaluator_carried={"v": gc_e["v"]}
+    )
+    assert np.array_equal(out_g["v"], xs) and np.array_equal(out_e["v"], xs)
+
+
+def add_sub_circuits():
+    b1 = CircuitBuilder("one")
+    b1.output(
+        "y",
+        b1.add(b1.input("x", owner="garbler", width=8), b1.input("y", owner="evaluator", width=8)),
+    )
+    b2 = CircuitBuilder("two")
+    b2.output(
+        "y",
+        b2.sub(b2.input("x", owner="garbler", width=8), b2.input("y", owner="evaluator", width=8)),
+    )
+    return b1.build(), b2.build()
+
+
+def test_circuit_mismatch_fails_on_both_sides(gmw_pair):
+    c1, c2 = add_sub_circuits()
+    pair = gmw_pair()
+    xs = np.arange(10, dtype=np.uint64)
+    side = Background(lambda: pair.h1.run(c1, {"x": xs}))
+    with pytest.raises(ProtocolError, match="circuit mismatch"):
+        pair.h2.run(c2, {"y": xs})
+    with pytest.raises(ProtocolError, match="circuit mismatch"):
+        side.result()
+    # The failed run leaves the link out of step: later runs are refused, not misread.
+    with pytest.raises(ProtocolError, match="out of step"):
+        pair.h2.run(c1, {"y": xs})
+
+
+def test_instance_count_and_role_mismatch(gmw_pair):
+    c1, _ = add_sub_circuits()
+    pair = gmw_pair()
+    side = Background(lambda: pair.h1.run(c1, {"x": np.arange(10, dtype=np.uint64)}))
+    with pytest.raises(ProtocolError, match="instance count mismatch"):
+        pair.h2.run(c1, {"y": np.arange(11, dtype=np.uint64)})
+    with pytest.raises(ProtocolError, match="instance count mismatch"):
+        side.result()
+    listener = Listener("127.0.0.1", 0)
+    accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
+    a = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
+    b = accepting.result()
+    listener.close()
+    try:
+        side = Background(lambda: GmwParty(a, "garbler").setup())
+        with pytest.raises(ProtocolError, match="both parties are GMW party 0"):
+            GmwParty(b, "garbler").setup()
+        with pytest.raises(ProtocolError, match="both parties are GMW party 0"):
+            side.result()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_garbled_circuit_peer_is_refused_at_setup(gmw_pair):
+    pair = gmw_pair()
+    side = Background(lambda: Evaluator(pair.h2_channel).setup())
+    with pytest.raises(ProtocolError, match="backend mismatch"):
+        pair.h1.setup()
+    with pytest.raises(ProtocolError, match="not an SPGC garbled-circuit garbler"):
+        side.result()
+
+
+def honest_header(circuit, n: int, run_id: int = 0) -> bytes:
+    """H2's run header as gmw.cpp writes it (no carried inputs)."""
+    return struct.pack(
+        "<4sIIIQ32s32s",
+        b"GMWH",
+        1,
+        run_id,
+        0,
+        n,
+        bytes.fromhex(circuit.hash),
+        hashlib.sha256(b"").digest(),
+    )
+
+
+def test_peer_closing_mid_run_is_a_clean_error(gmw_pair):
+    """H2 completes setup and a valid run header, sends part of its triple stream, then
+    closes: H1 fails with a ChannelError, it never returns outputs."""
+    c1, _ = add_sub_circuits()
+    assert len(honest_header(c1, 1000)) == HEADER
+    pair = gmw_pair()
+    side = Background(pair.h2.setup)
+    pair.h1.setup()
+    side.result()
+    xs = np.arange(1000, dtype=np.uint64) & np.uint64(255)
+    honest = Background(lambda: pair.h1.run(c1, {"x": xs}))
+    pair.h2_channel.send(honest_header(c1, 1000))
+    assert pair.h2_channel.recv(HEADER)[:4] == b"GMWH"  # H1 accepted and sent its own
+    pair.h2_channel.send(b"\x00" * 100)  # a short piece of the triple stream
+    pair.h2_channel.close()
+    with pytest.raises(ChannelError):
+        honest.result()
+
+
+def test_garbage_header_is_a_protocol_error(gmw_pair):
+    c1, _ = add_sub_circuits()
+    pair = gmw_pair()
+    side = Background(pair.h2.setup)
+    pair.h1.setup()
+    side.result()
+    honest = Background(lambda: pair.h1.run(c1, {"x": np.arange(5, dtype=np.uint64)}))
+    pair.h2_channel.send(b"\xff" * HEADER)
+    pair.h2_channel.flush()
+    with pytest.raises(ProtocolError, match="not a GMW header"):
+        honest.result()
+
+
+def test_triples_from_random_ot_are_correct_and_fresh(gmw_pair):
+    """The triple generator alone, through the SoftSpoken ROT source: c0 ^ c1 = (a0 ^ a1) &
+    (b0 ^ b1) for every triple, each share looks uniform, and every batch is new. 2.2 M triples
+    take three steps of 2^20 (the sender half of a step runs one step behind its receiver
+    half)."""
+    counts = [1, 5000, 5000, 2_200_000]
+    pair = gmw_pair()
+    side = Background(lambda: _core._gmw_triples(pair.h1_channel, 0, counts))
+    mine = _core._gmw_triples(pair.h2_channel, 1, counts)
+    theirs = side.result()
+
+    def bits(words: np.ndarray, count: int) -> np.ndarray:
+        return np.unpackbits(words.view(np.uint8), bitorder="little")[:count]
+
+    seen = []
+    for count, t0, t1 in zip(counts, theirs, mine, strict=True):
+        a0, b0, c0 = (bits(w, count) for w in t0)
+        a1, b1, c1 = (bits(w, count) for w in t1)
+        assert np.array_equal(c0 ^ c1, (a0 ^ a1) & (b0 ^ b1)), count
+        if count >= 5000:
+            for share in (a0, b0, c0, a1, b1, c1):
+                assert abs(share.mean() - 0.5) < 0.05, count
+            seen.append(np.concatenate([a0[:5000], b0[:5000], c0[:5000]]))
+    for i in range(len(seen)):
+        for j in range(i):
+            assert not np.array_equal(seen[i], seen[j])  # never the same triples twice
+
+
+def test_bytes_per_and_gate(gmw_pair):
+    """Exact bytes per phase, and the figure per AND gate per instance.
+
+    Online (phase "tables"): each party sends its shares of d and e, 2 bits per AND gate per
+    instance. Triples (phase "ot_extension"): 2 random OTs per triple, one in each direction,
+    so each party receives one ROT per AND gate per instance and sends its SoftSpoken
+    corrections for it: ceil(128 / k) - 1 chunks, i.e. 18 bits at k = 7 (the first chunk is
+    free with random choices). Per party sent: 2 + 18 = 20 bits = 2.5 bytes per AND per
+    instance at k = 7 (both directions together 5 bytes; three-halves garbling: 24.625).
+    """
+    b = CircuitBuilder("bytes")
+    a = b.input("a", owner="garbler", width=32)
+    x = b.input("b", owner="evaluator", width=32)
+    d = b.sub(a, x)
+    b.output("y", b.mux(b.lt_signed(d, a), d, a), reveal="both")
+    b.output("flag", b.eq(a, x), reveal="garbler")
+    b.output("s", d, reveal="shares")
+    circuit = b.build()
+    n = 1024  # n * AND count a multiple of 128: no padding of the last OT batch
+    rng = np.random.default_rng(3)
+    av = rng.integers(0, 1 << 32, n, dtype=np.uint64)
+    bv = rng.integers(0, 1 << 32, n, dtype=np.uint64)
+    pair = gmw_pair()
+    out1, out2 = pair.run(circuit, {"a": av}, {"b": bv})
+    plain = circuit.evaluate({"a": av, "b": bv})
+    assert np.array_equal(out2["y"], plain["y"]) and np.array_equal(out1["flag"], plain["flag"])
+
+    ands = circuit.and_count
+    chunks = -(-128 // DEFAULT_OT_K)
+    ggm = 2 * (128 - chunks) * 16
+    rots = -(-(ands * n) // 128) * 128
+    rows = -(-n // 8)
+    want = {
+        "h1": {
+            "setup": HELLO + SEEDS + HEADER,
+            "base_ot": 128 * P256_POINT + P256_POINT + ggm,
+            "ot_extension": (chunks - 1) * rots // 8,
+            "tables": 2 * ands * rows,
+            "inputs": 0,
+            "outputs": 32 * rows + END_TAG,  # y to H2
+        },
+        "h2": {
+            "setup": HELLO + HEADER,
+            "base_ot": 128 * P256_POINT + P256_POINT + ggm,
+            "ot_extension": (chunks - 1) * rots // 8,
+            "tables": 2 * ands * rows,
+            "inputs": 0,
+            "outputs": (32 + 1) * rows + END_TAG,  # y and flag to H1
+        },
+    }
+    got = {"h1": pair.h1_channel.counters(), "h2": pair.h2_channel.counters()}
+    other = {"h1": "h2", "h2": "h1"}
+    for who, phases in want.items():
+        for phase, count in phases.items():
+            assert got[who][phase]["sent"] == count, (who, phase)
+            assert got[other[who]][phase]["received"] == count, (who, phase)
+    per_and = (got["h1"]["tables"]["sent"] + got["h1"]["ot_extension"]["sent"]) / (ands * n)
+    print(f"GMW bytes per AND gate per instance, per party sent (k={DEFAULT_OT_K}): {per_and}")
+    assert per_and == (2 + (chunks - 1)) / 8 == 2.5
+    # Round trips: one per AND layer, far fewer layers than AND gates.
+    assert pair.h1.last_layers < ands
+
+
+def silent_pair(gmw_pair) -> GmwPair:
+    pair = gmw_pair()
+    pair.h1 = GmwParty(pair.h1_channel, "garbler", ot="silent-test-only")
+    pair.h2 = GmwParty(pair.h2_channel, "evaluator", ot="silent-test-only")
+    return pair
+
+
+def test_triples_from_silent_ot(gmw_pair):
+    """The same backend on silent random OTs (Ferret's code, silent_ot.h, at its INSECURE test
+    size): outputs equal the plaintext ones, runs get fresh triples, and after setup each party
+    sends only the trees of the Ferret iterations its ROTs need, ceil(ROTs / usable) of them,
+    17,408 bytes each at this size (Ferret's real set: 569,808 bytes per 9.6 M ROTs)."""
+    circuit = random_circuit(2)
+    pair = silent_pair(gmw_pair)
+    side = Background(pair.h1.setup)
+    pair.h2.setup()
+    side.result()
+    pair.h1_channel.reset_counters()
+    pair.h2_channel.reset_counters()
+    rng = np.random.default_rng(9)
+    n = 2000
+    g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+    e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+    expected = circuit.evaluate({"g": g, "e": e})
+    out1, out2 = pair.run(circuit, {"g": g}, {"e": e})
+    assert np.array_equal(out1["out"], expected["out"])
+    assert np.array_equal(out2["mid"], expected["mid"])
+    rots = -(-(circuit.and_count * n) // 128) * 128
+    usable, tree_bytes = 16384 - (2048 + 64 * 8), 64 * (2 * 8 + 1) * 16
+    for ch in (pair.h1_channel, pair.h2_channel):
+        assert ch.counters()["ot_extension"]["sent"] == -(-rots // usable) * tree_bytes
+        assert ch.counters()["tables"]["sent"] == 2 * circuit.and_count * -(-n // 8)
+    first = pair.h1.last_transcript
+    again1, again2 = pair.run(circuit, {"g": g}, {"e": e})
+    assert np.array_equal(again1["out"], expected["out"])
+    assert np.array_equal(again2["mid"], expected["mid"])
+    assert pair.h1.last_transcript != first
+
+
+def test_random_ot_sources_must_match(gmw_pair):
+    pair = gmw_pair()
+    silent = GmwParty(pair.h2_channel, "evaluator", ot="silent-test-only")
+    side = Background(pair.h1.setup)
+    with pytest.raises(ProtocolError, match="random OT mismatch"):
+        silent.setup()
+    with pytest.raises(ProtocolError, match="random OT mismatch"):
+        side.result()
+
+
+def test_gc_backend_still_matches(two_party):
+    """The same description through the garbled-circuit backend gives the GMW outputs."""
+    circuit = random_circuit(6, gates=200)
+    rng = np.random.default_rng(6)
+    g = rng.integers(0, 1 << 13, 500, dtype=np.uint64)
+    e = rng.integers(0, 1 << 11, 500, dtype=np.uint64)
+    out_g, out_e = two_party().run(circuit, {"g": g}, {"e": e})
+    pair = GmwPair()
+    try:
+        out1, out2 = pair.run(circuit, {"g": g}, {"e": e})
+    finally:
+        pair.close()
+    assert np.array_equal(out_g["out"], out1["out"])
+    assert np.array_equal(out_e["mid"], out2["mid"])
+
+
+def test_bad_arguments():
+    listener = Listener("127.0.0.1", 0)
+    accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
+    ch = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
+    other = accepting.result()
+    listener.close()
+    try:
+        with pytest.raises(ValueError, match="role"):
+            GmwParty(ch, "h3")
+        with pytest.raises(ValueError, match="ot_k"):
+            GmwParty(ch, "garbler", ot_k=0)
+        party = GmwParty(ch, "garbler")
+        c1, _ = add_sub_circuits()
+        with pytest.raises(ValueError, match="belongs to the evaluator"):
+            party.run(c1, {"y": np.arange(3, dtype=np.uint64)})
+        with pytest.raises(ValueError, match="missing input 'x'"):
+            party.run(c1, {}, n=3)
+        assert Garbler is not None  # the gc classes stay exported beside GmwParty
+    finally:
+        ch.close()
+        other.close()
