@@ -37,7 +37,7 @@ from garbled_core.discrete_gaussian import (
     derive_params,
 )
 from spgc.lanes import lane_ranges, run_lanes
-from spgc.modes import MODES
+from spgc.modes import BACKENDS, MODES
 from spgc.noise import (
     RoundResult,
     SamplerStats,
@@ -57,6 +57,7 @@ from spgc.servers.spgc_circuit import (
 from spgc.sharing import ring_mask
 
 __all__ = [
+    "BACKENDS",
     "CIRCUIT_MODES",
     "ROLES",
     "PartyLink",
@@ -169,12 +170,19 @@ class PartyLink:
         chunk: int | None = None,
         scheme: str = "threehalves",
         ot_k: int = garbled_core.DEFAULT_OT_K,
+        backend: str = "gc",
     ) -> PartyLink:
-        """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run);
-        ``scheme`` garbles AND gates (``threehalves`` or ``halfgates``), ``ot_k`` picks the OT
-        extension (SoftSpoken k, 0 for IKNP); both the same on both sides: the engine's hello
-        refuses a mismatch."""
+        """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run).
+        ``backend`` ``gc``: a garbler or evaluator session; ``scheme`` garbles AND gates
+        (``threehalves`` or ``halfgates``), ``ot_k`` picks the OT extension (SoftSpoken k, 0 for
+        IKNP). ``gmw``: a GMW party whose Beaver triples come from silent OT (Ferret), which
+        runs the same circuits and returns the same outputs. Both sides must choose the same:
+        the engine's hello refuses a mismatch."""
         role = _check_role(role)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+        if backend == "gmw":
+            return cls(role, channel, garbled_core.GmwParty(channel, role, ot="silent"))
         party = garbled_core.Garbler if role == "garbler" else garbled_core.Evaluator
         kwargs: dict[str, Any] = {"scheme": scheme, "ot_k": ot_k}
         if chunk is not None:

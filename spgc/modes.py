@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ADAPTIVE_CLIP_MODES",
+    "BACKENDS",
     "BASELINES",
     "MODES",
     "NOISY_MODES",
@@ -91,3 +92,14 @@ def get_mode(name: str) -> Mode:
         return MODES[name]
     except KeyError:
         raise ValueError(f"unknown mode {name!r}; choose from {', '.join(MODES)}") from None
+
+
+#: How the two servers evaluate a round's circuits (the same circuit descriptions either way):
+#: ``gc`` garbles them (three-halves, about 24.6 bytes per AND gate, a constant number of round
+#: trips), ``gmw`` evaluates XOR shares with Boolean Beaver triples from silent OT (well under a
+#: byte per AND gate, one round trip per AND layer of the circuit). docs/ENGINE.md.
+BACKENDS: dict[str, str] = {
+    "gc": "garbled circuits (three-halves): bytes per AND gate, constant round trips",
+    "gmw": "GMW, Beaver triples from silent OT (Ferret): under a byte per AND, a round trip "
+    "per AND layer",
+}

@@ -154,6 +154,10 @@ void bind_gmw(py::module_& m) {
       }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
       .def_property_readonly("runs", &gc::GmwParty::runs)
       .def_property_readonly("role", [](const gc::GmwParty& s) { return s.party() == 0 ? "garbler" : "evaluator"; })
+      .def_property_readonly("triples_used", &gc::GmwParty::triples_used,
+                             "Beaver triples consumed over every run so far (AND gates x instances).")
+      .def_property_readonly("layers_used", &gc::GmwParty::layers_used,
+                             "AND-layer exchanges (round trips) over every run so far.")
       .def_property_readonly("last_layers", &gc::GmwParty::last_layers,
                              "AND layers (one exchange each way) of the last run: its AND-depth.")
       .def_property_readonly("last_transcript", [](const gc::GmwParty& s) {

@@ -547,6 +547,8 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
   BitTriples triples;
   ch_.set_phase(Phase::OTExtension);
   generate_triples(*ot_, ch_, (size_t)c.and_count() * n, triples);
+  triples_used_ += (uint64_t)c.and_count() * n;
+  layers_used_ += plan.layers;
 
   // Inputs: no bytes. Shared masks r from the common stream, the owner adds its bits.
   ch_.set_phase(Phase::Inputs);

@@ -37,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
+from garbled_core import _core
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc import accounting
 from spgc.app.bench_comm_report import format_table, notes, write_plot
-from spgc.app.bench_sampler import party_links, two_party
+from spgc.app.bench_sampler import add_backend_option, party_links, two_party
 from spgc.app.bench_scale import init_local_ray, start_worker_pairs, workers_peak_rss_mb
 from spgc.app.paper_workloads import (
     DATASETS,
@@ -56,7 +57,7 @@ from spgc.config import ServerConfig
 from spgc.encoding import FixedPointConfig
 from spgc.lanes import MAX_LANES
 from spgc.models import parameter_count, resolve_model, trainable_count
-from spgc.modes import get_mode
+from spgc.modes import BACKENDS, get_mode
 from spgc.noise import noise_bound_units, sample_discrete_gaussian
 from spgc.progress import Progress
 from spgc.servers.coordinator import dng_exchange
@@ -123,6 +124,10 @@ class CommContext:
     table_lambda: int = PAPER_TABLE_LAMBDA
     model: str = ""  # the model measured ("": the dataset's own)
     model_parameters: int = 0  # its whole parameter count, frozen ones included
+    backend: str = "gc"  # spgc.modes.BACKENDS
+    # gmw: the bytes on the wire of the last run, before the OT phase was amortised.
+    last_measured_bytes: int = 0
+    last_round_trips: int = 0  # gmw: AND-layer exchanges of the last run
 
 
 @dataclass
@@ -206,11 +211,35 @@ def _run_pair(
     links = ctx.table_links if table and ctx.table_links is not None else ctx.links
     assert links is not None
     before = _both_counters(links)
+    used = _gmw_usage(links)
     seconds, wire, value = two_party(links, fn_g, fn_e)
     phases = _sent_by_phase(before, _both_counters(links))
     if sum(phases.values()) != wire:  # the two ways of counting must agree
         raise RuntimeError(f"phase counters ({sum(phases.values())}) != total sent ({wire})")
+    ctx.last_measured_bytes = wire
+    if ctx.backend == "gmw":
+        now = _gmw_usage(links)
+        triples, layers = now[0] - used[0], now[1] - used[1]
+        ctx.last_round_trips = layers
+        phases = _amortised_ot(phases, triples)
     return seconds, phases, value
+
+
+def _gmw_usage(links: tuple[Any, Any]) -> tuple[int, int]:
+    """(triples, AND-layer exchanges) H1's GMW party has used so far; (0, 0) for gc."""
+    session = links[0].session
+    return int(getattr(session, "triples_used", 0)), int(getattr(session, "layers_used", 0))
+
+
+def _amortised_ot(phases: dict[str, int], triples: int) -> dict[str, int]:
+    """gmw's OT phase at its steady-state cost: silent OT sends one message of a whole LPN
+    iteration (about 10 million OTs) at once, so a run's measured OT bytes are either 0 (the OTs
+    were buffered) or a whole iteration. Each Beaver triple takes one random OT each way, so the
+    run's share is 2 x triples x the silent set's bits per OT after setup."""
+    bits_per_ot = float(_core._silent_ot_params()["bits_per_ot"])
+    out = dict(phases)
+    out["ot_extension"] = math.ceil(2 * triples * bits_per_ot / 8)
+    return {k: v for k, v in out.items() if v}
 
 
 def _random_shares(n: int, ring_bits: int) -> np.ndarray:
@@ -229,7 +258,13 @@ def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
         return lambda link: run_aggregate(role, link, shares, None, None, ctx.ring_bits, "only-mpc")
 
     seconds, phases, _ = _run_pair(ctx, party("garbler"), party("evaluator"))
-    return Measurement(n, phases, seconds, float(reconstruct_circuit(ctx.ring_bits).and_count))
+    and_gates = float(reconstruct_circuit(ctx.ring_bits).and_count)
+    return Measurement(n, phases, seconds, and_gates, _gmw_extra(ctx))
+
+
+def _gmw_extra(ctx: CommContext) -> dict[str, Any]:
+    """gmw's round trips of the measured round (its AND layers, one exchange each way each)."""
+    return {"round_trips": ctx.last_round_trips} if ctx.backend == "gmw" else {}
 
 
 def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
@@ -241,6 +276,7 @@ def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
     seconds, phases, (_, info) = _run_pair(ctx, party("garbler"), party("evaluator"))
     extra = {"rounds": info["rounds"], "trials_per_coordinate": info["trials"] / n}
+    extra.update(_gmw_extra(ctx))
     return Measurement(n, phases, seconds, info["and_gates"] / n, extra)
 
 
@@ -424,6 +460,12 @@ def _warm_up(ctx: CommContext) -> None:
     """Session setup (hello, base OTs) outside the measurements; its bytes are measured as the
     difference of the first and the second identical run."""
     first = _measure_only_mpc(ctx, 0.0, 8).total
+    if ctx.backend == "gmw":
+        # Everything the first run sent beyond its amortised work: the silent OT's setup and
+        # its first LPN iteration (whose OTs later runs are charged for again: an overstatement
+        # of 570 KB per session).
+        ctx.session_setup_bytes = ctx.last_measured_bytes - first
+        return
     second = _measure_only_mpc(ctx, 0.0, 8).total
     ctx.session_setup_bytes = first - second
 
@@ -625,6 +667,7 @@ def run(
     as_json: bool = False,
     plot: Path | None = None,
     model: str = "",
+    backend: str = "gc",
 ) -> int:
     """Run the benchmark; the table goes to stdout (stderr with ``as_json``), JSON to stdout.
     Returns the exit code; BenchCommError (a ValueError) for bad input."""
@@ -638,16 +681,26 @@ def run(
         raise BenchCommError(f"--workers must be in 1..{MAX_LANES}, got {workers}")
     if chunk is not None and chunk < 1:
         raise BenchCommError(f"--chunk must be at least 1, got {chunk}")
+    if backend not in BACKENDS:
+        raise BenchCommError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend != "gc" and workers > 1:
+        raise BenchCommError(
+            f"--workers {workers} runs the circuits on Ray worker pairs, which run backend gc "
+            f"only so far; use --workers 1 with --backend {backend}"
+        )
     if table_coordinates is not None and table_coordinates < 4:
         raise BenchCommError(f"--table-coordinates must be at least 4, got {table_coordinates}")
     ctx = make_context(dataset, model=model)
+    ctx.backend = backend
     out = sys.stderr if as_json else sys.stdout
     _progress(f"bench comm: {_what(ctx)}, modes {', '.join(modes)}")
     actors: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="spgc-bench-comm-") as tmp:
-        ctx.links = party_links(chunk, Path(tmp, "main") if tls else None)
+        ctx.links = party_links(chunk, Path(tmp, "main") if tls else None, backend)
         if "table16" in modes:
-            ctx.table_links = party_links(TABLE_CHUNK, Path(tmp, "table") if tls else None)
+            ctx.table_links = party_links(
+                TABLE_CHUNK, Path(tmp, "table") if tls else None, backend
+            )
         try:
             if workers > 1:
                 try:
@@ -690,10 +743,11 @@ def run(
             ctx.links = ctx.table_links = None
     for row in rows:
         row["workers"] = workers
+        row["backend"] = backend
     link_kind = "TLS 1.3" if tls else "plaintext TCP"
     where = f", circuits on {workers} Ray worker pairs" if workers > 1 else ""
     header = (
-        f"{_what(ctx)}, delta = {delta:g}, {calibration} calibration, "
+        f"{_what(ctx)}, delta = {delta:g}, {calibration} calibration, backend {backend}, "
         f"two-party over loopback ({link_kind}{where})"
     )
     print(format_table(rows, header), file=out)
@@ -792,6 +846,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="run the circuits on K worker pairs of a local Ray cluster (extra spgc[ray]), as "
         "servers with workers: K do (default: 1, in this process)",
     )
+    add_backend_option(p)
     p.add_argument("--json", action="store_true", help="JSON list on stdout (table to stderr)")
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="write a PNG plot")
     return p
@@ -814,6 +869,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         as_json=args.json,
         plot=args.plot,
         model=args.model,
+        backend=args.backend,
     )
 
 

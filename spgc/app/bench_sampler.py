@@ -27,6 +27,7 @@ import numpy as np
 import garbled_core as gc
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params, theta
 from spgc.certs import make_dev_pki
+from spgc.modes import BACKENDS
 from spgc.progress import Progress
 from spgc.servers.gc_party import PartyLink, run_sampler
 from spgc.servers.spgc_circuit import (
@@ -82,10 +83,15 @@ def loopback_channels(tls_dir: Path | None) -> tuple[Any, Any]:
     return ch_g, ch_e
 
 
-def party_links(chunk: int | None, tls_dir: Path | None) -> tuple[Any, Any]:
-    """Garbler and evaluator links over :func:`loopback_channels`."""
+def party_links(
+    chunk: int | None, tls_dir: Path | None, backend: str = "gc"
+) -> tuple[Any, Any]:
+    """H1's and H2's links over :func:`loopback_channels`, sessions of ``backend``."""
     ch_g, ch_e = loopback_channels(tls_dir)
-    return PartyLink.open("garbler", ch_g, chunk), PartyLink.open("evaluator", ch_e, chunk)
+    return (
+        PartyLink.open("garbler", ch_g, chunk, backend=backend),
+        PartyLink.open("evaluator", ch_e, chunk, backend=backend),
+    )
 
 
 def _sent(counters: dict[str, dict[str, int]]) -> int:
@@ -223,6 +229,7 @@ def run(
     chunk: int | None = None,
     tls: bool = False,
     as_json: bool = False,
+    backend: str = "gc",
     distance_log2: float = -64.0,
     table_lambda: int | None = None,
 ) -> int:
@@ -233,7 +240,7 @@ def run(
     rows: list[dict[str, Any]] = []
     out = sys.stderr if as_json else sys.stdout
     with tempfile.TemporaryDirectory(prefix="spgc-bench-sampler-") as tmp:
-        links = party_links(chunk, Path(tmp) if tls else None)
+        links = party_links(chunk, Path(tmp) if tls else None, backend)
         bar = Progress(len(sigmas), "sigmas", desc="bench sampler", lines=False)
         try:
             for i, sigma in enumerate(sigmas, 1):
@@ -247,8 +254,13 @@ def run(
             bar.close()
             for link in links:
                 link.channel.close()
+    for row in rows:
+        row["backend"] = backend
     link_kind = "TLS 1.3" if tls else "plaintext TCP"
-    print(f"two-party over loopback ({link_kind}), {samples} samples per sigma", file=out)
+    print(
+        f"two-party over loopback ({link_kind}), backend {backend}, {samples} samples per sigma",
+        file=out,
+    )
     print(format_table(rows), file=out)
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -295,10 +307,21 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="also run the paper's table sampler with 2^LAMBDA entries (NOT DP)",
     )
     p.add_argument("--tls", action="store_true", help="TLS 1.3 link with a throwaway dev PKI")
+    add_backend_option(p)
     p.add_argument(
         "--json", action="store_true", help="print a JSON list on stdout (the table goes to stderr)"
     )
     return p
+
+
+def add_backend_option(p: argparse.ArgumentParser) -> None:
+    """``--backend gc|gmw``: how the two parties evaluate the circuits (spgc.modes.BACKENDS)."""
+    p.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default="gc",
+        help="gc: garbled circuits (the default); gmw: GMW with Beaver triples from silent OT",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -308,6 +331,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         args.samples,
         chunk=args.chunk,
         tls=args.tls,
+        backend=args.backend,
         as_json=args.json,
         distance_log2=args.distance_log2,
         table_lambda=args.table_lambda,

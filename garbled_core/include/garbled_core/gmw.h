@@ -156,12 +156,18 @@ class GmwParty : public Session {
   const std::array<uint8_t, 32>& last_transcript() const { return transcript_; }
   // Round trips of the last run's AND layers (= the circuit's AND-depth).
   size_t last_layers() const { return layers_; }
+  // Over every run of this party so far: Beaver triples consumed (AND gates x instances; each
+  // took one random OT each way) and AND-layer exchanges (round trips). Benchmarks amortise the
+  // OT source's bytes per OT over the triples (silent OT sends a whole iteration at once).
+  uint64_t triples_used() const { return triples_used_; }
+  uint64_t layers_used() const { return layers_used_; }
 
  private:
   int party_;
   std::unique_ptr<RandomOtSource> ot_;
   std::array<uint8_t, 32> transcript_{};
   size_t layers_ = 0;
+  uint64_t triples_used_ = 0, layers_used_ = 0;
   bool broken_ = false;  // a run failed midway: the link is out of step
   void exchange_gmw_hello();
   RunOutputs run_checked(const Circuit& c, const RunInputs& in);

@@ -1,0 +1,86 @@
+"""A round's circuits on the GMW backend (PartyLink.open(..., backend="gmw"): Beaver triples
+from silent OT): the same outputs as the plaintext reference and the garbled-circuit backend
+for the same seeds, and its bytes and round trips."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from helpers import Background
+from test_spgc_circuit import shares_of, sums_for
+
+from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+from spgc.noise import sample_noise_plain
+from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
+from spgc.servers.spgc_circuit import noisy_sum_circuit
+
+
+def gmw_links(two_party):
+    tp = two_party()
+    return (
+        PartyLink.open("garbler", tp.garbler_channel, backend="gmw"),
+        PartyLink.open("evaluator", tp.evaluator_channel, backend="gmw"),
+    )
+
+
+def run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, mode):
+    side = Background(lambda: run_aggregate("garbler", lg, a1, s1, sigma, ring_bits, mode))
+    ye, ce = run_aggregate("evaluator", le, a2, s2, sigma, ring_bits, mode)
+    yg, cg = side.result(timeout=300)
+    return yg, ye, cg, ce
+
+
+def test_gmw_round_equals_the_plaintext_reference(two_party):
+    ring_bits, sigma = 16, 1000.0
+    sums = sums_for(ring_bits, 400, 7)
+    a1, a2 = shares_of(sums, ring_bits, 8)
+    lg, le = gmw_links(two_party)
+    assert type(lg.session).__name__ == "GmwParty"
+    # only-mpc: exactly S
+    yg, ye, _, _ = run_both(lg, le, a1, a2, None, None, None, ring_bits, "only-mpc")
+    assert ye.tolist() == yg.tolist() == sums
+    # spgc: S plus the noise both seeds determine, bit for bit the plaintext sampler's
+    s1, s2 = os.urandom(32), os.urandom(32)
+    yg, ye, cg, ce = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
+    assert yg.tolist() == ye.tolist()
+    z = sample_noise_plain(s1, s2, len(sums), sigma)
+    assert [int(y) - s for y, s in zip(ye.tolist(), sums, strict=True)] == z.tolist()
+    ref = aggregate_plain(a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma)
+    assert [int(v) for v in ref] == [int(v) for v in ye]
+    # Online, each party opens 2 bits per AND gate (d and e of its triple share), and the
+    # triples' silent OTs come a whole LPN iteration at a time: far below garbling's 24.6
+    # bytes per AND gate either way.
+    and_instances = cg["and_gates"]
+    online = cg["phases"]["tables"]["sent"]
+    # (each AND gate's openings of a run are packed per gate: at most a byte of padding for d
+    # and one for e per gate and run; a round runs the trial circuit and the addition)
+    params = derive_params(sigma)
+    width = max(ring_bits, params.noise_bits) + 1
+    gates = build_trial_circuit(params).and_count + noisy_sum_circuit(
+        ring_bits, params.noise_bits, width
+    ).and_count
+    assert and_instances / 4 <= online <= and_instances / 4 + 2 * gates * cg["rounds"]
+    assert online == ce["phases"]["tables"]["received"]
+    # Fresh triples every run: the session used one per AND gate and instance of each run.
+    assert lg.session.triples_used == le.session.triples_used >= and_instances
+
+
+def test_gmw_and_gc_backends_refuse_each_other(two_party):
+    tp = two_party()
+    lg = PartyLink.open("garbler", tp.garbler_channel, backend="gmw")
+    le = PartyLink.open("evaluator", tp.evaluator_channel)  # gc
+    a = np.zeros(4, dtype=np.uint64)
+    side = Background(lambda: run_aggregate("garbler", lg, a, None, None, 16, "only-mpc"))
+    with pytest.raises(Exception) as info:
+        run_aggregate("evaluator", le, a, None, None, 16, "only-mpc")
+    assert "Traceback" not in str(info.value)
+    with pytest.raises(Exception):  # noqa: B017 - either engine error type, both sides fail
+        side.result(timeout=120)
+
+
+def test_an_unknown_backend_is_refused_in_one_line(two_party):
+    tp = two_party()
+    with pytest.raises(ValueError, match="backend must be one of"):
+        PartyLink.open("garbler", tp.garbler_channel, backend="ckks")
