@@ -19,6 +19,7 @@ non-constant operands; constant operands and repeated wires can only lower it.
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import os
 from collections import deque
@@ -32,6 +33,8 @@ import numpy as np
 from garbled_core import _core
 
 __all__ = [
+    "ARITHMETICS",
+    "DEFAULT_LAYER_COST",
     "MAX_PORT_WIDTH",
     "OP_AND",
     "OP_NOT",
@@ -49,6 +52,11 @@ OP_XOR, OP_AND, OP_NOT = 0, 1, 2
 OWNERS = ("garbler", "evaluator", "carried")
 REVEALS = ("both", "garbler", "evaluator", "shares", "keep")
 MAX_PORT_WIDTH = 64
+ARITHMETICS = ("ripple", "depth")
+"""Gadget families: ``ripple`` (fewest AND gates) and ``depth`` (fewer AND layers)."""
+DEFAULT_LAYER_COST = 8
+"""With ``arithmetic="depth"``, one AND layer is worth this many AND gates when a gadget picks
+its structure (the least ANDs + layer_cost * depth)."""
 
 # Internal references: 0 and 1 are the constants, every other ref is a node (an input bit or a
 # gate output). Final wire ids are assigned only in description(), so inputs may be declared
@@ -145,6 +153,28 @@ class CircuitDescription:
         """Number of NOT gates."""
         return self._count(OP_NOT)
 
+    def wire_depths(self) -> np.ndarray:
+        """AND-depth of every wire: inputs and wire 0 are 0, an AND gate adds 1, XOR/NOT add 0."""
+        depth = np.zeros(self.num_wires, dtype=np.int64)
+        for op, a, b, out in self.gates.tolist():
+            if op == OP_AND:
+                depth[out] = max(depth[a], depth[b]) + 1
+            elif op == OP_XOR:
+                depth[out] = max(depth[a], depth[b])
+            else:
+                depth[out] = depth[a]
+        return depth
+
+    def output_depths(self) -> dict[str, int]:
+        """AND-depth of each output port (its deepest bit)."""
+        depth = self.wire_depths()
+        return {name: int(max(depth[w] for w in wires)) for name, _, wires in self.outputs}
+
+    def and_depth(self) -> int:
+        """Longest path from an input to an output counted in AND gates (XOR and NOT are free):
+        the number of AND layers an interactive backend (GMW) needs. One pass over the gates."""
+        return max(self.output_depths().values(), default=0)
+
     def build(self) -> Any:
         """Compile with the C++ engine (imported lazily so the builder works without it)."""
 
@@ -237,10 +267,25 @@ class CircuitBuilder:
 
     ``and_count``/``xor_count``/``not_count`` count gates created so far; the description
     keeps only gates that reach an output, so its counts can be lower.
+
+    ``arithmetic`` picks the adders, subtractors and comparators: ``"ripple"`` (the default,
+    fewest AND gates: what garbling pays for) or ``"depth"`` (variable-block carry-increment
+    adders and carry-skip comparators sized from the operands' arrival depths, and
+    arrival-ordered reduction trees: fewer AND layers, which an interactive backend such as GMW
+    pays a round trip each, for about 2x (comparisons) to 3x (additions) the AND gates).
+    Bitwise gadgets, muxes and the constant folding are the same in both.
     """
 
-    def __init__(self, name: str = "") -> None:
+    def __init__(
+        self, name: str = "", arithmetic: str = "ripple", layer_cost: int = DEFAULT_LAYER_COST
+    ) -> None:
+        if arithmetic not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {arithmetic!r}")
         self.name = name
+        self.arithmetic = arithmetic
+        self.layer_cost = _check_width(layer_cost, "layer_cost", 0)
+        self._by_depth = arithmetic == "depth"
+        self._depth: list[int] = [0, 0]  # AND-depth of every node (constants and inputs: 0)
         self.and_count = 0
         self.xor_count = 0
         self.not_count = 0
@@ -267,6 +312,8 @@ class CircuitBuilder:
         self._g_a.append(a)
         self._g_b.append(b)
         self._g_out.append(node)
+        d = self._depth
+        d.append(max(d[a], d[b]) + 1 if op == OP_AND else max(d[a], d[b]))
         return node
 
     def _not(self, a: int) -> int:
@@ -348,16 +395,226 @@ class CircuitBuilder:
         return self._xor(y, self._and(self._xor(a, b), self._xor(y, b)))
 
     def _or_tree(self, refs: Sequence[int]) -> int:
-        """OR of all refs, len-1 ANDs, balanced (depth log2 len)."""
+        """OR of all refs, len-1 ANDs, balanced (depth log2 len; with ``arithmetic="depth"``
+        the two earliest-ready operands are joined first, so late inputs wait less)."""
         level = list(refs)
         if not level:
             return _F
+        if self._by_depth:
+            return self._earliest_first(level, self._or)
         while len(level) > 1:
             nxt = [self._or(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
             if len(level) % 2:
                 nxt.append(level[-1])
             level = nxt
         return level[0]
+
+    # ------------------------------------------------------------ depth-aware core
+
+    def _earliest_first(self, refs: Sequence[int], join: Any) -> int:
+        """Reduce refs with an associative, commutative 1-AND ``join``, always joining the two
+        operands that are ready earliest (Huffman order on AND-depth): len-1 ANDs, depth at most
+        ceil(log2 len) above the latest input, less when inputs arrive at different depths."""
+        heap = [(self._depth[r], k, r) for k, r in enumerate(refs)]
+        heapq.heapify(heap)
+        tie = len(heap)
+        while len(heap) > 1:
+            _, _, a = heapq.heappop(heap)
+            _, _, c = heapq.heappop(heap)
+            r = join(a, c)
+            heapq.heappush(heap, (self._depth[r], tie, r))
+            tie += 1
+        return heap[0][2]
+
+    def _and_tree(self, refs: Sequence[int]) -> int:
+        """AND of all refs, len-1 ANDs, earliest-ready operands first."""
+        return self._earliest_first(refs, self._and) if refs else _T
+
+    def _ready(self, *refs: int) -> int:
+        return max(self._depth[r] for r in refs)
+
+    def _block_plan(self, arrive: Sequence[int], start: int, first: int) -> list[int]:
+        """Block sizes (LSB first) of a carry-skip/carry-increment chain over bits with ready
+        depths ``arrive``: a ripple block of ``first`` bits from a carry ready at ``start``,
+        then blocks as large as can be ready (ripple from carry 0, one level a bit, estimated)
+        when the running carry reaches them."""
+        n = len(arrive)
+        sizes = [first]
+        t = start
+        for i in range(first):
+            t = max(t, arrive[i]) + 1
+        pos = first
+        while pos < n:
+            size, ready = 0, 0
+            while pos + size < n:
+                cand = max(ready, arrive[pos + size]) + 1
+                if size and cand > t:
+                    break
+                ready, size = cand, size + 1
+            sizes.append(size)
+            t = max(t, ready) + 1
+            pos += size
+        return sizes
+
+    def _chain_depth(self, arrive: Sequence[int], start: int, sizes: Sequence[int]) -> int:
+        t = start
+        for i in range(sizes[0]):
+            t = max(t, arrive[i]) + 1
+        pos = sizes[0]
+        for size in sizes[1:]:
+            ready = 0
+            for i in range(pos, pos + size):
+                ready = max(ready, arrive[i]) + 1
+            t = max(t, ready) + 1
+            pos += size
+        return t
+
+    def _pick(self, options: Sequence[tuple[int, int, Any]]) -> Any:
+        """The plan of the least ``ands + layer_cost * depth`` (estimates), then least depth."""
+        return min(options, key=lambda o: (o[1] + self.layer_cost * o[0], o[0]))[2]
+
+    def _tree_estimate(self, arrive: Sequence[int], start: int, size: int) -> tuple[int, int]:
+        """(depth, ANDs) of :meth:`_borrow_tree` with blocks of ``size`` bits."""
+        groups: list[tuple[int, int | None]] = []
+        ands = 0
+        for lo in range(0, len(arrive), size):
+            bits = arrive[lo : lo + size]
+            t = start if lo == 0 else 0
+            for r in bits:
+                t = max(t, r) + 1
+            ands += len(bits)
+            if lo == 0:
+                groups.append((t, None))
+            else:
+                ands += len(bits) - 1
+                groups.append((t, max(bits) + (len(bits) - 1).bit_length()))
+        while len(groups) > 1:
+            nxt = []
+            for i in range(0, len(groups) - 1, 2):
+                (g_lo, e_lo), (g_hi, e_hi) = groups[i], groups[i + 1]
+                assert e_hi is not None
+                ands += 1 if e_lo is None else 2
+                e_up = None if e_lo is None else max(e_hi, e_lo) + 1
+                nxt.append((max(g_hi, e_hi, g_lo) + 1, e_up))
+            if len(groups) % 2:
+                nxt.append(groups[-1])
+            groups = nxt
+        return groups[0][0], ands
+
+    def _borrow_out_fast(self, xr: Sequence[int], yr: Sequence[int], borrow: int) -> int:
+        """Borrow out of x - y - borrow (unsigned x < y + borrow), the cheapest (ANDs +
+        ``layer_cost`` x depth) of two families built on block borrows G (ripple from borrow 0,
+        1 AND a bit) and block equalities E (AND trees, b-1 ANDs), joined by
+        B = G_hi ^ (E_hi & B_lo) (the terms are exclusive):
+
+        - carry-skip chain: a ripple block, then blocks ready when the running borrow reaches
+          them, 2b ANDs a block (1 for a 1-bit block): at most 2w ANDs, depth about sqrt(2w);
+        - block tree: blocks of b bits joined by a balanced tree (2 ANDs a node, 1 on the lowest
+          path): about 3w ANDs and depth 1 + log2 w at b = 1, down to w ANDs and depth w at
+          b = w (the ripple borrow).
+        """
+        n = len(xr)
+        if n == 0:
+            return borrow
+        arrive = [self._ready(p, q) for p, q in zip(xr, yr, strict=True)]
+        start = self._depth[borrow]
+        options: list[tuple[int, int, Any]] = []
+        for first in range(1, n + 1):
+            sizes = self._block_plan(arrive, start, first)
+            ands = first + sum(1 if size == 1 else 2 * size for size in sizes[1:])
+            options.append((self._chain_depth(arrive, start, sizes), ands, ("chain", sizes)))
+        for size in range(1, n):
+            depth, ands = self._tree_estimate(arrive, start, size)
+            options.append((depth, ands, ("tree", size)))
+        kind, plan = self._pick(options)
+        if kind == "tree":
+            return self._borrow_tree(xr, yr, borrow, plan)
+        pos = 0
+        for k, size in enumerate(plan):
+            bits = range(pos, pos + size)
+            if k == 0 or size == 1:
+                for i in bits:
+                    borrow = self._borrow(xr[i], yr[i], borrow)
+            else:
+                g = _F
+                for i in bits:
+                    g = self._borrow(xr[i], yr[i], g)
+                equal = self._and_tree([self._not(self._xor(xr[i], yr[i])) for i in bits])
+                borrow = self._xor(g, self._and(equal, borrow))
+            pos += size
+        return borrow
+
+    def _borrow_tree(self, xr: Sequence[int], yr: Sequence[int], borrow: int, size: int) -> int:
+        n = len(xr)
+        groups: list[tuple[int, int | None]] = []  # (borrow out, equality) from the LSB up
+        for lo in range(0, n, size):
+            bits = range(lo, min(lo + size, n))
+            g = borrow if lo == 0 else _F
+            for i in bits:
+                g = self._borrow(xr[i], yr[i], g)
+            equal = None
+            if lo:
+                equal = self._and_tree([self._not(self._xor(xr[i], yr[i])) for i in bits])
+            groups.append((g, equal))
+        while len(groups) > 1:
+            nxt: list[tuple[int, int | None]] = []
+            for i in range(0, len(groups) - 1, 2):
+                (g_lo, e_lo), (g_hi, e_hi) = groups[i], groups[i + 1]
+                assert e_hi is not None
+                e = None if e_lo is None else self._and(e_hi, e_lo)
+                nxt.append((self._xor(g_hi, self._and(e_hi, g_lo)), e))
+            if len(groups) % 2:
+                nxt.append(groups[-1])
+            groups = nxt
+        return groups[0][0]
+
+    def _add_fast(
+        self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
+    ) -> tuple[list[int], int]:
+        """x + y + carry as a carry-increment chain: a ripple block, then blocks that ripple
+        from carry 0 and keep the prefix-ANDs of their propagate bits, all ready when the
+        running carry arrives; then c_i = c0_i ^ (P_i & c_in) (1 AND a bit, exclusive terms).
+        A block of b >= 2 bits costs 3b - 1 ANDs, the ripple block 1 a bit (3w ANDs at most,
+        depth about sqrt(2w) levels above the operands)."""
+        n = len(xr)
+        if n == 0:
+            return [], carry
+        arrive = [self._ready(p, q) for p, q in zip(xr, yr, strict=True)]
+        start = self._depth[carry]
+        options = []
+        for first in range(1, n + 1):
+            sizes = self._block_plan(arrive, start, first)
+            ands = first + sum(1 if size == 1 else 3 * size - 1 for size in sizes[1:])
+            options.append((self._chain_depth(arrive, start, sizes), ands, sizes))
+        sizes = self._pick(options)
+        out: list[int] = []
+        pos = 0
+        for k, size in enumerate(sizes):
+            last_block = pos + size == n
+            if k == 0 or size == 1:
+                part, carry = self._add_refs_ripple(
+                    xr[pos : pos + size], yr[pos : pos + size], carry, want_carry or not last_block
+                )
+                out += part
+            else:
+                prop = [self._xor(xr[i], yr[i]) for i in range(pos, pos + size)]
+                c0 = [_F]
+                for j, i in enumerate(range(pos, pos + size)):
+                    if j < size - 1 or want_carry or not last_block:
+                        c0.append(self._maj(xr[i], yr[i], c0[-1]))
+                run = prop[0]
+                for j in range(size):
+                    if j:
+                        c_j = self._xor(c0[j], self._and(run, carry))
+                        out.append(self._xor(prop[j], c_j))
+                        if j < size - 1 or want_carry or not last_block:
+                            run = self._and(run, prop[j])
+                    else:
+                        out.append(self._xor(prop[0], carry))
+                if want_carry or not last_block:
+                    carry = self._xor(c0[size], self._and(run, carry))
+            pos += size
+        return out, carry
 
     # ------------------------------------------------------------------ operands
 
@@ -404,6 +661,7 @@ class CircuitBuilder:
         _check_width(width, f"input {name!r} width", 1, MAX_PORT_WIDTH)
         start = self._n_nodes
         self._n_nodes += width
+        self._depth.extend([0] * width)
         refs = tuple(range(start, start + width))
         self._inputs.append((name, owner, refs))
         return self._bits(refs)
@@ -433,6 +691,10 @@ class CircuitBuilder:
         for p in parts:
             refs.extend(self._refs(p))
         return self._bits(refs)
+
+    def depth(self, x: Bits) -> int:
+        """AND-depth of the deepest bit of x so far (0 for inputs and constants)."""
+        return max((self._depth[r] for r in self._refs(x)), default=0)
 
     # ------------------------------------------------------------------ description
 
@@ -537,6 +799,13 @@ class CircuitBuilder:
     def _add_refs(
         self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
     ) -> tuple[list[int], int]:
+        if self._by_depth:
+            return self._add_fast(xr, yr, carry, want_carry)
+        return self._add_refs_ripple(xr, yr, carry, want_carry)
+
+    def _add_refs_ripple(
+        self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
+    ) -> tuple[list[int], int]:
         out = []
         last = len(xr) - 1
         for i, (p, q) in enumerate(zip(xr, yr, strict=True)):
@@ -548,6 +817,14 @@ class CircuitBuilder:
     def _sub_refs(
         self, xr: Sequence[int], yr: Sequence[int], borrow: int, want_diff: bool, want_borrow: bool
     ) -> tuple[list[int], int]:
+        if self._by_depth:
+            if not want_diff:
+                return [], self._borrow_out_fast(xr, yr, borrow)
+            # x - y - b = x + ~y + ~b; the borrow out is the complement of the carry out
+            diff, carry = self._add_fast(
+                xr, [self._not(q) for q in yr], self._not(borrow), want_borrow
+            )
+            return diff, self._not(carry)
         out = []
         last = len(xr) - 1
         for i, (p, q) in enumerate(zip(xr, yr, strict=True)):
@@ -601,9 +878,12 @@ class CircuitBuilder:
     def cond_neg(self, x: Bits, sel: Operand) -> Bits:
         """``sel ? -x : x`` as (x ^ sel) + sel, w-1 ANDs."""
         s = self._bit(sel)
+        xr = self._refs(x)
+        if self._by_depth:
+            flipped = [self._xor(r, s) for r in xr]
+            return self._bits(self._add_fast(flipped, [_F] * len(xr), s, False)[0])
         carry = s
         out = []
-        xr = self._refs(x)
         for i, r in enumerate(xr):
             t = self._xor(r, s)
             out.append(self._xor(t, carry))
@@ -693,6 +973,8 @@ class CircuitBuilder:
         while k < len(cols):
             col = cols[k]
             while len(col) >= 2:
+                if self._by_depth:  # the earliest-ready bits first (same gate count)
+                    col = deque(sorted(col, key=self._depth.__getitem__))
                 if k + 1 == len(cols):
                     cols.append(deque())
                 if len(col) >= 3:
