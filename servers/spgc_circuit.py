@@ -15,25 +15,29 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder
+from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder, CircuitDescription
 from garbled_core.discrete_gaussian import monomials, table_lookup
 
 __all__ = [
     "MAX_RING_BITS",
+    "MAX_ROUND_DEPTH",
     "MIN_RING_BITS",
     "TABLE_SAMPLER_LABEL",
     "check_ring_bits",
     "decode_signed",
     "noise_share_circuit",
     "noisy_sum_circuit",
+    "noisy_sum_description",
     "output_ports",
     "output_width",
     "reconstruct_circuit",
+    "reconstruct_description",
     "table_noisy_sum_circuit",
     "table_sampler_circuit",
     "table_sampler_values",
@@ -42,6 +46,10 @@ __all__ = [
 MIN_RING_BITS = 2
 MAX_RING_BITS = 64
 TABLE_SAMPLER_LABEL = "table sampler (paper baseline, NOT differentially private)"
+MAX_ROUND_DEPTH = 48
+"""AND-depth the ``arithmetic="depth"`` circuits keep within (issue 34: GMW pays a round trip
+per AND layer)."""
+_LAYER_COSTS = (0, 1, 2, 4, 8, 16)  # tried in turn by _describe
 
 
 def check_ring_bits(ring_bits: int) -> int:
@@ -111,33 +119,80 @@ def _reveal_wide(b: CircuitBuilder, y: Bits) -> None:
         b.output(name, y[start : start + w], reveal="both")
 
 
+def _describe(
+    name: str, arithmetic: str, make: Callable[[CircuitBuilder], None]
+) -> CircuitDescription:
+    """The description ``make`` builds. ``"ripple"``: the garbled circuits, names and digests as
+    ever. ``"depth"`` (for an interactive backend, named with a ``-depth`` tail): the fewest AND
+    gates whose AND-depth is at most :data:`MAX_ROUND_DEPTH` (the builder's layer cost raised
+    until it fits; the shallowest one tried if none does): ripple wherever it is shallow enough."""
+    if arithmetic == "ripple":
+        b = CircuitBuilder(name)
+        make(b)
+        return b.description()
+    best: CircuitDescription | None = None
+    for layer_cost in _LAYER_COSTS:
+        b = CircuitBuilder(f"{name}-{arithmetic}", arithmetic, layer_cost)
+        make(b)
+        desc = b.description()
+        if desc.and_depth() <= MAX_ROUND_DEPTH:
+            return desc
+        if best is None or desc.and_depth() < best.and_depth():
+            best = desc
+    assert best is not None
+    return best
+
+
 @functools.lru_cache(maxsize=64)
-def reconstruct_circuit(ring_bits: int) -> Any:
-    """Only-MPC (the paper's baseline): reveals S = smod(A1 - A2, 2^L) as port ``s``."""
+def reconstruct_description(ring_bits: int, *, arithmetic: str = "ripple") -> CircuitDescription:
+    """Description of :func:`reconstruct_circuit`."""
     ring_bits = check_ring_bits(ring_bits)
-    b = CircuitBuilder(f"spgc-only-mpc-L{ring_bits}")
-    b.output("s", _signed_difference(b, ring_bits), reveal="both")
-    return b.build()
+
+    def make(b: CircuitBuilder) -> None:
+        b.output("s", _signed_difference(b, ring_bits), reveal="both")
+
+    return _describe(f"spgc-only-mpc-L{ring_bits}", arithmetic, make)
 
 
 @functools.lru_cache(maxsize=64)
-def noisy_sum_circuit(ring_bits: int, noise_bits: int, output_bits: int | None = None) -> Any:
-    """SPGC: Y = smod(A1 - A2, 2^L) + z, z carried (port ``z``, ``noise_bits`` two's complement),
-    revealed in :func:`output_width` bits (ports from :func:`output_ports`)."""
+def reconstruct_circuit(ring_bits: int, *, arithmetic: str = "ripple") -> Any:
+    """Only-MPC (the paper's baseline): reveals S = smod(A1 - A2, 2^L) as port ``s``.
+    ``arithmetic="depth"``: at most :data:`MAX_ROUND_DEPTH` AND layers (see :func:`_describe`)."""
+    return reconstruct_description(ring_bits, arithmetic=arithmetic).build()
+
+
+@functools.lru_cache(maxsize=64)
+def noisy_sum_description(
+    ring_bits: int, noise_bits: int, output_bits: int | None = None, *, arithmetic: str = "ripple"
+) -> CircuitDescription:
+    """Description of :func:`noisy_sum_circuit`."""
     width = output_width(ring_bits, noise_bits, output_bits)
-    b = CircuitBuilder(f"spgc-noisy-sum-L{ring_bits}-z{noise_bits}-y{width}")
-    s = _signed_difference(b, ring_bits)
-    z = b.input("z", owner="carried", width=noise_bits)
-    y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))  # width-1 ANDs, no wrap
-    _reveal_wide(b, y)
-    return b.build()
+
+    def make(b: CircuitBuilder) -> None:
+        s = _signed_difference(b, ring_bits)
+        z = b.input("z", owner="carried", width=noise_bits)
+        y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))  # width-1 ANDs, no wrap
+        _reveal_wide(b, y)
+
+    return _describe(f"spgc-noisy-sum-L{ring_bits}-z{noise_bits}-y{width}", arithmetic, make)
+
+
+@functools.lru_cache(maxsize=64)
+def noisy_sum_circuit(
+    ring_bits: int, noise_bits: int, output_bits: int | None = None, *, arithmetic: str = "ripple"
+) -> Any:
+    """SPGC: Y = smod(A1 - A2, 2^L) + z, z carried (port ``z``, ``noise_bits`` two's complement),
+    revealed in :func:`output_width` bits (ports from :func:`output_ports`).
+    ``arithmetic="depth"``: at most :data:`MAX_ROUND_DEPTH` AND layers (see :func:`_describe`)."""
+    desc = noisy_sum_description(ring_bits, noise_bits, output_bits, arithmetic=arithmetic)
+    return desc.build()
 
 
 # ------------------------------------------------------------------ the paper's table sampler
 
 
 @functools.lru_cache(maxsize=32)
-def noise_share_circuit(ring_bits: int, noise_bits: int) -> Any:
+def noise_share_circuit(ring_bits: int, noise_bits: int, *, arithmetic: str = "ripple") -> Any:
     """u = (z + r) mod 2^L, revealed to the evaluator only: z carried (port ``z``, the sampler's
     kept noise, ``noise_bits`` two's complement), r the garbler's mask (port ``r``, L bits).
     L - 1 AND gates."""
@@ -147,11 +202,13 @@ def noise_share_circuit(ring_bits: int, noise_bits: int) -> Any:
             f"the sampler's noise needs {noise_bits} bits, more than the ring's L={ring_bits}: "
             f"S + z would not fit; the plan must size the ring for the noise"
         )
-    b = CircuitBuilder(f"spgc-noise-share-L{ring_bits}-z{noise_bits}")
-    z = b.input("z", owner="carried", width=noise_bits)
-    r = b.input("r", owner="garbler", width=ring_bits)
-    b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
-    return b.build()
+
+    def make(b: CircuitBuilder) -> None:
+        z = b.input("z", owner="carried", width=noise_bits)
+        r = b.input("r", owner="garbler", width=ring_bits)
+        b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
+
+    return _describe(f"spgc-noise-share-L{ring_bits}-z{noise_bits}", arithmetic, make).build()
 
 
 @functools.lru_cache(maxsize=16)
