@@ -41,6 +41,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from garbled_core.sampler_circuit import (
+    MAX_TRIAL_DEPTH,
+    and_breakdown,
+    build_trial_circuit,
+    build_trial_description,
+    monomials,
+    table_lookup,
+    trial_layout,
+)
+from garbled_core.sampler_circuit import (
     _excess_columns as _excess_columns,
 )
 from garbled_core.sampler_circuit import (
@@ -54,14 +63,6 @@ from garbled_core.sampler_circuit import (
 )
 from garbled_core.sampler_circuit import (
     _weighted_sum as _weighted_sum,
-)
-from garbled_core.sampler_circuit import (
-    and_breakdown,
-    build_trial_circuit,
-    build_trial_description,
-    monomials,
-    table_lookup,
-    trial_layout,
 )
 from garbled_core.sampler_params import (
     DEFAULT_DISTANCE_LOG2,
@@ -99,6 +100,7 @@ __all__ = [
     "MAX_NOISE_BITS",
     "MAX_ROUNDS",
     "MAX_SIGMA_UNITS",
+    "MAX_TRIAL_DEPTH",
     "MIN_SIGMA_UNITS",
     "AliasTable",
     "CoinTable",

@@ -11,12 +11,22 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder
+from garbled_core.circuit import (
+    MAX_PORT_WIDTH,
+    Bits,
+    CircuitBuilder,
+    CircuitDescription,
+    describe_within_depth,
+)
 
 if TYPE_CHECKING:
     from garbled_core.sampler_params import AliasTable, SamplerParams
 
+MAX_TRIAL_DEPTH = 48
+"""AND layers the ``arithmetic="depth"`` trial circuit keeps within (issue 34)."""
+
 __all__ = [
+    "MAX_TRIAL_DEPTH",
     "and_breakdown",
     "build_trial_circuit",
     "build_trial_description",
@@ -126,23 +136,41 @@ def _weighted_sum_by_depth(
     width: int,
     inject: tuple[int, Any] | None,
 ) -> Bits:
-    """:func:`_weighted_sum` with few AND layers: each column is compressed to two bits by full
-    adders on its three earliest-ready bits (a Dadda-like tree in arrival order), then the two
-    rows are added by the builder's depth-aware adder. With ``inject = (j, fn)`` the low j bits
+    """:func:`_weighted_sum` with few AND layers: Dadda's reduction (stages bring every column
+    down to 13, 9, 6, 4, 3, then 2 bits, counting the carries each stage brings in, with full and
+    half adders on the earliest-ready bits), then the two rows are added by the builder's
+    depth-aware adder. With ``inject = (j, fn)`` the low j bits
     y and their carry c1 come first, then the rounding carry c2 = fn(y); the high part is
     (A_hi + B_hi + c1) + c2, so only an increment waits for c2."""
-    rows: list[list[Bits]] = []
-    for k in range(width):
-        col = list(columns[k])
-        if k + 1 == width:  # carries out of the top column are dropped: parity only
-            col = [b.xor_reduce(b.concat(*col))] if len(col) > 1 else col
-        while len(col) > 2:
-            col.sort(key=b.depth)
-            x, y, z = col.pop(0), col.pop(0), col.pop(0)
-            total, carry = b.add_with_carry(x, y, z)
-            columns[k + 1].append(carry)
-            col.append(total)
-        rows.append(col)
+    cols = [list(col) for col in columns]
+    top = width - 1
+    if len(cols[top]) > 1:  # carries out of the top column are dropped: parity only
+        cols[top] = [b.xor_reduce(b.concat(*cols[top]))]
+    targets = [2]  # Dadda's stage heights 2, 3, 4, 6, 9, 13, ...
+    while targets[-1] < max(map(len, cols)):
+        targets.append(targets[-1] * 3 // 2)
+    stages = list(reversed(targets[:-1]))
+    while stages:
+        target = stages.pop(0)
+        nxt: list[list[Bits]] = [[] for _ in range(width)]
+        for k in range(top):
+            col = sorted(cols[k], key=b.depth)  # earliest-ready first
+            while len(col) >= 2 and len(col) + len(nxt[k]) > target:
+                if len(col) + len(nxt[k]) - target >= 2 and len(col) >= 3:
+                    total, carry = b.add_with_carry(col[0], col[1], col[2])
+                    col = col[3:]
+                else:
+                    total, carry = b.add_with_carry(col[0], col[1])
+                    col = col[2:]
+                nxt[k].append(total)
+                nxt[k + 1].append(carry)
+            nxt[k] += col
+        top_bits = cols[top] + nxt[top]  # free: only the parity of the top column matters
+        nxt[top] = [b.xor_reduce(b.concat(*top_bits))] if len(top_bits) > 1 else top_bits
+        cols = nxt
+        if not stages and max(map(len, cols)) > 2:  # pragma: no cover - Dadda's heights suffice
+            stages.append(2)
+    rows = cols
     zero = b.const(0, 1)
     first = b.concat(*(col[0] if col else zero for col in rows))
     second = b.concat(*(col[1] if len(col) > 1 else zero for col in rows))
@@ -191,10 +219,14 @@ def _excess_columns(
             cols[k].append(bit)
 
     if sign_coin:
-        f_bits, carry = [], s
-        for i in range(len(e_bits)):  # F = D + s: a half adder per bit
-            f_bits.append(b.xor(e_bits[i], carry))
-            carry = b.and_(e_bits[i], carry)
+        if b.arithmetic == "depth":  # F = D + s by the builder's depth-aware increment
+            f_sum, carry = b.add_with_carry(e_bits, b.const(0, len(e_bits)), s)
+            f_bits = list(f_sum)
+        else:
+            f_bits, carry = [], s
+            for i in range(len(e_bits)):  # F = D + s: a half adder per bit
+                f_bits.append(b.xor(e_bits[i], carry))
+                carry = b.and_(e_bits[i], carry)
         top = len(f_bits)
         put(2 * top, carry)
         for k in range(len(m_bits)):
@@ -282,12 +314,27 @@ def trial_layout(params: SamplerParams) -> dict[str, tuple[int, int]]:
 
 def build_trial_description(
     params: SamplerParams, *, z_reveal: str = "keep", arithmetic: str = "ripple"
-) -> Any:
-    """The trial circuit's description (see :func:`build_trial_circuit`)."""
+) -> CircuitDescription:
+    """The trial circuit's description (see :func:`build_trial_circuit`).
+
+    ``arithmetic="depth"``: the same outputs for the same inputs with at most
+    :data:`MAX_TRIAL_DEPTH` AND layers where the parameters allow (balanced monomials,
+    depth-aware comparisons and additions, a compression tree; the builder's layer cost is the
+    smallest that fits, so the AND count stays low). Named with a ``-depth`` tail."""
     name = f"dgauss-trial-s{params.sigma_units:.17g}-e{params.bucket_bits}"
-    if arithmetic != "ripple":  # the ripple circuit keeps its name (and digest)
-        name += f"-{arithmetic}"
-    b = CircuitBuilder(name, arithmetic=arithmetic)
+    if arithmetic == "ripple":  # the garbled circuit: its gates, name and digest as ever
+        b = CircuitBuilder(name)
+        _build_trial(b, params, z_reveal)
+        return b.description()
+    if arithmetic != "depth":
+        raise ValueError(f"arithmetic must be 'ripple' or 'depth', got {arithmetic!r}")
+    return describe_within_depth(
+        f"{name}-depth", lambda b: _build_trial(b, params, z_reveal), MAX_TRIAL_DEPTH
+    )
+
+
+def _build_trial(b: CircuitBuilder, params: SamplerParams, z_reveal: str) -> None:
+    """Declares the trial circuit's ports and gates on ``b``."""
     words = []
     for i, w in enumerate(params.port_widths):
         g = b.input(f"g{i}", "garbler", w)
@@ -341,7 +388,6 @@ def build_trial_description(
         accept = b.const(1, 1)
     b.output("accept", accept, reveal="both")
     b.output("z", z, reveal=z_reveal)
-    return b.description()
 
 
 @functools.lru_cache(maxsize=32)

@@ -21,8 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder, CircuitDescription
-from garbled_core.discrete_gaussian import monomials, table_lookup
+from garbled_core.circuit import (
+    MAX_PORT_WIDTH,
+    Bits,
+    CircuitBuilder,
+    CircuitDescription,
+    describe_within_depth,
+)
+from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, monomials, table_lookup
 
 __all__ = [
     "MAX_RING_BITS",
@@ -46,10 +52,9 @@ __all__ = [
 MIN_RING_BITS = 2
 MAX_RING_BITS = 64
 TABLE_SAMPLER_LABEL = "table sampler (paper baseline, NOT differentially private)"
-MAX_ROUND_DEPTH = 48
+MAX_ROUND_DEPTH = MAX_TRIAL_DEPTH
 """AND-depth the ``arithmetic="depth"`` circuits keep within (issue 34: GMW pays a round trip
-per AND layer)."""
-_LAYER_COSTS = (0, 1, 2, 4, 8, 16)  # tried in turn by _describe
+per AND layer), the same as the sampler's trial circuit."""
 
 
 def check_ring_bits(ring_bits: int) -> int:
@@ -123,24 +128,16 @@ def _describe(
     name: str, arithmetic: str, make: Callable[[CircuitBuilder], None]
 ) -> CircuitDescription:
     """The description ``make`` builds. ``"ripple"``: the garbled circuits, names and digests as
-    ever. ``"depth"`` (for an interactive backend, named with a ``-depth`` tail): the fewest AND
-    gates whose AND-depth is at most :data:`MAX_ROUND_DEPTH` (the builder's layer cost raised
-    until it fits; the shallowest one tried if none does): ripple wherever it is shallow enough."""
+    ever. ``"depth"`` (for an interactive backend, named with a ``-depth`` tail): about the
+    fewest AND gates within :data:`MAX_ROUND_DEPTH` layers (ripple wherever that is shallow
+    enough; see :func:`garbled_core.circuit.describe_within_depth`)."""
     if arithmetic == "ripple":
         b = CircuitBuilder(name)
         make(b)
         return b.description()
-    best: CircuitDescription | None = None
-    for layer_cost in _LAYER_COSTS:
-        b = CircuitBuilder(f"{name}-{arithmetic}", arithmetic, layer_cost)
-        make(b)
-        desc = b.description()
-        if desc.and_depth() <= MAX_ROUND_DEPTH:
-            return desc
-        if best is None or desc.and_depth() < best.and_depth():
-            best = desc
-    assert best is not None
-    return best
+    if arithmetic != "depth":
+        raise ValueError(f"arithmetic must be 'ripple' or 'depth', got {arithmetic!r}")
+    return describe_within_depth(f"{name}-depth", make, MAX_ROUND_DEPTH)
 
 
 @functools.lru_cache(maxsize=64)
