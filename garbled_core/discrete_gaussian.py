@@ -38,7 +38,9 @@ port per 64-bit word (each party expands its own seed outside the circuit).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from typing import Any
 
 from garbled_core.sampler_circuit import (
     MAX_TRIAL_DEPTH,
@@ -109,6 +111,7 @@ __all__ = [
     "and_breakdown",
     "build_trial_circuit",
     "build_trial_description",
+    "depth_rows",
     "derive_params",
     "exact_pmf",
     "expected_trials",
@@ -120,11 +123,53 @@ __all__ = [
 ]
 
 
-def _main(argv: Sequence[str] | None = None) -> int:
-    """``python -m garbled_core.discrete_gaussian [SIGMA ...]``: derived parameters as a table."""
-    import sys
+def depth_rows(sigmas: Sequence[float]) -> list[dict[str, Any]]:
+    """Per sigma (units): the trial circuit's AND count and AND-depth with ripple arithmetic
+    (the garbled circuit) and with ``arithmetic="depth"`` (for an interactive backend)."""
+    rows = []
+    for sigma in sigmas:
+        p = derive_params(sigma)
+        ripple = build_trial_description(p)
+        depth = build_trial_description(p, arithmetic="depth")
+        rows.append(
+            {
+                "sigma_units": float(sigma),
+                "bucket_bits": p.bucket_bits,
+                "noise_bits": p.noise_bits,
+                "ripple_and": ripple.and_count,
+                "ripple_depth": ripple.and_depth(),
+                "depth_and": depth.and_count,
+                "depth_depth": depth.and_depth(),
+                "and_ratio": depth.and_count / ripple.and_count,
+            }
+        )
+    return rows
 
-    sigmas = [float(a) for a in (sys.argv[1:] if argv is None else argv)] or [
+
+def _depth_main(args: Sequence[str]) -> int:
+    sigmas = [float(a) for a in args] or [16.0, 484.3335, 7749.336, 387466.8, 2.0**24]
+    print(
+        f"| sigma_u | e | noise bits | ripple AND | ripple depth | depth AND | depth depth "
+        f"(<= {MAX_TRIAL_DEPTH}) | AND ratio |"
+    )
+    print("|" + "---|" * 8)
+    for r in depth_rows(sigmas):
+        print(
+            f"| {r['sigma_units']:g} | {r['bucket_bits']} | {r['noise_bits']} | "
+            f"{r['ripple_and']} | {r['ripple_depth']} | {r['depth_and']} | {r['depth_depth']} | "
+            f"{r['and_ratio']:.3f} |",
+            flush=True,
+        )
+    return 0
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    """``python -m garbled_core.discrete_gaussian [SIGMA ...]``: derived parameters as a table;
+    ``... --depth [SIGMA ...]``: the trial circuit's AND count and depth, ripple against depth."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--depth"]:
+        return _depth_main(args[1:])
+    sigmas = [float(a) for a in args] or [
         2.0,
         100.0,
         4800.0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable
 from statistics import NormalDist
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "TABLE_SAMPLER_LABEL",
     "check_ring_bits",
     "decode_signed",
+    "depth_rows",
     "noise_share_circuit",
     "noisy_sum_circuit",
     "noisy_sum_description",
@@ -259,3 +261,49 @@ def table_noisy_sum_circuit(
     y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))
     _reveal_wide(b, y)
     return b.build()
+
+
+def depth_rows(ring_bits: int, noise_bits: list[int]) -> list[dict[str, Any]]:
+    """AND count and AND-depth of the round's reconstruction and noisy-sum circuits, ripple
+    (garbled) against ``arithmetic="depth"``."""
+    rows = []
+    described: list[tuple[str, int, Callable[[str], CircuitDescription]]] = [
+        ("reconstruct", 0, lambda a: reconstruct_description(ring_bits, arithmetic=a))
+    ]
+    for nb in noise_bits:
+        described.append(
+            ("noisy sum", nb, lambda a, nb=nb: noisy_sum_description(ring_bits, nb, arithmetic=a))
+        )
+    for name, nb, describe in described:
+        ripple, depth = describe("ripple"), describe("depth")
+        rows.append(
+            {
+                "circuit": name,
+                "ring_bits": ring_bits,
+                "noise_bits": nb,
+                "ripple_and": ripple.and_count,
+                "ripple_depth": ripple.and_depth(),
+                "depth_and": depth.and_count,
+                "depth_depth": depth.and_depth(),
+            }
+        )
+    return rows
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m spgc.servers.spgc_circuit RING_BITS [NOISE_BITS ...]``: the depth table."""
+    if not argv:
+        print("usage: python -m spgc.servers.spgc_circuit RING_BITS [NOISE_BITS ...]")
+        return 2
+    print("| circuit | L | noise bits | ripple AND | ripple depth | depth AND | depth depth |")
+    print("|" + "---|" * 7)
+    for r in depth_rows(int(argv[0]), [int(a) for a in argv[1:]]):
+        print(
+            f"| {r['circuit']} | {r['ring_bits']} | {r['noise_bits'] or '-'} | {r['ripple_and']} | "
+            f"{r['ripple_depth']} | {r['depth_and']} | {r['depth_depth']} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
