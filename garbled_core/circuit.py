@@ -592,12 +592,12 @@ class CircuitBuilder(DepthArithmetic):
         return self._bits(map(self._xor, xr, yr))
 
     def and_(self, x: Operand, y: Operand) -> Bits:
-        """Bitwise AND, w ANDs."""
+        """Bitwise AND, w ANDs, depth 1."""
         xr, yr = self._pair(x, y)
         return self._bits(map(self._and, xr, yr))
 
     def or_(self, x: Operand, y: Operand) -> Bits:
-        """Bitwise OR, w ANDs."""
+        """Bitwise OR, w ANDs, depth 1."""
         xr, yr = self._pair(x, y)
         return self._bits(map(self._or, xr, yr))
 
@@ -613,16 +613,16 @@ class CircuitBuilder(DepthArithmetic):
         return self._bits((acc,))
 
     def or_reduce(self, x: Bits) -> Bits:
-        """OR of all bits (1 bit), w-1 ANDs."""
+        """OR of all bits (1 bit), w-1 ANDs, depth ceil(log2 w) (balanced tree)."""
         return self._bits((self._or_tree(self._refs(x)),))
 
     def and_reduce(self, x: Bits) -> Bits:
-        """AND of all bits (1 bit), w-1 ANDs."""
+        """AND of all bits (1 bit), w-1 ANDs, depth ceil(log2 w) (balanced tree)."""
         inv = [self._not(r) for r in self._refs(x)]
         return self._bits((self._not(self._or_tree(inv)),))
 
     def mux(self, sel: Operand, x: Operand, y: Operand) -> Bits:
-        """``sel ? x : y`` for a 1-bit sel, w ANDs (y ^ (sel & (x ^ y)))."""
+        """``sel ? x : y`` for a 1-bit sel, w ANDs, depth 1 (y ^ (sel & (x ^ y)))."""
         s = self._bit(sel)
         xr, yr = self._pair(x, y)
         return self._bits(
@@ -670,40 +670,46 @@ class CircuitBuilder(DepthArithmetic):
         return out, borrow
 
     def add(self, x: Operand, y: Operand) -> Bits:
-        """x + y mod 2**w, ripple carry, w-1 ANDs."""
+        """x + y mod 2**w: ripple carry, w-1 ANDs at depth w-1; ``arithmetic="depth"``: a
+        carry-increment chain, at most 3w ANDs at depth about sqrt(2w) (16 bits: 37 at 6)."""
         xr, yr = self._pair(x, y)
         return self._bits(self._add_refs(xr, yr, _F, False)[0])
 
     def add_with_carry(
         self, x: Operand, y: Operand, carry_in: Operand | None = None
     ) -> tuple[Bits, Bits]:
-        """(x + y + carry_in mod 2**w, carry out), w ANDs."""
+        """(x + y + carry_in mod 2**w, carry out), w ANDs at depth w; ``arithmetic="depth"``: as
+        :meth:`add`."""
         xr, yr = self._pair(x, y)
         c = _F if carry_in is None else self._bit(carry_in)
         s, c = self._add_refs(xr, yr, c, True)
         return self._bits(s), self._bits((c,))
 
     def sub(self, x: Operand, y: Operand) -> Bits:
-        """x - y mod 2**w, ripple borrow, w-1 ANDs."""
+        """x - y mod 2**w: ripple borrow, w-1 ANDs at depth w-1; ``arithmetic="depth"``: as
+        x + ~y + 1 by the carry-increment chain of :meth:`add`."""
         xr, yr = self._pair(x, y)
         return self._bits(self._sub_refs(xr, yr, _F, True, False)[0])
 
     def sub_with_borrow(
         self, x: Operand, y: Operand, borrow_in: Operand | None = None
     ) -> tuple[Bits, Bits]:
-        """(x - y - borrow_in mod 2**w, borrow out = unsigned x < y + borrow_in), w ANDs."""
+        """(x - y - borrow_in mod 2**w, borrow out = unsigned x < y + borrow_in), w ANDs at depth w;
+        ``arithmetic="depth"``: as :meth:`sub`."""
         xr, yr = self._pair(x, y)
         b = _F if borrow_in is None else self._bit(borrow_in)
         d, b = self._sub_refs(xr, yr, b, True, True)
         return self._bits(d), self._bits((b,))
 
     def neg(self, x: Bits) -> Bits:
-        """-x mod 2**w, max(w-2, 0) ANDs (borrow chain of 0 - x is an OR chain)."""
+        """-x mod 2**w, max(w-2, 0) ANDs at that depth (borrow chain of 0 - x is an OR chain);
+        ``arithmetic="depth"``: about 2w ANDs at depth about sqrt(2w)."""
         xr = self._refs(x)
         return self._bits(self._sub_refs((_F,) * len(xr), xr, _F, True, False)[0])
 
     def add_const(self, x: Bits, c: int) -> Bits:
-        """x + c mod 2**w: max(w-2-t, 0) ANDs, t = trailing zeros of c mod 2**w (0 if c = 0)."""
+        """x + c mod 2**w: max(w-2-t, 0) ANDs, t = trailing zeros of c mod 2**w (0 if c = 0),
+        at that depth (ripple); ``arithmetic="depth"``: as :meth:`add`."""
         return self.add(x, c)
 
     def sub_const(self, x: Bits, c: int) -> Bits:
@@ -711,7 +717,8 @@ class CircuitBuilder(DepthArithmetic):
         return self.add(x, -c)
 
     def cond_neg(self, x: Bits, sel: Operand) -> Bits:
-        """``sel ? -x : x`` as (x ^ sel) + sel, w-1 ANDs."""
+        """``sel ? -x : x`` as (x ^ sel) + sel, w-1 ANDs at depth w-1; ``arithmetic="depth"``: an
+        increment by the carry-increment chain, about 2w ANDs at depth about sqrt(2w)."""
         s = self._bit(sel)
         xr = self._refs(x)
         if self._by_depth:
@@ -727,11 +734,12 @@ class CircuitBuilder(DepthArithmetic):
         return self._bits(out)
 
     def abs_signed(self, x: Bits) -> Bits:
-        """|x| for signed x, w-1 ANDs; the minimum value maps to itself (wraps)."""
+        """|x| for signed x, as :meth:`cond_neg`; the minimum value maps to itself (wraps)."""
         return self.cond_neg(x, x[-1])
 
     def mul(self, x: Operand, y: Operand) -> Bits:
-        """x * y mod 2**w (same for signed and unsigned), schoolbook, w*w - w + 1 ANDs (w >= 1)."""
+        """x * y mod 2**w (same for signed and unsigned), schoolbook, w*w - w + 1 ANDs (w >= 1),
+        depth about 2w (rows accumulated by :meth:`add`, so more gates with ``"depth"``)."""
         xr, yr = self._pair(x, y)
         w = len(xr)
         acc: list[int] = [_F] * w
@@ -798,7 +806,8 @@ class CircuitBuilder(DepthArithmetic):
         """Number of set bits, width w.bit_length(); w - popcount(w) ANDs (optimal).
 
         Carry-save counting: per weight column, full adders (1 AND) while >= 3 bits, a half
-        adder (1 AND) at 2 bits; each carry goes to the next column.
+        adder (1 AND) at 2 bits; each carry goes to the next column. Depth at most about 2 log2 w
+        (64 bits: 6; ``arithmetic="depth"``: the earliest-ready bits first, same gates).
         """
         xr = self._refs(x)
         out_width = len(xr).bit_length()
@@ -828,12 +837,13 @@ class CircuitBuilder(DepthArithmetic):
     # ------------------------------------------------------------------ comparisons
 
     def lt_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned x < y (borrow out of x - y), w ANDs."""
+        """Unsigned x < y (borrow out of x - y): w ANDs at depth w (ripple); ``arithmetic=
+        "depth"``: a carry-skip chain or prefix tree, at most 3w ANDs (64 bits: 135 at depth 8)."""
         xr, yr = self._pair(x, y)
         return self._bits((self._sub_refs(xr, yr, _F, False, True)[1],))
 
     def lt_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed x < y, w ANDs."""
+        """Signed x < y, w ANDs at depth w; ``arithmetic="depth"``: as :meth:`lt_unsigned`."""
         xr, yr = self._pair(x, y)
         if not xr:
             return self._bits((_F,))
@@ -844,40 +854,40 @@ class CircuitBuilder(DepthArithmetic):
         return self._bits((self._xor(xs, self._and(self._xor(xs, b), self._xor(ys, b))),))
 
     def le_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned x <= y, w ANDs."""
+        """Unsigned x <= y, as :meth:`lt_unsigned`."""
         return self.not_(self.lt_unsigned(y, x))
 
     def gt_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned x > y, w ANDs."""
+        """Unsigned x > y, as :meth:`lt_unsigned`."""
         return self.lt_unsigned(y, x)
 
     def ge_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned x >= y, w ANDs."""
+        """Unsigned x >= y, as :meth:`lt_unsigned`."""
         return self.not_(self.lt_unsigned(x, y))
 
     def le_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed x <= y, w ANDs."""
+        """Signed x <= y, as :meth:`lt_signed`."""
         return self.not_(self.lt_signed(y, x))
 
     def gt_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed x > y, w ANDs."""
+        """Signed x > y, as :meth:`lt_signed`."""
         return self.lt_signed(y, x)
 
     def ge_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed x >= y, w ANDs."""
+        """Signed x >= y, as :meth:`lt_signed`."""
         return self.not_(self.lt_signed(x, y))
 
     def eq(self, x: Operand, y: Operand) -> Bits:
-        """x == y, w-1 ANDs (OR tree over x ^ y, negated)."""
+        """x == y, w-1 ANDs at depth ceil(log2 w) (OR tree over x ^ y, negated)."""
         xr, yr = self._pair(x, y)
         return self._bits((self._not(self._or_tree(list(map(self._xor, xr, yr)))),))
 
     def ne(self, x: Operand, y: Operand) -> Bits:
-        """x != y, w-1 ANDs."""
+        """x != y, w-1 ANDs at depth ceil(log2 w)."""
         return self.not_(self.eq(x, y))
 
     def is_zero(self, x: Bits) -> Bits:
-        """x == 0, w-1 ANDs."""
+        """x == 0, w-1 ANDs at depth ceil(log2 w)."""
         return self._bits((self._not(self._or_tree(self._refs(x))),))
 
     def is_negative(self, x: Bits) -> Bits:
@@ -888,19 +898,19 @@ class CircuitBuilder(DepthArithmetic):
         return self._bits(xr[-1:])
 
     def min_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed minimum, 2w ANDs."""
+        """Signed minimum: :meth:`lt_signed` and a mux (w ANDs, one more layer)."""
         return self.mux(self.lt_signed(x, y), x, y)
 
     def max_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed maximum, 2w ANDs."""
+        """Signed maximum: :meth:`lt_signed` and a mux (w ANDs, one more layer)."""
         return self.mux(self.lt_signed(x, y), y, x)
 
     def min_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned minimum, 2w ANDs."""
+        """Unsigned minimum: :meth:`lt_unsigned` and a mux (w ANDs, one more layer)."""
         return self.mux(self.lt_unsigned(x, y), x, y)
 
     def max_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned maximum, 2w ANDs."""
+        """Unsigned maximum: :meth:`lt_unsigned` and a mux (w ANDs, one more layer)."""
         return self.mux(self.lt_unsigned(x, y), y, x)
 
     # ------------------------------------------------------------------ wiring (free)
