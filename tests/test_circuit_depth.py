@@ -248,10 +248,11 @@ def random_ports(widths: dict[str, int], n: int, rng: np.random.Generator) -> di
     return out
 
 
-# a small sigma, cancer's at epsilon 8 (bench comm) and a large one, with the bucket widths
-# derive_params picks for them (given, to skip its search)
+# no rejection (e = 0), no rounding (16), cancer's sigma at epsilon 8 (bench comm) and a large
+# one with the widest rounding, at the bucket widths derive_params picks (given, to skip its search)
 @pytest.mark.parametrize(
-    ("sigma", "bucket_bits"), [(16.0, 2), (484.33350006352276, 7), (2.0**20, 17)]
+    ("sigma", "bucket_bits"),
+    [(2.0, 0), (16.0, 2), (484.33350006352276, 7), (2.0**20, 17)],
 )
 def test_trial_circuit_depth_mode(sigma: float, bucket_bits: int) -> None:
     params = derive_params(sigma, bucket_bits=bucket_bits)
@@ -271,7 +272,8 @@ def test_trial_circuit_depth_mode(sigma: float, bucket_bits: int) -> None:
     assert set(got) == {"accept", "z"}
     for port in want:
         assert np.array_equal(got[port], want[port]), port
-    assert 0.5 < float(np.mean(want["accept"])) < 1.0  # both branches exercised
+    if params.bucket_bits:
+        assert 0.5 < float(np.mean(want["accept"])) < 1.0  # both branches exercised
 
 
 @pytest.mark.parametrize(("ring_bits", "noise_bits"), [(16, 14), (16, 23), (64, 23)])
