@@ -127,42 +127,55 @@ def _reveal_wide(b: CircuitBuilder, y: Bits) -> None:
 
 
 def _describe(
-    name: str, arithmetic: str, make: Callable[[CircuitBuilder], None]
+    name: str,
+    arithmetic: str,
+    make: Callable[[CircuitBuilder], None],
+    max_depth: int = MAX_ROUND_DEPTH,
 ) -> CircuitDescription:
     """The description ``make`` builds. ``"ripple"``: the garbled circuits, names and digests as
     ever. ``"depth"`` (for an interactive backend, named with a ``-depth`` tail): about the
-    fewest AND gates within :data:`MAX_ROUND_DEPTH` layers (ripple wherever that is shallow
-    enough; see :func:`garbled_core.circuit.describe_within_depth`)."""
+    fewest AND gates within ``max_depth`` layers (ripple wherever that is shallow enough; see
+    :func:`garbled_core.circuit.describe_within_depth`). A round runs the trial circuits, then
+    the noisy sum: a smaller ``max_depth`` here saves round trips for a few more AND gates."""
     if arithmetic == "ripple":
         b = CircuitBuilder(name)
         make(b)
         return b.description()
     if arithmetic != "depth":
         raise ValueError(f"arithmetic must be 'ripple' or 'depth', got {arithmetic!r}")
-    return describe_within_depth(f"{name}-depth", make, MAX_ROUND_DEPTH)
+    return describe_within_depth(f"{name}-depth", make, max_depth)
 
 
 @functools.lru_cache(maxsize=64)
-def reconstruct_description(ring_bits: int, *, arithmetic: str = "ripple") -> CircuitDescription:
+def reconstruct_description(
+    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+) -> CircuitDescription:
     """Description of :func:`reconstruct_circuit`."""
     ring_bits = check_ring_bits(ring_bits)
 
     def make(b: CircuitBuilder) -> None:
         b.output("s", _signed_difference(b, ring_bits), reveal="both")
 
-    return _describe(f"spgc-only-mpc-L{ring_bits}", arithmetic, make)
+    return _describe(f"spgc-only-mpc-L{ring_bits}", arithmetic, make, max_depth)
 
 
 @functools.lru_cache(maxsize=64)
-def reconstruct_circuit(ring_bits: int, *, arithmetic: str = "ripple") -> Any:
+def reconstruct_circuit(
+    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+) -> Any:
     """Only-MPC (the paper's baseline): reveals S = smod(A1 - A2, 2^L) as port ``s``.
-    ``arithmetic="depth"``: at most :data:`MAX_ROUND_DEPTH` AND layers (see :func:`_describe`)."""
-    return reconstruct_description(ring_bits, arithmetic=arithmetic).build()
+    ``arithmetic="depth"``: at most ``max_depth`` AND layers (see :func:`_describe`)."""
+    return reconstruct_description(ring_bits, arithmetic=arithmetic, max_depth=max_depth).build()
 
 
 @functools.lru_cache(maxsize=64)
 def noisy_sum_description(
-    ring_bits: int, noise_bits: int, output_bits: int | None = None, *, arithmetic: str = "ripple"
+    ring_bits: int,
+    noise_bits: int,
+    output_bits: int | None = None,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = MAX_ROUND_DEPTH,
 ) -> CircuitDescription:
     """Description of :func:`noisy_sum_circuit`."""
     width = output_width(ring_bits, noise_bits, output_bits)
@@ -173,17 +186,25 @@ def noisy_sum_description(
         y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))  # width-1 ANDs, no wrap
         _reveal_wide(b, y)
 
-    return _describe(f"spgc-noisy-sum-L{ring_bits}-z{noise_bits}-y{width}", arithmetic, make)
+    name = f"spgc-noisy-sum-L{ring_bits}-z{noise_bits}-y{width}"
+    return _describe(name, arithmetic, make, max_depth)
 
 
 @functools.lru_cache(maxsize=64)
 def noisy_sum_circuit(
-    ring_bits: int, noise_bits: int, output_bits: int | None = None, *, arithmetic: str = "ripple"
+    ring_bits: int,
+    noise_bits: int,
+    output_bits: int | None = None,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = MAX_ROUND_DEPTH,
 ) -> Any:
     """SPGC: Y = smod(A1 - A2, 2^L) + z, z carried (port ``z``, ``noise_bits`` two's complement),
     revealed in :func:`output_width` bits (ports from :func:`output_ports`).
-    ``arithmetic="depth"``: at most :data:`MAX_ROUND_DEPTH` AND layers (see :func:`_describe`)."""
-    desc = noisy_sum_description(ring_bits, noise_bits, output_bits, arithmetic=arithmetic)
+    ``arithmetic="depth"``: at most ``max_depth`` AND layers (see :func:`_describe`)."""
+    desc = noisy_sum_description(
+        ring_bits, noise_bits, output_bits, arithmetic=arithmetic, max_depth=max_depth
+    )
     return desc.build()
 
 
@@ -191,7 +212,9 @@ def noisy_sum_circuit(
 
 
 @functools.lru_cache(maxsize=32)
-def noise_share_circuit(ring_bits: int, noise_bits: int, *, arithmetic: str = "ripple") -> Any:
+def noise_share_circuit(
+    ring_bits: int, noise_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+) -> Any:
     """u = (z + r) mod 2^L, revealed to the evaluator only: z carried (port ``z``, the sampler's
     kept noise, ``noise_bits`` two's complement), r the garbler's mask (port ``r``, L bits).
     L - 1 AND gates."""
@@ -207,7 +230,8 @@ def noise_share_circuit(ring_bits: int, noise_bits: int, *, arithmetic: str = "r
         r = b.input("r", owner="garbler", width=ring_bits)
         b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
 
-    return _describe(f"spgc-noise-share-L{ring_bits}-z{noise_bits}", arithmetic, make).build()
+    name = f"spgc-noise-share-L{ring_bits}-z{noise_bits}"
+    return _describe(name, arithmetic, make, max_depth).build()
 
 
 @functools.lru_cache(maxsize=16)

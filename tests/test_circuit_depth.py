@@ -294,3 +294,15 @@ def test_noisy_sum_depth_mode(ring_bits: int, noise_bits: int) -> None:
     rec_inputs = {k: inputs[k] for k in ("a1", "a2")}
     want_s = reconstruct_description(ring_bits).build().evaluate(rec_inputs)["s"]
     assert np.array_equal(recon.build().evaluate(rec_inputs)["s"], want_s)
+
+
+def test_noisy_sum_within_a_smaller_depth() -> None:
+    """A round runs the trial circuits, then the noisy sum: fewer layers there for more ANDs."""
+    ripple = noisy_sum_description(16, 23)
+    shallow = noisy_sum_description(16, 23, arithmetic="depth", max_depth=12)
+    assert shallow.and_depth() <= 12 < ripple.and_depth()
+    assert shallow.and_count <= 3 * ripple.and_count
+    inputs = random_ports({"a1": 16, "a2": 16, "z": 23}, 2000, np.random.default_rng(3))
+    want = noisy_sum_circuit(16, 23).evaluate(inputs)
+    got = noisy_sum_circuit(16, 23, arithmetic="depth", max_depth=12).evaluate(inputs)
+    assert np.array_equal(got["y"], want["y"])
