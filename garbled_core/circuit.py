@@ -22,7 +22,7 @@ import functools
 import json
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,12 @@ from typing import Any
 import numpy as np
 
 from garbled_core import _core
+from garbled_core.depth_arith import _F, _T, DepthArithmetic
 
 __all__ = [
+    "ARITHMETICS",
+    "DEFAULT_LAYER_COST",
+    "DEPTH_SEARCH_LAYER_COSTS",
     "MAX_PORT_WIDTH",
     "OP_AND",
     "OP_NOT",
@@ -42,6 +46,7 @@ __all__ = [
     "CircuitBuilder",
     "CircuitDescription",
     "Operand",
+    "describe_within_depth",
     "mul_const_and_count",
 ]
 
@@ -49,11 +54,16 @@ OP_XOR, OP_AND, OP_NOT = 0, 1, 2
 OWNERS = ("garbler", "evaluator", "carried")
 REVEALS = ("both", "garbler", "evaluator", "shares", "keep")
 MAX_PORT_WIDTH = 64
+ARITHMETICS = ("ripple", "depth")
+"""Gadget families: ``ripple`` (fewest AND gates) and ``depth`` (fewer AND layers)."""
+DEFAULT_LAYER_COST = 8
+"""With ``arithmetic="depth"``, one AND layer is worth this many AND gates when a gadget picks
+its structure (the least ANDs + layer_cost * depth)."""
 
-# Internal references: 0 and 1 are the constants, every other ref is a node (an input bit or a
-# gate output). Final wire ids are assigned only in description(), so inputs may be declared
-# after gates and gates that reach no output can be dropped.
-_F, _T = 0, 1
+# Internal references: 0 and 1 are the constants (_F, _T, defined in garbled_core.depth_arith),
+# every other ref is a node (an input bit or a gate output). Final wire ids are assigned only in
+# description(), so inputs may be declared after gates and gates that reach no output can be
+# dropped.
 
 
 class Bits:
@@ -145,6 +155,28 @@ class CircuitDescription:
         """Number of NOT gates."""
         return self._count(OP_NOT)
 
+    def wire_depths(self) -> np.ndarray:
+        """AND-depth of every wire: inputs and wire 0 are 0, an AND gate adds 1, XOR/NOT add 0."""
+        depth = np.zeros(self.num_wires, dtype=np.int64)
+        for op, a, b, out in self.gates.tolist():
+            if op == OP_AND:
+                depth[out] = max(depth[a], depth[b]) + 1
+            elif op == OP_XOR:
+                depth[out] = max(depth[a], depth[b])
+            else:
+                depth[out] = depth[a]
+        return depth
+
+    def output_depths(self) -> dict[str, int]:
+        """AND-depth of each output port (its deepest bit)."""
+        depth = self.wire_depths()
+        return {name: int(max(depth[w] for w in wires)) for name, _, wires in self.outputs}
+
+    def and_depth(self) -> int:
+        """Longest path from an input to an output counted in AND gates (XOR and NOT are free):
+        the number of AND layers an interactive backend (GMW) needs. One pass over the gates."""
+        return max(self.output_depths().values(), default=0)
+
     def build(self) -> Any:
         """Compile with the C++ engine (imported lazily so the builder works without it)."""
 
@@ -176,6 +208,44 @@ class CircuitDescription:
             outputs=[(str(n), str(r), [int(w) for w in ws]) for n, r, ws in ports["outputs"]],
             name=str(ports["name"]),
         )
+
+
+DEPTH_SEARCH_LAYER_COSTS = (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24)
+"""Layer costs :func:`describe_within_depth` searches, cheapest circuits first."""
+
+
+def describe_within_depth(
+    name: str,
+    make: Callable[[CircuitBuilder], None],
+    max_depth: int,
+    layer_costs: Sequence[float] = DEPTH_SEARCH_LAYER_COSTS,
+) -> CircuitDescription:
+    """The description ``make`` builds on a ``CircuitBuilder(name, "depth", layer_cost)`` with
+    the smallest of the ascending ``layer_costs`` whose AND-depth is at most ``max_depth``
+    (binary search: depth falls as the layer cost rises): about the fewest AND gates within
+    that depth, depth-aware gadgets only where the depth needs them. If none fits, the one at
+    the largest layer cost."""
+    if not layer_costs:
+        raise ValueError("no layer costs to try")
+    built: dict[int, CircuitDescription] = {}
+
+    def at(k: int) -> CircuitDescription:
+        if k not in built:
+            b = CircuitBuilder(name, "depth", layer_costs[k])
+            make(b)
+            built[k] = b.description()
+        return built[k]
+
+    lo, hi = 0, len(layer_costs) - 1
+    if at(hi).and_depth() > max_depth:
+        return at(hi)
+    while lo < hi:  # invariant: at(hi) fits
+        mid = (lo + hi) // 2
+        if at(mid).and_depth() <= max_depth:
+            hi = mid
+        else:
+            lo = mid + 1
+    return at(hi)
 
 
 def _check_width(width: object, what: str, lo: int = 1, hi: int | None = None) -> int:
@@ -232,15 +302,32 @@ def mul_const_and_count(c: int, width: int) -> int:
     return _mul_plan(c % (1 << width), width)[1]
 
 
-class CircuitBuilder:
+class CircuitBuilder(DepthArithmetic):
     """Builds one circuit: declare inputs, combine Bits with gadgets, declare outputs.
 
     ``and_count``/``xor_count``/``not_count`` count gates created so far; the description
     keeps only gates that reach an output, so its counts can be lower.
+
+    ``arithmetic`` picks the adders, subtractors and comparators: ``"ripple"`` (the default,
+    fewest AND gates: what garbling pays for) or ``"depth"`` (variable-block carry-increment
+    adders and carry-skip comparators sized from the operands' arrival depths, and
+    arrival-ordered reduction trees: fewer AND layers, which an interactive backend such as GMW
+    pays a round trip each, for about 2x (comparisons) to 3x (additions) the AND gates).
+    Bitwise gadgets, muxes and the constant folding are the same in both.
     """
 
-    def __init__(self, name: str = "") -> None:
+    def __init__(
+        self, name: str = "", arithmetic: str = "ripple", layer_cost: float = DEFAULT_LAYER_COST
+    ) -> None:
+        if arithmetic not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {arithmetic!r}")
         self.name = name
+        self.arithmetic = arithmetic
+        if not isinstance(layer_cost, (int, float)) or not 0 <= layer_cost < float("inf"):
+            raise ValueError(f"layer_cost must be a finite number >= 0, got {layer_cost!r}")
+        self.layer_cost = layer_cost
+        self._by_depth = arithmetic == "depth"
+        self._depth: list[int] = [0, 0]  # AND-depth of every node (constants and inputs: 0)
         self.and_count = 0
         self.xor_count = 0
         self.not_count = 0
@@ -267,6 +354,8 @@ class CircuitBuilder:
         self._g_a.append(a)
         self._g_b.append(b)
         self._g_out.append(node)
+        d = self._depth
+        d.append(max(d[a], d[b]) + 1 if op == OP_AND else max(d[a], d[b]))
         return node
 
     def _not(self, a: int) -> int:
@@ -348,10 +437,13 @@ class CircuitBuilder:
         return self._xor(y, self._and(self._xor(a, b), self._xor(y, b)))
 
     def _or_tree(self, refs: Sequence[int]) -> int:
-        """OR of all refs, len-1 ANDs, balanced (depth log2 len)."""
+        """OR of all refs, len-1 ANDs, balanced (depth log2 len; with ``arithmetic="depth"``
+        the two earliest-ready operands are joined first, so late inputs wait less)."""
         level = list(refs)
         if not level:
             return _F
+        if self._by_depth:
+            return self._earliest_first(level, self._or)
         while len(level) > 1:
             nxt = [self._or(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
             if len(level) % 2:
@@ -404,6 +496,7 @@ class CircuitBuilder:
         _check_width(width, f"input {name!r} width", 1, MAX_PORT_WIDTH)
         start = self._n_nodes
         self._n_nodes += width
+        self._depth.extend([0] * width)
         refs = tuple(range(start, start + width))
         self._inputs.append((name, owner, refs))
         return self._bits(refs)
@@ -433,6 +526,10 @@ class CircuitBuilder:
         for p in parts:
             refs.extend(self._refs(p))
         return self._bits(refs)
+
+    def depth(self, x: Bits) -> int:
+        """AND-depth of the deepest bit of x so far (0 for inputs and constants)."""
+        return max((self._depth[r] for r in self._refs(x)), default=0)
 
     # ------------------------------------------------------------------ description
 
@@ -495,12 +592,12 @@ class CircuitBuilder:
         return self._bits(map(self._xor, xr, yr))
 
     def and_(self, x: Operand, y: Operand) -> Bits:
-        """Bitwise AND, w ANDs."""
+        """Bitwise AND, w ANDs, depth 1."""
         xr, yr = self._pair(x, y)
         return self._bits(map(self._and, xr, yr))
 
     def or_(self, x: Operand, y: Operand) -> Bits:
-        """Bitwise OR, w ANDs."""
+        """Bitwise OR, w ANDs, depth 1."""
         xr, yr = self._pair(x, y)
         return self._bits(map(self._or, xr, yr))
 
@@ -516,16 +613,16 @@ class CircuitBuilder:
         return self._bits((acc,))
 
     def or_reduce(self, x: Bits) -> Bits:
-        """OR of all bits (1 bit), w-1 ANDs."""
+        """OR of all bits (1 bit), w-1 ANDs, depth ceil(log2 w) (balanced tree)."""
         return self._bits((self._or_tree(self._refs(x)),))
 
     def and_reduce(self, x: Bits) -> Bits:
-        """AND of all bits (1 bit), w-1 ANDs."""
+        """AND of all bits (1 bit), w-1 ANDs, depth ceil(log2 w) (balanced tree)."""
         inv = [self._not(r) for r in self._refs(x)]
         return self._bits((self._not(self._or_tree(inv)),))
 
     def mux(self, sel: Operand, x: Operand, y: Operand) -> Bits:
-        """``sel ? x : y`` for a 1-bit sel, w ANDs (y ^ (sel & (x ^ y)))."""
+        """``sel ? x : y`` for a 1-bit sel, w ANDs, depth 1 (y ^ (sel & (x ^ y)))."""
         s = self._bit(sel)
         xr, yr = self._pair(x, y)
         return self._bits(
@@ -535,6 +632,13 @@ class CircuitBuilder:
     # ------------------------------------------------------------------ arithmetic
 
     def _add_refs(
+        self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
+    ) -> tuple[list[int], int]:
+        if self._by_depth:
+            return self._add_fast(xr, yr, carry, want_carry)
+        return self._add_refs_ripple(xr, yr, carry, want_carry)
+
+    def _add_refs_ripple(
         self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
     ) -> tuple[list[int], int]:
         out = []
@@ -548,6 +652,14 @@ class CircuitBuilder:
     def _sub_refs(
         self, xr: Sequence[int], yr: Sequence[int], borrow: int, want_diff: bool, want_borrow: bool
     ) -> tuple[list[int], int]:
+        if self._by_depth:
+            if not want_diff:
+                return [], self._borrow_out_fast(xr, yr, borrow)
+            # x - y - b = x + ~y + ~b; the borrow out is the complement of the carry out
+            diff, carry = self._add_fast(
+                xr, [self._not(q) for q in yr], self._not(borrow), want_borrow
+            )
+            return diff, self._not(carry)
         out = []
         last = len(xr) - 1
         for i, (p, q) in enumerate(zip(xr, yr, strict=True)):
@@ -558,40 +670,46 @@ class CircuitBuilder:
         return out, borrow
 
     def add(self, x: Operand, y: Operand) -> Bits:
-        """x + y mod 2**w, ripple carry, w-1 ANDs."""
+        """x + y mod 2**w: ripple carry, w-1 ANDs at depth w-1; ``arithmetic="depth"``: a
+        carry-increment chain, at most 3w ANDs at depth about sqrt(2w) (16 bits: 37 at 6)."""
         xr, yr = self._pair(x, y)
         return self._bits(self._add_refs(xr, yr, _F, False)[0])
 
     def add_with_carry(
         self, x: Operand, y: Operand, carry_in: Operand | None = None
     ) -> tuple[Bits, Bits]:
-        """(x + y + carry_in mod 2**w, carry out), w ANDs."""
+        """(x + y + carry_in mod 2**w, carry out), w ANDs at depth w; ``arithmetic="depth"``: as
+        :meth:`add`."""
         xr, yr = self._pair(x, y)
         c = _F if carry_in is None else self._bit(carry_in)
         s, c = self._add_refs(xr, yr, c, True)
         return self._bits(s), self._bits((c,))
 
     def sub(self, x: Operand, y: Operand) -> Bits:
-        """x - y mod 2**w, ripple borrow, w-1 ANDs."""
+        """x - y mod 2**w: ripple borrow, w-1 ANDs at depth w-1; ``arithmetic="depth"``: as
+        x + ~y + 1 by the carry-increment chain of :meth:`add`."""
         xr, yr = self._pair(x, y)
         return self._bits(self._sub_refs(xr, yr, _F, True, False)[0])
 
     def sub_with_borrow(
         self, x: Operand, y: Operand, borrow_in: Operand | None = None
     ) -> tuple[Bits, Bits]:
-        """(x - y - borrow_in mod 2**w, borrow out = unsigned x < y + borrow_in), w ANDs."""
+        """(x - y - borrow_in mod 2**w, borrow out = unsigned x < y + borrow_in), w ANDs at depth w;
+        ``arithmetic="depth"``: as :meth:`sub`."""
         xr, yr = self._pair(x, y)
         b = _F if borrow_in is None else self._bit(borrow_in)
         d, b = self._sub_refs(xr, yr, b, True, True)
         return self._bits(d), self._bits((b,))
 
     def neg(self, x: Bits) -> Bits:
-        """-x mod 2**w, max(w-2, 0) ANDs (borrow chain of 0 - x is an OR chain)."""
+        """-x mod 2**w, max(w-2, 0) ANDs at that depth (borrow chain of 0 - x is an OR chain);
+        ``arithmetic="depth"``: about 2w ANDs at depth about sqrt(2w)."""
         xr = self._refs(x)
         return self._bits(self._sub_refs((_F,) * len(xr), xr, _F, True, False)[0])
 
     def add_const(self, x: Bits, c: int) -> Bits:
-        """x + c mod 2**w: max(w-2-t, 0) ANDs, t = trailing zeros of c mod 2**w (0 if c = 0)."""
+        """x + c mod 2**w: max(w-2-t, 0) ANDs, t = trailing zeros of c mod 2**w (0 if c = 0),
+        at that depth (ripple); ``arithmetic="depth"``: as :meth:`add`."""
         return self.add(x, c)
 
     def sub_const(self, x: Bits, c: int) -> Bits:
@@ -599,11 +717,15 @@ class CircuitBuilder:
         return self.add(x, -c)
 
     def cond_neg(self, x: Bits, sel: Operand) -> Bits:
-        """``sel ? -x : x`` as (x ^ sel) + sel, w-1 ANDs."""
+        """``sel ? -x : x`` as (x ^ sel) + sel, w-1 ANDs at depth w-1; ``arithmetic="depth"``: an
+        increment by the carry-increment chain, about 2w ANDs at depth about sqrt(2w)."""
         s = self._bit(sel)
+        xr = self._refs(x)
+        if self._by_depth:
+            flipped = [self._xor(r, s) for r in xr]
+            return self._bits(self._add_fast(flipped, [_F] * len(xr), s, False)[0])
         carry = s
         out = []
-        xr = self._refs(x)
         for i, r in enumerate(xr):
             t = self._xor(r, s)
             out.append(self._xor(t, carry))
@@ -612,11 +734,12 @@ class CircuitBuilder:
         return self._bits(out)
 
     def abs_signed(self, x: Bits) -> Bits:
-        """|x| for signed x, w-1 ANDs; the minimum value maps to itself (wraps)."""
+        """|x| for signed x, as :meth:`cond_neg`; the minimum value maps to itself (wraps)."""
         return self.cond_neg(x, x[-1])
 
     def mul(self, x: Operand, y: Operand) -> Bits:
-        """x * y mod 2**w (same for signed and unsigned), schoolbook, w*w - w + 1 ANDs (w >= 1)."""
+        """x * y mod 2**w (same for signed and unsigned), schoolbook, w*w - w + 1 ANDs (w >= 1),
+        depth about 2w (rows accumulated by :meth:`add`, so more gates with ``"depth"``)."""
         xr, yr = self._pair(x, y)
         w = len(xr)
         acc: list[int] = [_F] * w
@@ -683,7 +806,8 @@ class CircuitBuilder:
         """Number of set bits, width w.bit_length(); w - popcount(w) ANDs (optimal).
 
         Carry-save counting: per weight column, full adders (1 AND) while >= 3 bits, a half
-        adder (1 AND) at 2 bits; each carry goes to the next column.
+        adder (1 AND) at 2 bits; each carry goes to the next column. Depth at most about 2 log2 w
+        (64 bits: 6; ``arithmetic="depth"``: the earliest-ready bits first, same gates).
         """
         xr = self._refs(x)
         out_width = len(xr).bit_length()
@@ -693,6 +817,8 @@ class CircuitBuilder:
         while k < len(cols):
             col = cols[k]
             while len(col) >= 2:
+                if self._by_depth:  # the earliest-ready bits first (same gate count)
+                    col = deque(sorted(col, key=self._depth.__getitem__))
                 if k + 1 == len(cols):
                     cols.append(deque())
                 if len(col) >= 3:
@@ -711,12 +837,13 @@ class CircuitBuilder:
     # ------------------------------------------------------------------ comparisons
 
     def lt_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned x < y (borrow out of x - y), w ANDs."""
+        """Unsigned x < y (borrow out of x - y): w ANDs at depth w (ripple); ``arithmetic=
+        "depth"``: a carry-skip chain or prefix tree, at most 3w ANDs (64 bits: 135 at depth 8)."""
         xr, yr = self._pair(x, y)
         return self._bits((self._sub_refs(xr, yr, _F, False, True)[1],))
 
     def lt_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed x < y, w ANDs."""
+        """Signed x < y, w ANDs at depth w; ``arithmetic="depth"``: as :meth:`lt_unsigned`."""
         xr, yr = self._pair(x, y)
         if not xr:
             return self._bits((_F,))
@@ -727,40 +854,40 @@ class CircuitBuilder:
         return self._bits((self._xor(xs, self._and(self._xor(xs, b), self._xor(ys, b))),))
 
     def le_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned x <= y, w ANDs."""
+        """Unsigned x <= y, as :meth:`lt_unsigned`."""
         return self.not_(self.lt_unsigned(y, x))
 
     def gt_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned x > y, w ANDs."""
+        """Unsigned x > y, as :meth:`lt_unsigned`."""
         return self.lt_unsigned(y, x)
 
     def ge_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned x >= y, w ANDs."""
+        """Unsigned x >= y, as :meth:`lt_unsigned`."""
         return self.not_(self.lt_unsigned(x, y))
 
     def le_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed x <= y, w ANDs."""
+        """Signed x <= y, as :meth:`lt_signed`."""
         return self.not_(self.lt_signed(y, x))
 
     def gt_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed x > y, w ANDs."""
+        """Signed x > y, as :meth:`lt_signed`."""
         return self.lt_signed(y, x)
 
     def ge_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed x >= y, w ANDs."""
+        """Signed x >= y, as :meth:`lt_signed`."""
         return self.not_(self.lt_signed(x, y))
 
     def eq(self, x: Operand, y: Operand) -> Bits:
-        """x == y, w-1 ANDs (OR tree over x ^ y, negated)."""
+        """x == y, w-1 ANDs at depth ceil(log2 w) (OR tree over x ^ y, negated)."""
         xr, yr = self._pair(x, y)
         return self._bits((self._not(self._or_tree(list(map(self._xor, xr, yr)))),))
 
     def ne(self, x: Operand, y: Operand) -> Bits:
-        """x != y, w-1 ANDs."""
+        """x != y, w-1 ANDs at depth ceil(log2 w)."""
         return self.not_(self.eq(x, y))
 
     def is_zero(self, x: Bits) -> Bits:
-        """x == 0, w-1 ANDs."""
+        """x == 0, w-1 ANDs at depth ceil(log2 w)."""
         return self._bits((self._not(self._or_tree(self._refs(x))),))
 
     def is_negative(self, x: Bits) -> Bits:
@@ -771,19 +898,19 @@ class CircuitBuilder:
         return self._bits(xr[-1:])
 
     def min_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed minimum, 2w ANDs."""
+        """Signed minimum: :meth:`lt_signed` and a mux (w ANDs, one more layer)."""
         return self.mux(self.lt_signed(x, y), x, y)
 
     def max_signed(self, x: Operand, y: Operand) -> Bits:
-        """Signed maximum, 2w ANDs."""
+        """Signed maximum: :meth:`lt_signed` and a mux (w ANDs, one more layer)."""
         return self.mux(self.lt_signed(x, y), y, x)
 
     def min_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned minimum, 2w ANDs."""
+        """Unsigned minimum: :meth:`lt_unsigned` and a mux (w ANDs, one more layer)."""
         return self.mux(self.lt_unsigned(x, y), x, y)
 
     def max_unsigned(self, x: Operand, y: Operand) -> Bits:
-        """Unsigned maximum, 2w ANDs."""
+        """Unsigned maximum: :meth:`lt_unsigned` and a mux (w ANDs, one more layer)."""
         return self.mux(self.lt_unsigned(x, y), y, x)
 
     # ------------------------------------------------------------------ wiring (free)

@@ -15,25 +15,37 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
+from collections.abc import Callable
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder
-from garbled_core.discrete_gaussian import monomials, table_lookup
+from garbled_core.circuit import (
+    MAX_PORT_WIDTH,
+    Bits,
+    CircuitBuilder,
+    CircuitDescription,
+    describe_within_depth,
+)
+from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, monomials, table_lookup
 
 __all__ = [
     "MAX_RING_BITS",
+    "MAX_ROUND_DEPTH",
     "MIN_RING_BITS",
     "TABLE_SAMPLER_LABEL",
     "check_ring_bits",
     "decode_signed",
+    "depth_rows",
     "noise_share_circuit",
     "noisy_sum_circuit",
+    "noisy_sum_description",
     "output_ports",
     "output_width",
     "reconstruct_circuit",
+    "reconstruct_description",
     "table_noisy_sum_circuit",
     "table_sampler_circuit",
     "table_sampler_values",
@@ -42,6 +54,9 @@ __all__ = [
 MIN_RING_BITS = 2
 MAX_RING_BITS = 64
 TABLE_SAMPLER_LABEL = "table sampler (paper baseline, NOT differentially private)"
+MAX_ROUND_DEPTH = MAX_TRIAL_DEPTH
+"""AND-depth the ``arithmetic="depth"`` circuits keep within (issue 34: GMW pays a round trip
+per AND layer), the same as the sampler's trial circuit."""
 
 
 def check_ring_bits(ring_bits: int) -> int:
@@ -111,33 +126,95 @@ def _reveal_wide(b: CircuitBuilder, y: Bits) -> None:
         b.output(name, y[start : start + w], reveal="both")
 
 
+def _describe(
+    name: str,
+    arithmetic: str,
+    make: Callable[[CircuitBuilder], None],
+    max_depth: int = MAX_ROUND_DEPTH,
+) -> CircuitDescription:
+    """The description ``make`` builds. ``"ripple"``: the garbled circuits, names and digests as
+    ever. ``"depth"`` (for an interactive backend, named with a ``-depth`` tail): about the
+    fewest AND gates within ``max_depth`` layers (ripple wherever that is shallow enough; see
+    :func:`garbled_core.circuit.describe_within_depth`). A round runs the trial circuits, then
+    the noisy sum: a smaller ``max_depth`` here saves round trips for a few more AND gates."""
+    if arithmetic == "ripple":
+        b = CircuitBuilder(name)
+        make(b)
+        return b.description()
+    if arithmetic != "depth":
+        raise ValueError(f"arithmetic must be 'ripple' or 'depth', got {arithmetic!r}")
+    return describe_within_depth(f"{name}-depth", make, max_depth)
+
+
 @functools.lru_cache(maxsize=64)
-def reconstruct_circuit(ring_bits: int) -> Any:
-    """Only-MPC (the paper's baseline): reveals S = smod(A1 - A2, 2^L) as port ``s``."""
+def reconstruct_description(
+    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+) -> CircuitDescription:
+    """Description of :func:`reconstruct_circuit`."""
     ring_bits = check_ring_bits(ring_bits)
-    b = CircuitBuilder(f"spgc-only-mpc-L{ring_bits}")
-    b.output("s", _signed_difference(b, ring_bits), reveal="both")
-    return b.build()
+
+    def make(b: CircuitBuilder) -> None:
+        b.output("s", _signed_difference(b, ring_bits), reveal="both")
+
+    return _describe(f"spgc-only-mpc-L{ring_bits}", arithmetic, make, max_depth)
 
 
 @functools.lru_cache(maxsize=64)
-def noisy_sum_circuit(ring_bits: int, noise_bits: int, output_bits: int | None = None) -> Any:
-    """SPGC: Y = smod(A1 - A2, 2^L) + z, z carried (port ``z``, ``noise_bits`` two's complement),
-    revealed in :func:`output_width` bits (ports from :func:`output_ports`)."""
+def reconstruct_circuit(
+    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+) -> Any:
+    """Only-MPC (the paper's baseline): reveals S = smod(A1 - A2, 2^L) as port ``s``.
+    ``arithmetic="depth"``: at most ``max_depth`` AND layers (see :func:`_describe`)."""
+    return reconstruct_description(ring_bits, arithmetic=arithmetic, max_depth=max_depth).build()
+
+
+@functools.lru_cache(maxsize=64)
+def noisy_sum_description(
+    ring_bits: int,
+    noise_bits: int,
+    output_bits: int | None = None,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = MAX_ROUND_DEPTH,
+) -> CircuitDescription:
+    """Description of :func:`noisy_sum_circuit`."""
     width = output_width(ring_bits, noise_bits, output_bits)
-    b = CircuitBuilder(f"spgc-noisy-sum-L{ring_bits}-z{noise_bits}-y{width}")
-    s = _signed_difference(b, ring_bits)
-    z = b.input("z", owner="carried", width=noise_bits)
-    y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))  # width-1 ANDs, no wrap
-    _reveal_wide(b, y)
-    return b.build()
+
+    def make(b: CircuitBuilder) -> None:
+        s = _signed_difference(b, ring_bits)
+        z = b.input("z", owner="carried", width=noise_bits)
+        y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))  # width-1 ANDs, no wrap
+        _reveal_wide(b, y)
+
+    name = f"spgc-noisy-sum-L{ring_bits}-z{noise_bits}-y{width}"
+    return _describe(name, arithmetic, make, max_depth)
+
+
+@functools.lru_cache(maxsize=64)
+def noisy_sum_circuit(
+    ring_bits: int,
+    noise_bits: int,
+    output_bits: int | None = None,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = MAX_ROUND_DEPTH,
+) -> Any:
+    """SPGC: Y = smod(A1 - A2, 2^L) + z, z carried (port ``z``, ``noise_bits`` two's complement),
+    revealed in :func:`output_width` bits (ports from :func:`output_ports`).
+    ``arithmetic="depth"``: at most ``max_depth`` AND layers (see :func:`_describe`)."""
+    desc = noisy_sum_description(
+        ring_bits, noise_bits, output_bits, arithmetic=arithmetic, max_depth=max_depth
+    )
+    return desc.build()
 
 
 # ------------------------------------------------------------------ the paper's table sampler
 
 
 @functools.lru_cache(maxsize=32)
-def noise_share_circuit(ring_bits: int, noise_bits: int) -> Any:
+def noise_share_circuit(
+    ring_bits: int, noise_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+) -> Any:
     """u = (z + r) mod 2^L, revealed to the evaluator only: z carried (port ``z``, the sampler's
     kept noise, ``noise_bits`` two's complement), r the garbler's mask (port ``r``, L bits).
     L - 1 AND gates."""
@@ -147,11 +224,14 @@ def noise_share_circuit(ring_bits: int, noise_bits: int) -> Any:
             f"the sampler's noise needs {noise_bits} bits, more than the ring's L={ring_bits}: "
             f"S + z would not fit; the plan must size the ring for the noise"
         )
-    b = CircuitBuilder(f"spgc-noise-share-L{ring_bits}-z{noise_bits}")
-    z = b.input("z", owner="carried", width=noise_bits)
-    r = b.input("r", owner="garbler", width=ring_bits)
-    b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
-    return b.build()
+
+    def make(b: CircuitBuilder) -> None:
+        z = b.input("z", owner="carried", width=noise_bits)
+        r = b.input("r", owner="garbler", width=ring_bits)
+        b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
+
+    name = f"spgc-noise-share-L{ring_bits}-z{noise_bits}"
+    return _describe(name, arithmetic, make, max_depth).build()
 
 
 @functools.lru_cache(maxsize=16)
@@ -205,3 +285,49 @@ def table_noisy_sum_circuit(
     y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))
     _reveal_wide(b, y)
     return b.build()
+
+
+def depth_rows(ring_bits: int, noise_bits: list[int]) -> list[dict[str, Any]]:
+    """AND count and AND-depth of the round's reconstruction and noisy-sum circuits, ripple
+    (garbled) against ``arithmetic="depth"``."""
+    rows = []
+    described: list[tuple[str, int, Callable[[str], CircuitDescription]]] = [
+        ("reconstruct", 0, lambda a: reconstruct_description(ring_bits, arithmetic=a))
+    ]
+    for nb in noise_bits:
+        described.append(
+            ("noisy sum", nb, lambda a, nb=nb: noisy_sum_description(ring_bits, nb, arithmetic=a))
+        )
+    for name, nb, describe in described:
+        ripple, depth = describe("ripple"), describe("depth")
+        rows.append(
+            {
+                "circuit": name,
+                "ring_bits": ring_bits,
+                "noise_bits": nb,
+                "ripple_and": ripple.and_count,
+                "ripple_depth": ripple.and_depth(),
+                "depth_and": depth.and_count,
+                "depth_depth": depth.and_depth(),
+            }
+        )
+    return rows
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m spgc.servers.spgc_circuit RING_BITS [NOISE_BITS ...]``: the depth table."""
+    if not argv:
+        print("usage: python -m spgc.servers.spgc_circuit RING_BITS [NOISE_BITS ...]")
+        return 2
+    print("| circuit | L | noise bits | ripple AND | ripple depth | depth AND | depth depth |")
+    print("|" + "---|" * 7)
+    for r in depth_rows(int(argv[0]), [int(a) for a in argv[1:]]):
+        print(
+            f"| {r['circuit']} | {r['ring_bits']} | {r['noise_bits'] or '-'} | {r['ripple_and']} | "
+            f"{r['ripple_depth']} | {r['depth_and']} | {r['depth_depth']} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,0 +1,249 @@
+"""Depth-aware arithmetic for :class:`garbled_core.circuit.CircuitBuilder` (``arithmetic="depth"``).
+
+An interactive backend (GMW) pays one round trip per layer of AND gates, garbling pays per AND
+gate. These gadgets trade AND gates for layers, choosing each structure from the AND-depths at
+which its operand bits are ready (the builder tracks every node's depth), by the least
+``ANDs + layer_cost * depth``:
+
+- adders: carry-increment chains (a ripple block, then blocks that ripple from carry 0 and keep
+  the prefix-ANDs of their propagate bits, ready when the running carry reaches them);
+- borrows and comparisons: carry-skip chains (block borrow and block equality, joined by
+  B = G ^ (E & B_in)) or balanced block trees (parallel prefix over blocks);
+- reductions (OR/AND of many bits) joining the two earliest-ready operands first.
+
+Generate and propagate terms joined by XOR instead of OR wherever they are exclusive, so a
+join costs one AND.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["DepthArithmetic"]
+
+_F, _T = 0, 1  # the builder's constant references (see garbled_core.circuit)
+
+
+class DepthArithmetic:
+    """Mixin of :class:`~garbled_core.circuit.CircuitBuilder`: the ``arithmetic="depth"``
+    gadgets over builder references (ints; 0 and 1 are the constants)."""
+
+    if TYPE_CHECKING:
+        _depth: list[int]
+        layer_cost: float
+
+        def _not(self, a: int) -> int: ...
+        def _xor(self, a: int, b: int) -> int: ...
+        def _and(self, a: int, b: int) -> int: ...
+        def _maj(self, a: int, b: int, c: int) -> int: ...
+        def _borrow(self, a: int, y: int, b: int) -> int: ...
+        def _add_refs_ripple(
+            self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
+        ) -> tuple[list[int], int]: ...
+
+    def _earliest_first(self, refs: Sequence[int], join: Any) -> int:
+        """Reduce refs with an associative, commutative 1-AND ``join``, always joining the two
+        operands that are ready earliest (Huffman order on AND-depth): len-1 ANDs, depth at most
+        ceil(log2 len) above the latest input, less when inputs arrive at different depths."""
+        heap = [(self._depth[r], k, r) for k, r in enumerate(refs)]
+        heapq.heapify(heap)
+        tie = len(heap)
+        while len(heap) > 1:
+            _, _, a = heapq.heappop(heap)
+            _, _, c = heapq.heappop(heap)
+            r = join(a, c)
+            heapq.heappush(heap, (self._depth[r], tie, r))
+            tie += 1
+        return heap[0][2]
+
+    def _and_tree(self, refs: Sequence[int]) -> int:
+        """AND of all refs, len-1 ANDs, earliest-ready operands first."""
+        return self._earliest_first(refs, self._and) if refs else _T
+
+    def _ready(self, *refs: int) -> int:
+        return max(self._depth[r] for r in refs)
+
+    def _block_plan(self, arrive: Sequence[int], start: int, first: int) -> list[int]:
+        """Block sizes (LSB first) of a carry-skip/carry-increment chain over bits with ready
+        depths ``arrive``: a ripple block of ``first`` bits from a carry ready at ``start``,
+        then blocks as large as can be ready (ripple from carry 0, one level a bit, estimated)
+        when the running carry reaches them."""
+        n = len(arrive)
+        sizes = [first]
+        t = start
+        for i in range(first):
+            t = max(t, arrive[i]) + 1
+        pos = first
+        while pos < n:
+            size, ready = 0, 0
+            while pos + size < n:
+                cand = max(ready, arrive[pos + size]) + 1
+                if size and cand > t:
+                    break
+                ready, size = cand, size + 1
+            sizes.append(size)
+            t = max(t, ready) + 1
+            pos += size
+        return sizes
+
+    def _chain_depth(self, arrive: Sequence[int], start: int, sizes: Sequence[int]) -> int:
+        t = start
+        for i in range(sizes[0]):
+            t = max(t, arrive[i]) + 1
+        pos = sizes[0]
+        for size in sizes[1:]:
+            ready = 0
+            for i in range(pos, pos + size):
+                ready = max(ready, arrive[i]) + 1
+            t = max(t, ready) + 1
+            pos += size
+        return t
+
+    def _pick(self, options: Sequence[tuple[int, int, Any]]) -> Any:
+        """The plan of the least ``ands + layer_cost * depth`` (estimates), then least depth."""
+        return min(options, key=lambda o: (o[1] + self.layer_cost * o[0], o[0]))[2]
+
+    def _tree_estimate(self, arrive: Sequence[int], start: int, size: int) -> tuple[int, int]:
+        """(depth, ANDs) of :meth:`_borrow_tree` with blocks of ``size`` bits."""
+        groups: list[tuple[int, int | None]] = []
+        ands = 0
+        for lo in range(0, len(arrive), size):
+            bits = arrive[lo : lo + size]
+            t = start if lo == 0 else 0
+            for r in bits:
+                t = max(t, r) + 1
+            ands += len(bits)
+            if lo == 0:
+                groups.append((t, None))
+            else:
+                ands += len(bits) - 1
+                groups.append((t, max(bits) + (len(bits) - 1).bit_length()))
+        while len(groups) > 1:
+            nxt = []
+            for i in range(0, len(groups) - 1, 2):
+                (g_lo, e_lo), (g_hi, e_hi) = groups[i], groups[i + 1]
+                assert e_hi is not None
+                ands += 1 if e_lo is None else 2
+                e_up = None if e_lo is None else max(e_hi, e_lo) + 1
+                nxt.append((max(g_hi, e_hi, g_lo) + 1, e_up))
+            if len(groups) % 2:
+                nxt.append(groups[-1])
+            groups = nxt
+        return groups[0][0], ands
+
+    def _borrow_out_fast(self, xr: Sequence[int], yr: Sequence[int], borrow: int) -> int:
+        """Borrow out of x - y - borrow (unsigned x < y + borrow), the cheapest (ANDs +
+        ``layer_cost`` x depth) of two families built on block borrows G (ripple from borrow 0,
+        1 AND a bit) and block equalities E (AND trees, b-1 ANDs), joined by
+        B = G_hi ^ (E_hi & B_lo) (the terms are exclusive):
+
+        - carry-skip chain: a ripple block, then blocks ready when the running borrow reaches
+          them, 2b ANDs a block (1 for a 1-bit block): at most 2w ANDs, depth about sqrt(2w);
+        - block tree: blocks of b bits joined by a balanced tree (2 ANDs a node, 1 on the lowest
+          path): about 3w ANDs and depth 1 + log2 w at b = 1, down to w ANDs and depth w at
+          b = w (the ripple borrow).
+        """
+        n = len(xr)
+        if n == 0:
+            return borrow
+        arrive = [self._ready(p, q) for p, q in zip(xr, yr, strict=True)]
+        start = self._depth[borrow]
+        options: list[tuple[int, int, Any]] = []
+        for first in range(1, n + 1):
+            sizes = self._block_plan(arrive, start, first)
+            ands = first + sum(1 if size == 1 else 2 * size for size in sizes[1:])
+            options.append((self._chain_depth(arrive, start, sizes), ands, ("chain", sizes)))
+        for size in range(1, n):
+            depth, ands = self._tree_estimate(arrive, start, size)
+            options.append((depth, ands, ("tree", size)))
+        kind, plan = self._pick(options)
+        if kind == "tree":
+            return self._borrow_tree(xr, yr, borrow, plan)
+        pos = 0
+        for k, size in enumerate(plan):
+            bits = range(pos, pos + size)
+            if k == 0 or size == 1:
+                for i in bits:
+                    borrow = self._borrow(xr[i], yr[i], borrow)
+            else:
+                g = _F
+                for i in bits:
+                    g = self._borrow(xr[i], yr[i], g)
+                equal = self._and_tree([self._not(self._xor(xr[i], yr[i])) for i in bits])
+                borrow = self._xor(g, self._and(equal, borrow))
+            pos += size
+        return borrow
+
+    def _borrow_tree(self, xr: Sequence[int], yr: Sequence[int], borrow: int, size: int) -> int:
+        n = len(xr)
+        groups: list[tuple[int, int | None]] = []  # (borrow out, equality) from the LSB up
+        for lo in range(0, n, size):
+            bits = range(lo, min(lo + size, n))
+            g = borrow if lo == 0 else _F
+            for i in bits:
+                g = self._borrow(xr[i], yr[i], g)
+            equal = None
+            if lo:
+                equal = self._and_tree([self._not(self._xor(xr[i], yr[i])) for i in bits])
+            groups.append((g, equal))
+        while len(groups) > 1:
+            nxt: list[tuple[int, int | None]] = []
+            for i in range(0, len(groups) - 1, 2):
+                (g_lo, e_lo), (g_hi, e_hi) = groups[i], groups[i + 1]
+                assert e_hi is not None
+                e = None if e_lo is None else self._and(e_hi, e_lo)
+                nxt.append((self._xor(g_hi, self._and(e_hi, g_lo)), e))
+            if len(groups) % 2:
+                nxt.append(groups[-1])
+            groups = nxt
+        return groups[0][0]
+
+    def _add_fast(
+        self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
+    ) -> tuple[list[int], int]:
+        """x + y + carry as a carry-increment chain: a ripple block, then blocks that ripple
+        from carry 0 and keep the prefix-ANDs of their propagate bits, all ready when the
+        running carry arrives; then c_i = c0_i ^ (P_i & c_in) (1 AND a bit, exclusive terms).
+        A block of b >= 2 bits costs 3b - 1 ANDs, the ripple block 1 a bit (3w ANDs at most,
+        depth about sqrt(2w) levels above the operands)."""
+        n = len(xr)
+        if n == 0:
+            return [], carry
+        arrive = [self._ready(p, q) for p, q in zip(xr, yr, strict=True)]
+        start = self._depth[carry]
+        options = []
+        for first in range(1, n + 1):
+            sizes = self._block_plan(arrive, start, first)
+            ands = first + sum(1 if size == 1 else 3 * size - 1 for size in sizes[1:])
+            options.append((self._chain_depth(arrive, start, sizes), ands, sizes))
+        sizes = self._pick(options)
+        out: list[int] = []
+        pos = 0
+        for k, size in enumerate(sizes):
+            last_block = pos + size == n
+            if k == 0 or size == 1:
+                part, carry = self._add_refs_ripple(
+                    xr[pos : pos + size], yr[pos : pos + size], carry, want_carry or not last_block
+                )
+                out += part
+            else:
+                prop = [self._xor(xr[i], yr[i]) for i in range(pos, pos + size)]
+                c0 = [_F]
+                for j, i in enumerate(range(pos, pos + size)):
+                    if j < size - 1 or want_carry or not last_block:
+                        c0.append(self._maj(xr[i], yr[i], c0[-1]))
+                run = prop[0]
+                for j in range(size):
+                    if j:
+                        c_j = self._xor(c0[j], self._and(run, carry))
+                        out.append(self._xor(prop[j], c_j))
+                        if j < size - 1 or want_carry or not last_block:
+                            run = self._and(run, prop[j])
+                    else:
+                        out.append(self._xor(prop[0], carry))
+                if want_carry or not last_block:
+                    carry = self._xor(c0[size], self._and(run, carry))
+            pos += size
+        return out, carry
