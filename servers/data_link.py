@@ -181,7 +181,13 @@ class DataLink:
         if self.cfg.mode == "dng":
             return PartyLink(role, self._gc_channels[0], None)
         lanes = [
-            PartyLink.open(role, ch, scheme=self.cfg.garbling_scheme, ot_k=self.cfg.ot_k)
+            PartyLink.open(
+                role,
+                ch,
+                scheme=self.cfg.garbling_scheme,
+                ot_k=self.cfg.ot_k,
+                backend=self.cfg.backend,
+            )
             for ch in self._gc_channels
         ]
         lanes[0].extra_lanes = lanes[1:]  # rounds run on every lane; a noise block on lane 0

@@ -102,6 +102,8 @@ class LedgerState:
                 int(cfg.max_batch_size) if capped_poisson(plan.sampling, cfg.max_batch_size) else 0
             ),
             "clip": self._clip_rule(),
+            # Named here for readers; bound by plan_sha256 (TrainingConfig.backend).
+            "backend": cfg.backend,
         }
 
     def _clip_rule(self) -> dict[str, Any]:

@@ -290,6 +290,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "run_id": self.run_id,
                 "dataset": self.plan.cfg.dataset,
                 "mode": self.plan.cfg.mode,
+                "backend": self.plan.cfg.backend,
                 "rounds": self.round,
                 "steps": self.steps,
                 "model_version": self.version,

@@ -30,7 +30,14 @@ from spgc.data import dataset_task
 from spgc.lanes import MAX_LANES
 from spgc.losses import DEFAULT_LOSS, TASKS, task_loss_problem
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
-from spgc.modes import ADAPTIVE_CLIP_MODES, NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
+from spgc.modes import (
+    ADAPTIVE_CLIP_MODES,
+    BACKEND_MODES,
+    BACKEND_NAMES,
+    NOISY_MODES,
+    SINGLE_SERVER_MODES,
+    TRAINING_MODES,
+)
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import ray_cluster_endpoint, split_host_port
 
@@ -200,6 +207,14 @@ class ServerConfig(_Schema):
         description="seconds the run's first round may wait to open until min_providers "
         "providers have called this server (H1, or the single server), e.g. when providers are "
         "started by hand; then it opens anyway; 0: at once, as soon as the servers are paired",
+    )
+    backend: Literal[BACKEND_NAMES] = Field(
+        "gc",
+        description="how the two servers evaluate a round's circuits: gc (garbled circuits: "
+        "about 20 kB per coordinate between the servers, a few round trips per round) or gmw "
+        "(GMW with Beaver triples from silent OT: about 0.5 kB per coordinate, a round trip "
+        "per AND layer: for links with more bandwidth cost than latency); part of the plan: "
+        "both servers must set the same",
     )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",
@@ -450,6 +465,17 @@ class ServerConfig(_Schema):
                     raise ValueError(f"tls.{key}: {path} is not a file")
         if not self.single_server:
             _check_dial_address("peer_address", self.peer_address)
+        if self.backend != "gc" and self.mode not in BACKEND_MODES:
+            raise ValueError(
+                f"backend: {self.backend} evaluates a round's circuits, and mode {self.mode} "
+                f"runs none; use one of {', '.join(BACKEND_MODES)}, or backend: gc"
+            )
+        if self.backend != "gc" and self.workers > 1:
+            raise ValueError(
+                f"backend: {self.backend} with workers: {self.workers}: Ray worker pairs run "
+                "backend gc only so far; set workers: 1 (gc_lanes split a round's coordinates "
+                "over several connections on either backend)"
+            )
         if self.workers > 1 and self.gc_lanes > 1:
             raise ValueError(
                 f"gc_lanes: {self.gc_lanes} with workers: {self.workers}: rounds run on the "

@@ -421,6 +421,9 @@ class LedgerReport:
     keys_pinned: bool = False  # both keys matched the expected ones, each in its role
     clip: dict[str, Any] | None = None  # the header's clip rule (fixed or adaptive)
     clip_norms: list[float] | None = None  # each release's clip norm, in order
+    # How the servers evaluated the circuits (gc or gmw; bound by plan_sha256), as the header
+    # names it ("gc" for a ledger that predates the field).
+    backend: str = "gc"
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -568,6 +571,7 @@ def verify_ledger(
         keys_pinned=expected_keys is not None,
         clip=header.get("clip"),
         clip_norms=clip_norms,
+        backend=str(header.get("backend") or "gc"),
     )
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 __all__ = [
     "ADAPTIVE_CLIP_MODES",
     "BACKENDS",
+    "BACKEND_MODES",
+    "BACKEND_NAMES",
     "BASELINES",
     "MODES",
     "NOISY_MODES",
@@ -103,3 +105,8 @@ BACKENDS: dict[str, str] = {
     "gmw": "GMW, Beaver triples from silent OT (Ferret): under a byte per AND, a round trip "
     "per AND layer",
 }
+#: The backends' names (config values, CLI choices).
+BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
+#: Training modes whose servers run circuits, online or offline (preprocessed's noise pool):
+#: the ones a backend applies to.
+BACKEND_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and m.circuit)

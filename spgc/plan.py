@@ -188,6 +188,7 @@ class RunPlan:
             task=c.task,
             loss=c.loss_name,
             **self._adaptive_clip_fields(),
+            backend=c.backend,
         )
 
     def _adaptive_clip_fields(self) -> dict[str, Any]:

@@ -388,7 +388,8 @@ def _ledger_human(a: dict[str, Any]) -> str:
     key = a["public_key"]
     lines = [
         f"ledger {a['ledger']}: verified",
-        f"  run {a['run_id']}, server {a['server']}, mode {a['mode']}",
+        f"  run {a['run_id']}, server {a['server']}, mode {a['mode']}, backend "
+        f"{a.get('backend') or 'gc'}",
         f"  releases counted: {a['steps']} (release entries, every one counted), "
         f"{a['released']} with a released line",
     ]

@@ -258,8 +258,13 @@ def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
         return lambda link: run_aggregate(role, link, shares, None, None, ctx.ring_bits, "only-mpc")
 
     seconds, phases, _ = _run_pair(ctx, party("garbler"), party("evaluator"))
-    and_gates = float(reconstruct_circuit(ctx.ring_bits).and_count)
+    and_gates = float(reconstruct_circuit(ctx.ring_bits, arithmetic=_arithmetic(ctx)).and_count)
     return Measurement(n, phases, seconds, and_gates, _gmw_extra(ctx))
+
+
+def _arithmetic(ctx: CommContext) -> str:
+    """The circuits' arithmetic on this backend (PartyLink.arithmetic)."""
+    return "depth" if ctx.backend == "gmw" else "ripple"
 
 
 def _gmw_extra(ctx: CommContext) -> dict[str, Any]:
@@ -324,9 +329,12 @@ def _measure_table(ctx: CommContext, sigma: float, n: int) -> Measurement:
 def _prepare_spgc(ctx: CommContext, sigma: float) -> None:
 
     params = derive_params(sigma)
-    build_trial_circuit(params)
+    build_trial_circuit(params, arithmetic=_arithmetic(ctx))
     noisy_sum_circuit(
-        ctx.ring_bits, params.noise_bits, output_width(ctx.ring_bits, params.noise_bits)
+        ctx.ring_bits,
+        params.noise_bits,
+        output_width(ctx.ring_bits, params.noise_bits),
+        arithmetic=_arithmetic(ctx),
     )
 
 
@@ -345,8 +353,10 @@ def preprocessed_ring_bits(ctx: CommContext, sigma: float) -> int:
 def _prepare_preprocessed(ctx: CommContext, sigma: float) -> None:
 
     params = derive_params(sigma)
-    build_trial_circuit(params)
-    noise_share_circuit(preprocessed_ring_bits(ctx, sigma), params.noise_bits)
+    build_trial_circuit(params, arithmetic=_arithmetic(ctx))
+    noise_share_circuit(
+        preprocessed_ring_bits(ctx, sigma), params.noise_bits, arithmetic=_arithmetic(ctx)
+    )
 
 
 def _measure_preprocessed(ctx: CommContext, sigma: float, n: int) -> Measurement:

@@ -117,7 +117,7 @@ def bench_sigma(
 
     t0 = time.perf_counter()
     params = derive_params(sigma, distance_log2)
-    circuit = build_trial_circuit(params)
+    circuit = build_trial_circuit(params, arithmetic=links[0].arithmetic)
     derive_seconds = time.perf_counter() - t0
     summary = params.summary()
 

@@ -37,7 +37,7 @@ from spgc.config import (
 )
 from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
-from spgc.modes import TRAINING_MODES
+from spgc.modes import BACKENDS, TRAINING_MODES
 from spgc.plan import make_plan
 from spgc.providers.__main__ import main as provider_main
 from spgc.providers.selfcheck import check_model_and_data
@@ -306,6 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="C",
         help="the clip norm (with --clip adaptive the first round's; default 1, adaptive 0.1)",
     )
+    demo.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default="gc",
+        help="how the servers evaluate the round's circuits: gc (garbled circuits, the "
+        "default) or gmw (GMW with Beaver triples from silent OT: far fewer bytes, a round trip "
+        "per AND layer)",
+    )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -435,6 +443,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         clip=args.clip,
         clip_norm=args.clip_norm,
+        backend=args.backend,
     )
     return run_cli(opts, args.json)
 

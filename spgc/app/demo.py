@@ -95,6 +95,8 @@ class DemoOptions:
     clip: str = "fixed"
     # C (fixed) or C0 (adaptive); None: the servers' default 1.0, or the paper's C0 = 0.1.
     clip_norm: float | None = None
+    # How the servers evaluate the round's circuits (spgc.modes.BACKENDS): gc or gmw.
+    backend: str = "gc"
 
 
 def _outgoing_port_range() -> tuple[int, int]:
@@ -241,6 +243,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         if opts.metrics_port is not None:
             cfg["metrics_port"] = opts.metrics_port + role - 1
         cfg["clip"] = opts.clip
+        if opts.backend != "gc":
+            cfg["backend"] = opts.backend
         if opts.clip_norm is not None or opts.clip == "adaptive":
             cfg["clip_norm"] = ADAPTIVE_CLIP_C0 if opts.clip_norm is None else opts.clip_norm
         cfg.update(opts.server_overrides)
@@ -351,7 +355,8 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
         print(
             f"spgc demo: {opts.dataset}{f' ({opts.model})' if opts.model else ''}, "
             f"{opts.providers} providers, {opts.rounds} rounds, "
-            f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}",
+            f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}"
+            + (f", backend {opts.backend}" if opts.backend != "gc" else ""),
             file=out,
         )
         if opts.metrics_port is not None:
