@@ -10,6 +10,7 @@
 
 #include "garbled_core/bind_channel.h"
 #include "garbled_core/bind_gmw.h"
+#include "garbled_core/gmw.h"
 #include "garbled_core/bind_silent_ot.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/halfgates.h"
@@ -177,20 +178,24 @@ PreparedRun prepare_run(const gc::Circuit& c, const py::dict& inputs, const py::
   return r;
 }
 
-py::dict outputs_to_dict(const gc::Circuit& c, gc::RunOutputs& out) {
+// The outputs ``self`` learns, by name: its values (revealed to it or to both), its XOR shares,
+// or Kept objects; outputs revealed to the other party only are absent (also when n = 0).
+py::dict outputs_to_dict(const gc::Circuit& c, gc::RunOutputs& out, gc::InputOwner self) {
   py::dict d;
   for (size_t o = 0; o < c.outputs().size(); ++o) {
-    const std::string& name = c.outputs()[o].name;
+    const gc::OutputPort& port = c.outputs()[o];
     if (out.kept[o]) {
-      d[py::str(name)] = py::cast(out.kept[o]);
-    } else if (!out.values[o].empty() || c.outputs()[o].reveal != gc::Reveal::Keep) {
-      auto& v = out.values[o];
-      if (v.empty() && !(c.outputs()[o].reveal == gc::Reveal::Both || c.outputs()[o].reveal == gc::Reveal::Shares))
-        continue;  // revealed to the other party only
-      U64Array a((py::ssize_t)v.size());
-      if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(uint64_t));
-      d[py::str(name)] = a;
+      d[py::str(port.name)] = py::cast(out.kept[o]);
+      continue;
     }
+    const bool learns = port.reveal == gc::Reveal::Both || port.reveal == gc::Reveal::Shares ||
+                        (port.reveal == gc::Reveal::Garbler && self == gc::InputOwner::Garbler) ||
+                        (port.reveal == gc::Reveal::Evaluator && self == gc::InputOwner::Evaluator);
+    if (!learns) continue;
+    const auto& v = out.values[o];
+    U64Array a((py::ssize_t)v.size());
+    if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(uint64_t));
+    d[py::str(port.name)] = a;
   }
   return d;
 }
@@ -204,9 +209,7 @@ py::dict run_session(SessionT& s, const gc::Circuit& c, const py::dict& inputs, 
     py::gil_scoped_release release;
     out = s.run(c, prepared.in);
   }
-  py::dict d = outputs_to_dict(c, out);
-  // Outputs revealed only to the peer are absent; say so by name for clarity.
-  return d;
+  return outputs_to_dict(c, out, self);
 }
 
 py::array_t<uint8_t> blocks_to_array(const gc::block* b, size_t m) {
@@ -333,6 +336,44 @@ PYBIND11_MODULE(_core, m) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Evaluator);
       }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
       .def_property_readonly("runs", &gc::EvaluatorSession::runs);
+
+  py::class_<gc::GmwParty>(m, "GmwParty",
+      "One server of the GMW backend: role 'garbler' (H1, party 0, owns the garbler ports) or "
+      "'evaluator' (H2, party 1). run() takes and returns what Garbler/Evaluator.run do; Keep "
+      "outputs are XOR shares that only this backend's runs accept as carried inputs.")
+      .def(py::init([](gc::Channel& ch, const std::string& role, int ot_k, const std::string& ot) {
+        int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
+        if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
+        if (ot_k < 1 || ot_k > gc::kMaxOtK)
+          throw py::value_error("ot_k must be in 1..8 (SoftSpoken k of the random OTs)");
+        if (ot == "softspoken") return new gc::GmwParty(ch, party, gc::GmwOptions{ot_k});
+        if (ot == "silent")
+          return new gc::GmwParty(ch, party, std::make_unique<gc::SilentRandomOt>(gc::SilentOtParams::ferret()));
+        if (ot == "silent-test-only")  // NOT SECURE: tiny LPN parameters, for tests
+          return new gc::GmwParty(ch, party,
+                                  std::make_unique<gc::SilentRandomOt>(gc::SilentOtParams::test_only()));
+        throw py::value_error("ot must be 'softspoken', 'silent' or 'silent-test-only', not '" + ot + "'");
+      }), "channel"_a, "role"_a, "ot_k"_a = gc::kDefaultOtK, "ot"_a = "softspoken", py::keep_alive<1, 2>(),
+      "ot: where the triples' random OTs come from: 'softspoken' (ot_k), 'silent' (Ferret, "
+      "silent_ot.h) or 'silent-test-only' (Ferret's code at an INSECURE size, for tests).")
+      .def("setup", [](gc::GmwParty& s) { py::gil_scoped_release r; s.setup(); })
+      .def("run", [](gc::GmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
+        // The same conversion as Garbler/Evaluator.run: the backends are interchangeable.
+        const gc::InputOwner self = s.party() == 0 ? gc::InputOwner::Garbler : gc::InputOwner::Evaluator;
+        return run_session(s, c, inputs, carried, n, self);
+      }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
+      .def_property_readonly("runs", &gc::GmwParty::runs)
+      .def_property_readonly("role", [](const gc::GmwParty& s) { return s.party() == 0 ? "garbler" : "evaluator"; })
+      .def_property_readonly("triples_used", &gc::GmwParty::triples_used,
+                             "Beaver triples consumed over every run so far (AND gates x instances).")
+      .def_property_readonly("layers_used", &gc::GmwParty::layers_used,
+                             "AND-layer exchanges (round trips) over every run so far.")
+      .def_property_readonly("last_layers", &gc::GmwParty::last_layers,
+                             "AND layers (one exchange each way) of the last run: its AND-depth.")
+      .def_property_readonly("last_transcript", [](const gc::GmwParty& s) {
+        const auto& t = s.last_transcript();
+        return py::bytes(reinterpret_cast<const char*>(t.data()), t.size());
+      }, "SHA-256 of the peer's openings in the last run (differs between runs: fresh triples).");
 
   m.def("garble_only", [](const gc::Circuit& c, size_t n, size_t chunk, const std::string& scheme) {
     gc::Scheme s = parse_scheme(scheme);

@@ -51,15 +51,6 @@ struct Sha256 {
   }
 };
 
-std::string hex8(const uint8_t* p) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < 8; ++i) {
-    s.push_back(digits[p[i] >> 4]);
-    s.push_back(digits[p[i] & 15]);
-  }
-  return s;
-}
 
 // Key of the hash for group `group` (8 consecutive ROTs) of the direction whose
 // sender is party `sender`. The high word names the domain and the direction.
@@ -493,23 +484,12 @@ void GmwParty::exchange_gmw_header(const Circuit& c, const RunInputs& in) {
   std::memcpy(mine.carried, cd.data(), 32);
   ch_.send(&mine, sizeof(mine));
   ch_.recv(&theirs, sizeof(theirs));
-  std::string problem;
   if (std::memcmp(theirs.magic, "GMWH", 4) != 0)
-    problem = "the peer's run header is not a GMW header (out of step or another backend)";
-  else if (theirs.party == mine.party)
-    problem = "both parties run as GMW party " + std::to_string(party_);
-  else if (std::memcmp(mine.circuit, theirs.circuit, 32) != 0)
-    problem = "circuit mismatch: this party runs '" + c.name() + "' (" + hex8(mine.circuit) +
-              "...), the peer a circuit with hash " + hex8(theirs.circuit) + "...";
-  else if (mine.n != theirs.n)
-    problem = "instance count mismatch: " + std::to_string(mine.n) + " here, " +
-              std::to_string(theirs.n) + " at the peer";
-  else if (mine.run_id != theirs.run_id)
-    problem = "run counter mismatch: run " + std::to_string(mine.run_id) + " here, " +
-              std::to_string(theirs.run_id) + " at the peer";
-  else if (std::memcmp(mine.carried, theirs.carried, 32) != 0)
-    problem = "carried inputs differ between the parties (source runs or selected instances)";
-  if (!problem.empty()) throw ProtocolError(problem);
+    throw ProtocolError("the peer's run header is not a GMW header (out of step or another backend)");
+  if (theirs.party == mine.party)
+    throw ProtocolError("both parties run as GMW party " + std::to_string(party_));
+  check_run_facts(c, {mine.run_id, mine.n, mine.circuit, mine.carried},
+                  {theirs.run_id, theirs.n, theirs.circuit, theirs.carried});
 }
 
 RunOutputs GmwParty::run(const Circuit& c, const RunInputs& in) {

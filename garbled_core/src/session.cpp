@@ -475,6 +475,17 @@ void Session::exchange_header(const Circuit& c, const RunInputs& in) {
   std::memcpy(mine.carried, cd.data(), 32);
   ch_.send(&mine, sizeof(mine));
   ch_.recv(&theirs, sizeof(theirs));
+  std::string chunk_problem;
+  if (mine.chunk != theirs.chunk)
+    chunk_problem = "chunk size mismatch: " + std::to_string(mine.chunk) + " instances here, " +
+                    std::to_string(theirs.chunk) +
+                    " at the peer (both parties must use the same chunk)";
+  check_run_facts(c, {mine.run_id, mine.n, mine.circuit, mine.carried},
+                  {theirs.run_id, theirs.n, theirs.circuit, theirs.carried}, chunk_problem);
+}
+
+void Session::check_run_facts(const Circuit& c, const RunFacts& mine, const RunFacts& theirs,
+                              const std::string& extra) {
   std::string problem;
   if (std::memcmp(mine.circuit, theirs.circuit, 32) != 0)
     problem = "circuit mismatch: this party runs '" + c.name() + "' (" + hex(mine.circuit, 8) +
@@ -482,9 +493,8 @@ void Session::exchange_header(const Circuit& c, const RunInputs& in) {
   else if (mine.n != theirs.n)
     problem = "instance count mismatch: " + std::to_string(mine.n) + " here, " +
               std::to_string(theirs.n) + " at the peer";
-  else if (mine.chunk != theirs.chunk)
-    problem = "chunk size mismatch: " + std::to_string(mine.chunk) + " instances here, " +
-              std::to_string(theirs.chunk) + " at the peer (both parties must use the same chunk)";
+  else if (!extra.empty())
+    problem = extra;
   else if (mine.run_id != theirs.run_id)
     problem = "run counter mismatch: run " + std::to_string(mine.run_id) + " here, " +
               std::to_string(theirs.run_id) + " at the peer";

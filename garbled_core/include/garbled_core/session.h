@@ -110,6 +110,17 @@ class Session {
   std::array<uint8_t, 32> carried_digest(const Circuit& c, const RunInputs& in) const;
   void exchange_hello(bool garbler);
   void exchange_header(const Circuit& c, const RunInputs& in);
+  // What both parties of any backend state before a run (their run headers carry more).
+  struct RunFacts {
+    uint32_t run_id;
+    uint64_t n;
+    const uint8_t* circuit;  // the circuit's 32-byte digest
+    const uint8_t* carried;  // carried_digest
+  };
+  // Throws ProtocolError naming the first disagreement (circuit, instance count, run
+  // counter, carried inputs); ``extra``, when not empty, is checked after the count.
+  static void check_run_facts(const Circuit& c, const RunFacts& mine, const RunFacts& theirs,
+                              const std::string& extra = "");
   RunOutputs prepare_outputs(const Circuit& c, size_t n, bool garbler) const;
 
   Channel& ch_;
