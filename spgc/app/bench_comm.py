@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from garbled_core import _core
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+from garbled_core.ot_measure import silent_ot_params
 from spgc import accounting
 from spgc.app.bench_comm_report import format_table, notes, write_plot
 from spgc.app.bench_sampler import add_backend_option, party_links, two_party
@@ -236,7 +236,7 @@ def _amortised_ot(phases: dict[str, int], triples: int) -> dict[str, int]:
     iteration (about 10 million OTs) at once, so a run's measured OT bytes are either 0 (the OTs
     were buffered) or a whole iteration. Each Beaver triple takes one random OT each way, so the
     run's share is 2 x triples x the silent set's bits per OT after setup."""
-    bits_per_ot = float(_core._silent_ot_params()["bits_per_ot"])
+    bits_per_ot = float(silent_ot_params()["bits_per_ot"])
     out = dict(phases)
     out["ot_extension"] = math.ceil(2 * triples * bits_per_ot / 8)
     return {k: v for k, v in out.items() if v}

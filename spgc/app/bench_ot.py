@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -21,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from garbled_core import DEFAULT_OT_K, _core
+from garbled_core import DEFAULT_OT_K
+from garbled_core.ot_measure import (
+    cot_receive,
+    cot_send,
+    silent_cot_receive,
+    silent_cot_send,
+    silent_ot_params,
+)
 from spgc.app.bench_sampler import BackgroundParty, loopback_channels
 
 # One main iteration of Ferret's set: about 10.2 million OTs, 163 MB of labels per party.
@@ -35,13 +43,13 @@ def _total_bytes(counts: dict[str, Any], stage: str) -> int:
 
 def bench_silent(ots: int, tls_dir: Path | None) -> dict[str, Any]:
     """Ferret's parameter set: setup, then ``ots`` OTs (one iteration by default)."""
-    params = _core._silent_ot_params()
+    params = silent_ot_params()
     m = ots or int(params["usable_per_iteration"])
     ch_g, ch_e = loopback_channels(tls_dir)
     try:
         start = time.perf_counter()
-        sender = BackgroundParty(lambda: _core._silent_cot_send(ch_g, m, False, True))
-        _, _, receiver_counts = _core._silent_cot_recv(ch_e, m, False, True)
+        sender = BackgroundParty(lambda: silent_cot_send(ch_g, m))
+        _, _, receiver_counts = silent_cot_receive(ch_e, m)
         _, _, sender_counts = sender.result()
         wall = time.perf_counter() - start
     finally:
@@ -73,12 +81,12 @@ def bench_softspoken(ots: int, tls_dir: Path | None, ot_k: int = DEFAULT_OT_K) -
     """SoftSpoken k = ``ot_k`` with random choices, setup included in the bytes (it is small:
     128 base OTs)."""
     m = -(-ots // 8) * 8
-    choices = np.frombuffer(_core._random_bytes(m // 8), dtype=np.uint8).copy()
+    choices = np.frombuffer(os.urandom(m // 8), dtype=np.uint8).copy()
     ch_g, ch_e = loopback_channels(tls_dir)
     try:
         start = time.perf_counter()
-        sender = BackgroundParty(lambda: _core._cot_send(ch_g, m, ot_k))
-        _core._cot_recv(ch_e, choices, ot_k)
+        sender = BackgroundParty(lambda: cot_send(ch_g, m, ot_k))
+        cot_receive(ch_e, choices, ot_k)
         sender.result()
         seconds = time.perf_counter() - start
         wire = sum(v["sent"] for v in ch_g.counters().values()) + sum(
