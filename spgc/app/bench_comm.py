@@ -225,6 +225,11 @@ def _run_pair(
     return seconds, phases, value
 
 
+# Round-trip times between the two servers for the implied round times (a data centre, a
+# region, a continent apart).
+ROUND_TRIP_TIMES: dict[str, float] = {"1ms": 0.001, "10ms": 0.010, "50ms": 0.050}
+
+
 def _gmw_usage(links: tuple[Any, Any]) -> tuple[int, int]:
     """(triples, AND-layer exchanges) H1's GMW party has used so far; (0, 0) for gc."""
     session = links[0].session
@@ -638,6 +643,12 @@ def _row(
         link = 8 * per_step / bits_per_second
         row[f"link_seconds_per_step_{name}"] = link
         row[f"bound_at_{name}"] = "link" if link > seconds else "compute"
+        # gmw counts its round trips (one per AND layer): the round's time on a link of this
+        # speed and round-trip time, at least the transfer plus the waits, beside the compute.
+        if "round_trips" in big.extra:
+            for rtt_name, rtt in ROUND_TRIP_TIMES.items():
+                wire = link + big.extra["round_trips"] * rtt
+                row[f"round_seconds_{name}_{rtt_name}"] = max(wire, seconds)
     if spec.name in ("dng", "preprocessed"):
         row["ring_bits"] = big.extra["ring_bits"]
     if spec.name == "preprocessed":
