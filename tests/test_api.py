@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spgc.app.api import ServerConfig, finish_server, run_provider, run_server, start_server
+from spgc.app.demo import free_ports
 from spgc.certs import make_dev_pki
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,9 +44,14 @@ def run_snippet(code: str, tmp_path: Path, timeout: float, cwd: Path = ROOT) -> 
     return done.stdout
 
 
-@pytest.mark.xdist_group("fixed-ports")  # 50251...: examples/custom-model's (test_examples)
 def test_doc_snippet_runs_both_servers_and_three_providers(tmp_path: Path) -> None:
-    out = run_snippet(python_blocks()[0], tmp_path, timeout=300)
+    # The doc's ports (50251, ...) lie in the range the kernel gives outgoing connections, where
+    # a test on another pytest-xdist worker may hold one: the run uses ports free now instead.
+    code = python_blocks()[0]
+    ports = sorted({int(p) for p in re.findall(r"127\.0\.0\.1:(\d+)", code)})
+    for old, new in zip(ports, free_ports(len(ports)), strict=True):
+        code = code.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
+    out = run_snippet(code, tmp_path, timeout=300)
     values = dict(line.split(": ", 1) for line in out.strip().splitlines())
     assert values["rounds"] == "3"
     assert values["provider rounds"] == "[3, 3, 3]"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,24 +20,43 @@ from typing import Any
 import pytest
 import yaml
 
+from spgc.app.demo import free_ports
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE = EXAMPLES / "localhost"
 SPGC = Path(sys.executable).parent / "spgc"
 YAMLS = ["h1.yaml", "h2.yaml", "provider1.yaml", "provider2.yaml", "provider3.yaml"]
-PORTS = (50151, 50152, 50161)  # h1.yaml / h2.yaml
-# The examples listen on fixed ports (their YAML): under pytest-xdist they all run on one
-# worker, with the API doc's snippet that uses custom-model's (tests/test_api.py).
-pytestmark = pytest.mark.xdist_group("fixed-ports")
+# Under pytest-xdist the examples run on one worker (one at a time: each is several daemons).
+pytestmark = pytest.mark.xdist_group("examples")
 
 
 def copy_example(tmp_path: Path, name: str = "localhost") -> Path:
-    """A copy of examples/ (each run.sh calls the shared ../run-example.sh); its NAME folder."""
+    """A copy of examples/ (each run.sh calls the shared ../run-example.sh); its NAME folder,
+    its daemons moved to ports that are free now (:func:`move_ports`)."""
     shutil.copytree(
         EXAMPLES,
         tmp_path / "examples",
         ignore=shutil.ignore_patterns("certs", "state", "logs", "backbone.safetensors"),
     )
-    return tmp_path / "examples" / name
+    work = tmp_path / "examples" / name
+    move_ports(work)
+    return work
+
+
+LOCAL_PORT = re.compile(r"127\.0\.0\.1:(\d+)")
+
+
+def move_ports(folder: Path) -> None:
+    """Every port the folder's YAML files name (each consistently) becomes one free now and
+    outside the range the kernel gives outgoing connections (spgc.app.demo.free_ports): the
+    examples' own ports (50151, ...) lie inside it, where a test on another pytest-xdist
+    worker may hold one for a moment."""
+    files = sorted(folder.rglob("*.yaml"))
+    ports = sorted({int(p) for f in files for p in LOCAL_PORT.findall(f.read_text())})
+    new = dict(zip(ports, free_ports(len(ports)), strict=True))
+    for f in files:
+        text = LOCAL_PORT.sub(lambda m: f"127.0.0.1:{new[int(m.group(1))]}", f.read_text())
+        f.write_text(text)
 
 
 def run_script(
@@ -60,9 +80,10 @@ def last_json(done: subprocess.CompletedProcess) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
-def assert_ports_free() -> None:
-    """No daemon of the example is left listening."""
-    for port in PORTS:
+def assert_ports_free(work: Path) -> None:
+    """No daemon of the example (its copy's h1.yaml and h2.yaml) is left listening."""
+    text = (work / "h1.yaml").read_text() + (work / "h2.yaml").read_text()
+    for port in {int(p) for p in LOCAL_PORT.findall(text)}:
         with socket.socket() as s:
             s.settimeout(1)
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"something still listens on {port}"
@@ -124,12 +145,12 @@ def test_run_sh_trains_and_runs_again(tmp_path: Path, pristine: None) -> None:
     assert (work / "certs" / "ca.pem").is_file()
     logs = {p.name for p in (work / "logs").iterdir()}
     assert logs == {f"{n}.log" for n in ("h1", "h2", "p1", "p2", "p3")}
-    assert_ports_free()
+    assert_ports_free(work)
     # Again, on the same folder: the certificates are reused and a new run starts over.
     second = last_json(run_script(work))
     assert second["run_id"] != first["run_id"]
     assert second["rounds"] == 10 and second["accuracy"] >= 0.9
-    assert_ports_free()
+    assert_ports_free(work)
 
 
 def test_run_sh_fails_on_a_refusing_provider(tmp_path: Path, pristine: None) -> None:
@@ -141,7 +162,7 @@ def test_run_sh_fails_on_a_refusing_provider(tmp_path: Path, pristine: None) -> 
     assert done.returncode != 0
     assert "p1 exited with status 3" in done.stderr
     assert "refusing to take part" in done.stderr  # the tail of p1's log
-    assert_ports_free()
+    assert_ports_free(work)
 
 
 def test_custom_model_example_trains_the_users_model(tmp_path: Path) -> None:
