@@ -10,6 +10,7 @@ from typing import Any
 
 from garbled_core import Channel, Evaluator, Garbler, Listener, TlsConfig
 from spgc.certs import make_dev_pki
+from spgc.config import ServerConfig
 
 
 def make_test_pki(directory: Path) -> dict[str, Any]:
@@ -118,3 +119,17 @@ def wait_until(condition: Any, what: str, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.02)
+
+
+def loopback_server_config(**changes: object) -> ServerConfig:
+    """A plaintext one-round server configuration on ephemeral loopback ports, for tests of
+    the configuration and the plan; ``changes`` override its keys."""
+    base: dict[str, object] = {
+        "insecure": True,
+        "providers": ["p1", "p2"],
+        "listen": "127.0.0.1:0",
+        "peer_listen": "127.0.0.1:0",
+        "gc_address": "127.0.0.1:0",
+        "rounds": 1,
+    }
+    return ServerConfig(**{**base, **changes})

@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from helpers import loopback_server_config
 
-from spgc.app.api import ServerConfig, finish_server, run_provider, run_server, start_server
+from spgc.app.api import finish_server, run_provider, run_server, start_server
 from spgc.app.demo import free_ports
 from spgc.certs import make_dev_pki
 
@@ -71,26 +72,14 @@ def test_doc_snippet_loads_yaml(tmp_path: Path) -> None:
     assert out[1].startswith("refused: ") and "rounds" in out[1] and ">= 1" in out[1]
 
 
-def _config(**changes: object) -> ServerConfig:
-    base: dict[str, object] = {
-        "insecure": True,
-        "providers": ["p1", "p2"],
-        "listen": "127.0.0.1:0",
-        "peer_listen": "127.0.0.1:0",
-        "gc_address": "127.0.0.1:0",
-        "rounds": 1,
-    }
-    return ServerConfig(**{**base, **changes})
-
-
 def test_run_server_refuses_what_cannot_start() -> None:
     # precompute fills the noise pool of mode preprocessed only
     with pytest.raises(RuntimeError, match=r"^h1 could not start: .*mode is spgc"):
-        run_server(_config(), precompute=0)
+        run_server(loopback_server_config(), precompute=0)
     with pytest.raises(TypeError, match="ServerConfig"):
         run_server({"role": 1})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="ProviderConfig"):
-        run_provider(_config())  # type: ignore[arg-type]
+        run_provider(loopback_server_config())  # type: ignore[arg-type]
 
 
 @contextmanager
@@ -105,7 +94,7 @@ def test_run_server_reports_a_failed_daemon() -> None:
     # H1 whose H2 never answers: the daemon gives up after connect_timeout, and run_server
     # says which server failed and why, in one line (no gRPC debug dump).
     with silent_port() as port:
-        cfg = _config(peer_address=f"127.0.0.1:{port}", connect_timeout=1.0)
+        cfg = loopback_server_config(peer_address=f"127.0.0.1:{port}", connect_timeout=1.0)
         failed = r"^h1 failed: h2 did not answer the Handshake at .*: UNAVAILABLE"
         with pytest.raises(RuntimeError, match=failed) as info:
             run_server(cfg)
@@ -116,12 +105,12 @@ def test_finish_server_stops_the_daemon_on_timeout_and_ctrl_c(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # H2 waiting for an H1 that never comes
-    daemon = start_server(_config(role=2, peer_name="h1", connect_timeout=30.0))
+    daemon = start_server(loopback_server_config(role=2, peer_name="h1", connect_timeout=30.0))
     with pytest.raises(RuntimeError, match=r"^h2 did not finish within 0.5 s"):
         finish_server(daemon, timeout=0.5)
     assert daemon.stop_event.is_set()
 
-    daemon = start_server(_config(role=2, peer_name="h1", connect_timeout=30.0))
+    daemon = start_server(loopback_server_config(role=2, peer_name="h1", connect_timeout=30.0))
 
     def interrupted(timeout: float | None = None) -> bool:
         raise KeyboardInterrupt

@@ -8,11 +8,11 @@ import os
 
 import numpy as np
 import pytest
-from helpers import Background
+from helpers import Background, loopback_server_config
 from test_spgc_circuit import shares_of, sums_for
 
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
-from spgc.config import ConfigError, ServerConfig
+from spgc.config import ConfigError
 from spgc.noise import sample_noise_plain
 from spgc.plan import make_plan
 from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
@@ -89,29 +89,17 @@ def test_an_unknown_backend_is_refused_in_one_line(two_party):
         PartyLink.open("garbler", tp.garbler_channel, backend="ckks")
 
 
-def _server_config(**changes: object) -> ServerConfig:
-    base: dict[str, object] = {
-        "insecure": True,
-        "providers": ["p1", "p2"],
-        "listen": "127.0.0.1:0",
-        "peer_listen": "127.0.0.1:0",
-        "gc_address": "127.0.0.1:0",
-        "rounds": 1,
-    }
-    return ServerConfig(**{**base, **changes})
-
-
 def test_the_backend_is_part_of_the_plan_and_refused_where_it_cannot_run() -> None:
-    gmw = _server_config(backend="gmw")
+    gmw = loopback_server_config(backend="gmw")
     assert make_plan(gmw).training_config("r").backend == "gmw"
-    gc = make_plan(_server_config()).training_config("r")
+    gc = make_plan(loopback_server_config()).training_config("r")
     assert gc.backend == "gc"
     # The peer's handshake compares the plans field by field: a backend mismatch is named.
     diffs = config_differences(make_plan(gmw).training_config("r"), gc)
     assert diffs == ["backend (h1 'gmw', h2 'gc')"]
     with pytest.raises(ConfigError, match="mode dng runs none"):
-        _server_config(backend="gmw", mode="dng")
+        loopback_server_config(backend="gmw", mode="dng")
     with pytest.raises(ConfigError, match="workers: 1"):
-        _server_config(backend="gmw", workers=2)
+        loopback_server_config(backend="gmw", workers=2)
     with pytest.raises(ConfigError, match="backend"):
-        _server_config(backend="ckks")
+        loopback_server_config(backend="ckks")

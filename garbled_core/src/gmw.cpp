@@ -10,6 +10,7 @@
 #include "garbled_core/aes.h"
 #include "garbled_core/prg.h"
 #include "garbled_core/random.h"
+#include "garbled_core/sha256.h"
 
 namespace gc {
 
@@ -32,25 +33,6 @@ uint32_t fnv1a(const char* s) {
   for (; *s; ++s) h = (h ^ (uint8_t)*s) * 16777619u;
   return h;
 }
-
-struct Sha256 {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  Sha256() {
-    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1)
-      throw std::runtime_error("SHA-256 unavailable");
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
-  std::array<uint8_t, 32> digest() {
-    std::array<uint8_t, 32> out{};
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(ctx, out.data(), &len);
-    return out;
-  }
-};
-
 
 // Key of the hash for group `group` (8 consecutive ROTs) of the direction whose
 // sender is party `sender`. The high word names the domain and the direction.

@@ -12,6 +12,7 @@
 #include "garbled_core/halfgates.h"
 #include "garbled_core/threehalves.h"
 #include "garbled_core/random.h"
+#include "garbled_core/sha256.h"
 #include "garbled_core/vaes.h"
 
 namespace gc {
@@ -25,22 +26,6 @@ constexpr char kGarblerHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'G'};
 constexpr char kEvaluatorHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'E'};
 
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
-
-struct Sha256 {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  Sha256() {
-    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1)
-      throw std::runtime_error("SHA-256 unavailable");
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx); }
-  void update(const void* p, size_t n) { EVP_DigestUpdate(ctx, p, n); }
-  std::array<uint8_t, 32> digest() {
-    std::array<uint8_t, 32> out{};
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(ctx, out.data(), &len);
-    return out;
-  }
-};
 
 std::string hex(const uint8_t* p, size_t n) {
   static const char* digits = "0123456789abcdef";
