@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Context, Decimal, localcontext
@@ -54,6 +55,9 @@ _TAIL_MARGIN_LOG2 = 12  # the cut-off tail of the bucket distribution gets targe
 _MAX_ALIAS_BITS = 12  # largest alias table accepted with an explicit bucket_bits
 _SEARCH_ALIAS_BITS = 10  # largest alias table the automatic search tries
 _MAX_CHUNK = 7
+# One search at a time: a server warms the cache in the background at start-up (seconds of
+# work); a round that asks meanwhile waits for that result instead of searching again.
+_DERIVE_LOCK = threading.Lock()
 _MAX_TOP_CHUNK = 9
 _MAX_ROUND_COUNT = 8
 _ROUND_MARGIN_LOG2 = 3  # the randomized rounding gets at most target - 3
@@ -676,7 +680,8 @@ def derive_params(
                 f"buckets for sigma_units={sigma:g}, above the alias-table limit of "
                 f"{1 << _MAX_ALIAS_BITS} columns"
             )
-    params = _derive(sigma, target, bucket_bits)
+    with _DERIVE_LOCK:
+        params = _derive(sigma, target, bucket_bits)
     if params.noise_bits > MAX_NOISE_BITS:  # pragma: no cover - excluded by MAX_SIGMA_UNITS
         raise ValueError(
             f"sigma_units={sigma:g} needs {params.noise_bits}-bit noise, above the limit of "

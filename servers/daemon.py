@@ -34,6 +34,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 import garbled_core
+from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
 from spgc.config import ServerConfig
 from spgc.ledger import LEDGER_FILE
@@ -389,6 +390,13 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
             resumed=bool(self.state.steps or self.state.releases),
         )  # fmt: skip
         thread.start()
+        if self.cfg.mode == "spgc" and self.plan.sigma_units > 0:
+            # The sampler's parameter search takes seconds; done now, it overlaps the wait for
+            # the peer and the providers instead of delaying the first round's circuit.
+            threading.Thread(
+                target=derive_params, args=(self.plan.sigma_units,), name="spgc-sampler-params",
+                daemon=True,
+            ).start()  # fmt: skip
         if self.metrics_server is not None:
             log.info(
                 "%s metrics on http://%s:%d/metrics (/healthz, /readyz)",

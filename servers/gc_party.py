@@ -39,10 +39,13 @@ from garbled_core.discrete_gaussian import (
 from spgc.lanes import lane_ranges, run_lanes
 from spgc.modes import BACKENDS, MODES
 from spgc.noise import (
+    SPARE_GROUP,
+    SPARES_EVERY,
     RoundResult,
     SamplerStats,
+    TrialSegment,
     check_seed,
-    expand_seed,
+    expand_segments,
     sample_noise_plain,
     sampling_rounds,
 )
@@ -167,6 +170,17 @@ class PartyLink:
         which pays per AND gate. Both compute the same function: the same outputs."""
         return "depth" if self.backend == "gmw" else "ripple"
 
+    @property
+    def spares_every(self) -> int:
+        """The sampler's spare trials on this link (spgc.noise.SPARES_EVERY): gmw runs them so
+        that a round's noise almost always takes one stage of round trips."""
+        return SPARES_EVERY[self.backend]
+
+    @property
+    def range_align(self) -> int:
+        """Where ranges of a batch split on this backend (:func:`range_align`)."""
+        return range_align(self.backend)
+
     def interrupt(self) -> None:
         """Make a run blocked on this link fail now (another lane failed)."""
         self.channel.interrupt()
@@ -275,12 +289,16 @@ def run_sampler(
     prefix = _PORT_PREFIX[role]
     stats = SamplerStats()
 
-    def run_stage(r: int, coords: np.ndarray, k: int) -> tuple[np.ndarray, Any]:
-        inputs = expand_seed(seed, r, params.port_widths, coords + first_coordinate, prefix, k)
-        out = link.session.run(circuit, inputs, {}, len(coords) * k)
+    def run_stage(segments: list[TrialSegment]) -> tuple[np.ndarray, Any]:
+        inputs = expand_segments(seed, segments, params.port_widths, prefix, first_coordinate)
+        out = link.session.run(circuit, inputs, {}, sum(len(c) * k for _, c, k in segments))
         return out["accept"], out["z"]
 
-    for result in sampling_rounds(n, schedule, run_stage, stats):
+    rounds = sampling_rounds(
+        n, schedule, run_stage, stats, spares_every=link.spares_every,
+        first_coordinate=first_coordinate,
+    )  # fmt: skip
+    for result in rounds:
         if on_round is not None:
             on_round(result)
     return stats
@@ -371,7 +389,7 @@ def run_aggregate(
     ring_bits = check_ring_bits(ring_bits)
     shares = _check_shares(shares, ring_bits)
     links = resolve_lanes(role, channel_session)
-    ranges = lane_ranges(len(shares), len(links))
+    ranges = lane_ranges(len(shares), len(links), getattr(links[0], "range_align", 1))
     start = time.perf_counter()
     n = len(shares)
     params = width = None
@@ -419,7 +437,7 @@ def aggregate_range(
     ``counters`` over the call)."""
     before = link.counters()
     parts = []
-    for lo, hi in range_batches(len(shares)):
+    for lo, hi in range_batches(len(shares), link.range_align):
         part = _aggregate_on_link(
             role, link, shares[lo:hi], first_coordinate + lo, seed, params, width, ring_bits,
             mode, schedule, on_stage,
@@ -437,11 +455,20 @@ def aggregate_range(
     return y, info
 
 
-def range_batches(n: int) -> list[tuple[int, int]]:
-    """A lane's range in batches of at most ``RANGE_BATCH`` coordinates, run one after the
-    other: a worker's memory for labels and trials stays bounded whatever d / K (coordinates
-    address their own noise, so batching does not change what is released)."""
-    return [(lo, min(n, lo + RANGE_BATCH)) for lo in range(0, n, RANGE_BATCH)]
+def range_align(backend: str) -> int:
+    """Where the ranges of a batch may split (lanes, worker pairs, range batches) so that they
+    release what one batch does: multiples of spgc.noise.SPARE_GROUP on a backend whose
+    sampler shares spare trials (gmw), anywhere on gc."""
+    return SPARE_GROUP if SPARES_EVERY[backend] else 1
+
+
+def range_batches(n: int, align: int = 1) -> list[tuple[int, int]]:
+    """A lane's range in batches of at most ``RANGE_BATCH`` coordinates (rounded up to a
+    multiple of ``align``, :attr:`PartyLink.range_align`), run one after the other: a worker's
+    memory for labels and trials stays bounded whatever d / K (coordinates address their own
+    noise, so batching does not change what is released)."""
+    step = -(-RANGE_BATCH // align) * align
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
 
 
 def _aggregate_on_link(
@@ -524,7 +551,7 @@ def noise_shares_range(
             shares[where] = np.asarray(out["u"], dtype=np.uint64) & mask
 
     info: dict[str, Any] = {"rounds": 0, "trials": 0}
-    for lo, hi in range_batches(n):
+    for lo, hi in range_batches(n, link.range_align):
         stats = run_sampler(
             role, link, hi - lo, seed, params, schedule,
             lambda result, lo=lo: finish(result, lo), first_coordinate + lo,
@@ -549,9 +576,10 @@ def aggregate_plain(
     sigma_units: float | None = None,
     distance_log2: float = DEFAULT_DISTANCE_LOG2,
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    backend: str = "gc",
 ) -> np.ndarray:
-    """What :func:`run_aggregate` reveals, computed in the clear from both servers' inputs
-    (Python integers: the reference for tests and audits)."""
+    """What :func:`run_aggregate` reveals on ``backend``'s links, computed in the clear from
+    both servers' inputs (Python integers: the reference for tests and audits)."""
     mode = _check_mode(mode)
     ring_bits = check_ring_bits(ring_bits)
     a1 = _check_shares(a1, ring_bits)
@@ -565,7 +593,10 @@ def aggregate_plain(
         return np.array(s, dtype=np.int64)
     if seed1 is None or seed2 is None or sigma_units is None:
         raise ValueError("spgc mode needs both seeds and sigma_units")
+    if backend not in SPARES_EVERY:
+        raise ValueError(f"backend must be one of {tuple(SPARES_EVERY)}, got {backend!r}")
     z = sample_noise_plain(
-        seed1, seed2, len(s), sigma_units, distance_log2=distance_log2, schedule=schedule
-    )
+        seed1, seed2, len(s), sigma_units, distance_log2=distance_log2, schedule=schedule,
+        spares_every=SPARES_EVERY[backend],
+    )  # fmt: skip
     return np.array([a + int(b) for a, b in zip(s, z, strict=True)], dtype=object)

@@ -121,7 +121,7 @@ def produce_noise_shares(
     noise_share_circuit(ring_bits, params.noise_bits)  # refuses a ring too small, before a byte
     start = time.perf_counter()
     claim_seed(seed)  # once for all lanes
-    ranges = lane_ranges(n, len(lanes))
+    ranges = lane_ranges(n, len(lanes), getattr(lanes[0], "range_align", 1))
 
     def lane(i: int) -> Any:
         lo, hi = ranges[i]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 import garbled_core
-from spgc.servers.gc_party import PartyLink, aggregate_range, noise_shares_range
+from spgc.servers.gc_party import PartyLink, aggregate_range, noise_shares_range, range_align
 from spgc.wire.transport import ray_cluster_endpoint
 
 __all__ = [
@@ -144,8 +144,11 @@ class LaneWorker:
     """One lane of one server, as a Ray actor: its end of a paired data link and its engine
     session."""
 
-    def __init__(self, role: str, tls: WorkerTls, scheme: str, ot_k: int) -> None:
+    def __init__(
+        self, role: str, tls: WorkerTls, scheme: str, ot_k: int, backend: str = "gc"
+    ) -> None:
         self.role, self.tls, self.scheme, self.ot_k = role, tls, scheme, ot_k
+        self.backend = backend
         self.listener: Any = None
         self.link: PartyLink | None = None
 
@@ -162,11 +165,16 @@ class LaneWorker:
         channel = self.listener.accept(timeout=timeout, **self.tls.kwargs())
         self.listener.close()
         self.listener = None
-        self.link = PartyLink.open(self.role, channel, scheme=self.scheme, ot_k=self.ot_k)
+        self.link = self._open(channel)
 
     def connect(self, host: str, port: int, timeout: float) -> None:
         channel = garbled_core.Channel.connect(host, port, timeout=timeout, **self.tls.kwargs())
-        self.link = PartyLink.open(self.role, channel, scheme=self.scheme, ot_k=self.ot_k)
+        self.link = self._open(channel)
+
+    def _open(self, channel: Any) -> PartyLink:
+        return PartyLink.open(
+            self.role, channel, scheme=self.scheme, ot_k=self.ot_k, backend=self.backend
+        )
 
     def _linked(self) -> PartyLink:
         if self.link is None:
@@ -207,8 +215,9 @@ class RayLane:
     ``noise_shares_range``, ``counters`` and ``interrupt`` as a local :class:`PartyLink`, run by
     a :class:`LaneWorker`."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Any, backend: str = "gc") -> None:
         self.actor = actor
+        self.range_align = range_align(backend)  # where run_aggregate may split between lanes
 
     def aggregate_range(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
         kwargs.pop("on_stage", None)  # fault hooks are the daemon's, not a worker's
@@ -265,10 +274,11 @@ def start_workers(
     ot_k: int = garbled_core.DEFAULT_OT_K,
     ray_address: str = "",
     connect_timeout: float = 30.0,
+    backend: str = "gc",
 ) -> list[Any]:
     """``count`` LaneWorker actors on this organisation's Ray cluster (started locally when
     ``ray_address`` is empty and Ray is not initialised yet; a named one must answer within
-    ``connect_timeout`` seconds)."""
+    ``connect_timeout`` seconds), each running ``backend``'s sessions on its link."""
     ray = _ray()
     if not ray.is_initialized():
         check_ray_address(ray_address, connect_timeout)
@@ -279,11 +289,15 @@ def start_workers(
             configure_logging=False,
         )
     actor_cls = ray.remote(**ACTOR_OPTIONS)(LaneWorker)
-    return [actor_cls.remote(role, tls, scheme, ot_k) for _ in range(count)]
+    return [actor_cls.remote(role, tls, scheme, ot_k, backend) for _ in range(count)]
 
 
 def connect_workers(
-    garblers: Sequence[Any], evaluators: Sequence[Any], host: str, timeout: float = 30.0
+    garblers: Sequence[Any],
+    evaluators: Sequence[Any],
+    host: str,
+    timeout: float = 30.0,
+    backend: str = "gc",
 ) -> tuple[list[RayLane], list[RayLane]]:
     """Pair worker i of H1 with worker i of H2 (both clusters reachable from here: tests and
     benchmarks; the daemons do the same across organisations, H1 naming the addresses to H2 in a
@@ -297,4 +311,4 @@ def connect_workers(
         [e.connect.remote(h, p, timeout) for e, (h, p) in zip(evaluators, addresses, strict=True)]
     )
     ray.get(accepted)
-    return [RayLane(g) for g in garblers], [RayLane(e) for e in evaluators]
+    return [RayLane(g, backend) for g in garblers], [RayLane(e, backend) for e in evaluators]

@@ -49,6 +49,7 @@ class WorkerPairing:
             self.cfg.ot_k,
             self.cfg.ray_address,
             self.cfg.connect_timeout,
+            self.cfg.backend,
         )
         timeout = self.cfg.connect_timeout
         with self._workers_lock:
@@ -86,7 +87,7 @@ class WorkerPairing:
         else:
             self._wait_for_worker_links(generation, timeout + RPC_SLACK)
         log.info("%s: %d circuit worker pair(s) linked", self.cfg.role_name, len(actors))
-        return [RayLane(a) for a in actors]
+        return [RayLane(a, self.cfg.backend) for a in actors]
 
     def _wait_for_worker_links(self, generation: int, timeout: float) -> None:
         """H2: until H1's PairWorkers call has linked the workers of this ``generation``."""

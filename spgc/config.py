@@ -470,12 +470,6 @@ class ServerConfig(_Schema):
                 f"backend: {self.backend} evaluates a round's circuits, and mode {self.mode} "
                 f"runs none; use one of {', '.join(BACKEND_MODES)}, or backend: gc"
             )
-        if self.backend != "gc" and self.workers > 1:
-            raise ValueError(
-                f"backend: {self.backend} with workers: {self.workers}: Ray worker pairs run "
-                "backend gc only so far; set workers: 1 (gc_lanes split a round's coordinates "
-                "over several connections on either backend)"
-            )
         if self.workers > 1 and self.gc_lanes > 1:
             raise ValueError(
                 f"gc_lanes: {self.gc_lanes} with workers: {self.workers}: rounds run on the "

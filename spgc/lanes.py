@@ -22,14 +22,18 @@ MAX_LANES = 64
 T = TypeVar("T")
 
 
-def lane_ranges(n: int, lanes: int) -> list[tuple[int, int]]:
+def lane_ranges(n: int, lanes: int, align: int = 1) -> list[tuple[int, int]]:
     """``lanes`` contiguous ``[start, stop)`` ranges covering ``0..n``, sizes differing by at
-    most one (a lane may be empty when n < lanes)."""
+    most one (a lane may be empty when n < lanes); with ``align`` > 1 every split is moved up
+    to a multiple of ``align`` (the sampler's spare groups), so sizes differ by up to align."""
     if not 1 <= lanes <= MAX_LANES:
         raise ValueError(f"lanes must be in 1..{MAX_LANES}, got {lanes}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    return [(n * i // lanes, n * (i + 1) // lanes) for i in range(lanes)]
+    if align < 1:
+        raise ValueError(f"align must be >= 1, got {align}")
+    cuts = [min(n, -(-(n * i // lanes) // align) * align) for i in range(lanes)] + [n]
+    return [(cuts[i], cuts[i + 1]) for i in range(lanes)]
 
 
 def run_lanes(

@@ -17,6 +17,17 @@ coordinates share its batch: a batch split into ranges (lanes, worker pairs) rel
 the same vector. Given both seeds the noise is reproducible (:func:`sample_noise_plain`); given
 one, the other is AES output under an unknown key, so the XOR is uniform to that party.
 :func:`sample_discrete_gaussian` draws both seeds from the OS CSPRNG.
+
+Spare trials (``spares_every`` m > 0, the gmw backend's sampling, :data:`SPARES_EVERY`): in the
+first stage every m-th coordinate (absolute index c with c mod m = 0) also runs one spare trial,
+addressed as stage :data:`SPARE_STAGE`. A coordinate none of whose own trials is accepted takes
+an accepted spare of its group (absolute indices c // :data:`SPARE_GROUP` alike, within the
+batch): the failed coordinates in ascending order take the accepted spares in ascending order
+of their owners. The assignment reads only the (public) accept bits, every accepted trial goes
+to at most one coordinate, and trials are independent, so each coordinate still gets an
+independent exact sample; the first stage almost always covers the batch, so a round costs one
+trial circuit's AND layers instead of one per stage. Ranges split at multiples of SPARE_GROUP
+(:func:`spgc.lanes.lane_ranges` with ``align``) release the same vector as one batch.
 """
 
 from __future__ import annotations
@@ -41,10 +52,15 @@ from garbled_core.discrete_gaussian import (
 
 __all__ = [
     "SEED_BYTES",
+    "SPARES_EVERY",
+    "SPARE_GROUP",
+    "SPARE_STAGE",
     "RoundResult",
     "SamplerStats",
+    "TrialSegment",
     "check_seed",
     "expand_seed",
+    "expand_segments",
     "noise_bound_units",
     "sample_discrete_gaussian",
     "sample_noise_plain",
@@ -54,6 +70,19 @@ __all__ = [
 SEED_BYTES = 32
 _STREAM_TAG = b"SPGc"
 MAX_COORDINATE = 1 << 48  # coordinate indices fit 6 bytes of the PRF input
+#: The stage field of spare trials' PRF addresses (real stages count from 0 up to MAX_ROUNDS).
+SPARE_STAGE = (1 << 32) - 1
+#: Coordinates whose failed first-stage trials share spares (absolute c // SPARE_GROUP).
+SPARE_GROUP = 1024
+#: Spare trials per backend: every m-th coordinate runs one (0: none). gmw pays a round trip
+#: per AND layer, so a second stage would cost another trial circuit's 35 to 46 layers; with
+#: acceptance 0.9 or more, one spare per 4 coordinates (25% more trials) covers a group's
+#: failures (10% or fewer) except with a small probability, when the usual stages follow. gc
+#: pays per AND gate and nothing per stage, so it runs no spares.
+SPARES_EVERY: dict[str, int] = {"gc": 0, "gmw": 4}
+
+#: One block of trials in a stage's run: (stage, coordinates (0-based in the batch), trials each).
+TrialSegment = tuple[int, np.ndarray, int]
 
 
 def check_seed(seed: bytes | bytearray | memoryview) -> bytes:
@@ -129,31 +158,98 @@ class SamplerStats:
     per_round: list[int] = field(default_factory=list)
 
 
+def expand_segments(
+    seed: bytes,
+    segments: Sequence[TrialSegment],
+    widths: Sequence[int],
+    prefix: str,
+    first_coordinate: int = 0,
+) -> dict[str, np.ndarray]:
+    """This party's random input ports for a run of several :data:`TrialSegment` blocks, one
+    after the other (instances in segment order, each as in :func:`expand_seed`); coordinates
+    are 0-based in a batch that starts at ``first_coordinate``."""
+    parts = [
+        expand_seed(seed, stage, widths, coords + first_coordinate, prefix, k)
+        for stage, coords, k in segments
+    ]
+    return {port: np.concatenate([p[port] for p in parts]) for port in parts[0]}
+
+
+def _spare_owners(n: int, first_coordinate: int, spares_every: int) -> np.ndarray:
+    """Coordinates of the batch (0-based) that run a spare trial: absolute index mod m = 0."""
+    if spares_every <= 0:
+        return np.zeros(0, dtype=np.int64)
+    start = (-first_coordinate) % spares_every
+    return np.arange(start, n, spares_every, dtype=np.int64)
+
+
+def _assign_spares(
+    failed: np.ndarray, owners: np.ndarray, accepted: np.ndarray, first_coordinate: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Failed coordinates (ascending) matched to accepted spares (``accepted``: per owner) of
+    their SPARE_GROUP, in order. Returns (coordinates, index into ``owners``) of the matches."""
+    spares = np.flatnonzero(accepted)
+    if len(failed) == 0 or len(spares) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    failed_group = (failed + first_coordinate) // SPARE_GROUP
+    spare_group = (owners[spares] + first_coordinate) // SPARE_GROUP
+    coords, picks = [], []
+    for g in np.unique(failed_group):
+        mine = failed[failed_group == g]
+        theirs = spares[spare_group == g]
+        m = min(len(mine), len(theirs))
+        coords.append(mine[:m])
+        picks.append(theirs[:m])
+    return np.concatenate(coords), np.concatenate(picks)
+
+
 def sampling_rounds(
     n: int,
     schedule: Sequence[int],
-    run_stage: Callable[[int, np.ndarray, int], tuple[np.ndarray, Any]],
+    run_stage: Callable[[list[TrialSegment]], tuple[np.ndarray, Any]],
     stats: SamplerStats,
+    *,
+    spares_every: int = 0,
+    first_coordinate: int = 0,
 ) -> Iterator[RoundResult]:
-    """Drive the adaptive rejection rounds; ``run_stage(r, coords, k)`` runs k trials of each
-    still-unsampled coordinate in ``coords`` (indices into the batch, ascending) and returns
-    (accept, noise) per instance, coordinate-major."""
+    """Drive the adaptive rejection rounds. ``run_stage(segments)`` runs the trials of the
+    :data:`TrialSegment` blocks in one run and returns (accept, noise) per instance, in segment
+    order: in stage r, ``schedule_at(schedule, r)`` trials of each still-unsampled coordinate,
+    coordinate-major, and in stage 0 with ``spares_every`` > 0 one spare trial of each owner
+    (module docstring). A coordinate takes its first accepted own trial, else a spare."""
+    if spares_every < 0:
+        raise ValueError(f"spares_every must be >= 0, got {spares_every}")
     pending = np.arange(n, dtype=np.int64)
     for r in range(MAX_ROUNDS):
         if len(pending) == 0:
             return
         k = schedule_at(schedule, r)
-        n_inst = len(pending) * k
-        accept, noise = run_stage(r, pending, k)
+        segments: list[TrialSegment] = [(r, pending, k)]
+        owners = _spare_owners(n, first_coordinate, spares_every) if r == 0 else pending[:0]
+        if len(owners):
+            segments.append((SPARE_STAGE, owners, 1))
+        n_inst = len(pending) * k + len(owners)
+        accept, noise = run_stage(segments)
         stats.rounds += 1
         stats.trials += n_inst
         stats.per_round.append(n_inst)
-        acc = np.asarray(accept).reshape(len(pending), k) != 0
+        flags = np.asarray(accept).reshape(n_inst) != 0
+        acc = flags[: len(pending) * k].reshape(len(pending), k)
         has = acc.any(axis=1)
         rows = np.flatnonzero(has)
-        inst = (rows * k + acc.argmax(axis=1)[rows]).astype(np.uint64)
-        yield RoundResult(pending[rows], inst, noise)
-        pending = pending[~has]
+        coords = pending[rows]
+        inst = rows * k + acc.argmax(axis=1)[rows]
+        if len(owners):
+            failed = pending[~has]
+            taken, picks = _assign_spares(
+                failed, owners, flags[len(pending) * k :], first_coordinate
+            )
+            coords = np.concatenate([coords, taken])
+            inst = np.concatenate([inst, len(pending) * k + picks])
+            order = np.argsort(coords, kind="stable")
+            coords, inst = coords[order], inst[order]
+        yield RoundResult(coords, inst.astype(np.uint64), noise)
+        pending = np.setdiff1d(pending, coords, assume_unique=True)
     raise RuntimeError(  # probability below 2^-1000: a bug or a broken peer
         f"{len(pending)} coordinates without an accepted trial after {MAX_ROUNDS} rounds"
     )
@@ -172,25 +268,30 @@ def sample_noise_plain(
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     params: SamplerParams | None = None,
     first_coordinate: int = 0,
+    spares_every: int = 0,
 ) -> np.ndarray:
     """The noise coordinates ``first_coordinate`` .. ``first_coordinate + n - 1`` get from
     round seeds s1 (H1) and s2 (H2): the same circuits and rounds, evaluated in plaintext (for
-    audits and tests). int64 array."""
+    audits and tests); ``spares_every`` as the backend ran it (:data:`SPARES_EVERY`). int64."""
     if params is None:
         params = derive_params(sigma_units, distance_log2)
     circuit = build_trial_circuit(params)
     seed1, seed2 = check_seed(seed1), check_seed(seed2)
 
-    def run_stage(r: int, coords: np.ndarray, k: int) -> tuple[np.ndarray, Any]:
-        at = coords + first_coordinate
-        inputs = expand_seed(seed1, r, params.port_widths, at, "g", k)
-        inputs.update(expand_seed(seed2, r, params.port_widths, at, "e", k))
-        out = circuit.evaluate(inputs, len(coords) * k)
+    def run_stage(segments: list[TrialSegment]) -> tuple[np.ndarray, Any]:
+        widths = params.port_widths
+        inputs = expand_segments(seed1, segments, widths, "g", first_coordinate)
+        inputs.update(expand_segments(seed2, segments, widths, "e", first_coordinate))
+        out = circuit.evaluate(inputs, sum(len(c) * k for _, c, k in segments))
         return out["accept"], out["z"]
 
     z = np.zeros(n, dtype=np.int64)
     w = params.noise_bits
-    for result in sampling_rounds(n, schedule, run_stage, SamplerStats()):
+    rounds = sampling_rounds(
+        n, schedule, run_stage, SamplerStats(), spares_every=spares_every,
+        first_coordinate=first_coordinate,
+    )  # fmt: skip
+    for result in rounds:
         raw = result.noise[result.instances.astype(np.int64)].astype(np.int64)
         z[result.coords] = np.where(raw >= 1 << (w - 1), raw - (1 << w), raw)
     return z

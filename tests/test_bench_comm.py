@@ -269,5 +269,3 @@ def test_gmw_backend_rows_count_round_trips_and_amortise_the_silent_ots(capsys) 
         implied = row[f"round_seconds_1gbit_{rtt_name}"]
         wire = row["link_seconds_per_step_1gbit"] + row["round_trips"] * rtt
         assert implied == pytest.approx(max(wire, row["seconds_per_step"]))
-    with pytest.raises(bench_comm.BenchCommError, match="gc only"):
-        bench_comm.run("cancer", [8.0], modes=["spgc"], backend="gmw", workers=2)

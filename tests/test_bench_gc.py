@@ -131,3 +131,32 @@ def test_party_processes_do_not_rerun_the_callers_main_module(
     assert [r.correct for r in runs] == [True]
     assert not mark.exists()
     assert sys.modules["__main__"] is fake_main  # put back after the parties started
+
+
+def test_both_backends_run_the_same_circuit_and_compare_cpu_rates(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--backend both: a gc row and a gmw row (GMW parties, silent-OT triples), each checked
+    against the plaintext evaluation, with AND gates per CPU-second and their ratio."""
+    rc = bench_gc.run_cli(
+        instances=20_000, insecure=True, both=False, chunk=None, as_json=True, threads=(1,),
+        backends=bench_gc.BACKENDS,
+    )  # fmt: skip
+    assert rc == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    rows = {r["scheme"]: r for r in out["runs"]}
+    assert set(rows) == {"threehalves", "gmw"}
+    assert rows["gmw"]["backend"] == "gmw" and rows["threehalves"]["backend"] == "gc"
+    assert all(r["correct"] for r in rows.values())
+    assert rows["gmw"]["garble_only_and_gates_per_second"] is None
+    # GMW: half a byte per AND gate (openings and triples) plus the silent OT's setup, about
+    # 0.8 MB, which 1.9M AND gates do not amortise; garbling 24.625 bytes
+    assert rows["gmw"]["bytes_per_and"] < 2 and rows["threehalves"]["bytes_per_and"] > 24
+    for r in rows.values():
+        cpu = r["cpu_seconds_garbler"] + r["cpu_seconds_evaluator"]
+        assert r["and_gates_per_cpu_second"] == pytest.approx(r["and_gates"] / cpu)
+    assert out["gmw_vs_gc_and_gates_per_cpu_second"] == pytest.approx(
+        rows["gmw"]["and_gates_per_cpu_second"] / rows["threehalves"]["and_gates_per_cpu_second"]
+    )
+    assert "gmw / gc AND gates per CPU-second" in captured.err

@@ -13,7 +13,7 @@ from test_spgc_circuit import shares_of, sums_for
 
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc.config import ConfigError
-from spgc.noise import sample_noise_plain
+from spgc.noise import SPARES_EVERY, sample_noise_plain
 from spgc.plan import make_plan
 from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
 from spgc.servers.peer import config_differences
@@ -48,10 +48,15 @@ def test_gmw_round_equals_the_plaintext_reference(two_party):
     s1, s2 = os.urandom(32), os.urandom(32)
     yg, ye, cg, ce = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
     assert yg.tolist() == ye.tolist()
-    z = sample_noise_plain(s1, s2, len(sums), sigma)
+    # (gmw runs the sampler with spare trials: the reference is told so)
+    z = sample_noise_plain(s1, s2, len(sums), sigma, spares_every=SPARES_EVERY["gmw"])
     assert [int(y) - s for y, s in zip(ye.tolist(), sums, strict=True)] == z.tolist()
-    ref = aggregate_plain(a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma)
+    ref = aggregate_plain(
+        a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma, backend="gmw"
+    )
     assert [int(v) for v in ref] == [int(v) for v in ye]
+    # Without the spares it would have been other noise: the reference is not vacuous.
+    assert sample_noise_plain(s1, s2, len(sums), sigma).tolist() != z.tolist()
     # Online, each party opens 2 bits per AND gate (d and e of its triple share), and the
     # triples' silent OTs come a whole LPN iteration at a time: far below garbling's 24.6
     # bytes per AND gate either way.
@@ -61,9 +66,10 @@ def test_gmw_round_equals_the_plaintext_reference(two_party):
     # and one for e per gate and run; a round runs the trial circuit and the addition)
     params = derive_params(sigma)
     width = max(ring_bits, params.noise_bits) + 1
-    gates = build_trial_circuit(params).and_count + noisy_sum_circuit(
-        ring_bits, params.noise_bits, width
-    ).and_count
+    gates = (
+        build_trial_circuit(params, arithmetic="depth").and_count
+        + noisy_sum_circuit(ring_bits, params.noise_bits, width, arithmetic="depth").and_count
+    )
     assert and_instances / 4 <= online <= and_instances / 4 + 2 * gates * cg["rounds"]
     assert online == ce["phases"]["tables"]["received"]
     # Fresh triples every run: the session used one per AND gate and instance of each run.
@@ -99,7 +105,7 @@ def test_the_backend_is_part_of_the_plan_and_refused_where_it_cannot_run() -> No
     assert diffs == ["backend (h1 'gmw', h2 'gc')"]
     with pytest.raises(ConfigError, match="mode dng runs none"):
         loopback_server_config(backend="gmw", mode="dng")
-    with pytest.raises(ConfigError, match="workers: 1"):
-        loopback_server_config(backend="gmw", workers=2)
+    # Ray worker pairs run either backend (test_ray_workers runs a gmw round on them)
+    assert loopback_server_config(backend="gmw", workers=2).workers == 2
     with pytest.raises(ConfigError, match="backend"):
         loopback_server_config(backend="ckks")

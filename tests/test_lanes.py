@@ -19,6 +19,19 @@ def test_ranges_cover_the_batch_in_order(n: int, lanes: int) -> None:
     assert max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.parametrize(
+    ("n", "lanes", "align"), [(0, 3, 8), (5, 3, 8), (100, 3, 8), (4096, 4, 1024)]
+)
+def test_aligned_ranges_split_only_at_multiples(n: int, lanes: int, align: int) -> None:
+    """With ``align`` (the gmw sampler's spare groups) every split is a multiple of it and the
+    ranges still cover the batch in order."""
+    ranges = lane_ranges(n, lanes, align)
+    assert len(ranges) == lanes and ranges[0][0] == 0 and ranges[-1][1] == n
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    assert all(lo % align == 0 or lo == n for lo, _ in ranges)
+    assert max(hi - lo for lo, hi in ranges) <= -(-n // lanes) + align
+
+
 def test_bad_lane_counts_are_refused() -> None:
     with pytest.raises(ValueError, match=r"lanes must be in 1\.\.64"):
         lane_ranges(10, 0)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from helpers import Background
 
+from spgc import noise
 from spgc.noise import noise_bound_units, sample_noise_plain
 from spgc.servers import gc_party
 from spgc.servers.gc_party import PartyLink
@@ -28,8 +29,13 @@ from spgc.servers.noise_pool import (
 from spgc.servers.spgc_circuit import noise_share_circuit
 
 
-def links(two_party):
+def links(two_party, backend="gc"):
     tp = two_party(chunk=512)
+    if backend == "gmw":  # GMW parties on the pair's channels, as the data link opens them
+        return (
+            PartyLink.open("garbler", tp.garbler_channel, backend="gmw"),
+            PartyLink.open("evaluator", tp.evaluator_channel, backend="gmw"),
+        )
     return (
         PartyLink("garbler", tp.garbler_channel, tp.garbler),
         PartyLink("evaluator", tp.evaluator_channel, tp.evaluator),
@@ -66,21 +72,24 @@ def test_shares_add_up_to_the_plaintext_sampler_noise(two_party, ring_bits, sigm
     assert info_g["sent"] == info_e["received"] and info_e["sent"] == info_g["received"]
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_a_block_split_over_lanes_is_the_same_block(two_party, monkeypatch, k):
+@pytest.mark.parametrize(("k", "backend"), [(2, "gc"), (3, "gc"), (3, "gmw")])
+def test_a_block_split_over_lanes_is_the_same_block(two_party, monkeypatch, k, backend):
     """The data link's lanes each make a contiguous range of the block (in batches of
     RANGE_BATCH); noise is addressed by sample index, so the shares still add up to the whole
-    block's plaintext noise."""
+    block's plaintext noise. On gmw the sampler's spare trials are shared within groups of
+    SPARE_GROUP samples (made small here), where lanes and batches split: the same block."""
     monkeypatch.setattr(gc_party, "RANGE_BATCH", 150)
+    monkeypatch.setattr(gc_party, "SPARE_GROUP", 128)
+    monkeypatch.setattr(noise, "SPARE_GROUP", 128)
     n, ring_bits, sigma = 1001, 32, 300.0
-    pairs = [links(two_party) for _ in range(k)]
+    pairs = [links(two_party, backend) for _ in range(k)]
     lg, le = pairs[0]
     lg.extra_lanes = [g for g, _ in pairs[1:]]
     le.extra_lanes = [e for _, e in pairs[1:]]
     s1, s2 = os.urandom(32), os.urandom(32)
     neg_r, u, info_g, info_e = produce_both(lg, le, n, sigma, ring_bits, s1, s2)
     total = (neg_r.astype(object) + u.astype(object)) & ((1 << ring_bits) - 1)
-    z = sample_noise_plain(s1, s2, n, sigma)
+    z = sample_noise_plain(s1, s2, n, sigma, spares_every=noise.SPARES_EVERY[backend])
     assert signed(np.array(total.tolist(), dtype=np.uint64), ring_bits).tolist() == z.tolist()
     assert info_g["lanes"] == info_e["lanes"] == k
     # every lane carried its own range's tables

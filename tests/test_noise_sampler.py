@@ -24,7 +24,8 @@ import pytest
 
 from garbled_core import CircuitBuilder
 from garbled_core import discrete_gaussian as ns
-from spgc.noise import expand_seed, sample_noise_plain
+from spgc import noise
+from spgc.noise import SPARES_EVERY, expand_seed, sample_noise_plain
 
 SIGMAS_DISTRIBUTION = [2.0, 50.0, 1000.0, 65536.0]
 N_SAMPLES = 1_000_000
@@ -523,19 +524,23 @@ def test_rounding_cuts_the_coins():
 
 
 @pytest.fixture(scope="module")
-def samples() -> dict[float, np.ndarray]:
-    """10^6 samples per sigma through the real rounds (plaintext backend), fixed seeds."""
+def samples() -> dict[tuple[float, str], np.ndarray]:
+    """10^6 samples per sigma through the real rounds of each backend, fixed seeds: gc's
+    rounds, and gmw's with its spare trials (SPARES_EVERY; the gmw backend's outputs equal
+    these bit for bit for the same seeds, test_gmw_round), evaluated in plaintext."""
     out = {}
     for sigma in SIGMAS_DISTRIBUTION:
         s1 = hashlib.sha256(f"test s1 {sigma}".encode()).digest()
         s2 = hashlib.sha256(f"test s2 {sigma}".encode()).digest()
-        out[sigma] = sample_noise_plain(s1, s2, N_SAMPLES, sigma)
+        for backend, spares in SPARES_EVERY.items():
+            out[sigma, backend] = sample_noise_plain(s1, s2, N_SAMPLES, sigma, spares_every=spares)
     return out
 
 
+@pytest.mark.parametrize("backend", list(SPARES_EVERY))
 @pytest.mark.parametrize("sigma", SIGMAS_DISTRIBUTION)
-def test_distribution_matches_exact_pmf(samples, sigma):
-    z = samples[sigma]
+def test_distribution_matches_exact_pmf(samples, sigma, backend):
+    z = samples[sigma, backend]
     p = ns.derive_params(sigma)
     assert len(z) == N_SAMPLES
     assert int(np.abs(z).max()) <= p.noise_bound
@@ -548,7 +553,7 @@ def test_distribution_matches_exact_pmf(samples, sigma):
 @pytest.mark.parametrize("sigma", [2.0, 65536.0])
 def test_distribution_tests_reject_wrong_samplers(samples, sigma):
     """The same statistics catch a 2% error in sigma and a sampler that ignores rejection."""
-    z = samples[sigma]
+    z = samples[sigma, "gc"]
     p = ns.derive_params(sigma)
     wrong_scale = distribution_tests(z, sigma * 1.02, int(p.noise_bound * 1.1))
     assert wrong_scale["chi2_p"] < 1e-6 or wrong_scale["ks"] > wrong_scale["ks_limit"]
@@ -643,3 +648,69 @@ def _print_figures() -> None:
 
 if __name__ == "__main__":
     _print_figures()
+
+
+# ------------------------------------------------------------------------------ spare trials
+
+
+def test_spare_trials_go_to_failed_coordinates_of_their_group_once(monkeypatch):
+    """sampling_rounds with spares: a coordinate takes its own first accepted trial, else the
+    next accepted spare of its group (never one trial twice, never another group's); what is
+    left goes to stage 1, addressed as before."""
+    monkeypatch.setattr(noise, "SPARE_GROUP", 8)
+    n, first, every = 20, 4, 4  # absolute coordinates 4..23: groups 0 (4..7), 1, 2 (16..23)
+    runs = []
+    own_accept = {0: 0, 1: 0, 2: 0, 3: 1, 4: 0, 5: 0, 6: 1}  # by absolute coordinate 4..10
+    rng = np.random.default_rng(5)
+
+    def run_stage(segments):
+        runs.append([(stage, coords.copy(), k) for stage, coords, k in segments])
+        accept = []
+        for stage, coords, k in segments:
+            for c in coords:
+                absolute = int(c) + first
+                if stage == noise.SPARE_STAGE:
+                    accept += [absolute in (8, 12)]  # the spares of 8 and 12 are accepted
+                elif stage == 0:
+                    accept += [own_accept.get(absolute - 4, 1)] * k
+                else:
+                    accept += [1] * k
+        noise_values = rng.integers(0, 1 << 20, size=len(accept))
+        return np.array(accept, dtype=np.uint64), noise_values
+
+    stats = noise.SamplerStats()
+    results = list(
+        noise.sampling_rounds(
+            n, (1, 1), run_stage, stats, spares_every=every, first_coordinate=first
+        )
+    )
+    # stage 0: every coordinate's own trial, then the spares of 4, 8, 12, 16, 20 (absolute)
+    (own, spares), *later = runs
+    assert own[0] == 0 and own[1].tolist() == list(range(n)) and own[2] == 1
+    assert spares[0] == noise.SPARE_STAGE and (spares[1] + first).tolist() == [4, 8, 12, 16, 20]
+    first_stage = results[0]
+    got = dict(
+        zip((first_stage.coords + first).tolist(), first_stage.instances.tolist(), strict=True)
+    )
+    # group 0 (4..7): 4, 5, 6 failed; its only spare (owner 4) was rejected -> none assigned.
+    # group 1 (8..15): 8, 9 failed; spares of 8 and 12 were accepted -> 8 gets 8's, 9 gets 12's.
+    assert 4 not in got and 5 not in got and 6 not in got
+    assert got[8] == n + 1 and got[9] == n + 2
+    assert got[7] == 7 - first  # its own trial
+    assert sorted(got.values()) == sorted(set(got.values()))  # no trial used twice
+    # stage 1: exactly the three left, addressed by their own coordinates in stage 1
+    assert [(s, c.tolist(), k) for s, c, k in later[0]] == [(1, [0, 1, 2], 1)]
+    assert (results[1].coords + first).tolist() == [4, 5, 6]
+    assert stats.trials == n + 5 + 3 and stats.rounds == 2
+
+
+@pytest.mark.parametrize("cut", [8, 16, 24])
+def test_spare_sampling_is_the_same_split_at_group_boundaries(monkeypatch, cut):
+    """Ranges cut at multiples of SPARE_GROUP release the same noise as one batch (what lanes
+    and range batches rely on)."""
+    monkeypatch.setattr(noise, "SPARE_GROUP", 8)
+    s1, s2, n, sigma = os.urandom(32), os.urandom(32), 40, 2.0
+    whole = sample_noise_plain(s1, s2, n, sigma, spares_every=4)
+    left = sample_noise_plain(s1, s2, cut, sigma, spares_every=4)
+    right = sample_noise_plain(s1, s2, n - cut, sigma, spares_every=4, first_coordinate=cut)
+    assert np.concatenate([left, right]).tolist() == whole.tolist()

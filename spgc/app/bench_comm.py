@@ -704,11 +704,6 @@ def run(
         raise BenchCommError(f"--chunk must be at least 1, got {chunk}")
     if backend not in BACKENDS:
         raise BenchCommError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend != "gc" and workers > 1:
-        raise BenchCommError(
-            f"--workers {workers} runs the circuits on Ray worker pairs, which run backend gc "
-            f"only so far; use --workers 1 with --backend {backend}"
-        )
     if table_coordinates is not None and table_coordinates < 4:
         raise BenchCommError(f"--table-coordinates must be at least 4, got {table_coordinates}")
     ctx = make_context(dataset, model=model)
@@ -731,7 +726,7 @@ def run(
                 _progress(f"bench comm: {workers} worker pairs on a local Ray cluster")
                 # the dev PKI party_links made: the workers' links use the servers' certificates
                 lanes_g, lanes_e, actors = start_worker_pairs(
-                    workers, Path(tmp, "main") if tls else None
+                    workers, Path(tmp, "main") if tls else None, backend
                 )
                 ctx.links[0].remote_lanes = lanes_g
                 ctx.links[1].remote_lanes = lanes_e

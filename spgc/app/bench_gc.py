@@ -12,6 +12,10 @@ that rate / 4 is the AND gates per second one core could garble at most (``x cei
 independent engine sessions on T contiguous ranges of the instances, one thread each
 (:mod:`spgc.lanes`); ``--scheme``
 picks the garbling scheme (three-halves, the default, or half-gates; ``both`` runs each).
+``--backend gmw`` runs the same circuit with GMW parties instead (XOR shares, Boolean Beaver
+triples from silent OT, one message each way per AND layer; rows with scheme ``gmw``), and
+``--backend both`` runs each: ``and_gates_per_cpu_second`` (AND gates over both parties' CPU
+seconds) is compared between them in the same run (``gmw_vs_gc_and_gates_per_cpu_second``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ MAX_THREADS = MAX_LANES  # lanes per party (each its own connection, session and
 AES_CALLS_PER_AND = 4  # half-gates garbling: 2 hashes per half gate, 2 half gates per AND
 MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
 SCHEMES: tuple[str, ...] = tuple(garbled_core.GARBLING_SCHEMES)  # the first is the default
+GMW = "gmw"  # the scheme label of the GMW backend's rows (no garbling scheme: XOR shares)
+BACKENDS: tuple[str, ...] = ("gc", GMW)
 # The engine's default OT extension: SoftSpoken k = 7, ceil(128 / 7) = 19 bits (2.375 bytes) per
 # evaluator input bit (0: IKNP, 16 bytes)
 DEFAULT_OT_K: int = garbled_core.DEFAULT_OT_K
@@ -124,10 +130,13 @@ def _run_party(
     """This party's side over its lanes: lane i (channel i, its own session, its own thread)
     runs instances lane_ranges(n, lanes)[i]."""
     gc = garbled_core
-    party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
-    parties = [
-        party_cls(ch, scheme=scheme, ot_k=ot_k, **_chunk_kwargs(chunk)) for ch in channels
-    ]
+    if scheme == GMW:  # Beaver triples from silent OT, as the gmw data link makes them
+        parties = [gc.GmwParty(ch, role, ot="silent") for ch in channels]
+    else:
+        party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
+        parties = [
+            party_cls(ch, scheme=scheme, ot_k=ot_k, **_chunk_kwargs(chunk)) for ch in channels
+        ]
     # Arrays that crossed a process boundary carry an unpickled (equal but not identical)
     # dtype object; re-view them with numpy's canonical uint64 dtype.
     inputs = {
@@ -285,13 +294,15 @@ class RunResult:
     and_gates: int
     wall_seconds: float
     and_gates_per_second: float
-    garble_only_and_gates_per_second: float
+    garble_only_and_gates_per_second: float | None  # None for gmw (nothing to garble)
     bytes_per_and: float
     eval_input_bytes_per_bit: float
     cpu_seconds_garbler: float
     cpu_seconds_evaluator: float
     correct: bool
     counters: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    backend: str = "gc"
+    and_gates_per_cpu_second: float = 0.0  # AND gates / (garbler + evaluator CPU seconds)
     speedup_vs_one_thread: float | None = None  # against the T = 1 run of the same link
     ratio_to_aes_ceiling: float | None = None  # end-to-end rate / (AES blocks per s / 4)
     # With --repeat N: this is the median run of N; the end-to-end rates of all N, in run order.
@@ -324,7 +335,7 @@ def run_two_party(
     instances: int,
     mode: str,
     chunk: int | None,
-    garble_only_rate: float,
+    garble_only_rate: float | None,
     log: Callable[[str], None],
     threads: int = 1,
     scheme: str = SCHEMES[0],
@@ -367,7 +378,8 @@ def run_two_party(
         )
         evaluator = None
         log(
-            f"garbling {instances:,} instances ({scheme}) over {MODE_LABEL[mode]} (loopback, "
+            f"{'evaluating' if scheme == GMW else 'garbling'} {instances:,} instances "
+            f"({scheme}) over {MODE_LABEL[mode]} (loopback, "
             f"2 processes, {threads} lane(s) each) ..."
         )
         try:
@@ -406,7 +418,12 @@ def run_two_party(
     and_per_instance = int(circuit.and_count)
     and_gates = and_per_instance * instances
     wall = max(rep_g.run_seconds, rep_e.run_seconds)
-    table_bytes = _sum_sent(rep_g.counters, ["tables"])
+    cpu = rep_g.cpu_seconds + rep_e.cpu_seconds
+    if scheme == GMW:  # both parties' openings and their triples' OT, each way
+        phases = ["tables", "ot_extension"]
+        table_bytes = _sum_sent(rep_g.counters, phases) + _sum_sent(rep_e.counters, phases)
+    else:
+        table_bytes = _sum_sent(rep_g.counters, ["tables"])
     eval_input_bits = instances * WIDTH * len(EVALUATOR_INPUTS)
     eval_sent = _sum_sent(rep_e.counters, ["ot_extension", "inputs"])
     log(f"  done in {wall:.2f} s; output {'matches' if correct else 'DIFFERS FROM'} plaintext")
@@ -427,6 +444,8 @@ def run_two_party(
         cpu_seconds_evaluator=rep_e.cpu_seconds,
         correct=correct,
         counters={"garbler": rep_g.counters, "evaluator": rep_e.counters},
+        backend=GMW if scheme == GMW else "gc",
+        and_gates_per_cpu_second=and_gates / cpu if cpu > 0 else float("inf"),
     )
 
 
@@ -472,7 +491,8 @@ _COLUMNS = (
     ("e2e M AND/s", "{:>11.2f}"),
     ("x T=1", "{:>5}"),
     ("x ceiling", "{:>9}"),
-    ("garble-only M AND/s", "{:>19.2f}"),
+    ("garble-only M AND/s", "{:>19}"),
+    ("M AND/CPU-s", "{:>11.2f}"),
     ("bytes/AND", "{:>9.2f}"),
     ("eval B/input bit", "{:>16.2f}"),
     ("wall s", "{:>8.2f}"),
@@ -484,6 +504,10 @@ _COLUMNS = (
 
 def _ratio(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _millions(value: float | None) -> float | None:
+    return None if value is None else value / 1e6
 
 
 def _ceiling_range(r: RunResult, aes_rate: float | None) -> str:
@@ -520,7 +544,8 @@ def format_table(runs: list[RunResult], aes_rate: float | None = None) -> str:
             r.and_gates_per_second / 1e6,
             _ratio(r.speedup_vs_one_thread, 2),
             _ratio(r.ratio_to_aes_ceiling, 3),
-            r.garble_only_and_gates_per_second / 1e6,
+            _ratio(_millions(r.garble_only_and_gates_per_second), 2),
+            r.and_gates_per_cpu_second / 1e6,
             r.bytes_per_and,
             r.eval_input_bytes_per_bit,
             r.wall_seconds,
@@ -564,9 +589,22 @@ def to_json(
     obj["aes128_blocks_per_second"] = aes_rate
     obj["ceiling_and_gates_per_second"] = None if aes_rate is None else aes_rate / AES_CALLS_PER_AND
     obj["circuit"] = "y = (a - b <s t) ? a - b : a, 32-bit"
+    ratio = gmw_vs_gc(runs)
+    if ratio is not None:
+        obj["gmw_vs_gc_and_gates_per_cpu_second"] = ratio
     if len(runs) > 1:
         obj["runs"] = [asdict(r) for r in runs]
     return obj
+
+
+def gmw_vs_gc(runs: list[RunResult]) -> float | None:
+    """GMW's AND gates per CPU-second over the garbled backend's (its first scheme), both on
+    the same link with one lane, measured in the same run; None unless both ran."""
+    one = {(r.scheme, r.mode): r for r in runs if r.threads == 1}
+    for (scheme, mode), r in one.items():
+        if scheme != GMW and (GMW, mode) in one and r.and_gates_per_cpu_second > 0:
+            return one[GMW, mode].and_gates_per_cpu_second / r.and_gates_per_cpu_second
+    return None
 
 
 def _median_run(runs: list[RunResult]) -> RunResult:
@@ -604,7 +642,7 @@ def bench_gc(
         raise ValueError("--chunk must be at least 1")
     if not threads or any(not 1 <= t <= MAX_THREADS for t in threads):
         raise ValueError(f"--threads: each thread count must be in 1..{MAX_THREADS}")
-    if not schemes or any(s not in SCHEMES for s in schemes):
+    if not schemes or any(s not in (*SCHEMES, GMW) for s in schemes):
         raise ValueError(f"--scheme: each scheme must be one of {', '.join(SCHEMES)}")
     if not 0 <= ot_k <= 8:
         raise ValueError("--ot-k must be in 0..8 (0: IKNP)")
@@ -616,7 +654,10 @@ def bench_gc(
     circuit = build_circuit()
     log(f"circuit: {int(circuit.and_count)} AND gates per instance")
     schemes = tuple(dict.fromkeys(schemes))
-    rates = {scheme: garble_only_rate(circuit, instances, chunk, log, scheme) for scheme in schemes}
+    rates = {
+        scheme: None if scheme == GMW else garble_only_rate(circuit, instances, chunk, log, scheme)
+        for scheme in schemes
+    }
     configs = [(s, m, t) for s in schemes for m in modes for t in dict.fromkeys(threads)]
     done: dict[tuple[str, str, int], list[RunResult]] = {c: [] for c in configs}
     for i in range(repeat):
@@ -662,9 +703,12 @@ def run_cli(
     schemes: tuple[str, ...] = SCHEMES[:1],
     ot_k: int = DEFAULT_OT_K,
     repeat: int = 1,
+    backends: tuple[str, ...] = ("gc",),
 ) -> int:
-    """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect)."""
+    """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect).
+    ``backends``: gc runs ``schemes``, gmw one GMW run per link and thread count."""
     modes: tuple[str, ...] = LINKS if both else (("plaintext",) if insecure else ("tls",))
+    schemes = (schemes if "gc" in backends else ()) + ((GMW,) if GMW in backends else ())
     aes_rate = aes_blocks_per_second()  # first, while nothing else of ours runs
     runs = bench_gc(
         instances=instances,
@@ -677,6 +721,9 @@ def run_cli(
         repeat=repeat,
     )
     table = format_table(runs, aes_rate)
+    ratio = gmw_vs_gc(runs)
+    if ratio is not None:
+        table += f"\ngmw / gc AND gates per CPU-second (one lane, same link, this run): {ratio:.2f}"
     if as_json:
         print(table, file=sys.stderr)
         print(json.dumps(to_json(runs, chunk, aes_rate), indent=2, sort_keys=True))

@@ -10,7 +10,8 @@ second, on all D, is the steady state. It prints ``seconds_per_round`` (the seco
 against the plaintext evaluation of the same round. ``--model`` adds the per-round model of
 docs/SCALE.md from this run's constants: bytes and seconds per coordinate per worker pair, the
 workers' working set per coordinate (peak memory growth from the first round to the second),
-and the providers' intake.
+and the providers' intake. ``--backend gmw`` runs the pairs' sessions on GMW (Beaver triples
+from silent OT) instead of garbled circuits, checked against the same plaintext reference.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import numpy as np
 import garbled_core
 from spgc.certs import make_dev_pki
 from spgc.lanes import MAX_LANES
-from spgc.noise import sample_noise_plain
+from spgc.modes import BACKEND_NAMES
+from spgc.noise import SPARES_EVERY, sample_noise_plain
 from spgc.servers.coordinator import dng_exchange
 from spgc.servers.gc_party import RANGE_BATCH, PartyLink, run_aggregate
 from spgc.servers.noise_pool import (
@@ -75,7 +77,7 @@ def _shares(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return sums, a1, r
 
 
-def _pair_embedded(tls_dir: Path | None) -> tuple[list[Any], list[Any]]:
+def _pair_embedded(tls_dir: Path | None, backend: str = "gc") -> tuple[list[Any], list[Any]]:
     listener = garbled_core.Listener(HOST, 0)
     kw_g: dict[str, Any] = {"insecure": True}
     kw_e: dict[str, Any] = {"insecure": True}
@@ -88,7 +90,10 @@ def _pair_embedded(tls_dir: Path | None) -> tuple[list[Any], list[Any]]:
     ch_e = garbled_core.Channel.connect(HOST, listener.port, timeout=30, **kw_e)
     t.join()
     listener.close()
-    return [PartyLink.open("garbler", box["ch"])], [PartyLink.open("evaluator", ch_e)]
+    return (
+        [PartyLink.open("garbler", box["ch"], backend=backend)],
+        [PartyLink.open("evaluator", ch_e, backend=backend)],
+    )
 
 
 def _files(name: str) -> tuple[str, str, str]:
@@ -96,11 +101,12 @@ def _files(name: str) -> tuple[str, str, str]:
 
 
 def start_worker_pairs(
-    workers: int, tls_dir: Path | None
+    workers: int, tls_dir: Path | None, backend: str = "gc"
 ) -> tuple[list[Any], list[Any], list[Any]]:
     """``workers`` H1 and H2 worker actors on the running Ray cluster, worker i of H1 linked to
     worker i of H2 (TLS with the dev PKI in ``tls_dir`` made by ``make_dev_pki(tls_dir, ["h1",
-    "h2"])``, or plaintext when None). Returns (H1's lanes, H2's lanes, every actor)."""
+    "h2"])``, or plaintext when None), on ``backend``'s sessions. Returns (H1's lanes, H2's
+    lanes, every actor)."""
 
     def worker_tls(name: str, peer: str) -> WorkerTls:
         if tls_dir is None:
@@ -108,10 +114,10 @@ def start_worker_pairs(
         cert, key, ca = (str(tls_dir / f) for f in _files(name))
         return WorkerTls(cert, key, ca, peer)
 
-    g = start_workers("garbler", workers, worker_tls("h1", "h2"))
-    e = start_workers("evaluator", workers, worker_tls("h2", "h1"))
+    g = start_workers("garbler", workers, worker_tls("h1", "h2"), backend=backend)
+    e = start_workers("evaluator", workers, worker_tls("h2", "h1"), backend=backend)
     try:
-        lanes_g, lanes_e = connect_workers(g, e, HOST)
+        lanes_g, lanes_e = connect_workers(g, e, HOST, backend=backend)
     except BaseException:
         for actor in g + e:
             kill_worker(actor)
@@ -135,7 +141,9 @@ def init_local_ray(workers: int) -> None:
     )
 
 
-def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> dict[str, Any]:
+def run_round(
+    d: int, workers: int, sigma: float, use_ray: bool, tls: bool, backend: str = "gc"
+) -> dict[str, Any]:
     """One round of d coordinates on ``workers`` pairs; returns the measured figures."""
     sums, a1, a2 = _shares(d)
     actors: list[Any] = []
@@ -146,9 +154,9 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
             make_dev_pki(tls_dir, ["h1", "h2"])
         setup0 = time.perf_counter()
         if use_ray:
-            lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir)
+            lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir, backend)
         else:
-            lanes_g, lanes_e = _pair_embedded(tls_dir)
+            lanes_g, lanes_e = _pair_embedded(tls_dir, backend)
         setup_seconds = time.perf_counter() - setup0
         idle = workers_peak_rss_mb(actors)
         warm = max(1, d // 4)
@@ -163,11 +171,12 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
         finally:
             for actor in actors:
                 kill_worker(actor)
-    z = sample_noise_plain(s1, s2, d, sigma)
+    z = sample_noise_plain(s1, s2, d, sigma, spares_every=SPARES_EVERY[backend])
     correct = bool(np.array_equal(yg, ye)) and bool(np.array_equal(ye - sums, z))
     sent = int(ig["sent"]) + int(ie["sent"])
     result: dict[str, Any] = {
         "mode": "spgc",
+        "backend": backend,
         "dim": d,
         "workers": workers,
         "ray": use_ray,
@@ -200,7 +209,7 @@ def run_round(d: int, workers: int, sigma: float, use_ray: bool, tls: bool) -> d
 
 
 def run_preprocessed(
-    d: int, workers: int, sigma: float, use_ray: bool, tls: bool
+    d: int, workers: int, sigma: float, use_ray: bool, tls: bool, backend: str = "gc"
 ) -> dict[str, Any]:
     """Mode preprocessed at d coordinates: offline, the noise pool's production of d samples on
     ``workers`` pairs (the sampler and the share circuit, as `spgc server precompute` with
@@ -215,11 +224,11 @@ def run_preprocessed(
         if tls:
             tls_dir = Path(tmp, "pki")
             make_dev_pki(tls_dir, ["h1", "h2"])
-        daemon_g, daemon_e = _pair_embedded(tls_dir)  # the daemons' own data link
+        daemon_g, daemon_e = _pair_embedded(tls_dir, backend)  # the daemons' own data link
         lanes_g, lanes_e = daemon_g, daemon_e
         try:
             if use_ray:
-                lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir)
+                lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir, backend)
             # sessions set up (base OTs, SoftSpoken trees) outside the measurement
             def produce(role: str, lanes: list[Any], n: int, seed: bytes) -> Any:
                 return lambda: produce_noise_shares(role, lanes, n, sigma, RING_BITS, seed)
@@ -260,11 +269,12 @@ def run_preprocessed(
                 kill_worker(actor)
             for link in (*daemon_g, *daemon_e):
                 link.channel.close()
-    z = sample_noise_plain(s1, s2, d, sigma)
+    z = sample_noise_plain(s1, s2, d, sigma, spares_every=SPARES_EVERY[backend])
     correct = bool(np.array_equal(yg, ye)) and bool(np.array_equal(ye - sums, z))
     sent = int(info_g["sent"]) + int(info_e["sent"])
     return {
         "mode": "preprocessed",
+        "backend": backend,
         "dim": d,
         "workers": workers,
         "ray": use_ray,
@@ -441,6 +451,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="K = 1 in this process, without Ray (the workers: 1 path), for comparison",
     )
     p.add_argument("--insecure", action="store_true", help="plaintext worker links (not TLS)")
+    p.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        default="gc",
+        help="the pairs' sessions: gc (garbled circuits, the default) or gmw (GMW, Beaver "
+        "triples from silent OT)",
+    )
     p.add_argument("--model", action="store_true", help="also print the per-round model")
     p.add_argument(
         "--worker-memory-gb",
@@ -484,7 +501,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         init_local_ray(args.workers)
     run = run_round if args.mode == "spgc" else run_preprocessed
     try:
-        result = run(args.dim, args.workers, args.sigma, use_ray, not args.insecure)
+        result = run(
+            args.dim, args.workers, args.sigma, use_ray, not args.insecure, args.backend
+        )
     finally:
         if use_ray:
             shutdown_ray()
@@ -521,7 +540,7 @@ def _summary_line(result: dict[str, Any]) -> str:
     """One line: where it ran, what it measured, whether the release was checked correct."""
     where = (
         f"{result['workers']} worker pair(s) ({'Ray' if result['ray'] else 'embedded'}, "
-        f"{'TLS' if result['tls'] else 'plaintext'})"
+        f"{'TLS' if result['tls'] else 'plaintext'}, {result['backend']})"
     )
     verdict = "correct" if result["correct"] else "WRONG"
     if result.get("mode") == "preprocessed":

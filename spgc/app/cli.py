@@ -189,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how AND gates are garbled (default: {bench_gc.SCHEMES[0]}; both: one run each)",
     )
     gc.add_argument(
+        "--backend",
+        choices=(*bench_gc.BACKENDS, "both"),
+        default="gc",
+        help="gc: garbled circuits (the schemes of --scheme); gmw: GMW with Beaver triples from "
+        "silent OT on the same circuit; both: each, with their AND gates per CPU-second compared "
+        "(default: gc)",
+    )
+    gc.add_argument(
         "--repeat",
         type=_positive_int,
         default=1,
@@ -214,7 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
     link.add_argument("--tls-only", action="store_true", help="TLS link only (the default)")
     link.add_argument("--both", action="store_true", help="run plaintext and TLS")
 
-
     sampler = bench_sampler.build_parser(
         bench_sub.add_parser(
             "sampler",
@@ -233,7 +240,6 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
     ot.set_defaults(bench="ot")
-
 
     scale = bench_scale.build_parser(
         bench_sub.add_parser(
@@ -328,11 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=_port,
         metavar="N",
-        help="serve Prometheus /metrics, /healthz and /readyz: H1 on port N, H2 on N+1 "
-        "(127.0.0.1)",
+        help="serve Prometheus /metrics, /healthz and /readyz: H1 on port N, H2 on N+1 (127.0.0.1)",
     )
     demo.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-
 
     experiment.build_parser(
         sub.add_parser(
@@ -402,10 +406,8 @@ def _cmd_certs(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
 
     if args.bench == "sampler":
-
         return bench_sampler.run_from_args(args)
     if args.bench == "comm":
-
         return bench_comm.run_from_args(args)
     if args.bench == "load":
         return bench_load.run_from_args(args)
@@ -423,6 +425,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         schemes=bench_gc.SCHEMES if args.scheme == "both" else (args.scheme,),
         ot_k=args.ot_k,
         repeat=args.repeat,
+        backends=bench_gc.BACKENDS if args.backend == "both" else (args.backend,),
     )
 
 
