@@ -49,6 +49,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -307,7 +308,12 @@ class ProviderClient(RoundFollower, Batches, Training):
             self._decline(tc.run_id, str(exc))
             raise
         if tc.mode == pb.MODE_LDP:
-            derive_params(tc.noise_std_units)  # cached: the round itself should not pay for it
+            # The sampler's parameter search takes seconds: in the background now (cached, and
+            # the first round's noise waits for it), not in the round nor before joining.
+            threading.Thread(
+                target=derive_params, args=(tc.noise_std_units,), name="spgc-sampler-params",
+                daemon=True,
+            ).start()  # fmt: skip
         if self.training is None or self.training.run_id != tc.run_id:
             self._epoch = self._first_epoch = None  # another run: its own epochs
         self.training = tc

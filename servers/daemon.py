@@ -38,6 +38,7 @@ from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
 from spgc.config import ServerConfig
 from spgc.ledger import LEDGER_FILE
+from spgc.modes import MODES
 from spgc.plan import make_plan
 from spgc.servers.aggregator import AggregatorServicer
 from spgc.servers.audit import AuditLog, host_of
@@ -80,6 +81,10 @@ __all__ = [
     "PeerLost",
     "ServerDaemon",
 ]
+
+# Who samples discrete Gaussian noise on the servers (spgc.modes.Mode.noise_by): the circuit
+# (spgc; preprocessed's pool), each server alone (dng).
+SERVER_NOISE = ("circuit", "each server")
 
 log = logging.getLogger(__name__)
 
@@ -390,9 +395,9 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
             resumed=bool(self.state.steps or self.state.releases),
         )  # fmt: skip
         thread.start()
-        if self.cfg.mode == "spgc" and self.plan.sigma_units > 0:
+        if MODES[self.cfg.mode].noise_by in SERVER_NOISE and self.plan.sigma_units > 0:
             # The sampler's parameter search takes seconds; done now, it overlaps the wait for
-            # the peer and the providers instead of delaying the first round's circuit.
+            # the peer and the providers instead of delaying the first round's noise.
             threading.Thread(
                 target=derive_params, args=(self.plan.sigma_units,), name="spgc-sampler-params",
                 daemon=True,
