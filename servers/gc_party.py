@@ -344,6 +344,9 @@ def merge_part_infos(infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ]
     if any("and_gates" in i for i in infos):
         merged["and_gates"] = sum(i.get("and_gates", 0) for i in infos)
+    trips = [i["round_trips"] for i in infos if "round_trips" in i]
+    if trips:  # lanes run side by side: the round waits for the one with the most
+        merged["round_trips"] = max(trips)
     rss = [i["peak_rss_mb"] for i in infos if "peak_rss_mb" in i]
     if rss:  # remote lanes (Ray workers) report their process's peak RSS
         merged["worker_rss_mb"] = rss
@@ -436,6 +439,7 @@ def aggregate_range(
     ``first_coordinate`` on, on one link. Returns (Y of the range, info with the link's byte
     ``counters`` over the call)."""
     before = link.counters()
+    layers = getattr(link.session, "layers_used", None)  # GMW: one round trip per AND layer
     parts = []
     for lo, hi in range_batches(len(shares), link.range_align):
         part = _aggregate_on_link(
@@ -452,6 +456,8 @@ def aggregate_range(
         info.setdefault("trials_per_round", [])
         info.setdefault("and_gates", 0)
     info["counters"] = counter_delta(before, link.counters())
+    if layers is not None:
+        info["round_trips"] = int(link.session.layers_used) - int(layers)
     return y, info
 
 

@@ -19,6 +19,10 @@ def test_embedded_round_is_checked_and_reported(
     out = json.loads(capsys.readouterr().out)
     assert out["correct"] and out["dim"] == 300 and out["workers"] == 1 and not out["ray"]
     assert out["backend"] == backend
+    # gmw counts its round trips: one trial circuit and one noisy sum (about 50 AND layers)
+    assert (out["round_trips"] is None) == (backend == "gc")
+    if backend == "gmw":
+        assert 30 <= out["round_trips"] <= 48 * 2
     assert out["and_gates"] > 300 * 500  # the sampler's trials plus the reconstruction
     assert out["seconds_per_round"] > 0
     if backend == "gc":  # garbled: 24.6 B per AND gate
@@ -69,6 +73,21 @@ def test_model_bound_follows_the_slower_of_link_and_cpu() -> None:
     assert slow["compute_seconds"] == pytest.approx(20.0) and slow["bound"] == "link"
     fast = at[10**6, 1, 100]
     assert fast["bound"] == "CPU" and fast["round_seconds"] == pytest.approx(20.0)
+
+
+def test_model_adds_gmws_round_trips() -> None:
+    """gmw: the round also waits round trips x RTT (its AND layers), which bound a small model
+    on a fast link; the embedded gmw run measures them."""
+    rows = bench_scale.model_rows(1_000, 20e-6, round_trips=50, rtt_seconds=0.05)
+    small = next(
+        r for r in rows if r["dim"] == 10**6 and r["workers"] == 64 and r["gbit_per_s"] == 100
+    )
+    assert small["round_trip_seconds"] == pytest.approx(2.5)
+    assert small["round_seconds"] == pytest.approx(
+        2.5 + max(small["compute_seconds"], small["link_seconds"])
+    )
+    assert small["bound"] == "round trips"
+    assert all(r["round_trip_seconds"] == 0 for r in bench_scale.model_rows(1_000, 20e-6))
 
 
 def test_model_memory_bound_and_intake() -> None:

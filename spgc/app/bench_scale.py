@@ -67,6 +67,7 @@ SHARE_BYTES = 8  # a share value on the provider wire (proto: little-endian uint
 # concatenation (three 8-byte arrays), on top of the batch's measured working set.
 RANGE_BYTES_PER_COORDINATE = 24
 DEFAULT_WORKER_MEMORY_GB = 64.0
+DEFAULT_RTT_MS = 10.0  # the model's round-trip time between the organisations (gmw pays it)
 
 
 def _shares(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -192,6 +193,7 @@ def run_round(
         "seconds_per_coordinate_per_pair": seconds * workers / d,
         "trials": int(ig["trials"]),
         "rounds": int(ig["rounds"]),
+        "round_trips": ig.get("round_trips"),  # gmw: AND layers exchanged (gc: None)
         "peak_rss_mb_per_worker": [] if not use_ray else _worker_rss(ig, ie),
         "idle_rss_mb_per_worker": idle,
         "correct": correct,
@@ -340,12 +342,15 @@ def model_rows(
     rss_bytes_per_coord: float | None = None,
     idle_rss_mb: float = 0.0,
     worker_memory_gb: float = DEFAULT_WORKER_MEMORY_GB,
+    round_trips: int = 0,
+    rtt_seconds: float = DEFAULT_RTT_MS / 1e3,
 ) -> list[dict[str, Any]]:
     """The circuit part of a round, per (d, K, link): link seconds (both directions' bytes over
     one link of G Gbit/s) against compute seconds (d coordinates over K pairs at this run's
-    per-pair rate); the larger bounds the round. With a measured working set per coordinate, a
-    worker's peak memory (idle + one batch of at most RANGE_BATCH coordinates + 24 bytes per
-    coordinate of its range) and whether it fits ``worker_memory_gb``."""
+    per-pair rate); the larger bounds the round, plus ``round_trips`` x ``rtt_seconds`` (gmw's
+    AND layers; gc's few round trips are not counted). With a measured working set per
+    coordinate, a worker's peak memory (idle + one batch of at most RANGE_BATCH coordinates + 24
+    bytes per coordinate of its range) and whether it fits ``worker_memory_gb``."""
     rows = []
     for d in MODEL_DIMS:
         for k in MODEL_WORKERS:
@@ -361,7 +366,10 @@ def model_rows(
                 ) / 1e9
             for g in MODEL_GBITS:
                 link = d * bytes_per_coord * 8 / (g * 1e9)
+                waits = round_trips * rtt_seconds
                 bound = "link" if link > compute else "CPU"
+                if waits > max(link, compute):
+                    bound = "round trips"
                 if memory_gb is not None and memory_gb > worker_memory_gb:
                     bound = "memory"
                 rows.append(
@@ -372,7 +380,8 @@ def model_rows(
                         "gigabytes": d * bytes_per_coord / 1e9,
                         "compute_seconds": compute,
                         "link_seconds": link,
-                        "round_seconds": max(compute, link),
+                        "round_trip_seconds": waits,
+                        "round_seconds": max(compute, link) + waits,
                         "worker_memory_gb": memory_gb,
                         "bound": bound,
                     }
@@ -406,14 +415,15 @@ def format_model(rows: list[dict[str, Any]], intake: list[dict[str, Any]] | None
     lines = [
         "circuit part of a round (between the servers):",
         f"{'dim':>13} {'K':>3} {'Gbit/s':>6} {'GB/round':>9} {'CPU s':>10} {'link s':>10} "
-        f"{'round s':>10} {'GB/worker':>9}  bound",
+        f"{'RTT s':>7} {'round s':>10} {'GB/worker':>9}  bound",
     ]
     for r in rows:
         mem = "-" if r.get("worker_memory_gb") is None else f"{r['worker_memory_gb']:.2f}"
         lines.append(
             f"{r['dim']:>13,} {r['workers']:>3} {r['gbit_per_s']:>6} {r['gigabytes']:>9.1f} "
             f"{r['compute_seconds']:>10.1f} {r['link_seconds']:>10.1f} "
-            f"{r['round_seconds']:>10.1f} {mem:>9}  {r['bound']}"
+            f"{r.get('round_trip_seconds', 0.0):>7.2f} {r['round_seconds']:>10.1f} {mem:>9}  "
+            f"{r['bound']}"
         )
     if intake:
         lines += [
@@ -466,6 +476,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="GB",
         help="memory of one worker for the model's memory bound (default: 64)",
     )
+    p.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=DEFAULT_RTT_MS,
+        metavar="MS",
+        help="round-trip time between the organisations for the model: gmw waits it once per "
+        f"AND layer of the round (default: {DEFAULT_RTT_MS:g})",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
 
@@ -515,6 +533,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             result.get("rss_bytes_per_coordinate"),
             max(idle) if idle else 0.0,
             args.worker_memory_gb,
+            result["round_trips"] or 0,
+            args.rtt_ms / 1e3,
         )
         result["model_intake"] = intake_rows()
     if args.json:
