@@ -26,8 +26,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE = EXAMPLES / "localhost"
 SPGC = Path(sys.executable).parent / "spgc"
 YAMLS = ["h1.yaml", "h2.yaml", "provider1.yaml", "provider2.yaml", "provider3.yaml"]
-# Under pytest-xdist the examples run on one worker (one at a time: each is several daemons).
-pytestmark = pytest.mark.xdist_group("examples")
 
 
 def copy_example(tmp_path: Path, name: str = "localhost") -> Path:
@@ -175,10 +173,13 @@ def test_custom_model_example_trains_the_users_model(tmp_path: Path) -> None:
     """examples/custom-model: the servers hold model.py's CNN, the providers its digits data;
     its run.sh prints the same JSON line."""
     work = copy_example(tmp_path, "custom-model")
+    for name in ("h1.yaml", "h2.yaml"):  # shortened: the README's 20 rounds reach about 0.89
+        config = work / name
+        config.write_text(config.read_text().replace("rounds: 20\n", "rounds: 10\n"))
     target = yaml.safe_load((work / "h1.yaml").read_text())["target_epsilon"]
     result = last_json(run_script(work))
-    assert result["rounds"] == 20 and result["steps"] == 20
-    assert result["accuracy"] >= 0.8  # 10 classes; about 0.89 measured
+    assert result["rounds"] == 10 and result["steps"] == 10
+    assert result["accuracy"] >= 0.6  # 10 classes: chance is 0.1
     assert 0 < result["epsilon"] <= target
     assert result["provider_exit"] == {"p1": 0, "p2": 0, "p3": 0}
 
