@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import grpc
 
-from spgc.config import ConfigError, add_daemon_arguments, load_provider_config
+from spgc.config import ConfigError
+from spgc.config_files import add_daemon_arguments, load_provider_config
 from spgc.data import DATA_ERRORS
 from spgc.logs import interrupted_status, print_error, setup_logging, stop_like_ctrl_c_on_sigterm
 from spgc.progress import Progress, terminal_logging

@@ -1,10 +1,10 @@
-"""Daemon configuration: one typed schema per daemon, one loader, one error format.
+"""Daemon configuration: one typed schema per daemon and one error format.
 
 :class:`ServerConfig` (``spgc server``) and :class:`ProviderConfig` (``spgc provider``) are
-pydantic models: the loader, the ``--set key=value`` overrides, ``spgc config show`` and
-docs/CONFIG.md all come from their fields. :func:`load_config` reads a YAML file, applies the
-overrides and validates; every problem is a :class:`ConfigError` whose message names the file,
-the key, the value given and what is allowed.
+pydantic models: the loader (:mod:`spgc.config_files`), the ``--set key=value`` overrides,
+``spgc config show`` and docs/CONFIG.md all come from their fields. Every problem is a
+:class:`ConfigError` whose message names the file, the key, the value given and what is
+allowed (:func:`format_errors`), whether the values came from a file or from code.
 
 Nothing secret lives in a configuration or in argv: TLS private keys are file *paths* (a value
 ``env:NAME`` reads the path from environment variable NAME), and the round seeds are drawn from
@@ -13,15 +13,12 @@ Nothing secret lives in a configuration or in argv: TLS private keys are file *p
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
@@ -43,24 +40,18 @@ from spgc.wire.transport import ray_cluster_endpoint, split_host_port
 
 __all__ = [
     "LOG_LEVELS",
-    "SCHEMAS",
     "ConfigError",
     "ProviderConfig",
     "ServerConfig",
     "TlsPaths",
-    "add_daemon_arguments",
-    "config_markdown",
-    "describe_keys",
-    "detect_schema",
-    "load_config",
-    "load_provider_config",
-    "load_server_config",
+    "flatten_keys",
+    "format_errors",
+    "type_words",
 ]
 
 CALIBRATIONS = ("analytic", "classic", "accountant")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-_ENV_PREFIX = "env:"
 
 
 class ConfigError(ValueError):
@@ -87,7 +78,7 @@ class _OneLineErrors(type(BaseModel)):  # type: ignore[misc]
         try:
             return super().__call__(*args, **data)
         except ValidationError as exc:
-            raise ConfigError(_format(exc, cls, cls.__name__, data)) from None
+            raise ConfigError(format_errors(exc, cls, cls.__name__, data)) from None
 
 
 class _Schema(BaseModel, metaclass=_OneLineErrors):
@@ -212,9 +203,9 @@ class ServerConfig(_Schema):
         "gc",
         description="how the two servers evaluate a round's circuits: gc (garbled circuits: "
         "about 20 kB per coordinate between the servers, a few round trips per round) or gmw "
-        "(GMW with Beaver triples from silent OT: about 0.5 kB per coordinate, a round trip "
-        "per AND layer: for links with more bandwidth cost than latency); part of the plan: "
-        "both servers must set the same",
+        "(GMW with Beaver triples from silent OT: about 1 kB per coordinate, a round trip per "
+        "AND layer, about 50 a round: for links with more bandwidth cost than latency); part "
+        "of the plan: both servers must set the same; Ray worker pairs run either",
     )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",
@@ -705,7 +696,7 @@ class ProviderConfig(_Schema):
 
     @model_validator(mode="before")
     @classmethod
-    def _flatten(cls, data: Any) -> Any:
+    def _flatten_tls(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
         data = dict(data)
@@ -722,7 +713,7 @@ class ProviderConfig(_Schema):
             if flat:
                 raise ValueError(f"tls and {', '.join(flat)} both given: give one of them")
             data["tls"] = tls
-        return _flatten(data)
+        return flatten_keys(data)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -794,94 +785,17 @@ class ProviderConfig(_Schema):
         return self.model_dump(mode="json")
 
 
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as flat keys (``tls: {cert: ...}`` -> ``tls_cert``), dashes as
+    underscores."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = f"{prefix}{str(key).replace('-', '_')}"
         if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{name}_"))
+            out.update(flatten_keys(value, f"{name}_"))
         else:
             out[name] = value
     return out
-
-
-# ------------------------------------------------------------------------------------ loading
-
-_C = TypeVar("_C", ServerConfig, ProviderConfig)
-SCHEMAS: dict[str, type[BaseModel]] = {"server": ServerConfig, "provider": ProviderConfig}
-
-
-def _is_path_field(schema: type[BaseModel], key: str) -> bool:
-    """Whether ``key`` (dotted for nested models) holds a filesystem path."""
-    head, _, rest = key.partition(".")
-    field = schema.model_fields.get(head)
-    if field is None:
-        return False
-    text = str(field.annotation)
-    if rest:
-        return "TlsPaths" in text and rest in TlsPaths.model_fields
-    return "Path" in text or "TlsPaths" in text
-
-
-# Keys naming a file by a string that may also be something else (a built-in name, a loader).
-# Not `model`: the servers compare its reference as written (TrainingConfig.model).
-_REFERENCE_FIELDS = frozenset({"data", "test_data"})
-_DATA_SUFFIXES = (".csv", ".npz")
-
-
-def _resolve_reference(value: str, base: Path) -> str:
-    """A relative file in ``value`` ("file.py:factory", "data.csv") made absolute against the
-    configuration file's directory when the file is there; anything else as given (a built-in
-    name, "package.module:factory", a file relative to the working directory)."""
-    target, colon, attr = value.rpartition(":")
-    if colon and target.endswith(".py"):
-        path, rest = target, f":{attr}"
-    elif not colon and value.lower().endswith(_DATA_SUFFIXES):
-        path, rest = value, ""
-    else:
-        return value
-    candidate = Path(path).expanduser()
-    if candidate.is_absolute() or not (base / candidate).is_file():
-        return value
-    return f"{base / candidate}{rest}"
-
-
-def _resolve_paths(value: Any, base: Path, where: str) -> Any:
-    """Relative paths resolve against the file's directory; ``env:NAME`` reads the path from
-    the environment (so a key's location need not be written anywhere)."""
-    if isinstance(value, Mapping):
-        return {k: _resolve_paths(v, base, f"{where}.{k}") for k, v in value.items()}
-    if value is None or value == "":
-        return None
-    text = str(value)
-    if text.startswith(_ENV_PREFIX):
-        name = text[len(_ENV_PREFIX) :]
-        if name not in os.environ:
-            raise ConfigError(f"{where}: environment variable {name} (given {text!r}) is not set")
-        text = os.environ[name]
-    p = Path(text).expanduser()
-    return p if p.is_absolute() else base / p
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """``key=value`` (``--set``): the value is read as YAML (numbers, booleans, lists)."""
-    key, sep, text = item.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"--set expects key=value, got {item!r}")
-    try:
-        value = yaml.safe_load(text) if text else ""
-    except yaml.YAMLError:
-        value = text
-    return key.strip().replace("-", "_"), value
-
-
-def _set(raw: dict[str, Any], key: str, value: Any) -> None:
-    head, _, rest = key.partition(".")
-    if not rest:
-        raw[head] = value
-        return
-    inner = raw.get(head)
-    raw[head] = {**(inner if isinstance(inner, Mapping) else {}), rest: value}
 
 
 _BOUND_WORDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "multiple_of": "a multiple of"}
@@ -900,7 +814,7 @@ def _allowed(schema: type[BaseModel], loc: Sequence[Any]) -> str:
             model = ann
     if field is None:
         return ""
-    kind = _type_words(field.annotation)
+    kind = type_words(field.annotation)
     bounds = []
     for meta in field.metadata:
         for attr, word in _BOUND_WORDS.items():
@@ -911,7 +825,7 @@ def _allowed(schema: type[BaseModel], loc: Sequence[Any]) -> str:
     return " ".join([kind, *bounds]).strip()
 
 
-def _type_words(annotation: Any) -> str:
+def type_words(annotation: Any) -> str:
     """A field's type as users read it: ``one of 'a', 'b'``, ``path or none``, ``float``."""
     text = re.sub(r"typing\.|pathlib\.|<class '([^']*)'>", r"\1", str(annotation))
     text = text.replace("PosixPath", "path").replace("Path", "path")
@@ -921,7 +835,10 @@ def _type_words(annotation: Any) -> str:
     return text.replace(" | None", " or none").replace("list[str]", "list of names")
 
 
-def _format(exc: ValidationError, schema: type[BaseModel], source: str, given: Mapping) -> str:
+def format_errors(
+    exc: ValidationError, schema: type[BaseModel], source: str, given: Mapping
+) -> str:
+    """One line per problem: the key, the value given and what is allowed."""
     lines = []
     for err in exc.errors():
         loc = [str(p) for p in err["loc"]]
@@ -945,149 +862,3 @@ def _format(exc: ValidationError, schema: type[BaseModel], source: str, given: M
     return "\n".join(lines) or f"{source}: {exc}"
 
 
-def load_config(
-    schema: type[_C],
-    path: Path | str | None = None,
-    overrides: Iterable[str] = (),
-    **explicit: Any,
-) -> _C:
-    """Read ``path`` (a YAML mapping; optional), apply ``--set key=value`` ``overrides``
-    (dotted keys reach into mappings: ``tls.cert=...``), then the ``explicit`` keyword values
-    that are not None, and validate against ``schema``. ConfigError on any problem.
-
-    Relative paths in the file resolve against the file's directory, those in overrides and
-    explicit values against the working directory.
-    """
-    raw: dict[str, Any] = {}
-    source = "command line"
-    if path is not None:
-        p = Path(path)
-        source = str(p)
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"configuration file {p} does not exist") from None
-        except IsADirectoryError:
-            raise ConfigError(f"configuration file {p} is a directory") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, Mapping):
-            raise ConfigError(
-                f"{p}: the top level must be a mapping of keys, got {type(loaded).__name__}"
-            )
-        if schema is ProviderConfig:
-            loaded = _flatten(loaded)
-        base = p.resolve().parent
-        for key, value in loaded.items():
-            if _is_path_field(schema, str(key)):
-                value = _resolve_paths(value, base, f"{p}: {key}")
-            elif str(key) in _REFERENCE_FIELDS and isinstance(value, str):
-                value = _resolve_reference(value, base)
-            raw[str(key)] = value
-    cwd = Path.cwd()
-    for item in overrides:
-        key, value = parse_override(item)
-        if _is_path_field(schema, key):
-            value = _resolve_paths(value, cwd, f"--set {key}")
-        _set(raw, key, value)
-    for key, value in explicit.items():
-        if value is not None:
-            raw[key] = _resolve_paths(value, cwd, key) if _is_path_field(schema, key) else value
-    if path is not None and (overrides or any(v is not None for v in explicit.values())):
-        source += " (with command-line overrides)"
-    try:
-        return schema.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_format(exc, schema, source, raw)) from None
-
-
-def load_server_config(
-    path: Path | str | None = None, overrides: Iterable[str] = (), **explicit: Any
-) -> ServerConfig:
-    """:func:`load_config` for the server daemon."""
-    return load_config(ServerConfig, path, overrides, **explicit)
-
-
-def load_provider_config(
-    path: Path | str | None = None, overrides: Iterable[str] = (), **explicit: Any
-) -> ProviderConfig:
-    """:func:`load_config` for the provider."""
-    return load_config(ProviderConfig, path, overrides, **explicit)
-
-
-def add_daemon_arguments(parser: argparse.ArgumentParser, example: str) -> None:
-    """The options every daemon takes: ``--config FILE``, ``--set KEY=VALUE`` (repeatable;
-    ``example`` shows one), ``--log-level`` and ``--log-format`` (the keys of the same names)."""
-    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"override a configuration key (repeatable; the value is YAML), e.g. {example}",
-    )
-    parser.add_argument("--log-level", choices=LOG_LEVELS, help="key log_level")
-    parser.add_argument("--log-format", choices=("text", "json"), help="key log_format")
-
-
-def detect_schema(path: Path | str) -> str:
-    """'server' or 'provider' for ``spgc config check`` without ``--kind``: a file with a
-    provider's identity keys is a provider's, anything else a server's."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
-        return "server"  # load_config reports the problem
-    keys = set(_flatten(data)) if isinstance(data, Mapping) else set()
-    return "provider" if keys & {"name", "h1_address", "h1_name"} else "server"
-
-
-# ------------------------------------------------------------------------------------ docs
-
-
-def describe_keys(schema: type[BaseModel]) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, meaning) for every key of ``schema``, nested keys dotted."""
-    rows = []
-    for name, field in schema.model_fields.items():
-        ann = field.annotation
-        if name == "tls" and schema is ServerConfig:
-            for sub, f in TlsPaths.model_fields.items():
-                rows.append((f"tls.{sub}", "path", "(none)", f.description or ""))
-            continue
-        default = field.get_default(call_default_factory=True)
-        kind = _type_words(ann)
-        rows.append((name, kind, "(none)" if default is None else repr(default),
-                     field.description or ""))  # fmt: skip
-    return rows
-
-
-def config_markdown() -> str:
-    """docs/CONFIG.md, generated from the schemas (a test fails when the file is stale)."""
-    out = [
-        "# Configuration",
-        "",
-        "Generated from `spgc/config.py` (`spgc config show server --markdown > docs/CONFIG.md`);",
-        "do not edit by hand: `tests/test_config.py` fails when this file is stale.",
-        "",
-        "Each daemon reads one YAML file (`--config FILE`); every key can be overridden with",
-        "`--set key=value` (repeatable; the value is read as YAML; `--set tls.cert=PATH` reaches",
-        "into a mapping). Relative paths in the file resolve against the file's directory (a",
-        "path given with `--set`, against the directory the daemon runs in), and so do the",
-        "files of `data` and `test_data` when they are there (else the directory the daemon",
-        "runs in); `model` is read as written, from the directory the daemon runs in: the",
-        "servers compare it as written. A path given as `env:NAME` is read from environment",
-        "variable NAME. Unknown keys are refused. `spgc config check FILE` validates a file;",
-        "`spgc config show server|provider` prints this.",
-        "",
-    ]
-    for kind, schema in SCHEMAS.items():
-        summary = " ".join((schema.__doc__ or "").split("\n\n")[0].split())
-        out += [f"## `spgc {kind}` ({schema.__name__})", "", summary, ""]
-        out += ["| key | type | default | meaning |", "|---|---|---|---|"]
-        for key, kind_, default, meaning in describe_keys(schema):
-            cell = kind_.replace("|", "\\|")
-            out.append(f"| `{key}` | {cell} | `{default}` | {meaning} |")
-        out.append("")
-    return "\n".join(out)

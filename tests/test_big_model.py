@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from spgc.app.demo import MODEL_DEFAULTS, DemoError, DemoOptions, write_configs
-from spgc.config import ConfigError, ServerConfig, load_server_config
+from spgc.config import ConfigError, ServerConfig
+from spgc.config_files import load_server_config
 from spgc.gradients import CHUNK_BUDGET_BYTES, bounded_chunk, clipped_gradient_sum
 from spgc.models import (
     MODEL_INPUT_SHAPES,

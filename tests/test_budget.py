@@ -41,7 +41,7 @@ from spgc.budget import (
     default_state_dir,
     format_budget,
 )
-from spgc.config import load_provider_config
+from spgc.config_files import load_provider_config
 from spgc.data import load_dataset
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.providers.data_budget import ProviderBudget

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from spgc.config import (
-    ConfigError,
-    ProviderConfig,
-    ServerConfig,
+from spgc.config import ConfigError, ProviderConfig, ServerConfig
+from spgc.config_files import (
     config_markdown,
     describe_keys,
     load_provider_config,

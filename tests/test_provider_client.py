@@ -17,7 +17,8 @@ import torch
 
 from spgc.accounting import smallest_batch_cap
 from spgc.certs import make_dev_pki
-from spgc.config import ConfigError, ProviderConfig, load_provider_config
+from spgc.config import ConfigError, ProviderConfig
+from spgc.config_files import load_provider_config
 from spgc.csprng import SecureRandom
 from spgc.data import load_dataset, poisson_batch
 from spgc.encoding import FixedPointConfig, encode_rows

@@ -13,13 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from spgc.config import (
-    ConfigError,
-    ProviderConfig,
-    ServerConfig,
-    TlsPaths,
-    load_provider_config,
-)
+from spgc.config import ConfigError, ProviderConfig, ServerConfig, TlsPaths
+from spgc.config_files import load_provider_config
 from spgc.providers.__main__ import main
 from spgc.providers.client import ProviderClient, ProviderRefusal, SelfCheckFailed
 from spgc.providers.plan_checks import build_provider_model

@@ -16,7 +16,8 @@ import pytest
 from helpers import wait_until
 
 from spgc.certs import make_dev_pki
-from spgc.config import ServerConfig, TlsPaths, load_server_config
+from spgc.config import ServerConfig, TlsPaths
+from spgc.config_files import load_server_config
 from spgc.gradients import per_example_gradients
 from spgc.ledger import verify_ledger
 from spgc.models import resolve_model, trainable_mask

@@ -22,14 +22,8 @@ from typing import Any
 
 import grpc
 
-from spgc.config import (
-    ConfigError,
-    ProviderConfig,
-    ServerConfig,
-    TlsPaths,
-    load_provider_config,
-    load_server_config,
-)
+from spgc.config import ConfigError, ProviderConfig, ServerConfig, TlsPaths
+from spgc.config_files import load_provider_config, load_server_config
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundReport
 from spgc.servers.daemon import ServerDaemon
 

@@ -75,7 +75,8 @@ from spgc.app.demo import (
     _tail,
     write_configs,
 )
-from spgc.config import ConfigError, load_provider_config
+from spgc.config import ConfigError
+from spgc.config_files import load_provider_config
 from spgc.data import DATA_ERRORS, load_dataset, split_among_providers
 from spgc.gradients import clip_per_example
 from spgc.logs import setup_logging

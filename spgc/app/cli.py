@@ -25,16 +25,8 @@ from spgc.app.bench_gc import BenchError
 from spgc.app.demo import DemoError, DemoOptions, run_cli
 from spgc.app.experiment import run_from_args
 from spgc.certs import DEFAULT_NAMES, DEFAULT_PROVIDERS, make_dev_pki, make_ledger_keys
-from spgc.config import (
-    SCHEMAS,
-    ConfigError,
-    ProviderConfig,
-    ServerConfig,
-    config_markdown,
-    describe_keys,
-    detect_schema,
-    load_config,
-)
+from spgc.config import ConfigError, ProviderConfig, ServerConfig
+from spgc.config_files import SCHEMAS, config_markdown, describe_keys, detect_schema, load_config
 from spgc.data import DATA_ERRORS
 from spgc.logs import setup_logging
 from spgc.modes import BACKENDS, TRAINING_MODES
