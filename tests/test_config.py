@@ -180,12 +180,14 @@ def test_provider_nested_keys_flatten(tmp_path: Path) -> None:
 
 
 def test_spgc_server_help_describes_every_option() -> None:
+    helps = []
     for argv in (("spgc", "server", "--help"), ("spgc-server", "--help")):
         out = run(*argv)
         assert out.returncode == 0, out.stderr
         assert "--config FILE" in out.stdout and "--set KEY=VALUE" in out.stdout
         assert "usage: spgc server" in out.stdout
-    assert run("spgc", "server", "--help").stdout == run("spgc-server", "--help").stdout
+        helps.append(out.stdout)
+    assert helps[0] == helps[1]
     out = run("spgc", "server", "precompute", "--help")
     assert out.returncode == 0 and "--samples" in out.stdout
     for argv in (("spgc", "provider", "--help"), ("spgc-provider", "--help")):

@@ -26,6 +26,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE = EXAMPLES / "localhost"
 SPGC = Path(sys.executable).parent / "spgc"
 YAMLS = ["h1.yaml", "h2.yaml", "provider1.yaml", "provider2.yaml", "provider3.yaml"]
+# Under pytest-xdist the examples run on one worker, one at a time: each is several daemons
+# training, and two at once beside the other tests overload a 2-core machine (Ray's start-up
+# and the crash tests' round deadlines then time out).
+pytestmark = pytest.mark.xdist_group("examples")
 
 
 def copy_example(tmp_path: Path, name: str = "localhost") -> Path:
