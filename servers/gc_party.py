@@ -48,6 +48,7 @@ from spgc.noise import (
     expand_segments,
     sample_noise_plain,
     sampling_rounds,
+    segment_instances,
 )
 from spgc.servers.spgc_circuit import (
     check_ring_bits,
@@ -291,7 +292,7 @@ def run_sampler(
 
     def run_stage(segments: list[TrialSegment]) -> tuple[np.ndarray, Any]:
         inputs = expand_segments(seed, segments, params.port_widths, prefix, first_coordinate)
-        out = link.session.run(circuit, inputs, {}, sum(len(c) * k for _, c, k in segments))
+        out = link.session.run(circuit, inputs, {}, segment_instances(segments))
         return out["accept"], out["z"]
 
     rounds = sampling_rounds(

@@ -65,6 +65,7 @@ __all__ = [
     "sample_discrete_gaussian",
     "sample_noise_plain",
     "sampling_rounds",
+    "segment_instances",
 ]
 
 SEED_BYTES = 32
@@ -175,6 +176,11 @@ def expand_segments(
     return {port: np.concatenate([p[port] for p in parts]) for port in parts[0]}
 
 
+def segment_instances(segments: Sequence[TrialSegment]) -> int:
+    """Trial-circuit instances of a run of these segments (each coordinate runs k trials)."""
+    return sum(len(coords) * k for _, coords, k in segments)
+
+
 def _spare_owners(n: int, first_coordinate: int, spares_every: int) -> np.ndarray:
     """Coordinates of the batch (0-based) that run a spare trial: absolute index mod m = 0."""
     if spares_every <= 0:
@@ -282,7 +288,7 @@ def sample_noise_plain(
         widths = params.port_widths
         inputs = expand_segments(seed1, segments, widths, "g", first_coordinate)
         inputs.update(expand_segments(seed2, segments, widths, "e", first_coordinate))
-        out = circuit.evaluate(inputs, sum(len(c) * k for _, c, k in segments))
+        out = circuit.evaluate(inputs, segment_instances(segments))
         return out["accept"], out["z"]
 
     z = np.zeros(n, dtype=np.int64)

@@ -399,15 +399,47 @@ def test_triples_from_random_ot_are_correct_and_fresh(gmw_pair):
             assert not np.array_equal(seen[i], seen[j])  # never the same triples twice
 
 
+def test_group_triples_share_a_and_are_correct(gmw_pair):
+    """Group triples (AND gates sharing an input): per group and instance one a bit and, per
+    member, b and c with c0 ^ c1 = (a0 ^ a1) & (b0 ^ b1), from one random OT each way per
+    group and instance whatever its width (1 to 128 bits of the hashed OT string). Counts
+    that are not multiples of 64 put a group's rows across OT batches at odd bit offsets."""
+    widths = [1, 3, 128, 64, 1]
+    counts = [777, 70_001]
+    pair = gmw_pair()
+    side = Background(lambda: _core._gmw_triples(pair.h1_channel, 0, counts, widths=widths))
+    mine = _core._gmw_triples(pair.h2_channel, 1, counts, widths=widths)
+    theirs = side.result()
+
+    def bits(rows: np.ndarray, count: int) -> np.ndarray:
+        return np.unpackbits(rows.view(np.uint8), axis=1, bitorder="little")[:, :count]
+
+    for count, t0, t1 in zip(counts, theirs, mine, strict=True):
+        a0, b0, c0 = (bits(r, count) for r in t0)
+        a1, b1, c1 = (bits(r, count) for r in t1)
+        assert a0.shape == (len(widths), count) and b0.shape == (sum(widths), count)
+        group_of = np.repeat(np.arange(len(widths)), widths)
+        a = (a0 ^ a1)[group_of]  # each member's a is its group's
+        assert np.array_equal(c0 ^ c1, a & (b0 ^ b1))
+        for share in (a0, b0, c0, a1, b1, c1):
+            assert abs(share.mean() - 0.5) < 0.05
+        # Members' b are independent: no two rows alike.
+        b = b0 ^ b1
+        assert len({row.tobytes() for row in b}) == len(b)
+    with pytest.raises(ValueError, match=r"widths must be in 1\.\.128"):
+        _core._gmw_triples(pair.h1_channel, 0, [1], widths=[129])
+
+
 def test_bytes_per_and_gate(gmw_pair):
     """Exact bytes per phase, and the figure per AND gate per instance.
 
-    Online (phase "tables"): each party sends its shares of d and e, 2 bits per AND gate per
-    instance. Triples (phase "ot_extension"): 2 random OTs per triple, one in each direction,
-    so each party receives one ROT per AND gate per instance and sends its SoftSpoken
-    corrections for it: ceil(128 / k) - 1 chunks, i.e. 18 bits at k = 7 (the first chunk is
-    free with random choices). Per party sent: 2 + 18 = 20 bits = 2.5 bytes per AND per
-    instance at k = 7 (both directions together 5 bytes; three-halves garbling: 24.625).
+    AND gates of a layer that share an input form a group (the mux's 32 gates share its
+    select). Online (phase "tables"): each party sends its share of d = key ^ a once per group
+    and of e = y ^ b per gate: (groups + ANDs) bits per instance. Triples (phase
+    "ot_extension"): one random OT each way per group and instance, whatever the group's width,
+    so each party receives one ROT per group per instance and sends its SoftSpoken corrections
+    for it: ceil(128 / k) - 1 chunks, i.e. 18 bits at k = 7 (the first chunk is free with random
+    choices). Without groups that was 2 + 18 = 20 bits = 2.5 bytes per AND per instance.
     """
     b = CircuitBuilder("bytes")
     a = b.input("a", owner="garbler", width=32)
@@ -427,16 +459,18 @@ def test_bytes_per_and_gate(gmw_pair):
     assert np.array_equal(out2["y"], plain["y"]) and np.array_equal(out1["flag"], plain["flag"])
 
     ands = circuit.and_count
+    groups = pair.h1.last_groups
+    assert groups == pair.h2.last_groups <= ands - 31  # the mux's 32 gates are one group
     chunks = -(-128 // DEFAULT_OT_K)
     ggm = 2 * (128 - chunks) * 16
-    rots = -(-(ands * n) // 128) * 128
+    rots = -(-(groups * n) // 128) * 128
     rows = -(-n // 8)
     want = {
         "h1": {
             "setup": HELLO + SEEDS + HEADER,
             "base_ot": 128 * P256_POINT + P256_POINT + ggm,
             "ot_extension": (chunks - 1) * rots // 8,
-            "tables": 2 * ands * rows,
+            "tables": (groups + ands) * rows,
             "inputs": 0,
             "outputs": 32 * rows + END_TAG,  # y to H2
         },
@@ -444,7 +478,7 @@ def test_bytes_per_and_gate(gmw_pair):
             "setup": HELLO + HEADER,
             "base_ot": 128 * P256_POINT + P256_POINT + ggm,
             "ot_extension": (chunks - 1) * rots // 8,
-            "tables": 2 * ands * rows,
+            "tables": (groups + ands) * rows,
             "inputs": 0,
             "outputs": (32 + 1) * rows + END_TAG,  # y and flag to H1
         },
@@ -457,7 +491,8 @@ def test_bytes_per_and_gate(gmw_pair):
             assert got[other[who]][phase]["received"] == count, (who, phase)
     per_and = (got["h1"]["tables"]["sent"] + got["h1"]["ot_extension"]["sent"]) / (ands * n)
     print(f"GMW bytes per AND gate per instance, per party sent (k={DEFAULT_OT_K}): {per_and}")
-    assert per_and == (2 + (chunks - 1)) / 8 == 2.5
+    assert per_and == ((groups + ands) + (chunks - 1) * groups) / (8 * ands) < 2.5
+    assert pair.h1.ots_used == pair.h2.ots_used == rots
     # Round trips: one per AND layer, far fewer layers than AND gates.
     assert pair.h1.last_layers < ands
 
@@ -472,7 +507,8 @@ def silent_pair(gmw_pair) -> GmwPair:
 def test_triples_from_silent_ot(gmw_pair):
     """The same backend on silent random OTs (Ferret's code, silent_ot.h, at its INSECURE test
     size): outputs equal the plaintext ones, runs get fresh triples, and after setup each party
-    sends only the trees of the Ferret iterations its ROTs need, ceil(ROTs / usable) of them,
+    sends only the trees of the Ferret iterations its ROTs (one each way per AND group and
+    instance) need, ceil(ROTs / usable) of them,
     17,408 bytes each at this size (Ferret's real set: 569,808 bytes per 9.6 M ROTs)."""
     circuit = random_circuit(2)
     pair = silent_pair(gmw_pair)
@@ -489,11 +525,14 @@ def test_triples_from_silent_ot(gmw_pair):
     out1, out2 = pair.run(circuit, {"g": g}, {"e": e})
     assert np.array_equal(out1["out"], expected["out"])
     assert np.array_equal(out2["mid"], expected["mid"])
-    rots = -(-(circuit.and_count * n) // 128) * 128
+    groups = pair.h1.last_groups  # one ROT each way per AND group and instance
+    assert 0 < groups <= circuit.and_count
+    rots = -(-(groups * n) // 128) * 128
+    assert pair.h1.ots_used == pair.h2.ots_used == rots
     usable, tree_bytes = 16384 - (2048 + 64 * 8), 64 * (2 * 8 + 1) * 16
     for ch in (pair.h1_channel, pair.h2_channel):
         assert ch.counters()["ot_extension"]["sent"] == -(-rots // usable) * tree_bytes
-        assert ch.counters()["tables"]["sent"] == 2 * circuit.and_count * -(-n // 8)
+        assert ch.counters()["tables"]["sent"] == (groups + circuit.and_count) * -(-n // 8)
     first = pair.h1.last_transcript
     again1, again2 = pair.run(circuit, {"g": g}, {"e": e})
     assert np.array_equal(again1["out"], expected["out"])

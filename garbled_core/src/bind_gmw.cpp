@@ -22,10 +22,13 @@ using U64Array = py::array_t<uint64_t, py::array::c_style>;
 }  // namespace
 
 void bind_gmw(py::module_& m) {
-  m.def("_gmw_triples", [](gc::Channel& ch, int party, const std::vector<size_t>& counts, int ot_k) {
+  m.def("_gmw_triples", [](gc::Channel& ch, int party, const std::vector<size_t>& counts, int ot_k,
+                           const std::vector<uint32_t>& widths) {
     if (party != 0 && party != 1) throw py::value_error("party must be 0 or 1");
     if (ot_k < 1 || ot_k > gc::kMaxOtK) throw py::value_error("ot_k must be in 1..8");
-    std::vector<gc::BitTriples> made(counts.size());
+    for (uint32_t w : widths)
+      if (w < 1 || w > gc::kMaxGroupWidth) throw py::value_error("widths must be in 1..128");
+    std::vector<gc::GroupTriples> made(counts.size());
     {
       py::gil_scoped_release r;
       gc::SoftSpokenRandomOt ot(ot_k);
@@ -38,20 +41,23 @@ void bind_gmw(py::module_& m) {
         ch.recv(&salt, sizeof(salt));
       }
       ot.setup(ch, party, salt);
-      for (size_t i = 0; i < counts.size(); ++i) gc::generate_triples(ot, ch, counts[i], made[i]);
+      for (size_t i = 0; i < counts.size(); ++i) gc::generate_triples(ot, ch, widths, counts[i], made[i]);
       ch.flush();
     }
     py::list out;
     for (auto& t : made) {
-      auto words = [&](const std::vector<uint64_t>& v) {
-        U64Array a((py::ssize_t)((t.count + 63) / 64));
+      auto rows = [&](const std::vector<uint64_t>& v) {
+        const py::ssize_t nrows = (py::ssize_t)(t.words ? v.size() / t.words : 0);
+        U64Array a({nrows, (py::ssize_t)t.words});
         if (a.size()) std::memcpy(a.mutable_data(), v.data(), (size_t)a.size() * sizeof(uint64_t));
         return a;
       };
-      out.append(py::make_tuple(words(t.a), words(t.b), words(t.c)));
+      out.append(py::make_tuple(rows(t.a), rows(t.b), rows(t.c)));
     }
     return out;
   }, "channel"_a, "party"_a, "counts"_a, "ot_k"_a = gc::kDefaultOtK,
-  "Test hook: SoftSpoken ROT setup, then one batch of Boolean triples per count; returns "
-  "[(a, b, c)] of this party as packed uint64 words (bit t = triple t).");
+  "widths"_a = std::vector<uint32_t>{1},
+  "Test hook: SoftSpoken ROT setup, then one batch of group triples per count (instances), "
+  "groups of the given widths; returns [(a, b, c)] of this party as uint64 row arrays (a: one "
+  "row per group, b and c one per member; bit i of a row = instance i).");
 }

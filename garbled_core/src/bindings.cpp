@@ -366,6 +366,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("role", [](const gc::GmwParty& s) { return s.party() == 0 ? "garbler" : "evaluator"; })
       .def_property_readonly("triples_used", &gc::GmwParty::triples_used,
                              "Beaver triples consumed over every run so far (AND gates x instances).")
+      .def_property_readonly("ots_used", &gc::GmwParty::ots_used,
+                             "Random OTs received (= sent) over every run so far: one each way per "
+                             "AND group (gates of a layer sharing an input) and instance.")
+      .def_property_readonly("last_groups", &gc::GmwParty::last_groups,
+                             "AND groups (gates of a layer sharing an input) of the last run's circuit.")
       .def_property_readonly("layers_used", &gc::GmwParty::layers_used,
                              "AND-layer exchanges (round trips) over every run so far.")
       .def_property_readonly("last_layers", &gc::GmwParty::last_layers,

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <queue>
 #include <stdexcept>
+#include <unordered_map>
+#include <utility>
 
 #include "garbled_core/aes.h"
 #include "garbled_core/prg.h"
@@ -16,7 +19,7 @@ namespace gc {
 
 namespace {
 
-constexpr uint32_t kGmwVersion = 1;
+constexpr uint32_t kGmwVersion = 2;  // 2: AND gates grouped by a shared input
 constexpr char kHello0[8] = {'S', 'P', 'G', 'C', 'G', 'M', 'W', '0'};
 constexpr char kHello1[8] = {'S', 'P', 'G', 'C', 'G', 'M', 'W', '1'};
 constexpr char kEndTag[4] = {'G', 'M', 'W', 'E'};
@@ -24,7 +27,7 @@ constexpr char kEndTag[4] = {'G', 'M', 'W', 'E'};
 constexpr size_t kRotBatch = size_t(1) << 16;
 // Triples per generation step: a step's receiver half is sent one step ahead of
 // its sender half, so the link stays busy whatever its latency.
-constexpr size_t kTripleBatch = size_t(1) << 20;
+constexpr size_t kTripleBatch = size_t(1) << 16;
 
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -41,28 +44,22 @@ inline AesKey rot_key(block salt, int sender, uint64_t group) {
   return aes_key(xor_block(salt, make_block(hi, group)));
 }
 
-// Receiver side of mb ROTs (mb a multiple of 8) from COT labels t: chosen bit j
-// is lsb H(t_j), written to dst (mb / 8 bytes, LSB first). `index` is the
-// direction's ROT counter before this batch.
-void hash_received(block salt, int sender, uint64_t index, const block* t, size_t mb, uint64_t* dst) {
-  std::memset(dst, 0, (mb + 7) / 8);
-  uint8_t* out = reinterpret_cast<uint8_t*>(dst);
+// Receiver side of mb ROTs (mb a multiple of 8) from COT labels t: the chosen
+// string j is H(t_j) = AES_key(t_j) ^ t_j. `index` is the direction's ROT
+// counter before this batch.
+void hash_received(block salt, int sender, uint64_t index, const block* t, size_t mb, block* dst) {
   for (size_t j = 0; j < mb; j += 8) {
     const AesKey key = rot_key(salt, sender, (index + j) / 8);
     block x[8];
     for (int i = 0; i < 8; ++i) x[i] = t[j + i];
     aes_encrypt_blocks<8>(key, x);
-    uint8_t bits = 0;
-    for (int i = 0; i < 8; ++i) bits |= (uint8_t)(lsb(xor_block(x[i], t[j + i])) << i);
-    out[j / 8] = bits;
+    for (int i = 0; i < 8; ++i) dst[j + i] = xor_block(x[i], t[j + i]);
   }
 }
 
-// Sender side: s0 = lsb H(q_j), s1 = lsb H(q_j ^ Delta), same keys as the receiver's.
+// Sender side: s0 = H(q_j), s1 = H(q_j ^ Delta), same keys as the receiver's.
 void hash_sent(block salt, int sender, uint64_t index, block delta, const block* q, size_t mb,
-               uint64_t* s0, uint64_t* s1) {
-  uint8_t* o0 = reinterpret_cast<uint8_t*>(s0);
-  uint8_t* o1 = reinterpret_cast<uint8_t*>(s1);
+               block* s0, block* s1) {
   for (size_t j = 0; j < mb; j += 8) {
     const AesKey key = rot_key(salt, sender, (index + j) / 8);
     block x[16], in[16];
@@ -72,27 +69,37 @@ void hash_sent(block salt, int sender, uint64_t index, block delta, const block*
     }
     std::memcpy(x, in, sizeof(x));
     aes_encrypt_blocks<16>(key, x);
-    uint8_t b0 = 0, b1 = 0;
     for (int i = 0; i < 8; ++i) {
-      b0 |= (uint8_t)(lsb(xor_block(x[i], in[i])) << i);
-      b1 |= (uint8_t)(lsb(xor_block(x[8 + i], in[8 + i])) << i);
+      s0[j + i] = xor_block(x[i], in[i]);
+      s1[j + i] = xor_block(x[8 + i], in[8 + i]);
     }
-    o0[j / 8] = b0;
-    o1[j / 8] = b1;
   }
 }
 
-// Bits first .. first + count - 1 of a packed stream (which has a spare word at
-// its end) as a row of `words` words, bits past `count` cleared.
-void extract_row(const uint64_t* stream, uint64_t first, size_t count, size_t words, uint64_t* out) {
-  const size_t q = (size_t)(first >> 6);
+// cnt (<= 64) bits of a packed stream from bit `first` on, in the low bits of the result.
+inline uint64_t read_bits(const uint64_t* stream, size_t first, size_t cnt) {
+  const size_t q = first >> 6;
   const unsigned s = (unsigned)(first & 63);
-  if (s == 0) {
-    std::memcpy(out, stream + q, words * sizeof(uint64_t));
-  } else {
-    for (size_t k = 0; k < words; ++k) out[k] = (stream[q + k] >> s) | (stream[q + k + 1] << (64 - s));
+  uint64_t v = stream[q] >> s;
+  if (s && s + cnt > 64) v |= stream[q + 1] << (64 - s);
+  return cnt == 64 ? v : v & ((uint64_t(1) << cnt) - 1);
+}
+
+// Transposes cnt (<= 64) strings into bit-sliced rows: bit p of s[j] goes to bit off + j of
+// rows[p * stride] for p < width (off + cnt <= 64). The strings are read as two 64-bit halves.
+void scatter_bits(const block* s, size_t cnt, uint32_t width, unsigned off, uint64_t* rows, size_t stride) {
+  uint64_t half[2][64];
+  for (size_t j = 0; j < cnt; ++j) {
+    half[0][j] = low64(s[j]);
+    half[1][j] = high64(s[j]);
   }
-  if (count & 63) out[words - 1] &= (uint64_t(1) << (count & 63)) - 1;
+  for (uint32_t p = 0; p < width; ++p) {
+    const uint64_t* h = half[p >> 6];
+    const unsigned bit = p & 63;
+    uint64_t word = 0;
+    for (size_t j = 0; j < cnt; ++j) word |= ((h[j] >> bit) & 1) << j;
+    rows[(size_t)p * stride] |= word << off;
+  }
 }
 
 // The schedule of one circuit for GMW: gates regrouped by AND-depth stage (the
@@ -104,16 +111,72 @@ struct GmwPlan {
     uint32_t a, b, out, and_index;
   };
   struct Stage {
-    size_t local_begin, local_end, and_begin, and_end;
+    size_t local_begin, local_end, and_begin, and_end;  // ops
+    size_t group_begin, group_end;                      // groups
+    size_t member_base;  // AND ops before this stage: the triple row of op and_begin
+  };
+  // AND gates of one layer sharing the input `key` (slot): ops [first, last), each with
+  // a = key and b = its other input. They share one triple a and one opening of key.
+  struct Group {
+    uint32_t key;
+    size_t first, last;
   };
   uint32_t slots = 1;
   std::vector<std::vector<uint32_t>> input_slots;   // per input port, per bit
   std::vector<std::vector<uint32_t>> output_slots;  // per output port, per bit
   std::vector<Op> ops;
   std::vector<Stage> stages;
-  size_t max_layer = 0;  // most AND gates in one layer
+  std::vector<Group> groups;
+  std::vector<uint32_t> widths;  // per group, for the triple generator
+  size_t max_layer = 0;  // most AND gates plus groups in one layer (the message rows)
   size_t layers = 0;     // layers with at least one AND gate (= AND-depth)
 };
+
+// Groups one layer's AND gates by a shared input wire, greedily: the wire that is an input of
+// the most ungrouped gates keys the next group (ties: the lower wire), until no wire is shared;
+// the rest are groups of one, keyed by their first input. Groups hold at most kMaxGroupWidth
+// gates. Both parties derive the same groups from the circuit alone. Returns (key wire, gates).
+std::vector<std::pair<uint32_t, std::vector<uint32_t>>> group_layer(const std::vector<uint32_t>& gates,
+                                                                    const std::vector<uint32_t>& ga,
+                                                                    const std::vector<uint32_t>& gb) {
+  std::unordered_map<uint32_t, std::vector<uint32_t>> by_wire;  // wire -> positions in gates
+  for (uint32_t j = 0; j < gates.size(); ++j) {
+    by_wire[ga[gates[j]]].push_back(j);
+    if (gb[gates[j]] != ga[gates[j]]) by_wire[gb[gates[j]]].push_back(j);
+  }
+  std::unordered_map<uint32_t, uint32_t> live;  // wire -> its ungrouped gates
+  std::priority_queue<std::pair<uint32_t, int64_t>> heap;  // (count, -wire)
+  for (auto& [w, list] : by_wire) {
+    live[w] = (uint32_t)list.size();
+    if (list.size() > 1) heap.push({(uint32_t)list.size(), -(int64_t)w});
+  }
+  std::vector<bool> done(gates.size(), false);
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> out;
+  while (!heap.empty()) {
+    const auto [count, neg] = heap.top();
+    heap.pop();
+    const uint32_t w = (uint32_t)(-neg);
+    if (live[w] != count) {  // stale entry: requeue at its current count
+      if (live[w] > 1) heap.push({live[w], neg});
+      continue;
+    }
+    std::vector<uint32_t> members;
+    for (uint32_t j : by_wire[w]) {
+      if (done[j]) continue;
+      done[j] = true;
+      members.push_back(gates[j]);
+      const uint32_t other = ga[gates[j]] == w ? gb[gates[j]] : ga[gates[j]];
+      if (other != w) --live[other];
+    }
+    live[w] = 0;
+    for (size_t i = 0; i < members.size(); i += kMaxGroupWidth)
+      out.push_back({w, std::vector<uint32_t>(members.begin() + (ptrdiff_t)i,
+                                              members.begin() + (ptrdiff_t)std::min(members.size(), i + kMaxGroupWidth))});
+  }
+  for (uint32_t j = 0; j < gates.size(); ++j)
+    if (!done[j]) out.push_back({ga[gates[j]], {gates[j]}});
+  return out;
+}
 
 GmwPlan plan_circuit(const Circuit& c) {
   const auto& gates = c.gates();
@@ -188,6 +251,7 @@ GmwPlan plan_circuit(const Circuit& c) {
     }
   for (uint32_t w = 1; w < first_gate_wire; ++w)
     if (last_use[w] < 0) release(w);
+  size_t members = 0;
   for (size_t s = 0; s < nstages; ++s) {
     GmwPlan::Stage st{};
     st.local_begin = plan.ops.size();
@@ -202,24 +266,36 @@ GmwPlan plan_circuit(const Circuit& c) {
       plan.ops.push_back(op);
     }
     st.local_end = st.and_begin = plan.ops.size();
+    st.group_begin = plan.groups.size();
+    st.member_base = members;
     if (!ands[s].empty()) {
       const int64_t p = pos[ands[s][0]];
-      for (uint32_t g : ands[s])
-        plan.ops.push_back({GateOp::And, slot_of[ga[g]], slot_of[gb[g]], 0, gates[g].and_index});
+      std::vector<uint32_t> order;  // the layer's gates, group by group
+      for (auto& [key, list] : group_layer(ands[s], ga, gb)) {
+        plan.groups.push_back({slot_of[key], plan.ops.size(), plan.ops.size() + list.size()});
+        plan.widths.push_back((uint32_t)list.size());
+        for (uint32_t g : list) {
+          const uint32_t other = ga[g] == key ? gb[g] : ga[g];
+          plan.ops.push_back({GateOp::And, slot_of[key], slot_of[other], 0, gates[g].and_index});
+          order.push_back(g);
+        }
+      }
       // Every input of the layer is read (into the openings) before any output is written.
-      for (uint32_t g : ands[s]) {
+      for (uint32_t g : order) {
         if (last_use[ga[g]] == p) release(ga[g]);
         if (last_use[gb[g]] == p) release(gb[g]);
       }
-      for (size_t j = 0; j < ands[s].size(); ++j) {
-        const uint32_t out_wire = first_gate_wire + ands[s][j];
+      for (size_t j = 0; j < order.size(); ++j) {
+        const uint32_t out_wire = first_gate_wire + order[j];
         slot_of[out_wire] = plan.ops[st.and_begin + j].out = take();
       }
-      for (uint32_t g : ands[s])
+      for (uint32_t g : order)
         if (last_use[first_gate_wire + g] < 0) release(first_gate_wire + g);
-      plan.max_layer = std::max(plan.max_layer, ands[s].size());
+      members += order.size();
+      plan.max_layer = std::max(plan.max_layer, order.size() + (plan.groups.size() - st.group_begin));
       ++plan.layers;
     }
+    st.group_end = plan.groups.size();
     st.and_end = plan.ops.size();
     plan.stages.push_back(st);
   }
@@ -254,25 +330,25 @@ double SoftSpokenRandomOt::bytes_per_rot() const {
   return (double)receiver_.params().extend_bytes(128, true) / 128.0;
 }
 
-void SoftSpokenRandomOt::receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) {
+void SoftSpokenRandomOt::receive(Channel& ch, uint64_t* choice, block* chosen, size_t m) {
   if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
   buf_.resize(std::min(m, kRotBatch));
   for (size_t done = 0; done < m;) {
     const size_t mb = std::min(kRotBatch, m - done);
     receiver_.extend_random(ch, reinterpret_cast<uint8_t*>(choice + done / 64), buf_.data(), mb);
-    hash_received(salt_, 1 - party_, received_, buf_.data(), mb, chosen + done / 64);
+    hash_received(salt_, 1 - party_, received_, buf_.data(), mb, chosen + done);
     received_ += mb;
     done += mb;
   }
 }
 
-void SoftSpokenRandomOt::send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) {
+void SoftSpokenRandomOt::send(Channel& ch, block* s0, block* s1, size_t m) {
   if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
   buf_.resize(std::min(m, kRotBatch));
   for (size_t done = 0; done < m;) {
     const size_t mb = std::min(kRotBatch, m - done);
     sender_.extend_random(ch, buf_.data(), mb);
-    hash_sent(salt_, party_, sent_, delta_, buf_.data(), mb, s0 + done / 64, s1 + done / 64);
+    hash_sent(salt_, party_, sent_, delta_, buf_.data(), mb, s0 + done, s1 + done);
     sent_ += mb;
     done += mb;
   }
@@ -288,6 +364,7 @@ void SilentRandomOt::setup(Channel& ch, int party, block salt) {
   delta_ = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
   sender_ = std::make_unique<SilentCotSender>(ch, delta_, params_);
   receiver_ = std::make_unique<SilentCotReceiver>(ch, params_);
+  sender_->pair_encoding_with(*receiver_);  // both directions share the LPN's random reads
   // Direction 0 (party 0 sends ROTs) first, then direction 1.
   if (party == 0) {
     sender_->setup();
@@ -299,26 +376,26 @@ void SilentRandomOt::setup(Channel& ch, int party, block salt) {
   ch.flush();
 }
 
-void SilentRandomOt::receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) {
+void SilentRandomOt::receive(Channel& ch, uint64_t* choice, block* chosen, size_t m) {
   if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
   buf_.resize(std::min(m, kRotBatch));
   for (size_t done = 0; done < m;) {
     const size_t mb = std::min(kRotBatch, m - done);
     receiver_->extend(mb, reinterpret_cast<uint8_t*>(choice + done / 64), buf_.data());
-    hash_received(salt_, 1 - party_, received_, buf_.data(), mb, chosen + done / 64);
+    hash_received(salt_, 1 - party_, received_, buf_.data(), mb, chosen + done);
     received_ += mb;
     done += mb;
   }
   (void)ch;  // the COT objects hold the channel
 }
 
-void SilentRandomOt::send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) {
+void SilentRandomOt::send(Channel& ch, block* s0, block* s1, size_t m) {
   if (m % 128) throw std::invalid_argument("random OT: m must be a multiple of 128");
   buf_.resize(std::min(m, kRotBatch));
   for (size_t done = 0; done < m;) {
     const size_t mb = std::min(kRotBatch, m - done);
     sender_->extend(mb, buf_.data());
-    hash_sent(salt_, party_, sent_, delta_, buf_.data(), mb, s0 + done / 64, s1 + done / 64);
+    hash_sent(salt_, party_, sent_, delta_, buf_.data(), mb, s0 + done, s1 + done);
     sent_ += mb;
     done += mb;
   }
@@ -327,46 +404,77 @@ void SilentRandomOt::send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) {
 
 // -------------------------------------------------------------- triples
 
-void generate_triples(RandomOtSource& ot, Channel& ch, size_t count, BitTriples& out) {
-  const size_t m = round_up(count, 128), words = m / 64;
-  out.count = count;
-  // One spare word so that extract_row may read one word past a row.
-  out.a.assign(words + 1, 0);
-  out.b.assign(words + 1, 0);
-  out.c.assign(words + 1, 0);
+void generate_triples(RandomOtSource& ot, Channel& ch, const std::vector<uint32_t>& widths, size_t n,
+                      GroupTriples& out) {
+  size_t members = 0;
+  for (uint32_t w : widths) {
+    if (w < 1 || w > kMaxGroupWidth)
+      throw std::invalid_argument("triples: a group's width must be in 1.." + std::to_string(kMaxGroupWidth));
+    members += w;
+  }
+  const size_t groups = widths.size(), real = groups * n, m = round_up(real, 128);
+  out.n = n;
+  out.words = (n + 63) / 64;
+  out.a.assign(groups * out.words, 0);
+  out.b.assign(members * out.words, 0);
+  out.c.assign(members * out.words, 0);
+  out.rots = m;
   if (!m) return;
-  std::vector<uint64_t> t0(std::min(m, kTripleBatch) / 64), t1(t0.size());
-  const size_t steps = (m + kTripleBatch - 1) / kTripleBatch;
-  auto step_size = [&](size_t i) { return std::min(kTripleBatch, m - i * kTripleBatch); };
+  std::vector<size_t> first_member(groups);
+  for (size_t g = 0, acc = 0; g < groups; ++g) {
+    first_member[g] = acc;
+    acc += widths[g];
+  }
+  // ROT r = g * n + i serves group g's instance i (one each way). A step's speaking half runs
+  // one step ahead of its listening half, so the link stays busy whatever its latency.
+  const size_t step = std::min(m, kTripleBatch), steps = (m + step - 1) / step;
   const bool receiver_first = ot.receiver_speaks();
-  // The speaking half of step i writes into the triple arrays:
-  //   receiver first: b = choices u, c = chosen bits s_u;
-  //   sender first:   a = s1, c = s0 (a is completed to s0 ^ s1 below).
-  auto speak = [&](size_t i) {
-    const size_t w = i * kTripleBatch / 64;
-    if (receiver_first)
-      ot.receive(ch, out.b.data() + w, out.c.data() + w, step_size(i));
-    else
-      ot.send(ch, out.c.data() + w, out.a.data() + w, step_size(i));
+  struct Half {
+    std::vector<uint64_t> choice;
+    BlockVector x, y;  // receiver: chosen strings in x; sender: s0 in x, s1 in y
   };
-  // The listening half of step i completes a = s0 ^ s1, b = u, c = a & b ^ s0 ^ s_u.
+  auto sized = [&](bool receiver) {
+    Half h;
+    h.x.resize(step);
+    if (receiver) h.choice.assign(step / 64 + 1, 0); else h.y.resize(step);
+    return h;
+  };
+  Half spoken[2] = {sized(receiver_first), sized(receiver_first)}, heard = sized(!receiver_first);
+  auto size_of = [&](size_t i) { return std::min(step, m - i * step); };
+  auto speak = [&](size_t i) {
+    Half& h = spoken[i & 1];
+    if (receiver_first)
+      ot.receive(ch, h.choice.data(), h.x.data(), size_of(i));
+    else
+      ot.send(ch, h.x.data(), h.y.data(), size_of(i));
+  };
+  block bs[64], cs[64];
   speak(0);
   for (size_t i = 0; i < steps; ++i) {
-    if (i + 1 < steps) speak(i + 1);  // sent ahead: no wait on the link per step
-    const size_t w0 = i * kTripleBatch / 64, nw = step_size(i) / 64;
-    uint64_t *a = out.a.data() + w0, *b = out.b.data() + w0, *c = out.c.data() + w0;
-    if (receiver_first) {
-      ot.send(ch, t0.data(), t1.data(), step_size(i));  // t0 = s0, t1 = s1
-      for (size_t k = 0; k < nw; ++k) {
-        a[k] = t0[k] ^ t1[k];
-        c[k] ^= (a[k] & b[k]) ^ t0[k];
+    if (i + 1 < steps) speak(i + 1);
+    if (receiver_first)
+      ot.send(ch, heard.x.data(), heard.y.data(), size_of(i));
+    else
+      ot.receive(ch, heard.choice.data(), heard.x.data(), size_of(i));
+    const Half& rx = receiver_first ? spoken[i & 1] : heard;
+    const Half& tx = receiver_first ? heard : spoken[i & 1];
+    // This party's a = its choices u, b = s0 ^ s1 of its sender strings, c = u b ^ s0 ^ s_u'.
+    const size_t r0 = i * step, r1 = std::min(r0 + size_of(i), real);
+    for (size_t r = r0; r < r1;) {
+      const size_t g = r / n, inst = r % n, word = inst >> 6;
+      const unsigned off = (unsigned)(inst & 63);
+      const size_t cnt = std::min({r1 - r, n - inst, (size_t)(64 - off)});
+      const uint64_t u = read_bits(rx.choice.data(), r - r0, cnt);
+      for (size_t j = 0; j < cnt; ++j) {
+        const block s0 = tx.x[r - r0 + j], bj = xor_block(s0, tx.y[r - r0 + j]);
+        bs[j] = bj;
+        cs[j] = xor_block(xor_block(and_block(bj, select_mask((u >> j) & 1)), s0), rx.x[r - r0 + j]);
       }
-    } else {
-      ot.receive(ch, b, t1.data(), step_size(i));  // b = u, t1 = s_u
-      for (size_t k = 0; k < nw; ++k) {
-        a[k] ^= c[k];  // s1 ^ s0
-        c[k] ^= (a[k] & b[k]) ^ t1[k];
-      }
+      out.a[g * out.words + word] |= u << off;
+      const size_t row = first_member[g] * out.words + word;
+      scatter_bits(bs, cnt, widths[g], off, out.b.data() + row, out.words);
+      scatter_bits(cs, cnt, widths[g], off, out.c.data() + row, out.words);
+      r += cnt;
     }
   }
 }
@@ -504,12 +612,14 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
   const uint64_t tail = (n & 63) ? (uint64_t(1) << (n & 63)) - 1 : ~uint64_t(0);
   layers_ = plan.layers;
 
-  // Triples: exactly and_count * n, fresh for this run, each used once below
-  // (AND gate g of instance i takes triple g * n + i) and dropped at the end.
-  BitTriples triples;
+  // Triples: one group triple per AND group and instance (a per group, b and c per gate),
+  // fresh for this run, each used once below and dropped at the end.
+  GroupTriples triples;
   ch_.set_phase(Phase::OTExtension);
-  generate_triples(*ot_, ch_, (size_t)c.and_count() * n, triples);
+  generate_triples(*ot_, ch_, plan.widths, n, triples);
+  groups_ = plan.groups.size();
   triples_used_ += (uint64_t)c.and_count() * n;
+  ots_used_ += triples.rots;
   layers_used_ += plan.layers;
 
   // Inputs: no bytes. Shared masks r from the common stream, the owner adds its bits.
@@ -555,9 +665,11 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
   // Gates, stage by stage; one exchange per AND layer.
   ch_.set_phase(Phase::Tables);
   Sha256 transcript;
-  std::vector<uint64_t> mine(2 * plan.max_layer * W + 1), ta(W + 1), tb(W + 1), tc(W + 1),
-      pd(W + 1), pe(W + 1);
-  std::vector<uint8_t> out_msg(2 * plan.max_layer * row_bytes), in_msg(out_msg.size());
+  std::vector<uint64_t> mine(plan.max_layer * W + 1), pd(W + 1), pe(W + 1);
+  std::vector<uint8_t> out_msg(plan.max_layer * row_bytes), in_msg(out_msg.size());
+  auto a_row = [&](size_t g) { return triples.a.data() + g * W; };
+  auto b_row = [&](size_t m) { return triples.b.data() + m * W; };
+  auto c_row = [&](size_t m) { return triples.c.data() + m * W; };
   for (const GmwPlan::Stage& st : plan.stages) {
     for (size_t k = st.local_begin; k < st.local_end; ++k) {
       const GmwPlan::Op& op = plan.ops[k];
@@ -572,52 +684,53 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
         std::memcpy(out, a, W * sizeof(uint64_t));
       }
     }
-    const size_t ands = st.and_end - st.and_begin;
-    if (!ands || !n) continue;
-    // This party's shares of d = x ^ a and e = y ^ b, padding bits cleared.
-    for (size_t j = 0; j < ands; ++j) {
-      const GmwPlan::Op& op = plan.ops[st.and_begin + j];
-      const uint64_t first = (uint64_t)op.and_index * n;
-      extract_row(triples.a.data(), first, n, W, ta.data());
-      extract_row(triples.b.data(), first, n, W, tb.data());
-      const uint64_t* x = row(op.a);
-      const uint64_t* y = row(op.b);
-      uint64_t* d = mine.data() + 2 * j * W;
-      uint64_t* e = d + W;
-      for (size_t w = 0; w < W; ++w) {
-        d[w] = x[w] ^ ta[w];
-        e[w] = y[w] ^ tb[w];
-      }
-      d[W - 1] &= tail;
-      e[W - 1] &= tail;
-      std::memcpy(out_msg.data() + 2 * j * row_bytes, d, row_bytes);
-      std::memcpy(out_msg.data() + (2 * j + 1) * row_bytes, e, row_bytes);
+    if (st.and_end == st.and_begin || !n) continue;
+    // This party's shares of d = key ^ a (once per group) and e = y ^ b (per gate), group by
+    // group: [d, e_1 .. e_w], padding bits cleared.
+    size_t rows = 0;
+    auto put = [&](const uint64_t* v, const uint64_t* mask) {
+      uint64_t* dst = mine.data() + rows * W;
+      for (size_t w = 0; w < W; ++w) dst[w] = v[w] ^ mask[w];
+      dst[W - 1] &= tail;
+      std::memcpy(out_msg.data() + rows * row_bytes, dst, row_bytes);
+      ++rows;
+    };
+    for (size_t g = st.group_begin; g < st.group_end; ++g) {
+      const GmwPlan::Group& grp = plan.groups[g];
+      put(row(grp.key), a_row(g));
+      for (size_t k = grp.first; k < grp.last; ++k)
+        put(row(plan.ops[k].b), b_row(st.member_base + (k - st.and_begin)));
     }
-    const size_t msg = 2 * ands * row_bytes;
+    const size_t msg = rows * row_bytes;
     ch_.send(out_msg.data(), msg);
     ch_.recv(in_msg.data(), msg);  // flushes ours first
     transcript.update(in_msg.data(), msg);
-    for (size_t j = 0; j < ands; ++j) {
-      const GmwPlan::Op& op = plan.ops[st.and_begin + j];
-      const uint64_t first = (uint64_t)op.and_index * n;
-      extract_row(triples.a.data(), first, n, W, ta.data());
-      extract_row(triples.b.data(), first, n, W, tb.data());
-      extract_row(triples.c.data(), first, n, W, tc.data());
-      pd[W - 1] = pe[W - 1] = 0;
-      std::memcpy(pd.data(), in_msg.data() + 2 * j * row_bytes, row_bytes);
-      std::memcpy(pe.data(), in_msg.data() + (2 * j + 1) * row_bytes, row_bytes);
-      const uint64_t* d = mine.data() + 2 * j * W;
-      const uint64_t* e = d + W;
-      uint64_t* z = row(op.out);
-      const uint64_t own = party_ == 0 ? ~uint64_t(0) : 0;
-      for (size_t w = 0; w < W; ++w) {
-        const uint64_t dd = d[w] ^ pd[w], ee = e[w] ^ pe[w];
-        z[w] = tc[w] ^ (dd & tb[w]) ^ (ee & ta[w]) ^ (dd & ee & own);
+    const uint64_t own = party_ == 0 ? ~uint64_t(0) : 0;
+    rows = 0;
+    for (size_t g = st.group_begin; g < st.group_end; ++g) {
+      const GmwPlan::Group& grp = plan.groups[g];
+      const uint64_t* ta = a_row(g);
+      const uint64_t* d = mine.data() + rows * W;
+      pd[W - 1] = 0;
+      std::memcpy(pd.data(), in_msg.data() + rows * row_bytes, row_bytes);
+      for (size_t w = 0; w < W; ++w) pd[w] ^= d[w];  // the opened key ^ a
+      ++rows;
+      for (size_t k = grp.first; k < grp.last; ++k) {
+        const size_t mem = st.member_base + (k - st.and_begin);
+        const uint64_t *tb = b_row(mem), *tc = c_row(mem), *e = mine.data() + rows * W;
+        pe[W - 1] = 0;
+        std::memcpy(pe.data(), in_msg.data() + rows * row_bytes, row_bytes);
+        ++rows;
+        uint64_t* z = row(plan.ops[k].out);
+        for (size_t w = 0; w < W; ++w) {
+          const uint64_t dd = pd[w], ee = e[w] ^ pe[w];
+          z[w] = tc[w] ^ (dd & tb[w]) ^ (ee & ta[w]) ^ (dd & ee & own);
+        }
       }
     }
   }
   transcript_ = transcript.digest();
-  triples = BitTriples();  // used up: dropped, never reused
+  triples = GroupTriples();  // used up: dropped, never reused
 
   // Outputs: one message each way (shares of what the peer learns, end tag).
   ch_.set_phase(Phase::Outputs);

@@ -90,7 +90,8 @@ void expand_level(block* nd, size_t cnt, block* s0, block* s1) {
 // scaled to [0, k)); a batch's indices are computed, and their base blocks prefetched, one
 // batch ahead of the XORs (the base is larger than L2, often than L3).
 constexpr int kD = 10;
-void lpn_indices(const AesKey& key, uint64_t k, size_t i, const block* base, uint32_t* idx) {
+// (stride 2: the base is a pair array, entry x at base[2x], see lpn_encode_pair)
+void lpn_indices(const AesKey& key, uint64_t k, size_t i, const block* base, size_t stride, uint32_t* idx) {
   block r[24];
   for (int j = 0; j < 8; ++j)
     for (int w = 0; w < 3; ++w) r[3 * j + w] = make_block((uint64_t)w, (uint64_t)(i + j));
@@ -104,27 +105,58 @@ void lpn_indices(const AesKey& key, uint64_t k, size_t i, const block* base, uin
       const uint32_t x = (uint32_t)(((uint64_t)words[12 * j + w] * k) >> 32);
       idx[kD * j + w] = x;
 #if GC_X86
-      _mm_prefetch((const char*)(base + x), _MM_HINT_T0);
+      _mm_prefetch((const char*)(base + stride * x), _MM_HINT_T0);
 #else
-      __builtin_prefetch(base + x);
+      __builtin_prefetch(base + stride * x);
 #endif
     }
 }
 
-void lpn_encode(const FerretParams& p, const block* base, block* out) {
+// Outputs [begin, end) only: an iteration encodes its outputs as they are taken (below).
+void lpn_encode(const FerretParams& p, const block* base, block* out, size_t begin, size_t end) {
+  if (begin >= end) return;
   const AesKey key = lpn_key(p);
-  const size_t n = p.n;
   uint32_t idx[2][8 * kD];
   int cur = 0;
-  lpn_indices(key, p.k, 0, base, idx[0]);
-  for (size_t i = 0; i < n; i += 8) {
-    if (i + 8 < n) lpn_indices(key, p.k, i + 8, base, idx[cur ^ 1]);
-    const size_t cnt = std::min<size_t>(8, n - i);
+  lpn_indices(key, p.k, begin, base, 1, idx[0]);
+  for (size_t i = begin; i < end; i += 8) {
+    if (i + 8 < end) lpn_indices(key, p.k, i + 8, base, 1, idx[cur ^ 1]);
+    const size_t cnt = std::min<size_t>(8, end - i);
     const uint32_t* ix = idx[cur];
     for (size_t j = 0; j < cnt; ++j) {
       block acc = out[i + j];
       for (int w = 0; w < kD; ++w) acc = xor_block(acc, base[ix[kD * j + w]]);
       out[i + j] = acc;
+    }
+    cur ^= 1;
+  }
+}
+
+// The same code for two COT objects of one party at once (a sender and a receiver on the same
+// parameter set, in the same iteration): their outputs use the same indices, and `pair` holds
+// their bases interleaved (pair[2x] the sender's entry x, pair[2x + 1] the receiver's), 32
+// bytes that share one cache line. One random read then serves both encodings: the encoder
+// is bound by those reads (DRAM, whenever both bases exceed the cache).
+void lpn_encode_pair(const FerretParams& p, const block* pair, block* out_s, block* out_r, size_t begin,
+                     size_t end) {
+  if (begin >= end) return;
+  const AesKey key = lpn_key(p);
+  uint32_t idx[2][8 * kD];
+  int cur = 0;
+  lpn_indices(key, p.k, begin, pair, 2, idx[0]);
+  for (size_t i = begin; i < end; i += 8) {
+    if (i + 8 < end) lpn_indices(key, p.k, i + 8, pair, 2, idx[cur ^ 1]);
+    const size_t cnt = std::min<size_t>(8, end - i);
+    const uint32_t* ix = idx[cur];
+    for (size_t j = 0; j < cnt; ++j) {
+      block as = out_s[i + j], ar = out_r[i + j];
+      for (int w = 0; w < kD; ++w) {
+        const block* e = pair + 2 * (size_t)ix[kD * j + w];
+        as = xor_block(as, e[0]);
+        ar = xor_block(ar, e[1]);
+      }
+      out_s[i + j] = as;
+      out_r[i + j] = ar;
     }
     cur ^= 1;
   }
@@ -148,6 +180,27 @@ void wipe(detail::HugeBlocks& v) { v.wipe(); }
 
 constexpr int kSoftSpokenK = 7;
 
+// The end of an iteration, both roles. Bootstrapping: outputs [0, next) are encoded now and
+// kept as the next main iteration's base. Outputs past them are encoded as the caller takes
+// them (take_encoded), against this iteration's base, which stays in place until the next
+// iteration: a run that needs few OTs pays the LPN for those only, not for the whole
+// iteration, and the setup iteration's other outputs, dropped, are never encoded.
+void finish_iteration(const FerretParams& p, size_t next, const detail::HugeBlocks& base,
+                      detail::HugeBlocks& next_base, detail::HugeBlocks& out, size_t* encoded) {
+  lpn_encode(p, base.data(), out.data(), 0, next);
+  next_base.resize(next);
+  std::memcpy((void*)next_base.data(), out.data(), next * sizeof(block));
+  *encoded = next;
+}
+
+// Makes outputs [.., end) of the current main iteration final (see finish_iteration).
+void take_encoded(const FerretParams& main, const detail::HugeBlocks& base, detail::HugeBlocks& out,
+                  size_t end, size_t* encoded) {
+  if (*encoded >= end) return;
+  lpn_encode(main, base.data(), out.data(), *encoded, end);
+  *encoded = end;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- HugeBlocks
@@ -157,6 +210,12 @@ namespace detail {
 HugeBlocks::~HugeBlocks() {
   wipe();
   std::free(p_);
+}
+
+void HugeBlocks::swap(HugeBlocks& other) noexcept {
+  std::swap(p_, other.p_);
+  std::swap(n_, other.n_);
+  std::swap(cap_, other.cap_);
 }
 
 void HugeBlocks::wipe() {
@@ -212,6 +271,52 @@ void SilentOtParams::validate() const {
     throw std::invalid_argument("silent OT: a main iteration yields no COTs beyond its own base");
 }
 
+// ---------------------------------------------------------------- paired encoding
+
+void encode_jointly(SilentCotSender& s, SilentCotReceiver& r, size_t end) {
+  const FerretParams& p = s.params_.main;
+  size_t &es = s.encoded_, &er = r.encoded_;
+  const size_t join = std::max(es, er);
+  // The side behind (it took outputs while the other was still in its last iteration)
+  // catches up alone; from there both are encoded together.
+  if (es < join) {
+    lpn_encode(p, s.base_.data(), s.out_.data(), es, std::min(join, end));
+    es = std::min(join, end);
+  }
+  if (er < join) {
+    lpn_encode(p, r.base_.data(), r.out_.data(), er, std::min(join, end));
+    er = std::min(join, end);
+  }
+  if (join >= end) return;
+  if (s.pair_iteration_ != s.iterations_) {  // this iteration's bases, interleaved
+    s.pair_base_.resize(2 * p.k);
+    block* pair = s.pair_base_.data();
+    for (size_t x = 0; x < p.k; ++x) {
+      pair[2 * x] = s.base_[x];
+      pair[2 * x + 1] = r.base_[x];
+    }
+    s.pair_iteration_ = s.iterations_;
+  }
+  lpn_encode_pair(p, s.pair_base_.data(), s.out_.data(), r.out_.data(), join, end);
+  es = er = end;
+}
+
+void SilentCotSender::pair_encoding_with(SilentCotReceiver& r) {
+  const FerretParams &a = params_.main, &b = r.params_.main;
+  if (a.n != b.n || a.k != b.k || a.t != b.t || a.h != b.h)
+    throw std::invalid_argument("silent OT: paired encoding needs the same main parameter set");
+  partner_ = &r;
+  r.partner_ = this;
+}
+
+bool SilentCotSender::paired_now() const {
+  return partner_ && partner_->ready_ && partner_->iterations_ == iterations_ && iterations_ > 0;
+}
+
+bool SilentCotReceiver::paired_now() const {
+  return partner_ && partner_->ready_ && partner_->iterations_ == iterations_ && iterations_ > 0;
+}
+
 // ---------------------------------------------------------------- sender
 
 SilentCotSender::SilentCotSender(Channel& ch, block delta, const SilentOtParams& params)
@@ -221,7 +326,10 @@ SilentCotSender::SilentCotSender(Channel& ch, block delta, const SilentOtParams&
 }
 
 SilentCotSender::~SilentCotSender() {
+  if (partner_) partner_->partner_ = nullptr;
   wipe(base_);
+  wipe(next_base_);
+  wipe(pair_base_);
   wipe(out_);
   delta_ = zero_block();
 }
@@ -274,11 +382,8 @@ void SilentCotSender::iterate(const FerretParams& p) {
   wipe(roots);
   ch_.send(msg_.data(), msg_.size() * sizeof(block));
   ch_.flush();
-  lpn_encode(p, base_.data(), out_.data());
-  // Bootstrapping: the first outputs are the next (main) iteration's base.
   const size_t next = params_.main.reserve();
-  base_.resize(next);
-  std::memcpy((void*)base_.data(), out_.data(), next * sizeof(block));
+  finish_iteration(p, next, base_, next_base_, out_, &encoded_);
   out_size_ = p.n;
   pos_ = next;
   ++tweak_base_;
@@ -291,11 +396,18 @@ void SilentCotSender::extend(size_t m, block* q) {
     if (pos_ == out_size_) {
       ready_ = false;
       PhaseGuard phase(ch_, Phase::OTExtension);
+      base_.swap(next_base_);  // the last iteration's first outputs
       iterate(params_.main);
       ++iterations_;
       ready_ = true;
     }
     const size_t take = std::min(m - done, out_size_ - pos_);
+    if (encoded_ < pos_ + take) {
+      if (paired_now())
+        encode_jointly(*this, *partner_, pos_ + take);
+      else
+        take_encoded(params_.main, base_, out_, pos_ + take, &encoded_);
+    }
     std::memcpy((void*)(q + done), out_.data() + pos_, take * sizeof(block));
     done += take;
     pos_ += take;
@@ -309,7 +421,9 @@ SilentCotReceiver::SilentCotReceiver(Channel& ch, const SilentOtParams& params) 
 }
 
 SilentCotReceiver::~SilentCotReceiver() {
+  if (partner_) partner_->partner_ = nullptr;
   wipe(base_);
+  wipe(next_base_);
   wipe(out_);
 }
 
@@ -368,10 +482,8 @@ void SilentCotReceiver::iterate(const FerretParams& p) {
     }
     nd[punct] = c;  // v_alpha ^ Delta (nd[punct] was zero in the sum)
   }
-  lpn_encode(p, base_.data(), out_.data());
   const size_t next = params_.main.reserve();
-  base_.resize(next);
-  std::memcpy((void*)base_.data(), out_.data(), next * sizeof(block));
+  finish_iteration(p, next, base_, next_base_, out_, &encoded_);
   out_size_ = p.n;
   pos_ = next;
   ++tweak_base_;
@@ -385,11 +497,18 @@ void SilentCotReceiver::extend(size_t m, uint8_t* choices, block* t) {
     if (pos_ == out_size_) {
       ready_ = false;
       PhaseGuard phase(ch_, Phase::OTExtension);
+      base_.swap(next_base_);  // the last iteration's first outputs
       iterate(params_.main);
       ++iterations_;
       ready_ = true;
     }
     const size_t take = std::min(m - done, out_size_ - pos_);
+    if (encoded_ < pos_ + take) {
+      if (paired_now())
+        encode_jointly(*partner_, *this, pos_ + take);
+      else
+        take_encoded(params_.main, base_, out_, pos_ + take, &encoded_);
+    }
     const block* src = out_.data() + pos_;
     std::memcpy((void*)(t + done), src, take * sizeof(block));
     if (choices)

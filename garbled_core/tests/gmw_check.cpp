@@ -6,7 +6,8 @@
 //   ./gmw_check      exit status 0 when every check passes
 // Checks: random circuits of AND / XOR / NOT gates (both parties' inputs, every reveal kind)
 // against Circuit::evaluate at several n (1, 63, 64, 777, 4099); a Keep output carried into a
-// second run with and without a selection; the same circuit with a plug-in RandomOtSource of
+// second run with and without a selection; the same on silent OT at its test size (many
+// iterations, the two directions' LPN encodings paired); the same circuit with a plug-in RandomOtSource of
 // the test's own (ROTs dealt from a seed both parties know: insecure, no bytes), which shows
 // that the triple generator does not care where its random OTs come from.
 #include <cstdio>
@@ -114,26 +115,29 @@ class DealtOt : public RandomOtSource {
  public:
   const char* name() const override { return "dealt-insecure"; }
   void setup(Channel&, int party, block) override { party_ = party; }
-  void receive(Channel&, uint64_t* choice, uint64_t* chosen, size_t m) override {
+  void receive(Channel&, uint64_t* choice, block* chosen, size_t m) override {
     deal(1 - party_, m, nullptr, nullptr, choice, chosen);
   }
-  void send(Channel&, uint64_t* s0, uint64_t* s1, size_t m) override {
-    deal(party_, m, s0, s1, nullptr, nullptr);
-  }
+  void send(Channel&, block* s0, block* s1, size_t m) override { deal(party_, m, s0, s1, nullptr, nullptr); }
   bool receiver_speaks() const override { return true; }  // neither half uses the link
   double bytes_per_rot() const override { return 0; }
 
  private:
   int party_ = 0;
   Prg dir_[2] = {Prg(make_block(7, 0)), Prg(make_block(7, 1))};
-  void deal(int sender, size_t m, uint64_t* s0, uint64_t* s1, uint64_t* u, uint64_t* su) {
-    BlockVector r(3 * m / 128);
+  // Per ROT: two strings and one block whose lsb is the choice.
+  void deal(int sender, size_t m, block* s0, block* s1, uint64_t* u, block* su) {
+    BlockVector r(3 * m);
     dir_[sender].fill(r.data(), r.size());
-    const uint64_t* w = reinterpret_cast<const uint64_t*>(r.data());
-    for (size_t k = 0; k < m / 64; ++k) {
-      const uint64_t a = w[3 * k], b = w[3 * k + 1], c = w[3 * k + 2];
-      if (s0) s0[k] = a, s1[k] = b;
-      if (u) u[k] = c, su[k] = (a & ~c) | (b & c);
+    if (u) std::memset(u, 0, m / 8);
+    for (size_t j = 0; j < m; ++j) {
+      const block a = r[3 * j], b = r[3 * j + 1];
+      const bool c = lsb(r[3 * j + 2]);
+      if (s0) s0[j] = a, s1[j] = b;
+      if (u) {
+        u[j / 64] |= (uint64_t)c << (j % 64);
+        su[j] = c ? b : a;
+      }
     }
   }
 };
@@ -144,8 +148,11 @@ std::vector<uint64_t> random_values(std::mt19937_64& rng, size_t n, int width) {
   return v;
 }
 
-void check_circuit(const Circuit& c, size_t n, bool dealt) {
-  std::mt19937_64 rng(n * 31 + (dealt ? 1 : 0));
+enum class Source { SoftSpoken, Dealt, Silent };
+
+void check_circuit(const Circuit& c, size_t n, Source source) {
+  const bool dealt = source == Source::Dealt;
+  std::mt19937_64 rng(n * 31 + (size_t)source);
   auto g = random_values(rng, n, 16), e = random_values(rng, n, 12);
   auto want = c.evaluate({g.data(), e.data()}, n);
   Link link = make_link();
@@ -153,6 +160,9 @@ void check_circuit(const Circuit& c, size_t n, bool dealt) {
   if (dealt) {
     p0 = std::make_unique<GmwParty>(*link.h1, 0, std::make_unique<DealtOt>());
     p1 = std::make_unique<GmwParty>(*link.h2, 1, std::make_unique<DealtOt>());
+  } else if (source == Source::Silent) {  // paired LPN encoding, many iterations (test size)
+    p0 = std::make_unique<GmwParty>(*link.h1, 0, std::make_unique<SilentRandomOt>(SilentOtParams::test_only()));
+    p1 = std::make_unique<GmwParty>(*link.h2, 1, std::make_unique<SilentRandomOt>(SilentOtParams::test_only()));
   } else {
     p0 = std::make_unique<GmwParty>(*link.h1, 0);
     p1 = std::make_unique<GmwParty>(*link.h2, 1);
@@ -165,7 +175,7 @@ void check_circuit(const Circuit& c, size_t n, bool dealt) {
   in1.carried.resize(2);
   RunOutputs o0, o1;
   both([&] { o0 = p0->run(c, in0); }, [&] { o1 = p1->run(c, in1); });
-  const char* tag = dealt ? "dealt" : "softspoken";
+  const char* tag = dealt ? "dealt" : source == Source::Silent ? "silent" : "softspoken";
   for (size_t o = 0; o < c.outputs().size(); ++o) {
     const Reveal r = c.outputs()[o].reveal;
     const auto& name = c.outputs()[o].name;
@@ -212,8 +222,9 @@ int main() {
   try {
     for (uint32_t seed = 1; seed <= 3; ++seed) {
       auto c = random_circuit(seed, 300);
-      for (size_t n : {1, 63, 64, 777, 4099}) check_circuit(*c, n, false);
-      check_circuit(*c, 1000, true);
+      for (size_t n : {1, 63, 64, 777, 4099}) check_circuit(*c, n, Source::SoftSpoken);
+      check_circuit(*c, 1000, Source::Dealt);
+      for (size_t n : {5, 4099}) check_circuit(*c, n, Source::Silent);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: exception: %s\n", e.what());

@@ -128,6 +128,7 @@ class CommContext:
     # gmw: the bytes on the wire of the last run, before the OT phase was amortised.
     last_measured_bytes: int = 0
     last_round_trips: int = 0  # gmw: AND-layer exchanges of the last run
+    last_ots: int = 0  # gmw: random OTs each way of the last run (one per AND group and instance)
 
 
 @dataclass
@@ -219,9 +220,9 @@ def _run_pair(
     ctx.last_measured_bytes = wire
     if ctx.backend == "gmw":
         now = _gmw_usage(links)
-        triples, layers = now[0] - used[0], now[1] - used[1]
-        ctx.last_round_trips = layers
-        phases = _amortised_ot(phases, triples)
+        ots, layers = now[0] - used[0], now[1] - used[1]
+        ctx.last_round_trips, ctx.last_ots = layers, ots
+        phases = _amortised_ot(phases, ots)
     return seconds, phases, value
 
 
@@ -231,19 +232,20 @@ ROUND_TRIP_TIMES: dict[str, float] = {"1ms": 0.001, "10ms": 0.010, "50ms": 0.050
 
 
 def _gmw_usage(links: tuple[Any, Any]) -> tuple[int, int]:
-    """(triples, AND-layer exchanges) H1's GMW party has used so far; (0, 0) for gc."""
+    """(random OTs each way, AND-layer exchanges) H1's GMW party has used so far; (0, 0) for gc."""
     session = links[0].session
-    return int(getattr(session, "triples_used", 0)), int(getattr(session, "layers_used", 0))
+    return int(getattr(session, "ots_used", 0)), int(getattr(session, "layers_used", 0))
 
 
-def _amortised_ot(phases: dict[str, int], triples: int) -> dict[str, int]:
+def _amortised_ot(phases: dict[str, int], ots: int) -> dict[str, int]:
     """gmw's OT phase at its steady-state cost: silent OT sends one message of a whole LPN
     iteration (about 10 million OTs) at once, so a run's measured OT bytes are either 0 (the OTs
-    were buffered) or a whole iteration. Each Beaver triple takes one random OT each way, so the
-    run's share is 2 x triples x the silent set's bits per OT after setup."""
+    were buffered) or a whole iteration. The triples took ``ots`` random OTs each way (one per
+    AND group and instance), so the run's share is 2 x ots x the silent set's bits per OT
+    after setup."""
     bits_per_ot = float(silent_ot_params()["bits_per_ot"])
     out = dict(phases)
-    out["ot_extension"] = math.ceil(2 * triples * bits_per_ot / 8)
+    out["ot_extension"] = math.ceil(2 * ots * bits_per_ot / 8)
     return {k: v for k, v in out.items() if v}
 
 
@@ -264,7 +266,7 @@ def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
     seconds, phases, _ = _run_pair(ctx, party("garbler"), party("evaluator"))
     and_gates = float(reconstruct_circuit(ctx.ring_bits, arithmetic=_arithmetic(ctx)).and_count)
-    return Measurement(n, phases, seconds, and_gates, _gmw_extra(ctx))
+    return Measurement(n, phases, seconds, and_gates, _gmw_extra(ctx, n))
 
 
 def _arithmetic(ctx: CommContext) -> str:
@@ -272,9 +274,12 @@ def _arithmetic(ctx: CommContext) -> str:
     return "depth" if ctx.backend == "gmw" else "ripple"
 
 
-def _gmw_extra(ctx: CommContext) -> dict[str, Any]:
-    """gmw's round trips of the measured round (its AND layers, one exchange each way each)."""
-    return {"round_trips": ctx.last_round_trips} if ctx.backend == "gmw" else {}
+def _gmw_extra(ctx: CommContext, n: int) -> dict[str, Any]:
+    """gmw's round trips of the measured round (its AND layers, one exchange each way each) and
+    its random OTs each way per coordinate (one per AND group, fewer than its AND gates)."""
+    if ctx.backend != "gmw":
+        return {}
+    return {"round_trips": ctx.last_round_trips, "random_ots_per_coordinate": ctx.last_ots / n}
 
 
 def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
@@ -286,7 +291,7 @@ def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
     seconds, phases, (_, info) = _run_pair(ctx, party("garbler"), party("evaluator"))
     extra = {"rounds": info["rounds"], "trials_per_coordinate": info["trials"] / n}
-    extra.update(_gmw_extra(ctx))
+    extra.update(_gmw_extra(ctx, n))
     return Measurement(n, phases, seconds, info["and_gates"] / n, extra)
 
 

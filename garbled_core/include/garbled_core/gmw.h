@@ -14,25 +14,32 @@
 // One run of n instances (everything bit-sliced, 64 instances per uint64):
 //   1. header: circuit digest, n, run counter, carried inputs, roles; any
 //      disagreement is a ProtocolError on both sides (Phase::Setup).
-//   2. triples: exactly and_count * n Boolean Beaver triples, generated for this
-//      run from 2 random OTs each (one per direction) and consumed once; no
-//      triple outlives its run, so none is ever reused (Phase::OTExtension).
+//   2. triples: the AND gates of each layer are grouped by a shared input wire
+//      (greedy, from the circuit alone: the wire feeding the most ungrouped
+//      gates keys the next group, at most kMaxGroupWidth gates, the rest are
+//      groups of one). One group triple per group and instance: a bit a and,
+//      per member, b and c = a & b (XOR-shared), made for this run from ONE
+//      random OT each way whatever the group's width, consumed once; no triple
+//      outlives its run, so none is ever reused (Phase::OTExtension).
 //   3. inputs: the owner's share of an input bit is x ^ r, the other party's r,
 //      with r from an AES-CTR stream both parties seed at setup: no bytes.
 //   4. gates in AND-depth layers: XOR / NOT locally; per layer ONE message each
-//      way with the shares of d = x ^ a and e = y ^ b of every AND gate of the
-//      layer for all n instances (2 bits per AND per instance per direction,
-//      Phase::Tables); z = c ^ d&b ^ e&a (^ d&e at party 0).
+//      way with, group by group, the shares of d = key ^ a (once per group)
+//      and e = y ^ b (per gate) for all n instances ((groups + ANDs) bits per
+//      instance per direction, Phase::Tables); each gate key & y gets
+//      z = c ^ d&b ^ e&a (^ d&e at party 0).
 //   5. outputs: one message each way with the shares of opened outputs and an
 //      8-byte end-of-run tag (Phase::Outputs).
 // Round trips per run: AND-depth + about 3 (header, triples stream, outputs).
 //
-// Triples from random OT (ROT). A ROT gives the sender random bits (s0, s1) and
-// the receiver a random choice u with s_u. Then s0 ^ s_u = u & (s0 ^ s1): XOR
-// shares of the product of the sender's bit s0 ^ s1 and the receiver's u. Each
-// party is the sender of one ROT and the receiver of another per triple and
-// sets a = s0 ^ s1 (its sender pair), b = u (its choice), c = a&b ^ s0 ^ s_u';
-// then c0 ^ c1 = (a0 ^ a1) & (b0 ^ b1).
+// Group triples from random OT (ROT) with 128-bit strings. A ROT gives the
+// sender random strings (s0, s1) and the receiver a random choice u with s_u;
+// s0 ^ s_u = u & (s0 ^ s1) bitwise: XOR shares of the receiver's bit u times
+// each bit of the sender's string s0 ^ s1. Each party is the sender of one ROT
+// and the receiver of another per group and instance and sets a = u (its
+// choice), b = s0 ^ s1 of its sender pair (the group's width in bits), c =
+// a&b ^ s0 ^ s_u'; then c0 ^ c1 = (a0 ^ a1) & (b0 ^ b1) for every member. A
+// group of width 1 is an ordinary Beaver triple.
 //
 // The ROT source sits behind RandomOtSource (SoftSpoken, or silent OT from
 // silent_ot.h); the triple generator only sees bits.
@@ -54,8 +61,8 @@
 
 namespace gc {
 
-// Random bit OTs in both directions over one channel. Bits are packed LSB
-// first in uint64 words; m is always a multiple of 128.
+// Random OTs in both directions over one channel, hashed to 128-bit strings.
+// Choice bits are packed LSB first in uint64 words; m is always a multiple of 128.
 class RandomOtSource {
  public:
   virtual ~RandomOtSource() = default;
@@ -63,11 +70,11 @@ class RandomOtSource {
   // Interactive setup; party 0 and party 1 call it at the same time. salt is a
   // block both parties agree on (fresh per session) for the hash tweaks.
   virtual void setup(Channel& ch, int party, block salt) = 0;
-  // This party as ROT receiver: m random choice bits and the chosen bits.
-  virtual void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) = 0;
-  // This party as ROT sender: m pairs of random bits (s0, s1). Pairs with the
+  // This party as ROT receiver: m random choice bits u_j and the chosen strings s_{u_j}.
+  virtual void receive(Channel& ch, uint64_t* choice, block* chosen, size_t m) = 0;
+  // This party as ROT sender: m pairs of random strings (s0, s1). Pairs with the
   // peer's receive() of the same m, call by call.
-  virtual void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) = 0;
+  virtual void send(Channel& ch, block* s0, block* s1, size_t m) = 0;
   // Which half only writes to the link (never waits for the peer): true when
   // the receiver speaks (SoftSpoken), false when the sender does (silent OT,
   // whose receiver sends nothing after setup). Both parties call the speaking
@@ -78,8 +85,8 @@ class RandomOtSource {
 };
 
 // Random OTs from SoftSpoken correlated OT (softspoken.h, random choices) in
-// each direction, hashed to bits: s0 = lsb H(q, j), s1 = lsb H(q ^ Delta, j),
-// s_u = lsb H(t, j), with the engine's tweakable correlation-robust hash
+// each direction, hashed to strings: s0 = H(q, j), s1 = H(q ^ Delta, j),
+// s_u = H(t, j), with the engine's tweakable correlation-robust hash
 // H(x, tweak) = AES_{salt ^ tweak}(x) ^ x (halfgates.h), one key per 8 OTs of
 // one direction, the tweak naming the direction and the OT index, which
 // advances over the whole session (no key is ever used for two groups).
@@ -88,8 +95,8 @@ class SoftSpokenRandomOt : public RandomOtSource {
   explicit SoftSpokenRandomOt(int k = SoftSpokenParams::kDefaultK);
   const char* name() const override { return "softspoken"; }
   void setup(Channel& ch, int party, block salt) override;
-  void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) override;
-  void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) override;
+  void receive(Channel& ch, uint64_t* choice, block* chosen, size_t m) override;
+  void send(Channel& ch, block* s0, block* s1, size_t m) override;
   bool receiver_speaks() const override { return true; }
   double bytes_per_rot() const override;
 
@@ -112,8 +119,8 @@ class SilentRandomOt : public RandomOtSource {
   ~SilentRandomOt() override;
   const char* name() const override { return params_.secure ? "silent-ferret" : "silent-TEST-ONLY"; }
   void setup(Channel& ch, int party, block salt) override;
-  void receive(Channel& ch, uint64_t* choice, uint64_t* chosen, size_t m) override;
-  void send(Channel& ch, uint64_t* s0, uint64_t* s1, size_t m) override;
+  void receive(Channel& ch, uint64_t* choice, block* chosen, size_t m) override;
+  void send(Channel& ch, block* s0, block* s1, size_t m) override;
   bool receiver_speaks() const override { return false; }
   double bytes_per_rot() const override { return params_.bits_per_ot() / 8.0; }
 
@@ -128,15 +135,25 @@ class SilentRandomOt : public RandomOtSource {
   BlockVector buf_;
 };
 
-// Boolean Beaver triples of one party, packed bits: triple t is bit t of a, b, c.
-struct BitTriples {
-  size_t count = 0;
-  std::vector<uint64_t> a, b, c;  // ceil(count / 64) words each, plus one spare word
+// Boolean Beaver triples of one party for AND gates grouped by a shared input
+// ("group triples"): group g of width w_g (1 .. kMaxGroupWidth) has, per
+// instance, one a bit and w_g pairs (b_p, c_p) with c_p = a & b_p once both
+// parties' shares are XORed. Rows are bit-sliced, instance i at bit i:
+// a has one row per group, b and c one row per member, members of group 0
+// first. A group of width 1 is a plain Beaver triple.
+constexpr uint32_t kMaxGroupWidth = 128;  // the bits of one hashed ROT string
+struct GroupTriples {
+  size_t n = 0, words = 0;  // instances, and 64-bit words per row (ceil(n / 64))
+  std::vector<uint64_t> a, b, c;
+  size_t rots = 0;  // random OTs this party received (= sent) for them, rounded up to 128
 };
 
-// Makes count fresh triples (2 ROTs each, one per direction). Both parties
-// call it with the same count at the same time.
-void generate_triples(RandomOtSource& ot, Channel& ch, size_t count, BitTriples& out);
+// Makes fresh group triples for n instances of groups of the given widths: one
+// random OT each way per group and instance, whatever the width (party P's a is
+// its choice bits, its b = s0 ^ s1 of its sender strings, truncated to w_g
+// bits). Both parties call it with the same widths and n at the same time.
+void generate_triples(RandomOtSource& ot, Channel& ch, const std::vector<uint32_t>& widths, size_t n,
+                      GroupTriples& out);
 
 struct GmwOptions {
   int ot_k = SoftSpokenParams::kDefaultK;  // SoftSpoken k of the ROT source
@@ -156,18 +173,22 @@ class GmwParty : public Session {
   const std::array<uint8_t, 32>& last_transcript() const { return transcript_; }
   // Round trips of the last run's AND layers (= the circuit's AND-depth).
   size_t last_layers() const { return layers_; }
-  // Over every run of this party so far: Beaver triples consumed (AND gates x instances; each
-  // took one random OT each way) and AND-layer exchanges (round trips). Benchmarks amortise the
-  // OT source's bytes per OT over the triples (silent OT sends a whole iteration at once).
+  // Over every run of this party so far: Beaver triples consumed (AND gates x instances),
+  // random OTs received (= sent: one each way per AND group and instance, rounded up to 128
+  // per run) and AND-layer exchanges (round trips). Benchmarks amortise the OT source's bytes
+  // per OT over ots_used (silent OT sends a whole iteration at once).
   uint64_t triples_used() const { return triples_used_; }
+  uint64_t ots_used() const { return ots_used_; }
   uint64_t layers_used() const { return layers_used_; }
+  // AND groups (gates sharing an input within a layer) of the last run's circuit.
+  size_t last_groups() const { return groups_; }
 
  private:
   int party_;
   std::unique_ptr<RandomOtSource> ot_;
   std::array<uint8_t, 32> transcript_{};
-  size_t layers_ = 0;
-  uint64_t triples_used_ = 0, layers_used_ = 0;
+  size_t layers_ = 0, groups_ = 0;
+  uint64_t triples_used_ = 0, ots_used_ = 0, layers_used_ = 0;
   bool broken_ = false;  // a run failed midway: the link is out of step
   void exchange_gmw_hello();
   RunOutputs run_checked(const Circuit& c, const RunInputs& in);

@@ -43,6 +43,9 @@
 //      give 12 32-bit words, the first 10 scaled to [0, k) by (w * k) >> 32.
 //   4. Bootstrapping: outputs [0, k + t*h) of a main iteration are the next
 //      main iteration's base COTs; outputs [k + t*h, n) go to the caller.
+//      Step 3 runs for those as the caller takes them (each output's encoding
+//      is independent of the others'), so an iteration's LPN cost is paid for
+//      the outputs used, and the setup iteration's dropped outputs cost none.
 //   Setup: Chou-Orlandi base OTs + SoftSpoken (k = 7) random-choice COTs for
 //   the setup parameter set's base, then one iteration with the setup set,
 //   whose first k + t*h outputs (of the main set) are the first main base;
@@ -96,6 +99,7 @@ class HugeBlocks {
   const block* data() const { return p_; }
   size_t size() const { return n_; }
   block& operator[](size_t i) { return p_[i]; }
+  void swap(HugeBlocks& other) noexcept;
   void wipe();
 
  private:
@@ -132,6 +136,8 @@ struct SilentOtParams {
   double bits_per_ot() const { return 8.0 * (double)main.tree_bytes() / (double)usable_per_iteration(); }
 };
 
+class SilentCotReceiver;
+
 class SilentCotSender {
  public:
   // delta must have lsb 1 (the garbler's free-XOR offset works).
@@ -149,18 +155,29 @@ class SilentCotSender {
   const SilentOtParams& params() const { return params_; }
   uint64_t iterations() const { return iterations_; }  // main iterations run so far
   size_t buffered() const { return out_size_ - pos_; }
+  // Pairs this sender with a receiver of the same party on the same main parameter set (the
+  // other direction's COTs, as SilentRandomOt holds): whenever both are in the same main
+  // iteration, their outputs are LPN-encoded together, one random read of an interleaved base
+  // serving both (the same output bits as apart). Either may be destroyed first.
+  void pair_encoding_with(SilentCotReceiver& r);
 
  private:
+  friend class SilentCotReceiver;
+  friend void encode_jointly(SilentCotSender& s, SilentCotReceiver& r, size_t end);
   void iterate(const FerretParams& p);
+  bool paired_now() const;
+  SilentCotReceiver* partner_ = nullptr;
+  detail::HugeBlocks pair_base_;  // both bases interleaved, for iteration pair_iteration_
+  uint64_t pair_iteration_ = ~uint64_t(0);
 
   Channel& ch_;
   block delta_;
   SilentOtParams params_;
   bool ready_ = false;
   uint64_t iterations_ = 0, tweak_base_ = 0;
-  detail::HugeBlocks base_, out_;
+  detail::HugeBlocks base_, next_base_, out_;  // base_: the current iteration's
   BlockVector msg_;
-  size_t out_size_ = 0, pos_ = 0;
+  size_t out_size_ = 0, pos_ = 0, encoded_ = 0;  // outputs [0, encoded_) are LPN-encoded
 };
 
 class SilentCotReceiver {
@@ -180,15 +197,19 @@ class SilentCotReceiver {
   size_t buffered() const { return out_size_ - pos_; }
 
  private:
+  friend class SilentCotSender;
+  friend void encode_jointly(SilentCotSender& s, SilentCotReceiver& r, size_t end);
   void iterate(const FerretParams& p);
+  bool paired_now() const;
+  SilentCotSender* partner_ = nullptr;
 
   Channel& ch_;
   SilentOtParams params_;
   bool ready_ = false;
   uint64_t iterations_ = 0, tweak_base_ = 0;
-  detail::HugeBlocks base_, out_;
+  detail::HugeBlocks base_, next_base_, out_;  // base_: the current iteration's
   BlockVector msg_;
-  size_t out_size_ = 0, pos_ = 0;
+  size_t out_size_ = 0, pos_ = 0, encoded_ = 0;  // outputs [0, encoded_) are LPN-encoded
 };
 
 }  // namespace gc
