@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -9,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from garbled_core import Channel, Evaluator, Garbler, Listener, TlsConfig
+from spgc.app import cli
 from spgc.certs import make_dev_pki
 from spgc.config import ServerConfig
 
@@ -133,3 +138,22 @@ def loopback_server_config(**changes: object) -> ServerConfig:
         "rounds": 1,
     }
     return ServerConfig(**{**base, **changes})
+
+
+def run_in_process(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``spgc ARGS`` through cli.main in this process (no interpreter start-up, no imports):
+    the exit status and output of the command, for commands that only check and print. Tests
+    of start-up itself (logging, console scripts, the launcher) run the real command."""
+    out, err = io.StringIO(), io.StringIO()
+    here = Path.cwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(list(argv))
+            except SystemExit as exc:  # argparse's own exits
+                rc = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["spgc", *argv], rc, out.getvalue(), err.getvalue())

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from helpers import run_in_process
 
 from spgc.config import ConfigError, ProviderConfig, ServerConfig
 from spgc.config_files import (
@@ -215,13 +216,14 @@ def test_daemons_exit_2_with_one_message_on_a_bad_config(tmp_path: Path) -> None
 def test_config_check_and_show(tmp_path: Path) -> None:
     good = tmp_path / "h1.yaml"
     good.write_text("insecure: true\nproviders: [p1, p2]\n")
-    out = run("spgc", "config", "check", str(good))
+    # (in this process; the real command's start-up: the next test's first run)
+    out = run_in_process("config", "check", str(good))
     assert out.returncode == 0 and "valid server configuration" in out.stdout
     bad = tmp_path / "p1.yaml"
     bad.write_text("name: p1\nh1_address: 'x:1'\ninsecure: true\n")
-    out = run("spgc", "config", "check", str(bad))
+    out = run_in_process("config", "check", str(bad))
     assert out.returncode == 2 and "no minimum privacy" in out.stderr
-    out = run("spgc", "config", "show", "provider")
+    out = run_in_process("config", "show", "provider")
     assert out.returncode == 0
     for key, *_ in describe_keys(ProviderConfig):
         assert key in out.stdout
@@ -239,10 +241,11 @@ def test_config_check_builds_the_model_and_reads_the_data(tmp_path: Path) -> Non
         ("model=nofile.py:mlp", "no such file 'nofile.py'"),
         ("initial_model=nosuch.safetensors", "nosuch.safetensors': no such file"),
     ):
-        out = run("spgc", "config", "check", str(good), "--set", change, cwd=tmp_path)
+        # (in this process: the first run above is the real command's start-up and logging)
+        out = run_in_process("config", "check", str(good), "--set", change, cwd=tmp_path)
         assert out.returncode == 2 and words in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
-        schema = run("spgc", "config", "check", str(good), "--set", change, "--schema-only")
+        schema = run_in_process("config", "check", str(good), "--set", change, "--schema-only")
         assert schema.returncode == 0, schema.stderr  # the keys and values alone are fine
 
 
@@ -264,10 +267,10 @@ def test_provider_config_check_tries_its_part_of_the_data_and_the_model(tmp_path
         ("provider_count=2", "(provider_count 2, provider_index 0): cannot split 1 rows among 2"),
         ("model=m.py:empty", "the model has no parameters to train"),
     ):
-        out = run("spgc", "config", "check", str(cfg), "--set", change, cwd=tmp_path)
+        out = run_in_process("config", "check", str(cfg), "--set", change, cwd=tmp_path)
         assert out.returncode == 2 and words in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
-    out = run("spgc", "config", "check", str(cfg), "--set", "provider_count=1", cwd=tmp_path)
+    out = run_in_process("config", "check", str(cfg), "--set", "provider_count=1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_in_process
 
 from spgc.app.demo import _outgoing_port_range, free_ports
 from spgc.budget import budget_summary
@@ -130,7 +131,7 @@ def test_demo_refuses_unknown_mode_cleanly():
     ],
 )
 def test_demo_refuses_bad_numbers_before_starting_anything(option, value, message):
-    done = subprocess.run([SPGC, "demo", option, value], capture_output=True, text=True)
+    done = run_in_process("demo", option, value)  # (the real command: the test above)
     assert done.returncode == 2
     assert message in done.stderr and option in done.stderr
     assert "h1.log" not in done.stderr and "Traceback" not in done.stderr

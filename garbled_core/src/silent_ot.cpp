@@ -113,53 +113,44 @@ void lpn_indices(const AesKey& key, uint64_t k, size_t i, const block* base, siz
 }
 
 // Outputs [begin, end) only: an iteration encodes its outputs as they are taken (below).
-void lpn_encode(const FerretParams& p, const block* base, block* out, size_t begin, size_t end) {
+// Ways = 2 encodes two COT objects of one party at once (a sender and a receiver on the same
+// parameter set, in the same iteration): their outputs use the same indices, and `base` holds
+// their bases interleaved (base[2x] the sender's entry x, base[2x + 1] the receiver's), 32
+// bytes that share one cache line. One random read then serves both encodings: the encoder
+// is bound by those reads (DRAM, whenever the bases exceed the cache).
+template <int Ways>
+void lpn_encode_ways(const FerretParams& p, const block* base, block* const* out, size_t begin, size_t end) {
   if (begin >= end) return;
   const AesKey key = lpn_key(p);
   uint32_t idx[2][8 * kD];
   int cur = 0;
-  lpn_indices(key, p.k, begin, base, 1, idx[0]);
+  lpn_indices(key, p.k, begin, base, Ways, idx[0]);
   for (size_t i = begin; i < end; i += 8) {
-    if (i + 8 < end) lpn_indices(key, p.k, i + 8, base, 1, idx[cur ^ 1]);
+    if (i + 8 < end) lpn_indices(key, p.k, i + 8, base, Ways, idx[cur ^ 1]);
     const size_t cnt = std::min<size_t>(8, end - i);
     const uint32_t* ix = idx[cur];
     for (size_t j = 0; j < cnt; ++j) {
-      block acc = out[i + j];
-      for (int w = 0; w < kD; ++w) acc = xor_block(acc, base[ix[kD * j + w]]);
-      out[i + j] = acc;
+      block acc[Ways];
+      for (int v = 0; v < Ways; ++v) acc[v] = out[v][i + j];
+      for (int w = 0; w < kD; ++w) {
+        const block* e = base + Ways * (size_t)ix[kD * j + w];
+        for (int v = 0; v < Ways; ++v) acc[v] = xor_block(acc[v], e[v]);
+      }
+      for (int v = 0; v < Ways; ++v) out[v][i + j] = acc[v];
     }
     cur ^= 1;
   }
 }
 
-// The same code for two COT objects of one party at once (a sender and a receiver on the same
-// parameter set, in the same iteration): their outputs use the same indices, and `pair` holds
-// their bases interleaved (pair[2x] the sender's entry x, pair[2x + 1] the receiver's), 32
-// bytes that share one cache line. One random read then serves both encodings: the encoder
-// is bound by those reads (DRAM, whenever both bases exceed the cache).
+void lpn_encode(const FerretParams& p, const block* base, block* out, size_t begin, size_t end) {
+  block* const outs[1] = {out};
+  lpn_encode_ways<1>(p, base, outs, begin, end);
+}
+
 void lpn_encode_pair(const FerretParams& p, const block* pair, block* out_s, block* out_r, size_t begin,
                      size_t end) {
-  if (begin >= end) return;
-  const AesKey key = lpn_key(p);
-  uint32_t idx[2][8 * kD];
-  int cur = 0;
-  lpn_indices(key, p.k, begin, pair, 2, idx[0]);
-  for (size_t i = begin; i < end; i += 8) {
-    if (i + 8 < end) lpn_indices(key, p.k, i + 8, pair, 2, idx[cur ^ 1]);
-    const size_t cnt = std::min<size_t>(8, end - i);
-    const uint32_t* ix = idx[cur];
-    for (size_t j = 0; j < cnt; ++j) {
-      block as = out_s[i + j], ar = out_r[i + j];
-      for (int w = 0; w < kD; ++w) {
-        const block* e = pair + 2 * (size_t)ix[kD * j + w];
-        as = xor_block(as, e[0]);
-        ar = xor_block(ar, e[1]);
-      }
-      out_s[i + j] = as;
-      out_r[i + j] = ar;
-    }
-    cur ^= 1;
-  }
+  block* const outs[2] = {out_s, out_r};
+  lpn_encode_ways<2>(p, pair, outs, begin, end);
 }
 
 inline block tweak(uint64_t iteration, size_t tree, int level) {
