@@ -19,6 +19,7 @@ import dp_accounting
 import numpy as np
 import pytest
 from dp_accounting import rdp
+from helpers import run_in_process
 from test_provider_client import MODEL as FAKE_MODEL
 from test_provider_client import (
     FakeAggregator,
@@ -485,10 +486,9 @@ def test_spgc_account_budget_prints_the_file(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert got["dataset_sha256"] == H and [r["run_id"] for r in got["runs"]] == ["r1"]
-    done = subprocess.run([*spgc, "account", "--budget", str(path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    # (in this process: the real command ran above)
+    done = run_in_process("account", "--budget", str(path))
     assert done.returncode == 0 and f"budget file {path}" in done.stdout
-    missing = subprocess.run([*spgc, "account", "--budget", str(tmp_path / "none.json")],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    missing = run_in_process("account", "--budget", str(tmp_path / "none.json"))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert missing.stderr.startswith("spgc account: error: ")

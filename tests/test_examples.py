@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import run_in_process
 
 from spgc.app.demo import free_ports
 
@@ -101,26 +102,15 @@ def pristine() -> None:
 
 def test_yaml_files_pass_config_check(tmp_path: Path, pristine: None) -> None:
     work = copy_example(tmp_path)
-    made = subprocess.run(
-        [str(SPGC), "certs", str(work / "certs"), "--names", "h1", "h2", "p1", "p2", "p3"],
-        capture_output=True,
-        text=True,
-    )
+    # In this process (each command alone would start an interpreter that imports torch; the
+    # examples' run.sh tests below run the real commands).
+    made = run_in_process("certs", str(work / "certs"), "--names", "h1", "h2", "p1", "p2", "p3")
     assert made.returncode == 0, made.stderr
-    checks = {  # in parallel: each one starts an interpreter that imports torch
-        name: subprocess.Popen(
-            [str(SPGC), "config", "check", str(work / name)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in YAMLS
-    }
-    for name, proc in checks.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{name}: {err}"
+    for name in YAMLS:
+        out = run_in_process("config", "check", str(work / name))
+        assert out.returncode == 0, f"{name}: {out.stderr}"
         kind = "provider" if name.startswith("provider") else "server"
-        assert f"a valid {kind} configuration" in out
+        assert f"a valid {kind} configuration" in out.stdout
     # The training keys the servers compare at the handshake agree, and so do the files'
     # addresses: the providers call the servers where they listen.
     h1, h2 = (yaml.safe_load((work / f"h{i}.yaml").read_text()) for i in (1, 2))

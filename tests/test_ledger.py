@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from helpers import run_in_process
 
 from spgc.accounting import PrivacyAccountant
 from spgc.app import account_cmd
@@ -657,21 +658,12 @@ def test_console_script(ledger_path):
     entry["round"] = 42
     lines[1] = canonical(entry)
     _write(ledger_path, lines)
-    bad = subprocess.run(
-        [str(spgc), "account", "--ledger", str(ledger_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # (in this process: the console script's start-up ran above)
+    bad = run_in_process("account", "--ledger", str(ledger_path))
     assert (bad.returncode, bad.stdout) == (1, "")
     assert bad.stderr == f"spgc account: ledger {ledger_path}: line 2: bad signature\n"
 
-    missing = subprocess.run(
-        [str(spgc), "account", "--ledger", str(ledger_path.with_name("none.jsonl"))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = run_in_process("account", "--ledger", str(ledger_path.with_name("none.jsonl")))
     assert missing.returncode == 2 and "No such file or directory" in missing.stderr
 
 
