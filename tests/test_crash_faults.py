@@ -123,7 +123,11 @@ def test_sigkill_one_server_then_restart_it_alone(
         epsilon=8.0,
         state_dir=state,
         # The survivor waits for its peer (peer_timeout); a round waits round_deadline at most.
-        server_overrides={"peer_timeout": 60.0, "round_deadline": 10.0, "evaluate": False},
+        # A round closes as soon as both providers' shares are in, so the deadline only has to
+        # outlast the providers' start-up (torch's import, CPU-bound on a loaded 2-core CI
+        # machine): at 10 s round 0 was once skipped for want of shares, and a fault planned
+        # for round 0 never fired.
+        server_overrides={"peer_timeout": 90.0, "round_deadline": 45.0, "evaluate": False},
     )
     server_cfgs, provider_cfgs = write_configs(opts, work)
     tap = tmp_path / "reveals.jsonl"
