@@ -17,6 +17,10 @@ A fourth backend, :class:`GmwParty` (``role="garbler"`` for H1, ``"evaluator"`` 
 the same circuits with GMW on XOR shares: Beaver triples from random OT (SoftSpoken ``ot_k``),
 one message each way per AND layer; ``run`` takes and returns what ``Garbler.run`` and
 ``Evaluator.run`` do (its ``Kept`` outputs hold XOR shares and feed only GMW runs).
+
+The prime-field kernels of the providers' norm proofs (``field_ntt``, ``field_matvec``,
+``field_mul``, ``field_expand``, ``wraparound_dots``; field.h) work on uint64 values below a
+prime p < 2^62; ``spgc.norm_proof`` builds the proofs on them.
 """
 
 from garbled_core._core import (
@@ -40,8 +44,13 @@ from garbled_core._core import (
     and_kernel,
     and_table_bytes,
     available_and_kernels,
+    field_expand,
+    field_matvec,
+    field_mul,
+    field_ntt,
     garble_only,
     set_and_kernel,
+    wraparound_dots,
 )
 from garbled_core.circuit import Bits, CircuitBuilder, CircuitDescription
 
@@ -69,6 +78,11 @@ __all__ = [
     "and_kernel",
     "and_table_bytes",
     "available_and_kernels",
+    "field_expand",
+    "field_matvec",
+    "field_mul",
+    "field_ntt",
     "garble_only",
     "set_and_kernel",
+    "wraparound_dots",
 ]

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "garbled_core/bind_channel.h"
+#include "garbled_core/bind_field.h"
 #include "garbled_core/bind_gmw.h"
 #include "garbled_core/gmw.h"
 #include "garbled_core/bind_silent_ot.h"
@@ -230,6 +231,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "SPGC garbled-circuit engine (half-gates, free-XOR, IKNP OT extension)";
   bind_channel(m);
   bind_silent_ot(m);
+  bind_field(m);
   py::register_exception<gc::ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
 
   py::class_<gc::Circuit, std::shared_ptr<gc::Circuit>>(m, "Circuit",
