@@ -53,6 +53,9 @@ from spgc.noise import (
 from spgc.servers.spgc_circuit import (
     check_ring_bits,
     decode_signed,
+    field_circuit_inputs,
+    field_noisy_sum_circuit,
+    field_reconstruct_circuit,
     noise_share_circuit,
     noisy_sum_circuit,
     output_width,
@@ -372,6 +375,7 @@ def run_aggregate(
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     output_bits: int | None = None,
     on_stage: Callable[[], None] | None = None,
+    field_modulus: int | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One server's side of a batch: returns (Y, counters).
 
@@ -387,11 +391,18 @@ def run_aggregate(
     Y is int64 when it fits 64 bits, else an object array of Python ints. The counters hold
     this party's bytes per engine phase over the call (all lanes), totals, rounds and trials.
     ``on_stage`` runs after each of the sampler's stages (fault injection).
+    ``field_modulus``: the shares are sums in F_p of verified field shares (spgc.norm_proof),
+    reconstructed as A + B mod p by the ``field_*`` circuits; both servers pass the same p.
     """
     role = _check_role(role)
     mode = _check_mode(mode)
     ring_bits = check_ring_bits(ring_bits)
-    shares = _check_shares(shares, ring_bits)
+    if field_modulus is None:
+        shares = _check_shares(shares, ring_bits)
+    else:
+        # One row per coordinate: (low L bits, flag): lanes and batches slice rows.
+        low, flag = field_circuit_inputs(shares, field_modulus, ring_bits, role == "garbler")
+        shares = np.ascontiguousarray(np.stack([low, flag], axis=1))
     links = resolve_lanes(role, channel_session)
     ranges = lane_ranges(len(shares), len(links), getattr(links[0], "range_align", 1))
     start = time.perf_counter()
@@ -410,6 +421,7 @@ def run_aggregate(
         return lambda: links[i].aggregate_range(
             role=role, shares=shares[lo:hi], first_coordinate=lo, seed=seed, params=params,
             width=width, ring_bits=ring_bits, mode=mode, schedule=schedule, on_stage=on_stage,
+            field_inputs=field_modulus is not None,
         )  # fmt: skip
 
     parts = run_lanes(
@@ -435,17 +447,19 @@ def aggregate_range(
     mode: str,
     schedule: Sequence[int],
     on_stage: Callable[[], None] | None = None,
+    field_inputs: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One lane of :func:`run_aggregate` (checked and seed-claimed there): coordinates
     ``first_coordinate`` on, on one link. Returns (Y of the range, info with the link's byte
-    ``counters`` over the call)."""
+    ``counters`` over the call). ``field_inputs``: ``shares`` holds a (low bits, flag) row per
+    coordinate (:func:`spgc.servers.spgc_circuit.field_circuit_inputs`)."""
     before = link.counters()
     layers = getattr(link.session, "layers_used", None)  # GMW: one round trip per AND layer
     parts = []
     for lo, hi in range_batches(len(shares), link.range_align):
         part = _aggregate_on_link(
             role, link, shares[lo:hi], first_coordinate + lo, seed, params, width, ring_bits,
-            mode, schedule, on_stage,
+            mode, schedule, on_stage, field_inputs,
         )  # fmt: skip
         parts.append(part)
     if parts:
@@ -490,25 +504,39 @@ def _aggregate_on_link(
     mode: str,
     schedule: Sequence[int],
     on_stage: Callable[[], None] | None,
+    field_inputs: bool = False,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     n = len(shares)
     my_port = "a1" if role == "garbler" else "a2"
+    flag_port = "k1" if role == "garbler" else "k2"
+
+    def inputs(rows: Any) -> dict[str, np.ndarray]:
+        if not field_inputs:
+            return {my_port: shares[rows]}
+        picked = shares[rows]
+        return {
+            my_port: np.ascontiguousarray(picked[:, 0]),
+            flag_port: np.ascontiguousarray(picked[:, 1]),
+        }
+
     info: dict[str, Any] = {"rounds": 0, "trials": 0}
     if mode == "only-mpc":
-        circuit = reconstruct_circuit(ring_bits, arithmetic=link.arithmetic)
+        build = field_reconstruct_circuit if field_inputs else reconstruct_circuit
+        circuit = build(ring_bits, arithmetic=link.arithmetic)
         if n:
-            out = link.session.run(circuit, {my_port: shares}, {}, n)
+            out = link.session.run(circuit, inputs(slice(None)), {}, n)
             return decode_signed({"y": out["s"]}, ring_bits), info
         return np.zeros(0, dtype=np.int64), info
     assert params is not None and width is not None and seed is not None
-    add = noisy_sum_circuit(ring_bits, params.noise_bits, width, arithmetic=link.arithmetic)
+    build_sum = field_noisy_sum_circuit if field_inputs else noisy_sum_circuit
+    add = build_sum(ring_bits, params.noise_bits, width, arithmetic=link.arithmetic)
     y = np.zeros(n, dtype=np.int64) if width <= 64 else np.zeros(n, dtype=object)
 
     def finish(result: RoundResult) -> None:
         if len(result.coords) == 0:
             return
         carried = {"z": result.noise.select(result.instances)}
-        mine = {my_port: shares[result.coords]}
+        mine = inputs(result.coords)
         out = link.session.run(add, mine, carried, len(result.coords))
         y[result.coords] = decode_signed(out, width)
         if on_stage is not None:
@@ -584,18 +612,26 @@ def aggregate_plain(
     distance_log2: float = DEFAULT_DISTANCE_LOG2,
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     backend: str = "gc",
+    field_modulus: int | None = None,
 ) -> np.ndarray:
     """What :func:`run_aggregate` reveals on ``backend``'s links, computed in the clear from
-    both servers' inputs (Python integers: the reference for tests and audits)."""
+    both servers' inputs (Python integers: the reference for tests and audits).
+    ``field_modulus``: a1 and a2 are field sums, S = a1 + a2 mod p (centered)."""
     mode = _check_mode(mode)
     ring_bits = check_ring_bits(ring_bits)
-    a1 = _check_shares(a1, ring_bits)
-    a2 = _check_shares(a2, ring_bits)
+    if field_modulus is None:
+        a1 = _check_shares(a1, ring_bits)
+        a2 = _check_shares(a2, ring_bits)
     if len(a1) != len(a2):
         raise ValueError("a1 and a2 must have one value per coordinate each")
-    full, half = 1 << ring_bits, 1 << (ring_bits - 1)
-    s = [((int(p) - int(q)) % full) for p, q in zip(a1.tolist(), a2.tolist(), strict=True)]
-    s = [v - full if v >= half else v for v in s]
+    if field_modulus is None:
+        full, half = 1 << ring_bits, 1 << (ring_bits - 1)
+        s = [((int(p) - int(q)) % full) for p, q in zip(a1.tolist(), a2.tolist(), strict=True)]
+        s = [v - full if v >= half else v for v in s]
+    else:
+        full, half = field_modulus, field_modulus // 2
+        s = [((int(p) + int(q)) % full) for p, q in zip(a1.tolist(), a2.tolist(), strict=True)]
+        s = [v - full if v > half else v for v in s]
     if mode == "only-mpc":
         return np.array(s, dtype=np.int64)
     if seed1 is None or seed2 is None or sigma_units is None:

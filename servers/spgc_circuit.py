@@ -1,7 +1,10 @@
 """Per-coordinate SPGC circuits: reconstruct the sum and add the noise, or reconstruct only.
 
 Inputs per coordinate: A1 (garbler, H1) and A2 (evaluator, H2), the two servers' sums of shares in
-Z_{2^L}. S = (A1 - A2) mod 2^L read as a signed L-bit value (the paper's smod). The noise z comes
+Z_{2^L}. S = (A1 - A2) mod 2^L read as a signed L-bit value (the paper's smod). With verified
+inputs (spgc.norm_proof) the sums are field shares, S = A + B mod p, and the ``field_*`` circuits
+reconstruct it from L low bits and one flag bit per server (:func:`field_circuit_inputs`) for
+three or four AND gates per coordinate more than the ring's. The noise z comes
 from the sampler's accepted trial as a carried (kept) input, so nobody sees it; Y = S + z is
 computed in max(L, noise width) + 1 bits, which cannot wrap, and revealed to both servers.
 The preprocessed mode's share circuit turns the same kept noise into additive shares instead.
@@ -40,6 +43,11 @@ __all__ = [
     "check_ring_bits",
     "decode_signed",
     "depth_rows",
+    "field_circuit_inputs",
+    "field_noisy_sum_circuit",
+    "field_noisy_sum_description",
+    "field_reconstruct_circuit",
+    "field_reconstruct_description",
     "noise_share_circuit",
     "noisy_sum_circuit",
     "noisy_sum_description",
@@ -210,6 +218,119 @@ def noisy_sum_circuit(
     ``arithmetic="depth"``: at most ``max_depth`` AND layers where the gadgets allow, else as
     few as they make (see :func:`_describe`; the default: the fewest)."""
     desc = noisy_sum_description(
+        ring_bits, noise_bits, output_bits, arithmetic=arithmetic, max_depth=max_depth
+    )
+    return desc.build()
+
+
+# ------------------------------------------------------------------ field shares (verified inputs)
+#
+# The servers hold A and B in F_p with A + B = S mod p, p = 1 mod 2^L and p > 2^L (the field of
+# spgc.norm_proof), |S| <= 2^(L-1) - 1. H1 first adds 2^(L-1) - 1 to A (mod p): then A + B =
+# u + k p over the integers with u = S + 2^(L-1) - 1 in [0, 2^L) and k in {0, 1}, and
+# k = 1 exactly when A + B >= 2^L (u < 2^L <= p), which is: A >= 2^L, or B >= 2^L, or the low
+# L bits of A and B carry out. Each server knows its own "A >= 2^L" (the flag bit), so the
+# circuit needs only the low bits' sum with its carry (L ANDs) and two ORs. Since p = 1 mod
+# 2^L, u = A_lo + B_lo - k (mod 2^L), and S = u - 2^(L-1) + 1 is (A_lo + B_lo with its top bit
+# flipped) + (1 - k): a carry-in of NOT k to the adder that follows, free of AND gates. Against
+# the ring's circuits: L ANDs instead of L - 1, two ORs, and the adder's carry-out: three or
+# four more per coordinate.
+
+
+def field_circuit_inputs(
+    total: np.ndarray, modulus: int, ring_bits: int, leader: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(low L bits, flag) of one server's field sum for the ``field_*`` circuits: H1
+    (``leader``) adds 2^(L-1) - 1 mod p first. ValueError if p is not 1 mod 2^L or the sum
+    holds a value outside the field."""
+    ring_bits = check_ring_bits(ring_bits)
+    if modulus <= 1 << ring_bits or (modulus - 1) % (1 << ring_bits) or modulus >= 1 << 62:
+        raise ValueError(f"modulus {modulus} must be 1 mod 2^{ring_bits}, above it and < 2^62")
+    t = np.asarray(total, dtype=np.uint64)
+    if t.size and int(t.max()) >= modulus:
+        raise ValueError("a field sum holds a value outside the field")
+    if leader:
+        t = t + np.uint64((1 << (ring_bits - 1)) - 1)  # < 2^63: no wrap in uint64
+        t = np.where(t >= np.uint64(modulus), t - np.uint64(modulus), t)
+    low = t & np.uint64((1 << ring_bits) - 1)
+    flag = (t >> np.uint64(ring_bits) != 0).astype(np.uint64)
+    return low, flag
+
+
+def _field_sum(b: CircuitBuilder, ring_bits: int) -> tuple[Bits, Bits]:
+    """(v, NOT k): S = v + (NOT k) mod 2^L as a signed L-bit value, v + (NOT k) never wrapping
+    the signed range (see above)."""
+    a1 = b.input("a1", owner="garbler", width=ring_bits)
+    k1 = b.input("k1", owner="garbler", width=1)
+    a2 = b.input("a2", owner="evaluator", width=ring_bits)
+    k2 = b.input("k2", owner="evaluator", width=1)
+    low, carry = b.add_with_carry(a1, a2)  # L ANDs
+    k = b.or_(b.or_(k1, k2), carry)  # 2 ANDs
+    v = b.xor(low, 1 << (ring_bits - 1))  # free: the top bit flipped
+    return v, b.not_(k)
+
+
+@functools.lru_cache(maxsize=64)
+def field_reconstruct_description(
+    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+) -> CircuitDescription:
+    """Only-MPC on field shares: reveals S as port ``s`` (L bits, signed), like
+    :func:`reconstruct_description`."""
+    ring_bits = check_ring_bits(ring_bits)
+
+    def make(b: CircuitBuilder) -> None:
+        v, not_k = _field_sum(b, ring_bits)
+        s, _ = b.add_with_carry(v, 0, carry_in=not_k)
+        b.output("s", s, reveal="both")
+
+    return _describe(f"spgc-only-mpc-field-L{ring_bits}", arithmetic, make, max_depth)
+
+
+@functools.lru_cache(maxsize=64)
+def field_reconstruct_circuit(
+    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+) -> Any:
+    """Built :func:`field_reconstruct_description`."""
+    return field_reconstruct_description(
+        ring_bits, arithmetic=arithmetic, max_depth=max_depth
+    ).build()
+
+
+@functools.lru_cache(maxsize=64)
+def field_noisy_sum_description(
+    ring_bits: int,
+    noise_bits: int,
+    output_bits: int | None = None,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = NOISY_SUM_MAX_DEPTH,
+) -> CircuitDescription:
+    """SPGC on field shares: Y = S + z as :func:`noisy_sum_description` reveals it, from the
+    inputs of :func:`field_circuit_inputs` (ports a1, k1 of H1; a2, k2 of H2)."""
+    width = output_width(ring_bits, noise_bits, output_bits)
+
+    def make(b: CircuitBuilder) -> None:
+        v, not_k = _field_sum(b, ring_bits)
+        z = b.input("z", owner="carried", width=noise_bits)
+        # S + z = v + z + (NOT k) over the integers: v + (NOT k) stays in the signed range.
+        y, _ = b.add_with_carry(b.sign_extend(v, width), b.sign_extend(z, width), carry_in=not_k)
+        _reveal_wide(b, y)
+
+    name = f"spgc-noisy-sum-field-L{ring_bits}-z{noise_bits}-y{width}"
+    return _describe(name, arithmetic, make, max_depth)
+
+
+@functools.lru_cache(maxsize=64)
+def field_noisy_sum_circuit(
+    ring_bits: int,
+    noise_bits: int,
+    output_bits: int | None = None,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = NOISY_SUM_MAX_DEPTH,
+) -> Any:
+    """Built :func:`field_noisy_sum_description`."""
+    desc = field_noisy_sum_description(
         ring_bits, noise_bits, output_bits, arithmetic=arithmetic, max_depth=max_depth
     )
     return desc.build()
