@@ -516,22 +516,41 @@ def _query_point(params: NormProofParams, verify_seed: bytes, joint: bytes) -> i
         counter += 1
 
 
+def _powers(base: int, count: int, p: int) -> np.ndarray:
+    """[1, base, base^2, ...] (count values), by doubling: log2(count) vector products."""
+    out = np.ones(max(count, 1), dtype=np.uint64)
+    if count > 1:
+        out[1] = base
+    filled, step = min(count, 2), base * base % p
+    while filled < count:
+        take = min(filled, count - filled)
+        out[filled : filled + take] = field_mul(out[:take], np.array([step], np.uint64), p)
+        filled += take
+        step = step * step % p
+    return out[:count]
+
+
 def _lagrange_at(params: NormProofParams, t: int) -> np.ndarray:
     """lambda_k(t) = w^k (t^N' - 1) / (N' (t - w^k)) for the N'-th roots of unity w^k."""
-    p, n, omega = params.p, params.points, params._omega
+    p, n = params.p, params.points
     common = (pow(t, n, p) - 1) * params.field.inv(n) % p
-    pts = [pow(omega, k, p) for k in range(n)]
-    diffs = [(t - w) % p for w in pts]
+    pts = _powers(params._omega, n, p)
+    diffs = [(t - int(w)) % p for w in pts]
     # Batch inversion: one exponentiation for all N' denominators.
     prefix = [1] * (n + 1)
     for k, d in enumerate(diffs):
         prefix[k + 1] = prefix[k] * d % p
     inv_all = params.field.inv(prefix[n])
-    out = [0] * n
+    inverses = [0] * n
     for k in range(n - 1, -1, -1):
-        out[k] = inv_all * prefix[k] % p
+        inverses[k] = inv_all * prefix[k] % p
         inv_all = inv_all * diffs[k] % p
-    return np.array([pts[k] * common % p * out[k] % p for k in range(n)], dtype=np.uint64)
+    scaled = field_mul(pts, np.array([common], dtype=np.uint64), p)
+    return field_mul(scaled, np.array(inverses, dtype=np.uint64), p)
+
+
+def _dot(a: np.ndarray, b: np.ndarray, p: int) -> int:
+    return int(field_matvec(np.ascontiguousarray(a)[None, :], np.ascontiguousarray(b), p)[0])
 
 
 def _query(
@@ -551,35 +570,28 @@ def _query(
     t = _query_point(params, verify_seed, joint)
     wires = _wire_values(params, inputs, rhos, proof[: 2 * m])
     f_t = field_matvec(wires, _lagrange_at(params, t), p)
-    coeffs = proof[2 * m :]
-    powers = np.array([pow(t, i, p) for i in range(coeffs.size)], dtype=np.uint64)
-    p_t = int(field_matvec(coeffs[None, :], powers, p)[0])
+    coeffs = np.ascontiguousarray(proof[2 * m :])
+    p_t = _dot(coeffs, _powers(t, coeffs.size, p), p)
     # The gadget calls' sum: sum_{k=1..M} P(w^k) = N' (c_0 + c_N') - P(1).
-    c = [int(v) for v in coeffs]
-    gadgets = (n * (c[0] + (c[n] if n < len(c) else 0)) - sum(c)) % p
-
-    def from_bits(offset: int, width: int) -> int:
-        bits = [int(v) for v in inputs[offset : offset + width]]
-        return sum(b << i for i, b in enumerate(bits)) % p
-
-    v0 = from_bits(d, params.norm_bits)
-    u0 = from_bits(d + params.norm_bits, params.norm_bits)
-    bit_rhos = [int(v) for v in rhos[1:]]
-    bit_sum = sum(r * int(b) for r, b in zip(bit_rhos, inputs[d:], strict=True)) % p
-    quadratic = (gadgets - int(rhos[0]) * v0 - bit_sum) % p
+    c_n = int(coeffs[n]) if n < coeffs.size else 0
+    gadgets = (n * (int(coeffs[0]) + c_n) - _dot(coeffs, np.ones_like(coeffs), p)) % p
+    # The appended values from their bits: V0, U0, then V_k (k < r).
+    b0, b1, r = params.norm_bits, params.window_bits, params.repetitions
+    bits = inputs[d:]
+    v0 = _dot(bits[:b0], _powers(2, b0, p), p)
+    u0 = _dot(bits[b0 : 2 * b0], _powers(2, b0, p), p)
+    vk = field_matvec(np.ascontiguousarray(bits[2 * b0 :].reshape(r, b1)), _powers(2, b1, p), p)
+    quadratic = (gadgets - int(rhos[0]) * v0 - _dot(bits, rhos[1:], p)) % p
     # Linear checks, combined with weights of the servers' choosing.
-    sigma = field_expand(_seed16("sigma", verify_seed, joint), 1 + params.repetitions, p)
-    leader_const = 1 if leader else 0
-    linear = int(sigma[0]) * ((v0 + u0 - leader_const * params.bound**2) % p)
-    dots = wraparound_dots(
-        np.ascontiguousarray(inputs[:d]), _seed16("wraparound", joint), params.repetitions, p
-    )
-    offset = d + 2 * params.norm_bits
-    for k in range(params.repetitions):
-        vk = from_bits(offset + k * params.window_bits, params.window_bits)
-        check = (int(dots[k]) + leader_const * params.window_offset - vk) % p
-        linear += int(sigma[1 + k]) * check
-    values = np.concatenate([f_t, np.array([p_t, quadratic, linear % p], dtype=np.uint64)])
+    sigma = field_expand(_seed16("sigma", verify_seed, joint), 1 + r, p)
+    dots = wraparound_dots(np.ascontiguousarray(inputs[:d]), _seed16("wraparound", joint), r, p)
+    if leader:  # the constants enter one server's share only
+        dots = _add(dots, np.full(r, params.window_offset, dtype=np.uint64), p)
+        v0_check = (v0 + u0 - params.bound**2) % p
+    else:
+        v0_check = (v0 + u0) % p
+    linear = (int(sigma[0]) * v0_check + _dot(_sub(dots, vk, p), sigma[1:], p)) % p
+    values = np.concatenate([f_t, np.array([p_t, quadratic, linear], dtype=np.uint64)])
     return VerifierMessage(values, joint)
 
 
