@@ -16,6 +16,7 @@ from spgc.app import (
     bench_gc,
     bench_load,
     bench_ot,
+    bench_proof,
     bench_sampler,
     bench_scale,
     experiment,
@@ -233,6 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ot.set_defaults(bench="ot")
 
+    proof = bench_proof.build_parser(
+        bench_sub.add_parser(
+            "proof",
+            help="a provider's norm proof: field, sizes, soundness, prove and verify seconds, "
+            "upload against ring shares",
+            description=bench_proof.__doc__,
+        )
+    )
+    proof.set_defaults(bench="proof")
+
     scale = bench_scale.build_parser(
         bench_sub.add_parser(
             "scale",
@@ -405,6 +416,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return bench_load.run_from_args(args)
     if args.bench == "ot":
         return bench_ot.run_from_args(args)
+    if args.bench == "proof":
+        return bench_proof.run_from_args(args)
     if args.bench == "scale":
         return bench_scale.run_from_args(args)
     return bench_gc.run_cli(
