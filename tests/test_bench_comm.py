@@ -12,7 +12,12 @@ from garbled_core import DEFAULT_CHUNK, DEFAULT_OT_K, and_table_bytes
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc.app import bench_comm, cli
 from spgc.app.bench_sampler import party_links
-from spgc.servers.spgc_circuit import reconstruct_circuit
+from spgc.servers.spgc_circuit import (
+    field_noisy_sum_circuit,
+    field_reconstruct_circuit,
+    noisy_sum_circuit,
+    reconstruct_circuit,
+)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -24,16 +29,20 @@ def ceil_div(a: int, b: int) -> int:
 DELTA_CHUNKS = ceil_div(128, DEFAULT_OT_K)
 
 
-def only_mpc_closed_form(ring_bits: int, n: int, chunk: int = DEFAULT_CHUNK) -> dict[str, int]:
+def only_mpc_closed_form(
+    ring_bits: int, n: int, chunk: int = DEFAULT_CHUNK, ands: int | None = None, flags: int = 0
+) -> dict[str, int]:
     """docs/ENGINE.md: per chunk of n_c instances, the evaluator sends ceil(128 / k) bits per OT
     (its L input bits, padded to 128 OTs), the garbler three-halves tables (24 B and 5 bits per
     AND, a gate's bits padded to a byte per chunk); each side 1 bit per revealed output bit (L
-    bits revealed to both), padded to whole bytes; 80-byte run header each way."""
-    ands = ring_bits - 1
+    bits revealed to both), padded to whole bytes; 80-byte run header each way. ``flags``: more
+    evaluator input bits per instance (verified inputs: 1), ``ands``: another AND count."""
+    ands = ring_bits - 1 if ands is None else ands
     chunks = [min(chunk, n - s) for s in range(0, n, chunk)]
+    bits = ring_bits + flags
     return {
         "run_headers": 2 * 80,
-        "ot_extension": sum(DELTA_CHUNKS * ceil_div(ring_bits * c, 128) * 128 // 8 for c in chunks),
+        "ot_extension": sum(DELTA_CHUNKS * ceil_div(bits * c, 128) * 128 // 8 for c in chunks),
         "tables": sum(ands * and_table_bytes("threehalves", c) for c in chunks),
         "outputs": sum(2 * ring_bits * ceil_div(c, 8) for c in chunks),
     }
@@ -73,6 +82,21 @@ def test_only_mpc_bytes_equal_the_engine_closed_form(ctx, n: int) -> None:
     assert reconstruct_circuit(ctx.ring_bits).and_count == ctx.ring_bits - 1
     assert m.and_gates == ctx.ring_bits - 1
     assert m.phases == only_mpc_closed_form(ctx.ring_bits, n)
+
+
+def test_verified_inputs_cost_a_flag_bit_each_and_three_and_gates_in_the_noisy_sum(ctx) -> None:
+    params = bench_comm.verified_field(ctx)
+    assert params.p > 1 << ctx.ring_bits and params.soundness_error <= 2.0**-40
+    ctx.field_modulus = params.p
+    try:
+        m = bench_comm.MODES["only-mpc"].measure(ctx, 0.0, 1024)
+    finally:
+        ctx.field_modulus = None
+    ands = field_reconstruct_circuit(ctx.ring_bits).and_count
+    assert m.and_gates == ands == 2 * ctx.ring_bits + 1  # L + 2 ORs + an L-bit increment
+    assert m.phases == only_mpc_closed_form(ctx.ring_bits, 1024, ands=ands, flags=1)
+    ring = noisy_sum_circuit(ctx.ring_bits, 20).and_count
+    assert field_noisy_sum_circuit(ctx.ring_bits, 20).and_count == ring + 3
 
 
 def test_dng_is_exactly_16_bytes_per_coordinate(ctx) -> None:
@@ -168,6 +192,7 @@ def test_table_baseline_is_labelled_and_plot_is_written(tmp_path, capsys) -> Non
         (["--delta", "2"], "delta must be in (0, 1)"),
         (["--chunk", "-5"], "--chunk must be at least 1"),
         (["--table-coordinates", "0"], "--table-coordinates must be at least 4"),
+        (["--verify-inputs", "l2", "--modes", "dng"], "measures modes spgc and only-mpc"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_code_2(capsys, argv, message) -> None:

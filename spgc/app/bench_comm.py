@@ -59,12 +59,14 @@ from spgc.lanes import MAX_LANES
 from spgc.models import parameter_count, resolve_model, trainable_count
 from spgc.modes import BACKENDS, get_mode
 from spgc.noise import noise_bound_units, sample_discrete_gaussian
+from spgc.norm_proof import NormProofParams
 from spgc.progress import Progress
 from spgc.servers.coordinator import dng_exchange
 from spgc.servers.gc_party import counter_delta, run_aggregate
 from spgc.servers.noise_pool import produce_noise_shares
 from spgc.servers.ray_workers import kill_worker, shutdown_ray
 from spgc.servers.spgc_circuit import (
+    field_reconstruct_circuit,
     noise_share_circuit,
     noisy_sum_circuit,
     output_width,
@@ -129,6 +131,9 @@ class CommContext:
     last_measured_bytes: int = 0
     last_round_trips: int = 0  # gmw: AND-layer exchanges of the last run
     last_ots: int = 0  # gmw: random OTs each way of the last run (one per AND group and instance)
+    # --verify-inputs l2: the servers' sums are field shares mod this p (spgc.norm_proof), and
+    # the field circuits reconstruct them; None: ring shares, as without verification.
+    field_modulus: int | None = None
 
 
 @dataclass
@@ -249,9 +254,12 @@ def _amortised_ot(phases: dict[str, int], ots: int) -> dict[str, int]:
     return {k: v for k, v in out.items() if v}
 
 
-def _random_shares(n: int, ring_bits: int) -> np.ndarray:
-    """Uniform ring elements from the OS CSPRNG (the cost does not depend on the values)."""
+def _random_shares(n: int, ring_bits: int, field_modulus: int | None = None) -> np.ndarray:
+    """Uniform ring (or field) elements from the OS CSPRNG (the cost does not depend on the
+    values)."""
     raw = np.frombuffer(os.urandom(8 * n), dtype="<u8").astype(np.uint64)
+    if field_modulus is not None:
+        return raw % np.uint64(field_modulus)  # bias < 2^-2 per value: irrelevant to the cost
     return raw if ring_bits >= 64 else raw & np.uint64((1 << ring_bits) - 1)
 
 
@@ -261,11 +269,15 @@ def _random_shares(n: int, ring_bits: int) -> np.ndarray:
 def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
     def party(role: str) -> Callable[[Any], Any]:
-        shares = _random_shares(n, ctx.ring_bits)
-        return lambda link: run_aggregate(role, link, shares, None, None, ctx.ring_bits, "only-mpc")
+        p = ctx.field_modulus
+        shares = _random_shares(n, ctx.ring_bits, p)
+        return lambda link: run_aggregate(
+            role, link, shares, None, None, ctx.ring_bits, "only-mpc", field_modulus=p
+        )
 
     seconds, phases, _ = _run_pair(ctx, party("garbler"), party("evaluator"))
-    and_gates = float(reconstruct_circuit(ctx.ring_bits, arithmetic=_arithmetic(ctx)).and_count)
+    build = reconstruct_circuit if ctx.field_modulus is None else field_reconstruct_circuit
+    and_gates = float(build(ctx.ring_bits, arithmetic=_arithmetic(ctx)).and_count)
     return Measurement(n, phases, seconds, and_gates, _gmw_extra(ctx, n))
 
 
@@ -285,9 +297,12 @@ def _gmw_extra(ctx: CommContext, n: int) -> dict[str, Any]:
 def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
 
     def party(role: str) -> Callable[[Any], Any]:
-        shares = _random_shares(n, ctx.ring_bits)
+        p = ctx.field_modulus
+        shares = _random_shares(n, ctx.ring_bits, p)
         seed = os.urandom(32)  # fresh per call, as the daemon does per round
-        return lambda link: run_aggregate(role, link, shares, seed, sigma, ctx.ring_bits, "spgc")
+        return lambda link: run_aggregate(
+            role, link, shares, seed, sigma, ctx.ring_bits, "spgc", field_modulus=p
+        )
 
     seconds, phases, (_, info) = _run_pair(ctx, party("garbler"), party("evaluator"))
     extra = {"rounds": info["rounds"], "trials_per_coordinate": info["trials"] / n}
@@ -462,6 +477,16 @@ def make_context(
     )  # fmt: skip
 
 
+def verified_field(ctx: CommContext) -> NormProofParams:
+    """The norm proofs' parameters for the workload: each provider's vector within its batch
+    of ``l2_bound_units`` examples (BenchCommError if no field holds the bound)."""
+    bound = DATASETS[ctx.dataset].batch_per_provider * ctx.l2_bound_units
+    try:
+        return NormProofParams.for_plan(ctx.dim, bound, ctx.ring_bits)
+    except ValueError as exc:
+        raise BenchCommError(f"--verify-inputs l2: {exc}") from None
+
+
 def sigma_units_for(
     ctx: CommContext, epsilon: float, delta: float, calibration: str
 ) -> tuple[float, float]:
@@ -621,6 +646,7 @@ def _row(
         "noise_multiplier": nm if spec.noisy else 0.0,
         "sigma_units": sigma if spec.noisy else 0.0,
         "ring_bits": ctx.ring_bits,
+        "verify_inputs": "none" if ctx.field_modulus is None else "l2",
         "coordinates_measured": big.n,
         "coordinates_small": small.n,
         "bytes_per_coordinate": per_coord,
@@ -694,9 +720,12 @@ def run(
     plot: Path | None = None,
     model: str = "",
     backend: str = "gc",
+    verify_inputs: str = "none",
 ) -> int:
     """Run the benchmark; the table goes to stdout (stderr with ``as_json``), JSON to stdout.
-    Returns the exit code; BenchCommError (a ValueError) for bad input."""
+    Returns the exit code; BenchCommError (a ValueError) for bad input. ``verify_inputs``
+    ``l2``: the sums are field shares of verified inputs (spgc.norm_proof), spgc and only-mpc
+    only."""
 
     if dataset not in DATASETS:
         raise BenchCommError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
@@ -713,6 +742,15 @@ def run(
         raise BenchCommError(f"--table-coordinates must be at least 4, got {table_coordinates}")
     ctx = make_context(dataset, model=model)
     ctx.backend = backend
+    if verify_inputs == "l2":
+        other = sorted(set(modes) - {"spgc", "only-mpc"})
+        if other:
+            raise BenchCommError(
+                f"--verify-inputs l2 measures modes spgc and only-mpc, not {', '.join(other)}"
+            )
+        ctx.field_modulus = verified_field(ctx).p
+    elif verify_inputs != "none":
+        raise BenchCommError(f"--verify-inputs must be none or l2, got {verify_inputs!r}")
     out = sys.stderr if as_json else sys.stdout
     _progress(f"bench comm: {_what(ctx)}, modes {', '.join(modes)}")
     actors: list[Any] = []
@@ -868,6 +906,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "servers with workers: K do (default: 1, in this process)",
     )
     add_backend_option(p)
+    p.add_argument(
+        "--verify-inputs",
+        choices=("none", "l2"),
+        default="none",
+        help="l2: the servers sum field shares of norm-verified inputs (spgc.norm_proof) and "
+        "the circuits reconstruct them mod p (spgc and only-mpc); default none: ring shares",
+    )
     p.add_argument("--json", action="store_true", help="JSON list on stdout (table to stderr)")
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="write a PNG plot")
     return p
@@ -891,6 +936,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         plot=args.plot,
         model=args.model,
         backend=args.backend,
+        verify_inputs=args.verify_inputs,
     )
 
 
