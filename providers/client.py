@@ -89,6 +89,7 @@ from spgc.providers.plan_checks import (
     describe_plan,
     effective_noise_multiplier,
     in_bounds,
+    norm_proof_params,
     plan_task_loss,
     resolve_device,
     run_plan,
@@ -290,6 +291,7 @@ class ProviderClient(RoundFollower, Batches, Training):
             self.task_loss = plan_task_loss(tc, cfg)
             self._x, self._y = self._load_data(tc)
             self.fixed_point = check_training_config(tc, cfg, len(self._x))
+            self.norm_proof = norm_proof_params(tc, self.fixed_point.dim)
             device = resolve_device(cfg.device)
             self._model = build_provider_model(tc, cfg).to(device)
             try:  # now, not mid-round: a model that cannot train on this data is declined

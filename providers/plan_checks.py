@@ -43,6 +43,7 @@ from spgc.modes import (
     TWO_SERVER_MODES,
     get_mode,
 )
+from spgc.norm_proof import NormProofParams
 from spgc.providers.errors import ProviderRefusal
 from spgc.trainable import TrainableCoordinates, TrainableLayoutError
 from spgc.wire import aggregation_pb2 as pb
@@ -66,6 +67,7 @@ __all__ = [
     "describe_plan",
     "effective_noise_multiplier",
     "in_bounds",
+    "norm_proof_params",
     "resolve_device",
     "run_plan",
     "trained_coordinates",
@@ -78,10 +80,11 @@ ONE_SERVER_WIRE = frozenset(WIRE_MODES[m] for m in SINGLE_SERVER_MODES)
 NOISELESS_WIRE = frozenset(WIRE_MODES[m] for m in WIRE_MODES if not MODES[m].noisy)
 
 
-#: The sharing rules this provider implements: G = s1 - s2 mod 2^L (spgc.sharing.share). 0 is a
-#: server from before TrainingConfig.sharing_rule existed, whose rule was the same one.
+#: The sharing rules this provider implements: G = s1 - s2 mod 2^L (spgc.sharing.share), and
+#: with verified inputs G = s1 + s2 mod p (spgc.norm_proof.prove). 0 is a server from before
+#: TrainingConfig.sharing_rule existed, whose rule was the first.
 IMPLEMENTED_SHARING_RULES = frozenset(
-    {pb.SHARING_RULE_UNSPECIFIED, pb.SHARING_RULE_DIFFERENCE_MOD_2L}
+    {pb.SHARING_RULE_UNSPECIFIED, pb.SHARING_RULE_DIFFERENCE_MOD_2L, pb.SHARING_RULE_SUM_MOD_P}
 )
 
 
@@ -109,7 +112,8 @@ def check_wire_contract(tc: Any) -> None:
         raise ProviderRefusal(
             "the servers announce TrainingConfig.sharing_rule="
             f"{_enum_name(pb.SharingRule, tc.sharing_rule)}; this provider implements only "
-            "SHARING_RULE_DIFFERENCE_MOD_2L (G = s1 - s2 mod 2^L, s1 to H1, s2 to H2)"
+            "SHARING_RULE_DIFFERENCE_MOD_2L (G = s1 - s2 mod 2^L, s1 to H1, s2 to H2) and "
+            "SHARING_RULE_SUM_MOD_P (verified inputs)"
         )
     if not MIN_RING_BITS <= tc.ring_bits <= MAX_RING_BITS:
         raise ProviderRefusal(
@@ -288,7 +292,41 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
         raise ProviderRefusal(f"unsupported sampling {pb.BatchSampling.Name(tc.sampling)}")
     if tc.mode == pb.MODE_UNSPECIFIED:
         raise ProviderRefusal("the servers announce no mode")
+    norm_proof_params(tc, dim)  # refuses a verified plan this provider cannot prove for
     return fp
+
+
+def norm_proof_params(tc: Any, share_dim: int) -> NormProofParams | None:
+    """The norm proofs' parameters of a plan with verified inputs (None without), recomputed
+    here: a field, bound or rule other than this provider's computation is refused."""
+    if tc.verify_inputs in ("", "none"):
+        if tc.sharing_rule == pb.SHARING_RULE_SUM_MOD_P:
+            raise ProviderRefusal("field shares announced without verified inputs")
+        return None
+    if tc.verify_inputs != "l2":
+        raise ProviderRefusal(
+            f"the servers verify inputs by {tc.verify_inputs!r}; this provider proves only l2"
+        )
+    if tc.sharing_rule != pb.SHARING_RULE_SUM_MOD_P:
+        raise ProviderRefusal("verified inputs announced without SHARING_RULE_SUM_MOD_P")
+    try:
+        params = NormProofParams.for_plan(
+            share_dim, int(tc.norm_bound_units), tc.ring_bits, int(tc.norm_repetitions)
+        )
+    except ValueError as exc:
+        raise ProviderRefusal(f"the plan's norm proofs are unusable: {exc}") from None
+    if params.p != tc.norm_field_modulus:
+        raise ProviderRefusal(
+            f"the servers announce the norm proofs' field p = {tc.norm_field_modulus}; this "
+            f"provider derives p = {params.p} from the same bound, ring and repetitions"
+        )
+    want = int(tc.l2_bound_units) * int(tc.max_batch_size)
+    if tc.max_batch_size and int(tc.norm_bound_units) != want:
+        raise ProviderRefusal(
+            f"the servers announce a norm bound of {tc.norm_bound_units} units; a batch of "
+            f"{tc.max_batch_size} examples of {tc.l2_bound_units:g} units is {want}"
+        )
+    return params
 
 
 def check_plan(tc: Any, cfg: ProviderConfig) -> None:
@@ -312,6 +350,12 @@ def check_plan(tc: Any, cfg: ProviderConfig) -> None:
                 f"{tc.target_delta:g}) over the training; this provider's max_total_epsilon is "
                 f"{cfg.max_total_epsilon:g}"
             )
+    if cfg.require_verified_inputs and tc.verify_inputs != "l2":
+        raise ProviderRefusal(
+            "the servers do not check the providers' norm proofs (verify_inputs "
+            f"{tc.verify_inputs or 'none'!r}); this provider requires verified inputs "
+            "(require_verified_inputs)"
+        )
     if cfg.max_training_rounds is not None and tc.max_rounds > cfg.max_training_rounds:
         raise ProviderRefusal(
             f"the plan runs up to {tc.max_rounds} rounds; this provider's max_training_rounds "

@@ -1,11 +1,13 @@
 """Training and encoding: the round's model put into the local model, per-example gradients
 (torch.func vmap) each clipped to C, fixed-point encoded with the announced rounding and summed
-(G), ldp's local noise, and the vectors that leave: two additive shares of G, or G mod 2^L for
-one server (one of :class:`~spgc.providers.client.ProviderClient`'s parts)."""
+(G), ldp's local noise, and the vectors that leave: two additive shares of G (with verified
+inputs: field shares and a norm proof), or G mod 2^L for one server (one of
+:class:`~spgc.providers.client.ProviderClient`'s parts)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,15 +18,28 @@ from spgc.encoding import FixedPointConfig, encode_batch, stochastic_round
 from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
 from spgc.logs import first_line, listed
 from spgc.models import load_flat_params
+from spgc.norm_proof import NormProofParams, prove
 from spgc.providers.data_budget import ProviderBudget
 from spgc.providers.errors import ModelFailed, RoundFailed
 from spgc.providers.local_noise import local_noise
 from spgc.sharing import check_fits, ring_mask, share
 from spgc.wire import aggregation_pb2
 
-__all__ = ["Training"]
+__all__ = ["OutgoingShare", "Training"]
 
 pb = aggregation_pb2
+
+
+@dataclass(frozen=True)
+class OutgoingShare:
+    """What one server receives of a vector: its elements (uint64) and, with verified inputs
+    (spgc.norm_proof), the field and the norm proof's header fields (ShareHeader)."""
+
+    values: np.ndarray
+    field_modulus: int | None = None
+    norm_blind: bytes = b""
+    norm_joint_part: bytes = b""
+    norm_seed: bytes = b""
 
 
 class Training:
@@ -46,6 +61,8 @@ class Training:
     _round_infos: list[Any]
     # The plan's task and loss (spgc.losses; set by ``connect``): what the gradients are of.
     task_loss: tuple[str, str] = ("classification", "cross_entropy")
+    # verify_inputs: l2: the norm proofs' parameters (set by ``connect``); None: no proofs.
+    norm_proof: NormProofParams | None = None
 
     def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
         """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s).
@@ -142,12 +159,27 @@ class Training:
             ) from None
         return grads
 
-    def make_vectors(self, total: np.ndarray) -> list[np.ndarray]:
-        """One uint64 vector per server: the two shares, or G mod 2^L for one server."""
+    def make_vectors(self, total: np.ndarray) -> list[OutgoingShare]:
+        """What each server receives: the two shares, or G mod 2^L for one server. With
+        verified inputs H1's is its field share with its share of the norm proof, and H2's a
+        seed it expands its own from (spgc.norm_proof.prove)."""
         bits = self.training.ring_bits
+        params = self.norm_proof
+        if len(self.servers) == 2 and params is not None:
+            try:
+                leader, helper = prove(total, params)
+            except ValueError as exc:  # the encoder bounds every example: a bug if it fires
+                raise RoundFailed(f"this round's vector cannot be proved: {exc}") from None
+            values = np.concatenate([leader.inputs, leader.proof])
+            return [
+                OutgoingShare(values, params.p, leader.blind, leader.helper_part),
+                OutgoingShare(
+                    np.zeros(0, dtype=np.uint64), params.p, b"", helper.leader_part, helper.seed
+                ),
+            ]
         if len(self.servers) == 2:
             a1, a2 = share(total, bits)
-            return [a1, a2]
+            return [OutgoingShare(a1), OutgoingShare(a2)]
         check_fits(total, bits)
         clear = np.asarray(total, dtype=np.int64).view(np.uint64) & ring_mask(bits)
-        return [clear]
+        return [OutgoingShare(clear)]

@@ -29,6 +29,7 @@ from spgc.config import ProviderConfig
 from spgc.models import flatten_params, load_flat_params
 from spgc.providers.errors import ProviderRefusal, RoundFailed
 from spgc.providers.plan_checks import in_bounds
+from spgc.providers.training import OutgoingShare
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
 from spgc.wire.errors import ANOTHER_VECTOR, WireError, is_size_refusal
 from spgc.wire.identity import new_submission_id
@@ -343,13 +344,15 @@ class Transport:
         return frozen
 
     def _submit(
-        self, server: _Server, vec: np.ndarray, info: Any, vector_id: bytes
+        self, server: _Server, out: OutgoingShare, info: Any, vector_id: bytes
     ) -> SubmitResult:
-        """Deliver ``vec`` for round ``info.round`` to one server; never another vector.
+        """Deliver ``out`` for round ``info.round`` to one server; never another vector.
         ``vector_id``: the same for both halves of one vector (ShareHeader.vector_id)."""
         tc, t = self.training, info.round
-        encoding = share_encoding_for(tc)  # packed where the server accepts it
-        payload = share_payload(vec, tc.ring_bits, encoding)[0]
+        vec, field = out.values, out.field_modulus
+        # Field shares with verified inputs, else packed where the server accepts it.
+        encoding = pb.SHARE_ENCODING_FIELD if field is not None else share_encoding_for(tc)
+        payload = share_payload(vec, tc.ring_bits, encoding, field)[0]
         digest, payload_bytes = vector_sha256(payload), payload.nbytes
         delays = self._backoffs()
         sid = b""
@@ -368,6 +371,10 @@ class Transport:
                 model_version=info.model_version,
                 encoding=encoding,
                 sha256=digest,  # hashed once for every attempt and the receipt's check
+                field_modulus=field,
+                norm_blind=out.norm_blind,
+                norm_joint_part=out.norm_joint_part,
+                norm_seed=out.norm_seed,
             )
             try:
                 receipt = server.stub.SubmitShare(messages, timeout=self.cfg.rpc_timeout)

@@ -247,10 +247,12 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         first = await anext(request_iterator, None)
         if first is not None and first.WhichOneof("kind") == "header":
             seen["round"] = first.header.round  # for the audit, should the header be refused
+        field = None if plan.norm_proof is None else plan.norm_proof.p
         header = read_share_header(
             iter(() if first is None else (first,)),
-            num_elements=plan.share_dim,
+            num_elements=self.state.intake.length,
             ring_bits=plan.ring_bits,
+            field_modulus=field,
         )
         seen["round"] = header.round
         who = self._identity(context, header.provider_id)
@@ -277,11 +279,12 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             header.num_elements,
             header.ring_bits,
             header.vector_id,
+            (header.norm_blind, header.norm_joint_part, header.norm_seed),
         )
         try:
             if self.state.counts_on_receipt:
                 await self._off_loop(self.state.note_receiving, header.round)
-            async for data in aiter_share_payload(request_iterator, header):
+            async for data in aiter_share_payload(request_iterator, header, field_modulus=field):
                 submission.write(data)
             await self._off_loop(submission.commit)
         finally:
@@ -290,7 +293,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             header.round,
             who,
             share_encoding_name(header),
-            header.num_elements * share_element_width(header),
+            header.num_elements * share_element_width(header, field) + len(header.norm_seed),
         )
         receipt = pb.SubmitReceipt(
             run_id=header.run_id,

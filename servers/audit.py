@@ -14,6 +14,8 @@ an address), ``round`` and ``reason``, and event-specific fields. Events:
 ``share_refused``         a share refused by the intake or its checks (``round``, ``code``)
 ``circuit_refused``       a connection to the circuit port that did not authenticate
 ``provider_dropped``      a provider whose share reached this server but not both: left out
+``norm_proof_refused``    verified inputs: a provider whose norm proof the two servers did
+                          not accept (``reason``): its share left out of the round
 ``round_skipped``         a round without enough providers (no noise spent)
 ``peer_lost``             the other server stopped, restarted or stopped answering; the round
                           in progress was dropped (``round``) and this server went back to

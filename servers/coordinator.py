@@ -49,6 +49,7 @@ from spgc.servers.noise_pool import (
     PoolError,
     PoolSlice,
 )
+from spgc.servers.norm_checks import COIN_BYTES, norm_refusals, round_coin, verifier_messages
 from spgc.servers.pool_sync import NoiseProducer, slice_message
 from spgc.servers.round_phases import RoundRecord
 from spgc.servers.state import RPC_SLACK, ServerState
@@ -97,8 +98,50 @@ def agreement(
     return agreed, provider_set_digest(agreed), len(agreed) >= min_providers, mismatched
 
 
+def own_verifier_messages(state: ServerState, t: int, received: Sequence[str]) -> list[bytes]:
+    """Verified inputs: this server's norm-proof verifier message for each received share of
+    round t (empty without verified inputs)."""
+    norm = state.plan.norm_proof
+    if norm is None:
+        return []
+    coin = state.history[t].verify_coin
+    if not coin:
+        raise PeerMismatchError(f"round {t}: no norm-proof coin was agreed at its opening")
+    return verifier_messages(state.intake, norm, coin, received)
+
+
+def agreement_with_proofs(
+    state: ServerState,
+    own: tuple[list[str], list[bytes], list[bytes]],
+    other: tuple[list[str], list[bytes], list[bytes]],
+) -> tuple[list[str], bytes, bool, list[str], dict[str, str]]:
+    """:func:`agreement` of the two servers' (providers, vector ids, norm-proof messages), less
+    the providers whose norm proof the two messages refuse (verified inputs), which are
+    returned last with the reason; the same on both servers."""
+    (names, ids, proofs), (other_names, other_ids, other_proofs) = own, other
+    refused: dict[str, str] = {}
+    norm = state.plan.norm_proof
+    if norm is not None:
+        refused = norm_refusals(norm, names, proofs, other_names, other_proofs)
+    keep = [i for i, name in enumerate(names) if name not in refused]
+    other_keep = [i for i, name in enumerate(other_names) if name not in refused]
+    agreed, digest, proceed, mismatched = agreement(
+        [names[i] for i in keep],
+        [other_names[i] for i in other_keep],
+        state.plan.cfg.min_providers,
+        [ids[i] for i in keep] if ids else [],
+        [other_ids[i] for i in other_keep] if other_ids else [],
+    )
+    return agreed, digest, proceed, mismatched, refused
+
+
 def dng_exchange(
-    role: int, channel: Any, share: np.ndarray, noise: np.ndarray, ring_bits: int
+    role: int,
+    channel: Any,
+    share: np.ndarray,
+    noise: np.ndarray,
+    ring_bits: int,
+    field_modulus: int | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Both servers' side of a dng release; returns (Y, counters) with
     Y = smod((A1 + z1) - (A2 - z2), 2^L) = S + z1 + z2, identical on both servers.
@@ -107,26 +150,51 @@ def dng_exchange(
     link (``channel``: a garbled_core Channel with send/recv). A1 - A2 = S, so what each server
     learns beyond Y is S plus the OTHER server's noise alone: each noise must be full variance
     (SPEC section 5). The plan's ring holds |S| plus the tail of z1 + z2, so nothing wraps.
-    H1 sends first and H2 receives first (no deadlock on large vectors).
+    H1 sends first and H2 receives first (no deadlock on large vectors). ``field_modulus``
+    (verified inputs): field shares, A + B = S mod p, so H2 sends B + z2 and Y is read mod p
+    (p > 2^L: nothing wraps either).
     """
+    if field_modulus is not None:
+        return _dng_field_exchange(role, channel, share, noise, field_modulus)
     mask = ring_mask(ring_bits)
     z = np.asarray(noise, dtype=np.int64).view(np.uint64)
     mine = (share + z if role == pb.SERVER_ROLE_H1 else share - z) & mask
+    theirs = _swap_shares(role, channel, mine)
+    if np.any(theirs & ~mask):
+        raise PeerMismatchError("the other server's noisy share is outside the ring")
+    a, b = (mine, theirs) if role == pb.SERVER_ROLE_H1 else (theirs, mine)
     nbytes = 8 * len(share)
+    return reconstruct(a, b, ring_bits), {"sent": nbytes, "received": nbytes}
+
+
+def _swap_shares(role: int, channel: Any, mine: np.ndarray) -> np.ndarray:
+    """Send ``mine`` and receive the other server's as many uint64 (H1 sends first)."""
+    nbytes = 8 * len(mine)
     payload = mine.astype("<u8").tobytes()
     if role == pb.SERVER_ROLE_H1:
         channel.send(payload)
         channel.flush()
-        theirs = np.frombuffer(channel.recv(nbytes), dtype="<u8").astype(np.uint64)
-        a, b = mine, theirs
-    else:
-        theirs = np.frombuffer(channel.recv(nbytes), dtype="<u8").astype(np.uint64)
-        channel.send(payload)
-        channel.flush()
-        a, b = theirs, mine
-    if np.any(theirs & ~mask):
-        raise PeerMismatchError("the other server's noisy share is outside the ring")
-    return reconstruct(a, b, ring_bits), {"sent": nbytes, "received": nbytes}
+        return np.frombuffer(channel.recv(nbytes), dtype="<u8").astype(np.uint64)
+    theirs = np.frombuffer(channel.recv(nbytes), dtype="<u8").astype(np.uint64)
+    channel.send(payload)
+    channel.flush()
+    return theirs
+
+
+def _dng_field_exchange(
+    role: int, channel: Any, share: np.ndarray, noise: np.ndarray, p: int
+) -> tuple[np.ndarray, dict[str, Any]]:
+    z = np.mod(np.asarray(noise, dtype=np.int64), np.int64(p)).astype(np.uint64)
+    mine = share + z  # both < p < 2^62
+    mine = np.where(mine >= np.uint64(p), mine - np.uint64(p), mine)
+    theirs = _swap_shares(role, channel, mine)
+    if theirs.size and int(theirs.max()) >= p:
+        raise PeerMismatchError("the other server's noisy share is outside the field")
+    y = mine + theirs
+    y = np.where(y >= np.uint64(p), y - np.uint64(p), y).astype(np.int64)
+    y = np.where(y > p // 2, y - np.int64(p), y)  # the centered representative
+    nbytes = 8 * len(share)
+    return y, {"sent": nbytes, "received": nbytes}
 
 
 def compute_round(
@@ -146,6 +214,7 @@ def compute_round(
     """
     plan = state.plan
     total = state.intake.total()
+    field_modulus = None if plan.norm_proof is None else plan.norm_proof.p
     fault_point("after-ledger", t)
     start = time.perf_counter()
     if plan.cfg.mode == "preprocessed":
@@ -163,7 +232,9 @@ def compute_round(
         noise = sample_discrete_gaussian(plan.share_dim, plan.sigma_units)
         seconds = {"noise": time.perf_counter() - start}
         start = time.perf_counter()
-        y, info = dng_exchange(state.role, link.channel, total, noise, plan.ring_bits)
+        y, info = dng_exchange(
+            state.role, link.channel, total, noise, plan.ring_bits, field_modulus
+        )
         seconds["exchange"] = time.perf_counter() - start
         del noise  # never needed again
     else:
@@ -176,6 +247,7 @@ def compute_round(
             plan.ring_bits,
             plan.cfg.mode,
             on_stage=lambda: fault_point("during-circuit", t),
+            field_modulus=field_modulus,
         )
         seconds = {"circuit": time.perf_counter() - start}
     return _after_reveal(state, t, entry, y, info, seconds, pool_slice)
@@ -401,20 +473,33 @@ class H1Driver(_RoundLoop):
             raise
 
     def _barrier(
-        self, t: int, barrier: int, timeout: float = RPC_SLACK, pool: PoolSlice | None = None
-    ) -> None:
+        self,
+        t: int,
+        barrier: int,
+        timeout: float = RPC_SLACK,
+        pool: PoolSlice | None = None,
+        verify_coin: bytes = b"",
+    ) -> peer_pb2.BarrierState:
         msg = peer_pb2.BarrierState(
-            run_id=self.state.run_id, round=t, barrier=barrier, role=pb.SERVER_ROLE_H1
+            run_id=self.state.run_id,
+            round=t,
+            barrier=barrier,
+            role=pb.SERVER_ROLE_H1,
+            verify_coin=verify_coin,
         )
         if pool is not None:
             msg.pool.CopyFrom(slice_message(pool))
         msg.reached_at.GetCurrentTime()
-        self.peer.RoundBarrier(msg, timeout=timeout)
+        return self.peer.RoundBarrier(msg, timeout=timeout)
 
     def run_round(self, t: int) -> None:
         state, cfg = self.state, self.state.plan.cfg
         state.open_round(t)
-        self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
+        norm = state.plan.norm_proof
+        coin = os.urandom(COIN_BYTES) if norm is not None else b""
+        opened = self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN, verify_coin=coin)
+        if norm is not None:
+            state.history[t].verify_coin = round_coin(coin, opened.verify_coin)
         if self.producer is not None and cfg.pool_produce:
             # The data link is idle while the providers compute: top the pool up meanwhile.
             self.producer.fill(
@@ -427,6 +512,7 @@ class H1Driver(_RoundLoop):
         self._barrier(t, peer_pb2.BARRIER_INTAKE_CLOSED, cfg.round_deadline + RPC_SLACK)
 
         ids = [state.history[t].vector_ids.get(name, b"") for name in received]
+        proofs = own_verifier_messages(state, t, received)
         mine = peer_pb2.ProviderSet(
             run_id=state.run_id,
             round=t,
@@ -435,19 +521,22 @@ class H1Driver(_RoundLoop):
             digest=provider_set_digest(received),
             min_providers=cfg.min_providers,
             vector_ids=ids,
+            norm_verifiers=proofs,
         )
         answer = self.peer.AgreeProviders(mine, timeout=RPC_SLACK)
-        agreed, digest, proceed, mismatched = agreement(
-            received,
-            list(answer.callee.providers),
-            cfg.min_providers,
-            ids,
-            list(answer.callee.vector_ids),
+        agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
+            state,
+            (received, ids, proofs),
+            (
+                list(answer.callee.providers),
+                list(answer.callee.vector_ids),
+                list(answer.callee.norm_verifiers),
+            ),
         )
         if digest != answer.agreed_digest or proceed != answer.proceed:
             raise PeerMismatchError(f"round {t}: H2 computed another provider set")
         reason = f"{len(agreed)} provider(s) in both servers < min_providers={cfg.min_providers}"
-        state.set_agreed(t, agreed, proceed, reason, mismatched)
+        state.set_agreed(t, agreed, proceed, reason, mismatched, refused)
         if not proceed:
             log_round(state, state.history[t])
             return

@@ -48,7 +48,7 @@ from spgc.servers.data_link import DataLink
 from spgc.servers.errors import PeerLost, PeerMismatchError, describe_error, peer_gone
 from spgc.servers.faults import planned_fault
 from spgc.servers.gc_party import PartyLink, set_seed_journal
-from spgc.servers.intake import ShareIntake
+from spgc.servers.intake import FieldShares, ShareIntake
 from spgc.servers.limits import PeerGate, ProviderGate, ProviderLimits
 from spgc.servers.metrics import MetricsServer, ServerMetrics
 from spgc.servers.noise_pool import NoisePool
@@ -135,11 +135,13 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
                 raise ValueError(f"state_dir: cannot create {cfg.state_dir}: {e.strerror}") from e
             for stale in cfg.state_dir.glob("spgc-intake-*"):  # shares a crash left behind
                 shutil.rmtree(stale, ignore_errors=True)
+        norm = self.plan.norm_proof
         self.intake = ShareIntake(
             self.plan.share_dim,
             self.plan.ring_bits,
             spill_root=cfg.state_dir,
             allowed_providers=cfg.providers,
+            field_shares=None if norm is None else FieldShares(norm, leader=cfg.role == 1),
         )
         role = pb.SERVER_ROLE_SINGLE if cfg.single_server else cfg.role
         self.state = ServerState(self.plan, role, self.intake)

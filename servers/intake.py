@@ -16,6 +16,12 @@ every provider takes.
 The spill files serve a second purpose: after the deadline the two servers agree on the
 providers whose shares BOTH received (SPEC step 6); a share that reached this server only must
 be taken out of the sum again, and subtraction mod 2^L undoes an addition exactly.
+
+With verified inputs (:class:`FieldShares`, spgc.norm_proof) the sum is mod p: H1 holds each
+provider's field share with its share of the proof (its first d values are the vector's share),
+H2 each provider's 32-byte seed, which expands to its share; :meth:`ShareIntake.proof_share`
+gives either back for the servers' check, and a share whose proof fails is taken out of the
+sum like one the other server lacks.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from spgc.norm_proof import HelperShare, LeaderShare, NormProofParams
 from spgc.sharing import aggregate_shares, validate_share
 from spgc.wire.chunks import MAX_CHUNK_BYTES
 from spgc.wire.errors import ANOTHER_VECTOR
@@ -56,12 +63,35 @@ class SubmissionRejected(Exception):
         self.message = message
 
 
+@dataclass(frozen=True)
+class FieldShares:
+    """Verified inputs: shares are elements of F_p with a norm proof (spgc.norm_proof). H1
+    (``leader``) receives n_inputs + proof_len values; H2 none, but a seed."""
+
+    params: NormProofParams
+    leader: bool
+
+    @property
+    def length(self) -> int:
+        return self.params.n_inputs + self.params.proof_len if self.leader else 0
+
+
+@dataclass(frozen=True)
+class _Seed:
+    """H2's held share with verified inputs: the seed it expands from."""
+
+    seed: bytes
+
+
 @dataclass
 class _Round:
     number: int
     directory: Path
     total: np.ndarray
-    spilled: dict[str, Path | bytes] = field(default_factory=dict)  # a file, or a small share
+    # A file, a small share's bytes, or (H2, verified inputs) the seed the share expands from.
+    spilled: dict[str, Path | bytes | _Seed] = field(default_factory=dict)
+    # Verified inputs: (norm_blind, norm_joint_part) of each share in the sum.
+    proof_fields: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
     vector_ids: dict[str, bytes] = field(default_factory=dict)  # ShareHeader.vector_id, per share
     in_flight: dict[str, Submission] = field(default_factory=dict)  # the newest per provider
     closed: bool = False
@@ -84,6 +114,7 @@ class ShareIntake:
         max_chunk_values: int = MAX_CHUNK_BYTES,
         memory_share_bytes: int = 1 << 16,
         memory_round_bytes: int = 256 << 20,
+        field_shares: FieldShares | None = None,
     ) -> None:
         if dim < 1:
             raise ValueError(f"dim must be positive, not {dim}")
@@ -93,10 +124,13 @@ class ShareIntake:
             raise ValueError("max_chunk_values must be at least 1")
         self.dim = dim
         self.ring_bits = ring_bits
+        self.field = field_shares
+        # Values a share carries: d, or with verified inputs what FieldShares.length says.
+        self.length = dim if field_shares is None else field_shares.length
         # Values, not bytes: chunks arrive here widened to uint64, and a packed wire chunk of
         # MAX_CHUNK_BYTES carries up to MAX_CHUNK_BYTES values (one byte each at L <= 8).
         self.max_chunk_values = max_chunk_values
-        self.in_memory = 8 * dim <= memory_share_bytes  # shares held in memory, not spilled
+        self.in_memory = 8 * self.length <= memory_share_bytes  # held in memory, not spilled
         self.memory_round_bytes = memory_round_bytes  # at most this much of a round in memory
         self.allowed = None if allowed_providers is None else frozenset(allowed_providers)
         self._root = Path(tempfile.mkdtemp(prefix="spgc-intake-", dir=spill_root))  # mode 0700
@@ -204,6 +238,7 @@ class ShareIntake:
         chunks: Iterable[bytes],
         on_admit: Callable[[int], None] | None = None,
         vector_id: bytes = b"",
+        proof_fields: tuple[bytes, bytes, bytes] = (b"", b"", b""),
     ) -> None:
         """Takes one provider's whole share (`length` little-endian uint64 values in chunks).
         ``on_admit(round)`` runs once the submission is admitted, before its payload is read
@@ -212,7 +247,7 @@ class ShareIntake:
         Raises SubmissionRejected, leaving the round's sum untouched, for anything wrong.
         """
         submission = self.begin(
-            provider, round_number, submission_id, length, ring_bits, vector_id
+            provider, round_number, submission_id, length, ring_bits, vector_id, proof_fields
         )
         try:
             if on_admit is not None:
@@ -231,12 +266,14 @@ class ShareIntake:
         length: int,
         ring_bits: int,
         vector_id: bytes = b"",
+        proof_fields: tuple[bytes, bytes, bytes] = (b"", b"", b""),
     ) -> Submission:
         """Admit one submission (round, identity, duplicates, replays, length are checked
         before any payload is read); its chunks then go to :meth:`Submission.write`, and
         :meth:`Submission.commit` adds the whole share to the sum. Always call
-        :meth:`Submission.discard` at the end (a no-op after a commit). Raises
-        SubmissionRejected."""
+        :meth:`Submission.discard` at the end (a no-op after a commit). ``proof_fields``:
+        ShareHeader's (norm_blind, norm_joint_part, norm_seed). Raises SubmissionRejected."""
+        self._check_proof_fields(*proof_fields)
         with self._lock:
             rnd = self._admit(provider, round_number, submission_id, length, ring_bits, vector_id)
             self._seen_ids.add((provider, bytes(submission_id)))
@@ -246,6 +283,7 @@ class ShareIntake:
             submission = Submission(self, rnd, provider, round_number, length, held)
             submission.vector_id = bytes(vector_id)
             submission.submission_id = bytes(submission_id)
+            submission.proof_fields = tuple(bytes(f) for f in proof_fields)  # type: ignore[assignment]
             stalled = rnd.in_flight.get(provider)
             if stalled is not None:
                 stalled.superseded = True  # its stream is refused at its next chunk or end
@@ -316,16 +354,77 @@ class ShareIntake:
                 INVALID_ARGUMENT,
                 f"share is in Z_2^{ring_bits}; this server aggregates in Z_2^{self.ring_bits}",
             )
-        if length != self.dim:
+        if length != self.length:
+            what = (
+                "the model's trained parameters, and the unclipped count with adaptive clipping"
+                if self.field is None
+                else "verified inputs: to H1 the encoded vector and the proof, to H2 none"
+            )
             raise SubmissionRejected(
                 INVALID_ARGUMENT,
-                f"share has {length:,} values; this run's shares have {self.dim:,} (the model's "
-                "trained parameters, and the unclipped count with adaptive clipping)",
+                f"share has {length:,} values; this run's shares have {self.length:,} ({what})",
             )
         return rnd
 
-    def _add_file(self, total: np.ndarray, share: Path | bytes, subtract: bool) -> None:
-        """Add (or subtract) a held share, a spill file or a small share's bytes, to ``total``."""
+    def _check_proof_fields(self, blind: bytes, joint_part: bytes, seed: bytes) -> None:
+        """The norm proof's header fields this server needs, and no others (SubmissionRejected
+        naming the field)."""
+        if self.field is None:
+            if blind or joint_part or seed:
+                raise SubmissionRejected(
+                    INVALID_ARGUMENT, "norm proof fields in a run without verified inputs"
+                )
+            return
+        need = ("norm_blind", "norm_joint_part") if self.field.leader else ("norm_seed",)
+        need = (*need, "norm_joint_part")
+        values = {"norm_blind": blind, "norm_joint_part": joint_part, "norm_seed": seed}
+        for name, value in values.items():
+            if (name in need) != (len(value) == 32) or len(value) not in (0, 32):
+                server = "H1" if self.field.leader else "H2"
+                state = "32 bytes" if name in need else "empty"
+                raise SubmissionRejected(
+                    INVALID_ARGUMENT, f"verified inputs: {name} to {server} must be {state}"
+                )
+
+    def proof_share(self, provider: str) -> LeaderShare | HelperShare:
+        """The held share of ``provider`` with its norm proof (verified inputs, a closed round):
+        H1's values in full, or H2's seed."""
+        assert self.field is not None
+        with self._lock:
+            rnd = self._require_round()
+            held = rnd.spilled[provider]
+            blind, joint_part = rnd.proof_fields[provider]
+        params = self.field.params
+        if isinstance(held, _Seed):
+            return HelperShare(held.seed, joint_part)
+        values = self._held_values(held, self.length)
+        return LeaderShare(
+            values[: params.n_inputs].copy(), values[params.n_inputs :].copy(), blind, joint_part
+        )
+
+    def _held_values(self, held: Path | bytes, count: int) -> np.ndarray:
+        """The first ``count`` values of a held share (bytes or spill file) as uint64."""
+        if isinstance(held, bytes):
+            return np.frombuffer(held, dtype="<u8", count=count).astype(np.uint64)
+        with held.open("rb") as f:
+            data = f.read(8 * count)
+        return np.frombuffer(data, dtype="<u8").astype(np.uint64)
+
+    def _add_file(self, total: np.ndarray, share: Path | bytes | _Seed, subtract: bool) -> None:
+        """Add (or subtract) a held share, a spill file or a small share's bytes, to ``total``
+        (mod p, its first d values, with verified inputs)."""
+        if self.field is not None:
+            p = self.field.params.p
+            if isinstance(share, _Seed):
+                x = HelperShare(share.seed, b"").expand(self.field.params)[0][: self.dim]
+            else:
+                x = self._held_values(share, self.dim)
+            if subtract:
+                x = np.where(x == 0, x, np.uint64(p) - x)
+            s = total + x  # both < p < 2^62: no wrap
+            np.copyto(total, np.where(s >= np.uint64(p), s - np.uint64(p), s))
+            return
+        assert not isinstance(share, _Seed)
         if isinstance(share, bytes):
             pieces: Iterable[bytes] = (share,)
         else:
@@ -376,6 +475,7 @@ class Submission:
         self.superseded = False  # the provider began a newer submission for the round
         self.vector_id = b""  # ShareHeader.vector_id
         self.submission_id = b""  # ShareHeader.submission_id: free again unless committed
+        self.proof_fields: tuple[bytes, bytes, bytes] = (b"", b"", b"")  # blind, part, seed
 
     def spill_to(self, path: Path, file: Any) -> None:
         """Chunks go to ``path`` (open as ``file``); call once, before any chunk."""
@@ -414,10 +514,17 @@ class Submission:
             raise SubmissionRejected(
                 INVALID_ARGUMENT, f"share has more than the announced {self.length:,} values"
             )
-        try:
-            validate_share(values.astype(np.uint64, copy=False), len(values), self.intake.ring_bits)
-        except ValueError as exc:
-            raise SubmissionRejected(INVALID_ARGUMENT, str(exc)) from exc
+        field_shares = self.intake.field
+        if field_shares is not None:
+            if len(values) and int(values.max()) >= field_shares.params.p:
+                raise SubmissionRejected(INVALID_ARGUMENT, "share has values outside the field")
+        else:
+            try:
+                validate_share(
+                    values.astype(np.uint64, copy=False), len(values), self.intake.ring_bits
+                )
+            except ValueError as exc:
+                raise SubmissionRejected(INVALID_ARGUMENT, str(exc)) from exc
         if self.buffer is not None:
             self.buffer += chunk
             return
@@ -434,8 +541,11 @@ class Submission:
             raise SubmissionRejected(
                 INVALID_ARGUMENT, f"share ended after {self.received:,} of {self.length:,} values"
             )
-        held: Path | bytes
-        if self.buffer is not None:
+        held: Path | bytes | _Seed
+        blind, joint_part, seed = self.proof_fields
+        if seed:
+            held = _Seed(seed)  # H2 with verified inputs: nothing was spilled
+        elif self.buffer is not None:
             held = bytes(self.buffer)
         else:
             assert self.path is not None
@@ -455,6 +565,8 @@ class Submission:
             intake._add_file(rnd.total, held, subtract=False)
             rnd.spilled[self.provider] = held
             rnd.vector_ids[self.provider] = self.vector_id
+            if intake.field is not None:
+                rnd.proof_fields[self.provider] = (blind, joint_part)
             self.committed = True
 
     def discard(self) -> None:

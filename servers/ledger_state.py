@@ -102,8 +102,10 @@ class LedgerState:
                 int(cfg.max_batch_size) if capped_poisson(plan.sampling, cfg.max_batch_size) else 0
             ),
             "clip": self._clip_rule(),
-            # Named here for readers; bound by plan_sha256 (TrainingConfig.backend).
+            # Named here for readers; bound by plan_sha256 (TrainingConfig.backend,
+            # TrainingConfig.verify_inputs).
             "backend": cfg.backend,
+            "verify_inputs": cfg.verify_inputs,
         }
 
     def _clip_rule(self) -> dict[str, Any]:

@@ -16,6 +16,8 @@ noise exchange in dng and preprocessed), ``providers_in_round`` (the last round'
 them or held a half of another vector), ``requests_refused_total{reason}`` (every refusal of
 a provider call or share, or of a Peer call from anyone but the other server, by gRPC status
 name),
+``shares_refused_total{reason}`` (shares received in full but left out of a round: reason
+``norm`` for a norm proof the two servers did not accept, with verified inputs),
 ``peer_bytes_total{direction}`` (the data link, sent/received),
 ``shares_accepted_total{encoding}`` and ``share_bytes_received_total{encoding}`` (provider
 shares accepted into a round and the bytes of their elements, uint64 or packed: the intake's
@@ -73,7 +75,7 @@ COMMON_REFUSALS = (
     "FAILED_PRECONDITION", "ALREADY_EXISTS",
 )  # fmt: skip
 #: Share encodings (spgc.wire.messages.share_encoding_name) whose series exist from the start.
-SHARE_ENCODINGS = ("uint64", "packed")
+SHARE_ENCODINGS = ("uint64", "packed", "field", "seed")
 #: Audit events that are a refused provider request (servers/audit.py).
 REFUSAL_EVENTS = frozenset({"refused", "share_refused"})
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -138,6 +140,12 @@ class ServerMetrics:
             "Bytes of accepted provider shares' elements (the intake's payload), by encoding",
             ["encoding"], registry=r,
         )  # fmt: skip
+        self.shares_refused = Counter(
+            "spgc_shares_refused",
+            "Shares received but left out of their round, by reason (norm: the norm proof)",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.shares_refused.labels("norm")
         for encoding in SHARE_ENCODINGS:
             self.shares_accepted.labels(encoding)
             self.share_bytes.labels(encoding)
@@ -240,9 +248,11 @@ class ServerMetrics:
 
     def on_audit(self, event: str, entry: dict[str, Any]) -> None:
         """An audit log listener: every refusal (of a call or of a share) and every declined
-        plan counts."""
+        plan counts, and every share left out of a round for its norm proof."""
         if event in REFUSAL_EVENTS:
             self.refused(str(entry.get("code", "UNKNOWN")))
+        elif event == "norm_proof_refused":
+            self.shares_refused.labels("norm").inc()
         elif event == "plan_declined":
             self.plans_declined.inc()
 

@@ -20,7 +20,12 @@ import garbled_core
 from spgc import __version__
 from spgc.ledger import LedgerError
 from spgc.servers.checkpoint import CheckpointError
-from spgc.servers.coordinator import agreement, compute_round, log_round
+from spgc.servers.coordinator import (
+    agreement_with_proofs,
+    compute_round,
+    log_round,
+    own_verifier_messages,
+)
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.noise_pool import (
@@ -29,6 +34,7 @@ from spgc.servers.noise_pool import (
     PoolError,
     produce_noise_shares,
 )
+from spgc.servers.norm_checks import COIN_BYTES, round_coin
 from spgc.servers.pool_sync import adopt_peer_pool, pool_state_message, slice_from_message
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import (
@@ -328,12 +334,20 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         if t != state.round:
             raise FailedPreconditionError(f"round {t}: this server is at round {state.round}")
         b = request.barrier
+        coin = b""
         if b == peer_pb2.BARRIER_ROUND_OPEN:
             with self._lock:
                 if state.phase != pb.ROUND_PHASE_COLLECTING:
                     try:
                         state.open_round(t)
                     except RuntimeError as exc:  # past opening (intake closed, computing)
+                        raise FailedPreconditionError(str(exc)) from None
+                if state.plan.norm_proof is not None:
+                    # Our part of the round's norm-proof coin (a repeated barrier: a new one).
+                    coin = os.urandom(COIN_BYTES)
+                    try:
+                        state.history[t].verify_coin = round_coin(request.verify_coin, coin)
+                    except PeerMismatchError as exc:
                         raise FailedPreconditionError(str(exc)) from None
         elif b == peer_pb2.BARRIER_INTAKE_CLOSED:
             # Wait for OUR deadline (or all providers in): never for a call back to H1.
@@ -353,7 +367,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 self._seeds.pop(t, None)
         else:
             raise FailedPreconditionError(f"unknown barrier {b}")
-        out = peer_pb2.BarrierState(run_id=state.run_id, round=t, barrier=b, role=state.role)
+        out = peer_pb2.BarrierState(
+            run_id=state.run_id, round=t, barrier=b, role=state.role, verify_coin=coin
+        )
         out.reached_at.GetCurrentTime()
         return out
 
@@ -488,19 +504,22 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             own = state.history[t].received
             own_ids = [state.history[t].vector_ids.get(name, b"") for name in own]
             try:
-                agreed, digest, proceed, mismatched = agreement(
-                    own,
-                    list(request.providers),
-                    cfg.min_providers,
-                    own_ids,
-                    list(request.vector_ids),
+                proofs = own_verifier_messages(state, t, own)
+                agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
+                    state,
+                    (own, own_ids, proofs),
+                    (
+                        list(request.providers),
+                        list(request.vector_ids),
+                        list(request.norm_verifiers),
+                    ),
                 )
             except PeerMismatchError as exc:  # a malformed set: refused, the round untouched
                 raise FailedPreconditionError(str(exc)) from None
             reason = (
                 f"{len(agreed)} provider(s) in both servers < min_providers={cfg.min_providers}"
             )
-            state.set_agreed(t, agreed, proceed, reason, mismatched)
+            state.set_agreed(t, agreed, proceed, reason, mismatched, refused)
             if not proceed:
                 log_round(state, state.history[t])
         callee = peer_pb2.ProviderSet(
@@ -511,6 +530,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             digest=provider_set_digest(own),
             min_providers=cfg.min_providers,
             vector_ids=own_ids,
+            norm_verifiers=proofs,
         )
         return peer_pb2.ProviderAgreement(
             callee=callee, agreed=agreed, agreed_digest=digest, proceed=proceed

@@ -54,6 +54,8 @@ class RoundRecord:
     # unclipped examples (None until released; 0.0 / None with a fixed clip norm).
     clip_norm: float = 0.0
     noisy_count: float | None = None
+    # Verified inputs: the round's norm-proof query coin (servers.norm_checks.round_coin).
+    verify_coin: bytes = b""
 
 
 ENDED_PHASES = (pb.ROUND_PHASE_PUBLISHED, pb.ROUND_PHASE_ABORTED)  # a round over, either way
@@ -159,9 +161,13 @@ class RoundPhases:
         proceed: bool,
         reason: str,
         mismatched: Sequence[str] = (),
+        refused: dict[str, str] | None = None,
     ) -> None:
         """Round t's P_t. ``mismatched``: providers both servers hold a share of, but of two
-        different vectors (ShareHeader.vector_id), left out like one-sided shares."""
+        different vectors (ShareHeader.vector_id), left out like one-sided shares. ``refused``:
+        providers whose norm proof the two servers did not accept, and why (audited as
+        ``norm_proof_refused``: spgc_shares_refused_total{reason="norm"})."""
+        refused = refused or {}
         with self.cond:
             rec = self.history[t]
             rec.agreed = list(agreed)
@@ -170,6 +176,12 @@ class RoundPhases:
             for name in sorted(self.allowed_providers - set(rec.received)):
                 rec.left_out[name] = "no share reached this server"
             for name in sorted(set(rec.received) - set(agreed)):
+                if name in refused:
+                    why = f"its norm proof was refused: {refused[name]}"
+                    rec.left_out[name] = why
+                    self.audit.record("norm_proof_refused", identity=name, round=t, reason=why)
+                    log.warning("round %d: provider %s left out: %s", t, name, why)
+                    continue
                 why = (
                     "its shares at the two servers are halves of different vectors (restarted "
                     "in the middle of the round, or two processes with one identity?)"

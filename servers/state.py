@@ -291,6 +291,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "dataset": self.plan.cfg.dataset,
                 "mode": self.plan.cfg.mode,
                 "backend": self.plan.cfg.backend,
+                "verify_inputs": self.plan.cfg.verify_inputs,
                 "rounds": self.round,
                 "steps": self.steps,
                 "model_version": self.version,

@@ -67,6 +67,7 @@ class StateCheckpoints:
                 task=cfg.task,
                 loss=cfg.loss_name,
                 test_metrics=self._last_test_metrics(),
+                verify_inputs=cfg.verify_inputs,
             )
 
     def _last_test_metrics(self) -> dict[str, float | None] | None:

@@ -34,6 +34,7 @@ from spgc.modes import (
     NOISY_MODES,
     SINGLE_SERVER_MODES,
     TRAINING_MODES,
+    VERIFIED_MODES,
 )
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import ray_cluster_endpoint, split_host_port
@@ -206,6 +207,21 @@ class ServerConfig(_Schema):
         "(GMW with Beaver triples from silent OT: about 1 kB per coordinate, a round trip per "
         "AND layer, about 50 a round: for links with more bandwidth cost than latency); part "
         "of the plan: both servers must set the same; Ray worker pairs run either",
+    )
+    verify_inputs: Literal["none", "l2"] = Field(
+        "none",
+        description="l2: every share carries a zero-knowledge proof that its vector's L2 norm "
+        "is within the plan's bound (the largest batch times each example's bound), checked "
+        "by both servers before the round's agreement; a share whose proof fails is left out "
+        "(docs/PRIVACY.md, Norm proofs); modes spgc, only-mpc and dng; none: not checked",
+    )
+    verify_repetitions: int = Field(
+        64,
+        ge=16,
+        le=256,
+        description="verify_inputs: l2: the wraparound checks of each proof; each halves a "
+        "cheating provider's chances (with the field the plan picks, a soundness error of at "
+        "most 2^-40 per proof at 64; spgc bench proof prints it)",
     )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",
@@ -461,6 +477,12 @@ class ServerConfig(_Schema):
                 f"backend: {self.backend} evaluates a round's circuits, and mode {self.mode} "
                 f"runs none; use one of {', '.join(BACKEND_MODES)}, or backend: gc"
             )
+        if self.verify_inputs == "l2" and self.mode not in VERIFIED_MODES:
+            raise ValueError(
+                f"verify_inputs: l2 with mode {self.mode}: norm proofs are checked by two "
+                f"servers on field shares in modes {', '.join(VERIFIED_MODES)} (preprocessed: "
+                "its noise pool is in the ring, not yet in the field); set verify_inputs: none"
+            )
         if self.workers > 1 and self.gc_lanes > 1:
             raise ValueError(
                 f"gc_lanes: {self.gc_lanes} with workers: {self.workers}: rounds run on the "
@@ -654,6 +676,11 @@ class ProviderConfig(_Schema):
     )
     accept_modes: list[Literal[TRAINING_MODES]] = Field(
         default_factory=list, description="refuse a plan in any other mode (empty: any mode)"
+    )
+    require_verified_inputs: bool = Field(
+        False,
+        description="refuse a plan whose servers do not check every provider's norm proof "
+        "(verify_inputs: l2): without it, any provider can poison the sum",
     )
     allow_no_privacy: bool = Field(
         False,

@@ -74,8 +74,10 @@ def privacy_report(
     task: str = "classification",
     loss: str = "cross_entropy",
     test_metrics: dict[str, float | None] | None = None,
+    verify_inputs: str = "none",
 ) -> dict[str, Any]:
-    """The JSON privacy report of one published model, from plain values.
+    """The JSON privacy report of one published model, from plain values. ``verify_inputs``:
+    whether the servers checked every provider's norm proof (``l2``) or not (``none``).
 
     ``noise_multiplier`` is relative to ``sensitivity_units`` (the L2 bound of one example's
     encoded gradient); ``scale`` maps real values to units. A mode without a DP guarantee gets
@@ -125,6 +127,8 @@ def privacy_report(
             else "add/remove one example"
         ),
         "clip_norm": float(clip_norm),
+        # l2: every share in the sum came with an accepted norm proof (docs/PRIVACY.md).
+        "verify_inputs": verify_inputs,
         "scale": float(scale),
         "sensitivity_units": float(sensitivity_units),
         "task": task,

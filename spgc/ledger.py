@@ -424,6 +424,8 @@ class LedgerReport:
     # How the servers evaluated the circuits (gc or gmw; bound by plan_sha256), as the header
     # names it ("gc" for a ledger that predates the field).
     backend: str = "gc"
+    # l2: the servers checked every provider's norm proof (the header's verify_inputs).
+    verify_inputs: str = "none"
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -572,6 +574,7 @@ def verify_ledger(
         clip=header.get("clip"),
         clip_norms=clip_norms,
         backend=str(header.get("backend") or "gc"),
+        verify_inputs=str(header.get("verify_inputs") or "none"),
     )
 
 

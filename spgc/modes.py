@@ -20,6 +20,7 @@ __all__ = [
     "SINGLE_SERVER_MODES",
     "TRAINING_MODES",
     "TWO_SERVER_MODES",
+    "VERIFIED_MODES",
     "Mode",
     "get_mode",
 ]
@@ -110,3 +111,7 @@ BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
 #: Training modes whose servers run circuits, online or offline (preprocessed's noise pool):
 #: the ones a backend applies to.
 BACKEND_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and m.circuit)
+#: Training modes whose two servers can check the providers' norm proofs (verify_inputs: l2,
+#: spgc.norm_proof): the sums are field shares, reconstructed by the round's circuit or opened
+#: in the field with the servers' own noise (preprocessed's pool holds ring shares: not yet).
+VERIFIED_MODES: tuple[str, ...] = ("spgc", "only-mpc", "dng")

@@ -28,6 +28,7 @@ from spgc.models import (
 )
 from spgc.modes import NOISY_MODES, get_mode
 from spgc.noise import noise_bound_units
+from spgc.norm_proof import NormProofParams
 from spgc.sharing import max_abs_sum_units, ring_bits_for
 from spgc.trainable import TrainableCoordinates
 from spgc.wire import aggregation_pb2 as pb
@@ -69,6 +70,8 @@ class RunPlan:
     trainable: TrainableCoordinates | None = None
     # clip: adaptive (spgc.clipping): the count coordinate's size and the rule; None: fixed C.
     adaptive_clip: AdaptiveClip | None = None
+    # verify_inputs: l2: the providers' norm proofs (field, bound, sizes); None: not checked.
+    norm_proof: NormProofParams | None = None
 
     def __post_init__(self) -> None:
         if self.trainable is None:
@@ -174,8 +177,13 @@ class RunPlan:
             max_rounds=c.rounds,
             min_providers=c.min_providers,
             model_fingerprint=self.model_fingerprint,
-            # G = s1 - s2 mod 2^L (spgc.sharing.share): the rule providers must follow.
-            sharing_rule=pb.SHARING_RULE_DIFFERENCE_MOD_2L,
+            # G = s1 - s2 mod 2^L (spgc.sharing.share), or with verified inputs G = s1 + s2
+            # mod p (spgc.norm_proof.prove): the rule providers must follow.
+            sharing_rule=(
+                pb.SHARING_RULE_DIFFERENCE_MOD_2L
+                if self.norm_proof is None
+                else pb.SHARING_RULE_SUM_MOD_P
+            ),
             max_batch_size=self.max_batch_size,
             learning_rate=c.lr,
             batches_per_epoch=self.batches_per_epoch,
@@ -189,7 +197,19 @@ class RunPlan:
             loss=c.loss_name,
             **self._adaptive_clip_fields(),
             backend=c.backend,
+            **self._norm_proof_fields(),
         )
+
+    def _norm_proof_fields(self) -> dict[str, Any]:
+        n = self.norm_proof
+        if n is None:
+            return {"verify_inputs": "none"}
+        return {
+            "verify_inputs": "l2",
+            "norm_field_modulus": n.p,
+            "norm_bound_units": n.bound,
+            "norm_repetitions": n.repetitions,
+        }
 
     def _adaptive_clip_fields(self) -> dict[str, Any]:
         a = self.adaptive_clip
@@ -239,15 +259,23 @@ def _batch_fields(cfg: ServerConfig) -> dict[str, Any]:
 def _max_batch(cfg: ServerConfig) -> int:
     """Largest batch any provider may contribute. A Poisson batch is bounded only by the
     provider's own data, which is at most the whole training set; loading it is cheap for
-    the bundled datasets. A configured max_batch_size (an enforced cap) is tighter."""
+    the bundled datasets. A configured max_batch_size (an enforced cap) is tighter, and with
+    verified inputs the plan sets one itself."""
     if cfg.batch_size > 0:
         return cfg.batch_size
     if cfg.max_batch_size > 0:
         if cfg.dataset and cfg.mode in NOISY_MODES:  # only DP runs are accounted
             _check_batch_cap(cfg, load_dataset(cfg.dataset).n_train)
         return cfg.max_batch_size
-
-    return load_dataset(cfg.dataset).n_train
+    n_train = load_dataset(cfg.dataset).n_train
+    if cfg.verify_inputs == "l2":
+        # The norm proofs bound each provider's vector by its largest batch: the whole data
+        # set would make that bound useless, so the plan caps the batch where a Poisson batch
+        # exceeds it with probability 2^BATCH_OVERFLOW_LOG2 at most (as an explicit
+        # max_batch_size must, _check_batch_cap).
+        largest = -(-n_train // len(cfg.providers))
+        return max(1, accounting.smallest_batch_cap(largest, cfg.sampling_rate))
+    return n_train
 
 
 def _check_batch_cap(cfg: ServerConfig, n_train: int) -> None:
@@ -364,7 +392,7 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     plan = RunPlan(
         cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
-        max_batch, trainable, adaptive,
+        max_batch, trainable, adaptive, _norm_proof(cfg, fp, max_batch, ring_bits),
     )  # fmt: skip
     accountant = plan.new_accountant()
     if accountant is not None and (first := accountant.epsilon_after(1)) > cfg.target_epsilon:
@@ -381,6 +409,24 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
             "to the target)"
         )
     return plan
+
+
+def _norm_proof(
+    cfg: ServerConfig, fp: FixedPointConfig, max_batch: int, ring_bits: int
+) -> NormProofParams | None:
+    """verify_inputs: l2: each provider's vector is a sum of at most max_batch examples of
+    norm at most l2_bound_units each; ValueError naming the figures when no field holds it."""
+    if cfg.verify_inputs != "l2":
+        return None
+    bound = max_batch * fp.l2_bound_units
+    try:
+        return NormProofParams.for_plan(fp.dim, bound, ring_bits, cfg.verify_repetitions)
+    except ValueError as exc:
+        raise ValueError(
+            f"verify_inputs: l2: a provider's bound is {max_batch:,} examples x "
+            f"{fp.l2_bound_units:,} units = {bound:,} units: {exc} (max_batch_size caps the "
+            "batch; without it a Poisson batch is bounded only by the provider's data)"
+        ) from None
 
 
 def build_run_model(cfg: ServerConfig) -> nn.Module:

@@ -323,6 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
         "default) or gmw (GMW with Beaver triples from silent OT: far fewer bytes, a round trip "
         "per AND layer)",
     )
+    demo.add_argument(
+        "--verify-inputs",
+        choices=["none", "l2"],
+        default="none",
+        help="l2: every provider proves its vector is within the norm bound and the servers "
+        "leave out a share whose proof fails (docs/PRIVACY.md, Norm proofs; modes spgc, "
+        "only-mpc, dng)",
+    )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -452,6 +460,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         clip=args.clip,
         clip_norm=args.clip_norm,
         backend=args.backend,
+        verify_inputs=args.verify_inputs,
     )
     return run_cli(opts, args.json)
 

@@ -97,6 +97,8 @@ class DemoOptions:
     clip_norm: float | None = None
     # How the servers evaluate the round's circuits (spgc.modes.BACKENDS): gc or gmw.
     backend: str = "gc"
+    # l2: the providers prove their vectors' norms and the servers check (spgc.norm_proof).
+    verify_inputs: str = "none"
 
 
 def _outgoing_port_range() -> tuple[int, int]:
@@ -245,6 +247,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         cfg["clip"] = opts.clip
         if opts.backend != "gc":
             cfg["backend"] = opts.backend
+        if opts.verify_inputs != "none":
+            cfg["verify_inputs"] = opts.verify_inputs
         if opts.clip_norm is not None or opts.clip == "adaptive":
             cfg["clip_norm"] = ADAPTIVE_CLIP_C0 if opts.clip_norm is None else opts.clip_norm
         cfg.update(opts.server_overrides)
@@ -356,7 +360,8 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
             f"spgc demo: {opts.dataset}{f' ({opts.model})' if opts.model else ''}, "
             f"{opts.providers} providers, {opts.rounds} rounds, "
             f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}"
-            + (f", backend {opts.backend}" if opts.backend != "gc" else ""),
+            + (f", backend {opts.backend}" if opts.backend != "gc" else "")
+            + (", verified inputs (norm proofs)" if opts.verify_inputs != "none" else ""),
             file=out,
         )
         if opts.metrics_port is not None:

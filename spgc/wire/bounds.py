@@ -146,6 +146,9 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.expected_batch_size": _NON_NEGATIVE,
     "spgc.v1.TrainingConfig.update_noise_multiplier": _NON_NEGATIVE,
     "spgc.v1.TrainingConfig.count_noise_std": _NON_NEGATIVE,
+    "spgc.v1.TrainingConfig.norm_field_modulus": Bound(0, (1 << 62) - 1),
+    "spgc.v1.TrainingConfig.norm_bound_units": Bound(0, 1 << 62),
+    "spgc.v1.TrainingConfig.norm_repetitions": Bound(0, 256),
     "spgc.v1.CoordinateRange.start": Bound(0, MAX_NUM_PARAMETERS),
     "spgc.v1.CoordinateRange.length": _LENGTH,
     "spgc.v1.RoundInfo.round": COUNTER,
@@ -169,7 +172,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.ModelHeader.chunk_count": ANY,  # must be exactly ceil(d*8/chunk_bytes)
     "spgc.v1.VectorChunk.index": ANY,  # must be the next index (ChunkValidator)
     "spgc.v1.ShareHeader.round": COUNTER,
-    "spgc.v1.ShareHeader.num_elements": _LENGTH,
+    "spgc.v1.ShareHeader.num_elements": _LENGTH_OR_UNSET,  # 0 only with a norm_seed
     "spgc.v1.ShareHeader.ring_bits": _RING_BITS,
     "spgc.v1.ShareHeader.chunk_bytes": _CHUNK_BYTES,
     "spgc.v1.ShareHeader.chunk_count": ANY,  # must be exactly ceil(d*8/chunk_bytes)

@@ -30,6 +30,13 @@ def little_endian(vec: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
 
 
+def field_width(modulus: int) -> int:
+    """Bytes per element of a field share (SHARE_ENCODING_FIELD): ceil(bit_length(p) / 8)."""
+    if not 3 <= modulus < 1 << 62:
+        raise ValueError(f"field modulus {modulus} is not in 3..2^62 - 1")
+    return (modulus.bit_length() + 7) // 8
+
+
 def packed_width(ring_bits: int) -> int:
     """Bytes per element of a packed share (SHARE_ENCODING_PACKED): ceil(L / 8)."""
     if not 1 <= ring_bits <= 64:
@@ -101,8 +108,10 @@ class ChunkValidator:
         max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
         sha256: bytes | None = None,
         ring_bits: int | None = None,
+        modulus: int | None = None,
+        allow_empty: bool = False,
     ) -> None:
-        if num_elements < 1:
+        if num_elements < (0 if allow_empty else 1):
             raise InvalidArgumentError(f"vector length {num_elements} (must be at least 1)")
         total = num_elements * itemsize
         if total > max_total_bytes:
@@ -135,6 +144,7 @@ class ChunkValidator:
         self.total_bytes = total
         self.max_chunk_bytes = max_chunk_bytes
         self.ring_bits = ring_bits
+        self.modulus = modulus  # field elements (verified inputs): each must be below it
         self._expected_sha256 = sha256
         self._hash = hashlib.sha256()
         self.next_index = 0
@@ -198,6 +208,16 @@ class ChunkValidator:
                 element = index * (self.chunk_bytes // self.itemsize) + pos
                 raise InvalidArgumentError(
                     f"element {element:,} = {int(values[pos])} is outside Z_2^{self.ring_bits}"
+                )
+        if self.modulus is not None:
+            values = self.elements(data) if values is None else values
+            over = values >= np.uint64(self.modulus)
+            if over.any():
+                pos = int(np.flatnonzero(over)[0])
+                element = index * (self.chunk_bytes // self.itemsize) + pos
+                raise InvalidArgumentError(
+                    f"element {element:,} = {int(values[pos])} is outside the field "
+                    f"(p = {self.modulus})"
                 )
         self._hash.update(data)
         self.next_index += 1

@@ -22,6 +22,7 @@ from spgc.wire.chunks import (
     ChunkValidator,
     check_send_chunk_bytes,
     chunk_count,
+    field_width,
     iter_vector_chunks,
     little_endian,
     pack_elements,
@@ -85,13 +86,21 @@ def share_encoding_for(config: aggregation_pb2.TrainingConfig) -> int:
     return aggregation_pb2.SHARE_ENCODING_UINT64
 
 
-def share_payload(vec: np.ndarray, ring_bits: int, encoding: int) -> tuple[np.ndarray, int]:
+def share_payload(
+    vec: np.ndarray, ring_bits: int, encoding: int, field_modulus: int | None = None
+) -> tuple[np.ndarray, int]:
     """(the share's elements as sent, bytes per element): the little-endian uint64 values, or
-    their low ceil(ring_bits / 8) bytes each (SHARE_ENCODING_PACKED, a flat uint8 array).
+    their low ceil(ring_bits / 8) bytes each (SHARE_ENCODING_PACKED, a flat uint8 array), or
+    ceil(bit_length(p) / 8) bytes each (SHARE_ENCODING_FIELD, ``field_modulus`` = p).
     ShareHeader.sha256 is the SHA-256 of the first."""
     arr = little_endian(vec)
     if encoding == aggregation_pb2.SHARE_ENCODING_PACKED:
         width = packed_width(ring_bits)
+        return pack_elements(arr, width), width
+    if encoding == aggregation_pb2.SHARE_ENCODING_FIELD:
+        if field_modulus is None:
+            raise ValueError("a field share needs the field's modulus")
+        width = field_width(field_modulus)
         return pack_elements(arr, width), width
     if encoding in UINT64_ENCODINGS:
         return arr, 8
@@ -113,6 +122,10 @@ def share_messages(
     model_version: int | None = None,
     encoding: int = aggregation_pb2.SHARE_ENCODING_UINT64,
     sha256: bytes | None = None,
+    field_modulus: int | None = None,
+    norm_blind: bytes = b"",
+    norm_joint_part: bytes = b"",
+    norm_seed: bytes = b"",
 ) -> Iterator[aggregation_pb2.ShareChunk]:
     """The SubmitShare request stream for a share vector (uint64, values < 2^ring_bits).
 
@@ -123,20 +136,28 @@ def share_messages(
     SHARE_ENCODING_PACKED sends ceil(ring_bits / 8) bytes per element, to a server that lists it
     in TrainingConfig.share_encodings (``chunk_bytes`` is then rounded down to a multiple of
     that width). ``sha256``: the hash of :func:`share_payload` when the caller has it already
-    (it is recomputed otherwise). ValueError for a vector that is not a valid share.
+    (it is recomputed otherwise). Verified inputs (docs/CLIENTS.md): SHARE_ENCODING_FIELD with
+    ``field_modulus``, ``norm_blind`` and ``norm_joint_part`` to H1; an empty vector with
+    ``norm_seed`` and ``norm_joint_part`` to H2. ValueError for a vector that is not a valid
+    share.
     """
     arr = little_endian(vec)
     if arr.dtype.kind != "u" or arr.dtype.itemsize != 8:
         raise ValueError(f"a share is a uint64 vector, not {arr.dtype}")
     if not MIN_RING_BITS <= ring_bits <= MAX_RING_BITS:
         raise ValueError(f"ring_bits={ring_bits} is not in {MIN_RING_BITS}..{MAX_RING_BITS}")
-    if ring_bits < 64 and (arr >> np.uint64(ring_bits)).any():
+    if encoding == aggregation_pb2.SHARE_ENCODING_FIELD:
+        if field_modulus is None or (arr.size and int(arr.max()) >= field_modulus):
+            raise ValueError("a field share needs its modulus and values below it")
+    elif ring_bits < 64 and (arr >> np.uint64(ring_bits)).any():
         raise ValueError(f"share has values outside Z_2^{ring_bits}")
+    if not arr.size and len(norm_seed) != 32:
+        raise ValueError("only a verified share to H2 (with its 32-byte seed) may be empty")
     if not 1 <= len(submission_id) <= MAX_SUBMISSION_ID_BYTES:
         raise ValueError(f"submission_id must be 1..{MAX_SUBMISSION_ID_BYTES} bytes")
     if len(vector_id) > MAX_SUBMISSION_ID_BYTES:
         raise ValueError(f"vector_id must be 0..{MAX_SUBMISSION_ID_BYTES} bytes")
-    payload, width = share_payload(arr, ring_bits, encoding)
+    payload, width = share_payload(arr, ring_bits, encoding, field_modulus)
     if width != 8:  # a size that suits uint64 values (the server's) rarely suits 3 or 5 bytes
         chunk_bytes -= chunk_bytes % width
     check_send_chunk_bytes(chunk_bytes, width)
@@ -154,6 +175,9 @@ def share_messages(
         compute_seconds=compute_seconds,
         vector_id=vector_id,
         encoding=encoding,
+        norm_blind=norm_blind,
+        norm_joint_part=norm_joint_part,
+        norm_seed=norm_seed,
     )
     if model_version is not None:
         header.model_version = model_version
@@ -162,19 +186,30 @@ def share_messages(
         yield aggregation_pb2.ShareChunk(chunk=aggregation_pb2.VectorChunk(index=i, data=data))
 
 
-def share_element_width(header: aggregation_pb2.ShareHeader) -> int:
-    """Bytes per element of the share the header announces (8, or packed ceil(L / 8));
-    InvalidArgumentError for an encoding this version does not know."""
+def share_element_width(
+    header: aggregation_pb2.ShareHeader, field_modulus: int | None = None
+) -> int:
+    """Bytes per element of the share the header announces (8, packed ceil(L / 8), or a field
+    element's ceil(bit_length(p) / 8) in a run with verified inputs, ``field_modulus`` = p);
+    InvalidArgumentError for an encoding this version or this run does not know."""
     if header.encoding in UINT64_ENCODINGS:
         return 8
     if header.encoding == aggregation_pb2.SHARE_ENCODING_PACKED:
         return packed_width(header.ring_bits)  # ring_bits is checked against its bounds first
+    if header.encoding == aggregation_pb2.SHARE_ENCODING_FIELD:
+        if field_modulus is None:
+            raise InvalidArgumentError("a field share, in a run without verified inputs")
+        return field_width(field_modulus)
     raise InvalidArgumentError(f"unknown share encoding {header.encoding}")
 
 
 def share_encoding_name(header: aggregation_pb2.ShareHeader) -> str:
     """The encoding the header announces, as metrics and logs name it: ``uint64`` (unset
-    included) or ``packed``."""
+    included), ``packed``, ``field``, or ``seed`` (a verified share to H2)."""
+    if header.norm_seed:
+        return "seed"
+    if header.encoding == aggregation_pb2.SHARE_ENCODING_FIELD:
+        return "field"
     return "packed" if header.encoding == aggregation_pb2.SHARE_ENCODING_PACKED else "uint64"
 
 
@@ -183,17 +218,21 @@ def _share_validator(
     max_chunk_bytes: int,
     max_total_bytes: int,
     reassemble: bool,
+    field_modulus: int | None = None,
 ) -> ChunkValidator:
     cls: Any = ChunkReassembler if reassemble else ChunkValidator
+    field = header.encoding == aggregation_pb2.SHARE_ENCODING_FIELD
     return cls(
         header.num_elements,
         header.chunk_bytes,
         header.chunk_count,
-        itemsize=share_element_width(header),
+        itemsize=share_element_width(header, field_modulus),
         max_chunk_bytes=max_chunk_bytes,
         max_total_bytes=max_total_bytes,
         sha256=header.sha256,
-        ring_bits=header.ring_bits,
+        ring_bits=None if field else header.ring_bits,
+        modulus=field_modulus if field else None,
+        allow_empty=len(header.norm_seed) == 32,
     )
 
 
@@ -204,6 +243,7 @@ def read_share_header(
     ring_bits: int | None = None,
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
     max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
+    field_modulus: int | None = None,
 ) -> aggregation_pb2.ShareHeader:
     """Read and check the first message of a SubmitShare stream; returns the ShareHeader.
 
@@ -240,7 +280,12 @@ def read_share_header(
         )
     if len(header.sha256) != 32:
         raise InvalidArgumentError(f"sha256 must be 32 bytes, got {len(header.sha256)}")
-    _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
+    for name in ("norm_blind", "norm_joint_part", "norm_seed"):
+        if len(getattr(header, name)) not in (0, 32):
+            raise InvalidArgumentError(f"{name} must be empty or 32 bytes")
+    if header.num_elements == 0 and len(header.norm_seed) != 32:
+        raise InvalidArgumentError("an empty share without a norm_seed")
+    _share_validator(header, max_chunk_bytes, max_total_bytes, False, field_modulus)
     return header
 
 
@@ -250,6 +295,7 @@ def iter_share_payload(
     *,
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
     max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
+    field_modulus: int | None = None,
 ) -> Iterator[bytes]:
     """The validated chunk payloads of a share stream whose header was read already, as
     little-endian uint64 values whatever the encoding (packed elements widened).
@@ -258,7 +304,7 @@ def iter_share_payload(
     after the last one the count and SHA-256 are checked, so a consumer must treat the data as
     valid only once the iterator is exhausted without an exception.
     """
-    validator = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
+    validator = _share_validator(header, max_chunk_bytes, max_total_bytes, False, field_modulus)
     for index, data in _chunks_of(messages, "share"):
         yield validator.check_as_uint64(index, data)
     validator.finish()
@@ -270,9 +316,10 @@ async def aiter_share_payload(
     *,
     max_chunk_bytes: int = MAX_CHUNK_BYTES,
     max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
+    field_modulus: int | None = None,
 ) -> AsyncIterator[bytes]:
     """:func:`iter_share_payload` of an asyncio server's request stream."""
-    validator = _share_validator(header, max_chunk_bytes, max_total_bytes, reassemble=False)
+    validator = _share_validator(header, max_chunk_bytes, max_total_bytes, False, field_modulus)
     async for msg in messages:
         yield validator.check_as_uint64(*_chunk_of(msg, "share"))
     validator.finish()

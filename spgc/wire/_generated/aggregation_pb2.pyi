@@ -47,12 +47,14 @@ class SharingRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SHARING_RULE_UNSPECIFIED: _ClassVar[SharingRule]
     SHARING_RULE_DIFFERENCE_MOD_2L: _ClassVar[SharingRule]
+    SHARING_RULE_SUM_MOD_P: _ClassVar[SharingRule]
 
 class ShareEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SHARE_ENCODING_UNSPECIFIED: _ClassVar[ShareEncoding]
     SHARE_ENCODING_UINT64: _ClassVar[ShareEncoding]
     SHARE_ENCODING_PACKED: _ClassVar[ShareEncoding]
+    SHARE_ENCODING_FIELD: _ClassVar[ShareEncoding]
 
 class Calibration(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -101,9 +103,11 @@ ROUNDING_STOCHASTIC: Rounding
 ROUNDING_NEAREST: Rounding
 SHARING_RULE_UNSPECIFIED: SharingRule
 SHARING_RULE_DIFFERENCE_MOD_2L: SharingRule
+SHARING_RULE_SUM_MOD_P: SharingRule
 SHARE_ENCODING_UNSPECIFIED: ShareEncoding
 SHARE_ENCODING_UINT64: ShareEncoding
 SHARE_ENCODING_PACKED: ShareEncoding
+SHARE_ENCODING_FIELD: ShareEncoding
 CALIBRATION_UNSPECIFIED: Calibration
 CALIBRATION_CLASSIC: Calibration
 CALIBRATION_ANALYTIC: Calibration
@@ -122,7 +126,7 @@ MODEL_PART_TRAINABLE: ModelPart
 MODEL_PART_FROZEN: ModelPart
 
 class TrainingConfig(_message.Message):
-    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "task", "loss", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std", "backend")
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "task", "loss", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std", "backend", "verify_inputs", "norm_field_modulus", "norm_bound_units", "norm_repetitions")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +169,10 @@ class TrainingConfig(_message.Message):
     UPDATE_NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
     COUNT_NOISE_STD_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    NORM_FIELD_MODULUS_FIELD_NUMBER: _ClassVar[int]
+    NORM_BOUND_UNITS_FIELD_NUMBER: _ClassVar[int]
+    NORM_REPETITIONS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     mode: Mode
     dataset: str
@@ -207,7 +215,11 @@ class TrainingConfig(_message.Message):
     update_noise_multiplier: float
     count_noise_std: float
     backend: str
-    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., task: _Optional[str] = ..., loss: _Optional[str] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
+    verify_inputs: str
+    norm_field_modulus: int
+    norm_bound_units: int
+    norm_repetitions: int
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., task: _Optional[str] = ..., loss: _Optional[str] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ..., backend: _Optional[str] = ..., verify_inputs: _Optional[str] = ..., norm_field_modulus: _Optional[int] = ..., norm_bound_units: _Optional[int] = ..., norm_repetitions: _Optional[int] = ...) -> None: ...
 
 class CoordinateRange(_message.Message):
     __slots__ = ("start", "length")
@@ -342,7 +354,7 @@ class ModelChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[ModelHeader, _Mapping]] = ..., chunk: _Optional[_Union[VectorChunk, _Mapping]] = ...) -> None: ...
 
 class ShareHeader(_message.Message):
-    __slots__ = ("run_id", "round", "server_role", "num_elements", "ring_bits", "chunk_bytes", "chunk_count", "submission_id", "sha256", "provider_id", "compute_seconds", "vector_id", "model_version", "encoding")
+    __slots__ = ("run_id", "round", "server_role", "num_elements", "ring_bits", "chunk_bytes", "chunk_count", "submission_id", "sha256", "provider_id", "compute_seconds", "vector_id", "model_version", "encoding", "norm_blind", "norm_joint_part", "norm_seed")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SERVER_ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +369,9 @@ class ShareHeader(_message.Message):
     VECTOR_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENCODING_FIELD_NUMBER: _ClassVar[int]
+    NORM_BLIND_FIELD_NUMBER: _ClassVar[int]
+    NORM_JOINT_PART_FIELD_NUMBER: _ClassVar[int]
+    NORM_SEED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     server_role: ServerRole
@@ -371,7 +386,10 @@ class ShareHeader(_message.Message):
     vector_id: bytes
     model_version: int
     encoding: ShareEncoding
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., server_role: _Optional[_Union[ServerRole, str]] = ..., num_elements: _Optional[int] = ..., ring_bits: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., sha256: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., vector_id: _Optional[bytes] = ..., model_version: _Optional[int] = ..., encoding: _Optional[_Union[ShareEncoding, str]] = ...) -> None: ...
+    norm_blind: bytes
+    norm_joint_part: bytes
+    norm_seed: bytes
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., server_role: _Optional[_Union[ServerRole, str]] = ..., num_elements: _Optional[int] = ..., ring_bits: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., chunk_count: _Optional[int] = ..., submission_id: _Optional[bytes] = ..., sha256: _Optional[bytes] = ..., provider_id: _Optional[str] = ..., compute_seconds: _Optional[float] = ..., vector_id: _Optional[bytes] = ..., model_version: _Optional[int] = ..., encoding: _Optional[_Union[ShareEncoding, str]] = ..., norm_blind: _Optional[bytes] = ..., norm_joint_part: _Optional[bytes] = ..., norm_seed: _Optional[bytes] = ...) -> None: ...
 
 class ShareChunk(_message.Message):
     __slots__ = ("header", "chunk")

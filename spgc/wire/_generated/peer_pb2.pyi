@@ -50,20 +50,22 @@ class PeerHello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ..., ledger_public_key: _Optional[bytes] = ..., ledger_releases: _Optional[int] = ..., unmatched_release: _Optional[_Union[ReleaseStatement, _Mapping]] = ...) -> None: ...
 
 class BarrierState(_message.Message):
-    __slots__ = ("run_id", "round", "barrier", "role", "reached_at", "pool")
+    __slots__ = ("run_id", "round", "barrier", "role", "reached_at", "pool", "verify_coin")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     REACHED_AT_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COIN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     barrier: Barrier
     role: _aggregation_pb2.ServerRole
     reached_at: _timestamp_pb2.Timestamp
     pool: PoolSlice
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., barrier: _Optional[_Union[Barrier, str]] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., reached_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pool: _Optional[_Union[PoolSlice, _Mapping]] = ...) -> None: ...
+    verify_coin: bytes
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., barrier: _Optional[_Union[Barrier, str]] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., reached_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pool: _Optional[_Union[PoolSlice, _Mapping]] = ..., verify_coin: _Optional[bytes] = ...) -> None: ...
 
 class PoolSlice(_message.Message):
     __slots__ = ("block_index", "block_id", "offset", "count")
@@ -130,7 +132,7 @@ class NoiseBlock(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProviderSet(_message.Message):
-    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids")
+    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids", "norm_verifiers")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +140,7 @@ class ProviderSet(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     MIN_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
     VECTOR_IDS_FIELD_NUMBER: _ClassVar[int]
+    NORM_VERIFIERS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     role: _aggregation_pb2.ServerRole
@@ -145,7 +148,8 @@ class ProviderSet(_message.Message):
     digest: bytes
     min_providers: int
     vector_ids: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ..., vector_ids: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    norm_verifiers: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ..., vector_ids: _Optional[_Iterable[bytes]] = ..., norm_verifiers: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ProviderAgreement(_message.Message):
     __slots__ = ("callee", "agreed", "agreed_digest", "proceed")
