@@ -64,10 +64,12 @@ __all__ = [
     "VerifierMessage",
     "choose_field",
     "decide",
+    "encoded_input",
     "helper_query",
     "leader_query",
     "prove",
     "prove_unchecked",
+    "wrapping_vector",
 ]
 
 #: Wraparound repetitions: each one a vector over the bound passes with probability <= 1/2.
@@ -462,6 +464,37 @@ def prove_unchecked(
     shares = _share_and_prove(x.astype(np.int64), params, strict=False, edit=edit)
     assert shares is not None
     return shares
+
+
+def encoded_input(params: NormProofParams, x: np.ndarray, joint_seed: bytes) -> np.ndarray:
+    """The encoded input (x, then the appended bits) a prover makes of ``x`` under the joint
+    randomness ``joint_seed``, bits that do not fit cut: with :func:`prove_unchecked`'s
+    ``edit``, a proof made for another vector than the one shared (tests, bench load)."""
+    w = _encode(params, np.asarray(x, dtype=np.int64), joint_seed, strict=False)
+    assert w is not None
+    return w
+
+
+def wrapping_vector(params: NormProofParams, spread: int = 0) -> np.ndarray:
+    """Integers whose squared norm is p + s with 0 <= s <= B^2/2: in the field the norm
+    equation holds (V0 = s), so only the wraparound checks can catch it (tests, bench load).
+    The first ``spread`` coordinates carry equal magnitudes (alternating signs), the rest are
+    filled greedily; ValueError if the vector is too short for it."""
+    p, b2 = params.p, params.bound**2
+    x = np.zeros(params.dim, dtype=np.int64)
+    rest = p + b2 // 2
+    spread = min(spread, params.dim - 1)
+    if spread > 0:
+        v = math.isqrt(rest // (spread + 1))
+        x[:spread] = v
+        x[1:spread:2] *= -1
+        rest -= spread * v * v
+    for i in range(max(spread, 0), params.dim):
+        x[i] = math.isqrt(rest)
+        rest -= int(x[i]) ** 2
+    if not 0 <= rest <= b2 // 2:
+        raise ValueError(f"{params.dim} coordinates cannot make a wrapping vector")
+    return x
 
 
 def _check_vector(x: np.ndarray, params: NormProofParams) -> np.ndarray:

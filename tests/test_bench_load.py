@@ -17,9 +17,18 @@ REFUSALS = {
 }
 
 
-def test_bench_load_small_run_with_hostile_actors():
-    opts = LoadOptions(providers=3, rounds=2, hostile=1, processes=1, hostile_interval=0.1)
+def test_bench_load_small_run_with_hostile_actors_and_poisoning_providers():
+    # Verified inputs; providers p4 and p5 send vectors over the bound in every round, each of
+    # the four ways in turn (six rounds: each sees every way): none may enter a sum.
+    opts = LoadOptions(
+        providers=5, rounds=2, hostile=1, processes=1, hostile_interval=0.1, poison=2,
+        verify_inputs="l2",
+    )  # fmt: skip
     result = run_bench(opts, progress=None)
+    assert result["verify_inputs"] == "l2" and result["poison"] == 2
+    assert result["poison_attempts"] >= 2 * (opts.total_rounds - 1)  # round 0: maybe late
+    assert result["poison_accepted"] == 0
+    assert result["poison_refused"] == result["poison_attempts"]
     for key in (
         "providers",
         "rounds",
@@ -36,7 +45,7 @@ def test_bench_load_small_run_with_hostile_actors():
         "hostile_calls",
     ):
         assert key in result, key
-    assert result["providers"] == 3 and result["providers_connected"] == 3
+    assert result["providers"] == 5 and result["providers_connected"] == 5
     assert result["rounds"] == 2 and result["hostile_rounds"] == 2
     assert result["missed_providers"] == 0 and result["hostile_missed_providers"] == 0
     assert result["servers_alive"] and result["servers_exit_codes"] == {"h1": 0, "h2": 0}
@@ -72,3 +81,7 @@ def test_bench_load_refuses_bad_options_cleanly(capsys):
     assert "Traceback" not in err
     with pytest.raises(ValueError, match="two-server mode"):
         run_bench(LoadOptions(mode="plain"), progress=None)  # one server: no pair to load
+    with pytest.raises(ValueError, match="needs verified inputs"):
+        run_bench(LoadOptions(providers=4, poison=1), progress=None)
+    assert main(["--providers", "3", "--poison", "3"]) == 2
+    assert "--poison must be in 0..N-1" in capsys.readouterr().err

@@ -7,7 +7,6 @@ its own reason. Also a tutorial: prove -> leader_query / helper_query -> decide.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 import numpy as np
@@ -15,16 +14,17 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from garbled_core import field_expand, field_matvec, field_mul, field_ntt, wraparound_dots
-from spgc import norm_proof
 from spgc.norm_proof import (
     DEFAULT_REPETITIONS,
     NormProofParams,
     choose_field,
     decide,
+    encoded_input,
     helper_query,
     leader_query,
     prove,
     prove_unchecked,
+    wrapping_vector,
 )
 
 P61 = (1 << 61) - 1  # a prime; the kernels need no special form
@@ -147,33 +147,14 @@ def test_one_huge_coordinate_is_refused() -> None:
         assert _refusals(params, x)
 
 
-def _wrapping_vector(params: NormProofParams, spread: int) -> np.ndarray:
-    """Integers with sum x_i^2 = p + s, 0 <= s <= B^2: in the field the norm equation holds
-    (V0 = s), so only the wraparound checks can catch it. The first ``spread`` coordinates
-    carry equal magnitudes (alternating signs); the rest are filled greedily."""
-    p, b2 = params.p, params.bound**2
-    x = np.zeros(params.dim, dtype=np.int64)
-    rest = p + b2 // 2
-    if spread:
-        v = math.isqrt(rest // (spread + 1))
-        x[:spread] = v
-        x[1:spread:2] *= -1
-        rest -= spread * v * v
-    for i in range(spread, params.dim):
-        x[i] = math.isqrt(rest)
-        rest -= int(x[i]) ** 2
-    assert 0 <= rest <= b2 // 2
-    xo = x.astype(object)
-    assert int(np.dot(xo, xo)) % p <= b2  # the field sees a small squared norm
-    return x
-
-
 @pytest.mark.parametrize("spread", [0, 56])
 def test_a_vector_whose_squared_norm_wraps_the_field_is_refused_by_the_wraparound_checks(
     spread: int,
 ) -> None:
     params = _params(dim=64)
-    x = _wrapping_vector(params, spread)
+    x = wrapping_vector(params, spread)
+    xo = x.astype(object)
+    assert params.p <= int(np.dot(xo, xo)) <= params.p + params.bound**2  # wraps to <= B^2
     assert _refusals(params, x) == {"the norm bound or a wraparound check does not hold"}
 
 
@@ -182,7 +163,7 @@ def test_one_wraparound_check_passes_a_wrapping_vector_at_most_half_the_time() -
     # most 1/2; everything else about the vector is consistent, so the repetitions are all
     # that stands between it and the sum.
     params = _params(dim=64, reps=1)
-    x = _wrapping_vector(params, 56)
+    x = wrapping_vector(params, 56)
     verdicts = [_verdict(params, prove_unchecked(x, params)) for _ in range(120)]
     assert set(verdicts) <= {None, "the norm bound or a wraparound check does not hold"}
     assert sum(v is None for v in verdicts) <= 72  # 1/2 + four standard deviations of 120 coins
@@ -196,7 +177,7 @@ def test_a_proof_for_another_vector_is_refused() -> None:
     def good_encoding(w: np.ndarray, joint: bytes) -> np.ndarray:
         # The bits and the proof describe x_good (under this very joint randomness); the
         # shares carry x_bad.
-        return norm_proof._encode(params, x_good, joint)
+        return encoded_input(params, x_good, joint)
 
     assert _refusals(params, x_bad, good_encoding) == {
         "the proof polynomial does not match the wires"

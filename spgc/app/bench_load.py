@@ -16,8 +16,8 @@ connected and sent its share, so it measures start-up. A round's time is its per
 H1's log line of round t-1 (written when t-1 is published) to that of round t, i.e. round t from
 open to publish plus the checkpoint of round t-1. Rounds close as soon as every listed
 provider's share is in (min_providers is 90% of N; round_deadline is long, 30 s + 0.06 s per
-provider). ``missed_providers`` counts provider-rounds whose share is not in the sum: N x R
-minus the agreed providers of the published rounds.
+provider). ``missed_providers`` counts provider-rounds whose share is not in the sum (from H1's
+round records, which name every provider left out and why).
 
 Hostile actors (``--hostile K``): after the R quiet rounds, one round (not counted) holds the
 providers until every actor has begun its first call, so that the next R rounds, however short,
@@ -30,6 +30,17 @@ method, alternately as a provider (its own certificate) and as the intruder. The
 every hostile call by how it was answered (gRPC status names, or what the TCP connection did);
 calls started after the last round's line (the servers were stopping) are counted apart, under
 ``after_last_round``.
+
+Poisoning providers (``--poison K``, verified inputs): the last K providers are
+:class:`~spgc.app.bench_load_actors.PoisonProvider`s, registered, with their real keys, whose
+every vector is over the norm bound in one of four ways in turn (scaled, one huge coordinate,
+a squared norm that wraps the field, a proof made for another vector than the one shared); the
+servers run with ``verify_inputs: l2``. From H1's round records, over every round of the
+run: ``poison_attempts`` (their shares that reached H1), ``poison_accepted`` (those in a
+round's sum), ``poison_refused`` (left out for the proof) and ``missed_providers`` (honest
+provider-rounds not in the sum). The same command first runs the same N providers, all
+honest, without verification (``--no-baseline`` skips it) and reports both median rounds and
+their ratio.
 
 Resources: the servers' peak resident set (VmHWM from /proc/PID/status, sampled while they run,
 and the kernel's ru_maxrss when they are reaped) and CPU seconds (user + system, from the
@@ -85,6 +96,7 @@ __all__ = [
     "main",
     "run_bench",
     "run_from_args",
+    "run_with_baseline",
 ]
 
 PROG = "spgc bench load"
@@ -116,6 +128,13 @@ class LoadOptions:
     hostile_interval: float = DEFAULT_HOSTILE_INTERVAL
     timeout: float = 3600.0
     keep: bool = False
+    # The last ``poison`` providers send vectors over the bound (verified inputs only).
+    poison: int = 0
+    verify_inputs: str = "none"
+
+    @property
+    def honest(self) -> int:
+        return self.providers - self.poison
 
     @property
     def worker_count(self) -> int:
@@ -294,6 +313,10 @@ def _validate(opts: LoadOptions) -> None:
         raise ValueError("--rounds must be >= 1, --hostile and --processes >= 0")
     if not opts.hostile_interval > 0 or not opts.timeout > 0 or opts.round_deadline < 0:
         raise ValueError("--hostile-interval and --timeout must be > 0, --round-deadline >= 0")
+    if not 0 <= opts.poison < opts.providers:
+        raise ValueError("--poison must be in 0..N-1 (at least one honest provider)")
+    if opts.poison and opts.verify_inputs != "l2":
+        raise ValueError("--poison needs verified inputs (the servers' norm-proof checks)")
 
 
 def _write_workers(opts: LoadOptions, work: Path, provider_cfgs: list[Path]) -> list[Path]:
@@ -308,6 +331,7 @@ def _write_workers(opts: LoadOptions, work: Path, provider_cfgs: list[Path]) -> 
             "indices": indices,
             # the round that waits for the hostile actors
             "gate_round": 1 + opts.rounds if opts.hostile else None,
+            "poison": [i for i in indices if i >= opts.honest],
         }
         path = work / f"worker-{w + 1}.json"
         path.write_text(json.dumps(spec))
@@ -403,11 +427,13 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             mode=opts.mode,
             max_providers=MAX_PROVIDERS,
             extra_certs=(INTRUDER,) if opts.hostile else (),
+            verify_inputs=opts.verify_inputs,
             server_overrides={
                 "evaluate": False,
                 "round_deadline": deadline,
                 "peer_timeout": deadline + 300.0,
-                "min_providers": max(1, n - n // 10),
+                # the poisoners are left out of every round: the honest ones must suffice
+                "min_providers": max(1, opts.honest - opts.honest // 10),
             },
         )
         try:
@@ -576,9 +602,7 @@ def _figures(
             for key, value in spent.items():
                 parts.setdefault(key, []).append(value)
             others.append(period - sum(spent.values()))
-        used = sum(
-            history[t]["providers_used"] for t in rounds if history.get(t, {}).get("published")
-        )
+
         breakdown = {k: _percentile(v, 50) for k, v in sorted(parts.items())}
         breakdown["rest"] = _percentile(others, 50)
         # CPU seconds per round (sampled when H1's round line appears: +- 0.1 s; when no round
@@ -605,7 +629,7 @@ def _figures(
             "seconds": [round(s, 3) for s in periods],
             "median": _percentile(periods, 50),
             "p95": _percentile(periods, 95),
-            "missed": n * len(rounds) - used,
+            "missed": _honest_missed(opts, history, rounds),
             "measured": len(periods),
             "breakdown": breakdown,
             "cpu": cpu_round,
@@ -649,6 +673,9 @@ def _figures(
         "cpus": os.cpu_count(),
         "load_average_before": clock["load"],
     }
+    if opts.verify_inputs != "none":
+        out["verify_inputs"] = opts.verify_inputs
+        out.update(_poison_figures(opts, history, range(opts.total_rounds)))
     if opts.hostile:
         hot = phase(opts.hostile_rounds)
         counts = (hostile or {}).get("counts", {})
@@ -673,6 +700,84 @@ def _figures(
     return out
 
 
+def _honest_missed(opts: LoadOptions, history: dict[int, dict[str, Any]], rounds: range) -> int:
+    """Honest provider-rounds not in the sum: every honest provider in a round not published,
+    and in a published one those its record leaves out (left_out names each, and why)."""
+    honest = [f"p{i + 1}" for i in range(opts.honest)]
+    missed = 0
+    for t in rounds:
+        rec = history.get(t, {})
+        left_out = rec.get("left_out", {}) if rec.get("published") else dict.fromkeys(honest)
+        missed += sum(1 for name in honest if name in left_out)
+    return missed
+
+
+def _poison_figures(
+    opts: LoadOptions, history: dict[int, dict[str, Any]], rounds: range
+) -> dict[str, Any]:
+    """The poisoners' shares in ``rounds`` (every round of the run), from H1's round records;
+    and the honest provider-rounds missed in them."""
+    poisoners = [f"p{i + 1}" for i in range(opts.honest, opts.providers)]
+    attempts = accepted = refused = 0
+    for t in rounds:
+        rec = history.get(t)
+        if rec is None or not rec.get("published"):
+            continue
+        left_out = rec.get("left_out", {})
+        for name in poisoners:
+            why = left_out.get(name)
+            if why is not None and why.startswith("no share reached"):
+                continue
+            attempts += 1
+            if why is None:
+                accepted += 1
+            elif why.startswith("its norm proof was refused"):
+                refused += 1
+    return {
+        "poison": opts.poison,
+        "poison_attempts": attempts,
+        "poison_accepted": accepted,
+        "poison_refused": refused,
+        "missed_providers": _honest_missed(opts, history, rounds),
+    }
+
+
+def run_with_baseline(
+    opts: LoadOptions, baseline: bool = True, progress: TextIO | None = sys.stderr
+) -> dict[str, Any]:
+    """:func:`run_bench` with verified inputs (and ``opts.poison`` poisoners), after the same
+    providers, all honest, without verification (``baseline``): both median rounds and their
+    ratio. Without ``baseline``, or without verified inputs, :func:`run_bench` alone."""
+    if not baseline or opts.verify_inputs == "none":
+        return run_bench(opts, progress)
+    plain = run_bench(
+        LoadOptions(**{**opts.__dict__, "poison": 0, "verify_inputs": "none"}), progress
+    )
+    result = run_bench(opts, progress)
+    verified, unverified = result["median_round_seconds"], plain["median_round_seconds"]
+    result.update(
+        {
+            "honest_median_round_seconds_verified": verified,
+            "honest_median_round_seconds_unverified": unverified,
+            "verification_round_ratio": (
+                None if not verified or not unverified else verified / unverified
+            ),
+            "unverified": {k: plain[k] for k in _BASELINE_KEYS if k in plain},
+        }
+    )
+    return result
+
+
+_BASELINE_KEYS = (
+    "median_round_seconds",
+    "p95_round_seconds",
+    "round_seconds",
+    "missed_providers",
+    "cpu_seconds_per_round_median",
+    "servers_alive",
+)
+
+
 def _table(result: dict[str, Any]) -> str:
     rows = [
         ("providers", result["providers"]),
@@ -685,6 +790,20 @@ def _table(result: dict[str, Any]) -> str:
         ("missed provider-rounds", result["missed_providers"]),
         ("CPU s per round, median", result["cpu_seconds_per_round_median"]),
     ]
+    if "verify_inputs" in result:
+        rows += [
+            ("verified inputs", result["verify_inputs"]),
+            ("poisoning providers", result["poison"]),
+            ("poison attempts / accepted / refused", "{} / {} / {}".format(
+                result["poison_attempts"], result["poison_accepted"], result["poison_refused"]
+            )),
+        ]  # fmt: skip
+    if "verification_round_ratio" in result:
+        rows += [
+            ("median round without verification (s)",
+             result["honest_median_round_seconds_unverified"]),
+            ("verified / unverified median round", result["verification_round_ratio"]),
+        ]  # fmt: skip
     if "hostile" in result:
         rows += [
             ("hostile actors per kind", result["hostile"]),
@@ -755,6 +874,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="S",
         help=f"seconds between one hostile actor's attempts (default: {DEFAULT_HOSTILE_INTERVAL})",
     )
+    p.add_argument(
+        "--verify-inputs",
+        choices=("none", "l2"),
+        default=None,
+        help="the servers' verify_inputs (default: l2 with --poison, else none); l2 first "
+        "runs the same providers without verification as a baseline",
+    )
+    p.add_argument(
+        "--poison",
+        type=_count,
+        default=0,
+        metavar="K",
+        help="the last K providers send vectors over the norm bound every round (scaled, "
+        "one huge coordinate, wrapping the field, a proof for another vector)",
+    )
+    p.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="with verified inputs, skip the run without verification",
+    )
     p.add_argument("--timeout", type=float, default=3600.0, metavar="S", help="default: 3600")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -774,6 +913,8 @@ def options_from_args(args: argparse.Namespace) -> LoadOptions:
         hostile_interval=args.hostile_interval,
         timeout=args.timeout,
         keep=args.keep,
+        poison=args.poison,
+        verify_inputs=args.verify_inputs or ("l2" if args.poison else "none"),
     )
 
 
@@ -782,7 +923,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     or the run timed out, 2 for bad options."""
     try:
         opts = options_from_args(args)
-        result = run_bench(opts, progress=None if args.json else sys.stderr)
+        result = run_with_baseline(
+            opts, not args.no_baseline, progress=None if args.json else sys.stderr
+        )
     except (ValueError, ConfigError, *DATA_ERRORS) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 - Provider workers (``python -m spgc.app.bench_load --worker SPEC``): a share of the
   providers, one thread each, every one a real :class:`ProviderClient` training on its slice of
-  the data set; events (round results, refusals, exit) go to stdout as JSON lines.
+  the data set (or, with ``--poison``, a :class:`PoisonProvider` sending vectors over the
+  bound); events (round results, refusals, exit) go to stdout as JSON lines.
 - The hostile process (``--hostile-actors SPEC``): silent, junk and malformed clients, some
   holding a registered provider's certificate, some the intruder's; it prints its counts as
   JSON when told to stop.
@@ -29,7 +30,9 @@ from spgc.config_files import load_provider_config
 from spgc.data import load_dataset, split_among_providers
 from spgc.gradients import clip_per_example
 from spgc.logs import setup_logging
+from spgc.norm_proof import encoded_input, prove_unchecked, wrapping_vector
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed
+from spgc.providers.training import OutgoingShare
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import make_channel, split_host_port
 
@@ -77,6 +80,60 @@ class BenchProvider(ProviderClient):
         """Random examples' "gradients" (standard normal), each clipped to C."""
         rows = self.rounding_rng.standard_normal((len(idx), self.training.num_parameters))
         return clip_per_example(rows, self.training.clip_norm)
+
+
+#: The ways a poisoning provider sends a vector over the bound, one per round in turn.
+POISON_KINDS = ("scaled", "huge", "wrap", "another")
+
+
+class PoisonProvider(BenchProvider):
+    """A registered provider with its real keys whose every vector is over the plan's norm
+    bound, shared and proved by our own prover without its checks
+    (spgc.norm_proof.prove_unchecked); round t uses ``POISON_KINDS[(index + t) % 4]``:
+
+    - ``scaled``: its vector times 1,000 (at least 3 B);
+    - ``huge``: one coordinate at 100 B;
+    - ``wrap``: a vector whose squared norm wraps the field to at most B^2 (only the
+      wraparound checks can catch it);
+    - ``another``: the shares of a scaled vector with the bits and proof of its honest one.
+    """
+
+    index: int = 0
+
+    def make_vectors(self, total: np.ndarray) -> list[OutgoingShare]:
+        params = self.norm_proof
+        if params is None:  # no verification to cheat: its vector enters the sum as it is
+            return super().make_vectors(total)
+        honest = np.asarray(total, dtype=np.int64)
+        kind = POISON_KINDS[(self.index + int(self.last_round or 0)) % len(POISON_KINDS)]
+        scaled = honest * 1000
+        if float(np.linalg.norm(scaled.astype(np.float64))) < 3.0 * params.bound:
+            scaled[0] = 3 * params.bound
+        edit = None
+        if kind == "scaled":
+            bad = scaled
+        elif kind == "huge":
+            bad = honest.copy()
+            bad[int(np.argmax(np.abs(bad)))] = 100 * params.bound
+        elif kind == "wrap":
+            bad = wrapping_vector(params, spread=params.dim // 2)
+        else:
+            bad = scaled
+
+            def edit(w: np.ndarray, joint: bytes) -> np.ndarray:
+                return encoded_input(params, honest, joint)
+
+        leader, helper = prove_unchecked(bad, params, edit)
+        empty = np.zeros(0, dtype=np.uint64)
+        return [
+            OutgoingShare(
+                np.concatenate([leader.inputs, leader.proof]),
+                params.p,
+                leader.blind,
+                leader.helper_part,
+            ),
+            OutgoingShare(empty, params.p, b"", helper.leader_part, helper.seed),
+        ]
 
 
 class _Emitter:
@@ -146,11 +203,14 @@ def worker_main(spec_path: Path) -> int:
         gate = (int(spec["gate_round"]), threading.Event())
         threading.Thread(target=_await_go, args=(gate[1],), daemon=True).start()
     threads = []
+    poison = set(spec.get("poison", []))
     for path, index in zip(spec["configs"], spec["indices"], strict=True):
         cfg = load_provider_config(path)
         data = split_among_providers(ds.x_train, ds.y_train, parts, index % parts)
-        client = BenchProvider(cfg, data=data)
+        client = (PoisonProvider if index in poison else BenchProvider)(cfg, data=data)
         client.gate = gate
+        if isinstance(client, PoisonProvider):
+            client.index = index
         threads.append(
             threading.Thread(target=_run_provider, args=(client, emit), name=cfg.name, daemon=True)
         )
