@@ -248,6 +248,14 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         if first is not None and first.WhichOneof("kind") == "header":
             seen["round"] = first.header.round  # for the audit, should the header be refused
         field = None if plan.norm_proof is None else plan.norm_proof.p
+        if field is not None and first is not None and first.WhichOneof("kind") == "header":
+            sent = first.header
+            if sent.encoding != pb.SHARE_ENCODING_FIELD and not sent.norm_seed:
+                raise InvalidArgumentError(
+                    "this run verifies inputs (TrainingConfig.verify_inputs l2): send field "
+                    "shares with a norm proof (SHARE_ENCODING_FIELD to H1, a norm_seed to H2; "
+                    "docs/CLIENTS.md, section 4.4), not ring shares"
+                )
         header = read_share_header(
             iter(() if first is None else (first,)),
             num_elements=self.state.intake.length,

@@ -34,6 +34,7 @@ from spgc.modes import (
     NOISY_MODES,
     SINGLE_SERVER_MODES,
     TRAINING_MODES,
+    VERIFIED_BY_DEFAULT,
     VERIFIED_MODES,
 )
 from spgc.wire.tls import TlsFiles
@@ -209,11 +210,13 @@ class ServerConfig(_Schema):
         "of the plan: both servers must set the same; Ray worker pairs run either",
     )
     verify_inputs: Literal["none", "l2"] = Field(
-        "none",
+        None,  # type: ignore[assignment]  # filled in from the mode by _default_verification
         description="l2: every share carries a zero-knowledge proof that its vector's L2 norm "
         "is within the plan's bound (the largest batch times each example's bound), checked "
         "by both servers before the round's agreement; a share whose proof fails is left out "
-        "(docs/PRIVACY.md, Norm proofs); modes spgc, only-mpc and dng; none: not checked",
+        "(docs/PRIVACY.md, Norm proofs); modes spgc, only-mpc and dng; none: not checked, any "
+        "provider can poison the sum. Default: l2 in the two-server DP modes that can check "
+        "it (spgc, dng), none in the others",
     )
     verify_repetitions: int = Field(
         64,
@@ -432,6 +435,15 @@ class ServerConfig(_Schema):
     @classmethod
     def _role(cls, value: Any) -> Any:
         return int(value) if isinstance(value, str) and value.strip() in ("1", "2") else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_verification(cls, data: Any) -> Any:
+        """verify_inputs unset: l2 in the DP modes that verify (spgc, dng), none elsewhere."""
+        if isinstance(data, Mapping) and data.get("verify_inputs") is None:
+            mode = data.get("mode", "spgc")
+            data = {**data, "verify_inputs": "l2" if mode in VERIFIED_BY_DEFAULT else "none"}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerConfig:

@@ -20,6 +20,7 @@ __all__ = [
     "SINGLE_SERVER_MODES",
     "TRAINING_MODES",
     "TWO_SERVER_MODES",
+    "VERIFIED_BY_DEFAULT",
     "VERIFIED_MODES",
     "Mode",
     "get_mode",
@@ -115,3 +116,5 @@ BACKEND_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and
 #: spgc.norm_proof): the sums are field shares, reconstructed by the round's circuit or opened
 #: in the field with the servers' own noise (preprocessed's pool holds ring shares: not yet).
 VERIFIED_MODES: tuple[str, ...] = ("spgc", "only-mpc", "dng")
+#: Where verify_inputs defaults to l2: the two-server DP modes among them.
+VERIFIED_BY_DEFAULT: tuple[str, ...] = ("spgc", "dng")

@@ -424,8 +424,8 @@ def _norm_proof(
     except ValueError as exc:
         raise ValueError(
             f"verify_inputs: l2: a provider's bound is {max_batch:,} examples x "
-            f"{fp.l2_bound_units:,} units = {bound:,} units: {exc} (max_batch_size caps the "
-            "batch; without it a Poisson batch is bounded only by the provider's data)"
+            f"{fp.l2_bound_units:,} units = {bound:,} units: {exc}; lower max_batch_size or "
+            "scale, or set verify_inputs: none (then no provider's vector is checked)"
         ) from None
 
 

@@ -126,7 +126,7 @@ def test_metrics_readiness_and_counters_over_two_rounds(pki: Path, tmp_path: Pat
             counts = {
                 e: m[("spgc_shares_accepted_total", (("encoding", e),))] for e in SHARE_ENCODINGS
             }
-            assert counts == {"uint64": uint64_shares, "packed": 1}
+            assert counts == {"uint64": uint64_shares, "packed": 1, "field": 0, "seed": 0}
             assert m[("spgc_share_bytes_received_total", (("encoding", "uint64"),))] == (
                 uint64_shares * 8 * cfg.num_parameters
             )

@@ -162,6 +162,9 @@ def test_wire_field_numbers_are_stable() -> None:
         "vector_id": 12,
         "model_version": 13,
         "encoding": 14,
+        "norm_blind": 15,
+        "norm_joint_part": 16,
+        "norm_seed": 17,
     }
     assert numbers(aggregation_pb2.ModelHeader) == {
         "run_id": 1,

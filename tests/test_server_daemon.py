@@ -68,6 +68,9 @@ def _cfg(pki: Path, role: int, state: Path, **kw) -> ServerConfig:
         "state_dir": state,
         "connect_timeout": 20.0,
         "max_batch_size": 64,
+        # These tests' Provider shares in the ring (docs/CLIENTS.md 4.1); verified inputs, the
+        # default in spgc and dng, are tested in test_verified_inputs.py.
+        "verify_inputs": "none",
     }
     base.update(kw)
     return ServerConfig(**base)

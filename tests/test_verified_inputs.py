@@ -23,6 +23,7 @@ from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import check_plan, norm_proof_params
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.intake import INVALID_ARGUMENT, FieldShares, ShareIntake, SubmissionRejected
+from spgc.servers.metrics import ServerMetrics
 from spgc.servers.norm_checks import norm_refusals, round_coin, verifier_messages
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import InvalidArgumentError
@@ -164,6 +165,10 @@ def _server_config(tmp_path: Path, **extra) -> ServerConfig:
 
 
 def test_the_plan_caps_the_batch_and_announces_the_proofs(tmp_path: Path) -> None:
+    default = make_plan(_server_config(tmp_path / "c")).training_config("run")
+    assert default.verify_inputs == "l2"  # the default in spgc (and dng)
+    for mode, want in (("only-mpc", "none"), ("dng", "l2")):
+        assert _server_config(tmp_path / mode, mode=mode).verify_inputs == want
     plan = make_plan(_server_config(tmp_path / "a", verify_inputs="l2"))
     norm = plan.norm_proof
     assert norm is not None and norm.soundness_error <= 2.0**-40
@@ -174,7 +179,8 @@ def test_the_plan_caps_the_batch_and_announces_the_proofs(tmp_path: Path) -> Non
     assert 0 < tc.max_batch_size < 100
     assert tc.norm_bound_units == tc.max_batch_size * int(tc.l2_bound_units)
     assert norm_proof_params(tc, plan.share_dim).p == norm.p
-    unverified = make_plan(_server_config(tmp_path / "b")).training_config("run")
+    unverified = make_plan(_server_config(tmp_path / "b", verify_inputs="none"))
+    unverified = unverified.training_config("run")
     assert unverified.verify_inputs == "none" and unverified.norm_field_modulus == 0
     # A provider recomputes the field and refuses another one; one that requires verified
     # inputs refuses a plan without them.
@@ -199,8 +205,8 @@ def test_verified_inputs_are_refused_where_two_servers_cannot_check_them(
 def test_a_poisoning_provider_is_left_out_of_every_round_and_told_why(tmp_path: Path) -> None:
     work = tmp_path / "work"
     opts = DemoOptions(
-        dataset="cancer", providers=3, rounds=2, insecure=True, verify_inputs="l2",
-        server_overrides={"min_providers": 2, "evaluate": False},
+        dataset="cancer", providers=2, rounds=2, insecure=True, verify_inputs="l2",
+        server_overrides={"min_providers": 1, "evaluate": False},
     )  # fmt: skip
     servers, providers = write_configs(opts, work)
     procs = []
@@ -208,8 +214,8 @@ def test_a_poisoning_provider_is_left_out_of_every_round_and_told_why(tmp_path: 
         for c in servers:
             procs.append(_start([sys.executable, "-m", "spgc.servers", "--config", str(c)], c))
         for i, c in enumerate(providers):
-            # p3 sends 1,000 times its clipped vector, proved by our prover without its checks.
-            script = [str(HERE / "poison_provider.py")] if i == 2 else ["-m", "spgc.providers"]
+            # p2 sends 1,000 times its clipped vector, proved by our prover without its checks.
+            script = [str(HERE / "poison_provider.py")] if i == 1 else ["-m", "spgc.providers"]
             procs.append(_start([sys.executable, *script, "--config", str(c)], c))
         for proc in procs:
             assert proc.wait(300) == 0, Path(proc.args[-1]).with_suffix(".log").read_text()[-2000:]
@@ -223,13 +229,12 @@ def test_a_poisoning_provider_is_left_out_of_every_round_and_told_why(tmp_path: 
         assert summary["model_version"] == 2
         audit = (work / f"{name}-state" / "audit.jsonl").read_text().splitlines()
         refused = [json.loads(x) for x in audit if '"norm_proof_refused"' in x]
-        assert [(e["identity"], e["round"]) for e in refused] == [("p3", 0), ("p3", 1)]
+        assert [(e["identity"], e["round"]) for e in refused] == [("p2", 0), ("p2", 1)]
         log = (work / f"{name}.log").read_text()
-        assert log.count("providers received 3 used 2") == 2
-    told = (work / "p3.log").read_text()
+        assert log.count("providers received 2 used 1") == 2
+    told = (work / "p2.log").read_text()
     assert "our share is not in the sum: its norm proof was refused" in told
-    for honest in ("p1", "p2"):
-        assert "not in the sum" not in (work / f"{honest}.log").read_text()
+    assert "not in the sum" not in (work / "p1.log").read_text()
 
 
 def _start(cmd: list[str], config: Path) -> subprocess.Popen:
@@ -240,3 +245,15 @@ def _start(cmd: list[str], config: Path) -> subprocess.Popen:
         stdin=subprocess.DEVNULL,
         cwd=config.parent,
     )
+
+
+def test_a_refused_norm_proof_is_counted_in_the_metrics() -> None:
+    metrics = ServerMetrics(epsilon=lambda: None, epsilon_budget=None)
+
+    def refused() -> float | None:
+        return metrics.registry.get_sample_value("spgc_shares_refused_total", {"reason": "norm"})
+
+    assert refused() == 0.0  # the series exists before the first refusal
+    metrics.on_audit("norm_proof_refused", {"identity": "p3", "round": 0, "reason": "..."})
+    metrics.on_audit("provider_dropped", {"identity": "p2", "round": 0, "reason": "..."})
+    assert refused() == 1.0

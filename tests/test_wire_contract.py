@@ -336,6 +336,7 @@ def aggregator(tmp_path: Path) -> Iterator[tuple[Served, ServerState]]:
         rounds=2,
         scale=1024.0,
         min_providers=1,
+        verify_inputs="none",  # ring shares, hand-made (verified inputs: test_verified_inputs)
     )
     plan = make_plan(cfg)
     intake = ShareIntake(
@@ -374,8 +375,10 @@ def test_hello_refuses_other_protocol_versions(
     assert f"protocol version {PROTOCOL_VERSION}" in err.details()
     info = stub.Hello(pb.HelloRequest(protocol_version=PROTOCOL_VERSION, provider_id="p1"))
     assert info.protocol_version == PROTOCOL_VERSION and info.provider_id == "p1"
-    # The server announces the sharing rule and ring the provider must follow.
+    # The server announces the sharing rule and ring the provider must follow (this fixture's
+    # plan turns verified inputs off: ring shares).
     assert info.config.sharing_rule == pb.SHARING_RULE_DIFFERENCE_MOD_2L
+    assert info.config.verify_inputs == "none" and info.config.norm_field_modulus == 0
     assert 2 <= info.config.ring_bits <= 64
     check_wire_contract(info.config)
     _no_tracebacks(caplog)
@@ -563,7 +566,8 @@ def test_real_servicer_bounds_without_add_servicer(
             yield item
 
     cfg = ServerConfig(role=1, insecure=True, providers=["p1"], dataset="cancer",
-                       max_batch_size=40, rounds=1, min_providers=1)  # fmt: skip
+                       max_batch_size=40, rounds=1, min_providers=1,
+                       verify_inputs="none")  # fmt: skip
     plan = make_plan(cfg)
     state = ServerState(plan, pb.SERVER_ROLE_H1, ShareIntake(plan.dim, plan.ring_bits, tmp_path))
     state.run_id, state.config = RUN, plan.training_config(RUN)
@@ -720,8 +724,10 @@ def _connect(pki: Path, config: Any, aggregator_class: Any = None) -> str:
 def test_provider_client_refuses_an_unknown_sharing_rule(provider_pki: Path) -> None:
     from test_provider_client import training_config
 
-    message = _connect(provider_pki, training_config(sharing_rule=2))
-    assert "sharing_rule=2" in message and "SHARING_RULE_DIFFERENCE_MOD_2L" in message
+    message = _connect(provider_pki, training_config(sharing_rule=7))
+    assert "sharing_rule=7" in message and "SHARING_RULE_DIFFERENCE_MOD_2L" in message
+    message = _connect(provider_pki, training_config(sharing_rule=pb.SHARING_RULE_SUM_MOD_P))
+    assert "field shares announced without verified inputs" in message
     message = _connect(provider_pki, training_config(ring_bits=65))
     assert "TrainingConfig.ring_bits=65" in message
 

@@ -350,9 +350,9 @@ def test_h2_runs_one_release_per_round(
     real = coordinator.H1Driver._barrier
 
     def barrier(self, t, which, *args, **kwargs):  # type: ignore[no-untyped-def]
-        real(self, t, which, *args, **kwargs)
+        reached = real(self, t, which, *args, **kwargs)
         if which != peer_pb2.BARRIER_CIRCUIT_READY or answers:
-            return
+            return reached
         run, h1 = self.state.run_id, pb.SERVER_ROLE_H1
         statement, signature = self.state.release_statement(t)
         again = [
@@ -375,6 +375,7 @@ def test_h2_runs_one_release_per_round(
                 answers.append("accepted")
             except grpc.RpcError as exc:
                 answers.append(f"{exc.code().name}: {exc.details()}")
+        return reached
 
     monkeypatch.setattr(coordinator.H1Driver, "_barrier", barrier)
     daemons = start_pair(pki, tmp_path, **{**NOISY, "rounds": 2})

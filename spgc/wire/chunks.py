@@ -257,6 +257,8 @@ class ChunkReassembler(ChunkValidator):
         max_total_bytes: int = DEFAULT_MAX_VECTOR_BYTES,
         sha256: bytes | None = None,
         ring_bits: int | None = None,
+        modulus: int | None = None,
+        allow_empty: bool = False,
     ) -> None:
         dt = np.dtype(dtype)
         if dt.kind not in "uf" or dt.itemsize != 8:
@@ -274,6 +276,8 @@ class ChunkReassembler(ChunkValidator):
             max_total_bytes=max_total_bytes,
             sha256=sha256,
             ring_bits=ring_bits,
+            modulus=modulus,
+            allow_empty=allow_empty,
         )
         self._array = np.empty(num_elements, dtype=dt.newbyteorder("<"))
         self._bytes = memoryview(self._array).cast("B")
