@@ -54,8 +54,6 @@ from spgc.servers.spgc_circuit import (
     check_ring_bits,
     decode_signed,
     field_circuit_inputs,
-    field_noisy_sum_circuit,
-    field_reconstruct_circuit,
     noise_share_circuit,
     noisy_sum_circuit,
     output_width,
@@ -392,7 +390,8 @@ def run_aggregate(
     this party's bytes per engine phase over the call (all lanes), totals, rounds and trials.
     ``on_stage`` runs after each of the sampler's stages (fault injection).
     ``field_modulus``: the shares are sums in F_p of verified field shares (spgc.norm_proof),
-    reconstructed as A + B mod p by the ``field_*`` circuits; both servers pass the same p.
+    reconstructed as A + B mod p by the circuits' ``field=True`` builds; both servers pass
+    the same p.
     """
     role = _check_role(role)
     mode = _check_mode(mode)
@@ -521,15 +520,15 @@ def _aggregate_on_link(
 
     info: dict[str, Any] = {"rounds": 0, "trials": 0}
     if mode == "only-mpc":
-        build = field_reconstruct_circuit if field_inputs else reconstruct_circuit
-        circuit = build(ring_bits, arithmetic=link.arithmetic)
+        circuit = reconstruct_circuit(ring_bits, arithmetic=link.arithmetic, field=field_inputs)
         if n:
             out = link.session.run(circuit, inputs(slice(None)), {}, n)
             return decode_signed({"y": out["s"]}, ring_bits), info
         return np.zeros(0, dtype=np.int64), info
     assert params is not None and width is not None and seed is not None
-    build_sum = field_noisy_sum_circuit if field_inputs else noisy_sum_circuit
-    add = build_sum(ring_bits, params.noise_bits, width, arithmetic=link.arithmetic)
+    add = noisy_sum_circuit(
+        ring_bits, params.noise_bits, width, arithmetic=link.arithmetic, field=field_inputs
+    )
     y = np.zeros(n, dtype=np.int64) if width <= 64 else np.zeros(n, dtype=object)
 
     def finish(result: RoundResult) -> None:

@@ -2,9 +2,10 @@
 
 Inputs per coordinate: A1 (garbler, H1) and A2 (evaluator, H2), the two servers' sums of shares in
 Z_{2^L}. S = (A1 - A2) mod 2^L read as a signed L-bit value (the paper's smod). With verified
-inputs (spgc.norm_proof) the sums are field shares, S = A + B mod p, and the ``field_*`` circuits
-reconstruct it from L low bits and one flag bit per server (:func:`field_circuit_inputs`) for
-three or four AND gates per coordinate more than the ring's. The noise z comes
+inputs (spgc.norm_proof) the sums are field shares, S = A + B mod p, and the circuits built
+with ``field=True`` reconstruct it from L low bits and one flag bit per server
+(:func:`field_circuit_inputs`) for three or four AND gates per coordinate more than the
+ring's. The noise z comes
 from the sampler's accepted trial as a carried (kept) input, so nobody sees it; Y = S + z is
 computed in max(L, noise width) + 1 bits, which cannot wrap, and revealed to both servers.
 The preprocessed mode's share circuit turns the same kept noise into additive shares instead.
@@ -44,10 +45,6 @@ __all__ = [
     "decode_signed",
     "depth_rows",
     "field_circuit_inputs",
-    "field_noisy_sum_circuit",
-    "field_noisy_sum_description",
-    "field_reconstruct_circuit",
-    "field_reconstruct_description",
     "noise_share_circuit",
     "noisy_sum_circuit",
     "noisy_sum_description",
@@ -162,24 +159,41 @@ def _describe(
 
 @functools.lru_cache(maxsize=64)
 def reconstruct_description(
-    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+    ring_bits: int,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = MAX_ROUND_DEPTH,
+    field: bool = False,
 ) -> CircuitDescription:
     """Description of :func:`reconstruct_circuit`."""
     ring_bits = check_ring_bits(ring_bits)
 
     def make(b: CircuitBuilder) -> None:
-        b.output("s", _signed_difference(b, ring_bits), reveal="both")
+        if field:
+            v, not_k = _field_sum(b, ring_bits)
+            s, _ = b.add_with_carry(v, 0, carry_in=not_k)  # an increment by NOT k
+        else:
+            s = _signed_difference(b, ring_bits)
+        b.output("s", s, reveal="both")
 
-    return _describe(f"spgc-only-mpc-L{ring_bits}", arithmetic, make, max_depth)
+    name = f"spgc-only-mpc{'-field' if field else ''}-L{ring_bits}"
+    return _describe(name, arithmetic, make, max_depth)
 
 
 @functools.lru_cache(maxsize=64)
 def reconstruct_circuit(
-    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+    ring_bits: int,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = MAX_ROUND_DEPTH,
+    field: bool = False,
 ) -> Any:
     """Only-MPC (the paper's baseline): reveals S = smod(A1 - A2, 2^L) as port ``s``.
-    ``arithmetic="depth"``: at most ``max_depth`` AND layers (see :func:`_describe`)."""
-    return reconstruct_description(ring_bits, arithmetic=arithmetic, max_depth=max_depth).build()
+    ``arithmetic="depth"``: at most ``max_depth`` AND layers (see :func:`_describe`).
+    ``field``: from field shares (:func:`field_circuit_inputs`; 2L + 1 AND gates)."""
+    return reconstruct_description(
+        ring_bits, arithmetic=arithmetic, max_depth=max_depth, field=field
+    ).build()
 
 
 @functools.lru_cache(maxsize=64)
@@ -190,17 +204,28 @@ def noisy_sum_description(
     *,
     arithmetic: str = "ripple",
     max_depth: int = NOISY_SUM_MAX_DEPTH,
+    field: bool = False,
 ) -> CircuitDescription:
     """Description of :func:`noisy_sum_circuit`."""
     width = output_width(ring_bits, noise_bits, output_bits)
 
     def make(b: CircuitBuilder) -> None:
-        s = _signed_difference(b, ring_bits)
+        if field:
+            v, not_k = _field_sum(b, ring_bits)
+        else:
+            v, not_k = _signed_difference(b, ring_bits), 0
         z = b.input("z", owner="carried", width=noise_bits)
-        y = b.add(b.sign_extend(s, width), b.sign_extend(z, width))  # width-1 ANDs, no wrap
+        # width-1 ANDs, no wrap; with field shares S + z = v + z + NOT k over the integers
+        # (v + NOT k stays in the signed range: see field_circuit_inputs), a carry-in.
+        if field:
+            y, _ = b.add_with_carry(
+                b.sign_extend(v, width), b.sign_extend(z, width), carry_in=not_k
+            )
+        else:
+            y = b.add(b.sign_extend(v, width), b.sign_extend(z, width))
         _reveal_wide(b, y)
 
-    name = f"spgc-noisy-sum-L{ring_bits}-z{noise_bits}-y{width}"
+    name = f"spgc-noisy-sum{'-field' if field else ''}-L{ring_bits}-z{noise_bits}-y{width}"
     return _describe(name, arithmetic, make, max_depth)
 
 
@@ -212,14 +237,18 @@ def noisy_sum_circuit(
     *,
     arithmetic: str = "ripple",
     max_depth: int = NOISY_SUM_MAX_DEPTH,
+    field: bool = False,
 ) -> Any:
     """SPGC: Y = smod(A1 - A2, 2^L) + z, z carried (port ``z``, ``noise_bits`` two's complement),
     revealed in :func:`output_width` bits (ports from :func:`output_ports`).
     ``arithmetic="depth"``: at most ``max_depth`` AND layers where the gadgets allow, else as
-    few as they make (see :func:`_describe`; the default: the fewest)."""
+    few as they make (see :func:`_describe`; the default: the fewest). ``field``: S from the
+    servers' field shares (:func:`field_circuit_inputs`: ports a1, k1 of H1, a2, k2 of H2),
+    for three AND gates more (ripple)."""
     desc = noisy_sum_description(
-        ring_bits, noise_bits, output_bits, arithmetic=arithmetic, max_depth=max_depth
-    )
+        ring_bits, noise_bits, output_bits, arithmetic=arithmetic, max_depth=max_depth,
+        field=field,
+    )  # fmt: skip
     return desc.build()
 
 
@@ -240,7 +269,7 @@ def noisy_sum_circuit(
 def field_circuit_inputs(
     total: np.ndarray, modulus: int, ring_bits: int, leader: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(low L bits, flag) of one server's field sum for the ``field_*`` circuits: H1
+    """(low L bits, flag) of one server's field sum for the circuits' ``field=True`` builds: H1
     (``leader``) adds 2^(L-1) - 1 mod p first. ValueError if p is not 1 mod 2^L or the sum
     holds a value outside the field."""
     ring_bits = check_ring_bits(ring_bits)
@@ -268,72 +297,6 @@ def _field_sum(b: CircuitBuilder, ring_bits: int) -> tuple[Bits, Bits]:
     k = b.or_(b.or_(k1, k2), carry)  # 2 ANDs
     v = b.xor(low, 1 << (ring_bits - 1))  # free: the top bit flipped
     return v, b.not_(k)
-
-
-@functools.lru_cache(maxsize=64)
-def field_reconstruct_description(
-    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
-) -> CircuitDescription:
-    """Only-MPC on field shares: reveals S as port ``s`` (L bits, signed), like
-    :func:`reconstruct_description`."""
-    ring_bits = check_ring_bits(ring_bits)
-
-    def make(b: CircuitBuilder) -> None:
-        v, not_k = _field_sum(b, ring_bits)
-        s, _ = b.add_with_carry(v, 0, carry_in=not_k)
-        b.output("s", s, reveal="both")
-
-    return _describe(f"spgc-only-mpc-field-L{ring_bits}", arithmetic, make, max_depth)
-
-
-@functools.lru_cache(maxsize=64)
-def field_reconstruct_circuit(
-    ring_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
-) -> Any:
-    """Built :func:`field_reconstruct_description`."""
-    return field_reconstruct_description(
-        ring_bits, arithmetic=arithmetic, max_depth=max_depth
-    ).build()
-
-
-@functools.lru_cache(maxsize=64)
-def field_noisy_sum_description(
-    ring_bits: int,
-    noise_bits: int,
-    output_bits: int | None = None,
-    *,
-    arithmetic: str = "ripple",
-    max_depth: int = NOISY_SUM_MAX_DEPTH,
-) -> CircuitDescription:
-    """SPGC on field shares: Y = S + z as :func:`noisy_sum_description` reveals it, from the
-    inputs of :func:`field_circuit_inputs` (ports a1, k1 of H1; a2, k2 of H2)."""
-    width = output_width(ring_bits, noise_bits, output_bits)
-
-    def make(b: CircuitBuilder) -> None:
-        v, not_k = _field_sum(b, ring_bits)
-        z = b.input("z", owner="carried", width=noise_bits)
-        # S + z = v + z + (NOT k) over the integers: v + (NOT k) stays in the signed range.
-        y, _ = b.add_with_carry(b.sign_extend(v, width), b.sign_extend(z, width), carry_in=not_k)
-        _reveal_wide(b, y)
-
-    name = f"spgc-noisy-sum-field-L{ring_bits}-z{noise_bits}-y{width}"
-    return _describe(name, arithmetic, make, max_depth)
-
-
-@functools.lru_cache(maxsize=64)
-def field_noisy_sum_circuit(
-    ring_bits: int,
-    noise_bits: int,
-    output_bits: int | None = None,
-    *,
-    arithmetic: str = "ripple",
-    max_depth: int = NOISY_SUM_MAX_DEPTH,
-) -> Any:
-    """Built :func:`field_noisy_sum_description`."""
-    desc = field_noisy_sum_description(
-        ring_bits, noise_bits, output_bits, arithmetic=arithmetic, max_depth=max_depth
-    )
-    return desc.build()
 
 
 # ------------------------------------------------------------------ the paper's table sampler

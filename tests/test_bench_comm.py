@@ -13,8 +13,6 @@ from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from spgc.app import bench_comm, cli
 from spgc.app.bench_sampler import party_links
 from spgc.servers.spgc_circuit import (
-    field_noisy_sum_circuit,
-    field_reconstruct_circuit,
     noisy_sum_circuit,
     reconstruct_circuit,
 )
@@ -92,11 +90,11 @@ def test_verified_inputs_cost_a_flag_bit_each_and_three_and_gates_in_the_noisy_s
         m = bench_comm.MODES["only-mpc"].measure(ctx, 0.0, 1024)
     finally:
         ctx.field_modulus = None
-    ands = field_reconstruct_circuit(ctx.ring_bits).and_count
+    ands = reconstruct_circuit(ctx.ring_bits, field=True).and_count
     assert m.and_gates == ands == 2 * ctx.ring_bits + 1  # L + 2 ORs + an L-bit increment
     assert m.phases == only_mpc_closed_form(ctx.ring_bits, 1024, ands=ands, flags=1)
     ring = noisy_sum_circuit(ctx.ring_bits, 20).and_count
-    assert field_noisy_sum_circuit(ctx.ring_bits, 20).and_count == ring + 3
+    assert noisy_sum_circuit(ctx.ring_bits, 20, field=True).and_count == ring + 3
 
 
 def test_dng_is_exactly_16_bytes_per_coordinate(ctx) -> None:

@@ -1,7 +1,7 @@
 """Reconstruction mod p in the round's circuits (issue 35): the servers' sums of verified field
-shares (spgc.norm_proof) go into the ``field_*`` circuits as L low bits and a flag each, and
-come out as the same S (only-mpc) or S + z (spgc) as the ring's circuits reveal, on gc and on
-gmw, for a few AND gates more per coordinate."""
+shares (spgc.norm_proof) go into the circuits built with ``field=True`` as L low bits and a
+flag each, and come out as the same S (only-mpc) or S + z (spgc) as the ring's circuits
+reveal, on gc and on gmw, for a few AND gates more per coordinate."""
 
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ def test_field_circuits_reveal_what_the_ring_circuits_do(ring_bits: int, arithme
     a2, k2 = sc.field_circuit_inputs(b, p, ring_bits, leader=False)
     ports = {"a1": a1, "k1": k1, "a2": a2, "k2": k2}
     n = len(sums)
-    recon = sc.field_reconstruct_circuit(ring_bits, arithmetic=arithmetic)
+    recon = sc.reconstruct_circuit(ring_bits, arithmetic=arithmetic, field=True)
     assert sc.decode_signed({"y": recon.evaluate(ports, n)["s"]}, ring_bits).tolist() == sums
     noise_bits = 12
     z = np.random.default_rng(1).integers(-(1 << (noise_bits - 1)), 1 << (noise_bits - 1), n)
     carried = z.astype(np.int64).view(np.uint64) & np.uint64((1 << noise_bits) - 1)
-    add = sc.field_noisy_sum_circuit(ring_bits, noise_bits, arithmetic=arithmetic)
+    add = sc.noisy_sum_circuit(ring_bits, noise_bits, arithmetic=arithmetic, field=True)
     out = add.evaluate({**ports, "z": carried}, n)
     width = sc.output_width(ring_bits, noise_bits)
     assert sc.decode_signed(out, width).tolist() == (np.array(sums) + z).tolist()

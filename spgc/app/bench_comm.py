@@ -66,7 +66,6 @@ from spgc.servers.gc_party import counter_delta, run_aggregate
 from spgc.servers.noise_pool import produce_noise_shares
 from spgc.servers.ray_workers import kill_worker, shutdown_ray
 from spgc.servers.spgc_circuit import (
-    field_reconstruct_circuit,
     noise_share_circuit,
     noisy_sum_circuit,
     output_width,
@@ -276,8 +275,9 @@ def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
         )
 
     seconds, phases, _ = _run_pair(ctx, party("garbler"), party("evaluator"))
-    build = reconstruct_circuit if ctx.field_modulus is None else field_reconstruct_circuit
-    and_gates = float(build(ctx.ring_bits, arithmetic=_arithmetic(ctx)).and_count)
+    verified = ctx.field_modulus is not None
+    circuit = reconstruct_circuit(ctx.ring_bits, arithmetic=_arithmetic(ctx), field=verified)
+    and_gates = float(circuit.and_count)
     return Measurement(n, phases, seconds, and_gates, _gmw_extra(ctx, n))
 
 
