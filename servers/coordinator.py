@@ -224,7 +224,7 @@ def compute_round(
         seconds = {"pool": time.perf_counter() - start}
         start = time.perf_counter()
         y, info = dng_exchange(
-            state.role, link.channel, total, noise.view(np.int64), plan.ring_bits
+            state.role, link.channel, total, noise.view(np.int64), plan.ring_bits, field_modulus
         )
         seconds["exchange"] = time.perf_counter() - start
         del noise

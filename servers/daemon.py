@@ -162,7 +162,11 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
         if cfg.mode == "preprocessed":
             assert cfg.pool_path is not None  # validated
             self.state.pool = NoisePool(
-                cfg.pool_path, cfg.role_name, self.plan.sigma_units, self.plan.ring_bits
+                cfg.pool_path,
+                cfg.role_name,
+                self.plan.sigma_units,
+                self.plan.ring_bits,
+                field_modulus=None if norm is None else norm.p,
             )
         self.tls = None if cfg.tls is None else TlsFiles(cfg.tls.cert, cfg.tls.key, cfg.tls.ca)
         if self.tls is not None:

@@ -560,13 +560,17 @@ def noise_shares_range(
     params: SamplerParams,
     ring_bits: int,
     schedule: Sequence[int],
+    field_modulus: int | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One lane of a block of preprocessed noise (:func:`servers.noise_pool.produce_noise_shares`,
     checked and seed-claimed there): samples ``first_coordinate`` on, as additive shares in
     Z_{2^L}. H1's are -r with r its fresh mask from ``os.urandom``, H2's u = z + r (the circuit
-    reveals u to H2 only). Returns (shares of the range, info with the link's ``counters``)."""
+    reveals u to H2 only). ``field_modulus`` p (verified inputs): the same mod p, r uniform in
+    [0, p). Returns (shares of the range, info with the link's ``counters``)."""
     before = link.counters()
-    circuit = noise_share_circuit(ring_bits, params.noise_bits, arithmetic=link.arithmetic)
+    circuit = noise_share_circuit(
+        ring_bits, params.noise_bits, arithmetic=link.arithmetic, field_modulus=field_modulus
+    )
     mask = ring_mask(ring_bits)
     shares = np.zeros(n, dtype=np.uint64)
 
@@ -576,13 +580,19 @@ def noise_shares_range(
             return
         carried = {"z": result.noise.select(result.instances)}
         where = result.coords + lo
-        if link.role == "garbler":
+        if link.role == "garbler" and field_modulus is not None:
+            p = np.uint64(field_modulus)
+            r = garbled_core.field_expand(os.urandom(16), m, field_modulus)  # uniform in [0, p)
+            link.session.run(circuit, {"r": r}, carried, m)
+            shares[where] = np.where(r == 0, r, p - r)  # -r mod p
+        elif link.role == "garbler":
             r = np.frombuffer(os.urandom(8 * m), dtype="<u8").astype(np.uint64) & mask
             link.session.run(circuit, {"r": r}, carried, m)
             shares[where] = (np.uint64(0) - r) & mask  # -r: wraps on purpose
         else:
             out = link.session.run(circuit, {}, carried, m)
-            shares[where] = np.asarray(out["u"], dtype=np.uint64) & mask
+            u = np.asarray(out["u"], dtype=np.uint64)
+            shares[where] = u if field_modulus is not None else u & mask
 
     info: dict[str, Any] = {"rounds": 0, "trials": 0}
     for lo, hi in range_batches(n, link.range_align):

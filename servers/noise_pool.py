@@ -102,8 +102,10 @@ def produce_noise_shares(
     *,
     distance_log2: float = DEFAULT_DISTANCE_LOG2,
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    field_modulus: int | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """One server's side of producing ``n`` noise samples as additive shares in Z_{2^L}.
+    """One server's side of producing ``n`` noise samples as additive shares in Z_{2^L} (with
+    ``field_modulus`` p, verified inputs: in F_p, the sums being field shares).
 
     ``role`` "garbler" (H1) or "evaluator" (H2); ``link`` a :class:`servers.gc_party.PartyLink`
     (its lanes, or its Ray worker pairs when it has them, each make a contiguous range of the
@@ -118,7 +120,8 @@ def produce_noise_shares(
         raise ValueError(f"n must be >= 0, got {n}")
     lanes = resolve_lanes(role, link)
     params = derive_params(sigma_units, distance_log2)
-    noise_share_circuit(ring_bits, params.noise_bits)  # refuses a ring too small, before a byte
+    # Refuses a ring too small, before a byte.
+    noise_share_circuit(ring_bits, params.noise_bits, field_modulus=field_modulus)
     start = time.perf_counter()
     claim_seed(seed)  # once for all lanes
     ranges = lane_ranges(n, len(lanes), getattr(lanes[0], "range_align", 1))
@@ -127,7 +130,7 @@ def produce_noise_shares(
         lo, hi = ranges[i]
         return lambda: lanes[i].noise_shares_range(
             role=role, n=hi - lo, first_coordinate=lo, seed=seed, params=params,
-            ring_bits=ring_bits, schedule=schedule,
+            ring_bits=ring_bits, schedule=schedule, field_modulus=field_modulus,
         )  # fmt: skip
 
     parts = run_lanes(
@@ -257,6 +260,7 @@ class NoisePool:
         sigma_units: float,
         ring_bits: int,
         distance_log2: float = DEFAULT_DISTANCE_LOG2,
+        field_modulus: int | None = None,
     ) -> None:
         if role not in ("h1", "h2"):
             raise ValueError(f"role must be 'h1' or 'h2', got {role!r}")
@@ -264,6 +268,8 @@ class NoisePool:
         self.role = role
         self.sigma_units = float(sigma_units)
         self.ring_bits = check_ring_bits(ring_bits)
+        # Verified inputs: the shares are mod this prime (spgc.norm_proof), not mod 2^L.
+        self.field_modulus = field_modulus
         self.distance_log2 = float(distance_log2)
         self.noise_bits = derive_params(self.sigma_units, self.distance_log2).noise_bits
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -285,6 +291,8 @@ class NoisePool:
             "ring_bits": self.ring_bits,
             "distance_log2": self.distance_log2,
             "noise_bits": self.noise_bits,
+            # only with verified inputs: a ring pool's meta is what it always was
+            **({} if self.field_modulus is None else {"field_modulus": self.field_modulus}),
         }
 
     def _check_meta(self) -> None:

@@ -669,6 +669,7 @@ class _NoiseJob:
                 pool.sigma_units,
                 pool.ring_bits,
                 os.urandom(32),
+                field_modulus=pool.field_modulus,
             )
         except garbled_core.ChannelError as exc:  # the link to H1 broke: H1 is gone
             log.warning("noise block %d stopped: the link to h1 broke (%s)", self.block.index, exc)

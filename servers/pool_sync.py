@@ -138,8 +138,9 @@ class NoiseProducer:
         start = time.perf_counter()
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
         shares, info = produce_noise_shares(
-            "garbler", self.link, count, self.pool.sigma_units, self.pool.ring_bits, os.urandom(32)
-        )
+            "garbler", self.link, count, self.pool.sigma_units, self.pool.ring_bits,
+            os.urandom(32), field_modulus=self.pool.field_modulus,
+        )  # fmt: skip
         self.state.offline_bytes += info["sent"] + info["received"]
         msg.step = peer_pb2.NoiseBlock.STEP_FINISH
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK + cfg.pool_wait)

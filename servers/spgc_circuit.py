@@ -304,11 +304,18 @@ def _field_sum(b: CircuitBuilder, ring_bits: int) -> tuple[Bits, Bits]:
 
 @functools.lru_cache(maxsize=32)
 def noise_share_circuit(
-    ring_bits: int, noise_bits: int, *, arithmetic: str = "ripple", max_depth: int = MAX_ROUND_DEPTH
+    ring_bits: int,
+    noise_bits: int,
+    *,
+    arithmetic: str = "ripple",
+    max_depth: int = MAX_ROUND_DEPTH,
+    field_modulus: int | None = None,
 ) -> Any:
     """u = (z + r) mod 2^L, revealed to the evaluator only: z carried (port ``z``, the sampler's
     kept noise, ``noise_bits`` two's complement), r the garbler's mask (port ``r``, L bits).
-    L - 1 AND gates."""
+    L - 1 AND gates. ``field_modulus`` p (verified inputs, whose sums are shares mod p): u =
+    (z + r) mod p with r uniform in [0, p) (port ``r``, bit_length(p) bits), about 3
+    bit_length(p) AND gates: w = r + z, then w + p if w < 0, w - p if w >= p."""
     ring_bits = check_ring_bits(ring_bits)
     if not 2 <= noise_bits <= ring_bits:
         raise ValueError(
@@ -318,10 +325,26 @@ def noise_share_circuit(
 
     def make(b: CircuitBuilder) -> None:
         z = b.input("z", owner="carried", width=noise_bits)
-        r = b.input("r", owner="garbler", width=ring_bits)
-        b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
+        if field_modulus is None:
+            r = b.input("r", owner="garbler", width=ring_bits)
+            b.output("u", b.add(b.sign_extend(z, ring_bits), r), reveal="evaluator")
+            return
+        m = field_modulus.bit_length()
+        r = b.input("r", owner="garbler", width=m)
+        wide = m + 2  # w in (-2^(noise_bits-1), p + 2^(noise_bits-1)): signed, m + 2 bits
+        w = b.add(b.sign_extend(z, wide), b.concat(r, b.const(0, 2)))
+        below = w[wide - 1]  # w < 0
+        above = b.not_(b.sub(w, field_modulus)[wide - 1])  # w - p >= 0
+        # w < 0 and w >= p exclude each other: the correction is +p, -p or 0, bit by bit an
+        # AND of one of the two flags with a constant (free).
+        fix = b.xor(
+            b.and_(b.concat(*[below] * wide), field_modulus % (1 << wide)),
+            b.and_(b.concat(*[above] * wide), -field_modulus % (1 << wide)),
+        )
+        b.output("u", b.truncate(b.add(w, fix), m), reveal="evaluator")
 
-    name = f"spgc-noise-share-L{ring_bits}-z{noise_bits}"
+    field = "" if field_modulus is None else f"-p{field_modulus}"
+    name = f"spgc-noise-share-L{ring_bits}-z{noise_bits}{field}"
     return _describe(name, arithmetic, make, max_depth).build()
 
 

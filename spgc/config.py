@@ -214,9 +214,9 @@ class ServerConfig(_Schema):
         description="l2: every share carries a zero-knowledge proof that its vector's L2 norm "
         "is within the plan's bound (the largest batch times each example's bound), checked "
         "by both servers before the round's agreement; a share whose proof fails is left out "
-        "(docs/PRIVACY.md, Norm proofs); modes spgc, only-mpc and dng; none: not checked, any "
-        "provider can poison the sum. Default: l2 in the two-server DP modes that can check "
-        "it (spgc, dng), none in the others",
+        "(docs/PRIVACY.md, Norm proofs); modes spgc, only-mpc, dng and preprocessed; none: not "
+        "checked, any provider can poison the sum. Default: l2 in the two-server DP modes "
+        "(spgc, dng, preprocessed), none in the others",
     )
     verify_repetitions: int = Field(
         64,
@@ -439,7 +439,7 @@ class ServerConfig(_Schema):
     @model_validator(mode="before")
     @classmethod
     def _default_verification(cls, data: Any) -> Any:
-        """verify_inputs unset: l2 in the DP modes that verify (spgc, dng), none elsewhere."""
+        """verify_inputs unset: l2 in the two-server DP modes, none elsewhere."""
         if isinstance(data, Mapping) and data.get("verify_inputs") is None:
             mode = data.get("mode", "spgc")
             data = {**data, "verify_inputs": "l2" if mode in VERIFIED_BY_DEFAULT else "none"}
@@ -492,8 +492,8 @@ class ServerConfig(_Schema):
         if self.verify_inputs == "l2" and self.mode not in VERIFIED_MODES:
             raise ValueError(
                 f"verify_inputs: l2 with mode {self.mode}: norm proofs are checked by two "
-                f"servers on field shares in modes {', '.join(VERIFIED_MODES)} (preprocessed: "
-                "its noise pool is in the ring, not yet in the field); set verify_inputs: none"
+                f"servers on field shares, in modes {', '.join(VERIFIED_MODES)}; set "
+                "verify_inputs: none"
             )
         if self.workers > 1 and self.gc_lanes > 1:
             raise ValueError(

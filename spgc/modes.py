@@ -114,7 +114,7 @@ BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
 BACKEND_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and m.circuit)
 #: Training modes whose two servers can check the providers' norm proofs (verify_inputs: l2,
 #: spgc.norm_proof): the sums are field shares, reconstructed by the round's circuit or opened
-#: in the field with the servers' own noise (preprocessed's pool holds ring shares: not yet).
-VERIFIED_MODES: tuple[str, ...] = ("spgc", "only-mpc", "dng")
-#: Where verify_inputs defaults to l2: the two-server DP modes among them.
-VERIFIED_BY_DEFAULT: tuple[str, ...] = ("spgc", "dng")
+#: in the field with the servers' noise (their own, or preprocessed's pool of field shares).
+VERIFIED_MODES: tuple[str, ...] = ("spgc", "only-mpc", "dng", "preprocessed")
+#: Where verify_inputs defaults to l2: the two-server DP modes.
+VERIFIED_BY_DEFAULT: tuple[str, ...] = ("spgc", "dng", "preprocessed")

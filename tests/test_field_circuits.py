@@ -13,9 +13,11 @@ from helpers import Background
 from test_spgc_circuit import sums_for
 
 from garbled_core.discrete_gaussian import derive_params
+from spgc.noise import SPARES_EVERY, sample_noise_plain
 from spgc.norm_proof import NormProofParams
 from spgc.servers import spgc_circuit as sc
 from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
+from spgc.servers.noise_pool import produce_noise_shares
 
 
 def field_shares(sums: list[int], p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,3 +100,45 @@ def test_a_round_on_field_shares_equals_the_plaintext_reference(two_party, backe
     noise = [int(v) - s for v, s in zip(y.tolist(), sums, strict=True)]
     assert max(abs(v) for v in noise) < 1 << derive_params(sigma).noise_bits
     assert aggregate_plain(a, b, ring_bits, "only-mpc", field_modulus=p).tolist() == sums
+
+
+@pytest.mark.parametrize("arithmetic", ["ripple", "depth"])
+def test_the_noise_share_circuit_in_the_field_adds_z_to_a_uniform_mask_mod_p(
+    arithmetic: str,
+) -> None:
+    ring_bits, noise_bits = 21, 18
+    p = modulus(ring_bits)
+    rng = np.random.default_rng(4)
+    n = 3000
+    z = rng.integers(-(1 << (noise_bits - 1)), 1 << (noise_bits - 1), n)
+    z[:4] = [-(1 << (noise_bits - 1)), (1 << (noise_bits - 1)) - 1, 0, -1]
+    r = np.array([int(v) % p for v in rng.integers(0, 1 << 62, n, dtype=np.int64)], np.uint64)
+    r[4:8] = [0, 1, p - 1, p - 2]  # w < 0, w >= p and the edges between
+    carried = z.astype(np.int64).view(np.uint64) & np.uint64((1 << noise_bits) - 1)
+    circuit = sc.noise_share_circuit(ring_bits, noise_bits, arithmetic=arithmetic, field_modulus=p)
+    u = circuit.evaluate({"z": carried, "r": r}, n)["u"]
+    assert [int(v) for v in u] == [(int(a) + int(b)) % p for a, b in zip(z, r, strict=True)]
+    if arithmetic == "ripple":  # offline: about 3 bit_length(p) AND gates a sample
+        assert circuit.and_count <= 3 * p.bit_length() + 6
+
+
+@pytest.mark.parametrize("backend", ["gc", "gmw"])
+def test_a_noise_pool_block_in_the_field_adds_up_to_the_plaintext_noise(
+    two_party, backend: str
+) -> None:
+    ring_bits, sigma, n = 21, 300.0, 600
+    p = modulus(ring_bits)
+    tp = two_party()
+    lg = PartyLink.open("garbler", tp.garbler_channel, backend=backend)
+    le = PartyLink.open("evaluator", tp.evaluator_channel, backend=backend)
+    s1, s2 = os.urandom(32), os.urandom(32)
+    side = Background(
+        lambda: produce_noise_shares("garbler", lg, n, sigma, ring_bits, s1, field_modulus=p)
+    )
+    u, _ = produce_noise_shares("evaluator", le, n, sigma, ring_bits, s2, field_modulus=p)
+    neg_r, _ = side.result(timeout=300)
+    assert int(u.max()) < p and int(neg_r.max()) < p
+    total = [(int(a) + int(b)) % p for a, b in zip(neg_r, u, strict=True)]
+    centered = [v - p if v > p // 2 else v for v in total]
+    z = sample_noise_plain(s1, s2, n, sigma, spares_every=SPARES_EVERY[backend])
+    assert centered == z.tolist()

@@ -167,7 +167,7 @@ def _server_config(tmp_path: Path, **extra) -> ServerConfig:
 def test_the_plan_caps_the_batch_and_announces_the_proofs(tmp_path: Path) -> None:
     default = make_plan(_server_config(tmp_path / "c")).training_config("run")
     assert default.verify_inputs == "l2"  # the default in spgc (and dng)
-    for mode, want in (("only-mpc", "none"), ("dng", "l2")):
+    for mode, want in (("only-mpc", "none"), ("dng", "l2"), ("preprocessed", "l2")):
         assert _server_config(tmp_path / mode, mode=mode).verify_inputs == want
     plan = make_plan(_server_config(tmp_path / "a", verify_inputs="l2"))
     norm = plan.norm_proof
@@ -194,7 +194,7 @@ def test_the_plan_caps_the_batch_and_announces_the_proofs(tmp_path: Path) -> Non
         check_plan(unverified, strict)
 
 
-@pytest.mark.parametrize(("mode", "message"), [("preprocessed", "noise pool"), ("ldp", "two")])
+@pytest.mark.parametrize(("mode", "message"), [("ldp", "two servers"), ("plain", "two servers")])
 def test_verified_inputs_are_refused_where_two_servers_cannot_check_them(
     tmp_path: Path, mode: str, message: str
 ) -> None:
