@@ -29,6 +29,8 @@ def test_bench_load_small_run_with_hostile_actors_and_poisoning_providers():
     assert result["poison_attempts"] >= 2 * (opts.total_rounds - 1)  # round 0: maybe late
     assert result["poison_accepted"] == 0
     assert result["poison_refused"] == result["poison_attempts"]
+    # and each poisoner was told why, round by round (RoundInfo.caller_left_out)
+    assert result["poison_told_refused"] == result["poison_refused"]
     for key in (
         "providers",
         "rounds",

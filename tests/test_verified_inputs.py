@@ -202,6 +202,11 @@ def test_verified_inputs_are_refused_where_two_servers_cannot_check_them(
         _server_config(tmp_path, verify_inputs="l2", mode=mode)
 
 
+# The same path (a poisoning provider with its real keys, through both real daemons) runs in
+# make test as bench load's small hostile run (test_bench_load.py), which also checks what the
+# poisoners were told; this one, in the extended set, reads both servers' audit logs and the
+# provider's own log line.
+@pytest.mark.extended
 def test_a_poisoning_provider_is_left_out_of_every_round_and_told_why(tmp_path: Path) -> None:
     work = tmp_path / "work"
     opts = DemoOptions(

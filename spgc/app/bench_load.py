@@ -172,6 +172,8 @@ class _Tally:
     errors: list[str] = field(default_factory=list)
     first_connected: float | None = None
     all_connected: float | None = None
+    # provider -> the reasons the servers gave it for leaving its shares out
+    told: dict[str, list[str]] = field(default_factory=dict)
 
     def read(self, stream: TextIO, total: int) -> None:
         for line in stream:
@@ -198,6 +200,7 @@ class _Tally:
                     if len(self.errors) < 20:
                         self.errors.append(f"{ev['name']}: {ev['error']}")
                 elif kind == "finished":
+                    self.told[str(ev.get("name"))] = list(ev.get("told", []))
                     self.finished += 1
 
 
@@ -676,6 +679,13 @@ def _figures(
     if opts.verify_inputs != "none":
         out["verify_inputs"] = opts.verify_inputs
         out.update(_poison_figures(opts, history, range(opts.total_rounds)))
+        poisoners = {f"p{i + 1}" for i in range(opts.honest, opts.providers)}
+        with tally.lock:
+            reasons = [r for name, rs in tally.told.items() if name in poisoners for r in rs]
+        # the rounds a poisoner was told its proof was refused (RoundInfo.caller_left_out)
+        out["poison_told_refused"] = sum(
+            r.startswith("its norm proof was refused") for r in reasons
+        )
     if opts.hostile:
         hot = phase(opts.hostile_rounds)
         counts = (hostile or {}).get("counts", {})

@@ -169,7 +169,10 @@ def _run_provider(client: BenchProvider, emit: _Emitter) -> None:
                 emit(event="failed", name=name, round=client.last_round, error=str(exc))
                 continue
             if report is None:
-                emit(event="finished", name=name)
+                # What the servers told this provider of the rounds that left its share out
+                # (RoundInfo.caller_left_out), learnt by the end of training.
+                told = [r.left_out for r in client.reports if r.left_out]
+                emit(event="finished", name=name, told=told)
                 return
             emit(event="round", name=name, round=report.round, ok=report.accepted)
     except ProviderRefusal as exc:
