@@ -181,18 +181,17 @@ def test_provider_nested_keys_flatten(tmp_path: Path) -> None:
 
 
 def test_spgc_server_help_describes_every_option() -> None:
+    # The console scripts start for real (once each); `spgc ...` runs in this process.
     helps = []
-    for argv in (("spgc", "server", "--help"), ("spgc-server", "--help")):
-        out = run(*argv)
+    for out in (run_in_process("server", "--help"), run("spgc-server", "--help")):
         assert out.returncode == 0, out.stderr
         assert "--config FILE" in out.stdout and "--set KEY=VALUE" in out.stdout
         assert "usage: spgc server" in out.stdout
         helps.append(out.stdout)
     assert helps[0] == helps[1]
-    out = run("spgc", "server", "precompute", "--help")
+    out = run_in_process("server", "precompute", "--help")
     assert out.returncode == 0 and "--samples" in out.stdout
-    for argv in (("spgc", "provider", "--help"), ("spgc-provider", "--help")):
-        out = run(*argv)
+    for out in (run_in_process("provider", "--help"), run("spgc-provider", "--help")):
         assert out.returncode == 0 and "usage: spgc provider" in out.stdout
 
 
