@@ -758,6 +758,7 @@ def run_with_baseline(
     """:func:`run_bench` with verified inputs (and ``opts.poison`` poisoners), after the same
     providers, all honest, without verification (``baseline``): both median rounds and their
     ratio. Without ``baseline``, or without verified inputs, :func:`run_bench` alone."""
+    _validate(opts)  # before the baseline runs: bad options cost nothing
     if not baseline or opts.verify_inputs == "none":
         return run_bench(opts, progress)
     plain = run_bench(
