@@ -20,6 +20,7 @@ from spgc.data import (
     provider_part_of,
     split_among_providers,
 )
+from spgc.local_training import selected_this_round
 from spgc.providers.errors import ProviderRefusal, RoundFailed
 from spgc.wire import aggregation_pb2
 
@@ -80,9 +81,13 @@ class Batches:
         return np.asarray(x), np.asarray(y)
 
     def draw_batch(self) -> np.ndarray:
-        """Indices of this round's local batch, as the announced sampling says."""
+        """Indices of this round's local batch, as the announced sampling says (adjacency
+        provider: all the local examples, or none when this provider's coin leaves it out)."""
         assert self._x is not None
         tc, n = self.training, len(self._x)
+        if tc.adjacency == "provider":  # all its data, in the rounds its own coin picks
+            chosen = selected_this_round(self.sampling_rng, tc.sampling_rate)
+            return np.arange(n, dtype=np.int64) if chosen else np.zeros(0, dtype=np.int64)
         if tc.sampling == pb.BATCH_SAMPLING_POISSON:
             return poisson_batch(n, tc.sampling_rate, self.sampling_rng)
         return self._fixed_batch(self._release_index())

@@ -27,6 +27,7 @@ from spgc.budget import RunPlan
 from spgc.clipping import adaptive_clip_of
 from spgc.config import ProviderConfig
 from spgc.encoding import FixedPointConfig
+from spgc.local_training import LOCAL_OPTIMIZERS
 from spgc.losses import TASKS, resolved_loss, task_loss_problem
 from spgc.models import (
     MODEL_NAMES,
@@ -266,10 +267,12 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
             )
     else:
         raise ProviderRefusal(f"unsupported rounding {pb.Rounding.Name(tc.rounding)}")
+    provider_level = check_adjacency(tc)
     if tc.sampling == pb.BATCH_SAMPLING_POISSON:
         if tc.WhichOneof("batch") != "sampling_rate" or not 0 < tc.sampling_rate <= 1:
             raise ProviderRefusal("Poisson sampling announced without a rate in (0, 1]")
-        _refuse_batches_over_the_cap(tc, local_examples)
+        if not provider_level:  # provider-level: one delta, no batch to cap
+            _refuse_batches_over_the_cap(tc, local_examples)
     elif tc.sampling == pb.BATCH_SAMPLING_SHUFFLE:
         if tc.WhichOneof("batch") != "batch_size" or tc.batch_size < 1:
             raise ProviderRefusal("fixed-size batches announced without a batch size")
@@ -294,6 +297,37 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
         raise ProviderRefusal("the servers announce no mode")
     norm_proof_params(tc, dim)  # refuses a verified plan this provider cannot prove for
     return fp
+
+
+def check_adjacency(tc: Any) -> bool:
+    """The plan's unit of privacy: True for provider-level DP (DP-FedAvg), whose local
+    training this provider must be able to run as announced; ProviderRefusal otherwise."""
+    if tc.adjacency in ("", "example"):
+        return False
+    if tc.adjacency != "provider":
+        raise ProviderRefusal(
+            f"the servers announce adjacency {tc.adjacency!r}; this provider knows example and "
+            "provider"
+        )
+    if tc.sampling != pb.BATCH_SAMPLING_POISSON:
+        raise ProviderRefusal("adjacency provider announced without Poisson coins per provider")
+    if tc.max_batch_size != 1:
+        raise ProviderRefusal(
+            f"adjacency provider: each provider sends one clipped delta, but the servers size "
+            f"the ring for max_batch_size {tc.max_batch_size}"
+        )
+    if tc.local_epochs < 1 or tc.local_batch_size < 1 or not tc.local_learning_rate > 0:
+        raise ProviderRefusal(
+            "adjacency provider announced without its local training (local_epochs "
+            f"{tc.local_epochs}, local_batch_size {tc.local_batch_size}, local_learning_rate "
+            f"{tc.local_learning_rate:g})"
+        )
+    if tc.local_optimizer not in LOCAL_OPTIMIZERS:
+        raise ProviderRefusal(
+            f"the servers announce local_optimizer {tc.local_optimizer!r}; this provider runs "
+            f"{', '.join(LOCAL_OPTIMIZERS)}"
+        )
+    return True
 
 
 def norm_proof_params(tc: Any, share_dim: int) -> NormProofParams | None:
@@ -440,6 +474,12 @@ def describe_plan(tc: Any) -> str:
         if tc.WhichOneof("batch") == "sampling_rate"
         else f"fixed batches of {tc.batch_size}"
     )
+    if tc.adjacency == "provider":
+        batch = (
+            f"provider-level DP: each provider takes part with probability "
+            f"{tc.sampling_rate:g} and trains {tc.local_epochs} local epoch(s) "
+            f"({tc.local_optimizer}, batch {tc.local_batch_size}, lr {tc.local_learning_rate:g})"
+        )
     noise = (
         "no noise (NOT differentially private)"
         if tc.mode in NOISELESS_WIRE
@@ -457,6 +497,8 @@ def accountant_sampling(tc: Any) -> dict[str, Any]:
     """The accountant's sampling arguments for plan ``tc`` (fixed batches: a population of
     batches_per_epoch batches, the epochs providers draw by)."""
     if tc.WhichOneof("batch") == "sampling_rate":
+        if tc.adjacency == "provider":
+            return {"sampling": "poisson", "sampling_rate": tc.sampling_rate, "unit": "provider"}
         return {"sampling": "poisson", "sampling_rate": tc.sampling_rate}
     return {
         "sampling": "fixed",

@@ -16,6 +16,7 @@ from spgc.clipping import AdaptiveClip, adaptive_clip_of, round_clip_norm
 from spgc.config import ProviderConfig
 from spgc.encoding import FixedPointConfig, encode_batch, stochastic_round
 from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
+from spgc.local_training import LocalTraining, model_delta
 from spgc.logs import first_line, listed
 from spgc.models import load_flat_params
 from spgc.norm_proof import NormProofParams, prove
@@ -51,6 +52,7 @@ class Training:
     servers: list[Any]
     fixed_point: FixedPointConfig | None
     rounding_rng: np.random.Generator
+    sampling_rng: Any
     noise_seed: bytes | None
     budget: ProviderBudget | None
     _model: Any
@@ -73,17 +75,20 @@ class Training:
         adaptive = adaptive_clip_of(tc)  # checked when the plan was accepted
         clip_norm = self._round_clip_norm(adaptive)
         self.load_params(params)
-        if 0 < tc.max_batch_size < len(batch):
+        provider_level = tc.adjacency == "provider"
+        # The rows encoded: one per example, or one model delta per provider.
+        rows = min(1, len(batch)) if provider_level else len(batch)
+        if 0 < tc.max_batch_size < rows:
             raise RoundFailed(
                 f"a batch of {len(batch)} examples is larger than the {tc.max_batch_size} the "
                 "servers sized the ring for (their max_batch_size): this round is sat out, "
                 "as the sum of all shares could wrap around"
             )
         limit = 2 ** (tc.ring_bits - 1) - 1
-        if fp.max_abs_sum_units(len(batch)) > limit:
+        if fp.max_abs_sum_units(rows) > limit:
             raise RoundFailed(
-                f"a batch of {len(batch)} examples with B={fp.l2_bound_units} units may reach "
-                f"{fp.max_abs_sum_units(len(batch))} > 2^{tc.ring_bits - 1}-1, the signed limit "
+                f"a batch of {rows} rows with B={fp.l2_bound_units} units may reach "
+                f"{fp.max_abs_sum_units(rows)} > 2^{tc.ring_bits - 1}-1, the signed limit "
                 f"of Z_2^{tc.ring_bits}"
             )
         width = tc.num_parameters + (0 if adaptive is None else 1)
@@ -92,10 +97,19 @@ class Training:
         compute = encode = 0.0
         # gradient_chunk examples at a time, fewer for a big model (bounded memory).
         step = bounded_chunk(self.cfg.gradient_chunk, tc.num_parameters)
+        if provider_level:  # one row: the model delta of local training on the whole batch
+            step = max(1, len(batch))
         for start in range(0, len(batch), step):
             t0 = time.perf_counter()
             idx = batch[start : start + step]
-            if adaptive is None:
+            if provider_level:
+                delta = self.local_delta(idx)
+                clipped = (
+                    clip_per_example(delta, clip_norm)
+                    if adaptive is None
+                    else adaptive.rows(delta, clip_norm)
+                )
+            elif adaptive is None:
                 clipped = self.clipped_gradients(idx)
             else:  # clipped to the round's C, rescaled to C0, and the unclipped count
                 clipped = adaptive.rows(self.example_gradients(idx), clip_norm)
@@ -137,6 +151,23 @@ class Training:
             return round_clip_norm(adaptive, [i.clip_norm for i in self._round_infos])
         except ValueError as exc:
             raise RoundFailed(f"{exc}: this round is sat out") from None
+
+    def local_delta(self, idx: np.ndarray) -> np.ndarray:
+        """adjacency provider: the model delta (1 x d, unclipped) of the plan's local training
+        on local examples ``idx`` from the round's model (loaded by :meth:`encode`);
+        ModelFailed when the model fails on them."""
+        assert self._x is not None and self._y is not None
+        task, loss = self.task_loss
+        try:
+            return model_delta(
+                self._model, self._x[idx], self._y[idx], self._trained,
+                LocalTraining.of_plan(self.training), self.sampling_rng, task=task, loss=loss,
+            )  # fmt: skip
+        except Exception as exc:  # whatever the user's model raises
+            raise ModelFailed(
+                f"the model failed in local training on {len(idx)} local examples: "
+                f"{type(exc).__name__}: {first_line(exc)}"
+            ) from None
 
     def clipped_gradients(self, idx: np.ndarray) -> np.ndarray:
         """The per-example gradients of local examples ``idx``, each clipped to C (float64,

@@ -207,9 +207,10 @@ class RoundPhases:
                 self._end_round(pb.ROUND_PHASE_ABORTED)
 
     def apply_update(self, t: int, y: np.ndarray, info: dict[str, Any], seconds: dict) -> bytes:
-        """g = Y / s, one Adam step; keeps the result pending until both hashes agree. With
-        adaptive clipping, Y's last value is the noisy count of unclipped examples, which moves
-        the clip norm of the next round (spgc.clipping)."""
+        """g = Y / s, one Adam step (adjacency provider: FedAvg's step on the mean delta);
+        keeps the result pending until both hashes agree. With adaptive clipping, Y's last
+        value is the noisy count of unclipped examples (providers' deltas with adjacency
+        provider), which moves the clip norm of the next round (spgc.clipping)."""
         start = time.perf_counter()
         # Y holds the trained coordinates only (spgc.trainable): a frozen parameter never moves.
         adaptive, count, next_clip = self.plan.adaptive_clip, None, self.clip_norm
@@ -219,12 +220,16 @@ class RoundPhases:
             clip_norm = self.history[t].clip_norm
             gradient, count = adaptive.split_release(y, self.plan.cfg.scale, clip_norm)
             next_clip = adaptive.next_clip_norm(clip_norm, count)
+        if self.plan.adjacency == "provider":
+            # The sum of clipped deltas over the expected providers (DP-FedAvg's fixed
+            # denominator: the realised count is secret), as a descent direction.
+            gradient = -gradient / self.plan.expected_providers
         trained = self.plan.coordinates
         if trained.anything_frozen:
             new = self.params.copy()
-            new[trained.index] = self.adam.step(self.params[trained.index], gradient)
+            new[trained.index] = self.optimizer.step(self.params[trained.index], gradient)
         else:
-            new = self.adam.step(self.params, gradient)
+            new = self.optimizer.step(self.params, gradient)
         sha = self.plan.model_sha256(new)
         seconds["update"] = time.perf_counter() - start
         with self.cond:

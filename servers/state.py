@@ -25,7 +25,7 @@ from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.ledger import Ledger
 from spgc.logs import printable
 from spgc.losses import REGRESSION_METRICS
-from spgc.optim import Adam
+from spgc.optim import server_optimizer
 from spgc.plan import RunPlan
 from spgc.servers.audit import AuditLog
 from spgc.servers.errors import BudgetExceededError, PeerMismatchError
@@ -73,7 +73,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.models: dict[int, tuple[np.ndarray, bytes]] = {
             0: (self.params, plan.model_sha256(self.params))
         }
-        self.adam = Adam(plan.dim, lr=plan.cfg.lr)
+        self.optimizer = server_optimizer(plan.dim, plan.cfg.lr, plan.adjacency)
         test_set = test_set_loader(plan.cfg)
         self.evaluator = (
             TestSetEvaluator(plan.model_name, test_set, plan.cfg.task, plan.cfg.loss_name)

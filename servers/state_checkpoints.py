@@ -120,7 +120,7 @@ class StateCheckpoints:
             return
 
         with self.cond:
-            adam = self.adam.state_dict()
+            adam = self.optimizer.state_dict()
             report = self.model_report()
             record = {
                 "run_id": self.run_id,
@@ -182,14 +182,14 @@ class StateCheckpoints:
             self.params = params
             self.version = int(record["version"])
             self.models = {self.version: (params, sha)}
-            state = self.adam.state_dict()
+            state = self.optimizer.state_dict()
             state.update(
                 t=int(record["adam"]["t"]),
                 beta_pows=tuple(record["adam"]["beta_pows"]),
                 m=arrays["adam_m"],
                 v=arrays["adam_v"],
             )
-            self.adam.load_state_dict(state)
+            self.optimizer.load_state_dict(state)
             self.steps = int(record["steps"])
             self.releases = int(record.get("releases", self.steps))
             self.samples_drawn = int(record.get("noise_samples", 0))

@@ -89,6 +89,12 @@ Method = Literal["rdp", "pld", "rdp_discrete"]
 # The accountants a run may name (config, `spgc account`, the wire's TrainingConfig.accountant).
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld", "rdp_discrete")
 Sampling = Literal["poisson", "fixed"]
+#: What one sampled, clipped contribution is: one training example (DP-SGD, per-example
+#: gradients) or one provider's whole data (DP-FedAvg: its clipped model delta). The arithmetic
+#: is the same (a Poisson-sampled Gaussian of multiplier noise std / bound); the guarantee's
+#: neighbouring relation, and so every report, names the unit.
+Unit = Literal["example", "provider"]
+UNITS: tuple[str, ...] = ("example", "provider")
 Calibration = Literal["classic", "analytic", "accountant"]
 
 # dp-accounting's own default PLD grid; coarser grids are faster and still pessimistic.
@@ -218,6 +224,15 @@ def _check_epsilon(epsilon: float) -> None:
         raise ValueError(f"epsilon must be finite and > 0, got {epsilon}")
 
 
+def adjacency_of(sampling: str, unit: str = "example") -> str:
+    """The neighbouring relation a guarantee is stated for (every report names it): add/remove
+    one example or one provider with Poisson sampling, replace one example with fixed
+    batches."""
+    if sampling == "fixed":
+        return "replace one example"
+    return f"add/remove one {unit}"
+
+
 class _EventSpec:
     """How one training step is described to dp-accounting (shared by accountant/calibration)."""
 
@@ -230,6 +245,7 @@ class _EventSpec:
         sample_size: int | None,
         population: int | None,
         value_discretization_interval: float,
+        unit: str = "example",
     ) -> None:
         if method not in ACCOUNTANTS:
             raise ValueError(f"method must be one of {', '.join(ACCOUNTANTS)}, got {method!r}")
@@ -237,8 +253,13 @@ class _EventSpec:
             raise ValueError(f"sampling must be 'poisson' or 'fixed', got {sampling!r}")
         if not value_discretization_interval > 0:
             raise ValueError("value_discretization_interval must be > 0")
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+        if unit == "provider" and sampling != "poisson":
+            raise ValueError("provider-level accounting samples providers by Poisson coins only")
         self.method = method
         self.sampling = sampling
+        self.unit = unit
         self.value_discretization_interval = value_discretization_interval
         # RDP: the RDP curve of one base event (a step, or an epoch of fixed batches) per noise
         # multiplier; composing n of them is n times it (module docstring of dp-accounting's
@@ -292,7 +313,7 @@ class _EventSpec:
     @property
     def adjacency(self) -> str:
         """The neighbouring relation the guarantee is stated for."""
-        return "add/remove one example" if self.sampling == "poisson" else "replace one example"
+        return adjacency_of(self.sampling, self.unit)
 
     def _base_event(self, noise_multiplier: float, steps: int) -> tuple[dp_accounting.DpEvent, int]:
         """(the event composed, how many times) for ``steps`` steps."""
@@ -365,6 +386,7 @@ class PrivacyAccountant:
         sample_size: int | None = None,
         population: int | None = None,
         value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+        unit: Unit = "example",
     ) -> None:
         if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
@@ -378,6 +400,7 @@ class PrivacyAccountant:
             sample_size=sample_size,
             population=population,
             value_discretization_interval=value_discretization_interval,
+            unit=unit,
         )
         self._steps = 0
         # Composition is deterministic in the step count, so answers are cached by it.
@@ -464,6 +487,7 @@ def epsilon_for(
     sample_size: int | None = None,
     population: int | None = None,
     value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+    unit: Unit = "example",
 ) -> float:
     """Epsilon of a whole training (for ``spgc account``)."""
     acc = PrivacyAccountant(
@@ -475,6 +499,7 @@ def epsilon_for(
         sample_size=sample_size,
         population=population,
         value_discretization_interval=value_discretization_interval,
+        unit=unit,
     )
     return acc.epsilon_after(steps)
 
@@ -517,6 +542,7 @@ def calibrate_noise_multiplier(
     population: int | None = None,
     value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
     rel_tol: float = 1e-4,
+    unit: Unit = "example",
 ) -> float:
     """Smallest noise multiplier (within ``rel_tol``) whose training epsilon is <= the target.
 
@@ -535,6 +561,7 @@ def calibrate_noise_multiplier(
         sample_size=sample_size,
         population=population,
         value_discretization_interval=value_discretization_interval,
+        unit=unit,
     )
 
     seen: dict[float, float] = {}
@@ -677,6 +704,7 @@ def noise_multiplier_for(
     sample_size: int | None = None,
     population: int | None = None,
     allow_invalid: bool = False,
+    unit: Unit = "example",
 ) -> float:
     """Dispatch for ``--calibration``: "classic" and "analytic" read epsilon per release (the
     paper's convention), "accountant" reads it as the whole training's budget."""
@@ -696,6 +724,7 @@ def noise_multiplier_for(
             sampling,
             sample_size=sample_size,
             population=population,
+            unit=unit,
         )
     raise ValueError(
         f"calibration must be 'classic', 'analytic' or 'accountant', got {calibration!r}"

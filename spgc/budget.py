@@ -71,7 +71,7 @@ __all__ = [
 #: The budget file's format version.
 FORMAT = 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_SAMPLING_KEYS = frozenset({"sampling", "sampling_rate", "sample_size", "population"})
+_SAMPLING_KEYS = frozenset({"sampling", "sampling_rate", "sample_size", "population", "unit"})
 #: Lifetime methods: how :meth:`DatasetBudget.spent` composed the runs.
 SEQUENTIAL, RDP, NO_NOISE, NOTHING = "sequential", "rdp", "no noise", "none"
 
@@ -636,6 +636,8 @@ _METHODS = {
 
 def _sampling_text(sampling: dict[str, Any]) -> str:
     if sampling.get("sampling") == "poisson":
+        if sampling.get("unit") == "provider":
+            return f"provider-level DP, Poisson rate {sampling.get('sampling_rate'):g} per provider"
         return f"Poisson rate {sampling.get('sampling_rate'):g}"
     return f"fixed batches of {sampling.get('sample_size')} of {sampling.get('population')}"
 

@@ -22,9 +22,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
-from spgc.accounting import ACCOUNTANTS
+from spgc.accounting import ACCOUNTANTS, UNITS
 from spgc.data import dataset_task
 from spgc.lanes import MAX_LANES
+from spgc.local_training import LOCAL_OPTIMIZERS
 from spgc.losses import DEFAULT_LOSS, TASKS, task_loss_problem
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.modes import (
@@ -363,8 +364,30 @@ class ServerConfig(_Schema):
         "the data set (sampling_rate x examples, or batch_size x providers)",
     )
     scale: float = Field(1024.0, gt=0, description="fixed-point units per gradient unit (s)")
+    adjacency: Literal[UNITS] = Field(  # type: ignore[valid-type]
+        "example",
+        description="the unit of privacy: example (DP-SGD: each example's gradient clipped to "
+        "clip_norm) or provider (DP-FedAvg: each selected provider trains locally and shares "
+        "its model delta clipped to clip_norm; epsilon is per provider)",
+    )
     sampling_rate: float = Field(
-        0.01, gt=0, le=1, description="Poisson sampling rate q of each provider's examples"
+        0.01,
+        gt=0,
+        le=1,
+        description="Poisson sampling rate q of each provider's examples (adjacency: provider: "
+        "each provider's chance to take part in a round, from its own coin)",
+    )
+    local_epochs: int = Field(
+        1, ge=1, le=1000, description="adjacency: provider: passes over its data per round"
+    )
+    local_batch_size: int = Field(
+        10, ge=1, description="adjacency: provider: the local optimiser's minibatch size"
+    )
+    local_lr: float = Field(
+        0.05, gt=0, description="adjacency: provider: the local optimiser's learning rate"
+    )
+    local_optimizer: Literal[LOCAL_OPTIMIZERS] = Field(  # type: ignore[valid-type]
+        "sgd", description="adjacency: provider: the providers' local optimiser"
     )
     batch_size: int = Field(
         0,
@@ -403,7 +426,10 @@ class ServerConfig(_Schema):
         "alone would pass target_epsilon is refused)",
     )
     lr: float = Field(
-        1e-3, gt=0, description="Adam learning rate (the servers compare it at the handshake)"
+        1e-3,
+        gt=0,
+        description="the servers' learning rate: Adam's on the noisy gradient; with adjacency: "
+        "provider, the step on the noisy mean of the deltas (1.0 when not given: FedAvg)",
     )
     model_seed: int = Field(0, description="seed of the initial model weights")
 
@@ -458,7 +484,7 @@ class ServerConfig(_Schema):
         if not self.dataset:
             if not self.model:
                 raise ValueError("dataset is empty (providers bring their own data): set model")
-            if self.max_batch_size <= 0:
+            if self.max_batch_size <= 0 and self.adjacency == "example":
                 raise ValueError(
                     "dataset is empty (providers bring their own data): set max_batch_size, the "
                     "largest local batch of any provider, which sizes the ring"
@@ -527,6 +553,8 @@ class ServerConfig(_Schema):
                 "clip: adaptive with providers' own data needs expected_batch_size, the "
                 "examples expected per round over all providers"
             )
+        if self.adjacency == "provider":
+            self._check_provider_adjacency()
         if self.mode == "preprocessed" and self.pool_path is None:
             raise ValueError(
                 "mode preprocessed keeps its noise pool on disk: set state_dir or pool_dir"
@@ -539,6 +567,23 @@ class ServerConfig(_Schema):
         ):
             raise ValueError(f"calibration {self.calibration} needs step_epsilon > 0")
         return self
+
+    def _check_provider_adjacency(self) -> None:
+        """adjacency: provider: Poisson coins over providers, one clipped delta each; the
+        servers' lr defaults to FedAvg's 1.0."""
+        if self.batch_size > 0:
+            raise ValueError(
+                "adjacency: provider samples providers by their own Poisson coins "
+                "(sampling_rate); batch_size (fixed batches of examples) does not apply: set "
+                "batch_size: 0"
+            )
+        if self.max_batch_size > 1:
+            raise ValueError(
+                f"adjacency: provider: each provider sends one clipped model delta, so "
+                f"max_batch_size {self.max_batch_size} does not apply: leave it 0"
+            )
+        if "lr" not in self.model_fields_set:
+            self.lr = 1.0
 
     def _check_task(self) -> None:
         """task and loss go together and fit the data set (a regression data set makes the

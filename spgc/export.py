@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from spgc import __version__
+from spgc.accounting import adjacency_of
 from spgc.models import load_flat_params, parameter_count
 from spgc.modes import get_mode
 
@@ -122,9 +123,9 @@ def privacy_report(
         "adjacency": (
             None
             if eps is None
-            else "replace one example"
-            if sampling.get("sampling") == "fixed"
-            else "add/remove one example"
+            else adjacency_of(
+                str(sampling.get("sampling", "poisson")), str(sampling.get("unit", "example"))
+            )
         ),
         "clip_norm": float(clip_norm),
         # l2: every share in the sum came with an accepted norm proof (docs/PRIVACY.md).

@@ -59,7 +59,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from spgc.accounting import PrivacyAccountant, capped_poisson, reported_delta
+from spgc.accounting import PrivacyAccountant, adjacency_of, capped_poisson, reported_delta
 from spgc.modes import get_mode
 
 __all__ = [
@@ -426,6 +426,10 @@ class LedgerReport:
     backend: str = "gc"
     # l2: the servers checked every provider's norm proof (the header's verify_inputs).
     verify_inputs: str = "none"
+    # The guarantee's neighbouring relation (spgc.accounting.adjacency_of), from the header's
+    # sampling: "add/remove one example", "... one provider", "replace one example"; None
+    # without DP.
+    adjacency: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -575,6 +579,14 @@ def verify_ledger(
         clip_norms=clip_norms,
         backend=str(header.get("backend") or "gc"),
         verify_inputs=str(header.get("verify_inputs") or "none"),
+        adjacency=None if epsilon is None else _adjacency(header),
+    )
+
+
+def _adjacency(header: Mapping[str, Any]) -> str:
+    sampling = header.get("sampling") or {}
+    return adjacency_of(
+        str(sampling.get("sampling", "poisson")), str(sampling.get("unit", "example"))
     )
 
 

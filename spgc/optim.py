@@ -130,6 +130,50 @@ class Adam:
         return h.hexdigest()
 
 
+class FedAvgStep:
+    """The servers' step with provider-level DP (DP-FedAvg): ``params - lr * grad``, where the
+    servers pass ``grad = -`` the noisy mean of the providers' deltas (lr 1: FedAvg's model +
+    mean delta). One correctly rounded multiply and subtract per coordinate: bit-identical on
+    both servers. Its state (the step count) checkpoints in Adam's layout, with empty moments,
+    so one checkpoint format serves both."""
+
+    def __init__(self, dim: int, lr: float = 1.0) -> None:
+        if dim < 0:
+            raise ValueError(f"dim must be >= 0, got {dim}")
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"learning rate must be positive, got {lr}")
+        self.dim, self.lr, self.t = int(dim), float(lr), 0
+
+    def step(self, params: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        """New float64 parameters; refuses wrong shapes and non-finite values (as Adam)."""
+        p = np.asarray(params, dtype=np.float64)
+        g = np.asarray(grad, dtype=np.float64)
+        if p.shape != (self.dim,) or g.shape != (self.dim,):
+            raise ValueError(
+                f"expected params and grad of shape ({self.dim},), got {p.shape} and {g.shape}"
+            )
+        if not np.isfinite(g).all():
+            raise ValueError("gradient contains NaN or infinity")
+        self.t += 1
+        return p - self.lr * g
+
+    def state_dict(self) -> dict[str, Any]:
+        empty = np.zeros(0, dtype=np.float64)
+        return {"dim": self.dim, "lr": self.lr, "t": self.t, "m": empty, "v": empty,
+                "beta_pows": (1.0, 1.0)}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["dim"]) != self.dim:
+            raise ValueError("optimizer state does not match this optimizer's dimension")
+        self.lr, self.t = float(state["lr"]), int(state["t"])
+
+
+def server_optimizer(dim: int, lr: float, adjacency: str) -> Adam | FedAvgStep:
+    """The servers' update rule: Adam on the noisy gradient (adjacency example), or FedAvg's
+    step on the noisy mean delta (adjacency provider)."""
+    return FedAvgStep(dim, lr) if adjacency == "provider" else Adam(dim, lr=lr)
+
+
 def _test_tensors(
     model: nn.Module,
     x: np.ndarray | torch.Tensor,

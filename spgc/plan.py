@@ -198,7 +198,30 @@ class RunPlan:
             **self._adaptive_clip_fields(),
             backend=c.backend,
             **self._norm_proof_fields(),
+            **self._adjacency_fields(),
         )
+
+    def _adjacency_fields(self) -> dict[str, Any]:
+        c = self.cfg
+        if c.adjacency != "provider":
+            return {}  # example: the fields unset, as a server before them announced
+        return {
+            "adjacency": "provider",
+            "local_epochs": c.local_epochs,
+            "local_batch_size": c.local_batch_size,
+            "local_learning_rate": c.local_lr,
+            "local_optimizer": c.local_optimizer,
+        }
+
+    @property
+    def adjacency(self) -> str:
+        """The unit of privacy: "example" or "provider" (spgc.accounting.UNITS)."""
+        return self.cfg.adjacency
+
+    @property
+    def expected_providers(self) -> float:
+        """adjacency: provider: q x the providers, the noisy sum's denominator."""
+        return expected_providers_per_round(self.cfg)
 
     def _norm_proof_fields(self) -> dict[str, Any]:
         n = self.norm_proof
@@ -238,6 +261,8 @@ class RunPlan:
 def _sampling(cfg: ServerConfig) -> dict[str, Any]:
     """The accountant's sampling arguments. Fixed batches: the smallest provider's data is the
     population (the largest sampling ratio, the worst case); data are split evenly."""
+    if cfg.adjacency == "provider":  # each provider's own coin (the unit named in reports)
+        return {"sampling_rate": cfg.sampling_rate, "sampling": "poisson", "unit": "provider"}
     if cfg.batch_size <= 0:
         return {"sampling_rate": cfg.sampling_rate, "sampling": "poisson"}
 
@@ -261,6 +286,8 @@ def _max_batch(cfg: ServerConfig) -> int:
     provider's own data, which is at most the whole training set; loading it is cheap for
     the bundled datasets. A configured max_batch_size (an enforced cap) is tighter, and with
     verified inputs the plan sets one itself."""
+    if cfg.adjacency == "provider":
+        return 1  # one clipped model delta per provider
     if cfg.batch_size > 0:
         return cfg.batch_size
     if cfg.max_batch_size > 0:
@@ -326,9 +353,35 @@ def expected_examples_per_round(cfg: ServerConfig) -> float:
     fixed batches: batch_size x providers)."""
     if cfg.expected_batch_size > 0:
         return cfg.expected_batch_size
+    if cfg.adjacency == "provider":  # the rows are providers' deltas
+        return expected_providers_per_round(cfg)
     if cfg.batch_size > 0:
         return float(cfg.batch_size * len(cfg.providers))
     return cfg.sampling_rate * load_dataset(cfg.dataset).n_train
+
+
+def expected_providers_per_round(cfg: ServerConfig) -> float:
+    """adjacency: provider: the providers a round is expected to hold, q x the providers
+    configured (the noisy sum's denominator, as DP-FedAvg's fixed-denominator estimator)."""
+    return cfg.sampling_rate * len(cfg.providers)
+
+
+def check_noise_against_signal(cfg: ServerConfig, noise_multiplier: float) -> None:
+    """adjacency: provider: ValueError, naming the figures, when the noise's std (z x C) is
+    above the largest signal a round can hold in expectation (C x the expected providers):
+    each round's noisy mean would then be mostly noise (Geyer et al.'s point: the expected
+    providers per round, not the noise alone, decide)."""
+    if cfg.adjacency != "provider" or noise_multiplier <= 0:
+        return
+    expected = expected_providers_per_round(cfg)
+    if noise_multiplier > expected:
+        raise ValueError(
+            f"adjacency: provider: the noise std is {noise_multiplier:.4g} x clip_norm, more "
+            f"than clip_norm x the {expected:.4g} providers a round holds in expectation "
+            f"(sampling_rate {cfg.sampling_rate:g} x {len(cfg.providers)} providers): the noise "
+            "would swamp every round's signal; raise sampling_rate or the providers, or lower "
+            "the noise (a larger target_epsilon or fewer rounds)"
+        )
 
 
 def _adaptive_clip(cfg: ServerConfig, noise_multiplier: float) -> AdaptiveClip | None:
@@ -370,6 +423,7 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     trainable = TrainableCoordinates.of_model(model)
     sampling = _sampling(cfg)
     nm = _noise_multiplier(cfg, sampling)
+    check_noise_against_signal(cfg, nm)
     adaptive = _adaptive_clip(cfg, nm)
     # Only the trained coordinates travel: the rounding's slack counts them alone (and the
     # unclipped-example count with adaptive clipping, whose rows are bounded by row_norm).

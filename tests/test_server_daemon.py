@@ -440,7 +440,7 @@ def test_model_hash_mismatch_stops_both_servers(pki, tmp_path):
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
         cfg = providers[0].wait_collecting(0)
-        d2.state.adam.lr *= 2  # a silent divergence (a bug, a corrupted state...)
+        d2.state.optimizer.lr *= 2  # a silent divergence (a bug, a corrupted state...)
         vecs = [np.full(cfg.num_parameters, 10 * (i + 1), dtype=np.int64) for i in range(3)]
         for p, v in zip(providers, vecs, strict=True):
             p.submit_both(cfg, 0, v)

@@ -90,7 +90,7 @@ def test_a_failure_after_the_reveal_is_counted_and_a_restart_continues(
         wait_round_done((d1, d2), 0)
         # Round 1: H2's update silently diverges, so the servers stop AFTER the circuit
         # revealed the noisy sum and BEFORE anything is published or checkpointed.
-        d2.state.adam.lr *= 2
+        d2.state.optimizer.lr *= 2
         submit_round(providers, 1)
         assert d1.wait(60) and d2.wait(60)
         assert "differs between the servers" in str(d1.error)

@@ -403,6 +403,7 @@ def _ledger_human(a: dict[str, Any]) -> str:
             f"  epsilon {eps} re-accounted from the entries ({str(a['accountant']).upper()}, "
             f"noise multiplier {a['noise_multiplier']:g}); the server recorded {rec}"
         )
+        lines.append(f"  adjacency: {a.get('adjacency')} (the unit of privacy)")
         if a["delta_reported"] is None:
             lines.append(f"  delta {a['delta']:g} (accountant)")
         else:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spgc import __version__
+from spgc.accounting import UNITS
 from spgc.app import (
     account_cmd,
     bench_comm,
@@ -331,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
         "leave out a share whose proof fails (docs/PRIVACY.md, Norm proofs; modes spgc, "
         "only-mpc, dng)",
     )
+    demo.add_argument(
+        "--adjacency",
+        choices=list(UNITS),
+        default="example",
+        help="the unit of privacy: example (DP-SGD, the default) or provider (DP-FedAvg: each "
+        "provider takes part with probability 0.5, trains one local epoch and shares its "
+        "clipped model delta; epsilon per provider)",
+    )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -461,6 +470,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         clip_norm=args.clip_norm,
         backend=args.backend,
         verify_inputs=args.verify_inputs,
+        adjacency=args.adjacency,
     )
     return run_cli(opts, args.json)
 

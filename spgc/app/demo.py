@@ -55,6 +55,19 @@ MODEL_DEFAULTS: dict[str, dict[str, float]] = {
 }
 
 
+# --adjacency provider (DP-FedAvg): each provider takes part with probability 0.5 (half the
+# providers a round, in expectation), trains one local epoch of SGD, and the servers step by
+# the noisy mean delta (FedAvg's server learning rate 1).
+PROVIDER_LEVEL_DEFAULTS: dict[str, Any] = {
+    "adjacency": "provider",
+    "sampling_rate": 0.5,
+    "lr": 1.0,
+    "local_epochs": 1,
+    "local_batch_size": 10,
+    "local_lr": 0.1,
+}
+
+
 class DemoError(RuntimeError):
     """The demo could not run or a daemon failed; the message says which and why."""
 
@@ -99,6 +112,8 @@ class DemoOptions:
     backend: str = "gc"
     # l2: the providers prove their vectors' norms and the servers check (spgc.norm_proof).
     verify_inputs: str = "none"
+    # The unit of privacy: example (DP-SGD) or provider (DP-FedAvg, PROVIDER_LEVEL_DEFAULTS).
+    adjacency: str = "example"
 
 
 def _outgoing_port_range() -> tuple[int, int]:
@@ -249,6 +264,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             cfg["backend"] = opts.backend
         if opts.verify_inputs != "none":
             cfg["verify_inputs"] = opts.verify_inputs
+        if opts.adjacency == "provider":
+            cfg.update(PROVIDER_LEVEL_DEFAULTS)
         if opts.clip_norm is not None or opts.clip == "adaptive":
             cfg["clip_norm"] = ADAPTIVE_CLIP_C0 if opts.clip_norm is None else opts.clip_norm
         cfg.update(opts.server_overrides)
@@ -361,7 +378,8 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
             f"{opts.providers} providers, {opts.rounds} rounds, "
             f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}"
             + (f", backend {opts.backend}" if opts.backend != "gc" else "")
-            + (", verified inputs (norm proofs)" if opts.verify_inputs != "none" else ""),
+            + (", verified inputs (norm proofs)" if opts.verify_inputs != "none" else "")
+            + (", provider-level DP (DP-FedAvg)" if opts.adjacency == "provider" else ""),
             file=out,
         )
         if opts.metrics_port is not None:
