@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from spgc.optim import mean_delta_direction
 from spgc.servers.faults import fault_point
 from spgc.wire import aggregation_pb2 as pb
 
@@ -220,10 +221,8 @@ class RoundPhases:
             clip_norm = self.history[t].clip_norm
             gradient, count = adaptive.split_release(y, self.plan.cfg.scale, clip_norm)
             next_clip = adaptive.next_clip_norm(clip_norm, count)
-        if self.plan.adjacency == "provider":
-            # The sum of clipped deltas over the expected providers (DP-FedAvg's fixed
-            # denominator: the realised count is secret), as a descent direction.
-            gradient = -gradient / self.plan.expected_providers
+        if self.plan.adjacency == "provider":  # the noisy sum of the providers' deltas
+            gradient = mean_delta_direction(gradient, self.plan.expected_providers)
         trained = self.plan.coordinates
         if trained.anything_frozen:
             new = self.params.copy()

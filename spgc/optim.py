@@ -168,6 +168,15 @@ class FedAvgStep:
         self.lr, self.t = float(state["lr"]), int(state["t"])
 
 
+def mean_delta_direction(delta_sum: np.ndarray, expected_providers: float) -> np.ndarray:
+    """adjacency provider: the noisy sum of clipped deltas as the step's direction: minus
+    their mean over the EXPECTED providers (DP-FedAvg's fixed denominator; the realised count
+    is secret, and dividing by it would spend privacy)."""
+    if not (math.isfinite(expected_providers) and expected_providers > 0):
+        raise ValueError(f"expected providers must be > 0, got {expected_providers}")
+    return -np.asarray(delta_sum, dtype=np.float64) / float(expected_providers)
+
+
 def server_optimizer(dim: int, lr: float, adjacency: str) -> Adam | FedAvgStep:
     """The servers' update rule: Adam on the noisy gradient (adjacency example), or FedAvg's
     step on the noisy mean delta (adjacency provider)."""

@@ -191,3 +191,23 @@ def test_demo_on_the_gmw_backend_trains_and_the_ledgers_name_it(tmp_path):
         [SPGC, "account", "--ledger", ledgers[0]], capture_output=True, text=True
     )
     assert "backend gmw" in human.stdout
+
+
+def test_demo_provider_level_dp_names_the_adjacency_and_the_ledger_agrees(tmp_path):
+    """`spgc demo --adjacency provider` (DP-FedAvg): each provider takes part by its own coin,
+    trains locally and shares its clipped delta; the summary, both ledgers and `spgc account`
+    name add/remove one provider, and the account re-computes the summary's epsilon."""
+    summary = run_demo(
+        "--adjacency", "provider", "--providers", "4", "--rounds", "3", "--insecure",
+        "--state-dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert summary["adjacency"] == "add/remove one provider"
+    assert summary["steps"] == 3 and 0 < summary["epsilon"] <= 4.0
+    ledgers = [str(tmp_path / "run" / role / "ledger.jsonl") for role in ("h1", "h2")]
+    done = run_in_process("account", "--ledger", *ledgers, "--json")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert [x["adjacency"] for x in answer["ledgers"]] == ["add/remove one provider"] * 2
+    assert answer["epsilon"] == pytest.approx(summary["epsilon"], rel=1e-9)
+    human = run_in_process("account", "--ledger", ledgers[0])
+    assert "adjacency: add/remove one provider" in human.stdout

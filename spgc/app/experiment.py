@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from spgc.accounting import classic_noise_multiplier
+from spgc.app import simulate
 from spgc.app.demo import DATASET_DEFAULTS, DemoError, DemoOptions, run_demo
 from spgc.modes import NOISY_MODES, TRAINING_MODES
 from spgc.progress import Progress
@@ -387,6 +388,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", action="store_true", help="print the rows as a JSON list on stdout"
     )
+    simulate.add_arguments(parser)
     return parser
 
 
@@ -402,6 +404,11 @@ def _parse_floats(values: list[str]) -> list[float]:
 
 def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     """Run the experiment from parsed options; ExperimentError for bad input (exit code 2)."""
+    if getattr(args, "adjacency", "example") == "provider":
+        try:
+            return simulate.run_from_args(args, err)
+        except simulate.SimulationError as exc:
+            raise ExperimentError(str(exc)) from None
     datasets = _split(args.datasets) or (
         QUICK["datasets"] if args.quick else list(DATASET_DEFAULTS)
     )

@@ -1,0 +1,195 @@
+"""Provider-level DP (DP-FedAvg, issue 36): the plan, the accountant's unit, the provider's coin
+and local training, the servers' step, and the in-process simulation at a small size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import loopback_server_config, run_in_process
+from torch import nn
+
+from spgc.accounting import PrivacyAccountant, adjacency_of, quiet_dp_accounting
+from spgc.app.simulate import SimulationError, SimulationOptions, run_simulation
+from spgc.config import ConfigError
+from spgc.csprng import SecureRandom
+from spgc.local_training import LocalTraining, clipped_delta, selected_this_round
+from spgc.optim import FedAvgStep, mean_delta_direction, server_optimizer
+from spgc.plan import make_plan
+from spgc.providers.errors import ProviderRefusal
+from spgc.providers.plan_checks import accountant_sampling, check_adjacency
+from spgc.trainable import TrainableCoordinates
+
+
+def provider_cfg(**changes: object):
+    base: dict[str, object] = {
+        "adjacency": "provider",
+        "providers": [f"p{i}" for i in range(20)],
+        "sampling_rate": 0.5,
+        "rounds": 5,
+        "target_epsilon": 4.0,
+        "verify_inputs": "none",
+    }
+    return loopback_server_config(**{**base, **changes})
+
+
+def test_the_accountant_names_its_unit_and_the_arithmetic_is_the_same():
+    with quiet_dp_accounting():
+        example = PrivacyAccountant(1.1, 1e-5, 0.1)
+        provider = PrivacyAccountant(1.1, 1e-5, 0.1, unit="provider")
+        assert provider.epsilon_after(50) == example.epsilon_after(50)
+    assert example.adjacency == "add/remove one example"
+    assert provider.adjacency == "add/remove one provider"
+    assert adjacency_of("fixed") == "replace one example"
+    with pytest.raises(ValueError, match="unit must be one of example, provider"):
+        PrivacyAccountant(1.1, 1e-5, 0.1, unit="household")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Poisson coins only"):
+        PrivacyAccountant(1.1, 1e-5, None, sampling="fixed", sample_size=2, population=10,
+                          unit="provider")  # fmt: skip
+
+
+def test_plan_samples_providers_and_announces_the_local_training():
+    with quiet_dp_accounting():
+        plan = make_plan(provider_cfg(local_epochs=2, local_batch_size=7, local_lr=0.2))
+    assert plan.max_batch_size == 1  # one clipped delta per provider
+    assert plan.sampling == {"sampling_rate": 0.5, "sampling": "poisson", "unit": "provider"}
+    assert plan.expected_providers == 10.0
+    assert plan.cfg.lr == 1.0  # FedAvg's server step when lr is not given
+    tc = plan.training_config("r")
+    assert (tc.adjacency, tc.local_epochs, tc.local_batch_size, tc.local_optimizer) == (
+        "provider", 2, 7, "sgd",
+    )  # fmt: skip
+    assert tc.local_learning_rate == 0.2 and tc.max_batch_size == 1
+    assert accountant_sampling(tc) == plan.sampling
+    assert check_adjacency(tc) is True
+    with quiet_dp_accounting():
+        assert plan.new_accountant().adjacency == "add/remove one provider"
+    # Example adjacency announces none of it, as before the fields existed.
+    with quiet_dp_accounting():
+        ex = make_plan(loopback_server_config(verify_inputs="none")).training_config("r")
+    assert ex.adjacency == "" and ex.local_epochs == 0 and check_adjacency(ex) is False
+
+
+def test_a_noise_that_swamps_the_expected_providers_is_refused_naming_the_figures():
+    # 3 providers at q 0.1: 0.3 expected a round, far below any useful noise multiplier.
+    cfg = provider_cfg(providers=["p1", "p2", "p3"], sampling_rate=0.1, min_providers=1)
+    with (
+        pytest.raises(ValueError, match=r"more than clip_norm x the 0\.3 providers"),
+        quiet_dp_accounting(),
+    ):
+        make_plan(cfg)
+    # An explicit multiplier just below the expected count passes.
+    with quiet_dp_accounting():
+        make_plan(provider_cfg(noise_multiplier=9.0, target_epsilon=1e6))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"batch_size": 5}, "batch_size .fixed batches of examples. does not apply"),
+        ({"max_batch_size": 8}, "max_batch_size 8 does not apply"),
+        ({"adjacency": "household"}, "adjacency"),
+        ({"local_optimizer": "lbfgs"}, "local_optimizer"),
+        ({"local_epochs": 0}, "local_epochs"),
+    ],
+)
+def test_bad_provider_level_settings_are_refused_in_one_line(changes, message):
+    with pytest.raises((ConfigError, ValueError), match=message):
+        provider_cfg(**changes)
+
+
+def test_an_explicit_server_lr_is_kept():
+    assert provider_cfg(lr=0.5).lr == 0.5
+
+
+def test_providers_refuse_a_provider_level_plan_they_cannot_follow():
+    with quiet_dp_accounting():
+        good = make_plan(provider_cfg()).training_config("r")
+    for field, value, message in (
+        ("adjacency", "household", "knows example and provider"),
+        ("max_batch_size", 4, "max_batch_size 4"),
+        ("local_epochs", 0, "without its local training"),
+        ("local_optimizer", "lbfgs", "local_optimizer 'lbfgs'"),
+    ):
+        tc = type(good)()
+        tc.CopyFrom(good)
+        setattr(tc, field, value)
+        with pytest.raises(ProviderRefusal, match=message):
+            check_adjacency(tc)
+
+
+def test_the_coin_takes_part_at_its_rate():
+    rng = SecureRandom()
+    draws = sum(selected_this_round(rng, 0.3) for _ in range(20_000))
+    # Binomial(20000, 0.3): std 64.8; 6 std either side.
+    assert abs(draws - 6000) < 390
+    assert not any(selected_this_round(rng, 1e-9) for _ in range(1000))
+
+
+def _tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3))
+
+
+def test_local_training_moves_the_model_and_the_delta_is_clipped():
+    model = _tiny_model()
+    coords = TrainableCoordinates.of_model(model)
+    x = np.random.default_rng(1).normal(size=(40, 4)).astype(np.float32)
+    y = np.arange(40) % 3
+    training = LocalTraining(epochs=3, batch_size=8, lr=0.5)
+    before = coords.trainable_part(
+        np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+    )
+    row = clipped_delta(model, x, y, coords, training, 0.05, SecureRandom())
+    assert row.shape == (1, coords.count)
+    assert np.linalg.norm(row) == pytest.approx(0.05, rel=1e-9)  # a large step: clipped
+    after = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+    assert not np.allclose(after, before)
+    # No data: no step, a zero row (what an unselected provider encodes).
+    model = _tiny_model()
+    empty = clipped_delta(model, x[:0], y[:0], coords, training, 1.0, SecureRandom())
+    assert not empty.any()
+    with pytest.raises(ValueError, match="local optimizer"):
+        LocalTraining(1, 1, 0.1, "lbfgs")
+
+
+def test_the_servers_step_is_plus_the_mean_delta_over_the_expected_providers():
+    step = server_optimizer(3, 1.0, "provider")
+    assert isinstance(step, FedAvgStep)
+    params = np.array([1.0, 2.0, 3.0])
+    sum_of_deltas = np.array([4.0, -8.0, 0.0])  # over 4 expected providers
+    new = step.step(params, mean_delta_direction(sum_of_deltas, 4.0))
+    assert new.tolist() == [2.0, 0.0, 3.0]
+    state = step.state_dict()
+    again = FedAvgStep(3, 1.0)
+    again.load_state_dict(state)
+    assert again.t == 1
+    with pytest.raises(ValueError, match="expected providers must be > 0"):
+        mean_delta_direction(sum_of_deltas, 0.0)
+
+
+def test_simulation_trains_cancer_with_many_providers_and_accounts_per_provider():
+    rows: list[dict] = []
+    summary = run_simulation(
+        SimulationOptions(dataset="cancer", providers=40, rounds=6, sampling_rate=0.5,
+                          epsilon=8.0, delta=1e-3, eval_every=3),
+        rows_out=rows,
+    )  # fmt: skip
+    assert summary["adjacency"] == "add/remove one provider"
+    assert summary["rounds"] == 6 and [r["round"] for r in rows] == [2, 5]
+    assert 0 < summary["epsilon"] <= 8.0
+    assert summary["expected_providers_per_round"] == 20.0
+    assert 10 <= summary["mean_providers_per_round"] <= 30
+    assert summary["test_accuracy"] >= 0.85  # cancer after 6 FedAvg rounds (about 0.9 here)
+    with pytest.raises(SimulationError, match="mode 'dng'"):
+        SimulationOptions(mode="dng").server_config()
+
+
+def test_experiment_provider_level_refuses_bad_input_in_one_line(tmp_path):
+    done = run_in_process(
+        "experiment", "--adjacency", "provider", "--datasets", "cancer", "--providers", "1",
+        "--out", str(tmp_path / "x.csv"),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--providers must be in 2..100000" in done.stderr
+    assert "Traceback" not in done.stderr
