@@ -75,8 +75,9 @@ def set_trainable_mask(
             "trainable mask marks the elements of a trained parameter that train: set "
             "requires_grad=True first, or leave the parameter frozen without a mask"
         )
-    kind = mask.dtype if isinstance(mask, torch.Tensor | np.ndarray) else type(mask).__name__
-    if kind not in (torch.bool, np.dtype(bool)):
+    is_bool_tensor = isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+    if not (is_bool_tensor or (isinstance(mask, np.ndarray) and mask.dtype == np.bool_)):
+        kind = mask.dtype if isinstance(mask, torch.Tensor | np.ndarray) else type(mask).__name__
         raise ValueError(
             f"set_trainable_mask: the mask of parameter {name!r} must be a bool tensor or "
             f"array (True where an element trains), not {kind}"
@@ -111,8 +112,11 @@ class TrainableCoordinates:
                     f"model's {self.total} parameters; got ({start}, {length}) after {end}"
                 )
             end = start + length
-        parts = [np.arange(s, s + n, dtype=np.int64) for s, n in self.ranges]
-        index = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        # Every range's positions at once (a sparse mask makes many short ranges): position
+        # k of the index lies in range r at start_r + (k - offset_r).
+        starts, lengths = np.array(self.ranges, dtype=np.int64).reshape(-1, 2).T
+        offsets = np.cumsum(lengths) - lengths
+        index = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
         object.__setattr__(self, "_index", index)
 
     @classmethod
@@ -195,7 +199,7 @@ class TrainableCoordinates:
         varint_bytes = np.ones(len(values), dtype=np.int64)
         for shift in range(7, 64, 7):
             varint_bytes += values >= (np.uint64(1) << np.uint64(shift))
-        return 3 * len(self.ranges) + int(varint_bytes.sum()) + 2 * len(values)
+        return 3 * len(self.ranges) + int(varint_bytes.sum()) + len(values)
 
     def check_wire_size(self) -> None:
         """TrainableLayoutError, naming the figures, when the ranges take more than
