@@ -4,11 +4,13 @@ train (spgc.trainable.set_trainable_mask); only those travel, and the others nev
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 from test_server_daemon import start_pair
 from test_user_plans import provider_config, run_providers
@@ -23,6 +25,7 @@ from spgc.models import (
     resolve_model,
     trainable_count,
     trainable_mask,
+    trained_elements,
 )
 from spgc.plan import build_run_model
 from spgc.trainable import (
@@ -32,6 +35,8 @@ from spgc.trainable import (
     set_trainable_mask,
 )
 from spgc.wire import aggregation_pb2 as pb
+
+FINETUNE = Path(__file__).resolve().parents[1] / "examples" / "finetune"
 
 # Linear(4, 3) weight: rows 0 and 2 partly trained; Linear(3, 2) bias: its second element.
 FIRST_MASK = torch.tensor(
@@ -228,3 +233,25 @@ def test_masked_elements_never_move_through_the_daemons(pki: Path, tmp_path: Pat
     finally:
         d1.stop()
         d2.stop()
+
+
+def test_the_finetune_examples_sparse_lowrank_factory(tmp_path: Path) -> None:
+    """examples/finetune/model.py:sparse_lowrank: LoRA rank 4 and S trained at the 5% largest
+    |W0| of the backbone file beside it (here a random one), and the head: 1,823 of 34,437."""
+    shutil.copy(FINETUNE / "model.py", tmp_path / "model.py")
+    ref = f"{tmp_path / 'model.py'}:sparse_lowrank"
+    with pytest.raises(ValueError, match=r"backbone\.safetensors is missing: run pretrain\.py"):
+        resolve_model(ref)
+    fingerprints = set()
+    for seed in (0, 1):
+        w0 = torch.randn(128, 64, generator=torch.Generator().manual_seed(seed))
+        save_file({"backbone.1.weight": w0}, str(tmp_path / "backbone.safetensors"))
+        model = resolve_model(ref)
+        layout = TrainableCoordinates.of_model(model)
+        assert (layout.count, layout.total) == (1823, 34437)
+        masked = {name: index for name, _, index in trained_elements(model) if index is not None}
+        assert list(masked) == ["backbone.1.sparse"]
+        largest = torch.argsort(w0.abs().reshape(-1), descending=True)[:410]
+        assert set(masked["backbone.1.sparse"].tolist()) == set(largest.tolist())
+        fingerprints.add(model_fingerprint(model))
+    assert len(fingerprints) == 2  # another backbone, another mask: providers would be refused
