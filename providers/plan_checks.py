@@ -441,8 +441,8 @@ def trained_coordinates(tc: Any) -> TrainableCoordinates:
 
 
 def check_trained_coordinates(tc: Any, model: nn.Module, where: str) -> None:
-    """The model's parameter count and its trained coordinates (requires_grad) are the ones
-    the servers announce: only those travel (spgc.trainable)."""
+    """The model's parameter count and its trained coordinates (requires_grad, trainable
+    masks) are the ones the servers announce: only those travel (spgc.trainable)."""
     total = parameter_count(model)
     announced_total = tc.model_parameters or tc.num_parameters
     if announced_total != total:
@@ -454,7 +454,8 @@ def check_trained_coordinates(tc: Any, model: nn.Module, where: str) -> None:
     if trained_coordinates(tc) != mine:
         raise ProviderRefusal(
             f"the servers train {tc.num_parameters:,} of model {tc.model!r}'s parameters, "
-            f"{where} {mine.describe()}: freeze the same parameters (requires_grad=False)"
+            f"{where} {mine.describe()}: freeze the same parameters (requires_grad=False) "
+            "and mask the same elements (spgc.trainable.set_trainable_mask)"
         )
 
 

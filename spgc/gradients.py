@@ -8,8 +8,9 @@ Python loop over examples); the loop in :func:`per_example_gradients` runs over 
 examples only, to bound memory (an (m, d) float64 matrix for m = 3,000 and the 28,938-parameter
 MNIST CNN is 0.7 GB).
 
-Columns are the trained coordinates (``requires_grad``; :mod:`spgc.trainable`) in the order of
-:func:`spgc.models.flatten_params`: a frozen parameter gets no gradient and never travels.
+Columns are the trained coordinates (``requires_grad``, less the elements a trainable mask
+leaves out; :mod:`spgc.trainable`) in the order of :func:`spgc.models.flatten_params`: a frozen
+parameter gets no gradient, a masked parameter's frozen elements no column, and neither travels.
 Clipping is done in float64 numpy; the float64 result can exceed C by a rounding error
 (relative ~1e-16), so code that needs an exact bound must enforce it after fixed-point encoding,
 on the integers (SPEC section 4).
@@ -37,6 +38,7 @@ from spgc.models import (
     eval_forward,
     model_input,
     trainable_count,
+    trained_elements,
 )
 
 # Default number of examples per vmap call: bounds the transient memory of torch.func
@@ -136,9 +138,9 @@ def per_example_gradients(
 ) -> np.ndarray:
     """Gradient of the loss of each example (``loss``, empty: the ``task``'s default,
     cross-entropy or mse; :mod:`spgc.losses`): an ``(m, d)`` float64 array, row i
-    for example i, one column per trained coordinate (``requires_grad``) in
-    :func:`spgc.models.flatten_params` order; frozen parameters have no column (they never
-    travel, :mod:`spgc.trainable`).
+    for example i, one column per trained coordinate (``requires_grad``, within its trainable
+    mask if it has one) in :func:`spgc.models.flatten_params` order; frozen parameters and the
+    elements a mask leaves out have no column (they never travel, :mod:`spgc.trainable`).
 
     Computed in the model's dtype (float32 by default) and upcast; ``m = 0`` gives ``(0, d)``.
     Values are reproducible for a given chunk size; another chunk size can change them by
@@ -158,8 +160,8 @@ def per_example_gradients(
     out = np.empty((m, d), dtype=np.float64)
     if m == 0:
         return out
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
-    params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    trained = trained_elements(model)
+    params = {name: p.detach() for name, p, _ in trained}
     frozen = {name: p.detach() for name, p in model.named_parameters() if not p.requires_grad}
     buffers = {name: b.detach() for name, b in model.named_buffers()}
     constants = {**frozen, **buffers}
@@ -178,7 +180,15 @@ def per_example_gradients(
                 f"treat each example on its own ({exc})"
             ) from exc
         _refuse_changed_buffers(model, buffers, versions, None)
-        flat = torch.cat([grads[name].reshape(stop - start, -1) for name in names], dim=1)
+        # A masked parameter's gradient is computed whole (torch.func differentiates whole
+        # tensors) and its trained elements' columns kept.
+        columns = [
+            grads[name].reshape(stop - start, -1)
+            if index is None
+            else grads[name].reshape(stop - start, -1)[:, index]
+            for name, _, index in trained
+        ]
+        flat = torch.cat(columns, dim=1)
         # Back on the CPU before encoding: the shares are the same whatever the device.
         out[start:stop] = flat.to(torch.float64).cpu().numpy()
     return out

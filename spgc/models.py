@@ -181,8 +181,70 @@ def parameter_count(model: nn.Module) -> int:
 
 
 def trainable_count(model: nn.Module) -> int:
-    """Number of trained scalars d (``requires_grad``): what travels (spgc.trainable)."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    """Number of trained scalars d (``requires_grad``, less the elements a trainable mask leaves
+    out): what travels (spgc.trainable)."""
+    return sum(p.numel() if idx is None else len(idx) for _, p, idx in trained_elements(model))
+
+
+#: The attribute of a module that holds the trainable masks of its own parameters, set by
+#: :func:`spgc.trainable.set_trainable_mask`: ``{local parameter name: bool tensor}``. On the
+#: module, not on the parameter: ``copy.deepcopy`` and ``nn.Module.to`` keep a module's
+#: attributes but make new parameters without theirs; and not a buffer, so the state_dict
+#: (initial_model, export) is the plain model's.
+TRAINABLE_MASKS_ATTRIBUTE = "_spgc_trainable_masks"
+
+
+def _masks_by_parameter(model: nn.Module) -> dict[int, tuple[str, torch.Tensor]]:
+    """The trainable masks set anywhere in ``model``, by ``id`` of their parameter (a
+    parameter shared between modules is found whichever module holds the mask), each with the
+    parameter's name for messages. ValueError, naming the parameter, for a mask that no longer
+    fits: its parameter gone, frozen (``requires_grad=False``) or of another shape."""
+    found: dict[int, tuple[str, torch.Tensor]] = {}
+    for owner, module in model.named_modules():
+        for local, mask in module.__dict__.get(TRAINABLE_MASKS_ATTRIBUTE, {}).items():
+            name = f"{owner}.{local}" if owner else local
+            param = module._parameters.get(local)
+            if param is None:
+                raise ValueError(f"a trainable mask is set on {name!r}, which is no parameter")
+            if not param.requires_grad:
+                raise ValueError(
+                    f"parameter {name!r} has a trainable mask but requires_grad=False: a frozen "
+                    "parameter trains none of its elements; set requires_grad=True to train "
+                    "the masked elements, or drop the mask"
+                )
+            if tuple(mask.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"the trainable mask of parameter {name!r} has shape {tuple(mask.shape)}, "
+                    f"the parameter {tuple(param.shape)}"
+                )
+            if id(param) in found and not torch.equal(found[id(param)][1], mask):
+                raise ValueError(
+                    f"parameters {found[id(param)][0]!r} and {name!r} are one shared parameter "
+                    "with two different trainable masks"
+                )
+            found.setdefault(id(param), (name, mask))
+    return found
+
+
+def trained_elements(model: nn.Module) -> list[tuple[str, nn.Parameter, torch.Tensor | None]]:
+    """The parameters that train (``requires_grad``), in ``named_parameters()`` order, each
+    with the flat (row-major) positions of its trained elements as an int64 tensor on the
+    parameter's device, increasing, or None when all of them train (no trainable mask, or one
+    that is all True). The order of :func:`flatten_params` and :func:`trainable_mask`: the
+    columns of :func:`spgc.gradients.per_example_gradients`. ValueError for a mask that does
+    not fit its parameter (:func:`_masks_by_parameter`)."""
+    masks = _masks_by_parameter(model)
+    out: list[tuple[str, nn.Parameter, torch.Tensor | None]] = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        mask = masks.get(id(p), (name, None))[1]
+        if mask is None or bool(mask.all()):
+            out.append((name, p, None))
+        else:
+            index = torch.from_numpy(np.flatnonzero(mask.reshape(-1).numpy()))
+            out.append((name, p, index.to(p.device)))
+    return out
 
 
 _TAKES_INTEGERS: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
@@ -226,9 +288,16 @@ def eval_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def trainable_mask(model: nn.Module) -> np.ndarray:
     """Bool (D,), in :func:`flatten_params` order: False for the scalars of a parameter with
-    ``requires_grad=False`` (a frozen layer). Frozen parameters stay in the whole flat vector,
+    ``requires_grad=False`` (a frozen layer) and for the elements its trainable mask leaves out
+    (:func:`spgc.trainable.set_trainable_mask`). Frozen scalars stay in the whole flat vector,
     but never travel in a model or share vector and are never updated (spgc.trainable)."""
-    parts = [np.full(p.numel(), p.requires_grad, dtype=bool) for p in model.parameters()]
+    trained = {id(p): idx for _, p, idx in trained_elements(model)}
+    parts = []
+    for p in model.parameters():
+        part = np.full(p.numel(), id(p) in trained and trained[id(p)] is None, dtype=bool)
+        if trained.get(id(p)) is not None:
+            part[trained[id(p)].cpu().numpy()] = True
+        parts.append(part)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
 
@@ -443,6 +512,11 @@ def check_per_example_compatible(model: nn.Module) -> None:
             "every parameter of the model is frozen (requires_grad=False): there is nothing "
             "to train, and each round would spend privacy for nothing"
         )
+    if trainable_count(model) == 0:  # also checks each trainable mask against its parameter
+        raise ValueError(
+            "the trainable masks leave no element of the model to train: there is nothing "
+            "to train, and each round would spend privacy for nothing"
+        )
 
 
 def check_buffers_match(model: nn.Module, as_built: nn.Module, how: str) -> None:
@@ -470,13 +544,22 @@ def check_buffers_match(model: nn.Module, as_built: nn.Module, how: str) -> None
 
 def model_fingerprint(model: nn.Module) -> str:
     """A short hex digest (16 characters of SHA-256) of the model's architecture: its parameter
-    names and shapes in ``named_parameters()`` order, and which are frozen, not their values or
-    dtype. Two models with the same fingerprint have flat vectors (:func:`flatten_params`) of
-    the same layout, and train the same coordinates."""
-    layout = [
-        [name, list(p.shape)] if p.requires_grad else [name, list(p.shape), "frozen"]
-        for name, p in model.named_parameters()
-    ]
+    names and shapes in ``named_parameters()`` order, which are frozen and which elements the
+    trainable masks leave out, not their values or dtype. Two models with the same fingerprint
+    have flat vectors (:func:`flatten_params`) of the same layout, and train the same
+    coordinates."""
+    trained = {id(p): idx for _, p, idx in trained_elements(model)}
+    layout = []
+    for name, p in model.named_parameters():
+        entry: list[object] = [name, list(p.shape)]
+        if id(p) not in trained:
+            entry.append("frozen")
+        elif (index := trained[id(p)]) is not None:
+            # A masked parameter: which elements train (a model without masks keeps the
+            # fingerprint it had before masks existed).
+            positions = np.ascontiguousarray(index.cpu().numpy(), dtype="<i8").tobytes()
+            entry += ["masked", hashlib.sha256(positions).hexdigest()]
+        layout.append(entry)
     h = hashlib.sha256(_FINGERPRINT_DOMAIN)
     h.update(json.dumps(layout, separators=(",", ":")).encode())
     return h.hexdigest()[:16]

@@ -1,11 +1,14 @@
 """Which coordinates of a model's flat vector are trained, and so travel (issue 33).
 
 A parameter with ``requires_grad=False`` is frozen: it keeps its initial value for the whole
-run. Only the trainable coordinates are clipped, encoded, shared, summed, noised, released and
-accounted; the model vector served each round (and its SHA-256) holds them alone, and the
-frozen coordinates are fetched once per run and checked against ``frozen_sha256``. A model
-with nothing frozen has one range covering everything, and every vector is the whole model, as
-before. The wire form is ``TrainingConfig.trainable`` (ranges) with ``model_parameters`` and
+run. A model factory may also train only some elements of a parameter (low-rank factors with a
+sparse mask, issue 36): :func:`set_trainable_mask` marks them, and the elements it leaves out
+are frozen like a frozen parameter's. Only the trainable coordinates are clipped, encoded,
+shared, summed, noised, released and accounted; the model vector served each round (and its
+SHA-256) holds them alone, and the frozen coordinates are fetched once per run and checked
+against ``frozen_sha256``. A model with nothing frozen has one range covering everything, and
+every vector is the whole model, as before. The wire form is ``TrainingConfig.trainable``
+(ranges, at most :data:`MAX_RANGES_WIRE_BYTES` of them) with ``model_parameters`` and
 ``frozen_sha256``.
 """
 
@@ -16,11 +19,75 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from torch import nn
 
-from spgc.models import trainable_mask
+from spgc.models import TRAINABLE_MASKS_ATTRIBUTE, trainable_mask
+from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["TrainableCoordinates", "TrainableLayoutError"]
+__all__ = [
+    "MAX_RANGES_WIRE_BYTES",
+    "TrainableCoordinates",
+    "TrainableLayoutError",
+    "set_trainable_mask",
+]
+
+#: The most bytes the trainable ranges may take in TrainingConfig (field ``trainable``): the
+#: plan travels in one gRPC message (HelloResponse to providers, HandshakeRequest between the
+#: servers) of at most DEFAULT_MAX_MESSAGE_BYTES (1 MiB + 64 KiB); the other 64 KiB are left
+#: for the rest of that message. About 100,000 ranges (10 bytes each) fit.
+MAX_RANGES_WIRE_BYTES = DEFAULT_MAX_MESSAGE_BYTES - (64 << 10)
+
+
+def set_trainable_mask(
+    module: nn.Module, name: str, mask: torch.Tensor | np.ndarray | None
+) -> None:
+    """Train only the elements of parameter ``name`` of ``module`` (dotted: ``"layer.weight"``)
+    where the bool ``mask``, of the parameter's shape, is True; ``None`` drops a mask set
+    before. The other elements are frozen: they keep their initial value for the whole run and
+    never travel (no gradient column, no share coordinate, no update). Call it in the model
+    factory, on the model it returns (every server and provider builds the model from the
+    factory, so they all train the same elements; the mask is part of the model fingerprint).
+
+    ValueError with a message naming the parameter when it does not exist, is frozen
+    (``requires_grad=False``: a mask marks elements of a trained parameter), or the mask is
+    not bool or not of its shape. A model whose masks leave nothing to train is refused when
+    the run starts (:func:`spgc.models.check_per_example_compatible`)."""
+    owner_name, _, local = name.rpartition(".")
+    try:
+        owner = module.get_submodule(owner_name)
+    except AttributeError:
+        owner = None
+    param = owner._parameters.get(local) if owner is not None else None
+    if param is None:
+        known = ", ".join(n for n, _ in module.named_parameters()) or "none"
+        raise ValueError(
+            f"set_trainable_mask: {type(module).__name__} has no parameter {name!r} "
+            f"(its parameters: {known})"
+        )
+    masks = owner.__dict__.setdefault(TRAINABLE_MASKS_ATTRIBUTE, {})
+    if mask is None:
+        masks.pop(local, None)
+        return
+    if not param.requires_grad:
+        raise ValueError(
+            f"set_trainable_mask: parameter {name!r} is frozen (requires_grad=False); a "
+            "trainable mask marks the elements of a trained parameter that train: set "
+            "requires_grad=True first, or leave the parameter frozen without a mask"
+        )
+    is_bool_tensor = isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+    if not (is_bool_tensor or (isinstance(mask, np.ndarray) and mask.dtype == np.bool_)):
+        kind = mask.dtype if isinstance(mask, torch.Tensor | np.ndarray) else type(mask).__name__
+        raise ValueError(
+            f"set_trainable_mask: the mask of parameter {name!r} must be a bool tensor or "
+            f"array (True where an element trains), not {kind}"
+        )
+    if tuple(mask.shape) != tuple(param.shape):
+        raise ValueError(
+            f"set_trainable_mask: the mask of parameter {name!r} has shape "
+            f"{tuple(mask.shape)}, the parameter {tuple(param.shape)}"
+        )
+    masks[local] = torch.as_tensor(mask).detach().to("cpu", copy=True)
 
 
 class TrainableLayoutError(ValueError):
@@ -45,14 +112,21 @@ class TrainableCoordinates:
                     f"model's {self.total} parameters; got ({start}, {length}) after {end}"
                 )
             end = start + length
-        parts = [np.arange(s, s + n, dtype=np.int64) for s, n in self.ranges]
-        index = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        # Every range's positions at once (a sparse mask makes many short ranges): position
+        # k of the index lies in range r at start_r + (k - offset_r).
+        starts, lengths = np.array(self.ranges, dtype=np.int64).reshape(-1, 2).T
+        offsets = np.cumsum(lengths) - lengths
+        index = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
         object.__setattr__(self, "_index", index)
 
     @classmethod
     def of_model(cls, model: nn.Module) -> TrainableCoordinates:
-        """The coordinates of ``model``'s parameters with ``requires_grad`` set."""
-        return cls.from_mask(trainable_mask(model))
+        """The coordinates of ``model``'s parameters with ``requires_grad`` set, within their
+        trainable masks (:func:`set_trainable_mask`). TrainableLayoutError when they make more
+        ranges than TrainingConfig can carry (:meth:`check_wire_size`)."""
+        layout = cls.from_mask(trainable_mask(model))
+        layout.check_wire_size()
+        return layout
 
     @classmethod
     def from_mask(cls, mask: np.ndarray) -> TrainableCoordinates:
@@ -114,6 +188,32 @@ class TrainableCoordinates:
     def wire_ranges(self) -> list[tuple[int, int]]:
         """What TrainingConfig.trainable carries: the ranges, or none when nothing is frozen."""
         return list(self.ranges) if self.anything_frozen else []
+
+    def wire_bytes(self) -> int:
+        """At most the bytes :meth:`wire_ranges` take in a TrainingConfig message: per range,
+        the field's 2-byte tag, its length byte and the two varint fields with their tags (a
+        start of 0 is not encoded at all: 2 bytes fewer)."""
+        if not self.anything_frozen:
+            return 0
+        values = np.asarray(self.ranges, dtype=np.uint64).reshape(-1)
+        varint_bytes = np.ones(len(values), dtype=np.int64)
+        for shift in range(7, 64, 7):
+            varint_bytes += values >= (np.uint64(1) << np.uint64(shift))
+        return 3 * len(self.ranges) + int(varint_bytes.sum()) + len(values)
+
+    def check_wire_size(self) -> None:
+        """TrainableLayoutError, naming the figures, when the ranges take more than
+        :data:`MAX_RANGES_WIRE_BYTES` in TrainingConfig: scattered trainable elements make one
+        range each."""
+        size = self.wire_bytes()
+        if size > MAX_RANGES_WIRE_BYTES:
+            raise TrainableLayoutError(
+                f"the trainable coordinates form {len(self.ranges):,} separate ranges, which "
+                f"take {size:,} bytes in the plan (TrainingConfig.trainable); at most "
+                f"{MAX_RANGES_WIRE_BYTES:,} fit in one message (about 100,000 ranges): train "
+                "contiguous blocks (whole rows of a weight, say) rather than scattered "
+                "elements, or fewer of them"
+            )
 
     def trainable_part(self, whole: np.ndarray) -> np.ndarray:
         """The model vector of ``whole``: its trained coordinates, in order (a copy)."""
