@@ -23,7 +23,7 @@ from torch import nn
 from spgc.csprng import SecureRandom
 from spgc.gradients import clip_per_example
 from spgc.losses import label_dtype, loss_function, resolved_loss
-from spgc.models import flatten_params, model_input
+from spgc.models import flatten_params, model_input, trained_elements
 from spgc.trainable import TrainableCoordinates
 
 __all__ = [
@@ -73,6 +73,14 @@ class LocalTraining:
         return torch.optim.SGD(params, lr=self.lr)
 
 
+def _outside(p: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The flat positions of ``p`` that a trainable mask leaves out (the complement of
+    ``index``)."""
+    keep = torch.ones(p.numel(), dtype=torch.bool, device=p.device)
+    keep[index] = False
+    return keep
+
+
 def selected_this_round(rng: SecureRandom, rate: float) -> bool:
     """The provider's own coin: True with probability ``rate`` (its CSPRNG; never shown)."""
     return bool(rng.bernoulli(1, rate)[0])
@@ -115,8 +123,11 @@ def model_delta(
     start = coordinates.trainable_part(flatten_params(model))
     if n:
         loss_fn = loss_function(resolved_loss(task, loss))
-        trained = [p for p in model.parameters() if p.requires_grad]
-        opt = training.make_optimizer(trained)
+        elements = trained_elements(model)
+        # A trainable mask (spgc.trainable.set_trainable_mask): the elements outside it keep
+        # their value locally too, as they do at the servers (their gradients are zeroed).
+        masked = [(p, _outside(p, index)) for _, p, index in elements if index is not None]
+        opt = training.make_optimizer([p for _, p, _ in elements])
         xt = model_input(model, x)
         first = next(model.parameters())
         yt = torch.as_tensor(np.asarray(y)).to(device=first.device, dtype=label_dtype(task))
@@ -129,6 +140,9 @@ def model_delta(
                     idx = order[b : b + training.batch_size]
                     opt.zero_grad(set_to_none=True)
                     loss_fn(model(xt[idx]), yt[idx]).backward()
+                    for p, outside in masked:
+                        if p.grad is not None:
+                            p.grad.view(-1)[outside] = 0
                     opt.step()
         finally:
             model.train(was_training)

@@ -18,7 +18,7 @@ from spgc.optim import FedAvgStep, mean_delta_direction, server_optimizer
 from spgc.plan import make_plan
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import accountant_sampling, check_adjacency
-from spgc.trainable import TrainableCoordinates
+from spgc.trainable import TrainableCoordinates, set_trainable_mask
 
 
 def provider_cfg(**changes: object):
@@ -193,3 +193,21 @@ def test_experiment_provider_level_refuses_bad_input_in_one_line(tmp_path):
     assert done.returncode == 2
     assert "--providers must be in 2..100000" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_local_training_leaves_the_elements_outside_a_trainable_mask_where_they_were():
+    model = _tiny_model()
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[0, :2] = True
+    set_trainable_mask(model, "0.weight", mask)
+    coords = TrainableCoordinates.of_model(model)
+    assert coords.count == 2 + 3  # two weights and the bias
+    before = model[0].weight.detach().clone()
+    x = np.random.default_rng(2).normal(size=(30, 4)).astype(np.float32)
+    y = np.arange(30) % 3
+    row = clipped_delta(model, x, y, coords, LocalTraining(2, 5, 0.3, "adam"), 10.0,
+                        SecureRandom())  # fmt: skip
+    after = model[0].weight.detach()
+    assert torch.equal(after[~mask], before[~mask])
+    assert not torch.equal(after[mask], before[mask])
+    assert row.shape == (1, 5) and np.abs(row[0, :2]).min() > 0
