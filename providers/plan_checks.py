@@ -24,7 +24,7 @@ from spgc.accounting import (
     smallest_batch_cap,
 )
 from spgc.budget import RunPlan
-from spgc.clipping import adaptive_clip_of
+from spgc.clipping import adaptive_clip_of, decay_clip_of
 from spgc.config import ProviderConfig
 from spgc.encoding import FixedPointConfig
 from spgc.local_training import LOCAL_OPTIMIZERS
@@ -215,6 +215,7 @@ def _encoded_rows(tc: Any, d: int) -> tuple[float, int]:
     rule that is malformed, or announced where its count would not be noised as announced."""
     try:
         adaptive = adaptive_clip_of(tc)
+        decay_clip_of(tc)  # a decaying clip keeps C0 and d: its rows are rescaled to C0
     except ValueError as exc:
         raise ProviderRefusal(str(exc)) from None
     if adaptive is None:

@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from spgc.clipping import AdaptiveClip, adaptive_clip_of, round_clip_norm
+from spgc.clipping import (
+    AdaptiveClip,
+    DecayClip,
+    adaptive_clip_of,
+    decay_clip_of,
+    round_clip_norm,
+)
 from spgc.config import ProviderConfig
 from spgc.encoding import FixedPointConfig, encode_batch, stochastic_round
 from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
@@ -73,7 +79,8 @@ class Training:
         assert self.fixed_point is not None
         tc, fp = self.training, self.fixed_point
         adaptive = adaptive_clip_of(tc)  # checked when the plan was accepted
-        clip_norm = self._round_clip_norm(adaptive)
+        decay = decay_clip_of(tc)
+        clip_norm = self._round_clip_norm(adaptive, decay)
         self.load_params(params)
         provider_level = tc.adjacency == "provider"
         # The rows encoded: one per example, or one model delta per provider.
@@ -102,17 +109,18 @@ class Training:
         for start in range(0, len(batch), step):
             t0 = time.perf_counter()
             idx = batch[start : start + step]
-            if provider_level:
-                delta = self.local_delta(idx)
-                clipped = (
-                    clip_per_example(delta, clip_norm)
-                    if adaptive is None
-                    else adaptive.rows(delta, clip_norm)
-                )
-            elif adaptive is None:
+            if adaptive is None and decay is None and not provider_level:
                 clipped = self.clipped_gradients(idx)
-            else:  # clipped to the round's C, rescaled to C0, and the unclipped count
-                clipped = adaptive.rows(self.example_gradients(idx), clip_norm)
+            else:
+                # One model delta (provider level) or the examples' gradients, clipped to the
+                # round's C; with a moving clip rescaled to C0 (and adaptive's count).
+                rows = self.local_delta(idx) if provider_level else self.example_gradients(idx)
+                if adaptive is not None:
+                    clipped = adaptive.rows(rows, clip_norm)
+                elif decay is not None:
+                    clipped = decay.rows(rows, clip_norm)
+                else:
+                    clipped = clip_per_example(rows, clip_norm)
             t1 = time.perf_counter()
             if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
                 total += encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
@@ -142,13 +150,20 @@ class Training:
             params = self._trained.assemble(params, self._frozen)
         load_flat_params(self._model, params)
 
-    def _round_clip_norm(self, adaptive: AdaptiveClip | None) -> float:
+    def _round_clip_norm(self, adaptive: AdaptiveClip | None, decay: DecayClip | None) -> float:
         """The joined round's clip norm: the plan's, or with adaptive clipping the C_r both
-        servers announce (RoundFailed when they differ: the round is sat out)."""
-        if adaptive is None:
+        servers announce, or with a decaying clip the rule's C_r, which both servers must
+        announce (RoundFailed otherwise: the round is sat out)."""
+        if adaptive is None and decay is None:
             return float(self.training.clip_norm)
+        announced = [i.clip_norm for i in self._round_infos]
         try:
-            return round_clip_norm(adaptive, [i.clip_norm for i in self._round_infos])
+            if adaptive is not None:
+                return round_clip_norm(adaptive, announced)
+            assert decay is not None
+            for value in announced:
+                decay.check_round(self._round_infos[0].round, value)
+            return decay.norm_at(self._round_infos[0].round)
         except ValueError as exc:
             raise RoundFailed(f"{exc}: this round is sat out") from None
 

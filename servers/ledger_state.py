@@ -111,6 +111,13 @@ class LedgerState:
     def _clip_rule(self) -> dict[str, Any]:
         """The ledger header's clip: the fixed C, or the adaptive rule with both noises."""
         plan, adaptive = self.plan, self.plan.adaptive_clip
+        if (decay := plan.decay_clip) is not None:
+            return {
+                "rule": "decay",
+                "initial_norm": decay.initial_norm,
+                "rate": decay.rate,
+                "floor": decay.floor,
+            }
         if adaptive is None:
             return {"rule": "fixed", "clip_norm": plan.cfg.clip_norm}
         return {
@@ -127,6 +134,8 @@ class LedgerState:
     def _release_clip(self, t: int) -> float:
         """Round t's clip norm (the caller holds ``cond``): the plan's, or with adaptive
         clipping the one round t ran (or, not opened here, will run) with."""
+        if (decay := self.plan.decay_clip) is not None:
+            return decay.norm_at(t)
         if self.plan.adaptive_clip is None:
             return self.plan.cfg.clip_norm
         rec = self.history.get(t)

@@ -92,7 +92,9 @@ class RoundPhases:
             self.intake.open_round(t)
             self.accepted[t] = set()
             self.history[t] = RoundRecord(t, pb.ROUND_PHASE_COLLECTING)
-            if self.plan.adaptive_clip is not None:
+            if (decay := self.plan.decay_clip) is not None:
+                self.clip_norm = decay.norm_at(t)  # the rule's C for this round
+            if self.plan.clip_moves:
                 self.history[t].clip_norm = self.clip_norm
             self.deadline = time.time() + self.plan.cfg.round_deadline
             self._opened = time.perf_counter()
@@ -215,7 +217,9 @@ class RoundPhases:
         start = time.perf_counter()
         # Y holds the trained coordinates only (spgc.trainable): a frozen parameter never moves.
         adaptive, count, next_clip = self.plan.adaptive_clip, None, self.clip_norm
-        if adaptive is None:
+        if (decay := self.plan.decay_clip) is not None:  # rows were rescaled to C0
+            gradient = decay.decode(y, self.plan.cfg.scale, self.history[t].clip_norm)
+        elif adaptive is None:
             gradient = np.asarray(y, dtype=np.float64) / self.plan.cfg.scale
         else:
             clip_norm = self.history[t].clip_norm

@@ -168,7 +168,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
             )
             if t == self.round and self.deadline:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
-            if self.plan.adaptive_clip is not None:
+            if self.plan.clip_moves:
                 info.clip_norm = rec.clip_norm if rec is not None else self.clip_norm
             if phase == pb.ROUND_PHASE_FINISHED and caller and caller not in self.told_finished:
                 self.told_finished.add(caller)

@@ -38,7 +38,15 @@ import numpy as np
 
 from spgc.wire import aggregation_pb2 as pb
 
-__all__ = ["CLIP_RANGE", "AdaptiveClip", "adaptive_clip_of", "round_clip_norm"]
+__all__ = [
+    "CLIP_RANGE",
+    "AdaptiveClip",
+    "DecayClip",
+    "adaptive_clip_of",
+    "clip_and_rescale",
+    "decay_clip_of",
+    "round_clip_norm",
+]
 
 #: How far C may move from C0 (both ways): keeps C0 / C a sane float factor over any run.
 CLIP_RANGE = 1e6
@@ -131,14 +139,8 @@ class AdaptiveClip:
         g = np.asarray(grads, dtype=np.float64)
         if g.ndim != 2:
             raise ValueError(f"expected an (m, d) array, got shape {g.shape}")
-        norms = np.sqrt(np.einsum("ij,ij->i", g, g))
-        unclipped = norms <= clip_norm
-        factors = np.ones_like(norms)
-        factors[~unclipped] = clip_norm / norms[~unclipped]
-        # Clipped to C_r, then rescaled to C0: the same bound in units every round.
-        factors *= self.initial_norm / clip_norm
         out = np.empty((g.shape[0], g.shape[1] + 1), dtype=np.float64)
-        np.multiply(g, factors[:, None], out=out[:, :-1])
+        unclipped = clip_and_rescale(g, clip_norm, self.initial_norm, out=out[:, :-1])
         out[:, -1] = np.where(unclipped, self.count_clip, 0.0)
         return out
 
@@ -161,11 +163,100 @@ class AdaptiveClip:
         return min(hi, max(lo, new))
 
 
+def clip_and_rescale(
+    grads: np.ndarray, clip_norm: float, initial_norm: float, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows of ``grads`` (m, d) clipped to this round's ``clip_norm`` and multiplied by
+    ``initial_norm / clip_norm`` into ``out`` (a new array when None): every row's norm stays
+    <= ``initial_norm``, so the encoder's bound in units is the first round's whatever the
+    round's C. Returns which rows were not clipped (norm <= C)."""
+    g = np.asarray(grads, dtype=np.float64)
+    if g.ndim != 2:
+        raise ValueError(f"expected an (m, d) array, got shape {g.shape}")
+    norms = np.sqrt(np.einsum("ij,ij->i", g, g))
+    unclipped = norms <= clip_norm
+    factors = np.ones_like(norms)
+    factors[~unclipped] = clip_norm / norms[~unclipped]
+    factors *= initial_norm / clip_norm
+    if out is None:
+        out = np.empty_like(g)
+    np.multiply(g, factors[:, None], out=out)
+    return unclipped
+
+
+@dataclass(frozen=True)
+class DecayClip:
+    """clip: decay: the clip norm of round r is ``C_r = max(floor, C0 x rate^r)`` (Maeda et
+    al.'s decay schedules, from a clip large early to a smaller one later). Rows are clipped to
+    C_r and rescaled to C0 (:func:`clip_and_rescale`), so the encoder's bound, the noise in
+    units and the accounting are those of a fixed run with clip norm C0; the released sum is
+    scaled back by ``C_r / C0``, and its noise with it (the noise relative to the clip stays
+    the same)."""
+
+    initial_norm: float  # C0 (the plan's clip_norm)
+    rate: float  # the factor per round, in (0, 1]
+    floor: float = 0.0  # the smallest C (0: none), at most C0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.initial_norm) and self.initial_norm > 0):
+            raise ValueError(f"decaying clip: clip_norm must be > 0, got {self.initial_norm}")
+        if not (math.isfinite(self.rate) and 0 < self.rate <= 1):
+            raise ValueError(f"decaying clip: clip_decay must be in (0, 1], got {self.rate}")
+        if not (math.isfinite(self.floor) and 0 <= self.floor <= self.initial_norm):
+            raise ValueError(
+                f"decaying clip: clip_min must be in [0, clip_norm {self.initial_norm:g}], got "
+                f"{self.floor}"
+            )
+
+    def norm_at(self, round_number: int) -> float:
+        """C_r: ``round_number`` multiplications by the rate, each correctly rounded (no
+        libm pow, whose last bit may differ between machines: both servers and every
+        provider must get the same double), then the floor; at least C0 / CLIP_RANGE."""
+        if round_number < 0:
+            raise ValueError(f"round must be >= 0, got {round_number}")
+        c, lowest = self.initial_norm, max(self.floor, self.initial_norm / CLIP_RANGE)
+        for _ in range(round_number):
+            c *= self.rate
+            if c <= lowest:
+                return lowest
+        return max(c, lowest)
+
+    def rows(self, grads: np.ndarray, clip_norm: float) -> np.ndarray:
+        """The rows a provider encodes in a round of clip norm ``clip_norm``."""
+        out = np.empty_like(np.asarray(grads, dtype=np.float64))
+        clip_and_rescale(grads, clip_norm, self.initial_norm, out=out)
+        return out
+
+    def decode(self, released_units: np.ndarray, scale: float, clip_norm: float) -> np.ndarray:
+        """The round's released sum in gradient units (its rows were rescaled to C0)."""
+        return np.asarray(released_units, dtype=np.float64) / scale * (clip_norm / self.initial_norm)
+
+    def check_round(self, round_number: int, announced: float) -> None:
+        """ValueError unless ``announced`` is this rule's C for ``round_number``."""
+        want = self.norm_at(round_number)
+        if announced != want:
+            raise ValueError(
+                f"the servers announce clip norm {announced!r} for round {round_number}; the "
+                f"decay rule gives {want!r}"
+            )
+
+
+def decay_clip_of(tc: Any) -> DecayClip | None:
+    """A TrainingConfig's decaying clip (None unless clip_rule is CLIP_RULE_DECAY); ValueError
+    in one line when its fields are malformed."""
+    if tc.clip_rule != pb.CLIP_RULE_DECAY:
+        return None
+    try:
+        return DecayClip(tc.clip_norm, tc.clip_decay, tc.clip_min)
+    except ValueError as exc:
+        raise ValueError(f"the servers' decaying clip is malformed: {exc}") from None
+
+
 def adaptive_clip_of(tc: Any) -> AdaptiveClip | None:
     """A TrainingConfig's adaptive clipping (None with a fixed clip norm), checked as a provider
     needs it: ValueError in one line when a field is missing or the announced noises do not
     follow from the announced noise std (a server cannot claim a count noise it does not add)."""
-    if tc.clip_rule == pb.CLIP_RULE_FIXED:
+    if tc.clip_rule in (pb.CLIP_RULE_FIXED, pb.CLIP_RULE_DECAY):
         return None
     if tc.clip_rule != pb.CLIP_RULE_ADAPTIVE:
         raise ValueError(f"clip_rule {tc.clip_rule} is not one this provider knows")

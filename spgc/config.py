@@ -339,10 +339,17 @@ class ServerConfig(_Schema):
         description="L2 clip norm C of each example's gradient (with clip: adaptive, the "
         "first round's C0)",
     )
-    clip: Literal["fixed", "adaptive"] = Field(
+    clip: Literal["fixed", "adaptive", "decay"] = Field(
         "fixed",
         description="adaptive: C follows a target quantile of the examples' gradient norms "
-        "(Andrew et al. 2021), from a noisy count that travels with the shares",
+        "(Andrew et al. 2021), from a noisy count that travels with the shares; decay: C "
+        "shrinks by clip_decay each round down to clip_min (Maeda et al.), in every mode",
+    )
+    clip_decay: float = Field(
+        0.99, gt=0, le=1, description="clip: decay: the clip norm's factor per round"
+    )
+    clip_min: float = Field(
+        0.0, ge=0, description="clip: decay: the clip norm's floor (0: none), at most clip_norm"
     )
     clip_target_quantile: float = Field(
         0.5, gt=0, lt=1, description="clip: adaptive: the share of examples left unclipped"
@@ -547,6 +554,11 @@ class ServerConfig(_Schema):
             raise ValueError(
                 f"clip: adaptive needs the noise added once to the sum (modes "
                 f"{', '.join(ADAPTIVE_CLIP_MODES)}); mode {self.mode} does not: use clip: fixed"
+            )
+        if self.clip == "decay" and self.clip_min > self.clip_norm:
+            raise ValueError(
+                f"clip: decay: clip_min {self.clip_min:g} is above clip_norm {self.clip_norm:g}, "
+                "the first round's clip norm"
             )
         if self.clip == "adaptive" and not self.dataset and self.expected_batch_size <= 0:
             raise ValueError(

@@ -60,6 +60,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from spgc.accounting import PrivacyAccountant, adjacency_of, capped_poisson, reported_delta
+from spgc.clipping import DecayClip
 from spgc.modes import get_mode
 
 __all__ = [
@@ -666,11 +667,14 @@ def _check_clip(clip: Any, noise_multiplier: Any) -> None:
     """The header's clip rule: fixed with its C, or adaptive with both noises, which together
     must be no weaker than the one Gaussian of ``noise_multiplier`` the entries are accounted
     with (1 / z^2 >= 1 / z_update^2 + 1 / sigma_count^2, spgc.clipping)."""
-    if not isinstance(clip, dict) or clip.get("rule") not in ("fixed", "adaptive"):
-        raise LedgerError("line 1: clip must be {rule: fixed|adaptive, ...}")
+    if not isinstance(clip, dict) or clip.get("rule") not in ("fixed", "adaptive", "decay"):
+        raise LedgerError("line 1: clip must be {rule: fixed|adaptive|decay, ...}")
     if clip["rule"] == "fixed":
         if not _number(clip.get("clip_norm")):
             raise LedgerError("line 1: clip.clip_norm must be a number > 0")
+        return
+    if clip["rule"] == "decay":
+        _decay_rule(clip)
         return
     keys = ("initial_norm", "learning_rate", "update_noise_multiplier", "count_noise_std")
     for key in (*keys, "target_quantile"):
@@ -695,7 +699,25 @@ def _release_clip_norm(number: int, entry: Mapping[str, Any], clip: Mapping[str,
         raise LedgerError(f"line {number}: clip_norm must be a number > 0")
     if clip["rule"] == "fixed" and value != clip["clip_norm"]:
         raise LedgerError(f"line {number}: clip_norm {value} is not the header's fixed clip norm")
+    if clip["rule"] == "decay":
+        r = entry.get("round")
+        if not _is_int(r) or r < 0:
+            raise LedgerError(f"line {number}: round must be an integer >= 0")
+        want = _decay_rule(clip).norm_at(r)
+        if value != want:
+            raise LedgerError(
+                f"line {number}: clip_norm {value} is not the decay rule's {want} for round "
+                f"{entry.get('round')}"
+            )
     return float(value)
+
+
+def _decay_rule(clip: Mapping[str, Any]) -> DecayClip:
+    """The header's decay rule; LedgerError when its fields are malformed."""
+    try:
+        return DecayClip(float(clip["initial_norm"]), float(clip["rate"]), float(clip["floor"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LedgerError(f"line 1: clip (decay) is malformed: {exc}") from None
 
 
 def _servers(mode: Any) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 from torch import nn
 
 from spgc import accounting
-from spgc.clipping import AdaptiveClip
+from spgc.clipping import AdaptiveClip, DecayClip
 from spgc.config import ServerConfig
 from spgc.data import load_dataset
 from spgc.encoding import FixedPointConfig
@@ -72,6 +72,18 @@ class RunPlan:
     adaptive_clip: AdaptiveClip | None = None
     # verify_inputs: l2: the providers' norm proofs (field, bound, sizes); None: not checked.
     norm_proof: NormProofParams | None = None
+
+    @property
+    def decay_clip(self) -> DecayClip | None:
+        """clip: decay: the rule (spgc.clipping.DecayClip); None otherwise."""
+        c = self.cfg
+        return DecayClip(c.clip_norm, c.clip_decay, c.clip_min) if c.clip == "decay" else None
+
+    @property
+    def clip_moves(self) -> bool:
+        """The clip norm changes from round to round (adaptive or decay): each round's is
+        announced (RoundInfo.clip_norm) and recorded in the ledger's release entries."""
+        return self.adaptive_clip is not None or self.cfg.clip == "decay"
 
     def __post_init__(self) -> None:
         if self.trainable is None:
@@ -235,7 +247,13 @@ class RunPlan:
         }
 
     def _adaptive_clip_fields(self) -> dict[str, Any]:
-        a = self.adaptive_clip
+        a, decay = self.adaptive_clip, self.decay_clip
+        if decay is not None:
+            return {
+                "clip_rule": pb.CLIP_RULE_DECAY,
+                "clip_decay": decay.rate,
+                "clip_min": decay.floor,
+            }
         if a is None:
             return {}
         return {

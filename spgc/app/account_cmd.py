@@ -428,9 +428,15 @@ def _ledger_human(a: dict[str, Any]) -> str:
 
 def _clip_human(clip: dict[str, Any], norms: list[float]) -> str:
     """The clip rule and each release's clip norm (co-signed), in one line."""
+    seen = ", ".join(f"{c:.4g}" for c in norms[:8]) + (", ..." if len(norms) > 8 else "")
+    if clip.get("rule") == "decay":
+        return (
+            f"  clip decaying from {clip['initial_norm']:g} by {clip['rate']:g} a round to "
+            f"{clip['floor']:g} (each release's checked against the rule); clip norms per "
+            f"release: {seen or 'none yet'}"
+        )
     if clip.get("rule") != "adaptive":
         return f"  clip norm {clip.get('clip_norm', 0):g} (fixed)"
-    seen = ", ".join(f"{c:.4g}" for c in norms[:8]) + (", ..." if len(norms) > 8 else "")
     return (
         f"  clip adaptive (quantile {clip['target_quantile']:g}, learning rate "
         f"{clip['learning_rate']:g}): the update's noise multiplier "

@@ -305,10 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--delta", type=_probability, default=1e-5)
     demo.add_argument(
         "--clip",
-        choices=["fixed", "adaptive"],
+        choices=["fixed", "adaptive", "decay"],
         default="fixed",
         help="adaptive: the clip norm follows the examples' median gradient norm, from a noisy "
-        "count that travels with the shares (Andrew et al. 2021; the JSON's clip_norms)",
+        "count that travels with the shares (Andrew et al. 2021; the JSON's clip_norms); decay: "
+        "it shrinks by 0.99 a round (servers' clip_decay, clip_min)",
     )
     demo.add_argument(
         "--clip-norm",

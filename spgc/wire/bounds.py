@@ -152,6 +152,8 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.local_epochs": Bound(0, 1000),
     "spgc.v1.TrainingConfig.local_batch_size": _UINT32,
     "spgc.v1.TrainingConfig.local_learning_rate": _NON_NEGATIVE,
+    "spgc.v1.TrainingConfig.clip_decay": Bound(0.0, 1.0),
+    "spgc.v1.TrainingConfig.clip_min": _NON_NEGATIVE,
     "spgc.v1.CoordinateRange.start": Bound(0, MAX_NUM_PARAMETERS),
     "spgc.v1.CoordinateRange.length": _LENGTH,
     "spgc.v1.RoundInfo.round": COUNTER,
