@@ -138,7 +138,7 @@ class Training:
             assert self.budget is not None  # connect() opened it
             self.budget.before_noise_draw(self._fixed_release())  # counted before it is drawn
             seed, self.noise_seed = self.noise_seed, None  # a seed is never used twice
-            total = total + local_noise(tc.noise_std_units, tc.num_parameters, seed)
+            total = total + local_noise(tc.noise_std_units, width, seed)  # the count too
         check_fits(total, tc.ring_bits)
         encode += time.perf_counter() - t0
         return total, compute, encode

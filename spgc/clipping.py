@@ -229,7 +229,8 @@ class DecayClip:
 
     def decode(self, released_units: np.ndarray, scale: float, clip_norm: float) -> np.ndarray:
         """The round's released sum in gradient units (its rows were rescaled to C0)."""
-        return np.asarray(released_units, dtype=np.float64) / scale * (clip_norm / self.initial_norm)
+        y = np.asarray(released_units, dtype=np.float64)
+        return y / scale * (clip_norm / self.initial_norm)
 
     def check_round(self, round_number: int, announced: float) -> None:
         """ValueError unless ``announced`` is this rule's C for ``round_number``."""

@@ -552,7 +552,7 @@ class ServerConfig(_Schema):
             )
         if self.clip == "adaptive" and self.mode not in ADAPTIVE_CLIP_MODES:
             raise ValueError(
-                f"clip: adaptive needs the noise added once to the sum (modes "
+                f"clip: adaptive needs the noise added once to the sum or by each provider (modes "
                 f"{', '.join(ADAPTIVE_CLIP_MODES)}); mode {self.mode} does not: use clip: fixed"
             )
         if self.clip == "decay" and self.clip_min > self.clip_norm:

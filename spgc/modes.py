@@ -82,11 +82,14 @@ TWO_SERVER_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable 
 #: Training modes that add DP noise (calibrated from target_epsilon or noise_multiplier).
 NOISY_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and m.noisy)
 #: Training modes that run adaptive clipping (clip: adaptive): the unclipped-example count
-#: travels as one more coordinate of the shares and the circuit noises it with the rest. The
-#: other modes' noise (each server's, each provider's, the preprocessed pool) is sized for the
-#: model's coordinates only.
+#: travels as one more coordinate of the vectors and is noised with the rest, by the circuit
+#: or (ldp) by each provider's own noise (the released count then carries k providers' noises).
+#: The other modes' noise (each server's, the preprocessed pool) is sized for the model's
+#: coordinates only.
 ADAPTIVE_CLIP_MODES: tuple[str, ...] = tuple(
-    m.name for m in _TABLE if m.trainable and m.circuit == "reconstruct+noise"
+    m.name
+    for m in _TABLE
+    if m.trainable and (m.circuit == "reconstruct+noise" or m.noise_by == "each provider")
 )
 
 

@@ -123,7 +123,7 @@ def test_the_plan_sizes_shares_for_the_count_and_announces_the_rule() -> None:
 
 def test_bad_adaptive_configurations_are_one_line() -> None:
     with pytest.raises((ConfigError, ValueError), match="clip: adaptive needs the noise added"):
-        _cfg(clip="adaptive", mode="ldp")
+        _cfg(clip="adaptive", mode="dng")
     with pytest.raises(ValueError, match="count's noise"):
         make_plan(_cfg(clip="adaptive", clip_count_noise=0.5, sampling_rate=0.2))
 

@@ -52,9 +52,11 @@ from typing import Any, TextIO
 from spgc.accounting import classic_noise_multiplier
 from spgc.app import simulate
 from spgc.app.demo import DATASET_DEFAULTS, DemoError, DemoOptions, run_demo
-from spgc.modes import NOISY_MODES, TRAINING_MODES
+from spgc.modes import ADAPTIVE_CLIP_MODES, NOISY_MODES, TRAINING_MODES
 from spgc.progress import Progress
 
+# The clip schedules a run may compare (ServerConfig.clip; paper 000's comparison).
+CLIP_SCHEDULES = ("fixed", "decay", "adaptive")
 # The paper's per-step epsilons and delta (section 5.2.3).
 PAPER_EPSILONS = (0.5, 2.0, 8.0)
 PAPER_DELTA = 1e-3
@@ -72,6 +74,7 @@ COLUMNS = (
     "dataset",
     "mode",
     "step_epsilon",
+    "clip_schedule",
     "noise_multiplier",
     "epoch",
     "rounds",
@@ -101,11 +104,15 @@ class Run:
     dataset: str
     mode: str
     epsilon: float | None
+    # The clip schedule (ServerConfig.clip): fixed, decay or adaptive.
+    clip_schedule: str = "fixed"
 
     @property
     def label(self) -> str:
-        """'mode' or 'mode eps=E' (for progress lines and plot legends)."""
-        return self.mode if self.epsilon is None else f"{self.mode} eps={self.epsilon:g}"
+        """'mode' or 'mode eps=E', and the clip schedule unless fixed (progress lines and
+        plot legends)."""
+        base = self.mode if self.epsilon is None else f"{self.mode} eps={self.epsilon:g}"
+        return base if self.clip_schedule == "fixed" else f"{base} clip {self.clip_schedule}"
 
 
 def rounds_per_epoch(dataset: str) -> int:
@@ -114,7 +121,10 @@ def rounds_per_epoch(dataset: str) -> int:
 
 
 def plan_runs(
-    datasets: Sequence[str], modes: Sequence[str], epsilons: Sequence[float]
+    datasets: Sequence[str],
+    modes: Sequence[str],
+    epsilons: Sequence[float],
+    clip_schedules: Sequence[str] = ("fixed",),
 ) -> list[Run]:
     """dataset x mode x epsilon, modes without noise once per dataset; validates the input."""
     for d in datasets:
@@ -130,17 +140,34 @@ def plan_runs(
             raise ExperimentError(f"epsilon must be finite and > 0, got {e:g}")
     if any(m in NOISY_MODES for m in modes) and not epsilons:
         raise ExperimentError("noisy modes need at least one --epsilons value")
+    for c in clip_schedules:
+        if c not in CLIP_SCHEDULES:
+            raise ExperimentError(
+                f"unknown clip schedule {c!r}; choose from {', '.join(CLIP_SCHEDULES)}"
+            )
+        if c == "adaptive" and (bad := [m for m in modes if m not in ADAPTIVE_CLIP_MODES]):
+            raise ExperimentError(
+                f"clip schedule adaptive runs in modes {', '.join(ADAPTIVE_CLIP_MODES)}, not "
+                f"{', '.join(bad)}"
+            )
     runs = []
     for d in dict.fromkeys(datasets):
         for m in dict.fromkeys(modes):
-            if m in NOISY_MODES:
-                runs += [Run(d, m, float(e)) for e in dict.fromkeys(epsilons)]
-            else:
-                runs.append(Run(d, m, None))
+            for c in dict.fromkeys(clip_schedules):
+                if m in NOISY_MODES:
+                    runs += [Run(d, m, float(e), c) for e in dict.fromkeys(epsilons)]
+                else:
+                    runs.append(Run(d, m, None, c))
     return runs
 
 
-def run_options(run: Run, epochs: int, insecure: bool, lr: float | None = None) -> DemoOptions:
+def run_options(
+    run: Run,
+    epochs: int,
+    insecure: bool,
+    lr: float | None = None,
+    clip: dict[str, float] | None = None,
+) -> DemoOptions:
     """The demo options of one run: the paper's workload, rounds for ``epochs`` epochs, classic
     calibration at the paper's delta, and no stop on a total budget (the CSV reports it)."""
     defaults = DATASET_DEFAULTS[run.dataset]
@@ -154,6 +181,9 @@ def run_options(run: Run, epochs: int, insecure: bool, lr: float | None = None) 
         "accountant": "rdp",
         "calibration": "classic",
     }
+    # The clip schedule: the servers' clip, and (clip) clip_norm, clip_decay, clip_min.
+    server["clip"] = run.clip_schedule
+    server.update(clip or {})
     if run.epsilon is not None:
         server["step_epsilon"] = run.epsilon
         # The paper's formula, also at eps >= 1 (its eps 2 and 8), as an explicit multiplier.
@@ -209,6 +239,7 @@ def epoch_rows(run: Run, summary: dict[str, Any], epochs: int) -> list[dict[str,
                 "dataset": run.dataset,
                 "mode": run.mode,
                 "step_epsilon": run.epsilon,
+                "clip_schedule": run.clip_schedule,
                 "noise_multiplier": None
                 if run.epsilon is None
                 else classic_noise_multiplier(run.epsilon, PAPER_DELTA, allow_invalid=True),
@@ -277,7 +308,7 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
         for raw in csv.DictReader(f):
             row: dict[str, Any] = {}
             for k, v in raw.items():
-                if v == "" or k in ("dataset", "mode"):
+                if v == "" or k in ("dataset", "mode", "clip_schedule"):
                     row[k] = v if v != "" else None
                 else:
                     row[k] = float(v) if any(c in v for c in ".eE") else int(v)
@@ -309,9 +340,9 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         lines: dict[tuple[str, Any], list[tuple[int, float]]] = {}
         for r in rows:
             if r["dataset"] == d and r["test_accuracy"] is not None:
-                key = (r["mode"], r["step_epsilon"])
+                key = (r["mode"], r["step_epsilon"], r.get("clip_schedule") or "fixed")
                 lines.setdefault(key, []).append((r["epoch"], r["test_accuracy"]))
-        for (mode, eps), pts in lines.items():
+        for (mode, eps, schedule), pts in lines.items():
             xs, ys = zip(*sorted(pts), strict=True)
             ax.plot(
                 xs,
@@ -320,7 +351,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
                 linestyle="-" if eps is None else style[eps],
                 marker="o",
                 markersize=2.5,
-                label=Run(d, mode, eps).label,
+                label=Run(d, mode, eps, schedule).label,
             )
         ax.set_title(d)
         ax.set_xlabel("epoch")
@@ -336,11 +367,11 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The last epoch of every run, one line each (the terminal summary)."""
-    last: dict[tuple[str, str, Any], dict[str, Any]] = {}
+    last: dict[tuple[str, str, Any, Any], dict[str, Any]] = {}
     for r in rows:
-        last[(r["dataset"], r["mode"], r["step_epsilon"])] = r
+        last[(r["dataset"], r["mode"], r["step_epsilon"], r.get("clip_schedule"))] = r
     head = (
-        f"{'dataset':<9} {'mode':<13} {'eps/step':>8} {'epochs':>6} {'accuracy':>8} "
+        f"{'dataset':<9} {'mode':<13} {'clip':<8} {'eps/step':>8} {'epochs':>6} {'accuracy':>8} "
         f"{'eps total':>9} {'comput. s':>9} {'comm. s':>9} {'GB':>7} {'wall s':>7}"
     )
     lines = [head]
@@ -349,7 +380,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         acc = "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
         tot = "-" if r["epsilon_total"] is None else f"{r['epsilon_total']:.3g}"
         lines.append(
-            f"{r['dataset']:<9} {r['mode']:<13} {step:>8} {r['epoch']:>6} {acc:>8} {tot:>9} "
+            f"{r['dataset']:<9} {r['mode']:<13} {r.get('clip_schedule') or 'fixed':<8} "
+            f"{step:>8} {r['epoch']:>6} {acc:>8} {tot:>9} "
             f"{r['computation_s']:>9.1f} {r['communication_s']:>9.1f} "
             f"{r['gc_bytes'] / 1e9:>7.2f} {r['run_wall_s'] or 0:>7.0f}"
         )
@@ -375,6 +407,16 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--epochs", type=int, metavar="N", help="epochs per run (default: per dataset)"
     )
     parser.add_argument("--lr", type=float, metavar="LR", help="Adam learning rate override")
+    parser.add_argument(
+        "--clip-schedule",
+        nargs="+",
+        metavar="S",
+        help=f"clip schedules to compare ({', '.join(CLIP_SCHEDULES)}; default fixed): decay "
+        "shrinks the clip norm by --clip-decay a round down to --clip-min, adaptive follows the "
+        "median gradient norm (spgc.clipping); --clip-norm is the fixed or first round's C",
+    )
+    parser.add_argument("--clip-decay", type=float, metavar="R", help="decay: factor per round")
+    parser.add_argument("--clip-min", type=float, metavar="C", help="decay: the floor")
     parser.add_argument(
         "--out", type=Path, default=Path("results.csv"), metavar="FILE.csv", help="CSV output"
     )
@@ -429,7 +471,13 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     for path in (args.out, args.plot):
         if path is not None and not path.resolve().parent.is_dir():
             raise ExperimentError(f"directory of {path} does not exist")
-    runs = plan_runs(datasets, modes, epsilons)
+    schedules = _split(args.clip_schedule) or ["fixed"]
+    runs = plan_runs(datasets, modes, epsilons, schedules)
+    clip: dict[str, float] = {"clip_norm": args.clip_norm}
+    if args.clip_decay is not None:
+        clip["clip_decay"] = args.clip_decay
+    if args.clip_min is not None:
+        clip["clip_min"] = args.clip_min
 
     rows: list[dict[str, Any]] = []
     histories: list[dict[str, Any]] = []
@@ -441,7 +489,7 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     for i, run in enumerate(runs, 1):
         bar.update(i - 1)
         n = epochs or int(EXPERIMENT_DEFAULTS[run.dataset]["epochs"])
-        opts = run_options(run, n, args.insecure, args.lr)
+        opts = run_options(run, n, args.insecure, args.lr, clip)
         bar.note(
             f"[{i}/{len(runs)}] {run.dataset} {run.label}: {n} epochs of "
             f"{rounds_per_epoch(run.dataset)} rounds"
