@@ -22,6 +22,7 @@ from spgc.data import (
 )
 from spgc.local_training import selected_this_round
 from spgc.providers.errors import ProviderRefusal, RoundFailed
+from spgc.providers.plan_checks import round_sampling_rate
 from spgc.wire import aggregation_pb2
 
 __all__ = ["Batches"]
@@ -86,7 +87,10 @@ class Batches:
         assert self._x is not None
         tc, n = self.training, len(self._x)
         if tc.adjacency == "provider":  # all its data, in the rounds its own coin picks
-            chosen = selected_this_round(self.sampling_rng, tc.sampling_rate)
+            rate = tc.sampling_rate
+            if tc.noise_schedule:  # the phase of the release this round would make
+                rate = round_sampling_rate(tc, self._release_index())
+            chosen = selected_this_round(self.sampling_rng, rate)
             return np.arange(n, dtype=np.int64) if chosen else np.zeros(0, dtype=np.int64)
         if tc.sampling == pb.BATCH_SAMPLING_POISSON:
             return poisson_batch(n, tc.sampling_rate, self.sampling_rng)

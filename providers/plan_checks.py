@@ -154,7 +154,11 @@ def effective_noise_multiplier(tc: Any) -> float:
         return 0.0
     if tc.l2_bound_units <= 0 or tc.noise_std_units <= 0 or tc.noise_multiplier <= 0:
         return 0.0
-    return min(tc.noise_multiplier, tc.noise_std_units / tc.l2_bound_units)
+    announced = min(tc.noise_multiplier, tc.noise_std_units / tc.l2_bound_units)
+    for phase in tc.noise_schedule:  # a noise_schedule: its weakest release
+        in_units = phase.noise_std_units / tc.l2_bound_units
+        announced = min(announced, phase.noise_multiplier, in_units)
+    return announced
 
 
 def check_privacy(tc: Any, cfg: ProviderConfig) -> float | None:
@@ -298,6 +302,16 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
         raise ProviderRefusal("the servers announce no mode")
     norm_proof_params(tc, dim)  # refuses a verified plan this provider cannot prove for
     return fp
+
+
+def round_sampling_rate(tc: Any, release: int) -> float:
+    """The Poisson rate of release ``release`` (0-based): its noise_schedule phase's, or the
+    plan's sampling_rate."""
+    rate = tc.sampling_rate
+    for phase in tc.noise_schedule:
+        if phase.from_release <= release:
+            rate = phase.sampling_rate
+    return rate
 
 
 def check_adjacency(tc: Any) -> bool:
@@ -500,7 +514,10 @@ def accountant_sampling(tc: Any) -> dict[str, Any]:
     batches_per_epoch batches, the epochs providers draw by)."""
     if tc.WhichOneof("batch") == "sampling_rate":
         if tc.adjacency == "provider":
-            return {"sampling": "poisson", "sampling_rate": tc.sampling_rate, "unit": "provider"}
+            # A noise_schedule: its largest rate (with the weakest noise, see run_plan), an
+            # upper bound on what the servers account release by release.
+            rate = max([tc.sampling_rate, *(p.sampling_rate for p in tc.noise_schedule)])
+            return {"sampling": "poisson", "sampling_rate": rate, "unit": "provider"}
         return {"sampling": "poisson", "sampling_rate": tc.sampling_rate}
     return {
         "sampling": "fixed",

@@ -229,7 +229,7 @@ def compute_round(
         seconds["exchange"] = time.perf_counter() - start
         del noise
     elif plan.cfg.mode == "dng":
-        noise = sample_discrete_gaussian(plan.share_dim, plan.sigma_units)
+        noise = sample_discrete_gaussian(plan.share_dim, plan.sigma_units_for(entry))
         seconds = {"noise": time.perf_counter() - start}
         start = time.perf_counter()
         y, info = dng_exchange(
@@ -243,7 +243,7 @@ def compute_round(
             link,
             total,
             seed,
-            plan.sigma_units if plan.cfg.mode == "spgc" else None,
+            plan.sigma_units_for(entry) if plan.cfg.mode == "spgc" else None,
             plan.ring_bits,
             plan.cfg.mode,
             on_stage=lambda: fault_point("during-circuit", t),
@@ -268,7 +268,7 @@ def _after_reveal(
     fault_point("after-reveal", t)
     if entry is not None:
         state.record_released(entry, t, y)
-    sha = state.apply_update(t, y, info, seconds)
+    sha = state.apply_update(t, y, info, seconds, release=entry)
     fault_point("after-update", t)
     return sha
 

@@ -209,11 +209,19 @@ class RoundPhases:
                 rec.reason = reason
                 self._end_round(pb.ROUND_PHASE_ABORTED)
 
-    def apply_update(self, t: int, y: np.ndarray, info: dict[str, Any], seconds: dict) -> bytes:
+    def apply_update(
+        self,
+        t: int,
+        y: np.ndarray,
+        info: dict[str, Any],
+        seconds: dict,
+        release: int | None = None,
+    ) -> bytes:
         """g = Y / s, one Adam step (adjacency provider: FedAvg's step on the mean delta);
         keeps the result pending until both hashes agree. With adaptive clipping, Y's last
         value is the noisy count of unclipped examples (providers' deltas with adjacency
-        provider), which moves the clip norm of the next round (spgc.clipping)."""
+        provider), which moves the clip norm of the next round (spgc.clipping). ``release``:
+        the ledger index of this release (its noise_schedule phase)."""
         start = time.perf_counter()
         # Y holds the trained coordinates only (spgc.trainable): a frozen parameter never moves.
         adaptive, count, next_clip = self.plan.adaptive_clip, None, self.clip_norm
@@ -226,7 +234,12 @@ class RoundPhases:
             gradient, count = adaptive.split_release(y, self.plan.cfg.scale, clip_norm)
             next_clip = adaptive.next_clip_norm(clip_norm, count)
         if self.plan.adjacency == "provider":  # the noisy sum of the providers' deltas
-            gradient = mean_delta_direction(gradient, self.plan.expected_providers)
+            expected = (
+                self.plan.expected_providers
+                if release is None
+                else self.plan.expected_providers_for(release)  # its noise_schedule phase
+            )
+            gradient = mean_delta_direction(gradient, expected)
         trained = self.plan.coordinates
         if trained.anything_frozen:
             new = self.params.copy()

@@ -52,7 +52,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 
 import dp_accounting
@@ -233,6 +233,52 @@ def adjacency_of(sampling: str, unit: str = "example") -> str:
     return f"add/remove one {unit}"
 
 
+def check_schedule(schedule: Sequence[Sequence[float]]) -> tuple[tuple[int, float, float], ...]:
+    """A noise schedule as (first step, noise multiplier, Poisson rate) phases: the first
+    from step 0, then strictly increasing; ValueError naming the phase otherwise."""
+    phases = []
+    for i, phase in enumerate(schedule):
+        try:
+            start, z, q = phase
+            start, z, q = int(start), float(z), float(q)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"schedule phase {i}: expected (first step, z, q), got {phase!r}"
+            ) from None
+        if not (math.isfinite(z) and z > 0) or not 0 < q <= 1:
+            raise ValueError(
+                f"schedule phase {i}: the noise multiplier must be > 0 and the rate in (0, 1], "
+                f"got {z!r}, {q!r}"
+            )
+        if (i == 0 and start != 0) or (i and start <= phases[-1][0]):
+            raise ValueError(
+                f"schedule phase {i}: phases start at step 0 and then strictly later, got "
+                f"{start}"
+            )
+        phases.append((start, z, q))
+    if not phases:
+        raise ValueError("a schedule needs at least one phase")
+    return tuple(phases)
+
+
+def phase_at(schedule: Sequence[tuple[int, float, float]], step: int) -> tuple[int, float, float]:
+    """The schedule's phase of step ``step`` (0-based): the last one starting at or before."""
+    current = schedule[0]
+    for phase in schedule:
+        if phase[0] <= step:
+            current = phase
+    return current
+
+
+def schedule_counts(schedule: Sequence[tuple[int, float, float]], steps: int) -> list[int]:
+    """How many of the first ``steps`` steps fall in each phase."""
+    counts = []
+    for i, (start, _, _) in enumerate(schedule):
+        end = schedule[i + 1][0] if i + 1 < len(schedule) else math.inf
+        counts.append(int(max(0, min(steps, end) - start)))
+    return counts
+
+
 class _EventSpec:
     """How one training step is described to dp-accounting (shared by accountant/calibration)."""
 
@@ -340,18 +386,25 @@ class _EventSpec:
             count = self._base_event(noise_multiplier, steps)[1]
             return float(rdp.compute_epsilon(orders, count * curve, delta)[0])
         if self.method == "rdp":
-            event, count = self._base_event(noise_multiplier, steps)
-            if noise_multiplier not in self._rdp_one:
-                acc = self.fresh_accountant()
-                acc.compose(event)  # one base event: its RDP curve at the accountant's orders
-                # dp-accounting (pinned, 0.6.0) keeps the curve in _rdp; composing `count`
-                # copies adds count * curve, exactly what is computed here.
-                self._rdp_one[noise_multiplier] = (acc._orders.copy(), acc._rdp.copy())
-            orders, curve = self._rdp_one[noise_multiplier]
+            count = self._base_event(noise_multiplier, steps)[1]
+            orders, curve = self.rdp_curve(noise_multiplier)
             return float(rdp.compute_epsilon(orders, count * curve, delta)[0])
         acc = self.fresh_accountant()
         acc.compose(self.run_event(noise_multiplier, steps))
         return float(acc.get_epsilon(delta))
+
+    def rdp_curve(self, noise_multiplier: float) -> tuple[np.ndarray, np.ndarray]:
+        """(orders, the RDP curve of one base event) for "rdp" and "rdp_discrete": composing
+        n base events is n times the curve."""
+        if self.method == "rdp_discrete":
+            return self._discrete_curve(noise_multiplier)
+        if noise_multiplier not in self._rdp_one:
+            acc = self.fresh_accountant()
+            acc.compose(self._base_event(noise_multiplier, 1)[0])  # its curve at the orders
+            # dp-accounting (pinned, 0.6.0) keeps the curve in _rdp; composing `count`
+            # copies adds count * curve, exactly what epsilon() computes.
+            self._rdp_one[noise_multiplier] = (acc._orders.copy(), acc._rdp.copy())
+        return self._rdp_one[noise_multiplier]
 
     def _discrete_curve(self, noise_multiplier: float) -> tuple[np.ndarray, np.ndarray]:
         """ "rdp_discrete": (orders, the RDP curve of one base event). Poisson: Zhu-Wang's bound;
@@ -387,11 +440,16 @@ class PrivacyAccountant:
         population: int | None = None,
         value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
         unit: Unit = "example",
+        schedule: Sequence[Sequence[float]] | None = None,
     ) -> None:
         if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
         _check_delta(delta)
         self.noise_multiplier = float(noise_multiplier)
+        # Phases (first step, noise multiplier, Poisson rate): Geyer et al.'s adjustment of
+        # the noise and the providers per round, composed step by step.
+        self.schedule = check_schedule(schedule) if schedule else None
+        self._phase_specs: dict[float, _EventSpec] = {}
         self.delta = float(delta)
         self._spec = _EventSpec(
             sampling_rate=sampling_rate,
@@ -442,8 +500,50 @@ class PrivacyAccountant:
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
         if steps not in self._cache:
-            self._cache[steps] = self._spec.epsilon(self.noise_multiplier, steps, self.delta)
+            if self.schedule is None:
+                value = self._spec.epsilon(self.noise_multiplier, steps, self.delta)
+            else:
+                value = self._scheduled_epsilon(steps)
+            self._cache[steps] = value
         return self._cache[steps]
+
+    def _scheduled_epsilon(self, steps: int) -> float:
+        """Epsilon after ``steps`` steps of the schedule: each phase's steps composed with
+        their own noise multiplier and rate (RDP curves added, or PLD events composed)."""
+        assert self.schedule is not None
+        parts = []
+        for (z, q), count in zip(
+            ((z, q) for _, z, q in self.schedule), schedule_counts(self.schedule, steps),
+            strict=True,
+        ):  # fmt: skip
+            if count:
+                spec = self._phase_specs.get(q)
+                if spec is None:
+                    spec = self._phase_specs[q] = _EventSpec(
+                        sampling_rate=q, method=self._spec.method, sampling="poisson",
+                        sample_size=None, population=None, unit=self._spec.unit,
+                        value_discretization_interval=self._spec.value_discretization_interval,
+                    )  # fmt: skip
+                parts.append((spec, z, count))
+        if not parts:
+            return 0.0
+        if self._spec.method == "pld":
+            acc = parts[0][0].fresh_accountant()
+            for spec, z, count in parts:
+                acc.compose(spec.step_event(z), count)
+            return float(acc.get_epsilon(self.delta))
+        total = None
+        orders = None
+        for spec, z, count in parts:
+            orders, curve = spec.rdp_curve(z)
+            total = count * curve if total is None else total + count * curve
+        return float(rdp.compute_epsilon(orders, total, self.delta)[0])
+
+    def noise_multiplier_at(self, step: int) -> float:
+        """The noise multiplier of step ``step`` (0-based)."""
+        if self.schedule is None:
+            return self.noise_multiplier
+        return phase_at(self.schedule, step)[1]
 
     def epsilon(self) -> float:
         """Epsilon spent by all steps recorded so far."""

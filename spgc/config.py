@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
-from spgc.accounting import ACCOUNTANTS, UNITS
+from spgc.accounting import ACCOUNTANTS, UNITS, check_schedule
 from spgc.data import dataset_task
 from spgc.lanes import MAX_LANES
 from spgc.local_training import LOCAL_OPTIMIZERS
@@ -99,6 +99,17 @@ class TlsPaths(_Schema):
 
     def files(self) -> TlsFiles:
         return TlsFiles(cert=self.cert, key=self.key, ca=self.ca)
+
+
+class NoisePhase(_Schema):
+    """One phase of noise_schedule (adjacency: provider): from this release on, this noise
+    multiplier and this chance per provider to take part (Geyer et al.'s adjustment)."""
+
+    from_release: int = Field(
+        ge=0, description="the first release (model update, counted from 0) of the phase"
+    )
+    noise_multiplier: float = Field(gt=0, description="the phase's noise std / clip norm")
+    sampling_rate: float = Field(gt=0, le=1, description="each provider's chance per round")
 
 
 # ------------------------------------------------------------------------------------ server
@@ -384,6 +395,12 @@ class ServerConfig(_Schema):
         description="Poisson sampling rate q of each provider's examples (adjacency: provider: "
         "each provider's chance to take part in a round, from its own coin)",
     )
+    noise_schedule: list[NoisePhase] = Field(
+        default_factory=list,
+        description="adjacency: provider, modes spgc and dng: phases [{from_release, "
+        "noise_multiplier, sampling_rate}, ...] from release 0, accounted release by release; "
+        "they replace noise_multiplier and sampling_rate (empty: one phase from those)",
+    )
     local_epochs: int = Field(
         1, ge=1, le=1000, description="adjacency: provider: passes over its data per round"
     )
@@ -567,6 +584,8 @@ class ServerConfig(_Schema):
             )
         if self.adjacency == "provider":
             self._check_provider_adjacency()
+        if self.noise_schedule:
+            self._check_noise_schedule()
         if self.mode == "preprocessed" and self.pool_path is None:
             raise ValueError(
                 "mode preprocessed keeps its noise pool on disk: set state_dir or pool_dir"
@@ -596,6 +615,30 @@ class ServerConfig(_Schema):
             )
         if "lr" not in self.model_fields_set:
             self.lr = 1.0
+
+    def _check_noise_schedule(self) -> None:
+        """noise_schedule: provider-level, noise added once per release by the servers (their
+        circuit or their own noise, whose size may change per release), phases in order."""
+        if self.adjacency != "provider":
+            raise ValueError("noise_schedule needs adjacency: provider (Geyer et al.'s DP-FedAvg)")
+        if self.mode not in ("spgc", "dng"):
+            raise ValueError(
+                f"noise_schedule with mode {self.mode}: the noise of each release must be the "
+                "servers' own (modes spgc and dng; a preprocessed pool or each provider's noise "
+                "has one size)"
+            )
+        if self.noise_multiplier > 0:
+            raise ValueError("noise_schedule sets each phase's noise: leave noise_multiplier 0")
+        if self.clip == "adaptive":
+            raise ValueError("noise_schedule with clip: adaptive is not supported: use fixed")
+        try:
+            check_schedule(self.schedule_phases())
+        except ValueError as exc:
+            raise ValueError(f"noise_schedule: {exc}") from None
+
+    def schedule_phases(self) -> list[tuple[int, float, float]]:
+        """noise_schedule as (first release, noise multiplier, sampling rate) tuples."""
+        return [(p.from_release, p.noise_multiplier, p.sampling_rate) for p in self.noise_schedule]
 
     def _check_task(self) -> None:
         """task and loss go together and fit the data set (a regression data set makes the

@@ -14,6 +14,7 @@ import numpy as np
 from torch import nn
 
 from spgc import accounting
+from spgc.accounting import check_schedule, phase_at
 from spgc.clipping import AdaptiveClip, DecayClip
 from spgc.config import ServerConfig
 from spgc.data import load_dataset
@@ -219,6 +220,15 @@ class RunPlan:
             return {}  # example: the fields unset, as a server before them announced
         return {
             "adjacency": "provider",
+            "noise_schedule": [
+                pb.NoisePhase(
+                    from_release=start,
+                    noise_multiplier=z,
+                    sampling_rate=q,
+                    noise_std_units=z * self.fixed_point.l2_bound_units,
+                )
+                for start, z, q in (self.schedule or ())
+            ],
             "local_epochs": c.local_epochs,
             "local_batch_size": c.local_batch_size,
             "local_learning_rate": c.local_lr,
@@ -232,8 +242,35 @@ class RunPlan:
 
     @property
     def expected_providers(self) -> float:
-        """adjacency: provider: q x the providers, the noisy sum's denominator."""
-        return expected_providers_per_round(self.cfg)
+        """adjacency: provider: q x the providers, the noisy sum's denominator (with a
+        noise_schedule, its first phase's: see :meth:`expected_providers_for`)."""
+        return self.sampling_rate_for(0) * len(self.cfg.providers)
+
+    @property
+    def schedule(self) -> tuple[tuple[int, float, float], ...] | None:
+        """noise_schedule as checked phases (first release, z, q); None without one."""
+        phases = self.cfg.schedule_phases()
+        return check_schedule(phases) if phases else None
+
+    def noise_multiplier_for(self, release: int) -> float:
+        """The noise multiplier of release ``release`` (0-based)."""
+        schedule = self.schedule
+        return self.noise_multiplier if schedule is None else phase_at(schedule, release)[1]
+
+    def sigma_units_for(self, release: int) -> float:
+        """The noise std in units that release ``release`` draws."""
+        if self.schedule is None:
+            return self.sigma_units
+        return self.noise_multiplier_for(release) * self.fixed_point.l2_bound_units
+
+    def sampling_rate_for(self, release: int) -> float:
+        """Each provider's (or example's) Poisson rate for release ``release``."""
+        schedule = self.schedule
+        return self.cfg.sampling_rate if schedule is None else phase_at(schedule, release)[2]
+
+    def expected_providers_for(self, release: int) -> float:
+        """adjacency: provider: q x the providers of release ``release``'s phase."""
+        return self.sampling_rate_for(release) * len(self.cfg.providers)
 
     def _norm_proof_fields(self) -> dict[str, Any]:
         n = self.norm_proof
@@ -280,6 +317,10 @@ def _sampling(cfg: ServerConfig) -> dict[str, Any]:
     """The accountant's sampling arguments. Fixed batches: the smallest provider's data is the
     population (the largest sampling ratio, the worst case); data are split evenly."""
     if cfg.adjacency == "provider":  # each provider's own coin (the unit named in reports)
+        if cfg.noise_schedule:  # the phases' rates and multipliers, release by release
+            phases = cfg.schedule_phases()
+            return {"sampling_rate": phases[0][2], "sampling": "poisson", "unit": "provider",
+                    "schedule": [list(p) for p in phases]}  # fmt: skip
         return {"sampling_rate": cfg.sampling_rate, "sampling": "poisson", "unit": "provider"}
     if cfg.batch_size <= 0:
         return {"sampling_rate": cfg.sampling_rate, "sampling": "poisson"}
@@ -343,8 +384,11 @@ def _check_batch_cap(cfg: ServerConfig, n_train: int) -> None:
 
 
 def _noise_multiplier(cfg: ServerConfig, sampling: dict[str, Any]) -> float:
+    """The run's noise multiplier (with a noise_schedule, its first phase's)."""
     if cfg.mode not in NOISY_MODES:
         return 0.0
+    if cfg.noise_schedule:
+        return cfg.noise_schedule[0].noise_multiplier
     if cfg.noise_multiplier > 0:
         return cfg.noise_multiplier
     if cfg.calibration == "accountant":
@@ -381,7 +425,8 @@ def expected_examples_per_round(cfg: ServerConfig) -> float:
 def expected_providers_per_round(cfg: ServerConfig) -> float:
     """adjacency: provider: the providers a round is expected to hold, q x the providers
     configured (the noisy sum's denominator, as DP-FedAvg's fixed-denominator estimator)."""
-    return cfg.sampling_rate * len(cfg.providers)
+    rate = cfg.noise_schedule[0].sampling_rate if cfg.noise_schedule else cfg.sampling_rate
+    return rate * len(cfg.providers)
 
 
 def check_noise_against_signal(cfg: ServerConfig, noise_multiplier: float) -> None:
@@ -391,15 +436,18 @@ def check_noise_against_signal(cfg: ServerConfig, noise_multiplier: float) -> No
     providers per round, not the noise alone, decide)."""
     if cfg.adjacency != "provider" or noise_multiplier <= 0:
         return
-    expected = expected_providers_per_round(cfg)
-    if noise_multiplier > expected:
-        raise ValueError(
-            f"adjacency: provider: the noise std is {noise_multiplier:.4g} x clip_norm, more "
-            f"than clip_norm x the {expected:.4g} providers a round holds in expectation "
-            f"(sampling_rate {cfg.sampling_rate:g} x {len(cfg.providers)} providers): the noise "
-            "would swamp every round's signal; raise sampling_rate or the providers, or lower "
-            "the noise (a larger target_epsilon or fewer rounds)"
-        )
+    phases = cfg.schedule_phases() or [(0, noise_multiplier, cfg.sampling_rate)]
+    for start, z, q in phases:
+        expected = q * len(cfg.providers)
+        if z > expected:
+            where = f" (noise_schedule, from release {start})" if cfg.noise_schedule else ""
+            raise ValueError(
+                f"adjacency: provider: the noise std is {z:.4g} x clip_norm{where}, more "
+                f"than clip_norm x the {expected:.4g} providers a round holds in expectation "
+                f"(sampling_rate {q:g} x {len(cfg.providers)} providers): the noise would "
+                "swamp every round's signal; raise sampling_rate or the providers, or lower "
+                "the noise (a larger target_epsilon or fewer rounds)"
+            )
 
 
 def _adaptive_clip(cfg: ServerConfig, noise_multiplier: float) -> AdaptiveClip | None:
@@ -458,8 +506,10 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
         # plus the sampler's hard bound on |z| (not a tail probability), so nothing wraps.
 
         bound += noise_bound_units(sigma_units)
+    # A noise_schedule's largest noise must fit the ring too (dng adds it in the ring).
+    largest = max([nm, *(z for _, z, _ in cfg.schedule_phases())]) * fp.l2_bound_units
     ring_bits = ring_bits_for(
-        bound, noise_std_units=_ring_noise_std(cfg.mode, sigma_units, k), dim=fp.dim
+        bound, noise_std_units=_ring_noise_std(cfg.mode, largest, k), dim=fp.dim
     )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     plan = RunPlan(

@@ -17,7 +17,12 @@ from spgc.local_training import LocalTraining, clipped_delta, selected_this_roun
 from spgc.optim import FedAvgStep, mean_delta_direction, server_optimizer
 from spgc.plan import make_plan
 from spgc.providers.errors import ProviderRefusal
-from spgc.providers.plan_checks import accountant_sampling, check_adjacency
+from spgc.providers.plan_checks import (
+    accountant_sampling,
+    check_adjacency,
+    effective_noise_multiplier,
+    round_sampling_rate,
+)
 from spgc.trainable import TrainableCoordinates, set_trainable_mask
 
 
@@ -211,3 +216,88 @@ def test_local_training_leaves_the_elements_outside_a_trainable_mask_where_they_
     assert torch.equal(after[~mask], before[~mask])
     assert not torch.equal(after[mask], before[mask])
     assert row.shape == (1, 5) and np.abs(row[0, :2]).min() > 0
+
+
+SCHEDULE = [
+    {"from_release": 0, "noise_multiplier": 1.2, "sampling_rate": 0.3},
+    {"from_release": 3, "noise_multiplier": 0.9, "sampling_rate": 0.5},
+]
+
+
+def test_a_noise_schedule_is_accounted_release_by_release():
+    with quiet_dp_accounting():
+        one = PrivacyAccountant(1.1, 1e-5, 0.1, unit="provider")
+        same = PrivacyAccountant(1.1, 1e-5, 0.1, unit="provider", schedule=[(0, 1.1, 0.1)])
+        split = PrivacyAccountant(1.1, 1e-5, 0.1, schedule=[(0, 1.1, 0.1), (5, 1.1, 0.1)])
+        assert same.epsilon_after(12) == one.epsilon_after(12)
+        assert split.epsilon_after(12) == pytest.approx(one.epsilon_after(12), rel=1e-12)
+        phased = PrivacyAccountant(1.2, 1e-5, 0.3, schedule=[(0, 1.2, 0.3), (3, 0.9, 0.5)])
+        first = PrivacyAccountant(1.2, 1e-5, 0.3)
+        assert phased.epsilon_after(3) == pytest.approx(first.epsilon_after(3), rel=1e-12)
+        assert phased.epsilon_after(6) > first.epsilon_after(6)  # less noise, more providers
+        pld = PrivacyAccountant(
+            1.1, 1e-5, 0.1, method="pld", schedule=[(0, 1.1, 0.1), (5, 1.1, 0.1)]
+        )
+        plain = PrivacyAccountant(1.1, 1e-5, 0.1, method="pld")
+        assert pld.epsilon_after(12) == pytest.approx(plain.epsilon_after(12), rel=1e-6)
+    assert phased.noise_multiplier_at(2) == 1.2 and phased.noise_multiplier_at(3) == 0.9
+    for bad, message in (
+        ([(1, 1.0, 0.1)], "start at step 0"),
+        ([(0, 1.0, 0.1), (0, 1.0, 0.2)], "strictly later"),
+        ([(0, 0.0, 0.1)], "noise multiplier must be > 0"),
+        ([(0, 1.0, 1.5)], "rate in"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            PrivacyAccountant(1.0, 1e-5, 0.1, schedule=bad)
+
+
+def test_the_plan_announces_the_schedule_and_sizes_each_release():
+    cfg = provider_cfg(noise_schedule=SCHEDULE, mode="dng")
+    with quiet_dp_accounting():
+        plan = make_plan(cfg)
+    tc = plan.training_config("r")
+    assert [(p.from_release, p.noise_multiplier, p.sampling_rate) for p in tc.noise_schedule] == [
+        (0, 1.2, 0.3), (3, 0.9, 0.5),
+    ]  # fmt: skip
+    bound = plan.fixed_point.l2_bound_units
+    assert plan.noise_multiplier == 1.2 and plan.sigma_units_for(4) == 0.9 * bound
+    assert plan.expected_providers_for(0) == 6.0 and plan.expected_providers_for(3) == 10.0
+    assert plan.sampling["schedule"] == [[0, 1.2, 0.3], [3, 0.9, 0.5]]
+    with quiet_dp_accounting():
+        acc = plan.new_accountant()
+        want = PrivacyAccountant(1.2, 1e-5, 0.3, schedule=[(0, 1.2, 0.3), (3, 0.9, 0.5)])
+        assert acc.epsilon_after(5) == want.epsilon_after(5)
+    # What a provider reads: each release's rate, and the weakest phase for its own checks
+    # and its budget file (an upper bound on the servers' account).
+    assert [round_sampling_rate(tc, r) for r in (0, 2, 3, 9)] == [0.3, 0.3, 0.5, 0.5]
+    assert effective_noise_multiplier(tc) == pytest.approx(0.9)
+    assert accountant_sampling(tc)["sampling_rate"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"adjacency": "example"}, "noise_schedule needs adjacency: provider"),
+        ({"mode": "ldp", "role": 1}, "noise_schedule with mode ldp"),
+        ({"noise_multiplier": 1.0}, "leave noise_multiplier 0"),
+        ({"noise_schedule": [SCHEDULE[1]]}, "start at step 0"),
+    ],
+)
+def test_bad_noise_schedules_are_refused_in_one_line(changes, message):
+    with pytest.raises((ConfigError, ValueError), match=message):
+        provider_cfg(**{"noise_schedule": SCHEDULE, **changes})
+
+
+def test_simulation_follows_a_noise_schedule():
+    rows: list[dict] = []
+    summary = run_simulation(
+        SimulationOptions(dataset="cancer", providers=20, rounds=5, epsilon=50.0,
+                          noise_schedule="0:1.2:0.3,3:0.9:0.5", eval_every=5),
+        rows_out=rows,
+    )  # fmt: skip
+    with quiet_dp_accounting():
+        want = PrivacyAccountant(1.2, 1e-3, 0.3, schedule=[(0, 1.2, 0.3), (3, 0.9, 0.5)])
+        assert summary["epsilon"] == pytest.approx(want.epsilon_after(5), rel=1e-12)
+    assert rows[-1]["noise_multiplier"] == 0.9
+    with pytest.raises(SimulationError, match="not RELEASE:NOISE_MULTIPLIER:RATE"):
+        SimulationOptions(noise_schedule="0:1.0").server_config()

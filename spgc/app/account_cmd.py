@@ -404,6 +404,12 @@ def _ledger_human(a: dict[str, Any]) -> str:
             f"noise multiplier {a['noise_multiplier']:g}); the server recorded {rec}"
         )
         lines.append(f"  adjacency: {a.get('adjacency')} (the unit of privacy)")
+        schedule = (a.get("sampling") or {}).get("schedule")
+        if schedule:
+            phases = "; ".join(
+                f"from release {int(r)}: noise multiplier {z:g}, rate {q:g}" for r, z, q in schedule
+            )
+            lines.append(f"  noise schedule (each release accounted with its phase): {phases}")
         if a["delta_reported"] is None:
             lines.append(f"  delta {a['delta']:g} (accountant)")
         else:

@@ -81,6 +81,26 @@ class SimulationOptions:
     mode: str = "spgc"
     eval_every: int = 10
     model: str = ""
+    # Geyer et al.'s adjustment: "R:Z:Q,R:Z:Q" phases (from release R, noise multiplier Z,
+    # rate Q), replacing the calibrated noise and sampling_rate; empty: none.
+    noise_schedule: str = ""
+
+    def schedule_phases(self) -> list[dict[str, float]]:
+        """--noise-schedule as ServerConfig.noise_schedule entries (SimulationError when
+        malformed)."""
+        phases = []
+        for item in (p.strip() for p in self.noise_schedule.split(",") if p.strip()):
+            try:
+                start, z, q = item.split(":")
+                phases.append(
+                    {"from_release": int(start), "noise_multiplier": float(z),
+                     "sampling_rate": float(q)}
+                )  # fmt: skip
+            except ValueError:
+                raise SimulationError(
+                    f"--noise-schedule: {item!r} is not RELEASE:NOISE_MULTIPLIER:RATE"
+                ) from None
+        return phases
 
     def server_config(self) -> ServerConfig:
         """The ServerConfig a real deployment of this run would hold (the plan's input)."""
@@ -112,6 +132,8 @@ class SimulationOptions:
             "lr": self.server_lr,
             "verify_inputs": "none",
         }
+        if self.noise_schedule:
+            values["noise_schedule"] = self.schedule_phases()
         if self.mode == "preprocessed":
             values["pool_dir"] = "unused-by-the-simulation"
         if self.model:
@@ -162,8 +184,9 @@ def run_simulation(
                     break  # as the servers stop: the next release would pass the target
         total = np.zeros(plan.share_dim, dtype=np.int64)
         used = 0
+        rate = plan.sampling_rate_for(t)  # every round releases: round t is release t
         for (x, y), coin in zip(parts, coins, strict=True):
-            if not selected_this_round(coin, cfg.sampling_rate):
+            if not selected_this_round(coin, rate):
                 continue
             load_flat_params(model, params)
             row = clipped_delta(
@@ -175,9 +198,9 @@ def run_simulation(
         noisy = total
         if plan.sigma_units > 0:  # the two servers' seeds, fresh: never used twice
             noise = sample_noise_plain(os.urandom(32), os.urandom(32), plan.share_dim,
-                                       plan.sigma_units)  # fmt: skip
+                                       plan.sigma_units_for(t))  # fmt: skip
             noisy = total + noise
-        direction = mean_delta_direction(noisy / cfg.scale, plan.expected_providers)
+        direction = mean_delta_direction(noisy / cfg.scale, plan.expected_providers_for(t))
         new = params.copy()
         new[coords.index] = optimizer.step(params[coords.index], direction)
         params = new
@@ -234,7 +257,7 @@ def _row(
         "providers_used": used,
         "epsilon": eps,
         "delta": opts.delta if accountant is not None else None,
-        "noise_multiplier": plan.noise_multiplier,
+        "noise_multiplier": plan.noise_multiplier_for(t),
         "test_loss": metrics.get("test_loss"),
         "test_accuracy": metrics.get("test_accuracy"),
         "seconds": round(time.monotonic() - started, 1),
@@ -264,6 +287,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--local-optimizer", choices=["sgd", "adam"], default=d.local_optimizer)
     g.add_argument("--server-lr", type=float, default=d.server_lr, metavar="LR")
     g.add_argument("--eval-every", type=int, default=d.eval_every, metavar="R")
+    g.add_argument(
+        "--noise-schedule", default="", metavar="R:Z:Q,...",
+        help="phases from release R with noise multiplier Z and rate Q (Geyer et al.), "
+        "replacing the calibrated noise and --sampling-rate",
+    )  # fmt: skip
 
 
 def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
@@ -291,7 +319,7 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
             clip_norm=args.clip_norm, local_epochs=args.local_epochs,
             local_batch_size=args.local_batch_size, local_lr=args.local_lr,
             local_optimizer=args.local_optimizer, server_lr=args.server_lr, mode=modes[0],
-            eval_every=args.eval_every,
+            eval_every=args.eval_every, noise_schedule=args.noise_schedule,
         )  # fmt: skip
         summaries.append(run_simulation(opts, err, rows))
         _write_csv(args.out, rows)

@@ -128,7 +128,7 @@ MODEL_PART_TRAINABLE: ModelPart
 MODEL_PART_FROZEN: ModelPart
 
 class TrainingConfig(_message.Message):
-    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "task", "loss", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std", "backend", "verify_inputs", "norm_field_modulus", "norm_bound_units", "norm_repetitions", "adjacency", "local_epochs", "local_batch_size", "local_learning_rate", "local_optimizer", "clip_decay", "clip_min")
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "task", "loss", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std", "backend", "verify_inputs", "norm_field_modulus", "norm_bound_units", "norm_repetitions", "adjacency", "local_epochs", "local_batch_size", "local_learning_rate", "local_optimizer", "clip_decay", "clip_min", "noise_schedule")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,7 @@ class TrainingConfig(_message.Message):
     LOCAL_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     CLIP_DECAY_FIELD_NUMBER: _ClassVar[int]
     CLIP_MIN_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     mode: Mode
     dataset: str
@@ -235,7 +236,20 @@ class TrainingConfig(_message.Message):
     local_optimizer: str
     clip_decay: float
     clip_min: float
-    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., task: _Optional[str] = ..., loss: _Optional[str] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ..., backend: _Optional[str] = ..., verify_inputs: _Optional[str] = ..., norm_field_modulus: _Optional[int] = ..., norm_bound_units: _Optional[int] = ..., norm_repetitions: _Optional[int] = ..., adjacency: _Optional[str] = ..., local_epochs: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., local_learning_rate: _Optional[float] = ..., local_optimizer: _Optional[str] = ..., clip_decay: _Optional[float] = ..., clip_min: _Optional[float] = ...) -> None: ...
+    noise_schedule: _containers.RepeatedCompositeFieldContainer[NoisePhase]
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., task: _Optional[str] = ..., loss: _Optional[str] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ..., backend: _Optional[str] = ..., verify_inputs: _Optional[str] = ..., norm_field_modulus: _Optional[int] = ..., norm_bound_units: _Optional[int] = ..., norm_repetitions: _Optional[int] = ..., adjacency: _Optional[str] = ..., local_epochs: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., local_learning_rate: _Optional[float] = ..., local_optimizer: _Optional[str] = ..., clip_decay: _Optional[float] = ..., clip_min: _Optional[float] = ..., noise_schedule: _Optional[_Iterable[_Union[NoisePhase, _Mapping]]] = ...) -> None: ...
+
+class NoisePhase(_message.Message):
+    __slots__ = ("from_release", "noise_multiplier", "sampling_rate", "noise_std_units")
+    FROM_RELEASE_FIELD_NUMBER: _ClassVar[int]
+    NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_RATE_FIELD_NUMBER: _ClassVar[int]
+    NOISE_STD_UNITS_FIELD_NUMBER: _ClassVar[int]
+    from_release: int
+    noise_multiplier: float
+    sampling_rate: float
+    noise_std_units: float
+    def __init__(self, from_release: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., sampling_rate: _Optional[float] = ..., noise_std_units: _Optional[float] = ...) -> None: ...
 
 class CoordinateRange(_message.Message):
     __slots__ = ("start", "length")
