@@ -29,6 +29,20 @@ from spgc.losses import loss_function, outputs_like_targets, resolved_loss
 from spgc.models import model_input
 
 
+def checked_step_inputs(
+    params: np.ndarray, grad: np.ndarray, dim: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(params, grad) as float64, after refusing wrong shapes and non-finite gradients, before
+    an optimiser touches its state: a bad round cannot put the two servers out of step."""
+    p = np.asarray(params, dtype=np.float64)
+    g = np.asarray(grad, dtype=np.float64)
+    if p.shape != (dim,) or g.shape != (dim,):
+        raise ValueError(f"expected params and grad of shape ({dim},), got {p.shape} and {g.shape}")
+    if not np.isfinite(g).all():
+        raise ValueError("gradient contains NaN or infinity")
+    return p, g
+
+
 class Adam:
     """Adam (Kingma and Ba 2015) on a flat float64 parameter vector, deterministic bit for bit.
 
@@ -76,14 +90,7 @@ class Adam:
         Refuses wrong shapes and non-finite gradients before touching the state, so a bad
         round cannot leave the two servers' optimisers out of step.
         """
-        p = np.asarray(params, dtype=np.float64)
-        g = np.asarray(grad, dtype=np.float64)
-        if p.shape != (self.dim,) or g.shape != (self.dim,):
-            raise ValueError(
-                f"expected params and grad of shape ({self.dim},), got {p.shape} and {g.shape}"
-            )
-        if not np.isfinite(g).all():
-            raise ValueError("gradient contains NaN or infinity")
+        p, g = checked_step_inputs(params, grad, self.dim)
         self.t += 1
         self._beta1_pow *= self.beta1
         self._beta2_pow *= self.beta2
@@ -146,14 +153,7 @@ class FedAvgStep:
 
     def step(self, params: np.ndarray, grad: np.ndarray) -> np.ndarray:
         """New float64 parameters; refuses wrong shapes and non-finite values (as Adam)."""
-        p = np.asarray(params, dtype=np.float64)
-        g = np.asarray(grad, dtype=np.float64)
-        if p.shape != (self.dim,) or g.shape != (self.dim,):
-            raise ValueError(
-                f"expected params and grad of shape ({self.dim},), got {p.shape} and {g.shape}"
-            )
-        if not np.isfinite(g).all():
-            raise ValueError("gradient contains NaN or infinity")
+        p, g = checked_step_inputs(params, grad, self.dim)
         self.t += 1
         return p - self.lr * g
 
