@@ -11,7 +11,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from helpers import loopback_server_config, run_in_process
 
 from spgc.accounting import PrivacyAccountant, quiet_dp_accounting
-from spgc.app.experiment import ExperimentError, Run, plan_runs, run_options
+from spgc.app.experiment import (
+    ExperimentError,
+    Run,
+    plan_runs,
+    plot,
+    read_csv,
+    run_options,
+    table,
+    write_csv,
+)
 from spgc.clipping import DecayClip, adaptive_clip_of, decay_clip_of
 from spgc.config import ConfigError, ProviderConfig
 from spgc.ledger import Ledger, LedgerError, verify_ledger
@@ -136,3 +145,23 @@ def test_experiment_compares_clip_schedules(tmp_path):
     )
     assert done.returncode == 2 and "unknown clip schedule" in done.stderr
     assert Run("cancer", "ldp", 8.0).label == "ldp eps=8"  # fixed: as before
+
+
+def test_the_table_and_the_plot_tell_clip_schedules_and_norms_apart(tmp_path):
+    base = {"dataset": "mnist", "mode": "ldp", "step_epsilon": 8.0, "epoch": 1,
+            "test_accuracy": 0.9, "epsilon_total": 9.0, "computation_s": 1.0,
+            "communication_s": 1.0, "gc_bytes": 0, "run_wall_s": 1.0}  # fmt: skip
+    rows = [
+        {**base, "clip_schedule": "fixed", "clip_norm": 1.0},
+        {**base, "clip_schedule": "fixed", "clip_norm": 0.1, "test_accuracy": 0.8},
+        {**base, "clip_schedule": "decay", "clip_norm": 1.0, "test_accuracy": 0.7},
+    ]
+    text = table(rows).splitlines()
+    assert len(text) == 4 and "fixed 0.1" in text[2] and "decay 1" in text[3]
+    write_csv(tmp_path / "r.csv", rows)
+    back = read_csv(tmp_path / "r.csv")
+    assert [(r["clip_schedule"], r["clip_norm"]) for r in back] == [
+        ("fixed", 1.0), ("fixed", 0.1), ("decay", 1.0),
+    ]  # fmt: skip
+    plot(back, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000

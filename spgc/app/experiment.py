@@ -75,6 +75,7 @@ COLUMNS = (
     "mode",
     "step_epsilon",
     "clip_schedule",
+    "clip_norm",
     "noise_multiplier",
     "epoch",
     "rounds",
@@ -240,6 +241,8 @@ def epoch_rows(run: Run, summary: dict[str, Any], epochs: int) -> list[dict[str,
                 "mode": run.mode,
                 "step_epsilon": run.epsilon,
                 "clip_schedule": run.clip_schedule,
+                # The first round's C (the servers' clip_norm): the fixed one, or C0.
+                "clip_norm": (summary.get("clip_norms") or [None])[0],
                 "noise_multiplier": None
                 if run.epsilon is None
                 else classic_noise_multiplier(run.epsilon, PAPER_DELTA, allow_invalid=True),
@@ -328,7 +331,13 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     if not datasets:
         raise ExperimentError("nothing to plot: no completed epoch")
-    colours = {m: f"C{i}" for i, m in enumerate(TRAINING_MODES)}
+    # One colour per mode, clip schedule and first clip norm (per mode, as in the paper's
+    # figure, when a run compares no schedules), the same in every subplot.
+    variants = sorted(
+        {(r["mode"], r.get("clip_schedule") or "fixed", r.get("clip_norm") or 0.0) for r in rows},
+        key=lambda v: (TRAINING_MODES.index(v[0]) if v[0] in TRAINING_MODES else 99, v[1], v[2]),
+    )
+    colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
     epsilons = sorted({r["step_epsilon"] for r in rows if r["step_epsilon"] is not None})
     styles = ["-", "--", ":", "-."]
     # the largest epsilon solid, smaller ones dashed, then dotted
@@ -340,18 +349,21 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         lines: dict[tuple[str, Any], list[tuple[int, float]]] = {}
         for r in rows:
             if r["dataset"] == d and r["test_accuracy"] is not None:
-                key = (r["mode"], r["step_epsilon"], r.get("clip_schedule") or "fixed")
+                key = (
+                    r["mode"], r["step_epsilon"], r.get("clip_schedule") or "fixed",
+                    r.get("clip_norm"),
+                )  # fmt: skip
                 lines.setdefault(key, []).append((r["epoch"], r["test_accuracy"]))
-        for (mode, eps, schedule), pts in lines.items():
+        for (mode, eps, schedule, c0), pts in lines.items():
             xs, ys = zip(*sorted(pts), strict=True)
             ax.plot(
                 xs,
                 ys,
-                color=colours.get(mode, "k"),
+                color=colours.get((mode, schedule, c0 or 0.0), "k"),
                 linestyle="-" if eps is None else style[eps],
                 marker="o",
                 markersize=2.5,
-                label=Run(d, mode, eps, schedule).label,
+                label=Run(d, mode, eps, schedule).label + ("" if c0 is None else f" C={c0:g}"),
             )
         ax.set_title(d)
         ax.set_xlabel("epoch")
@@ -369,9 +381,10 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     """The last epoch of every run, one line each (the terminal summary)."""
     last: dict[tuple[str, str, Any, Any], dict[str, Any]] = {}
     for r in rows:
-        last[(r["dataset"], r["mode"], r["step_epsilon"], r.get("clip_schedule"))] = r
+        last[(r["dataset"], r["mode"], r["step_epsilon"], r.get("clip_schedule"),
+              r.get("clip_norm"))] = r  # fmt: skip
     head = (
-        f"{'dataset':<9} {'mode':<13} {'clip':<8} {'eps/step':>8} {'epochs':>6} {'accuracy':>8} "
+        f"{'dataset':<9} {'mode':<13} {'clip':<12} {'eps/step':>8} {'epochs':>6} {'accuracy':>8} "
         f"{'eps total':>9} {'comput. s':>9} {'comm. s':>9} {'GB':>7} {'wall s':>7}"
     )
     lines = [head]
@@ -380,12 +393,19 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         acc = "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
         tot = "-" if r["epsilon_total"] is None else f"{r['epsilon_total']:.3g}"
         lines.append(
-            f"{r['dataset']:<9} {r['mode']:<13} {r.get('clip_schedule') or 'fixed':<8} "
+            f"{r['dataset']:<9} {r['mode']:<13} {_clip_text(r):<12} "
             f"{step:>8} {r['epoch']:>6} {acc:>8} {tot:>9} "
             f"{r['computation_s']:>9.1f} {r['communication_s']:>9.1f} "
             f"{r['gc_bytes'] / 1e9:>7.2f} {r['run_wall_s'] or 0:>7.0f}"
         )
     return "\n".join(lines)
+
+
+def _clip_text(row: dict[str, Any]) -> str:
+    """The clip schedule and the first clip norm of a row: "fixed 1", "decay 1"."""
+    schedule = row.get("clip_schedule") or "fixed"
+    c0 = row.get("clip_norm")
+    return schedule if c0 is None else f"{schedule} {c0:g}"
 
 
 def _split(values: Sequence[str] | None) -> list[str]:
