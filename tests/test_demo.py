@@ -198,11 +198,11 @@ def test_demo_provider_level_dp_names_the_adjacency_and_the_ledger_agrees(tmp_pa
     trains locally and shares its clipped delta; the summary, both ledgers and `spgc account`
     name add/remove one provider, and the account re-computes the summary's epsilon."""
     summary = run_demo(
-        "--adjacency", "provider", "--providers", "4", "--rounds", "3", "--insecure",
+        "--adjacency", "provider", "--providers", "3", "--rounds", "2", "--insecure",
         "--state-dir", str(tmp_path / "run"),
     )  # fmt: skip
     assert summary["adjacency"] == "add/remove one provider"
-    assert summary["steps"] == 3 and 0 < summary["epsilon"] <= 4.0
+    assert summary["steps"] == 2 and 0 < summary["epsilon"] <= 4.0
     ledgers = [str(tmp_path / "run" / role / "ledger.jsonl") for role in ("h1", "h2")]
     done = run_in_process("account", "--ledger", *ledgers, "--json")
     assert done.returncode == 0, done.stderr

@@ -198,6 +198,10 @@ def test_experiment_provider_level_refuses_bad_input_in_one_line(tmp_path):
     assert done.returncode == 2
     assert "--providers must be in 2..100000" in done.stderr
     assert "Traceback" not in done.stderr
+    done = run_in_process(
+        "experiment", "--adjacency", "provider", "--epochs", "3", "--out", str(tmp_path / "x.csv")
+    )
+    assert done.returncode == 2 and "--epochs: not with --adjacency provider" in done.stderr
 
 
 def test_local_training_leaves_the_elements_outside_a_trainable_mask_where_they_were():

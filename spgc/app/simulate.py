@@ -297,6 +297,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     """`spgc experiment --adjacency provider`: --datasets (one), --modes (one), --epsilons
     (whole-training targets, one run each)."""
+    ignored = [
+        f
+        for f, v in (
+            ("--epochs", args.epochs),
+            ("--plot", args.plot),
+            ("--quick", args.quick or None),
+            ("--clip-schedule", args.clip_schedule),
+        )
+        if v
+    ]
+    if ignored:  # the simulation counts rounds, not epochs, and draws no per-epoch plot
+        raise SimulationError(
+            f"{', '.join(ignored)}: not with --adjacency provider (it takes --rounds; the CSV "
+            "has one row per evaluation)"
+        )  # fmt: skip
     datasets = [v for item in args.datasets or ["mnist"] for v in item.split(",") if v]
     modes = [v for item in args.modes or ["spgc"] for v in item.split(",") if v]
     if len(datasets) != 1 or len(modes) != 1:
