@@ -13,9 +13,8 @@ Nothing secret lives in a configuration or in argv: TLS private keys are file *p
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
 from spgc.accounting import ACCOUNTANTS, UNITS, check_schedule
+from spgc.config_errors import flatten_keys, format_errors
 from spgc.data import dataset_task
 from spgc.lanes import MAX_LANES
 from spgc.local_training import LOCAL_OPTIMIZERS
@@ -47,9 +47,6 @@ __all__ = [
     "ProviderConfig",
     "ServerConfig",
     "TlsPaths",
-    "flatten_keys",
-    "format_errors",
-    "type_words",
 ]
 
 CALIBRATIONS = ("analytic", "classic", "accountant")
@@ -922,82 +919,3 @@ class ProviderConfig(_Schema):
     def describe(self) -> dict[str, Any]:
         """The configuration as plain values (paths as strings), for logs."""
         return self.model_dump(mode="json")
-
-
-def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as flat keys (``tls: {cert: ...}`` -> ``tls_cert``), dashes as
-    underscores."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{str(key).replace('-', '_')}"
-        if isinstance(value, Mapping):
-            out.update(flatten_keys(value, f"{name}_"))
-        else:
-            out[name] = value
-    return out
-
-
-_BOUND_WORDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "multiple_of": "a multiple of"}
-
-
-def _allowed(schema: type[BaseModel], loc: Sequence[Any]) -> str:
-    """What a key accepts, in words, from its schema field (type and bounds)."""
-    model: type[BaseModel] = schema
-    field = None
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return ""
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-    if field is None:
-        return ""
-    kind = type_words(field.annotation)
-    bounds = []
-    for meta in field.metadata:
-        for attr, word in _BOUND_WORDS.items():
-            value = getattr(meta, attr, None)
-            if value is not None:
-                shown = f"{value:g}" if isinstance(value, float) else str(value)
-                bounds.append(f"{word} {shown}")
-    return " ".join([kind, *bounds]).strip()
-
-
-def type_words(annotation: Any) -> str:
-    """A field's type as users read it: ``one of 'a', 'b'``, ``path or none``, ``float``."""
-    text = re.sub(r"typing\.|pathlib\.|<class '([^']*)'>", r"\1", str(annotation))
-    text = text.replace("PosixPath", "path").replace("Path", "path")
-    literal = re.fullmatch(r"Literal\[(.*)\]", text)
-    if literal:
-        return f"one of {literal.group(1)}"
-    return text.replace(" | None", " or none").replace("list[str]", "list of names")
-
-
-def format_errors(
-    exc: ValidationError, schema: type[BaseModel], source: str, given: Mapping
-) -> str:
-    """One line per problem: the key, the value given and what is allowed."""
-    lines = []
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
-        key = ".".join(loc)
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            known = sorted(schema.model_fields) if len(loc) == 1 else sorted(TlsPaths.model_fields)
-            near = difflib.get_close_matches(loc[-1], known, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            lines.append(f"{source}: unknown key {key!r}{hint} (known keys: {', '.join(known)})")
-            continue
-        if not loc:  # a check across keys: the message names them
-            lines.append(f"{source}: {msg}")
-            continue
-        value = err.get("input")
-        allowed = _allowed(schema, loc)
-        lines.append(
-            f"{source}: {key}: {msg} (given {value!r}"
-            + (f"; allowed: {allowed})" if allowed else ")")
-        )
-    return "\n".join(lines) or f"{source}: {exc}"
-
-

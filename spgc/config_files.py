@@ -20,10 +20,8 @@ from spgc.config import (
     ProviderConfig,
     ServerConfig,
     TlsPaths,
-    flatten_keys,
-    format_errors,
-    type_words,
 )
+from spgc.config_errors import flatten_keys, format_errors, type_words
 
 __all__ = [
     "SCHEMAS",

@@ -244,7 +244,7 @@ class RunPlan:
     def expected_providers(self) -> float:
         """adjacency: provider: q x the providers, the noisy sum's denominator (with a
         noise_schedule, its first phase's: see :meth:`expected_providers_for`)."""
-        return self.sampling_rate_for(0) * len(self.cfg.providers)
+        return expected_providers_per_round(self.cfg)
 
     @property
     def schedule(self) -> tuple[tuple[int, float, float], ...] | None:
