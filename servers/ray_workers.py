@@ -22,6 +22,7 @@ organisation's own cluster; nothing of one server ever reaches the other's clust
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import resource
@@ -62,6 +63,16 @@ class WorkerLost(garbled_core.ChannelError):
     release, written ahead, stays counted)."""
 
 
+log = logging.getLogger(__name__)
+
+LOCAL_START_ATTEMPTS = 3
+"""How many times a private local cluster is started before giving up. Ray waits a fixed 30 s for
+its new node to register; on a busy machine (two cores running tests or another job) the raylet
+can take longer, and the next start usually succeeds."""
+
+# Ray's words when a new local node misses that 30 s (ray/_private/node.py).
+_NODE_START_TIMEOUT = "timed out during startup"
+
 # Terminal colour codes in Ray's remote tracebacks.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -90,20 +101,62 @@ def ray_get(refs: Any) -> Any:
     return _ray().get(refs)
 
 
-def init_ray(**kwargs: Any) -> None:
+def _starts_a_local_cluster(kwargs: dict[str, Any]) -> bool:
+    return kwargs.get("address") in (None, "", "local")
+
+
+def _stop_half_started_node(exc: BaseException) -> None:
+    """Stop the processes of a local node whose start failed: ray.init raised from inside the
+    node's constructor, so nothing else holds it and its raylet would go on competing for the
+    CPU with the next attempt's."""
+    tb = exc.__traceback__
+    while tb is not None:
+        node = tb.tb_frame.f_locals.get("self")
+        if type(node).__name__ == "Node" and hasattr(node, "kill_all_processes"):
+            with contextlib.suppress(Exception):
+                node.kill_all_processes(check_alive=False, allow_graceful=False)
+            return
+        tb = tb.tb_next
+
+
+def init_ray(attempts: int = LOCAL_START_ATTEMPTS, **kwargs: Any) -> None:
     """ray.init with ``kwargs``, through the optional import.
 
     Ray puts the driver's working directory on its workers' sys.path ahead of site-packages, so
     a driver started in an SPGC checkout would make the workers import the checkout's ``spgc/``
     (which has no ``servers``: it is installed as ``spgc.servers``). The driver connects from the
     directory that holds the installed packages instead, which is what the workers should see.
+
+    A private local cluster whose node misses Ray's fixed 30 s start-up wait is stopped and
+    started again, up to ``attempts`` times in all, with a warning each time; any other failure,
+    and any failure to join a named cluster, is raised at once.
     """
     ray = _ray()
     installed = Path(garbled_core.__file__).resolve().parent.parent
     previous = Path.cwd()
     os.chdir(installed)
     try:
-        ray.init(**kwargs)
+        for attempt in range(1, attempts + 1):
+            try:
+                ray.init(**kwargs)
+                return
+            except Exception as exc:
+                retry = (
+                    attempt < attempts
+                    and _starts_a_local_cluster(kwargs)
+                    and _NODE_START_TIMEOUT in str(exc)
+                )
+                if not retry:
+                    raise
+                log.warning(
+                    "Ray's local node did not start within Ray's 30 s (attempt %d of %d; a busy "
+                    "machine?): starting it again",
+                    attempt,
+                    attempts,
+                )
+                _stop_half_started_node(exc)
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
     finally:
         os.chdir(previous)
 

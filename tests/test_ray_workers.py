@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -17,11 +18,13 @@ from spgc.servers.noise_pool import produce_noise_shares
 
 ray = pytest.importorskip("ray", reason="the Ray extra (pip install '.[ray]') is missing")
 
+from spgc.servers import ray_workers  # noqa: E402
 from spgc.servers.ray_workers import (  # noqa: E402
     WorkerLost,
     WorkerTls,
     check_ray_address,
     connect_workers,
+    init_ray,
     start_workers,
 )
 
@@ -32,9 +35,93 @@ pytestmark = pytest.mark.xdist_group("ray")
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
+
+
+class FakeNode:
+    """Stands for ray._private.node.Node: its constructor starts processes, then may time out
+    waiting for them, as Ray's does on a busy machine."""
+
+    killed: ClassVar[list[FakeNode]] = []
+
+    def __init__(self, times_out: bool) -> None:
+        if times_out:
+            raise Exception("The current node timed out during startup. This could happen ...")
+
+    def kill_all_processes(self, check_alive: bool = True, allow_graceful: bool = False) -> None:
+        FakeNode.killed.append(self)
+
+
+FakeNode.__name__ = "Node"
+
+
+class FakeRay:
+    """ray.init that fails the first ``failures`` times with ``error`` (None: the node's
+    start-up timeout, raised from inside the node's constructor as Ray does)."""
+
+    def __init__(self, failures: int, error: Exception | None = None) -> None:
+        self.failures = failures
+        self.error = error
+        self.inits: list[dict] = []
+        self.shutdowns = 0
+
+    def init(self, **kwargs: object) -> None:
+        self.inits.append(kwargs)
+        if len(self.inits) <= self.failures:
+            if self.error is not None:
+                raise self.error
+            FakeNode(times_out=True)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    def install(failures: int, error: Exception | None = None) -> FakeRay:
+        fake = FakeRay(failures, error)
+        monkeypatch.setattr(ray_workers, "_ray", lambda: fake)
+        FakeNode.killed.clear()
+        return fake
+
+    return install
+
+
+def test_a_local_node_that_misses_rays_start_up_wait_is_started_again(fake_ray, caplog):
+    fake = fake_ray(failures=2)
+    with caplog.at_level("WARNING", logger="spgc.servers.ray_workers"):
+        init_ray(num_cpus=2)
+    assert len(fake.inits) == 3 and fake.shutdowns == 2
+    assert len(FakeNode.killed) == 2  # each half-started node's processes were stopped
+    assert [r.getMessage() for r in caplog.records] == [
+        "Ray's local node did not start within Ray's 30 s (attempt 1 of 3; a busy machine?): "
+        "starting it again",
+        "Ray's local node did not start within Ray's 30 s (attempt 2 of 3; a busy machine?): "
+        "starting it again",
+    ]
+
+
+def test_a_local_node_that_never_starts_fails_after_the_last_attempt(fake_ray):
+    fake = fake_ray(failures=5)
+    with pytest.raises(Exception, match="timed out during startup"):
+        init_ray(attempts=3, address="local")
+    assert len(fake.inits) == 3
+
+
+@pytest.mark.parametrize(
+    ("address", "error"),
+    [
+        ("ray://10.0.0.7:10001", None),  # a named cluster: its operator's to fix, not ours
+        ("", ConnectionError("no GCS")),  # any other failure
+    ],
+)
+def test_other_start_failures_are_raised_at_once(fake_ray, address, error):
+    fake = fake_ray(failures=5, error=error)
+    with pytest.raises(Exception):  # noqa: B017  (Ray raises a bare Exception on the timeout)
+        init_ray(address=address)
+    assert len(fake.inits) == 1 and fake.shutdowns == 0
 
 
 def kill_and_wait_until_gone(actor: object, timeout: float = 60.0) -> None:
