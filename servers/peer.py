@@ -114,8 +114,42 @@ def config_differences(
         va, vb = getattr(a, field.name), getattr(b, field.name)
         if va != vb:
             key = _CONFIG_KEYS.get(field.name, field.name)
-            out.append(f"{key} ({names[0]} {va!r}, {names[1]} {vb!r})")
+            if field.is_repeated:
+                out.append(_list_difference(key, list(va), list(vb), names))
+            else:
+                out.append(f"{key} ({names[0]} {va!r}, {names[1]} {vb!r})")
     return out
+
+
+_SHOWN_ITEMS = 3  # a list key's items shown around its first difference (a sparse mask may
+# have 100,000 ranges: the message names where the lists part, not all of them)
+
+
+def _list_difference(key: str, va: list, vb: list, names: tuple[str, str]) -> str:
+    """``key``'s two lists, in full when short, else their lengths and a few items from the
+    first index at which they differ."""
+    if len(va) + len(vb) <= 2 * _SHOWN_ITEMS:
+        return f"{key} ({names[0]} {_items(va)}, {names[1]} {_items(vb)})"
+    first = next(
+        (i for i, (x, y) in enumerate(zip(va, vb, strict=False)) if x != y), min(len(va), len(vb))
+    )
+    end = first + _SHOWN_ITEMS
+    return (
+        f"{key} ({names[0]} {len(va)} items, {names[1]} {len(vb)}; they first differ at item "
+        f"{first}: {names[0]} {_items(va[first:end])}, {names[1]} {_items(vb[first:end])})"
+    )
+
+
+def _items(values: list) -> str:
+    return "[" + ", ".join(_item(v) for v in values) + "]"
+
+
+def _item(value: object) -> str:
+    """A list item: a message as all its fields, zeros included (``start 0, length 3``)."""
+    descriptor = getattr(value, "DESCRIPTOR", None)
+    if descriptor is None:
+        return repr(value)
+    return "(" + ", ".join(f"{f.name} {getattr(value, f.name)!r}" for f in descriptor.fields) + ")"
 
 
 class PeerServicer(peer_pb2_grpc.PeerServicer):

@@ -28,6 +28,7 @@ from spgc.models import (
     trained_elements,
 )
 from spgc.plan import build_run_model
+from spgc.servers.peer import config_differences
 from spgc.trainable import (
     MAX_RANGES_WIRE_BYTES,
     TrainableCoordinates,
@@ -201,6 +202,34 @@ def test_ranges_past_one_message_are_refused_naming_the_limit() -> None:
     set_trainable_mask(model, "weight", torch.arange(240_000).reshape(1, -1) % 2 == 0)
     with pytest.raises(TrainableLayoutError, match="120,000 separate ranges"):
         TrainableCoordinates.of_model(model)
+
+
+def test_two_plans_whose_masks_differ_are_named_in_a_short_line() -> None:
+    """The handshake names where two servers' trainable ranges part, not all of them (a sparse
+    mask may have 100,000 ranges: one log line each would bury the cause)."""
+    ranges = [pb.CoordinateRange(start=10 * i, length=3) for i in range(50_000)]
+    h1, h2 = pb.TrainingConfig(trainable=ranges), pb.TrainingConfig(trainable=ranges)
+    h2.trainable[7].length = 4
+    del h2.trainable[-1]
+    (diff,) = config_differences(h1, h2)
+    assert diff == (
+        "model (which parameters are frozen) (h1 50000 items, h2 49999; they first differ at "
+        "item 7: "
+        "h1 [(start 70, length 3), (start 80, length 3), (start 90, length 3)], "
+        "h2 [(start 70, length 4), (start 80, length 3), (start 90, length 3)])"
+    )
+    # One list a prefix of the other: they part where the shorter one ends.
+    del h2.trainable[40_000:]
+    h2.trainable[7].length = 3
+    (diff,) = config_differences(h1, h2)
+    assert "h2 40000; they first differ at item 40000: h1 [(start 400000, length 3)," in diff
+    assert diff.endswith("h2 [])")
+    # Short lists are shown whole.
+    short = pb.TrainingConfig(trainable=ranges[:2])
+    assert config_differences(short, pb.TrainingConfig(trainable=ranges[:1])) == [
+        "model (which parameters are frozen) (h1 [(start 0, length 3), (start 10, length 3)], "
+        "h2 [(start 0, length 3)])"
+    ]
 
 
 def test_masked_elements_never_move_through_the_daemons(pki: Path, tmp_path: Path) -> None:
