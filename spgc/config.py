@@ -47,6 +47,7 @@ __all__ = [
     "ProviderConfig",
     "ServerConfig",
     "TlsPaths",
+    "parse_noise_schedule",
 ]
 
 CALIBRATIONS = ("analytic", "classic", "accountant")
@@ -107,6 +108,23 @@ class NoisePhase(_Schema):
     )
     noise_multiplier: float = Field(gt=0, description="the phase's noise std / clip norm")
     sampling_rate: float = Field(gt=0, le=1, description="each provider's chance per round")
+
+
+def parse_noise_schedule(text: str) -> list[dict[str, float]]:
+    """``"R:Z:Q,R:Z:Q"`` (from release R, noise multiplier Z, sampling rate Q), the short form
+    of noise_schedule that ``--noise-schedule`` and ``--set noise_schedule=...`` take, as
+    NoisePhase mappings; ValueError naming the item that is not of that form."""
+    phases = []
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            start, z, q = item.split(":")
+            phase = {"from_release": int(start), "noise_multiplier": float(z)}
+            phases.append({**phase, "sampling_rate": float(q)})
+        except ValueError:
+            raise ValueError(
+                f"{item!r} is not RELEASE:NOISE_MULTIPLIER:RATE (e.g. 0:1.2:0.05,100:0.9:0.1)"
+            ) from None
+    return phases
 
 
 # ------------------------------------------------------------------------------------ server
@@ -396,7 +414,8 @@ class ServerConfig(_Schema):
         default_factory=list,
         description="adjacency: provider, modes spgc and dng: phases [{from_release, "
         "noise_multiplier, sampling_rate}, ...] from release 0, accounted release by release; "
-        "they replace noise_multiplier and sampling_rate (empty: one phase from those)",
+        "they replace noise_multiplier and sampling_rate (empty: one phase from those); also "
+        "written short, as \"0:1.5:0.5,100:1.2:0.6\" (RELEASE:NOISE_MULTIPLIER:RATE)",
     )
     local_epochs: int = Field(
         1, ge=1, le=1000, description="adjacency: provider: passes over its data per round"
@@ -464,6 +483,13 @@ class ServerConfig(_Schema):
     def _names(cls, value: Any) -> Any:
         if isinstance(value, str):  # --set providers=p1,p2,p3
             value = [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("noise_schedule", mode="before")
+    @classmethod
+    def _phases(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --set noise_schedule=0:1.2:0.05,100:0.9:0.1
+            value = parse_noise_schedule(value)
         return value
 
     @field_validator("listen", "peer_listen", "peer_address", "gc_address")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import run_in_process
 
+from spgc.accounting import PrivacyAccountant, quiet_dp_accounting
 from spgc.app.demo import _outgoing_port_range, free_ports
 from spgc.budget import budget_summary
 
@@ -196,13 +197,18 @@ def test_demo_on_the_gmw_backend_trains_and_the_ledgers_name_it(tmp_path):
 def test_demo_provider_level_dp_names_the_adjacency_and_the_ledger_agrees(tmp_path):
     """`spgc demo --adjacency provider` (DP-FedAvg): each provider takes part by its own coin,
     trains locally and shares its clipped delta; the summary, both ledgers and `spgc account`
-    name add/remove one provider, and the account re-computes the summary's epsilon."""
+    name add/remove one provider, and the account re-computes the summary's epsilon. With
+    --noise-schedule (Geyer et al.'s adjustment) each release is accounted with its phase."""
     summary = run_demo(
         "--adjacency", "provider", "--providers", "3", "--rounds", "2", "--insecure",
-        "--state-dir", str(tmp_path / "run"),
+        "--noise-schedule", "0:1.5:0.5,1:1.4:0.6", "--state-dir", str(tmp_path / "run"),
     )  # fmt: skip
     assert summary["adjacency"] == "add/remove one provider"
-    assert summary["steps"] == 2 and 0 < summary["epsilon"] <= 4.0
+    with quiet_dp_accounting():
+        phased = PrivacyAccountant(1.5, 1e-5, 0.5, schedule=[(0, 1.5, 0.5), (1, 1.4, 0.6)])
+        want = phased.epsilon_after(2)
+    assert summary["steps"] == 2 and summary["epsilon"] == pytest.approx(want, rel=1e-9)
+    assert summary["epsilon"] <= 4.0
     ledgers = [str(tmp_path / "run" / role / "ledger.jsonl") for role in ("h1", "h2")]
     done = run_in_process("account", "--ledger", *ledgers, "--json")
     assert done.returncode == 0, done.stderr
@@ -211,3 +217,22 @@ def test_demo_provider_level_dp_names_the_adjacency_and_the_ledger_agrees(tmp_pa
     assert answer["epsilon"] == pytest.approx(summary["epsilon"], rel=1e-9)
     human = run_in_process("account", "--ledger", ledgers[0])
     assert "adjacency: add/remove one provider" in human.stdout
+    assert (
+        "from release 0: noise multiplier 1.5, rate 0.5; from release 1: noise multiplier 1.4, "
+        "rate 0.6" in human.stdout
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--noise-schedule", "0:1.5:0.5"], "--noise-schedule needs --adjacency provider"),
+        (["--adjacency", "provider", "--noise-schedule", "0:1.5"], "'0:1.5' is not RELEASE:"),
+        (["--adjacency", "provider", "--noise-schedule", "2:1.5:0.5"], "start at step 0"),
+        (["--adjacency", "provider", "--noise-schedule", "0:1.5:2"], "rate in (0, 1]"),
+    ],
+)
+def test_demo_refuses_a_bad_noise_schedule_in_one_line(flags, message):
+    done = run_in_process("demo", "--insecure", *flags)
+    assert done.returncode != 0
+    assert message in done.stderr and "Traceback" not in done.stderr

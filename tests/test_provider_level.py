@@ -12,6 +12,7 @@ from torch import nn
 from spgc.accounting import PrivacyAccountant, adjacency_of, quiet_dp_accounting
 from spgc.app.simulate import SimulationError, SimulationOptions, run_simulation
 from spgc.config import ConfigError
+from spgc.config_files import load_server_config
 from spgc.csprng import SecureRandom
 from spgc.local_training import LocalTraining, clipped_delta, selected_this_round
 from spgc.optim import FedAvgStep, mean_delta_direction, server_optimizer
@@ -290,6 +291,23 @@ def test_the_plan_announces_the_schedule_and_sizes_each_release():
 def test_bad_noise_schedules_are_refused_in_one_line(changes, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         provider_cfg(**{"noise_schedule": SCHEDULE, **changes})
+
+
+def test_a_noise_schedule_may_be_written_short(tmp_path):
+    """"R:Z:Q,..." (what --noise-schedule takes) is the same schedule, in a file or by --set."""
+    assert provider_cfg(noise_schedule="0:1.2:0.3, 3:0.9:0.5").noise_schedule == (
+        provider_cfg(noise_schedule=SCHEDULE).noise_schedule
+    )
+    path = tmp_path / "h1.yaml"
+    path.write_text(
+        "insecure: true\nadjacency: provider\nsampling_rate: 0.5\nrounds: 5\n"
+        "providers: [p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15, p16, "
+        "p17, p18, p19]\n"
+    )
+    loaded = load_server_config(path, ["noise_schedule=0:1.2:0.3,3:0.9:0.5"])
+    assert loaded.schedule_phases() == [(0, 1.2, 0.3), (3, 0.9, 0.5)]
+    with pytest.raises(ConfigError, match=r"'3:0\.9' is not RELEASE:NOISE_MULTIPLIER:RATE"):
+        load_server_config(path, ["noise_schedule=0:1.2:0.3,3:0.9"])
 
 
 def test_simulation_follows_a_noise_schedule():

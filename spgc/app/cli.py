@@ -341,6 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
         "provider takes part with probability 0.5, trains one local epoch and shares its "
         "clipped model delta; epsilon per provider)",
     )
+    demo.add_argument(
+        "--noise-schedule",
+        default="",
+        metavar="R:Z:Q,...",
+        help="with --adjacency provider: Geyer et al.'s phases, from release R on noise "
+        "multiplier Z and sampling rate Q (e.g. 0:1.5:0.5,5:1.0:0.75), each release accounted "
+        "with its own phase; the run stops at the target epsilon",
+    )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -472,6 +480,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         backend=args.backend,
         verify_inputs=args.verify_inputs,
         adjacency=args.adjacency,
+        noise_schedule=args.noise_schedule,
     )
     return run_cli(opts, args.json)
 

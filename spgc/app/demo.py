@@ -25,7 +25,9 @@ from typing import Any, TextIO
 
 import yaml
 
+from spgc.accounting import check_schedule
 from spgc.certs import make_dev_pki
+from spgc.config import parse_noise_schedule
 from spgc.data import DATA_ERRORS, dataset_task, load_dataset
 from spgc.gradients import check_model_on_data
 from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES, resolve_model
@@ -114,6 +116,9 @@ class DemoOptions:
     verify_inputs: str = "none"
     # The unit of privacy: example (DP-SGD) or provider (DP-FedAvg, PROVIDER_LEVEL_DEFAULTS).
     adjacency: str = "example"
+    # adjacency provider: Geyer et al.'s phases "R:Z:Q,..." (spgc.config.parse_noise_schedule);
+    # empty: one phase, the noise calibrated to the target epsilon.
+    noise_schedule: str = ""
 
 
 def _outgoing_port_range() -> tuple[int, int]:
@@ -205,6 +210,22 @@ def _model_for(opts: DemoOptions) -> str:
     return ref
 
 
+def _schedule_for(opts: DemoOptions) -> list[dict[str, float]]:
+    """--noise-schedule as the servers' noise_schedule phases; DemoError naming what is wrong."""
+    if not opts.noise_schedule:
+        return []
+    if opts.adjacency != "provider":
+        raise DemoError("--noise-schedule needs --adjacency provider (Geyer et al.'s DP-FedAvg)")
+    try:
+        phases = parse_noise_schedule(opts.noise_schedule)
+        check_schedule(
+            [(p["from_release"], p["noise_multiplier"], p["sampling_rate"]) for p in phases]
+        )
+    except ValueError as exc:
+        raise DemoError(f"--noise-schedule: {exc}") from None
+    return phases
+
+
 def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]]:
     """Certificates and the YAML files of both servers and every provider."""
     if opts.dataset not in DATASET_DEFAULTS:
@@ -213,6 +234,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         raise DemoError(f"mode {opts.mode!r} is not available; choose from {TRAINING_MODES}")
     if not 1 <= opts.providers <= opts.max_providers:
         raise DemoError(f"--providers must be in 1..{opts.max_providers}")
+    schedule = _schedule_for(opts)
     model = _model_for(opts)
     names = [f"p{i + 1}" for i in range(opts.providers)]
     servers = ["h1", "h2", *opts.extra_certs]
@@ -266,6 +288,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             cfg["verify_inputs"] = opts.verify_inputs
         if opts.adjacency == "provider":
             cfg.update(PROVIDER_LEVEL_DEFAULTS)
+        if schedule:
+            cfg["noise_schedule"] = schedule
         if opts.clip_norm is not None or opts.clip == "adaptive":
             cfg["clip_norm"] = ADAPTIVE_CLIP_C0 if opts.clip_norm is None else opts.clip_norm
         cfg.update(opts.server_overrides)

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from spgc.accounting import quiet_dp_accounting
-from spgc.config import ConfigError, ServerConfig
+from spgc.config import ConfigError, ServerConfig, parse_noise_schedule
 from spgc.csprng import SecureRandom
 from spgc.data import load_dataset, split_among_providers
 from spgc.encoding import default_rounding_rng, encode_batch
@@ -88,19 +88,10 @@ class SimulationOptions:
     def schedule_phases(self) -> list[dict[str, float]]:
         """--noise-schedule as ServerConfig.noise_schedule entries (SimulationError when
         malformed)."""
-        phases = []
-        for item in (p.strip() for p in self.noise_schedule.split(",") if p.strip()):
-            try:
-                start, z, q = item.split(":")
-                phases.append(
-                    {"from_release": int(start), "noise_multiplier": float(z),
-                     "sampling_rate": float(q)}
-                )  # fmt: skip
-            except ValueError:
-                raise SimulationError(
-                    f"--noise-schedule: {item!r} is not RELEASE:NOISE_MULTIPLIER:RATE"
-                ) from None
-        return phases
+        try:
+            return parse_noise_schedule(self.noise_schedule)
+        except ValueError as exc:
+            raise SimulationError(f"--noise-schedule: {exc}") from None
 
     def server_config(self) -> ServerConfig:
         """The ServerConfig a real deployment of this run would hold (the plan's input)."""
