@@ -104,11 +104,16 @@ class Training:
         compute = encode = 0.0
         # gradient_chunk examples at a time, fewer for a big model (bounded memory).
         step = bounded_chunk(self.cfg.gradient_chunk, tc.num_parameters)
+        # Left out by its coin, a provider shares zeros; with hide_participation it first does
+        # a selected round's work on all its data and discards it, so the time its shares
+        # leave does not tell the servers whether it took part.
+        decoy = provider_level and not len(batch) and self.cfg.hide_participation
+        work = np.arange(len(self._x), dtype=np.int64) if decoy else batch
         if provider_level:  # one row: the model delta of local training on the whole batch
-            step = max(1, len(batch))
-        for start in range(0, len(batch), step):
+            step = max(1, len(work))
+        for start in range(0, len(work), step):
             t0 = time.perf_counter()
-            idx = batch[start : start + step]
+            idx = work[start : start + step]
             if adaptive is None and decay is None and not provider_level:
                 clipped = self.clipped_gradients(idx)
             else:
@@ -123,8 +128,10 @@ class Training:
                     clipped = clip_per_example(rows, clip_norm)
             t1 = time.perf_counter()
             if tc.rounding == pb.ROUNDING_CONDITIONAL_STOCHASTIC:
-                total += encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
-            else:
+                encoded = encode_batch(clipped, fp, self.rounding_rng, ring_bits=tc.ring_bits)
+                if not decoy:
+                    total += encoded
+            elif not decoy:
                 real_sum += clipped.sum(axis=0)
             t2 = time.perf_counter()
             compute += t1 - t0

@@ -822,6 +822,14 @@ class ProviderConfig(_Schema):
         description="accept any announced privacy level, no-noise modes included (only-mpc, "
         "plain); needed when neither minimum above is set",
     )
+    hide_participation: bool = Field(
+        True,
+        description="adjacency: provider: in a round this provider's coin leaves it out, it "
+        "trains on its data anyway and discards the result before sharing zeros, so its shares "
+        "leave when a selected provider's would; false saves that work, but a server timing "
+        "the arrivals could then guess who took part, voiding amplification by sampling "
+        "against that server",
+    )
     retries: int = Field(5, ge=1, description="submission attempts per server and round")
     connect_timeout: float = Field(
         300.0,

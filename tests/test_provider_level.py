@@ -11,19 +11,26 @@ from torch import nn
 
 from spgc.accounting import PrivacyAccountant, adjacency_of, quiet_dp_accounting
 from spgc.app.simulate import SimulationError, SimulationOptions, run_simulation
-from spgc.config import ConfigError
+from spgc.config import ConfigError, ProviderConfig
 from spgc.config_files import load_server_config
 from spgc.csprng import SecureRandom
+from spgc.data import load_dataset, split_among_providers
+from spgc.encoding import default_rounding_rng
 from spgc.local_training import LocalTraining, clipped_delta, selected_this_round
+from spgc.models import flatten_params
 from spgc.optim import FedAvgStep, mean_delta_direction, server_optimizer
 from spgc.plan import make_plan
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import (
     accountant_sampling,
+    build_provider_model,
     check_adjacency,
+    check_training_config,
     effective_noise_multiplier,
     round_sampling_rate,
+    trained_coordinates,
 )
+from spgc.providers.training import Training
 from spgc.trainable import TrainableCoordinates, set_trainable_mask
 
 
@@ -157,6 +164,46 @@ def test_local_training_moves_the_model_and_the_delta_is_clipped():
     assert not empty.any()
     with pytest.raises(ValueError, match="local optimizer"):
         LocalTraining(1, 1, 0.1, "lbfgs")
+
+
+class LeftOutProvider(Training):
+    """A provider's Training part on the plan's first round, without servers (what
+    ProviderClient.connect sets, from the same functions)."""
+
+    def __init__(self, hide_participation: bool) -> None:
+        with quiet_dp_accounting():
+            self.training = make_plan(provider_cfg(dataset="cancer")).training_config("r")
+        self.cfg = ProviderConfig(
+            name="p0", h1_address="127.0.0.1:1", insecure=True, allow_no_privacy=True,
+            dataset="cancer", provider_count=20, hide_participation=hide_participation,
+        )  # fmt: skip
+        self.rounding_rng = default_rounding_rng()
+        self.sampling_rng = SecureRandom()
+        self.noise_seed, self.budget, self._round_infos = None, None, []
+        ds = load_dataset("cancer")
+        self._x, self._y = split_among_providers(ds.x_train, ds.y_train, 20, 0)
+        self.fixed_point = check_training_config(self.training, self.cfg, len(self._x))
+        self._model = build_provider_model(self.training, self.cfg)
+        self._trained, self._frozen = trained_coordinates(self.training), None
+        self.trained_on: list[int] = []
+
+    def local_delta(self, idx: np.ndarray) -> np.ndarray:
+        self.trained_on.append(len(idx))
+        return super().local_delta(idx)
+
+
+@pytest.mark.parametrize("hide", [True, False])
+def test_a_left_out_provider_shares_zeros_after_the_same_work_when_it_hides(hide):
+    """Left out by its coin, a provider shares zeros; with hide_participation (the default) it
+    first trains on all its data as a selected one would, so its shares leave no sooner."""
+    provider = LeftOutProvider(hide)
+    params = flatten_params(provider._model)
+    total, _, _ = provider.encode(params, np.zeros(0, dtype=np.int64))
+    assert not total.any()  # the decoy's delta is never shared
+    assert provider.trained_on == ([len(provider._x)] if hide else [])
+    # Selected: the same work, and this time its clipped delta is what it shares.
+    total, _, _ = provider.encode(params, np.arange(len(provider._x)))
+    assert total.any() and provider.trained_on[-1] == len(provider._x)
 
 
 def test_the_servers_step_is_plus_the_mean_delta_over_the_expected_providers():
