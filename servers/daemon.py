@@ -96,7 +96,7 @@ PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"]
 FINISHED_LINGER = 10.0
 #: Seconds it still answers after telling the last of them: one just told asks next how its
 #: last round ended (RoundStatus(round=t).caller_left_out, docs/CLIENTS.md section 1.3).
-FINISHED_GRACE = 3.0
+FINISHED_GRACE = 1.0
 
 
 @contextlib.contextmanager

@@ -103,7 +103,10 @@ def test_demo_only_mpc_reports_no_privacy_over_insecure_links():
 
 @pytest.mark.parametrize("mode", ["ldp", "dng", "preprocessed"])
 def test_demo_noisy_modes_without_circuit_in_the_round(mode):
-    summary = run_demo("--rounds", "1", "--mode", mode, "--epsilon", "8")
+    # ldp runs one server over --insecure links: providers name themselves in every request
+    # (the two servers' case is only-mpc's test above; TLS to one server: test_modes.py).
+    insecure = ("--insecure",) if mode == "ldp" else ()
+    summary = run_demo("--rounds", "1", "--mode", mode, "--epsilon", "8", *insecure)
     assert summary["mode"] == mode and summary["steps"] == 1
     assert 0 < summary["epsilon"] <= 8
     # dng and preprocessed: two ring elements per coordinate, one each way
@@ -136,13 +139,6 @@ def test_demo_refuses_bad_numbers_before_starting_anything(option, value, messag
     assert done.returncode == 2
     assert message in done.stderr and option in done.stderr
     assert "h1.log" not in done.stderr and "Traceback" not in done.stderr
-
-
-def test_demo_insecure_links_work():
-    """--insecure, one server (plain): providers name themselves in every request; the two
-    servers' case is only-mpc's test above."""
-    summary = run_demo("--rounds", "2", "--mode", "plain", "--insecure", "--timeout", "120")
-    assert summary["steps"] == 2 and summary["failure"] is None
 
 
 def test_demo_adaptive_clipping_moves_the_clip_norm_and_the_ledger_records_it(tmp_path):
