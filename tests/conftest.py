@@ -9,6 +9,10 @@ from typing import Any
 import pytest
 from helpers import TwoParty, make_test_pki
 
+from spgc.data import load_dataset
+from spgc.gradients import check_model_on_data
+from spgc.models import build_model
+
 # The full matrices of the slowest end-to-end tests (every fault point on either server, ...)
 # run with SPGC_EXTENDED_TESTS=1 (`make test-extended`); `make test` runs a representative case
 # of each kind, so that CI stays within its time budget on two cores.
@@ -39,6 +43,16 @@ def provider_state_home(
     home = tmp_path_factory.mktemp("state-home")
     monkeypatch.setenv("XDG_STATE_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_per_example_gradients() -> None:
+    """The first per-example gradient in a process warms torch.func (1.4 s on an idle 2-core
+    machine, about 5 s beside the other worker's daemons): longer than the 3-s round deadlines
+    of the daemon tests, whose providers run in the test's process. Warmed once per worker
+    before any test, none of them depends on which tests ran before it."""
+    cancer = load_dataset("cancer")
+    check_model_on_data(build_model("cancer"), cancer.x_train[:4], cancer.y_train[:4], "warm-up")
 
 
 @pytest.fixture(scope="session")

@@ -44,8 +44,6 @@ from spgc.budget import (
 )
 from spgc.config_files import load_provider_config
 from spgc.data import load_dataset
-from spgc.gradients import check_model_on_data
-from spgc.models import build_model
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.providers.data_budget import ProviderBudget
 from spgc.wire import aggregation_pb2 as pb
@@ -314,11 +312,6 @@ def test_the_lifetime_limit_holds_across_runs_of_the_servers(pki: Path, tmp_path
     run, naming the figures, and the servers hear why."""
     run = {"mode": "spgc", "rounds": 1, "min_providers": 1, "noise_multiplier": 1.0,
            "sampling_rate": 0.1, "target_epsilon": 5.0}  # fmt: skip
-    # The provider's first per-example gradient in a fresh process warms torch.func (about 5 s
-    # here), longer than these rounds' 3 s deadline: warmed first, the test does not depend on
-    # which tests this process ran before it.
-    cancer = load_dataset("cancer")
-    check_model_on_data(build_model("cancer"), cancer.x_train[:4], cancer.y_train[:4], "warm-up")
     for sub in ("first", "second"):
         (tmp_path / sub).mkdir()
     d1, d2 = start_pair(pki, tmp_path / "first", **run)
