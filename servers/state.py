@@ -73,7 +73,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.models: dict[int, tuple[np.ndarray, bytes]] = {
             0: (self.params, plan.model_sha256(self.params))
         }
-        self.optimizer = server_optimizer(plan.dim, plan.cfg.lr, plan.adjacency)
+        self.optimizer = server_optimizer(plan.dim, plan.cfg.lr, plan.cfg.server_optimizer)
         test_set = test_set_loader(plan.cfg)
         self.evaluator = (
             TestSetEvaluator(plan.model_name, test_set, plan.cfg.task, plan.cfg.loss_name)
@@ -292,6 +292,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "mode": self.plan.cfg.mode,
                 "backend": self.plan.cfg.backend,
                 "verify_inputs": self.plan.cfg.verify_inputs,
+                "server_optimizer": self.plan.cfg.server_optimizer,
                 "rounds": self.round,
                 "steps": self.steps,
                 "model_version": self.version,

@@ -38,6 +38,7 @@ from spgc.modes import (
     VERIFIED_BY_DEFAULT,
     VERIFIED_MODES,
 )
+from spgc.optim import SERVER_OPTIMIZERS
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import ray_cluster_endpoint, split_host_port
 
@@ -468,8 +469,15 @@ class ServerConfig(_Schema):
     lr: float = Field(
         1e-3,
         gt=0,
-        description="the servers' learning rate: Adam's on the noisy gradient; with adjacency: "
-        "provider, the step on the noisy mean of the deltas (1.0 when not given: FedAvg)",
+        description="the servers' learning rate (server_optimizer's, on the noisy mean "
+        "gradient); with adjacency: provider, on the noisy mean of the deltas (1.0 when not "
+        "given: FedAvg)",
+    )
+    server_optimizer: Literal[SERVER_OPTIMIZERS] = Field(  # type: ignore[valid-type]
+        "adam",
+        description="the servers' update rule: adam, or sgd (parameters minus lr times the "
+        "noisy mean gradient: DP-SGD's step); with adjacency: provider sgd when not given "
+        "(FedAvg's step on the noisy mean delta), adam there is FedAdam",
     )
     model_seed: int = Field(0, description="seed of the initial model weights")
 
@@ -638,6 +646,8 @@ class ServerConfig(_Schema):
             )
         if "lr" not in self.model_fields_set:
             self.lr = 1.0
+        if "server_optimizer" not in self.model_fields_set:
+            self.server_optimizer = "sgd"
 
     def _check_noise_schedule(self) -> None:
         """noise_schedule: provider-level, noise added once per release by the servers (their

@@ -138,11 +138,12 @@ class Adam:
 
 
 class FedAvgStep:
-    """The servers' step with provider-level DP (DP-FedAvg): ``params - lr * grad``, where the
-    servers pass ``grad = -`` the noisy mean of the providers' deltas (lr 1: FedAvg's model +
-    mean delta). One correctly rounded multiply and subtract per coordinate: bit-identical on
-    both servers. Its state (the step count) checkpoints in Adam's layout, with empty moments,
-    so one checkpoint format serves both."""
+    """The servers' plain step, ``params - lr * grad`` (server_optimizer "sgd"): with
+    provider-level DP (DP-FedAvg) the servers pass ``grad = -`` the noisy mean of the
+    providers' deltas (lr 1: FedAvg's model + mean delta); with example-level DP the noisy
+    mean gradient (DP-SGD's step). One correctly rounded multiply and subtract per
+    coordinate: bit-identical on both servers. Its state (the step count) checkpoints in
+    Adam's layout, with empty moments, so one checkpoint format serves both."""
 
     def __init__(self, dim: int, lr: float = 1.0) -> None:
         if dim < 0:
@@ -177,10 +178,17 @@ def mean_delta_direction(delta_sum: np.ndarray, expected_providers: float) -> np
     return -np.asarray(delta_sum, dtype=np.float64) / float(expected_providers)
 
 
-def server_optimizer(dim: int, lr: float, adjacency: str) -> Adam | FedAvgStep:
-    """The servers' update rule: Adam on the noisy gradient (adjacency example), or FedAvg's
-    step on the noisy mean delta (adjacency provider)."""
-    return FedAvgStep(dim, lr) if adjacency == "provider" else Adam(dim, lr=lr)
+#: The servers' update rules (ServerConfig.server_optimizer, TrainingConfig.server_optimizer).
+SERVER_OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
+
+
+def server_optimizer(dim: int, lr: float, name: str) -> Adam | FedAvgStep:
+    """The servers' update rule ``name``: "adam" on the noisy gradient (with adjacency provider
+    on minus the noisy mean delta: FedAdam), or "sgd", ``params - lr * grad`` (DP-SGD's step;
+    with adjacency provider FedAvg's step on the noisy mean delta)."""
+    if name not in SERVER_OPTIMIZERS:
+        raise ValueError(f"server optimizer must be one of {SERVER_OPTIMIZERS}, got {name!r}")
+    return FedAvgStep(dim, lr) if name == "sgd" else Adam(dim, lr=lr)
 
 
 def _test_tensors(

@@ -199,6 +199,7 @@ class RunPlan:
             ),
             max_batch_size=self.max_batch_size,
             learning_rate=c.lr,
+            server_optimizer=c.server_optimizer,
             batches_per_epoch=self.batches_per_epoch,
             share_encodings=ACCEPTED_SHARE_ENCODINGS,
             model_parameters=self.model_dim,

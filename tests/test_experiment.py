@@ -50,6 +50,7 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     with out.open() as f:
         assert f.readline().strip().split(",") == list(COLUMNS)
     rows = read_csv(out)
+    assert {r["server_optimizer"] for r in rows} == {"adam"}  # the servers' summary says so
     runs = {(r["mode"], r["step_epsilon"]) for r in rows}
     assert runs == {("plain", None), ("spgc", 8.0)}
     per = experiment.rounds_per_epoch("cancer")
@@ -96,6 +97,26 @@ def test_bad_input_one_line_exit_2(
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err and "Traceback" not in err
+
+
+def test_the_servers_update_rule_reaches_every_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--server-optimizer sgd (with its --lr) is what each run's servers are configured with."""
+    seen: list = []
+
+    def fake_demo(opts, out):  # records the options instead of starting the daemons
+        seen.append(opts)
+        return {"history": [], "seconds": 0.0}
+
+    monkeypatch.setattr(experiment, "run_demo", fake_demo)
+    argv = ["experiment", "--datasets", "cancer", "--modes", "spgc", "--epsilons", "8",
+            "--epochs", "1", "--server-optimizer", "sgd", "--lr", "0.5",
+            "--out", str(tmp_path / "r.csv")]  # fmt: skip
+    main(argv)
+    (opts,) = seen
+    assert opts.server_overrides["server_optimizer"] == "sgd"
+    assert opts.server_overrides["lr"] == 0.5
 
 
 def test_plan_runs_noise_free_modes_once() -> None:

@@ -18,7 +18,7 @@ from spgc.data import load_dataset, split_among_providers
 from spgc.encoding import default_rounding_rng
 from spgc.local_training import LocalTraining, clipped_delta, selected_this_round
 from spgc.models import flatten_params
-from spgc.optim import FedAvgStep, mean_delta_direction, server_optimizer
+from spgc.optim import Adam, FedAvgStep, mean_delta_direction, server_optimizer
 from spgc.plan import make_plan
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import (
@@ -31,6 +31,7 @@ from spgc.providers.plan_checks import (
     trained_coordinates,
 )
 from spgc.providers.training import Training
+from spgc.servers.peer import config_differences
 from spgc.trainable import TrainableCoordinates, set_trainable_mask
 
 
@@ -69,6 +70,7 @@ def test_plan_samples_providers_and_announces_the_local_training():
     assert plan.expected_providers == 10.0
     assert plan.cfg.lr == 1.0  # FedAvg's server step when lr is not given
     tc = plan.training_config("r")
+    assert tc.server_optimizer == "sgd" and tc.learning_rate == 1.0
     assert (tc.adjacency, tc.local_epochs, tc.local_batch_size, tc.local_optimizer) == (
         "provider", 2, 7, "sgd",
     )  # fmt: skip
@@ -81,6 +83,30 @@ def test_plan_samples_providers_and_announces_the_local_training():
     with quiet_dp_accounting():
         ex = make_plan(loopback_server_config(verify_inputs="none")).training_config("r")
     assert ex.adjacency == "" and ex.local_epochs == 0 and check_adjacency(ex) is False
+    assert ex.server_optimizer == "adam"
+
+
+def test_the_servers_update_rule_is_in_the_plan_and_compared_at_the_handshake():
+    """server_optimizer: adam or sgd for either adjacency (provider-level adam: FedAdam); both
+    servers must name the same, as every plan key."""
+    sgd = loopback_server_config(verify_inputs="none", server_optimizer="sgd", lr=0.5)
+    step = server_optimizer(3, sgd.lr, sgd.server_optimizer)
+    assert isinstance(step, FedAvgStep)
+    # DP-SGD's step: parameters minus lr times the noisy mean gradient, exactly.
+    assert step.step(np.array([1.0, 2.0, 3.0]), np.array([2.0, -4.0, 0.5])).tolist() == [
+        0.0, 4.0, 2.75,
+    ]  # fmt: skip
+    assert isinstance(
+        server_optimizer(3, 1.0, provider_cfg(server_optimizer="adam").server_optimizer), Adam
+    )
+    with quiet_dp_accounting():
+        a = make_plan(sgd).training_config("r")
+        b = make_plan(loopback_server_config(verify_inputs="none", lr=0.5)).training_config("r")
+    assert config_differences(a, b) == ["server_optimizer (h1 'sgd', h2 'adam')"]
+    with pytest.raises(ConfigError, match="server_optimizer"):
+        loopback_server_config(server_optimizer="rmsprop")
+    with pytest.raises(ValueError, match="server optimizer must be one of"):
+        server_optimizer(3, 1.0, "provider")
 
 
 def test_a_noise_that_swamps_the_expected_providers_is_refused_naming_the_figures():
@@ -207,7 +233,7 @@ def test_a_left_out_provider_shares_zeros_after_the_same_work_when_it_hides(hide
 
 
 def test_the_servers_step_is_plus_the_mean_delta_over_the_expected_providers():
-    step = server_optimizer(3, 1.0, "provider")
+    step = server_optimizer(3, 1.0, provider_cfg().server_optimizer)  # sgd by default here
     assert isinstance(step, FedAvgStep)
     params = np.array([1.0, 2.0, 3.0])
     sum_of_deltas = np.array([4.0, -8.0, 0.0])  # over 4 expected providers
@@ -341,7 +367,7 @@ def test_bad_noise_schedules_are_refused_in_one_line(changes, message):
 
 
 def test_a_noise_schedule_may_be_written_short(tmp_path):
-    """"R:Z:Q,..." (what --noise-schedule takes) is the same schedule, in a file or by --set."""
+    """ "R:Z:Q,..." (what --noise-schedule takes) is the same schedule, in a file or by --set."""
     assert provider_cfg(noise_schedule="0:1.2:0.3, 3:0.9:0.5").noise_schedule == (
         provider_cfg(noise_schedule=SCHEDULE).noise_schedule
     )

@@ -53,6 +53,7 @@ from spgc.accounting import classic_noise_multiplier
 from spgc.app import simulate
 from spgc.app.demo import DATASET_DEFAULTS, DemoError, DemoOptions, run_demo
 from spgc.modes import ADAPTIVE_CLIP_MODES, NOISY_MODES, TRAINING_MODES
+from spgc.optim import SERVER_OPTIMIZERS
 from spgc.progress import Progress
 
 # The clip schedules a run may compare (ServerConfig.clip; paper 000's comparison).
@@ -76,6 +77,7 @@ COLUMNS = (
     "step_epsilon",
     "clip_schedule",
     "clip_norm",
+    "server_optimizer",
     "noise_multiplier",
     "epoch",
     "rounds",
@@ -167,13 +169,13 @@ def run_options(
     epochs: int,
     insecure: bool,
     lr: float | None = None,
-    clip: dict[str, float] | None = None,
+    server: dict[str, Any] | None = None,
 ) -> DemoOptions:
     """The demo options of one run: the paper's workload, rounds for ``epochs`` epochs, classic
     calibration at the paper's delta, and no stop on a total budget (the CSV reports it)."""
     defaults = DATASET_DEFAULTS[run.dataset]
     rounds = epochs * rounds_per_epoch(run.dataset)
-    server: dict[str, Any] = {
+    settings: dict[str, Any] = {
         "rounds": rounds,
         "sampling_rate": defaults["sampling_rate"],
         "lr": lr if lr is not None else EXPERIMENT_DEFAULTS[run.dataset]["lr"],
@@ -182,13 +184,14 @@ def run_options(
         "accountant": "rdp",
         "calibration": "classic",
     }
-    # The clip schedule: the servers' clip, and (clip) clip_norm, clip_decay, clip_min.
-    server["clip"] = run.clip_schedule
-    server.update(clip or {})
+    # The clip schedule: the servers' clip, and (server) clip_norm, clip_decay, clip_min, and
+    # the servers' update rule.
+    settings["clip"] = run.clip_schedule
+    settings.update(server or {})
     if run.epsilon is not None:
-        server["step_epsilon"] = run.epsilon
+        settings["step_epsilon"] = run.epsilon
         # The paper's formula, also at eps >= 1 (its eps 2 and 8), as an explicit multiplier.
-        server["noise_multiplier"] = classic_noise_multiplier(
+        settings["noise_multiplier"] = classic_noise_multiplier(
             run.epsilon, PAPER_DELTA, allow_invalid=True
         )
     per_round = 60.0 if run.dataset == "mnist" else 10.0
@@ -201,7 +204,7 @@ def run_options(
         delta=PAPER_DELTA,
         insecure=insecure,
         timeout=300.0 + per_round * rounds,
-        server_overrides=server,
+        server_overrides=settings,
         provider_overrides={"poll_interval": 0.1},  # rounds start promptly
     )
 
@@ -243,6 +246,7 @@ def epoch_rows(run: Run, summary: dict[str, Any], epochs: int) -> list[dict[str,
                 "clip_schedule": run.clip_schedule,
                 # The first round's C (the servers' clip_norm): the fixed one, or C0.
                 "clip_norm": (summary.get("clip_norms") or [None])[0],
+                "server_optimizer": summary.get("server_optimizer"),
                 "noise_multiplier": None
                 if run.epsilon is None
                 else classic_noise_multiplier(run.epsilon, PAPER_DELTA, allow_invalid=True),
@@ -426,7 +430,16 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--epochs", type=int, metavar="N", help="epochs per run (default: per dataset)"
     )
-    parser.add_argument("--lr", type=float, metavar="LR", help="Adam learning rate override")
+    parser.add_argument(
+        "--lr", type=float, metavar="LR", help="the servers' learning rate (default: per dataset)"
+    )
+    parser.add_argument(
+        "--server-optimizer",
+        choices=list(SERVER_OPTIMIZERS),
+        default="adam",
+        help="the servers' update rule: adam (the default) or sgd (minus lr times the noisy "
+        "mean gradient; give its --lr)",
+    )
     parser.add_argument(
         "--clip-schedule",
         nargs="+",
@@ -493,11 +506,13 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
             raise ExperimentError(f"directory of {path} does not exist")
     schedules = _split(args.clip_schedule) or ["fixed"]
     runs = plan_runs(datasets, modes, epsilons, schedules)
-    clip: dict[str, float] = {"clip_norm": args.clip_norm}
+    server: dict[str, Any] = {"clip_norm": args.clip_norm}
+    if args.server_optimizer != "adam":
+        server["server_optimizer"] = args.server_optimizer
     if args.clip_decay is not None:
-        clip["clip_decay"] = args.clip_decay
+        server["clip_decay"] = args.clip_decay
     if args.clip_min is not None:
-        clip["clip_min"] = args.clip_min
+        server["clip_min"] = args.clip_min
 
     rows: list[dict[str, Any]] = []
     histories: list[dict[str, Any]] = []
@@ -509,7 +524,7 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
     for i, run in enumerate(runs, 1):
         bar.update(i - 1)
         n = epochs or int(EXPERIMENT_DEFAULTS[run.dataset]["epochs"])
-        opts = run_options(run, n, args.insecure, args.lr, clip)
+        opts = run_options(run, n, args.insecure, args.lr, server)
         bar.note(
             f"[{i}/{len(runs)}] {run.dataset} {run.label}: {n} epochs of "
             f"{rounds_per_epoch(run.dataset)} rounds"

@@ -159,7 +159,7 @@ def run_simulation(
     rounding = default_rounding_rng()
     model = build_run_model(cfg)
     params = plan.initial_params.copy()
-    optimizer = server_optimizer(plan.dim, cfg.lr, "provider")
+    optimizer = server_optimizer(plan.dim, cfg.lr, cfg.server_optimizer)
     accountant = plan.new_accountant()
     loader = test_set_loader(cfg)
     evaluate = None if loader is None else TestSetEvaluator(
