@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from spgc.optim import mean_delta_direction
+from spgc.optim import mean_delta_direction, mean_gradient
 from spgc.servers.faults import fault_point
 from spgc.wire import aggregation_pb2 as pb
 
@@ -217,7 +217,8 @@ class RoundPhases:
         seconds: dict,
         release: int | None = None,
     ) -> bytes:
-        """g = Y / s, one Adam step (adjacency provider: FedAvg's step on the mean delta);
+        """g = Y / s, one step of the servers' optimizer (adjacency provider: on the mean delta;
+        sgd: on the mean gradient over the expected examples);
         keeps the result pending until both hashes agree. With adaptive clipping, Y's last
         value is the noisy count of unclipped examples (providers' deltas with adjacency
         provider), which moves the clip norm of the next round (spgc.clipping). ``release``:
@@ -240,6 +241,8 @@ class RoundPhases:
                 else self.plan.expected_providers_for(release)  # its noise_schedule phase
             )
             gradient = mean_delta_direction(gradient, expected)
+        elif self.plan.cfg.server_optimizer == "sgd":  # Adam's step is scale-free, SGD's not
+            gradient = mean_gradient(gradient, self.plan.expected_examples)
         trained = self.plan.coordinates
         if trained.anything_frozen:
             new = self.params.copy()

@@ -394,8 +394,9 @@ class ServerConfig(_Schema):
     expected_batch_size: float = Field(
         0.0,
         ge=0,
-        description="clip: adaptive: examples expected per round over all providers; 0: from "
-        "the data set (sampling_rate x examples, or batch_size x providers)",
+        description="clip: adaptive, and server_optimizer: sgd: examples expected per round "
+        "over all providers; 0: from the data set (sampling_rate x examples, or batch_size x "
+        "providers)",
     )
     scale: float = Field(1024.0, gt=0, description="fixed-point units per gradient unit (s)")
     adjacency: Literal[UNITS] = Field(  # type: ignore[valid-type]
@@ -607,6 +608,16 @@ class ServerConfig(_Schema):
             raise ValueError(
                 f"clip: decay: clip_min {self.clip_min:g} is above clip_norm {self.clip_norm:g}, "
                 "the first round's clip norm"
+            )
+        if (
+            self.server_optimizer == "sgd"
+            and self.adjacency == "example"
+            and not self.dataset
+            and self.expected_batch_size <= 0
+        ):
+            raise ValueError(
+                "server_optimizer: sgd with providers' own data needs expected_batch_size, the "
+                "examples expected per round over all providers (the step's denominator)"
             )
         if self.clip == "adaptive" and not self.dataset and self.expected_batch_size <= 0:
             raise ValueError(

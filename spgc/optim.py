@@ -178,6 +178,15 @@ def mean_delta_direction(delta_sum: np.ndarray, expected_providers: float) -> np
     return -np.asarray(delta_sum, dtype=np.float64) / float(expected_providers)
 
 
+def mean_gradient(gradient_sum: np.ndarray, expected_examples: float) -> np.ndarray:
+    """server_optimizer sgd, adjacency example: the noisy sum of clipped gradients over the
+    EXPECTED examples of a round (DP-SGD's fixed denominator: the realised batch size is
+    secret). Adam needs no mean: its step does not change when the gradient is scaled."""
+    if not (math.isfinite(expected_examples) and expected_examples > 0):
+        raise ValueError(f"expected examples must be > 0, got {expected_examples}")
+    return np.asarray(gradient_sum, dtype=np.float64) / float(expected_examples)
+
+
 #: The servers' update rules (ServerConfig.server_optimizer, TrainingConfig.server_optimizer).
 SERVER_OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
 

@@ -73,6 +73,9 @@ class RunPlan:
     adaptive_clip: AdaptiveClip | None = None
     # verify_inputs: l2: the providers' norm proofs (field, bound, sizes); None: not checked.
     norm_proof: NormProofParams | None = None
+    # server_optimizer sgd, adjacency example: the examples a round is expected to sum, the
+    # step's fixed denominator (DP-SGD's; Adam's step needs none); 0 otherwise.
+    expected_examples: float = 0.0
 
     @property
     def decay_clip(self) -> DecayClip | None:
@@ -516,6 +519,11 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     plan = RunPlan(
         cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
         max_batch, trainable, adaptive, _norm_proof(cfg, fp, max_batch, ring_bits),
+        expected_examples=(
+            expected_examples_per_round(cfg)
+            if cfg.server_optimizer == "sgd" and cfg.adjacency == "example"
+            else 0.0
+        ),
     )  # fmt: skip
     accountant = plan.new_accountant()
     if accountant is not None and (first := accountant.epsilon_after(1)) > cfg.target_epsilon:

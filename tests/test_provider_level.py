@@ -18,7 +18,7 @@ from spgc.data import load_dataset, split_among_providers
 from spgc.encoding import default_rounding_rng
 from spgc.local_training import LocalTraining, clipped_delta, selected_this_round
 from spgc.models import flatten_params
-from spgc.optim import Adam, FedAvgStep, mean_delta_direction, server_optimizer
+from spgc.optim import Adam, FedAvgStep, mean_delta_direction, mean_gradient, server_optimizer
 from spgc.plan import make_plan
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import (
@@ -100,9 +100,20 @@ def test_the_servers_update_rule_is_in_the_plan_and_compared_at_the_handshake():
         server_optimizer(3, 1.0, provider_cfg(server_optimizer="adam").server_optimizer), Adam
     )
     with quiet_dp_accounting():
-        a = make_plan(sgd).training_config("r")
+        sgd_plan = make_plan(sgd)
+        a = sgd_plan.training_config("r")
         b = make_plan(loopback_server_config(verify_inputs="none", lr=0.5)).training_config("r")
     assert config_differences(a, b) == ["server_optimizer (h1 'sgd', h2 'adam')"]
+    # SGD steps on the mean over the examples a round is expected to hold (Adam's step does
+    # not change with the gradient's scale, SGD's would): q x the data set's examples.
+    assert sgd_plan.expected_examples == pytest.approx(
+        sgd.sampling_rate * load_dataset(sgd.dataset).n_train
+    )
+    assert mean_gradient(np.array([30.0, -6.0]), 3.0).tolist() == [10.0, -2.0]
+    with pytest.raises(ConfigError, match="server_optimizer: sgd with providers' own data"):
+        loopback_server_config(
+            server_optimizer="sgd", dataset="", model="cancer", max_batch_size=64
+        )
     with pytest.raises(ConfigError, match="server_optimizer"):
         loopback_server_config(server_optimizer="rmsprop")
     with pytest.raises(ValueError, match="server optimizer must be one of"):
