@@ -308,6 +308,9 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
             w.writerow({k: _fmt(row.get(k)) for k in COLUMNS})
 
 
+_TEXT_COLUMNS = ("dataset", "mode", "clip_schedule", "server_optimizer")  # the rest: numbers
+
+
 def read_csv(path: Path) -> list[dict[str, Any]]:
     """Rows of a CSV written by :func:`write_csv`, numbers parsed, empty cells as None."""
     rows = []
@@ -315,7 +318,7 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
         for raw in csv.DictReader(f):
             row: dict[str, Any] = {}
             for k, v in raw.items():
-                if v == "" or k in ("dataset", "mode", "clip_schedule"):
+                if v == "" or k in _TEXT_COLUMNS:
                     row[k] = v if v != "" else None
                 else:
                     row[k] = float(v) if any(c in v for c in ".eE") else int(v)
