@@ -137,7 +137,7 @@ class Adam:
         return h.hexdigest()
 
 
-class FedAvgStep:
+class SgdStep:
     """The servers' plain step, ``params - lr * grad`` (server_optimizer "sgd"): with
     provider-level DP (DP-FedAvg) the servers pass ``grad = -`` the noisy mean of the
     providers' deltas (lr 1: FedAvg's model + mean delta); with example-level DP the noisy
@@ -191,13 +191,13 @@ def mean_gradient(gradient_sum: np.ndarray, expected_examples: float) -> np.ndar
 SERVER_OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
 
 
-def server_optimizer(dim: int, lr: float, name: str) -> Adam | FedAvgStep:
+def server_optimizer(dim: int, lr: float, name: str) -> Adam | SgdStep:
     """The servers' update rule ``name``: "adam" on the noisy gradient (with adjacency provider
     on minus the noisy mean delta: FedAdam), or "sgd", ``params - lr * grad`` (DP-SGD's step;
     with adjacency provider FedAvg's step on the noisy mean delta)."""
     if name not in SERVER_OPTIMIZERS:
         raise ValueError(f"server optimizer must be one of {SERVER_OPTIMIZERS}, got {name!r}")
-    return FedAvgStep(dim, lr) if name == "sgd" else Adam(dim, lr=lr)
+    return SgdStep(dim, lr) if name == "sgd" else Adam(dim, lr=lr)
 
 
 def _test_tensors(

@@ -18,7 +18,7 @@ from spgc.data import load_dataset, split_among_providers
 from spgc.encoding import default_rounding_rng
 from spgc.local_training import LocalTraining, clipped_delta, selected_this_round
 from spgc.models import flatten_params
-from spgc.optim import Adam, FedAvgStep, mean_delta_direction, mean_gradient, server_optimizer
+from spgc.optim import Adam, SgdStep, mean_delta_direction, mean_gradient, server_optimizer
 from spgc.plan import make_plan
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import (
@@ -91,7 +91,7 @@ def test_the_servers_update_rule_is_in_the_plan_and_compared_at_the_handshake():
     servers must name the same, as every plan key."""
     sgd = loopback_server_config(verify_inputs="none", server_optimizer="sgd", lr=0.5)
     step = server_optimizer(3, sgd.lr, sgd.server_optimizer)
-    assert isinstance(step, FedAvgStep)
+    assert isinstance(step, SgdStep)
     # DP-SGD's step: parameters minus lr times the noisy mean gradient, exactly.
     assert step.step(np.array([1.0, 2.0, 3.0]), np.array([2.0, -4.0, 0.5])).tolist() == [
         0.0, 4.0, 2.75,
@@ -245,13 +245,13 @@ def test_a_left_out_provider_shares_zeros_after_the_same_work_when_it_hides(hide
 
 def test_the_servers_step_is_plus_the_mean_delta_over_the_expected_providers():
     step = server_optimizer(3, 1.0, provider_cfg().server_optimizer)  # sgd by default here
-    assert isinstance(step, FedAvgStep)
+    assert isinstance(step, SgdStep)
     params = np.array([1.0, 2.0, 3.0])
     sum_of_deltas = np.array([4.0, -8.0, 0.0])  # over 4 expected providers
     new = step.step(params, mean_delta_direction(sum_of_deltas, 4.0))
     assert new.tolist() == [2.0, 0.0, 3.0]
     state = step.state_dict()
-    again = FedAvgStep(3, 1.0)
+    again = SgdStep(3, 1.0)
     again.load_state_dict(state)
     assert again.t == 1
     with pytest.raises(ValueError, match="expected providers must be > 0"):

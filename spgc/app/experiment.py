@@ -509,9 +509,10 @@ def run_from_args(args: argparse.Namespace, err: TextIO = sys.stderr) -> int:
             raise ExperimentError(f"directory of {path} does not exist")
     schedules = _split(args.clip_schedule) or ["fixed"]
     runs = plan_runs(datasets, modes, epsilons, schedules)
-    server: dict[str, Any] = {"clip_norm": args.clip_norm}
-    if args.server_optimizer != "adam":
-        server["server_optimizer"] = args.server_optimizer
+    server: dict[str, Any] = {
+        "clip_norm": args.clip_norm,
+        "server_optimizer": args.server_optimizer,
+    }
     if args.clip_decay is not None:
         server["clip_decay"] = args.clip_decay
     if args.clip_min is not None:

@@ -9,7 +9,7 @@ each provider's coin, local training and clipped delta (``spgc.local_training``,
 daemon calls it), its fixed-point encoding (``spgc.encoding.encode_batch``), the servers' noise
 (``spgc.noise.sample_noise_plain``: the exact discrete Gaussian sampler the round's circuit
 evaluates, here in plaintext on fresh OS randomness), the servers' update
-(``spgc.optim.mean_delta_direction`` and ``FedAvgStep``), their accountant (add/remove one
+(``spgc.optim.mean_delta_direction`` and ``SgdStep``), their accountant (add/remove one
 provider) and their test-set evaluation. What is not simulated is the transport: the two
 additive shares of each vector cancel in the sum, so the simulation adds the encoded vectors
 directly. Unselected providers would send shares of zeros; they add nothing to the sum.
