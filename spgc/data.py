@@ -662,33 +662,59 @@ def _parse_csv(path: Path, label: str) -> tuple[np.ndarray, np.ndarray, tuple[st
     if not rows:
         raise ValueError(f"{path}: no data rows after the header")
     cells = np.array(rows, dtype=str)
+    j = header.index(label)
+    where = _CsvCells(path, lines, header, j)
     try:
         table = cells.astype(np.float64)
     except ValueError:
         # Find the first cell that is not a number, to name its column.
-        for j, column in enumerate(header):
-            for i, value in enumerate(cells[:, j]):
-                try:
-                    float(value)
-                except ValueError:
-                    where = (
-                        f"line {lines[i]}: {value.strip()!r}"
-                        if value.strip()
-                        else (f"line {lines[i]}: empty")
-                    )
-                    if column == label:
+        for col in range(len(header)):
+            for i, value in enumerate(cells[:, col]):
+                if not _is_number(value):
+                    said = repr(value.strip()) if value.strip() else "an empty cell"
+                    if col == j:
                         raise ValueError(
-                            f"{path}: label column {label!r} must hold integer class labels "
-                            f"0..C-1, or numbers for task: regression ({where})"
+                            f"{where.cell(i, col)}: {said}; the label column {label!r} must "
+                            "hold integer class labels 0..C-1, or numbers for task: regression"
                         ) from None
                     raise ValueError(
-                        f"{path}: column {column!r} is not numeric ({where}); every column but "
-                        f"the label {label!r} must be a number"
+                        f"{where.cell(i, col)}: {said} is not a number; every column but the "
+                        f"label {label!r} must be one"
                     ) from None
         raise
-    j = header.index(label)
+    with np.errstate(invalid="ignore"):  # NaN compares False: it is what is looked for
+        finite = np.abs(table) <= np.finfo(np.float32).max
+    if not finite.all():
+        i, col = (int(k) for k in np.argwhere(~finite)[0])
+        raise ValueError(
+            f"{where.cell(i, col)}: {cells[i, col].strip()!r} is NaN, infinite or beyond "
+            f"float32 ({int((~finite).sum())} such cell(s) in the file); every cell must be a "
+            "finite number"
+        )
     features = tuple(c for k, c in enumerate(header) if k != j)
     return np.delete(table, j, axis=1), table[:, j], features
+
+
+@dataclass(frozen=True)
+class _CsvCells:
+    """Names a cell of a CSV file both ways: its line and column in the file, and the example
+    and feature index (0-based) it has in the arrays read from it."""
+
+    path: Path
+    lines: list[int]  # the file's line of each data row
+    header: list[str]
+    label_column: int
+
+    def cell(self, row: int, column: int) -> str:
+        what = (
+            "its label"
+            if column == self.label_column
+            else f"feature {column - (column > self.label_column)}"
+        )
+        return (
+            f"{self.path}: line {self.lines[row]}, column {self.header[column]!r} "
+            f"(example {row}, {what}; 0-based)"
+        )
 
 
 def _header_hint(header: list[str]) -> str:

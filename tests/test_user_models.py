@@ -357,11 +357,19 @@ def test_csv_refusals(tmp_path: Path):
     path.write_text("a,b,y\n1,2,0\n")
     with pytest.raises(ValueError, match=r"no label column 'label'; the columns are: a, b, y"):
         load_user_data(path)
+    # A cell named both ways: the file's line and column, the arrays' example and feature.
     path.write_text("a,colour,label\n1,2,0\n3,red,1\n")
-    with pytest.raises(ValueError, match=r"column 'colour' is not numeric \(line 3: 'red'\)"):
+    with pytest.raises(ValueError, match=r"d\.csv: line 3, column 'colour' \(example 1, "
+                       r"feature 1; 0-based\): 'red' is not a number"):  # fmt: skip
+        load_user_data(path)
+    path.write_text("label,a,b\n0,1,2\n\n1,3,\n")
+    with pytest.raises(ValueError, match=r"d\.csv: line 4, column 'b' \(example 1, feature 1; "
+                       r"0-based\): an empty cell is not a number"):  # fmt: skip
         load_user_data(path)
     path.write_text("a,label\n1,cat\n")
-    with pytest.raises(ValueError, match="label column 'label' must hold integer class labels"):
+    with pytest.raises(ValueError, match=r"line 2, column 'label' \(example 0, its label; "
+                       r"0-based\): 'cat'; the label column 'label' must hold integer class "
+                       "labels"):  # fmt: skip
         load_user_data(path)
     # What to fix, said: regression targets, no header row, another separator, not UTF-8.
     for content, words in (
@@ -381,8 +389,9 @@ def test_csv_refusals(tmp_path: Path):
     path.write_text("a,label\n1,0\n2\n")
     with pytest.raises(ValueError, match="line 3 has 1 fields"):
         load_user_data(path)
-    path.write_text("a,b,label\n1,2,0\n3,nan,0\n")
-    where = r"NaN or infinite.*example 1 \(0-based\), at index \(1,\)"
+    path.write_text("a,b,label\n1,2,0\n3,nan,0\n4,1e39,inf\n")
+    where = (r"d\.csv: line 3, column 'b' \(example 1, feature 1; 0-based\): 'nan' is NaN, "
+             r"infinite or beyond float32 \(3 such cell\(s\) in the file\)")  # fmt: skip
     with pytest.raises(ValueError, match=where):
         load_user_data(path)
     with pytest.raises(ValueError, match="no such file"):
