@@ -153,6 +153,7 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         # Before the readiness check: another version will never work, so say so at once.
         check_protocol_version(request.protocol_version, PROTOCOL_VERSION, "client")
         self._require_ready()
+        self.state.note_hello(who)
         return pb.ServerInfo(
             protocol_version=PROTOCOL_VERSION,
             software_version=f"spgc {__version__}",

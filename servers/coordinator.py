@@ -42,7 +42,7 @@ import numpy as np
 
 from spgc.losses import REGRESSION_METRICS
 from spgc.noise import sample_discrete_gaussian
-from spgc.servers.errors import PeerMismatchError
+from spgc.servers.errors import PeerMismatchError, describe_error
 from spgc.servers.faults import fault_point, tap_reveal
 from spgc.servers.gc_party import run_aggregate
 from spgc.servers.noise_pool import (
@@ -367,7 +367,9 @@ def wait_for_providers(
     """Before the run's first round: until min_providers providers have called this server,
     for at most first_round_wait seconds (then the round opens anyway and, short of shares,
     is skipped). Providers started a little after the servers then miss no round.
-    ``still_waiting()`` is called every few seconds meanwhile (H1: tells H2 it is alive)."""
+    ``still_waiting()`` is called every few seconds meanwhile (H1: tells H2 it is alive).
+    Ends at once when the wait is hopeless: every provider of the plan called and too few
+    remain less those that declined the plan (ServerState.too_few_accepted)."""
     cfg = state.plan.cfg
     if cfg.first_round_wait <= 0:
         return
@@ -375,6 +377,8 @@ def wait_for_providers(
     interval = min(WAITING_CALL_INTERVAL, cfg.peer_timeout / 4)
     first = True
     while not stop.is_set():
+        if state.too_few_accepted():
+            return
         present = state.providers_present()
         if len(present) >= cfg.min_providers:
             if not first:
@@ -415,6 +419,14 @@ def wait_for_providers(
             state.cond.wait(0.5)
 
 
+def end_run_for_want_of_providers(state: ServerState, reason: str) -> None:
+    """The run fails instead of opening its next round, for want of providers that accept the
+    plan (``reason``): audited as ``providers_declined``; the daemon then stops, saying why in
+    one line, and providers' long polls answer FINISHED with it."""
+    state.audit.record("providers_declined", round=state.round, reason=reason)
+    state.fail(f"round {state.round} cannot open: {reason}")
+
+
 class _RoundLoop:
     """Runs rounds until training is finished or the daemon stops."""
 
@@ -429,6 +441,11 @@ class _RoundLoop:
                 wait_for_providers(self.state, self.stop, self.still_waiting)
                 if self.stop.is_set():
                     return
+            # Checked at every round: providers that declined while round 0 was open (they
+            # said Hello first) end the run at the next one, instead of skipping every round.
+            if hopeless := self.state.too_few_accepted():
+                self.end_for_want_of_providers(hopeless)
+                return
             self.run_round(self.state.round)
 
     def run_round(self, t: int) -> None:
@@ -436,6 +453,12 @@ class _RoundLoop:
 
     def still_waiting(self) -> None:
         """Called every few seconds while the first round waits for providers."""
+
+    def end_for_want_of_providers(self, reason: str) -> None:
+        """No round can have min_providers providers (``reason`` names those that declined
+        the plan and why): the run fails now, audited, instead of waiting out
+        first_round_wait and then skipping every round (the daemon logs the failure)."""
+        end_run_for_want_of_providers(self.state, reason)
 
 
 class H1Driver(_RoundLoop):
@@ -479,6 +502,7 @@ class H1Driver(_RoundLoop):
         timeout: float = RPC_SLACK,
         pool: PoolSlice | None = None,
         verify_coin: bytes = b"",
+        ended_reason: str = "",
     ) -> peer_pb2.BarrierState:
         msg = peer_pb2.BarrierState(
             run_id=self.state.run_id,
@@ -486,6 +510,7 @@ class H1Driver(_RoundLoop):
             barrier=barrier,
             role=pb.SERVER_ROLE_H1,
             verify_coin=verify_coin,
+            ended_reason=ended_reason,
         )
         if pool is not None:
             msg.pool.CopyFrom(slice_message(pool))
@@ -582,6 +607,20 @@ class H1Driver(_RoundLoop):
     def still_waiting(self) -> None:
         """H2 stops after peer_timeout without a call from H1: say H1 is alive, before round 0."""
         self._barrier(self.state.round, peer_pb2.BARRIER_WAITING_FOR_PROVIDERS)
+
+    def end_for_want_of_providers(self, reason: str) -> None:
+        """H2 ends the run too, with the same reason (best effort: a lost H2 stops anyway)."""
+        try:
+            self._barrier(
+                self.state.round, peer_pb2.BARRIER_WAITING_FOR_PROVIDERS, ended_reason=reason
+            )
+        except grpc.RpcError as exc:
+            log.warning(
+                "h1: could not tell %s the run ends: %s",
+                self.state.plan.cfg.peer_name,
+                describe_error(exc),
+            )
+        super().end_for_want_of_providers(reason)
 
     def cosign_release(self, t: int) -> int:
         """Write-ahead, on both servers: H2 checks H1's statement of round t's release, records

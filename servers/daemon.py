@@ -429,13 +429,8 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
         state = self.state
         if self.precompute is not None or state.steps or not state.round or not state.finished:
             return None
-        with state.cond:
-            declined = dict(state.declined)
-        why = (
-            "; declined: " + "; ".join(f"{name}: {reason}" for name, reason in declined.items())
-            if declined
-            else ""
-        )
+        declined = state.declined_text()
+        why = f"; declined: {declined}" if declined else ""
         return (
             f"training ended after {state.round} round(s) without one model update: no round "
             f"had the shares of min_providers ({self.cfg.min_providers}) providers{why}"

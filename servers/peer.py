@@ -19,10 +19,12 @@ import grpc
 import garbled_core
 from spgc import __version__
 from spgc.ledger import LedgerError
+from spgc.logs import printable
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import (
     agreement_with_proofs,
     compute_round,
+    end_run_for_want_of_providers,
     log_round,
     own_verifier_messages,
 )
@@ -392,7 +394,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         elif b == peer_pb2.BARRIER_CIRCUIT_READY:
             self._start_circuit(t, request)
         elif b == peer_pb2.BARRIER_WAITING_FOR_PROVIDERS:
-            pass  # H1 is alive, still waiting to open round t: nothing changes here
+            # H1 is alive, not opening round t yet: nothing changes here, unless H1 ends the
+            # run there (too few providers accept the plan).
+            if request.ended_reason:
+                end_run_for_want_of_providers(state, printable(request.ended_reason, 8000))
         elif b == peer_pb2.BARRIER_MODEL_PUBLISHED:
             with self._lock:
                 if state.pending is None:

@@ -132,10 +132,12 @@ class RoundPhases:
         fault_point("during-intake", t)
 
     def intake_complete(self, t: int) -> bool:
-        """The deadline passed or every allowed provider's share is in."""
+        """The deadline passed or the share of every allowed provider is in, but for those
+        that declined the plan (none will come: the round need not wait for them)."""
         with self.cond:
             accepted = self.accepted.get(t, frozenset())
-            return self.deadline <= time.time() or self.allowed_providers <= accepted
+            expected = self.allowed_providers - self.declined.keys()
+            return self.deadline <= time.time() or expected <= accepted
 
     def wait_intake_done(self, t: int, stop: threading.Event) -> None:
         """Until the deadline passes or every allowed provider's share is in."""
@@ -177,7 +179,12 @@ class RoundPhases:
             if self._intake_closed:
                 rec.seconds["agree"] = time.perf_counter() - self._intake_closed
             for name in sorted(self.allowed_providers - set(rec.received)):
-                rec.left_out[name] = "no share reached this server"
+                declined = self.declined.get(name)
+                rec.left_out[name] = (
+                    f"it declined the plan: {declined}"
+                    if declined is not None
+                    else "no share reached this server"
+                )
             for name in sorted(set(rec.received) - set(agreed)):
                 if name in refused:
                     why = f"its norm proof was refused: {refused[name]}"

@@ -278,6 +278,37 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         """A provider refused the plan (its last reason is kept for the summary)."""
         with self.cond:
             self.declined[provider] = reason
+            self.cond.notify_all()  # the first-round wait may end now
+
+    def note_hello(self, provider: str) -> None:
+        """A provider said Hello: it tries to join (again, after a restart), so a plan it
+        declined before no longer counts it out (the summary keeps a decline until then)."""
+        with self.cond:
+            if self.declined.pop(provider, None) is not None:
+                self.cond.notify_all()
+
+    def declined_text(self) -> str:
+        """Each provider that declined the plan and why, in one line ("" when none did)."""
+        with self.cond:
+            return "; ".join(f"{name}: {why}" for name, why in sorted(self.declined.items()))
+
+    def too_few_accepted(self) -> str | None:
+        """Why no round of the run can ever have min_providers providers: every provider of
+        the plan called this server and, less those that declined the plan, too few remain.
+        None while that is not so (a provider yet to call may still join)."""
+        minimum = self.plan.cfg.min_providers
+        with self.cond:
+            present = self.providers_present()
+            if not self.declined or len(present) >= minimum:
+                return None
+            if not self.allowed_providers <= self.callers:
+                return None
+            return (
+                f"{len(self.declined)} of the plan's {len(self.allowed_providers)} providers "
+                f"declined it, leaving {len(present)}"
+                + (f" ({', '.join(present)})" if present else "")
+                + f" < min_providers={minimum}: {self.declined_text()}"
+            )
 
     def summary(self) -> dict[str, Any]:
         """What the run achieved so far, for the summary file and the demo."""

@@ -658,6 +658,40 @@ def test_the_first_round_opens_anyway_after_first_round_wait(pki, tmp_path):
         d2.stop()
 
 
+def test_providers_that_decline_end_the_first_round_wait_at_both_servers(pki, tmp_path):
+    """first_round_wait 60 s, min_providers 2: p2 and p3 decline the plan (DeclinePlan, as a
+    provider whose budget is spent does), then p1 calls. Every provider has called and one
+    remains: both servers end the run at once, naming each decliner and its reason, audited."""
+    d1, d2 = start_pair(pki, tmp_path, mode="only-mpc", first_round_wait=60.0, rounds=1)
+    providers = {n: Provider(pki, n, (d1, d2)) for n in PROVIDERS}
+    reasons = {"p2": "this data set has spent epsilon 8: 16 > max_total_epsilon 10",
+               "p3": "accepts only the modes dng"}  # fmt: skip
+    try:
+        wait_until(lambda: d1.state.ready and d2.state.ready, "the servers to pair")
+        for name in ("p2", "p3", "p1"):  # never two providers present: round 0 stays shut
+            run_id = providers[name].hello(1).config.run_id
+            providers[name].hello(2)
+            if name in reasons:
+                request = pb.DeclineRequest(run_id=run_id, reason=reasons[name])
+                for role in (1, 2):
+                    providers[name].stubs[role].DeclinePlan(request, timeout=10)
+        assert d1.wait(20) and d2.wait(20)  # not the 60 s of first_round_wait
+        said = (
+            "round 0 cannot open: 2 of the plan's 3 providers declined it, leaving 1 (p1) < "
+            f"min_providers=2: p2: {reasons['p2']}; p3: {reasons['p3']}"
+        )
+        assert str(d1.error) == said and str(d2.error) == said
+        for state_dir in ("s1", "s2"):
+            audit = [json.loads(line) for line in (tmp_path / state_dir / "audit.jsonl").open()]
+            (ended,) = [e for e in audit if e["event"] == "providers_declined"]
+            assert ended["reason"] in said
+    finally:
+        for p in providers.values():
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
 def test_h2_answers_the_last_round_before_it_stops(pki, tmp_path, monkeypatch):
     """H2 logs, evaluates and checkpoints the last round after it is finished; stopping H2 as
     soon as it is done must not cut H1's MODEL_PUBLISHED call short."""

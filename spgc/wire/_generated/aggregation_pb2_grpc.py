@@ -110,7 +110,10 @@ class AggregatorServicer:
     def DeclinePlan(self, request, context):
         """A provider that refuses the run's plan (its own privacy, rounds or mode limits, or a model
         or data it cannot match) says why, so the operators see the reason in the servers' logs.
-        Informational: the server logs and counts it; nothing else changes.
+        The server logs, audits and counts it, and counts the provider out until its next Hello:
+        no round waits for its share; once every provider of the plan has called and fewer than
+        min_providers remain less those that declined, the servers end the run, naming each
+        decliner and its reason.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -50,7 +50,7 @@ class PeerHello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ..., ledger_public_key: _Optional[bytes] = ..., ledger_releases: _Optional[int] = ..., unmatched_release: _Optional[_Union[ReleaseStatement, _Mapping]] = ...) -> None: ...
 
 class BarrierState(_message.Message):
-    __slots__ = ("run_id", "round", "barrier", "role", "reached_at", "pool", "verify_coin")
+    __slots__ = ("run_id", "round", "barrier", "role", "reached_at", "pool", "verify_coin", "ended_reason")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     BARRIER_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class BarrierState(_message.Message):
     REACHED_AT_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     VERIFY_COIN_FIELD_NUMBER: _ClassVar[int]
+    ENDED_REASON_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     barrier: Barrier
@@ -65,7 +66,8 @@ class BarrierState(_message.Message):
     reached_at: _timestamp_pb2.Timestamp
     pool: PoolSlice
     verify_coin: bytes
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., barrier: _Optional[_Union[Barrier, str]] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., reached_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pool: _Optional[_Union[PoolSlice, _Mapping]] = ..., verify_coin: _Optional[bytes] = ...) -> None: ...
+    ended_reason: str
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., barrier: _Optional[_Union[Barrier, str]] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., reached_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., pool: _Optional[_Union[PoolSlice, _Mapping]] = ..., verify_coin: _Optional[bytes] = ..., ended_reason: _Optional[str] = ...) -> None: ...
 
 class PoolSlice(_message.Message):
     __slots__ = ("block_index", "block_id", "offset", "count")
