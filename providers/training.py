@@ -25,7 +25,7 @@ from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradient
 from spgc.local_training import LocalTraining, model_delta
 from spgc.logs import first_line, listed
 from spgc.models import load_flat_params
-from spgc.norm_proof import NormProofParams, prove
+from spgc.norm_proof import NormProofParams, proof_context, prove
 from spgc.providers.data_budget import ProviderBudget
 from spgc.providers.errors import ModelFailed, RoundFailed
 from spgc.providers.local_noise import local_noise
@@ -67,6 +67,7 @@ class Training:
     _x: np.ndarray | None
     _y: np.ndarray | None
     _round_infos: list[Any]
+    last_round: int | None  # the round being shared (set by ``run_round`` first)
     # The plan's task and loss (spgc.losses; set by ``connect``): what the gradients are of.
     task_loss: tuple[str, str] = ("classification", "cross_entropy")
     # verify_inputs: l2: the norm proofs' parameters (set by ``connect``); None: no proofs.
@@ -219,15 +220,18 @@ class Training:
         bits = self.training.ring_bits
         params = self.norm_proof
         if len(self.servers) == 2 and params is not None:
+            # The proof is for this run, this round and this provider only (a replay of it in
+            # another is refused: spgc.norm_proof.proof_context).
+            context = proof_context(self.training.run_id, int(self.last_round), self.cfg.name)
             try:
-                leader, helper = prove(total, params)
+                leader, helper = prove(total, params, context)
             except ValueError as exc:  # the encoder bounds every example: a bug if it fires
                 raise RoundFailed(f"this round's vector cannot be proved: {exc}") from None
             values = np.concatenate([leader.inputs, leader.proof])
             return [
                 OutgoingShare(values, params.p, leader.blind, leader.helper_part),
                 OutgoingShare(
-                    np.zeros(0, dtype=np.uint64), params.p, b"", helper.leader_part, helper.seed
+                    np.zeros(0, dtype=np.uint64), params.p, b"", helper.leader_parts, helper.seed
                 ),
             ]
         if len(self.servers) == 2:

@@ -49,7 +49,13 @@ from spgc.servers.noise_pool import (
     PoolError,
     PoolSlice,
 )
-from spgc.servers.norm_checks import COIN_BYTES, norm_refusals, round_coin, verifier_messages
+from spgc.servers.norm_checks import (
+    COIN_BYTES,
+    coin_commitment,
+    norm_refusals,
+    round_coin,
+    verifier_messages,
+)
 from spgc.servers.pool_sync import NoiseProducer, slice_message
 from spgc.servers.round_phases import RoundRecord
 from spgc.servers.state import RPC_SLACK, ServerState
@@ -106,8 +112,8 @@ def own_verifier_messages(state: ServerState, t: int, received: Sequence[str]) -
         return []
     coin = state.history[t].verify_coin
     if not coin:
-        raise PeerMismatchError(f"round {t}: no norm-proof coin was agreed at its opening")
-    return verifier_messages(state.intake, norm, coin, received)
+        raise PeerMismatchError(f"round {t}: no norm-proof coin was agreed once its intake closed")
+    return verifier_messages(state.intake, norm, coin, state.run_id, t, received)
 
 
 def agreement_with_proofs(
@@ -122,7 +128,8 @@ def agreement_with_proofs(
     refused: dict[str, str] = {}
     norm = state.plan.norm_proof
     if norm is not None:
-        refused = norm_refusals(norm, names, proofs, other_names, other_proofs)
+        leader = state.role == pb.SERVER_ROLE_H1
+        refused = norm_refusals(norm, names, proofs, other_names, other_proofs, leader)
     keep = [i for i, name in enumerate(names) if name not in refused]
     other_keep = [i for i, name in enumerate(other_names) if name not in refused]
     agreed, digest, proceed, mismatched = agreement(
@@ -521,10 +528,7 @@ class H1Driver(_RoundLoop):
         state, cfg = self.state, self.state.plan.cfg
         state.open_round(t)
         norm = state.plan.norm_proof
-        coin = os.urandom(COIN_BYTES) if norm is not None else b""
-        opened = self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN, verify_coin=coin)
-        if norm is not None:
-            state.history[t].verify_coin = round_coin(coin, opened.verify_coin)
+        self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
         if self.producer is not None and cfg.pool_produce:
             # The data link is idle while the providers compute: top the pool up meanwhile.
             self.producer.fill(
@@ -534,7 +538,17 @@ class H1Driver(_RoundLoop):
         if self.stop.is_set():
             return
         received = state.close_intake(t)
-        self._barrier(t, peer_pb2.BARRIER_INTAKE_CLOSED, cfg.round_deadline + RPC_SLACK)
+        # The norm-proof coin: H1's part drawn now, after its intake closed; committed to before
+        # H2 draws its own (servers.norm_checks).
+        coin = os.urandom(COIN_BYTES) if norm is not None else b""
+        closed = self._barrier(
+            t,
+            peer_pb2.BARRIER_INTAKE_CLOSED,
+            cfg.round_deadline + RPC_SLACK,
+            verify_coin=coin_commitment(state.run_id, t, coin) if coin else b"",
+        )
+        if norm is not None:
+            state.history[t].verify_coin = round_coin(coin, closed.verify_coin)
 
         ids = [state.history[t].vector_ids.get(name, b"") for name in received]
         proofs = own_verifier_messages(state, t, received)
@@ -547,6 +561,7 @@ class H1Driver(_RoundLoop):
             min_providers=cfg.min_providers,
             vector_ids=ids,
             norm_verifiers=proofs,
+            verify_coin=coin,
         )
         answer = self.peer.AgreeProviders(mine, timeout=RPC_SLACK)
         agreed, digest, proceed, mismatched, refused = agreement_with_proofs(

@@ -375,13 +375,18 @@ class ShareIntake:
                     INVALID_ARGUMENT, "norm proof fields in a run without verified inputs"
                 )
             return
-        need = ("norm_blind", "norm_joint_part") if self.field.leader else ("norm_seed",)
-        need = (*need, "norm_joint_part")
+        # H1: its blind and H2's part; H2: its seed and H1's two parts (x's, the bits').
+        leader = self.field.leader
+        sizes = {
+            "norm_blind": 32 if leader else 0,
+            "norm_joint_part": 32 if leader else 64,
+            "norm_seed": 0 if leader else 32,
+        }
         values = {"norm_blind": blind, "norm_joint_part": joint_part, "norm_seed": seed}
         for name, value in values.items():
-            if (name in need) != (len(value) == 32) or len(value) not in (0, 32):
-                server = "H1" if self.field.leader else "H2"
-                state = "32 bytes" if name in need else "empty"
+            if len(value) != sizes[name]:
+                server = "H1" if leader else "H2"
+                state = f"{sizes[name]} bytes" if sizes[name] else "empty"
                 raise SubmissionRejected(
                     INVALID_ARGUMENT, f"verified inputs: {name} to {server} must be {state}"
                 )

@@ -36,7 +36,7 @@ from spgc.servers.noise_pool import (
     PoolError,
     produce_noise_shares,
 )
-from spgc.servers.norm_checks import COIN_BYTES, round_coin
+from spgc.servers.norm_checks import COIN_BYTES, check_coin_opening, round_coin
 from spgc.servers.pool_sync import adopt_peer_pool, pool_state_message, slice_from_message
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import (
@@ -185,6 +185,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.paired = False  # a Handshake agreed and nothing since says the peer is gone
         self.epoch = 0  # successful Handshakes so far (a new one: a new pairing)
         self._seeds: dict[int, bytes] = {}
+        # Verified inputs: round -> (H1's commitment, our part) of the round's norm-proof coin.
+        self._coin_parts: dict[int, tuple[bytes, bytes]] = {}
         self._entries: dict[int, tuple[bytes, int]] = {}  # round -> (statement, ledger index)
         # Rounds whose release ran in this pairing: one release per round (a round abandoned
         # with its peer runs again only after a new Handshake, which clears this).
@@ -205,6 +207,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         with self._lock:
             self.paired = False
             self._seeds.clear()
+            self._coin_parts.clear()
             self._entries.clear()
             self._released.clear()
             self._worker = None
@@ -378,19 +381,21 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                         state.open_round(t)
                     except RuntimeError as exc:  # past opening (intake closed, computing)
                         raise FailedPreconditionError(str(exc)) from None
-                if state.plan.norm_proof is not None:
-                    # Our part of the round's norm-proof coin (a repeated barrier: a new one).
-                    coin = os.urandom(COIN_BYTES)
-                    try:
-                        state.history[t].verify_coin = round_coin(request.verify_coin, coin)
-                    except PeerMismatchError as exc:
-                        raise FailedPreconditionError(str(exc)) from None
         elif b == peer_pb2.BARRIER_INTAKE_CLOSED:
             # Wait for OUR deadline (or all providers in): never for a call back to H1.
             state.wait_intake_done(t, threading.Event())
             with self._lock:
                 if state.phase == pb.ROUND_PHASE_COLLECTING:
                     state.close_intake(t)
+                if state.plan.norm_proof is not None:
+                    # Our part of the round's norm-proof coin, drawn now that our intake is
+                    # closed, against H1's commitment (a repeated barrier: a new one of each).
+                    if len(request.verify_coin) != COIN_BYTES:
+                        raise FailedPreconditionError(
+                            f"round {t}: H1's norm-proof coin commitment is not 32 bytes"
+                        )
+                    coin = os.urandom(COIN_BYTES)
+                    self._coin_parts[t] = (bytes(request.verify_coin), coin)
         elif b == peer_pb2.BARRIER_CIRCUIT_READY:
             self._start_circuit(t, request)
         elif b == peer_pb2.BARRIER_WAITING_FOR_PROVIDERS:
@@ -543,6 +548,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             own = state.history[t].received
             own_ids = [state.history[t].vector_ids.get(name, b"") for name in own]
             try:
+                if state.plan.norm_proof is not None:
+                    commitment, coin = self._coin_parts.pop(t, (b"", b""))
+                    check_coin_opening(state.run_id, t, commitment, request.verify_coin)
+                    state.history[t].verify_coin = round_coin(request.verify_coin, coin)
                 proofs = own_verifier_messages(state, t, own)
                 agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
                     state,

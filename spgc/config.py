@@ -38,6 +38,7 @@ from spgc.modes import (
     VERIFIED_BY_DEFAULT,
     VERIFIED_MODES,
 )
+from spgc.norm_proof import DEFAULT_REPETITIONS, GRINDING_BITS
 from spgc.optim import SERVER_OPTIMIZERS
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import ray_cluster_endpoint, split_host_port
@@ -247,12 +248,13 @@ class ServerConfig(_Schema):
         "(spgc, dng, preprocessed), none in the others",
     )
     verify_repetitions: int = Field(
-        64,
-        ge=16,
+        DEFAULT_REPETITIONS,
+        ge=DEFAULT_REPETITIONS,
         le=256,
         description="verify_inputs: l2: the wraparound checks of each proof; each halves a "
-        "cheating provider's chances (with the field the plan picks, a soundness error of at "
-        "most 2^-40 per proof at 64; spgc bench proof prints it)",
+        f"cheating provider's chances. At least {DEFAULT_REPETITIONS}: a provider may re-share "
+        f"up to 2^{GRINDING_BITS} times, so {DEFAULT_REPETITIONS} keep the soundness error "
+        "at most 2^-40 per proof (docs/PRIVACY.md, Norm proofs; spgc bench proof prints it)",
     )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",

@@ -1,6 +1,6 @@
 """A provider's proof that its vector is within the plan's L2 norm bound, checked by the two
-servers jointly on secret shares (issue 35; PINE, Rothblum, Omri, Chen and Talwar 2023, on the
-fully linear proofs of Boneh, Boyle, Corrigan-Gibbs, Gilboa and Ishai, CRYPTO 2019).
+servers jointly on secret shares (issues 35 and 44; PINE, Rothblum, Omri, Chen and Talwar 2023,
+on the fully linear proofs of Boneh, Boyle, Corrigan-Gibbs, Gilboa and Ishai, CRYPTO 2019).
 
 What is proved. The provider's integer vector ``x`` (d coordinates, in units) is shared
 additively over a prime field F_p: the leader (H1) receives its share in full, the helper (H2) a
@@ -9,37 +9,47 @@ O(sqrt d) for the proof. The servers accept only if ``||x||_2^2 <= B^2`` over th
 (``B``: the plan's bound in units), up to the soundness error
 :attr:`NormProofParams.soundness_error`.
 
-How. The provider appends bits to ``x`` (the "encoded input" w, all of it shared):
+How. The provider appends values to ``x`` (the "encoded input" w, all of it shared):
 
 - ``V0 = ||x||^2`` and ``U0 = B^2 - V0``, b0 bits each (b0 = bit length of B^2). The servers
   check ``sum x_i^2 = V0`` (quadratic: the proof) and ``V0 + U0 = B^2`` (linear). In the field
   that bounds the norm only if ``sum x_i^2`` does not wrap around p;
 - the wraparound checks, r repetitions: ``z_k in {-1, 0, 1}^d`` (probabilities 1/4, 1/2, 1/4)
-  drawn from a joint seed J that hashes both shares (Fiat-Shamir: chosen after the shares are
-  fixed); the provider sends the b1 bits of ``V_k = <z_k, x> + lw`` and the servers check
-  ``<z_k, x> + lw - V_k = 0`` (linear, on their shares). An honest vector has
-  ``|<z_k, x>| <= alpha B`` except with probability ``2 exp(-alpha^2 / 2)`` (Hoeffding); a vector
-  whose squared norm wraps the field passes each repetition with probability at most 1/2 when
-  ``p >= 81 H^2`` (H: the window's half-width; PINE, Lemma 4.3 and Claim 4.9);
+  drawn from J1, a hash of the context and of both servers' shares of x (Fiat-Shamir: z is
+  drawn after x is fixed); the provider appends the b1 bits of ``V_k = <z_k, x> + lw`` and the
+  servers check ``<z_k, x> + lw - V_k = 0`` (linear, on their shares). An honest vector has
+  ``|<z_k, x>| <= alpha B`` except with probability ``2 exp(-alpha^2 / 2)`` (Hoeffding); a
+  vector whose squared norm wraps the field passes each repetition with probability at most
+  1/2 when ``p >= 81 H^2`` (H: the window's half-width; PINE, Lemma 4.3 and Claim 4.9);
 - every appended entry is a bit: ``beta^2 - beta = 0`` (quadratic: the proof).
 
-The quadratic checks are one random combination ``rho_0 (sum x_i^2 - V0) + sum_j rho_j
-(beta_j^2 - beta_j)`` (rho from J), proved with one fully linear proof: a ParallelSum of m
-multiplication gadgets ``sum_l u_l a_l`` (u = rho * a) over M = N' - 1 calls, wire polynomials
-through the N'-th roots of unity (N' a power of two; the 0th point holds a random seed per wire,
-which makes the opened wire values uniform), and the proof polynomial P = sum_l U_l A_l of degree
-<= 2(N' - 1). The servers query at a point t they choose jointly after the shares are in (never
-a root of unity), open ``U_l(t), A_l(t), P(t)``, the combination's value and a random combination
-of the linear checks, and accept if ``sum_l U_l(t) A_l(t) = P(t)`` and both combinations are 0.
+The coins, each drawn after every prover value it constrains (docs/PRIVACY.md, "Norm
+proofs"):
+
+- J1 = H(leader x-part, helper part): both parts hash the context (run, round, provider) and a
+  server's whole share of x (H2's share is its seed); it gives the z_k, which constrain the
+  bits appended after it;
+- J2 = H(J1, leader bits-part): J2 also hashes H1's share of the appended values, so the whole
+  encoded input w is fixed before J2; it gives the quadratic weights rho (k independent
+  combinations, below), which the proof polynomials depend on;
+- the query point t and the linear weights sigma: from the servers' round coin, drawn by both
+  servers after their intake closed and never sent to a provider (servers.norm_checks).
+
+The quadratic checks are combined k times: ``rho_c0 (sum x_i^2 - V0) + sum_j rho_cj
+(beta_j^2 - beta_j)``, c < k, each proved with one fully linear proof: a ParallelSum of m
+multiplication gadgets ``sum_l u_l a_l`` (u = rho_c * a) over M = N' - 1 calls, wire
+polynomials through the N'-th roots of unity (N' a power of two; the 0th point holds a random
+seed per wire, which makes the opened wire values uniform), and the proof polynomial
+P_c = sum_l U_l A_l of degree <= 2(N' - 1). The servers open ``U_l(t), A_l(t), P_c(t)`` and
+each combination's value, and a random combination of the linear checks, and accept if every
+``sum_l U_l(t) A_l(t) = P_c(t)`` and every combination is 0.
 
 Soundness error per proof (:attr:`NormProofParams.soundness_error`), for a vector over the
-bound: ``2^-r`` (wraparound) + ``(2N' - 2) / (p - N')`` (the polynomial identity at t) + ``2/p``
-(the two random combinations). J and rho come from a hash of the provider's shares, so a
-provider may re-share and retry: each try costs a full sharing, hashing and proof of its vector,
-and succeeds with probability at most ``2^-r + 1/p``; t is the servers' and cannot be ground.
-
-The field: the smallest prime ``p = c 2^K + 1`` (K >= the ring's L, and >= log2(2N') for the
-transforms) with ``p >= max(81 H^2, 2^(b0 + 1), 2^L + 1, 2^41 (2N' + 2))``, below 2^62.
+bound and a prover that evaluates the hash at most 2^G times (G = :data:`GRINDING_BITS`): J1
+and J2 are hashes of the prover's own values, so it may try again, each try a fresh hash:
+``2^G 2^-r`` (the wraparound checks, one chance per J1) + ``2^G p^-k`` (the k quadratic
+combinations, one chance per J2) + ``k (2N' - 2) / (p - N')`` (the polynomial identities at t)
++ ``1/p`` (the linear combination). t and sigma are the servers' and cannot be ground.
 """
 
 from __future__ import annotations
@@ -57,28 +67,41 @@ from garbled_core import field_expand, field_matvec, field_mul, field_ntt, wrapa
 
 __all__ = [
     "DEFAULT_REPETITIONS",
+    "GRINDING_BITS",
     "HelperShare",
     "LeaderShare",
     "NormField",
     "NormProofParams",
+    "ProverSession",
     "VerifierMessage",
     "choose_field",
     "decide",
-    "encoded_input",
     "helper_query",
     "leader_query",
+    "proof_context",
     "prove",
     "prove_unchecked",
+    "quadratic_residuals",
     "wrapping_vector",
 ]
 
-#: Wraparound repetitions: each one a vector over the bound passes with probability <= 1/2.
-DEFAULT_REPETITIONS = 64
+#: The prover's hash budget: the soundness error holds against a provider that evaluates
+#: SHA-256 up to 2^GRINDING_BITS times (years of a GPU), re-sharing to draw new J1 and J2.
+GRINDING_BITS = 64
+#: The soundness target: at most 2^-SOUNDNESS_BITS per proof, four terms of at most
+#: 2^-(SOUNDNESS_BITS + 2) each.
+SOUNDNESS_BITS = 40
+_TERM_BITS = SOUNDNESS_BITS + 2
+#: Wraparound repetitions: each one a vector over the bound passes with probability <= 1/2, so
+#: r = G + 42 leaves 2^-42 to a prover who tries 2^G values of J1.
+DEFAULT_REPETITIONS = GRINDING_BITS + _TERM_BITS
 #: Honest vectors fail a repetition with probability <= 2 exp(-alpha^2/2); alpha is set so that
 #: all r repetitions pass but with probability 2^-COMPLETENESS_BITS.
 COMPLETENESS_BITS = 50
 MAX_FIELD_BITS = 62
-_TAG = b"spgc-norm-proof/v1/"
+#: At most this many quadratic combinations (p >= 2^44, so 3 give p^3 >= 2^(G + 42)).
+MAX_COMBINATIONS = 3
+_TAG = b"spgc-norm-proof/v2/"
 
 
 def _h(label: str, *parts: bytes) -> bytes:
@@ -171,6 +194,7 @@ class NormProofParams:
     points: int  # N': the wire polynomials' interpolation points (a power of two)
     chunk: int  # m: multiplications per gadget call
     field: NormField
+    combinations: int  # k: independent quadratic combinations, each with its own proof
 
     @classmethod
     def for_plan(
@@ -188,11 +212,19 @@ class NormProofParams:
             81 * (1 << (2 * window_bits - 2)),  # PINE's p >= 81 H^2, H = 2^(b1-1)
             (1 << (norm_bits + 1)) + 1,  # V0 + U0 never wraps
             (1 << ring_bits) + 1,  # the sum's reconstruction (spgc.norm_proof docs)
-            (1 << 41) * (2 * points + 2),  # the polynomial identity's error <= 2^-41
+            # the k polynomial identities' error k (2N' - 2) / (p - N') <= 2^-42
+            (1 << _TERM_BITS) * MAX_COMBINATIONS * (2 * points + 2),
         )
         two_adicity = max(ring_bits, (2 * points).bit_length() - 1)
         field = choose_field(min_p, two_adicity)
-        return cls(dim, bound, ring_bits, repetitions, norm_bits, window_bits, points, chunk, field)
+        # p^k >= 2^(G + 42): a prover trying 2^G values of J2 zeroes all k with prob <= 2^-42.
+        combinations = 1
+        while field.p**combinations < 1 << (GRINDING_BITS + _TERM_BITS):
+            combinations += 1
+        return cls(
+            dim, bound, ring_bits, repetitions, norm_bits, window_bits, points, chunk, field,
+            combinations,
+        )  # fmt: skip
 
     @property
     def p(self) -> int:
@@ -217,14 +249,20 @@ class NormProofParams:
         return self.points - 1
 
     @property
-    def proof_len(self) -> int:
-        """2m wire seeds, then P's 2N' - 1 coefficients."""
+    def combination_proof_len(self) -> int:
+        """One combination's proof: 2m wire seeds, then P's 2N' - 1 coefficients."""
         return 2 * self.chunk + 2 * self.points - 1
 
     @property
+    def proof_len(self) -> int:
+        """The k combinations' proofs, one after the other."""
+        return self.combinations * self.combination_proof_len
+
+    @property
     def verifier_len(self) -> int:
-        """U_l(t), A_l(t) (2m), P(t), the quadratic combination, the linear combination."""
-        return 2 * self.chunk + 3
+        """Per combination U_l(t), A_l(t) (2m), P(t) and its value; then the linear
+        combination."""
+        return self.combinations * (2 * self.chunk + 2) + 1
 
     @property
     def element_bytes(self) -> int:
@@ -232,9 +270,23 @@ class NormProofParams:
 
     @property
     def soundness_error(self) -> float:
-        """Probability that a vector over the bound is accepted (per proof; see the module)."""
-        flp = (2 * self.points - 2) / (self.p - self.points)
-        return 2.0**-self.repetitions + flp + 2.0 / self.p
+        """Probability that a vector over the bound is accepted (per proof, against a prover
+        that evaluates the hash up to 2^GRINDING_BITS times; see the module)."""
+        terms = self.soundness_terms
+        return sum(terms.values())
+
+    @property
+    def soundness_terms(self) -> dict[str, float]:
+        """The error's four terms, named by the coin each bounds (docs/PRIVACY.md)."""
+        grind = 2.0**GRINDING_BITS
+        return {
+            "wraparound_z_from_j1": grind * 2.0**-self.repetitions,
+            "quadratic_rho_from_j2": grind * float(self.p) ** -self.combinations,
+            "query_point_t_servers": self.combinations
+            * (2 * self.points - 2)
+            / (self.p - self.points),
+            "linear_sigma_servers": 1.0 / self.p,
+        }
 
     @cached_property
     def _omega(self) -> int:
@@ -247,7 +299,7 @@ def _chunking(n_inputs: int) -> tuple[int, int]:
     points = 2
     while points <= 1 << 22:
         chunk = -(-n_inputs // (points - 1))
-        cost = (2 * chunk + 2 * points) + (2 * chunk + 3)
+        cost = (2 * chunk + 2 * points) + (2 * chunk + 2)
         if best is None or cost < best[0]:
             best = (cost, points, chunk)
         if chunk == 1:
@@ -300,7 +352,44 @@ def _random_elements(n: int, p: int) -> np.ndarray:
     return field_expand(os.urandom(16), n, p)
 
 
-# ---- the messages
+# ---- the messages and the joint randomness
+
+PART_BYTES = 32
+
+
+def proof_context(run_id: str, round_number: int, provider: str) -> bytes:
+    """What one proof is for: the run, the round and the provider's identity (as the servers
+    know it: its certificate's name, or provider_id with --insecure). Every joint randomness
+    part hashes it, so a proof made for another run, round or provider is refused."""
+    if not 0 <= round_number < 1 << 64:
+        raise ValueError(f"round {round_number} outside 0..2^64-1")
+    return _h("context", run_id.encode(), round_number.to_bytes(8, "little"), provider.encode())
+
+
+def _vector_bytes(values: np.ndarray) -> bytes:
+    return np.ascontiguousarray(values).astype("<u8").tobytes()
+
+
+def _leader_x_part(context: bytes, blind: bytes, x_share: np.ndarray) -> bytes:
+    return _h("leader-part", context, blind, _vector_bytes(x_share))
+
+
+def _leader_bits_part(context: bytes, blind: bytes, bits_share: np.ndarray) -> bytes:
+    return _h("leader-bits", context, blind, _vector_bytes(bits_share))
+
+
+def _helper_part(context: bytes, seed: bytes) -> bytes:
+    return _h("helper-part", context, seed)
+
+
+def _joint_x(leader_x_part: bytes, helper_part: bytes) -> bytes:
+    """J1: fixed once both servers' shares of x are; seeds the wraparound vectors."""
+    return _h("joint", leader_x_part, helper_part)
+
+
+def _joint_w(joint_x: bytes, leader_bits_part: bytes) -> bytes:
+    """J2: fixed once the whole encoded input is; seeds the quadratic weights."""
+    return _h("joint-bits", joint_x, leader_bits_part)
 
 
 @dataclass(frozen=True)
@@ -309,56 +398,63 @@ class LeaderShare:
 
     inputs: np.ndarray  # uint64[n_inputs]
     proof: np.ndarray  # uint64[proof_len]
-    blind: bytes  # 32 bytes: hides the input share inside the joint randomness part
-    helper_part: bytes  # 32 bytes: the helper's joint randomness part, as the provider computed it
+    blind: bytes  # 32 bytes: hides H1's shares inside its joint randomness parts
+    helper_part: bytes  # 32 bytes: H2's joint randomness part, as the provider computed it
 
-    def joint_part(self, params: NormProofParams) -> bytes:
-        return _leader_part(self.blind, self.inputs[: params.dim])
+    def parts(self, params: NormProofParams, context: bytes) -> bytes:
+        """H1's own parts (x-part then bits-part), from its shares and the context."""
+        x_part = _leader_x_part(context, self.blind, self.inputs[: params.dim])
+        return x_part + _leader_bits_part(context, self.blind, self.inputs[params.dim :])
 
 
 @dataclass(frozen=True)
 class HelperShare:
-    """What H2 receives: a seed its shares expand from, and the leader's joint randomness part."""
+    """What H2 receives: a seed its shares expand from, and H1's two joint randomness parts
+    (x-part then bits-part, 64 bytes) as the provider computed them."""
 
     seed: bytes  # 32 bytes from the OS CSPRNG
-    leader_part: bytes  # 32 bytes
+    leader_parts: bytes  # 64 bytes
 
     def expand(self, params: NormProofParams) -> tuple[np.ndarray, np.ndarray]:
         inputs = field_expand(_seed16("helper-inputs", self.seed), params.n_inputs, params.p)
         proof = field_expand(_seed16("helper-proof", self.seed), params.proof_len, params.p)
         return inputs, proof
 
-    def joint_part(self) -> bytes:
-        return _h("helper-part", self.seed)
-
-
-def _leader_part(blind: bytes, inputs: np.ndarray) -> bytes:
-    # Only x's share enters the joint randomness: the bits are chosen after it.
-    return _h("leader-part", blind, np.ascontiguousarray(inputs).astype("<u8").tobytes())
-
-
-def _joint(leader_part: bytes, helper_part: bytes) -> bytes:
-    return _h("joint", leader_part, helper_part)
+    def part(self, context: bytes) -> bytes:
+        """H2's own part, from its seed and the context."""
+        return _helper_part(context, self.seed)
 
 
 @dataclass(frozen=True)
 class VerifierMessage:
-    """One server's share of the verification for one provider; the two are summed."""
+    """One server's share of the verification for one provider; the two are summed.
+    ``parts``: the three joint randomness parts in one order, H1's x-part, H1's bits-part, H2's
+    part: those of this server computed by itself, the other server's as the provider sent
+    them, so that :func:`decide` can say which of them disagree."""
 
     values: np.ndarray  # uint64[verifier_len]
-    joint_seed: bytes  # the J this server derived: both must be equal
+    joint_seed: bytes  # J2 as this server derived it: both must be equal
+    leader: bool  # H1's message (else H2's)
+    parts: bytes  # 96 bytes: H1's x-part, H1's bits-part, H2's part
 
 
 # ---- the provider's side
 
 
-def _rhos(params: NormProofParams, joint: bytes) -> np.ndarray:
-    """rho_0 (for sum x^2 - V0), then one rho per appended bit."""
-    return field_expand(_seed16("rho", joint), 1 + params.n_bits, params.p)
+def _rhos(params: NormProofParams, joint_w: bytes) -> np.ndarray:
+    """(k, 1 + n_bits): per combination rho_0 (for sum x^2 - V0), then one per appended bit."""
+    return np.stack(
+        [
+            field_expand(
+                _seed16("rho", joint_w, c.to_bytes(4, "little")), 1 + params.n_bits, params.p
+            )
+            for c in range(params.combinations)
+        ]
+    )
 
 
 def _weights(params: NormProofParams, rhos: np.ndarray) -> np.ndarray:
-    """The multiplier c_i of each input in u = c * a."""
+    """The multiplier c_i of each input in u = c * a (one combination's rho)."""
     w = np.empty(params.n_inputs, dtype=np.uint64)
     w[: params.dim] = rhos[0]
     w[params.dim :] = rhos[1:]
@@ -368,8 +464,9 @@ def _weights(params: NormProofParams, rhos: np.ndarray) -> np.ndarray:
 def _wire_values(
     params: NormProofParams, a: np.ndarray, rhos: np.ndarray, seeds: np.ndarray
 ) -> np.ndarray:
-    """(2m, N') values of the wire polynomials at the roots of unity: column 0 the seeds,
-    column k the k-th gadget call's inputs (u rows first, then a rows), zero past the input."""
+    """(2m, N') values of one combination's wire polynomials at the roots of unity: column 0
+    the seeds, column k the k-th gadget call's inputs (u rows first, then a rows), zero past
+    the input."""
     m, n = params.chunk, params.points
     padded = np.zeros(m * params.calls, dtype=np.uint64)
     padded[: params.n_inputs] = a
@@ -383,16 +480,16 @@ def _wire_values(
 
 
 def _encode(
-    params: NormProofParams, x: np.ndarray, joint: bytes, strict: bool = True
+    params: NormProofParams, x: np.ndarray, joint_x: bytes, strict: bool = True
 ) -> np.ndarray | None:
-    """The encoded input w (field elements). strict: None if a wraparound check fails (an
-    honest vector: probability <= 2^-50; the caller re-shares and tries again). Not strict
-    (a dishonest provider's best try): every value is cut to its bits, so what does not fit
+    """The encoded input w (field elements) under J1. strict: None if a wraparound check fails
+    (an honest vector: probability <= 2^-50; the caller re-shares and tries again). Not strict
+    (a dishonest provider's first draft): every value is cut to its bits, so what does not fit
     is misrepresented and the servers' checks catch it."""
     p = params.p
     xf = _to_field(x, p)
     norm2 = int(field_matvec(xf[None, :], xf, p)[0])
-    dots = wraparound_dots(xf, _seed16("wraparound", joint), params.repetitions, p)
+    dots = wraparound_dots(xf, _seed16("wraparound", joint_x), params.repetitions, p)
     lw, top = params.window_offset, (1 << params.window_bits) - 1
     b0 = params.norm_bits
     mask0 = (1 << b0) - 1
@@ -408,7 +505,7 @@ def _encode(
 
 
 def _prove_polynomial(params: NormProofParams, w: np.ndarray) -> np.ndarray:
-    """P's 2N' - 1 coefficients from the wire values w (2m, N')."""
+    """P's 2N' - 1 coefficients from one combination's wire values w (2m, N')."""
     p, n = params.p, params.points
     omega = params._omega
     coeffs = field_ntt(w, p, params.field.inv(omega))
@@ -427,10 +524,96 @@ def _prove_polynomial(params: NormProofParams, w: np.ndarray) -> np.ndarray:
     return p_coeffs[:-1]
 
 
+class ProverSession:
+    """One proof, in protocol order; each coin exists only once the values it constrains are
+    fixed:
+
+    1. ``ProverSession(x, params, context)``: H2's seed, H1's share of x and its blind are
+       drawn; J1 (:attr:`joint_x`) hashes both servers' shares of x;
+    2. :meth:`commit` (w): the encoded input, x then the appended values made under J1, is
+       fixed; J2 (:attr:`joint_w`) hashes H1's share of the appended values, and gives the
+       quadratic weights :attr:`rhos`;
+    3. :meth:`finish`: the proofs, for those weights; the two shares.
+
+    :func:`prove` runs it for an honest vector; tests and ``spgc bench load --poison`` run it
+    as a dishonest provider would (spgc.app.cheating_provers)."""
+
+    def __init__(self, x: np.ndarray, params: NormProofParams, context: bytes) -> None:
+        self.params, self.context = params, context
+        p, d = params.p, params.dim
+        self.x = np.asarray(x, dtype=np.int64)
+        self.seed = os.urandom(32)
+        self._helper_inputs, self._helper_proof = HelperShare(self.seed, b"").expand(params)
+        self.leader_x = _sub(_to_field(self.x, p), self._helper_inputs[:d], p)
+        self.blind = os.urandom(32)
+        self.leader_x_part = _leader_x_part(context, self.blind, self.leader_x)
+        self.helper_part = _helper_part(context, self.seed)
+        self.joint_x = _joint_x(self.leader_x_part, self.helper_part)
+        self.w: np.ndarray | None = None
+
+    def encode(self, strict: bool = True) -> np.ndarray | None:
+        """The honest encoded input of x under J1 (strict: None if a check fails)."""
+        return _encode(self.params, self.x, self.joint_x, strict)
+
+    def wraparound_dots(self) -> np.ndarray:
+        """<z_k, x> mod p for k < r: public once J1 is."""
+        params = self.params
+        xf = _to_field(self.x, params.p)
+        seed = _seed16("wraparound", self.joint_x)
+        return wraparound_dots(xf, seed, params.repetitions, params.p)
+
+    def commit(self, w: np.ndarray) -> None:
+        """Fix the encoded input (its first d values must be x mod p: the x shares are fixed
+        already); J2 and the weights follow from it."""
+        params, p = self.params, self.params.p
+        w = np.asarray(w, dtype=np.uint64)
+        if w.shape != (params.n_inputs,) or (w.size and int(w.max()) >= p):
+            raise ValueError("the encoded input must be n_inputs field elements")
+        if not np.array_equal(w[: params.dim], _to_field(self.x, p)):
+            raise ValueError("the encoded input must begin with the shared vector")
+        self.w = w
+        self.leader_bits = _sub(w[params.dim :], self._helper_inputs[params.dim :], p)
+        self.leader_bits_part = _leader_bits_part(self.context, self.blind, self.leader_bits)
+        self.joint_w = _joint_w(self.joint_x, self.leader_bits_part)
+        self.rhos = _rhos(params, self.joint_w)
+
+    def finish(self) -> tuple[LeaderShare, HelperShare]:
+        """The proofs for the committed encoded input, and the two servers' shares."""
+        if self.w is None:
+            raise RuntimeError("commit the encoded input first")
+        params, p = self.params, self.params.p
+        proofs = []
+        for rhos in self.rhos:
+            seeds = _random_elements(2 * params.chunk, p)
+            wires = _wire_values(params, self.w, rhos, seeds)
+            proofs += [seeds, _prove_polynomial(params, wires)]
+        proof = np.concatenate(proofs)
+        inputs = np.concatenate([self.leader_x, self.leader_bits])
+        leader = LeaderShare(
+            inputs, _sub(proof, self._helper_proof, p), self.blind, self.helper_part
+        )
+        helper = HelperShare(self.seed, self.leader_x_part + self.leader_bits_part)
+        return leader, helper
+
+
+def quadratic_residuals(params: NormProofParams, w: np.ndarray, rhos: np.ndarray) -> list[int]:
+    """Each combination's value ``rho_0 (sum x_i^2 - V0) + sum_j rho_j (beta_j^2 - beta_j)``
+    for the encoded input w: all 0 for an honest one. What a cheating prover checks before it
+    sends (spgc.app.cheating_provers), and what the servers' opened combinations equal."""
+    p, d, b0 = params.p, params.dim, params.norm_bits
+    w = np.asarray(w, dtype=np.uint64)
+    x, bits = w[:d], w[d:]
+    norm2 = _dot(x, x, p)
+    v0 = _dot(bits[:b0], _powers(2, b0, p), p)
+    sq_minus = _sub(field_mul(bits, bits, p), bits, p)
+    return [(int(r[0]) * ((norm2 - v0) % p) + _dot(sq_minus, r[1:], p)) % p for r in rhos]
+
+
 def prove(
-    x: np.ndarray, params: NormProofParams, max_tries: int = 4
+    x: np.ndarray, params: NormProofParams, context: bytes, max_tries: int = 4
 ) -> tuple[LeaderShare, HelperShare]:
-    """Share the integer vector ``x`` (int64, ``||x||_2 <= B``) with its norm proof.
+    """Share the integer vector ``x`` (int64, ``||x||_2 <= B``) with its norm proof, for
+    ``context`` (:func:`proof_context`).
 
     ValueError if x has the wrong length or is over the bound (the provider's own bug: an
     honest encoder never produces one)."""
@@ -442,37 +625,35 @@ def prove(
             f"||x||^2 = {norm2} exceeds the bound B^2 = {params.bound**2}: not clipped"
         )
     for _ in range(max_tries):
-        shares = _share_and_prove(x, params, strict=True, edit=None)
-        if shares is not None:
-            return shares
+        session = ProverSession(x, params, context)
+        w = session.encode(strict=True)
+        if w is not None:
+            session.commit(w)
+            return session.finish()
     raise ValueError(f"the wraparound checks failed {max_tries} times: x is not within the bound")
 
 
-EncodedEdit = Callable[[np.ndarray, bytes], np.ndarray]
+EncodedEdit = Callable[[np.ndarray, "ProverSession"], np.ndarray]
 
 
 def prove_unchecked(
-    x: np.ndarray, params: NormProofParams, edit: EncodedEdit | None = None
+    x: np.ndarray, params: NormProofParams, context: bytes, edit: EncodedEdit | None = None
 ) -> tuple[LeaderShare, HelperShare]:
     """What a dishonest provider running this code can send for any integer vector: the bits
-    it cannot represent are cut, and ``edit(w, joint_seed)`` may rewrite the encoded input
-    before the proof is made. For tests and ``spgc bench load --poison``; the servers must
-    refuse every such share whose vector is over the bound."""
+    it cannot represent are cut, and ``edit(w, session)`` may rewrite the appended values (it
+    sees every coin drawn so far: J1 and the z_k) before they are committed. For tests and
+    ``spgc bench load --poison``; the servers must refuse every such share whose vector is
+    over the bound."""
     x = np.asarray(x)
     if x.dtype.kind not in "iu" or x.shape != (params.dim,):
         raise ValueError(f"expected an integer vector of length {params.dim}, got {x.shape}")
-    shares = _share_and_prove(x.astype(np.int64), params, strict=False, edit=edit)
-    assert shares is not None
-    return shares
-
-
-def encoded_input(params: NormProofParams, x: np.ndarray, joint_seed: bytes) -> np.ndarray:
-    """The encoded input (x, then the appended bits) a prover makes of ``x`` under the joint
-    randomness ``joint_seed``, bits that do not fit cut: with :func:`prove_unchecked`'s
-    ``edit``, a proof made for another vector than the one shared (tests, bench load)."""
-    w = _encode(params, np.asarray(x, dtype=np.int64), joint_seed, strict=False)
+    session = ProverSession(x.astype(np.int64), params, context)
+    w = session.encode(strict=False)
     assert w is not None
-    return w
+    if edit is not None:
+        w = np.asarray(edit(w.copy(), session), dtype=np.uint64)
+    session.commit(w)
+    return session.finish()
 
 
 def wrapping_vector(params: NormProofParams, spread: int = 0) -> np.ndarray:
@@ -504,34 +685,6 @@ def _check_vector(x: np.ndarray, params: NormProofParams) -> np.ndarray:
     if x.size and int(np.abs(x.astype(np.int64)).max()) > params.bound:
         raise ValueError(f"a coordinate exceeds the norm bound {params.bound}")
     return x.astype(np.int64)
-
-
-def _share_and_prove(
-    x: np.ndarray, params: NormProofParams, strict: bool, edit: EncodedEdit | None
-) -> tuple[LeaderShare, HelperShare] | None:
-    p = params.p
-    helper = os.urandom(32)
-    h_inputs, h_proof = HelperShare(helper, b"").expand(params)
-    l_x = _sub(_to_field(x, p), h_inputs[: params.dim], p)
-    blind = os.urandom(32)
-    leader_part = _leader_part(blind, l_x)
-    helper_part = _h("helper-part", helper)
-    joint = _joint(leader_part, helper_part)
-    w = _encode(params, x, joint, strict)
-    if w is None:
-        return None
-    if edit is not None:
-        w = np.asarray(edit(w.copy(), joint), dtype=np.uint64)
-        if w.shape != (params.n_inputs,) or (w.size and int(w.max()) >= p):
-            raise ValueError("edit must return n_inputs field elements")
-    seeds = _random_elements(2 * params.chunk, p)
-    wires = _wire_values(params, w, _rhos(params, joint), seeds)
-    proof = np.concatenate([seeds, _prove_polynomial(params, wires)])
-    # The leader's x share is the one the joint randomness hashed, whatever edit did to w.
-    l_inputs = _sub(w, h_inputs, p)
-    l_inputs[: params.dim] = l_x
-    leader = LeaderShare(l_inputs, _sub(proof, h_proof, p), blind, helper_part)
-    return leader, HelperShare(helper, leader_part)
 
 
 # ---- the servers' side
@@ -591,73 +744,122 @@ def _query(
     leader: bool,
     inputs: np.ndarray,
     proof: np.ndarray,
-    joint: bytes,
+    joint_x: bytes,
+    joint_w: bytes,
     verify_seed: bytes,
-) -> VerifierMessage:
+) -> np.ndarray:
     p, m, n, d = params.p, params.chunk, params.points, params.dim
     if inputs.shape != (params.n_inputs,) or proof.shape != (params.proof_len,):
         raise ValueError("share of the wrong length")
     if (inputs.size and int(inputs.max()) >= p) or (proof.size and int(proof.max()) >= p):
         raise ValueError("share holds a value outside the field")
-    rhos = _rhos(params, joint)
-    t = _query_point(params, verify_seed, joint)
-    wires = _wire_values(params, inputs, rhos, proof[: 2 * m])
-    f_t = field_matvec(wires, _lagrange_at(params, t), p)
-    coeffs = np.ascontiguousarray(proof[2 * m :])
-    p_t = _dot(coeffs, _powers(t, coeffs.size, p), p)
-    # The gadget calls' sum: sum_{k=1..M} P(w^k) = N' (c_0 + c_N') - P(1).
-    c_n = int(coeffs[n]) if n < coeffs.size else 0
-    gadgets = (n * (int(coeffs[0]) + c_n) - _dot(coeffs, np.ones_like(coeffs), p)) % p
-    # The appended values from their bits: V0, U0, then V_k (k < r).
+    t = _query_point(params, verify_seed, joint_w)
+    lagrange = _lagrange_at(params, t)
     b0, b1, r = params.norm_bits, params.window_bits, params.repetitions
     bits = inputs[d:]
     v0 = _dot(bits[:b0], _powers(2, b0, p), p)
     u0 = _dot(bits[b0 : 2 * b0], _powers(2, b0, p), p)
     vk = field_matvec(np.ascontiguousarray(bits[2 * b0 :].reshape(r, b1)), _powers(2, b1, p), p)
-    quadratic = (gadgets - int(rhos[0]) * v0 - _dot(bits, rhos[1:], p)) % p
+    out = []
+    size = params.combination_proof_len
+    for c, rhos in enumerate(_rhos(params, joint_w)):
+        part = proof[c * size : (c + 1) * size]
+        wires = _wire_values(params, inputs, rhos, part[: 2 * m])
+        f_t = field_matvec(wires, lagrange, p)
+        coeffs = np.ascontiguousarray(part[2 * m :])
+        p_t = _dot(coeffs, _powers(t, coeffs.size, p), p)
+        # The gadget calls' sum: sum_{k=1..M} P(w^k) = N' (c_0 + c_N') - P(1).
+        c_n = int(coeffs[n]) if n < coeffs.size else 0
+        gadgets = (n * (int(coeffs[0]) + c_n) - _dot(coeffs, np.ones_like(coeffs), p)) % p
+        quadratic = (gadgets - int(rhos[0]) * v0 - _dot(bits, rhos[1:], p)) % p
+        out += [f_t, np.array([p_t, quadratic], dtype=np.uint64)]
     # Linear checks, combined with weights of the servers' choosing.
-    sigma = field_expand(_seed16("sigma", verify_seed, joint), 1 + r, p)
-    dots = wraparound_dots(np.ascontiguousarray(inputs[:d]), _seed16("wraparound", joint), r, p)
+    sigma = field_expand(_seed16("sigma", verify_seed, joint_w), 1 + r, p)
+    dots = wraparound_dots(np.ascontiguousarray(inputs[:d]), _seed16("wraparound", joint_x), r, p)
     if leader:  # the constants enter one server's share only
         dots = _add(dots, np.full(r, params.window_offset, dtype=np.uint64), p)
         v0_check = (v0 + u0 - params.bound**2) % p
     else:
         v0_check = (v0 + u0) % p
     linear = (int(sigma[0]) * v0_check + _dot(_sub(dots, vk, p), sigma[1:], p)) % p
-    values = np.concatenate([f_t, np.array([p_t, quadratic, linear], dtype=np.uint64)])
-    return VerifierMessage(values, joint)
+    out.append(np.array([linear], dtype=np.uint64))
+    return np.concatenate(out)
 
 
 def leader_query(
-    params: NormProofParams, share: LeaderShare, verify_seed: bytes
+    params: NormProofParams, share: LeaderShare, context: bytes, verify_seed: bytes
 ) -> VerifierMessage:
-    """H1's verifier message for one provider (``verify_seed``: the servers' joint coin)."""
-    joint = _joint(share.joint_part(params), share.helper_part)
-    return _query(params, True, share.inputs, share.proof, joint, verify_seed)
+    """H1's verifier message for one provider's proof made for ``context``
+    (:func:`proof_context`; ``verify_seed``: the servers' round coin)."""
+    own = share.parts(params, context)
+    joint_x = _joint_x(own[:PART_BYTES], share.helper_part)
+    joint_w = _joint_w(joint_x, own[PART_BYTES:])
+    values = _query(params, True, share.inputs, share.proof, joint_x, joint_w, verify_seed)
+    return VerifierMessage(values, joint_w, True, own + share.helper_part)
 
 
 def helper_query(
-    params: NormProofParams, share: HelperShare, verify_seed: bytes
+    params: NormProofParams, share: HelperShare, context: bytes, verify_seed: bytes
 ) -> VerifierMessage:
-    """H2's verifier message for one provider."""
+    """H2's verifier message for one provider's proof made for ``context``."""
+    if len(share.leader_parts) != 2 * PART_BYTES:
+        raise ValueError(f"H1's joint randomness parts must be {2 * PART_BYTES} bytes")
     inputs, proof = share.expand(params)
-    joint = _joint(share.leader_part, share.joint_part())
-    return _query(params, False, inputs, proof, joint, verify_seed)
+    own = share.part(context)
+    joint_x = _joint_x(share.leader_parts[:PART_BYTES], own)
+    joint_w = _joint_w(joint_x, share.leader_parts[PART_BYTES:])
+    values = _query(params, False, inputs, proof, joint_x, joint_w, verify_seed)
+    return VerifierMessage(values, joint_w, False, share.leader_parts + own)
+
+
+#: decide's reasons for proofs whose joint randomness the two servers do not share.
+ANOTHER_CONTEXT = (
+    "the proof was made for another provider, round or run (replayed): none of its joint "
+    "randomness parts is this one's"
+)
+PARTS_DISAGREE = (
+    "its two servers' parts disagree: a joint randomness part the provider sent one server "
+    "does not match the other server's share"
+)
+
+
+def _parts_verdict(a: VerifierMessage, b: VerifierMessage) -> str | None:
+    """Each server's own parts against what the provider sent the other (None: they match)."""
+    if {a.leader, b.leader} != {True, False}:
+        return "the two verifier messages are not one from each server"
+    h1, h2 = (a, b) if a.leader else (b, a)
+    if len(h1.parts) != 3 * PART_BYTES or len(h2.parts) != 3 * PART_BYTES:
+        return "verifier message without its joint randomness parts"
+    # Both list (H1's x-part, H1's bits-part, H2's part): each its own, the others as sent.
+    same = [h1.parts[i : i + PART_BYTES] == h2.parts[i : i + PART_BYTES] for i in (0, 32, 64)]
+    if all(same):
+        return None
+    return ANOTHER_CONTEXT if not any(same) else PARTS_DISAGREE
 
 
 def decide(params: NormProofParams, a: VerifierMessage, b: VerifierMessage) -> str | None:
-    """None if the two servers' messages accept the proof, else the reason it is refused."""
+    """None if the two servers' messages accept the proof, else the reason it is refused
+    (symmetric in a and b)."""
     p, m = params.p, params.chunk
+    why = _parts_verdict(a, b)
+    if why is not None:
+        return why
     if a.joint_seed != b.joint_seed:
-        return "the joint randomness parts do not match the shares"
+        return PARTS_DISAGREE
     if a.values.shape != (params.verifier_len,) or b.values.shape != a.values.shape:
         return "verifier message of the wrong length"
     v = _add(a.values, b.values, p)
-    gadget = _sum_rows(field_mul(v[:m], v[m : 2 * m], p)[:, None], p)[0]
-    if int(gadget) != int(v[2 * m]):
+    step = 2 * m + 2
+    polynomial_ok, quadratic_ok = True, True
+    for c in range(params.combinations):
+        block = v[c * step : (c + 1) * step]
+        gadget = _sum_rows(field_mul(block[:m], block[m : 2 * m], p)[:, None], p)[0]
+        polynomial_ok &= int(gadget) == int(block[2 * m])
+        quadratic_ok &= int(block[2 * m + 1]) == 0
+    if not polynomial_ok:
         return "the proof polynomial does not match the wires"
-    if int(v[2 * m + 1]) != 0:
+    if not quadratic_ok:
         return "the squared norm or a bit check does not hold"
-    if int(v[2 * m + 2]) != 0:
+    if int(v[-1]) != 0:
         return "the norm bound or a wraparound check does not hold"
     return None

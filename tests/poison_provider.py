@@ -1,6 +1,6 @@
-"""A provider with valid credentials whose every vector is 1,000 times its clipped one, shared
-and proved by our own prover without its checks (spgc.norm_proof.prove_unchecked): what a
-dishonest provider running our code can send. Same command line as ``spgc provider``."""
+"""A provider with valid credentials who sends, in every round, the adaptive forger's shares
+(spgc.app.cheating_provers, kind ``solve``: 1,000 times its clipped vector, appended values
+solved for every weight it can know). Same command line as ``spgc provider``."""
 
 from __future__ import annotations
 
@@ -8,22 +8,22 @@ import sys
 
 import numpy as np
 
-from spgc.norm_proof import prove_unchecked
+from spgc.app.cheating_provers import cheat
+from spgc.norm_proof import proof_context
 from spgc.providers import training
 from spgc.providers.__main__ import main
-
-SCALE = 1000
 
 
 def poisoned_vectors(self: training.Training, total: np.ndarray) -> list:
     params = self.norm_proof
     assert params is not None, "the poisoning provider expects verified inputs"
-    leader, helper = prove_unchecked(np.asarray(total, dtype=np.int64) * SCALE + 1, params)
+    context = proof_context(self.training.run_id, int(self.last_round), self.cfg.name)
+    leader, helper = cheat("solve", np.asarray(total, dtype=np.int64), params, context)
     values = np.concatenate([leader.inputs, leader.proof])
     empty = np.zeros(0, dtype=np.uint64)
     return [
         training.OutgoingShare(values, params.p, leader.blind, leader.helper_part),
-        training.OutgoingShare(empty, params.p, b"", helper.leader_part, helper.seed),
+        training.OutgoingShare(empty, params.p, b"", helper.leader_parts, helper.seed),
     ]
 
 

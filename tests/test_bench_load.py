@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from spgc.app.bench_load import LoadOptions, main, run_bench
+from spgc.app.cheating_provers import CHEATS
+from spgc.norm_proof import ANOTHER_CONTEXT, PARTS_DISAGREE
 
 REFUSALS = {
     "silent_streams": {"PERMISSION_DENIED"},  # the intruder's certificate: not a provider
@@ -17,9 +19,20 @@ REFUSALS = {
 }
 
 
+#: What the servers tell each cheating prover (spgc.app.cheating_provers) through the daemons.
+CHEAT_REASONS = {
+    "solve": "the squared norm or a bit check does not hold",
+    "nonbits": "the squared norm or a bit check does not hold",
+    "grind": "the squared norm or a bit check does not hold",
+    "wrap": "the norm bound or a wraparound check does not hold",
+    "disagree": PARTS_DISAGREE,
+    "replay": ANOTHER_CONTEXT,
+}
+
+
 def test_bench_load_small_run_with_hostile_actors_and_poisoning_providers():
-    # Verified inputs; providers p4 and p5 send vectors over the bound in every round, each of
-    # the four ways in turn (six rounds: each sees every way): none may enter a sum.
+    # Verified inputs; providers p4 and p5 cheat the norm proof in every round, the six cheating
+    # provers in turn (rounds 1 to 3 alone try all six): none may enter a sum.
     opts = LoadOptions(
         providers=5, rounds=2, hostile=1, processes=1, hostile_interval=0.1, poison=2,
         verify_inputs="l2",
@@ -31,6 +44,17 @@ def test_bench_load_small_run_with_hostile_actors_and_poisoning_providers():
     assert result["poison_refused"] == result["poison_attempts"]
     # and each poisoner was told why, round by round (RoundInfo.caller_left_out)
     assert result["poison_told_refused"] == result["poison_refused"]
+    # and both servers audited each refusal (what the refusal metric counts)
+    assert result["poison_audited"] == {
+        "h1": result["poison_refused"],
+        "h2": result["poison_refused"],
+    }
+    # every cheating prover went through the real daemons, each refused for its reason
+    kinds = result["poison_kinds"]
+    assert set(kinds) == set(CHEATS)
+    for kind, tally in kinds.items():
+        assert tally["attempts"] >= 1 and tally["accepted"] == 0, (kind, tally)
+        assert tally["reasons"] == {CHEAT_REASONS[kind]: tally["attempts"]}, (kind, tally)
     for key in (
         "providers",
         "rounds",

@@ -13,17 +13,20 @@ from spgc.norm_proof import NormProofParams
 def test_bench_proof_prints_consistent_figures() -> None:
     done = run_in_process(
         "bench", "proof", "--dim", "3000", "--bound", "5000", "--ring-bits", "20",
-        "--repetitions", "48", "--repeat", "1", "--json",
+        "--repeat", "1", "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     r = json.loads(done.stdout)
-    params = NormProofParams.for_plan(3000, 5000, 20, repetitions=48)
+    params = NormProofParams.for_plan(3000, 5000, 20)
     assert r["field_modulus"] == params.p and r["proof_elements"] == params.proof_len
     assert r["honest_accepted"] and r["poison_refused"]
-    assert r["soundness_error"] <= 2.0**-40
+    assert r["soundness_error"] <= 2.0**-40 and r["grinding_bits"] == 64
+    assert r["quadratic_combinations"] == params.combinations
+    assert max(r["soundness_terms_log2"].values()) <= -42
+    assert "the squared norm or a bit check" in r["poison_refusal"]  # the adaptive forger
     assert r["upload_bytes_unverified"] == 2 * 3000 * 3  # two ring shares of 3 bytes a value
     values = params.n_inputs + params.proof_len
-    assert r["upload_bytes_verified"] == values * params.element_bytes + 128
+    assert r["upload_bytes_verified"] == values * params.element_bytes + 160
     assert r["upload_ratio"] == r["upload_bytes_verified"] / r["upload_bytes_unverified"]
     assert r["prove_seconds"] > 0 and r["leader_query_seconds"] > 0
     assert "upload" in done.stderr and "refused: True" in done.stderr

@@ -1,7 +1,8 @@
-"""The providers' norm proofs (spgc.norm_proof, issue 35): the field kernels against plain
-Python integers, honest vectors accepted and their shares summing to the vector, and every
-way a dishonest provider running our own prover (prove_unchecked) can cheat refused, each for
-its own reason. Also a tutorial: prove -> leader_query / helper_query -> decide.
+"""The providers' norm proofs (spgc.norm_proof, issues 35 and 44): the field kernels against
+plain Python integers, honest vectors accepted and their shares summing to the vector, and every
+way a dishonest provider can cheat refused, each for its own reason: our own prover without its
+checks (prove_unchecked) and the cheating provers that adapt to every public coin
+(spgc.app.cheating_provers). Also a tutorial: prove -> leader_query / helper_query -> decide.
 """
 
 from __future__ import annotations
@@ -14,20 +15,34 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from garbled_core import field_expand, field_matvec, field_mul, field_ntt, wraparound_dots
+from spgc.app.cheating_provers import (
+    CHEATS,
+    cheat,
+    cheat_kind,
+    forged_encoding,
+    over_the_bound,
+    solve_appended_values,
+)
 from spgc.norm_proof import (
+    ANOTHER_CONTEXT,
     DEFAULT_REPETITIONS,
+    GRINDING_BITS,
+    PARTS_DISAGREE,
     NormProofParams,
+    ProverSession,
     choose_field,
     decide,
-    encoded_input,
     helper_query,
     leader_query,
+    proof_context,
     prove,
     prove_unchecked,
+    quadratic_residuals,
     wrapping_vector,
 )
 
 P61 = (1 << 61) - 1  # a prime; the kernels need no special form
+CTX = proof_context("run-a", 3, "p1")  # what every proof below is made for
 
 
 def _aes_stream(seed: bytes, blocks: int) -> bytes:
@@ -85,22 +100,32 @@ def _vector(params: NormProofParams, fraction: float, seed: int = 0) -> np.ndarr
     return np.trunc(g / np.linalg.norm(g) * params.bound * fraction).astype(np.int64)
 
 
-def _verdict(params: NormProofParams, shares) -> str | None:
+def _verdict(params: NormProofParams, shares, context: bytes = CTX) -> str | None:
     leader, helper = shares
     coin = os.urandom(32)  # the servers' joint coin, drawn after the shares are in
-    return decide(params, leader_query(params, leader, coin), helper_query(params, helper, coin))
+    return decide(
+        params,
+        leader_query(params, leader, context, coin),
+        helper_query(params, helper, context, coin),
+    )
 
 
 def test_parameters_meet_the_soundness_target_and_the_field_conditions() -> None:
     params = NormProofParams.for_plan(dim=1_000_000, bound=64 * 65539, ring_bits=30)
-    assert params.repetitions == DEFAULT_REPETITIONS
+    assert params.repetitions == DEFAULT_REPETITIONS == GRINDING_BITS + 42
+    # against a prover that tries 2^64 values of each hash: every term at most 2^-42
     assert params.soundness_error <= 2.0**-40
+    assert max(params.soundness_terms.values()) <= 2.0**-42
+    assert params.p**params.combinations >= 1 << (GRINDING_BITS + 42)
     p, h = params.p, 1 << (params.window_bits - 1)
     assert p >= 81 * h * h and p > 1 << params.ring_bits and p < 1 << 62
     assert (p - 1) % (1 << params.ring_bits) == 0  # p = 1 mod 2^L (the circuit's carry-in)
     assert params.bound**2 < 1 << params.norm_bits
     # O(sqrt d) proof and verifier message.
-    assert params.proof_len < 5_000 and params.verifier_len < 2_500
+    assert params.proof_len < 10_000 and params.verifier_len < 5_000
+    for dim, bound, ring_bits in [(1, 1, 2), (62, 4096, 32), (28_938, 65_536, 32)]:
+        small = NormProofParams.for_plan(dim, bound, ring_bits)
+        assert max(small.soundness_terms.values()) <= 2.0**-42, (dim, small.soundness_terms)
     with pytest.raises(ValueError, match="too large for a verified field"):
         NormProofParams.for_plan(dim=10, bound=1 << 28, ring_bits=40)
 
@@ -109,7 +134,7 @@ def test_parameters_meet_the_soundness_target_and_the_field_conditions() -> None
 def test_honest_vectors_are_accepted_and_the_shares_sum_to_them(fraction: float) -> None:
     params = _params()
     x = _vector(params, fraction)
-    leader, helper = prove(x, params)
+    leader, helper = prove(x, params, CTX)
     assert _verdict(params, (leader, helper)) is None
     h_inputs, _ = helper.expand(params)
     total = (leader.inputs[: params.dim].astype(object) + h_inputs[: params.dim]) % params.p
@@ -119,15 +144,15 @@ def test_honest_vectors_are_accepted_and_the_shares_sum_to_them(fraction: float)
 
 def test_a_vector_exactly_on_the_bound_is_accepted_and_one_unit_over_is_refused() -> None:
     params = _params(dim=1, bound=1000)
-    assert _verdict(params, prove(np.array([1000]), params)) is None
-    assert _verdict(params, prove(np.array([-1000]), params)) is None
-    assert _verdict(params, prove_unchecked(np.array([1001]), params)) is not None
+    assert _verdict(params, prove(np.array([1000]), params, CTX)) is None
+    assert _verdict(params, prove(np.array([-1000]), params, CTX)) is None
+    assert _verdict(params, prove_unchecked(np.array([1001]), params, CTX)) is not None
     with pytest.raises(ValueError, match="exceeds the norm bound"):
-        prove(np.array([1001]), params)
+        prove(np.array([1001]), params, CTX)
 
 
 def _refusals(params: NormProofParams, x: np.ndarray, edit=None, tries: int = 3) -> set[str]:
-    reasons = {_verdict(params, prove_unchecked(x, params, edit)) for _ in range(tries)}
+    reasons = {_verdict(params, prove_unchecked(x, params, CTX, edit)) for _ in range(tries)}
     assert None not in reasons, "a vector over the bound was accepted"
     return reasons
 
@@ -164,7 +189,7 @@ def test_one_wraparound_check_passes_a_wrapping_vector_at_most_half_the_time() -
     # that stands between it and the sum.
     params = _params(dim=64, reps=1)
     x = wrapping_vector(params, 56)
-    verdicts = [_verdict(params, prove_unchecked(x, params)) for _ in range(120)]
+    verdicts = [_verdict(params, prove_unchecked(x, params, CTX)) for _ in range(120)]
     assert set(verdicts) <= {None, "the norm bound or a wraparound check does not hold"}
     assert sum(v is None for v in verdicts) <= 72  # 1/2 + four standard deviations of 120 coins
 
@@ -174,25 +199,32 @@ def test_a_proof_for_another_vector_is_refused() -> None:
     x_bad = _vector(params, 3.0, seed=2)
     x_good = _vector(params, 0.9, seed=3)
 
-    def good_encoding(w: np.ndarray, joint: bytes) -> np.ndarray:
-        # The bits and the proof describe x_good (under this very joint randomness); the
-        # shares carry x_bad.
-        return encoded_input(params, x_good, joint)
+    def good_encoding(w: np.ndarray, session: ProverSession) -> np.ndarray:
+        # The appended bits describe x_good (under this very J1); the shares carry x_bad.
+        good = ProverSession(x_good, params, CTX)
+        bits = _encode_with_joint(params, good, session.joint_x)
+        return np.concatenate([w[: params.dim], bits[params.dim :]])
 
-    assert _refusals(params, x_bad, good_encoding) == {
-        "the proof polynomial does not match the wires"
+    assert _refusals(params, x_bad, good_encoding) <= {
+        "the norm bound or a wraparound check does not hold",
+        "the squared norm or a bit check does not hold",
     }
+
+
+def _encode_with_joint(params: NormProofParams, session: ProverSession, joint: bytes):
+    session.joint_x = joint  # what the bits of another vector under this J1 would be
+    return session.encode(strict=False)
 
 
 def test_values_that_are_not_bits_are_refused() -> None:
     params = _params()
     x = _vector(params, 0.5, seed=4)
 
-    def two(w: np.ndarray, joint: bytes) -> np.ndarray:
+    def two(w: np.ndarray, session: ProverSession) -> np.ndarray:
         w[params.dim] = 2  # V0's lowest "bit"
         return w
 
-    def minus_one(w: np.ndarray, joint: bytes) -> np.ndarray:
+    def minus_one(w: np.ndarray, session: ProverSession) -> np.ndarray:
         w[-1] = params.p - 1
         return w
 
@@ -203,12 +235,12 @@ def test_values_that_are_not_bits_are_refused() -> None:
 def test_tampered_shares_proofs_and_joint_parts_are_refused() -> None:
     params = _params()
     x = _vector(params, 0.7, seed=5)
-    leader, helper = prove(x, params)
+    leader, helper = prove(x, params, CTX)
     coin = os.urandom(32)
-    h_msg = helper_query(params, helper, coin)
+    h_msg = helper_query(params, helper, CTX, coin)
 
     def verdict(leader_share) -> str | None:
-        return decide(params, leader_query(params, leader_share, coin), h_msg)
+        return decide(params, leader_query(params, leader_share, CTX, coin), h_msg)
 
     assert verdict(leader) is None
     proof = leader.proof.copy()
@@ -218,24 +250,107 @@ def test_tampered_shares_proofs_and_joint_parts_are_refused() -> None:
     )
     bits = leader.inputs.copy()
     bits[params.dim + 3] = (int(bits[params.dim + 3]) + 1) % params.p
-    assert verdict(dataclasses.replace(leader, inputs=bits)) is not None
+    # changes the share J2 hashed: H1's bits-part is no longer the one H2 was sent
+    assert verdict(dataclasses.replace(leader, inputs=bits)) == PARTS_DISAGREE
     xs = leader.inputs.copy()
-    xs[0] = (int(xs[0]) + 1) % params.p  # changes the share the joint randomness hashed
-    assert verdict(dataclasses.replace(leader, inputs=xs)) == (
-        "the joint randomness parts do not match the shares"
-    )
-    assert verdict(dataclasses.replace(leader, helper_part=os.urandom(32))) == (
-        "the joint randomness parts do not match the shares"
-    )
+    xs[0] = (int(xs[0]) + 1) % params.p  # changes the share J1 hashed
+    assert verdict(dataclasses.replace(leader, inputs=xs)) == PARTS_DISAGREE
+    assert verdict(dataclasses.replace(leader, helper_part=os.urandom(32))) == PARTS_DISAGREE
     short = dataclasses.replace(leader, inputs=leader.inputs[:-1])
     with pytest.raises(ValueError, match="wrong length"):
-        leader_query(params, short, coin)
+        leader_query(params, short, CTX, coin)
 
 
 def test_the_servers_coin_changes_the_query_and_both_must_use_the_same() -> None:
     params = _params()
-    leader, helper = prove(_vector(params, 0.8, seed=6), params)
-    a = leader_query(params, leader, b"a" * 32)
-    b = helper_query(params, helper, b"b" * 32)
+    leader, helper = prove(_vector(params, 0.8, seed=6), params, CTX)
+    a = leader_query(params, leader, CTX, b"a" * 32)
+    b = helper_query(params, helper, CTX, b"b" * 32)
     assert decide(params, a, b) is not None
-    assert decide(params, a, helper_query(params, helper, b"a" * 32)) is None
+    assert decide(params, a, helper_query(params, helper, CTX, b"a" * 32)) is None
+    assert decide(params, b, a) == decide(params, a, b)  # symmetric
+
+
+# ---- issue 44: provers that know every public coin and adapt to it (spgc.app.cheating_provers)
+
+CANCER = NormProofParams.for_plan(62, 4096, 32)  # cancer's d, the demo's bound
+
+
+def _honest(params: NormProofParams, seed: int = 0) -> np.ndarray:
+    return _vector(params, 0.6, seed)
+
+
+def test_the_forgers_algebra_is_a_real_attack_when_the_weights_come_before_the_values() -> None:
+    # The attack on the first protocol, whose weights rho came from a hash of the x shares only:
+    # a vector 1,000 times the bound, appended values that satisfy every linear check exactly,
+    # two of them solved for the weights so that the quadratic combination vanishes. Were rho
+    # known before the appended values were fixed, nothing the servers check would fail
+    # (scripts: docs/PRIVACY.md shows it accepted by commit 10ab755's verifier).
+    params = CANCER
+    session = ProverSession(over_the_bound(params, _honest(params)), params, CTX)
+    w = forged_encoding(params, session)
+    session.commit(w)
+    one = session.rhos[:1]  # one combination, as the first protocol had
+    solved = solve_appended_values(params, w, one)
+    assert solved is not None and quadratic_residuals(params, solved, one) == [0]
+    assert quadratic_residuals(params, w, one) != [0]  # unsolved, the combination catches it
+    x = session.x.astype(object)
+    assert int(np.dot(x, x)) > 100 * params.bound**2
+
+
+def test_the_adaptive_forger_is_refused_because_the_weights_follow_its_values() -> None:
+    # The same forger against this protocol: it commits its draft, reads the weights J2 gives
+    # (every public coin it can know), solves, and sends; J2 hashes H1's share of the solved
+    # values, so the weights change and the combinations no longer vanish.
+    for seed in range(3):
+        shares = cheat("solve", _honest(CANCER, seed), CANCER, CTX)
+        assert _verdict(CANCER, shares) == "the squared norm or a bit check does not hold"
+
+
+@pytest.mark.parametrize("kind", CHEATS)
+def test_every_cheating_prover_is_refused_for_its_reason(kind: str) -> None:
+    why = {
+        "solve": "the squared norm or a bit check does not hold",
+        "nonbits": "the squared norm or a bit check does not hold",
+        "grind": "the squared norm or a bit check does not hold",
+        "wrap": "the norm bound or a wraparound check does not hold",
+        "disagree": PARTS_DISAGREE,
+        "replay": ANOTHER_CONTEXT,
+    }[kind]
+    shares = cheat(kind, _honest(CANCER, 7), CANCER, CTX, tries=8)
+    assert _verdict(CANCER, shares) == why
+
+
+def test_the_grinder_cannot_find_weights_that_cancel_in_its_budget() -> None:
+    # Each try re-shares (new J1, new J2) and checks, as a prover can, whether the values it
+    # would send cancel their own weights: probability p^-k a try (2^-151 here).
+    params = CANCER
+    bad = over_the_bound(params, _honest(params, 1))
+    for _ in range(32):
+        session = ProverSession(bad, params, CTX)
+        w = forged_encoding(params, session)
+        session.commit(w)
+        solved = solve_appended_values(params, w, session.rhos)
+        assert solved is None  # no pair of slots cancels k = 3 independent combinations
+        session.commit(w)
+        assert any(v != 0 for v in quadratic_residuals(params, session.w, session.rhos))
+
+
+def test_a_proof_is_valid_for_one_provider_one_round_and_one_run_only() -> None:
+    params = _params()
+    shares = prove(_vector(params, 0.9, seed=8), params, CTX)
+    assert _verdict(params, shares, CTX) is None
+    for other in (
+        proof_context("run-a", 4, "p1"),  # the next round
+        proof_context("run-a", 3, "p2"),  # another provider replays it
+        proof_context("run-b", 3, "p1"),  # another run
+    ):
+        assert _verdict(params, shares, other) == ANOTHER_CONTEXT
+    with pytest.raises(ValueError, match="round"):
+        proof_context("run-a", -1, "p1")
+
+
+def test_cheats_are_spread_over_the_poisoners_so_every_kind_is_tried() -> None:
+    # bench load's assignment: two poisoners over rounds 1..3 (round 0 may be missed) try all.
+    seen = {cheat_kind(position, t, 2) for t in (1, 2, 3) for position in range(2)}
+    assert seen == set(CHEATS)

@@ -17,7 +17,13 @@ import pytest
 from spgc.app.demo import DemoOptions, write_configs
 from spgc.config import ProviderConfig, ServerConfig
 from spgc.config_files import load_server_config
-from spgc.norm_proof import NormProofParams, prove, prove_unchecked
+from spgc.norm_proof import (
+    DEFAULT_REPETITIONS,
+    NormProofParams,
+    proof_context,
+    prove,
+    prove_unchecked,
+)
 from spgc.plan import make_plan
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import check_plan, norm_proof_params
@@ -31,6 +37,11 @@ from spgc.wire.messages import iter_share_payload, read_share_header, share_mess
 
 HERE = Path(__file__).parent
 PARAMS = NormProofParams.for_plan(dim=40, bound=5000, ring_bits=20, repetitions=32)
+RUN = "run-v"
+
+
+def _ctx(name: str, t: int = 0) -> bytes:
+    return proof_context(RUN, t, name)
 
 
 def _vector(norm: float, seed: int) -> np.ndarray:
@@ -52,27 +63,30 @@ def _two_intakes(shares: dict[str, tuple]) -> tuple[ShareIntake, ShareIntake]:
     for name, (leader, helper) in shares.items():
         values = np.concatenate([leader.inputs, leader.proof])
         _receive(h1, name, values, (leader.blind, leader.helper_part, b""))
-        _receive(h2, name, np.zeros(0, np.uint64), (b"", helper.leader_part, helper.seed))
+        _receive(h2, name, np.zeros(0, np.uint64), (b"", helper.leader_parts, helper.seed))
     return h1, h2
 
 
 def test_the_servers_sum_field_shares_and_refuse_a_poisoned_one_alike() -> None:
     honest = {f"p{i}": _vector(4000, i) for i in range(3)}
-    shares = {name: prove(x, PARAMS) for name, x in honest.items()}
-    shares["bad"] = prove_unchecked(_vector(50_000, 9), PARAMS)
+    shares = {name: prove(x, PARAMS, _ctx(name)) for name, x in honest.items()}
+    shares["bad"] = prove_unchecked(_vector(50_000, 9), PARAMS, _ctx("bad"))
+    shares["late"] = prove(_vector(4000, 5), PARAMS, _ctx("late", 1))  # made for round 1
     h1, h2 = _two_intakes(shares)
     names = sorted(shares)
     for intake in (h1, h2):
         assert intake.close_round() == frozenset(names)
     coin = round_coin(os.urandom(32), os.urandom(32))
-    m1 = verifier_messages(h1, PARAMS, coin, names)
-    m2 = verifier_messages(h2, PARAMS, coin, names)
-    refused = norm_refusals(PARAMS, names, m1, names, m2)
-    assert set(refused) == {"bad"}
-    assert norm_refusals(PARAMS, names, m2, names, m1) == refused  # the same at both servers
+    m1 = verifier_messages(h1, PARAMS, coin, RUN, 0, names)
+    m2 = verifier_messages(h2, PARAMS, coin, RUN, 0, names)
+    refused = norm_refusals(PARAMS, names, m1, names, m2, True)
+    assert set(refused) == {"bad", "late"}
+    assert "another provider, round or run" in refused["late"]
+    # the same at both servers
+    assert norm_refusals(PARAMS, names, m2, names, m1, False) == refused
     keep = [n for n in names if n not in refused]
     for intake in (h1, h2):
-        assert intake.restrict_to(keep) == frozenset({"bad"})
+        assert intake.restrict_to(keep) == frozenset({"bad", "late"})
     p = PARAMS.p
     total = (h1.total().astype(object) + h2.total().astype(object)) % p
     want = sum(honest.values())
@@ -82,16 +96,16 @@ def test_the_servers_sum_field_shares_and_refuse_a_poisoned_one_alike() -> None:
 
 
 def test_malformed_verifier_messages_from_the_peer_are_a_mismatch_not_a_refusal() -> None:
-    shares = {"p0": prove(_vector(100, 1), PARAMS)}
+    shares = {"p0": prove(_vector(100, 1), PARAMS, _ctx("p0"))}
     h1, h2 = _two_intakes(shares)
     for intake in (h1, h2):
         intake.close_round()
     coin = round_coin(b"a" * 32, b"b" * 32)
-    m1 = verifier_messages(h1, PARAMS, coin, ["p0"])
+    m1 = verifier_messages(h1, PARAMS, coin, RUN, 0, ["p0"])
     with pytest.raises(PeerMismatchError, match="bytes; expected"):
-        norm_refusals(PARAMS, ["p0"], m1, ["p0"], [m1[0][:-1]])
+        norm_refusals(PARAMS, ["p0"], m1, ["p0"], [m1[0][:-1]], True)
     with pytest.raises(PeerMismatchError, match="messages for"):
-        norm_refusals(PARAMS, ["p0"], m1, ["p0"], [])
+        norm_refusals(PARAMS, ["p0"], m1, ["p0"], [], True)
     with pytest.raises(PeerMismatchError, match="32 bytes"):
         round_coin(b"", b"b" * 32)
     h1.close()
@@ -99,13 +113,14 @@ def test_malformed_verifier_messages_from_the_peer_are_a_mismatch_not_a_refusal(
 
 
 def test_the_intake_refuses_missing_or_misplaced_proof_fields_and_values_off_the_field() -> None:
-    leader, helper = prove(_vector(100, 2), PARAMS)
+    leader, helper = prove(_vector(100, 2), PARAMS, _ctx("p0"))
     values = np.concatenate([leader.inputs, leader.proof])
     h1 = ShareIntake(PARAMS.dim, 20, field_shares=FieldShares(PARAMS, leader=True))
     h1.open_round(0)
     for fields, message in [
         ((b"", leader.helper_part, b""), "norm_blind to H1 must be 32 bytes"),
         ((leader.blind, leader.helper_part, helper.seed), "norm_seed to H1 must be empty"),
+        ((leader.blind, helper.leader_parts, b""), "norm_joint_part to H1 must be 32 bytes"),
     ]:
         with pytest.raises(SubmissionRejected, match=message) as err:
             _receive(h1, "p0", values, fields)
@@ -120,12 +135,17 @@ def test_the_intake_refuses_missing_or_misplaced_proof_fields_and_values_off_the
     plain.open_round(0)
     with pytest.raises(SubmissionRejected, match="without verified inputs"):
         _receive(plain, "p0", np.zeros(PARAMS.dim, np.uint64), (leader.blind, b"", b""))
-    for intake in (h1, plain):
+    h2 = ShareIntake(PARAMS.dim, 20, field_shares=FieldShares(PARAMS, leader=False))
+    h2.open_round(0)
+    empty = np.zeros(0, np.uint64)
+    with pytest.raises(SubmissionRejected, match="norm_joint_part to H2 must be 64 bytes"):
+        _receive(h2, "p0", empty, (b"", leader.helper_part, helper.seed))  # one part of two
+    for intake in (h1, h2, plain):
         intake.close()
 
 
 def test_the_wire_carries_a_field_share_to_h1_and_a_bare_seed_to_h2() -> None:
-    leader, helper = prove(_vector(100, 3), PARAMS)
+    leader, helper = prove(_vector(100, 3), PARAMS, _ctx("p0"))
     values = np.concatenate([leader.inputs, leader.proof])
     common = {"run_id": "r", "round_number": 0, "ring_bits": 20, "submission_id": b"s" * 16}
     to_h1 = list(
@@ -143,7 +163,7 @@ def test_the_wire_carries_a_field_share_to_h1_and_a_bare_seed_to_h2() -> None:
         share_messages(
             np.zeros(0, np.uint64), server_role=pb.SERVER_ROLE_H2,
             encoding=pb.SHARE_ENCODING_FIELD, field_modulus=PARAMS.p,
-            norm_joint_part=helper.leader_part, norm_seed=helper.seed, **common,
+            norm_joint_part=helper.leader_parts, norm_seed=helper.seed, **common,
         )
     )  # fmt: skip
     assert len(to_h2) == 1 and to_h2[0].header.num_elements == 0
@@ -174,7 +194,7 @@ def test_the_plan_caps_the_batch_and_announces_the_proofs(tmp_path: Path) -> Non
     assert norm is not None and norm.soundness_error <= 2.0**-40
     tc = plan.training_config("run")
     assert tc.verify_inputs == "l2" and tc.sharing_rule == pb.SHARING_RULE_SUM_MOD_P
-    assert tc.norm_field_modulus == norm.p and tc.norm_repetitions == 64
+    assert tc.norm_field_modulus == norm.p and tc.norm_repetitions == DEFAULT_REPETITIONS
     # A Poisson batch is capped where it overflows with probability 2^-64, and bounds the norm.
     assert 0 < tc.max_batch_size < 100
     assert tc.norm_bound_units == tc.max_batch_size * int(tc.l2_bound_units)

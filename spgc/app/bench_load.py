@@ -32,15 +32,16 @@ calls started after the last round's line (the servers were stopping) are counte
 ``after_last_round``.
 
 Poisoning providers (``--poison K``, verified inputs): the last K providers are
-:class:`~spgc.app.bench_load_actors.PoisonProvider`s, registered, with their real keys, whose
-every vector is over the norm bound in one of four ways in turn (scaled, one huge coordinate,
-a squared norm that wraps the field, a proof made for another vector than the one shared); the
-servers run with ``verify_inputs: l2``. From H1's round records, over every round of the
-run: ``poison_attempts`` (their shares that reached H1), ``poison_accepted`` (those in a
-round's sum), ``poison_refused`` (left out for the proof) and ``missed_providers`` (honest
-provider-rounds not in the sum). The same command first runs the same N providers, all
-honest, without verification (``--no-baseline`` skips it) and reports both median rounds and
-their ratio.
+:class:`~spgc.app.bench_load_actors.PoisonProvider`s, registered, with their real keys, who
+cheat the norm proof in every round, the cheating provers of spgc.app.cheating_provers in turn
+(the adaptive forger that solves for the appended values, non-bits, a grinder, a wrapping
+vector re-shared until it fits, disagreeing parts, a replay); the servers run with
+``verify_inputs: l2``. From H1's round records, over every round of the run:
+``poison_attempts`` (their shares that reached H1), ``poison_accepted`` (those in a round's
+sum), ``poison_refused`` (left out for the proof), ``poison_kinds`` (the same per kind, with
+the servers' reasons) and ``missed_providers`` (honest provider-rounds not in the sum). The
+same command first runs the same N providers, all honest, without verification
+(``--no-baseline`` skips it) and reports both median rounds and their ratio.
 
 Resources: the servers' peak resident set (VmHWM from /proc/PID/status, sampled while they run,
 and the kernel's ru_maxrss when they are reaped) and CPU seconds (user + system, from the
@@ -73,6 +74,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from spgc.app.bench_load_actors import INTRUDER, BenchProvider, hostile_main, worker_main
+from spgc.app.cheating_provers import CHEATS, cheat_kind
 from spgc.app.demo import (
     DATASET_DEFAULTS,
     DemoError,
@@ -566,9 +568,15 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
                 raise _failure(watches, work, f"{w.name} wrote no summary")
             summaries[w.name] = json.loads(path.read_text())
         clock["parameters"] = h1_log.parameters
-        return _figures(
+        out = _figures(
             opts, summaries, h1_log.read(), watches, tally, hostile_result, cpu, clock=clock
         )
+        if opts.verify_inputs != "none":
+            out["poison_audited"] = {
+                w.name: _audited_refusals(work / f"{w.name}-state" / "audit.jsonl")
+                for w in watches
+            }
+        return out
     finally:
         if show is not None:
             show.close()
@@ -577,6 +585,15 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             print(f"{PROG}: files kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _audited_refusals(path: Path) -> int:
+    """How many norm_proof_refused lines a server's audit log holds (each one also counted by
+    spgc_shares_refused_total{reason="norm"}: servers.metrics.ServerMetrics.on_audit)."""
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    return sum(json.loads(line).get("event") == "norm_proof_refused" for line in lines if line)
 
 
 def _figures(
@@ -725,29 +742,40 @@ def _honest_missed(opts: LoadOptions, history: dict[int, dict[str, Any]], rounds
 def _poison_figures(
     opts: LoadOptions, history: dict[int, dict[str, Any]], rounds: range
 ) -> dict[str, Any]:
-    """The poisoners' shares in ``rounds`` (every round of the run), from H1's round records;
-    and the honest provider-rounds missed in them."""
+    """The poisoners' shares in ``rounds`` (every round of the run), from H1's round records,
+    in all and per cheat (spgc.app.cheating_provers: the kind each poisoner used in each
+    round); and the honest provider-rounds missed in them."""
     poisoners = [f"p{i + 1}" for i in range(opts.honest, opts.providers)]
     attempts = accepted = refused = 0
+    kinds: dict[str, dict[str, Any]] = {
+        kind: {"attempts": 0, "accepted": 0, "refused": 0, "reasons": {}} for kind in CHEATS
+    }
     for t in rounds:
         rec = history.get(t)
         if rec is None or not rec.get("published"):
             continue
         left_out = rec.get("left_out", {})
-        for name in poisoners:
+        for position, name in enumerate(poisoners):
             why = left_out.get(name)
             if why is not None and why.startswith("no share reached"):
                 continue
+            tally = kinds[cheat_kind(position, t, len(poisoners))]
             attempts += 1
+            tally["attempts"] += 1
             if why is None:
                 accepted += 1
+                tally["accepted"] += 1
             elif why.startswith("its norm proof was refused"):
                 refused += 1
+                tally["refused"] += 1
+                reason = why.removeprefix("its norm proof was refused: ")
+                tally["reasons"][reason] = tally["reasons"].get(reason, 0) + 1
     return {
         "poison": opts.poison,
         "poison_attempts": attempts,
         "poison_accepted": accepted,
         "poison_refused": refused,
+        "poison_kinds": kinds,
         "missed_providers": _honest_missed(opts, history, rounds),
     }
 
@@ -809,6 +837,10 @@ def _table(result: dict[str, Any]) -> str:
                 result["poison_attempts"], result["poison_accepted"], result["poison_refused"]
             )),
         ]  # fmt: skip
+        rows += [
+            (f"  {kind}: attempts / accepted", f"{k['attempts']} / {k['accepted']}")
+            for kind, k in result["poison_kinds"].items()
+        ]
     if "verification_round_ratio" in result:
         rows += [
             ("median round without verification (s)",

@@ -2,8 +2,8 @@
 
 - Provider workers (``python -m spgc.app.bench_load --worker SPEC``): a share of the
   providers, one thread each, every one a real :class:`ProviderClient` training on its slice of
-  the data set (or, with ``--poison``, a :class:`PoisonProvider` sending vectors over the
-  bound); events (round results, refusals, exit) go to stdout as JSON lines.
+  the data set (or, with ``--poison``, a :class:`PoisonProvider` cheating the norm proof);
+  events (round results, refusals, exit) go to stdout as JSON lines.
 - The hostile process (``--hostile-actors SPEC``): silent, junk and malformed clients, some
   holding a registered provider's certificate, some the intruder's; it prints its counts as
   JSON when told to stop.
@@ -26,11 +26,12 @@ from typing import Any, TextIO
 import grpc
 import numpy as np
 
+from spgc.app.cheating_provers import cheat, cheat_kind
 from spgc.config_files import load_provider_config
 from spgc.data import load_dataset, split_among_providers
 from spgc.gradients import clip_per_example
 from spgc.logs import setup_logging
-from spgc.norm_proof import encoded_input, prove_unchecked, wrapping_vector
+from spgc.norm_proof import proof_context
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed
 from spgc.providers.training import OutgoingShare
 from spgc.wire.tls import TlsFiles
@@ -82,48 +83,26 @@ class BenchProvider(ProviderClient):
         return clip_per_example(rows, self.training.clip_norm)
 
 
-#: The ways a poisoning provider sends a vector over the bound, one per round in turn.
-POISON_KINDS = ("scaled", "huge", "wrap", "another")
-
-
 class PoisonProvider(BenchProvider):
-    """A registered provider with its real keys whose every vector is over the plan's norm
-    bound, shared and proved by our own prover without its checks
-    (spgc.norm_proof.prove_unchecked); round t uses ``POISON_KINDS[(index + t) % 4]``:
+    """A registered provider with its real keys that cheats the norm proof in every round, each
+    round the kind ``cheat_kind(position, t, poisoners)`` names (spgc.app.cheating_provers: the
+    adaptive forger, non-bits, grinding, a wrapping vector, disagreeing parts, a replay of a
+    proof made for the previous round, or the next one in round 0)."""
 
-    - ``scaled``: its vector times 1,000 (at least 3 B);
-    - ``huge``: one coordinate at 100 B;
-    - ``wrap``: a vector whose squared norm wraps the field to at most B^2 (only the
-      wraparound checks can catch it);
-    - ``another``: the shares of a scaled vector with the bits and proof of its honest one.
-    """
-
-    index: int = 0
+    position: int = 0  # among the poisoners
+    poisoners: int = 1
 
     def make_vectors(self, total: np.ndarray) -> list[OutgoingShare]:
         params = self.norm_proof
         if params is None:  # no verification to cheat: its vector enters the sum as it is
             return super().make_vectors(total)
-        honest = np.asarray(total, dtype=np.int64)
-        kind = POISON_KINDS[(self.index + int(self.last_round or 0)) % len(POISON_KINDS)]
-        scaled = honest * 1000
-        if float(np.linalg.norm(scaled.astype(np.float64))) < 3.0 * params.bound:
-            scaled[0] = 3 * params.bound
-        edit = None
-        if kind == "scaled":
-            bad = scaled
-        elif kind == "huge":
-            bad = honest.copy()
-            bad[int(np.argmax(np.abs(bad)))] = 100 * params.bound
-        elif kind == "wrap":
-            bad = wrapping_vector(params, spread=params.dim // 2)
-        else:
-            bad = scaled
-
-            def edit(w: np.ndarray, joint: bytes) -> np.ndarray:
-                return encoded_input(params, honest, joint)
-
-        leader, helper = prove_unchecked(bad, params, edit)
+        t = int(self.last_round or 0)
+        kind = cheat_kind(self.position, t, self.poisoners)
+        run_id, name = self.training.run_id, self.cfg.name
+        other = proof_context(run_id, t - 1 if t > 0 else t + 1, name)
+        leader, helper = cheat(
+            kind, total, params, proof_context(run_id, t, name), other_context=other
+        )
         empty = np.zeros(0, dtype=np.uint64)
         return [
             OutgoingShare(
@@ -132,7 +111,7 @@ class PoisonProvider(BenchProvider):
                 leader.blind,
                 leader.helper_part,
             ),
-            OutgoingShare(empty, params.p, b"", helper.leader_part, helper.seed),
+            OutgoingShare(empty, params.p, b"", helper.leader_parts, helper.seed),
         ]
 
 
@@ -213,7 +192,8 @@ def worker_main(spec_path: Path) -> int:
         client = (PoisonProvider if index in poison else BenchProvider)(cfg, data=data)
         client.gate = gate
         if isinstance(client, PoisonProvider):
-            client.index = index
+            client.position = sorted(poison).index(index)
+            client.poisoners = len(poison)
         threads.append(
             threading.Thread(target=_run_provider, args=(client, emit), name=cfg.name, daemon=True)
         )

@@ -4,9 +4,10 @@ Makes and checks real proofs of a random vector on the bound and prints: the fie
 and the verifier message's lengths, the soundness error, the provider's seconds to share and
 prove, each server's seconds to compute its verifier message, the bytes between the servers
 per provider, and a provider's upload with verification against the same vector's two ring
-shares without it (SHARE_ENCODING_PACKED: ceil(L/8) bytes per value to each server). A vector
-twice the bound, shared by the same code without its checks, must be refused: the run says so
-(exit 1 otherwise).
+shares without it (SHARE_ENCODING_PACKED: ceil(L/8) bytes per value to each server). The
+adaptive forger (spgc.app.cheating_provers, kind ``solve``: 1,000 times the bound, appended
+values solved for the weights it can know) must be refused: the run says so (exit 1
+otherwise).
 
 Defaults: d = 1,000,000 coordinates, each provider's vector within 64 examples of norm 65,539
 units (scale 2^16, C = 1: spgc.encoding's B), and the ring of 100 such providers.
@@ -25,14 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from spgc.app.cheating_provers import cheat
 from spgc.norm_proof import (
     DEFAULT_REPETITIONS,
+    GRINDING_BITS,
     NormProofParams,
     decide,
     helper_query,
     leader_query,
+    proof_context,
     prove,
-    prove_unchecked,
 )
 from spgc.sharing import ring_bits_for
 
@@ -59,19 +62,24 @@ def measure(dim: int, bound: int, ring_bits: int, repetitions: int, repeat: int)
     """One size: the figures :func:`run` prints."""
     params = NormProofParams.for_plan(dim, bound, ring_bits, repetitions)
     x = _vector(dim, bound * 0.999, 1)
-    prove_s, (leader, helper) = _median_seconds(lambda: prove(x, params), repeat)
+    context = proof_context("bench", 0, "p1")
+    prove_s, (leader, helper) = _median_seconds(lambda: prove(x, params, context), repeat)
     coin = os.urandom(32)
-    leader_s, a = _median_seconds(lambda: leader_query(params, leader, coin), repeat)
-    helper_s, b = _median_seconds(lambda: helper_query(params, helper, coin), repeat)
+    leader_s, a = _median_seconds(lambda: leader_query(params, leader, context, coin), repeat)
+    helper_s, b = _median_seconds(lambda: helper_query(params, helper, context, coin), repeat)
     honest = decide(params, a, b)
-    bad_leader, bad_helper = prove_unchecked(_vector(dim, 2.0 * bound, 2), params)
+    bad_leader, bad_helper = cheat("solve", x, params, context)
     poison = decide(
-        params, leader_query(params, bad_leader, coin), helper_query(params, bad_helper, coin)
+        params,
+        leader_query(params, bad_leader, context, coin),
+        helper_query(params, bad_helper, context, coin),
     )
     ring_bytes = 2 * dim * ((ring_bits + 7) // 8)
-    # The leader's share in full, the helper's as a seed; 32-byte blind and joint part each.
-    verified = (params.n_inputs + params.proof_len) * params.element_bytes + 2 * 64
-    between = params.verifier_len * 8 + 32  # each way, per provider
+    # The leader's share in full with its 32-byte blind and H2's 32-byte part; the helper's
+    # as a 32-byte seed with H1's two 32-byte parts.
+    verified = (params.n_inputs + params.proof_len) * params.element_bytes + 5 * 32
+    # each way, per provider: the values, J2 and the three joint randomness parts
+    between = params.verifier_len * 8 + 32 + 3 * 32
     return {
         "dim": dim,
         "bound_units": bound,
@@ -83,8 +91,13 @@ def measure(dim: int, bound: int, ring_bits: int, repetitions: int, repeat: int)
         "appended_bits": params.n_bits,
         "proof_elements": params.proof_len,
         "verifier_elements": params.verifier_len,
+        "quadratic_combinations": params.combinations,
+        "grinding_bits": GRINDING_BITS,
         "soundness_error": params.soundness_error,
         "soundness_log2": float(np.log2(params.soundness_error)),
+        "soundness_terms_log2": {
+            name: float(np.log2(v)) for name, v in params.soundness_terms.items()
+        },
         "prove_seconds": prove_s,
         "leader_query_seconds": leader_s,
         "helper_query_seconds": helper_s,
@@ -108,7 +121,9 @@ def format_report(r: dict[str, Any]) -> str:
             f"({r['element_bytes']} bytes a value)",
             f"  appended bits {r['appended_bits']:,}, proof {r['proof_elements']:,} values, "
             f"verifier message {r['verifier_elements']:,} values",
-            f"  soundness error per proof {r['soundness_error']:.3g} (2^{r['soundness_log2']:.1f})",
+            f"  soundness error per proof {r['soundness_error']:.3g} "
+            f"(2^{r['soundness_log2']:.1f}) against a prover trying 2^{r['grinding_bits']} "
+            f"hashes; {r['quadratic_combinations']} quadratic combinations",
             f"  provider: share and prove {r['prove_seconds']:.3f} s; servers: verifier "
             f"message {r['leader_query_seconds']:.3f} s (H1), {r['helper_query_seconds']:.3f} s "
             "(H2)",
@@ -116,8 +131,8 @@ def format_report(r: dict[str, Any]) -> str:
             f"{r['upload_bytes_unverified']:,} B of ring shares: x{r['upload_ratio']:.4f}",
             f"  between the servers: {r['server_bytes_each_way_per_provider']:,} B each way "
             "per provider",
-            f"  honest vector accepted: {r['honest_accepted']}; a vector twice the bound "
-            f"refused: {r['poison_refused']} ({r['poison_refusal']})",
+            f"  honest vector accepted: {r['honest_accepted']}; the adaptive forger (1,000x the "
+            f"bound) refused: {r['poison_refused']} ({r['poison_refusal']})",
         ]
     )
 

@@ -280,9 +280,16 @@ def read_share_header(
         )
     if len(header.sha256) != 32:
         raise InvalidArgumentError(f"sha256 must be 32 bytes, got {len(header.sha256)}")
-    for name in ("norm_blind", "norm_joint_part", "norm_seed"):
-        if len(getattr(header, name)) not in (0, 32):
-            raise InvalidArgumentError(f"{name} must be empty or 32 bytes")
+    # Which sizes a server needs is the intake's business (servers.intake): 32 bytes to H1,
+    # 64 to H2 for the joint part.
+    for name, sizes in (
+        ("norm_blind", (0, 32)),
+        ("norm_joint_part", (0, 32, 64)),
+        ("norm_seed", (0, 32)),
+    ):
+        if len(getattr(header, name)) not in sizes:
+            allowed = " or ".join(f"{n} bytes" if n else "empty" for n in sizes)
+            raise InvalidArgumentError(f"{name} must be {allowed}")
     if header.num_elements == 0 and len(header.norm_seed) != 32:
         raise InvalidArgumentError("an empty share without a norm_seed")
     _share_validator(header, max_chunk_bytes, max_total_bytes, False, field_modulus)

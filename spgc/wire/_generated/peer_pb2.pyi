@@ -134,7 +134,7 @@ class NoiseBlock(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProviderSet(_message.Message):
-    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids", "norm_verifiers")
+    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids", "norm_verifiers", "verify_coin")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +143,7 @@ class ProviderSet(_message.Message):
     MIN_PROVIDERS_FIELD_NUMBER: _ClassVar[int]
     VECTOR_IDS_FIELD_NUMBER: _ClassVar[int]
     NORM_VERIFIERS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COIN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     role: _aggregation_pb2.ServerRole
@@ -151,7 +152,8 @@ class ProviderSet(_message.Message):
     min_providers: int
     vector_ids: _containers.RepeatedScalarFieldContainer[bytes]
     norm_verifiers: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ..., vector_ids: _Optional[_Iterable[bytes]] = ..., norm_verifiers: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    verify_coin: bytes
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ..., vector_ids: _Optional[_Iterable[bytes]] = ..., norm_verifiers: _Optional[_Iterable[bytes]] = ..., verify_coin: _Optional[bytes] = ...) -> None: ...
 
 class ProviderAgreement(_message.Message):
     __slots__ = ("callee", "agreed", "agreed_digest", "proceed")
