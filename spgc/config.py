@@ -334,7 +334,8 @@ class ServerConfig(_Schema):
     test_data: str = Field(
         "",
         description="the servers' own test set: `package.module:loader`, or a .csv/.npz file "
-        "(default: the built-in data set's test split; none: no evaluation)",
+        "as a provider's data (Data files below; default: the built-in data set's test split; "
+        "none: no evaluation)",
     )
     test_data_label: str = Field("label", description="the label column of a test_data .csv")
     task: Literal[TASKS] = Field(  # type: ignore[valid-type]
@@ -772,7 +773,8 @@ class ProviderConfig(_Schema):
     data: str = Field(
         "",
         description="your own training data: `package.module:loader` (returns x, y or a torch "
-        "Dataset) or a .csv (with a label column) / .npz (arrays x, y) file",
+        "Dataset), or a .csv file (a header row, commas, the data_label column and numeric "
+        "features) or .npz file (arrays x, y): see Data files below",
     )
     data_label: str = Field("label", description="the label column of a data .csv")
     model: str = Field(

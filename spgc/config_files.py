@@ -262,4 +262,36 @@ def config_markdown() -> str:
             cell = kind_.replace("|", "\\|")
             out.append(f"| `{key}` | {cell} | `{default}` | {meaning} |")
         out.append("")
-    return "\n".join(out)
+    return "\n".join(out + list(DATA_FILES_MARKDOWN))
+
+
+#: docs/CONFIG.md's last section: the files `data` and `test_data` read (spgc.data).
+DATA_FILES_MARKDOWN = (
+    "## Data files (`data`, `test_data`)",
+    "",
+    "`data` (a provider's) and `test_data` (the servers') name a built-in data set, a loader",
+    "(`package.module:loader` or `file.py:loader`, returning `(x, y)`, `(x_train, y_train,",
+    "x_test, y_test)` or a torch `Dataset` of `(x, y)` items), or one of these files:",
+    "",
+    "- **`.csv`**: UTF-8 text (a byte-order mark is skipped), fields separated by commas, a",
+    "  field may be quoted with `\"` (Python's `csv` module). A file with another separator",
+    "  (`;`, tab, `|`) is refused, saying so. The first line that is not blank is the header,",
+    "  naming the columns (spaces around a name are dropped); blank lines are skipped; every",
+    "  other row has as many fields as the header.",
+    "- **Which columns are features**: the column named by `data_label` (`test_data_label` for",
+    "  the servers; both `label` by default) holds the labels and must appear exactly once.",
+    "  Every other column, in the file's order, is a feature: an example is its row without",
+    "  the label, of shape `(features,)`, read as float32, so the model takes the features in",
+    "  the file's order.",
+    "- **Values**: every cell is a number as Python's `float()` reads it (`3`, `-0.5`,",
+    "  `2e-3`). An empty cell, text, NaN, an infinity or a value beyond float32 is refused,",
+    "  naming the file's line and column and the example and feature index (0-based).",
+    "- **Labels**: with `task: classification` (the default but for a built-in regression data",
+    "  set), whole numbers 0..C-1 (`2` or `2.0`), and the model has at least C outputs; with",
+    "  `task: regression`, real numbers, one target per row. The providers follow the task of",
+    "  the servers' plan.",
+    "- **`.npz`**: arrays `x` (one row per example, any shape after it) and `y`, optionally",
+    "  `x_test` and `y_test`; an integer `x` stays int64 (token ids for an embedding), any",
+    "  other becomes float32. A .csv has no test split: every row is a training example.",
+    "",
+)
