@@ -21,6 +21,7 @@ from spgc.config import ProviderConfig
 from spgc.data import load_user_data, provider_part_of
 from spgc.gradients import check_model_on_data
 from spgc.models import check_per_example_compatible, parameter_count, resolve_model
+from spgc.trainable import TrainableCoordinates
 
 __all__ = ["SelfCheck", "check_model_and_data"]
 
@@ -61,4 +62,5 @@ def check_model_and_data(
     if x is not None and y is not None:
         check_model_on_data(model, x, y, what, task=cfg.task or "classification", loss=cfg.loss)
     count = parameter_count(model)
-    return SelfCheck(f" (model {cfg.model}: {count:,} parameters)", count, examples)
+    trained = TrainableCoordinates.of_model(model).describe()
+    return SelfCheck(f" (model {cfg.model}: {trained})", count, examples)

@@ -228,12 +228,36 @@ def test_config_check_and_show(tmp_path: Path) -> None:
         assert key in out.stdout
 
 
+def test_config_check_says_alike_on_both_sides_how_many_parameters_train(tmp_path: Path) -> None:
+    """One model with a frozen first layer: the servers' check and the provider's both name
+    its parameters and the trained ones among them (the servers said "parameters" for the
+    trained coordinates, the provider for all of them)."""
+    (tmp_path / "m.py").write_text(
+        "from torch import nn\n\ndef half():\n"
+        "    net = nn.Sequential(nn.Linear(30, 4), nn.Tanh(), nn.Linear(4, 2))\n"
+        "    net[0].requires_grad_(False)\n    return net\n"
+    )
+    model = f"{tmp_path / 'm.py'}:half"
+    server = tmp_path / "h1.yaml"
+    server.write_text(f"insecure: true\nproviders: [p1, p2]\nmodel: {model}\n")
+    provider = tmp_path / "p1.yaml"
+    provider.write_text(
+        f"name: p1\nh1_address: 127.0.0.1:1\ninsecure: true\nallow_no_privacy: true\n"
+        f"model: {model}\n"
+    )
+    said = "10 of 134 parameters trained (124 frozen)"  # the head's 4 x 2 + 2 of 134
+    for path in (server, provider):
+        out = run_in_process("config", "check", str(path))
+        assert out.returncode == 0 and f"(model {model}: {said}" in out.stdout, out.stdout
+
+
 def test_config_check_builds_the_model_and_reads_the_data(tmp_path: Path) -> None:
     """Beyond keys and values: what the daemon would build at its start, as it would."""
     good = tmp_path / "h1.yaml"
     good.write_text("insecure: true\nproviders: [p1, p2]\n")
     out = run("spgc", "config", "check", str(good))
-    assert out.returncode == 0 and "(model cancer: 62 parameters, ring Z_2^" in out.stdout
+    assert out.returncode == 0
+    assert "(model cancer: all 62 parameters trained, ring Z_2^" in out.stdout
     assert "absl" not in out.stderr
     for change, words in (
         ("test_data=nosuch.csv", "data file 'nosuch.csv': no such file"),

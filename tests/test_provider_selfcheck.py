@@ -95,7 +95,8 @@ def test_the_python_api_and_config_check_share_the_check(files: Path) -> None:
     assert isinstance(SelfCheckFailed("x"), ConfigError)
     good = load_provider_config(write_config(files))
     found = check_model_and_data(good)
-    assert found.note.endswith("m.py:mlp: 22 parameters)") and found.parameters == 22
+    assert found.note.endswith("m.py:mlp: all 22 parameters trained)")
+    assert found.parameters == 22
     assert found.examples == 20
     # No model of its own: the servers' built-in one is checked once the plan is known.
     assert check_model_and_data(load_provider_config(write_config(files, model="''"))).note == ""

@@ -530,7 +530,8 @@ def _try_model_and_data(cfg: ServerConfig | ProviderConfig) -> str:
             TestSetEvaluator(plan.model_name, loader, cfg.task, cfg.loss_name).check(
                 f"test_data {cfg.test_data!r}"
             )
-        return f" (model {plan.model_name}: {plan.dim:,} parameters, ring Z_2^{plan.ring_bits})"
+        trained = plan.coordinates.describe()
+        return f" (model {plan.model_name}: {trained}, ring Z_2^{plan.ring_bits})"
     # The check each provider makes of itself at its start (providers/selfcheck.py).
     return check_model_and_data(cfg).note
 
