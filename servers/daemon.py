@@ -478,6 +478,8 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
         SingleDriver(self.state, self.stop_event).run()
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
+        if self.state.finished and not self.stop_event.is_set():
+            self.state.record_close()  # no release follows (one server: its own signature)
         log.info(
             "%s (single server, mode %s): training %s after %d round(s), %d step(s)",
             self.cfg.role_name,

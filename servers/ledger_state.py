@@ -26,6 +26,7 @@ from spgc.ledger import (
     public_key_hex,
     read_ledger_lines,
     released_digest,
+    statement_bytes,
     verify_ledger,
 )
 from spgc.modes import TWO_SERVER_MODES
@@ -60,6 +61,10 @@ def release_counts_problem(h1: int, h2: int) -> str | None:
 class LedgerState:
     """This server's ledger and what the accountant counts of it (thread-safe through the
     state's ``cond``)."""
+
+    # (release entries, co-signed head) when the latest model version was published (set by
+    # RoundPhases.publish); None before the first publish of this process.
+    model_head: tuple[int, str] | None = None
 
     # ------------------------------------------------------------------ privacy spent
 
@@ -98,15 +103,17 @@ class LedgerState:
             "delta": cfg.target_delta,
             "sensitivity_units": float(plan.fixed_point.l2_bound_units),
             # A Poisson batch over this cap sits its round out (reported_delta counts it).
-            "max_batch_size": (
-                int(cfg.max_batch_size) if capped_poisson(plan.sampling, cfg.max_batch_size) else 0
-            ),
+            "max_batch_size": self._applied_batch_cap(),
             "clip": self._clip_rule(),
-            # Named here for readers; bound by plan_sha256 (TrainingConfig.backend,
-            # TrainingConfig.verify_inputs).
             "backend": cfg.backend,
             "verify_inputs": cfg.verify_inputs,
         }
+
+    def _applied_batch_cap(self) -> int:
+        """The Poisson batch cap providers apply (TrainingConfig.max_batch_size: the
+        configured one, or the one verify_inputs sets); 0 without Poisson sampling."""
+        plan = self.plan
+        return int(plan.max_batch_size) if capped_poisson(plan.sampling, plan.max_batch_size) else 0
 
     def _clip_rule(self) -> dict[str, Any]:
         """The ledger header's clip: the fixed C, or the adaptive rule with both noises."""
@@ -274,8 +281,59 @@ class LedgerState:
         exchange (CosignRelease) before either records and runs it."""
         with self.cond:
             return self._open_ledger().statement(
-                t, self._release_samples(t, None), self._release_clip(t)
+                t, self._release_samples(t, None), self._release_clip(t), self._epsilon_next()
             )
+
+    def _epsilon_next(self) -> float:
+        """Epsilon once one more release is counted (inf without noise; the caller holds
+        ``cond``): the running epsilon both servers co-sign."""
+        if self.accountant is None:
+            return math.inf
+        return self.accountant.epsilon_after(self.accountant.steps + 1)
+
+    def ledger_head(self) -> tuple[int, str] | None:
+        """(release entries, the co-signed ledger head after them): what a published model
+        depends on. None while the ledger cannot be opened (two-server modes before the
+        Handshake)."""
+        with self.cond:
+            two_servers = self.plan.cfg.mode in TWO_SERVER_MODES
+            if self.ledger is None and two_servers and self.peer_ledger_key is None:
+                return None
+            ledger = self._open_ledger()
+            return ledger.releases, ledger.head
+
+    def published_head(self, *, open_ledger: bool = True) -> tuple[int, str] | None:
+        """(release entries, co-signed head) the latest published model depends on: taken at
+        its publication; before any in this process (a start, a restart), the ledger's head
+        now, which holds every release before that model. ``open_ledger`` False (a provider's
+        call): None rather than open the ledger here."""
+        with self.cond:
+            if self.model_head is not None:
+                return self.model_head
+            if self.ledger is None and not open_ledger:
+                return None
+            return self.ledger_head()
+
+    def close_statement(self) -> tuple[bytes, bytes]:
+        """(statement, this server's signature) of the closing entry at the ledger's head."""
+        with self.cond:
+            return self._open_ledger().close_statement()
+
+    def record_close(self, peer_sig: bytes | None = None) -> None:
+        """The run is over: the closing entry (two-server modes co-signed by the peer, whose
+        signature is over :meth:`close_statement`). PeerMismatchError for a bad signature."""
+        with self.cond:
+            try:
+                self._open_ledger().record_close(peer_sig)
+            except LedgerError as exc:
+                raise PeerMismatchError(str(exc)) from None
+            self.cond.notify_all()  # H2 waits for it before it stops (servers/sessions.py)
+
+    @property
+    def ledger_closed(self) -> bool:
+        """Whether this run's ledger holds its closing entry."""
+        with self.cond:
+            return self.ledger is not None and self.ledger.closed
 
     def record_release(
         self, t: int, providers: int | None = None, peer_sig: bytes | None = None
@@ -303,11 +361,7 @@ class LedgerState:
     def _count_release(self, t: int, samples: int, peer_sig: bytes | None) -> int:
         """The ledger entry, then the count (the caller holds ``cond``)."""
         ledger = self._open_ledger()
-        after = (
-            self.accountant.epsilon_after(self.accountant.steps + 1)
-            if self.accountant is not None
-            else math.inf
-        )
+        after = self._epsilon_next()
         try:
             index = ledger.record_release(
                 t, samples, after, peer_sig, clip_norm=self._release_clip(t)
@@ -329,11 +383,8 @@ class LedgerState:
             if not releases:
                 return None
             last = releases[-1]
-            t = int(last["round"])
-            statement, signature = ledger.statement(
-                t, int(last["noise_samples"]), float(last["clip_norm"])
-            )
-            return t, statement, signature
+            statement = statement_bytes(last)
+            return int(last["round"]), statement, self._signing_key().sign(statement)
 
     def record_peer_release(self, statement: bytes, signature: bytes) -> None:
         """H1 at the Handshake: the release H2 recorded last and this server never did (a
@@ -346,7 +397,9 @@ class LedgerState:
         except (ValueError, KeyError, TypeError):
             raise PeerMismatchError("the other server sent a malformed release statement") from None
         with self.cond:
-            mine, _ = self._open_ledger().statement(t, samples, self._release_clip(t))
+            mine, _ = self._open_ledger().statement(
+                t, samples, self._release_clip(t), self._epsilon_next()
+            )
             if mine != statement:
                 raise PeerMismatchError(
                     f"the release of round {t} that the other server recorded alone is not "
@@ -397,6 +450,7 @@ class LedgerState:
         sampler's statistical distance and the capped Poisson batches). None without DP."""
         if not self.differentially_private:
             return None
-        cfg = self.plan.cfg
-        capped = self.releases if capped_poisson(self.plan.sampling, cfg.max_batch_size) else 0
-        return reported_delta(cfg.target_delta, self.epsilon(), self.noise_samples(), capped)
+        capped = self.releases if self._applied_batch_cap() else 0
+        return reported_delta(
+            self.plan.cfg.target_delta, self.epsilon(), self.noise_samples(), capped
+        )

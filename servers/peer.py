@@ -642,6 +642,37 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         )
 
     @abort_on_error
+    def CloseLedger(
+        self, request: peer_pb2.ReleaseStatement, context: grpc.ServicerContext
+    ) -> peer_pb2.ReleaseStatement:
+        """The run is over on both servers: co-sign the ledger's closing entry (this server
+        writes its own first, with H1's signature)."""
+        self._check(context, request.run_id, request.role)
+        state = self.state
+        if len(request.statement) > MAX_STATEMENT_BYTES:
+            raise FailedPreconditionError(f"closing statements are <= {MAX_STATEMENT_BYTES} B")
+        with self._lock:
+            if not state.finished or state.failure:
+                raise FailedPreconditionError("training is not finished here: no closing entry")
+            statement, signature = state.close_statement()
+            if request.statement != statement:
+                raise FailedPreconditionError(
+                    f"the closing statements differ: h1 {request.statement[:400]!r}, h2 "
+                    f"{statement[:400]!r}"
+                )
+            try:
+                state.record_close(request.signature)
+            except PeerMismatchError as exc:  # H1's signature does not verify
+                raise FailedPreconditionError(str(exc)) from None
+        return peer_pb2.ReleaseStatement(
+            run_id=state.run_id,
+            round=state.round,
+            role=state.role,
+            statement=statement,
+            signature=signature,
+        )
+
+    @abort_on_error
     def CheckModel(
         self, request: peer_pb2.ModelDigest, context: grpc.ServicerContext
     ) -> peer_pb2.ModelDigest:

@@ -296,6 +296,7 @@ class RoundPhases:
             self.clip_norm = self.pending_clip_norm  # the next round's C (adaptive clipping)
             self.version += 1
             self.models[self.version] = (self.params, sha)
+            self.model_head = self.ledger_head()  # the releases this version depends on
             for old in [v for v in self.models if v <= self.version - _KEEP_VERSIONS]:
                 del self.models[old]
             self.steps += 1  # the accountant counted this release before it happened

@@ -26,6 +26,7 @@ from spgc.servers.errors import PeerLost, PeerMismatchError, describe_error
 from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.peer import config_differences
 from spgc.servers.pool_sync import NoiseProducer
+from spgc.servers.state import RPC_SLACK
 from spgc.wire import PROTOCOL_VERSION, peer_pb2, peer_pb2_grpc
 from spgc.wire.errors import is_unavailable
 from spgc.wire.transport import make_channel
@@ -143,12 +144,36 @@ class PairedSessions:
             raise PeerMismatchError(self.state.failure)
         if session.is_set() and not self.stop_event.is_set():
             raise PeerLost(self._lost_reason)
+        if self.state.finished and not self.stop_event.is_set():
+            self._close_ledger(stub)
         log.info(
             "h1: training %s after %d round(s), %d step(s)",
             "stopped" if self.stop_event.is_set() else "finished",
             self.state.round,
             self.state.steps,
         )
+
+    def _close_ledger(self, stub: peer_pb2_grpc.PeerStub) -> None:
+        """Training is over on both servers: the co-signed closing entry, H2's first (Peer
+        CloseLedger), then this server's. Without it the ledgers still count every release;
+        a verifier then cannot rule out later ones (spgc account exits 3)."""
+        state = self.state
+        statement, signature = state.close_statement()
+        request = peer_pb2.ReleaseStatement(
+            run_id=state.run_id,
+            round=state.round,
+            role=self.cfg.role,
+            statement=statement,
+            signature=signature,
+        )
+        try:
+            answer = stub.CloseLedger(request, timeout=RPC_SLACK)
+        except grpc.RpcError as exc:
+            log.warning("h1: the ledger's closing entry was not co-signed: %s", describe_error(exc))
+            return
+        if answer.statement != statement:
+            raise PeerMismatchError("h2 co-signed another closing statement than h1's")
+        state.record_close(answer.signature)
 
     def _precompute(self, stub: peer_pb2_grpc.PeerStub) -> None:
         """`spgc server precompute` on H1: reconcile, fill the pool, end H2's run."""
@@ -187,6 +212,23 @@ class PairedSessions:
         )
 
     # ------------------------------------------------------------------ H2
+
+    def _await_ledger_close(self) -> None:
+        """Training is over: H1's CloseLedger call comes next (peer_timeout at most)."""
+        state = self.state
+        with state.cond:
+            closed = state.cond.wait_for(
+                lambda: (
+                    (state.ledger is not None and state.ledger.closed) or self.stop_event.is_set()
+                ),
+                self.cfg.peer_timeout,
+            )
+        if not closed:
+            log.warning(
+                "h2: no closing entry from %s within peer_timeout %g s: the ledger stays open",
+                self.cfg.peer_name,
+                self.cfg.peer_timeout,
+            )
 
     def _run_h2(self, session: threading.Event, deadline: float) -> None:
         # H1's Handshake fixes the run first; after a loss, a NEW one (the flag may still say
@@ -237,6 +279,8 @@ class PairedSessions:
         self.peer_servicer.wait_idle()
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
+        if self.state.finished and not self.stop_event.is_set():
+            self._await_ledger_close()
         log.info(
             "h2: training %s after %d round(s), %d step(s)",
             "stopped" if self.stop_event.is_set() else "finished",

@@ -166,6 +166,9 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 latest_model_version=self.version,
                 releases_counted=self.releases,
             )
+            head = self.published_head(open_ledger=False)
+            if head is not None:
+                info.ledger_head_releases, info.ledger_head = head[0], bytes.fromhex(head[1])
             if t == self.round and self.deadline:
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
             if self.plan.clip_moves:

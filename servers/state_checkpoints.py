@@ -68,6 +68,7 @@ class StateCheckpoints:
                 loss=cfg.loss_name,
                 test_metrics=self._last_test_metrics(),
                 verify_inputs=cfg.verify_inputs,
+                ledger_head=self.published_head(),
             )
 
     def _last_test_metrics(self) -> dict[str, float | None] | None:

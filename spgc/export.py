@@ -30,7 +30,7 @@ from spgc.accounting import adjacency_of
 from spgc.models import load_flat_params, parameter_count
 from spgc.modes import get_mode
 
-__all__ = ["load_export", "model_state_tensors", "privacy_report", "write_export"]
+__all__ = ["load_export", "model_state_tensors", "privacy_report", "read_report", "write_export"]
 
 SUFFIX = ".safetensors"
 REPORT_KEY = "spgc_privacy_report"  # the metadata entry holding the report (compact JSON)
@@ -76,9 +76,12 @@ def privacy_report(
     loss: str = "cross_entropy",
     test_metrics: dict[str, float | None] | None = None,
     verify_inputs: str = "none",
+    ledger_head: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
     """The JSON privacy report of one published model, from plain values. ``verify_inputs``:
     whether the servers checked every provider's norm proof (``l2``) or not (``none``).
+    ``ledger_head``: (release entries, co-signed ledger head) the model depends on
+    (spgc.ledger; ``spgc account --ledger ... --model FILE`` holds the ledgers to it).
 
     ``noise_multiplier`` is relative to ``sensitivity_units`` (the L2 bound of one example's
     encoded gradient); ``scale`` maps real values to units. A mode without a DP guarantee gets
@@ -135,6 +138,11 @@ def privacy_report(
         "task": task,
         "loss": loss,
         "test_metrics": None if test_metrics is None else dict(test_metrics),
+        "ledger_head": (
+            None
+            if ledger_head is None
+            else {"releases": int(ledger_head[0]), "chain": str(ledger_head[1])}
+        ),
     }
 
 
@@ -179,9 +187,25 @@ def write_export(
 
 def load_export(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, report) of an export; the report is the one inside the file."""
-    tensors = safetensors.torch.load_file(str(path))
-    with safetensors.safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata() or {}
-    if REPORT_KEY not in metadata:
-        raise ValueError(f"{path} holds no spgc privacy report")
-    return tensors, json.loads(metadata[REPORT_KEY])
+    return safetensors.torch.load_file(str(path)), read_report(path)
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """The privacy report of an export: from a ``.safetensors`` file's metadata (the weights
+    are not read), or a ``.json`` report itself. ValueError naming the file otherwise."""
+    path = Path(path)
+    if path.suffix == SUFFIX:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        if REPORT_KEY not in metadata:
+            raise ValueError(f"{path} holds no spgc privacy report")
+        text = metadata[REPORT_KEY]
+    else:
+        text = path.read_text()
+    try:
+        report = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{path}: the privacy report is not JSON") from None
+    if not isinstance(report, dict):
+        raise ValueError(f"{path}: the privacy report is not a JSON object")
+    return report

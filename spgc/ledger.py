@@ -64,6 +64,7 @@ from spgc.clipping import DecayClip
 from spgc.modes import get_mode
 
 __all__ = [
+    "CLOSE_KEYS",
     "FORMAT",
     "LEDGER_FILE",
     "PLAN_KEYS",
@@ -73,8 +74,12 @@ __all__ = [
     "LedgerError",
     "LedgerReport",
     "canonical",
+    "chain_after",
+    "check_covers",
+    "close_statement",
     "compare_ledgers",
     "load_signing_key",
+    "plan_digest",
     "public_key_hex",
     "read_ledger_lines",
     "release_statement",
@@ -84,9 +89,10 @@ __all__ = [
     "verify_statement",
 ]
 
-# 2: every field re-accounting reads (delta, accountant, max_batch_size) and both servers'
-# keys by role are in the co-signed statement. Format 1 left them out; it is refused.
-FORMAT = 3
+# 4: every plan field (backend and verify_inputs too), each release's index and running
+# epsilon, and the chain of co-signed statements (``chain``), are in the co-signed statement;
+# a finished run ends with a co-signed ``close`` entry. Formats 1-3 are refused.
+FORMAT = 4
 # What the re-accounted epsilon may exceed the recorded one by before it counts as an
 # under-report (dp-accounting's own floating-point noise).
 EPSILON_TOLERANCE = 1e-6
@@ -136,9 +142,27 @@ PLAN_KEYS = (
     "sensitivity_units",
     "max_batch_size",
     "clip",
+    "backend",
+    "verify_inputs",
 )
 # The fields of a release entry both servers sign (the same bytes on both: nothing local).
-STATEMENT_KEYS = ("kind", *PLAN_KEYS, "signers", "round", "noise_samples", "clip_norm")
+# ``index`` and ``epsilon_after`` are what re-accounting reads of an entry; ``chain`` is the
+# ledger head before it (:func:`plan_digest`, then the hash of each co-signed statement), so
+# no co-signed entry can be dropped or moved without breaking the next one's co-signature.
+STATEMENT_KEYS = (
+    "kind",
+    *PLAN_KEYS,
+    "signers",
+    "round",
+    "noise_samples",
+    "clip_norm",
+    "index",
+    "epsilon_after",
+    "chain",
+)
+# The fields of the closing entry both servers sign: no release follows the ``releases``
+# entries whose head is ``chain``.
+CLOSE_KEYS = ("kind", *PLAN_KEYS, "signers", "releases", "chain")
 # The servers' roles; a one-server mode's server is h1.
 ROLES = ("h1", "h2")
 
@@ -151,22 +175,58 @@ def signers(header: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def release_statement(
-    header: Mapping[str, Any], round_number: int, noise_samples: int, clip_norm: float
-) -> dict[str, Any]:
-    """The shared fields of the release entry for ``round_number`` (of clip norm
-    ``clip_norm``) under ``header``'s plan."""
-    out: dict[str, Any] = {"kind": "release", "round": int(round_number)}
-    out.update({k: header.get(k) for k in PLAN_KEYS})
+def _plan_fields(header: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: header.get(k) for k in PLAN_KEYS}
     out["signers"] = signers(header)
-    out["noise_samples"] = int(noise_samples)
-    out["clip_norm"] = float(clip_norm)
     return out
 
 
+def plan_digest(header: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the header's plan (every :data:`PLAN_KEYS` field and both signers):
+    the ledger head before the first release, so the first co-signed statement binds the
+    header whole."""
+    return _sha256(canonical({"kind": "plan", **_plan_fields(header)}))
+
+
+def release_statement(
+    header: Mapping[str, Any],
+    round_number: int,
+    noise_samples: int,
+    clip_norm: float,
+    *,
+    index: int,
+    epsilon_after: float,
+    chain: str,
+) -> dict[str, Any]:
+    """The shared fields of release ``index`` for ``round_number`` (of clip norm
+    ``clip_norm``, running epsilon ``epsilon_after``, inf: null) under ``header``'s plan,
+    after the ledger head ``chain``."""
+    out: dict[str, Any] = {"kind": "release", "round": int(round_number)}
+    out.update(_plan_fields(header))
+    out["noise_samples"] = int(noise_samples)
+    out["clip_norm"] = float(clip_norm)
+    out["index"] = int(index)
+    out["epsilon_after"] = None if math.isinf(epsilon_after) else float(epsilon_after)
+    out["chain"] = chain
+    return out
+
+
+def close_statement(header: Mapping[str, Any], releases: int, chain: str) -> dict[str, Any]:
+    """The shared fields of the closing entry: the run ended after ``releases`` releases,
+    whose head is ``chain``."""
+    return {"kind": "close", **_plan_fields(header), "releases": int(releases), "chain": chain}
+
+
 def statement_bytes(entry: Mapping[str, Any]) -> bytes:
-    """What both servers sign for a release entry: the canonical JSON of its shared fields."""
-    return canonical({k: entry.get(k) for k in STATEMENT_KEYS})
+    """What both servers sign for a release or closing entry: the canonical JSON of its
+    shared fields."""
+    keys = CLOSE_KEYS if entry.get("kind") == "close" else STATEMENT_KEYS
+    return canonical({k: entry.get(k) for k in keys})
+
+
+def chain_after(entry: Mapping[str, Any]) -> str:
+    """The ledger head after a co-signed entry: the SHA-256 (hex) of its statement."""
+    return _sha256(statement_bytes(entry))
 
 
 def verify_statement(public_key_hex_: str, statement: bytes, signature: bytes) -> bool:
@@ -262,6 +322,8 @@ class Ledger:
     header: dict[str, Any]
     lines: list[bytes] = field(default_factory=list)
     _releases: int | None = field(default=None, init=False, repr=False, compare=False)
+    _head: str | None = field(default=None, init=False, repr=False, compare=False)
+    _closed: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
     def open(
@@ -313,10 +375,35 @@ class Ledger:
     def releases(self) -> int:
         """How many release entries the ledger holds (what the accountant counts)."""
         if self._releases is None:  # counted once, then kept up to date by _append
-            self._releases = sum(
-                1 for line in self.lines if json.loads(line).get("kind") == "release"
-            )
+            self._scan()
+        assert self._releases is not None
         return self._releases
+
+    @property
+    def head(self) -> str:
+        """The ledger head: :func:`plan_digest` of the header, then the hash of the last
+        co-signed release statement (what the next release statement names as ``chain``)."""
+        if self._head is None:
+            self._scan()
+        assert self._head is not None
+        return self._head
+
+    @property
+    def closed(self) -> bool:
+        """Whether the run's closing entry is written (nothing follows it)."""
+        if self._releases is None:
+            self._scan()
+        return self._closed
+
+    def _scan(self) -> None:
+        self._releases, self._head, self._closed = 0, plan_digest(self.header), False
+        for line in self.lines[1:]:
+            entry = json.loads(line)
+            if entry.get("kind") == "release":
+                self._releases += 1
+                self._head = chain_after(entry)
+            elif entry.get("kind") == "close":
+                self._closed = True
 
     def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
         entry["prev"] = _sha256(self.lines[-1]) if self.lines else None
@@ -340,19 +427,53 @@ class Ledger:
                 finally:
                     os.close(dfd)
         if entry.get("kind") == "release":
-            self._releases = self.releases + 1
+            self._releases, self._head = self.releases + 1, chain_after(entry)
+        elif entry.get("kind") == "close":
+            self._closed = True
         self.lines.append(line)
         return entry
 
+    def _release_fields(
+        self, round_number: int, noise_samples: int, clip_norm: float, epsilon_after: float
+    ) -> dict[str, Any]:
+        if self.closed:
+            raise LedgerError(f"round {round_number}: this run's ledger is closed: no release")
+        return release_statement(
+            self.header,
+            round_number,
+            noise_samples,
+            clip_norm,
+            index=self.releases,
+            epsilon_after=epsilon_after,
+            chain=self.head,
+        )
+
     def statement(
-        self, round_number: int, noise_samples: int, clip_norm: float
+        self, round_number: int, noise_samples: int, clip_norm: float, epsilon_after: float
     ) -> tuple[bytes, bytes]:
-        """(statement, this server's signature over it) for a release of ``round_number``:
-        what the peer server checks and co-signs (CosignRelease)."""
+        """(statement, this server's signature over it) for the next release, of
+        ``round_number`` (running epsilon ``epsilon_after``): what the peer server checks and
+        co-signs (CosignRelease)."""
         data = statement_bytes(
-            release_statement(self.header, round_number, noise_samples, clip_norm)
+            self._release_fields(round_number, noise_samples, clip_norm, epsilon_after)
         )
         return data, self.key.sign(data)
+
+    def _with_peer_sig(self, entry: dict[str, Any], peer_sig: bytes | None, what: str) -> None:
+        """Two-server runs (the header names a peer key) need ``peer_sig``, the other
+        server's signature over the entry's statement, checked here."""
+        peer_key = self.header.get("peer_public_key")
+        if peer_key is not None:
+            if peer_sig is None or not verify_statement(
+                peer_key, statement_bytes(entry), peer_sig
+            ):
+                raise LedgerError(
+                    f"{what}: no valid signature of the peer server "
+                    f"{self.header.get('peer')!r} over the entry"
+                )
+            entry["peer_sig"] = peer_sig.hex()
+        elif peer_sig is not None:
+            raise LedgerError("a one-server ledger takes no peer signature")
 
     def record_release(
         self,
@@ -364,29 +485,28 @@ class Ledger:
         clip_norm: float,
     ) -> int:
         """Write-ahead entry for one release (call it, then release). Returns its index.
-        Two-server runs (the header names a peer key) need ``peer_sig``, the other server's
-        signature over :meth:`statement`, checked here."""
-        entry = release_statement(self.header, round_number, noise_samples, clip_norm)
-        peer_key = self.header.get("peer_public_key")
-        if peer_key is not None:
-            if peer_sig is None or not verify_statement(
-                peer_key, statement_bytes(entry), peer_sig
-            ):
-                raise LedgerError(
-                    f"round {round_number}: no valid signature of the peer server "
-                    f"{self.header.get('peer')!r} over the release entry"
-                )
-            entry["peer_sig"] = peer_sig.hex()
-        elif peer_sig is not None:
-            raise LedgerError("a one-server ledger takes no peer signature")
-        index = self.releases
-        entry.update(
-            index=index,
-            epsilon_after=None if math.isinf(epsilon_after) else float(epsilon_after),
-            time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        )
+        Two-server runs need ``peer_sig`` over :meth:`statement`."""
+        entry = self._release_fields(round_number, noise_samples, clip_norm, epsilon_after)
+        self._with_peer_sig(entry, peer_sig, f"round {round_number}")
+        index = entry["index"]
+        entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._append(entry)
         return index
+
+    def close_statement(self) -> tuple[bytes, bytes]:
+        """(statement, this server's signature) of the closing entry at the current head."""
+        data = statement_bytes(close_statement(self.header, self.releases, self.head))
+        return data, self.key.sign(data)
+
+    def record_close(self, peer_sig: bytes | None = None) -> None:
+        """The closing entry (two-server runs: co-signed, ``peer_sig`` over
+        :meth:`close_statement`): the run ended, no release follows. Once only."""
+        if self.closed:
+            return
+        entry = close_statement(self.header, self.releases, self.head)
+        self._with_peer_sig(entry, peer_sig, "the closing entry")
+        entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._append(entry)
 
     def record_released(self, index: int, round_number: int, vector_sha256: str) -> None:
         """What was released for entry ``index`` (the vector's SHA-256)."""
@@ -431,9 +551,15 @@ class LedgerReport:
     # sampling: "add/remove one example", "... one provider", "replace one example"; None
     # without DP.
     adjacency: str | None = None
+    # The co-signed ledger head after the last release entry (plan_digest with none), and
+    # whether a closing entry (co-signed in two-server modes) says no release follows it.
+    head: str = ""
+    closed: bool = False
+    # The head after 0, 1, ..., steps release entries (what a model's head is checked against).
+    heads: list[str] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "heads"}
 
 
 def _entries(lines: list[bytes]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
@@ -473,13 +599,21 @@ def verify_ledger(
     rounds: dict[int, int] = {}  # release index -> its round
     clip_norms: list[float] = []
     seen_released: set[int] = set()
+    heads: list[str] = []  # the co-signed head after 0, 1, ... release entries
+    closed_line = 0
     for number, raw, entry in _entries(lines):
         want = None if prev is None else _sha256(prev)
         if entry.get("prev") != want:
             raise LedgerError(f"line {number}: broken chain (prev does not hash line {number - 1})")
+        if closed_line:
+            raise LedgerError(
+                f"line {number}: follows the closing entry (line {closed_line}): a closed "
+                "run's ledger holds nothing after it"
+            )
         if number == 1:
             public = _check_header(entry, expected_keys)
             header = entry
+            heads.append(plan_digest(header))
         assert public is not None
         unsigned = {k: v for k, v in entry.items() if k != "sig"}
         try:
@@ -493,19 +627,7 @@ def verify_ledger(
             if not _is_int(entry.get("index")) or entry["index"] != steps:
                 raise LedgerError(f"line {number}: release index {entry.get('index')}, "
                                   f"expected {steps}")  # fmt: skip
-            for key in PLAN_KEYS:
-                if entry.get(key) != header.get(key):
-                    raise LedgerError(f"line {number}: {key} differs from the header's")
-            if entry.get("signers") != signers(header):
-                raise LedgerError(f"line {number}: signers differ from the header's keys")
-            peer_hex = header.get("peer_public_key")
-            if peer_hex is not None and not verify_statement(
-                peer_hex, statement_bytes(entry), _hex_bytes(entry.get("peer_sig"))
-            ):
-                raise LedgerError(
-                    f"line {number}: bad or missing signature of the peer server "
-                    f"{header.get('peer')!r} (peer_sig)"
-                )
+            _check_cosigned(number, entry, header, heads[-1])
             count = entry.get("noise_samples")
             if not _is_int(count) or count < 0 or not _is_int(entry.get("round")):
                 raise LedgerError(f"line {number}: round and noise_samples must be integers >= 0")
@@ -524,6 +646,15 @@ def verify_ledger(
             steps += 1
             samples += count
             recorded, recorded_line = after, number
+            heads.append(chain_after(entry))
+        elif kind == "close":
+            _check_cosigned(number, entry, header, heads[-1])
+            if entry.get("releases") != steps:
+                raise LedgerError(
+                    f"line {number}: the closing entry counts {entry.get('releases')!r} "
+                    f"releases, the ledger holds {steps}"
+                )
+            closed_line = number
         elif kind == "released":
             index = entry.get("index")
             if not _is_int(index) or index not in rounds:
@@ -578,10 +709,38 @@ def verify_ledger(
         keys_pinned=expected_keys is not None,
         clip=header.get("clip"),
         clip_norms=clip_norms,
-        backend=str(header.get("backend") or "gc"),
-        verify_inputs=str(header.get("verify_inputs") or "none"),
+        backend=str(header["backend"]),
+        verify_inputs=str(header["verify_inputs"]),
         adjacency=None if epsilon is None else _adjacency(header),
+        head=heads[-1],
+        closed=bool(closed_line),
+        heads=heads,
     )
+
+
+def _check_cosigned(
+    number: int, entry: Mapping[str, Any], header: Mapping[str, Any], head: str
+) -> None:
+    """A release or closing entry: the header's plan repeated, its keys as signers, the head
+    before it as ``chain``, and (two-server modes) the peer's signature over its statement."""
+    for key in PLAN_KEYS:
+        if entry.get(key) != header.get(key):
+            raise LedgerError(f"line {number}: {key} differs from the header's")
+    if entry.get("signers") != signers(header):
+        raise LedgerError(f"line {number}: signers differ from the header's keys")
+    if entry.get("chain") != head:
+        raise LedgerError(
+            f"line {number}: chain does not name the co-signed entry before it (a release "
+            "entry was dropped, moved or changed before this one)"
+        )
+    peer_hex = header.get("peer_public_key")
+    if peer_hex is not None and not verify_statement(
+        peer_hex, statement_bytes(entry), _hex_bytes(entry.get("peer_sig"))
+    ):
+        raise LedgerError(
+            f"line {number}: bad or missing signature of the peer server "
+            f"{header.get('peer')!r} (peer_sig)"
+        )
 
 
 def _adjacency(header: Mapping[str, Any]) -> str:
@@ -597,11 +756,12 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
     if entry.get("kind") != "header":
         raise LedgerError("line 1: not a ledger header")
     if entry.get("format") != FORMAT:
-        old = ""
-        if entry.get("format") == 1:
-            old = " (written before delta and accountant were co-signed)"
-        elif entry.get("format") == 2:
-            old = " (written before the clip norms were co-signed)"
+        old = {
+            1: " (written before delta and accountant were co-signed)",
+            2: " (written before the clip norms were co-signed)",
+            3: " (written before backend, verify_inputs, each release's index and epsilon and "
+            "the chain of co-signed entries were co-signed, and before closing entries)",
+        }.get(entry.get("format"), "")  # type: ignore[arg-type]
         raise LedgerError(
             f"line 1: ledger format {entry.get('format')!r}{old}; this version verifies format "
             f"{FORMAT} only"
@@ -611,6 +771,9 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
             raise LedgerError(f"line 1: the header has no {key}")
     if not _is_int(entry.get("max_batch_size")) or entry["max_batch_size"] < 0:
         raise LedgerError("line 1: max_batch_size must be an integer >= 0")
+    for key in ("backend", "verify_inputs"):
+        if not isinstance(entry.get(key), str):
+            raise LedgerError(f"line 1: {key} must be a string")
     _check_clip(entry["clip"], entry.get("noise_multiplier"))
     try:
         public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry["public_key"]))
@@ -775,10 +938,11 @@ def compare_ledgers(first: list[bytes], second: list[bytes]) -> None:
     its last release entry: written just before a crash or a lost answer. Anything else (H1's
     holding one more included) means a server dropped or changed entries of its ledger and
     re-signed the chain. LedgerError naming the first difference."""
-    ledgers = []
+    ledgers, closes = [], []
     for lines in (first, second):
         entries = [json.loads(line) for line in lines]
         ledgers.append((entries[0], [e for e in entries[1:] if e.get("kind") == "release"]))
+        closes.append(next((e for e in entries if e.get("kind") == "close"), None))
     roles = [str(header.get("server")) for header, _ in ledgers]
     if sorted(roles) != list(ROLES):
         raise LedgerError(
@@ -813,4 +977,30 @@ def compare_ledgers(first: list[bytes], second: list[bytes]) -> None:
         raise LedgerError(
             f"h2's ledger holds {len(r2) - len(r1)} releases that h1's lacks ({counts}): only "
             "its last release, recorded just before a crash, may be missing from h1's"
+        )
+    # A closing entry is written once both hold every release (H2's first): the other
+    # ledger holds the same releases, and a second closing entry the same statement.
+    closed = [c for c in closes if c is not None]
+    if closed and len(r1) != len(r2):
+        raise LedgerError(f"one ledger is closed but the two hold different releases ({counts})")
+    if len(closed) == 2 and statement_bytes(closed[0]) != statement_bytes(closed[1]):
+        raise LedgerError("the two ledgers' closing entries differ")
+
+
+def check_covers(report: LedgerReport, run_id: str, releases: int, chain: str) -> None:
+    """A released model (or export) of run ``run_id`` names the ledger head it depends on:
+    ``releases`` release entries with head ``chain``. LedgerError unless the verified ledger
+    (``report``) is of that run and holds those entries: a ledger cut before them, or another
+    run's, does not cover the model."""
+    if report.run_id != run_id:
+        raise LedgerError(f"the ledger is of run {report.run_id}, the model of run {run_id}")
+    if releases > report.steps:
+        raise LedgerError(
+            f"the model depends on {releases} release(s), the ledger holds only "
+            f"{report.steps}: the ledger was cut"
+        )
+    if report.heads[releases] != chain:
+        raise LedgerError(
+            f"the ledger's head after {releases} release(s) is not the one the model names "
+            f"({chain[:16]}...): not the ledger this model was released from"
         )

@@ -145,10 +145,10 @@ def test_ledger_signing_keys(tmp_path):
     header = {"run_id": "r", "server": "h1", "mode": "only-mpc", "plan_sha256": "00",
               "noise_multiplier": 0.0, "sampling": {}, "accountant": "rdp", "delta": 1e-5,
               "sensitivity_units": 1.0, "max_batch_size": 0, "peer": "h2",
-              "clip": {"rule": "fixed", "clip_norm": 1.0},
-              "peer_public_key": public_key_hex(other)}  # fmt: skip
+              "clip": {"rule": "fixed", "clip_norm": 1.0}, "backend": "gc",
+              "verify_inputs": "none", "peer_public_key": public_key_hex(other)}  # fmt: skip
     ledger = Ledger.open(tmp_path / "ledger.jsonl", key, header)
-    statement, _ = ledger.statement(0, 0, 1.0)
+    statement, _ = ledger.statement(0, 0, 1.0, float("inf"))
     ledger.record_release(0, 0, float("inf"), other.sign(statement), clip_norm=1.0)
     h2_pub = serialization.load_pem_public_key(made["h2"][1].read_bytes())
     both = {"h1": public_key_hex(public), "h2": public_key_hex(h2_pub)}

@@ -26,7 +26,9 @@ from spgc.ledger import (
     LedgerError,
     LedgerReport,
     canonical,
+    chain_after,
     load_signing_key,
+    plan_digest,
     public_key_hex,
     statement_bytes,
     verify_ledger,
@@ -48,6 +50,8 @@ HEADER: dict[str, Any] = {
     "sensitivity_units": 1024.0,
     "max_batch_size": 0,
     "clip": {"rule": "fixed", "clip_norm": 1.0},
+    "backend": "gc",
+    "verify_inputs": "none",
 }
 CLIP = 1.0  # the fixed clip norm of every release in these ledgers
 ROUNDS = 5
@@ -64,20 +68,34 @@ def _sha(text: str) -> str:
 
 def _record(ledger: Ledger, t: int, samples: int, epsilon: float, peer=PEER) -> int:
     """A release entry co-signed by ``peer`` (what CosignRelease gives the server)."""
-    statement, _ = ledger.statement(t, samples, CLIP)
+    statement, _ = ledger.statement(t, samples, CLIP, epsilon)
     return ledger.record_release(t, samples, epsilon, peer.sign(statement), clip_norm=CLIP)
 
 
+def _close(ledger: Ledger, peer=PEER) -> None:
+    """The run's co-signed closing entry (what CloseLedger gives the server)."""
+    statement, _ = ledger.close_statement()
+    ledger.record_close(peer.sign(statement))
+
+
 def _build(
-    path: Path, key: Ed25519PrivateKey, rounds: int = ROUNDS, header: dict | None = None
+    path: Path,
+    key: Ed25519PrivateKey,
+    rounds: int = ROUNDS,
+    header: dict | None = None,
+    *,
+    close: bool = False,
 ) -> Ledger:
-    """An honest ledger: one release and one released line per round."""
+    """An honest ledger: one release and one released line per round (``close``: then the
+    run's closing entry)."""
     ledger = Ledger.open(path, key, header or HEADER)
     acc = _accountant()
     start = ledger.releases
     for i in range(start, start + rounds):
         index = _record(ledger, i, SAMPLES, acc.epsilon_after(i + 1))
         ledger.record_released(index, i, _sha(f"y{i}"))
+    if close:
+        _close(ledger)
     return ledger
 
 
@@ -89,8 +107,14 @@ def _write(path: Path, lines: list[bytes]) -> None:
     path.write_bytes(b"".join(line + b"\n" for line in lines))
 
 
-def _resign(entries: list[dict[str, Any]], key: Ed25519PrivateKey) -> list[bytes]:
-    """Entries chained and signed again with ``key`` (what a forger with a key can do)."""
+def _resign(
+    entries: list[dict[str, Any]], key: Ed25519PrivateKey, peer: Any = None
+) -> list[bytes]:
+    """Entries chained and signed again with ``key`` (what a forger with a key can do);
+    ``peer``: the co-signed entries re-chained and co-signed again with that key too (both
+    servers' keys: what re-accounting must still catch)."""
+    if peer is not None:
+        _cosign_again(entries, peer)
     out: list[bytes] = []
     for entry in entries:
         entry = {k: v for k, v in entry.items() if k != "sig"}
@@ -115,6 +139,14 @@ def key() -> Ed25519PrivateKey:
 def ledger_path(tmp_path: Path, key: Ed25519PrivateKey) -> Path:
     path = tmp_path / "ledger.jsonl"
     _build(path, key)
+    return path
+
+
+@pytest.fixture
+def closed_path(tmp_path: Path, key: Ed25519PrivateKey) -> Path:
+    """The ledger of a finished run: ROUNDS releases, then the co-signed closing entry."""
+    path = tmp_path / "ledger.jsonl"
+    _build(path, key, close=True)
     return path
 
 
@@ -266,18 +298,27 @@ def test_a_cut_ledger_that_was_continued_fails(ledger_path, key):
         verify_ledger(ledger_path)
 
 
+def _cosign_again(entries: list[dict[str, Any]], peer: Any) -> None:
+    """Every co-signed entry re-chained from the header and co-signed by ``peer``."""
+    head = plan_digest(entries[0])
+    for entry in entries[1:]:
+        if entry["kind"] in ("release", "close"):
+            entry["signers"] = {
+                entries[0]["server"]: entries[0]["public_key"],
+                entries[0]["peer"]: entries[0]["peer_public_key"],
+            }
+            entry["chain"] = head
+            entry["peer_sig"] = peer.sign(statement_bytes(entry)).hex()
+            if entry["kind"] == "release":
+                head = chain_after(entry)
+
+
 def _forge_pair_keys(entries: list[dict[str, Any]], own: Any, peer: Any) -> list[bytes]:
     """A whole ledger made again by a forger holding two keys of its own: every release
     statement names them and is co-signed by ``peer``."""
     keys = {"public_key": public_key_hex(own), "peer_public_key": public_key_hex(peer)}
-    out = [{**entries[0], **keys}]
-    for entry in entries[1:]:
-        entry = dict(entry)
-        if entry["kind"] == "release":
-            entry["signers"] = {"h1": public_key_hex(own), "h2": public_key_hex(peer)}
-            entry["peer_sig"] = peer.sign(statement_bytes(entry)).hex()
-        out.append(entry)
-    return _resign(out, own)
+    out = [{**entries[0], **keys}] + [dict(e) for e in entries[1:]]
+    return _resign(out, own, peer)
 
 
 def test_resigned_ledger_fails_once_the_key_is_pinned(ledger_path, key):
@@ -295,10 +336,10 @@ def test_resigned_ledger_fails_once_the_key_is_pinned(ledger_path, key):
 
 def test_under_reported_epsilon(ledger_path, key):
     entries = _entries(ledger_path)
-    for entry in entries:  # a server that signs a smaller count all along
+    for entry in entries:  # servers that sign a smaller count all along
         if entry["kind"] == "release":
             entry["epsilon_after"] *= 0.9
-    lines = _resign(entries, key)
+    lines = _resign(entries, key, PEER)
     last_release = max(i for i, e in enumerate(entries, 1) if e["kind"] == "release")
     with pytest.raises(LedgerError, match=rf"^line {last_release}: .*re-account to epsilon"):
         verify_ledger(lines)
@@ -308,7 +349,7 @@ def test_decreasing_epsilon_is_refused(ledger_path, key):
     entries = _entries(ledger_path)
     entries[3]["epsilon_after"] = entries[1]["epsilon_after"] / 2
     with pytest.raises(LedgerError, match=r"^line 4: epsilon_after .* below the previous"):
-        verify_ledger(_resign(entries, key))
+        verify_ledger(_resign(entries, key, PEER))
 
 
 def test_release_that_differs_from_the_header(ledger_path, key):
@@ -368,20 +409,21 @@ def test_a_release_needs_the_peer_signature(tmp_path, key):
     ledger = Ledger.open(tmp_path / "ledger.jsonl", key, HEADER)
     with pytest.raises(LedgerError, match="no valid signature of the peer server 'h2'"):
         ledger.record_release(0, SAMPLES, 1.0, clip_norm=CLIP)
-    statement, mine = ledger.statement(0, SAMPLES, CLIP)
+    statement, mine = ledger.statement(0, SAMPLES, CLIP, 1.0)
     with pytest.raises(LedgerError, match="no valid signature of the peer"):
         # Its own signature is not the peer's.
         ledger.record_release(0, SAMPLES, 1.0, mine, clip_norm=CLIP)
-    wrong, _ = ledger.statement(0, SAMPLES + 1, CLIP)  # the peer signed another sample count
+    wrong, _ = ledger.statement(0, SAMPLES + 1, CLIP, 1.0)  # the peer signed another count
     with pytest.raises(LedgerError, match="no valid signature of the peer"):
         ledger.record_release(0, SAMPLES, 1.0, PEER.sign(wrong), clip_norm=CLIP)
     assert ledger.releases == 0  # nothing was written
     assert ledger.record_release(0, SAMPLES, 1.0, PEER.sign(statement), clip_norm=CLIP) == 0
     # The statement: the shared fields only, the same bytes on both servers.
-    # Every field re-accounting reads, and both servers' keys by role.
+    # Every field re-accounting reads (the index and running epsilon too), both servers' keys
+    # by role, and the head before it (the plan's digest for the first).
     assert json.loads(statement) == {
         "kind": "release",
-        "format": 3,
+        "format": 4,
         "run_id": "run-1",
         "round": 0,
         "mode": "spgc",
@@ -393,13 +435,18 @@ def test_a_release_needs_the_peer_signature(tmp_path, key):
         "sensitivity_units": 1024.0,
         "max_batch_size": 0,
         "clip": {"rule": "fixed", "clip_norm": 1.0},
+        "backend": "gc",
+        "verify_inputs": "none",
         "signers": {"h1": public_key_hex(key), "h2": public_key_hex(PEER)},
         "noise_samples": SAMPLES,
         "clip_norm": CLIP,
+        "index": 0,
+        "epsilon_after": 1.0,
+        "chain": plan_digest(ledger.header),
     }
     h2_header = {**HEADER, "server": "h2", "peer": "h1", "peer_public_key": public_key_hex(key)}
     peer_view = Ledger.open(None, PEER, h2_header)
-    assert peer_view.statement(0, SAMPLES, CLIP)[0] == statement
+    assert peer_view.statement(0, SAMPLES, CLIP, 1.0)[0] == statement
 
 
 def test_a_server_alone_cannot_change_a_cosigned_entry(ledger_path, key):
@@ -482,8 +529,8 @@ def _pem(path: Path, key: Ed25519PrivateKey, private: bool) -> Path:
     return path
 
 
-def test_cli_json(parser, capsys, ledger_path, key):
-    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--json")
+def test_cli_json(parser, capsys, closed_path, key):
+    code, out, err = _run(parser, capsys, "--ledger", closed_path, "--json")
     assert (code, err) == (0, "")
     got = json.loads(out)
     assert {"steps", "epsilon", "delta", "signatures_valid"} <= set(got)
@@ -500,26 +547,27 @@ def test_cli_json(parser, capsys, ledger_path, key):
     assert got["delta_reported"] == pytest.approx(1e-5 + sampler, rel=1e-12)
 
 
-def test_cli_human(parser, capsys, ledger_path):
-    code, out, err = _run(parser, capsys, "--ledger", ledger_path)
+def test_cli_human(parser, capsys, closed_path):
+    code, out, err = _run(parser, capsys, "--ledger", closed_path)
     assert (code, err) == (0, "")
-    assert out.startswith(f"ledger {ledger_path}: verified\n")
+    assert out.startswith(f"ledger {closed_path}: verified\n")
     assert "run run-1, server h1, mode spgc" in out
     assert f"releases counted: {ROUNDS} " in out
     assert "re-accounted from the entries (RDP, noise multiplier 1.1)" in out
     assert "= 1e-05 (accountant) + " in out and "(sampler: (1 + e^epsilon) x their" in out
-    assert "this ledger alone cannot establish:" in out and "give both servers' ledgers" in out
+    assert "this ledger alone cannot establish:" in out and "who signed it" in out
+    assert "complete: it is closed: a co-signed closing entry says no release follows" in out
     assert f"noise samples: {ROUNDS * SAMPLES}" in out
     assert "signatures valid (this server's key" in out
     assert "every release co-signed by the peer server's key" in out
 
 
 @pytest.mark.parametrize("private", [False, True])
-def test_cli_pinned_keys(parser, capsys, tmp_path, ledger_path, key, private):
+def test_cli_pinned_keys(parser, capsys, tmp_path, closed_path, key, private):
     other = _pem(tmp_path / "other.pem", Ed25519PrivateKey.generate(), private)
     mine = _pem(tmp_path / "mine.pem", key, private)
     peer = _pem(tmp_path / "peer.pem", PEER, private)
-    argv = ("--ledger", ledger_path, "--keys", f"h2={peer}", f"h1={mine}", "--json")
+    argv = ("--ledger", closed_path, "--keys", f"h2={peer}", f"h1={mine}", "--json")
     code, out, err = _run(parser, capsys, *argv)
     assert (code, err) == (0, "")
     got = json.loads(out)
@@ -527,19 +575,19 @@ def test_cli_pinned_keys(parser, capsys, tmp_path, ledger_path, key, private):
     assert not any("who signed" in what for what in got["cannot_establish_alone"])
     assert "PRIVATE" not in out  # the key file's contents are never printed
 
-    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", f"h1={other}",
+    code, out, err = _run(parser, capsys, "--ledger", closed_path, "--keys", f"h1={other}",
                           f"h2={peer}")  # fmt: skip
     assert (code, out) == (1, "")
     assert err == (
-        f"spgc account: ledger {ledger_path}: line 1: this server's public_key is not the key "
+        f"spgc account: ledger {closed_path}: line 1: this server's public_key is not the key "
         "pinned for h1 (--keys)\n"
     )
     # Only this server's key pinned: the peer's key in the header is not trusted.
-    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", f"h1={mine}")
+    code, out, err = _run(parser, capsys, "--ledger", closed_path, "--keys", f"h1={mine}")
     assert (code, out) == (1, "")
     assert "line 1: no key pinned for h2 (--keys h2=PEM)" in err
     # Both real keys, in the wrong roles: refused (a set of keys pins nothing).
-    code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--keys", f"h1={peer}",
+    code, out, err = _run(parser, capsys, "--ledger", closed_path, "--keys", f"h1={peer}",
                           f"h2={mine}")  # fmt: skip
     assert code == 1 and "not the key pinned for h1" in err
 
@@ -581,6 +629,7 @@ def test_cli_no_noise(parser, capsys, tmp_path, key):
               "peer_public_key": None}  # fmt: skip
     ledger = Ledger.open(path, key, header)
     ledger.record_release(0, 0, math.inf, clip_norm=CLIP)
+    ledger.record_close()  # one server: its own signature only
     code, out, _ = _run(parser, capsys, "--ledger", path)
     assert code == 0 and "NOT differentially private: mode plain adds no noise" in out
     code, out, _ = _run(parser, capsys, "--ledger", path, "--json")
@@ -640,10 +689,10 @@ def test_cli_ledger_excludes_sigma(parser, capsys, ledger_path):
     assert "not allowed with argument" in capsys.readouterr().err
 
 
-def test_console_script(ledger_path):
+def test_console_script(closed_path):
     spgc = Path(sys.executable).parent / "spgc"
     done = subprocess.run(
-        [str(spgc), "account", "--ledger", str(ledger_path), "--json"],
+        [str(spgc), "account", "--ledger", str(closed_path), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -653,24 +702,24 @@ def test_console_script(ledger_path):
     assert got["steps"] == ROUNDS and got["signatures_valid"] is True
     assert abs(got["epsilon"] - _accountant().epsilon_after(ROUNDS)) < 1e-9
 
-    lines = _lines(ledger_path)
+    lines = _lines(closed_path)
     entry = json.loads(lines[1])
     entry["round"] = 42
     lines[1] = canonical(entry)
-    _write(ledger_path, lines)
+    _write(closed_path, lines)
     # (in this process: the console script's start-up ran above)
-    bad = run_in_process("account", "--ledger", str(ledger_path))
+    bad = run_in_process("account", "--ledger", str(closed_path))
     assert (bad.returncode, bad.stdout) == (1, "")
-    assert bad.stderr == f"spgc account: ledger {ledger_path}: line 2: bad signature\n"
+    assert bad.stderr == f"spgc account: ledger {closed_path}: line 2: bad signature\n"
 
-    missing = run_in_process("account", "--ledger", str(ledger_path.with_name("none.jsonl")))
+    missing = run_in_process("account", "--ledger", str(closed_path.with_name("none.jsonl")))
     assert missing.returncode == 2 and "No such file or directory" in missing.stderr
 
 
 def test_cli_under_count_exits_1(parser, capsys, ledger_path, key):
     entries = _entries(ledger_path)
     entries[-2]["epsilon_after"] = entries[-4]["epsilon_after"]  # the last release: one short
-    _write(ledger_path, _resign(entries, key))
+    _write(ledger_path, _resign(entries, key, PEER))
     code, out, err = _run(parser, capsys, "--ledger", ledger_path, "--json")
     assert (code, out) == (1, "")
     assert err.startswith(f"spgc account: ledger {ledger_path}: line {len(entries) - 1}: the ")
@@ -685,6 +734,7 @@ def test_console_script_stderr_stays_empty(tmp_path, key):
     acc = PrivacyAccountant(0.76, 1e-5, sampling_rate=0.077)
     for t in range(3):
         _record(ledger, t, 62, acc.epsilon_after(t + 1))
+    _close(ledger)
     done = subprocess.run(
         [str(Path(sys.executable).parent / "spgc"), "account", "--ledger", str(path)],
         capture_output=True,
@@ -709,9 +759,12 @@ def test_a_write_torn_by_a_crash_is_cut_off(ledger_path, key):
     assert verify_ledger(ledger_path).steps == ROUNDS + 1
 
 
-def _pair(tmp_path: Path, key: Ed25519PrivateKey, rounds: tuple[int, int]) -> tuple[Path, Path]:
+def _pair(
+    tmp_path: Path, key: Ed25519PrivateKey, rounds: tuple[int, int], *, close: bool = True
+) -> tuple[Path, Path]:
     """Both servers' ledgers of one run: h1 signed by ``key``, h2 by PEER, each release
-    co-signed by the other; ``rounds``: how many releases each holds (the same rounds)."""
+    co-signed by the other; ``rounds``: how many releases each holds (the same rounds);
+    closed (co-signed closing entries) when they hold the same and ``close``."""
     h2_header = {**HEADER, "server": "h2", "peer": "h1", "peer_public_key": public_key_hex(key)}
     paths = (tmp_path / "h1.jsonl", tmp_path / "h2.jsonl")
     for path, own, other, header, count in (
@@ -722,6 +775,8 @@ def _pair(tmp_path: Path, key: Ed25519PrivateKey, rounds: tuple[int, int]) -> tu
         acc = _accountant()
         for i in range(count):
             _record(ledger, i, SAMPLES, acc.epsilon_after(i + 1), peer=other)
+        if close and rounds[0] == rounds[1]:  # a finished run: both hold every release
+            _close(ledger, peer=other)
     return paths
 
 
@@ -729,7 +784,8 @@ def _pair(tmp_path: Path, key: Ed25519PrivateKey, rounds: tuple[int, int]) -> tu
     ("rounds", "code", "said"),
     [
         ((5, 5), 0, "the two ledgers agree (5 and 5 release entries, the same plan and"),
-        ((4, 5), 0, "the run counted 5 release(s)"),  # a crash between the two entries
+        # A crash between the two entries: agreed, but the run was not closed.
+        ((4, 5), 3, "the run counted 5 release(s)"),
         ((3, 5), 1, "h2's ledger holds 2 releases that h1's lacks (h1 3, h2 5 release"),
         # H2 records first: h1's holding one more means h2 dropped it (and re-signed).
         ((5, 4), 1, "h1's ledger holds a release that h2's lacks (h1 5, h2 4 release entries)"),
@@ -772,6 +828,7 @@ def test_a_ledger_is_re_accounted_with_the_accountant_its_header_names(
         for t in range(ROUNDS):
             index = _record(ledger, t, SAMPLES, acc.epsilon_after(t + 1))
             ledger.record_released(index, t, _sha(f"y{t}"))
+        _close(ledger)
     code, out, err = _run(parser, capsys, "--ledger", honest, "--json")
     assert (code, err) == (0, "")
     got = json.loads(out)

@@ -33,7 +33,14 @@ from test_ledger import parser as parser  # the module's fixture
 
 from spgc.accounting import reported_delta
 from spgc.config import ServerConfig
-from spgc.ledger import Ledger, LedgerError, compare_ledgers, public_key_hex, verify_ledger
+from spgc.ledger import (
+    Ledger,
+    LedgerError,
+    canonical,
+    compare_ledgers,
+    public_key_hex,
+    verify_ledger,
+)
 from spgc.plan import make_plan
 from spgc.servers.intake import ShareIntake
 from spgc.servers.state import ServerState
@@ -90,7 +97,7 @@ def test_changing_the_release_entries_too_breaks_the_peers_signature(pair, key, 
     for entry in entries:
         if entry["kind"] in ("header", "release"):
             entry.update(change)
-    with pytest.raises(LedgerError, match=r"^line 2: bad or missing signature of the peer"):
+    with pytest.raises(LedgerError, match=r"^line 2: chain does not name the co-signed entry"):
         verify_ledger(_resign(entries, key))
 
 
@@ -126,7 +133,7 @@ def test_the_figure_for_a_run_is_the_worse_of_the_two_ledgers(
     h1, h2 = _pair(tmp_path, key, (ROUNDS - 1, ROUNDS))
     files = [h1, h2] if order == "h1 h2" else [h2, h1]
     code, out, err = _run(parser, capsys, "--ledger", *files, "--keys", *role_keys, "--json")
-    assert (code, err) == (0, "")
+    assert code == 3 and "later releases cannot be ruled out" in err  # not closed
     both = json.loads(out)
     expected = _accountant().epsilon_after(ROUNDS)
     assert both["steps"] == ROUNDS and both["epsilon"] == pytest.approx(expected, rel=1e-12)
@@ -135,14 +142,14 @@ def test_the_figure_for_a_run_is_the_worse_of_the_two_ledgers(
     assert all(a["cannot_establish_alone"] == [] for a in both["ledgers"])
 
 
-def test_one_ledger_says_what_it_cannot_establish_alone(parser, capsys, pair, role_keys):
-    h1, _ = pair
+def test_one_ledger_says_what_it_cannot_establish_alone(parser, capsys, tmp_path, key, role_keys):
+    h1, _ = _pair(tmp_path, key, (ROUNDS, ROUNDS), close=False)  # a run not closed (yet)
     code, out, _ = _run(parser, capsys, "--ledger", h1, "--keys", *role_keys, "--json")
-    assert code == 0
+    assert code == 3
     alone = json.loads(out)["cannot_establish_alone"]
-    assert len(alone) == 1 and "did not drop its latest release entries" in alone[0]
+    assert len(alone) == 1 and "that no release followed its last entry" in alone[0]
     code, out, _ = _run(parser, capsys, "--ledger", h1)
-    assert code == 0 and "this ledger alone cannot establish:" in out
+    assert code == 3 and "this ledger alone cannot establish:" in out
     assert "without --keys h1=PEM h2=PEM any key pair could have made this ledger" in out
 
 
@@ -169,7 +176,7 @@ def test_keys_are_pinned_per_role(parser, capsys, pair, role_keys):
 
 def _drop_release(path: Path, key: Ed25519PrivateKey, index: int) -> None:
     """h1 drops release ``index`` from its ledger, renumbers the rest, fixes its own counts
-    and re-signs its chain: it verifies alone."""
+    and re-signs its chain with its own key."""
     entries = [e for e in _entries(path) if not (e["kind"] == "release" and e["index"] == index)]
     acc, n = _accountant(), 0
     for entry in entries:
@@ -179,19 +186,30 @@ def _drop_release(path: Path, key: Ed25519PrivateKey, index: int) -> None:
     _write(path, _resign(entries, key))
 
 
-@pytest.mark.parametrize(("dropped", "ok"), [(ROUNDS - 1, True), (2, False), (0, False)])
-def test_h2s_one_extra_release_only_as_its_last(parser, capsys, pair, key, role_keys, dropped, ok):
+def test_h2s_one_extra_release_only_as_its_last(parser, capsys, tmp_path, key, role_keys):
     """h2 may hold one release more than h1, written just before a crash: only as its last
-    release entry (before, anywhere)."""
+    release entry; the pair then verifies, but is not closed (exit 3)."""
+    h1, h2 = _pair(tmp_path, key, (ROUNDS, ROUNDS), close=False)
+    _drop_release(h1, key, ROUNDS - 1)
+    assert verify_ledger(h1).steps == ROUNDS - 1  # a prefix: it verifies alone
+    code, out, err = _run(parser, capsys, "--ledger", h1, h2, "--keys", *role_keys)
+    assert code == 3 and f"the run counted {ROUNDS} release(s)" in out
+    assert "later releases cannot be ruled out" in err
+
+
+@pytest.mark.parametrize("dropped", [2, 0])
+def test_one_ledger_cannot_drop_a_middle_release(parser, capsys, pair, key, role_keys, dropped):
+    """Issue 45, hole 2. Before: h1 dropped a middle release, renumbered and re-signed its
+    file (index and epsilon_after were not co-signed): exit 0, epsilon 3.83. Each co-signed
+    statement now names the head before it, and its index and running epsilon: caught at the
+    entry after the gap, alone or in a pair."""
     h1, h2 = pair
     _drop_release(h1, key, dropped)
-    assert verify_ledger(h1).steps == ROUNDS - 1  # alone, it verifies
+    line = 2 + dropped  # the release that followed the dropped one (no released lines)
+    with pytest.raises(LedgerError, match=rf"^line {line}: (chain does not name|bad or missing)"):
+        verify_ledger(h1)
     code, out, err = _run(parser, capsys, "--ledger", h1, h2, "--keys", *role_keys)
-    if ok:
-        assert code == 0 and f"the run counted {ROUNDS} release(s)" in out
-    else:
-        assert code == 1
-        assert f"release entry {dropped} differs in round: h1 {dropped + 1}, h2 {dropped}" in err
+    assert (code, out) == (1, "") and f"line {line}: " in err
 
 
 def test_a_format_1_ledger_is_refused(pair, key):
@@ -221,3 +239,103 @@ def test_spgc_account_reports_the_servers_delta(tmp_path):
     assert report.delta_reported == reported_delta(cfg.target_delta, report.epsilon, samples, 3)
     assert report.delta_reported > uncapped
     assert json.loads(state.ledger.lines[0])["max_batch_size"] == 40
+
+
+# ------------------------------------------------------------------ issue 45: what was released
+
+
+def _model_report(path: Path, run_id: str, releases: int, chain: str) -> Path:
+    """A released model's privacy report naming the ledger head it depends on."""
+    path.write_text(json.dumps({"run_id": run_id, "ledger_head": {"releases": releases,
+                                                                   "chain": chain}}))  # fmt: skip
+    return path
+
+
+def _cut(path: Path, releases: int) -> None:
+    """The ledger as it was after ``releases`` release entries (a prefix: still valid)."""
+    lines, kept, seen = _entries(path), [], 0
+    for entry in lines:
+        if entry["kind"] == "release":
+            seen += 1
+        if seen > releases or entry["kind"] == "close":
+            break
+        kept.append(entry)
+    _write(path, [canonical(e) for e in kept])
+
+
+@pytest.mark.parametrize("left", [0, ROUNDS - 2])
+def test_a_truncated_pair_is_not_complete(parser, capsys, tmp_path, pair, role_keys, left):
+    """Issue 45, hole 1. Before: both ledgers cut after the header printed "the two ledgers
+    agree" with epsilon 0, exit 0; cut by two releases, 3.63 for a run that spent 4.0. A
+    finished run is closed by a co-signed entry; a pair without one exits 3, and a pair that
+    does not hold the head of the model it must cover fails."""
+    h1, h2 = pair
+    full = verify_ledger(h1)
+    assert full.closed and full.steps == ROUNDS
+    model = _model_report(tmp_path / "model.json", "run-1", ROUNDS, full.head)
+    argv = ("--ledger", h1, h2, "--keys", *role_keys)
+    code, out, err = _run(parser, capsys, *argv, "--model", model, "--json")
+    assert (code, err) == (0, "") and json.loads(out)["complete"] is True
+    for path in (h1, h2):
+        _cut(path, left)
+    code, out, err = _run(parser, capsys, *argv, "--json")
+    assert code == 3 and json.loads(out)["complete"] is False
+    assert err == (
+        "spgc account: later releases cannot be ruled out: the ledgers hold no closing entry; "
+        "give --model FILE (the latest model or export of the run) to check that they cover it "
+        "(exit 3)\n"
+    )
+    code, out, err = _run(parser, capsys, *argv, "--model", model)
+    assert (code, out) == (1, "")
+    assert f"the model depends on {ROUNDS} release(s), the ledger holds only {left}" in err
+
+
+def test_a_model_released_before_the_last_release_is_covered(parser, capsys, tmp_path, pair):
+    """A model published after 2 releases is covered by the whole pair (its head is there);
+    a head that is not the ledgers' after 2 releases is refused."""
+    h1, h2 = pair
+    heads = verify_ledger(h1).heads
+    model = _model_report(tmp_path / "v2.json", "run-1", 2, heads[2])
+    code, out, _ = _run(parser, capsys, "--ledger", h1, h2, "--model", model, "--json")
+    assert code == 0 and json.loads(out)["steps"] == ROUNDS
+    wrong = _model_report(tmp_path / "w.json", "run-1", 2, heads[3])
+    code, _, err = _run(parser, capsys, "--ledger", h1, h2, "--model", wrong)
+    assert code == 1 and "head after 2 release(s) is not the one the model names" in err
+
+
+def test_an_older_runs_pair_does_not_cover_a_newer_model(parser, capsys, tmp_path, pair):
+    """Issue 45, hole 1. Before: the pair of an older run kept in the same state_dir, signed
+    with the same keys, passed (exit 0, epsilon 1.0)."""
+    h1, h2 = pair  # run-1, closed
+    newer = _model_report(tmp_path / "model.json", "run-2", 7, "ab" * 32)
+    code, out, err = _run(parser, capsys, "--ledger", h1, h2, "--model", newer)
+    assert (code, out) == (1, "")
+    assert err == f"spgc account: ledger {h1}: the ledger is of run run-1, the model of run run-2\n"
+    code, _, err = _run(parser, capsys, "--ledger", h1, h2, "--run-id", "run-2")
+    assert code == 1 and "the ledger is of run run-1, not of --run-id run-2" in err
+    assert _run(parser, capsys, "--ledger", h1, h2, "--run-id", "run-1")[0] == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [("backend", "gmw"), ("verify_inputs", "l2")])
+def test_every_plan_field_of_the_header_is_cosigned(parser, capsys, pair, key, role_keys,
+                                                      field, value):  # fmt: skip
+    """Issue 45, hole 3. Before: h1 flipped verify_inputs and backend in its header and
+    re-signed it: exit 0, the two ledgers reporting l2/gc and none/gmw."""
+    h1, h2 = pair
+    _resigned_header(h1, key, **{field: value})
+    code, out, err = _run(parser, capsys, "--ledger", h1, h2, "--keys", *role_keys)
+    assert (code, out) == (1, "")
+    assert err == f"spgc account: ledger {h1}: line 2: {field} differs from the header's\n"
+
+
+def test_a_closed_ledger_takes_no_release(tmp_path, key):
+    ledger = Ledger.open(tmp_path / "l.jsonl", key, HEADER)
+    _record(ledger, 0, SAMPLES, 1.0)
+    statement, _ = ledger.close_statement()
+    ledger.record_close(PEER.sign(statement))
+    with pytest.raises(LedgerError, match="round 1: this run's ledger is closed"):
+        ledger.statement(1, SAMPLES, 1.0, 2.0)
+    entries = [json.loads(line) for line in ledger.lines]
+    lines = _resign([*entries, dict(entries[1])], key)  # a release after the closing entry
+    with pytest.raises(LedgerError, match=r"^line 4: follows the closing entry \(line 3\)"):
+        verify_ledger(lines)

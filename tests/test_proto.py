@@ -199,6 +199,7 @@ def test_services_and_package() -> None:
         "CommitSeed",
         "CheckModel",
         "CosignRelease",
+        "CloseLedger",
         "SyncPool",
         "ProduceNoise",
         "PairWorkers",

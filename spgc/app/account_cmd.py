@@ -31,6 +31,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from safetensors import SafetensorError
 
 from spgc.accounting import (
     ACCOUNTANTS,
@@ -39,9 +40,11 @@ from spgc.accounting import (
     quiet_dp_accounting,
 )
 from spgc.budget import BudgetError, budget_summary, format_budget
+from spgc.export import read_report
 from spgc.ledger import (
     ROLES,
     LedgerError,
+    check_covers,
     compare_ledgers,
     public_key_hex,
     read_ledger_lines,
@@ -133,6 +136,19 @@ def add_parser(subparsers: Any) -> None:
         "it holds, each run and the lifetime figure",
     )
     p.add_argument(
+        "--model",
+        type=Path,
+        metavar="FILE",
+        help="with --ledger: a released model or export (.safetensors, or its .json privacy "
+        "report) of the run: the ledgers must hold the co-signed head it names (release count "
+        "and hash), so releases up to it cannot be missing",
+    )
+    p.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="with --ledger: the run the ledgers must be of (an older run's pair is refused)",
+    )
+    p.add_argument(
         "--keys",
         nargs="+",
         metavar="ROLE=PEM",
@@ -170,10 +186,16 @@ def _ceil_sig(value: float, digits: int) -> str:
     return f"{math.ceil(value * scale * (1 - 1e-12)) / scale:.{digits}g}"
 
 
+def _refuse_ledger_flags(args: argparse.Namespace) -> None:
+    """The options that only --ledger takes."""
+    for flag in ("keys", "model", "run_id"):
+        if getattr(args, flag, None) is not None:
+            raise _AccountError(f"--{flag.replace('_', '-')} goes with --ledger")
+
+
 def _check(args: argparse.Namespace) -> None:
     """What argparse could not require (see add_parser), and values set by callers of run()."""
-    if getattr(args, "keys", None) is not None:
-        raise _AccountError("--keys goes with --ledger")
+    _refuse_ledger_flags(args)
     if (args.sigma is None) == (args.epsilon is None):
         raise _AccountError("give exactly one of --sigma and --epsilon")
     missing = [
@@ -331,12 +353,13 @@ def _pinned_keys(items: list[str]) -> dict[str, str]:
 def _alone(report: Any, pinned: bool) -> list[str]:
     """What one ledger checked on its own cannot establish (said with every single check)."""
     out = []
-    if report.cosigned:
+    if report.cosigned and not report.closed:
         out.append(
-            "that this server did not drop its latest release entries and re-sign its chain "
-            "with its own key: give both servers' ledgers (--ledger H1 H2) to compare them"
+            "that no release followed its last entry: the run's closing entry is missing "
+            "(cut off, or the run is not over): give --model FILE, the model it must cover, "
+            "or a closed ledger"
         )
-    else:
+    elif not report.cosigned:
         out.append(
             "anything a second server would vouch for: a one-server mode has no co-signer, so "
             "this is the server's own record alone"
@@ -349,11 +372,9 @@ def _alone(report: Any, pinned: bool) -> list[str]:
     return out
 
 
-def _ledger_answer(
-    path: Path, lines: list[bytes], keys: dict[str, str] | None
-) -> dict[str, Any]:
-    """The report on the ledger's ``lines`` (read once: what is verified is what is shown)."""
-    report = verify_ledger(lines, expected_keys=keys)
+def _ledger_answer(path: Path, lines: list[bytes], report: Any, pinned: bool) -> dict[str, Any]:
+    """The answer on the ledger's ``lines`` as verified in ``report`` (read once: what is
+    verified is what is shown)."""
     header = json.loads(lines[0])  # verified: the header object
     answer = report.as_dict()
     epsilon = report.epsilon
@@ -378,7 +399,7 @@ def _ledger_answer(
                 if report.cosigned
                 else "this server's key on every line (a one-server mode: no peer)"
             ),
-            "cannot_establish_alone": _alone(report, keys is not None),
+            "cannot_establish_alone": _alone(report, pinned),
         }
     )
     return answer
@@ -429,6 +450,8 @@ def _ledger_human(a: dict[str, Any]) -> str:
         else "; one-server mode: no peer co-signature"
     )
     lines.append(f"  signatures valid (this server's key {key[:16]}...{cosigned}{pinned})")
+    closed = "closed (no release follows)" if a["closed"] else "not closed"
+    lines.append(f"  head after {a['steps']} release(s): {a['head'][:16]}..., {closed}")
     return "\n".join(lines)
 
 
@@ -485,8 +508,7 @@ def _run_budget(args: argparse.Namespace) -> int:
     read or is damaged."""
     try:
         _check_ledger(args, "--budget")  # the file holds the plans
-        if args.keys is not None:
-            raise _AccountError("--keys goes with --ledger")
+        _refuse_ledger_flags(args)
         with quiet_dp_accounting():
             summary = budget_summary(args.budget)
     except (_AccountError, BudgetError) as exc:
@@ -495,15 +517,64 @@ def _run_budget(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``spgc account --ledger``: verified, but later releases cannot be ruled out (no closing
+#: entry, no --model to cover).
+EXIT_INCOMPLETE = 3
+
+
+def _model_head(path: Path) -> tuple[str, int, str]:
+    """(run id, release count, co-signed head) that a released model or export names."""
+    try:
+        report = read_report(path)
+    except FileNotFoundError:
+        raise _AccountError(f"--model {path}: no such file") from None
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise _AccountError(f"--model {path}: {' '.join(str(exc).split())}") from None
+    head = report.get("ledger_head")
+    if not isinstance(head, dict) or not isinstance(head.get("releases"), int):
+        raise _AccountError(
+            f"--model {path}: its privacy report names no ledger head (ledger_head: a model "
+            "published before ledger format 4)"
+        )
+    return str(report.get("run_id", "")), int(head["releases"]), str(head.get("chain", ""))
+
+
+def _completeness(
+    reports: list[Any], model: tuple[str, int, str] | None, run_id: str | None
+) -> str:
+    """What makes the count complete ("" when nothing does); LedgerError when the ledgers
+    are not of the pinned run or do not cover the model."""
+    for report in reports:
+        if run_id is not None and report.run_id != run_id:
+            raise LedgerError(f"the ledger is of run {report.run_id}, not of --run-id {run_id}")
+        if model is not None:
+            check_covers(report, *model)
+    if model is not None:
+        return f"it holds the head of the model ({model[1]} release(s))"
+    if any(r.closed for r in reports):
+        return "it is closed: a co-signed closing entry says no release follows"
+    return ""
+
+
+def _incomplete_line(n: int) -> str:
+    which = "the ledgers hold" if n == 2 else "the ledger holds"
+    return (
+        f"{PROG}: later releases cannot be ruled out: {which} "
+        "no closing entry; give --model FILE (the latest model or export of the run) to check "
+        f"that they cover it (exit {EXIT_INCOMPLETE})"
+    )
+
+
 def _run_ledger(args: argparse.Namespace) -> int:
     try:
         _check_ledger(args)
         if len(args.ledger) > 2:
             raise _AccountError("--ledger takes one file, or the two servers' ledgers of a run")
         keys = None if args.keys is None else _pinned_keys(args.keys)
+        model = None if args.model is None else _model_head(args.model)
     except _AccountError as exc:
         return _error(str(exc))
-    answers, read = [], []
+    answers, read, reports = [], [], []
     for path in map(Path, args.ledger):
         try:
             lines = read_ledger_lines(path)
@@ -511,30 +582,54 @@ def _run_ledger(args: argparse.Namespace) -> int:
             return _error(f"--ledger {path}: {exc.strerror or exc}")
         try:
             with quiet_dp_accounting():
-                answers.append(_ledger_answer(path, lines, keys))
+                report = verify_ledger(lines, expected_keys=keys)
+                answers.append(_ledger_answer(path, lines, report, keys is not None))
+            complete = _completeness([report], model, args.run_id)
         except LedgerError as exc:
             message = " ".join(str(exc).split())
             print(f"{PROG}: ledger {path}: {message}", file=sys.stderr)
             return 1
+        answers[-1]["complete"] = bool(complete)
         read.append(lines)
+        reports.append(report)
     if len(answers) == 1:
         if args.json:
             print(json.dumps(answers[0], allow_nan=False))
         else:
             print(_ledger_human(answers[0]) + "\n" + _alone_human(answers[0]))
+            print(f"  complete: {complete}" if complete else "  complete: no")
+        if not complete:
+            print(_incomplete_line(1), file=sys.stderr)
+            return EXIT_INCOMPLETE
         return 0
     try:
         compare_ledgers(*read)
     except LedgerError as exc:
         print(f"{PROG}: ledgers {args.ledger[0]} and {args.ledger[1]}: {exc}", file=sys.stderr)
         return 1
+    complete = _completeness(reports, model, args.run_id)  # checked above, one by one
     worst = _worst(answers)
     for a in answers:
         a["cannot_establish_alone"] = [] if keys else a["cannot_establish_alone"][-1:]
-    both = {"ledgers": answers, "consistent": True, **worst, "keys_pinned": keys is not None}
+    both = {
+        "ledgers": answers,
+        "consistent": True,
+        **worst,
+        "keys_pinned": keys is not None,
+        "complete": bool(complete),
+    }
     if args.json:
         print(json.dumps(both, allow_nan=False))
-        return 0
+    else:
+        _print_pair(answers, worst, keys is not None, complete)
+    if not complete:
+        print(_incomplete_line(2), file=sys.stderr)
+        return EXIT_INCOMPLETE
+    return 0
+
+
+def _print_pair(answers: list[dict[str, Any]], worst: dict[str, Any], pinned: bool,
+                complete: str) -> None:  # fmt: skip
     print("\n".join(_ledger_human(a) for a in answers))
     eps = "none (not differentially private)"
     if worst["differentially_private"]:
@@ -547,9 +642,9 @@ def _run_ledger(args: argparse.Namespace) -> int:
         f"last, recorded just before a crash): the run counted {worst['steps']} release(s), "
         f"epsilon {eps} (the worse of the two)"
     )
-    if keys is None:
+    print(f"  complete: {complete}" if complete else "  complete: no")
+    if not pinned:
         print(
             "  not established: who signed them: without --keys h1=PEM h2=PEM any two key "
             "pairs could have made this pair of ledgers"
         )
-    return 0

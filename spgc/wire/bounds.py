@@ -167,6 +167,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.RoundInfo.epsilon_spent": _NON_NEGATIVE_OR_INF,
     "spgc.v1.RoundInfo.latest_model_version": COUNTER,
     "spgc.v1.RoundInfo.releases_counted": COUNTER,
+    "spgc.v1.RoundInfo.ledger_head_releases": COUNTER,
     "spgc.v1.RoundInfo.clip_norm": _NON_NEGATIVE,  # 0: fixed clip norm
     "spgc.v1.WireLimits.max_message_bytes": ANY,  # informational
     "spgc.v1.WireLimits.max_chunk_bytes": _LIMIT_CHUNK_BYTES,

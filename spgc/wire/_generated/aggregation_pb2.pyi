@@ -262,7 +262,7 @@ class CoordinateRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version", "model_parameters", "failure", "caller_left_out", "releases_counted", "clip_norm")
+    __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version", "model_parameters", "failure", "caller_left_out", "releases_counted", "clip_norm", "ledger_head", "ledger_head_releases")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +278,8 @@ class RoundInfo(_message.Message):
     CALLER_LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     RELEASES_COUNTED_FIELD_NUMBER: _ClassVar[int]
     CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_HEAD_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_HEAD_RELEASES_FIELD_NUMBER: _ClassVar[int]
     round: int
     model_version: int
     model_sha256: bytes
@@ -293,7 +295,9 @@ class RoundInfo(_message.Message):
     caller_left_out: str
     releases_counted: int
     clip_norm: float
-    def __init__(self, round: _Optional[int] = ..., model_version: _Optional[int] = ..., model_sha256: _Optional[bytes] = ..., phase: _Optional[_Union[RoundPhase, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., caller_share_accepted: _Optional[bool] = ..., shares_accepted: _Optional[int] = ..., providers_agreed: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., latest_model_version: _Optional[int] = ..., model_parameters: _Optional[bytes] = ..., failure: _Optional[str] = ..., caller_left_out: _Optional[str] = ..., releases_counted: _Optional[int] = ..., clip_norm: _Optional[float] = ...) -> None: ...
+    ledger_head: bytes
+    ledger_head_releases: int
+    def __init__(self, round: _Optional[int] = ..., model_version: _Optional[int] = ..., model_sha256: _Optional[bytes] = ..., phase: _Optional[_Union[RoundPhase, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., caller_share_accepted: _Optional[bool] = ..., shares_accepted: _Optional[int] = ..., providers_agreed: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., latest_model_version: _Optional[int] = ..., model_parameters: _Optional[bytes] = ..., failure: _Optional[str] = ..., caller_left_out: _Optional[str] = ..., releases_counted: _Optional[int] = ..., clip_norm: _Optional[float] = ..., ledger_head: _Optional[bytes] = ..., ledger_head_releases: _Optional[int] = ...) -> None: ...
 
 class WireLimits(_message.Message):
     __slots__ = ("max_message_bytes", "max_chunk_bytes", "preferred_chunk_bytes")

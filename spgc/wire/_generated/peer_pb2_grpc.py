@@ -68,6 +68,11 @@ class PeerStub:
                 request_serializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
                 _registered_method=True)
+        self.CloseLedger = channel.unary_unary(
+                '/spgc.v1.Peer/CloseLedger',
+                request_serializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
+                response_deserializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
+                _registered_method=True)
         self.SyncPool = channel.unary_unary(
                 '/spgc.v1.Peer/SyncPool',
                 request_serializer=spgc_dot_v1_dot_peer__pb2.PoolState.SerializeToString,
@@ -131,6 +136,20 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CloseLedger(self, request, context):
+        """At the end of a finished run (H1 calls once training is over on both): co-signs the
+        ledger's closing entry. `statement` is the canonical JSON of the closing entry's shared
+        fields (spgc.ledger.close_statement: kind "close", the plan, signers, releases, chain: the
+        co-signed head after the run's releases); `round` is the run's round count. The callee
+        refuses (FAILED_PRECONDITION) unless its own training is finished and it builds the same
+        bytes; else it appends its closing entry (fsync) with the caller's signature and answers
+        with its signature over the same bytes, which the caller puts in its own. A retried call
+        answers the same.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SyncPool(self, request, context):
         """Mode preprocessed: reconcile the two noise pools (see PoolState); returns the callee's.
         """
@@ -182,6 +201,11 @@ def add_PeerServicer_to_server(servicer, server):
             ),
             'CosignRelease': grpc.unary_unary_rpc_method_handler(
                     servicer.CosignRelease,
+                    request_deserializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
+                    response_serializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
+            ),
+            'CloseLedger': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseLedger,
                     request_deserializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
                     response_serializer=spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
             ),
@@ -362,6 +386,33 @@ class Peer:
             request,
             target,
             '/spgc.v1.Peer/CosignRelease',
+            spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
+            spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseLedger(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spgc.v1.Peer/CloseLedger',
             spgc_dot_v1_dot_peer__pb2.ReleaseStatement.SerializeToString,
             spgc_dot_v1_dot_peer__pb2.ReleaseStatement.FromString,
             options,
