@@ -136,9 +136,31 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         return who
 
     def _authenticate(self, context: Any, claimed: str) -> str:
+        certified = peer_identity(context)
+        if claimed and certified is not None and claimed != certified:
+            self._claim_refused(context, certified, claimed)  # caller_identity refuses it next
         who = caller_identity(context, claimed, insecure=self.insecure, allowed=self.allowed)
         self.state.note_caller(who)
         return who
+
+    def _claim_refused(self, context: Any, certified: str, claimed: str) -> None:
+        """A caller whose request names another provider than its certificate (a provider
+        configured as one, holding another's certificate): audited and logged, then refused."""
+        address = str(context.peer())
+        if self.state.audit.record(
+            "identity_refused",
+            repeat_key=f"{certified} {claimed}",
+            identity=certified,
+            claimed=printable(claimed),
+            peer=address,
+            reason="the request's provider_id is not its certificate's name",
+        ):
+            log.warning(
+                "refused a call from %s (certificate %s) claiming to be %r",
+                printable(address),
+                printable(certified),
+                printable(claimed),
+            )
 
     def _require_ready(self) -> None:
         if not self.state.ready:  # no run id / agreed configuration before the Handshake

@@ -12,6 +12,10 @@ an address), ``round`` and ``reason``, and event-specific fields. Events:
 ``refused``               a call refused by a gate: a provider's (identity, limits), or a Peer
                           call from anyone but the other server (``method``, ``code``, ``reason``)
 ``share_refused``         a share refused by the intake or its checks (``round``, ``code``)
+``identity_refused``      a provider call whose claimed identity (its ``provider_id``) is not
+                          its certificate's name: ``identity`` (the certificate's),
+                          ``claimed``, ``peer`` (the caller's address); refused
+                          (PERMISSION_DENIED)
 ``circuit_refused``       a connection to the circuit port that did not authenticate
 ``provider_dropped``      a provider whose share reached this server but not both: left out
 ``norm_proof_refused``    verified inputs: a provider whose norm proof the two servers did

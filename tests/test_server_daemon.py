@@ -247,6 +247,11 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
         x9 = Provider(pki, "x9", (d1,))
         assert _code(lambda: x9.hello(1)) == grpc.StatusCode.PERMISSION_DENIED
         x9.close()
+        # p1's certificate, claiming p2 (issue 45, hole 6): refused, logged and audited.
+        claim = pb.HelloRequest(protocol_version=1, provider_id="p2")
+        assert _code(lambda: p1.stubs[1].Hello(claim, timeout=10)) == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
         stranger = Provider(pki, "p1", (d1,), ca_dir="other")
         assert _code(lambda: stranger.hello(1)) == grpc.StatusCode.UNAVAILABLE
         stranger.close()
@@ -273,6 +278,11 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
         # only-mpc: two releases of the noise-free sum, in the ledger, with no epsilon
         report = verify_ledger(tmp_path / sub / "ledger.jsonl")
         assert (report.steps, report.released, report.epsilon) == (2, 2, None)
+        # The finished run is closed (co-signed), and each model names the head it follows.
+        assert report.closed
+        for name, releases in (("model.json", 2), ("models/v00001.json", 1)):
+            head = json.loads((tmp_path / sub / name).read_text())["ledger_head"]
+            assert head == {"releases": releases, "chain": report.heads[releases]}
     # Every refused share left a trail on H1: who, which round, which code.
     audit = [json.loads(x) for x in (tmp_path / "s1" / "audit.jsonl").read_text().splitlines()]
     refused = {
@@ -285,6 +295,11 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
         ("p2", 5, "FAILED_PRECONDITION"),
         ("p2", 1, "FAILED_PRECONDITION"),  # computed on a stale model
     }, refused
+    claims = [(e["identity"], e["claimed"], e["peer"].rsplit(":", 1)[0]) for e in audit
+              if e["event"] == "identity_refused"]  # fmt: skip
+    assert claims == [("p1", "p2", "ipv4:127.0.0.1")], claims
+    assert "refused a call from ipv4:127.0.0.1:" in caplog.text
+    assert "(certificate p1) claiming to be 'p2'" in caplog.text
     # ... and a line in the server's log, naming who, the round and why.
     assert "refused a share from p2 for round 5: FAILED_PRECONDITION: round 5 is not open" in (
         caplog.text
