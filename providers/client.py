@@ -213,12 +213,10 @@ class ProviderClient(RoundFollower, Batches, Training):
         self._epoch: tuple[int, list[np.ndarray]] | None = None
         self._first_epoch: int | None = None
         self.reports: list[RoundReport] = []
-        # The data set's budget file across runs (set by connect), the noisy vector of the
-        # latest round (ldp: a round sent again gets the same one), and whether the round
-        # wait_for_round returned is one the servers run again (our shares were dropped).
+        # The data set's budget file across runs (set by connect), and the noisy vector of
+        # the latest round (ldp: a round sent again gets the same one).
         self.budget: ProviderBudget | None = None
         self._noisy = LastNoisyVector()
-        self._again = False
 
     def __enter__(self) -> ProviderClient:
         return self
@@ -349,7 +347,6 @@ class ProviderClient(RoundFollower, Batches, Training):
         # (unless both servers drop what they hold and run it again: see wait_for_round).
         self.last_round = t
         self._last_delivered = False
-        again, self._again = self._again, False
         if self.cfg.max_total_epsilon is not None:  # a limit of our own to hold the run to
             self.check_ledger()
         # ldp: a round sent again gets the noisy vector sent before (no second noisy view).
@@ -369,9 +366,7 @@ class ProviderClient(RoundFollower, Batches, Training):
         del total
         assert self.budget is not None  # connect() opened it
         # Write-ahead: the round is in the budget file before any of its vector leaves.
-        self.budget.before_submit(
-            t, fresh=kept is None, again=again, release_index=self._fixed_release()
-        )
+        self.budget.before_submit(t, fresh=kept is None, release_index=self._fixed_release())
         # The shares of round t are fixed from here on: retries resend exactly these.
         t0 = time.perf_counter()
         if self._senders is None:

@@ -31,6 +31,7 @@ from spgc.budget import (
     Spent,
     budget_path,
     dataset_sha256,
+    legacy_dataset_sha256,
 )
 from spgc.config import ProviderConfig
 from spgc.providers.errors import ProviderRefusal
@@ -69,8 +70,12 @@ class ProviderBudget:
         """Open the budget file of the data set (x, y), refuse a run that could pass
         ``max_total_epsilon`` over the data set's lifetime, and record the run."""
         try:
-            digest = dataset_sha256(x, y)
-            budget = DatasetBudget.open(budget_path(cfg.state_dir, cfg.budget_file, digest), digest)
+            digest, legacy = dataset_sha256(x, y), legacy_dataset_sha256(x, y)
+            budget = DatasetBudget.open(
+                budget_path(cfg.state_dir, cfg.budget_file, digest),
+                digest,
+                (budget_path(cfg.state_dir, cfg.budget_file, legacy), legacy),
+            )
             others = budget.spent(exclude_run=run_id)
         except BudgetError as exc:
             raise ProviderRefusal(str(exc)) from None
@@ -106,12 +111,11 @@ class ProviderBudget:
         except BudgetError as exc:
             raise ProviderRefusal(str(exc)) from None
 
-    def before_submit(
-        self, round_number: int, *, fresh: bool, again: bool, release_index: int | None
-    ) -> None:
+    def before_submit(self, round_number: int, *, fresh: bool, release_index: int | None) -> None:
         """Before this round's vector leaves: refuse one that would pass max_total_epsilon
         over the lifetime, else record the round (fsynced) and return. ``fresh``: a vector
-        not sent before; ``again``: a fresh vector for a round the servers run again."""
+        not sent before (one for a round recorded before counts one step more: a re-run, or
+        a restart that drew it again)."""
         try:
             limit = self.cfg.max_total_epsilon
             if limit is not None:
@@ -122,7 +126,7 @@ class ProviderBudget:
             self.budget.record_submission(
                 self.run_id,
                 round_number,
-                again=again and fresh,
+                fresh=fresh,
                 release_index=release_index,
             )
         except BudgetError as exc:

@@ -41,7 +41,6 @@ class RoundFollower(Transport):
     _told_clock: bool
     _epsilon_seen: dict[str, float]
     _run_checked_at: int | None
-    _again: bool
     reports: list[Any]
 
     def wait_for_round(self) -> Any | None:
@@ -91,7 +90,7 @@ class RoundFollower(Transport):
                     # went back to their last common checkpoint. The round runs again as a new
                     # release; we take part with a fresh vector (neither server holds the old).
                     log.info("round %d runs again (servers re-paired): taking part", first.round)
-                    new = self._again = True
+                    new = True
                 waiting = [
                     s.name
                     for s, i in zip(self.servers, infos, strict=True)

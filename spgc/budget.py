@@ -66,6 +66,7 @@ __all__ = [
     "dataset_sha256",
     "default_state_dir",
     "format_budget",
+    "legacy_dataset_sha256",
 ]
 
 #: The budget file's format version.
@@ -100,18 +101,47 @@ def budget_path(state_dir: Path | None, budget_file: Path | None, dataset_hash: 
     return base / "budget" / f"{dataset_hash}.json"
 
 
-def dataset_sha256(*arrays: np.ndarray) -> str:
-    """SHA-256 (hex) naming a data set: each array's dtype, shape and bytes in C order (for a
-    provider, its training part: x, then y)."""
+def _canonical_rows(array: np.ndarray, name: str) -> np.ndarray:
+    """``array``'s rows as float64 values, one row per line (C order): the same numbers give
+    the same bytes whatever their stored type (-0.0 as 0.0, one NaN)."""
+    a = np.asarray(array)
+    if a.dtype.hasobject or a.dtype.kind not in "biuf":
+        raise BudgetError(
+            f"the data set's {name} holds {a.dtype} values: it cannot be named by its "
+            "contents for the budget file; give real numbers"
+        )
+    if a.ndim == 0:
+        raise BudgetError(f"the data set's {name} is a scalar, not rows")
+    rows = a.astype(np.float64).reshape(len(a), -1) + 0.0  # + 0.0: -0.0 becomes 0.0
+    rows[np.isnan(rows)] = np.nan
+    return np.ascontiguousarray(rows.astype("<f8"))
+
+
+def dataset_sha256(x: np.ndarray, y: np.ndarray) -> str:
+    """SHA-256 (hex) naming a data set by its rows as a multiset: each row's values (x,
+    flattened) and label(s) (y) as float64, the rows sorted by those bytes, then hashed. The
+    same rows in any order, stored as float32 or float64 (or integers of the same values),
+    name one data set; a row more, less or changed names another (docs/PRIVACY.md)."""
+    xs, ys = _canonical_rows(x, "x"), _canonical_rows(y, "y")
+    if len(xs) != len(ys):
+        raise BudgetError(f"the data set has {len(xs)} rows of x but {len(ys)} labels")
+    rows = np.concatenate([xs, ys], axis=1)  # at least one label: rows are never empty
+    # Each row one opaque record of its bytes; sorting them fixes one order for a multiset.
+    records = np.sort(rows.view(np.dtype((np.void, rows.shape[1] * 8))).ravel())
+    h = hashlib.sha256(b"spgc-dataset-v2")
+    h.update(f"{len(rows)} rows, {xs.shape[1]} values, {ys.shape[1]} labels;".encode())
+    h.update(records.tobytes())
+    return h.hexdigest()
+
+
+def legacy_dataset_sha256(x: np.ndarray, y: np.ndarray) -> str:
+    """The name budget files had before :func:`dataset_sha256` (each array's dtype, shape
+    and bytes in C order): a file under it is taken over, so no past run is forgotten."""
     h = hashlib.sha256(b"spgc-dataset-v1")
-    for array in arrays:
-        a = np.asarray(array)
+    for array in (x, y):
+        a = np.ascontiguousarray(np.asarray(array))
         if a.dtype.hasobject:
-            raise BudgetError(
-                f"the data set holds Python objects (dtype {a.dtype}): it cannot be named by "
-                "its contents for the budget file; give numeric arrays"
-            )
-        a = np.ascontiguousarray(a)
+            raise BudgetError(f"the data set holds Python objects (dtype {a.dtype})")
         h.update(f"{a.dtype.str}{list(a.shape)}".encode())
         h.update(memoryview(a).cast("B"))
     return h.hexdigest()
@@ -327,19 +357,32 @@ class DatasetBudget:
     """One data set's budget file. Every change re-reads the file under the lock, changes it
     and replaces it atomically (fsynced) before returning: what a method recorded is on disk."""
 
-    def __init__(self, path: Path, dataset_hash: str) -> None:
+    def __init__(self, path: Path, dataset_hash: str, legacy_hash: str | None = None) -> None:
         self.path = Path(path)
         self.dataset_sha256 = dataset_hash
+        self.legacy_sha256 = legacy_hash  # the same data set's name before (taken over)
 
     @classmethod
-    def open(cls, path: Path | str, dataset_hash: str) -> DatasetBudget:
+    def open(
+        cls, path: Path | str, dataset_hash: str, legacy: tuple[Path, str] | None = None
+    ) -> DatasetBudget:
         """The budget file at ``path`` for the data set ``dataset_hash`` (hex SHA-256), made
-        (with its directory, mode 0700) when missing. BudgetError for a damaged file or one of
-        another data set."""
-        if not isinstance(dataset_hash, str) or not _HEX64.fullmatch(dataset_hash):
-            raise BudgetError(f"budget file {path}: {dataset_hash!r} is not a hex SHA-256")
-        budget = cls(Path(path), dataset_hash)
-        budget._update(lambda _data: None)
+        (with its directory, mode 0700) when missing. ``legacy``: (the file, the name) the
+        same data set had under :func:`legacy_dataset_sha256`; its runs are taken over (the
+        old file is kept). BudgetError for a damaged file or one of another data set."""
+        for digest in (dataset_hash, *(() if legacy is None else (legacy[1],))):
+            if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
+                raise BudgetError(f"budget file {path}: {digest!r} is not a hex SHA-256")
+        budget = cls(Path(path), dataset_hash, None if legacy is None else legacy[1])
+        old = None if legacy is None else Path(legacy[0])
+
+        def take_over(data: dict[str, Any]) -> None:
+            if old is not None and not data["runs"] and old != budget.path and old.is_file():
+                past = read_budget_file(old)
+                if past["dataset_sha256"] == budget.legacy_sha256:
+                    data["runs"] = past["runs"]
+
+        budget._update(take_over)
         return budget
 
     # -------------------------------------------------------------- recording
@@ -366,17 +409,19 @@ class DatasetBudget:
         run_id: str,
         round_number: int,
         *,
-        again: bool = False,
+        fresh: bool = True,
         release_index: int | None = None,
     ) -> None:
-        """Before a vector for ``round_number`` leaves: the round joins ``rounds_submitted``;
-        ``again``: a fresh vector for a round the servers run again (one more step);
+        """Before a vector for ``round_number`` leaves: the round joins ``rounds_submitted``.
+        ``fresh``: a vector not sent before; one for a round already recorded is one more
+        step (``reruns``), whatever made it: the servers ran the round again, or this
+        provider restarted and drew it again (the file is the only memory that survives).
         ``release_index``: the release number the round's release takes (fixed batches)."""
 
         def change(data: dict[str, Any]) -> None:
             entry = self._entry(data, run_id)
             rounds = set(entry["rounds_submitted"])
-            if again and round_number in rounds:
+            if fresh and round_number in rounds:
                 entry["reruns"] += 1
             entry["rounds_submitted"] = sorted(rounds | {int(round_number)})
             if release_index is not None:
@@ -457,6 +502,8 @@ class DatasetBudget:
 
     def _read(self) -> dict[str, Any]:
         data = read_budget_file(self.path)
+        if data["dataset_sha256"] == self.legacy_sha256:
+            data["dataset_sha256"] = self.dataset_sha256  # renamed when next written
         if data["dataset_sha256"] != self.dataset_sha256:
             raise BudgetError(
                 f"budget file {self.path} is of data set {data['dataset_sha256']}, not of this "

@@ -41,6 +41,8 @@ from spgc.budget import (
     dataset_sha256,
     default_state_dir,
     format_budget,
+    legacy_dataset_sha256,
+    read_budget_file,
 )
 from spgc.config_files import load_provider_config
 from spgc.data import load_dataset
@@ -127,7 +129,9 @@ def test_steps_count_local_vectors_reruns_and_fixed_batch_epochs(tmp_path: Path)
     assert b.run("ldp").steps == 2  # a second noisy vector for round 0: counted
     b.record_run("again", plan())
     b.record_submission("again", 3)
-    b.record_submission("again", 3, again=True)  # both servers dropped it: a fresh vector
+    b.record_submission("again", 3)  # both servers dropped it: a fresh vector
+    assert b.run("again").steps == 2
+    b.record_submission("again", 3, fresh=False)  # ldp: the same noisy vector sent again
     assert b.run("again").steps == 2
     fixed = {"sampling": "fixed", "sample_size": 10, "population": 40}  # 4 batches an epoch
     b.record_run("fixed", plan(sampling=fixed))
@@ -279,8 +283,6 @@ def test_where_the_file_lives_and_what_names_the_data(
     y = np.array([0, 1, 0, 1])
     h = dataset_sha256(x, y)
     assert h == dataset_sha256(x.copy(order="F"), y)  # C order, whatever the layout
-    assert h != dataset_sha256(x.astype(np.float64), y)  # the dtype
-    assert h != dataset_sha256(x.reshape(3, 4), y)  # the shape
     assert h != dataset_sha256(x, y[::-1])  # the values
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert default_state_dir() == tmp_path / "xdg" / "spgc"
@@ -302,6 +304,59 @@ def test_where_the_file_lives_and_what_names_the_data(
     assert cfg.budget_file == tmp_path / "conf" / "budget.json"
 
 
+def test_a_data_set_is_its_rows_not_their_order_or_type() -> None:
+    """Issue 45, hole 4. Before: shuffling the rows, storing float64 instead of float32 or
+    int32 labels instead of int64 named another data set, with a fresh budget. The rows as a
+    multiset (values and labels) name it now; a row more or less, or another value, does not."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(50, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 50)
+    h = dataset_sha256(x, y)
+    perm = rng.permutation(50)
+    assert dataset_sha256(x[perm], y[perm]) == h  # the rows shuffled
+    assert dataset_sha256(x.astype(np.float64), y.astype(np.int32)) == h  # other types
+    assert dataset_sha256(x.reshape(50, 2, 2), y.reshape(50, 1)) == h  # each row's layout
+    assert dataset_sha256(np.where(x == 0, -0.0, x), y) == h
+    assert dataset_sha256(x[:-1], y[:-1]) != h  # a subset
+    assert dataset_sha256(np.vstack([x, x[:1]]), np.append(y, y[0])) != h  # a row more
+    changed = x.copy()
+    changed[3, 1] += 1
+    assert dataset_sha256(changed, y) != h  # another value
+    assert dataset_sha256(x, (y + 1) % 3) != h  # other labels
+    assert dataset_sha256(x[:, ::-1], y) != h  # the features in another order
+    with pytest.raises(BudgetError, match="50 rows of x but 49 labels"):
+        dataset_sha256(x, y[:-1])
+
+
+def test_a_budget_file_named_the_old_way_is_taken_over(tmp_path: Path) -> None:
+    """Files named by the old digest keep counting: a provider upgraded forgets no run."""
+    x, y = np.ones((3, 2), dtype=np.float32), np.array([0, 1, 0])
+    old, new = legacy_dataset_sha256(x, y), dataset_sha256(x, y)
+    old_path = budget_path(tmp_path, None, old)
+    DatasetBudget.open(old_path, old).record_run("r1", plan())
+    budget = DatasetBudget.open(budget_path(tmp_path, None, new), new, (old_path, old))
+    assert [r.run_id for r in budget.runs()] == ["r1"]
+    configured = tmp_path / "mine.json"  # budget_file set: the same file, renamed inside
+    DatasetBudget.open(configured, old).record_run("r2", plan())
+    budget = DatasetBudget.open(configured, new, (configured, old))
+    budget.record_submission("r2", 0)
+    assert read_budget_file(configured)["dataset_sha256"] == new
+
+
+def test_every_vector_that_left_is_counted_across_a_restart(tmp_path: Path) -> None:
+    """Issue 45, hole 5. Before: a provider restarted and the servers ran that round again: 3
+    vectors left it, its budget file recorded 2 steps (the re-run was told apart only in
+    memory). A fresh vector for a round already recorded is a step more, whoever asks."""
+    path = tmp_path / "b.json"
+    DatasetBudget.open(path, H).record_run("r", plan())
+    before = DatasetBudget.open(path, H)
+    before.record_submission("r", 0)
+    before.record_submission("r", 1)
+    after = DatasetBudget.open(path, H)  # the provider restarted: nothing in memory
+    after.record_submission("r", 1)  # round 1 again, with a fresh vector
+    assert after.run("r").steps == 3
+
+
 # ----------------------------------------------------------------------------- the provider
 
 
@@ -321,6 +376,8 @@ def test_the_lifetime_limit_holds_across_runs_of_the_servers(pki: Path, tmp_path
             reports = client.run()
         assert [r.round for r in reports] == [0] and reports[0].accepted
         first = d1.state.run_id
+        x, y = client._x, client._y  # the provider's own rows (its part of cancer)
+        assert x is not None and y is not None
     finally:
         d1.stop()
         d2.stop()
@@ -334,7 +391,10 @@ def test_the_lifetime_limit_holds_across_runs_of_the_servers(pki: Path, tmp_path
     d1, d2 = start_pair(pki, tmp_path / "second", **run)
     try:
         cfg = daemon_provider_config(pki, d1, d2, 0, max_total_epsilon=6.0, connect_timeout=30)
-        with ProviderClient(cfg) as client, pytest.raises(ProviderRefusal) as refused:
+        # The same rows shuffled (issue 45, hole 4): the same data set, the same budget file.
+        shuffled = np.random.default_rng(3).permutation(len(x))
+        data = (x[shuffled], y[shuffled])
+        with ProviderClient(cfg, data=data) as client, pytest.raises(ProviderRefusal) as refused:
             client.connect()
         said, second = str(refused.value), d1.state.run_id
         assert second != first
@@ -399,10 +459,10 @@ def test_a_resume_is_not_counted_twice_and_concurrent_runs_share_the_limit(
     budget = DatasetBudget.open(a.budget.path, a.budget.budget.dataset_sha256)
     guard = ProviderBudget(budget, cfg_b, "run-b", b.budget.plan)
     with pytest.raises(ProviderRefusal, match=r"round 3: this data set .* 1 step\(s\) of run"):
-        guard.before_submit(3, fresh=True, again=False, release_index=None)
+        guard.before_submit(3, fresh=True, release_index=None)
     assert budget.rounds_submitted("run-b") == []
     guard.cfg = cfg_b.model_copy(update={"max_total_epsilon": 5.0})
-    guard.before_submit(3, fresh=True, again=False, release_index=None)
+    guard.before_submit(3, fresh=True, release_index=None)
     assert budget.rounds_submitted("run-b") == [3]
 
 
