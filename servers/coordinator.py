@@ -320,7 +320,8 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
     log.info(
         "%s round %d -> model v%d: providers received %d used %d, noise std %.4g units "
         "(total %.4g), "
-        "%s%s, server-to-server bytes %d, seconds: intake %.2f, %s%s %.3f, update %.3f",
+        "%s%s, server-to-server bytes %d (counted on the link), seconds: intake %.2f, "
+        "%s%s %.3f, update %.3f",
         state.plan.cfg.role_name,
         rec.round,
         state.version,

@@ -414,13 +414,15 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
                 self.cfg.role_name, self.cfg.metrics_host, self.metrics_port,
             )  # fmt: skip
         log.info(
-            "%s serving on port %d (mode %s, d=%d, L=%d, sigma_units=%.4g)",
+            "%s serving on port %d (mode %s, d=%d, L=%d, sigma_units=%.4g%s)",
             self.cfg.role_name,
             self.port,
             self.cfg.mode,
             self.plan.dim,
             self.plan.ring_bits,
             self.plan.sigma_units,
+            # (after d: spgc bench load reads "(mode M, d=D,")
+            f", backend {self.cfg.backend}" if MODES[self.cfg.mode].servers == 2 else "",
         )
         return self
 

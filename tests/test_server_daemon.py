@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -305,6 +306,11 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
         caplog.text
     )
     assert "round 1: provider p3 left out: its share reached this server but not" in caplog.text
+    # H1's start line names the backend; the round line says its bytes were counted.
+    assert "h1 serving on port" in caplog.text
+    assert ", backend gc)" in caplog.text.split("h1 serving on port", 1)[1].splitlines()[0]
+    assert re.search(r"h1 round 0 -> .* server-to-server bytes \d+ \(counted on the link\)",
+                     caplog.text)  # fmt: skip
 
 
 def test_halves_of_two_vectors_leave_the_provider_out(pki, tmp_path):

@@ -241,6 +241,10 @@ def _gmw_usage(links: tuple[Any, Any]) -> tuple[int, int]:
     return int(getattr(session, "ots_used", 0)), int(getattr(session, "layers_used", 0))
 
 
+#: gmw: the phase groups whose bytes a run is charged (_amortised_ot) instead of counted.
+CHARGED_PHASES = ("ot_extension",)
+
+
 def _amortised_ot(phases: dict[str, int], ots: int) -> dict[str, int]:
     """gmw's OT phase at its steady-state cost: silent OT sends one message of a whole LPN
     iteration (about 10 million OTs) at once, so a run's measured OT bytes are either 0 (the OTs
@@ -664,6 +668,11 @@ def _row(
         "epochs": epochs,
         "steps_per_training": steps,
         "session_setup_bytes": ctx.session_setup_bytes,
+        # The phases whose bytes are charged by formula, not counted on the link (gmw's OTs:
+        # _amortised_ot); every other figure is counted.
+        "charged_phases": [g for g in CHARGED_PHASES if big.phases.get(g)]
+        if ctx.backend == "gmw"
+        else [],
         "bytes_per_training": per_step * steps + ctx.session_setup_bytes,
         "seconds_per_training": seconds * steps,
         **big.extra,

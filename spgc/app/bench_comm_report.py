@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from garbled_core.ot_measure import silent_ot_params
 from spgc.app.paper_workloads import DATASETS, EPOCHS_NOTE, PAPER_PROVIDERS
 
 __all__ = ["format_table", "notes", "write_plot"]
@@ -70,9 +71,17 @@ def notes(ctx: Any, rows: list[dict[str, Any]], epochs: int) -> str:
     n = {r["mode"]: (r["coordinates_measured"], r["coordinates_small"]) for r in rows}
     sample = ", ".join(f"{m} {a} and {b}" for m, (a, b) in n.items())
     lines = [
-        f"B/coord: bytes sent by both servers per coordinate, measured on {sample} coordinates "
-        "(the '(n/4)' column: the smaller sample, same per-coordinate cost up to per-run "
-        "overhead)",
+        f"B/coord: bytes sent by both servers per coordinate, counted on the link on {sample} "
+        "coordinates (the '(n/4)' column: the smaller sample, same per-coordinate cost up to "
+        "per-run overhead)"
+        + (
+            "; but gmw's OT column is charged, not counted: 2 x the random OTs the run used x "
+            f"{silent_ot_params()['bits_per_ot']:.3f} bits, silent OT's steady state after setup "
+            "(spgc bench ot measures it), since silent OT sends its OTs a whole LPN iteration "
+            f"of {silent_ot_params()['usable_per_iteration']:,} at a time (JSON: charged_phases)"
+            if any(r["charged_phases"] for r in rows)
+            else ""
+        ),
         f"per step = B/coord x d (d = {ctx.dim:,})"
         + (" (scaled linearly from the sample)" if any(r["scaled_to_dim"] for r in rows) else "")
         + "; s/step: straight line through the two measured sizes (per-run overhead + per "

@@ -461,6 +461,7 @@ def run_cli(opts: DemoOptions, as_json: bool) -> int:
     between = f"{summary['gc_bytes'] / 1e6:.1f} MB between the servers"
     if summary.get("offline_gc_bytes"):
         between += f" (+ {summary['offline_gc_bytes'] / 1e6:.1f} MB making noise shares offline)"
+    between += " counted on the link"
     parts.append(between)
     parts.append(f"{summary['seconds']:.1f} s")
     print("done: " + ", ".join(parts))
