@@ -30,7 +30,13 @@ from spgc.providers.plan_checks import check_plan, norm_proof_params
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.intake import INVALID_ARGUMENT, FieldShares, ShareIntake, SubmissionRejected
 from spgc.servers.metrics import ServerMetrics
-from spgc.servers.norm_checks import norm_refusals, round_coin, verifier_messages
+from spgc.servers.norm_checks import (
+    check_coin_opening,
+    coin_commitment,
+    norm_refusals,
+    round_coin,
+    verifier_messages,
+)
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import InvalidArgumentError
 from spgc.wire.messages import iter_share_payload, read_share_header, share_messages
@@ -110,6 +116,20 @@ def test_malformed_verifier_messages_from_the_peer_are_a_mismatch_not_a_refusal(
         round_coin(b"", b"b" * 32)
     h1.close()
     h2.close()
+
+
+def test_h1s_coin_part_must_open_the_commitment_it_sent_before_h2_drew_its_own() -> None:
+    # H1 commits once its intake closed; H2 answers with its part; H1 opens in its provider
+    # set. An H1 that would choose its part after seeing H2's cannot open its commitment.
+    part = os.urandom(32)
+    commitment = coin_commitment(RUN, 3, part)
+    check_coin_opening(RUN, 3, commitment, part)
+    # another part, the same part for another round or run
+    for run, t, opened in ((RUN, 3, os.urandom(32)), (RUN, 4, part), ("other", 3, part)):
+        with pytest.raises(PeerMismatchError, match="does not open its commitment"):
+            check_coin_opening(run, t, commitment, opened)
+    with pytest.raises(PeerMismatchError, match="does not open"):
+        check_coin_opening(RUN, 3, commitment, b"")
 
 
 def test_the_intake_refuses_missing_or_misplaced_proof_fields_and_values_off_the_field() -> None:
