@@ -10,8 +10,9 @@ chain), and ``sig``, the server's signature over the line without ``sig``. Every
 of a two-server run also carries ``peer_sig``, the other server's signature over the entry's
 shared fields (:func:`release_statement`: the same bytes on both servers), exchanged before the
 release (the Peer service's CosignRelease): neither server runs a release the other has not
-recorded and signed. :func:`verify_ledger` checks the chain and both signatures and
-re-accounts epsilon from the entries with dp-accounting, independently of the server's count.
+recorded and signed. A finished run ends with a co-signed ``close`` entry (CloseLedger).
+:func:`verify_ledger` checks the chain and both signatures and re-accounts epsilon from the
+entries with dp-accounting, independently of the server's count.
 
 Line kinds:
 
@@ -22,21 +23,32 @@ Line kinds:
   ``max_batch_size``, ``clip``: ``{"rule": "fixed", "clip_norm": C}`` or, with adaptive
   clipping, ``{"rule": "adaptive", "initial_norm", "target_quantile", "learning_rate",
   "update_noise_multiplier", "count_noise_std"}``: the pair of noises that ``noise_multiplier``
-  accounts as one Gaussian, checked here to be no smaller than it, spgc.clipping).
+  accounts as one Gaussian, checked here to be no smaller than it, spgc.clipping), ``backend``
+  and ``verify_inputs``.
 - ``release``: written BEFORE a release: the shared fields (:data:`STATEMENT_KEYS`): the
   header's plan fields, ``signers`` (role -> public key, both servers'), ``round``,
-  ``noise_samples`` and ``clip_norm`` (the round's C); this server's ``index`` (0, 1, ...)
-  and ``epsilon_after`` (its own count at the plan's delta, this release included);
-  ``peer_sig`` (two-server modes).
+  ``noise_samples``, ``clip_norm`` (the round's C), ``index`` (0, 1, ...), ``epsilon_after``
+  (the count at the plan's delta, this release included) and ``chain`` (the ledger head before
+  it); ``time``; ``peer_sig`` (two-server modes).
+- ``released``: written after it: ``index`` of its ``release``, ``round``, ``vector_sha256``.
+- ``close``: the last line of a finished run (:data:`CLOSE_KEYS`): ``releases`` and ``chain``,
+  the head after them: no release follows; ``peer_sig`` (two-server modes).
+
+The ledger head. The co-signed statements chain: the head before the first release is
+:func:`plan_digest` of the header (so the header is its preimage), and the head after each
+release the SHA-256 of its statement (:func:`chain_after`), which the next statement names.
+Every published model names the head it depends on (release count and hash), and
+:func:`check_covers` holds a verified ledger to it.
 
 What a dishonest server cannot do. Every field that re-accounting reads is in the statement
 both servers sign for every release, and each release entry must repeat its header's fields:
-a server that edits its header (a larger delta, another accountant) and re-signs its file with
-its own key breaks the peer's signature on every release entry. The statement also names both
-servers' keys by role, so a ledger cannot present its own key as the peer's. What one ledger
-cannot show alone: that its server did not drop its latest release entries and re-sign the
-chain; :func:`compare_ledgers` checks the two servers' ledgers against each other.
-- ``released``: written after it: ``index`` of its ``release``, ``round``, ``vector_sha256``.
+a server that edits its header (a larger delta, another accountant or backend) and re-signs its
+file with its own key breaks the peer's signature on every release entry. The statement also
+names both servers' keys by role, so a ledger cannot present its own key as the peer's, and the
+head before it, so no co-signed entry can be dropped, moved or renumbered. What a ledger that
+is not closed cannot show: that no release followed its last entry (a cut-off copy is a valid
+prefix); a model's head, or the co-signed closing entry, can. :func:`compare_ledgers` holds the
+two servers' ledgers to each other.
 """
 
 from __future__ import annotations

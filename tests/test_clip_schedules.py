@@ -108,6 +108,7 @@ def _decay_ledger(path: Path, clip_norms: list[float]) -> Path:
         "sampling": {"sampling_rate": 0.01, "sampling": "poisson"}, "accountant": "rdp",
         "delta": 1e-5, "sensitivity_units": 1024.0, "max_batch_size": 0,
         "clip": {"rule": "decay", "initial_norm": 1.0, "rate": 0.5, "floor": 0.0},
+        "backend": "gc", "verify_inputs": "none",
     }  # fmt: skip
     acc = PrivacyAccountant(1.1, 1e-5, sampling_rate=0.01)
     ledger = Ledger.open(path, key, header)

@@ -14,9 +14,12 @@ chain, every line's Ed25519 signature by the server, the other server's co-signa
 release entry (two-server modes; each key pinned to its role with ``--keys h1=PEM h2=PEM``), and
 epsilon re-accounted from the release entries with dp-accounting, independently of the server's
 own count; given both servers' ledgers, it also holds them to each other and reports the worse
-figure. ``--budget FILE`` prints a provider's budget file (``spgc.budget``). Exit 0 when it
-verifies; 1, naming the line, when it does not (broken chain, bad signature, an
-under-reported epsilon, ...); 2 for a usage error or a file that cannot be read.
+figure. ``--model FILE`` holds the ledgers to the head a released model or export names,
+``--run-id`` to a run. ``--budget FILE`` prints a provider's budget file (``spgc.budget``).
+Exit 0 when it verifies and is complete (closed, or holding ``--model``'s head); 1, naming the
+line, when it does not verify (broken chain, bad signature, an under-reported epsilon, another
+run, a model's head it lacks, ...); 2 for a usage error or a file that cannot be read; 3
+(:data:`EXIT_INCOMPLETE`) when it verifies but later releases cannot be ruled out.
 """
 
 from __future__ import annotations
