@@ -1,25 +1,99 @@
 #!/usr/bin/env bash
-# Runs one example folder (examples/localhost, examples/custom-model): its README's commands,
-# in the background: certificates (if missing), H1, H2 and three providers (logs in logs/),
-# waits until training is over and prints, as its last line, one JSON object from H1's
+# Runs one example folder (examples/localhost, examples/custom-model, ...): its README's
+# commands, in the background: certificates (if missing), H1, H2 and three providers (logs in
+# logs/), waits until training is over and prints, as its last line, one JSON object from H1's
 # summary: {"rounds": ..., "accuracy": ..., "epsilon": ...}. Exit status 0 only when every
-# daemon succeeded. Ctrl-C stops everything it started. Each example's run.sh calls it:
+# daemon succeeded. Ctrl-C stops everything it started. Each example's run.sh calls it; an
+# example copied elsewhere keeps working with this file in its parent folder (copy examples/
+# whole, or the example's folder and this file beside it):
 #
-#   bash run.sh                      # uses `spgc` on PATH, else the repository's .venv
-#   SPGC=/path/to/spgc bash run.sh   # a particular installation
-#   SPGC_TIMEOUT=900 bash run.sh     # seconds before giving up (default 600)
+#   bash run.sh                         # spgc from SPGC, else PATH, else a .venv above
+#   SPGC=/path/to/spgc bash run.sh      # a particular installation
+#   SPGC_PORT_BASE=41000 bash run.sh    # ports 41001, 41002, 41011, 41021, 41022 (below)
+#   SPGC_TIMEOUT=900 bash run.sh        # seconds before giving up (default 600)
+#
+#   bash run-example.sh [--dry-run] EXAMPLE_DIR  # --dry-run: print the spgc found and the
+#                                                # commands, start nothing
+#   bash run-example.sh --which-spgc EXAMPLE_DIR # print the spgc it would run
+#
+# Which spgc: $SPGC when set; else `spgc` on PATH (an activated venv, a pip install); else the
+# first .venv/bin/spgc in the folders above the example (a checkout's own venv).
+# Ports: the YAML files' own unless SPGC_PORT_BASE=N is set; then, on 127.0.0.1, H1 listens
+# for providers on N+1 and H2 on N+2, H1's data link (gc_address) is N+11, the servers' peer
+# ports N+21 (H1) and N+22 (H2), given to every daemon with --set (the YAML files unchanged).
 set -euo pipefail
-[[ $# -eq 1 && -f "$1/h1.yaml" ]] || { echo "usage: run-example.sh EXAMPLE_DIR" >&2; exit 2; }
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mode=run
+case "${1:-}" in
+    --dry-run) mode=dry; shift ;;
+    --which-spgc) mode=which; shift ;;
+esac
+[[ $# -eq 1 && -f "$1/h1.yaml" ]] || {
+    echo "usage: run-example.sh [--dry-run|--which-spgc] EXAMPLE_DIR" >&2
+    exit 2
+}
 cd "$1"
 
-repo_spgc="$(cd "$here/.." && pwd)/.venv/bin/spgc"
-SPGC=${SPGC:-$(command -v spgc || echo "$repo_spgc")}
-TIMEOUT=${SPGC_TIMEOUT:-600}
-if [[ ! -x "$SPGC" ]]; then
-    echo "run.sh: no spgc found (not on PATH, not $repo_spgc); set SPGC=/path/to/spgc" >&2
-    exit 2
+find_spgc() {  # the spgc to run (see above), or a one-line error
+    if [[ -n "${SPGC:-}" ]]; then
+        [[ -x "$SPGC" ]] && { echo "$SPGC"; return; }
+        echo "run.sh: SPGC=$SPGC is not an executable file" >&2
+        return 2
+    fi
+    if command -v spgc >/dev/null; then
+        command -v spgc
+        return
+    fi
+    local dir
+    dir=$(pwd -P)
+    while true; do
+        [[ -x "$dir/.venv/bin/spgc" ]] && { echo "$dir/.venv/bin/spgc"; return; }
+        [[ "$dir" == / ]] && break
+        dir=$(dirname "$dir")
+    done
+    echo "run.sh: no spgc found: none on PATH and no .venv/bin/spgc in a folder above" \
+        "$(pwd -P); activate the venv of your installation (source REPO/.venv/bin/activate)" \
+        "or set SPGC=/path/to/spgc" >&2
+    return 2
+}
+SPGC=$(find_spgc) || exit 2
+if [[ $mode == which ]]; then
+    echo "$SPGC"
+    exit 0
 fi
+TIMEOUT=${SPGC_TIMEOUT:-600}
+
+# The daemons' ports: the YAML files' (h1.yaml/h2.yaml), or moved by SPGC_PORT_BASE.
+h1_sets=() h2_sets=() provider_sets=()
+if [[ -n "${SPGC_PORT_BASE:-}" ]]; then
+    base=$SPGC_PORT_BASE
+    if ! [[ $base =~ ^[0-9]+$ ]] || ((base < 1024 || base > 65535 - 22)); then
+        echo "run.sh: SPGC_PORT_BASE=$base: expected a whole number from 1024 to 65513" \
+            "(the daemons take ports N+1 to N+22)" >&2
+        exit 2
+    fi
+    at() { echo "127.0.0.1:$((base + $1))"; }
+    h1_sets=(--set "listen=$(at 1)" --set "gc_address=$(at 11)"
+             --set "peer_listen=$(at 21)" --set "peer_address=$(at 22)")
+    h2_sets=(--set "listen=$(at 2)" --set "gc_address=$(at 11)"
+             --set "peer_listen=$(at 22)" --set "peer_address=$(at 21)")
+    provider_sets=(--set "h1_address=$(at 1)" --set "h2_address=$(at 2)")
+    ports="$((base + 1)) $((base + 2)) $((base + 11)) $((base + 21)) $((base + 22))"
+else
+    ports=$(sed -nE 's/^(listen|peer_listen|gc_address):[[:space:]]*[^#]*:([0-9]+).*/\2/p' \
+        h1.yaml h2.yaml | sort -u | tr '\n' ' ')
+fi
+
+if [[ $mode == dry ]]; then
+    echo "spgc: $SPGC"
+    echo "ports: $ports"
+    echo "$SPGC server --config h1.yaml ${h1_sets[*]}"
+    echo "$SPGC server --config h2.yaml ${h2_sets[*]}"
+    for i in 1 2 3; do
+        echo "$SPGC provider --config provider$i.yaml ${provider_sets[*]}"
+    done
+    exit 0
+fi
+
 # Only to read the summary's JSON (standard library only).
 PYTHON=$(command -v python3 || command -v python || true)
 if [[ -z "$PYTHON" ]]; then
@@ -27,12 +101,12 @@ if [[ -z "$PYTHON" ]]; then
     exit 2
 fi
 
-# The ports of h1.yaml/h2.yaml: a daemon already listening there (another run of this
-# example?) would make ours fail at startup with a less obvious message.
-ports=$(sed -nE 's/^(listen|peer_listen|gc_address):[[:space:]]*[^#]*:([0-9]+).*/\2/p' h1.yaml h2.yaml | sort -u)
+# A daemon already listening on one of the ports (another run of an example?) would make
+# ours fail at startup with a less obvious message.
 for port in $ports; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-        echo "run.sh: port $port on 127.0.0.1 is in use: stop whatever listens there" >&2
+        echo "run.sh: port $port on 127.0.0.1 is in use: stop whatever listens there, or" \
+            "move the example's ports with SPGC_PORT_BASE=N" >&2
         exit 2
     fi
 done
@@ -83,12 +157,12 @@ fail() {  # fail NAME MESSAGE: show the tail of NAME's log, exit 1 (the trap sto
 }
 
 # The README's commands, one per terminal there.
-"$SPGC" server --config h1.yaml >logs/h1.log 2>&1 &
+"$SPGC" server --config h1.yaml "${h1_sets[@]}" >logs/h1.log 2>&1 &
 pids[h1]=$!
-"$SPGC" server --config h2.yaml >logs/h2.log 2>&1 &
+"$SPGC" server --config h2.yaml "${h2_sets[@]}" >logs/h2.log 2>&1 &
 pids[h2]=$!
 for i in 1 2 3; do
-    "$SPGC" provider --config "provider$i.yaml" >"logs/p$i.log" 2>&1 &
+    "$SPGC" provider --config "provider$i.yaml" "${provider_sets[@]}" >"logs/p$i.log" 2>&1 &
     pids[p$i]=$!
 done
 echo "run.sh: started H1, H2 and 3 providers (logs in $(pwd)/logs); training..." >&2

@@ -151,6 +151,70 @@ def test_run_sh_trains_and_runs_again(tmp_path: Path, pristine: None) -> None:
     assert_ports_free(work)
 
 
+def _runner(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``bash examples/run-example.sh ARGS`` in a copy of examples/ under tmp_path, with a PATH
+    that holds no spgc and no SPGC: what a user who copied the examples out has."""
+    shutil.copytree(EXAMPLES, tmp_path / "examples", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("certs", "state", "logs", "*.safetensors"))
+    base_env = {k: v for k, v in os.environ.items() if k not in ("SPGC", "SPGC_PORT_BASE")}
+    base_env["PATH"] = "/usr/bin:/bin"
+    return subprocess.run(["bash", "examples/run-example.sh", *args], cwd=tmp_path,
+                          env={**base_env, **env}, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.skipif(any(Path(d, "spgc").exists() for d in ("/usr/bin", "/bin")),
+                    reason="an spgc on the bare PATH")
+def test_the_runner_finds_spgc_in_a_venv_above_or_says_how_to_give_one(tmp_path: Path) -> None:
+    """An example copied out of the checkout: no spgc on PATH, no SPGC: the runner says how
+    to give one; a .venv/bin/spgc in a folder above is found (a checkout's venv), and
+    SPGC, when set, wins."""
+    missing = _runner(tmp_path, "--which-spgc", "examples/localhost")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert "no spgc found: none on PATH and no .venv/bin/spgc in a folder above" in missing.stderr
+    assert "set SPGC=/path/to/spgc" in missing.stderr
+    venv = tmp_path / ".venv" / "bin" / "spgc"
+    venv.parent.mkdir(parents=True)
+    venv.write_text("#!/bin/sh\n")
+    venv.chmod(0o755)
+    for folder in ("examples/localhost", "examples/finetune/sparse"):
+        found = _runner(tmp_path, "--which-spgc", folder)
+        assert (found.returncode, found.stdout) == (0, f"{venv}\n"), found.stderr
+    chosen = _runner(tmp_path, "--which-spgc", "examples/localhost", SPGC=str(SPGC))
+    assert chosen.stdout == f"{SPGC}\n"
+
+
+@pytest.mark.parametrize(
+    ("folder", "base"),
+    [("localhost", 50150), ("custom-model", 50250), ("finetune", 50350),
+     ("finetune/full", 50450), ("finetune/sparse", 50550)],
+)  # fmt: skip
+def test_a_port_base_moves_every_port_as_the_yaml_files_lay_them_out(
+    tmp_path: Path, folder: str, base: int
+) -> None:
+    """SPGC_PORT_BASE=N gives every daemon its ports with --set; at the example's own base
+    they are exactly its YAML files' (so the README's N+1, N+2, N+11, N+21, N+22 is their
+    layout), and any other base moves them all."""
+    for n in (base, 41000):
+        done = _runner(tmp_path, "--dry-run", f"examples/{folder}", SPGC=str(SPGC),
+                       SPGC_PORT_BASE=str(n))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[1] == f"ports: {n + 1} {n + 2} {n + 11} {n + 21} {n + 22}"
+        for line in lines[2:]:
+            config = line.split(" --config ")[1].split()[0]
+            sets = dict(s.split("=", 1) for s in line.split(" --set ")[1:])
+            assert sets and all(v.startswith("127.0.0.1:") for v in sets.values()), line
+            if n == base:
+                own = yaml.safe_load((EXAMPLES / folder / config).read_text())
+                flat = {**own, **{f"{k}_address": own[k]["address"] for k in ("h1", "h2")
+                                  if isinstance(own.get(k), dict)}}  # fmt: skip
+                assert {k: flat[k] for k in sets} == sets, config
+    bad = _runner(tmp_path, "--dry-run", "examples/localhost", SPGC=str(SPGC),
+                  SPGC_PORT_BASE="80")  # fmt: skip
+    assert bad.returncode == 2
+    assert "SPGC_PORT_BASE=80: expected a whole number from 1024 to 65513" in bad.stderr
+
+
 def test_run_sh_fails_on_a_refusing_provider(tmp_path: Path, pristine: None) -> None:
     work = copy_example(tmp_path)
     p1 = work / "provider1.yaml"

@@ -10,7 +10,8 @@
 #   bash run.sh sparse  # low-rank factors and a sparse masked part (model.py:sparse_lowrank,
 #                       # sparse/*.yaml), to compare
 #
-# SPGC=/path/to/spgc picks an installation (default: spgc on PATH, else the repository's .venv).
+# Which spgc (SPGC=/path/to/spgc, else spgc on PATH, else the .venv of the checkout around this
+# folder) and the ports (SPGC_PORT_BASE=N moves them): as ../run-example.sh says.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 case "${1:-adapters}" in
@@ -20,12 +21,7 @@ case "${1:-adapters}" in
     *) echo "usage: run.sh [adapters|full|sparse]" >&2; exit 2 ;;
 esac
 
-repo_spgc="$(cd "$here/../.." && pwd)/.venv/bin/spgc"
-SPGC=${SPGC:-$(command -v spgc || echo "$repo_spgc")}
-if [[ ! -x "$SPGC" ]]; then
-    echo "run.sh: no spgc found (not on PATH, not $repo_spgc); set SPGC=/path/to/spgc" >&2
-    exit 2
-fi
+SPGC=$(bash "$here/../run-example.sh" --which-spgc "$dir") || exit 2
 export SPGC
 # The Python of that installation (torch, scikit-learn, safetensors): its script's #! line.
 PYTHON=$(sed -n '1s/^#![[:space:]]*//p' "$SPGC")
