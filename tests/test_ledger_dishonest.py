@@ -339,3 +339,25 @@ def test_a_closed_ledger_takes_no_release(tmp_path, key):
     lines = _resign([*entries, dict(entries[1])], key)  # a release after the closing entry
     with pytest.raises(LedgerError, match=r"^line 4: follows the closing entry \(line 3\)"):
         verify_ledger(lines)
+
+
+def test_the_header_names_the_batch_cap_verify_inputs_sets(tmp_path):
+    """Issue 45, hole 3. Before: with verify_inputs the plan capped batches (TrainingConfig
+    max_batch_size), but the header said max_batch_size 0, so the capped-batch term of the
+    reported delta was left out. The header names the cap the providers apply."""
+    cfg = ServerConfig(role=1, mode="spgc", insecure=True, providers=["p1", "p2", "p3"],
+                       dataset="cancer", rounds=50, min_providers=1, target_epsilon=10.0,
+                       noise_multiplier=1.0, verify_inputs="l2")  # fmt: skip
+    plan = make_plan(cfg)
+    assert cfg.max_batch_size == 0 and plan.max_batch_size > 0
+    state = ServerState(plan, pb.SERVER_ROLE_H1, ShareIntake(plan.dim, plan.ring_bits, tmp_path))
+    state.run_id, state.config = "capped", plan.training_config("capped")
+    state.set_peer_ledger_key(PEER.public_key().public_bytes_raw())
+    state.open_ledger()
+    assert state.ledger is not None
+    header = json.loads(state.ledger.lines[0])
+    assert header["max_batch_size"] == plan.max_batch_size
+    assert (header["backend"], header["verify_inputs"]) == ("gc", "l2")
+    state.releases = 2  # as after two releases: each counts its capped-batch term
+    samples = state.noise_samples()
+    assert state.reported_delta() == reported_delta(cfg.target_delta, state.epsilon(), samples, 2)
