@@ -348,7 +348,11 @@ class ProviderClient(RoundFollower, Batches, Training):
         self.last_round = t
         self._last_delivered = False
         if self.cfg.max_total_epsilon is not None:  # a limit of our own to hold the run to
-            self.check_ledger()
+            try:
+                self.check_ledger()
+            except ProviderRefusal as exc:  # leaving: the servers count us out, knowing why
+                self._decline(tc.run_id, str(exc))
+                raise
         # ldp: a round sent again gets the noisy vector sent before (no second noisy view).
         kept = self._noisy.get(tc.run_id, t) if tc.mode == pb.MODE_LDP else None
         if kept is None:

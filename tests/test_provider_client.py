@@ -124,6 +124,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.deadline = 0.0  # RoundInfo.deadline (seconds since the epoch; 0: none announced)
         self.left_out = ""  # RoundInfo.caller_left_out: why the servers did not use the share
         self.epsilon = 0.0  # RoundInfo.epsilon_spent
+        self.declined: list[tuple[str, str]] = []  # DeclinePlan: (run_id, reason)
 
     def _round_info(self, who: str) -> Any:
         info = pb.RoundInfo(
@@ -226,6 +227,11 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
     @abort_on_error
     def FetchLedger(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.LedgerReply(total_lines=0)  # no release recorded yet
+
+    @abort_on_error
+    def DeclinePlan(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.declined.append((request.run_id, request.reason))
+        return pb.DeclineReply()
 
 
 class FakeServer:
@@ -649,6 +655,9 @@ def test_a_first_step_above_the_providers_limit_is_refused(
         client.run_round()
     assert "0 release(s); one more would spend 2.13" in str(refusal.value)
     assert not h1.servicer.attempts and not h2.servicer.attempts
+    # Both servers are told why it leaves (DeclinePlan): they count it out of the rounds.
+    for server in (h1, h2):
+        assert server.servicer.declined == [(claimed.run_id, str(refusal.value))]
 
 
 @pytest.mark.parametrize(

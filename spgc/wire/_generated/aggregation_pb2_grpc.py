@@ -109,7 +109,8 @@ class AggregatorServicer:
 
     def DeclinePlan(self, request, context):
         """A provider that refuses the run's plan (its own privacy, rounds or mode limits, or a model
-        or data it cannot match) says why, so the operators see the reason in the servers' logs.
+        or data it cannot match), or leaves the run later (the next release would pass its own
+        privacy limit), says why, so the operators see the reason in the servers' logs.
         The server logs, audits and counts it, and counts the provider out until its next Hello:
         no round waits for its share; once every provider of the plan has called and fewer than
         min_providers remain less those that declined, the servers end the run, naming each
