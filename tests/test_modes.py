@@ -13,6 +13,7 @@ from test_server_daemon import PROVIDERS, Provider, _cfg, start_pair, wait_round
 
 from spgc.certs import make_dev_pki
 from spgc.config import ProviderConfig
+from spgc.ledger import verify_ledger
 from spgc.plan import make_plan
 from spgc.providers.client import ProviderClient
 from spgc.servers.coordinator import dng_exchange
@@ -117,6 +118,9 @@ def test_ldp_round_with_real_providers_has_finite_epsilon(pki: Path, tmp_path: P
         eps = d1.state.epsilon()
         assert 0 < eps <= 8.0 and math.isfinite(eps)
         assert d1.state.summary()["epsilon"] == eps
+        # The run is over: its ledger is closed (one server: its own signature alone).
+        report = verify_ledger(tmp_path / "s1" / "ledger.jsonl")
+        assert report.closed and report.steps == 1
     finally:
         for c in clients:
             c.close()
