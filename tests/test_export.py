@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from helpers import run_in_process
 from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
 from spgc.app import export_cmd
@@ -184,6 +185,13 @@ def test_server_run_leaves_the_model_and_spgc_export_writes_it(server_pki, tmp_p
     module.load_state_dict(safetensors.torch.load_file(tmp_path / "out.safetensors"))
     np.testing.assert_array_equal(flatten_params(module), final.astype(np.float32))
 
+    # The export names the co-signed ledger head its model depends on; the ledgers hold it.
+    assert report["ledger_head"]["releases"] == 2
+    ledgers = [str(tmp_path / sub / "ledger.jsonl") for sub in ("s1", "s2")]
+    model = str(tmp_path / "out.json")
+    covered = run_in_process("account", "--ledger", *ledgers, "--model", model)
+    assert covered.returncode == 0 and "complete: it holds the head of the model" in covered.stdout
+
     assert _export(s1, tmp_path / "v1.safetensors", version=1) == 0
     first, report = load_export(tmp_path / "v1.safetensors")
     assert report["version"] == 1 and report["steps"] == 1
@@ -213,8 +221,12 @@ def test_server_run_leaves_the_model_and_spgc_export_writes_it(server_pki, tmp_p
     assert "the ledger counts 2 release(s)" in capsys.readouterr().err
     _, edited = load_export(tmp_path / "edited.safetensors")
     assert edited["epsilon"] == pytest.approx(true_eps) and edited["releases_counted"] == 2
-    # ... and a ledger that does not verify vouches for nothing.
+    # ... a ledger cut before the model's head (a valid prefix) does not cover it ...
     lines = (s1 / "ledger.jsonl").read_text().splitlines()
+    (s1 / "ledger.jsonl").write_text("\n".join(lines[:3]) + "\n")  # header, release 0, released
+    assert _export(s1, tmp_path / "short.safetensors") == 2
+    assert "depends on 2 release(s), the ledger holds only 1" in capsys.readouterr().err
+    # ... and a ledger that does not verify vouches for nothing.
     (s1 / "ledger.jsonl").write_text("\n".join(lines[:1] + lines[2:]) + "\n")
     assert _export(s1, tmp_path / "cut.safetensors") == 2
     assert "does not verify" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 
 from spgc.accounting import quiet_dp_accounting
 from spgc.export import load_export, write_export
-from spgc.ledger import LEDGER_FILE, LedgerError, verify_ledger
+from spgc.ledger import LEDGER_FILE, LedgerError, check_covers, verify_ledger
 from spgc.models import flatten_params
 from spgc.servers.checkpoint import CheckpointError, load_checkpoint
 from spgc.servers.state_checkpoints import MODELS_DIR, run_model
@@ -73,6 +73,14 @@ def _checked_against_ledger(
             f"the privacy ledger {path} is of run {ledger.run_id}, the checkpoint of run "
             f"{record.get('run_id')}"
         )
+    head = report.get("ledger_head")
+    if isinstance(head, dict):  # the releases this model depends on must be in the ledger
+        try:
+            check_covers(ledger, ledger.run_id, int(head["releases"]), str(head["chain"]))
+        except (LedgerError, KeyError, TypeError, ValueError) as exc:
+            raise ExportError(
+                f"the privacy ledger {path} does not hold the head the model names ({exc})"
+            ) from None
     report = {**report, "releases_counted": ledger.steps}
     if not report.get("differentially_private") or ledger.epsilon is None:
         return report, None
