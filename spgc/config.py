@@ -228,7 +228,9 @@ class ServerConfig(_Schema):
         ge=0,
         description="seconds the run's first round may wait to open until min_providers "
         "providers have called this server (H1, or the single server), e.g. when providers are "
-        "started by hand; then it opens anyway; 0: at once, as soon as the servers are paired",
+        "started by hand; then it opens anyway; 0: at once, as soon as the servers are paired. "
+        "Once every provider has called and too few remain less those that declined the plan, "
+        "the run ends at once, naming them",
     )
     backend: Literal[BACKEND_NAMES] = Field(
         "gc",
