@@ -353,10 +353,11 @@ def _pinned_keys(items: list[str]) -> dict[str, str]:
     return keys
 
 
-def _alone(report: Any, pinned: bool) -> list[str]:
-    """What one ledger checked on its own cannot establish (said with every single check)."""
+def _alone(report: Any, pinned: bool, complete: bool) -> list[str]:
+    """What a ledger, as checked, cannot establish (said with every check): ``complete``,
+    whether a closing entry or --model rules out later releases."""
     out = []
-    if report.cosigned and not report.closed:
+    if report.cosigned and not complete:
         out.append(
             "that no release followed its last entry: the run's closing entry is missing "
             "(cut off, or the run is not over): give --model FILE, the model it must cover, "
@@ -375,7 +376,9 @@ def _alone(report: Any, pinned: bool) -> list[str]:
     return out
 
 
-def _ledger_answer(path: Path, lines: list[bytes], report: Any, pinned: bool) -> dict[str, Any]:
+def _ledger_answer(
+    path: Path, lines: list[bytes], report: Any, pinned: bool, complete: bool
+) -> dict[str, Any]:
     """The answer on the ledger's ``lines`` as verified in ``report`` (read once: what is
     verified is what is shown)."""
     header = json.loads(lines[0])  # verified: the header object
@@ -402,7 +405,8 @@ def _ledger_answer(path: Path, lines: list[bytes], report: Any, pinned: bool) ->
                 if report.cosigned
                 else "this server's key on every line (a one-server mode: no peer)"
             ),
-            "cannot_establish_alone": _alone(report, pinned),
+            "complete": complete,
+            "cannot_establish_alone": _alone(report, pinned, complete),
         }
     )
     return answer
@@ -586,13 +590,12 @@ def _run_ledger(args: argparse.Namespace) -> int:
         try:
             with quiet_dp_accounting():
                 report = verify_ledger(lines, expected_keys=keys)
-                answers.append(_ledger_answer(path, lines, report, keys is not None))
             complete = _completeness([report], model, args.run_id)
         except LedgerError as exc:
             message = " ".join(str(exc).split())
             print(f"{PROG}: ledger {path}: {message}", file=sys.stderr)
             return 1
-        answers[-1]["complete"] = bool(complete)
+        answers.append(_ledger_answer(path, lines, report, keys is not None, bool(complete)))
         read.append(lines)
         reports.append(report)
     if len(answers) == 1:
@@ -612,8 +615,9 @@ def _run_ledger(args: argparse.Namespace) -> int:
         return 1
     complete = _completeness(reports, model, args.run_id)  # checked above, one by one
     worst = _worst(answers)
-    for a in answers:
-        a["cannot_establish_alone"] = [] if keys else a["cannot_establish_alone"][-1:]
+    for a, report in zip(answers, reports, strict=True):  # what the pair still cannot show
+        a["complete"] = bool(complete)
+        a["cannot_establish_alone"] = _alone(report, keys is not None, bool(complete))
     both = {
         "ledgers": answers,
         "consistent": True,
