@@ -279,7 +279,7 @@ class PairedSessions:
         self.peer_servicer.wait_idle()
         if self.state.failure:
             raise PeerMismatchError(self.state.failure)
-        if self.state.finished and not self.stop_event.is_set():
+        if self.state.finished and not self.stop_event.is_set() and self.precompute is None:
             self._await_ledger_close()
         log.info(
             "h2: training %s after %d round(s), %d step(s)",
