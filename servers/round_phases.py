@@ -140,7 +140,8 @@ class RoundPhases:
             return self.deadline <= time.time() or expected <= accepted
 
     def wait_intake_done(self, t: int, stop: threading.Event) -> None:
-        """Until the deadline passes or every allowed provider's share is in."""
+        """Until :meth:`intake_complete`: the deadline passed, or every share that will come
+        is in."""
         with self.cond:
             while not stop.is_set():
                 if self.intake_complete(t):
