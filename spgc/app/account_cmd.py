@@ -427,6 +427,8 @@ def _ledger_human(a: dict[str, Any]) -> str:
         eps = "inf" if a["epsilon"] is None else _ceil_sig(a["epsilon"], 4)
         recorded = a["epsilon_recorded"]
         rec = "inf" if recorded is None else _ceil_sig(recorded, 4)
+        if not a["steps"]:
+            rec = "no release"  # no entry records an epsilon yet
         lines.append(
             f"  epsilon {eps} re-accounted from the entries ({str(a['accountant']).upper()}, "
             f"noise multiplier {a['noise_multiplier']:g}); the server recorded {rec}"
