@@ -45,9 +45,11 @@ from typing import Any
 from garbled_core.sampler_circuit import (
     MAX_TRIAL_DEPTH,
     and_breakdown,
+    and_gates_per_trial,
     build_trial_circuit,
     build_trial_description,
     monomials,
+    sampler_summary,
     table_lookup,
     trial_layout,
 )
@@ -87,13 +89,13 @@ from garbled_core.sampler_params import (
     _alias as _alias,
 )
 from garbled_core.sampler_params import (
+    _params_for as _params_for,
+)
+from garbled_core.sampler_tables import (
     _ctx as _ctx,
 )
-from garbled_core.sampler_params import (
+from garbled_core.sampler_tables import (
     _log2 as _log2,
-)
-from garbled_core.sampler_params import (
-    _params_for as _params_for,
 )
 
 __all__ = [
@@ -109,6 +111,7 @@ __all__ = [
     "Rounding",
     "SamplerParams",
     "and_breakdown",
+    "and_gates_per_trial",
     "build_trial_circuit",
     "build_trial_description",
     "depth_rows",
@@ -116,6 +119,7 @@ __all__ = [
     "exact_pmf",
     "expected_trials",
     "monomials",
+    "sampler_summary",
     "schedule_at",
     "table_lookup",
     "theta",
@@ -187,7 +191,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parts = []
     for sigma in sigmas:
         p = derive_params(sigma)
-        d = p.summary()
+        d = sampler_summary(p)
         print(
             f"| {sigma:g} | {p.bucket_bits} | {p.coin_bits} | {p.alias.index_bits} | "
             f"{p.grid_count} | {p.v_bits} | {d['round_bits']}, {d['round_count']} | "

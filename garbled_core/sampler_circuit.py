@@ -1,7 +1,8 @@
 """The discrete Gaussian sampler's trial circuit (one description for every backend).
 
 What a trial computes is described in :mod:`garbled_core.discrete_gaussian` and
-docs/NOISE_SAMPLER.md; its parameters come from :mod:`garbled_core.sampler_params`.
+docs/NOISE_SAMPLER.md; its parameters come from :mod:`garbled_core.sampler_params` (their types:
+:mod:`garbled_core.sampler_tables`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from garbled_core.circuit import (
     MAX_PORT_WIDTH,
@@ -18,9 +19,7 @@ from garbled_core.circuit import (
     CircuitDescription,
     describe_within_depth,
 )
-
-if TYPE_CHECKING:
-    from garbled_core.sampler_params import AliasTable, SamplerParams
+from garbled_core.sampler_tables import DEFAULT_SCHEDULE, AliasTable, SamplerParams
 
 MAX_TRIAL_DEPTH = 48
 """AND layers the ``arithmetic="depth"`` trial circuit keeps within (issue 34)."""
@@ -28,9 +27,11 @@ MAX_TRIAL_DEPTH = 48
 __all__ = [
     "MAX_TRIAL_DEPTH",
     "and_breakdown",
+    "and_gates_per_trial",
     "build_trial_circuit",
     "build_trial_description",
     "monomials",
+    "sampler_summary",
     "table_lookup",
     "trial_layout",
 ]
@@ -464,3 +465,38 @@ def and_breakdown(params: SamplerParams) -> dict[str, int]:
         )
         out["accept_and"] = len(params.coins) - 1
     return out
+
+
+def and_gates_per_trial(params: SamplerParams) -> int:
+    """AND gates of one trial (from the compiled circuit)."""
+    return int(build_trial_circuit(params).and_count)
+
+
+def sampler_summary(
+    params: SamplerParams, schedule: Sequence[int] = DEFAULT_SCHEDULE
+) -> dict[str, Any]:
+    """JSON-friendly description of ``params`` with its circuit's AND gates (the benchmark
+    and the docs print this)."""
+    ands = and_gates_per_trial(params)
+    trials = params.expected_trials(schedule)
+    return {
+        "sigma_units": params.sigma_units,
+        "bucket_bits": params.bucket_bits,
+        "coin_bits": params.coin_bits,
+        "alias_bits": params.alias.index_bits,
+        "grid_count": params.grid_count,
+        "v_bits": params.v_bits,
+        "chunks": [c.size for c in params.coins],
+        "round_bits": 0 if params.rounding is None else params.rounding.bits,
+        "round_count": 0 if params.rounding is None else params.rounding.max_count,
+        "noise_bits": params.noise_bits,
+        "noise_bound": params.noise_bound,
+        "acceptance": params.acceptance,
+        "trials_per_sample": trials,
+        "and_gates_per_trial": ands,
+        "and_gates_per_sample": ands * trials,
+        "random_bits_per_trial": params.random_bits,
+        "random_bits_per_sample": params.random_bits * trials,
+        "statistical_distance_log2": params.distance_log2,
+        "target_log2": params.target_log2,
+    }

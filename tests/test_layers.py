@@ -153,6 +153,105 @@ def test_no_private_name_imported_across_packages() -> None:
     assert not bad, "private names used across packages:\n" + "\n".join(bad)
 
 
+def _names_bound_in(path: Path) -> set[str]:
+    """Top-level names a module binds (defs, classes, assignments, imports)."""
+    bound: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return bound
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> our modules it imports, at any level (functions and TYPE_CHECKING blocks
+    included: a type-only import still ties the two modules together). ``from pkg import n``
+    goes to the module pkg.n when there is one (or when pkg binds no such name: a compiled
+    submodule), else to pkg itself."""
+    modules = {module_name(p): p for p in source_files()}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for imp in imports_of(path):
+            if layer_of_module(imp.target) is None:
+                continue
+            targets = set()
+            package = modules.get(imp.target)
+            for n in imp.names:
+                sub = f"{imp.target}.{n}"
+                if sub in modules or (
+                    package is not None
+                    and package.name == "__init__.py"
+                    and n not in _names_bound_in(package)
+                ):
+                    targets.add(sub)
+                else:
+                    targets.add(imp.target)
+            if not imp.names:
+                targets.add(imp.target)
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm,
+    iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_no_import_cycle_between_any_of_our_modules() -> None:
+    cycles = import_cycles(import_graph())
+    assert not cycles, "modules that import each other (directly or round a loop):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_the_cycle_finder_finds_loops_of_any_length() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"f"}, "f": {"e"}, "g": set()}
+    assert sorted(import_cycles(graph)) == [["a", "b", "c"], ["e", "f"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
 # The checker itself, on small made-up trees: it must see what it is meant to see.
 
 

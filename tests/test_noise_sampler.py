@@ -318,7 +318,7 @@ def test_bad_target_and_bucket_are_refused():
 def test_cost_targets():
     """At most 6,000 AND gates per sample at sigma 65536 (issue 3); we are far below."""
     p = ns.derive_params(65536.0)
-    s = p.summary()
+    s = ns.sampler_summary(p)
     assert s["and_gates_per_sample"] <= 6000
     assert s["and_gates_per_sample"] <= 1000  # regression guard for this design
     assert s["and_gates_per_trial"] == ns.build_trial_circuit(p).and_count

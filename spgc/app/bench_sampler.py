@@ -25,7 +25,12 @@ from typing import Any
 import numpy as np
 
 import garbled_core as gc
-from garbled_core.discrete_gaussian import build_trial_circuit, derive_params, theta
+from garbled_core.discrete_gaussian import (
+    build_trial_circuit,
+    derive_params,
+    sampler_summary,
+    theta,
+)
 from spgc.certs import make_dev_pki
 from spgc.modes import BACKENDS
 from spgc.progress import Progress
@@ -83,9 +88,7 @@ def loopback_channels(tls_dir: Path | None) -> tuple[Any, Any]:
     return ch_g, ch_e
 
 
-def party_links(
-    chunk: int | None, tls_dir: Path | None, backend: str = "gc"
-) -> tuple[Any, Any]:
+def party_links(chunk: int | None, tls_dir: Path | None, backend: str = "gc") -> tuple[Any, Any]:
     """H1's and H2's links over :func:`loopback_channels`, sessions of ``backend``."""
     ch_g, ch_e = loopback_channels(tls_dir)
     return (
@@ -119,7 +122,7 @@ def bench_sigma(
     params = derive_params(sigma, distance_log2)
     circuit = build_trial_circuit(params, arithmetic=links[0].arithmetic)
     derive_seconds = time.perf_counter() - t0
-    summary = params.summary()
+    summary = sampler_summary(params)
 
     def party(role: str, seed: bytes) -> Any:
         return lambda link: run_sampler(role, link, samples, seed, params)
