@@ -287,7 +287,8 @@ def test_gmw_backend_rows_count_round_trips_and_amortise_the_silent_ots(capsys) 
     assert row["backend"] == "gmw"
     # Said to be charged, in the JSON and under the table; the other figures are counted.
     assert row["charged_phases"] == ["ot_extension"]
-    assert "but gmw's OT column is charged, not counted: 2 x the random OTs" in out.err
+    assert "but gmw's OT column, and so its part of B/coord and of every total, is charged, " \
+        "not counted: 2 x the random OTs" in out.err
     assert row["bytes_per_coordinate"] < 2000  # issue 34's target (gc: about 17,500 here)
     bits = bench_comm.silent_ot_params()["bits_per_ot"]
     ot = row["phase_bytes_per_coordinate"]["ot_extension"]

@@ -75,7 +75,8 @@ def notes(ctx: Any, rows: list[dict[str, Any]], epochs: int) -> str:
         "coordinates (the '(n/4)' column: the smaller sample, same per-coordinate cost up to "
         "per-run overhead)"
         + (
-            "; but gmw's OT column is charged, not counted: 2 x the random OTs the run used x "
+            "; but gmw's OT column, and so its part of B/coord and of every total, is charged, "
+            "not counted: 2 x the random OTs the run used x "
             f"{silent_ot_params()['bits_per_ot']:.3f} bits, silent OT's steady state after setup "
             "(spgc bench ot measures it), since silent OT sends its OTs a whole LPN iteration "
             f"of {silent_ot_params()['usable_per_iteration']:,} at a time (JSON: charged_phases)"
