@@ -263,6 +263,21 @@ class Transport:
         in_bounds(info, "RoundInfo", server.name)
         return info
 
+    def _check_ledger_heads(self, infos: list[Any]) -> None:
+        """The co-signed ledger head each server names for its latest model: after the same
+        number of releases, the same head, or a server's ledger is not the one both signed.
+        (Different counts are a moment between two servers' publications, or a restart.)"""
+        heads = {(i.ledger_head_releases, bytes(i.ledger_head)) for i in infos if i.ledger_head}
+        if len(heads) > 1 and len({n for n, _ in heads}) == 1:
+            detail = ", ".join(
+                f"{s.name}: {bytes(i.ledger_head).hex()[:16]}"
+                for s, i in zip(self.servers, infos, strict=False)
+            )
+            raise ProviderRefusal(
+                f"the servers name different co-signed ledger heads after {next(iter(heads))[0]} "
+                f"release(s) ({detail}): their ledgers are not one record of the run"
+            )
+
     def fetch_model(self, info: Any) -> np.ndarray:
         """Model version ``info.model_version``, downloaded from one server and checked against
         the hash EVERY server announced for the round (their RoundInfo): differing hashes are
@@ -278,6 +293,7 @@ class Transport:
             raise ProviderRefusal(
                 f"the servers serve different models for version {info.model_version} ({detail})"
             )
+        self._check_ledger_heads(self._round_infos or [info])
         s = self.servers[self._model_source]
         want = announced[0][1]
         source_info = self._round_infos[self._model_source] if self._round_infos else info

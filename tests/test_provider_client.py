@@ -124,6 +124,7 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.deadline = 0.0  # RoundInfo.deadline (seconds since the epoch; 0: none announced)
         self.left_out = ""  # RoundInfo.caller_left_out: why the servers did not use the share
         self.epsilon = 0.0  # RoundInfo.epsilon_spent
+        self.ledger_head: tuple[int, bytes] | None = None  # RoundInfo.ledger_head(_releases)
         self.declined: list[tuple[str, str]] = []  # DeclinePlan: (run_id, reason)
 
     def _round_info(self, who: str) -> Any:
@@ -141,6 +142,8 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         )
         if self.deadline:
             info.deadline.FromNanoseconds(int(self.deadline * 1e9))
+        if self.ledger_head is not None:
+            info.ledger_head_releases, info.ledger_head = self.ledger_head
         return info
 
     @abort_on_error
@@ -547,6 +550,25 @@ def test_refuses_different_model_hashes(pki: Path, servers: Any, cancer: Any) ->
     ):
         client.run_round()
     assert not h1.servicer.attempts and not h2.servicer.attempts
+
+
+@pytest.mark.parametrize(("h2_releases", "refused"), [(3, True), (4, False)])
+def test_refuses_different_ledger_heads(
+    pki: Path, servers: Any, cancer: Any, h2_releases: int, refused: bool
+) -> None:
+    """Each server names the co-signed ledger head of its latest model (issue 45): after the
+    same releases, two heads mean two records of one run. Different counts are a moment
+    between the two servers' publications: nothing to refuse."""
+    h1, h2 = servers()
+    h1.servicer.ledger_head = (3, b"\x01" * 32)
+    h2.servicer.ledger_head = (h2_releases, b"\x02" * 32)
+    with client_for(provider_config(pki, [h1, h2]), data=cancer) as client:
+        if refused:
+            with pytest.raises(ProviderRefusal, match=r"different co-signed ledger heads after 3"):
+                client.run_round()
+            assert not h1.servicer.attempts and not h2.servicer.attempts
+        else:
+            assert client.run_round() is not None
 
 
 # ----------------------------------------------------------------------------- retries
