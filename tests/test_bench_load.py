@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spgc.app.bench_load import LoadOptions, main, run_bench
-from spgc.app.cheating_provers import CHEATS
-from spgc.norm_proof import ANOTHER_CONTEXT, PARTS_DISAGREE
+from spgc.app.cheating_provers import CHEATS, EXPECTED_REFUSAL
 
 REFUSALS = {
     "silent_streams": {"PERMISSION_DENIED"},  # the intruder's certificate: not a provider
@@ -16,17 +15,6 @@ REFUSALS = {
     "malformed_as_provider": {"INVALID_ARGUMENT"},  # a provider's bytes that do not parse
     # the circuit port is closed once the servers are linked
     "gc_port_junk": {"connection_refused", "closed_by_server", "reset_by_server"},
-}
-
-
-#: What the servers tell each cheating prover (spgc.app.cheating_provers) through the daemons.
-CHEAT_REASONS = {
-    "solve": "the squared norm or a bit check does not hold",
-    "nonbits": "the squared norm or a bit check does not hold",
-    "grind": "the squared norm or a bit check does not hold",
-    "wrap": "the norm bound or a wraparound check does not hold",
-    "disagree": PARTS_DISAGREE,
-    "replay": ANOTHER_CONTEXT,
 }
 
 
@@ -54,7 +42,7 @@ def test_bench_load_small_run_with_hostile_actors_and_poisoning_providers():
     assert set(kinds) == set(CHEATS)
     for kind, tally in kinds.items():
         assert tally["attempts"] >= 1 and tally["accepted"] == 0, (kind, tally)
-        assert tally["reasons"] == {CHEAT_REASONS[kind]: tally["attempts"]}, (kind, tally)
+        assert tally["reasons"] == {EXPECTED_REFUSAL[kind]: tally["attempts"]}, (kind, tally)
     for key in (
         "providers",
         "rounds",

@@ -29,6 +29,8 @@ from collections.abc import Callable
 import numpy as np
 
 from spgc.norm_proof import (
+    ANOTHER_CONTEXT,
+    PARTS_DISAGREE,
     HelperShare,
     LeaderShare,
     NormProofParams,
@@ -41,6 +43,7 @@ from spgc.norm_proof import (
 
 __all__ = [
     "CHEATS",
+    "EXPECTED_REFUSAL",
     "GRIND_TRIES",
     "cheat",
     "cheat_kind",
@@ -51,6 +54,15 @@ __all__ = [
 
 #: The kinds, in the order ``spgc bench load --poison`` takes them.
 CHEATS = ("solve", "nonbits", "grind", "wrap", "disagree", "replay")
+#: The reason the servers give each kind (spgc.norm_proof.decide): its own check catches it.
+EXPECTED_REFUSAL = {
+    "solve": "the squared norm or a bit check does not hold",
+    "nonbits": "the squared norm or a bit check does not hold",
+    "grind": "the squared norm or a bit check does not hold",
+    "wrap": "the norm bound or a wraparound check does not hold",
+    "disagree": PARTS_DISAGREE,
+    "replay": ANOTHER_CONTEXT,
+}
 #: How many times ``grind`` and ``wrap`` re-share by default.
 GRIND_TRIES = 16
 
