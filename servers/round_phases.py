@@ -57,6 +57,8 @@ class RoundRecord:
     noisy_count: float | None = None
     # Verified inputs: the round's norm-proof query coin (servers.norm_checks.round_coin).
     verify_coin: bytes = b""
+    # Wall-clock time (time.time()) the round opened here: the interval between rounds.
+    opened_at: float = 0.0
 
 
 ENDED_PHASES = (pb.ROUND_PHASE_PUBLISHED, pb.ROUND_PHASE_ABORTED)  # a round over, either way
@@ -79,6 +81,7 @@ def round_summary(rec: RoundRecord) -> dict[str, Any]:
         "clip_norm": rec.clip_norm or None,
         "noisy_count": rec.noisy_count,
         "seconds": {k: round(v, 6) for k, v in rec.seconds.items()},
+        "opened_at": round(rec.opened_at, 6),
     }
 
 
@@ -91,7 +94,7 @@ class RoundPhases:
                 raise RuntimeError(f"cannot open round {t} (at round {self.round}, {self.phase})")
             self.intake.open_round(t)
             self.accepted[t] = set()
-            self.history[t] = RoundRecord(t, pb.ROUND_PHASE_COLLECTING)
+            self.history[t] = RoundRecord(t, pb.ROUND_PHASE_COLLECTING, opened_at=time.time())
             if (decay := self.plan.decay_clip) is not None:
                 self.clip_norm = decay.norm_at(t)  # the rule's C for this round
             if self.plan.clip_moves:

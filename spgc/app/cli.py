@@ -20,6 +20,7 @@ from spgc.app import (
     bench_proof,
     bench_sampler,
     bench_scale,
+    bench_wan,
     experiment,
     export_cmd,
 )
@@ -254,6 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scale.set_defaults(bench="scale")
 
+    wan = bench_wan.build_parser(
+        bench_sub.add_parser(
+            "wan",
+            help="steady-state rounds of the real daemons with the server-to-server links "
+            "shaped to a round trip and a rate (gc, gmw, preprocessed)",
+            description=bench_wan.__doc__,
+        )
+    )
+    wan.set_defaults(bench="wan")
+
     comm = bench_comm.build_parser(
         bench_sub.add_parser(
             "comm",
@@ -446,6 +457,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return bench_proof.run_from_args(args)
     if args.bench == "scale":
         return bench_scale.run_from_args(args)
+    if args.bench == "wan":
+        return bench_wan.run_from_args(args)
     return bench_gc.run_cli(
         instances=args.instances,
         insecure=args.insecure,

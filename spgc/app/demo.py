@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -119,6 +120,11 @@ class DemoOptions:
     # adjacency provider: Geyer et al.'s phases "R:Z:Q,..." (spgc.config.parse_noise_schedule);
     # empty: one phase, the noise calibrated to the target epsilon.
     noise_schedule: str = ""
+    # (link, address) -> the address to dial instead, for the links between the two servers:
+    # "peer-h2" (H1's control calls to H2's peer_listen), "peer-h1" (H2's to H1's) and "gc"
+    # (H2's data link to H1's gc_address). `spgc bench wan` puts its shaping proxies there;
+    # None: each server dials the other directly.
+    peer_route: Callable[[str, str], str] | None = None
 
 
 def _outgoing_port_range() -> tuple[int, int]:
@@ -254,15 +260,17 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         (1, listen1, peer1, peer2),
         (2, listen2, peer2, peer1),
     )
+    route = opts.peer_route or (lambda _link, address: address)
     servers = []
     for role, listen, peer_listen, peer in roles:
         cfg: dict[str, Any] = {
             "role": role,
             "listen": f"127.0.0.1:{listen}",
             "peer_listen": f"127.0.0.1:{peer_listen}",
-            "peer_address": f"127.0.0.1:{peer}",
+            "peer_address": route(f"peer-h{3 - role}", f"127.0.0.1:{peer}"),
             "peer_name": f"h{3 - role}",
-            "gc_address": f"127.0.0.1:{gc}",
+            # H1 listens there, H2 dials it
+            "gc_address": f"127.0.0.1:{gc}" if role == 1 else route("gc", f"127.0.0.1:{gc}"),
             "state_dir": str(_state_dir(opts, work, f"h{role}")),
             "summary_path": str(work / f"h{role}-summary.json"),
             "providers": names,
