@@ -441,10 +441,18 @@ class PrivacyAccountant:
         value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
         unit: Unit = "example",
         schedule: Sequence[Sequence[float]] | None = None,
+        unsampled: Sequence[float] = (),
     ) -> None:
         if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
             raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier}")
         _check_delta(delta)
+        for z in unsampled:
+            if not (z > 0 and math.isfinite(z)):
+                raise ValueError(f"an unsampled release's noise multiplier must be > 0, got {z}")
+        # Releases made once over every example, without sampling (the feature statistics,
+        # spgc.feature_stats): a Gaussian each of noise std / add-remove sensitivity z, whose
+        # bound also holds for replace-one (see there), composed with the steps.
+        self.unsampled = tuple(float(z) for z in unsampled)
         self.noise_multiplier = float(noise_multiplier)
         # Phases (first step, noise multiplier, Poisson rate): Geyer et al.'s adjustment of
         # the noise and the providers per round, composed step by step.
@@ -500,16 +508,40 @@ class PrivacyAccountant:
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
         if steps not in self._cache:
-            if self.schedule is None:
+            if self.unsampled:
+                value = self._epsilon_with_unsampled(steps)
+            elif self.schedule is None:
                 value = self._spec.epsilon(self.noise_multiplier, steps, self.delta)
             else:
                 value = self._scheduled_epsilon(steps)
             self._cache[steps] = value
         return self._cache[steps]
 
-    def _scheduled_epsilon(self, steps: int) -> float:
-        """Epsilon after ``steps`` steps of the schedule: each phase's steps composed with
-        their own noise multiplier and rate (RDP curves added, or PLD events composed)."""
+    def _epsilon_with_unsampled(self, steps: int) -> float:
+        """Epsilon after ``steps`` steps and every unsampled release (RDP curves added, the
+        Gaussian's a / (2 z^2), the discrete one's too; or PLD events composed)."""
+        if self.schedule is None:
+            parts = [(self._spec, self.noise_multiplier, steps)] if steps > 0 else []
+        else:
+            parts = self._schedule_parts(steps)
+        if self._spec.method == "pld":
+            acc = self._spec.fresh_accountant()
+            for spec, z, count in parts:  # Poisson: PLD refuses fixed batches
+                acc.compose(spec.step_event(z), count)
+            for z in self.unsampled:
+                acc.compose(dp_accounting.GaussianDpEvent(z))
+            return float(acc.get_epsilon(self.delta))
+        orders, total = self._spec.rdp_curve(self.noise_multiplier)
+        total = np.zeros_like(total)
+        for spec, z, count in parts:
+            curve = spec.rdp_curve(z)[1]
+            total = total + spec._base_event(z, count)[1] * curve
+        for z in self.unsampled:
+            total = total + orders / (2.0 * z * z)
+        return float(rdp.compute_epsilon(orders, total, self.delta)[0])
+
+    def _schedule_parts(self, steps: int) -> list[tuple[_EventSpec, float, int]]:
+        """(the phase's event spec, its z, its step count) for the phases ``steps`` reach."""
         assert self.schedule is not None
         parts = []
         for (z, q), count in zip(
@@ -525,6 +557,12 @@ class PrivacyAccountant:
                         value_discretization_interval=self._spec.value_discretization_interval,
                     )  # fmt: skip
                 parts.append((spec, z, count))
+        return parts
+
+    def _scheduled_epsilon(self, steps: int) -> float:
+        """Epsilon after ``steps`` steps of the schedule: each phase's steps composed with
+        their own noise multiplier and rate (RDP curves added, or PLD events composed)."""
+        parts = self._schedule_parts(steps)
         if not parts:
             return 0.0
         if self._spec.method == "pld":
