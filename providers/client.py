@@ -230,9 +230,12 @@ class ProviderClient(RoundFollower, Batches, Training):
         while the servers are down. SelfCheckFailed (a ConfigError) naming the problem; returns
         a note on what was built ("" when the model is the servers' built-in one)."""
         try:
-            return check_model_and_data(self.cfg, self._data).note
+            found = check_model_and_data(self.cfg, self._data)
         except (ValueError, OSError, *DATA_ERRORS) as exc:
             raise SelfCheckFailed(str(exc)) from None
+        if found.scale_warning is not None:
+            log.warning("%s", found.scale_warning)
+        return found.note
 
     def connect(self) -> Any:
         """Hello to the configured servers and check what they announce; returns the

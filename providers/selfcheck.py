@@ -2,6 +2,8 @@
 (it builds, and per-example gradients work through every layer: a BatchNorm layer is named),
 its own data (the file or loader, the label column, its part when ``provider_count`` > 1) and
 the two together (every label within the model's outputs, every example read by the model).
+Feature columns whose scales differ by more than 100x get a warning naming them (not an
+error: the run goes on, but DP training on such data is poor; spgc.feature_stats).
 
 The same check serves ``spgc config check`` on a provider's file (spgc/app/cli.py) and the
 provider itself (:meth:`spgc.providers.client.ProviderClient.self_check`, run by ``spgc
@@ -19,6 +21,7 @@ import numpy as np
 
 from spgc.config import ProviderConfig
 from spgc.data import load_user_data, provider_part_of
+from spgc.feature_stats import scale_warning
 from spgc.gradients import check_model_on_data
 from spgc.models import check_per_example_compatible, parameter_count, resolve_model
 from spgc.trainable import TrainableCoordinates
@@ -34,6 +37,9 @@ class SelfCheck:
     note: str
     parameters: int | None = None  # the provider's own model's parameter count
     examples: int | None = None  # how many local examples its own data holds
+    # Its feature columns' scales differ by more than spgc.feature_stats.MAX_SCALE_RATIO: the
+    # warning naming them (None otherwise), logged at start and printed by config check.
+    scale_warning: str | None = None
 
 
 def check_model_and_data(
@@ -48,19 +54,23 @@ def check_model_and_data(
         check_per_example_compatible(model)
     x = y = None
     what = "the data given"
+    names: tuple[str, ...] = ()
     if data is not None:
         x, y = np.asarray(data[0]), np.asarray(data[1])
     elif cfg.data:
         found = load_user_data(cfg.data, cfg.data_label, task=cfg.task or "classification")
-        x, y = found.x_train, found.y_train
+        x, y, names = found.x_train, found.y_train, found.feature_names
         if cfg.provider_count > 1:  # as the provider splits it
             x, y = provider_part_of(x, y, cfg.data, cfg.provider_count, cfg.provider_index)
         what = f"data {cfg.data!r}"
     examples = None if x is None else len(x)
-    if model is None:
-        return SelfCheck("", examples=examples)  # the servers' built-in model: see connect
+    warning = None if x is None else scale_warning(x, names)
+    if warning is not None:
+        warning = f"{what}: {warning}"
+    if model is None:  # the servers' built-in model: see connect
+        return SelfCheck("", examples=examples, scale_warning=warning)
     if x is not None and y is not None:
         check_model_on_data(model, x, y, what, task=cfg.task or "classification", loss=cfg.loss)
     count = parameter_count(model)
     trained = TrainableCoordinates.of_model(model).describe()
-    return SelfCheck(f" (model {cfg.model}: {trained})", count, examples)
+    return SelfCheck(f" (model {cfg.model}: {trained})", count, examples, warning)

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from spgc.app.cli import main as cli_main
 from spgc.config import ConfigError, ProviderConfig, ServerConfig, TlsPaths
 from spgc.config_files import load_provider_config
 from spgc.providers.__main__ import main
@@ -100,6 +101,26 @@ def test_the_python_api_and_config_check_share_the_check(files: Path) -> None:
     assert found.examples == 20
     # No model of its own: the servers' built-in one is checked once the plan is known.
     assert check_model_and_data(load_provider_config(write_config(files, model="''"))).note == ""
+
+
+def test_feature_columns_of_scales_100x_apart_are_named_at_start_and_by_config_check(
+    files: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A warning, not an error (issue 48 part 2): config check exits 0 and names both columns;
+    the provider logs the same line at its start; data on one scale get none."""
+    rows = "".join(f"{(i % 3) * 0.001},{(i % 5) * 100},{i % 2}\n" for i in range(20))
+    (files / "wide.csv").write_text("age_decades,ldl,label\n" + rows)
+    path = write_config(files, data="wide.csv")
+    caplog.set_level(logging.WARNING, logger="spgc.provider")
+    ProviderClient(load_provider_config(path)).self_check()
+    assert "feature scales differ by more than 100x: ldl (std" in caplog.text
+    assert cli_main(["config", "check", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "spgc config check: warning: data '" in err and "wide.csv'" in err
+    assert "feature scales differ by more than 100x: ldl (std" in err
+    assert "against age_decades (std" in err
+    assert cli_main(["config", "check", str(write_config(files))]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_a_batchnorm_model_is_named_before_any_parameter_count(files: Path) -> None:

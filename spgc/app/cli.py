@@ -546,7 +546,10 @@ def _try_model_and_data(cfg: ServerConfig | ProviderConfig) -> str:
         trained = plan.coordinates.describe()
         return f" (model {plan.model_name}: {trained}, ring Z_2^{plan.ring_bits})"
     # The check each provider makes of itself at its start (providers/selfcheck.py).
-    return check_model_and_data(cfg).note
+    found = check_model_and_data(cfg)
+    if found.scale_warning is not None:
+        print(f"spgc config check: warning: {found.scale_warning}", file=sys.stderr)
+    return found.note
 
 
 def main(argv: Sequence[str] | None = None) -> int:
