@@ -88,9 +88,7 @@ class TestSetEvaluator:
         with self._lock:
             self._data = self._load_test_set()
             self._module = resolve_model(self.model)
-            check_model_on_data(
-                self._module, *self._data, what, task=self.task, loss=self.loss
-            )
+            check_model_on_data(self._module, *self._data, what, task=self.task, loss=self.loss)
 
     def __call__(self, params: np.ndarray) -> dict[str, float]:
         with self._lock:

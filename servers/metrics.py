@@ -185,7 +185,10 @@ class ServerMetrics:
         )  # fmt: skip
         # NaN until a model is evaluated (a round is published)
         for unknown in (
-            self.test_accuracy, self.test_loss, self.clip_norm, *self.test_regression.values()
+            self.test_accuracy,
+            self.test_loss,
+            self.clip_norm,
+            *self.test_regression.values(),
         ):
             unknown.set(math.nan)
         self.rounds_skipped = Counter(
@@ -196,9 +199,7 @@ class ServerMetrics:
             "spgc_plans_declined", "Providers that declined the run's plan", registry=r
         )
         if progress is not None:  # (round in progress, releases counted)
-            self.round = Gauge(
-                "spgc_round", "The round in progress (counted from 0)", registry=r
-            )
+            self.round = Gauge("spgc_round", "The round in progress (counted from 0)", registry=r)
             self.round.set_function(lambda: progress()[0])
             self.releases_counted = Gauge(
                 "spgc_releases_counted", "Releases the privacy ledger counts", registry=r
