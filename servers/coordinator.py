@@ -17,10 +17,11 @@ and ``ldp`` have one server and no peer: :class:`SingleDriver` runs the rounds a
 the providers' clear sum from the intake (:func:`compute_single`).
 
 Mode ``preprocessed`` (servers.noise_pool): the noise comes from each server's pool of noise
-shares made ahead by the sampler circuit; H1 keeps the pool topped up while the providers
-compute (:class:`NoiseProducer`), names the pool entries of the round at CIRCUIT_READY (H2
-refuses other entries), and the round itself is dng's exchange with the pool shares as the
-noise: one ring element per coordinate each way, no circuit.
+shares made ahead by the sampler circuit; H1 keeps the pool ahead of the rounds from a thread
+of its own (:class:`NoiseProducer`; a round waits only when the pool is empty), names the pool
+entries of the round at CIRCUIT_READY (H2 refuses other entries), and the round itself is
+dng's exchange with the pool shares as the noise, on its own connection of the data link: one
+ring element per coordinate each way, no circuit.
 
 Whether training is over (round budget, or the next step would exceed the privacy budget) is a
 deterministic function of the shared configuration, so both servers decide it alike without a
@@ -230,8 +231,10 @@ def compute_round(
         noise = state.pool.take(pool_slice, t)  # the cursor moves on disk before any use
         seconds = {"pool": time.perf_counter() - start}
         start = time.perf_counter()
+        # Its own connection: noise production may be running on the lanes meanwhile.
+        channel = link.exchange_channel or link.channel
         y, info = dng_exchange(
-            state.role, link.channel, total, noise.view(np.int64), plan.ring_bits, field_modulus
+            state.role, channel, total, noise.view(np.int64), plan.ring_bits, field_modulus
         )
         seconds["exchange"] = time.perf_counter() - start
         del noise
@@ -333,8 +336,13 @@ def _log_round(state: ServerState, rec: RoundRecord) -> None:
         _privacy(state),
         rec.gc_bytes,
         s.get("intake", 0.0),
-        # dng samples its noise, preprocessed reads its pool, before the exchange
-        "".join(f"{k} {s[k]:.3f}, " for k in ("noise", "pool", "decode") if k in s),
+        # dng samples its noise, preprocessed waits for (only when its pool is empty) and reads
+        # its pool, before the exchange
+        "".join(
+            f"{k.replace('_', ' ')} {s[k]:.3f}, "
+            for k in ("noise", "noise_wait", "pool", "decode")
+            if k in s
+        ),
         "circuit" if "circuit" in s else "exchange",
         s.get("circuit", s.get("exchange", 0.0)),
         s.get("update", 0.0),
@@ -487,21 +495,29 @@ class H1Driver(_RoundLoop):
 
     def run(self) -> None:
         """Preprocessed: reconcile the pools and fill them before round 0 (the offline phase),
-        then the rounds; a pool failure ends H2's run too."""
+        then the rounds with production in its own thread beside them; a pool failure ends
+        H2's run too."""
         if self.producer is None:
             super().run()
             return
+        ended = False
         try:
             self.producer.sync()
             if not self.state.finished and self.state.plan.cfg.pool_produce:
                 self.producer.fill(self.producer.training_target, progress=True)
+                self.producer.start()
             super().run()
+            ended = not self.stop.is_set()
         except PoolError as exc:
+            self.producer.halt(interrupt=True)
             try:
                 self.producer.end_peer(str(exc))
             except grpc.RpcError as rpc_exc:  # H2 gone as well: it stops on its own
                 log.warning("could not tell h2 to stop: %s", rpc_exc)
             raise
+        finally:
+            # Training over: after the block in progress; a lost pairing or a failure: now.
+            self.producer.halt(interrupt=not ended)
 
     def _barrier(
         self,
@@ -530,11 +546,6 @@ class H1Driver(_RoundLoop):
         state.open_round(t)
         norm = state.plan.norm_proof
         self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
-        if self.producer is not None and cfg.pool_produce:
-            # The data link is idle while the providers compute: top the pool up meanwhile.
-            self.producer.fill(
-                self.producer.training_target, until=lambda: state.intake_complete(t)
-            )
         state.wait_intake_done(t, self.stop)
         if self.stop.is_set():
             return
@@ -603,6 +614,8 @@ class H1Driver(_RoundLoop):
             raise
         finally:
             seed = None  # drop our reference: the seed is never needed again
+        if self.producer is not None:
+            self.producer.round_done()
         check = peer_pb2.ModelDigest(
             run_id=state.run_id,
             version=t + 1,

@@ -82,6 +82,12 @@ class DataLink:
         ):
             log.warning("circuit port: refused a connection from %s: %s", address, reason)
 
+    @property
+    def _connections(self) -> int:
+        """The data link's connections: one per lane, and in mode preprocessed one more for
+        the rounds' exchange (noise production runs on the lanes meanwhile)."""
+        return self.cfg.gc_lanes + (1 if self.cfg.mode == "preprocessed" else 0)
+
     def _get_link(self, timeout: float) -> PartyLink:
         if not self._link_ready.wait(timeout) or self._link is None:
             raise RuntimeError("the garbled-circuit link to the other server is not up")
@@ -98,7 +104,7 @@ class DataLink:
         # listener keeps waiting for the real peer.
         channels = []
         try:
-            for _ in range(self.cfg.gc_lanes):
+            for _ in range(self._connections):
                 channels.append(
                     self._listener.accept(
                         timeout=max(1.0, deadline - time.monotonic()),
@@ -136,7 +142,7 @@ class DataLink:
         channels: list[Any] = []
         told = ("", 0.0)  # the last failure logged, and when
         try:
-            while len(channels) < self.cfg.gc_lanes:
+            while len(channels) < self._connections:
                 try:
                     channels.append(
                         garbled_core.Channel.connect(
@@ -180,6 +186,7 @@ class DataLink:
         ``stub``: H1's control channel to H2, which pairs the workers when workers > 1."""
         if self.cfg.mode == "dng":
             return PartyLink(role, self._gc_channels[0], None)
+        lane_channels = self._gc_channels[: self.cfg.gc_lanes]
         lanes = [
             PartyLink.open(
                 role,
@@ -188,9 +195,11 @@ class DataLink:
                 ot_k=self.cfg.ot_k,
                 backend=self.cfg.backend,
             )
-            for ch in self._gc_channels
+            for ch in lane_channels
         ]
         lanes[0].extra_lanes = lanes[1:]  # rounds run on every lane; a noise block on lane 0
+        if len(self._gc_channels) > len(lane_channels):  # mode preprocessed
+            lanes[0].exchange_channel = self._gc_channels[-1]
         if self.cfg.workers > 1:
             lanes[0].remote_lanes = self._pair_workers(role, stub)
         return lanes[0]

@@ -148,6 +148,10 @@ class PartyLink:
     # Remote lanes (servers.ray_workers: worker pairs on the organisations' Ray clusters):
     # when set, run_aggregate runs a round on them instead, and this link carries the rest.
     remote_lanes: list[Any] = field(default_factory=list)
+    # Mode preprocessed: the data link's own connection for the rounds' exchange (a raw
+    # channel), so that noise production on the lanes runs beside the rounds without
+    # interleaving bytes with them; None: the exchange uses this link's channel.
+    exchange_channel: Any = None
 
     def lanes(self) -> list[Any]:
         """The lanes a round or a noise block runs on: the remote ones if any, else this link's
@@ -568,6 +572,7 @@ def noise_shares_range(
     reveals u to H2 only). ``field_modulus`` p (verified inputs): the same mod p, r uniform in
     [0, p). Returns (shares of the range, info with the link's ``counters``)."""
     before = link.counters()
+    layers = getattr(link.session, "layers_used", None)  # GMW: one round trip per AND layer
     circuit = noise_share_circuit(
         ring_bits, params.noise_bits, arithmetic=link.arithmetic, field_modulus=field_modulus
     )
@@ -603,6 +608,8 @@ def noise_shares_range(
         info["rounds"] = max(info["rounds"], stats.rounds)
         info["trials"] += stats.trials
     info["counters"] = counter_delta(before, link.counters())
+    if layers is not None:
+        info["round_trips"] = int(link.session.layers_used) - int(layers)
     return shares, info
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -250,7 +251,8 @@ def _shred(path: Path) -> None:
 class NoisePool:
     """One server's pool of noise shares (see the module docstring for the layout).
 
-    Not thread-safe: the server's round loop (H1) or its peer servicer (H2) owns it.
+    Thread-safe: production adds blocks in one thread while a round takes samples in another
+    (each public method holds the pool's lock).
     """
 
     def __init__(
@@ -279,6 +281,7 @@ class NoisePool:
         self.cursor = (0, 0)
         self._next_index = 0
         self._verified: dict[int, set[int]] = {}  # block index -> chunks hashed by this process
+        self._lock = threading.RLock()
         self._load()
 
     # ------------------------------------------------------------------ files
@@ -462,10 +465,10 @@ class NoisePool:
     @property
     def available(self) -> int:
         """Unused samples."""
-        total = 0
-        for b in self.blocks:
-            total += b.count - (self.cursor[1] if b.index == self.cursor[0] else 0)
-        return total
+        with self._lock:
+            return sum(
+                b.count - (self.cursor[1] if b.index == self.cursor[0] else 0) for b in self.blocks
+            )
 
     @property
     def next_index(self) -> int:
@@ -474,30 +477,29 @@ class NoisePool:
 
     def state(self) -> tuple[tuple[int, int], list[PoolBlock]]:
         """(cursor, blocks held): what :func:`reconcile` compares."""
-        return self.cursor, list(self.blocks)
+        with self._lock:
+            return self.cursor, list(self.blocks)
 
     def position(self, count: int) -> PoolSlice:
         """The slice the next ``count`` samples would be (PoolExhaustedError if too few)."""
-        if count > self.available:
-            raise PoolExhaustedError(
-                f"the noise pool holds {self.available} unused samples; {count} are needed"
-            )
-        if not self.blocks:
-            return PoolSlice(self._next_index, b"", 0, 0)
-        first = self.blocks[0]
-        return PoolSlice(first.index, first.block_id, self.cursor[1], count)
+        with self._lock:
+            if count > self.available:
+                raise PoolExhaustedError(
+                    f"the noise pool holds {self.available} unused samples; {count} are needed"
+                )
+            if not self.blocks:
+                return PoolSlice(self._next_index, b"", 0, 0)
+            first = self.blocks[0]
+            return PoolSlice(first.index, first.block_id, self.cursor[1], count)
 
     # ------------------------------------------------------------------ changes
 
     def add_block(self, index: int, block_id: bytes, shares: np.ndarray) -> PoolBlock:
         """Store a produced block. Its index must come after every block held and the cursor
-        (H1 numbers the blocks; after a reconciliation H2 may have skipped an orphan's index)."""
-        last = self.blocks[-1].index if self.blocks else -1
-        if index <= last or index < self.cursor[0]:
-            raise PoolError(
-                f"block {index} out of order: the pool holds blocks up to {last} and its cursor "
-                f"is in block {self.cursor[0]}"
-            )
+        (H1 numbers the blocks; after a reconciliation H2 may have skipped an orphan's index).
+        The files are written without the pool's lock (a round may take samples meanwhile);
+        one thread adds blocks."""
+        self._check_order(index)
         if len(block_id) != BLOCK_ID_BYTES:
             raise PoolError(f"a block id has {BLOCK_ID_BYTES} bytes, got {len(block_id)}")
         shares = np.ascontiguousarray(shares, dtype=np.uint64)
@@ -516,10 +518,26 @@ class NoisePool:
         }
         write_atomically(self._json(index), json.dumps(meta, sort_keys=True).encode())
         block = PoolBlock(index, bytes(block_id), len(shares))
-        self.blocks.append(block)
-        self._verified[index] = set(range(_chunks(len(shares))))  # hashed from these very bytes
-        self._next_index = index + 1
+        with self._lock:
+            self._check_order(index)
+            self.blocks.append(block)
+            self._verified[index] = set(range(_chunks(len(shares))))  # hashed from these bytes
+            self._next_index = index + 1
+            if self.cursor < (self.blocks[0].index, 0):
+                # The pool was used up to the end of its last block (deleted since): the next
+                # sample is this block's first. Nothing is skipped, so the durable cursor,
+                # which is before it, stays as it is until the next take.
+                self.cursor = (self.blocks[0].index, 0)
         return block
+
+    def _check_order(self, index: int) -> None:
+        with self._lock:
+            last = self.blocks[-1].index if self.blocks else -1
+            if index <= last or index < self.cursor[0]:
+                raise PoolError(
+                    f"block {index} out of order: the pool holds blocks up to {last} and its "
+                    f"cursor is in block {self.cursor[0]}"
+                )
 
     def _read(self, block: PoolBlock, start: int, count: int) -> np.ndarray:
         """Samples [start, start + count) of ``block``, after checking the chunks they lie in.
@@ -564,6 +582,10 @@ class NoisePool:
         """The samples of ``piece`` (which must be :meth:`position` of its count): the cursor
         moves past them on disk BEFORE they are returned, so they are never handed out again,
         and they are overwritten with zeros on disk before this returns."""
+        with self._lock:
+            return self._take(piece, round_number)
+
+    def _take(self, piece: PoolSlice, round_number: int) -> np.ndarray:
         expected = self.position(piece.count)
         if piece != expected:
             raise PoolError(
@@ -597,6 +619,10 @@ class NoisePool:
     def apply(self, cursor: tuple[int, int], blocks: Sequence[PoolBlock]) -> None:
         """Adopt a reconciled state: keep only ``blocks``, move the cursor (persisted); the
         samples it skips (perhaps used by the other side) are destroyed like used ones."""
+        with self._lock:
+            self._apply(cursor, blocks)
+
+    def _apply(self, cursor: tuple[int, int], blocks: Sequence[PoolBlock]) -> None:
         keep = set(blocks)
         for b in self.blocks:
             if b not in keep:

@@ -1,14 +1,18 @@
 """The noise pool between the two servers (mode preprocessed): each pool's state as a peer
 message, reconciling the two pools after a restart, and H1's :class:`NoiseProducer`, which makes
-blocks of noise shares with H2 over the data link and keeps the pool topped up."""
+blocks of noise shares with H2 over the data link's lanes and keeps the pool ahead of the
+rounds from a thread of its own (the rounds' exchange has its own connection), in runs sized
+by :class:`RunSizer`."""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
 from typing import Any
 
 from spgc.progress import Progress
@@ -75,6 +79,112 @@ def adopt_peer_pool(
     return agreed
 
 
+#: A production run is made long enough that its fixed cost (its round trips) is at most this
+#: share of its time, where the rounds leave room for it.
+RUN_OVERHEAD_SHARE = 0.1
+#: The recent runs and round intervals the estimates are taken from.
+RUN_HISTORY = 8
+#: Round trips of a production run on a backend that does not count them (gc): about two per
+#: sampler stage (the stage's run and its evaluator's OT), and the two calls to H2.
+GC_TRIPS_PER_STAGE = 2
+CALLS_PER_RUN = 2
+
+
+class RunSizer:
+    """How big H1's next production run is, and how far ahead of the rounds it keeps the pool.
+
+    A run of n samples is modelled as taking F + c n seconds: F its round trips (counted by the
+    engine on gmw, estimated from the sampler's stages on gc, plus the two calls to H2) at the
+    round trip measured on the calls to H2, c the measured seconds per sample beyond them. A
+    run makes at least the n whose F is at most RUN_OVERHEAD_SHARE of its time (capped by
+    pool_block), and the pool is kept max(pool_rounds, ceil(run time / round interval) + 1)
+    rounds ahead, the round interval measured as rounds take their noise: rounds then consume
+    no more than a run refills while it runs. Never more than the rounds left need.
+    """
+
+    def __init__(self, dim: int, pool_rounds: int, pool_block: int) -> None:
+        self.dim = dim
+        self.pool_rounds = pool_rounds
+        self.pool_block = pool_block
+        self.rtt: float | None = None  # the quickest call to H2 seen, in seconds
+        self.runs: deque[tuple[int, float, int]] = deque(maxlen=RUN_HISTORY)
+        self.intervals: deque[float] = deque(maxlen=RUN_HISTORY)
+        self._last_round: float | None = None
+
+    def observe_call(self, seconds: float) -> None:
+        """A call to H2 that does no work of note took ``seconds``: a round trip."""
+        self.rtt = seconds if self.rtt is None else min(self.rtt, seconds)
+
+    def observe_run(self, samples: int, seconds: float, round_trips: int) -> None:
+        self.runs.append((samples, seconds, round_trips + CALLS_PER_RUN))
+
+    def observe_round(self, now: float) -> None:
+        """A round took its noise at monotonic time ``now``."""
+        if self._last_round is not None:
+            self.intervals.append(now - self._last_round)
+        self._last_round = now
+
+    def _costs(self) -> tuple[float, float] | None:
+        """(F, c) of the recent runs (medians), or None before any run."""
+        if not self.runs:
+            return None
+        rtt = self.rtt or 0.0
+        fixed = statistics.median(trips * rtt for _, _, trips in self.runs)
+        per_sample = statistics.median(
+            max(0.0, seconds - trips * rtt) / samples for samples, seconds, trips in self.runs
+        )
+        return fixed, per_sample
+
+    def efficient_run(self) -> int:
+        """The fewest samples whose run spends at most RUN_OVERHEAD_SHARE of its time on its
+        round trips (pool_block at most; 0 before any run is measured)."""
+        costs = self._costs()
+        if costs is None:
+            return 0
+        fixed, per_sample = costs
+        if per_sample <= 0:
+            return self.pool_block
+        n = fixed * (1 - RUN_OVERHEAD_SHARE) / RUN_OVERHEAD_SHARE / per_sample
+        return min(self.pool_block, max(1, math.ceil(n)))
+
+    def run_seconds(self, samples: int) -> float | None:
+        """The expected seconds of a run of ``samples`` (None before any run is measured)."""
+        costs = self._costs()
+        return None if costs is None else costs[0] + costs[1] * samples
+
+    def lead_rounds(self, samples: int) -> int:
+        """Rounds of noise to keep ready while runs of ``samples`` are made."""
+        seconds = self.run_seconds(samples)
+        if seconds is None or not self.intervals:
+            return self.pool_rounds
+        interval = max(statistics.median(self.intervals), 1e-3)
+        return max(self.pool_rounds, math.ceil(seconds / interval) + 1)
+
+    def next_run(self, available: int, rounds_left: int) -> int:
+        """Samples the next run makes, given ``available`` unused ones and the rounds still to
+        take noise; 0: none is needed now."""
+        want = rounds_left * self.dim
+        if available >= want:
+            return 0
+        efficient = self.efficient_run()
+        low = min(want, self.lead_rounds(max(efficient, self.dim)) * self.dim)
+        if available >= low:
+            return 0
+        return max(1, min(max(efficient, low - available), self.pool_block, want - available))
+
+    def summary(self) -> str:
+        """The estimates, for the log."""
+        costs = self._costs()
+        if costs is None:
+            return "no run measured yet"
+        interval = statistics.median(self.intervals) if self.intervals else None
+        return (
+            f"round trip {1000 * (self.rtt or 0):.1f} ms, run overhead {costs[0]:.2f} s + "
+            f"{1e6 * costs[1]:.1f} us per sample"
+            + ("" if interval is None else f", a round every {interval:.2f} s")
+        )
+
+
 def slice_message(piece: PoolSlice) -> peer_pb2.PoolSlice:
     return peer_pb2.PoolSlice(
         block_index=piece.block_index,
@@ -90,7 +200,10 @@ def slice_from_message(msg: peer_pb2.PoolSlice) -> PoolSlice:
 
 class NoiseProducer:
     """H1's side of the noise pool (mode preprocessed): reconcile the two pools, produce blocks
-    of noise shares with H2 over the data link, and end H2's `spgc server precompute`."""
+    of noise shares with H2 over the data link (before round 0, then in a thread beside the
+    rounds: :meth:`start`), hand each round its samples, and end H2's `spgc server
+    precompute`. A block that fails is never made again from the same seeds: production
+    stops and the run fails at its next round that needs noise."""
 
     def __init__(
         self, state: ServerState, peer: peer_pb2_grpc.PeerStub, link: Any, stop: threading.Event
@@ -102,6 +215,13 @@ class NoiseProducer:
         self.stop = stop
         self.samples_made = 0
         self.seconds = 0.0
+        cfg = state.plan.cfg
+        self.sizer = RunSizer(state.plan.dim, cfg.pool_rounds, cfg.pool_block)
+        self.error: BaseException | None = None  # what stopped the production thread
+        self._thread: threading.Thread | None = None
+        self._halt = threading.Event()
+        self._cond = threading.Condition()  # a block stored, a round served, a halt
+        self._served_round = -1  # the last round that took its noise
 
     @property
     def target(self) -> int:
@@ -137,6 +257,7 @@ class NoiseProducer:
         )
         start = time.perf_counter()
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
+        self.sizer.observe_call(time.perf_counter() - start)
         shares, info = produce_noise_shares(
             "garbler", self.link, count, self.pool.sigma_units, self.pool.ring_bits,
             os.urandom(32), field_modulus=self.pool.field_modulus,
@@ -145,27 +266,30 @@ class NoiseProducer:
         msg.step = peer_pb2.NoiseBlock.STEP_FINISH
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK + cfg.pool_wait)
         self.pool.add_block(block.index, block.block_id, shares)
+        seconds = time.perf_counter() - start
         self.samples_made += count
-        self.seconds += time.perf_counter() - start
+        self.seconds += seconds
+        trips = info.get("round_trips", GC_TRIPS_PER_STAGE * info.get("rounds", 1))
+        self.sizer.observe_run(count, seconds, trips)
+        with self._cond:
+            self._cond.notify_all()
 
     def fill(
         self,
         target: int,
-        until: Callable[[], bool] | None = None,
         deadline: float | None = None,
         progress: bool = False,
     ) -> bool:
-        """Produce blocks until ``target`` unused samples are held, ``until()`` is true, the
-        monotonic ``deadline`` passed, or the daemon stops; True if the target was reached."""
+        """Produce blocks until ``target`` unused samples are held, the monotonic ``deadline``
+        passed, or the daemon stops; True if the target was reached."""
         cfg = self.state.plan.cfg
         # On a terminal a progress line; elsewhere the log lines below say the same.
         bar = Progress(target, "samples", desc="noise pool", lines=False) if progress else None
         try:
             while self.pool.available < target and not self.stop.is_set():
-                if (until is not None and until()) or (
-                    deadline is not None and time.monotonic() > deadline
-                ):
+                if deadline is not None and time.monotonic() > deadline:
                     break
+                # precompute and the fill before round 0: runs as large as pool_block allows
                 self.produce_block(min(cfg.pool_block, target - self.pool.available))
                 if bar is not None:
                     rate = self.samples_made / max(self.seconds, 1e-9)
@@ -179,11 +303,76 @@ class NoiseProducer:
                 bar.close()
         return self.pool.available >= target
 
+    # ------------------------------------------------------------ beside the rounds
+
+    @property
+    def rounds_left(self) -> int:
+        """Rounds of this run that have yet to take their noise."""
+        cfg, state = self.state.plan.cfg, self.state
+        return max(0, cfg.rounds - state.round - (1 if self._served_round >= state.round else 0))
+
+    def start(self) -> None:
+        """Production in a thread of its own from now on, sized by :attr:`sizer`."""
+        self._thread = threading.Thread(
+            target=self._produce_beside_rounds, name="spgc-h1-noise", daemon=True
+        )
+        self._thread.start()
+
+    def _produce_beside_rounds(self) -> None:
+        try:
+            while not self._halt.is_set() and not self.stop.is_set():
+                count = self.sizer.next_run(self.pool.available, self.rounds_left)
+                if count == 0:
+                    with self._cond:  # until a round takes noise, or the halt
+                        self._cond.wait(1.0)
+                    continue
+                log.info(
+                    "noise pool: producing %d samples beside the rounds (%d held; %s)",
+                    count, self.pool.available, self.sizer.summary(),
+                )  # fmt: skip
+                self.produce_block(count)
+        except BaseException as exc:  # the round that next needs noise raises it
+            self.error = exc
+            if not (self._halt.is_set() or self.stop.is_set()):
+                log.error("noise pool: production stopped: %s", exc)
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def halt(self, interrupt: bool = False) -> None:
+        """Stop production and wait for its thread: after the block in progress, or at once
+        with ``interrupt`` (the data link's lanes fail now: the pairing is over anyway)."""
+        self._halt.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is None:
+            return
+        if interrupt:
+            for lane in self.link.lanes():
+                lane.interrupt()
+        self._thread.join()
+
+    def check(self) -> None:
+        """Raise what stopped production, if it stopped (a round must not wait for it)."""
+        if self.error is not None:
+            raise self.error
+
+    def round_done(self) -> None:
+        """A round used its noise: production may top the pool up."""
+        with self._cond:
+            self._cond.notify_all()
+
     def slice_for_round(self, t: int) -> PoolSlice:
-        """The next d samples for round t; waits for production up to pool_wait seconds, then
-        fails (PoolExhaustedError): a round never goes ahead with less noise."""
+        """The next d samples for round t. With production running beside the rounds, the
+        round waits only when the pool holds fewer than d (logged, and timed as the round's
+        ``noise_wait``), up to pool_wait seconds; then it fails (PoolExhaustedError): a
+        round never goes ahead with less noise."""
         cfg, d = self.state.plan.cfg, self.state.plan.dim
-        if self.pool.available < d and cfg.pool_produce:
+        self.sizer.observe_round(time.monotonic())
+        self.check()
+        if self.pool.available < d and self._thread is not None:
+            self._wait_for_noise(t, d)
+        elif self.pool.available < d and cfg.pool_produce:
             log.warning(
                 "round %d: the noise pool holds %d of the %d samples needed; producing (up to "
                 "%g s)",
@@ -203,7 +392,33 @@ class NoiseProducer:
                 f"round {t}: the noise pool holds {self.pool.available} unused samples but the "
                 f"round needs {d}; {how}. No round is released with less noise"
             )
-        return self.pool.position(d)
+        piece = self.pool.position(d)
+        self._served_round = t  # production counts the rounds after this one from now on
+        return piece
+
+    def _wait_for_noise(self, t: int, d: int) -> None:
+        cfg = self.state.plan.cfg
+        log.warning(
+            "round %d waits for noise: the pool is empty (%d of the %d samples it needs); "
+            "production is running (%s; waiting up to pool_wait %g s)",
+            t, self.pool.available, d, self.sizer.summary(), cfg.pool_wait,
+        )  # fmt: skip
+        with self._cond:  # the production thread was told: rounds_left counts this round
+            self._cond.notify_all()
+        start = time.monotonic()
+        thread = self._thread
+        assert thread is not None
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self.pool.available >= d or not thread.is_alive() or self.stop.is_set(),
+                cfg.pool_wait,
+            )
+        waited = time.monotonic() - start
+        with self.state.cond:
+            self.state.history[t].seconds["noise_wait"] = waited
+        self.check()
+        if self.pool.available >= d:
+            log.info("round %d: noise ready after waiting %.2f s", t, waited)
 
     def end_peer(self, reason: str = "") -> None:
         """Tell H2 the run is over: precompute finished (no reason) or training cannot go on."""

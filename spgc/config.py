@@ -186,10 +186,17 @@ class ServerConfig(_Schema):
         None, description="mode preprocessed: where the noise shares live (state_dir/noise-pool)"
     )
     pool_rounds: int = Field(
-        4, ge=1, description="preprocessed: rounds of noise H1 keeps ready (at most those left)"
+        4,
+        ge=1,
+        description="preprocessed: rounds of noise H1 keeps ready at least (more while a "
+        "production run outlasts a round; at most those left)",
     )
     pool_block: int = Field(
-        16384, ge=1, description="preprocessed: largest block one production run makes"
+        131072,
+        ge=1,
+        le=1 << 24,
+        description="preprocessed: largest block one production run makes (runs are sized "
+        "to their measured cost below it)",
     )
     pool_produce: bool = Field(
         True,

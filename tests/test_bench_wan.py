@@ -72,14 +72,19 @@ def test_steady_state_is_the_median_after_the_warmup() -> None:
          "seconds": {"intake": 0.1 * (t + 1), "exchange": 0.01}}
         for t, at in enumerate([0.0, 5.0, 6.0, 7.5, 8.5, 9.0])
     ]  # fmt: skip
+    history[3]["seconds"]["noise_wait"] = 0.2  # the only round that found the pool empty
     out = steady_state(history, warmup=2)
     # intervals of rounds 2, 3, 4 (round 5 has no successor): 1.5, 1.0, 0.5
     assert out["round_s"] == pytest.approx(1.0)
     assert out["rounds"] == 4
     assert out["intake"] == pytest.approx(0.45)
     assert out["exchange"] == pytest.approx(0.01) and out["circuit"] is None
+    # the rest of each interval: 1.5 - 0.31, 1.0 - 0.61, 0.5 - 0.51
+    assert out["other"] == pytest.approx(0.39)
+    assert out["noise_wait"] == 0.0 and out["noise_waits"] == 1  # 0 in the rounds not waiting
     text = table([{**out, "mode": "preprocessed", "rtt_ms": 50.0, "mbit": 0.0, "load_1min": 1.0}])
     assert "unlimited" in text and "preprocessed" in text and "1.000" in text
+    assert "0.000 (1)" in text
 
 
 def test_bench_wan_refuses_an_unknown_mode() -> None:

@@ -26,6 +26,7 @@ from spgc.servers.noise_pool import (
     produce_noise_shares,
     reconcile,
 )
+from spgc.servers.pool_sync import RunSizer
 from spgc.servers.spgc_circuit import noise_share_circuit
 
 
@@ -148,6 +149,22 @@ def test_pool_hands_out_each_sample_once_across_restarts(tmp_path):
         seen |= rng
     with pytest.raises(PoolExhaustedError, match="2 unused samples; 3 are needed"):
         again.position(3)
+
+
+def test_a_pool_used_up_then_refilled_starts_at_the_new_block(tmp_path):
+    """Production beside the rounds can find the pool used to the end of its last block
+    (deleted): the next block's samples are handed out from its first, none skipped."""
+    pool = NoisePool(tmp_path / "p", "h1", 50.0, 24)
+    fill(pool, [5])
+    assert pool.take(pool.position(5), round_number=0).tolist() == list(range(5))
+    assert pool.available == 0 and pool.cursor == (0, 5)
+    pool.add_block(1, bytes(16), np.arange(5, 9, dtype=np.uint64))
+    assert pool.position(3).offset == 0
+    assert pool.take(pool.position(3), round_number=1).tolist() == [5, 6, 7]
+    assert [(c["block"], c["offset"], c["count"]) for c in pool.consumed()] == [
+        (0, 0, 5),
+        (1, 0, 3),
+    ]
 
 
 def test_pool_files_are_private_and_bound_to_parameters(tmp_path):
@@ -401,3 +418,31 @@ def test_a_pool_in_the_old_format_is_refused(tmp_path):
     (d / "pool.json").write_text(json.dumps({**meta, "format": 1}))
     with pytest.raises(PoolError, match=r"file format 1.*remove that directory"):
         NoisePool(d, "h1", 50.0, 24)
+
+
+def test_run_sizer_amortises_round_trips_and_keeps_a_lead_that_follows_the_rounds():
+    # before any run is measured: pool_rounds rounds ahead, whatever is missing of them
+    sizer = RunSizer(dim=62, pool_rounds=4, pool_block=131072)
+    assert sizer.next_run(available=0, rounds_left=10) == 248
+    assert sizer.next_run(available=0, rounds_left=2) == 124  # never more than the run needs
+    assert sizer.next_run(available=248, rounds_left=10) == 0
+    # gmw at 50 ms: a run is about its 50 round trips (2.6 s of 2.7 s): one run makes the
+    # rest of the training's noise instead of 62 samples at a time
+    sizer.observe_call(0.05)
+    sizer.observe_run(248, 2.7, round_trips=50)
+    # 2.6 s fixed is 10% of a run of 2.6 * 9 / (0.1 s / 248) samples
+    assert sizer.efficient_run() == pytest.approx(58_032, abs=1)
+    assert sizer.next_run(available=186, rounds_left=7) == 434 - 186
+    # a run that outlasts rounds: the lead grows to the rounds one run takes, plus one
+    sizer = RunSizer(dim=1000, pool_rounds=2, pool_block=10**6)
+    sizer.observe_call(0.01)
+    sizer.observe_run(10_000, 10.2, round_trips=18)  # 0.2 s fixed, 1 ms a sample
+    assert sizer.efficient_run() == pytest.approx(1800, abs=1)
+    for now in (0.0, 1.0, 2.0):
+        sizer.observe_round(now)
+    assert sizer.lead_rounds(1800) == 3  # a run of 1800 takes 2.0 s, a round 1.0 s
+    assert sizer.next_run(available=2500, rounds_left=100) == sizer.efficient_run()
+    assert sizer.next_run(available=3000, rounds_left=100) == 0
+    for now in (2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8):
+        sizer.observe_round(now)
+    assert sizer.lead_rounds(1800) == 21

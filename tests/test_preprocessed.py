@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -292,3 +293,49 @@ def test_precompute_stopped_says_how_much_of_the_pool_is_ready(pki, tmp_path, ca
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_round_waits_for_noise_only_when_the_pool_is_empty(pki, tmp_path, monkeypatch):
+    """Production runs beside the rounds: round 0 takes the noise made before it without
+    waiting; the run that refills the pool is held back here until round 1 says it waits for
+    noise (the pool is empty), and round 1 then goes ahead with the new block, its wait timed."""
+    real = pool_sync.produce_noise_shares
+    release = threading.Event()
+    sizes: list[int] = []
+
+    def held_after_the_first(role, link, n, sigma, ring_bits, seed, **kw):
+        sizes.append(n)
+        if len(sizes) > 1:  # the fill before round 0 is not held
+            assert release.wait(30)
+        return real(role, link, n, sigma, ring_bits, seed, **kw)
+
+    class WaitSaid(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "round 1 waits for noise: the pool is empty" in record.getMessage():
+                release.set()
+
+    handler = WaitSaid()
+    logging.getLogger(pool_sync.__name__).addHandler(handler)
+    monkeypatch.setattr(pool_sync, "produce_noise_shares", held_after_the_first)
+    d1, d2 = start_pair(
+        pki, tmp_path, mode="preprocessed", rounds=2, noise_multiplier=1.0, pool_rounds=1,
+    )  # fmt: skip
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        d = cfg.num_parameters
+        values = [np.full(d, 5, dtype=np.int64) for _ in PROVIDERS]
+        run_rounds((d1, d2), providers, 0, 2, values)
+        assert d1.wait(20) and d2.wait(20) and d1.error is None and d2.error is None
+        assert release.is_set() and sizes == [d, d]
+        assert "noise_wait" not in d1.state.history[0].seconds
+        assert d1.state.history[1].seconds["noise_wait"] > 0
+        c1, c2 = d1.state.pool.consumed(), d2.state.pool.consumed()
+        assert c1 == c2 and sum(c["count"] for c in c1) == 2 * d
+    finally:
+        logging.getLogger(pool_sync.__name__).removeHandler(handler)
+        release.set()
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()

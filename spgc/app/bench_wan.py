@@ -7,8 +7,11 @@ each direction and, with ``--mbit``, the bytes paced to that rate, one wire per 
 shared by all these links. TLS passes through the proxy untouched. The providers' links are
 not shaped. Prints, per setting and mode, the steady-state round: the median interval between
 round openings after ``--warmup`` rounds, and the median of each phase H1 logs (intake,
-agreement, waiting for noise, pool reads, circuit or exchange, update, checkpoint), with the
-bytes between the servers per round and the machine's load average when the run started.
+agreement, waiting for noise, pool reads, circuit or exchange, update; the checkpoint in
+``--json``; and the rest of the interval, ``other``: the control calls' round trips, evaluating
+and publishing the model),
+with the bytes between the servers per round and the machine's load average when the run
+started.
 
 Modes: ``gc`` and ``gmw`` are mode spgc on that backend; ``preprocessed`` is mode preprocessed
 with its pool made on ``--pre-backend``.
@@ -56,21 +59,30 @@ def shaped_route(shaper: Shaper, rtt_ms: float, mbit: float) -> Any:
 
 def steady_state(history: Sequence[dict[str, Any]], warmup: int) -> dict[str, Any]:
     """Medians over the published rounds from ``warmup`` on: the interval between consecutive
-    round openings, each phase of H1's round, bytes between the servers."""
+    round openings, each phase of H1's round, the rest of the interval (``other``: the control
+    calls' round trips, evaluating and publishing the model), bytes between the servers."""
     rounds = [r for r in history if r.get("published")]
     opened = {r["round"]: r["opened_at"] for r in history}
     steady = [r for r in rounds if r["round"] >= warmup]
-    intervals = [
-        opened[r["round"] + 1] - opened[r["round"]] for r in steady if r["round"] + 1 in opened
+    timed = [r for r in steady if r["round"] + 1 in opened]
+    intervals = [opened[r["round"] + 1] - opened[r["round"]] for r in timed]
+    other = [
+        interval - sum(r["seconds"].get(p, 0.0) for p in PHASES)
+        for r, interval in zip(timed, intervals, strict=True)
     ]
     out: dict[str, Any] = {
         "rounds": len(steady),
         "round_s": statistics.median(intervals) if intervals else None,
+        "other": statistics.median(other) if other else None,
         "gc_bytes": statistics.median([r["gc_bytes"] for r in steady]) if steady else None,
     }
     for phase in PHASES:
-        values = [r["seconds"][phase] for r in steady if phase in r.get("seconds", {})]
-        out[phase] = statistics.median(values) if values else None
+        # a phase some rounds skip (noise_wait: only a round that found the pool empty) is
+        # 0 in the others; one no round has is None (the mode has no such phase)
+        values = [r["seconds"].get(phase, 0.0) for r in steady]
+        had = any(phase in r["seconds"] for r in steady)
+        out[phase] = statistics.median(values) if had else None
+    out["noise_waits"] = sum("noise_wait" in r["seconds"] for r in steady)
     return out
 
 
@@ -87,8 +99,10 @@ def run_setting(
     insecure: bool = False,
     timeout: float = 900.0,
     server_overrides: dict[str, Any] | None = None,
+    keep: bool = False,
 ) -> dict[str, Any]:
-    """One run of the daemons with shaped server-to-server links; its steady-state round."""
+    """One run of the daemons with shaped server-to-server links; its steady-state round.
+    ``keep``: the run's files (the daemons' logs) stay, and stderr says where."""
     if mode not in MODES:
         raise DemoError(f"unknown mode {mode!r}; choose from {sorted(MODES)}")
     if rounds < warmup + 2:
@@ -104,10 +118,11 @@ def run_setting(
             backend=backend,
             insecure=insecure,
             timeout=timeout,
+            keep=keep,
             server_overrides=dict(server_overrides or {}),
             peer_route=shaped_route(shaper, rtt_ms, mbit),
         )
-        summary = run_demo(opts, out=io.StringIO())
+        summary = run_demo(opts, out=sys.stderr if keep else io.StringIO())
     result = {
         "mode": mode,
         "server_mode": MODES[mode],
@@ -130,19 +145,20 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     """The results as a text table (seconds; MB between the servers per round)."""
     head = (
         f"{'rtt ms':>6} {'Mbit/s':>9} {'mode':>12} {'round s':>8} {'intake':>7} {'agree':>6} "
-        f"{'noise wait':>10} {'pool':>6} {'circuit':>8} {'exchange':>8} {'update':>6} "
-        f"{'MB/round':>9} {'load':>5}"
+        f"{'noise wait (n)':>14} {'pool':>6} {'circuit':>8} {'exchange':>8} {'update':>6} "
+        f"{'other':>6} {'MB/round':>9} {'load':>5}"
     )
     lines = [head]
     for r in rows:
         mb = None if r["gc_bytes"] is None else r["gc_bytes"] / 1e6
         rate = f"{r['mbit']:g}" if r["mbit"] else "unlimited"
+        wait = "-" if r["noise_wait"] is None else f"{r['noise_wait']:.3f} ({r['noise_waits']})"
         lines.append(
             f"{r['rtt_ms']:>6g} {rate:>9} "
             f"{r['mode']:>12} {_fmt(r['round_s']):>8} {_fmt(r['intake']):>7} "
-            f"{_fmt(r['agree']):>6} {_fmt(r['noise_wait']):>10} {_fmt(r['pool']):>6} "
+            f"{_fmt(r['agree']):>6} {wait:>14} {_fmt(r['pool']):>6} "
             f"{_fmt(r['circuit']):>8} {_fmt(r['exchange']):>8} {_fmt(r['update']):>6} "
-            f"{_fmt(mb, 2):>9} {r['load_1min']:>5.2f}"
+            f"{_fmt(r['other']):>6} {_fmt(mb, 2):>9} {r['load_1min']:>5.2f}"
         )
     return "\n".join(lines)
 
@@ -199,6 +215,9 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--insecure", action="store_true", help="plaintext links (no TLS)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep each run's files (the daemons' logs)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON list on stdout")
     return parser
 
@@ -225,7 +244,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                         mode, rtt, mbit, dataset=args.dataset, rounds=args.rounds,
                         warmup=args.warmup, providers=args.providers,
                         pre_backend=args.pre_backend, insecure=args.insecure,
-                        timeout=args.timeout, server_overrides=overrides,
+                        timeout=args.timeout, server_overrides=overrides, keep=args.keep,
                     )  # fmt: skip
                     rows.append(row)
                     if not args.json:
