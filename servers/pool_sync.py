@@ -110,28 +110,40 @@ class RunSizer:
         self.runs: deque[tuple[int, float, int]] = deque(maxlen=RUN_HISTORY)
         self.intervals: deque[float] = deque(maxlen=RUN_HISTORY)
         self._last_round: float | None = None
+        # the production thread and the round thread both observe and read
+        self._lock = threading.Lock()
 
     def observe_call(self, seconds: float) -> None:
         """A call to H2 that does no work of note took ``seconds``: a round trip."""
-        self.rtt = seconds if self.rtt is None else min(self.rtt, seconds)
+        with self._lock:
+            self.rtt = seconds if self.rtt is None else min(self.rtt, seconds)
 
     def observe_run(self, samples: int, seconds: float, round_trips: int) -> None:
-        self.runs.append((samples, seconds, round_trips + CALLS_PER_RUN))
+        with self._lock:
+            self.runs.append((samples, seconds, round_trips + CALLS_PER_RUN))
 
     def observe_round(self, now: float) -> None:
         """A round took its noise at monotonic time ``now``."""
-        if self._last_round is not None:
-            self.intervals.append(now - self._last_round)
-        self._last_round = now
+        with self._lock:
+            if self._last_round is not None:
+                self.intervals.append(now - self._last_round)
+            self._last_round = now
+
+    def _interval(self) -> float | None:
+        """The median round interval measured, or None before two rounds."""
+        with self._lock:
+            intervals = list(self.intervals)
+        return statistics.median(intervals) if intervals else None
 
     def _costs(self) -> tuple[float, float] | None:
         """(F, c) of the recent runs (medians), or None before any run."""
-        if not self.runs:
+        with self._lock:
+            runs, rtt = list(self.runs), self.rtt or 0.0
+        if not runs:
             return None
-        rtt = self.rtt or 0.0
-        fixed = statistics.median(trips * rtt for _, _, trips in self.runs)
+        fixed = statistics.median(trips * rtt for _, _, trips in runs)
         per_sample = statistics.median(
-            max(0.0, seconds - trips * rtt) / samples for samples, seconds, trips in self.runs
+            max(0.0, seconds - trips * rtt) / samples for samples, seconds, trips in runs
         )
         return fixed, per_sample
 
@@ -154,11 +166,10 @@ class RunSizer:
 
     def lead_rounds(self, samples: int) -> int:
         """Rounds of noise to keep ready while runs of ``samples`` are made."""
-        seconds = self.run_seconds(samples)
-        if seconds is None or not self.intervals:
+        seconds, interval = self.run_seconds(samples), self._interval()
+        if seconds is None or interval is None:
             return self.pool_rounds
-        interval = max(statistics.median(self.intervals), 1e-3)
-        return max(self.pool_rounds, math.ceil(seconds / interval) + 1)
+        return max(self.pool_rounds, math.ceil(seconds / max(interval, 1e-3)) + 1)
 
     def next_run(self, available: int, rounds_left: int) -> int:
         """Samples the next run makes, given ``available`` unused ones and the rounds still to
@@ -177,7 +188,7 @@ class RunSizer:
         costs = self._costs()
         if costs is None:
             return "no run measured yet"
-        interval = statistics.median(self.intervals) if self.intervals else None
+        interval = self._interval()
         return (
             f"round trip {1000 * (self.rtt or 0):.1f} ms, run overhead {costs[0]:.2f} s + "
             f"{1e6 * costs[1]:.1f} us per sample"
