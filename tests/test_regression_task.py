@@ -197,7 +197,8 @@ def test_float_labels_for_regression(tmp_path):
     with pytest.raises(ValueError, match=r"non-integers \(example 0: 0\.5\).*task: regression"):
         load_user_data(path)
     path.write_text("a,label\n1,nan\n")
-    with pytest.raises(ValueError, match="NaN or infinite targets"):
+    # named by the file's line and column and by the example (docs/CONFIG.md "Data files")
+    with pytest.raises(ValueError, match=r"line 2, column 'label' \(example 0, its label.*NaN"):
         load_user_data(path, task="regression")
     model = nn.Sequential(nn.Linear(2, 1))
     x = np.ones((3, 2), dtype=np.float32)
