@@ -57,6 +57,9 @@ MAX_SCALE_RATIO = 100.0
 # it would blow the feature, and the noise in its mean, up instead of standardising it.
 _MIN_STD_FRACTION = 0.01
 
+# The scale warning names at most this many wide columns.
+_NAMED_COLUMNS = 8
+
 
 @dataclass(frozen=True)
 class FeatureRanges:
@@ -216,8 +219,11 @@ def scale_warning(
     def col(j: int) -> str:
         return f"{label[j]} (std {std[j]:.3g})"
 
+    named = ", ".join(col(j) for j in wide[:_NAMED_COLUMNS])
+    if len(wide) > _NAMED_COLUMNS:  # a wide table (pixels, say) must not flood the log
+        named += f" and {len(wide) - _NAMED_COLUMNS} more"
     return (
-        f"feature scales differ by more than {ratio:g}x: {', '.join(col(j) for j in wide)} "
+        f"feature scales differ by more than {ratio:g}x: {named} "
         f"against {col(int(smallest))}: DP training clips every example's gradient to one norm, "
         "so the widest columns dominate it; standardise or rescale the features"
     )

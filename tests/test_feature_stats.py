@@ -133,3 +133,6 @@ def test_the_scale_warning_names_the_wide_columns_and_spares_standardised_data()
     assert "age (std" in text  # 12 / 0.005: also more than 100x
     assert scale_warning((x - x.mean(0)) / x.std(0), ("age", "ldl", "flag")) is None
     assert scale_warning(np.zeros((10, 3))) is None  # constant columns have no scale
+    many = np.column_stack([x[:, 1]] * 20 + [x[:, 2]])  # 20 wide columns, one narrow
+    text = scale_warning(many)
+    assert text is not None and "column 7 (std" in text and "and 12 more against column 20" in text
