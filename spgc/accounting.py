@@ -53,7 +53,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import dp_accounting
 import numpy as np
@@ -626,8 +626,10 @@ def epsilon_for(
     population: int | None = None,
     value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
     unit: Unit = "example",
+    unsampled: Sequence[float] = (),
 ) -> float:
-    """Epsilon of a whole training (for ``spgc account``)."""
+    """Epsilon of a whole training (for ``spgc account``), with the once-only ``unsampled``
+    releases (PrivacyAccountant) composed."""
     acc = PrivacyAccountant(
         noise_multiplier,
         delta,
@@ -638,6 +640,7 @@ def epsilon_for(
         population=population,
         value_discretization_interval=value_discretization_interval,
         unit=unit,
+        unsampled=unsampled,
     )
     return acc.epsilon_after(steps)
 
@@ -681,32 +684,48 @@ def calibrate_noise_multiplier(
     value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
     rel_tol: float = 1e-4,
     unit: Unit = "example",
+    unsampled: Sequence[float] = (),
 ) -> float:
-    """Smallest noise multiplier (within ``rel_tol``) whose training epsilon is <= the target.
+    """Smallest noise multiplier (within ``rel_tol``) whose training epsilon is <= the target,
+    the once-only ``unsampled`` releases (PrivacyAccountant) composed with the steps.
 
     Brent's method (scipy's brentq) on a bracket found here ("rdp_discrete": bisection); the
     result is never below the true minimum by more than the tolerance and always meets the
     target under the same accountant (it is a multiplier whose epsilon was computed).
+    ValueError when the unsampled releases alone spend the target.
     """
     _check_epsilon(target_epsilon)
     _check_delta(delta)
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    spec = _EventSpec(
-        sampling_rate=sampling_rate,
-        method=method,
-        sampling=sampling,
-        sample_size=sample_size,
-        population=population,
-        value_discretization_interval=value_discretization_interval,
-        unit=unit,
-    )
+    options: dict[str, Any] = {
+        "sampling_rate": sampling_rate,
+        "method": method,
+        "sampling": sampling,
+        "sample_size": sample_size,
+        "population": population,
+        "value_discretization_interval": value_discretization_interval,
+        "unit": unit,
+    }
+    spec = _EventSpec(**options)
+    if unsampled:
+        alone = PrivacyAccountant(1.0, delta, **options, unsampled=unsampled).epsilon_after(0)
+        if alone >= target_epsilon:
+            raise ValueError(
+                f"the releases made once (noise multipliers {', '.join(map(str, unsampled))}) "
+                f"spend epsilon {alone:.4g} alone, not below target epsilon {target_epsilon:g}: "
+                "give them more noise or raise the target"
+            )
 
     seen: dict[float, float] = {}
 
     def eps(sigma: float) -> float:
         if sigma not in seen:
-            seen[sigma] = spec.epsilon(sigma, steps, delta)
+            if unsampled:
+                acc = PrivacyAccountant(sigma, delta, **options, unsampled=unsampled)
+                seen[sigma] = acc.epsilon_after(steps)
+            else:
+                seen[sigma] = spec.epsilon(sigma, steps, delta)
         return seen[sigma]
 
     # Bracket [lo, hi] with eps(lo) > target >= eps(hi): near a coarser PLD's answer (each
@@ -718,7 +737,7 @@ def calibrate_noise_multiplier(
             target_epsilon, delta, sampling_rate, steps, method, sampling,
             sample_size=sample_size, population=population,
             value_discretization_interval=value_discretization_interval * _PLD_COARSENING,
-            rel_tol=_PLD_COARSE_TOL,
+            rel_tol=_PLD_COARSE_TOL, unit=unit, unsampled=unsampled,
         )  # fmt: skip
         lo, hi = _bracket_near(coarse, lambda sigma: eps(sigma) > target_epsilon)
         if eps(lo) <= target_epsilon:

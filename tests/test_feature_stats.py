@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 from dp_accounting import pld, rdp
 
-from spgc.accounting import PrivacyAccountant, analytic_gaussian_noise_multiplier
+from spgc.accounting import (
+    PrivacyAccountant,
+    analytic_gaussian_noise_multiplier,
+    calibrate_noise_multiplier,
+    epsilon_for,
+)
 from spgc.feature_stats import (
     FeatureRanges,
     Standardization,
@@ -115,6 +120,19 @@ def test_the_accountant_composes_the_statistics_release_with_the_steps(method):
     assert with_stats.epsilon_after(5) > without.epsilon_after(5)
     # Before any training step the statistics release alone is spent.
     assert with_stats.epsilon_after(0) > 0 == without.epsilon_after(0)
+
+
+def test_calibration_leaves_room_for_the_statistics_release():
+    """calibration: accountant fits the training's noise so that the whole run, the release
+    made once included, meets the target; a release that alone spends it is refused."""
+    alone = calibrate_noise_multiplier(4.0, 1e-5, 0.05, 60)
+    z = calibrate_noise_multiplier(4.0, 1e-5, 0.05, 60, unsampled=[2.0])
+    assert z > alone
+    both = PrivacyAccountant(z, 1e-5, 0.05, unsampled=[2.0])
+    assert 4.0 * (1 - 1e-3) <= both.epsilon_after(60) <= 4.0
+    assert epsilon_for(z, 1e-5, 0.05, 60, unsampled=[2.0]) == both.epsilon_after(60)
+    with pytest.raises(ValueError, match=r"noise multipliers 0\.5\) spend epsilon .* alone, not"):
+        calibrate_noise_multiplier(4.0, 1e-5, 0.05, 60, unsampled=[0.5])
 
 
 def test_the_discrete_accountant_adds_the_discrete_gaussians_curve():
