@@ -18,7 +18,7 @@ the providers' clear sum from the intake (:func:`compute_single`).
 
 Mode ``preprocessed`` (servers.noise_pool): the noise comes from each server's pool of noise
 shares made ahead by the sampler circuit; H1 keeps the pool ahead of the rounds from a thread
-of its own (:class:`NoiseProducer`; a round waits only when the pool is empty), names the pool
+of its own (:class:`NoiseProducer`; a round waits only when the pool is short), names the pool
 entries of the round at CIRCUIT_READY (H2 refuses other entries), and the round itself is
 dng's exchange with the pool shares as the noise, on its own connection of the data link: one
 ring element per coordinate each way, no circuit.

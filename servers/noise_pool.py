@@ -606,6 +606,11 @@ class NoisePool:
             need -= n
             cursor = (b.index, offset + n)
             offset = 0
+        if need:  # never fewer samples than asked: a round never goes ahead with less noise
+            raise PoolError(
+                f"the noise pool could read only {piece.count - need} of the {piece.count} "
+                f"samples from block {piece.block_index} offset {piece.offset}"
+            )
         self.cursor = cursor
         self._save_cursor()  # durable before any sample is used
         with (self.dir / "consumed.log").open("a") as log:

@@ -410,7 +410,7 @@ class NoiseProducer:
     def _wait_for_noise(self, t: int, d: int) -> None:
         cfg = self.state.plan.cfg
         log.warning(
-            "round %d waits for noise: the pool is empty (%d of the %d samples it needs); "
+            "round %d waits for noise: the pool holds %d of the %d samples it needs; "
             "production is running (%s; waiting up to pool_wait %g s)",
             t, self.pool.available, d, self.sizer.summary(), cfg.pool_wait,
         )  # fmt: skip

@@ -75,7 +75,7 @@ def test_steady_state_is_the_median_after_the_warmup() -> None:
     history[3]["seconds"]["noise_wait"] = 0.2  # the only round that found the pool empty
     out = steady_state(history, warmup=2)
     # intervals of rounds 2, 3, 4 (round 5 has no successor): 1.5, 1.0, 0.5
-    assert out["round_s"] == pytest.approx(1.0)
+    assert out["round_s"] == pytest.approx(1.0) and out["round_s_mean"] == pytest.approx(1.0)
     assert out["rounds"] == 4
     assert out["intake"] == pytest.approx(0.45)
     assert out["exchange"] == pytest.approx(0.01) and out["circuit"] is None

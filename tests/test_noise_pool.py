@@ -165,6 +165,14 @@ def test_a_pool_used_up_then_refilled_starts_at_the_new_block(tmp_path):
         (0, 0, 5),
         (1, 0, 3),
     ]
+    # and a take that could not read every sample it names (the cursor left at the end of a
+    # deleted block, as before the fix) fails before the cursor moves: never less noise
+    pool.add_block(2, bytes(16), np.arange(9, 13, dtype=np.uint64))
+    pool.take(pool.position(2), round_number=2)
+    pool.cursor = (1, 4)
+    with pytest.raises(PoolError, match="could read only 0 of the 2 samples"):
+        pool.take(PoolSlice(2, bytes(16), 4, 2), round_number=3)
+    assert pool.cursor == (1, 4)
 
 
 def test_pool_files_are_private_and_bound_to_parameters(tmp_path):

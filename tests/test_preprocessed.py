@@ -298,7 +298,7 @@ def test_precompute_stopped_says_how_much_of_the_pool_is_ready(pki, tmp_path, ca
 def test_a_round_waits_for_noise_only_when_the_pool_is_empty(pki, tmp_path, monkeypatch):
     """Production runs beside the rounds: round 0 takes the noise made before it without
     waiting; the run that refills the pool is held back here until round 1 says it waits for
-    noise (the pool is empty), and round 1 then goes ahead with the new block, its wait timed."""
+    noise (the pool holds none), and round 1 then goes ahead with the new block, its wait timed."""
     real = pool_sync.produce_noise_shares
     release = threading.Event()
     sizes: list[int] = []
@@ -311,7 +311,7 @@ def test_a_round_waits_for_noise_only_when_the_pool_is_empty(pki, tmp_path, monk
 
     class WaitSaid(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "round 1 waits for noise: the pool is empty" in record.getMessage():
+            if "round 1 waits for noise: the pool holds 0 of the" in record.getMessage():
                 release.set()
 
     handler = WaitSaid()

@@ -73,6 +73,7 @@ def steady_state(history: Sequence[dict[str, Any]], warmup: int) -> dict[str, An
     out: dict[str, Any] = {
         "rounds": len(steady),
         "round_s": statistics.median(intervals) if intervals else None,
+        "round_s_mean": statistics.mean(intervals) if intervals else None,
         "other": statistics.median(other) if other else None,
         "gc_bytes": statistics.median([r["gc_bytes"] for r in steady]) if steady else None,
     }
