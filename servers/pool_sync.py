@@ -241,12 +241,15 @@ class NoiseProducer:
 
     @property
     def training_target(self) -> int:
-        """What a training run keeps ready: pool_rounds rounds' worth, but no more than the
-        rounds the run has left (a run of 2 rounds makes 2 rounds of noise, not 4; a round
-        that fails and runs again is topped up like any other)."""
-        cfg = self.state.plan.cfg
+        """What a training run fills before round 0: pool_rounds rounds' worth, or pool_block
+        samples where that is more (one run, whose round trips cost as much for a few samples
+        as for many; production beside the rounds has measured nothing yet to size its
+        first run by), but no more than the rounds the run has left (a run of 2 rounds makes
+        2 rounds of noise, not 4; a round that fails and runs again is topped up like any
+        other)."""
+        cfg, d = self.state.plan.cfg, self.state.plan.dim
         left = max(1, cfg.rounds - self.state.round)
-        return min(cfg.pool_rounds, left) * self.state.plan.dim
+        return min(max(cfg.pool_rounds * d, cfg.pool_block), left * d)
 
     def sync(self) -> None:
         """Both servers keep the blocks both hold and the later cursor (after a restart)."""

@@ -319,6 +319,7 @@ def test_a_round_waits_for_noise_only_when_the_pool_is_empty(pki, tmp_path, monk
     monkeypatch.setattr(pool_sync, "produce_noise_shares", held_after_the_first)
     d1, d2 = start_pair(
         pki, tmp_path, mode="preprocessed", rounds=2, noise_multiplier=1.0, pool_rounds=1,
+        pool_block=62,  # d: the fill before round 0 makes one round of noise
     )  # fmt: skip
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
