@@ -9,9 +9,8 @@ not shaped. Prints, per setting and mode, the steady-state round: the median int
 round openings after ``--warmup`` rounds, and the median of each phase H1 logs (intake,
 agreement, waiting for noise, pool reads, circuit or exchange, update; the checkpoint in
 ``--json``; and the rest of the interval, ``other``: the control calls' round trips, evaluating
-and publishing the model),
-with the bytes between the servers per round and the machine's load average when the run
-started.
+and publishing the model), with the bytes between the servers per round and the machine's load
+average when the run started.
 
 Modes: ``gc`` and ``gmw`` are mode spgc on that backend; ``preprocessed`` is mode preprocessed
 with its pool made on ``--pre-backend``.
@@ -34,7 +33,7 @@ from spgc.app.demo import DemoError, DemoOptions, run_demo
 from spgc.wire.shaper import Pacer, Shaper
 from spgc.wire.transport import split_host_port
 
-#: What each bench mode runs: (server mode, backend of its circuits).
+#: The servers' mode for each bench mode (gc and gmw also name the backend).
 MODES: dict[str, str] = {"gc": "spgc", "gmw": "spgc", "preprocessed": "preprocessed"}
 #: The grid of docs/RESULTS.md: round trips (ms) x rates (Mbit/s, 0: unlimited).
 GRID_RTT_MS = (1.0, 10.0, 50.0)
