@@ -632,7 +632,6 @@ class H1Driver(_RoundLoop):
         self._barrier(t, peer_pb2.BARRIER_MODEL_PUBLISHED)
         log_round(state, state.publish(t))
 
-
     def still_waiting(self) -> None:
         """H2 stops after peer_timeout without a call from H1: say H1 is alive, before round 0."""
         self._barrier(self.state.round, peer_pb2.BARRIER_WAITING_FOR_PROVIDERS)

@@ -294,9 +294,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     self.state.fail(msg)
                     log.error("refusing to start: %s", msg)
                     raise FailedPreconditionError(msg)
-            problem = release_counts_problem(
-                request.ledger_releases, self.state.releases
-            )
+            problem = release_counts_problem(request.ledger_releases, self.state.releases)
             if problem is None:
                 try:
                     self.state.open_ledger()  # checked now: another key, a damaged file

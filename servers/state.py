@@ -355,9 +355,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "offline_gc_bytes": self.offline_bytes,
                 "clip": self.plan.cfg.clip,
                 # Each published round's clip norm, in order (adaptive clipping moves it).
-                "clip_norms": [
-                    r.clip_norm or self.plan.cfg.clip_norm for r in published
-                ],
+                "clip_norms": [r.clip_norm or self.plan.cfg.clip_norm for r in published],
                 "history": [
                     round_summary(r) for r in self.history.values() if r.phase in ENDED_PHASES
                 ],
