@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 PHASES: dict[str, tuple[str, ...]] = {
     "intake": ("intake",),
     "agree": ("agree",),
+    # mode preprocessed: only a round that found its noise pool short has it
+    "noise_wait": ("noise_wait",),
     "circuit": ("circuit", "exchange"),
     "update": ("update",),
     "checkpoint": ("checkpoint",),
