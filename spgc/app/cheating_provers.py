@@ -102,19 +102,14 @@ def forged_encoding(params: NormProofParams, session: ProverSession) -> np.ndarr
     appended[0] = norm2  # V0 = sum x_i^2 mod p
     appended[b0] = (params.bound**2 - norm2) % p  # U0 = B^2 - V0
     honest_bits = w[d + 2 * b0 :].reshape(params.repetitions, b1)
+    dots = session.wraparound_dots()  # <z_k, x> mod p: public once J1 is
     for k in range(params.repetitions):
         # V_k as the honest encoder cut it, then the difference to <z_k, x> + lw in slot 0.
-        target = _linear_target(params, session, k)
+        target = (int(dots[k]) + params.window_offset) % p
         row = honest_bits[k].copy()
         row[0] = (int(row[0]) + target - _value(params, row)) % p
         appended[2 * b0 + k * b1 : 2 * b0 + (k + 1) * b1] = row
     return np.concatenate([w[:d], appended])
-
-
-def _linear_target(params: NormProofParams, session: ProverSession, k: int) -> int:
-    """<z_k, x> + lw mod p, from the public z_k under J1 (what V_k must equal)."""
-    dots = session.wraparound_dots()
-    return (int(dots[k]) + params.window_offset) % params.p
 
 
 def _sqrt_mod(a: int, p: int) -> int | None:
