@@ -38,7 +38,7 @@ The ledger head. The co-signed statements chain: the head before the first relea
 :func:`plan_digest` of the header (so the header is its preimage), and the head after each
 release the SHA-256 of its statement (:func:`chain_after`), which the next statement names.
 Every published model names the head it depends on (release count and hash), and
-:func:`check_covers` holds a verified ledger to it.
+:func:`spgc.ledger_pair.check_covers` holds a verified ledger to it.
 
 What a dishonest server cannot do. Every field that re-accounting reads is in the statement
 both servers sign for every release, and each release entry must repeat its header's fields:
@@ -47,8 +47,8 @@ file with its own key breaks the peer's signature on every release entry. The st
 names both servers' keys by role, so a ledger cannot present its own key as the peer's, and the
 head before it, so no co-signed entry can be dropped, moved or renumbered. What a ledger that
 is not closed cannot show: that no release followed its last entry (a cut-off copy is a valid
-prefix); a model's head, or the co-signed closing entry, can. :func:`compare_ledgers` holds the
-two servers' ledgers to each other.
+prefix); a model's head, or the co-signed closing entry, can.
+:func:`spgc.ledger_pair.compare_ledgers` holds the two servers' ledgers to each other.
 """
 
 from __future__ import annotations
@@ -87,9 +87,7 @@ __all__ = [
     "LedgerReport",
     "canonical",
     "chain_after",
-    "check_covers",
     "close_statement",
-    "compare_ledgers",
     "load_signing_key",
     "plan_digest",
     "public_key_hex",
@@ -112,6 +110,7 @@ EPSILON_TOLERANCE = 1e-6
 
 #: A server's ledger file in its state_dir.
 LEDGER_FILE = "ledger.jsonl"
+
 
 def _write_whole_line(fd: int, data: bytes) -> None:
     """Append ``data`` whole, or raise with the file as it was: os.write may write only part
@@ -338,9 +337,7 @@ class Ledger:
     _closed: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
-    def open(
-        cls, path: Path | None, key: Ed25519PrivateKey, header: Mapping[str, Any]
-    ) -> Ledger:
+    def open(cls, path: Path | None, key: Ed25519PrivateKey, header: Mapping[str, Any]) -> Ledger:
         """Continue the ledger at ``path`` if it holds this run (its header's run_id and
         plan), else start one with ``header`` (an older run's file is kept aside as
         ``ledger.jsonl.<run_id>``)."""
@@ -476,9 +473,7 @@ class Ledger:
         server's signature over the entry's statement, checked here."""
         peer_key = self.header.get("peer_public_key")
         if peer_key is not None:
-            if peer_sig is None or not verify_statement(
-                peer_key, statement_bytes(entry), peer_sig
-            ):
+            if peer_sig is None or not verify_statement(peer_key, statement_bytes(entry), peer_sig):
                 raise LedgerError(
                     f"{what}: no valid signature of the peer server "
                     f"{self.header.get('peer')!r} over the entry"
@@ -650,8 +645,7 @@ def verify_ledger(
                 raise LedgerError(f"line {number}: epsilon_after must be a number >= 0 or null")
             if recorded_line and _above(recorded, after):
                 raise LedgerError(
-                    f"line {number}: epsilon_after {after} is below the previous entry's "
-                    f"{recorded}"
+                    f"line {number}: epsilon_after {after} is below the previous entry's {recorded}"
                 )
             clip_norms.append(_release_clip_norm(number, entry, header["clip"]))
             rounds[steps] = entry["round"]
@@ -936,83 +930,3 @@ def _reaccount(header: Mapping[str, Any], steps: int) -> float | None:
     except (KeyError, TypeError, ValueError) as exc:
         raise LedgerError(f"line 1: the header's plan cannot be re-accounted: {exc}") from None
     return epsilon
-
-
-def _shared(entry: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: entry.get(k) for k in STATEMENT_KEYS}
-
-
-def compare_ledgers(first: list[bytes], second: list[bytes]) -> None:
-    """Check the two servers' ledgers of one run against each other (each already verified
-    alone: :func:`verify_ledger`): one h1 and one h2, each naming the other's key, the same
-    plan field by field, and the same releases, in order, field by field. Every release is
-    recorded by both before it runs (H2 first), so H2's ledger may hold one release more, as
-    its last release entry: written just before a crash or a lost answer. Anything else (H1's
-    holding one more included) means a server dropped or changed entries of its ledger and
-    re-signed the chain. LedgerError naming the first difference."""
-    ledgers, closes = [], []
-    for lines in (first, second):
-        entries = [json.loads(line) for line in lines]
-        ledgers.append((entries[0], [e for e in entries[1:] if e.get("kind") == "release"]))
-        closes.append(next((e for e in entries if e.get("kind") == "close"), None))
-    roles = [str(header.get("server")) for header, _ in ledgers]
-    if sorted(roles) != list(ROLES):
-        raise LedgerError(
-            f"the ledgers are of servers {roles[0]!r} and {roles[1]!r}: give h1's and h2's"
-        )
-    by_role = dict(zip(roles, ledgers, strict=True))
-    (h1, r1), (h2, r2) = by_role["h1"], by_role["h2"]
-    if h1.get("peer_public_key") is None or h2.get("peer_public_key") is None:
-        raise LedgerError("a one-server ledger has no peer's ledger to compare with")
-    for key in PLAN_KEYS:
-        if h1.get(key) != h2.get(key):
-            raise LedgerError(
-                f"the headers differ in {key}: h1 {h1.get(key)!r}, h2 {h2.get(key)!r}"
-            )
-    if h1["peer_public_key"] != h2["public_key"] or h2["peer_public_key"] != h1["public_key"]:
-        raise LedgerError("the ledgers do not name each other's signing keys: not one pair")
-    counts = f"h1 {len(r1)}, h2 {len(r2)} release entries"
-    for index, (a, b) in enumerate(zip(r1, r2, strict=False)):
-        sa, sb = _shared(a), _shared(b)
-        if sa != sb:
-            key = next(k for k in STATEMENT_KEYS if sa[k] != sb[k])
-            raise LedgerError(
-                f"release entry {index} differs in {key}: h1 {sa[key]!r}, h2 {sb[key]!r} "
-                f"({counts}): both servers sign the same statement for every release"
-            )
-    if len(r1) > len(r2):
-        raise LedgerError(
-            f"h1's ledger holds a release that h2's lacks ({counts}): h2 records every "
-            "release before h1, so h2's ledger dropped an entry"
-        )
-    if len(r2) > len(r1) + 1:
-        raise LedgerError(
-            f"h2's ledger holds {len(r2) - len(r1)} releases that h1's lacks ({counts}): only "
-            "its last release, recorded just before a crash, may be missing from h1's"
-        )
-    # A closing entry is written once both hold every release (H2's first): the other
-    # ledger holds the same releases, and a second closing entry the same statement.
-    closed = [c for c in closes if c is not None]
-    if closed and len(r1) != len(r2):
-        raise LedgerError(f"one ledger is closed but the two hold different releases ({counts})")
-    if len(closed) == 2 and statement_bytes(closed[0]) != statement_bytes(closed[1]):
-        raise LedgerError("the two ledgers' closing entries differ")
-
-
-def check_covers(report: LedgerReport, run_id: str, releases: int, chain: str) -> None:
-    """A released model (or export) of run ``run_id`` names the ledger head it depends on:
-    ``releases`` release entries with head ``chain``. LedgerError unless the verified ledger
-    (``report``) is of that run and holds those entries: a ledger cut before them, or another
-    run's, does not cover the model."""
-    if report.run_id != run_id:
-        raise LedgerError(f"the ledger is of run {report.run_id}, the model of run {run_id}")
-    if releases > report.steps:
-        raise LedgerError(
-            f"the model depends on {releases} release(s), the ledger holds only "
-            f"{report.steps}: the ledger was cut"
-        )
-    if report.heads[releases] != chain:
-        raise LedgerError(
-            f"the ledger's head after {releases} release(s) is not the one the model names "
-            f"({chain[:16]}...): not the ledger this model was released from"
-        )

@@ -37,10 +37,10 @@ from spgc.ledger import (
     Ledger,
     LedgerError,
     canonical,
-    compare_ledgers,
     public_key_hex,
     verify_ledger,
 )
+from spgc.ledger_pair import compare_ledgers
 from spgc.plan import make_plan
 from spgc.servers.intake import ShareIntake
 from spgc.servers.state import ServerState

@@ -27,7 +27,8 @@ from test_server_daemon import pki as pki  # the module's fixture: certificates 
 from test_user_plans import provider_config
 
 from spgc.config import ServerConfig
-from spgc.ledger import compare_ledgers, read_ledger_lines, verify_ledger
+from spgc.ledger import read_ledger_lines, verify_ledger
+from spgc.ledger_pair import compare_ledgers
 from spgc.plan import make_plan
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.servers import coordinator

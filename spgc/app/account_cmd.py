@@ -47,12 +47,11 @@ from spgc.export import read_report
 from spgc.ledger import (
     ROLES,
     LedgerError,
-    check_covers,
-    compare_ledgers,
     public_key_hex,
     read_ledger_lines,
     verify_ledger,
 )
+from spgc.ledger_pair import check_covers, compare_ledgers
 
 __all__ = ["add_parser", "run"]
 

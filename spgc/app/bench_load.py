@@ -74,7 +74,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from spgc.app.bench_load_actors import INTRUDER, BenchProvider, hostile_main, worker_main
-from spgc.app.cheating_provers import CHEATS, cheat_kind
+from spgc.app.bench_load_poison import audited_refusals, honest_missed, poison_figures
 from spgc.app.demo import (
     DATASET_DEFAULTS,
     DemoError,
@@ -414,8 +414,12 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
     }
     work = Path(tempfile.mkdtemp(prefix="spgc-bench-load-"))
     # A line per round published (on a terminal, one line rewritten in place).
-    show = None if progress is None else Progress(
-        opts.total_rounds, "rounds published", desc=PROG, stream=progress, interval=0.0
+    show = (
+        None
+        if progress is None
+        else Progress(
+            opts.total_rounds, "rounds published", desc=PROG, stream=progress, interval=0.0
+        )
     )
     procs: list[subprocess.Popen] = []
     workers: list[subprocess.Popen] = []
@@ -573,8 +577,7 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
         )
         if opts.verify_inputs != "none":
             out["poison_audited"] = {
-                w.name: _audited_refusals(work / f"{w.name}-state" / "audit.jsonl")
-                for w in watches
+                w.name: audited_refusals(work / f"{w.name}-state" / "audit.jsonl") for w in watches
             }
         return out
     finally:
@@ -585,15 +588,6 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
             print(f"{PROG}: files kept in {work}", file=sys.stderr)
         else:
             shutil.rmtree(work, ignore_errors=True)
-
-
-def _audited_refusals(path: Path) -> int:
-    """How many norm_proof_refused lines a server's audit log holds (each one also counted by
-    spgc_shares_refused_total{reason="norm"}: servers.metrics.ServerMetrics.on_audit)."""
-    if not path.exists():
-        return 0
-    lines = path.read_text().splitlines()
-    return sum(json.loads(line).get("event") == "norm_proof_refused" for line in lines if line)
 
 
 def _figures(
@@ -649,7 +643,7 @@ def _figures(
             "seconds": [round(s, 3) for s in periods],
             "median": _percentile(periods, 50),
             "p95": _percentile(periods, 95),
-            "missed": _honest_missed(opts, history, rounds),
+            "missed": honest_missed(opts.honest, history, rounds),
             "measured": len(periods),
             "breakdown": breakdown,
             "cpu": cpu_round,
@@ -695,7 +689,7 @@ def _figures(
     }
     if opts.verify_inputs != "none":
         out["verify_inputs"] = opts.verify_inputs
-        out.update(_poison_figures(opts, history, range(opts.total_rounds)))
+        out.update(poison_figures(opts.honest, opts.providers, history, range(opts.total_rounds)))
         poisoners = {f"p{i + 1}" for i in range(opts.honest, opts.providers)}
         with tally.lock:
             reasons = [r for name, rs in tally.told.items() if name in poisoners for r in rs]
@@ -725,59 +719,6 @@ def _figures(
             }
         )
     return out
-
-
-def _honest_missed(opts: LoadOptions, history: dict[int, dict[str, Any]], rounds: range) -> int:
-    """Honest provider-rounds not in the sum: every honest provider in a round not published,
-    and in a published one those its record leaves out (left_out names each, and why)."""
-    honest = [f"p{i + 1}" for i in range(opts.honest)]
-    missed = 0
-    for t in rounds:
-        rec = history.get(t, {})
-        left_out = rec.get("left_out", {}) if rec.get("published") else dict.fromkeys(honest)
-        missed += sum(1 for name in honest if name in left_out)
-    return missed
-
-
-def _poison_figures(
-    opts: LoadOptions, history: dict[int, dict[str, Any]], rounds: range
-) -> dict[str, Any]:
-    """The poisoners' shares in ``rounds`` (every round of the run), from H1's round records,
-    in all and per cheat (spgc.app.cheating_provers: the kind each poisoner used in each
-    round); and the honest provider-rounds missed in them."""
-    poisoners = [f"p{i + 1}" for i in range(opts.honest, opts.providers)]
-    attempts = accepted = refused = 0
-    kinds: dict[str, dict[str, Any]] = {
-        kind: {"attempts": 0, "accepted": 0, "refused": 0, "reasons": {}} for kind in CHEATS
-    }
-    for t in rounds:
-        rec = history.get(t)
-        if rec is None or not rec.get("published"):
-            continue
-        left_out = rec.get("left_out", {})
-        for position, name in enumerate(poisoners):
-            why = left_out.get(name)
-            if why is not None and why.startswith("no share reached"):
-                continue
-            tally = kinds[cheat_kind(position, t, len(poisoners))]
-            attempts += 1
-            tally["attempts"] += 1
-            if why is None:
-                accepted += 1
-                tally["accepted"] += 1
-            elif why.startswith("its norm proof was refused"):
-                refused += 1
-                tally["refused"] += 1
-                reason = why.removeprefix("its norm proof was refused: ")
-                tally["reasons"][reason] = tally["reasons"].get(reason, 0) + 1
-    return {
-        "poison": opts.poison,
-        "poison_attempts": attempts,
-        "poison_accepted": accepted,
-        "poison_refused": refused,
-        "poison_kinds": kinds,
-        "missed_providers": _honest_missed(opts, history, rounds),
-    }
 
 
 def run_with_baseline(

@@ -17,7 +17,8 @@ from safetensors import SafetensorError
 
 from spgc.accounting import quiet_dp_accounting
 from spgc.export import load_export, write_export
-from spgc.ledger import LEDGER_FILE, LedgerError, check_covers, verify_ledger
+from spgc.ledger import LEDGER_FILE, LedgerError, verify_ledger
+from spgc.ledger_pair import check_covers
 from spgc.models import flatten_params
 from spgc.servers.checkpoint import CheckpointError, load_checkpoint
 from spgc.servers.state_checkpoints import MODELS_DIR, run_model
