@@ -20,7 +20,7 @@ one message each way per AND layer; ``run`` takes and returns what ``Garbler.run
 
 The prime-field kernels of the providers' norm proofs (``field_ntt``, ``field_matvec``,
 ``field_mul``, ``field_expand``, ``wraparound_dots``; field.h) work on uint64 values below a
-prime p < 2^62; ``spgc.norm_proof`` builds the proofs on them.
+prime p < 2^62; ``spgc.protocol.norm_proof`` builds the proofs on them.
 """
 
 from garbled_core._core import (

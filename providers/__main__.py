@@ -16,11 +16,14 @@ from collections.abc import Sequence
 
 import grpc
 
-from spgc.config import ConfigError
-from spgc.config_files import add_daemon_arguments, load_provider_config
-from spgc.data import DATA_ERRORS
-from spgc.logs import interrupted_status, print_error, setup_logging, stop_like_ctrl_c_on_sigterm
-from spgc.progress import Progress, terminal_logging
+from spgc.common.logs import (
+    interrupted_status,
+    print_error,
+    setup_logging,
+    stop_like_ctrl_c_on_sigterm,
+)
+from spgc.common.progress import Progress, terminal_logging
+from spgc.learning.data import DATA_ERRORS
 from spgc.providers.client import (
     ModelFailed,
     ProviderClient,
@@ -29,6 +32,8 @@ from spgc.providers.client import (
     RunFailed,
     SelfCheckFailed,
 )
+from spgc.settings.config import ConfigError
+from spgc.settings.config_files import add_daemon_arguments, load_provider_config
 
 PROG = "spgc provider"
 log = logging.getLogger("spgc.provider")

@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from spgc.config import ProviderConfig
-from spgc.csprng import SecureRandom
-from spgc.data import (
+from spgc.common.csprng import SecureRandom
+from spgc.learning.data import (
     fixed_batches,
     load_dataset,
     load_user_data,
@@ -20,9 +19,10 @@ from spgc.data import (
     provider_part_of,
     split_among_providers,
 )
-from spgc.local_training import selected_this_round
+from spgc.learning.local_training import selected_this_round
 from spgc.providers.errors import ProviderRefusal, RoundFailed
 from spgc.providers.plan_checks import round_sampling_rate
+from spgc.settings.config import ProviderConfig
 from spgc.wire import aggregation_pb2
 
 __all__ = ["Batches"]

@@ -34,7 +34,8 @@ discrete Gaussian noise of the announced ``noise_std_units`` locally (see
 :func:`local_noise`: the servers' exact sampler run in plaintext). A round sent again gets the
 same noisy vector (providers/local_noise.py), and every vector drawn is counted first.
 
-The data set's budget across runs (providers/data_budget.py, spgc/budget.py): on joining a run,
+The data set's budget across runs (providers/data_budget.py, spgc/privacy/budget.py): on joining a
+run,
 before each vector leaves (write-ahead) and after each ledger verified, the provider records
 and checks what its data spent, every run together, against ``max_total_epsilon``.
 
@@ -58,13 +59,12 @@ from typing import Any
 import numpy as np
 
 from garbled_core.discrete_gaussian import derive_params
-from spgc.accounting import PrivacyAccountant
-from spgc.config import ProviderConfig
-from spgc.csprng import SecureRandom, as_secure_rng
-from spgc.data import DATA_ERRORS
-from spgc.encoding import FixedPointConfig, default_rounding_rng
-from spgc.gradients import check_model_on_data
-from spgc.ledger import LedgerError, LedgerReport, verify_ledger
+from spgc.common.csprng import SecureRandom, as_secure_rng
+from spgc.learning.data import DATA_ERRORS
+from spgc.learning.gradients import check_model_on_data
+from spgc.privacy.accounting import PrivacyAccountant
+from spgc.privacy.ledger import LedgerError, LedgerReport, verify_ledger
+from spgc.protocol.encoding import FixedPointConfig, default_rounding_rng
 from spgc.providers.batches import Batches
 from spgc.providers.data_budget import ProviderBudget
 from spgc.providers.errors import (
@@ -99,6 +99,7 @@ from spgc.providers.rounds import RoundFollower
 from spgc.providers.selfcheck import check_model_and_data
 from spgc.providers.training import Training
 from spgc.providers.transport import SubmitResult, _Server
+from spgc.settings.config import ProviderConfig
 from spgc.wire import aggregation_pb2
 from spgc.wire.errors import WRONG_RUN
 from spgc.wire.identity import new_submission_id
@@ -150,11 +151,12 @@ class RoundReport:
 class ProviderClient(RoundFollower, Batches, Training):
     """One provider taking part in a training run (see the module docstring).
 
-    ``sampling_rng`` draws the batches: a :class:`~spgc.csprng.SecureRandom` (AES-256-CTR),
+    ``sampling_rng`` draws the batches: a :class:`~spgc.common.csprng.SecureRandom` (AES-256-CTR),
     default a fresh key from ``os.urandom`` (numpy generators are refused: the selection must be
     unpredictable); ``rounding_rng`` draws the rounding coins, default a generator seeded from
     the OS CSPRNG. Tests inject seeded ones to recompute G. Shares always
-    come from ``os.urandom`` (spgc.sharing). ``data``: (x, y) of this provider instead of its
+    come from ``os.urandom`` (spgc.protocol.sharing). ``data``: (x, y) of this provider instead of
+    its
     part of ``cfg.dataset``. ``sleep``/``clock`` are injectable for tests.
     """
 
@@ -203,7 +205,7 @@ class ProviderClient(RoundFollower, Batches, Training):
         self._model_source = 0
         self._model: Any = None
         # The frozen coordinates of the model (fetched once per run, hash-checked) and which
-        # coordinates travel (spgc.trainable); None: nothing is frozen.
+        # coordinates travel (spgc.learning.trainable); None: nothing is frozen.
         self._frozen: np.ndarray | None = None
         self._trained: Any = None
         self._x: np.ndarray | None = None

@@ -1,4 +1,4 @@
-"""The provider's side of its data set's budget file (spgc/budget.py; issue 32, item 4).
+"""The provider's side of its data set's budget file (spgc/privacy/budget.py; issue 32, item 4).
 
 :class:`ProviderBudget` is what the client asks, at each point where privacy is spent:
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spgc.budget import (
+from spgc.privacy.budget import (
     NO_NOISE,
     BudgetError,
     DatasetBudget,
@@ -33,8 +33,8 @@ from spgc.budget import (
     dataset_sha256,
     legacy_dataset_sha256,
 )
-from spgc.config import ProviderConfig
 from spgc.providers.errors import ProviderRefusal
+from spgc.settings.config import ProviderConfig
 
 __all__ = ["ProviderBudget"]
 

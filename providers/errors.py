@@ -3,7 +3,7 @@ re-exported by :mod:`spgc.providers.client`)."""
 
 from __future__ import annotations
 
-from spgc.config import ConfigError
+from spgc.settings.config import ConfigError
 
 __all__ = ["ModelFailed", "ProviderRefusal", "RoundFailed", "RunFailed", "SelfCheckFailed"]
 

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from spgc.noise import sample_noise_plain
+from spgc.privacy.noise import sample_noise_plain
 
 __all__ = ["LastNoisyVector", "local_noise"]
 

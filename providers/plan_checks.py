@@ -17,19 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from spgc.accounting import (
-    BATCH_OVERFLOW_LOG2,
-    per_step_epsilon,
-    poisson_overflow_log2,
-    smallest_batch_cap,
-)
-from spgc.budget import RunPlan
-from spgc.clipping import adaptive_clip_of, decay_clip_of
-from spgc.config import ProviderConfig
-from spgc.encoding import FixedPointConfig
-from spgc.local_training import LOCAL_OPTIMIZERS
-from spgc.losses import TASKS, resolved_loss, task_loss_problem
-from spgc.models import (
+from spgc.learning.local_training import LOCAL_OPTIMIZERS
+from spgc.learning.losses import TASKS, resolved_loss, task_loss_problem
+from spgc.learning.models import (
     MODEL_NAMES,
     build_model,
     check_per_example_compatible,
@@ -37,16 +27,26 @@ from spgc.models import (
     parameter_count,
     resolve_model,
 )
-from spgc.modes import (
+from spgc.learning.trainable import TrainableCoordinates, TrainableLayoutError
+from spgc.privacy.accounting import (
+    BATCH_OVERFLOW_LOG2,
+    per_step_epsilon,
+    poisson_overflow_log2,
+    smallest_batch_cap,
+)
+from spgc.privacy.budget import RunPlan
+from spgc.privacy.clipping import adaptive_clip_of, decay_clip_of
+from spgc.protocol.encoding import FixedPointConfig
+from spgc.protocol.modes import (
     ADAPTIVE_CLIP_MODES,
     MODES,
     SINGLE_SERVER_MODES,
     TWO_SERVER_MODES,
     get_mode,
 )
-from spgc.norm_proof import NormProofParams
+from spgc.protocol.norm_proof import NormProofParams
 from spgc.providers.errors import ProviderRefusal
-from spgc.trainable import TrainableCoordinates, TrainableLayoutError
+from spgc.settings.config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
 from spgc.wire.errors import WireError
@@ -74,15 +74,18 @@ __all__ = [
     "trained_coordinates",
 ]
 
-# The wire enum values of the modes table's rows (spgc.modes), grouped as the client branches.
+# The wire enum values of the modes table's rows (spgc.protocol.modes), grouped as the client
+# branches.
 WIRE_MODES = {m.name: pb.Mode.Value(m.wire_name) for m in MODES.values() if m.trainable}
 TWO_SERVER_WIRE = frozenset(WIRE_MODES[m] for m in TWO_SERVER_MODES)
 ONE_SERVER_WIRE = frozenset(WIRE_MODES[m] for m in SINGLE_SERVER_MODES)
 NOISELESS_WIRE = frozenset(WIRE_MODES[m] for m in WIRE_MODES if not MODES[m].noisy)
 
 
-#: The sharing rules this provider implements: G = s1 - s2 mod 2^L (spgc.sharing.share), and
-#: with verified inputs G = s1 + s2 mod p (spgc.norm_proof.prove). 0 is a server from before
+#: The sharing rules this provider implements: G = s1 - s2 mod 2^L (spgc.protocol.sharing.share),
+#: and
+#: with verified inputs G = s1 + s2 mod p (spgc.protocol.norm_proof.prove). 0 is a server from
+#: before
 #: TrainingConfig.sharing_rule existed, whose rule was the first.
 IMPLEMENTED_SHARING_RULES = frozenset(
     {pb.SHARING_RULE_UNSPECIFIED, pb.SHARING_RULE_DIFFERENCE_MOD_2L, pb.SHARING_RULE_SUM_MOD_P}
@@ -215,7 +218,7 @@ def _refuse_batches_over_the_cap(tc: Any, local_examples: int) -> None:
 
 def _encoded_rows(tc: Any, d: int) -> tuple[float, int]:
     """The clip norm and width of the rows this provider encodes: C and d, or with adaptive
-    clipping sqrt(C0^2 + kappa^2) and d + 1 (spgc.clipping). ProviderRefusal for an adaptive
+    clipping sqrt(C0^2 + kappa^2) and d + 1 (spgc.privacy.clipping). ProviderRefusal for an adaptive
     rule that is malformed, or announced where its count would not be noised as announced."""
     try:
         adaptive = adaptive_clip_of(tc)
@@ -457,7 +460,7 @@ def trained_coordinates(tc: Any) -> TrainableCoordinates:
 
 def check_trained_coordinates(tc: Any, model: nn.Module, where: str) -> None:
     """The model's parameter count and its trained coordinates (requires_grad, trainable
-    masks) are the ones the servers announce: only those travel (spgc.trainable)."""
+    masks) are the ones the servers announce: only those travel (spgc.learning.trainable)."""
     total = parameter_count(model)
     announced_total = tc.model_parameters or tc.num_parameters
     if announced_total != total:
@@ -470,7 +473,7 @@ def check_trained_coordinates(tc: Any, model: nn.Module, where: str) -> None:
         raise ProviderRefusal(
             f"the servers train {tc.num_parameters:,} of model {tc.model!r}'s parameters, "
             f"{where} {mine.describe()}: freeze the same parameters (requires_grad=False) "
-            "and mask the same elements (spgc.trainable.set_trainable_mask)"
+            "and mask the same elements (spgc.learning.trainable.set_trainable_mask)"
         )
 
 

@@ -3,7 +3,7 @@
 its own data (the file or loader, the label column, its part when ``provider_count`` > 1) and
 the two together (every label within the model's outputs, every example read by the model).
 Feature columns whose scales differ by more than 100x get a warning naming them (not an
-error: the run goes on, but DP training on such data is poor; spgc.feature_stats).
+error: the run goes on, but DP training on such data is poor; spgc.privacy.feature_stats).
 
 The same check serves ``spgc config check`` on a provider's file (spgc/app/cli.py) and the
 provider itself (:meth:`spgc.providers.client.ProviderClient.self_check`, run by ``spgc
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spgc.config import ProviderConfig
-from spgc.data import load_user_data, provider_part_of
-from spgc.feature_stats import scale_warning
-from spgc.gradients import check_model_on_data
-from spgc.models import check_per_example_compatible, parameter_count, resolve_model
-from spgc.trainable import TrainableCoordinates
+from spgc.learning.data import load_user_data, provider_part_of
+from spgc.learning.gradients import check_model_on_data
+from spgc.learning.models import check_per_example_compatible, parameter_count, resolve_model
+from spgc.learning.trainable import TrainableCoordinates
+from spgc.privacy.feature_stats import scale_warning
+from spgc.settings.config import ProviderConfig
 
 __all__ = ["SelfCheck", "check_model_and_data"]
 
@@ -37,7 +37,8 @@ class SelfCheck:
     note: str
     parameters: int | None = None  # the provider's own model's parameter count
     examples: int | None = None  # how many local examples its own data holds
-    # Its feature columns' scales differ by more than spgc.feature_stats.MAX_SCALE_RATIO: the
+    # Its feature columns' scales differ by more than spgc.privacy.feature_stats.MAX_SCALE_RATIO:
+    # the
     # warning naming them (None otherwise), logged at start and printed by config check.
     scale_warning: str | None = None
 
@@ -47,7 +48,7 @@ def check_model_and_data(
 ) -> SelfCheck:
     """The provider's own model and data, built and read as the provider will (``data``: its
     examples when given in code rather than by ``cfg.data``). Raises ValueError (or OSError,
-    or one of spgc.data.DATA_ERRORS) in one line naming the problem."""
+    or one of spgc.learning.data.DATA_ERRORS) in one line naming the problem."""
     model = None
     if cfg.model:
         model = resolve_model(cfg.model)

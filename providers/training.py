@@ -12,24 +12,24 @@ from typing import Any
 
 import numpy as np
 
-from spgc.clipping import (
+from spgc.common.logs import first_line, listed
+from spgc.learning.gradients import bounded_chunk, clip_per_example, per_example_gradients
+from spgc.learning.local_training import LocalTraining, model_delta
+from spgc.learning.models import load_flat_params
+from spgc.privacy.clipping import (
     AdaptiveClip,
     DecayClip,
     adaptive_clip_of,
     decay_clip_of,
     round_clip_norm,
 )
-from spgc.config import ProviderConfig
-from spgc.encoding import FixedPointConfig, encode_batch, stochastic_round
-from spgc.gradients import bounded_chunk, clip_per_example, per_example_gradients
-from spgc.local_training import LocalTraining, model_delta
-from spgc.logs import first_line, listed
-from spgc.models import load_flat_params
-from spgc.norm_proof import NormProofParams, proof_context, prove
+from spgc.protocol.encoding import FixedPointConfig, encode_batch, stochastic_round
+from spgc.protocol.norm_proof import NormProofParams, proof_context, prove
+from spgc.protocol.sharing import check_fits, ring_mask, share
 from spgc.providers.data_budget import ProviderBudget
 from spgc.providers.errors import ModelFailed, RoundFailed
 from spgc.providers.local_noise import local_noise
-from spgc.sharing import check_fits, ring_mask, share
+from spgc.settings.config import ProviderConfig
 from spgc.wire import aggregation_pb2
 
 __all__ = ["OutgoingShare", "Training"]
@@ -40,7 +40,7 @@ pb = aggregation_pb2
 @dataclass(frozen=True)
 class OutgoingShare:
     """What one server receives of a vector: its elements (uint64) and, with verified inputs
-    (spgc.norm_proof), the field and the norm proof's header fields (ShareHeader)."""
+    (spgc.protocol.norm_proof), the field and the norm proof's header fields (ShareHeader)."""
 
     values: np.ndarray
     field_modulus: int | None = None
@@ -68,7 +68,8 @@ class Training:
     _y: np.ndarray | None
     _round_infos: list[Any]
     last_round: int | None  # the round being shared (set by ``run_round`` first)
-    # The plan's task and loss (spgc.losses; set by ``connect``): what the gradients are of.
+    # The plan's task and loss (spgc.learning.losses; set by ``connect``): what the gradients are
+    # of.
     task_loss: tuple[str, str] = ("classification", "cross_entropy")
     # verify_inputs: l2: the norm proofs' parameters (set by ``connect``); None: no proofs.
     norm_proof: NormProofParams | None = None
@@ -76,7 +77,7 @@ class Training:
     def encode(self, params: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, float, float]:
         """G (int64, d): the encoded clipped gradient sum; returns (G, compute s, encode s).
         With adaptive clipping G has d + 1 values: the last counts the unclipped examples
-        (spgc.clipping)."""
+        (spgc.privacy.clipping)."""
         assert self.fixed_point is not None
         tc, fp = self.training, self.fixed_point
         adaptive = adaptive_clip_of(tc)  # checked when the plan was accepted
@@ -216,12 +217,12 @@ class Training:
     def make_vectors(self, total: np.ndarray) -> list[OutgoingShare]:
         """What each server receives: the two shares, or G mod 2^L for one server. With
         verified inputs H1's is its field share with its share of the norm proof, and H2's a
-        seed it expands its own from (spgc.norm_proof.prove)."""
+        seed it expands its own from (spgc.protocol.norm_proof.prove)."""
         bits = self.training.ring_bits
         params = self.norm_proof
         if len(self.servers) == 2 and params is not None:
             # The proof is for this run, this round and this provider only (a replay of it in
-            # another is refused: spgc.norm_proof.proof_context).
+            # another is refused: spgc.protocol.norm_proof.proof_context).
             context = proof_context(self.training.run_id, int(self.last_round), self.cfg.name)
             try:
                 leader, helper = prove(total, params, context)

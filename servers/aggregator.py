@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import grpc
 
 from spgc import __version__
-from spgc.logs import printable
+from spgc.common.logs import printable
 from spgc.servers.audit import host_of
 from spgc.servers.intake import SubmissionRejected
 from spgc.servers.state import ServerState

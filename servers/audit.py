@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spgc.logs import RepeatLimiter
+from spgc.common.logs import RepeatLimiter
 
 __all__ = ["AuditLog", "host_of"]
 

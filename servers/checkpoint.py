@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from spgc.durable import write_atomically
+from spgc.common.durable import write_atomically
 from spgc.wire import aggregation_pb2 as pb
 
 __all__ = ["CheckpointError", "config_digest", "load_checkpoint", "save_checkpoint", "step_back"]

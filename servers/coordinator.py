@@ -41,8 +41,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from spgc.losses import REGRESSION_METRICS
-from spgc.noise import sample_discrete_gaussian
+from spgc.learning.losses import REGRESSION_METRICS
+from spgc.privacy.noise import sample_discrete_gaussian
+from spgc.protocol.sharing import reconstruct, ring_mask
 from spgc.servers.errors import PeerMismatchError, describe_error
 from spgc.servers.faults import fault_point, tap_reveal
 from spgc.servers.gc_party import run_aggregate
@@ -60,7 +61,6 @@ from spgc.servers.norm_checks import (
 from spgc.servers.pool_sync import NoiseProducer, slice_message
 from spgc.servers.round_phases import RoundRecord
 from spgc.servers.state import RPC_SLACK, ServerState
-from spgc.sharing import reconstruct, ring_mask
 from spgc.wire import (
     SEED_COMMITMENT_SCHEME,
     canonical_provider_set,

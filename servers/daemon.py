@@ -36,10 +36,8 @@ from grpc_health.v1 import health_pb2
 import garbled_core
 from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
-from spgc.config import ServerConfig
-from spgc.ledger import LEDGER_FILE
-from spgc.modes import MODES
-from spgc.plan import make_plan
+from spgc.privacy.ledger import LEDGER_FILE
+from spgc.protocol.modes import MODES
 from spgc.servers.aggregator import AggregatorServicer
 from spgc.servers.audit import AuditLog, host_of
 from spgc.servers.coordinator import SingleDriver
@@ -59,6 +57,8 @@ from spgc.servers.resume import CheckpointResume
 from spgc.servers.sessions import PairedSessions
 from spgc.servers.state import ServerState
 from spgc.servers.worker_pairing import WorkerPairing
+from spgc.settings.config import ServerConfig
+from spgc.settings.plan import make_plan
 from spgc.wire import aggregation_pb2, peer_pb2
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.identity import certificate_identity
@@ -82,7 +82,8 @@ __all__ = [
     "ServerDaemon",
 ]
 
-# Who samples discrete Gaussian noise on the servers (spgc.modes.Mode.noise_by): the circuit
+# Who samples discrete Gaussian noise on the servers (spgc.protocol.modes.Mode.noise_by): the
+# circuit
 # (spgc; preprocessed's pool), each server alone (dng).
 SERVER_NOISE = ("circuit", "each server")
 

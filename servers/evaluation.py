@@ -1,5 +1,6 @@
 """Held-out test metrics of the published model (what the round log and the demo report):
-loss and accuracy for classification, loss, MSE, MAE and R^2 for regression (spgc.losses)."""
+loss and accuracy for classification, loss, MSE, MAE and R^2 for regression
+(spgc.learning.losses)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from spgc.config import ServerConfig
-from spgc.data import load_dataset, load_user_data
-from spgc.gradients import check_model_on_data
-from spgc.models import MODEL_INPUT_SHAPES, PARAMETER_COUNTS, load_flat_params, resolve_model
-from spgc.optim import evaluate_metrics
+from spgc.learning.data import load_dataset, load_user_data
+from spgc.learning.gradients import check_model_on_data
+from spgc.learning.models import (
+    MODEL_INPUT_SHAPES,
+    PARAMETER_COUNTS,
+    load_flat_params,
+    resolve_model,
+)
+from spgc.learning.optim import evaluate_metrics
+from spgc.settings.config import ServerConfig
 
 TestSet = tuple[np.ndarray, np.ndarray]
 
@@ -57,7 +63,7 @@ def test_set_loader(cfg: ServerConfig) -> Callable[[], TestSet] | None:
 
 class TestSetEvaluator:
     """Test metrics of a flat parameter vector on a held-out test set
-    (:func:`spgc.optim.evaluate_metrics`: ``test_loss`` and ``test_accuracy``, or for
+    (:func:`spgc.learning.optim.evaluate_metrics`: ``test_loss`` and ``test_accuracy``, or for
     regression ``test_loss``, ``test_mse``, ``test_mae`` and ``test_r2``).
 
     The test set and the model are loaded on first use, so a daemon that never evaluates pays

@@ -5,8 +5,9 @@ H1 (the garbler) holds A1, H2 (the evaluator) A2, both in Z_{2^L}, one value per
 reveal Y = smod(A1 - A2, 2^L) + z; in ``only-mpc`` mode they reveal S = smod(A1 - A2, 2^L).
 
 Randomness: every random bit the sampler reads is r1 xor r2; each server expands only its own
-32-byte round seed, outside the circuit (:func:`spgc.noise.expand_seed` gives the layout). Given
-both seeds the noise of a round is reproducible (:func:`spgc.noise.sample_noise_plain`).
+32-byte round seed, outside the circuit (:func:`spgc.privacy.noise.expand_seed` gives the layout).
+Given
+both seeds the noise of a round is reproducible (:func:`spgc.privacy.noise.sample_noise_plain`).
 
 Rounds (adaptive rejection): round r runs ``schedule[r]`` trials for each coordinate that has no
 accepted trial yet; both servers see the accept bits (which depend on randomness only, never on
@@ -36,9 +37,8 @@ from garbled_core.discrete_gaussian import (
     build_trial_circuit,
     derive_params,
 )
-from spgc.lanes import lane_ranges, run_lanes
-from spgc.modes import BACKENDS, MODES
-from spgc.noise import (
+from spgc.common.lanes import lane_ranges, run_lanes
+from spgc.privacy.noise import (
     SPARE_GROUP,
     SPARES_EVERY,
     RoundResult,
@@ -50,6 +50,8 @@ from spgc.noise import (
     sampling_rounds,
     segment_instances,
 )
+from spgc.protocol.modes import BACKENDS, MODES
+from spgc.protocol.sharing import ring_mask
 from spgc.servers.spgc_circuit import (
     check_ring_bits,
     decode_signed,
@@ -59,7 +61,6 @@ from spgc.servers.spgc_circuit import (
     output_width,
     reconstruct_circuit,
 )
-from spgc.sharing import ring_mask
 
 __all__ = [
     "BACKENDS",
@@ -140,9 +141,9 @@ class PartyLink:
     role: str
     channel: Any
     session: Any
-    # "gc" or "gmw" (spgc.modes.BACKENDS): which circuits the link's runs use (arithmetic).
+    # "gc" or "gmw" (spgc.protocol.modes.BACKENDS): which circuits the link's runs use (arithmetic).
     backend: str = "gc"
-    # Lanes 1.. of the data link (spgc.lanes), each its own connection and session; this link
+    # Lanes 1.. of the data link (spgc.common.lanes), each its own connection and session; this link
     # is lane 0. run_aggregate runs a round on every lane, everything else on lane 0.
     extra_lanes: list[PartyLink] = field(default_factory=list)
     # Remote lanes (servers.ray_workers: worker pairs on the organisations' Ray clusters):
@@ -178,7 +179,8 @@ class PartyLink:
 
     @property
     def spares_every(self) -> int:
-        """The sampler's spare trials on this link (spgc.noise.SPARES_EVERY): gmw runs them so
+        """The sampler's spare trials on this link (spgc.privacy.noise.SPARES_EVERY): gmw runs them
+        so
         that a round's noise almost always takes one stage of round trips."""
         return SPARES_EVERY[self.backend]
 
@@ -383,7 +385,7 @@ def run_aggregate(
 
     ``role``: "garbler" (H1, passes A1) or "evaluator" (H2, passes A2); ``channel_session``: a
     garbled_core ``Channel`` (a session is opened on it), a :class:`PartyLink`, or a list of
-    them: lanes (:mod:`spgc.lanes`), lane i running coordinates ``lane_ranges(n, lanes)[i]``
+    them: lanes (:mod:`spgc.common.lanes`), lane i running coordinates ``lane_ranges(n, lanes)[i]``
     on its own link and thread (the other server must pass as many); ``shares``: this
     server's sums of shares, numpy uint64 in [0, 2^ring_bits); ``seed``: this server's 32-byte
     round seed (``spgc`` only; never reuse one); ``sigma_units``: noise std in fixed-point
@@ -393,7 +395,8 @@ def run_aggregate(
     Y is int64 when it fits 64 bits, else an object array of Python ints. The counters hold
     this party's bytes per engine phase over the call (all lanes), totals, rounds and trials.
     ``on_stage`` runs after each of the sampler's stages (fault injection).
-    ``field_modulus``: the shares are sums in F_p of verified field shares (spgc.norm_proof),
+    ``field_modulus``: the shares are sums in F_p of verified field shares
+    (spgc.protocol.norm_proof),
     reconstructed as A + B mod p by the circuits' ``field=True`` builds; both servers pass
     the same p.
     """
@@ -481,7 +484,7 @@ def aggregate_range(
 
 def range_align(backend: str) -> int:
     """Where the ranges of a batch may split (lanes, worker pairs, range batches) so that they
-    release what one batch does: multiples of spgc.noise.SPARE_GROUP on a backend whose
+    release what one batch does: multiples of spgc.privacy.noise.SPARE_GROUP on a backend whose
     sampler shares spare trials (gmw), anywhere on gc."""
     return SPARE_GROUP if SPARES_EVERY[backend] else 1
 

@@ -17,7 +17,8 @@ The spill files serve a second purpose: after the deadline the two servers agree
 providers whose shares BOTH received (SPEC step 6); a share that reached this server only must
 be taken out of the sum again, and subtraction mod 2^L undoes an addition exactly.
 
-With verified inputs (:class:`FieldShares`, spgc.norm_proof) the sum is mod p: H1 holds each
+With verified inputs (:class:`FieldShares`, spgc.protocol.norm_proof) the sum is mod p: H1 holds
+each
 provider's field share with its share of the proof (its first d values are the vector's share),
 H2 each provider's 32-byte seed, which expands to its share; :meth:`ShareIntake.proof_share`
 gives either back for the servers' check, and a share whose proof fails is taken out of the
@@ -38,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from spgc.norm_proof import HelperShare, LeaderShare, NormProofParams
-from spgc.sharing import aggregate_shares, validate_share
+from spgc.protocol.norm_proof import HelperShare, LeaderShare, NormProofParams
+from spgc.protocol.sharing import aggregate_shares, validate_share
 from spgc.wire.chunks import MAX_CHUNK_BYTES
 from spgc.wire.errors import ANOTHER_VECTOR
 
@@ -65,7 +66,7 @@ class SubmissionRejected(Exception):
 
 @dataclass(frozen=True)
 class FieldShares:
-    """Verified inputs: shares are elements of F_p with a norm proof (spgc.norm_proof). H1
+    """Verified inputs: shares are elements of F_p with a norm proof (spgc.protocol.norm_proof). H1
     (``leader``) receives n_inputs + proof_len values; H2 none, but a seed."""
 
     params: NormProofParams

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives import serialization
 
-from spgc.accounting import capped_poisson, reported_delta
-from spgc.ledger import (
+from spgc.privacy.accounting import capped_poisson, reported_delta
+from spgc.privacy.ledger import (
     Ledger,
     LedgerError,
     load_signing_key,
@@ -29,7 +29,7 @@ from spgc.ledger import (
     statement_bytes,
     verify_ledger,
 )
-from spgc.modes import TWO_SERVER_MODES
+from spgc.protocol.modes import TWO_SERVER_MODES
 from spgc.servers.checkpoint import CheckpointError, config_digest
 from spgc.servers.errors import BudgetExceededError, PeerMismatchError
 from spgc.wire import aggregation_pb2 as pb
@@ -446,7 +446,7 @@ class LedgerState:
             self._open_ledger().record_released(index, t, digest)
 
     def reported_delta(self) -> float | None:
-        """The delta of the guarantee (spgc.accounting.reported_delta: the accountant's, the
+        """The delta of the guarantee (spgc.privacy.accounting.reported_delta: the accountant's, the
         sampler's statistical distance and the capped Poisson batches). None without DP."""
         if not self.differentially_private:
             return None

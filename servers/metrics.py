@@ -176,7 +176,7 @@ class ServerMetrics:
         self.test_loss = Gauge(
             "spgc_test_loss", "Test loss of the last published model", registry=r
         )
-        # Regression runs (spgc.losses): the same path, one gauge per metric.
+        # Regression runs (spgc.learning.losses): the same path, one gauge per metric.
         self.test_regression = {
             name: Gauge(f"spgc_{name}", f"Test {label} of the last published model", registry=r)
             for name, label in (("test_mse", "MSE"), ("test_mae", "MAE"), ("test_r2", "R^2"))

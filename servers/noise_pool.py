@@ -60,8 +60,8 @@ from typing import Any
 import numpy as np
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
-from spgc.durable import write_atomically
-from spgc.lanes import lane_ranges, run_lanes
+from spgc.common.durable import write_atomically
+from spgc.common.lanes import lane_ranges, run_lanes
 from spgc.servers.gc_party import claim_seed, merge_part_infos, resolve_lanes
 from spgc.servers.spgc_circuit import check_ring_bits, noise_share_circuit
 
@@ -270,7 +270,7 @@ class NoisePool:
         self.role = role
         self.sigma_units = float(sigma_units)
         self.ring_bits = check_ring_bits(ring_bits)
-        # Verified inputs: the shares are mod this prime (spgc.norm_proof), not mod 2^L.
+        # Verified inputs: the shares are mod this prime (spgc.protocol.norm_proof), not mod 2^L.
         self.field_modulus = field_modulus
         self.distance_log2 = float(distance_log2)
         self.noise_bits = derive_params(self.sigma_units, self.distance_log2).noise_bits

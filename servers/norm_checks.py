@@ -1,5 +1,5 @@
 """The servers' check of the providers' norm proofs in a round (verified inputs, issue 35;
-spgc.norm_proof, docs/PRIVACY.md "Norm proofs").
+spgc.protocol.norm_proof, docs/PRIVACY.md "Norm proofs").
 
 Per round, the query coin is drawn after every value it constrains: once its intake is
 closed, H1 draws its 32-byte part and sends its commitment (:func:`coin_commitment`) in its
@@ -9,7 +9,7 @@ Both query every proof of the round with the SHA-256 of the two parts (:func:`ro
 uniform if either server is honest (H1 committed before it saw H2's part, H2 chose its part
 without seeing H1's), and sent to no provider. Each server then computes its verifier message
 for every share it holds, for the proof's context (run, round, provider:
-spgc.norm_proof.proof_context), the two exchange them with their provider sets
+spgc.protocol.norm_proof.proof_context), the two exchange them with their provider sets
 (ProviderSet.norm_verifiers), and both decide the same refusals from the same two lists
 (:func:`norm_refusals`): a provider whose proof the two messages do not accept is left out of
 the round like one whose share reached one server only.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from spgc.norm_proof import (
+from spgc.protocol.norm_proof import (
     PART_BYTES,
     HelperShare,
     NormProofParams,

@@ -18,8 +18,8 @@ import grpc
 
 import garbled_core
 from spgc import __version__
-from spgc.ledger import LedgerError
-from spgc.logs import printable
+from spgc.common.logs import printable
+from spgc.privacy.ledger import LedgerError
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import (
     agreement_with_proofs,

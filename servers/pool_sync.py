@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
-from spgc.progress import Progress
+from spgc.common.progress import Progress
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,

@@ -7,9 +7,9 @@ H1's daemon names those addresses to H2's in a ``PairWorkers`` call on their con
 (the mutually authenticated Peer gRPC service); worker i of H2 connects, with the server
 certificates, so the two organisations share nothing but these paired
 TLS links (the RayFed pattern). Each worker pair then runs one lane of every round
-(:mod:`spgc.lanes`): the coordinates ``lane_ranges(d, K)[i]``, the sampler and the
+(:mod:`spgc.common.lanes`): the coordinates ``lane_ranges(d, K)[i]``, the sampler and the
 reconstruction, on its own engine session. The daemons keep intake, agreement, accounting, the
-model update and the ledger. Noise is addressed by coordinate (:mod:`spgc.noise`), so the
+model update and the ledger. Noise is addressed by coordinate (:mod:`spgc.privacy.noise`), so the
 released vector is the same for any K.
 
 No retries of anything that reveals: the actors run with ``max_restarts=0`` and

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from spgc.optim import mean_delta_direction, mean_gradient
+from spgc.learning.optim import mean_delta_direction, mean_gradient
 from spgc.servers.faults import fault_point
 from spgc.wire import aggregation_pb2 as pb
 
@@ -43,7 +43,8 @@ class RoundRecord:
     epsilon: float = 0.0
     test_loss: float | None = None
     test_accuracy: float | None = None
-    # Regression (spgc.losses): test_mse, test_mae, test_r2 of the published model; empty else.
+    # Regression (spgc.learning.losses): test_mse, test_mae, test_r2 of the published model; empty
+    # else.
     test_metrics: dict[str, float] = field(default_factory=dict)
     gc_bytes: int = 0
     peer_bytes: dict[str, int] = field(default_factory=dict)  # the data link: sent, received
@@ -51,7 +52,7 @@ class RoundRecord:
     seed_commitments: dict[str, bytes] = field(default_factory=dict)
     vector_ids: dict[str, bytes] = field(default_factory=dict)  # of the received shares
     left_out: dict[str, str] = field(default_factory=dict)  # provider -> why not in P_t
-    # clip: adaptive (spgc.clipping): the round's C_r and its released noisy count of
+    # clip: adaptive (spgc.privacy.clipping): the round's C_r and its released noisy count of
     # unclipped examples (None until released; 0.0 / None with a fixed clip norm).
     clip_norm: float = 0.0
     noisy_count: float | None = None
@@ -232,10 +233,11 @@ class RoundPhases:
         sgd: on the mean gradient over the expected examples);
         keeps the result pending until both hashes agree. With adaptive clipping, Y's last
         value is the noisy count of unclipped examples (providers' deltas with adjacency
-        provider), which moves the clip norm of the next round (spgc.clipping). ``release``:
+        provider), which moves the clip norm of the next round (spgc.privacy.clipping). ``release``:
         the ledger index of this release (its noise_schedule phase)."""
         start = time.perf_counter()
-        # Y holds the trained coordinates only (spgc.trainable): a frozen parameter never moves.
+        # Y holds the trained coordinates only (spgc.learning.trainable): a frozen parameter never
+        # moves.
         adaptive, count, next_clip = self.plan.adaptive_clip, None, self.clip_norm
         if (decay := self.plan.decay_clip) is not None:  # rows were rescaled to C0
             gradient = decay.decode(y, self.plan.cfg.scale, self.history[t].clip_norm)

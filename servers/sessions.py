@@ -18,8 +18,8 @@ import time
 import grpc
 
 from spgc import __version__
-from spgc.ledger import LedgerError
-from spgc.progress import terminal_logging
+from spgc.common.progress import terminal_logging
+from spgc.privacy.ledger import LedgerError
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import H1Driver
 from spgc.servers.errors import PeerLost, PeerMismatchError, describe_error

@@ -2,7 +2,7 @@
 
 Inputs per coordinate: A1 (garbler, H1) and A2 (evaluator, H2), the two servers' sums of shares in
 Z_{2^L}. S = (A1 - A2) mod 2^L read as a signed L-bit value (the paper's smod). With verified
-inputs (spgc.norm_proof) the sums are field shares, S = A + B mod p, and the circuits built
+inputs (spgc.protocol.norm_proof) the sums are field shares, S = A + B mod p, and the circuits built
 with ``field=True`` reconstruct it from L low bits and one flag bit per server
 (:func:`field_circuit_inputs`) for three or four AND gates per coordinate more than the
 ring's. The noise z comes
@@ -255,7 +255,8 @@ def noisy_sum_circuit(
 # ------------------------------------------------------------------ field shares (verified inputs)
 #
 # The servers hold A and B in F_p with A + B = S mod p, p = 1 mod 2^L and p > 2^L (the field of
-# spgc.norm_proof), |S| <= 2^(L-1) - 1. H1 first adds 2^(L-1) - 1 to A (mod p): then A + B =
+# spgc.protocol.norm_proof), |S| <= 2^(L-1) - 1. H1 first adds 2^(L-1) - 1 to A (mod p): then A + B
+# =
 # u + k p over the integers with u = S + 2^(L-1) - 1 in [0, 2^L) and k in {0, 1}, and
 # k = 1 exactly when A + B >= 2^L (u < 2^L <= p), which is: A >= 2^L, or B >= 2^L, or the low
 # L bits of A and B carry out. Each server knows its own "A >= 2^L" (the flag bit), so the

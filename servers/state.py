@@ -22,11 +22,10 @@ import numpy as np
 from torch import nn
 
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
-from spgc.ledger import Ledger
-from spgc.logs import printable
-from spgc.losses import REGRESSION_METRICS
-from spgc.optim import server_optimizer
-from spgc.plan import RunPlan
+from spgc.common.logs import printable
+from spgc.learning.losses import REGRESSION_METRICS
+from spgc.learning.optim import server_optimizer
+from spgc.privacy.ledger import Ledger
 from spgc.servers.audit import AuditLog
 from spgc.servers.errors import BudgetExceededError, PeerMismatchError
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
@@ -34,6 +33,7 @@ from spgc.servers.intake import ShareIntake
 from spgc.servers.ledger_state import LedgerState
 from spgc.servers.round_phases import ENDED_PHASES, RoundPhases, RoundRecord, round_summary
 from spgc.servers.state_checkpoints import StateCheckpoints
+from spgc.settings.plan import RunPlan
 from spgc.wire import aggregation_pb2 as pb
 
 # The errors and the round record are importable from here too, as before the state was split.
@@ -114,7 +114,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.callers: set[str] = set()  # providers that called this server (first-round wait)
         self.told_finished: set[str] = set()  # providers answered ROUND_PHASE_FINISHED
         self.last_told_finished = -math.inf  # time.monotonic() when the last one was
-        # The write-ahead privacy ledger (spgc.ledger): opened once the run id is known.
+        # The write-ahead privacy ledger (spgc.privacy.ledger): opened once the run id is known.
         self.ledger: Ledger | None = None
         self.ledger_path: Path | None = None  # None: in memory only (no state_dir)
         self.ledger_key: Path | None = None  # None: a key kept in state_dir, or a fresh one
@@ -333,7 +333,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "model_sha256": self.models[self.version][1].hex(),
                 "test_accuracy": None if last is None else last.test_accuracy,
                 "test_loss": None if last is None else last.test_loss,
-                # regression (spgc.losses): test_mse, test_mae, test_r2 of the last model
+                # regression (spgc.learning.losses): test_mse, test_mae, test_r2 of the last model
                 **{
                     k: None if last is None else last.test_metrics.get(k)
                     for k in (REGRESSION_METRICS if self.plan.cfg.task == "regression" else ())

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from spgc.export import privacy_report, write_export
-from spgc.ledger import aside_path
-from spgc.losses import REGRESSION_METRICS
-from spgc.models import resolve_model
+from spgc.learning.export import privacy_report, write_export
+from spgc.learning.losses import REGRESSION_METRICS
+from spgc.learning.models import resolve_model
+from spgc.privacy.ledger import aside_path
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
 from spgc.servers.faults import fault_point
 from spgc.servers.round_phases import ENDED_PHASES, RoundRecord, round_summary
@@ -42,7 +42,7 @@ class StateCheckpoints:
     """Checkpoints of this server's state, and the model exported with each."""
 
     def model_report(self) -> dict[str, Any]:
-        """The privacy report of the current published model (spgc.export)."""
+        """The privacy report of the current published model (spgc.learning.export)."""
         plan, cfg = self.plan, self.plan.cfg
         with self.cond:
             return privacy_report(

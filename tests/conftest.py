@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TwoParty, make_test_pki
+from helpers import TEST_DIRS, TwoParty, make_test_pki
 
-from spgc.data import load_dataset
-from spgc.gradients import check_model_on_data
-from spgc.models import build_model
+from spgc.learning.data import load_dataset
+from spgc.learning.gradients import check_model_on_data
+from spgc.learning.models import build_model
 
 # The full matrices of the slowest end-to-end tests (every fault point on either server, ...)
 # run with SPGC_EXTENDED_TESTS=1 (`make test-extended`); `make test` runs a representative case
 # of each kind, so that CI stays within its time budget on two cores.
 EXTENDED_ENV = "SPGC_EXTENDED_TESTS"
+
+# Test modules import each other's fixtures by name (from test_server_daemon import start_pair)
+# from any layer's folder.
+sys.path[:0] = [str(d) for d in TEST_DIRS if str(d) not in sys.path]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -14,8 +14,16 @@ from typing import Any
 
 from garbled_core import Channel, Evaluator, Garbler, Listener, TlsConfig
 from spgc.app import cli
-from spgc.certs import make_dev_pki
-from spgc.config import ServerConfig
+from spgc.protocol.certs import make_dev_pki
+from spgc.settings.config import ServerConfig
+
+#: The tests' root (this folder) and the checkout's root.
+TESTS_ROOT = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_ROOT.parent
+#: The folders the tests sit in, by layer (engine/, library/<subpackage>/, servers/, providers/,
+#: app/, e2e/) and this one: on sys.path (conftest.py), so that a test module may import another's
+#: fixtures by its name wherever either sits.
+TEST_DIRS = [TESTS_ROOT, *sorted({p.parent for p in TESTS_ROOT.glob("*/**/test_*.py")})]
 
 
 def make_test_pki(directory: Path) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from spgc.app.cheating_provers import cheat
-from spgc.norm_proof import proof_context
+from spgc.protocol.norm_proof import proof_context
 from spgc.providers import training
 from spgc.providers.__main__ import main
 

@@ -2,7 +2,8 @@
 
     4  spgc/app/                   the CLI, demo, benchmarks, experiments
     3  servers/   providers/       never each other (installed as spgc.servers, spgc.providers)
-    2  spgc/                       the library: encoding, sharing, plan, modes, noise, wire, ...
+    2  spgc/                       the library: common < wire < protocol < privacy < learning
+                                   < settings (each subpackage's "May import:" line)
     1  garbled_core/               the engine and its circuit library
 
 Read from the source files with ``ast`` (nothing is imported), so the test sees imports inside
@@ -134,9 +135,14 @@ def test_no_function_level_import_of_our_own_modules() -> None:
 
 
 def _package_of(module: str) -> str:
-    """The top package a module belongs to: garbled_core, spgc (library), spgc.servers, ..."""
+    """The package a module belongs to: garbled_core, one of the library's subpackages
+    (spgc.privacy, ...; spgc for the package's own face), spgc.servers, ..."""
     layer = layer_of_module(module)
-    return {"engine": "garbled_core", "library": "spgc"}.get(layer or "", f"spgc.{layer}")
+    if layer == "library":
+        parts = module.split(".")
+        # spgc.<x>: a subpackage, or a module moved away whose alias our code must not use.
+        return ".".join(parts[:2]) if len(parts) > 1 else "spgc"
+    return {"engine": "garbled_core"}.get(layer or "", f"spgc.{layer}")
 
 
 def test_no_private_name_imported_across_packages() -> None:
@@ -151,6 +157,69 @@ def test_no_private_name_imported_across_packages() -> None:
             if private and imp.target != "spgc.wire._generated":
                 bad.append(f"{imp}  (private: {', '.join(private)})")
     assert not bad, "private names used across packages:\n" + "\n".join(bad)
+
+
+def library_subpackages() -> dict[str, tuple[str, ...]]:
+    """The library's subpackages (spgc/<name>/, app excepted: a layer of its own) and what each
+    may import, read from the "May import:" line of its docstring: the one place it is written."""
+    allowed = {}
+    for init in sorted((ROOT / "spgc").glob("*/__init__.py")):
+        name = init.parent.name
+        if name == "app":
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        lines = [ln for ln in doc.splitlines() if ln.startswith("May import:")]
+        assert len(lines) == 1, (
+            f"spgc/{name}/__init__.py: its docstring needs one 'May import:' line"
+        )
+        listed = lines[0].removeprefix("May import:").strip().rstrip(".")
+        allowed[name] = (
+            () if listed == "nothing of ours" else tuple(x.strip() for x in listed.split(","))
+        )
+    return allowed
+
+
+def test_the_library_is_its_subpackages_and_its_public_face() -> None:
+    """No module at spgc/'s top level but __init__.py; every library subpackage says what it
+    holds (a docstring) and what it may import."""
+    top = sorted(p.name for p in (ROOT / "spgc").glob("*.py"))
+    assert top == ["__init__.py"], f"modules left at spgc/'s top level: {top}"
+    subs = library_subpackages()
+    assert set(subs) == {"common", "wire", "protocol", "privacy", "learning", "settings"}, subs
+    for name, allowed in subs.items():
+        for target in allowed:
+            assert target == "garbled_core" or target.removeprefix("spgc.") in subs, (name, target)
+
+
+def test_each_library_subpackage_imports_only_what_it_may() -> None:
+    subs = library_subpackages()
+    bad = []
+    for path in source_files():
+        mine = _package_of(module_name(path))
+        if mine not in {f"spgc.{s}" for s in subs}:
+            continue
+        allowed = set(subs[mine.removeprefix("spgc.")]) | {mine, "spgc"}  # the face: __version__
+        for imp in imports_of(path):
+            layer = layer_of_module(imp.target)
+            if layer is None:
+                continue
+            target = _package_of(imp.target) if layer == "library" else imp.target.split(".")[0]
+            if target not in allowed:
+                bad.append(f"{imp}  ({mine} may import {', '.join(sorted(allowed))})")
+    assert not bad, "imports a subpackage's docstring does not allow:\n" + "\n".join(bad)
+
+
+def test_the_subpackage_rule_sees_a_forbidden_import(monkeypatch, tmp_path: Path) -> None:
+    (tmp_path / "spgc" / "common").mkdir(parents=True)
+    (tmp_path / "spgc" / "common" / "__init__.py").write_text(
+        '"""x.\n\nMay import: nothing of ours.\n"""\n'
+    )
+    (tmp_path / "spgc" / "common" / "bad.py").write_text("from spgc.privacy.noise import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "FOLDERS", ("spgc",))
+    assert library_subpackages() == {"common": ()}
+    with pytest.raises(AssertionError, match=r"bad\.py:1: from spgc\.privacy\.noise import x"):
+        test_each_library_subpackage_imports_only_what_it_may()
 
 
 def _names_bound_in(path: Path) -> set[str]:

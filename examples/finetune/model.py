@@ -14,12 +14,12 @@ Models, all the same :class:`Classifier` (a two-layer MLP backbone and a linear 
 - :func:`sparse_lowrank`: low-rank factors and a sparse part on the backbone's first layer,
   ``W0 + B A + S`` (paper 001's low rank and sparsity; :class:`LowRankSparseLinear`): LoRA of
   rank 4, and S trained only at the 5% of elements where the pretrained |W0| is largest
-  (:func:`spgc.trainable.set_trainable_mask`); only those elements of S travel.
+  (:func:`spgc.learning.trainable.set_trainable_mask`); only those elements of S travel.
 - :func:`peft_factory`: the same adapters made by ``peft`` (``pip install 'spgc[peft]'``).
 
 The servers' ``initial_model: backbone.safetensors`` is the pretrained classifier's state
 without its head (``backbone.1.weight``, ...). It loads into the wrapped model because the
-adapters keep the layer they wrap as ``base_layer``, as peft does (:mod:`spgc.adapters`).
+adapters keep the layer they wrap as ``base_layer``, as peft does (:mod:`spgc.learning.adapters`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 
-from spgc.trainable import set_trainable_mask
+from spgc.learning.trainable import set_trainable_mask
 
 HIDDEN = 128
 CLASSES = 5  # each half of the digits
@@ -125,7 +125,7 @@ BACKBONE_FILE = Path(__file__).with_name("backbone.safetensors")
 class LowRankSparseLinear(LoRALinear):
     """``base_layer(x) + B A x * alpha / rank + S x``: a LoRA adapter and a sparse part S
     (out x in, starting at zero) whose trainable elements a mask picks
-    (:func:`spgc.trainable.set_trainable_mask`); the other elements of S stay zero."""
+    (:func:`spgc.learning.trainable.set_trainable_mask`); the other elements of S stay zero."""
 
     def __init__(self, base_layer: nn.Linear, rank: int = SPARSE_RANK) -> None:
         super().__init__(base_layer, rank=rank)

@@ -40,8 +40,8 @@ result=$(bash "$here/../run-example.sh" "$dir" | tail -n 1)
 import json
 import sys
 
-from spgc.models import parameter_count
-from spgc.trainable import TrainableCoordinates
+from spgc.learning.models import parameter_count
+from spgc.learning.trainable import TrainableCoordinates
 
 sys.path.insert(0, sys.argv[1])
 import model  # noqa: E402

@@ -6,7 +6,7 @@ model on clinical scales) under WORK, then trains three times through both serve
 three providers (all in this process, spgc.app.api, plaintext localhost links) and prints one
 JSON line with each run's test R^2.
 
-The private statistics are made by spgc.feature_stats exactly as the release is specified
+The private statistics are made by spgc.privacy.feature_stats exactly as the release is specified
 (each provider's vector of clipped sums, sums of squares and count; their sum plus a discrete
 Gaussian of std z x s sqrt(2F + 1) units), but the sum and its noise are computed HERE, in
 one process: the servers do not run this release yet. Its epsilon is composed with the
@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from spgc.accounting import (
+from spgc.app.api import ProviderConfig, ServerConfig, finish_server, run_provider, start_server
+from spgc.privacy.accounting import (
     PrivacyAccountant,
     analytic_gaussian_noise_multiplier,
     quiet_dp_accounting,
 )
-from spgc.app.api import ProviderConfig, ServerConfig, finish_server, run_provider, start_server
-from spgc.feature_stats import (
+from spgc.privacy.feature_stats import (
     FeatureRanges,
     Standardization,
     contribution_units,
@@ -42,8 +42,8 @@ from spgc.feature_stats import (
     release_dim,
     sensitivity_units,
 )
-from spgc.noise import sample_discrete_gaussian
-from spgc.plan import make_plan
+from spgc.privacy.noise import sample_discrete_gaussian
+from spgc.settings.plan import make_plan
 
 HERE = Path(__file__).resolve().parent
 PROVIDERS = ("p1", "p2", "p3")

@@ -3,19 +3,20 @@
 ``--sigma S`` gives the epsilon of ``--steps`` Poisson-subsampled Gaussian steps at
 ``--sampling-rate`` and ``--delta``; ``--epsilon E`` instead gives the smallest noise multiplier
 (noise std / L2 sensitivity) that keeps the whole training within E. Both call
-``spgc.accounting`` (RDP or PLD via dp-accounting); nothing is computed here.
+``spgc.privacy.accounting`` (RDP or PLD via dp-accounting); nothing is computed here.
 
 The human line rounds its figures up (4 significant digits for epsilon, 6 for the noise
 multiplier): the safe direction, so a multiplier copied into a configuration never spends more
 than planned. ``--json`` gives the unrounded values.
 
-``--ledger FILE`` verifies a server's privacy ledger (``spgc.ledger``, docs/PRIVACY.md): the hash
+``--ledger FILE`` verifies a server's privacy ledger (``spgc.privacy.ledger``, docs/PRIVACY.md):
+the hash
 chain, every line's Ed25519 signature by the server, the other server's co-signature on every
 release entry (two-server modes; each key pinned to its role with ``--keys h1=PEM h2=PEM``), and
 epsilon re-accounted from the release entries with dp-accounting, independently of the server's
 own count; given both servers' ledgers, it also holds them to each other and reports the worse
 figure. ``--model FILE`` holds the ledgers to the head a released model or export names,
-``--run-id`` to a run. ``--budget FILE`` prints a provider's budget file (``spgc.budget``).
+``--run-id`` to a run. ``--budget FILE`` prints a provider's budget file (``spgc.privacy.budget``).
 Exit 0 when it verifies and is complete (closed, or holding ``--model``'s head); 1, naming the
 line, when it does not verify (broken chain, bad signature, an under-reported epsilon, another
 run, a model's head it lacks, ...); 2 for a usage error or a file that cannot be read; 3
@@ -36,22 +37,22 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from safetensors import SafetensorError
 
-from spgc.accounting import (
+from spgc.learning.export import read_report
+from spgc.privacy.accounting import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
     epsilon_for,
     quiet_dp_accounting,
 )
-from spgc.budget import BudgetError, budget_summary, format_budget
-from spgc.export import read_report
-from spgc.ledger import (
+from spgc.privacy.budget import BudgetError, budget_summary, format_budget
+from spgc.privacy.ledger import (
     ROLES,
     LedgerError,
     public_key_hex,
     read_ledger_lines,
     verify_ledger,
 )
-from spgc.ledger_pair import check_covers, compare_ledgers
+from spgc.privacy.ledger_pair import check_covers, compare_ledgers
 
 __all__ = ["add_parser", "run"]
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import grpc
 
-from spgc.config import ConfigError, ProviderConfig, ServerConfig, TlsPaths
-from spgc.config_files import load_provider_config, load_server_config
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundReport
 from spgc.servers.daemon import ServerDaemon
+from spgc.settings.config import ConfigError, ProviderConfig, ServerConfig, TlsPaths
+from spgc.settings.config_files import load_provider_config, load_server_config
 
 __all__ = [
     "ConfigError",

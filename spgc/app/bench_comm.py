@@ -14,7 +14,7 @@ element per coordinate: no circuit), ``preprocessed`` (the circuit makes additiv
 offline, servers/noise_pool.py; online the servers open S + z, one ring element each way), and
 ``table16``, the paper's table sampler (lambda = 16, ring N = 16): a labelled baseline that is NOT
 differentially private at these noise scales. What each mode is comes from the one modes table
-(:mod:`spgc.modes`); how to measure it is one ``ModeSpec`` in ``MODES`` here.
+(:mod:`spgc.protocol.modes`); how to measure it is one ``ModeSpec`` in ``MODES`` here.
 
 ``--workers K`` runs the circuits (spgc, only-mpc, preprocessed's noise blocks) on K Ray worker
 pairs of a local cluster, as servers with ``workers: K`` do (servers/ray_workers.py); the bytes
@@ -39,7 +39,6 @@ import numpy as np
 
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 from garbled_core.ot_measure import silent_ot_params
-from spgc import accounting
 from spgc.app.bench_comm_report import format_table, notes, write_plot
 from spgc.app.bench_sampler import add_backend_option, party_links, two_party
 from spgc.app.bench_scale import init_local_ray, start_worker_pairs, workers_peak_rss_mb
@@ -53,14 +52,15 @@ from spgc.app.paper_workloads import (
     PAPER_TABLE_RING_BITS,
     PaperWorkload,
 )
-from spgc.config import ServerConfig
-from spgc.encoding import FixedPointConfig
-from spgc.lanes import MAX_LANES
-from spgc.models import parameter_count, resolve_model, trainable_count
-from spgc.modes import BACKENDS, get_mode
-from spgc.noise import noise_bound_units, sample_discrete_gaussian
-from spgc.norm_proof import NormProofParams
-from spgc.progress import Progress
+from spgc.common.lanes import MAX_LANES
+from spgc.common.progress import Progress
+from spgc.learning.models import parameter_count, resolve_model, trainable_count
+from spgc.privacy import accounting
+from spgc.privacy.noise import noise_bound_units, sample_discrete_gaussian
+from spgc.protocol.encoding import FixedPointConfig
+from spgc.protocol.modes import BACKENDS, get_mode
+from spgc.protocol.norm_proof import NormProofParams
+from spgc.protocol.sharing import max_abs_sum_units, ring_bits_for
 from spgc.servers.coordinator import dng_exchange
 from spgc.servers.gc_party import counter_delta, run_aggregate
 from spgc.servers.noise_pool import produce_noise_shares
@@ -72,7 +72,7 @@ from spgc.servers.spgc_circuit import (
     reconstruct_circuit,
     table_noisy_sum_circuit,
 )
-from spgc.sharing import max_abs_sum_units, ring_bits_for
+from spgc.settings.config import ServerConfig
 from spgc.wire import aggregation_pb2 as pb
 
 __all__ = [
@@ -125,12 +125,13 @@ class CommContext:
     table_lambda: int = PAPER_TABLE_LAMBDA
     model: str = ""  # the model measured ("": the dataset's own)
     model_parameters: int = 0  # its whole parameter count, frozen ones included
-    backend: str = "gc"  # spgc.modes.BACKENDS
+    backend: str = "gc"  # spgc.protocol.modes.BACKENDS
     # gmw: the bytes on the wire of the last run, before the OT phase was amortised.
     last_measured_bytes: int = 0
     last_round_trips: int = 0  # gmw: AND-layer exchanges of the last run
     last_ots: int = 0  # gmw: random OTs each way of the last run (one per AND group and instance)
-    # --verify-inputs l2: the servers' sums are field shares mod this p (spgc.norm_proof), and
+    # --verify-inputs l2: the servers' sums are field shares mod this p (spgc.protocol.norm_proof),
+    # and
     # the field circuits reconstruct them; None: ring shares, as without verification.
     field_modulus: int | None = None
 
@@ -152,7 +153,8 @@ class Measurement:
 
 @dataclass(frozen=True)
 class ModeSpec:
-    """How to measure a two-server mode (its row in :data:`spgc.modes.MODES` says what it is):
+    """How to measure a two-server mode (its row in :data:`spgc.protocol.modes.MODES` says what it
+    is):
     ``measure(ctx, sigma, n)`` runs ``n`` coordinates at noise std ``sigma`` (units)."""
 
     name: str
@@ -469,7 +471,7 @@ def make_context(
         net = resolve_model(model or dataset, seed=defaults.model_seed)
     except ValueError as exc:
         raise BenchCommError(f"--model {model}: {' '.join(str(exc).split())}") from None
-    dim = trainable_count(net)  # only the trained coordinates travel (spgc.trainable)
+    dim = trainable_count(net)  # only the trained coordinates travel (spgc.learning.trainable)
     if dim < 1:
         raise BenchCommError(f"--model {model}: every parameter is frozen: nothing travels")
     fp = FixedPointConfig(scale=scale, clip_norm=clip_norm, dim=dim)
@@ -733,7 +735,8 @@ def run(
 ) -> int:
     """Run the benchmark; the table goes to stdout (stderr with ``as_json``), JSON to stdout.
     Returns the exit code; BenchCommError (a ValueError) for bad input. ``verify_inputs``
-    ``l2``: the sums are field shares of verified inputs (spgc.norm_proof), spgc and only-mpc
+    ``l2``: the sums are field shares of verified inputs (spgc.protocol.norm_proof), spgc and
+    only-mpc
     only."""
 
     if dataset not in DATASETS:
@@ -919,7 +922,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--verify-inputs",
         choices=("none", "l2"),
         default="none",
-        help="l2: the servers sum field shares of norm-verified inputs (spgc.norm_proof) and "
+        help="l2: the servers sum field shares of norm-verified inputs (spgc.protocol.norm_proof) "
+        "and "
         "the circuits reconstruct them mod p (spgc and only-mpc); default none: ring shares",
     )
     p.add_argument("--json", action="store_true", help="JSON list on stdout (table to stderr)")

@@ -10,7 +10,7 @@ Speeds are put against the machine's single-core AES-128 rate, measured in the s
 that rate / 4 is the AND gates per second one core could garble at most (``x ceiling``).
 ``--threads`` runs each link once per lane count T: each party opens T connections and runs T
 independent engine sessions on T contiguous ranges of the instances, one thread each
-(:mod:`spgc.lanes`); ``--scheme``
+(:mod:`spgc.common.lanes`); ``--scheme``
 picks the garbling scheme (three-halves, the default, or half-gates; ``both`` runs each).
 ``--backend gmw`` runs the same circuit with GMW parties instead (XOR shares, Boolean Beaver
 triples from silent OT, one message each way per AND layer; rows with scheme ``gmw``), and
@@ -42,8 +42,8 @@ import numpy as np
 
 import garbled_core
 from garbled_core.circuit import CircuitBuilder
-from spgc.certs import make_dev_pki
-from spgc.lanes import MAX_LANES, lane_ranges, run_lanes
+from spgc.common.lanes import MAX_LANES, lane_ranges, run_lanes
+from spgc.protocol.certs import make_dev_pki
 
 WIDTH = 32
 GARBLER_INPUTS: tuple[str, ...] = ("a", "t")

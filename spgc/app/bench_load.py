@@ -85,10 +85,10 @@ from spgc.app.demo import (
     _tail,
     write_configs,
 )
-from spgc.config import ConfigError
-from spgc.data import DATA_ERRORS, load_dataset
-from spgc.modes import TWO_SERVER_MODES
-from spgc.progress import Progress
+from spgc.common.progress import Progress
+from spgc.learning.data import DATA_ERRORS, load_dataset
+from spgc.protocol.modes import TWO_SERVER_MODES
+from spgc.settings.config import ConfigError
 
 __all__ = [
     "BenchLoadError",

@@ -27,13 +27,13 @@ import grpc
 import numpy as np
 
 from spgc.app.cheating_provers import cheat, cheat_kind
-from spgc.config_files import load_provider_config
-from spgc.data import load_dataset, split_among_providers
-from spgc.gradients import clip_per_example
-from spgc.logs import setup_logging
-from spgc.norm_proof import proof_context
+from spgc.common.logs import setup_logging
+from spgc.learning.data import load_dataset, split_among_providers
+from spgc.learning.gradients import clip_per_example
+from spgc.protocol.norm_proof import proof_context
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed
 from spgc.providers.training import OutgoingShare
+from spgc.settings.config_files import load_provider_config
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import make_channel, split_host_port
 

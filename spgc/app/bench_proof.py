@@ -1,4 +1,4 @@
-"""`spgc bench proof`: a provider's norm proof (spgc.norm_proof) at one size.
+"""`spgc bench proof`: a provider's norm proof (spgc.protocol.norm_proof) at one size.
 
 Makes and checks real proofs of a random vector on the bound and prints: the field, the proof's
 and the verifier message's lengths, the soundness error, the provider's seconds to share and
@@ -10,7 +10,7 @@ values solved for the weights it can know) must be refused: the run says so (exi
 otherwise).
 
 Defaults: d = 1,000,000 coordinates, each provider's vector within 64 examples of norm 65,539
-units (scale 2^16, C = 1: spgc.encoding's B), and the ring of 100 such providers.
+units (scale 2^16, C = 1: spgc.protocol.encoding's B), and the ring of 100 such providers.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from spgc.app.cheating_provers import cheat
-from spgc.norm_proof import (
+from spgc.protocol.norm_proof import (
     DEFAULT_REPETITIONS,
     GRINDING_BITS,
     NormProofParams,
@@ -37,7 +37,7 @@ from spgc.norm_proof import (
     proof_context,
     prove,
 )
-from spgc.sharing import ring_bits_for
+from spgc.protocol.sharing import ring_bits_for
 
 DEFAULT_DIM = 1_000_000
 DEFAULT_BOUND = 64 * 65_539

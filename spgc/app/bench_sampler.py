@@ -31,9 +31,9 @@ from garbled_core.discrete_gaussian import (
     sampler_summary,
     theta,
 )
-from spgc.certs import make_dev_pki
-from spgc.modes import BACKENDS
-from spgc.progress import Progress
+from spgc.common.progress import Progress
+from spgc.protocol.certs import make_dev_pki
+from spgc.protocol.modes import BACKENDS
 from spgc.servers.gc_party import PartyLink, run_sampler
 from spgc.servers.spgc_circuit import (
     TABLE_SAMPLER_LABEL,
@@ -318,7 +318,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 
 def add_backend_option(p: argparse.ArgumentParser) -> None:
-    """``--backend gc|gmw``: how the two parties evaluate the circuits (spgc.modes.BACKENDS)."""
+    """``--backend gc|gmw``: how the two parties evaluate the circuits
+    (spgc.protocol.modes.BACKENDS)."""
     p.add_argument(
         "--backend",
         choices=list(BACKENDS),

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 import garbled_core
-from spgc.certs import make_dev_pki
-from spgc.lanes import MAX_LANES
-from spgc.modes import BACKEND_NAMES
-from spgc.noise import SPARES_EVERY, sample_noise_plain
+from spgc.common.lanes import MAX_LANES
+from spgc.privacy.noise import SPARES_EVERY, sample_noise_plain
+from spgc.protocol.certs import make_dev_pki
+from spgc.protocol.modes import BACKEND_NAMES
 from spgc.servers.coordinator import dng_exchange
 from spgc.servers.gc_party import RANGE_BATCH, PartyLink, run_aggregate
 from spgc.servers.noise_pool import (

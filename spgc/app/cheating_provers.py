@@ -2,7 +2,8 @@
 every public value, can send to get a vector over the norm bound into the sum (issue 44).
 
 Each kind adapts to the check it targets; the servers must refuse every one, each for its own
-reason (tests/test_norm_proof.py at the unit level, ``spgc bench load --poison`` through the
+reason (tests/library/protocol/test_norm_proof.py at the unit level, ``spgc bench load --poison``
+through the
 real daemons, which names each kind's attempts and acceptances in its JSON):
 
 - ``solve``: the attack an outside review found in the first protocol. It shares a vector 1,000
@@ -28,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from spgc.norm_proof import (
+from spgc.protocol.norm_proof import (
     ANOTHER_CONTEXT,
     PARTS_DISAGREE,
     HelperShare,
@@ -54,7 +55,8 @@ __all__ = [
 
 #: The kinds, in the order ``spgc bench load --poison`` takes them.
 CHEATS = ("solve", "nonbits", "grind", "wrap", "disagree", "replay")
-#: The reason the servers give each kind (spgc.norm_proof.decide): its own check catches it.
+#: The reason the servers give each kind (spgc.protocol.norm_proof.decide): its own check catches
+#: it.
 EXPECTED_REFUSAL = {
     "solve": "the squared norm or a bit check does not hold",
     "nonbits": "the squared norm or a bit check does not hold",

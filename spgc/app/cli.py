@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spgc import __version__
-from spgc.accounting import UNITS
 from spgc.app import (
     account_cmd,
     bench_comm,
@@ -27,17 +26,24 @@ from spgc.app import (
 from spgc.app.bench_gc import BenchError
 from spgc.app.demo import DemoError, DemoOptions, run_cli
 from spgc.app.experiment import run_from_args
-from spgc.certs import DEFAULT_NAMES, DEFAULT_PROVIDERS, make_dev_pki, make_ledger_keys
-from spgc.config import ConfigError, ProviderConfig, ServerConfig
-from spgc.config_files import SCHEMAS, config_markdown, describe_keys, detect_schema, load_config
-from spgc.data import DATA_ERRORS
-from spgc.logs import setup_logging
-from spgc.modes import BACKENDS, TRAINING_MODES
-from spgc.plan import make_plan
+from spgc.common.logs import setup_logging
+from spgc.learning.data import DATA_ERRORS
+from spgc.privacy.accounting import UNITS
+from spgc.protocol.certs import DEFAULT_NAMES, DEFAULT_PROVIDERS, make_dev_pki, make_ledger_keys
+from spgc.protocol.modes import BACKENDS, TRAINING_MODES
 from spgc.providers.__main__ import main as provider_main
 from spgc.providers.selfcheck import check_model_and_data
 from spgc.servers.__main__ import main as server_main
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
+from spgc.settings.config import ConfigError, ProviderConfig, ServerConfig
+from spgc.settings.config_files import (
+    SCHEMAS,
+    config_markdown,
+    describe_keys,
+    detect_schema,
+    load_config,
+)
+from spgc.settings.plan import make_plan
 
 
 def _positive_int(text: str) -> int:

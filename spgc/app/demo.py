@@ -26,13 +26,13 @@ from typing import Any, TextIO
 
 import yaml
 
-from spgc.accounting import check_schedule
-from spgc.certs import make_dev_pki
-from spgc.config import parse_noise_schedule
-from spgc.data import DATA_ERRORS, dataset_task, load_dataset
-from spgc.gradients import check_model_on_data
-from spgc.models import MODEL_INPUT_SHAPES, MODEL_NAMES, resolve_model
-from spgc.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
+from spgc.learning.data import DATA_ERRORS, dataset_task, load_dataset
+from spgc.learning.gradients import check_model_on_data
+from spgc.learning.models import MODEL_INPUT_SHAPES, MODEL_NAMES, resolve_model
+from spgc.privacy.accounting import check_schedule
+from spgc.protocol.certs import make_dev_pki
+from spgc.protocol.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
+from spgc.settings.config import parse_noise_schedule
 
 # Per data set: the paper's local batch (providers' rows x rate) and a learning rate that
 # trains in a few rounds.
@@ -88,7 +88,8 @@ class DemoOptions:
     epsilon: float = 4.0
     delta: float = 1e-5
     insecure: bool = False
-    # Empty: the dataset's own model; else a spgc.models name reading the dataset's examples,
+    # Empty: the dataset's own model; else a spgc.learning.models name reading the dataset's
+    # examples,
     # or a user's factory, `file.py:factory` or `package.module:factory`.
     model: str = ""
     timeout: float = 600.0
@@ -107,17 +108,18 @@ class DemoOptions:
     extra_certs: tuple[str, ...] = ()
     # Prometheus /metrics, /healthz, /readyz: H1 on this port, H2 on the next; None: off.
     metrics_port: int | None = None
-    # "adaptive": C follows the median gradient norm (spgc.clipping) from clip_norm.
+    # "adaptive": C follows the median gradient norm (spgc.privacy.clipping) from clip_norm.
     clip: str = "fixed"
     # C (fixed) or C0 (adaptive); None: the servers' default 1.0, or the paper's C0 = 0.1.
     clip_norm: float | None = None
-    # How the servers evaluate the round's circuits (spgc.modes.BACKENDS): gc or gmw.
+    # How the servers evaluate the round's circuits (spgc.protocol.modes.BACKENDS): gc or gmw.
     backend: str = "gc"
-    # l2: the providers prove their vectors' norms and the servers check (spgc.norm_proof).
+    # l2: the providers prove their vectors' norms and the servers check (spgc.protocol.norm_proof).
     verify_inputs: str = "none"
     # The unit of privacy: example (DP-SGD) or provider (DP-FedAvg, PROVIDER_LEVEL_DEFAULTS).
     adjacency: str = "example"
-    # adjacency provider: Geyer et al.'s phases "R:Z:Q,..." (spgc.config.parse_noise_schedule);
+    # adjacency provider: Geyer et al.'s phases "R:Z:Q,..."
+    # (spgc.settings.config.parse_noise_schedule);
     # empty: one phase, the noise calibrated to the target epsilon.
     noise_schedule: str = ""
     # (link, address) -> the address to dial instead, for the links between the two servers:

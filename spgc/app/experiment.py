@@ -49,12 +49,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from spgc.accounting import classic_noise_multiplier
 from spgc.app import simulate
 from spgc.app.demo import DATASET_DEFAULTS, DemoError, DemoOptions, run_demo
-from spgc.modes import ADAPTIVE_CLIP_MODES, NOISY_MODES, TRAINING_MODES
-from spgc.optim import SERVER_OPTIMIZERS
-from spgc.progress import Progress
+from spgc.common.progress import Progress
+from spgc.learning.optim import SERVER_OPTIMIZERS
+from spgc.privacy.accounting import classic_noise_multiplier
+from spgc.protocol.modes import ADAPTIVE_CLIP_MODES, NOISY_MODES, TRAINING_MODES
 
 # The clip schedules a run may compare (ServerConfig.clip; paper 000's comparison).
 CLIP_SCHEDULES = ("fixed", "decay", "adaptive")
@@ -449,7 +449,7 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="S",
         help=f"clip schedules to compare ({', '.join(CLIP_SCHEDULES)}; default fixed): decay "
         "shrinks the clip norm by --clip-decay a round down to --clip-min, adaptive follows the "
-        "median gradient norm (spgc.clipping); --clip-norm is the fixed or first round's C",
+        "median gradient norm (spgc.privacy.clipping); --clip-norm is the fixed or first round's C",
     )
     parser.add_argument("--clip-decay", type=float, metavar="R", help="decay: factor per round")
     parser.add_argument("--clip-min", type=float, metavar="C", help="decay: the floor")

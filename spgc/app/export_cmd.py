@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from safetensors import SafetensorError
 
-from spgc.accounting import quiet_dp_accounting
-from spgc.export import load_export, write_export
-from spgc.ledger import LEDGER_FILE, LedgerError, verify_ledger
-from spgc.ledger_pair import check_covers
-from spgc.models import flatten_params
+from spgc.learning.export import load_export, write_export
+from spgc.learning.models import flatten_params
+from spgc.privacy.accounting import quiet_dp_accounting
+from spgc.privacy.ledger import LEDGER_FILE, LedgerError, verify_ledger
+from spgc.privacy.ledger_pair import check_covers
 from spgc.servers.checkpoint import CheckpointError, load_checkpoint
 from spgc.servers.state_checkpoints import MODELS_DIR, run_model
 from spgc.wire import vector_sha256

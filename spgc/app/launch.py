@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from spgc.logs import print_error
+from spgc.common.logs import print_error
 
 
 def _interrupted_while_starting(signum: int, _frame: FrameType | None) -> None:

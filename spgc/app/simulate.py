@@ -2,14 +2,16 @@
 simulated in one process, for experiments at sizes the daemons are not meant for (1,000
 providers on one machine).
 
-What runs is the product's code, not a model of it: the plan (``spgc.plan.make_plan`` on a
+What runs is the product's code, not a model of it: the plan (``spgc.settings.plan.make_plan`` on a
 ServerConfig with ``adjacency: provider``: the noise multiplier calibrated for the whole
 training, the fixed-point encoding, the ring, the refusal of a noise that swamps the signal),
-each provider's coin, local training and clipped delta (``spgc.local_training``, as the provider
-daemon calls it), its fixed-point encoding (``spgc.encoding.encode_batch``), the servers' noise
-(``spgc.noise.sample_noise_plain``: the exact discrete Gaussian sampler the round's circuit
+each provider's coin, local training and clipped delta (``spgc.learning.local_training``, as the
+provider
+daemon calls it), its fixed-point encoding (``spgc.protocol.encoding.encode_batch``), the servers'
+noise
+(``spgc.privacy.noise.sample_noise_plain``: the exact discrete Gaussian sampler the round's circuit
 evaluates, here in plaintext on fresh OS randomness), the servers' update
-(``spgc.optim.mean_delta_direction`` and ``SgdStep``), their accountant (add/remove one
+(``spgc.learning.optim.mean_delta_direction`` and ``SgdStep``), their accountant (add/remove one
 provider) and their test-set evaluation. What is not simulated is the transport: the two
 additive shares of each vector cancel in the sum, so the simulation adds the encoded vectors
 directly. Unselected providers would send shares of zeros; they add nothing to the sum.
@@ -33,18 +35,18 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from spgc.accounting import quiet_dp_accounting
-from spgc.config import ConfigError, ServerConfig, parse_noise_schedule
-from spgc.csprng import SecureRandom
-from spgc.data import load_dataset, split_among_providers
-from spgc.encoding import default_rounding_rng, encode_batch
-from spgc.local_training import LocalTraining, clipped_delta, selected_this_round
-from spgc.models import load_flat_params
-from spgc.noise import sample_noise_plain
-from spgc.optim import mean_delta_direction, server_optimizer
-from spgc.plan import build_run_model, make_plan
-from spgc.progress import Progress
+from spgc.common.csprng import SecureRandom
+from spgc.common.progress import Progress
+from spgc.learning.data import load_dataset, split_among_providers
+from spgc.learning.local_training import LocalTraining, clipped_delta, selected_this_round
+from spgc.learning.models import load_flat_params
+from spgc.learning.optim import mean_delta_direction, server_optimizer
+from spgc.privacy.accounting import quiet_dp_accounting
+from spgc.privacy.noise import sample_noise_plain
+from spgc.protocol.encoding import default_rounding_rng, encode_batch
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
+from spgc.settings.config import ConfigError, ServerConfig, parse_noise_schedule
+from spgc.settings.plan import build_run_model, make_plan
 
 __all__ = ["SimulationError", "SimulationOptions", "run_simulation"]
 

@@ -24,7 +24,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from spgc.lanes import MAX_LANES
+from spgc.common.lanes import MAX_LANES
 from spgc.wire.chunks import DEFAULT_MAX_VECTOR_BYTES, MAX_CHUNK_BYTES
 from spgc.wire.errors import InvalidArgumentError, ResourceExhaustedError, WireError
 
@@ -44,7 +44,7 @@ __all__ = [
 #: Largest counter (round, model version, ledger line, pool index or offset): 2^63 - 1, so that
 #: every counter fits a signed 64-bit integer wherever it is stored (numpy, JSON, the ledger).
 MAX_COUNTER = (1 << 63) - 1
-#: Ring sizes L of the protocol (TrainingConfig.ring_bits; spgc.sharing supports 2..64).
+#: Ring sizes L of the protocol (TrainingConfig.ring_bits; spgc.protocol.sharing supports 2..64).
 MIN_RING_BITS = 2
 MAX_RING_BITS = 64
 #: Longest vector (TrainingConfig.num_parameters): 2^30 values of 8 bytes, 8 GiB, the largest
@@ -115,7 +115,7 @@ _LENGTH_OR_UNSET = Bound(0, MAX_NUM_PARAMETERS, too_big=ResourceExhaustedError)
 _CHUNK_BYTES = Bound(8, MAX_CHUNK_BYTES, too_big=ResourceExhaustedError)
 _LIMIT_CHUNK_BYTES = Bound(0, MAX_CHUNK_BYTES)  # 0: unset
 
-#: Bound of every numeric field, by full name. tests/test_wire_contract.py checks that the table
+#: Bound of every numeric field, by full name. tests/e2e/test_wire_contract.py checks that the table
 #: covers every numeric field of the generated messages.
 FIELD_BOUNDS: dict[str, Bound] = {
     # --- aggregation.proto

@@ -1,7 +1,8 @@
 """Generation of the Python gRPC modules from ``proto/spgc/v1/*.proto``.
 
 The generated modules are committed under ``spgc/wire/_generated/`` (so installing SPGC needs no
-protobuf compiler), and kept in sync by ``tests/test_proto.py``, which regenerates them into a
+protobuf compiler), and kept in sync by ``tests/library/wire/test_proto.py``, which regenerates
+them into a
 temporary directory and compares byte for byte. Regenerate after editing a ``.proto``::
 
     python scripts/gen_proto.py          # rewrite spgc/wire/_generated/

@@ -34,7 +34,8 @@ class TlsFiles:
 
     @classmethod
     def of(cls, paths: _HasTlsPaths) -> TlsFiles:
-        """From any object with ``cert``, ``key`` and ``ca`` (e.g. ``spgc.certs.CertPaths``)."""
+        """From any object with ``cert``, ``key`` and ``ca`` (e.g.
+        ``spgc.protocol.certs.CertPaths``)."""
         return cls(cert=Path(paths.cert), key=Path(paths.key), ca=Path(paths.ca))
 
     def check(self) -> None:

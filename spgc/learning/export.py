@@ -1,0 +1,212 @@
+"""The trained model as a ``.safetensors`` file beside a JSON privacy report (docs/EXPORT.md).
+
+The servers hold the model as one float64 vector; an export loads it into the run's torch module
+and writes that module's own state dict, so ``module.load_state_dict(load_file(path))`` works
+on the user's copy of the architecture. The report says what guarantee the weights carry: the
+mode, whether it is differentially private, epsilon and delta after ``steps`` released steps,
+and the noise, sampling and sensitivity they were accounted with. It is written twice: as
+``<name>.json`` for people, and in the file's metadata so that the weights never travel without
+it. The model is the run's public (DP) output, so the files are world-readable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+from torch import nn
+
+from spgc import __version__
+from spgc.learning.models import load_flat_params, parameter_count
+from spgc.privacy.accounting import adjacency_of
+from spgc.protocol.modes import get_mode
+
+__all__ = ["load_export", "model_state_tensors", "privacy_report", "read_report", "write_export"]
+
+SUFFIX = ".safetensors"
+REPORT_KEY = "spgc_privacy_report"  # the metadata entry holding the report (compact JSON)
+_FORMAT = 1
+
+
+def model_state_tensors(model: nn.Module, flat: np.ndarray) -> dict[str, torch.Tensor]:
+    """Load ``flat`` (float64, ``model.parameters()`` order) into ``model`` and return its
+    state dict as contiguous CPU tensors under the module's own names."""
+    load_flat_params(model, flat)
+    # Cloned: safetensors refuses tensors that share storage (tied weights), and the caller
+    # must not see later changes to the module.
+    return {
+        name: t.detach().to("cpu").contiguous().clone() for name, t in model.state_dict().items()
+    }
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def privacy_report(
+    *,
+    mode: str,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    noise_multiplier: float,
+    sampling: dict[str, Any],
+    clip_norm: float,
+    scale: float,
+    sensitivity_units: float,
+    model: str,
+    num_parameters: int,
+    version: int,
+    rounds: int | None = None,
+    run_id: str = "",
+    dataset: str = "",
+    accountant: str = "",
+    model_sha256: str = "",
+    releases: int | None = None,
+    task: str = "classification",
+    loss: str = "cross_entropy",
+    test_metrics: dict[str, float | None] | None = None,
+    verify_inputs: str = "none",
+    ledger_head: tuple[int, str] | None = None,
+) -> dict[str, Any]:
+    """The JSON privacy report of one published model, from plain values. ``verify_inputs``:
+    whether the servers checked every provider's norm proof (``l2``) or not (``none``).
+    ``ledger_head``: (release entries, co-signed ledger head) the model depends on
+    (spgc.privacy.ledger; ``spgc account --ledger ... --model FILE`` holds the ledgers to it).
+
+    ``noise_multiplier`` is relative to ``sensitivity_units`` (the L2 bound of one example's
+    encoded gradient); ``scale`` maps real values to units. A mode without a DP guarantee gets
+    ``epsilon`` and ``delta`` null and a note saying so, whatever was passed. ``task``, ``loss``
+    and ``test_metrics`` (the servers' test set: test_loss and test_accuracy, or for regression
+    test_loss, test_mse, test_mae and test_r2; None when not evaluated) say what was learnt.
+    """
+    m = get_mode(mode)
+    dp = m.differentially_private
+    eps = _finite_or_none(epsilon) if dp else None
+    if not dp:
+        note = f"not differentially private: mode {mode} ({m.label})"
+    elif eps is None:
+        note = "not differentially private: a step was released without noise"
+    else:
+        note = f"({eps:.6g}, {delta:g})-differentially private after {steps} step(s)"
+    return {
+        "format": _FORMAT,
+        "spgc_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run_id": run_id,
+        "dataset": dataset,
+        "model": model,
+        "num_parameters": int(num_parameters),
+        "version": int(version),
+        "rounds": None if rounds is None else int(rounds),  # rounds ended, skipped ones too
+        "model_sha256": model_sha256,
+        "mode": mode,
+        "differentially_private": dp and eps is not None,
+        "note": note,
+        "epsilon": eps,
+        "delta": float(delta) if eps is not None else None,
+        "accountant": accountant if eps is not None else None,
+        "steps": int(steps),
+        # every release the ledger counted (a release whose round then failed included)
+        "releases_counted": int(steps if releases is None else releases),
+        "noise_by": m.noise_by,
+        "noise_multiplier": float(noise_multiplier),
+        "noise_std_units": float(noise_multiplier) * float(sensitivity_units),
+        "sampling": dict(sampling),
+        # the neighbouring relation of the guarantee (spgc.privacy.accounting: fixed batches
+        # replace one)
+        "adjacency": (
+            None
+            if eps is None
+            else adjacency_of(
+                str(sampling.get("sampling", "poisson")), str(sampling.get("unit", "example"))
+            )
+        ),
+        "clip_norm": float(clip_norm),
+        # l2: every share in the sum came with an accepted norm proof (docs/PRIVACY.md).
+        "verify_inputs": verify_inputs,
+        "scale": float(scale),
+        "sensitivity_units": float(sensitivity_units),
+        "task": task,
+        "loss": loss,
+        "test_metrics": None if test_metrics is None else dict(test_metrics),
+        "ledger_head": (
+            None
+            if ledger_head is None
+            else {"releases": int(ledger_head[0]), "chain": str(ledger_head[1])}
+        ),
+    }
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Readers see the old file or the new one, never half of one."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; the DP model is public
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_export(
+    out: Path, model: nn.Module, flat: np.ndarray, report: dict[str, Any]
+) -> tuple[Path, Path]:
+    """Write ``out`` (.safetensors, the report in its metadata) and ``out`` with suffix .json
+    (the report, indented); returns both paths. ValueError for another suffix."""
+    out = Path(out)
+    if out.suffix != SUFFIX:
+        raise ValueError(f"export file must end in {SUFFIX}: {out}")
+    if not out.parent.is_dir():  # else the error names the hidden temporary file
+        raise ValueError(f"no directory {out.parent} to write {out.name} in")
+    if len(flat) != parameter_count(model):
+        raise ValueError(
+            f"{len(flat)} parameters do not fit model {report.get('model', '?')} "
+            f"({parameter_count(model)} parameters)"
+        )
+    tensors = model_state_tensors(model, flat)
+    metadata = {"format": "pt", REPORT_KEY: json.dumps(report, separators=(",", ":"))}
+    _write_atomic(out, safetensors.torch.save(tensors, metadata=metadata))
+    report_path = out.with_suffix(".json")
+    _write_atomic(report_path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
+    return out, report_path
+
+
+def load_export(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, report) of an export; the report is the one inside the file."""
+    return safetensors.torch.load_file(str(path)), read_report(path)
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """The privacy report of an export: from a ``.safetensors`` file's metadata (the weights
+    are not read), or a ``.json`` report itself. ValueError naming the file otherwise."""
+    path = Path(path)
+    if path.suffix == SUFFIX:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+        if REPORT_KEY not in metadata:
+            raise ValueError(f"{path} holds no spgc privacy report")
+        text = metadata[REPORT_KEY]
+    else:
+        text = path.read_text()
+    try:
+        report = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{path}: the privacy report is not JSON") from None
+    if not isinstance(report, dict):
+        raise ValueError(f"{path}: the privacy report is not a JSON object")
+    return report

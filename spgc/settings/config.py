@@ -1,0 +1,989 @@
+"""Daemon configuration: one typed schema per daemon and one error format.
+
+:class:`ServerConfig` (``spgc server``) and :class:`ProviderConfig` (``spgc provider``) are
+pydantic models: the loader (:mod:`spgc.settings.config_files`), the ``--set key=value`` overrides,
+``spgc config show`` and docs/CONFIG.md all come from their fields. Every problem is a
+:class:`ConfigError` whose message names the file, the key, the value given and what is
+allowed (:func:`format_errors`), whether the values came from a file or from code.
+
+Nothing secret lives in a configuration or in argv: TLS private keys are file *paths* (a value
+``env:NAME`` reads the path from environment variable NAME), and the round seeds are drawn from
+``os.urandom`` by the daemon, never configured.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
+from spgc.common.lanes import MAX_LANES
+from spgc.learning.data import dataset_task
+from spgc.learning.local_training import LOCAL_OPTIMIZERS
+from spgc.learning.losses import DEFAULT_LOSS, TASKS, task_loss_problem
+from spgc.learning.models import MODEL_INPUT_SHAPES, MODEL_NAMES
+from spgc.learning.optim import SERVER_OPTIMIZERS
+from spgc.privacy.accounting import ACCOUNTANTS, UNITS, check_schedule
+from spgc.protocol.modes import (
+    ADAPTIVE_CLIP_MODES,
+    BACKEND_MODES,
+    BACKEND_NAMES,
+    NOISY_MODES,
+    SINGLE_SERVER_MODES,
+    TRAINING_MODES,
+    VERIFIED_BY_DEFAULT,
+    VERIFIED_MODES,
+)
+from spgc.protocol.norm_proof import DEFAULT_REPETITIONS, GRINDING_BITS
+from spgc.settings.config_errors import flatten_keys, format_errors
+from spgc.wire.tls import TlsFiles
+from spgc.wire.transport import ray_cluster_endpoint, split_host_port
+
+__all__ = [
+    "LOG_LEVELS",
+    "ConfigError",
+    "ProviderConfig",
+    "ServerConfig",
+    "TlsPaths",
+    "parse_noise_schedule",
+]
+
+CALIBRATIONS = ("analytic", "classic", "accountant")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the file, key and value."""
+
+
+def _check_dial_address(key: str, value: str) -> None:
+    try:
+        port = split_host_port(value)[1]
+    except ValueError as e:
+        raise ValueError(f"{key}: {e}") from None
+    if port == 0:
+        raise ValueError(f"{key}={value!r}: port 0 cannot be dialled")
+
+
+class _OneLineErrors(type(BaseModel)):  # type: ignore[misc]
+    """Built in code (the Python API: ``ServerConfig(...)``, ``ProviderConfig(...)``,
+    ``TlsPaths(...)``), a bad argument is a ConfigError of one line per problem naming the key,
+    the value and what is allowed, as a file's is (load_config), not pydantic's ValidationError.
+    (On the class's call, not in ``__init__``: pydantic runs a custom ``__init__`` inside
+    ``model_validate`` too, where load_config formats the errors itself.)"""
+
+    def __call__(cls, *args: Any, **data: Any) -> Any:
+        try:
+            return super().__call__(*args, **data)
+        except ValidationError as exc:
+            raise ConfigError(format_errors(exc, cls, cls.__name__, data)) from None
+
+
+class _Schema(BaseModel, metaclass=_OneLineErrors):
+    # Unknown keys are refused: a misspelt key must never silently fall back to a default.
+    # No inf or nan anywhere: "epsilon: .inf" must not read as "no privacy limit".
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+
+
+class TlsPaths(_Schema):
+    """PEM files: this party's certificate chain and private key, and the deployment CA."""
+
+    cert: Path = Field(description="this party's certificate chain (PEM)")
+    key: Path = Field(description="its private key (PEM file path; never the key itself)")
+    ca: Path = Field(description="the deployment CA that signs every party (PEM)")
+
+    def files(self) -> TlsFiles:
+        return TlsFiles(cert=self.cert, key=self.key, ca=self.ca)
+
+
+class NoisePhase(_Schema):
+    """One phase of noise_schedule (adjacency: provider): from this release on, this noise
+    multiplier and this chance per provider to take part (Geyer et al.'s adjustment)."""
+
+    from_release: int = Field(
+        ge=0, description="the first release (model update, counted from 0) of the phase"
+    )
+    noise_multiplier: float = Field(gt=0, description="the phase's noise std / clip norm")
+    sampling_rate: float = Field(gt=0, le=1, description="each provider's chance per round")
+
+
+def parse_noise_schedule(text: str) -> list[dict[str, float]]:
+    """``"R:Z:Q,R:Z:Q"`` (from release R, noise multiplier Z, sampling rate Q), the short form
+    of noise_schedule that ``--noise-schedule`` and ``--set noise_schedule=...`` take, as
+    NoisePhase mappings; ValueError naming the item that is not of that form."""
+    phases = []
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            start, z, q = item.split(":")
+            phase = {"from_release": int(start), "noise_multiplier": float(z)}
+            phases.append({**phase, "sampling_rate": float(q)})
+        except ValueError:
+            raise ValueError(
+                f"{item!r} is not RELEASE:NOISE_MULTIPLIER:RATE (e.g. 0:1.2:0.05,100:0.9:0.1)"
+            ) from None
+    return phases
+
+
+# ------------------------------------------------------------------------------------ server
+
+
+class ServerConfig(_Schema):
+    """One server daemon (H1 or H2). The training keys (from `run_id` on in the table below,
+    but for `providers`, `round_deadline`, `test_data` and `test_data_label`) must be identical
+    on both servers: they are compared at the handshake (the model, `model_seed` and
+    `initial_model` through model v0's hash), and a difference is refused naming the keys."""
+
+    # --- this daemon
+    role: Literal[1, 2] = Field(1, description="1 = H1 (garbler, leads rounds), 2 = H2")
+    listen: str = Field("127.0.0.1:50051", description="host:port for the providers' calls")
+    peer_listen: str = Field(
+        "127.0.0.1:50071",
+        description="host:port for the other server's control calls (a gRPC server of its own: "
+        "provider traffic never starves it)",
+    )
+    peer_address: str = Field(
+        "127.0.0.1:50072",
+        description="the other server's peer_listen address (H1 calls it; both probe it to "
+        "notice a lost or restarted peer)",
+    )
+    peer_name: str = Field("h2", description="the name the other server's certificate carries")
+    gc_address: str = Field(
+        "127.0.0.1:50061",
+        description="garbled-circuit data link: H1 listens here, H2 dials it",
+    )
+    tls: TlsPaths | None = Field(
+        None, description="this server's certificate, key and the CA (mutual TLS on every link)"
+    )
+    insecure: bool = Field(
+        False, description="plaintext on every link: development only, never with tls"
+    )
+    state_dir: Path | None = Field(
+        None,
+        description="checkpoints, seed journal, noise pool; created (mode 0700) if missing",
+    )
+    summary_path: Path | None = Field(
+        None, description="JSON summary (rounds, accuracy, epsilon, bytes) written at the end"
+    )
+    resume: bool = Field(
+        True, description="continue the run from the checkpoint in state_dir after a restart"
+    )
+    ledger_key: Path | None = Field(
+        None,
+        description="Ed25519 private key (PEM file) signing this server's privacy ledger "
+        "(state_dir/ledger.jsonl); none: a key kept in state_dir (ledger-signing.key)",
+    )
+    audit_log: Path | None = Field(
+        None,
+        description="JSON-lines audit log (refusals, dropped providers, peer losses, restarts); "
+        "none: state_dir/audit.jsonl, or the process log only without a state_dir",
+    )
+    pool_dir: Path | None = Field(
+        None, description="mode preprocessed: where the noise shares live (state_dir/noise-pool)"
+    )
+    pool_rounds: int = Field(
+        4,
+        ge=1,
+        description="preprocessed: rounds of noise H1 keeps ready at least (more while a "
+        "production run outlasts a round; at most those left)",
+    )
+    pool_block: int = Field(
+        131072,
+        ge=1,
+        le=1 << 24,
+        description="preprocessed: largest block one production run makes (runs are sized "
+        "to their measured cost below it)",
+    )
+    pool_produce: bool = Field(
+        True,
+        description="preprocessed: H1 produces while rounds run (false: only `spgc server "
+        "precompute` fills the pool)",
+    )
+    pool_wait: float = Field(
+        600.0, ge=0, description="preprocessed: seconds a round short of noise waits for it"
+    )
+    evaluate: bool = Field(True, description="test loss and accuracy of each published model")
+    log_level: Literal[LOG_LEVELS] = Field("info", description="debug, info, warning or error")
+    log_format: Literal["text", "json"] = Field("text", description="log lines: text or json")
+    connect_timeout: float = Field(
+        60.0, gt=0, description="seconds H1 waits for H2 (handshake, link) before giving up"
+    )
+    provider_max_streams: int = Field(
+        4, ge=1, le=64, description="calls in flight at once per provider identity"
+    )
+    provider_rate: float = Field(
+        200.0, gt=0, le=10_000, description="calls per second per provider identity (bursts 2x)"
+    )
+    provider_idle: float = Field(
+        30.0, gt=0, description="seconds a provider's upload may send nothing before it is cut"
+    )
+    provider_stream_timeout: float = Field(
+        600.0, gt=0, description="seconds a provider's upload may stay open at most"
+    )
+    peer_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="seconds a server waits for a lost peer to come back (and H2 for a call "
+        "from a silent H1) before it stops; must exceed round_deadline plus H1's work in a round",
+    )
+    first_round_wait: float = Field(
+        0.0,
+        ge=0,
+        description="seconds the run's first round may wait to open until min_providers "
+        "providers have called this server (H1, or the single server), e.g. when providers are "
+        "started by hand; then it opens anyway; 0: at once, as soon as the servers are paired. "
+        "Once every provider has called and too few remain less those that declined the plan, "
+        "the run ends at once, naming them",
+    )
+    backend: Literal[BACKEND_NAMES] = Field(
+        "gc",
+        description="how the two servers evaluate a round's circuits: gc (garbled circuits: "
+        "about 20 kB per coordinate between the servers, a few round trips per round) or gmw "
+        "(GMW with Beaver triples from silent OT: about 1 kB per coordinate, a round trip per "
+        "AND layer, about 50 a round: for links with more bandwidth cost than latency); part "
+        "of the plan: both servers must set the same; Ray worker pairs run either",
+    )
+    verify_inputs: Literal["none", "l2"] = Field(
+        None,  # type: ignore[assignment]  # filled in from the mode by _default_verification
+        description="l2: every share carries a zero-knowledge proof that its vector's L2 norm "
+        "is within the plan's bound (the largest batch times each example's bound), checked "
+        "by both servers before the round's agreement; a share whose proof fails is left out "
+        "(docs/PRIVACY.md, Norm proofs); modes spgc, only-mpc, dng and preprocessed; none: not "
+        "checked, any provider can poison the sum. Default: l2 in the two-server DP modes "
+        "(spgc, dng, preprocessed), none in the others",
+    )
+    verify_repetitions: int = Field(
+        DEFAULT_REPETITIONS,
+        ge=DEFAULT_REPETITIONS,
+        le=256,
+        description="verify_inputs: l2: the wraparound checks of each proof; each halves a "
+        f"cheating provider's chances. At least {DEFAULT_REPETITIONS}: a provider may re-share "
+        f"up to 2^{GRINDING_BITS} times, so {DEFAULT_REPETITIONS} keep the soundness error "
+        "at most 2^-40 per proof (docs/PRIVACY.md, Norm proofs; spgc bench proof prints it)",
+    )
+    garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
+        "threehalves",
+        description="how AND gates are garbled: threehalves (24.6 bytes per AND gate) or "
+        "halfgates (32 bytes, 1.5x fewer hash calls); both servers must set the same",
+    )
+    gc_lanes: int = Field(
+        1,
+        ge=1,
+        le=MAX_LANES,
+        description="connections of the data link between the servers; a round's coordinates "
+        "are split into this many ranges run in parallel, each on its own connection, engine "
+        "session and thread (about one core per lane on each server); both servers must set "
+        "the same",
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=MAX_LANES,
+        description="circuit workers: 1 runs the circuit in the server process; K > 1 runs each "
+        "round's coordinates on K worker pairs of the organisation's Ray cluster (extra "
+        "ray, pip install '.[ray]'; worker i of H1 and of H2 share a TLS link; gc_lanes must "
+        "then be 1); both servers must set the same",
+    )
+    ray_address: str = Field(
+        "",
+        description="the Ray cluster for workers > 1 (as ray.init takes it, e.g. "
+        "'ray://head:10001'); empty: a private local one started by the server (never one "
+        "RAY_ADDRESS or `ray start` on the host names)",
+    )
+    ot_k: int = Field(
+        DEFAULT_OT_K,
+        ge=0,
+        le=8,
+        description="OT extension for H2's circuit inputs: SoftSpoken with this k sends "
+        "ceil(128/k) bits per input bit (7, the default: 2.375 bytes, about 3x IKNP's CPU; 8: 2 "
+        "bytes, about 5x; 4: 4 bytes at IKNP's CPU); 0: IKNP, 16 bytes; both servers must set the "
+        "same",
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="HTTP port for Prometheus /metrics and the /healthz and /readyz probes "
+        "(unset: off; 0: any free port)",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics port binds to (0.0.0.0: every interface)"
+    )
+    tensorboard_dir: Path | None = Field(
+        None,
+        description="write TensorBoard curves per round to DIR/h1/run-<run id> (or h2): "
+        "epsilon, test loss "
+        "and accuracy, round seconds by phase, bytes to the peer, providers; needs pip install "
+        "'spgc[tensorboard]'",
+    )
+    # --- training (identical on both servers)
+    run_id: str = Field("", description="empty: H1 draws one, H2 adopts H1's at the handshake")
+    providers: list[str] = Field(
+        default_factory=list, description="the provider names allowed (certificate names)"
+    )
+    dataset: str = Field(
+        "cancer",
+        description="the built-in data set the providers hold (cancer, diabetes, mnist, "
+        "diabetes-regression); empty "
+        "when they bring their own data (then set model and max_batch_size)",
+    )
+    model: str = Field(
+        "",
+        description="the model: empty for the data set's own, a built-in name "
+        f"({', '.join(MODEL_NAMES)}), or your own `package.module:factory` (or "
+        "`file.py:factory`) returning a torch.nn.Module; the providers build the same",
+    )
+    initial_model: Path | None = Field(
+        None, description="a .safetensors state the run starts from (default: the model's seed)"
+    )
+    test_data: str = Field(
+        "",
+        description="the servers' own test set: `package.module:loader`, or a .csv/.npz file "
+        "as a provider's data (Data files below; default: the built-in data set's test split; "
+        "none: no evaluation)",
+    )
+    test_data_label: str = Field("label", description="the label column of a test_data .csv")
+    task: Literal[TASKS] = Field(  # type: ignore[valid-type]
+        "classification",
+        description="classification (class labels 0..C-1, test loss and accuracy) or regression "
+        "(real targets, test MSE, MAE and R^2); a regression data set (diabetes-regression) "
+        "sets regression when task is not given",
+    )
+    loss: str = Field(
+        "",
+        description="the loss the providers differentiate: cross_entropy (classification), mse "
+        "(regression) or your own `package.module:function` (outputs, targets) -> mean loss; "
+        "empty: the task's (cross_entropy, or mse for regression)",
+    )
+    mode: Literal[TRAINING_MODES] = Field(
+        "spgc", description=f"how noise is added: {', '.join(TRAINING_MODES)} (spgc.protocol.modes)"
+    )
+    rounds: int = Field(
+        10,
+        ge=1,
+        description="rounds at most: each published round is one model update; a round skipped "
+        "for want of min_providers counts too (it spends no privacy)",
+    )
+    min_providers: int = Field(2, ge=1, description="fewest providers a round goes ahead with")
+    round_deadline: float = Field(
+        30.0, gt=0, description="seconds a round waits for shares after it opens"
+    )
+    clip_norm: float = Field(
+        1.0,
+        gt=0,
+        description="L2 clip norm C of each example's gradient (with clip: adaptive, the "
+        "first round's C0)",
+    )
+    clip: Literal["fixed", "adaptive", "decay"] = Field(
+        "fixed",
+        description="adaptive: C follows a target quantile of the examples' gradient norms "
+        "(Andrew et al. 2021), from a noisy count that travels with the shares; decay: C "
+        "shrinks by clip_decay each round down to clip_min (Maeda et al.), in every mode",
+    )
+    clip_decay: float = Field(
+        0.99, gt=0, le=1, description="clip: decay: the clip norm's factor per round"
+    )
+    clip_min: float = Field(
+        0.0, ge=0, description="clip: decay: the clip norm's floor (0: none), at most clip_norm"
+    )
+    clip_target_quantile: float = Field(
+        0.5, gt=0, lt=1, description="clip: adaptive: the share of examples left unclipped"
+    )
+    clip_learning_rate: float = Field(
+        0.2, gt=0, le=10, description="clip: adaptive: eta in C <- C exp(-eta (b - quantile))"
+    )
+    clip_count_noise: float = Field(
+        0.0,
+        ge=0,
+        description="clip: adaptive: std of the noise on the unclipped-example count (in "
+        "examples), > the noise multiplier; 0: the expected examples per round / 20 (the "
+        "paper's default), at least twice the noise multiplier",
+    )
+    expected_batch_size: float = Field(
+        0.0,
+        ge=0,
+        description="clip: adaptive, and server_optimizer: sgd: examples expected per round "
+        "over all providers; 0: from the data set (sampling_rate x examples, or batch_size x "
+        "providers)",
+    )
+    scale: float = Field(1024.0, gt=0, description="fixed-point units per gradient unit (s)")
+    adjacency: Literal[UNITS] = Field(  # type: ignore[valid-type]
+        "example",
+        description="the unit of privacy: example (DP-SGD: each example's gradient clipped to "
+        "clip_norm) or provider (DP-FedAvg: each selected provider trains locally and shares "
+        "its model delta clipped to clip_norm; epsilon is per provider)",
+    )
+    sampling_rate: float = Field(
+        0.01,
+        gt=0,
+        le=1,
+        description="Poisson sampling rate q of each provider's examples (adjacency: provider: "
+        "each provider's chance to take part in a round, from its own coin)",
+    )
+    noise_schedule: list[NoisePhase] = Field(
+        default_factory=list,
+        description="adjacency: provider, modes spgc and dng: phases [{from_release, "
+        "noise_multiplier, sampling_rate}, ...] from release 0, accounted release by release; "
+        "they replace noise_multiplier and sampling_rate (empty: one phase from those); also "
+        "written short, as \"0:1.5:0.5,100:1.2:0.6\" (RELEASE:NOISE_MULTIPLIER:RATE)",
+    )
+    local_epochs: int = Field(
+        1, ge=1, le=1000, description="adjacency: provider: passes over its data per round"
+    )
+    local_batch_size: int = Field(
+        10, ge=1, description="adjacency: provider: the local optimiser's minibatch size"
+    )
+    local_lr: float = Field(
+        0.05, gt=0, description="adjacency: provider: the local optimiser's learning rate"
+    )
+    local_optimizer: Literal[LOCAL_OPTIMIZERS] = Field(  # type: ignore[valid-type]
+        "sgd", description="adjacency: provider: the providers' local optimiser"
+    )
+    batch_size: int = Field(
+        0,
+        ge=0,
+        description="> 0: the paper's fixed shuffled batches of this size instead of Poisson "
+        "sampling (accounted as sampling without replacement, RDP only)",
+    )
+    max_batch_size: int = Field(
+        0,
+        ge=0,
+        description="largest local batch of any provider (ring sizing); 0: the data set's "
+        "training-set size. With Poisson sampling it must be one no provider's batch passes "
+        "but with probability <= 2^-64 per round (providers refuse to join otherwise)",
+    )
+    target_epsilon: float = Field(
+        2.0, gt=0, description="privacy budget of the whole training (epsilon)"
+    )
+    target_delta: float = Field(1e-5, gt=0, lt=1, description="delta of the privacy budget")
+    calibration: Literal[CALIBRATIONS] = Field(
+        "accountant",
+        description="noise calibration: accountant (whole run), analytic or classic "
+        "(per-release step_epsilon; classic is the paper's formula, valid for epsilon < 1)",
+    )
+    accountant: Literal[ACCOUNTANTS] = Field(
+        "rdp",
+        description="privacy accountant: rdp, pld (tighter) or rdp_discrete (Poisson "
+        "subsampling of the discrete Gaussian proved, not assumed as by the other two; looser)",
+    )
+    step_epsilon: float = Field(
+        0.0, ge=0, description="per-release epsilon for calibration classic or analytic"
+    )
+    noise_multiplier: float = Field(
+        0.0,
+        ge=0,
+        description="explicit noise multiplier; > 0 skips calibration (one whose first release "
+        "alone would pass target_epsilon is refused)",
+    )
+    lr: float = Field(
+        1e-3,
+        gt=0,
+        description="the servers' learning rate (server_optimizer's, on the noisy mean "
+        "gradient); with adjacency: provider, on the noisy mean of the deltas (1.0 when not "
+        "given: FedAvg)",
+    )
+    server_optimizer: Literal[SERVER_OPTIMIZERS] = Field(  # type: ignore[valid-type]
+        "adam",
+        description="the servers' update rule: adam, or sgd (parameters minus lr times the "
+        "noisy mean gradient: DP-SGD's step); with adjacency: provider sgd when not given "
+        "(FedAvg's step on the noisy mean delta), adam there is FedAdam",
+    )
+    model_seed: int = Field(0, description="seed of the initial model weights")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --set providers=p1,p2,p3
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("noise_schedule", mode="before")
+    @classmethod
+    def _phases(cls, value: Any) -> Any:
+        if isinstance(value, str):  # --set noise_schedule=0:1.2:0.05,100:0.9:0.1
+            value = parse_noise_schedule(value)
+        return value
+
+    @field_validator("listen", "peer_listen", "peer_address", "gc_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        split_host_port(value)  # ValueError naming the value; port 0 lets a listener pick
+        return value
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address(cls, value: str) -> str:
+        ray_cluster_endpoint(value)  # ValueError naming the value
+        return value
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _role(cls, value: Any) -> Any:
+        return int(value) if isinstance(value, str) and value.strip() in ("1", "2") else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_verification(cls, data: Any) -> Any:
+        """verify_inputs unset: l2 in the two-server DP modes, none elsewhere."""
+        if isinstance(data, Mapping) and data.get("verify_inputs") is None:
+            mode = data.get("mode", "spgc")
+            data = {**data, "verify_inputs": "l2" if mode in VERIFIED_BY_DEFAULT else "none"}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServerConfig:
+        if self.peer_timeout <= self.round_deadline:
+            raise ValueError(
+                f"peer_timeout ({self.peer_timeout:g} s) must exceed round_deadline "
+                f"({self.round_deadline:g} s)"
+            )
+        self._check_task()
+        if self.model and ":" not in self.model:
+            self._check_model()
+        if not self.dataset:
+            if not self.model:
+                raise ValueError("dataset is empty (providers bring their own data): set model")
+            if self.max_batch_size <= 0 and self.adjacency == "example":
+                raise ValueError(
+                    "dataset is empty (providers bring their own data): set max_batch_size, the "
+                    "largest local batch of any provider, which sizes the ring"
+                )
+            if self.batch_size > 0:
+                raise ValueError(
+                    "fixed batches (batch_size > 0) need the population size of a built-in "
+                    "dataset; with your own data use Poisson sampling (sampling_rate)"
+                )
+        if self.single_server and self.role != 1:
+            raise ValueError(
+                f"mode {self.mode} runs ONE server (role 1, no peer, no garbled circuit); "
+                f"a role-{self.role} server has nothing to do: start only role 1"
+            )
+        if (self.tls is None) == (not self.insecure):
+            if self.tls is None:
+                raise ValueError("tls: give tls: {cert, key, ca} or set insecure: true explicitly")
+            raise ValueError("tls and insecure: true are mutually exclusive")
+        if self.tls is not None:
+            for key in ("cert", "key", "ca"):
+                path = getattr(self.tls, key)
+                if not path.is_file():
+                    raise ValueError(f"tls.{key}: {path} is not a file")
+        if not self.single_server:
+            _check_dial_address("peer_address", self.peer_address)
+        if self.backend != "gc" and self.mode not in BACKEND_MODES:
+            raise ValueError(
+                f"backend: {self.backend} evaluates a round's circuits, and mode {self.mode} "
+                f"runs none; use one of {', '.join(BACKEND_MODES)}, or backend: gc"
+            )
+        if self.verify_inputs == "l2" and self.mode not in VERIFIED_MODES:
+            raise ValueError(
+                f"verify_inputs: l2 with mode {self.mode}: norm proofs are checked by two "
+                f"servers on field shares, in modes {', '.join(VERIFIED_MODES)}; set "
+                "verify_inputs: none"
+            )
+        if self.workers > 1 and self.gc_lanes > 1:
+            raise ValueError(
+                f"gc_lanes: {self.gc_lanes} with workers: {self.workers}: rounds run on the "
+                "workers only, and the data link's other connections would sit idle; set "
+                "gc_lanes: 1 (workers split the coordinates across the Ray cluster)"
+            )
+        if not _NAME_RE.match(self.peer_name):
+            raise ValueError(f"peer_name={self.peer_name!r} is not a certificate name")
+        if not self.providers:
+            raise ValueError("providers: list the allowed provider names")
+        if len(set(self.providers)) != len(self.providers):
+            raise ValueError("providers: duplicate names")
+        bad = [p for p in self.providers if not _NAME_RE.match(p)]
+        if bad:
+            raise ValueError(f"providers: {bad} are not certificate names")
+        if self.min_providers > len(self.providers):
+            raise ValueError("min_providers exceeds the number of allowed providers")
+        if self.batch_size > 0 and self.accountant == "pld" and self.mode in NOISY_MODES:
+            raise ValueError(
+                "fixed batches (batch_size > 0) are accounted with RDP only (dp-accounting has no "
+                "PLD for sampling without replacement): set accountant: rdp"
+            )
+        if self.clip == "adaptive" and self.mode not in ADAPTIVE_CLIP_MODES:
+            raise ValueError(
+                f"clip: adaptive needs the noise added once to the sum or by each provider (modes "
+                f"{', '.join(ADAPTIVE_CLIP_MODES)}); mode {self.mode} does not: use clip: fixed"
+            )
+        if self.clip == "decay" and self.clip_min > self.clip_norm:
+            raise ValueError(
+                f"clip: decay: clip_min {self.clip_min:g} is above clip_norm {self.clip_norm:g}, "
+                "the first round's clip norm"
+            )
+        if (
+            self.server_optimizer == "sgd"
+            and self.adjacency == "example"
+            and not self.dataset
+            and self.expected_batch_size <= 0
+        ):
+            raise ValueError(
+                "server_optimizer: sgd with providers' own data needs expected_batch_size, the "
+                "examples expected per round over all providers (the step's denominator)"
+            )
+        if self.clip == "adaptive" and not self.dataset and self.expected_batch_size <= 0:
+            raise ValueError(
+                "clip: adaptive with providers' own data needs expected_batch_size, the "
+                "examples expected per round over all providers"
+            )
+        if self.adjacency == "provider":
+            self._check_provider_adjacency()
+        if self.noise_schedule:
+            self._check_noise_schedule()
+        if self.mode == "preprocessed" and self.pool_path is None:
+            raise ValueError(
+                "mode preprocessed keeps its noise pool on disk: set state_dir or pool_dir"
+            )
+        if (
+            self.mode in NOISY_MODES
+            and self.noise_multiplier == 0
+            and self.calibration != "accountant"
+            and self.step_epsilon <= 0
+        ):
+            raise ValueError(f"calibration {self.calibration} needs step_epsilon > 0")
+        return self
+
+    def _check_provider_adjacency(self) -> None:
+        """adjacency: provider: Poisson coins over providers, one clipped delta each; the
+        servers' lr defaults to FedAvg's 1.0."""
+        if self.batch_size > 0:
+            raise ValueError(
+                "adjacency: provider samples providers by their own Poisson coins "
+                "(sampling_rate); batch_size (fixed batches of examples) does not apply: set "
+                "batch_size: 0"
+            )
+        if self.max_batch_size > 1:
+            raise ValueError(
+                f"adjacency: provider: each provider sends one clipped model delta, so "
+                f"max_batch_size {self.max_batch_size} does not apply: leave it 0"
+            )
+        if "lr" not in self.model_fields_set:
+            self.lr = 1.0
+        if "server_optimizer" not in self.model_fields_set:
+            self.server_optimizer = "sgd"
+
+    def _check_noise_schedule(self) -> None:
+        """noise_schedule: provider-level, noise added once per release by the servers (their
+        circuit or their own noise, whose size may change per release), phases in order."""
+        if self.adjacency != "provider":
+            raise ValueError("noise_schedule needs adjacency: provider (Geyer et al.'s DP-FedAvg)")
+        if self.mode not in ("spgc", "dng"):
+            raise ValueError(
+                f"noise_schedule with mode {self.mode}: the noise of each release must be the "
+                "servers' own (modes spgc and dng; a preprocessed pool or each provider's noise "
+                "has one size)"
+            )
+        if self.noise_multiplier > 0:
+            raise ValueError("noise_schedule sets each phase's noise: leave noise_multiplier 0")
+        if self.clip == "adaptive":
+            raise ValueError("noise_schedule with clip: adaptive is not supported: use fixed")
+        try:
+            check_schedule(self.schedule_phases())
+        except ValueError as exc:
+            raise ValueError(f"noise_schedule: {exc}") from None
+
+    def schedule_phases(self) -> list[tuple[int, float, float]]:
+        """noise_schedule as (first release, noise multiplier, sampling rate) tuples."""
+        return [(p.from_release, p.noise_multiplier, p.sampling_rate) for p in self.noise_schedule]
+
+    def _check_task(self) -> None:
+        """task and loss go together and fit the data set (a regression data set makes the
+        default task regression)."""
+        wanted = dataset_task(self.dataset) if self.dataset else None
+        if wanted is not None and wanted != self.task:
+            if "task" in self.model_fields_set:
+                raise ValueError(
+                    f"dataset {self.dataset} is a {wanted} data set, but task is {self.task}: "
+                    f"set task: {wanted}"
+                )
+            self.task = wanted  # type: ignore[assignment]
+        if (problem := task_loss_problem(self.task, self.loss)) is not None:
+            raise ValueError(problem)
+
+    @property
+    def loss_name(self) -> str:
+        """The loss trained: ``loss``, or the task's default when empty (spgc.learning.losses)."""
+        return self.loss.strip() or DEFAULT_LOSS[self.task]
+
+    def _check_model(self) -> None:
+        """A named model must exist and read the dataset's examples, or every provider would
+        fail mid-round; checked statically (no data or weights loaded)."""
+        name = self.model_name
+        if name not in MODEL_NAMES:
+            raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)}, got {self.model!r}")
+        data_shape = MODEL_INPUT_SHAPES.get(self.dataset.strip().lower())
+        if data_shape is not None and MODEL_INPUT_SHAPES[name] != data_shape:
+            raise ValueError(
+                f"model {name} reads inputs of shape {MODEL_INPUT_SHAPES[name]}, but dataset "
+                f"{self.dataset} has examples of shape {data_shape}"
+            )
+
+    @property
+    def role_name(self) -> str:
+        """'h1' or 'h2' (for logs)."""
+        return f"h{self.role}"
+
+    @property
+    def pool_path(self) -> Path | None:
+        """The noise pool's directory (mode preprocessed), or None if none is configured."""
+        if self.pool_dir is not None:
+            return self.pool_dir
+        return None if self.state_dir is None else self.state_dir / "noise-pool"
+
+    @property
+    def model_name(self) -> str:
+        """The model trained: ``model`` if set (a reference as given, a built-in name in lower
+        case), else the dataset's own (same name)."""
+        ref = (self.model or self.dataset).strip()
+        return ref if ":" in ref else ref.lower()
+
+    @property
+    def single_server(self) -> bool:
+        """One server, no peer, no garbled circuit (modes plain and ldp)."""
+        return self.mode in SINGLE_SERVER_MODES
+
+
+# ------------------------------------------------------------------------------------ provider
+
+
+class ProviderConfig(_Schema):
+    """One provider. Keys are flat; a nested mapping ``h1: {address: ..., name: ...}`` or
+    ``tls: {cert, key, ca}`` (in a file, or ``tls=TlsPaths(cert=..., key=..., ca=...)`` in
+    code, as a server takes it) reads as ``h1_address``, ``h1_name``, ``tls_cert``, ..."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+    name: str = Field("", description="this provider's certificate name (its identity)")
+    h1_address: str = Field("", description="H1's address (or the single server's)")
+    h1_name: str = Field("h1", description="the certificate name H1 must present")
+    h2_address: str = Field("", description="H2's address (empty for the one-server modes)")
+    h2_name: str = Field("h2", description="the certificate name H2 must present")
+    tls_cert: Path | None = Field(None, description="client certificate (PEM)")
+    tls_key: Path | None = Field(
+        None, description="its private key: a file path (or env:VAR naming one), never the key"
+    )
+    tls_ca: Path | None = Field(None, description="the CA that signs the servers (PEM)")
+    insecure: bool = Field(False, description="plaintext gRPC; development only")
+    dataset: str = Field(
+        "",
+        description="the built-in data set whose part this provider holds (empty: the one the "
+        "servers announce); ignored with data",
+    )
+    data: str = Field(
+        "",
+        description="your own training data: `package.module:loader` (returns x, y or a torch "
+        "Dataset), or a .csv file (a header row, commas, the data_label column and numeric "
+        "features) or .npz file (arrays x, y): see Data files below",
+    )
+    data_label: str = Field("label", description="the label column of a data .csv")
+    model: str = Field(
+        "",
+        description="your own model, `package.module:factory` or `file.py:factory` (empty: the "
+        "built-in model the servers announce); it must match the servers' architecture",
+    )
+    loss: str = Field(
+        "",
+        description="when the servers' plan trains your own loss `package.module:function`: the "
+        "same reference (a provider imports no code the servers name); the task and the "
+        "built-in losses come from the plan",
+    )
+    task: Literal["", "classification", "regression"] = Field(
+        "",
+        description="what the labels of your own data are: class labels 0..C-1 (classification) "
+        "or real targets (regression), as read and checked at the start; empty: class labels "
+        "at the start, the plan's task once connected; when set, a plan of another task is "
+        "refused",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where gradients are computed: auto (a GPU if there is one), cpu, cuda"
+    )
+    dataset_path: Path | None = Field(
+        None, description="a local copy of the data set's file (default: the packaged one)"
+    )
+    split_seed: int | None = Field(None, description="seed of the split among providers")
+    provider_index: int = Field(0, ge=0, description="this provider's part of the data")
+    provider_count: int = Field(
+        1, ge=1, description="how many parts the data (built-in or data) is split into"
+    )
+    max_step_epsilon: float | None = Field(
+        None, gt=0, description="refuse a run whose one step is weaker than (eps, step_delta)-DP"
+    )
+    step_delta: float = Field(1e-5, gt=0, lt=1, description="the delta of max_step_epsilon")
+    min_noise_multiplier: float | None = Field(
+        None, gt=0, description="refuse a run whose noise std / sensitivity is below this"
+    )
+    max_total_epsilon: float | None = Field(
+        None,
+        gt=0,
+        description="the most epsilon this provider's data set may spend in its lifetime, all "
+        "runs together (its budget_file): a run that could pass it is declined, naming the "
+        "figures, and a run is left before a release would pass it",
+    )
+    max_training_rounds: int | None = Field(
+        None, ge=1, description="refuse a plan of more rounds than this"
+    )
+    state_dir: Path | None = Field(
+        None,
+        description="this provider's own state: its data sets' budget files (default: "
+        "$XDG_STATE_HOME/spgc, or ~/.local/state/spgc when XDG_STATE_HOME is unset)",
+    )
+    budget_file: Path | None = Field(
+        None,
+        description="the privacy budget file of this provider's data set, kept across runs "
+        "(default: state_dir/budget/SHA.json, SHA the SHA-256 of the data set's contents); "
+        "`spgc account --budget FILE` prints it",
+    )
+    accept_modes: list[Literal[TRAINING_MODES]] = Field(
+        default_factory=list, description="refuse a plan in any other mode (empty: any mode)"
+    )
+    require_verified_inputs: bool = Field(
+        False,
+        description="refuse a plan whose servers do not check every provider's norm proof "
+        "(verify_inputs: l2): without it, any provider can poison the sum",
+    )
+    allow_no_privacy: bool = Field(
+        False,
+        description="accept any announced privacy level, no-noise modes included (only-mpc, "
+        "plain); needed when neither minimum above is set",
+    )
+    hide_participation: bool = Field(
+        True,
+        description="adjacency: provider: in a round this provider's coin leaves it out, it "
+        "trains on its data anyway and discards the result before sharing zeros, so its shares "
+        "leave when a selected provider's would; false saves that work, but a server timing "
+        "the arrivals could then guess who took part, voiding amplification by sampling "
+        "against that server",
+    )
+    retries: int = Field(5, ge=1, description="submission attempts per server and round")
+    connect_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="seconds Hello keeps retrying a server that is not up yet (saying once "
+        "'waiting for h1 at ADDRESS (up to N s)', then again at the backoff)",
+    )
+    backoff_initial: float = Field(
+        0.5, gt=0, description="seconds before the first retry; doubles up to backoff_max"
+    )
+    backoff_max: float = Field(10.0, gt=0, description="longest wait between retries (seconds)")
+    poll_interval: float = Field(1.0, gt=0, description="seconds between RoundStatus polls")
+    long_poll: float = Field(
+        10.0, ge=0, description="seconds a server may hold a RoundStatus until a round opens"
+    )
+    rpc_timeout: float = Field(120.0, gt=0, description="deadline of one call (seconds)")
+    wait_timeout: float | None = Field(
+        None, gt=0, description="give up when no round opens for this long (seconds)"
+    )
+    max_rounds: int | None = Field(
+        None, ge=1, description="leave after taking part in this many rounds"
+    )
+    chunk_bytes: int = Field(
+        0, ge=0, multiple_of=8, description="bytes per streamed chunk (0: the server's choice)"
+    )
+    gradient_chunk: int = Field(
+        256,
+        ge=1,
+        description="examples per vectorised gradient chunk (lowered for big models so a "
+        "chunk's float64 gradients stay within 128 MiB)",
+    )
+    log_level: Literal[LOG_LEVELS] = Field("info", description="debug, info, warning or error")
+    log_format: Literal["text", "json"] = Field("text", description="log lines: text or json")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flatten_tls(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        tls = data.pop("tls", None)  # tls: None (or an empty `tls:` in a file): no TLS files
+        if isinstance(tls, TlsPaths):  # the server's shape, in code
+            tls = tls.model_dump()
+        if tls is not None:
+            if not isinstance(tls, Mapping):
+                raise ValueError(
+                    f"tls: give TlsPaths(cert=..., key=..., ca=...) or a mapping with cert, key "
+                    f"and ca, got {tls!r}"
+                )
+            flat = [k for k in ("tls_cert", "tls_key", "tls_ca") if k in data]
+            if flat:
+                raise ValueError(f"tls and {', '.join(flat)} both given: give one of them")
+            data["tls"] = tls
+        return flatten_keys(data)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProviderConfig:
+        if not _NAME_RE.match(self.name or ""):
+            raise ValueError(
+                f"name={self.name!r}: give this provider's certificate name (letters, digits, "
+                "inner hyphens)"
+            )
+        if not self.h1_address:
+            raise ValueError("h1_address is required (H1, or the single server)")
+        for key in ("h1_address", "h2_address"):
+            if getattr(self, key):
+                _check_dial_address(key, getattr(self, key))
+        for key in ("h1_name", "h2_name"):
+            if not _NAME_RE.match(getattr(self, key)):
+                raise ValueError(f"{key}={getattr(self, key)!r} is not a certificate name")
+        if self.insecure:
+            if any((self.tls_cert, self.tls_key, self.tls_ca)):
+                raise ValueError("insecure: true and tls_cert/tls_key/tls_ca are exclusive")
+        else:
+            for key in ("tls_cert", "tls_key", "tls_ca"):
+                value = getattr(self, key)
+                if value is None:
+                    raise ValueError(
+                        f"{key} is required (TLS is on by default; `insecure: true` turns it off "
+                        "explicitly)"
+                    )
+                if not Path(value).is_file():
+                    raise ValueError(f"{key}: {value} is not a file")
+        if self.provider_index >= self.provider_count:
+            raise ValueError(
+                f"provider_index must be in [0, {self.provider_count}), got {self.provider_index}"
+            )
+        if (
+            self.max_step_epsilon is None
+            and self.min_noise_multiplier is None
+            and not self.allow_no_privacy
+        ):
+            raise ValueError(
+                "no minimum privacy: set max_step_epsilon (with step_delta) and/or "
+                "min_noise_multiplier, or `allow_no_privacy: true` to accept any announced level"
+            )
+        if self.long_poll >= self.rpc_timeout:
+            raise ValueError(
+                f"long_poll must be in [0, rpc_timeout={self.rpc_timeout:g}), got {self.long_poll}"
+            )
+        return self
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The TLS files, or None when running with ``insecure``."""
+        if self.insecure:
+            return None
+        assert self.tls_cert and self.tls_key and self.tls_ca  # the validator checked
+        return TlsFiles(cert=Path(self.tls_cert), key=Path(self.tls_key), ca=Path(self.tls_ca))
+
+    @property
+    def two_servers(self) -> bool:
+        """Whether an H2 address is configured."""
+        return bool(self.h2_address)
+
+    def describe(self) -> dict[str, Any]:
+        """The configuration as plain values (paths as strings), for logs."""
+        return self.model_dump(mode="json")
