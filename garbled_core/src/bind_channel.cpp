@@ -165,6 +165,9 @@ void bind_channel(py::module_& m) {
            })
       .def_property_readonly("bytes_sent", &gc::Channel::total_sent)
       .def_property_readonly("bytes_received", &gc::Channel::total_received)
+      .def_property_readonly("round_trips", &gc::Channel::round_trips,
+                             "Round trips this side made: receives after a send since the previous "
+                             "receive (counted by the calls, not by time; reset_counters resets it).")
       .def("reset_counters", &gc::Channel::reset_counters)
       .def_property_readonly("is_tls", &gc::Channel::is_tls)
       .def_property_readonly("closed", [](const gc::Channel& ch) { return !ch.is_open(); })

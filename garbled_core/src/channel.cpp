@@ -307,6 +307,8 @@ uint64_t Channel::total_received() const {
 void Channel::reset_counters() {
   for (auto& v : sent_) v = 0;
   for (auto& v : received_) v = 0;
+  round_trips_ = 0;
+  sent_since_recv_ = false;
 }
 
 void Channel::wait_io(short events, bool for_read) {
@@ -571,6 +573,7 @@ void Channel::flush() {
 void Channel::send(const void* data, size_t n) {
   if (fd_ < 0) throw ChannelError("channel is closed");
   sent_[static_cast<int>(phase_)] += n;
+  if (n) sent_since_recv_ = true;
   const uint8_t* p = static_cast<const uint8_t*>(data);
   size_t room = kSendBufferSize - slen_;
   if (n < kDirectBytes && n <= room) {
@@ -607,6 +610,10 @@ void Channel::send(const void* data, size_t n) {
 void Channel::recv(void* data, size_t n) {
   if (fd_ < 0) throw ChannelError("channel is closed");
   flush();
+  if (n && sent_since_recv_) {
+    ++round_trips_;
+    sent_since_recv_ = false;
+  }
   uint8_t* p = static_cast<uint8_t*>(data);
   size_t want = n;
   try {

@@ -553,17 +553,11 @@ void GmwParty::setup() {
   ready_ = true;
 }
 
-void GmwParty::exchange_gmw_header(const Circuit& c, const RunInputs& in) {
+void GmwParty::send_gmw_header(const Circuit& c, const RunInputs& in) {
   ch_.set_phase(Phase::Setup);
-  struct Header {
-    char magic[4];
-    uint32_t party;
-    uint32_t run_id;
-    uint32_t and_layers;
-    uint64_t n;
-    uint8_t circuit[32];
-    uint8_t carried[32];
-  } mine{}, theirs{};
+  static_assert(sizeof(Header) == 88, "header layout");
+  Header& mine = sent_header_;
+  mine = Header{};
   std::memcpy(mine.magic, "GMWH", 4);
   mine.party = (uint32_t)party_;
   mine.run_id = run_id_;
@@ -573,7 +567,15 @@ void GmwParty::exchange_gmw_header(const Circuit& c, const RunInputs& in) {
   auto cd = carried_digest(c, in);
   std::memcpy(mine.carried, cd.data(), 32);
   ch_.send(&mine, sizeof(mine));
+}
+
+void GmwParty::check_gmw_header(const Circuit& c) {
+  const Phase was = ch_.phase();
+  ch_.set_phase(Phase::Setup);
+  const Header& mine = sent_header_;
+  Header theirs{};
   ch_.recv(&theirs, sizeof(theirs));
+  ch_.set_phase(was);
   if (std::memcmp(theirs.magic, "GMWH", 4) != 0)
     throw ProtocolError("the peer's run header is not a GMW header (out of step or another backend)");
   if (theirs.party == mine.party)
@@ -606,11 +608,22 @@ RunOutputs GmwParty::run(const Circuit& c, const RunInputs& in) {
 }
 
 RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
-  exchange_gmw_header(c, in);
   const GmwPlan plan = plan_circuit(c);
   const size_t n = in.n, W = (n + 63) / 64, row_bytes = (n + 7) / 8;
   const uint64_t tail = (n & 63) ? (uint64_t(1) << (n & 63)) - 1 : ~uint64_t(0);
   layers_ = plan.layers;
+
+  // The header goes first in this party's stream, and the peer's is the first thing read.
+  // When the triples read nothing from the link, that read waits for the first layer's (or
+  // the outputs') exchange: the openings sent before it are one-time pads of fresh triples
+  // (dropped if the check fails), so a mismatched peer learns nothing from them.
+  send_gmw_header(c, in);
+  bool header_checked = false;
+  auto check_header_once = [&]() {
+    if (!header_checked) check_gmw_header(c);
+    header_checked = true;
+  };
+  if (!ot_->reads_nothing_for(round_up(plan.groups.size() * n, 128))) check_header_once();
 
   // Triples: one group triple per AND group and instance (a per group, b and c per gate),
   // fresh for this run, each used once below and dropped at the end.
@@ -703,7 +716,8 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     }
     const size_t msg = rows * row_bytes;
     ch_.send(out_msg.data(), msg);
-    ch_.recv(in_msg.data(), msg);  // flushes ours first
+    check_header_once();           // flushes ours first (the first layer: with the header)
+    ch_.recv(in_msg.data(), msg);
     transcript.update(in_msg.data(), msg);
     const uint64_t own = party_ == 0 ? ~uint64_t(0) : 0;
     rows = 0;
@@ -758,6 +772,7 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
   send_buf.insert(send_buf.end(), tag, tag + 8);
   recv_buf.resize(recv_rows * row_bytes + 8);
   ch_.send(send_buf.data(), send_buf.size());
+  check_header_once();  // a run without AND layers
   ch_.recv(recv_buf.data(), recv_buf.size());
   ch_.flush();
   if (std::memcmp(recv_buf.data() + recv_rows * row_bytes, tag, 8) != 0)

@@ -564,3 +564,35 @@ def test_on_refused_exception_propagates(gc_pki):
     with pytest.raises(TypeError, match="on_refused"):
         listener.accept(tls=cfg("h1", "h2"), timeout=0.1, on_refused=42)
     listener.close()
+
+
+def test_round_trips_count_the_turns_from_sending_to_receiving():
+    """Channel.round_trips: a receive after a send since the previous receive is one round trip
+    (by the calls, so the same on any link); receives in a row and sends in a row are not."""
+    listener = _core.Listener("127.0.0.1", 0)
+
+    def server():
+        with listener.accept(timeout=10, insecure=True) as ch:
+            for _ in range(3):  # echo three messages, one at a time
+                ch.send(ch.recv(4))
+            ch.recv(2)
+            ch.send(b"zz")
+            ch.flush()
+            return ch.round_trips
+
+    side = Background(server)
+    with _core.Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True) as ch:
+        assert ch.round_trips == 0
+        for i in range(3):
+            ch.send(b"ab%02d" % i)
+            assert ch.recv(4) == b"ab%02d" % i
+        assert ch.round_trips == 3
+        ch.send(b"x")
+        ch.send(b"y")  # two sends, then one receive: one turn
+        assert ch.recv(2) == b"zz"
+        assert ch.round_trips == 4
+        ch.reset_counters()
+        assert ch.round_trips == 0
+    # the server received first (no send before it), then turned after each echo
+    assert side.result() == 3
+    listener.close()

@@ -587,3 +587,36 @@ def test_bad_arguments():
     finally:
         ch.close()
         other.close()
+
+
+@pytest.mark.parametrize("source", ["softspoken", "silent-test-only"])
+def test_round_trips_per_run_counted_by_the_channel(gmw_pair, source):
+    """A run's round trips as the channel counts them: one per AND layer and one for the
+    outputs; the run header travels with the first layer when the triples read nothing from
+    the link (silent OT between its iterations), else it costs one more (SoftSpoken's
+    corrections come back, and a silent iteration's trees are read before the first layer)."""
+    circuit = random_circuit(3)
+    pair = gmw_pair()
+    if source != "softspoken":
+        pair.h1 = GmwParty(pair.h1_channel, "garbler", ot=source)
+        pair.h2 = GmwParty(pair.h2_channel, "evaluator", ot=source)
+    rng = np.random.default_rng(3)
+    n = 8  # few ROTs a run: the test-size silent iteration (13,824 ROTs) serves several runs
+    g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+    e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+    expected = circuit.evaluate({"g": g, "e": e})
+    trips = []
+    for _ in range(3):
+        before = pair.h1_channel.round_trips, pair.h2_channel.round_trips
+        out1, out2 = pair.run(circuit, {"g": g}, {"e": e})
+        assert np.array_equal(out1["out"], expected["out"])
+        assert np.array_equal(out2["mid"], expected["mid"])
+        after = pair.h1_channel.round_trips, pair.h2_channel.round_trips
+        trips.append((after[0] - before[0], after[1] - before[1]))
+    layers = pair.h1.last_layers
+    assert layers > 0  # the AND layers the party exchanged (the AND-depth)
+    if source == "softspoken":  # header, one step of corrections, layers, outputs
+        assert trips[1:] == [(layers + 3, layers + 3)] * 2
+    else:  # the first run starts an iteration (its trees); the next ones are buffered
+        assert trips[1:] == [(layers + 1, layers + 1)] * 2
+        assert trips[0][0] > layers + 1

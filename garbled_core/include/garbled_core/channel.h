@@ -138,7 +138,12 @@ class Channel {
   uint64_t bytes_received(Phase p) const { return received_[static_cast<int>(p)]; }
   uint64_t total_sent() const;
   uint64_t total_received() const;
-  void reset_counters();
+  // Round trips this side has made: recv() calls that came after at least one send() since
+  // the previous recv() (this side turned from speaking to listening). Counted by the calls,
+  // not by time, so the count is the same on any link; a stream that sends one step ahead of
+  // the step it reads (the triple stream) still counts one per step it reads after sending.
+  uint64_t round_trips() const { return round_trips_; }
+  void reset_counters();  // bytes and round trips
 
   // Inactivity timeout for every later read/write wait (<= 0: wait forever).
   void set_timeout(double s) { timeout_s_ = s; }
@@ -230,6 +235,8 @@ class Channel {
   uint64_t sent_[kPhaseCount] = {};
   uint64_t received_[kPhaseCount] = {};
   uint64_t raw_sent_ = 0, raw_received_ = 0;  // whole connection, for error messages
+  uint64_t round_trips_ = 0;
+  bool sent_since_recv_ = false;  // a send() since the last recv(): the next recv() turns
 
   friend class Listener;
 };

@@ -30,7 +30,12 @@
 //      z = c ^ d&b ^ e&a (^ d&e at party 0).
 //   5. outputs: one message each way with the shares of opened outputs and an
 //      8-byte end-of-run tag (Phase::Outputs).
-// Round trips per run: AND-depth + about 3 (header, triples stream, outputs).
+// Round trips per run (Channel::round_trips): AND-depth + 1 (the outputs) when the ROT
+// source reads nothing from the link for the run's triples (silent OT between iterations):
+// the header then travels with the first AND layer and is read, and checked, before that
+// layer's openings; otherwise AND-depth + 2 or more (the header, the triple stream's steps).
+// Either way the peer's header is the first thing read in a run, so a mismatch is a
+// ProtocolError before any other byte of the run is read.
 //
 // Group triples from random OT (ROT) with 128-bit strings. A ROT gives the
 // sender random strings (s0, s1) and the receiver a random choice u with s_u;
@@ -82,6 +87,14 @@ class RandomOtSource {
   virtual bool receiver_speaks() const = 0;
   // Bytes this party sends per ROT it receives (for the accounting tests).
   virtual double bytes_per_rot() const = 0;
+  // True when receive(m) and send(m) (in any split) will read nothing from the link: a run
+  // may then send its first AND layer before it reads the peer's header (one round trip
+  // less). Must be the same answer the peer's source gives for the same m while the two are
+  // in step. The default (false) keeps the header's own round trip.
+  virtual bool reads_nothing_for(size_t m) const {
+    (void)m;
+    return false;
+  }
 };
 
 // Random OTs from SoftSpoken correlated OT (softspoken.h, random choices) in
@@ -123,6 +136,8 @@ class SilentRandomOt : public RandomOtSource {
   void send(Channel& ch, block* s0, block* s1, size_t m) override;
   bool receiver_speaks() const override { return false; }
   double bytes_per_rot() const override { return params_.bits_per_ot() / 8.0; }
+  // The receiver reads the peer's trees only when it starts a main iteration.
+  bool reads_nothing_for(size_t m) const override { return receiver_ && receiver_->buffered() >= m; }
 
  private:
   SilentOtParams params_;
@@ -192,7 +207,18 @@ class GmwParty : public Session {
   bool broken_ = false;  // a run failed midway: the link is out of step
   void exchange_gmw_hello();
   RunOutputs run_checked(const Circuit& c, const RunInputs& in);
-  void exchange_gmw_header(const Circuit& c, const RunInputs& in);
+  struct Header {
+    char magic[4];
+    uint32_t party;
+    uint32_t run_id;
+    uint32_t and_layers;
+    uint64_t n;
+    uint8_t circuit[32];
+    uint8_t carried[32];
+  };
+  Header sent_header_{};
+  void send_gmw_header(const Circuit& c, const RunInputs& in);
+  void check_gmw_header(const Circuit& c);  // reads the peer's header and compares
 };
 
 }  // namespace gc
