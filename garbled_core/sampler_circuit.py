@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from garbled_core.circuit import (
@@ -30,6 +30,7 @@ __all__ = [
     "and_gates_per_trial",
     "build_trial_circuit",
     "build_trial_description",
+    "describe_trial_with",
     "monomials",
     "sampler_summary",
     "table_lookup",
@@ -334,8 +335,22 @@ def build_trial_description(
     )
 
 
-def _build_trial(b: CircuitBuilder, params: SamplerParams, z_reveal: str) -> None:
-    """Declares the trial circuit's ports and gates on ``b``."""
+def describe_trial_with(
+    params: SamplerParams, name: str, extra: Callable[[CircuitBuilder, Bits], None]
+) -> CircuitDescription:
+    """The depth-aware trial circuit (``z`` kept) with more gates beside it: ``extra(b, z)``
+    declares its own ports and outputs on the builder, ``z`` the trial's candidate noise bits.
+    Within :data:`MAX_TRIAL_DEPTH` layers like the trial alone; ``name`` names it."""
+
+    def make(b: CircuitBuilder) -> None:
+        z = _build_trial(b, params, "keep")
+        extra(b, z)
+
+    return describe_within_depth(name, make, MAX_TRIAL_DEPTH)
+
+
+def _build_trial(b: CircuitBuilder, params: SamplerParams, z_reveal: str) -> Bits:
+    """Declares the trial circuit's ports and gates on ``b``; returns the candidate z."""
     words = []
     for i, w in enumerate(params.port_widths):
         g = b.input(f"g{i}", "garbler", w)
@@ -389,6 +404,7 @@ def _build_trial(b: CircuitBuilder, params: SamplerParams, z_reveal: str) -> Non
         accept = b.const(1, 1)
     b.output("accept", accept, reveal="both")
     b.output("z", z, reveal=z_reveal)
+    return z
 
 
 @functools.lru_cache(maxsize=32)

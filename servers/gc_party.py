@@ -22,7 +22,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from spgc.servers.spgc_circuit import (
     check_ring_bits,
     decode_signed,
     field_circuit_inputs,
+    fused_trial_circuit,
     noise_share_circuit,
     noisy_sum_circuit,
     output_width,
@@ -302,14 +303,27 @@ def run_sampler(
         out = link.session.run(circuit, inputs, {}, segment_instances(segments))
         return out["accept"], out["z"]
 
-    rounds = sampling_rounds(
-        n, schedule, run_stage, stats, spares_every=link.spares_every,
-        first_coordinate=first_coordinate,
-    )  # fmt: skip
+    rounds = run_sampler_stages(link, n, schedule, run_stage, stats, first_coordinate)
     for result in rounds:
         if on_round is not None:
             on_round(result)
     return stats
+
+
+def run_sampler_stages(
+    link: PartyLink,
+    n: int,
+    schedule: Sequence[int],
+    run_stage: Callable[[list[TrialSegment]], tuple[np.ndarray, Any]],
+    stats: SamplerStats,
+    first_coordinate: int = 0,
+) -> Iterator[RoundResult]:
+    """The sampler's rounds on ``link``'s backend (its spare trials): ``run_stage`` runs one
+    stage's trials (:func:`spgc.noise.sampling_rounds`)."""
+    return sampling_rounds(
+        n, schedule, run_stage, stats, spares_every=link.spares_every,
+        first_coordinate=first_coordinate,
+    )  # fmt: skip
 
 
 def resolve_lanes(role: str, channel_session: Any) -> list[Any]:
@@ -460,7 +474,8 @@ def aggregate_range(
     ``counters`` over the call). ``field_inputs``: ``shares`` holds a (low bits, flag) row per
     coordinate (:func:`spgc.servers.spgc_circuit.field_circuit_inputs`)."""
     before = link.counters()
-    layers = getattr(link.session, "layers_used", None)  # GMW: one round trip per AND layer
+    gmw = hasattr(link.session, "layers_used")  # GMW pays a round trip per AND layer
+    trips = int(link.channel.round_trips)  # counted by the engine's channel
     parts = []
     for lo, hi in range_batches(len(shares), link.range_align):
         part = _aggregate_on_link(
@@ -477,8 +492,8 @@ def aggregate_range(
         info.setdefault("trials_per_round", [])
         info.setdefault("and_gates", 0)
     info["counters"] = counter_delta(before, link.counters())
-    if layers is not None:
-        info["round_trips"] = int(link.session.layers_used) - int(layers)
+    if gmw:
+        info["round_trips"] = int(link.channel.round_trips) - trips
     return y, info
 
 
@@ -526,6 +541,10 @@ def _aggregate_on_link(
         }
 
     info: dict[str, Any] = {"rounds": 0, "trials": 0}
+    if mode == "spgc" and link.backend == "gmw" and width is not None and width <= 64 and n:
+        assert params is not None and seed is not None
+        args = (role, link, n, inputs, seed, params, width, ring_bits, schedule, on_stage)
+        return _aggregate_fused(*args, first_coordinate, field_inputs)
     if mode == "only-mpc":
         circuit = reconstruct_circuit(ring_bits, arithmetic=link.arithmetic, field=field_inputs)
         if n:
@@ -557,6 +576,83 @@ def _aggregate_on_link(
     return y, info
 
 
+def _aggregate_fused(
+    role: str,
+    link: PartyLink,
+    n: int,
+    inputs: Callable[[Any], dict[str, np.ndarray]],
+    seed: bytes,
+    params: SamplerParams,
+    width: int,
+    ring_bits: int,
+    schedule: Sequence[int],
+    on_stage: Callable[[], None] | None,
+    first_coordinate: int,
+    field_inputs: bool,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Mode spgc on gmw with the reconstruction and the noisy sum fused into the trial run
+    (:func:`spgc.servers.spgc_circuit.fused_trial_circuit`): each trial instance also reveals to
+    H2 u_z = z + rz, and stage 0's instance c (c < n) u_s = S_c + rs, rs and rz H1's fresh masks
+    (os.urandom, each used in one opening at most). A coordinate that took trial t is released
+    by one exchange: H1 sends rs_c + rz_t, H2 u_s_c + u_z_t, and both get Y = S_c + z_t. So a
+    round is the trial run's layers, its outputs and that exchange: no noisy-sum run."""
+    garbler = role == "garbler"
+    circuit = fused_trial_circuit(params, ring_bits, width, field=field_inputs)
+    mask = ring_mask(width)
+    nbytes = (width + 7) // 8
+    prefix = _PORT_PREFIX[role]
+    own_s = np.zeros(n, dtype=np.uint64)  # H1: rs of each coordinate; H2: u_s
+    own_z: list[np.ndarray] = []  # per stage, per instance: H1: rz; H2: u_z
+    y = np.zeros(n, dtype=np.int64)
+
+    def fresh(m: int) -> np.ndarray:
+        return np.frombuffer(os.urandom(8 * m), dtype="<u8").astype(np.uint64) & mask
+
+    def run_stage(segments: list[TrialSegment]) -> tuple[np.ndarray, int]:
+        ports = expand_segments(seed, segments, params.port_widths, prefix, first_coordinate)
+        m = segment_instances(segments)
+        first = not own_z
+        for port, values in inputs(slice(None)).items():  # S's shares at instances 0..n-1
+            padded = np.zeros(m, dtype=np.uint64)
+            if first:
+                padded[:n] = values
+            ports[port] = padded
+        if garbler:
+            ports["rs"], ports["rz"] = fresh(m), fresh(m)
+        out = link.session.run(circuit, ports, {}, m)
+        mine_s, mine_z = (ports["rs"], ports["rz"]) if garbler else (out["u_s"], out["u_z"])
+        if first:
+            own_s[:] = np.asarray(mine_s, dtype=np.uint64)[:n]
+        own_z.append(np.asarray(mine_z, dtype=np.uint64))
+        return out["accept"], len(own_z) - 1
+
+    def finish(result: RoundResult) -> None:
+        coords, stage = result.coords, int(result.noise)
+        if len(coords) == 0:
+            return
+        mine = (own_s[coords] + own_z[stage][result.instances.astype(np.int64)]) & mask
+        own_s[coords] = 0  # each mask opens one value only
+        link.channel.phase = "outputs"
+        link.channel.send(mine.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :nbytes].tobytes())
+        raw = np.frombuffer(link.channel.recv(nbytes * len(coords)), dtype=np.uint8)
+        wide = np.zeros((len(coords), 8), dtype=np.uint8)
+        wide[:, :nbytes] = raw.reshape(-1, nbytes)
+        theirs = wide.view("<u8").reshape(-1).astype(np.uint64)
+        released = (theirs - mine if garbler else mine - theirs) & mask  # wraps on purpose
+        y[coords] = decode_signed({"y": released}, width)
+        if on_stage is not None:
+            on_stage()
+
+    stats = SamplerStats()
+    rounds = run_sampler_stages(link, n, schedule, run_stage, stats, first_coordinate)
+    for result in rounds:
+        finish(result)
+    info: dict[str, Any] = {"rounds": stats.rounds, "trials": stats.trials}
+    info["trials_per_round"] = stats.per_round
+    info["and_gates"] = stats.trials * circuit.and_count
+    return y, info
+
+
 def noise_shares_range(
     *,
     role: str,
@@ -575,7 +671,8 @@ def noise_shares_range(
     reveals u to H2 only). ``field_modulus`` p (verified inputs): the same mod p, r uniform in
     [0, p). Returns (shares of the range, info with the link's ``counters``)."""
     before = link.counters()
-    layers = getattr(link.session, "layers_used", None)  # GMW: one round trip per AND layer
+    gmw = hasattr(link.session, "layers_used")  # GMW pays a round trip per AND layer
+    trips = int(link.channel.round_trips)  # counted by the engine's channel
     circuit = noise_share_circuit(
         ring_bits, params.noise_bits, arithmetic=link.arithmetic, field_modulus=field_modulus
     )
@@ -611,8 +708,8 @@ def noise_shares_range(
         info["rounds"] = max(info["rounds"], stats.rounds)
         info["trials"] += stats.trials
     info["counters"] = counter_delta(before, link.counters())
-    if layers is not None:
-        info["round_trips"] = int(link.session.layers_used) - int(layers)
+    if gmw:
+        info["round_trips"] = int(link.channel.round_trips) - trips
     return shares, info
 
 

@@ -34,6 +34,8 @@ from garbled_core.circuit import (
     describe_within_depth,
 )
 from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, monomials, table_lookup
+from garbled_core.sampler_circuit import describe_trial_with
+from garbled_core.sampler_tables import SamplerParams
 
 __all__ = [
     "MAX_RING_BITS",
@@ -45,6 +47,8 @@ __all__ = [
     "decode_signed",
     "depth_rows",
     "field_circuit_inputs",
+    "fused_trial_circuit",
+    "fused_trial_description",
     "noise_share_circuit",
     "noisy_sum_circuit",
     "noisy_sum_description",
@@ -298,6 +302,50 @@ def _field_sum(b: CircuitBuilder, ring_bits: int) -> tuple[Bits, Bits]:
     k = b.or_(b.or_(k1, k2), carry)  # 2 ANDs
     v = b.xor(low, 1 << (ring_bits - 1))  # free: the top bit flipped
     return v, b.not_(k)
+
+
+@functools.lru_cache(maxsize=32)
+def fused_trial_description(
+    params: SamplerParams, ring_bits: int, width: int, *, field: bool = False
+) -> CircuitDescription:
+    """A gmw round of mode spgc beside the sampler's trial (issue 47: the reconstruction and the
+    noisy sum fused into the trial run). Per instance, besides the trial's ``accept`` (both) and
+    kept ``z``, the evaluator learns u_s = S + rs and u_z = z + rz mod 2^width (S = smod(A1 - A2,
+    2^L) from ports a1 / a2, or from field shares with k1 / k2 as in :func:`noisy_sum_circuit`;
+    rs and rz the garbler's fresh masks, ports ``rs`` and ``rz``). Both adders run beside the
+    acceptance test (z is ready after about 13 of its 37 to 44 layers), so they add no layer:
+    Y = (u_s + u_z) - (rs + rz) of a coordinate and its accepted trial is then opened in one
+    exchange (servers.gc_party). Depth-aware arithmetic (gmw's) only; ``width`` at most 64."""
+    ring_bits = check_ring_bits(ring_bits)
+    if not 2 <= width <= MAX_PORT_WIDTH:
+        raise ValueError(f"width must be in 2..{MAX_PORT_WIDTH}, got {width}")
+
+    def extra(b: CircuitBuilder, z: Bits) -> None:
+        if field:
+            v, not_k = _field_sum(b, ring_bits)
+            rs = b.input("rs", owner="garbler", width=width)
+            u_s, _ = b.add_with_carry(b.sign_extend(v, width), rs, carry_in=not_k)
+        else:
+            v = _signed_difference(b, ring_bits)
+            rs = b.input("rs", owner="garbler", width=width)
+            u_s = b.add(b.sign_extend(v, width), rs)
+        rz = b.input("rz", owner="garbler", width=width)
+        b.output("u_s", u_s, reveal="evaluator")
+        b.output("u_z", b.add(b.sign_extend(z, width), rz), reveal="evaluator")
+
+    name = (
+        f"dgauss-trial-s{params.sigma_units:.17g}-e{params.bucket_bits}-spgc"
+        f"{'-field' if field else ''}-L{ring_bits}-y{width}-depth"
+    )
+    return describe_trial_with(params, name, extra)
+
+
+@functools.lru_cache(maxsize=32)
+def fused_trial_circuit(
+    params: SamplerParams, ring_bits: int, width: int, *, field: bool = False
+) -> Any:
+    """Compiled :func:`fused_trial_description`."""
+    return fused_trial_description(params, ring_bits, width, field=field).build()
 
 
 # ------------------------------------------------------------------ the paper's table sampler

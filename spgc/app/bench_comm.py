@@ -128,7 +128,8 @@ class CommContext:
     backend: str = "gc"  # spgc.protocol.modes.BACKENDS
     # gmw: the bytes on the wire of the last run, before the OT phase was amortised.
     last_measured_bytes: int = 0
-    last_round_trips: int = 0  # gmw: AND-layer exchanges of the last run
+    last_round_trips: int = 0  # gmw: round trips of the last run, counted by H1's channel
+    last_and_layers: int = 0  # gmw: AND-layer exchanges of the last run (part of them)
     last_ots: int = 0  # gmw: random OTs each way of the last run (one per AND group and instance)
     # --verify-inputs l2: the servers' sums are field shares mod this p (spgc.protocol.norm_proof),
     # and
@@ -226,8 +227,8 @@ def _run_pair(
     ctx.last_measured_bytes = wire
     if ctx.backend == "gmw":
         now = _gmw_usage(links)
-        ots, layers = now[0] - used[0], now[1] - used[1]
-        ctx.last_round_trips, ctx.last_ots = layers, ots
+        ots, layers, trips = (after - was for after, was in zip(now, used, strict=True))
+        ctx.last_round_trips, ctx.last_and_layers, ctx.last_ots = trips, layers, ots
         phases = _amortised_ot(phases, ots)
     return seconds, phases, value
 
@@ -237,10 +238,15 @@ def _run_pair(
 ROUND_TRIP_TIMES: dict[str, float] = {"1ms": 0.001, "10ms": 0.010, "50ms": 0.050}
 
 
-def _gmw_usage(links: tuple[Any, Any]) -> tuple[int, int]:
-    """(random OTs each way, AND-layer exchanges) H1's GMW party has used so far; (0, 0) for gc."""
+def _gmw_usage(links: tuple[Any, Any]) -> tuple[int, int, int]:
+    """(random OTs each way, AND-layer exchanges) H1's GMW party has used so far ((0, 0) for
+    gc), and the round trips H1's channel has counted (receives after a send)."""
     session = links[0].session
-    return int(getattr(session, "ots_used", 0)), int(getattr(session, "layers_used", 0))
+    return (
+        int(getattr(session, "ots_used", 0)),
+        int(getattr(session, "layers_used", 0)),
+        int(links[0].channel.round_trips),
+    )
 
 
 #: gmw: the phase groups whose bytes a run is charged (_amortised_ot) instead of counted.
@@ -293,11 +299,16 @@ def _arithmetic(ctx: CommContext) -> str:
 
 
 def _gmw_extra(ctx: CommContext, n: int) -> dict[str, Any]:
-    """gmw's round trips of the measured round (its AND layers, one exchange each way each) and
-    its random OTs each way per coordinate (one per AND group, fewer than its AND gates)."""
+    """gmw's round trips of the measured round, counted by H1's channel (every exchange: AND
+    layers, run headers, outputs), its AND layers among them, and its random OTs each way per
+    coordinate (one per AND group, fewer than its AND gates)."""
     if ctx.backend != "gmw":
         return {}
-    return {"round_trips": ctx.last_round_trips, "random_ots_per_coordinate": ctx.last_ots / n}
+    return {
+        "round_trips": ctx.last_round_trips,
+        "and_layers": ctx.last_and_layers,
+        "random_ots_per_coordinate": ctx.last_ots / n,
+    }
 
 
 def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
@@ -685,7 +696,7 @@ def _row(
         link = 8 * per_step / bits_per_second
         row[f"link_seconds_per_step_{name}"] = link
         row[f"bound_at_{name}"] = "link" if link > seconds else "compute"
-        # gmw counts its round trips (one per AND layer): the round's time on a link of this
+        # gmw's channel counts its round trips: the round's time on a link of this
         # speed and round-trip time, at least the transfer plus the waits, beside the compute.
         if "round_trips" in big.extra:
             for rtt_name, rtt in ROUND_TRIP_TIMES.items():

@@ -4,6 +4,7 @@ for the same seeds, and its bytes and round trips."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
@@ -12,10 +13,11 @@ from helpers import Background, loopback_server_config
 from test_spgc_circuit import shares_of, sums_for
 
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+from garbled_core.sampler_circuit import build_trial_description
 from spgc.privacy.noise import SPARES_EVERY, sample_noise_plain
 from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
 from spgc.servers.peer import config_differences
-from spgc.servers.spgc_circuit import noisy_sum_circuit
+from spgc.servers.spgc_circuit import fused_trial_description, noisy_sum_circuit
 from spgc.settings.config import ConfigError
 from spgc.settings.plan import make_plan
 
@@ -111,3 +113,44 @@ def test_the_backend_is_part_of_the_plan_and_refused_where_it_cannot_run() -> No
     assert loopback_server_config(backend="gmw", workers=2).workers == 2
     with pytest.raises(ConfigError, match="backend"):
         loopback_server_config(backend="ckks")
+
+
+def test_a_gmw_round_is_one_trial_run_and_one_exchange(two_party):
+    """Mode spgc on gmw fuses the reconstruction and the noisy sum into the trial run
+    (spgc_circuit.fused_trial_circuit): as deep as the trial alone, so a one-stage round is the
+    trial's AND layers, its outputs and the opening exchange, counted by the channel (the run
+    header travels with the first layer once the silent OT's iteration is buffered). A round
+    whose leftover coordinates need stage 1 (these seeds) runs the fused trial again and
+    still releases the plaintext reference, bit for bit."""
+    ring_bits, sigma = 16, 1000.0
+    params = derive_params(sigma)
+    width = max(ring_bits, params.noise_bits) + 1
+    depth = build_trial_description(params, arithmetic="depth").and_depth()
+    fused = fused_trial_description(params, ring_bits, width)
+    assert fused.and_depth() == depth
+    assert fused.output_depths()["u_z"] < depth and fused.output_depths()["u_s"] < depth
+    lg, le = gmw_links(two_party)
+    sums = sums_for(ring_bits, 300, 5)
+    a1, a2 = shares_of(sums, ring_bits, 6)
+    for attempt in range(2):  # the first round starts the silent OT's first iteration
+        s1 = hashlib.sha256(b"fused-round-g%d" % attempt).digest()
+        s2 = hashlib.sha256(b"fused-round-e%d" % attempt).digest()
+        yg, ye, cg, ce = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
+        ref = aggregate_plain(
+            a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma, backend="gmw"
+        )
+        assert [int(v) for v in ref] == yg.tolist() == ye.tolist()
+    assert cg["rounds"] == 1  # (as almost always with the spare trials)
+    assert cg["round_trips"] == ce["round_trips"] == depth + 2
+    # Stage 1: six coordinates and these seeds leave one coordinate over after stage 0.
+    sums = sums_for(ring_bits, 0, 9)[:6]  # edge values of the ring
+    a1, a2 = shares_of(sums, ring_bits, 10)
+    s1, s2 = hashlib.sha256(b"a39").digest(), hashlib.sha256(b"b39").digest()
+    yg, ye, cg, ce = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
+    assert cg["rounds"] == 2 and cg["trials_per_round"] == [8, 1]
+    ref = aggregate_plain(
+        a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma, backend="gmw"
+    )
+    assert [int(v) for v in ref] == yg.tolist() == ye.tolist()
+    z = sample_noise_plain(s1, s2, 6, sigma, spares_every=SPARES_EVERY["gmw"])
+    assert [y - s for y, s in zip(ye.tolist(), sums, strict=True)] == z.tolist()
