@@ -193,7 +193,7 @@ def run_round(
         "seconds_per_coordinate_per_pair": seconds * workers / d,
         "trials": int(ig["trials"]),
         "rounds": int(ig["rounds"]),
-        "round_trips": ig.get("round_trips"),  # gmw: AND layers exchanged (gc: None)
+        "round_trips": ig.get("round_trips"),  # gmw: counted by the channel (gc: None)
         "peak_rss_mb_per_worker": [] if not use_ray else _worker_rss(ig, ie),
         "idle_rss_mb_per_worker": idle,
         "correct": correct,
@@ -571,10 +571,13 @@ def _summary_line(result: dict[str, Any]) -> str:
             f"{result['pool_store_seconds']:.2f} s, online round "
             f"{result['online_seconds_per_round']:.2f} s (16 B per coordinate), {verdict}"
         )
+    trips = result.get("round_trips")
     return (
         f"{result['dim']:,} coordinates on {where}: {result['seconds_per_round']:.2f} s per "
-        f"round, {result['and_gates_per_second'] / 1e6:.2f} M AND/s, "
-        f"{result['bytes_per_coordinate']:,.0f} B per coordinate, {verdict}"
+        f"round, T = {result['seconds_per_coordinate_per_pair'] * 1e6:.1f} us per coordinate "
+        f"per pair, {result['and_gates_per_second'] / 1e6:.2f} M AND/s, "
+        f"{result['bytes_per_coordinate']:,.0f} B per coordinate"
+        f"{'' if trips is None else f', {trips} round trips'}, {verdict}"
     )
 
 
