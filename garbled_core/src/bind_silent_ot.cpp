@@ -34,8 +34,10 @@ std::vector<size_t> extend_sizes(const py::object& m) {
   return sizes;
 }
 
-gc::SilentOtParams params_of(bool test_only) {
-  return test_only ? gc::SilentOtParams::test_only() : gc::SilentOtParams::ferret();
+gc::SilentOtParams params_of(bool test_only, size_t threads = 1) {
+  gc::SilentOtParams p = test_only ? gc::SilentOtParams::test_only() : gc::SilentOtParams::ferret();
+  p.threads = threads;
+  return p;
 }
 
 py::dict set_dict(const gc::FerretParams& p) {
@@ -70,7 +72,8 @@ void bind_silent_ot(py::module_& m) {
   "Silent OT parameters (Ferret's, or the TEST-ONLY insecure set): sizes, bytes per main iteration "
   "(main.tree_bytes, sender to receiver; the receiver sends nothing after setup), bits_per_ot.");
 
-  m.def("_silent_cot_send", [](gc::Channel& ch, const py::object& m_ots, bool test_only, bool stats) {
+  m.def("_silent_cot_send", [](gc::Channel& ch, const py::object& m_ots, bool test_only, bool stats,
+                               size_t threads) {
     const std::vector<size_t> sizes = extend_sizes(m_ots);
     size_t total = 0;
     for (size_t s : sizes) total += s;
@@ -80,7 +83,7 @@ void bind_silent_ot(py::module_& m) {
     Counts c;
     {
       py::gil_scoped_release r;
-      gc::SilentCotSender sender(ch, delta, params_of(test_only));
+      gc::SilentCotSender sender(ch, delta, params_of(test_only, threads));
       const uint64_t s0 = ch.total_sent(), r0 = ch.total_received();
       const auto t0 = std::chrono::steady_clock::now();
       sender.setup();
@@ -100,11 +103,12 @@ void bind_silent_ot(py::module_& m) {
     py::object d = labels_array(&delta, 1), labels = labels_array(q.data(), total);
     if (stats) return py::tuple(py::make_tuple(d, labels, c.to_dict()));
     return py::tuple(py::make_tuple(d, labels));
-  }, "channel"_a, "m"_a, "test_only"_a = false, "stats"_a = false,
+  }, "channel"_a, "m"_a, "test_only"_a = false, "stats"_a = false, "threads"_a = 1,
   "Test hook: silent COT sender for m OTs (an int, or a list of extend sizes); returns (delta, q) "
   "[, byte counts of this side]. lsb(q_i) = 0.");
 
-  m.def("_silent_cot_recv", [](gc::Channel& ch, const py::object& m_ots, bool test_only, bool stats) {
+  m.def("_silent_cot_recv", [](gc::Channel& ch, const py::object& m_ots, bool test_only, bool stats,
+                               size_t threads) {
     const std::vector<size_t> sizes = extend_sizes(m_ots);
     size_t total = 0;
     for (size_t s : sizes) total += s;
@@ -113,7 +117,7 @@ void bind_silent_ot(py::module_& m) {
     Counts c;
     {
       py::gil_scoped_release r;
-      gc::SilentCotReceiver receiver(ch, params_of(test_only));
+      gc::SilentCotReceiver receiver(ch, params_of(test_only, threads));
       const uint64_t s0 = ch.total_sent(), r0 = ch.total_received();
       const auto t0 = std::chrono::steady_clock::now();
       receiver.setup();
@@ -138,7 +142,7 @@ void bind_silent_ot(py::module_& m) {
     py::object labels = labels_array(t.data(), total);
     if (stats) return py::tuple(py::make_tuple(choices, labels, c.to_dict()));
     return py::tuple(py::make_tuple(choices, labels));
-  }, "channel"_a, "m"_a, "test_only"_a = false, "stats"_a = false,
+  }, "channel"_a, "m"_a, "test_only"_a = false, "stats"_a = false, "threads"_a = 1,
   "Test hook: silent COT receiver for m OTs (an int, or a list of extend sizes); returns "
   "(choices packed LSB-first, labels) [, byte counts of this side]; labels = q ^ b * delta.");
 }

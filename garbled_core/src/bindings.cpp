@@ -343,21 +343,30 @@ PYBIND11_MODULE(_core, m) {
       "One server of the GMW backend: role 'garbler' (H1, party 0, owns the garbler ports) or "
       "'evaluator' (H2, party 1). run() takes and returns what Garbler/Evaluator.run do; Keep "
       "outputs are XOR shares that only this backend's runs accept as carried inputs.")
-      .def(py::init([](gc::Channel& ch, const std::string& role, int ot_k, const std::string& ot) {
+      .def(py::init([](gc::Channel& ch, const std::string& role, int ot_k, const std::string& ot,
+                       size_t lpn_threads) {
         int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
         if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
         if (ot_k < 1 || ot_k > gc::kMaxOtK)
           throw py::value_error("ot_k must be in 1..8 (SoftSpoken k of the random OTs)");
+        if (lpn_threads < 1 || lpn_threads > gc::SilentOtParams::kMaxLpnThreads)
+          throw py::value_error("lpn_threads must be in 1.." + std::to_string(gc::SilentOtParams::kMaxLpnThreads));
         if (ot == "softspoken") return new gc::GmwParty(ch, party, gc::GmwOptions{ot_k});
+        gc::SilentOtParams params;
         if (ot == "silent")
-          return new gc::GmwParty(ch, party, std::make_unique<gc::SilentRandomOt>(gc::SilentOtParams::ferret()));
-        if (ot == "silent-test-only")  // NOT SECURE: tiny LPN parameters, for tests
-          return new gc::GmwParty(ch, party,
-                                  std::make_unique<gc::SilentRandomOt>(gc::SilentOtParams::test_only()));
-        throw py::value_error("ot must be 'softspoken', 'silent' or 'silent-test-only', not '" + ot + "'");
-      }), "channel"_a, "role"_a, "ot_k"_a = gc::kDefaultOtK, "ot"_a = "softspoken", py::keep_alive<1, 2>(),
+          params = gc::SilentOtParams::ferret();
+        else if (ot == "silent-test-only")  // NOT SECURE: tiny LPN parameters, for tests
+          params = gc::SilentOtParams::test_only();
+        else
+          throw py::value_error("ot must be 'softspoken', 'silent' or 'silent-test-only', not '" + ot + "'");
+        params.threads = lpn_threads;
+        return new gc::GmwParty(ch, party, std::make_unique<gc::SilentRandomOt>(params));
+      }), "channel"_a, "role"_a, "ot_k"_a = gc::kDefaultOtK, "ot"_a = "softspoken", "lpn_threads"_a = 1,
+      py::keep_alive<1, 2>(),
       "ot: where the triples' random OTs come from: 'softspoken' (ot_k), 'silent' (Ferret, "
-      "silent_ot.h) or 'silent-test-only' (Ferret's code at an INSECURE size, for tests).")
+      "silent_ot.h) or 'silent-test-only' (Ferret's code at an INSECURE size, for tests). "
+      "lpn_threads: threads the silent OT's LPN encoding is split over (the same bits for any "
+      "count; local to this party).")
       .def("setup", [](gc::GmwParty& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         // The same conversion as Garbler/Evaluator.run: the backends are interchangeable.

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "garbled_core/aes.h"
@@ -142,15 +144,52 @@ void lpn_encode_ways(const FerretParams& p, const block* base, block* const* out
   }
 }
 
-void lpn_encode(const FerretParams& p, const block* base, block* out, size_t begin, size_t end) {
+// Outputs per thread below which a range is not split (a thread's start costs about what
+// encoding a few hundred outputs does).
+constexpr size_t kMinOutputsPerThread = 2048;
+
+// lpn_encode_ways over up to `threads` threads (the caller's included), each a contiguous
+// slice of [begin, end) cut at multiples of 8. Every output depends only on its own index, its
+// own leaf and the base (read-only here), and the indices come from a public fixed-key AES in
+// counter mode, so the outputs are the same bits for any thread count; nothing random is drawn.
+template <int Ways>
+void lpn_encode_threads(const FerretParams& p, const block* base, block* const* out, size_t begin, size_t end,
+                        size_t threads) {
+  const size_t count = end > begin ? end - begin : 0;
+  const size_t parts = std::max<size_t>(1, std::min(threads, count / kMinOutputsPerThread));
+  if (parts == 1) {
+    lpn_encode_ways<Ways>(p, base, out, begin, end);
+    return;
+  }
+  const size_t slice = (count / parts + 7) / 8 * 8;
+  std::vector<std::thread> workers;
+  std::vector<std::exception_ptr> errors(parts);
+  for (size_t t = 1; t < parts; ++t) {
+    const size_t lo = std::min(end, begin + t * slice), hi = t + 1 == parts ? end : std::min(end, lo + slice);
+    workers.emplace_back([&, lo, hi, t] {
+      try {
+        lpn_encode_ways<Ways>(p, base, out, lo, hi);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  }
+  lpn_encode_ways<Ways>(p, base, out, begin, std::min(end, begin + slice));
+  for (auto& w : workers) w.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+void lpn_encode(const FerretParams& p, const block* base, block* out, size_t begin, size_t end,
+                size_t threads = 1) {
   block* const outs[1] = {out};
-  lpn_encode_ways<1>(p, base, outs, begin, end);
+  lpn_encode_threads<1>(p, base, outs, begin, end, threads);
 }
 
 void lpn_encode_pair(const FerretParams& p, const block* pair, block* out_s, block* out_r, size_t begin,
-                     size_t end) {
+                     size_t end, size_t threads) {
   block* const outs[2] = {out_s, out_r};
-  lpn_encode_ways<2>(p, pair, outs, begin, end);
+  lpn_encode_threads<2>(p, pair, outs, begin, end, threads);
 }
 
 inline block tweak(uint64_t iteration, size_t tree, int level) {
@@ -177,8 +216,8 @@ constexpr int kSoftSpokenK = 7;
 // iteration: a run that needs few OTs pays the LPN for those only, not for the whole
 // iteration, and the setup iteration's other outputs, dropped, are never encoded.
 void finish_iteration(const FerretParams& p, size_t next, const detail::HugeBlocks& base,
-                      detail::HugeBlocks& next_base, detail::HugeBlocks& out, size_t* encoded) {
-  lpn_encode(p, base.data(), out.data(), 0, next);
+                      detail::HugeBlocks& next_base, detail::HugeBlocks& out, size_t* encoded, size_t threads) {
+  lpn_encode(p, base.data(), out.data(), 0, next, threads);
   next_base.resize(next);
   std::memcpy((void*)next_base.data(), out.data(), next * sizeof(block));
   *encoded = next;
@@ -186,9 +225,9 @@ void finish_iteration(const FerretParams& p, size_t next, const detail::HugeBloc
 
 // Makes outputs [.., end) of the current main iteration final (see finish_iteration).
 void take_encoded(const FerretParams& main, const detail::HugeBlocks& base, detail::HugeBlocks& out,
-                  size_t end, size_t* encoded) {
+                  size_t end, size_t* encoded, size_t threads) {
   if (*encoded >= end) return;
-  lpn_encode(main, base.data(), out.data(), *encoded, end);
+  lpn_encode(main, base.data(), out.data(), *encoded, end, threads);
   *encoded = end;
 }
 
@@ -252,6 +291,8 @@ SilentOtParams SilentOtParams::test_only() {
 }
 
 void SilentOtParams::validate() const {
+  if (threads < 1 || threads > kMaxLpnThreads)
+    throw std::invalid_argument("silent OT: threads must be in 1.." + std::to_string(kMaxLpnThreads));
   for (const FerretParams* p : {&setup, &main}) {
     if (p->h < 1 || p->h > 24 || p->k < 1 || p->t < 1 || p->n != (p->t << p->h) || p->k >= p->n)
       throw std::invalid_argument(std::string("silent OT: inconsistent parameter set ") + p->name);
@@ -270,12 +311,13 @@ void encode_jointly(SilentCotSender& s, SilentCotReceiver& r, size_t end) {
   const size_t join = std::max(es, er);
   // The side behind (it took outputs while the other was still in its last iteration)
   // catches up alone; from there both are encoded together.
+  const size_t threads = s.params_.threads;
   if (es < join) {
-    lpn_encode(p, s.base_.data(), s.out_.data(), es, std::min(join, end));
+    lpn_encode(p, s.base_.data(), s.out_.data(), es, std::min(join, end), threads);
     es = std::min(join, end);
   }
   if (er < join) {
-    lpn_encode(p, r.base_.data(), r.out_.data(), er, std::min(join, end));
+    lpn_encode(p, r.base_.data(), r.out_.data(), er, std::min(join, end), threads);
     er = std::min(join, end);
   }
   if (join >= end) return;
@@ -288,7 +330,7 @@ void encode_jointly(SilentCotSender& s, SilentCotReceiver& r, size_t end) {
     }
     s.pair_iteration_ = s.iterations_;
   }
-  lpn_encode_pair(p, s.pair_base_.data(), s.out_.data(), r.out_.data(), join, end);
+  lpn_encode_pair(p, s.pair_base_.data(), s.out_.data(), r.out_.data(), join, end, threads);
   es = er = end;
 }
 
@@ -374,7 +416,7 @@ void SilentCotSender::iterate(const FerretParams& p) {
   ch_.send(msg_.data(), msg_.size() * sizeof(block));
   ch_.flush();
   const size_t next = params_.main.reserve();
-  finish_iteration(p, next, base_, next_base_, out_, &encoded_);
+  finish_iteration(p, next, base_, next_base_, out_, &encoded_, params_.threads);
   out_size_ = p.n;
   pos_ = next;
   ++tweak_base_;
@@ -397,7 +439,7 @@ void SilentCotSender::extend(size_t m, block* q) {
       if (paired_now())
         encode_jointly(*this, *partner_, pos_ + take);
       else
-        take_encoded(params_.main, base_, out_, pos_ + take, &encoded_);
+        take_encoded(params_.main, base_, out_, pos_ + take, &encoded_, params_.threads);
     }
     std::memcpy((void*)(q + done), out_.data() + pos_, take * sizeof(block));
     done += take;
@@ -474,7 +516,7 @@ void SilentCotReceiver::iterate(const FerretParams& p) {
     nd[punct] = c;  // v_alpha ^ Delta (nd[punct] was zero in the sum)
   }
   const size_t next = params_.main.reserve();
-  finish_iteration(p, next, base_, next_base_, out_, &encoded_);
+  finish_iteration(p, next, base_, next_base_, out_, &encoded_, params_.threads);
   out_size_ = p.n;
   pos_ = next;
   ++tweak_base_;
@@ -498,7 +540,7 @@ void SilentCotReceiver::extend(size_t m, uint8_t* choices, block* t) {
       if (paired_now())
         encode_jointly(*partner_, *this, pos_ + take);
       else
-        take_encoded(params_.main, base_, out_, pos_ + take, &encoded_);
+        take_encoded(params_.main, base_, out_, pos_ + take, &encoded_, params_.threads);
     }
     const block* src = out_.data() + pos_;
     std::memcpy((void*)(t + done), src, take * sizeof(block));

@@ -620,3 +620,24 @@ def test_round_trips_per_run_counted_by_the_channel(gmw_pair, source):
     else:  # the first run starts an iteration (its trees); the next ones are buffered
         assert trips[1:] == [(layers + 1, layers + 1)] * 2
         assert trips[0][0] > layers + 1
+
+
+def test_threaded_lpn_encoding_gives_the_plaintext_outputs(gmw_pair):
+    """lpn_threads (the silent OT's LPN encoding over threads, local to a party): one party on
+    four threads, the other on one; its triples still satisfy c0 ^ c1 = a & b on every AND gate
+    and instance (outputs equal to the plaintext evaluator's over several runs and a silent
+    iteration boundary), which needs both sides' encodings to be the same bits."""
+    circuit = random_circuit(4)
+    pair = gmw_pair()
+    pair.h1 = GmwParty(pair.h1_channel, "garbler", ot="silent-test-only", lpn_threads=4)
+    pair.h2 = GmwParty(pair.h2_channel, "evaluator", ot="silent-test-only")
+    rng = np.random.default_rng(4)
+    for n in (1, 700, 3000):
+        g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+        e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+        expected = circuit.evaluate({"g": g, "e": e})
+        out1, out2 = pair.run(circuit, {"g": g}, {"e": e})
+        assert np.array_equal(out1["out"], expected["out"])
+        assert np.array_equal(out2["mid"], expected["mid"])
+    with pytest.raises(ValueError, match=r"lpn_threads must be in 1\.\.64"):
+        GmwParty(pair.h1_channel, "garbler", ot="silent", lpn_threads=0)

@@ -93,6 +93,31 @@ def test_correlation_over_extends_and_iterations(two_party):
     assert sstats["setup_sent"] == sender_setup == rstats["setup_received"]
 
 
+@pytest.mark.parametrize(("sender_threads", "receiver_threads"), [(4, 1), (1, 3), (2, 5)])
+def test_threaded_lpn_encoding_is_the_single_threaded_one(
+    two_party, sender_threads, receiver_threads
+):
+    """SilentOtParams.threads splits the LPN encoding over threads (slices of the outputs; each
+    output depends on its index alone): a side on one thread and a side on several still hold
+    the COT correlation on every output, so both encoded the same linear map bit for bit, over
+    extends of every size (a slice boundary anywhere) and several iterations."""
+    p = _core._silent_ot_params(test_only=True)
+    u = p["usable_per_iteration"]
+    sizes = [1, 5000, u - 5001, 3 * u + 5, 4099]
+    tp = two_party()
+    sender = Background(
+        lambda: _core._silent_cot_send(
+            tp.garbler_channel, sizes, True, False, threads=sender_threads
+        )
+    )
+    choices, labels = _core._silent_cot_recv(
+        tp.evaluator_channel, sizes, True, False, threads=receiver_threads
+    )
+    delta, q = sender.result()
+    check_correlation(delta, q, choices, labels)
+    assert len(np.unique(q.view(np.dtype((np.void, 16))))) == sum(sizes)
+
+
 def test_fresh_sessions_differ(two_party):
     delta1, q1, _, c1, l1, _ = run_pair(two_party, 5000)
     delta2, q2, _, c2, l2, _ = run_pair(two_party, 5000)

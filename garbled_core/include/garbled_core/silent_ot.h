@@ -120,6 +120,10 @@ struct FerretParams {
 struct SilentOtParams {
   FerretParams setup, main;
   bool secure = true;
+  // Threads one COT object's LPN encoding is split over (1..kMaxLpnThreads): the same output
+  // bits for any count (each output depends on its index alone). Local: the peer may differ.
+  static constexpr size_t kMaxLpnThreads = 64;
+  size_t threads = 1;
   // Ferret (CCS 2020), regular noise: main n = 10,805,248, k = 589,760,
   // t = 1,319 (2^13 leaves per tree); setup n = 642,048, k = 19,870,
   // t = 2,508 (2^8 leaves). 128-bit security as claimed there.
