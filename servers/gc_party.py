@@ -319,7 +319,7 @@ def run_sampler_stages(
     first_coordinate: int = 0,
 ) -> Iterator[RoundResult]:
     """The sampler's rounds on ``link``'s backend (its spare trials): ``run_stage`` runs one
-    stage's trials (:func:`spgc.noise.sampling_rounds`)."""
+    stage's trials (:func:`spgc.privacy.noise.sampling_rounds`)."""
     return sampling_rounds(
         n, schedule, run_stage, stats, spares_every=link.spares_every,
         first_coordinate=first_coordinate,
