@@ -641,3 +641,26 @@ def test_threaded_lpn_encoding_gives_the_plaintext_outputs(gmw_pair):
         assert np.array_equal(out2["mid"], expected["mid"])
     with pytest.raises(ValueError, match=r"lpn_threads must be in 1\.\.64"):
         GmwParty(pair.h1_channel, "garbler", ot="silent", lpn_threads=0)
+
+
+@pytest.mark.parametrize("h2_n", [10, 20_000])
+def test_a_header_read_after_the_first_layer_still_catches_a_mismatch(gmw_pair, h2_n):
+    """On silent OT between iterations the peer's run header is read after this party sent its
+    first layer (one round trip less): a peer running another circuit is still a ProtocolError
+    on both sides, before any opening is read; also when only one side's triples need a new
+    iteration (h2_n: H2's instance count makes its run start one, so it reads the header first)."""
+    c1, c2 = add_sub_circuits()
+    pair = gmw_pair()
+    pair.h1 = GmwParty(pair.h1_channel, "garbler", ot="silent-test-only")
+    pair.h2 = GmwParty(pair.h2_channel, "evaluator", ot="silent-test-only")
+    xs = np.arange(10, dtype=np.uint64)
+    out1, out2 = pair.run(c1, {"x": xs}, {"y": xs})  # setup, and the first iteration
+    assert out1["y"].tolist() == out2["y"].tolist() == (2 * xs).tolist()
+    ys = np.arange(h2_n, dtype=np.uint64) % 256
+    side = Background(lambda: pair.h1.run(c1, {"x": xs}))
+    with pytest.raises(ProtocolError, match="mismatch"):
+        pair.h2.run(c2, {"y": ys})
+    with pytest.raises(ProtocolError, match="mismatch"):
+        side.result()
+    with pytest.raises(ProtocolError, match="out of step"):
+        pair.h1.run(c1, {"x": xs})
