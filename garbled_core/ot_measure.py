@@ -2,7 +2,7 @@
 (Ferret) and SoftSpoken extensions run between two parties over a Channel, outside any session.
 
 Silent OT's sender holds Delta and gets q_i; the receiver gets random choice bits b_i and
-t_i = q_i ^ b_i Delta (docs/ENGINE.md, "Silent OT"). These functions return the outputs so that
+t_i = q_i ^ b_i Delta (docs/GMW.md, "Silent OT"). These functions return the outputs so that
 a caller can check the correlation, and byte counts and timings of each side.
 """
 
