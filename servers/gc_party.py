@@ -13,7 +13,8 @@ Rounds (adaptive rejection): round r runs ``schedule[r]`` trials for each coordi
 accepted trial yet; both servers see the accept bits (which depend on randomness only, never on
 the data, and are independent of the accepted values), pick the first accepted trial of each
 coordinate, and carry its kept noise labels into the reconstruction circuit for those
-coordinates.
+coordinates. On gmw the reconstruction and the addition ride in the trial run instead, and a
+coordinate's Y is opened from masked sums in one exchange (:func:`_aggregate_fused`).
 """
 
 from __future__ import annotations
