@@ -344,14 +344,19 @@ PYBIND11_MODULE(_core, m) {
       "'evaluator' (H2, party 1). run() takes and returns what Garbler/Evaluator.run do; Keep "
       "outputs are XOR shares that only this backend's runs accept as carried inputs.")
       .def(py::init([](gc::Channel& ch, const std::string& role, int ot_k, const std::string& ot,
-                       size_t lpn_threads) {
+                       size_t threads) {
         int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
         if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
         if (ot_k < 1 || ot_k > gc::kMaxOtK)
           throw py::value_error("ot_k must be in 1..8 (SoftSpoken k of the random OTs)");
-        if (lpn_threads < 1 || lpn_threads > gc::SilentOtParams::kMaxLpnThreads)
-          throw py::value_error("lpn_threads must be in 1.." + std::to_string(gc::SilentOtParams::kMaxLpnThreads));
-        if (ot == "softspoken") return new gc::GmwParty(ch, party, gc::GmwOptions{ot_k});
+        if (threads < 1 || threads > gc::GmwParty::kMaxGmwThreads)
+          throw py::value_error("threads must be in 1.." + std::to_string(gc::GmwParty::kMaxGmwThreads));
+        static_assert(gc::GmwParty::kMaxGmwThreads <= gc::SilentOtParams::kMaxLpnThreads, "thread limits");
+        if (ot == "softspoken") {
+          auto* p = new gc::GmwParty(ch, party, gc::GmwOptions{ot_k});
+          p->set_threads(threads);
+          return p;
+        }
         gc::SilentOtParams params;
         if (ot == "silent")
           params = gc::SilentOtParams::ferret();
@@ -359,14 +364,16 @@ PYBIND11_MODULE(_core, m) {
           params = gc::SilentOtParams::test_only();
         else
           throw py::value_error("ot must be 'softspoken', 'silent' or 'silent-test-only', not '" + ot + "'");
-        params.threads = lpn_threads;
-        return new gc::GmwParty(ch, party, std::make_unique<gc::SilentRandomOt>(params));
-      }), "channel"_a, "role"_a, "ot_k"_a = gc::kDefaultOtK, "ot"_a = "softspoken", "lpn_threads"_a = 1,
+        params.threads = threads;
+        auto* p = new gc::GmwParty(ch, party, std::make_unique<gc::SilentRandomOt>(params));
+        p->set_threads(threads);
+        return p;
+      }), "channel"_a, "role"_a, "ot_k"_a = gc::kDefaultOtK, "ot"_a = "softspoken", "threads"_a = 1,
       py::keep_alive<1, 2>(),
       "ot: where the triples' random OTs come from: 'softspoken' (ot_k), 'silent' (Ferret, "
       "silent_ot.h) or 'silent-test-only' (Ferret's code at an INSECURE size, for tests). "
-      "lpn_threads: threads the silent OT's LPN encoding is split over (the same bits for any "
-      "count; local to this party).")
+      "threads: threads this party's AND layers and, on silent OT, its LPN encoding are split "
+      "over (the same bits for any count; local to this party).")
       .def("setup", [](gc::GmwParty& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::GmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         // The same conversion as Garbler/Evaluator.run: the backends are interchangeable.

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <queue>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -100,6 +102,37 @@ void scatter_bits(const block* s, size_t cnt, uint32_t width, unsigned off, uint
     for (size_t j = 0; j < cnt; ++j) word |= ((h[j] >> bit) & 1) << j;
     rows[(size_t)p * stride] |= word << off;
   }
+}
+
+// Words of a row below which a layer is not split over threads (a thread's start costs about
+// what a few thousand words of gates do).
+constexpr size_t kMinWordsPerThread = 256;
+
+// f(w0, w1) over [0, words) in up to `threads` contiguous ranges, one per thread (the caller's
+// included). The ranges are disjoint and f only touches its own words of every row, so the
+// result is the same bits for any thread count; nothing random is drawn.
+template <typename F>
+void for_word_ranges(size_t words, size_t threads, const F& f) {
+  const size_t parts = std::max<size_t>(1, std::min(threads, words / kMinWordsPerThread));
+  if (parts == 1) {
+    if (words) f(0, words);
+    return;
+  }
+  const size_t slice = (words + parts - 1) / parts;
+  std::vector<std::thread> workers;
+  std::vector<std::exception_ptr> errors(parts);
+  for (size_t t = 1; t < parts; ++t)
+    workers.emplace_back([&, t] {
+      try {
+        f(t * slice, std::min(words, (t + 1) * slice));
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  f(0, slice);
+  for (auto& w : workers) w.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 // The schedule of one circuit for GMW: gates regrouped by AND-depth stage (the
@@ -497,6 +530,12 @@ GmwParty::GmwParty(Channel& ch, int party, std::unique_ptr<RandomOtSource> ot)
   if (!ot_) throw std::invalid_argument("GMW needs a random OT source");
 }
 
+void GmwParty::set_threads(size_t threads) {
+  if (threads < 1 || threads > kMaxGmwThreads)
+    throw std::invalid_argument("GMW threads must be in 1.." + std::to_string(kMaxGmwThreads));
+  threads_ = threads;
+}
+
 void GmwParty::exchange_gmw_hello() {
   ch_.set_phase(Phase::Setup);
   // 20 bytes, like the garbled-circuit hello, so a party of the other backend
@@ -678,7 +717,7 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
   // Gates, stage by stage; one exchange per AND layer.
   ch_.set_phase(Phase::Tables);
   Sha256 transcript;
-  std::vector<uint64_t> mine(plan.max_layer * W + 1), pd(W + 1), pe(W + 1);
+  std::vector<uint64_t> mine(plan.max_layer * W + 1), pd(W + 1);
   std::vector<uint8_t> out_msg(plan.max_layer * row_bytes), in_msg(out_msg.size());
   auto a_row = [&](size_t g) { return triples.a.data() + g * W; };
   auto b_row = [&](size_t m) { return triples.b.data() + m * W; };
@@ -699,49 +738,57 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     }
     if (st.and_end == st.and_begin || !n) continue;
     // This party's shares of d = key ^ a (once per group) and e = y ^ b (per gate), group by
-    // group: [d, e_1 .. e_w], padding bits cleared.
-    size_t rows = 0;
-    auto put = [&](const uint64_t* v, const uint64_t* mask) {
-      uint64_t* dst = mine.data() + rows * W;
-      for (size_t w = 0; w < W; ++w) dst[w] = v[w] ^ mask[w];
-      dst[W - 1] &= tail;
-      std::memcpy(out_msg.data() + rows * row_bytes, dst, row_bytes);
-      ++rows;
-    };
+    // group: [d, e_1 .. e_w], padding bits cleared. Rows are split by words over the threads.
+    std::vector<std::pair<const uint64_t*, const uint64_t*>> sources;  // (value, triple mask)
     for (size_t g = st.group_begin; g < st.group_end; ++g) {
       const GmwPlan::Group& grp = plan.groups[g];
-      put(row(grp.key), a_row(g));
+      sources.push_back({row(grp.key), a_row(g)});
       for (size_t k = grp.first; k < grp.last; ++k)
-        put(row(plan.ops[k].b), b_row(st.member_base + (k - st.and_begin)));
+        sources.push_back({row(plan.ops[k].b), b_row(st.member_base + (k - st.and_begin))});
     }
+    const size_t rows = sources.size();
+    for_word_ranges(W, threads_, [&](size_t w0, size_t w1) {
+      const size_t b0 = 8 * w0, b1 = std::min(8 * w1, row_bytes);
+      for (size_t r = 0; r < rows; ++r) {
+        uint64_t* dst = mine.data() + r * W;
+        const uint64_t *v = sources[r].first, *mask = sources[r].second;
+        for (size_t w = w0; w < w1; ++w) dst[w] = v[w] ^ mask[w];
+        if (w1 == W) dst[W - 1] &= tail;
+        if (b0 < b1) std::memcpy(out_msg.data() + r * row_bytes + b0, reinterpret_cast<uint8_t*>(dst) + b0, b1 - b0);
+      }
+    });
     const size_t msg = rows * row_bytes;
     ch_.send(out_msg.data(), msg);
     check_header_once();           // flushes ours first (the first layer: with the header)
     ch_.recv(in_msg.data(), msg);
     transcript.update(in_msg.data(), msg);
     const uint64_t own = party_ == 0 ? ~uint64_t(0) : 0;
-    rows = 0;
-    for (size_t g = st.group_begin; g < st.group_end; ++g) {
-      const GmwPlan::Group& grp = plan.groups[g];
-      const uint64_t* ta = a_row(g);
-      const uint64_t* d = mine.data() + rows * W;
-      pd[W - 1] = 0;
-      std::memcpy(pd.data(), in_msg.data() + rows * row_bytes, row_bytes);
-      for (size_t w = 0; w < W; ++w) pd[w] ^= d[w];  // the opened key ^ a
-      ++rows;
-      for (size_t k = grp.first; k < grp.last; ++k) {
-        const size_t mem = st.member_base + (k - st.and_begin);
-        const uint64_t *tb = b_row(mem), *tc = c_row(mem), *e = mine.data() + rows * W;
-        pe[W - 1] = 0;
-        std::memcpy(pe.data(), in_msg.data() + rows * row_bytes, row_bytes);
-        ++rows;
-        uint64_t* z = row(plan.ops[k].out);
-        for (size_t w = 0; w < W; ++w) {
-          const uint64_t dd = pd[w], ee = e[w] ^ pe[w];
-          z[w] = tc[w] ^ (dd & tb[w]) ^ (ee & ta[w]) ^ (dd & ee & own);
+    for_word_ranges(W, threads_, [&](size_t w0, size_t w1) {
+      const size_t b0 = 8 * w0, b1 = std::min(8 * w1, row_bytes), span = w1 - w0;
+      std::vector<uint64_t> peer_d(span), peer_e(span);  // the peer's shares, this word range
+      auto peer = [&](size_t r, std::vector<uint64_t>& dst) {
+        dst[span - 1] = 0;
+        if (b0 < b1) std::memcpy(dst.data(), in_msg.data() + r * row_bytes + b0, b1 - b0);
+      };
+      size_t r = 0;
+      for (size_t g = st.group_begin; g < st.group_end; ++g) {
+        const GmwPlan::Group& grp = plan.groups[g];
+        const uint64_t* ta = a_row(g) + w0;
+        const uint64_t* d = mine.data() + r * W + w0;
+        peer(r++, peer_d);
+        for (size_t w = 0; w < span; ++w) peer_d[w] ^= d[w];  // the opened key ^ a
+        for (size_t k = grp.first; k < grp.last; ++k) {
+          const size_t mem = st.member_base + (k - st.and_begin);
+          const uint64_t *tb = b_row(mem) + w0, *tc = c_row(mem) + w0, *e = mine.data() + r * W + w0;
+          peer(r++, peer_e);
+          uint64_t* z = row(plan.ops[k].out) + w0;
+          for (size_t w = 0; w < span; ++w) {
+            const uint64_t dd = peer_d[w], ee = e[w] ^ peer_e[w];
+            z[w] = tc[w] ^ (dd & tb[w]) ^ (ee & ta[w]) ^ (dd & ee & own);
+          }
         }
       }
-    }
+    });
   }
   transcript_ = transcript.digest();
   triples = GroupTriples();  // used up: dropped, never reused

@@ -622,25 +622,27 @@ def test_round_trips_per_run_counted_by_the_channel(gmw_pair, source):
         assert trips[0][0] > layers + 1
 
 
-def test_threaded_lpn_encoding_gives_the_plaintext_outputs(gmw_pair):
-    """lpn_threads (the silent OT's LPN encoding over threads, local to a party): one party on
-    four threads, the other on one; its triples still satisfy c0 ^ c1 = a & b on every AND gate
-    and instance (outputs equal to the plaintext evaluator's over several runs and a silent
-    iteration boundary), which needs both sides' encodings to be the same bits."""
+@pytest.mark.parametrize("source", ["softspoken", "silent-test-only"])
+def test_threads_give_the_plaintext_outputs(gmw_pair, source):
+    """threads (a party's AND layers split by words of the rows and, on silent OT, its LPN
+    encoding split by outputs; local to the party): H1 on three threads, H2 on one. Every AND
+    gate of every instance still opens to the plaintext value, at sizes that split the layers
+    (40,037 instances: 626 words a row, two ranges of at least 256) and that do not, which
+    needs the threaded openings, gates and (silent) encodings to be the single-threaded bits."""
     circuit = random_circuit(4)
     pair = gmw_pair()
-    pair.h1 = GmwParty(pair.h1_channel, "garbler", ot="silent-test-only", lpn_threads=4)
-    pair.h2 = GmwParty(pair.h2_channel, "evaluator", ot="silent-test-only")
+    pair.h1 = GmwParty(pair.h1_channel, "garbler", ot=source, threads=3)
+    pair.h2 = GmwParty(pair.h2_channel, "evaluator", ot=source)
     rng = np.random.default_rng(4)
-    for n in (1, 700, 3000):
+    for n in (1, 700, 40_037):
         g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
         e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
         expected = circuit.evaluate({"g": g, "e": e})
         out1, out2 = pair.run(circuit, {"g": g}, {"e": e})
         assert np.array_equal(out1["out"], expected["out"])
         assert np.array_equal(out2["mid"], expected["mid"])
-    with pytest.raises(ValueError, match=r"lpn_threads must be in 1\.\.64"):
-        GmwParty(pair.h1_channel, "garbler", ot="silent", lpn_threads=0)
+    with pytest.raises(ValueError, match=r"threads must be in 1\.\.64"):
+        GmwParty(pair.h1_channel, "garbler", ot="silent", threads=0)
 
 
 @pytest.mark.parametrize("h2_n", [10, 20_000])

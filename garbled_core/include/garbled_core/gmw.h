@@ -181,6 +181,11 @@ class GmwParty : public Session {
   // With another ROT source (e.g. silent OT); both parties must use the same.
   GmwParty(Channel& ch, int party, std::unique_ptr<RandomOtSource> ot);
   int party() const { return party_; }
+  // Threads each AND layer's openings and gates are split over (by words of the rows: the
+  // same bits for any count; local to this party). Default 1.
+  static constexpr size_t kMaxGmwThreads = 64;
+  void set_threads(size_t threads);
+  size_t threads() const { return threads_; }
   void setup();
   RunOutputs run(const Circuit& c, const RunInputs& in);
   // SHA-256 of everything the peer sent in the last run's AND layers (its
@@ -200,6 +205,7 @@ class GmwParty : public Session {
 
  private:
   int party_;
+  size_t threads_ = 1;
   std::unique_ptr<RandomOtSource> ot_;
   std::array<uint8_t, 32> transcript_{};
   size_t layers_ = 0, groups_ = 0;
