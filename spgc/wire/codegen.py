@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 #: The grpcio-tools release the committed modules were generated with.
-GRPCIO_TOOLS_VERSION = "1.85.1"
+GRPCIO_TOOLS_VERSION = "1.81.1"
 
 #: The .proto files, relative to the proto root (``proto/`` in the checkout).
 PROTO_FILES: tuple[str, ...] = ("spgc/v1/aggregation.proto", "spgc/v1/peer.proto")

@@ -1,4 +1,4 @@
-# Generated from proto/spgc/v1/peer.proto by scripts/gen_proto.py (grpcio-tools 1.85.1). DO NOT EDIT.
+# Generated from proto/spgc/v1/peer.proto by scripts/gen_proto.py (grpcio-tools 1.81.1). DO NOT EDIT.
 # ruff: noqa
 # fmt: off
 import datetime
