@@ -193,6 +193,11 @@ class SpgcServers:
         after = self._model_both(version + 1, tc.num_parameters)
         return NoisyRound(round_number, (after - before) / tc.learning_rate, epsilon, releases)
 
+    def model(self, version: int) -> np.ndarray:
+        """Model ``version`` (its trained coordinates, float64), the same at both servers:
+        version 0 is where the servers' plan starts (a Flower app may start there too)."""
+        return self._model_both(version, int(self.config.num_parameters))
+
     def _model_both(self, version: int, num_parameters: int) -> np.ndarray:
         """Model ``version`` from each server; ServersError unless they are equal."""
         got = []

@@ -1,0 +1,1 @@
+"""A Flower app (ClientApp and ServerApp) whose updates go through SPGC's two servers."""
