@@ -4,6 +4,11 @@ SPGC servers (the Flower messages delivered in threads, as a Grid would)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -30,6 +35,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp.strategy import FedAdam, FedAvg  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
+from spgc.app.demo import free_ports  # noqa: E402
 from spgc.app.flower import (  # noqa: E402
     ROUND_KEY,
     DimensionMismatch,
@@ -332,3 +338,29 @@ def test_a_flower_app_trains_through_two_spgc_servers_and_sees_only_the_noisy_ag
     assert 0 < epsilons[0] < epsilons[1] == pytest.approx(summary["epsilon"])
     # The ServerApp's name declined the plan: it never counted as a provider of a round.
     assert [h["providers_used"] for h in summary["history"]] == [2, 2]
+
+
+# ---------------------------------------------------------------- examples/flower, with flwr run
+
+
+@pytest.mark.xdist_group("examples")  # several daemons and a Ray cluster: one example at a time
+def test_the_flower_example_runs_on_flowers_simulation_engine(tmp_path: Path) -> None:
+    """examples/flower's run.sh, shortened to 2 rounds: flwr run on Flower's simulation engine
+    against SPGC's two servers; its JSON line's epsilon is the servers' and the one spgc account
+    re-accounts from both ledgers."""
+    work = tmp_path / "flower"
+    shutil.copytree(ROOT / "examples" / "flower", work,
+                    ignore=shutil.ignore_patterns("certs", "state", "logs"))  # fmt: skip
+    base = free_ports(1)[0]
+    base = base - 50 if base > 65535 - 50 else base
+    env = {**os.environ, "SPGC": str(Path(sys.executable).parent / "spgc"),
+           "SPGC_FLOWER_ROUNDS": "2", "SPGC_PORT_BASE": str(base)}  # fmt: skip
+    done = subprocess.run(["bash", str(work / "run.sh")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["mode"], result["rounds"]) == ("simulation", 2)
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert 0 < result["epsilon"] <= 8.0 + 1e-9
+    assert result["epsilon_ledgers"] == pytest.approx(result["epsilon"], abs=1e-4)
+    assert not (ROOT / "examples" / "flower" / "state").exists()

@@ -48,7 +48,7 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, lr: float
             loss = nn.functional.cross_entropy(model(xt[idx]), yt[idx])
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
     return total / max(1, len(x))
 
 
