@@ -1,7 +1,7 @@
 """A Flower ArrayRecord as SPGC's flat float64 vector and back.
 
 The order is the record's key order, each array flattened in C order: the order of
-``model.parameters()`` (spgc.models.flatten_params) when the record is a model's parameters
+``model.parameters()`` (spgc.learning.models.flatten_params) when the record is a model's parameters
 (``ArrayRecord(model.state_dict())`` of a model without buffers). The sizes must match the
 servers' plan: :func:`check_dimension` says so in one line when they do not.
 """

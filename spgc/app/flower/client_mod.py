@@ -30,9 +30,9 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from spgc.app.flower.arrays import DimensionMismatch, flat_vector
 from spgc.app.flower.strategy import ROUND_KEY
-from spgc.config import ConfigError, ProviderConfig, TlsPaths
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed, RoundReport
 from spgc.providers.errors import ModelFailed, RunFailed
+from spgc.settings.config import ConfigError, ProviderConfig, TlsPaths
 
 __all__ = ["RUN_CONFIG_KEYS", "FlowerProvider", "provider_config", "spgc_mod"]
 

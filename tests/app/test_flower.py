@@ -47,14 +47,14 @@ from spgc.app.flower import (  # noqa: E402
     record_like,
     spgc_mod,
 )
-from spgc.certs import make_dev_pki  # noqa: E402
-from spgc.config import ConfigError, ServerConfig, TlsPaths  # noqa: E402
-from spgc.data import load_user_data  # noqa: E402
-from spgc.models import load_flat_params, resolve_model  # noqa: E402
+from spgc.learning.data import load_user_data  # noqa: E402
+from spgc.learning.models import load_flat_params, resolve_model  # noqa: E402
+from spgc.protocol.certs import make_dev_pki  # noqa: E402
 from spgc.servers.daemon import ServerDaemon  # noqa: E402
+from spgc.settings.config import ConfigError, ServerConfig, TlsPaths  # noqa: E402
 from spgc.wire.tls import TlsFiles  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "custom-model" / "model.py"
 MODEL = f"{EXAMPLE}:build_model"
 DATA = f"{EXAMPLE}:load_digits_data"
