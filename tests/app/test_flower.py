@@ -343,7 +343,8 @@ def test_a_flower_app_trains_through_two_spgc_servers_and_sees_only_the_noisy_ag
 # ---------------------------------------------------------------- examples/flower, with flwr run
 
 
-@pytest.mark.xdist_group("examples")  # several daemons and a Ray cluster: one example at a time
+# Flower's simulation engine starts a Ray cluster: never beside the Ray worker tests' own.
+@pytest.mark.xdist_group("ray")
 def test_the_flower_example_runs_on_flowers_simulation_engine(tmp_path: Path) -> None:
     """examples/flower's run.sh, shortened to 2 rounds: flwr run on Flower's simulation engine
     against SPGC's two servers; its JSON line's epsilon is the servers' and the one spgc account
