@@ -4,6 +4,7 @@ SPGC servers (the Flower messages delivered in threads, as a Grid would)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ from spgc.app.flower import (  # noqa: E402
     ROUND_KEY,
     DimensionMismatch,
     NoisyRound,
+    ServersError,
     SpgcServers,
     SpgcStrategy,
     flat_vector,
@@ -201,16 +203,32 @@ def test_the_mod_refuses_a_train_message_without_the_spgc_round():
 NAMES = ["flower-0", "flower-1", "flower-server"]
 
 
-def _server_cfg(pki: Path, role: int, state: Path) -> ServerConfig:
+def _server_cfg(pki: Path, role: int, state: Path, **changes: Any) -> ServerConfig:
     name = f"h{role}"
-    return ServerConfig(
-        role=role, listen="127.0.0.1:0", peer_listen="127.0.0.1:0", peer_address="127.0.0.1:1",
-        peer_name=f"h{3 - role}", gc_address="127.0.0.1:0",
-        tls=TlsPaths(cert=pki / f"{name}.pem", key=pki / f"{name}.key", ca=pki / "ca.pem"),
-        providers=NAMES, dataset="", model=MODEL, test_data=DATA, adjacency="provider",
-        sampling_rate=1.0, min_providers=2, round_deadline=60.0, rounds=2, target_epsilon=50.0,
-        state_dir=state, connect_timeout=20.0, verify_inputs="l2", scale=2.0**12,
-    )  # fmt: skip
+    values: dict[str, Any] = {
+        "role": role,
+        "listen": "127.0.0.1:0",
+        "peer_listen": "127.0.0.1:0",
+        "peer_address": "127.0.0.1:1",
+        "peer_name": f"h{3 - role}",
+        "gc_address": "127.0.0.1:0",
+        "tls": TlsPaths(cert=pki / f"{name}.pem", key=pki / f"{name}.key", ca=pki / "ca.pem"),
+        "providers": NAMES,
+        "dataset": "",
+        "model": MODEL,
+        "test_data": DATA,
+        "adjacency": "provider",
+        "sampling_rate": 1.0,
+        "min_providers": 2,
+        "round_deadline": 60.0,
+        "rounds": 2,
+        "target_epsilon": 50.0,
+        "state_dir": state,
+        "connect_timeout": 20.0,
+        "verify_inputs": "l2",
+        "scale": 2.0**12,
+    }
+    return ServerConfig(**{**values, **changes})
 
 
 def _digits_part(partition: int) -> tuple[np.ndarray, np.ndarray]:
@@ -262,14 +280,16 @@ class ThreadGrid:
         return got
 
 
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[tuple[ServerDaemon, ServerDaemon, Path]]:
+@contextlib.contextmanager
+def _two_servers(
+    tmp_path: Path, **changes: Any
+) -> Iterator[tuple[ServerDaemon, ServerDaemon, Path]]:
     pki = tmp_path / "pki"
     make_dev_pki(pki, ["h1", "h2", *NAMES])
     for sub in ("s1", "s2"):
         (tmp_path / sub).mkdir()
-    d1 = ServerDaemon(_server_cfg(pki, 1, tmp_path / "s1")).bind()
-    d2 = ServerDaemon(_server_cfg(pki, 2, tmp_path / "s2")).bind()
+    d1 = ServerDaemon(_server_cfg(pki, 1, tmp_path / "s1", **changes)).bind()
+    d2 = ServerDaemon(_server_cfg(pki, 2, tmp_path / "s2", **changes)).bind()
     d1.cfg.peer_address = f"127.0.0.1:{d2.peer_port}"
     d2.cfg.gc_address = f"127.0.0.1:{d1.gc_port}"
     d2.start()
@@ -279,6 +299,26 @@ def servers(tmp_path: Path) -> Iterator[tuple[ServerDaemon, ServerDaemon, Path]]
     finally:
         d1.stop()
         d2.stop()
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[tuple[ServerDaemon, ServerDaemon, Path]]:
+    with _two_servers(tmp_path) as pair:
+        yield pair
+
+
+def test_the_serverapp_refuses_servers_whose_plan_it_cannot_read_in_one_line(
+    tmp_path: Path,
+) -> None:
+    with _two_servers(tmp_path, adjacency="example", sampling_rate=0.5,
+                      max_batch_size=64) as (d1, d2, pki):  # fmt: skip
+        view = SpgcServers(f"127.0.0.1:{d1.port}", f"127.0.0.1:{d2.port}", "flower-server",
+                           tls=TlsFiles.from_dir(pki, "flower-server"))  # fmt: skip
+        try:
+            with pytest.raises(ServersError, match="needs adjacency: provider and server_opt"):
+                _ = view.config
+        finally:
+            view.close()
 
 
 def test_a_flower_app_trains_through_two_spgc_servers_and_sees_only_the_noisy_aggregate(
