@@ -33,11 +33,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spgc.privacy.accounting import PrivacyAccountant
+
 __all__ = [
     "DEFAULT_SCALE",
     "MAX_SCALE_RATIO",
     "FeatureRanges",
     "Standardization",
+    "StatsRelease",
+    "StatsThenStepsAccountant",
     "contribution_units",
     "estimate",
     "release_dim",
@@ -227,3 +231,112 @@ def scale_warning(
         f"against {col(int(smallest))}: DP training clips every example's gradient to one norm, "
         "so the widest columns dominate it; standardise or rescale the features"
     )
+
+
+@dataclass(frozen=True)
+class StatsRelease:
+    """The release's parameters fitted to a round's vector, so that it can travel as one:
+    every provider's vector of (at most ``max_rows`` examples) sums lies within
+    ``vector_bound_units``, the L2 bound a round's share vector is held to (the ring is sized
+    for it; with verified inputs, the norm proof's bound), whatever its data.
+
+    The fixed-point ``scale`` is the largest with ``max_rows x scale x sqrt(2F + 1)`` within that
+    bound; one example's vector is at most ``sensitivity_units`` = ``scale x sqrt(2F + 1)``
+    (add/remove-one, module docstring), and the release's discrete Gaussian has std
+    ``noise_multiplier x sensitivity_units``. The noise relative to the count,
+    ``noise_multiplier x sqrt(2F + 1) / n``, does not depend on the scale: the bound only sets
+    how fine the rounding is.
+    """
+
+    ranges: FeatureRanges
+    noise_multiplier: float
+    max_rows: int
+    scale: int
+
+    #: Below this many units per unit value the rounding (half a unit per example and
+    #: coordinate) would no longer be negligible against the values.
+    MIN_SCALE = 1 << 8
+
+    @classmethod
+    def fit(
+        cls,
+        ranges: FeatureRanges,
+        noise_multiplier: float,
+        vector_bound_units: float,
+        max_rows: int,
+    ) -> StatsRelease:
+        """The largest scale that fits; ValueError (naming what to change) when even
+        :attr:`MIN_SCALE` does not, or for a bad argument."""
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise ValueError(f"the release's noise multiplier must be > 0, got {noise_multiplier}")
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+        root = math.sqrt(release_dim(ranges.features))
+        scale = math.floor(vector_bound_units / (max_rows * root))
+        while scale > 0 and max_rows * scale * root > vector_bound_units:  # float rounding
+            scale -= 1
+        if scale < cls.MIN_SCALE:
+            raise ValueError(
+                f"the feature statistics of up to {max_rows} rows per provider do not fit a "
+                f"round's vector bound of {vector_bound_units:.6g} units at a scale of "
+                f"{cls.MIN_SCALE} or more: lower the rows per provider the release is sized "
+                "for, or raise scale or max_batch_size"
+            )
+        return cls(ranges, float(noise_multiplier), int(max_rows), int(scale))
+
+    @property
+    def dim(self) -> int:
+        """The release vector's length, 2F + 1."""
+        return release_dim(self.ranges.features)
+
+    @property
+    def sensitivity_units(self) -> float:
+        """One example's L2 bound in units (the release's add/remove-one sensitivity)."""
+        return sensitivity_units(self.ranges.features, self.scale)
+
+    @property
+    def sigma_units(self) -> float:
+        """The std of the release's discrete Gaussian, in units."""
+        return self.noise_multiplier * self.sensitivity_units
+
+    @property
+    def vector_norm_bound_units(self) -> float:
+        """The L2 bound of one provider's vector (``max_rows`` examples)."""
+        return self.max_rows * self.sensitivity_units
+
+    def contribution(self, x: np.ndarray, length: int | None = None) -> np.ndarray:
+        """One provider's vector (int64) for its feature rows ``x``, zero-padded to ``length``
+        (a round's vector length; default :attr:`dim`). ValueError for more than ``max_rows``
+        rows (the bound would not hold) or a ``length`` below :attr:`dim`."""
+        n = len(x)
+        if n > self.max_rows:
+            raise ValueError(
+                f"the data has {n} rows: the feature statistics' release is sized for at most "
+                f"{self.max_rows} rows per provider"
+            )
+        length = self.dim if length is None else length
+        if length < self.dim:
+            raise ValueError(f"a vector of {length} values cannot hold the {self.dim} statistics")
+        out = np.zeros(length, dtype=np.int64)
+        out[: self.dim] = contribution_units(x, self.ranges, self.scale)
+        return out
+
+    def estimate(self, noisy_units: np.ndarray, *, min_count: float = 10.0) -> Standardization:
+        """The means and deviations from the released noisy sum (its first :attr:`dim`
+        values; a round's padding after them is ignored)."""
+        y = np.asarray(noisy_units)[: self.dim]
+        return estimate(y, self.ranges, self.scale, min_count=min_count)
+
+
+class StatsThenStepsAccountant(PrivacyAccountant):
+    """A run's accountant counted in releases when release 0 is the feature statistics'
+    (``standardize: true``): ``epsilon_after(n)`` is 0 before any release and, for n >= 1,
+    the statistics' release (its ``unsampled`` noise multiplier) composed with n - 1 steps;
+    ``step()`` counts every release, the statistics' included. Construct it with
+    ``unsampled=[the release's noise multiplier]``."""
+
+    def epsilon_after(self, steps: int) -> float:
+        """Epsilon after ``steps`` releases in total (the first the statistics')."""
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        return 0.0 if steps == 0 else super().epsilon_after(steps - 1)

@@ -19,6 +19,8 @@ from spgc.privacy.accounting import (
 from spgc.privacy.feature_stats import (
     FeatureRanges,
     Standardization,
+    StatsRelease,
+    StatsThenStepsAccountant,
     contribution_units,
     estimate,
     release_dim,
@@ -154,3 +156,57 @@ def test_the_scale_warning_names_the_wide_columns_and_spares_standardised_data()
     many = np.column_stack([x[:, 1]] * 20 + [x[:, 2]])  # 20 wide columns, one narrow
     text = scale_warning(many)
     assert text is not None and "column 7 (std" in text and "and 12 more against column 20" in text
+
+
+def test_the_release_fits_a_rounds_vector_bound_and_its_noise_scales_with_its_sensitivity():
+    bound = 400 * 1_000_003.0  # a round's vector: max_batch_size x one example's bound
+    release = StatsRelease.fit(RANGES, 2.5, bound, max_rows=1500)
+    root = math.sqrt(release_dim(3))
+    assert release.max_rows * release.scale * root <= bound  # every provider's vector fits
+    assert (release.max_rows) * (release.scale + 1) * root > bound  # and the scale is the largest
+    assert release.sensitivity_units == pytest.approx(release.scale * root)
+    assert release.sigma_units == pytest.approx(2.5 * release.scale * root)
+    # The worst provider (max_rows rows at the top of every range) reaches the bound it fits.
+    worst = np.tile([[90.0, 400.0, 1.0]], (1500, 1))
+    v = release.contribution(worst).astype(np.float64)
+    assert np.linalg.norm(v) == pytest.approx(release.vector_norm_bound_units)
+    assert np.linalg.norm(v) <= bound
+
+
+def test_the_release_is_padded_to_a_rounds_length_and_its_estimate_ignores_the_padding():
+    release = StatsRelease.fit(RANGES, 1.0, 1e12, max_rows=1000)
+    x = _clinical(600, 5)
+    padded = release.contribution(x, length=20)
+    assert padded.shape == (20,) and not padded[release_dim(3) :].any()
+    noisy = padded.astype(np.float64)
+    noisy[release_dim(3) :] = 1e9  # a round's noise on the padding: never read
+    stats = release.estimate(noisy)
+    clipped = np.clip(x, RANGES.lo, RANGES.hi)
+    assert np.allclose(stats.mean, clipped.mean(axis=0), rtol=1e-4)
+    assert np.allclose(stats.std, clipped.std(axis=0), rtol=1e-3)
+
+
+def test_the_release_refuses_what_would_break_its_bound():
+    release = StatsRelease.fit(RANGES, 1.0, 1e9, max_rows=10)
+    with pytest.raises(ValueError, match=r"11 rows: .* at most 10 rows"):
+        release.contribution(_clinical(11, 6))
+    with pytest.raises(ValueError, match="cannot hold the 7 statistics"):
+        release.contribution(_clinical(3, 6), length=6)
+    with pytest.raises(ValueError, match="do not fit a round's vector bound"):
+        StatsRelease.fit(RANGES, 1.0, 1000.0, max_rows=10)
+    with pytest.raises(ValueError, match="noise multiplier must be > 0"):
+        StatsRelease.fit(RANGES, 0.0, 1e9, max_rows=10)
+
+
+def test_the_runs_accountant_counts_the_statistics_as_its_first_release():
+    both = StatsThenStepsAccountant(
+        1.2, 1e-5, sampling_rate=0.05, method="rdp", sampling="poisson", unsampled=[4.0]
+    )
+    plain = PrivacyAccountant(
+        1.2, 1e-5, sampling_rate=0.05, method="rdp", sampling="poisson", unsampled=[4.0]
+    )
+    assert both.epsilon_after(0) == 0.0  # nothing released yet
+    assert both.epsilon_after(1) == pytest.approx(plain.epsilon_after(0))  # the statistics
+    assert both.epsilon_after(11) == pytest.approx(plain.epsilon_after(10))  # and 10 steps
+    both.step(3)
+    assert both.epsilon() == pytest.approx(plain.epsilon_after(2))
