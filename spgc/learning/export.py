@@ -7,6 +7,11 @@ mode, whether it is differentially private, epsilon and delta after ``steps`` re
 and the noise, sampling and sensitivity they were accounted with. It is written twice: as
 ``<name>.json`` for people, and in the file's metadata so that the weights never travel without
 it. The model is the run's public (DP) output, so the files are world-readable.
+
+A run with ``standardize: true`` trained on features standardised with privately released
+means and deviations (spgc.privacy.feature_stats): the report carries them
+(``feature_standardization``) and :func:`load_model` puts them in front of the model, so that a
+user feeds raw features exactly as the providers held them.
 """
 
 from __future__ import annotations
@@ -28,9 +33,19 @@ from torch import nn
 from spgc import __version__
 from spgc.learning.models import load_flat_params, parameter_count
 from spgc.privacy.accounting import adjacency_of
+from spgc.privacy.feature_stats import Standardization
 from spgc.protocol.modes import get_mode
 
-__all__ = ["load_export", "model_state_tensors", "privacy_report", "read_report", "write_export"]
+__all__ = [
+    "StandardizedInputs",
+    "load_export",
+    "load_model",
+    "model_state_tensors",
+    "privacy_report",
+    "read_report",
+    "standardization_of",
+    "write_export",
+]
 
 SUFFIX = ".safetensors"
 REPORT_KEY = "spgc_privacy_report"  # the metadata entry holding the report (compact JSON)
@@ -77,11 +92,14 @@ def privacy_report(
     test_metrics: dict[str, float | None] | None = None,
     verify_inputs: str = "none",
     ledger_head: tuple[int, str] | None = None,
+    standardization: Standardization | None = None,
 ) -> dict[str, Any]:
     """The JSON privacy report of one published model, from plain values. ``verify_inputs``:
     whether the servers checked every provider's norm proof (``l2``) or not (``none``).
     ``ledger_head``: (release entries, co-signed ledger head) the model depends on
     (spgc.privacy.ledger; ``spgc account --ledger ... --model FILE`` holds the ledgers to it).
+    ``standardization``: the released feature statistics the model's inputs are standardised
+    with (``standardize: true``), None without.
 
     ``noise_multiplier`` is relative to ``sensitivity_units`` (the L2 bound of one example's
     encoded gradient); ``scale`` maps real values to units. A mode without a DP guarantee gets
@@ -144,6 +162,8 @@ def privacy_report(
             if ledger_head is None
             else {"releases": int(ledger_head[0]), "chain": str(ledger_head[1])}
         ),
+        # the inputs are standardised as (x - feature_mean) / feature_std before the model
+        "feature_standardization": None if standardization is None else standardization.to_dict(),
     }
 
 
@@ -210,3 +230,47 @@ def read_report(path: Path) -> dict[str, Any]:
     if not isinstance(report, dict):
         raise ValueError(f"{path}: the privacy report is not a JSON object")
     return report
+
+
+def standardization_of(report: dict[str, Any]) -> Standardization | None:
+    """The feature statistics an export's inputs are standardised with; None when the run
+    did not standardise. ValueError for a malformed entry."""
+    entry = report.get("feature_standardization")
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise ValueError("the report's feature_standardization is not a JSON object")
+    return Standardization.from_dict(entry)
+
+
+class StandardizedInputs(nn.Module):
+    """``model`` behind the standardisation its run trained with: ``forward(x)`` is
+    ``model((x - mean) / std)`` on the raw features."""
+
+    def __init__(self, model: nn.Module, standardization: Standardization) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.as_tensor(standardization.mean, dtype=torch.float32))
+        self.register_buffer("std", torch.as_tensor(standardization.std, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.mean.shape[0]:
+            raise ValueError(
+                f"inputs of shape {tuple(x.shape)}: the model was trained on "
+                f"{self.mean.shape[0]} standardised features, the last dimension"
+            )
+        return self.model((x - self.mean) / self.std)
+
+
+def load_model(path: Path, model: nn.Module) -> nn.Module:
+    """``model`` (the user's copy of the run's architecture) with the export's weights; when
+    the run standardised its features, wrapped in :class:`StandardizedInputs` so that it
+    takes raw features. ValueError naming the file when the weights do not fit."""
+    tensors, report = load_export(path)
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0]
+        raise ValueError(f"{path}: the weights do not fit the model given: {first}") from None
+    standardization = standardization_of(report)
+    return model if standardization is None else StandardizedInputs(model, standardization)

@@ -16,8 +16,18 @@ from helpers import REPO_ROOT, run_in_process
 from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
 from spgc.app import export_cmd
-from spgc.learning.export import load_export, model_state_tensors, privacy_report, write_export
+from spgc.learning.export import (
+    StandardizedInputs,
+    load_export,
+    load_model,
+    model_state_tensors,
+    privacy_report,
+    read_report,
+    standardization_of,
+    write_export,
+)
 from spgc.learning.models import build_model, flatten_params, load_flat_params
+from spgc.privacy.feature_stats import Standardization
 from spgc.protocol.certs import make_dev_pki
 
 DOC = REPO_ROOT / "docs" / "EXPORT.md"
@@ -253,3 +263,39 @@ def test_a_new_run_sets_the_old_runs_models_aside(tmp_path):
     ServerState._set_aside_other_runs_models(SimpleNamespace(run_id="new-run"), models)
     assert not models.exists()
     assert (tmp_path / "models.old-run" / "v00003.safetensors").read_bytes() == b"x"
+
+
+def test_the_released_feature_statistics_travel_with_the_model_and_its_loader_applies_them(
+    tmp_path,
+):
+    from_stats = Standardization(
+        np.array([55.0, 180.0, 0.5]), np.array([12.0, 40.0, 0.5]), count=900.0
+    )
+    linear = torch.nn.Linear(3, 1)
+    flat = np.random.default_rng(7).normal(0.0, 0.5, 4)
+    report = _report(model="linear", num_parameters=4, standardization=from_stats)
+    path, _ = write_export(tmp_path / "m.safetensors", linear, flat, report)
+    assert read_report(path)["feature_standardization"] == from_stats.to_dict()
+    assert standardization_of(read_report(path)).to_dict() == from_stats.to_dict()
+    loaded = load_model(path, torch.nn.Linear(3, 1))
+    assert isinstance(loaded, StandardizedInputs)
+    raw = torch.tensor([[70.0, 260.0, 1.0], [40.0, 100.0, 0.0]])
+    inner = torch.nn.Linear(3, 1)
+    load_flat_params(inner, flat)
+    expected = inner((raw - torch.tensor([55.0, 180.0, 0.5])) / torch.tensor([12.0, 40.0, 0.5]))
+    assert torch.allclose(loaded(raw), expected)
+    with pytest.raises(ValueError, match="trained on 3 standardised features"):
+        loaded(torch.zeros(1, 4))
+
+
+def test_a_model_without_standardisation_loads_as_it_is(tmp_path):
+    flat = _trained("cancer")
+    path, _ = write_export(
+        tmp_path / "m.safetensors", build_model("cancer"), flat, _report(num_parameters=len(flat))
+    )
+    assert read_report(path)["feature_standardization"] is None
+    loaded = load_model(path, build_model("cancer"))
+    assert not isinstance(loaded, StandardizedInputs)
+    assert np.allclose(flatten_params(loaded), flat)
+    with pytest.raises(ValueError, match="the weights do not fit the model given"):
+        load_model(path, build_model("diabetes"))
