@@ -394,6 +394,7 @@ def _ledger_answer(
             "sampling": header.get("sampling"),
             "accountant": header.get("accountant") if dp else None,
             "max_batch_size": header.get("max_batch_size"),
+            "feature_stats": header.get("feature_stats"),  # its release's plan, or None
             "differentially_private": dp,
             "epsilon": epsilon if finite else None,  # JSON has no Infinity
             "delta_unmodelled": (
@@ -434,6 +435,13 @@ def _ledger_human(a: dict[str, Any]) -> str:
             f"noise multiplier {a['noise_multiplier']:g}); the server recorded {rec}"
         )
         lines.append(f"  adjacency: {a.get('adjacency')} (the unit of privacy)")
+        if a.get("feature_stats_releases"):
+            stats = a.get("feature_stats") or {}
+            lines.append(
+                "  includes the feature statistics' release (standardize: true, release 0, "
+                f"noise multiplier {stats.get('noise_multiplier', 0.0):g}), composed unsampled "
+                "with the steps"
+            )
         schedule = (a.get("sampling") or {}).get("schedule")
         if schedule:
             phases = "; ".join(

@@ -31,6 +31,11 @@ Line kinds:
   ``noise_samples``, ``clip_norm`` (the round's C), ``index`` (0, 1, ...), ``epsilon_after``
   (the count at the plan's delta, this release included) and ``chain`` (the ledger head before
   it); ``time``; ``peer_sig`` (two-server modes).
+  The feature statistics' release (``standardize: true``, spgc.privacy.feature_stats) is a
+  release entry too, made once before the first step, with ``release``: ``"feature_stats"``
+  in its statement; its header then names that release's plan, ``feature_stats``:
+  ``{"noise_multiplier", "sensitivity_units", "features"}`` (co-signed with the plan), and
+  re-accounting composes it, unsampled, with the steps.
 - ``released``: written after it: ``index`` of its ``release``, ``round``, ``vector_sha256``.
 - ``close``: the last line of a finished run (:data:`CLOSE_KEYS`): ``releases`` and ``chain``,
   the head after them: no release follows; ``peer_sig`` (two-server modes).
@@ -78,8 +83,10 @@ from spgc.protocol.modes import get_mode
 
 __all__ = [
     "CLOSE_KEYS",
+    "FEATURE_STATS_RELEASE",
     "FORMAT",
     "LEDGER_FILE",
+    "OPTIONAL_PLAN_KEYS",
     "PLAN_KEYS",
     "ROLES",
     "STATEMENT_KEYS",
@@ -157,6 +164,12 @@ PLAN_KEYS = (
     "backend",
     "verify_inputs",
 )
+# Plan fields a header has only when the run uses them (a run without them writes, signs and
+# verifies exactly the lines it did before they existed); when present, co-signed like
+# PLAN_KEYS. feature_stats: the once-only release of the feature statistics.
+OPTIONAL_PLAN_KEYS = ("feature_stats",)
+#: The ``release`` value of the feature statistics' release entry (a step's has none).
+FEATURE_STATS_RELEASE = "feature_stats"
 # The fields of a release entry both servers sign (the same bytes on both: nothing local).
 # ``index`` and ``epsilon_after`` are what re-accounting reads of an entry; ``chain`` is the
 # ledger head before it (:func:`plan_digest`, then the hash of each co-signed statement), so
@@ -189,6 +202,7 @@ def signers(header: Mapping[str, Any]) -> dict[str, Any]:
 
 def _plan_fields(header: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: header.get(k) for k in PLAN_KEYS}
+    out.update({k: header[k] for k in OPTIONAL_PLAN_KEYS if k in header})
     out["signers"] = signers(header)
     return out
 
@@ -209,11 +223,15 @@ def release_statement(
     index: int,
     epsilon_after: float,
     chain: str,
+    release: str | None = None,
 ) -> dict[str, Any]:
     """The shared fields of release ``index`` for ``round_number`` (of clip norm
     ``clip_norm``, running epsilon ``epsilon_after``, inf: null) under ``header``'s plan,
-    after the ledger head ``chain``."""
+    after the ledger head ``chain``. ``release``: what is released when it is not a step
+    (:data:`FEATURE_STATS_RELEASE`)."""
     out: dict[str, Any] = {"kind": "release", "round": int(round_number)}
+    if release is not None:
+        out["release"] = release
     out.update(_plan_fields(header))
     out["noise_samples"] = int(noise_samples)
     out["clip_norm"] = float(clip_norm)
@@ -233,7 +251,9 @@ def statement_bytes(entry: Mapping[str, Any]) -> bytes:
     """What both servers sign for a release or closing entry: the canonical JSON of its
     shared fields."""
     keys = CLOSE_KEYS if entry.get("kind") == "close" else STATEMENT_KEYS
-    return canonical({k: entry.get(k) for k in keys})
+    shared = {k: entry.get(k) for k in keys}
+    shared.update({k: entry[k] for k in (*OPTIONAL_PLAN_KEYS, "release") if k in entry})
+    return canonical(shared)
 
 
 def chain_after(entry: Mapping[str, Any]) -> str:
@@ -444,7 +464,12 @@ class Ledger:
         return entry
 
     def _release_fields(
-        self, round_number: int, noise_samples: int, clip_norm: float, epsilon_after: float
+        self,
+        round_number: int,
+        noise_samples: int,
+        clip_norm: float,
+        epsilon_after: float,
+        release: str | None = None,
     ) -> dict[str, Any]:
         if self.closed:
             raise LedgerError(f"round {round_number}: this run's ledger is closed: no release")
@@ -456,16 +481,23 @@ class Ledger:
             index=self.releases,
             epsilon_after=epsilon_after,
             chain=self.head,
+            release=release,
         )
 
     def statement(
-        self, round_number: int, noise_samples: int, clip_norm: float, epsilon_after: float
+        self,
+        round_number: int,
+        noise_samples: int,
+        clip_norm: float,
+        epsilon_after: float,
+        release: str | None = None,
     ) -> tuple[bytes, bytes]:
         """(statement, this server's signature over it) for the next release, of
-        ``round_number`` (running epsilon ``epsilon_after``): what the peer server checks and
-        co-signs (CosignRelease)."""
+        ``round_number`` (running epsilon ``epsilon_after``; ``release``: see
+        :func:`release_statement`): what the peer server checks and co-signs
+        (CosignRelease)."""
         data = statement_bytes(
-            self._release_fields(round_number, noise_samples, clip_norm, epsilon_after)
+            self._release_fields(round_number, noise_samples, clip_norm, epsilon_after, release)
         )
         return data, self.key.sign(data)
 
@@ -491,10 +523,11 @@ class Ledger:
         peer_sig: bytes | None = None,
         *,
         clip_norm: float,
+        release: str | None = None,
     ) -> int:
         """Write-ahead entry for one release (call it, then release). Returns its index.
         Two-server runs need ``peer_sig`` over :meth:`statement`."""
-        entry = self._release_fields(round_number, noise_samples, clip_norm, epsilon_after)
+        entry = self._release_fields(round_number, noise_samples, clip_norm, epsilon_after, release)
         self._with_peer_sig(entry, peer_sig, f"round {round_number}")
         index = entry["index"]
         entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -536,7 +569,7 @@ class LedgerReport:
     server: str
     public_key: str
     peer_public_key: str | None  # the other server's key (None: a one-server mode)
-    steps: int  # release entries: every one counted
+    steps: int  # release entries: every one counted (the feature statistics' included)
     released: int  # of which a released line followed
     epsilon: float | None  # re-accounted from the entries (None: no noise, not DP)
     epsilon_recorded: float | None  # the last release entry's own count
@@ -566,6 +599,8 @@ class LedgerReport:
     closed: bool = False
     # The head after 0, 1, ..., steps release entries (what a model's head is checked against).
     heads: list[str] = field(default_factory=list, repr=False)
+    # Of the release entries, the feature statistics' (standardize: true; 0 or 1).
+    feature_stats_releases: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "heads"}
@@ -602,7 +637,7 @@ def verify_ledger(
     header: dict[str, Any] = {}
     public: Ed25519PublicKey | None = None
     prev: bytes | None = None
-    steps = released = samples = 0
+    steps = released = samples = stats_releases = 0
     recorded: float | None = None
     recorded_line = 0  # the last release entry's line
     rounds: dict[int, int] = {}  # release index -> its round
@@ -649,7 +684,10 @@ def verify_ledger(
                 raise LedgerError(
                     f"line {number}: epsilon_after {after} is below the previous entry's {recorded}"
                 )
-            clip_norms.append(_release_clip_norm(number, entry, header["clip"]))
+            if _is_feature_stats(number, entry, header, steps):
+                stats_releases += 1
+            else:
+                clip_norms.append(_release_clip_norm(number, entry, header["clip"]))
             rounds[steps] = entry["round"]
             steps += 1
             samples += count
@@ -680,7 +718,7 @@ def verify_ledger(
         elif number != 1:
             raise LedgerError(f"line {number}: unknown kind {kind!r}")
         prev = raw
-    epsilon = _reaccount(header, steps)
+    epsilon = _reaccount(header, steps - stats_releases, stats_releases)
     # A recorded null with noise is an infinite epsilon (JSON has no Infinity).
     if epsilon is not None and steps and _above(epsilon, recorded, EPSILON_TOLERANCE):
         raise LedgerError(
@@ -723,7 +761,31 @@ def verify_ledger(
         head=heads[-1],
         closed=bool(closed_line),
         heads=heads,
+        feature_stats_releases=stats_releases,
     )
+
+
+def _is_feature_stats(
+    number: int, entry: Mapping[str, Any], header: Mapping[str, Any], index: int
+) -> bool:
+    """Whether a release entry is the feature statistics' release: once, as the first
+    release, of a plan whose header names it; LedgerError for any other ``release`` value or
+    place."""
+    what = entry.get("release")
+    if what is None:
+        return False
+    if what != FEATURE_STATS_RELEASE:
+        raise LedgerError(f"line {number}: unknown release {what!r}")
+    if header.get("feature_stats") is None:
+        raise LedgerError(
+            f"line {number}: a feature statistics release, but the header's plan has none"
+        )
+    if index != 0:
+        raise LedgerError(
+            f"line {number}: the feature statistics are released once, before the first step; "
+            f"this is release {index}"
+        )
+    return True
 
 
 def _check_cosigned(
@@ -731,7 +793,7 @@ def _check_cosigned(
 ) -> None:
     """A release or closing entry: the header's plan repeated, its keys as signers, the head
     before it as ``chain``, and (two-server modes) the peer's signature over its statement."""
-    for key in PLAN_KEYS:
+    for key in (*PLAN_KEYS, *OPTIONAL_PLAN_KEYS):
         if entry.get(key) != header.get(key):
             raise LedgerError(f"line {number}: {key} differs from the header's")
     if entry.get("signers") != signers(header):
@@ -783,6 +845,8 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
         if not isinstance(entry.get(key), str):
             raise LedgerError(f"line 1: {key} must be a string")
     _check_clip(entry["clip"], entry.get("noise_multiplier"))
+    if "feature_stats" in entry:
+        _check_feature_stats(entry["feature_stats"])
     try:
         public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry["public_key"]))
     except (KeyError, TypeError, ValueError):
@@ -823,6 +887,25 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
                 which = "this server's public_key" if role == server else "peer_public_key"
                 raise LedgerError(f"line 1: {which} is not the key pinned for {role} (--keys)")
     return public
+
+
+def _check_feature_stats(plan: Any) -> None:
+    """The header's feature_stats: the release's noise multiplier and sensitivity (> 0) and
+    its feature count (an integer >= 1)."""
+    if not isinstance(plan, dict) or set(plan) != {
+        "noise_multiplier",
+        "sensitivity_units",
+        "features",
+    }:
+        raise LedgerError(
+            "line 1: feature_stats must be {noise_multiplier, sensitivity_units, features}"
+        )
+    if not (_number(plan["noise_multiplier"]) and plan["noise_multiplier"] > 0):
+        raise LedgerError("line 1: feature_stats' noise_multiplier must be a number > 0")
+    if not (_number(plan["sensitivity_units"]) and plan["sensitivity_units"] > 0):
+        raise LedgerError("line 1: feature_stats' sensitivity_units must be a number > 0")
+    if not (_is_int(plan["features"]) and plan["features"] >= 1):
+        raise LedgerError("line 1: feature_stats' features must be an integer >= 1")
 
 
 def _number(value: Any) -> bool:
@@ -918,15 +1001,25 @@ def _above(a: float | None, b: float | None, tolerance: float = 0.0) -> bool:
     return a > b + tolerance
 
 
-def _reaccount(header: Mapping[str, Any], steps: int) -> float | None:
-    """Epsilon after ``steps`` releases under the header's plan (None without noise)."""
+def _reaccount(header: Mapping[str, Any], steps: int, stats_releases: int = 0) -> float | None:
+    """Epsilon after ``steps`` steps under the header's plan and ``stats_releases`` releases
+    of the feature statistics, composed unsampled (None without noise)."""
     nm = header.get("noise_multiplier") or 0.0
     try:
         if nm <= 0:
             return None
         sampling = dict(header.get("sampling") or {})
+        unsampled = (
+            [float(header["feature_stats"]["noise_multiplier"])] * stats_releases
+            if stats_releases
+            else []
+        )
         acc = PrivacyAccountant(
-            float(nm), float(header["delta"]), method=header.get("accountant", "rdp"), **sampling
+            float(nm),
+            float(header["delta"]),
+            method=header.get("accountant", "rdp"),
+            unsampled=unsampled,
+            **sampling,
         )
         epsilon = acc.epsilon_after(steps)
     except (KeyError, TypeError, ValueError) as exc:

@@ -836,3 +836,90 @@ def test_a_ledger_is_re_accounted_with_the_accountant_its_header_names(
     assert got["epsilon"] > _accountant().epsilon_after(ROUNDS)
     code, out, err = _run(parser, capsys, "--ledger", short, "--json")
     assert (code, out) == (1, "") and "re-account to epsilon" in err
+
+
+# ------------------------------------------------ the feature statistics' release (issue 48)
+
+STATS_PLAN = {"noise_multiplier": 3.2, "sensitivity_units": 4096.0, "features": 8}
+
+
+def _stats_ledger(path: Path, key: Ed25519PrivateKey, *, recorded_with_stats: bool = True):
+    """A run with standardize: the feature statistics' release (index 0), then ROUNDS steps;
+    each entry's epsilon_after counted with the release composed (unless told otherwise)."""
+    ledger = Ledger.open(path, key, {**HEADER, "feature_stats": STATS_PLAN})
+    with_stats = PrivacyAccountant(
+        1.1, 1e-5, sampling_rate=0.01, method="rdp", sampling="poisson", unsampled=[3.2]
+    )
+    counted = with_stats if recorded_with_stats else _accountant()
+    statement, _ = ledger.statement(0, SAMPLES, CLIP, counted.epsilon_after(0), "feature_stats")
+    index = ledger.record_release(
+        0, SAMPLES, counted.epsilon_after(0), PEER.sign(statement), clip_norm=CLIP,
+        release="feature_stats",
+    )  # fmt: skip
+    ledger.record_released(index, 0, _sha("stats"))
+    for i in range(1, ROUNDS + 1):
+        index = _record(ledger, i, SAMPLES, counted.epsilon_after(i))
+        ledger.record_released(index, i, _sha(f"y{i}"))
+    _close(ledger)
+    return with_stats
+
+
+def test_the_feature_statistics_release_is_counted_and_re_accounted(
+    parser, capsys, ledger_path, key
+):
+    path = ledger_path.with_name("stats.jsonl")
+    with_stats = _stats_ledger(path, key)
+    report = verify_ledger(path)
+    assert (report.steps, report.feature_stats_releases) == (ROUNDS + 1, 1)
+    assert report.epsilon == pytest.approx(with_stats.epsilon_after(ROUNDS), abs=1e-9)
+    assert report.epsilon > _accountant().epsilon_after(ROUNDS)  # the release costs something
+    assert report.clip_norms == [CLIP] * ROUNDS  # the steps' clip norms only
+    code, out, _ = _run(parser, capsys, "--ledger", path, "--json")
+    got = json.loads(out)
+    assert code == 0 and got["feature_stats_releases"] == 1
+    assert got["feature_stats"] == STATS_PLAN
+    assert got["epsilon"] == pytest.approx(with_stats.epsilon_after(ROUNDS), abs=1e-9)
+    code, out, _ = _run(parser, capsys, "--ledger", path)
+    assert code == 0 and "includes the feature statistics' release" in out
+    # A ledger without the release re-accounts as before: the header gains no key.
+    assert "feature_stats" not in json.loads(_lines(ledger_path)[0])
+    assert verify_ledger(ledger_path).feature_stats_releases == 0
+
+
+def test_a_server_that_leaves_the_statistics_out_of_its_count_is_caught(ledger_path, key):
+    path = ledger_path.with_name("stats.jsonl")
+    _stats_ledger(path, key, recorded_with_stats=False)
+    with pytest.raises(LedgerError, match=r"re-account to epsilon .* above the recorded"):
+        verify_ledger(path)
+
+
+def test_the_statistics_release_is_the_first_and_of_a_plan_that_names_it(tmp_path, key):
+    late = Ledger.open(tmp_path / "late.jsonl", key, {**HEADER, "feature_stats": STATS_PLAN})
+    _record(late, 0, SAMPLES, 0.1)
+    statement, _ = late.statement(1, SAMPLES, CLIP, 1.0, "feature_stats")
+    late.record_release(1, SAMPLES, 1.0, PEER.sign(statement), clip_norm=CLIP,
+                        release="feature_stats")  # fmt: skip
+    with pytest.raises(LedgerError, match=r"line 3: .* once, before the first step"):
+        verify_ledger(tmp_path / "late.jsonl")
+    unplanned = Ledger.open(tmp_path / "unplanned.jsonl", key, HEADER)
+    statement, _ = unplanned.statement(0, SAMPLES, CLIP, 1.0, "feature_stats")
+    unplanned.record_release(0, SAMPLES, 1.0, PEER.sign(statement), clip_norm=CLIP,
+                             release="feature_stats")  # fmt: skip
+    with pytest.raises(LedgerError, match=r"line 2: .* the header's plan has none"):
+        verify_ledger(tmp_path / "unplanned.jsonl")
+    bad = Ledger.open(tmp_path / "bad.jsonl", key, {**HEADER, "feature_stats": {"features": 2}})
+    with pytest.raises(LedgerError, match="line 1: feature_stats must be"):
+        verify_ledger(bad.lines)
+
+
+def test_the_statistics_plan_is_co_signed(ledger_path, key):
+    path = ledger_path.with_name("stats.jsonl")
+    _stats_ledger(path, key)
+    entries = [json.loads(line) for line in _lines(path)]
+    for entry in entries:
+        if "feature_stats" in entry:  # a server that claims cheaper statistics
+            entry["feature_stats"] = {**STATS_PLAN, "noise_multiplier": 30.0}
+    _write(path, _resign(entries, key))
+    # The first co-signed statement names the plan's digest, the statistics' plan in it.
+    with pytest.raises(LedgerError, match="line 2: chain does not name the co-signed entry"):
+        verify_ledger(path)
