@@ -53,6 +53,7 @@ from spgc.privacy.accounting import (
     quiet_dp_accounting,
     reported_delta,
 )
+from spgc.privacy.feature_stats import StatsThenStepsAccountant
 
 __all__ = [
     "FORMAT",
@@ -158,7 +159,9 @@ class RunPlan:
     accountant's sampling arguments (``{"sampling": "poisson", "sampling_rate": q}`` or
     ``{"sampling": "fixed", "sample_size": b, "population": n}``); ``delta``: the plan's
     accountant delta; ``num_parameters``: noise samples per step (d); ``target_epsilon``: the
-    plan's budget for the run (None: none)."""
+    plan's budget for the run (None: none); ``stats_noise_multiplier``: with standardize, the
+    feature statistics' release (the run's first release, composed unsampled with the steps;
+    spgc.privacy.feature_stats), 0 without: the run's steps are then counted in releases."""
 
     mode: str
     noise_multiplier: float
@@ -168,13 +171,27 @@ class RunPlan:
     max_batch_size: int
     num_parameters: int
     target_epsilon: float | None = None
+    stats_noise_multiplier: float = 0.0
 
     @property
     def noisy(self) -> bool:
         return self.noise_multiplier > 0
 
+    def as_json(self) -> dict[str, Any]:
+        """As stored in the file (without stats_noise_multiplier when 0: a run without the
+        statistics is stored as before the field existed)."""
+        out = asdict(self)
+        if not self.stats_noise_multiplier:
+            del out["stats_noise_multiplier"]
+        return out
+
     def accountant_for(self) -> PrivacyAccountant:
         """This run's accountant (only for a noisy run)."""
+        if self.stats_noise_multiplier > 0:
+            return StatsThenStepsAccountant(
+                self.noise_multiplier, self.delta, method=self.accountant,
+                unsampled=[self.stats_noise_multiplier], **self.sampling,
+            )  # fmt: skip
         return PrivacyAccountant(
             self.noise_multiplier, self.delta, method=self.accountant, **self.sampling
         )
@@ -186,7 +203,7 @@ class RunPlan:
         if not self.noisy:
             return math.inf
         with _EPSILON_LOCK:  # threads asking the same answer: one computes, the rest read it
-            return _epsilon(json.dumps(asdict(self), sort_keys=True), steps)
+            return _epsilon(json.dumps(self.as_json(), sort_keys=True), steps)
 
     def delta_after(self, steps: int, epsilon: float) -> float:
         """The reported delta of ``steps`` steps at ``epsilon`` (1: no guarantee)."""
@@ -213,6 +230,7 @@ class RunPlan:
                 max_batch_size=_typed(value, "max_batch_size", int, where),
                 num_parameters=_typed(value, "num_parameters", int, where),
                 target_epsilon=_optional_float(value.get("target_epsilon"), where),
+                stats_noise_multiplier=float(value.get("stats_noise_multiplier", 0.0)),
             )
         except (TypeError, ValueError) as exc:
             raise BudgetError(f"{where}: {exc}") from None
@@ -278,7 +296,7 @@ def _epsilon(plan_json: str, steps: int) -> float:
 
 def _new_entry(plan: RunPlan) -> dict[str, Any]:
     return {
-        "plan": asdict(plan),
+        "plan": plan.as_json(),
         "first_recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rounds_submitted": [],
         "reruns": 0,
@@ -396,10 +414,10 @@ class DatasetBudget:
             entry = data["runs"].get(run_id)
             if entry is None:
                 data["runs"][run_id] = _new_entry(plan)
-            elif entry["plan"] != asdict(plan):
+            elif entry["plan"] != plan.as_json():
                 raise BudgetError(
                     f"budget file {self.path}: run {run_id!r} is recorded with another plan "
-                    f"({_plan_difference(entry['plan'], asdict(plan))})"
+                    f"({_plan_difference(entry['plan'], plan.as_json())})"
                 )
 
         self._update(change)
