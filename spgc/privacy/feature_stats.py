@@ -253,9 +253,10 @@ class StatsRelease:
     max_rows: int
     scale: int
 
-    #: Below this many units per unit value the rounding (half a unit per example and
-    #: coordinate) would no longer be negligible against the values.
-    MIN_SCALE = 1 << 8
+    #: Below this many units per unit value the rounding (at most half a unit per example
+    #: and coordinate, of either sign: it mostly cancels in the sums) would no longer be
+    #: small against the values' spread within their ranges.
+    MIN_SCALE = 32
 
     @classmethod
     def fit(

@@ -193,7 +193,7 @@ def test_the_release_refuses_what_would_break_its_bound():
     with pytest.raises(ValueError, match="cannot hold the 7 statistics"):
         release.contribution(_clinical(3, 6), length=6)
     with pytest.raises(ValueError, match="do not fit a round's vector bound"):
-        StatsRelease.fit(RANGES, 1.0, 1000.0, max_rows=10)
+        StatsRelease.fit(RANGES, 1.0, 500.0, max_rows=10)
     with pytest.raises(ValueError, match="noise multiplier must be > 0"):
         StatsRelease.fit(RANGES, 0.0, 1e9, max_rows=10)
 
