@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 CALIBRATIONS = ("analytic", "classic", "accountant")
+# standardize: the modes whose servers add each release's noise themselves.
+STANDARDIZE_MODES = ("spgc", "dng")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
@@ -494,6 +496,35 @@ class ServerConfig(_Schema):
     )
     model_seed: int = Field(0, description="seed of the initial model weights")
 
+    # --- private feature statistics (issue 48 part 2; spgc.privacy.feature_stats)
+    standardize: bool = Field(
+        False,
+        description="before training, one DP release of the per-feature counts, sums and sums "
+        "of squares through both servers (counted in the ledger and the providers' budgets); "
+        "every provider and the test set then standardise with the released means and "
+        "deviations, stored with the model; the providers must set it too (modes spgc and dng, "
+        "clip: fixed, adjacency: example)",
+    )
+    feature_ranges: list[list[float]] | Literal["test_data"] | None = Field(
+        None,
+        description="with standardize: each feature's [lo, hi] in column order, values clipped "
+        "to it before the release (public bounds, not read from the providers' data), or "
+        "test_data: the servers' test set's minimum and maximum per feature",
+    )
+    standardize_epsilon: float = Field(
+        0.5,
+        gt=0,
+        description="with standardize: the statistics release's own epsilon at target_delta "
+        "(its noise multiplier from the analytic Gaussian); the training's noise is calibrated "
+        "to what target_epsilon leaves",
+    )
+    standardize_max_rows: int = Field(
+        10000,
+        ge=1,
+        description="with standardize: the most rows any provider's data holds (a provider with "
+        "more is refused); sizes the release within a round's vector bound",
+    )
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
@@ -640,6 +671,8 @@ class ServerConfig(_Schema):
             self._check_provider_adjacency()
         if self.noise_schedule:
             self._check_noise_schedule()
+        if self.standardize:
+            self._check_standardize()
         if self.mode == "preprocessed" and self.pool_path is None:
             raise ValueError(
                 "mode preprocessed keeps its noise pool on disk: set state_dir or pool_dir"
@@ -691,6 +724,30 @@ class ServerConfig(_Schema):
             check_schedule(self.schedule_phases())
         except ValueError as exc:
             raise ValueError(f"noise_schedule: {exc}") from None
+
+    def _check_standardize(self) -> None:
+        """standardize: the release as the run's first round (the servers' own noise, one
+        size per release, a fixed clip) and declared feature ranges."""
+        if self.mode not in STANDARDIZE_MODES:
+            raise ValueError(
+                f"standardize: true with mode {self.mode}: the statistics are released through "
+                f"the servers' own noise, in modes {', '.join(STANDARDIZE_MODES)}"
+            )
+        if self.clip != "fixed" or self.adjacency != "example" or self.noise_schedule:
+            raise ValueError(
+                "standardize: true needs clip: fixed, adjacency: example and no noise_schedule"
+            )
+        if self.feature_ranges is None:
+            raise ValueError(
+                "standardize: true needs feature_ranges: each feature's [lo, hi] in column "
+                "order (public bounds the values are clipped to, e.g. [[18, 95], [0, 1]]), or "
+                "feature_ranges: test_data (the servers' test set's minimum and maximum)"
+            )
+        if self.feature_ranges == "test_data" and self.test_data in ("", "none"):
+            raise ValueError(
+                "feature_ranges: test_data needs the servers' own test set (test_data: a file "
+                "or loader)"
+            )
 
     def schedule_phases(self) -> list[tuple[int, float, float]]:
         """noise_schedule as (first release, noise multiplier, sampling rate) tuples."""
@@ -855,6 +912,13 @@ class ProviderConfig(_Schema):
         False,
         description="accept any announced privacy level, no-noise modes included (only-mpc, "
         "plain); needed when neither minimum above is set",
+    )
+    standardize: bool = Field(
+        False,
+        description="take part in the servers' release of the feature statistics (standardize: "
+        "true in their plan: this provider's per-feature sums, sums of squares and row count "
+        "go as shares before training, counted in its budget) and train on its features "
+        "standardised with the released means and deviations; a plan that differs is refused",
     )
     hide_participation: bool = Field(
         True,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from spgc.learning.data import load_dataset
+from spgc.learning.data import load_dataset, load_user_data
 from spgc.learning.models import (
     check_buffers_match,
     check_per_example_compatible,
@@ -26,6 +26,7 @@ from spgc.learning.trainable import TrainableCoordinates
 from spgc.privacy import accounting
 from spgc.privacy.accounting import check_schedule, phase_at
 from spgc.privacy.clipping import AdaptiveClip, DecayClip
+from spgc.privacy.feature_stats import FeatureRanges, StatsRelease, StatsThenStepsAccountant
 from spgc.privacy.noise import noise_bound_units
 from spgc.protocol.encoding import FixedPointConfig
 from spgc.protocol.modes import NOISY_MODES, get_mode
@@ -77,6 +78,9 @@ class RunPlan:
     # server_optimizer sgd, adjacency example: the examples a round is expected to sum, the
     # step's fixed denominator (DP-SGD's; Adam's step needs none); 0 otherwise.
     expected_examples: float = 0.0
+    # standardize: the feature statistics' release, the run's round 0 (spgc.privacy.feature_stats:
+    # its ranges, noise multiplier and scale); None without.
+    feature_stats: StatsRelease | None = None
 
     @property
     def decay_clip(self) -> DecayClip | None:
@@ -107,8 +111,20 @@ class RunPlan:
     @property
     def share_dim(self) -> int:
         """The length of every share vector and of the released sum: d, plus the count of
-        unclipped examples with adaptive clipping (its last coordinate)."""
-        return self.dim + (1 if self.adaptive_clip is not None else 0)
+        unclipped examples with adaptive clipping (its last coordinate); with standardize at
+        least the feature statistics' 2F + 1 (a step's gradient then zero-padded)."""
+        length = self.dim + (1 if self.adaptive_clip is not None else 0)
+        stats = self.feature_stats
+        return length if stats is None else max(length, stats.dim)
+
+    @property
+    def steps_before_training(self) -> int:
+        """Releases before the first step: 1 with standardize (the statistics), else 0."""
+        return 0 if self.feature_stats is None else 1
+
+    def is_stats_release(self, release: int) -> bool:
+        """Whether ledger release ``release`` (0-based) is the feature statistics'."""
+        return self.feature_stats is not None and release == 0
 
     @property
     def model_dim(self) -> int:
@@ -158,13 +174,21 @@ class RunPlan:
         return parties * self.share_dim  # the unclipped count too, with adaptive clipping
 
     def new_accountant(self) -> accounting.PrivacyAccountant | None:
-        """A fresh accountant for the run (None when no noise is added: nothing to account)."""
+        """A fresh accountant for the run (None when no noise is added: nothing to account).
+        With standardize it counts releases, the first the statistics' (composed unsampled
+        with the steps: spgc.privacy.feature_stats.StatsThenStepsAccountant)."""
         if self.noise_multiplier <= 0:
             return None
-        return accounting.PrivacyAccountant(
+        kind = (
+            accounting.PrivacyAccountant
+            if self.feature_stats is None
+            else StatsThenStepsAccountant  # counts releases: the statistics', then the steps
+        )
+        return kind(
             self.noise_multiplier,
             self.cfg.target_delta,
             method=self.cfg.accountant,  # type: ignore[arg-type]
+            unsampled=_unsampled(self.feature_stats),
             **self.sampling,
         )
 
@@ -217,7 +241,21 @@ class RunPlan:
             backend=c.backend,
             **self._norm_proof_fields(),
             **self._adjacency_fields(),
+            **self._feature_stats_fields(),
         )
+
+    def _feature_stats_fields(self) -> dict[str, Any]:
+        stats = self.feature_stats
+        if stats is None:
+            return {}  # the fields unset, as a server before them announced
+        return {
+            "standardize": True,
+            "feature_lo": [float(v) for v in stats.ranges.lo],
+            "feature_hi": [float(v) for v in stats.ranges.hi],
+            "stats_noise_multiplier": stats.noise_multiplier,
+            "stats_scale": stats.scale,
+            "stats_max_rows": stats.max_rows,
+        }
 
     def _adjacency_fields(self) -> dict[str, Any]:
         c = self.cfg
@@ -264,6 +302,9 @@ class RunPlan:
 
     def sigma_units_for(self, release: int) -> float:
         """The noise std in units that release ``release`` draws."""
+        if self.is_stats_release(release):
+            assert self.feature_stats is not None
+            return self.feature_stats.sigma_units
         if self.schedule is None:
             return self.sigma_units
         return self.noise_multiplier_for(release) * self.fixed_point.l2_bound_units
@@ -388,14 +429,70 @@ def _check_batch_cap(cfg: ServerConfig, n_train: int) -> None:
         )
 
 
-def _noise_multiplier(cfg: ServerConfig, sampling: dict[str, Any]) -> float:
-    """The run's noise multiplier (with a noise_schedule, its first phase's)."""
+def _unsampled(stats: StatsRelease | None) -> list[float]:
+    """The once-only releases the accountant composes with the steps."""
+    return [] if stats is None else [stats.noise_multiplier]
+
+
+def stats_noise_multiplier(cfg: ServerConfig) -> float:
+    """standardize: the statistics release's noise multiplier, (standardize_epsilon,
+    target_delta) for one Gaussian release (Balle-Wang's analytic calibration)."""
+    return accounting.analytic_gaussian_noise_multiplier(cfg.standardize_epsilon, cfg.target_delta)
+
+
+def _feature_ranges(cfg: ServerConfig) -> FeatureRanges:
+    """feature_ranges as declared, or (test_data) the servers' test set's per-feature
+    minimum and maximum (a constant feature gets [v - 0.5, v + 0.5])."""
+    if cfg.feature_ranges != "test_data":
+        return FeatureRanges.from_pairs(cfg.feature_ranges or [], "feature_ranges")
+    ds = load_user_data(cfg.test_data, cfg.test_data_label, task=cfg.task)
+    x = np.concatenate([ds.x_train, ds.x_test]) if len(ds.x_test) else ds.x_train
+    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    lo, hi = x.min(axis=0), x.max(axis=0)
+    constant = hi <= lo
+    return FeatureRanges(np.where(constant, lo - 0.5, lo), np.where(constant, hi + 0.5, hi))
+
+
+def _feature_stats(cfg: ServerConfig, fp: FixedPointConfig, max_batch: int) -> StatsRelease | None:
+    """standardize: the release fitted within the bound of a provider's round vector
+    (max_batch examples of l2_bound_units each: the ring and the norm proof hold it)."""
+    if not cfg.standardize:
+        return None
+    try:
+        return StatsRelease.fit(
+            _feature_ranges(cfg),
+            stats_noise_multiplier(cfg),
+            max_batch * fp.l2_bound_units,
+            cfg.standardize_max_rows,
+        )
+    except ValueError as exc:
+        raise ValueError(f"standardize: {exc}") from None
+
+
+def _noise_multiplier(
+    cfg: ServerConfig, sampling: dict[str, Any], stats: StatsRelease | None = None
+) -> float:
+    """The run's noise multiplier (with a noise_schedule, its first phase's); accountant
+    calibration fits it to what the statistics' release leaves of target_epsilon."""
     if cfg.mode not in NOISY_MODES:
         return 0.0
     if cfg.noise_schedule:
         return cfg.noise_schedule[0].noise_multiplier
     if cfg.noise_multiplier > 0:
         return cfg.noise_multiplier
+    if cfg.calibration == "accountant" and stats is not None:
+        return accounting.calibrate_noise_multiplier(
+            cfg.target_epsilon,
+            cfg.target_delta,
+            sampling.get("sampling_rate"),
+            cfg.rounds,
+            cfg.accountant,  # type: ignore[arg-type]
+            sampling.get("sampling", "poisson"),
+            sample_size=sampling.get("sample_size"),
+            population=sampling.get("population"),
+            unit=sampling.get("unit", "example"),
+            unsampled=_unsampled(stats),
+        )
     if cfg.calibration == "accountant":
         return accounting.noise_multiplier_for(
             "accountant",
@@ -493,7 +590,14 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     params = flatten_params(model)
     trainable = TrainableCoordinates.of_model(model)
     sampling = _sampling(cfg)
-    nm = _noise_multiplier(cfg, sampling)
+    max_batch = _max_batch(cfg)
+    # The statistics' release fits a round's vector bound: C x scale for one example, as the
+    # fixed clip (standardize needs clip: fixed) gives it.
+    stats = _feature_stats(
+        cfg, FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=trainable.count),
+        max_batch,
+    )  # fmt: skip
+    nm = _noise_multiplier(cfg, sampling, stats)
     check_noise_against_signal(cfg, nm)
     adaptive = _adaptive_clip(cfg, nm)
     # Only the trained coordinates travel: the rounding's slack counts them alone (and the
@@ -503,7 +607,6 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     else:
         fp = FixedPointConfig(scale=cfg.scale, clip_norm=adaptive.row_norm, dim=trainable.count + 1)
     k = len(cfg.providers)
-    max_batch = _max_batch(cfg)
     bound = max_abs_sum_units(max_batch, fp.l2_bound_units, providers=k)
     sigma_units = nm * fp.l2_bound_units
     if cfg.mode == "preprocessed" and sigma_units > 0:
@@ -513,21 +616,30 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
         bound += noise_bound_units(sigma_units)
     # A noise_schedule's largest noise must fit the ring too (dng adds it in the ring).
     largest = max([nm, *(z for _, z, _ in cfg.schedule_phases())]) * fp.l2_bound_units
+    if stats is not None:  # its noise too (its vector is within the same bound)
+        largest = max(largest, stats.sigma_units)
+    # Every share vector's length: d (+1 adaptive), at least 2F + 1 with standardize.
+    length = fp.dim if stats is None else max(fp.dim, stats.dim)
     ring_bits = ring_bits_for(
-        bound, noise_std_units=_ring_noise_std(cfg.mode, largest, k), dim=fp.dim
+        bound, noise_std_units=_ring_noise_std(cfg.mode, largest, k), dim=length
     )
     step_eps = accounting.per_step_epsilon(nm, cfg.target_delta) if nm > 0 else math.inf
     plan = RunPlan(
         cfg, params, fp, ring_bits, nm, sigma_units, step_eps, sampling, model_fingerprint(model),
-        max_batch, trainable, adaptive, _norm_proof(cfg, fp, max_batch, ring_bits),
+        max_batch, trainable, adaptive, _norm_proof(cfg, fp, max_batch, ring_bits, length),
         expected_examples=(
             expected_examples_per_round(cfg)
             if cfg.server_optimizer == "sgd" and cfg.adjacency == "example"
             else 0.0
         ),
+        feature_stats=stats,
     )  # fmt: skip
     accountant = plan.new_accountant()
-    if accountant is not None and (first := accountant.epsilon_after(1)) > cfg.target_epsilon:
+    first_step = 1 + plan.steps_before_training  # with standardize: the statistics, a step
+    if (
+        accountant is not None
+        and (first := accountant.epsilon_after(first_step)) > cfg.target_epsilon
+    ):
         # The run stops before a release would pass the target: this one could never run.
         how = (
             "noise_multiplier"
@@ -544,15 +656,17 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
 
 
 def _norm_proof(
-    cfg: ServerConfig, fp: FixedPointConfig, max_batch: int, ring_bits: int
+    cfg: ServerConfig, fp: FixedPointConfig, max_batch: int, ring_bits: int, length: int
 ) -> NormProofParams | None:
-    """verify_inputs: l2: each provider's vector is a sum of at most max_batch examples of
-    norm at most l2_bound_units each; ValueError naming the figures when no field holds it."""
+    """verify_inputs: l2: each provider's vector (``length`` values) is a sum of at most
+    max_batch examples of norm at most l2_bound_units each (with standardize the statistics'
+    vector is fitted within the same bound); ValueError naming the figures when no field
+    holds it."""
     if cfg.verify_inputs != "l2":
         return None
     bound = max_batch * fp.l2_bound_units
     try:
-        return NormProofParams.for_plan(fp.dim, bound, ring_bits, cfg.verify_repetitions)
+        return NormProofParams.for_plan(length, bound, ring_bits, cfg.verify_repetitions)
     except ValueError as exc:
         raise ValueError(
             f"verify_inputs: l2: a provider's bound is {max_batch:,} examples x "

@@ -128,7 +128,7 @@ MODEL_PART_TRAINABLE: ModelPart
 MODEL_PART_FROZEN: ModelPart
 
 class TrainingConfig(_message.Message):
-    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "task", "loss", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std", "backend", "verify_inputs", "norm_field_modulus", "norm_bound_units", "norm_repetitions", "adjacency", "local_epochs", "local_batch_size", "local_learning_rate", "local_optimizer", "clip_decay", "clip_min", "noise_schedule", "server_optimizer")
+    __slots__ = ("run_id", "mode", "dataset", "model", "num_parameters", "ring_bits", "scale", "clip_norm", "l2_bound_units", "rounding", "sampling", "sampling_rate", "batch_size", "noise_multiplier", "noise_std_units", "step_epsilon", "step_delta", "target_epsilon", "target_delta", "calibration", "accountant", "max_rounds", "min_providers", "model_fingerprint", "sharing_rule", "max_batch_size", "learning_rate", "batches_per_epoch", "share_encodings", "model_parameters", "trainable", "frozen_sha256", "task", "loss", "clip_rule", "clip_target_quantile", "clip_learning_rate", "count_clip", "expected_batch_size", "update_noise_multiplier", "count_noise_std", "backend", "verify_inputs", "norm_field_modulus", "norm_bound_units", "norm_repetitions", "adjacency", "local_epochs", "local_batch_size", "local_learning_rate", "local_optimizer", "clip_decay", "clip_min", "noise_schedule", "server_optimizer", "standardize", "feature_lo", "feature_hi", "stats_noise_multiplier", "stats_scale", "stats_max_rows")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,12 @@ class TrainingConfig(_message.Message):
     CLIP_MIN_FIELD_NUMBER: _ClassVar[int]
     NOISE_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     SERVER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    STANDARDIZE_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_LO_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_HI_FIELD_NUMBER: _ClassVar[int]
+    STATS_NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    STATS_SCALE_FIELD_NUMBER: _ClassVar[int]
+    STATS_MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     mode: Mode
     dataset: str
@@ -239,7 +245,13 @@ class TrainingConfig(_message.Message):
     clip_min: float
     noise_schedule: _containers.RepeatedCompositeFieldContainer[NoisePhase]
     server_optimizer: str
-    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., task: _Optional[str] = ..., loss: _Optional[str] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ..., backend: _Optional[str] = ..., verify_inputs: _Optional[str] = ..., norm_field_modulus: _Optional[int] = ..., norm_bound_units: _Optional[int] = ..., norm_repetitions: _Optional[int] = ..., adjacency: _Optional[str] = ..., local_epochs: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., local_learning_rate: _Optional[float] = ..., local_optimizer: _Optional[str] = ..., clip_decay: _Optional[float] = ..., clip_min: _Optional[float] = ..., noise_schedule: _Optional[_Iterable[_Union[NoisePhase, _Mapping]]] = ..., server_optimizer: _Optional[str] = ...) -> None: ...
+    standardize: bool
+    feature_lo: _containers.RepeatedScalarFieldContainer[float]
+    feature_hi: _containers.RepeatedScalarFieldContainer[float]
+    stats_noise_multiplier: float
+    stats_scale: int
+    stats_max_rows: int
+    def __init__(self, run_id: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., dataset: _Optional[str] = ..., model: _Optional[str] = ..., num_parameters: _Optional[int] = ..., ring_bits: _Optional[int] = ..., scale: _Optional[float] = ..., clip_norm: _Optional[float] = ..., l2_bound_units: _Optional[float] = ..., rounding: _Optional[_Union[Rounding, str]] = ..., sampling: _Optional[_Union[BatchSampling, str]] = ..., sampling_rate: _Optional[float] = ..., batch_size: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., noise_std_units: _Optional[float] = ..., step_epsilon: _Optional[float] = ..., step_delta: _Optional[float] = ..., target_epsilon: _Optional[float] = ..., target_delta: _Optional[float] = ..., calibration: _Optional[_Union[Calibration, str]] = ..., accountant: _Optional[str] = ..., max_rounds: _Optional[int] = ..., min_providers: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., sharing_rule: _Optional[_Union[SharingRule, str]] = ..., max_batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., batches_per_epoch: _Optional[int] = ..., share_encodings: _Optional[_Iterable[_Union[ShareEncoding, str]]] = ..., model_parameters: _Optional[int] = ..., trainable: _Optional[_Iterable[_Union[CoordinateRange, _Mapping]]] = ..., frozen_sha256: _Optional[bytes] = ..., task: _Optional[str] = ..., loss: _Optional[str] = ..., clip_rule: _Optional[_Union[ClipRule, str]] = ..., clip_target_quantile: _Optional[float] = ..., clip_learning_rate: _Optional[float] = ..., count_clip: _Optional[float] = ..., expected_batch_size: _Optional[float] = ..., update_noise_multiplier: _Optional[float] = ..., count_noise_std: _Optional[float] = ..., backend: _Optional[str] = ..., verify_inputs: _Optional[str] = ..., norm_field_modulus: _Optional[int] = ..., norm_bound_units: _Optional[int] = ..., norm_repetitions: _Optional[int] = ..., adjacency: _Optional[str] = ..., local_epochs: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., local_learning_rate: _Optional[float] = ..., local_optimizer: _Optional[str] = ..., clip_decay: _Optional[float] = ..., clip_min: _Optional[float] = ..., noise_schedule: _Optional[_Iterable[_Union[NoisePhase, _Mapping]]] = ..., server_optimizer: _Optional[str] = ..., standardize: _Optional[bool] = ..., feature_lo: _Optional[_Iterable[float]] = ..., feature_hi: _Optional[_Iterable[float]] = ..., stats_noise_multiplier: _Optional[float] = ..., stats_scale: _Optional[int] = ..., stats_max_rows: _Optional[int] = ...) -> None: ...
 
 class NoisePhase(_message.Message):
     __slots__ = ("from_release", "noise_multiplier", "sampling_rate", "noise_std_units")
@@ -262,7 +274,7 @@ class CoordinateRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class RoundInfo(_message.Message):
-    __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version", "model_parameters", "failure", "caller_left_out", "releases_counted", "clip_norm", "ledger_head", "ledger_head_releases")
+    __slots__ = ("round", "model_version", "model_sha256", "phase", "deadline", "caller_share_accepted", "shares_accepted", "providers_agreed", "epsilon_spent", "latest_model_version", "model_parameters", "failure", "caller_left_out", "releases_counted", "clip_norm", "ledger_head", "ledger_head_releases", "feature_mean", "feature_std")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +292,8 @@ class RoundInfo(_message.Message):
     CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
     LEDGER_HEAD_FIELD_NUMBER: _ClassVar[int]
     LEDGER_HEAD_RELEASES_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_MEAN_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_STD_FIELD_NUMBER: _ClassVar[int]
     round: int
     model_version: int
     model_sha256: bytes
@@ -297,7 +311,9 @@ class RoundInfo(_message.Message):
     clip_norm: float
     ledger_head: bytes
     ledger_head_releases: int
-    def __init__(self, round: _Optional[int] = ..., model_version: _Optional[int] = ..., model_sha256: _Optional[bytes] = ..., phase: _Optional[_Union[RoundPhase, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., caller_share_accepted: _Optional[bool] = ..., shares_accepted: _Optional[int] = ..., providers_agreed: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., latest_model_version: _Optional[int] = ..., model_parameters: _Optional[bytes] = ..., failure: _Optional[str] = ..., caller_left_out: _Optional[str] = ..., releases_counted: _Optional[int] = ..., clip_norm: _Optional[float] = ..., ledger_head: _Optional[bytes] = ..., ledger_head_releases: _Optional[int] = ...) -> None: ...
+    feature_mean: _containers.RepeatedScalarFieldContainer[float]
+    feature_std: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, round: _Optional[int] = ..., model_version: _Optional[int] = ..., model_sha256: _Optional[bytes] = ..., phase: _Optional[_Union[RoundPhase, str]] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., caller_share_accepted: _Optional[bool] = ..., shares_accepted: _Optional[int] = ..., providers_agreed: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., latest_model_version: _Optional[int] = ..., model_parameters: _Optional[bytes] = ..., failure: _Optional[str] = ..., caller_left_out: _Optional[str] = ..., releases_counted: _Optional[int] = ..., clip_norm: _Optional[float] = ..., ledger_head: _Optional[bytes] = ..., ledger_head_releases: _Optional[int] = ..., feature_mean: _Optional[_Iterable[float]] = ..., feature_std: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class WireLimits(_message.Message):
     __slots__ = ("max_message_bytes", "max_chunk_bytes", "preferred_chunk_bytes")
