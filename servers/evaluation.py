@@ -18,6 +18,7 @@ from spgc.learning.models import (
     resolve_model,
 )
 from spgc.learning.optim import evaluate_metrics
+from spgc.privacy.feature_stats import Standardization
 from spgc.settings.config import ServerConfig
 
 TestSet = tuple[np.ndarray, np.ndarray]
@@ -86,6 +87,15 @@ class TestSetEvaluator:
         self._lock = threading.Lock()
         self._data: TestSet | None = None
         self._module = None
+        # standardize: the released statistics the test features are standardised with
+        # (spgc.privacy.feature_stats), once round 0's release is published.
+        self._standardization: Standardization | None = None
+
+    def standardize(self, standardization: Standardization | None) -> None:
+        """Evaluate on features standardised with ``standardization`` from now on (None:
+        as loaded), as every provider trains on them."""
+        with self._lock:
+            self._standardization = standardization
 
     def check(self, what: str) -> None:
         """Load the test set and the model now and try them together: a test set the model
@@ -102,5 +112,8 @@ class TestSetEvaluator:
                 self._data = self._load_test_set()
                 self._module = resolve_model(self.model)
             load_flat_params(self._module, params)
-            metrics = evaluate_metrics(self._module, *self._data, task=self.task, loss=self.loss)
+            x, y = self._data
+            if self._standardization is not None:
+                x = self._standardization.apply(x.reshape(len(x), -1)).reshape(x.shape)
+            metrics = evaluate_metrics(self._module, x, y, task=self.task, loss=self.loss)
             return {k: float(v) for k, v in metrics.items()}

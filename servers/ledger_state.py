@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 
 from spgc.privacy.accounting import capped_poisson, reported_delta
 from spgc.privacy.ledger import (
+    FEATURE_STATS_RELEASE,
     Ledger,
     LedgerError,
     load_signing_key,
@@ -107,7 +108,27 @@ class LedgerState:
             "clip": self._clip_rule(),
             "backend": cfg.backend,
             "verify_inputs": cfg.verify_inputs,
+            **self._feature_stats_plan(),
         }
+
+    def _feature_stats_plan(self) -> dict[str, Any]:
+        """standardize: the statistics release's plan in the header (what re-accounting
+        composes with the steps); nothing without (the header as before)."""
+        stats = self.plan.feature_stats
+        if stats is None:
+            return {}
+        return {
+            "feature_stats": {
+                "noise_multiplier": stats.noise_multiplier,
+                "sensitivity_units": stats.sensitivity_units,
+                "features": stats.ranges.features,
+            }
+        }
+
+    def _release_kind(self) -> str | None:
+        """What the next release entry releases when it is not a step (the caller holds
+        ``cond``): the feature statistics as release 0 with standardize."""
+        return FEATURE_STATS_RELEASE if self.plan.is_stats_release(self.releases) else None
 
     def _applied_batch_cap(self) -> int:
         """The Poisson batch cap providers apply (TrainingConfig.max_batch_size: the
@@ -281,7 +302,11 @@ class LedgerState:
         exchange (CosignRelease) before either records and runs it."""
         with self.cond:
             return self._open_ledger().statement(
-                t, self._release_samples(t, None), self._release_clip(t), self._epsilon_next()
+                t,
+                self._release_samples(t, None),
+                self._release_clip(t),
+                self._epsilon_next(),
+                self._release_kind(),
             )
 
     def _epsilon_next(self) -> float:
@@ -364,8 +389,9 @@ class LedgerState:
         after = self._epsilon_next()
         try:
             index = ledger.record_release(
-                t, samples, after, peer_sig, clip_norm=self._release_clip(t)
-            )
+                t, samples, after, peer_sig, clip_norm=self._release_clip(t),
+                release=self._release_kind(),
+            )  # fmt: skip
         except LedgerError as exc:
             raise PeerMismatchError(str(exc)) from None
         self.releases += 1
@@ -398,7 +424,7 @@ class LedgerState:
             raise PeerMismatchError("the other server sent a malformed release statement") from None
         with self.cond:
             mine, _ = self._open_ledger().statement(
-                t, samples, self._release_clip(t), self._epsilon_next()
+                t, samples, self._release_clip(t), self._epsilon_next(), self._release_kind()
             )
             if mine != statement:
                 raise PeerMismatchError(

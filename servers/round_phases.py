@@ -236,6 +236,11 @@ class RoundPhases:
         provider), which moves the clip norm of the next round (spgc.privacy.clipping). ``release``:
         the ledger index of this release (its noise_schedule phase)."""
         start = time.perf_counter()
+        stats = self.plan.feature_stats
+        if stats is not None and self.standardization is None:
+            return self._apply_statistics(t, y, info, seconds, release)
+        if stats is not None:  # a step's gradient, zero-padded to the statistics' length
+            y = np.asarray(y)[: self.plan.dim]
         # Y holds the trained coordinates only (spgc.learning.trainable): a frozen parameter never
         # moves.
         adaptive, count, next_clip = self.plan.adaptive_clip, None, self.clip_norm
@@ -276,6 +281,36 @@ class RoundPhases:
             self.cond.notify_all()
         return sha
 
+    def _apply_statistics(
+        self, t: int, y: np.ndarray, info: dict[str, Any], seconds: dict, release: int | None
+    ) -> bytes:
+        """standardize, round t the feature statistics' release (ledger release 0): the means
+        and deviations from the noisy sums, pending with the unchanged model until both
+        servers publish (the same Y gives both the same statistics)."""
+        stats = self.plan.feature_stats
+        assert stats is not None
+        if release not in (None, 0):
+            raise RuntimeError(
+                f"round {t}: the feature statistics must be release 0, not release {release}"
+            )
+        start = time.perf_counter()
+        standardization = stats.estimate(y)  # ValueError: too few examples for statistics
+        new = self.params.copy()
+        sha = self.plan.model_sha256(new)
+        seconds["update"] = time.perf_counter() - start
+        with self.cond:
+            rec = self.history[t]
+            rec.noisy_sum_units = y
+            rec.peer_bytes = {d: int(info.get(d, 0)) for d in ("sent", "received")}
+            rec.gc_bytes = sum(rec.peer_bytes.values())
+            rec.seconds.update(seconds)
+            rec.model_sha256 = sha
+            self.pending = (new, sha)
+            self.pending_clip_norm = self.clip_norm
+            self.pending_standardization = standardization
+            self.cond.notify_all()
+        return sha
+
     def fail_compute(self, exc: BaseException) -> None:
         with self.cond:
             self.compute_error = exc
@@ -299,13 +334,20 @@ class RoundPhases:
             assert self.pending is not None
             self.params, sha = self.pending
             self.pending = None
+            stats_round = self.pending_standardization is not None
+            if stats_round:  # round 0's release: the statistics, not a step
+                self.standardization = self.pending_standardization
+                self.pending_standardization = None
+                if self.evaluator is not None:
+                    self.evaluator.standardize(self.standardization)
             self.clip_norm = self.pending_clip_norm  # the next round's C (adaptive clipping)
             self.version += 1
             self.models[self.version] = (self.params, sha)
             self.model_head = self.ledger_head()  # the releases this version depends on
             for old in [v for v in self.models if v <= self.version - _KEEP_VERSIONS]:
                 del self.models[old]
-            self.steps += 1  # the accountant counted this release before it happened
+            if not stats_round:
+                self.steps += 1  # the accountant counted this release before it happened
             self.history[t].epsilon = self.epsilon()
             self._end_round(pb.ROUND_PHASE_PUBLISHED)
             return self.history[t]
@@ -326,7 +368,7 @@ class RoundPhases:
     def _should_stop(self) -> bool:
         """Deterministic on both servers: the round budget, or the next step would exceed
         the privacy budget."""
-        if self.round >= self.plan.cfg.rounds:
+        if self.round >= self.plan.cfg.rounds + self.plan.steps_before_training:
             return True
         if self.accountant is None:
             return False

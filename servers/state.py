@@ -25,6 +25,7 @@ from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2
 from spgc.common.logs import printable
 from spgc.learning.losses import REGRESSION_METRICS
 from spgc.learning.optim import server_optimizer
+from spgc.privacy.feature_stats import Standardization
 from spgc.privacy.ledger import Ledger
 from spgc.servers.audit import AuditLog
 from spgc.servers.errors import BudgetExceededError, PeerMismatchError
@@ -81,6 +82,11 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
             else None
         )
         self.accountant = plan.new_accountant()
+        # standardize: the released feature statistics once round 0's release is published
+        # (providers and the test set standardise with them; stored with the model), and the
+        # ones computed from a release, not yet published.
+        self.standardization: Standardization | None = None
+        self.pending_standardization: Standardization | None = None
         self.steps = 0
         self.round = 0
         self.phase = pb.ROUND_PHASE_UNSPECIFIED
@@ -173,6 +179,9 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 info.deadline.FromNanoseconds(int(self.deadline * 1e9))
             if self.plan.clip_moves:
                 info.clip_norm = rec.clip_norm if rec is not None else self.clip_norm
+            if self.standardization is not None:
+                info.feature_mean.extend(float(v) for v in self.standardization.mean)
+                info.feature_std.extend(float(v) for v in self.standardization.std)
             if phase == pb.ROUND_PHASE_FINISHED and caller and caller not in self.told_finished:
                 self.told_finished.add(caller)
                 self.last_told_finished = time.monotonic()

@@ -21,6 +21,7 @@ from torch import nn
 from spgc.learning.export import privacy_report, write_export
 from spgc.learning.losses import REGRESSION_METRICS
 from spgc.learning.models import resolve_model
+from spgc.privacy.feature_stats import Standardization
 from spgc.privacy.ledger import aside_path
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
 from spgc.servers.faults import fault_point
@@ -69,6 +70,7 @@ class StateCheckpoints:
                 test_metrics=self._last_test_metrics(),
                 verify_inputs=cfg.verify_inputs,
                 ledger_head=self.published_head(),
+                standardization=self.standardization,
             )
 
     def _last_test_metrics(self) -> dict[str, float | None] | None:
@@ -136,6 +138,10 @@ class StateCheckpoints:
                 "releases": self.releases,
                 "noise_samples": self.samples_drawn,
                 "clip_norm": self.clip_norm,
+                # standardize: the released feature statistics (None before their release)
+                "feature_standardization": (
+                    None if self.standardization is None else self.standardization.to_dict()
+                ),
                 "model_sha256": self.models[self.version][1].hex(),
                 "adam": {
                     "t": adam["t"],
@@ -200,6 +206,11 @@ class StateCheckpoints:
             )
             if self.accountant is not None and self.releases:
                 self.accountant.step(self.releases)  # every release counts
+            stats = record.get("feature_standardization")
+            self.standardization = None if stats is None else Standardization.from_dict(stats)
+            self.pending_standardization = None
+            if self.evaluator is not None:
+                self.evaluator.standardize(self.standardization)
             # The ledger may hold releases after this checkpoint (a crash after the entry).
             if self.ledger is not None:
                 self._count_ledger(self.ledger.lines)
