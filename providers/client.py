@@ -62,7 +62,7 @@ from garbled_core.discrete_gaussian import derive_params
 from spgc.common.csprng import SecureRandom, as_secure_rng
 from spgc.learning.data import DATA_ERRORS
 from spgc.learning.gradients import check_model_on_data
-from spgc.privacy.accounting import PrivacyAccountant
+from spgc.privacy.feature_stats import Standardization, StatsRelease
 from spgc.privacy.ledger import LedgerError, LedgerReport, verify_ledger
 from spgc.protocol.encoding import FixedPointConfig, default_rounding_rng
 from spgc.providers.batches import Batches
@@ -79,7 +79,6 @@ from spgc.providers.plan_checks import (
     NOISELESS_WIRE,
     ONE_SERVER_WIRE,
     TWO_SERVER_WIRE,
-    accountant_sampling,
     build_provider_model,
     check_plan,
     check_privacy,
@@ -93,6 +92,8 @@ from spgc.providers.plan_checks import (
     plan_task_loss,
     resolve_device,
     run_plan,
+    share_length,
+    stats_release,
     trained_coordinates,
 )
 from spgc.providers.rounds import RoundFollower
@@ -219,6 +220,12 @@ class ProviderClient(RoundFollower, Batches, Training):
         # the latest round (ldp: a round sent again gets the same one).
         self.budget: ProviderBudget | None = None
         self._noisy = LastNoisyVector()
+        # standardize: the announced feature statistics' release (set by connect), and the
+        # released means and deviations once the servers publish them (the data is then
+        # standardised with them); None: not (yet).
+        self._stats: StatsRelease | None = None
+        self.standardization: Standardization | None = None
+        self._share_length = 0  # every share vector's length (set by connect)
 
     def __enter__(self) -> ProviderClient:
         return self
@@ -294,7 +301,14 @@ class ProviderClient(RoundFollower, Batches, Training):
             self.task_loss = plan_task_loss(tc, cfg)
             self._x, self._y = self._load_data(tc)
             self.fixed_point = check_training_config(tc, cfg, len(self._x))
-            self.norm_proof = norm_proof_params(tc, self.fixed_point.dim)
+            self._share_length = share_length(tc, self.fixed_point.dim)
+            self.norm_proof = norm_proof_params(tc, self._share_length)
+            self._stats = stats_release(tc)
+            if self._stats is not None and self._x[0].size != self._stats.ranges.features:
+                raise ProviderRefusal(
+                    f"this provider's data has {self._x[0].size} features; the servers' "
+                    f"feature_ranges declare {self._stats.ranges.features}"
+                )
             device = resolve_device(cfg.device)
             self._model = build_provider_model(tc, cfg).to(device)
             try:  # now, not mid-round: a model that cannot train on this data is declined
@@ -321,6 +335,7 @@ class ProviderClient(RoundFollower, Batches, Training):
             ).start()  # fmt: skip
         if self.training is None or self.training.run_id != tc.run_id:
             self._epoch = self._first_epoch = None  # another run: its own epochs
+            self.standardization = None  # another run: its own statistics
         self.training = tc
         log.info(
             "joined run %s: mode %s, model %s (d=%d), %d local examples, gradients on %s, "
@@ -358,12 +373,18 @@ class ProviderClient(RoundFollower, Batches, Training):
             except ProviderRefusal as exc:  # leaving: the servers count us out, knowing why
                 self._decline(tc.run_id, str(exc))
                 raise
+        self._adopt_statistics(info)
         # ldp: a round sent again gets the noisy vector sent before (no second noisy view).
         kept = self._noisy.get(tc.run_id, t) if tc.mode == pb.MODE_LDP else None
-        if kept is None:
+        if kept is None and self._stats is not None and self.standardization is None:
+            # standardize: this round releases the feature statistics (all our rows, once)
+            self.fetch_model(info)  # the round's model, checked as in every round
+            total, compute, encode, batch_size = self._statistics_vector()
+        elif kept is None:
             params = self.fetch_model(info)
             batch = self.draw_batch()
             total, compute, encode = self.encode(params, batch)
+            total = self._padded(total)
             batch_size = len(batch)
             if tc.mode == pb.MODE_LDP:
                 self._noisy.keep(tc.run_id, t, total, batch_size)
@@ -425,6 +446,52 @@ class ProviderClient(RoundFollower, Batches, Training):
             raise RoundFailed("; ".join(errors), resending=bool(results))
         return report
 
+    def _statistics_vector(self) -> tuple[np.ndarray, float, float, int]:
+        """standardize: this provider's vector of the feature statistics' release (its
+        rows' clipped sums, sums of squares and count; spgc.privacy.feature_stats), padded to
+        the share length; (vector, compute s, encode s, rows)."""
+        assert self._stats is not None and self._x is not None
+        start = time.perf_counter()
+        x = self._x.reshape(len(self._x), -1)
+        try:
+            total = self._stats.contribution(x, length=self._share_length)
+        except ValueError as exc:
+            raise ProviderRefusal(f"the feature statistics' release: {exc}") from None
+        log.info("round %d: this round releases the feature statistics", self.last_round)
+        return total, 0.0, time.perf_counter() - start, len(x)
+
+    def _padded(self, total: np.ndarray) -> np.ndarray:
+        """A step's vector, zero-padded to the share length (longer with standardize)."""
+        if len(total) >= self._share_length:
+            return total
+        out = np.zeros(self._share_length, dtype=total.dtype)
+        out[: len(total)] = total
+        return out
+
+    def _adopt_statistics(self, info: Any) -> None:
+        """standardize: once the servers publish the released means and deviations
+        (RoundInfo.feature_mean/feature_std), this provider's features are standardised
+        with them for the rest of the run."""
+        if self._stats is None or self.standardization is not None or not info.feature_mean:
+            return
+        try:
+            released = Standardization.from_dict(
+                {"feature_mean": list(info.feature_mean), "feature_std": list(info.feature_std)}
+            )
+            assert self._x is not None
+            shape = self._x.shape
+            x = released.apply(self._x.reshape(len(self._x), -1)).reshape(shape)
+        except ValueError as exc:
+            raise RunFailed(
+                f"the servers' released feature statistics are unusable: {exc}"
+            ) from None
+        self._x = x
+        self.standardization = released
+        log.info(
+            "the servers released the feature statistics: this provider's features are "
+            "standardised with their means and deviations from now on"
+        )
+
     def check_ledger(self) -> LedgerReport | None:
         """Fetch and verify every server's privacy ledger (chain, signature, re-accounted
         epsilon) and refuse (ProviderRefusal) to take part in another release that would
@@ -464,10 +531,8 @@ class ProviderClient(RoundFollower, Batches, Training):
         if limit is not None and tc.mode not in NOISELESS_WIRE:
             # Before the first release too: one step alone may spend more than the limit.
             steps = 0 if report is None else report.steps
-            nxt = PrivacyAccountant(
-                effective_noise_multiplier(tc), tc.target_delta, method=tc.accountant,
-                **accountant_sampling(tc),
-            ).epsilon_after(steps + 1)  # fmt: skip
+            # The plan's accountant (with standardize: the statistics' release first).
+            nxt = run_plan(tc).accountant_for().epsilon_after(steps + 1)
             others, note = (0.0, "") if self.budget is None else self.budget.others_note()
             if nxt + others > limit:
                 spent = "" if report is None else f" (epsilon {report.epsilon:.4g})"

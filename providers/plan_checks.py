@@ -36,6 +36,7 @@ from spgc.privacy.accounting import (
 )
 from spgc.privacy.budget import RunPlan
 from spgc.privacy.clipping import adaptive_clip_of, decay_clip_of
+from spgc.privacy.feature_stats import FeatureRanges, StatsRelease
 from spgc.protocol.encoding import FixedPointConfig
 from spgc.protocol.modes import (
     ADAPTIVE_CLIP_MODES,
@@ -71,6 +72,8 @@ __all__ = [
     "norm_proof_params",
     "resolve_device",
     "run_plan",
+    "share_length",
+    "stats_release",
     "trained_coordinates",
 ]
 
@@ -276,6 +279,12 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
     else:
         raise ProviderRefusal(f"unsupported rounding {pb.Rounding.Name(tc.rounding)}")
     provider_level = check_adjacency(tc)
+    if tc.standardize and local_examples > tc.stats_max_rows:
+        raise ProviderRefusal(
+            f"this provider holds {local_examples} examples; the servers' feature statistics "
+            f"release is sized for at most {tc.stats_max_rows} per provider "
+            "(standardize_max_rows)"
+        )
     if tc.sampling == pb.BATCH_SAMPLING_POISSON:
         if tc.WhichOneof("batch") != "sampling_rate" or not 0 < tc.sampling_rate <= 1:
             raise ProviderRefusal("Poisson sampling announced without a rate in (0, 1]")
@@ -303,8 +312,15 @@ def check_training_config(tc: Any, cfg: ProviderConfig, local_examples: int) -> 
         raise ProviderRefusal(f"unsupported sampling {pb.BatchSampling.Name(tc.sampling)}")
     if tc.mode == pb.MODE_UNSPECIFIED:
         raise ProviderRefusal("the servers announce no mode")
-    norm_proof_params(tc, dim)  # refuses a verified plan this provider cannot prove for
+    # Refuses a verified plan this provider cannot prove for.
+    norm_proof_params(tc, share_length(tc, dim))
     return fp
+
+
+def share_length(tc: Any, encoded: int) -> int:
+    """Every share vector's length: the ``encoded`` rows' width, at least the feature
+    statistics' 2F + 1 with standardize (TrainingConfig.standardize)."""
+    return max(encoded, 2 * len(tc.feature_lo) + 1) if tc.standardize else encoded
 
 
 def round_sampling_rate(tc: Any, release: int) -> float:
@@ -402,6 +418,7 @@ def check_plan(tc: Any, cfg: ProviderConfig) -> None:
                 f"{tc.target_delta:g}) over the training; this provider's max_total_epsilon is "
                 f"{cfg.max_total_epsilon:g}"
             )
+    check_standardize(tc, cfg)
     if cfg.require_verified_inputs and tc.verify_inputs != "l2":
         raise ProviderRefusal(
             "the servers do not check the providers' norm proofs (verify_inputs "
@@ -413,6 +430,52 @@ def check_plan(tc: Any, cfg: ProviderConfig) -> None:
             f"the plan runs up to {tc.max_rounds} rounds; this provider's max_training_rounds "
             f"is {cfg.max_training_rounds}"
         )
+
+
+def check_standardize(tc: Any, cfg: ProviderConfig) -> None:
+    """The servers' standardize and this provider's must agree (ProviderRefusal naming both):
+    a provider that did not ask for it would send its data's statistics unawares, one that did
+    would train on raw features; and the announced release must be one it can make."""
+    if bool(tc.standardize) != cfg.standardize:
+        if tc.standardize:
+            raise ProviderRefusal(
+                "the servers' plan releases the feature statistics first (standardize: true) "
+                "and this provider does not take part in it: set standardize: true to send its "
+                "per-feature sums, sums of squares and row count (counted in its budget)"
+            )
+        raise ProviderRefusal(
+            "this provider asks for standardize: true, but the servers' plan releases no "
+            "feature statistics: set standardize: true on both servers, or false here"
+        )
+    if not tc.standardize:
+        return
+    if (
+        len(tc.feature_lo) != len(tc.feature_hi)
+        or not tc.feature_lo
+        or tc.stats_scale < 1
+        or tc.stats_max_rows < 1
+        or not tc.stats_noise_multiplier > 0
+    ):
+        raise ProviderRefusal(
+            "the servers announce standardize without usable feature ranges, scale, row limit "
+            "or noise"
+        )
+
+
+def stats_release(tc: Any) -> StatsRelease | None:
+    """standardize: the statistics' release as announced (checked by
+    :func:`check_standardize`); None without."""
+    if not tc.standardize:
+        return None
+    try:
+        ranges = FeatureRanges.from_pairs(
+            list(zip(tc.feature_lo, tc.feature_hi, strict=True)), "feature_ranges"
+        )
+    except ValueError as exc:
+        raise ProviderRefusal(f"the servers announce unusable feature ranges: {exc}") from None
+    return StatsRelease(
+        ranges, float(tc.stats_noise_multiplier), int(tc.stats_max_rows), int(tc.stats_scale)
+    )
 
 
 def build_provider_model(tc: Any, cfg: ProviderConfig) -> nn.Module:
@@ -543,6 +606,8 @@ def run_plan(tc: Any) -> RunPlan:
         max_batch_size=tc.max_batch_size,
         num_parameters=tc.num_parameters,
         target_epsilon=tc.target_epsilon if noisy else None,
+        # standardize: the statistics' release, the run's first, in this data set's budget
+        stats_noise_multiplier=tc.stats_noise_multiplier if tc.standardize and noisy else 0.0,
     )
 
 
