@@ -1,16 +1,17 @@
-"""DP linear regression on three hospitals' features at their natural scales: raw, standardised
-with privately released statistics, and standardised by hand (issue 48 part 2).
+"""DP linear regression on three hospitals' features at their natural scales: raw, raw with
+``standardize: true`` (the servers release the feature statistics privately), and standardised
+by hand (issue 48 part 2).
 
 Writes the data (three providers' CSVs and the servers' test set, generated from a known linear
 model on clinical scales) under WORK, then trains three times through both servers and the
 three providers (all in this process, spgc.app.api, plaintext localhost links) and prints one
 JSON line with each run's test R^2.
 
-The private statistics are made by spgc.privacy.feature_stats exactly as the release is specified
-(each provider's vector of clipped sums, sums of squares and count; their sum plus a discrete
-Gaussian of std z x s sqrt(2F + 1) units), but the sum and its noise are computed HERE, in
-one process: the servers do not run this release yet. Its epsilon is composed with the
-training's (the accountant's ``unsampled`` releases) and printed as ``epsilon_with_stats``.
+With ``standardize: true`` the servers' round 0 is one DP release of every provider's per-feature
+clipped sums, sums of squares and row count (through the same shares, circuit and exact discrete
+Gaussian noise as a round, counted in the co-signed ledger before it is revealed); the providers
+and the servers' test set then standardise with the released means and deviations, and the
+exported model carries them (spgc.learning.export.load_model applies them).
 
     python compare.py [--work DIR] [--rounds R] [--stats-epsilon E]
 """
@@ -27,23 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from spgc.app.api import ProviderConfig, ServerConfig, finish_server, run_provider, start_server
-from spgc.privacy.accounting import (
-    PrivacyAccountant,
-    analytic_gaussian_noise_multiplier,
-    quiet_dp_accounting,
-)
-from spgc.privacy.feature_stats import (
-    FeatureRanges,
-    Standardization,
-    contribution_units,
-    estimate,
-    release_dim,
-    sensitivity_units,
-)
-from spgc.privacy.noise import sample_discrete_gaussian
-from spgc.settings.plan import make_plan
+from spgc.learning.export import load_model, read_report
+from spgc.learning.models import resolve_model
+from spgc.privacy.accounting import quiet_dp_accounting
+from spgc.privacy.feature_stats import Standardization
+from spgc.privacy.ledger import verify_ledger
 
 HERE = Path(__file__).resolve().parent
 PROVIDERS = ("p1", "p2", "p3")
@@ -88,9 +80,17 @@ def free_port() -> int:
 
 
 def server_config(
-    folder: Path, rounds: int, epsilon: float, role: int, **ports: Any
+    folder: Path, rounds: int, epsilon: float, role: int, stats_epsilon: float | None, **kw: Any
 ) -> ServerConfig:
-    """Both servers' plan on folder's test set (role 1: H1, 2: H2)."""
+    """Both servers' plan on folder's test set (role 1: H1, 2: H2); ``stats_epsilon``: with
+    standardize, the statistics release's epsilon (None: no release)."""
+    if stats_epsilon is not None:
+        kw.update(
+            standardize=True,
+            feature_ranges=[list(r) for _, r, _ in FEATURES],
+            standardize_epsilon=stats_epsilon,
+            standardize_max_rows=ROWS_PER_PROVIDER,
+        )
     return ServerConfig(
         role=role,
         insecure=True,  # one process on localhost; a deployment gives every party TLS
@@ -109,11 +109,12 @@ def server_config(
         target_epsilon=epsilon,
         target_delta=1e-5,
         first_round_wait=60,
-        **ports,
+        state_dir=folder / f"h{role}",  # the ledger and the exported model
+        **kw,
     )
 
 
-def train(folder: Path, rounds: int, epsilon: float) -> dict[str, Any]:
+def train(folder: Path, rounds: int, epsilon: float, stats_epsilon: float | None) -> dict[str, Any]:
     """One run through both servers and the three providers on folder's CSVs."""
     h1, h2, link, peer1, peer2 = (f"127.0.0.1:{free_port()}" for _ in range(5))
     providers = [
@@ -131,14 +132,17 @@ def train(folder: Path, rounds: int, epsilon: float) -> dict[str, Any]:
             # Each data set's budget file in the work folder, not the user's: the three runs
             # are of three data sets (the same rows, scaled three ways).
             state_dir=folder / name,
+            standardize=stats_epsilon is not None,
         )
         for name in PROVIDERS
     ]
     servers = [
-        start_server(server_config(folder, rounds, epsilon, 1, listen=h1, peer_listen=peer1,
-                                   peer_address=peer2, peer_name="h2", gc_address=link)),
-        start_server(server_config(folder, rounds, epsilon, 2, listen=h2, peer_listen=peer2,
-                                   peer_address=peer1, peer_name="h1", gc_address=link)),
+        start_server(server_config(folder, rounds, epsilon, 1, stats_epsilon, listen=h1,
+                                   peer_listen=peer1, peer_address=peer2, peer_name="h2",
+                                   gc_address=link)),
+        start_server(server_config(folder, rounds, epsilon, 2, stats_epsilon, listen=h2,
+                                   peer_listen=peer2, peer_address=peer1, peer_name="h1",
+                                   gc_address=link)),
     ]  # fmt: skip
     try:
         with ThreadPoolExecutor(len(providers)) as pool:
@@ -151,57 +155,69 @@ def train(folder: Path, rounds: int, epsilon: float) -> dict[str, Any]:
     return summary
 
 
-def private_statistics(
-    parts: list[np.ndarray], ranges: FeatureRanges, noise_multiplier: float
-) -> Standardization:
-    """The release as specified, its sum and noise computed in this process (module doc)."""
-    total = sum(contribution_units(x, ranges) for x in parts)
-    sigma = noise_multiplier * sensitivity_units(ranges.features)
-    return estimate(total + sample_discrete_gaussian(release_dim(ranges.features), sigma), ranges)
+def exported_r2(folder: Path, test: tuple[np.ndarray, np.ndarray]) -> float:
+    """R^2 of H1's exported model on the RAW test features, through the export's loader (which
+    applies the statistics stored with a standardize run's model)."""
+    architecture = resolve_model(f"{HERE / 'model.py'}:linear")  # the run's, fresh
+    model = load_model(folder / "h1" / "model.safetensors", architecture)
+    x = torch.as_tensor(test[0], dtype=torch.float32)
+    with torch.no_grad():
+        pred = model(x).numpy().ravel()
+    return float(1 - np.mean((test[1] - pred) ** 2) / np.var(test[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, default=None, help="where the CSVs go")
     parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--epsilon", type=float, default=4.0, help="the training's budget")
-    parser.add_argument("--stats-epsilon", type=float, default=0.5, help="the release's")
+    parser.add_argument("--epsilon", type=float, default=4.0, help="each run's whole budget")
+    parser.add_argument(
+        "--stats-epsilon", type=float, default=0.5, help="the statistics release's share of it"
+    )
+    parser.add_argument("--skip-raw", action="store_true", help="leave out the raw run")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="spgc-standardize-"))
     rng = np.random.default_rng(48)  # synthetic patients only; the noise is the CSPRNG's
     parts = [draw(ROWS_PER_PROVIDER, rng) for _ in PROVIDERS]
     test = draw(TEST_ROWS, rng)
-    ranges = FeatureRanges.from_pairs([r for _, r, _ in FEATURES])
-    z = analytic_gaussian_noise_multiplier(args.stats_epsilon, 1e-5)
-    released = private_statistics([x for x, _ in parts], ranges, z)
     pooled = np.concatenate([x for x, _ in parts])
     by_hand = Standardization(pooled.mean(axis=0), pooled.std(axis=0), float(len(pooled)))
-    scalings = {"raw": None, "private_stats": released, "by_hand": by_hand}
+    # label: (the CSVs' scaling, the statistics release's epsilon or None)
+    runs = {"standardize": (None, args.stats_epsilon), "by_hand": (by_hand, None)}
+    if not args.skip_raw:
+        runs = {"raw": (None, None), **runs}
     result: dict[str, Any] = {}
-    for label, stats in scalings.items():
+    for label, (stats, stats_epsilon) in runs.items():
         folder = work / label
         folder.mkdir(parents=True, exist_ok=True)
         for name, (x, y) in [*zip(PROVIDERS, parts, strict=True), ("test", test)]:
             write_csv(folder / f"{name}.csv", x if stats is None else stats.apply(x), y)
         with quiet_dp_accounting():  # dp-accounting's notes on excluded orders
-            summary = train(folder, args.rounds, args.epsilon)
+            summary = train(folder, args.rounds, args.epsilon, stats_epsilon)
         result[f"r2_{label}"] = round(float(summary["test_r2"]), 4)
-        result["epsilon_training"] = round(float(summary["epsilon"]), 4)
-        result["releases"] = summary["releases"]
+        result[f"epsilon_{label}"] = round(float(summary["epsilon"]), 4)
+        if stats_epsilon is not None:
+            # What the servers released and stored with the model, and what it cost.
+            report = read_report(folder / "h1" / "model.safetensors")
+            released = report["feature_standardization"]
+            result["released_mean"] = [round(v, 3) for v in released["feature_mean"]]
+            result["released_std"] = [round(v, 3) for v in released["feature_std"]]
+            result["true_mean"] = [round(float(v), 3) for v in pooled.mean(axis=0)]
+            result["true_std"] = [round(float(v), 3) for v in pooled.std(axis=0)]
+            ledger = verify_ledger(folder / "h1" / "ledger.jsonl")
+            result["ledger_releases"] = ledger.steps
+            result["ledger_feature_stats_releases"] = ledger.feature_stats_releases
+            result["ledger_epsilon"] = round(float(ledger.epsilon or 0.0), 4)
+            result["r2_standardize_export_on_raw_test"] = round(exported_r2(folder, test), 4)
     # For reference: least squares on the pooled raw data, no privacy (scale does not matter).
     design = np.column_stack([pooled, np.ones(len(pooled))])
     coef = np.linalg.lstsq(design, np.concatenate([y for _, y in parts]), rcond=None)[0]
     residual = test[1] - np.column_stack([test[0], np.ones(len(test[0]))]) @ coef
     result["r2_pooled_least_squares"] = round(1 - residual.var() / test[1].var(), 4)
-    # The release composed with the training's steps, at the training's delta.
-    plan = make_plan(server_config(work / "by_hand", args.rounds, args.epsilon, role=1))
-    both = PrivacyAccountant(
-        plan.noise_multiplier, 1e-5, method="rdp", unsampled=[z], **plan.sampling
+    result["r2_gap_standardize_vs_by_hand"] = round(
+        result["r2_by_hand"] - result["r2_standardize"], 4
     )
-    with quiet_dp_accounting():
-        result["epsilon_with_stats"] = round(both.epsilon_after(int(result["releases"])), 4)
     result["stats_epsilon"] = args.stats_epsilon
-    result["stats_noise_multiplier"] = round(z, 4)
     result["work"] = str(work)
     print(json.dumps(result))
     return 0
