@@ -154,6 +154,12 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.local_learning_rate": _NON_NEGATIVE,
     "spgc.v1.TrainingConfig.clip_decay": Bound(0.0, 1.0),
     "spgc.v1.TrainingConfig.clip_min": _NON_NEGATIVE,
+    # standardize: the feature statistics' release (checked together by the provider)
+    "spgc.v1.TrainingConfig.feature_lo": Bound(-math.inf, math.inf),
+    "spgc.v1.TrainingConfig.feature_hi": Bound(-math.inf, math.inf),
+    "spgc.v1.TrainingConfig.stats_noise_multiplier": _NON_NEGATIVE,
+    "spgc.v1.TrainingConfig.stats_scale": COUNTER,
+    "spgc.v1.TrainingConfig.stats_max_rows": COUNTER,
     "spgc.v1.NoisePhase.from_release": COUNTER,
     "spgc.v1.NoisePhase.noise_multiplier": _POSITIVE,
     "spgc.v1.NoisePhase.sampling_rate": Bound(0.0, 1.0, low_open=True),
@@ -169,6 +175,8 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.RoundInfo.releases_counted": COUNTER,
     "spgc.v1.RoundInfo.ledger_head_releases": COUNTER,
     "spgc.v1.RoundInfo.clip_norm": _NON_NEGATIVE,  # 0: fixed clip norm
+    "spgc.v1.RoundInfo.feature_mean": Bound(-math.inf, math.inf),
+    "spgc.v1.RoundInfo.feature_std": _POSITIVE,
     "spgc.v1.WireLimits.max_message_bytes": ANY,  # informational
     "spgc.v1.WireLimits.max_chunk_bytes": _LIMIT_CHUNK_BYTES,
     "spgc.v1.WireLimits.preferred_chunk_bytes": _LIMIT_CHUNK_BYTES,
