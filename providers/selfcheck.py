@@ -65,7 +65,8 @@ def check_model_and_data(
             x, y = provider_part_of(x, y, cfg.data, cfg.provider_count, cfg.provider_index)
         what = f"data {cfg.data!r}"
     examples = None if x is None else len(x)
-    warning = None if x is None else scale_warning(x, names)
+    # standardize: the servers release the statistics it is standardised with: no warning.
+    warning = None if x is None or cfg.standardize else scale_warning(x, names)
     if warning is not None:
         warning = f"{what}: {warning}"
     if model is None:  # the servers' built-in model: see connect

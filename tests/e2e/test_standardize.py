@@ -59,14 +59,15 @@ RUN = {
 }
 
 
+@pytest.mark.parametrize("mode", ["spgc", "dng"])  # the circuit's noise, each server's
 def test_the_servers_release_the_statistics_first_and_everyone_uses_them(
-    pki: Path, tmp_path: Path
+    pki: Path, tmp_path: Path, mode: str
 ) -> None:
     rng = np.random.default_rng(3)  # test data only; shares and noise come from the CSPRNG
     raw = {name: _write(tmp_path / f"{name}.csv", rng, ROWS) for name in PROVIDERS}
     test_x = _write(tmp_path / "test.csv", rng, 200)
     d1, d2 = start_pair(pki, tmp_path, **RUN, test_data=str(tmp_path / "test.csv"),
-                        test_data_label="y")  # fmt: skip
+                        test_data_label="y", mode=mode)  # fmt: skip
     clients = [ProviderClient(_provider(pki, d1, d2, tmp_path, i)) for i in range(3)]
     try:
         errors = _run(clients)
