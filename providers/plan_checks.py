@@ -460,6 +460,20 @@ def check_standardize(tc: Any, cfg: ProviderConfig) -> None:
             "the servers announce standardize without usable feature ranges, scale, row limit "
             "or noise"
         )
+    # The release is one more noisy release of this provider's data: its own minimum holds.
+    z = tc.stats_noise_multiplier
+    if cfg.min_noise_multiplier is not None and z < cfg.min_noise_multiplier:
+        raise ProviderRefusal(
+            f"the feature statistics' release has noise multiplier {z:.6g}, below this "
+            f"provider's minimum {cfg.min_noise_multiplier:g}"
+        )
+    eps = per_step_epsilon(z, cfg.step_delta)
+    if cfg.max_step_epsilon is not None and eps > cfg.max_step_epsilon:
+        raise ProviderRefusal(
+            f"the feature statistics' release is ({eps:.4g}, {cfg.step_delta:g})-DP (noise "
+            f"multiplier {z:.4g}), weaker than this provider's minimum epsilon "
+            f"{cfg.max_step_epsilon:g} per release"
+        )
 
 
 def stats_release(tc: Any) -> StatsRelease | None:

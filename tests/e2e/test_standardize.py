@@ -21,7 +21,8 @@ from spgc.learning.export import StandardizedInputs, load_model, read_report
 from spgc.learning.models import resolve_model
 from spgc.privacy.ledger import verify_ledger
 from spgc.providers.client import ProviderClient, ProviderRefusal
-from spgc.settings.config import ServerConfig
+from spgc.providers.plan_checks import check_standardize
+from spgc.settings.config import ProviderConfig, ServerConfig
 from spgc.settings.plan import make_plan
 
 MODEL = f"{REPO_ROOT / 'examples' / 'standardize' / 'model.py'}:linear"  # 8 features in
@@ -201,3 +202,20 @@ def test_ranges_the_release_cannot_fit_are_one_clear_line() -> None:
     cfg = ServerConfig(insecure=True, providers=["p1", "p2"], **{**RUN, "feature_ranges": [[0, 1]]})
     with pytest.raises(ValueError, match=r"^standardize: "):
         make_plan(cfg.model_copy(update={"standardize_max_rows": 10**9}))
+
+
+def test_a_provider_holds_the_statistics_release_to_its_own_minimum_privacy(tmp_path: Path) -> None:
+    cfg = ServerConfig(insecure=True, providers=["p1", "p2"], **RUN)
+    announced = make_plan(cfg).training_config("run")  # z about 3.73 for epsilon 1
+    base = {"name": "p1", "h1_address": "127.0.0.1:1", "insecure": True, "standardize": True}
+    check_standardize(announced, ProviderConfig(**base, min_noise_multiplier=3.0))
+    with pytest.raises(ProviderRefusal, match=r"release has noise multiplier 3\.7.* minimum 5"):
+        check_standardize(announced, ProviderConfig(**base, min_noise_multiplier=5.0))
+    with pytest.raises(ProviderRefusal, match=r"release is \(.*\)-DP .* minimum epsilon 0\.5"):
+        check_standardize(announced, ProviderConfig(**base, max_step_epsilon=0.5))
+    without = ServerConfig(insecure=True, providers=["p1", "p2"], **{**RUN, "standardize": False})
+    with pytest.raises(ProviderRefusal, match="the servers' plan releases no feature statistics"):
+        check_standardize(
+            make_plan(without).training_config("run"),
+            ProviderConfig(**base, min_noise_multiplier=0.5),
+        )
