@@ -219,3 +219,21 @@ def test_a_provider_holds_the_statistics_release_to_its_own_minimum_privacy(tmp_
             make_plan(without).training_config("run"),
             ProviderConfig(**base, min_noise_multiplier=0.5),
         )
+
+
+def test_feature_ranges_from_the_servers_test_set(tmp_path: Path) -> None:
+    x = _write(tmp_path / "test.csv", np.random.default_rng(5), 40)
+    x[:, 1] = 0.0  # a constant column gets a unit-wide range around its value
+    header = ",".join([f"f{j}" for j in range(x.shape[1])] + ["y"])
+    np.savetxt(tmp_path / "test.csv", np.column_stack([x, np.zeros(40)]), delimiter=",",
+               header=header, comments="")  # fmt: skip
+    cfg = ServerConfig(
+        insecure=True, providers=["p1", "p2"],
+        **{**RUN, "feature_ranges": "test_data", "test_data": str(tmp_path / "test.csv"),
+           "test_data_label": "y"},
+    )  # fmt: skip
+    ranges = make_plan(cfg).feature_stats.ranges
+    expected_lo, expected_hi = x.min(axis=0), x.max(axis=0)
+    expected_lo[1], expected_hi[1] = -0.5, 0.5
+    assert np.allclose(ranges.lo, expected_lo, rtol=1e-6)
+    assert np.allclose(ranges.hi, expected_hi, rtol=1e-6)
