@@ -116,6 +116,8 @@ def privacy_report(
         note = "not differentially private: a step was released without noise"
     else:
         note = f"({eps:.6g}, {delta:g})-differentially private after {steps} step(s)"
+        if standardization is not None:  # released once before the steps, in the same epsilon
+            note += " and the feature statistics' release"
     return {
         "format": _FORMAT,
         "spgc_version": __version__,

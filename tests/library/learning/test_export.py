@@ -276,6 +276,7 @@ def test_the_released_feature_statistics_travel_with_the_model_and_its_loader_ap
     report = _report(model="linear", num_parameters=4, standardization=from_stats)
     path, _ = write_export(tmp_path / "m.safetensors", linear, flat, report)
     assert read_report(path)["feature_standardization"] == from_stats.to_dict()
+    assert read_report(path)["note"].endswith("after 7 step(s) and the feature statistics' release")
     assert standardization_of(read_report(path)).to_dict() == from_stats.to_dict()
     loaded = load_model(path, torch.nn.Linear(3, 1))
     assert isinstance(loaded, StandardizedInputs)
