@@ -354,7 +354,11 @@ def compose(spends: list[RunSpend]) -> Spent:
         event = dp_accounting.PoissonSampledDpEvent(
             s.plan.sampling["sampling_rate"], dp_accounting.GaussianDpEvent(s.plan.noise_multiplier)
         )
-        accountant.compose(event, s.steps)
+        steps = s.steps
+        if s.plan.stats_noise_multiplier > 0:  # its first release: the statistics, unsampled
+            accountant.compose(dp_accounting.GaussianDpEvent(s.plan.stats_noise_multiplier))
+            steps -= 1
+        accountant.compose(event, steps)
     with quiet_dp_accounting():
         epsilon = float(accountant.get_epsilon(delta))
     if not epsilon < best.epsilon:

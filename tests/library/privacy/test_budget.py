@@ -553,3 +553,29 @@ def test_spgc_account_budget_prints_the_file(tmp_path: Path) -> None:
     missing = run_in_process("account", "--budget", str(tmp_path / "none.json"))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert missing.stderr.startswith("spgc account: error: ")
+
+
+def test_a_run_with_the_feature_statistics_counts_their_release_first(tmp_path: Path) -> None:
+    """standardize (issue 48 part 2): the run's first release is the statistics' (unsampled,
+    its own noise multiplier), alone and in the RDP composition with another run; a plan
+    without them is stored as before."""
+    b = DatasetBudget.open(tmp_path / "s.json", H)
+    with_stats, other = plan(stats_noise_multiplier=6.0), plan(noise_multiplier=1.5)
+    b.record_run("s", with_stats)
+    b.record_run("o", other)
+    for t in range(11):  # round 0 the statistics, then 10 steps
+        b.record_submission("s", t)
+    for t in range(10):
+        b.record_submission("o", t)
+    alone = PrivacyAccountant(1.0, 1e-5, **POISSON, unsampled=[6.0]).epsilon_after(10)
+    assert b.spent(exclude_run="o").epsilon == pytest.approx(alone, rel=1e-9)
+    acc = rdp.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(6.0))
+    acc.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)), 10)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.5)), 10)
+    spent = b.spent()
+    assert spent.method == "rdp"
+    assert spent.epsilon == pytest.approx(acc.get_epsilon(2e-5), rel=1e-9)
+    stored = json.loads((tmp_path / "s.json").read_text())["runs"]
+    assert stored["s"]["plan"]["stats_noise_multiplier"] == 6.0
+    assert "stats_noise_multiplier" not in stored["o"]["plan"]
