@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import REPO_ROOT
-from test_server_daemon import PROVIDERS, start_pair
+from test_server_daemon import PROVIDERS, bind_pair, start_pair
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 from test_user_plans import provider_config
 
@@ -109,6 +109,17 @@ def test_the_servers_release_the_statistics_first_and_everyone_uses_them(
             c.close()
         d1.stop()
         d2.stop()
+    # A restart from the checkpoint holds the released statistics (and evaluates with them).
+    a, b = bind_pair(pki, tmp_path, **RUN, test_data=str(tmp_path / "test.csv"),
+                     test_data_label="y", mode=mode)  # fmt: skip
+    try:
+        for daemon in (a, b):
+            assert daemon.state.standardization.to_dict() == released.to_dict()
+            assert daemon.state.evaluator._standardization.to_dict() == released.to_dict()
+            assert (daemon.state.releases, daemon.state.steps) == (3, 2)
+    finally:
+        a.stop()
+        b.stop()
 
 
 def _provider(pki: Path, d1, d2, tmp_path: Path, index: int, standardize: bool = True):
