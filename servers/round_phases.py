@@ -290,8 +290,12 @@ class RoundPhases:
         stats = self.plan.feature_stats
         assert stats is not None
         if release not in (None, 0):
+            # Release 0 (the statistics) was counted, but its result was lost: a failure after
+            # its reveal. Never a second one (the ledger allows one, first): the run ends.
             raise RuntimeError(
-                f"round {t}: the feature statistics must be release 0, not release {release}"
+                f"round {t}: the feature statistics' release (ledger release 0) was counted but "
+                "its result was lost (a failure after its reveal); this run cannot standardise "
+                "any more: start a new run (resume: false)"
             )
         start = time.perf_counter()
         standardization = stats.estimate(y)  # ValueError: too few examples for statistics
