@@ -22,8 +22,11 @@ from spgc.learning.models import resolve_model
 from spgc.privacy.ledger import verify_ledger
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.providers.plan_checks import check_standardize
+from spgc.servers.intake import ShareIntake
+from spgc.servers.state import ServerState
 from spgc.settings.config import ProviderConfig, ServerConfig
 from spgc.settings.plan import make_plan
+from spgc.wire import aggregation_pb2 as pb
 
 MODEL = f"{REPO_ROOT / 'examples' / 'standardize' / 'model.py'}:linear"  # 8 features in
 RANGES = [[0.0, 100.0], [0.0, 1.0], [10.0, 60.0], [50.0, 250.0],
@@ -248,3 +251,14 @@ def test_feature_ranges_from_the_servers_test_set(tmp_path: Path) -> None:
     expected_lo[1], expected_hi[1] = -0.5, 0.5
     assert np.allclose(ranges.lo, expected_lo, rtol=1e-6)
     assert np.allclose(ranges.hi, expected_hi, rtol=1e-6)
+
+
+def test_a_statistics_release_counted_but_lost_ends_the_run_in_one_line(tmp_path: Path) -> None:
+    cfg = ServerConfig(insecure=True, providers=["p1", "p2"], **{**RUN, "test_data": ""})
+    plan = make_plan(cfg)
+    state = ServerState(
+        plan, pb.SERVER_ROLE_H1, ShareIntake(plan.share_dim, plan.ring_bits, tmp_path)
+    )
+    y = np.zeros(plan.share_dim)
+    with pytest.raises(RuntimeError, match=r"release 0\) was counted but its result was lost"):
+        state.apply_update(1, y, {}, {}, release=1)
