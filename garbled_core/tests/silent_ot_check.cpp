@@ -3,7 +3,8 @@
 //   g++ -std=c++17 -O3 -Wall -Wextra -maes -mssse3 -msse4.1 -mpclmul -Igarbled_core/include
 //     garbled_core/tests/silent_ot_check.cpp garbled_core/src/silent_ot.cpp
 //     garbled_core/src/softspoken.cpp garbled_core/src/iknp.cpp garbled_core/src/base_ot.cpp
-//     garbled_core/src/channel.cpp garbled_core/src/random.cpp garbled_core/src/halfgates.cpp
+//     garbled_core/src/channel.cpp garbled_core/src/listener.cpp garbled_core/src/sockets.cpp
+//     garbled_core/src/random.cpp garbled_core/src/halfgates.cpp
 //     -lssl -lcrypto -lpthread -o silent_ot_check
 //   (one command line)
 //   ./silent_ot_check            checks on the TEST-ONLY (insecure) parameter set, then on

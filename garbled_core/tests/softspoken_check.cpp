@@ -3,7 +3,7 @@
 //   g++ -std=c++17 -O3 -Wall -Wextra -maes -mssse3 -msse4.1 -mpclmul -Igarbled_core/include
 //     garbled_core/tests/softspoken_check.cpp garbled_core/src/softspoken.cpp
 //     garbled_core/src/iknp.cpp garbled_core/src/base_ot.cpp garbled_core/src/channel.cpp
-//     garbled_core/src/random.cpp garbled_core/src/halfgates.cpp -lssl -lcrypto -lpthread
+//     garbled_core/src/listener.cpp garbled_core/src/sockets.cpp garbled_core/src/random.cpp garbled_core/src/halfgates.cpp -lssl -lcrypto -lpthread
 //     -o softspoken_check
 //   (one command line; halfgates.cpp holds the engine's AES path switch)
 //   ./softspoken_check           checks only, on every AES path the CPU has (aesni, and
