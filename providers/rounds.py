@@ -138,6 +138,7 @@ class RoundFollower(Transport):
                                 late,
                             )
                             self._told_clock = True
+                        check_same_statistics(self.servers, infos)
                         self._round_infos = infos
                         return first
                 delay = self.cfg.poll_interval
@@ -229,3 +230,17 @@ class RoundFollower(Transport):
                     report.results.append(result)
             log.info("round %d: %s now holds our share (sent again)", info.round, server.name)
         self._resend = None
+
+
+def check_same_statistics(servers: Any, infos: list[Any]) -> None:
+    """standardize: the released feature means and deviations the provider standardises its
+    data with are the same at both servers (each computed them from the release it took part
+    in), so one server alone cannot hand providers statistics of its choosing. RunFailed
+    naming both servers otherwise."""
+    released = [(tuple(i.feature_mean), tuple(i.feature_std)) for i in infos]
+    if any(r != released[0] for r in released[1:]):
+        names = " and ".join(s.name for s in servers)
+        raise RunFailed(
+            f"{names} announce different released feature statistics (means and deviations): "
+            "one of them is not the run's; not taking part"
+        )
