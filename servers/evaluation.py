@@ -44,7 +44,10 @@ def model_for(dataset: str, num_parameters: int) -> str:
 
 def test_set_loader(cfg: ServerConfig) -> Callable[[], TestSet] | None:
     """Where the servers' test set comes from: ``test_data`` (its test split if it has one,
-    else all of it), else the built-in dataset's test split; None: nothing to evaluate on."""
+    else all of it), else the built-in dataset's test split; None: nothing to evaluate on
+    (``test_data: none``, or neither)."""
+    if cfg.test_data == "none":
+        return None
     if cfg.test_data:
 
         def own() -> TestSet:
