@@ -16,6 +16,7 @@ __all__ = [
     "BACKEND_NAMES",
     "BASELINES",
     "MODES",
+    "NOISE_FLOOR_MODES",
     "NOISY_MODES",
     "SINGLE_SERVER_MODES",
     "TRAINING_MODES",
@@ -120,5 +121,8 @@ BACKEND_MODES: tuple[str, ...] = tuple(m.name for m in _TABLE if m.trainable and
 #: opened
 #: in the field with the servers' noise (their own, or preprocessed's pool of field shares).
 VERIFIED_MODES: tuple[str, ...] = ("spgc", "only-mpc", "dng", "preprocessed")
+#: Modes whose two servers make the noise jointly (the round circuit, the preprocessed pool):
+#: where a noise_floor (issue 46) moves part of its variance to each server's own noise.
+NOISE_FLOOR_MODES: tuple[str, ...] = ("spgc", "preprocessed")
 #: Where verify_inputs defaults to l2: the two-server DP modes.
 VERIFIED_BY_DEFAULT: tuple[str, ...] = ("spgc", "dng", "preprocessed")

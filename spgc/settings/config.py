@@ -32,6 +32,7 @@ from spgc.protocol.modes import (
     ADAPTIVE_CLIP_MODES,
     BACKEND_MODES,
     BACKEND_NAMES,
+    NOISE_FLOOR_MODES,
     NOISY_MODES,
     SINGLE_SERVER_MODES,
     TRAINING_MODES,
@@ -266,6 +267,17 @@ class ServerConfig(_Schema):
         f"cheating provider's chances. At least {DEFAULT_REPETITIONS}: a provider may re-share "
         f"up to 2^{GRINDING_BITS} times, so {DEFAULT_REPETITIONS} keep the soundness error "
         "at most 2^-40 per proof (docs/PRIVACY.md, Norm proofs; spgc bench proof prints it)",
+    )
+    # --- noise_floor (issue 46 item 4): each server's own noise, beside the joint noise ---
+    noise_floor: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="modes spgc and preprocessed: the fraction f of the plan's noise variance "
+        "that each server adds on its own (a fresh discrete Gaussian of variance f sigma^2 per "
+        "coordinate, before anything is opened), the jointly made noise dropping to (1 - f) "
+        "sigma^2: a server that deviates and strips the joint noise still leaves the other's "
+        "f sigma^2 (docs/PRIVACY.md, The noise floor); part of the plan; 0: none",
     )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",
@@ -620,6 +632,17 @@ class ServerConfig(_Schema):
                 f"servers on field shares, in modes {', '.join(VERIFIED_MODES)}; set "
                 "verify_inputs: none"
             )
+        if self.noise_floor > 0 and self.mode not in NOISE_FLOOR_MODES:
+            raise ValueError(
+                f"noise_floor: {self.noise_floor:g} with mode {self.mode}: a noise floor splits "
+                f"the noise two servers make jointly, in modes {', '.join(NOISE_FLOOR_MODES)}; "
+                "set noise_floor: 0"
+            )
+        if self.noise_floor > 0 and self.standardize:
+            raise ValueError(
+                f"noise_floor: {self.noise_floor:g} with standardize: true: the statistics "
+                "release is not accounted with a noise floor yet; set one of them off"
+            )
         if self.workers > 1 and self.gc_lanes > 1:
             raise ValueError(
                 f"gc_lanes: {self.gc_lanes} with workers: {self.workers}: rounds run on the "
@@ -878,6 +901,14 @@ class ProviderConfig(_Schema):
     step_delta: float = Field(1e-5, gt=0, lt=1, description="the delta of max_step_epsilon")
     min_noise_multiplier: float | None = Field(
         None, gt=0, description="refuse a run whose noise std / sensitivity is below this"
+    )
+    # --- min_noise_floor (issue 46 item 4) ---
+    min_noise_floor: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="refuse a plan whose noise_floor (each server's own share of the noise, "
+        "what survives a server that strips the joint noise) is below this; 0: any",
     )
     max_total_epsilon: float | None = Field(
         None,

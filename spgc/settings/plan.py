@@ -28,6 +28,7 @@ from spgc.privacy.accounting import check_schedule, phase_at
 from spgc.privacy.clipping import AdaptiveClip, DecayClip
 from spgc.privacy.feature_stats import FeatureRanges, StatsRelease, StatsThenStepsAccountant
 from spgc.privacy.noise import noise_bound_units
+from spgc.privacy.noise_floor import FloorMultipliers, floor_accountants, floor_multipliers
 from spgc.protocol.encoding import FixedPointConfig
 from spgc.protocol.modes import NOISY_MODES, get_mode
 from spgc.protocol.norm_proof import NormProofParams
@@ -161,7 +162,8 @@ class RunPlan:
             return self.sigma_units * math.sqrt(2)
         if self.cfg.mode == "ldp":
             return self.sigma_units * math.sqrt(len(self.cfg.providers))
-        return self.sigma_units
+        # A noise floor: the joint (1 - f) sigma^2 and both servers' own f sigma^2.
+        return self.sigma_units * math.sqrt(1.0 + self.noise_floor)
 
     def noise_samples_per_step(self, providers_used: int) -> int:
         """Discrete Gaussian samples one released step draws (the sampler's statistical
@@ -171,6 +173,8 @@ class RunPlan:
         if self.sigma_units <= 0 or noise_by == "nobody":
             return 0
         parties = {"circuit": 1, "each server": 2, "each provider": providers_used}[noise_by]
+        if self.noise_floor > 0:
+            parties += 2  # each server's own floor noise, a sample per coordinate
         return parties * self.share_dim  # the unclipped count too, with adaptive clipping
 
     def new_accountant(self) -> accounting.PrivacyAccountant | None:
@@ -179,6 +183,8 @@ class RunPlan:
         with the steps: spgc.privacy.feature_stats.StatsThenStepsAccountant)."""
         if self.noise_multiplier <= 0:
             return None
+        if self.noise_floor > 0:  # the plan's guarantee holds against one curious server
+            return self.floor_accountants()["curious_server"]  # (standardize is refused)
         kind = (
             accounting.PrivacyAccountant
             if self.feature_stats is None
@@ -242,6 +248,7 @@ class RunPlan:
             **self._norm_proof_fields(),
             **self._adjacency_fields(),
             **self._feature_stats_fields(),
+            noise_floor=self.noise_floor,
         )
 
     def _feature_stats_fields(self) -> dict[str, Any]:
@@ -308,6 +315,45 @@ class RunPlan:
         if self.schedule is None:
             return self.sigma_units
         return self.noise_multiplier_for(release) * self.fixed_point.l2_bound_units
+
+    # --- noise_floor (issue 46): the joint noise and each server's own ---
+    @property
+    def noise_floor(self) -> float:
+        """f: the fraction of sigma^2 each server adds on its own (0: none)."""
+        return float(self.cfg.noise_floor)
+
+    def joint_sigma_units_for(self, release: int) -> float:
+        """The std of the noise the two servers make jointly for release ``release``
+        (the round circuit, the preprocessed pool): sigma sqrt(1 - f)."""
+        return self.sigma_units_for(release) * math.sqrt(1.0 - self.noise_floor)
+
+    def floor_sigma_units_for(self, release: int) -> float:
+        """The std of the noise each server adds on its own to release ``release``:
+        sigma sqrt(f) (0 without a noise floor)."""
+        return self.sigma_units_for(release) * math.sqrt(self.noise_floor)
+
+    def floor_multipliers(self) -> FloorMultipliers:
+        """The effective noise multipliers against everyone, one curious server and one
+        server that deviates (spgc.privacy.noise_floor)."""
+        return floor_multipliers(
+            self.noise_multiplier,
+            self.noise_floor,
+            self.fixed_point.l2_bound_units,
+            self.share_dim,
+            sampling=str(self.sampling.get("sampling", "poisson")),
+        )
+
+    def floor_accountants(self) -> dict[str, accounting.PrivacyAccountant | None]:
+        """One fresh accountant per figure (spgc.privacy.noise_floor.FIGURES)."""
+        return floor_accountants(
+            self.noise_multiplier,
+            self.cfg.target_delta,
+            method=self.cfg.accountant,
+            sampling=self.sampling,
+            noise_floor=self.noise_floor,
+            sensitivity_units=self.fixed_point.l2_bound_units,
+            coordinates=self.share_dim,
+        )
 
     def sampling_rate_for(self, release: int) -> float:
         """Each provider's (or example's) Poisson rate for release ``release``."""
@@ -511,6 +557,11 @@ def _noise_multiplier(
     )
 
 
+def _calibrated_to_target(cfg: ServerConfig) -> bool:
+    """The noise multiplier comes from calibrating the whole run to target_epsilon."""
+    return not cfg.noise_schedule and cfg.noise_multiplier <= 0 and cfg.calibration == "accountant"
+
+
 def expected_examples_per_round(cfg: ServerConfig) -> float:
     """The examples a round is expected to sum over all providers: the configured
     expected_batch_size, else from the data set (Poisson: sampling_rate x its training examples;
@@ -608,12 +659,24 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
         fp = FixedPointConfig(scale=cfg.scale, clip_norm=adaptive.row_norm, dim=trainable.count + 1)
     k = len(cfg.providers)
     bound = max_abs_sum_units(max_batch, fp.l2_bound_units, providers=k)
+    if cfg.noise_floor > 0 and nm > 0 and _calibrated_to_target(cfg):
+        # The target holds against one curious server: its sum of two discrete Gaussians is
+        # accounted by a multiplier a little below z (spgc.privacy.noise_floor), so raise z.
+        curious = floor_multipliers(
+            nm, cfg.noise_floor, fp.l2_bound_units, fp.dim, sampling=sampling["sampling"]
+        ).curious_server
+        nm *= nm / curious
     sigma_units = nm * fp.l2_bound_units
     if cfg.mode == "preprocessed" and sigma_units > 0:
         # The noise shares live in the providers' ring and S + z is opened there: L holds |S|
         # plus the sampler's hard bound on |z| (not a tail probability), so nothing wraps.
 
-        bound += noise_bound_units(sigma_units)
+        bound += noise_bound_units(sigma_units * math.sqrt(1.0 - cfg.noise_floor))
+    if cfg.noise_floor > 0 and sigma_units > 0:
+        # Each server's own noise is added to its share before the opening (spgc: to its input
+        # of the circuit, whose difference of shares is read in the ring): |S| + |N_1| + |N_2|
+        # must fit, by the sampler's hard bound.
+        bound += 2 * noise_bound_units(sigma_units * math.sqrt(cfg.noise_floor))
     # A noise_schedule's largest noise must fit the ring too (dng adds it in the ring).
     largest = max([nm, *(z for _, z, _ in cfg.schedule_phases())]) * fp.l2_bound_units
     if stats is not None:  # its noise too (its vector is within the same bound)

@@ -160,6 +160,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.stats_noise_multiplier": _NON_NEGATIVE,
     "spgc.v1.TrainingConfig.stats_scale": COUNTER,
     "spgc.v1.TrainingConfig.stats_max_rows": COUNTER,
+    "spgc.v1.TrainingConfig.noise_floor": _PROBABILITY,  # [0, 1): issue 46's noise floor
     "spgc.v1.NoisePhase.from_release": COUNTER,
     "spgc.v1.NoisePhase.noise_multiplier": _POSITIVE,
     "spgc.v1.NoisePhase.sampling_rate": Bound(0.0, 1.0, low_open=True),
