@@ -47,6 +47,7 @@ from spgc.protocol.sharing import reconstruct, ring_mask
 from spgc.servers.errors import PeerMismatchError, describe_error
 from spgc.servers.faults import fault_point, tap_reveal
 from spgc.servers.gc_party import run_aggregate
+from spgc.servers.noise_floor import GC_ROLE, draw_own_noise, spgc_release, with_own_noise
 from spgc.servers.noise_pool import (
     PoolError,
     PoolSlice,
@@ -73,7 +74,7 @@ from spgc.wire import aggregation_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-_GC_ROLE = {pb.SERVER_ROLE_H1: "garbler", pb.SERVER_ROLE_H2: "evaluator"}
+_GC_ROLE = GC_ROLE
 
 
 def agreement(
@@ -165,9 +166,8 @@ def dng_exchange(
     if field_modulus is not None:
         return _dng_field_exchange(role, channel, share, noise, field_modulus)
     mask = ring_mask(ring_bits)
-    z = np.asarray(noise, dtype=np.int64).view(np.uint64)
-    mine = (share + z if role == pb.SERVER_ROLE_H1 else share - z) & mask
-    theirs = _swap_shares(role, channel, mine)
+    mine = with_own_noise(role, share, noise, ring_bits)
+    theirs = opened_share_exchange(role, channel, mine)
     if np.any(theirs & ~mask):
         raise PeerMismatchError("the other server's noisy share is outside the ring")
     a, b = (mine, theirs) if role == pb.SERVER_ROLE_H1 else (theirs, mine)
@@ -189,13 +189,18 @@ def _swap_shares(role: int, channel: Any, mine: np.ndarray) -> np.ndarray:
     return theirs
 
 
+def opened_share_exchange(role: int, channel: Any, mine: np.ndarray) -> np.ndarray:
+    """The opening of dng and preprocessed: this server's noisy share out, the other's in.
+    Whatever a deviating server sends here only shifts the release (docs/PRIVACY.md, "The
+    online opening of mode preprocessed"); the tests stand one in place of this call."""
+    return _swap_shares(role, channel, mine)
+
+
 def _dng_field_exchange(
     role: int, channel: Any, share: np.ndarray, noise: np.ndarray, p: int
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    z = np.mod(np.asarray(noise, dtype=np.int64), np.int64(p)).astype(np.uint64)
-    mine = share + z  # both < p < 2^62
-    mine = np.where(mine >= np.uint64(p), mine - np.uint64(p), mine)
-    theirs = _swap_shares(role, channel, mine)
+    mine = with_own_noise(role, share, noise, 0, p)
+    theirs = opened_share_exchange(role, channel, mine)
     if theirs.size and int(theirs.max()) >= p:
         raise PeerMismatchError("the other server's noisy share is outside the field")
     y = mine + theirs
@@ -228,16 +233,17 @@ def compute_round(
     if plan.cfg.mode == "preprocessed":
         if pool_slice is None or state.pool is None:
             raise RuntimeError(f"round {t}: no noise-pool entries named for a preprocessed round")
-        noise = state.pool.take(pool_slice, t)  # the cursor moves on disk before any use
+        noise = state.pool.take(pool_slice, t).view(np.int64)  # the cursor moves on disk first
+        own = draw_own_noise(plan.share_dim, plan.floor_sigma_units_for(entry))
+        if own is not None:  # the noise floor: this server's own noise in its opened share
+            noise = noise + own  # the pool share is < 2^62: no overflow
         seconds = {"pool": time.perf_counter() - start}
         start = time.perf_counter()
         # Its own connection: noise production may be running on the lanes meanwhile.
         channel = link.exchange_channel or link.channel
-        y, info = dng_exchange(
-            state.role, channel, total, noise.view(np.int64), plan.ring_bits, field_modulus
-        )
+        y, info = dng_exchange(state.role, channel, total, noise, plan.ring_bits, field_modulus)
         seconds["exchange"] = time.perf_counter() - start
-        del noise
+        del noise, own
     elif plan.cfg.mode == "dng":
         noise = sample_discrete_gaussian(plan.share_dim, plan.sigma_units_for(entry))
         seconds = {"noise": time.perf_counter() - start}
@@ -247,13 +253,28 @@ def compute_round(
         )
         seconds["exchange"] = time.perf_counter() - start
         del noise  # never needed again
+    elif plan.cfg.mode == "spgc":
+        own = draw_own_noise(plan.share_dim, plan.floor_sigma_units_for(entry))
+        y, info = spgc_release(
+            state.role,
+            link,
+            total,
+            seed,  # type: ignore[arg-type]
+            own,
+            joint_sigma_units=plan.joint_sigma_units_for(entry),
+            ring_bits=plan.ring_bits,
+            field_modulus=field_modulus,
+            on_stage=lambda: fault_point("during-circuit", t),
+        )
+        del own
+        seconds = {"circuit": time.perf_counter() - start}
     else:
         y, info = run_aggregate(
             _GC_ROLE[state.role],
             link,
             total,
             seed,
-            plan.sigma_units_for(entry) if plan.cfg.mode == "spgc" else None,
+            None,
             plan.ring_bits,
             plan.cfg.mode,
             on_stage=lambda: fault_point("during-circuit", t),

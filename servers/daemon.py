@@ -165,7 +165,7 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
             self.state.pool = NoisePool(
                 cfg.pool_path,
                 cfg.role_name,
-                self.plan.sigma_units,
+                self.plan.joint_sigma_units_for(0),  # (1 - f) sigma^2 with a noise floor
                 self.plan.ring_bits,
                 field_modulus=None if norm is None else norm.p,
             )
@@ -406,7 +406,8 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
             # The sampler's parameter search takes seconds; done now, it overlaps the wait for
             # the peer and the providers instead of delaying the first round's noise.
             threading.Thread(
-                target=derive_params, args=(self.plan.sigma_units,), name="spgc-sampler-params",
+                target=derive_params, args=(self.plan.joint_sigma_units_for(0),),
+                name="spgc-sampler-params",
                 daemon=True,
             ).start()  # fmt: skip
         if self.metrics_server is not None:
