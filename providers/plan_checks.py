@@ -37,6 +37,7 @@ from spgc.privacy.accounting import (
 from spgc.privacy.budget import RunPlan
 from spgc.privacy.clipping import adaptive_clip_of, decay_clip_of
 from spgc.privacy.feature_stats import FeatureRanges, StatsRelease
+from spgc.privacy.noise_floor import floor_multipliers
 from spgc.protocol.encoding import FixedPointConfig
 from spgc.protocol.modes import (
     ADAPTIVE_CLIP_MODES,
@@ -164,6 +165,17 @@ def effective_noise_multiplier(tc: Any) -> float:
     for phase in tc.noise_schedule:  # a noise_schedule: its weakest release
         in_units = phase.noise_std_units / tc.l2_bound_units
         announced = min(announced, phase.noise_multiplier, in_units)
+    if tc.noise_floor > 0:
+        # A noise floor: what one curious server does not know is a sum of two discrete
+        # Gaussians, accounted a little below the announced multiplier (spgc.privacy.noise_floor;
+        # d + 1 coordinates covers an adaptive clip's count, and more coordinates only loosen).
+        announced = floor_multipliers(
+            announced,
+            tc.noise_floor,
+            tc.l2_bound_units,
+            tc.num_parameters + 1,
+            sampling="fixed" if tc.sampling == pb.BATCH_SAMPLING_SHUFFLE else "poisson",
+        ).curious_server
     return announced
 
 
@@ -176,6 +188,12 @@ def check_privacy(tc: Any, cfg: ProviderConfig) -> float | None:
     sigma = effective_noise_multiplier(tc)
     wants = cfg.max_step_epsilon is not None or cfg.min_noise_multiplier is not None
     mode = pb.Mode.Name(tc.mode)
+    if tc.noise_floor < cfg.min_noise_floor:
+        raise ProviderRefusal(
+            f"the servers announce noise_floor {tc.noise_floor:g}, below this provider's "
+            f"min_noise_floor {cfg.min_noise_floor:g} (each server's own noise, what is left "
+            "if one server strips the joint noise)"
+        )
     if sigma <= 0:
         if wants:
             raise ProviderRefusal(

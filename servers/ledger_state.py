@@ -75,6 +75,23 @@ class LedgerState:
             return math.inf if self.steps else 0.0
         return self.accountant.epsilon()
 
+    def noise_floor_summary(self) -> dict[str, Any] | None:
+        """noise_floor (issue 46): f, each figure's effective noise multiplier and its epsilon
+        after the steps counted so far (None: infinite); None without a noise floor."""
+        plan = self.plan
+        if plan.noise_floor <= 0 or self.accountant is None:
+            return None
+        steps = self.accountant.steps
+        epsilons: dict[str, float | None] = {}
+        for name, acc in plan.floor_accountants().items():
+            eps = math.inf if acc is None else acc.epsilon_after(steps)
+            epsilons[name] = None if math.isinf(eps) else eps
+        return {
+            "fraction": plan.noise_floor,
+            "noise_multipliers": plan.floor_multipliers().as_dict(),
+            "epsilon": epsilons,
+        }
+
     @property
     def differentially_private(self) -> bool:
         """Whether the run's releases carry a DP guarantee (not in only-mpc or plain)."""
@@ -109,6 +126,16 @@ class LedgerState:
             "backend": cfg.backend,
             "verify_inputs": cfg.verify_inputs,
             **self._feature_stats_plan(),
+            **self._noise_floor_field(),
+        }
+
+    def _noise_floor_field(self) -> dict[str, Any]:
+        """noise_floor (issue 46) when the plan has one: what the three figures are recomputed
+        from; nothing otherwise (the header as before, byte for byte)."""
+        if self.plan.noise_floor <= 0 or not self.accountant:
+            return {}
+        return {
+            "noise_floor": {"fraction": self.plan.noise_floor, "coordinates": self.plan.share_dim}
         }
 
     def _feature_stats_plan(self) -> dict[str, Any]:

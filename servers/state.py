@@ -360,6 +360,8 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "sampler_distance_per_sample": 2.0**DEFAULT_DISTANCE_LOG2,
                 "noise_std_units": self.plan.sigma_units,
                 "noise_std_total_units": self.plan.total_noise_std_units,
+                # issue 46: the three figures (everyone, one curious server, one that deviates)
+                **({"noise_floor": floor} if (floor := self.noise_floor_summary()) else {}),
                 "gc_bytes": sum(r.gc_bytes for r in self.history.values()),
                 "offline_gc_bytes": self.offline_bytes,
                 "clip": self.plan.cfg.clip,

@@ -79,6 +79,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from spgc.privacy.accounting import PrivacyAccountant, adjacency_of, capped_poisson, reported_delta
 from spgc.privacy.clipping import DecayClip
+from spgc.privacy.noise_floor import floor_epsilons
 from spgc.protocol.modes import get_mode
 
 __all__ = [
@@ -166,8 +167,10 @@ PLAN_KEYS = (
 )
 # Plan fields a header has only when the run uses them (a run without them writes, signs and
 # verifies exactly the lines it did before they existed); when present, co-signed like
-# PLAN_KEYS. feature_stats: the once-only release of the feature statistics.
-OPTIONAL_PLAN_KEYS = ("feature_stats",)
+# PLAN_KEYS. feature_stats: the once-only release of the feature statistics. noise_floor
+# (issue 46): {"fraction": f, "coordinates": d}, what the three figures are recomputed from
+# (spgc.privacy.noise_floor).
+OPTIONAL_PLAN_KEYS = ("feature_stats", "noise_floor")
 #: The ``release`` value of the feature statistics' release entry (a step's has none).
 FEATURE_STATS_RELEASE = "feature_stats"
 # The fields of a release entry both servers sign (the same bytes on both: nothing local).
@@ -601,6 +604,9 @@ class LedgerReport:
     heads: list[str] = field(default_factory=list, repr=False)
     # Of the release entries, the feature statistics' (standardize: true; 0 or 1).
     feature_stats_releases: int = 0
+    # noise_floor (issue 46): {"fraction", "coordinates", "epsilon": {figure: eps or None}};
+    # None without one.
+    noise_floor: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "heads"}
@@ -762,7 +768,15 @@ def verify_ledger(
         closed=bool(closed_line),
         heads=heads,
         feature_stats_releases=stats_releases,
+        noise_floor=_floor_report(header, steps),
     )
+
+
+def _floor_report(header: Mapping[str, Any], steps: int) -> dict[str, Any] | None:
+    floor = header.get("noise_floor")
+    if floor is None:
+        return None
+    return {**floor, "epsilon": floor_epsilons(header, steps)}
 
 
 def _is_feature_stats(
@@ -847,6 +861,9 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
     _check_clip(entry["clip"], entry.get("noise_multiplier"))
     if "feature_stats" in entry:
         _check_feature_stats(entry["feature_stats"])
+    _check_noise_floor(entry.get("noise_floor"), entry.get("noise_multiplier"))
+    if "noise_floor" in entry and "feature_stats" in entry:
+        raise LedgerError("line 1: a noise_floor with feature_stats (no server writes both)")
     try:
         public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(entry["public_key"]))
     except (KeyError, TypeError, ValueError):
@@ -945,6 +962,20 @@ def _check_clip(clip: Any, noise_multiplier: Any) -> None:
         )
 
 
+def _check_noise_floor(floor: Any, noise_multiplier: Any) -> None:
+    """The header's noise_floor: absent, or {"fraction": f in (0, 1), "coordinates": d >= 1}
+    on a plan with noise."""
+    if floor is None:
+        return
+    if not isinstance(floor, dict) or set(floor) != {"fraction", "coordinates"}:
+        raise LedgerError('line 1: noise_floor must be {"fraction": f, "coordinates": d}')
+    f, d = floor["fraction"], floor["coordinates"]
+    if not (_number(f) and 0 < f < 1) or not (_is_int(d) and d >= 1):
+        raise LedgerError(f"line 1: noise_floor {floor}: fraction in (0, 1), coordinates >= 1")
+    if not (_number(noise_multiplier) and noise_multiplier > 0):
+        raise LedgerError("line 1: a noise_floor without noise (noise_multiplier 0)")
+
+
 def _release_clip_norm(number: int, entry: Mapping[str, Any], clip: Mapping[str, Any]) -> float:
     """A release entry's clip norm: the header's with a fixed rule, any C > 0 with adaptive
     clipping (the accounting does not depend on it: every row is bounded in units)."""
@@ -1008,6 +1039,9 @@ def _reaccount(header: Mapping[str, Any], steps: int, stats_releases: int = 0) -
     try:
         if nm <= 0:
             return None
+        if header.get("noise_floor") is not None:  # the plan's figure: one curious server
+            epsilon = (floor_epsilons(header, steps) or {}).get("curious_server")
+            return math.inf if epsilon is None else epsilon
         sampling = dict(header.get("sampling") or {})
         unsampled = (
             [float(header["feature_stats"]["noise_multiplier"])] * stats_releases
