@@ -53,6 +53,7 @@ from spgc.privacy.ledger import (
     verify_ledger,
 )
 from spgc.privacy.ledger_pair import check_covers, compare_ledgers
+from spgc.privacy.noise_floor import FIGURES, FloorMultipliers, floor_multipliers
 
 __all__ = ["add_parser", "run"]
 
@@ -82,6 +83,7 @@ def _number(check: Callable[[float], bool], allowed: str) -> Callable[[str], flo
 _positive = _number(lambda v: v > 0, "finite and > 0")
 _rate = _number(lambda v: 0 < v <= 1, "in (0, 1]")
 _delta = _number(lambda v: 0 < v < 1, "in (0, 1)")
+_floor = _number(lambda v: 0 <= v < 1, "in [0, 1)")
 
 
 def _steps(text: str) -> int:
@@ -177,6 +179,30 @@ def add_parser(subparsers: Any) -> None:
         "rdp_discrete (Renyi DP with the discrete Gaussian's Poisson subsampling proved "
         "rather than assumed as by the other two; looser)",
     )
+    # --- noise_floor (issue 46): the plan's three figures ---
+    p.add_argument(
+        "--noise-floor",
+        type=_floor,
+        metavar="F",
+        help="each server adds its own noise of variance F sigma^2 and the joint noise is "
+        "(1 - F) sigma^2 (servers' noise_floor, modes spgc and preprocessed): print epsilon "
+        "against everyone who sees the release, one curious server (what --sigma or --epsilon "
+        "is for) and one server that deviates; needs --sensitivity-units and --coordinates",
+    )
+    p.add_argument(
+        "--sensitivity-units",
+        type=_positive,
+        metavar="B",
+        help="with --noise-floor: the L2 sensitivity in fixed-point units (the plan's "
+        "l2_bound_units; the ledger's sensitivity_units)",
+    )
+    p.add_argument(
+        "--coordinates",
+        type=_steps,
+        metavar="D",
+        help="with --noise-floor: the released vector's coordinates (the model's trained "
+        "parameters, one more with adaptive clipping)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
@@ -212,6 +238,12 @@ def _check(args: argparse.Namespace) -> None:
     ]
     if missing:
         raise _AccountError(f"missing {', '.join(missing)} (all three are required)")
+    floor = getattr(args, "noise_floor", None)
+    if floor is not None and floor > 0:
+        if args.sensitivity_units is None or args.coordinates is None:
+            raise _AccountError("--noise-floor needs --sensitivity-units and --coordinates")
+    elif getattr(args, "sensitivity_units", None) or getattr(args, "coordinates", None):
+        raise _AccountError("--sensitivity-units and --coordinates go with --noise-floor")
     if args.accountant is None:
         args.accountant = "rdp"
     if args.accountant not in ACCOUNTANTS:
@@ -227,8 +259,13 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:
     else:
         target = float(args.epsilon)
         sigma = calibrate_noise_multiplier(target, *common)
+        if floor_of(args) > 0:  # the target holds against one curious server, as servers do
+            sigma *= sigma / _floor_multipliers(args, sigma).curious_server
+    floor = _floor_answer(args, sigma) if floor_of(args) > 0 else None
     # For --epsilon this is what the calibrated multiplier really spends (<= the target).
-    epsilon = epsilon_for(sigma, *common)
+    epsilon = epsilon_for(sigma, *common) if floor is None else floor["curious_server"]["epsilon"]
+    if epsilon is None:
+        epsilon = math.inf
     return {
         "solved_for": "epsilon" if target is None else "noise_multiplier",
         "epsilon": epsilon if math.isfinite(epsilon) else None,  # JSON has no Infinity
@@ -239,7 +276,70 @@ def _answer(args: argparse.Namespace) -> dict[str, Any]:
         "sampling": "poisson",
         "sampling_rate": args.sampling_rate,
         "accountant": args.accountant,
+        **({} if floor is None else {"noise_floor": floor}),
     }
+
+
+def floor_of(args: argparse.Namespace) -> float:
+    """--noise-floor, 0 when not given."""
+    return float(getattr(args, "noise_floor", None) or 0.0)
+
+
+def _floor_multipliers(args: argparse.Namespace, sigma: float) -> FloorMultipliers:
+    return floor_multipliers(sigma, floor_of(args), args.sensitivity_units, args.coordinates)
+
+
+#: Each figure's noise std on the release relative to the plan's sigma, as f gives it.
+_STD_RATIO = {
+    "everyone": lambda f: math.sqrt(1.0 + f),
+    "curious_server": lambda f: 1.0,
+    "deviating_server": math.sqrt,
+}
+
+
+def _floor_answer(args: argparse.Namespace, sigma: float) -> dict[str, Any]:
+    """Per figure: the noise std it faces relative to sigma, the effective noise multiplier
+    the accountant composes (spgc.privacy.noise_floor) and epsilon (None: infinite)."""
+    f = floor_of(args)
+    multipliers = _floor_multipliers(args, sigma).as_dict()
+    out: dict[str, Any] = {
+        "fraction": f,
+        "sensitivity_units": args.sensitivity_units,
+        "coordinates": args.coordinates,
+    }
+    for name in FIGURES:
+        m = multipliers[name]
+        eps = (
+            epsilon_for(m, args.delta, args.sampling_rate, args.steps, args.accountant, "poisson")
+            if m > 0
+            else math.inf
+        )
+        out[name] = {
+            "noise_std_ratio": _STD_RATIO[name](f),
+            "noise_multiplier": m,
+            "epsilon": eps if math.isfinite(eps) else None,
+        }
+    return out
+
+
+_FIGURE_WORDS = {
+    "everyone": "everyone who sees the release",
+    "curious_server": "one curious server",
+    "deviating_server": "one server that deviates",
+}
+
+
+def _floor_human(floor: dict[str, Any]) -> str:
+    """One line per figure: noise std against the plan's sigma, multiplier, epsilon."""
+    lines = [f"noise floor {floor['fraction']:g}, against:"]
+    for name in FIGURES:
+        fig = floor[name]
+        eps = "inf" if fig["epsilon"] is None else _ceil_sig(fig["epsilon"], 4)
+        lines.append(
+            f"  {_FIGURE_WORDS[name]}: noise std x{fig['noise_std_ratio']:.4g} sigma, "
+            f"effective noise multiplier {fig['noise_multiplier']:.6g}, epsilon {eps}"
+        )
+    return "\n".join(lines)
 
 
 def _human(answer: dict[str, Any]) -> str:
@@ -249,10 +349,15 @@ def _human(answer: dict[str, Any]) -> str:
     )
     steps = f"after {answer['steps']} step{'s' if answer['steps'] != 1 else ''}"
     sigma = _ceil_sig(answer["noise_multiplier"], 6)
+    floor = answer.get("noise_floor")
+    tail = "" if floor is None else "\n" + _floor_human(floor)
     if answer["solved_for"] == "epsilon":
         eps = "inf" if answer["epsilon"] is None else _ceil_sig(answer["epsilon"], 4)
-        return f"epsilon {eps} {steps} (sigma {sigma}, {setting})"
-    return f"noise multiplier {sigma} for epsilon {answer['target_epsilon']:g} {steps} ({setting})"
+        return f"epsilon {eps} {steps} (sigma {sigma}, {setting}){tail}"
+    return (
+        f"noise multiplier {sigma} for epsilon {answer['target_epsilon']:g} {steps} ({setting})"
+        + tail
+    )
 
 
 def _error(message: str) -> int:
@@ -305,6 +410,9 @@ def _check_ledger(args: argparse.Namespace, what: str = "--ledger") -> None:
             ("--steps", args.steps),
             ("--delta", args.delta),
             ("--accountant", args.accountant),
+            ("--noise-floor", getattr(args, "noise_floor", None)),
+            ("--sensitivity-units", getattr(args, "sensitivity_units", None)),
+            ("--coordinates", getattr(args, "coordinates", None)),
         )
         if value is not None
     ]
@@ -442,6 +550,8 @@ def _ledger_human(a: dict[str, Any]) -> str:
                 f"noise multiplier {stats.get('noise_multiplier', 0.0):g}), composed unsampled "
                 "with the steps"
             )
+        if a.get("noise_floor"):
+            lines.append(_ledger_floor_human(a["noise_floor"]))
         schedule = (a.get("sampling") or {}).get("schedule")
         if schedule:
             phases = "; ".join(
@@ -470,6 +580,17 @@ def _ledger_human(a: dict[str, Any]) -> str:
     closed = "closed (no release follows)" if a["closed"] else "not closed"
     lines.append(f"  head after {a['steps']} release(s): {a['head'][:16]}..., {closed}")
     return "\n".join(lines)
+
+
+def _ledger_floor_human(floor: dict[str, Any]) -> str:
+    """The ledger's noise floor and the three figures re-accounted from its entries (the
+    epsilon above is the curious server's, the plan's guarantee)."""
+    eps = floor.get("epsilon") or {}
+    parts = [
+        f"{_FIGURE_WORDS[name]} {'inf' if eps.get(name) is None else _ceil_sig(eps[name], 4)}"
+        for name in FIGURES
+    ]
+    return f"  noise floor {floor['fraction']:g}: epsilon against " + "; ".join(parts)
 
 
 def _clip_human(clip: dict[str, Any], norms: list[float]) -> str:
