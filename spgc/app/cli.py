@@ -366,6 +366,15 @@ def build_parser() -> argparse.ArgumentParser:
         "multiplier Z and sampling rate Q (e.g. 0:1.5:0.5,5:1.0:0.75), each release accounted "
         "with its own phase; the run stops at the target epsilon",
     )
+    demo.add_argument(
+        "--noise-floor",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="modes spgc and preprocessed: each server adds its own noise of variance F "
+        "sigma^2 before the opening, the joint noise dropping to (1 - F) sigma^2 (the servers' "
+        "noise_floor, docs/PRIVACY.md, The noise floor); 0: none",
+    )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -500,6 +509,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         verify_inputs=args.verify_inputs,
         adjacency=args.adjacency,
         noise_schedule=args.noise_schedule,
+        noise_floor=args.noise_floor,
     )
     return run_cli(opts, args.json)
 

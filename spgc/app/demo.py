@@ -122,6 +122,8 @@ class DemoOptions:
     # (spgc.settings.config.parse_noise_schedule);
     # empty: one phase, the noise calibrated to the target epsilon.
     noise_schedule: str = ""
+    # The servers' noise_floor (issue 46): each server's own share of the noise variance.
+    noise_floor: float = 0.0
     # (link, address) -> the address to dial instead, for the links between the two servers:
     # "peer-h2" (H1's control calls to H2's peer_listen), "peer-h1" (H2's to H1's) and "gc"
     # (H2's data link to H1's gc_address). `spgc bench wan` puts its shaping proxies there;
@@ -300,6 +302,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             cfg.update(PROVIDER_LEVEL_DEFAULTS)
         if schedule:
             cfg["noise_schedule"] = schedule
+        if opts.noise_floor:
+            cfg["noise_floor"] = opts.noise_floor
         if opts.clip_norm is not None or opts.clip == "adaptive":
             cfg["clip_norm"] = ADAPTIVE_CLIP_C0 if opts.clip_norm is None else opts.clip_norm
         cfg.update(opts.server_overrides)
