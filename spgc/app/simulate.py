@@ -45,6 +45,7 @@ from spgc.privacy.accounting import quiet_dp_accounting
 from spgc.privacy.noise import sample_noise_plain
 from spgc.protocol.encoding import default_rounding_rng, encode_batch
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
+from spgc.servers.noise_floor import draw_own_noise
 from spgc.settings.config import ConfigError, ServerConfig, parse_noise_schedule
 from spgc.settings.plan import build_run_model, make_plan
 
@@ -191,8 +192,11 @@ def run_simulation(
         noisy = total
         if plan.sigma_units > 0:  # the two servers' seeds, fresh: never used twice
             noise = sample_noise_plain(os.urandom(32), os.urandom(32), plan.share_dim,
-                                       plan.sigma_units_for(t))  # fmt: skip
+                                       plan.joint_sigma_units_for(t))  # fmt: skip
             noisy = total + noise
+            for _ in range(2):  # a noise_floor: each server's own noise too
+                own = draw_own_noise(plan.share_dim, plan.floor_sigma_units_for(t))
+                noisy = noisy if own is None else noisy + own
         direction = mean_delta_direction(noisy / cfg.scale, plan.expected_providers_for(t))
         new = params.copy()
         new[coords.index] = optimizer.step(params[coords.index], direction)
