@@ -14,7 +14,7 @@ reused) and never leaves it except inside that share.
 A garbler that deviates can garble any circuit on the two inputs, the joint noise left out,
 but H2's input already carries N_2, which H1 does not know: what it learns is S + N_2 at best.
 :data:`joint_noise_circuit` is the one call that runs the circuit, the point where the tests put
-such a cheating garbler (tests/servers/test_noise_floor.py).
+such a cheating garbler (tests/servers/test_noise_floor_release.py).
 """
 
 from __future__ import annotations
