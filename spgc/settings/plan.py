@@ -557,6 +557,17 @@ def _noise_multiplier(
     )
 
 
+def _fixed_point(
+    cfg: ServerConfig, trainable: TrainableCoordinates, adaptive: AdaptiveClip | None
+) -> FixedPointConfig:
+    """The encoding. Only the trained coordinates travel: the rounding's slack counts them
+    alone (and the unclipped-example count with adaptive clipping, whose rows are bounded by
+    row_norm)."""
+    if adaptive is None:
+        return FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=trainable.count)
+    return FixedPointConfig(scale=cfg.scale, clip_norm=adaptive.row_norm, dim=trainable.count + 1)
+
+
 def _calibrated_to_target(cfg: ServerConfig) -> bool:
     """The noise multiplier comes from calibrating the whole run to target_epsilon."""
     return not cfg.noise_schedule and cfg.noise_multiplier <= 0 and cfg.calibration == "accountant"
@@ -651,36 +662,34 @@ def make_plan(cfg: ServerConfig) -> RunPlan:
     nm = _noise_multiplier(cfg, sampling, stats)
     check_noise_against_signal(cfg, nm)
     adaptive = _adaptive_clip(cfg, nm)
-    # Only the trained coordinates travel: the rounding's slack counts them alone (and the
-    # unclipped-example count with adaptive clipping, whose rows are bounded by row_norm).
-    if adaptive is None:
-        fp = FixedPointConfig(scale=cfg.scale, clip_norm=cfg.clip_norm, dim=trainable.count)
-    else:
-        fp = FixedPointConfig(scale=cfg.scale, clip_norm=adaptive.row_norm, dim=trainable.count + 1)
-    k = len(cfg.providers)
-    bound = max_abs_sum_units(max_batch, fp.l2_bound_units, providers=k)
+    fp = _fixed_point(cfg, trainable, adaptive)
     if cfg.noise_floor > 0 and nm > 0 and _calibrated_to_target(cfg):
         # The target holds against one curious server: its sum of two discrete Gaussians is
-        # accounted by a multiplier a little below z (spgc.privacy.noise_floor), so raise z.
+        # accounted by a multiplier a little below z (spgc.privacy.noise_floor), so raise z
+        # (by a factor that does not depend on z) and design the clip for the raised one.
         curious = floor_multipliers(
             nm, cfg.noise_floor, fp.l2_bound_units, fp.dim, sampling=sampling["sampling"]
         ).curious_server
         nm *= nm / curious
+        adaptive = _adaptive_clip(cfg, nm)
+        fp = _fixed_point(cfg, trainable, adaptive)
+    k = len(cfg.providers)
+    bound = max_abs_sum_units(max_batch, fp.l2_bound_units, providers=k)
     sigma_units = nm * fp.l2_bound_units
     if cfg.mode == "preprocessed" and sigma_units > 0:
         # The noise shares live in the providers' ring and S + z is opened there: L holds |S|
         # plus the sampler's hard bound on |z| (not a tail probability), so nothing wraps.
 
         bound += noise_bound_units(sigma_units * math.sqrt(1.0 - cfg.noise_floor))
-    if cfg.noise_floor > 0 and sigma_units > 0:
-        # Each server's own noise is added to its share before the opening (spgc: to its input
-        # of the circuit, whose difference of shares is read in the ring): |S| + |N_1| + |N_2|
-        # must fit, by the sampler's hard bound.
-        bound += 2 * noise_bound_units(sigma_units * math.sqrt(cfg.noise_floor))
     # A noise_schedule's largest noise must fit the ring too (dng adds it in the ring).
     largest = max([nm, *(z for _, z, _ in cfg.schedule_phases())]) * fp.l2_bound_units
     if stats is not None:  # its noise too (its vector is within the same bound)
         largest = max(largest, stats.sigma_units)
+    if cfg.noise_floor > 0 and largest > 0:
+        # Each server's own noise is added to its share before the opening (spgc: to its input
+        # of the circuit, whose difference of shares is read in the ring): |S| + |N_1| + |N_2|
+        # must fit, by the sampler's hard bound, at the schedule's largest noise.
+        bound += 2 * noise_bound_units(largest * math.sqrt(cfg.noise_floor))
     # Every share vector's length: d (+1 adaptive), at least 2F + 1 with standardize.
     length = fp.dim if stats is None else max(fp.dim, stats.dim)
     ring_bits = ring_bits_for(
