@@ -193,3 +193,45 @@ def test_a_deviating_opener_of_preprocessed_only_shifts_the_release(
     np.testing.assert_array_equal(back.astype(np.int64) - sums, z + own1 + own2)
     # And what H1 can take off (its offset, its own N_1) leaves z + N_2, variance sigma^2.
     assert np.var(back.astype(np.int64) - sums - own1) == pytest.approx(sigma**2, rel=0.15)
+
+
+def test_what_h2_receives_in_the_opening_is_the_release_and_its_own_values(two_party):
+    """Item 3, H2's side: H2 answers after it has H1's opened share o_1, so it may choose what it
+    sends from o_1 too. But o_1 is Y + o_2 (mod 2^L), o_2 made of H2's own values (its sum A2,
+    its pool share z + r, its N_2), which are independent of the data and of z: H2's whole view
+    is a function of the honest release Y and of them, so whatever it sends, what H1 opens is a
+    post-processing of Y, never less noisy (docs/PRIVACY.md)."""
+    ring_bits, sigma, f, n = 40, 300.0, 0.25, 2000
+    lg, le = links(two_party)
+    p1, p2 = fixed_seed("h2-view-p1"), fixed_seed("h2-view-p2")
+    neg_r, u, _, _ = produce_both(lg, le, n, sigma * (1 - f) ** 0.5, ring_bits, p1, p2)
+    rng = np.random.default_rng(21)
+    sums = [int(v) for v in rng.integers(-(1 << 25), 1 << 25, n)]
+    a1, a2 = shares_of(sums, ring_bits, 23)
+    own1 = own_noise("h2-view-n1", n, sigma * f**0.5)
+    own2 = own_noise("h2-view-n2", n, sigma * f**0.5)
+    received: dict[int, np.ndarray] = {}
+    sent: dict[int, np.ndarray] = {}
+    honest_exchange = coordinator._swap_shares
+
+    def recording_exchange(role, channel, mine):
+        theirs = honest_exchange(role, channel, mine)
+        sent[role], received[role] = mine, theirs
+        return theirs
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(coordinator, "opened_share_exchange", recording_exchange)
+    try:
+        noise1 = neg_r.view(np.int64) + own1
+        side = Background(lambda: dng_exchange(H1, lg.channel, a1, noise1, ring_bits))
+        y, _ = dng_exchange(H2, le.channel, a2, u.view(np.int64) + own2, ring_bits)
+        side.result()
+    finally:
+        mp.undo()
+    mask = ring_mask(ring_bits)
+    # H2's own message, from its own values alone: A2 - (z + r) - N_2
+    o_2 = (a2 - u - own2.view(np.uint64)) & mask
+    np.testing.assert_array_equal(sent[H2], o_2)
+    # what it received is the release plus that: nothing of the data beyond Y
+    y_ring = np.asarray(y, dtype=np.int64).view(np.uint64)
+    np.testing.assert_array_equal(received[H2], (y_ring + o_2) & mask)

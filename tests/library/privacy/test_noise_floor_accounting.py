@@ -119,3 +119,27 @@ def test_the_accountants_compose_each_figure():
 def test_a_floor_outside_zero_one_is_refused(bad):
     with pytest.raises(ValueError, match="noise_floor must be in"):
         floor_multipliers(1.0, bad, 10.0, 10)
+
+
+def test_the_floors_ratio_does_not_depend_on_the_multiplier():
+    """What lets a noise schedule's phases, and the calibration, scale by one factor."""
+    for figure in FIGURES:
+        ratios = {
+            round(getattr(floor_multipliers(z, 0.25, 1026.0, 62), figure) / z, 12)
+            for z in (0.3, 0.8, 1.7, 12.0)
+        }
+        assert len(ratios) == 1, (figure, ratios)
+
+
+def test_a_schedules_phases_are_each_scaled_by_the_floor():
+    schedule = [[0, 1.2, 0.05], [10, 0.9, 0.1]]
+    sampling = {"sampling_rate": 0.05, "sampling": "poisson", "unit": "provider",
+                "schedule": schedule}  # fmt: skip
+    accs = floor_accountants(1.2, 1e-5, method="rdp", sampling=sampling, noise_floor=0.25,
+                             sensitivity_units=1026.0, coordinates=62)  # fmt: skip
+    factor = floor_multipliers(1.0, 0.25, 1026.0, 62).deviating_server  # sqrt(f)
+    phases = [[0, 1.2 * factor, 0.05], [10, 0.9 * factor, 0.1]]
+    direct = PrivacyAccountant(1.2 * factor, 1e-5, 0.05, unit="provider", schedule=phases)
+    deviating = accs["deviating_server"]
+    assert deviating is not None
+    assert deviating.epsilon_after(20) == pytest.approx(direct.epsilon_after(20))
