@@ -609,7 +609,12 @@ class LedgerReport:
     noise_floor: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "heads"}
+        # noise_floor only when the plan has one: a ledger without it reports as before.
+        return {
+            k: v
+            for k, v in self.__dict__.items()
+            if k != "heads" and not (k == "noise_floor" and v is None)
+        }
 
 
 def _entries(lines: list[bytes]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
