@@ -599,6 +599,7 @@ def describe_plan(tc: Any) -> str:
         if tc.mode in NOISELESS_WIRE
         else f"noise multiplier {tc.noise_multiplier:.4g}, budget epsilon "
         f"{tc.target_epsilon:g} at delta {tc.target_delta:g} ({tc.accountant})"
+        + (f", noise floor {tc.noise_floor:g} (each server's own)" if tc.noise_floor > 0 else "")
     )
     return (
         f"run {tc.run_id}: mode {pb.Mode.Name(tc.mode)}, model {tc.model} "
