@@ -15,7 +15,7 @@ from test_noise_pool import produce_both
 from test_spgc_circuit import shares_of
 
 from spgc.privacy import noise as noise_module
-from spgc.privacy.noise import sample_noise_plain
+from spgc.privacy.noise import SPARES_EVERY, sample_noise_plain
 from spgc.protocol.sharing import ring_mask
 from spgc.servers import coordinator, noise_floor
 from spgc.servers.coordinator import dng_exchange
@@ -36,8 +36,13 @@ def own_noise(label: str, n: int, sigma: float) -> np.ndarray:
     return sample_noise_plain(fixed_seed(label + "a"), fixed_seed(label + "b"), n, sigma)
 
 
-def links(two_party):
+def links(two_party, backend: str = "gc"):
     tp = two_party(chunk=512)
+    if backend == "gmw":  # GMW parties on the pair's channels, as the data link opens them
+        return (
+            PartyLink.open("garbler", tp.garbler_channel, backend="gmw"),
+            PartyLink.open("evaluator", tp.evaluator_channel, backend="gmw"),
+        )
     return (
         PartyLink("garbler", tp.garbler_channel, tp.garbler),
         PartyLink("evaluator", tp.evaluator_channel, tp.evaluator),
@@ -52,8 +57,8 @@ def release_both(lg, le, a1, a2, s1, s2, own1, own2, joint_sigma, ring_bits, fie
     return y1, y2
 
 
-@pytest.mark.parametrize("field", [False, True])
-def test_the_release_is_s_plus_the_joint_noise_plus_both_own_noises(two_party, field):
+@pytest.mark.parametrize(("field", "backend"), [(False, "gc"), (True, "gc"), (True, "gmw")])
+def test_the_release_is_s_plus_the_joint_noise_plus_both_own_noises(two_party, field, backend):
     """Fixed seeds: the circuit's joint noise at sqrt(1 - f) sigma (the plaintext sampler on
     both round seeds) plus each server's own noise at sqrt(f) sigma, exactly."""
     ring_bits, sigma, f, n = 32, 3000.0, 0.25, 600
@@ -65,13 +70,13 @@ def test_the_release_is_s_plus_the_joint_noise_plus_both_own_noises(two_party, f
     else:
         p = None
         a1, a2 = shares_of(sums, ring_bits, 11)
-    tag = f"field={field}"
+    tag = f"field={field},{backend}"
     s1, s2 = fixed_seed(tag + "round1"), fixed_seed(tag + "round2")
     own1, own2 = own_noise(tag + "n1", n, sigma * f**0.5), own_noise(tag + "n2", n, sigma * f**0.5)
     joint_sigma = sigma * (1 - f) ** 0.5
-    y1, y2 = release_both(*links(two_party), a1, a2, s1, s2, own1, own2, joint_sigma,
+    y1, y2 = release_both(*links(two_party, backend), a1, a2, s1, s2, own1, own2, joint_sigma,
                           ring_bits, p)  # fmt: skip
-    joint = sample_noise_plain(s1, s2, n, joint_sigma)
+    joint = sample_noise_plain(s1, s2, n, joint_sigma, spares_every=SPARES_EVERY[backend])
     expected = np.array(sums) + joint + own1 + own2
     assert y1.tolist() == y2.tolist() == expected.tolist()
 
