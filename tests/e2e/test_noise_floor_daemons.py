@@ -1,6 +1,7 @@
-"""noise_floor through the daemons (issue 46 item 4), mode preprocessed: the pool is made at the
+"""noise_floor through the daemons (issue 46 item 4). Mode preprocessed: the pool is made at the
 joint noise's (1 - f) sigma^2, each server adds its own fresh draw at the opening, and the
-release is S + the pool's noise + both draws; the summary carries the three figures."""
+release is S + the pool's noise + both draws; the summary carries the three figures. Mode
+spgc: the round circuit's noise at (1 - f) sigma^2 plus both servers' own draws."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from test_preprocessed import pool_noise, run_rounds
 from test_preprocessed import seeds as seeds
 from test_server_daemon import PROVIDERS, Provider, start_pair
 
-from spgc.servers import coordinator
+from spgc.privacy.noise import sample_noise_plain
+from spgc.servers import coordinator, noise_floor
 
 
 def test_the_release_is_s_plus_the_pool_noise_plus_each_servers_own(
@@ -58,6 +60,54 @@ def test_the_release_is_s_plus_the_pool_noise_plus_each_servers_own(
         assert (
             eps["everyone"] < eps["curious_server"] == summary["epsilon"] < eps["deviating_server"]
         )
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_spgc_rounds_release_s_plus_the_joint_noise_plus_each_servers_own(
+    pki, tmp_path, monkeypatch
+):
+    """Mode spgc through the daemons: the round circuit's noise from both round seeds at
+    sqrt(1 - f) sigma, plus the two servers' own draws, added to their circuit inputs."""
+    draws: list[np.ndarray] = []
+    round_seeds: list[tuple[str, bytes, float]] = []
+    real_draw, real_circuit = coordinator.draw_own_noise, noise_floor.joint_noise_circuit
+
+    def recording_draw(n, sigma):
+        out = real_draw(n, sigma)
+        draws.append(out)
+        return out
+
+    def recording_circuit(role, link, shares, seed, sigma_units, *args, **kw):
+        round_seeds.append((role, seed, sigma_units))
+        return real_circuit(role, link, shares, seed, sigma_units, *args, **kw)
+
+    monkeypatch.setattr(coordinator, "draw_own_noise", recording_draw)
+    monkeypatch.setattr(noise_floor, "joint_noise_circuit", recording_circuit)
+    d1, d2 = start_pair(
+        pki, tmp_path, mode="spgc", rounds=2, noise_multiplier=1.0, noise_floor=0.25
+    )
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        d, sigma = cfg.num_parameters, d1.plan.sigma_units
+        rng = np.random.default_rng(9)
+        values = [rng.integers(-3000, 3000, d, dtype=np.int64) for _ in PROVIDERS]
+        run_rounds((d1, d2), providers, 0, 2, values)
+        assert d1.wait(20) and d2.wait(20) and d1.error is None and d2.error is None
+        s = sum(values)
+        assert len(draws) == 4 and len(round_seeds) == 4
+        for t in range(2):
+            pair = {role: seed for role, seed, _ in round_seeds[2 * t : 2 * t + 2]}
+            assert {sig for _, _, sig in round_seeds} == {sigma * math.sqrt(0.75)}
+            joint = sample_noise_plain(pair["garbler"], pair["evaluator"], d,
+                                       sigma * math.sqrt(0.75))  # fmt: skip
+            y = np.asarray(d1.state.history[t].noisy_sum_units, dtype=np.int64)
+            np.testing.assert_array_equal(y, d2.state.history[t].noisy_sum_units)
+            np.testing.assert_array_equal(y - s - joint, draws[2 * t] + draws[2 * t + 1])
     finally:
         for p in providers:
             p.close()
