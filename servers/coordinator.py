@@ -265,6 +265,7 @@ def compute_round(
             ring_bits=plan.ring_bits,
             field_modulus=field_modulus,
             on_stage=lambda: fault_point("during-circuit", t),
+            circuit=run_aggregate,  # this module's name: the tap on every reveal in the tests
         )
         del own
         seconds = {"circuit": time.perf_counter() - start}

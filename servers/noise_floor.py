@@ -13,8 +13,9 @@ reused) and never leaves it except inside that share.
 
 A garbler that deviates can garble any circuit on the two inputs, the joint noise left out,
 but H2's input already carries N_2, which H1 does not know: what it learns is S + N_2 at best.
-:data:`joint_noise_circuit` is the one call that runs the circuit, the point where the tests put
-such a cheating garbler (tests/servers/test_noise_floor_release.py).
+The circuit runs in one call after the own noise is in (:func:`spgc_release`'s ``circuit``, by
+default :data:`joint_noise_circuit`), the point where the tests put such a cheating garbler
+(tests/servers/test_noise_floor_release.py, tests/e2e/test_noise_floor_daemons.py).
 """
 
 from __future__ import annotations
@@ -84,14 +85,18 @@ def spgc_release(
     ring_bits: int,
     field_modulus: int | None = None,
     on_stage: Callable[[], None] | None = None,
+    circuit: Callable[..., tuple[np.ndarray, dict[str, Any]]] | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """This server's side of an spgc release: its own noise into its input share (when it has
-    a noise floor), then the round circuit with the joint noise of std ``joint_sigma_units``.
-    Returns (Y, counters)."""
+    a noise floor), then the round circuit with the joint noise of std ``joint_sigma_units``
+    (``circuit``, run_aggregate's signature; None: :data:`joint_noise_circuit`. The round loop
+    passes its own name for it, servers.coordinator.run_aggregate, where tests tap every
+    reveal). Returns (Y, counters)."""
     inputs = total
     if own_noise is not None:
         inputs = with_own_noise(role, total, own_noise, ring_bits, field_modulus)
-    return joint_noise_circuit(
+    run = joint_noise_circuit if circuit is None else circuit
+    return run(
         GC_ROLE[role],
         link,
         inputs,

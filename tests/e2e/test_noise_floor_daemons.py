@@ -14,7 +14,7 @@ from test_preprocessed import seeds as seeds
 from test_server_daemon import PROVIDERS, Provider, start_pair
 
 from spgc.privacy.noise import sample_noise_plain
-from spgc.servers import coordinator, noise_floor
+from spgc.servers import coordinator
 
 
 def test_the_release_is_s_plus_the_pool_noise_plus_each_servers_own(
@@ -74,7 +74,7 @@ def test_spgc_rounds_release_s_plus_the_joint_noise_plus_each_servers_own(
     sqrt(1 - f) sigma, plus the two servers' own draws, added to their circuit inputs."""
     draws: list[np.ndarray] = []
     round_seeds: list[tuple[str, bytes, float]] = []
-    real_draw, real_circuit = coordinator.draw_own_noise, noise_floor.joint_noise_circuit
+    real_draw, real_circuit = coordinator.draw_own_noise, coordinator.run_aggregate
 
     def recording_draw(n, sigma):
         out = real_draw(n, sigma)
@@ -86,7 +86,7 @@ def test_spgc_rounds_release_s_plus_the_joint_noise_plus_each_servers_own(
         return real_circuit(role, link, shares, seed, sigma_units, *args, **kw)
 
     monkeypatch.setattr(coordinator, "draw_own_noise", recording_draw)
-    monkeypatch.setattr(noise_floor, "joint_noise_circuit", recording_circuit)
+    monkeypatch.setattr(coordinator, "run_aggregate", recording_circuit)
     d1, d2 = start_pair(
         pki, tmp_path, mode="spgc", rounds=2, noise_multiplier=1.0, noise_floor=0.25
     )
