@@ -47,7 +47,7 @@ def test_a_floor_in_a_mode_without_joint_noise_is_refused(mode):
 
 def test_a_floor_with_standardize_is_refused():
     """The feature statistics' release is not accounted with a floor yet (issue 48 part 2)."""
-    with pytest.raises(ConfigError, match="noise_floor: 0.25 with standardize: true"):
+    with pytest.raises(ConfigError, match=r"noise_floor: 0\.25 with standardize: true"):
         config(noise_floor=0.25, standardize=True)
 
 
