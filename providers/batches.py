@@ -22,7 +22,7 @@ from spgc.learning.data import (
 from spgc.learning.local_training import selected_this_round
 from spgc.providers.errors import ProviderRefusal, RoundFailed
 from spgc.providers.plan_checks import round_sampling_rate
-from spgc.settings.config import ProviderConfig
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2
 
 __all__ = ["Batches"]

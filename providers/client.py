@@ -63,7 +63,8 @@ from spgc.common.csprng import SecureRandom, as_secure_rng
 from spgc.learning.data import DATA_ERRORS
 from spgc.learning.gradients import check_model_on_data
 from spgc.privacy.feature_stats import Standardization, StatsRelease
-from spgc.privacy.ledger import LedgerError, LedgerReport, verify_ledger
+from spgc.privacy.ledger_format import LedgerError
+from spgc.privacy.ledger_verify import LedgerReport, verify_ledger
 from spgc.protocol.encoding import FixedPointConfig, default_rounding_rng
 from spgc.providers.batches import Batches
 from spgc.providers.data_budget import ProviderBudget
@@ -100,7 +101,7 @@ from spgc.providers.rounds import RoundFollower
 from spgc.providers.selfcheck import check_model_and_data
 from spgc.providers.training import Training
 from spgc.providers.transport import SubmitResult, _Server
-from spgc.settings.config import ProviderConfig
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2
 from spgc.wire.errors import WRONG_RUN
 from spgc.wire.identity import new_submission_id

@@ -34,7 +34,7 @@ from spgc.privacy.budget import (
     legacy_dataset_sha256,
 )
 from spgc.providers.errors import ProviderRefusal
-from spgc.settings.config import ProviderConfig
+from spgc.settings.provider_config import ProviderConfig
 
 __all__ = ["ProviderBudget"]
 

@@ -48,7 +48,7 @@ from spgc.protocol.modes import (
 )
 from spgc.protocol.norm_proof import NormProofParams
 from spgc.providers.errors import ProviderRefusal
-from spgc.settings.config import ProviderConfig
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.bounds import MAX_RING_BITS, MIN_RING_BITS, check_bounds
 from spgc.wire.errors import WireError

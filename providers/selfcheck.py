@@ -24,7 +24,7 @@ from spgc.learning.gradients import check_model_on_data
 from spgc.learning.models import check_per_example_compatible, parameter_count, resolve_model
 from spgc.learning.trainable import TrainableCoordinates
 from spgc.privacy.feature_stats import scale_warning
-from spgc.settings.config import ProviderConfig
+from spgc.settings.provider_config import ProviderConfig
 
 __all__ = ["SelfCheck", "check_model_and_data"]
 

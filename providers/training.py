@@ -29,7 +29,7 @@ from spgc.protocol.sharing import check_fits, ring_mask, share
 from spgc.providers.data_budget import ProviderBudget
 from spgc.providers.errors import ModelFailed, RoundFailed
 from spgc.providers.local_noise import local_noise
-from spgc.settings.config import ProviderConfig
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2
 
 __all__ = ["OutgoingShare", "Training"]

@@ -29,7 +29,7 @@ from spgc.learning.models import flatten_params, load_flat_params
 from spgc.providers.errors import ProviderRefusal, RoundFailed
 from spgc.providers.plan_checks import in_bounds
 from spgc.providers.training import OutgoingShare
-from spgc.settings.config import ProviderConfig
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import PROTOCOL_VERSION, aggregation_pb2, aggregation_pb2_grpc, vector_sha256
 from spgc.wire.errors import ANOTHER_VECTOR, WireError, is_size_refusal
 from spgc.wire.identity import new_submission_id

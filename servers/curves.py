@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spgc.privacy.ledger import run_file_name
+from spgc.privacy.ledger_format import run_file_name
 from spgc.servers.metrics import PHASES
 from spgc.servers.round_phases import RoundRecord
 

@@ -36,7 +36,7 @@ from grpc_health.v1 import health_pb2
 import garbled_core
 from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
-from spgc.privacy.ledger import LEDGER_FILE
+from spgc.privacy.ledger_format import LEDGER_FILE
 from spgc.protocol.modes import MODES
 from spgc.servers.aggregator import AggregatorServicer
 from spgc.servers.audit import AuditLog, host_of

@@ -26,7 +26,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from spgc.privacy.ledger import released_digest
+from spgc.privacy.ledger_format import released_digest
 
 __all__ = ["FAULT_POINTS", "fault_point", "planned_fault", "tap_reveal"]
 

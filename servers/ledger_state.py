@@ -19,17 +19,17 @@ import numpy as np
 from cryptography.hazmat.primitives import serialization
 
 from spgc.privacy.accounting import capped_poisson, reported_delta
-from spgc.privacy.ledger import (
+from spgc.privacy.ledger import Ledger
+from spgc.privacy.ledger_format import (
     FEATURE_STATS_RELEASE,
-    Ledger,
     LedgerError,
     load_signing_key,
     public_key_hex,
     read_ledger_lines,
     released_digest,
     statement_bytes,
-    verify_ledger,
 )
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.protocol.modes import TWO_SERVER_MODES
 from spgc.servers.checkpoint import CheckpointError, config_digest
 from spgc.servers.errors import BudgetExceededError, PeerMismatchError

@@ -19,7 +19,7 @@ import grpc
 import garbled_core
 from spgc import __version__
 from spgc.common.logs import printable
-from spgc.privacy.ledger import LedgerError
+from spgc.privacy.ledger_format import LedgerError
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import (
     agreement_with_proofs,

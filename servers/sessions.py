@@ -19,7 +19,7 @@ import grpc
 
 from spgc import __version__
 from spgc.common.progress import terminal_logging
-from spgc.privacy.ledger import LedgerError
+from spgc.privacy.ledger_format import LedgerError
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import H1Driver
 from spgc.servers.errors import PeerLost, PeerMismatchError, describe_error

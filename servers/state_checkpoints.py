@@ -22,7 +22,7 @@ from spgc.learning.export import privacy_report, write_export
 from spgc.learning.losses import REGRESSION_METRICS
 from spgc.learning.models import resolve_model
 from spgc.privacy.feature_stats import Standardization
-from spgc.privacy.ledger import aside_path
+from spgc.privacy.ledger_format import aside_path
 from spgc.servers.checkpoint import CheckpointError, config_digest, save_checkpoint
 from spgc.servers.faults import fault_point
 from spgc.servers.round_phases import ENDED_PHASES, RoundRecord, round_summary

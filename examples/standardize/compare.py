@@ -35,7 +35,7 @@ from spgc.learning.export import load_model, read_report
 from spgc.learning.models import resolve_model
 from spgc.privacy.accounting import quiet_dp_accounting
 from spgc.privacy.feature_stats import Standardization
-from spgc.privacy.ledger import verify_ledger
+from spgc.privacy.ledger_verify import verify_ledger
 
 HERE = Path(__file__).resolve().parent
 PROVIDERS = ("p1", "p2", "p3")

@@ -45,14 +45,9 @@ from spgc.privacy.accounting import (
     quiet_dp_accounting,
 )
 from spgc.privacy.budget import BudgetError, budget_summary, format_budget
-from spgc.privacy.ledger import (
-    ROLES,
-    LedgerError,
-    public_key_hex,
-    read_ledger_lines,
-    verify_ledger,
-)
+from spgc.privacy.ledger_format import ROLES, LedgerError, public_key_hex, read_ledger_lines
 from spgc.privacy.ledger_pair import check_covers, compare_ledgers
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.privacy.noise_floor import FIGURES, FloorMultipliers, floor_multipliers
 
 __all__ = ["add_parser", "run"]

@@ -24,8 +24,9 @@ import grpc
 
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundReport
 from spgc.servers.daemon import ServerDaemon
-from spgc.settings.config import ConfigError, ProviderConfig, ServerConfig, TlsPaths
+from spgc.settings.config import ConfigError, ServerConfig, TlsPaths
 from spgc.settings.config_files import load_provider_config, load_server_config
+from spgc.settings.provider_config import ProviderConfig
 
 __all__ = [
     "ConfigError",

@@ -35,7 +35,7 @@ from spgc.providers.__main__ import main as provider_main
 from spgc.providers.selfcheck import check_model_and_data
 from spgc.servers.__main__ import main as server_main
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
-from spgc.settings.config import ConfigError, ProviderConfig, ServerConfig
+from spgc.settings.config import ConfigError, ServerConfig
 from spgc.settings.config_files import (
     SCHEMAS,
     config_markdown,
@@ -44,6 +44,7 @@ from spgc.settings.config_files import (
     load_config,
 )
 from spgc.settings.plan import make_plan
+from spgc.settings.provider_config import ProviderConfig
 
 
 def _positive_int(text: str) -> int:

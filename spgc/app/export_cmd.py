@@ -18,8 +18,9 @@ from safetensors import SafetensorError
 from spgc.learning.export import load_export, write_export
 from spgc.learning.models import flatten_params
 from spgc.privacy.accounting import quiet_dp_accounting
-from spgc.privacy.ledger import LEDGER_FILE, LedgerError, verify_ledger
+from spgc.privacy.ledger_format import LEDGER_FILE, LedgerError
 from spgc.privacy.ledger_pair import check_covers
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.servers.checkpoint import CheckpointError, load_checkpoint
 from spgc.servers.state_checkpoints import MODELS_DIR, run_model
 from spgc.wire import vector_sha256

@@ -8,14 +8,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from spgc.privacy.ledger import (
+from spgc.privacy.ledger_format import (
     PLAN_KEYS,
     ROLES,
     STATEMENT_KEYS,
     LedgerError,
-    LedgerReport,
     statement_bytes,
 )
+from spgc.privacy.ledger_verify import LedgerReport
 
 __all__ = ["check_covers", "compare_ledgers"]
 

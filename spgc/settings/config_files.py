@@ -14,14 +14,9 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from spgc.settings.config import (
-    LOG_LEVELS,
-    ConfigError,
-    ProviderConfig,
-    ServerConfig,
-    TlsPaths,
-)
+from spgc.settings.config import LOG_LEVELS, ConfigError, ServerConfig, TlsPaths
 from spgc.settings.config_errors import flatten_keys, format_errors, type_words
+from spgc.settings.provider_config import ProviderConfig
 
 __all__ = [
     "SCHEMAS",
@@ -240,7 +235,7 @@ def config_markdown() -> str:
     out = [
         "# Configuration",
         "",
-        "Generated from `spgc/settings/config.py`",
+        "Generated from `spgc/settings/config.py` and `provider_config.py`",
         "(`spgc config show server --markdown > docs/CONFIG.md`); do not edit by hand:",
         "`tests/library/settings/test_config.py` fails when this file is stale.",
         "",

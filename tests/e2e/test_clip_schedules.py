@@ -22,11 +22,14 @@ from spgc.app.experiment import (
 )
 from spgc.privacy.accounting import PrivacyAccountant, quiet_dp_accounting
 from spgc.privacy.clipping import DecayClip, adaptive_clip_of, decay_clip_of
-from spgc.privacy.ledger import Ledger, LedgerError, verify_ledger
+from spgc.privacy.ledger import Ledger
+from spgc.privacy.ledger_format import LedgerError
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import check_training_config
-from spgc.settings.config import ConfigError, ProviderConfig
+from spgc.settings.config import ConfigError
 from spgc.settings.plan import make_plan
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from spgc.app.demo import DemoOptions, write_configs
-from spgc.privacy.ledger import verify_ledger
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.servers.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, step_back
 from spgc.servers.faults import FAULT_POINTS
 

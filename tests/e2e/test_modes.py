@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from test_server_daemon import PROVIDERS, Provider, _cfg, start_pair, wait_round_done
 
-from spgc.privacy.ledger import verify_ledger
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.protocol.certs import make_dev_pki
 from spgc.protocol.sharing import ring_mask
 from spgc.providers.client import ProviderClient
 from spgc.servers.coordinator import dng_exchange
 from spgc.servers.daemon import ServerDaemon
-from spgc.settings.config import ProviderConfig
 from spgc.settings.plan import make_plan
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import share_messages

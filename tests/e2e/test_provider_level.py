@@ -30,9 +30,10 @@ from spgc.providers.plan_checks import (
 )
 from spgc.providers.training import Training
 from spgc.servers.peer import config_differences
-from spgc.settings.config import ConfigError, ProviderConfig
+from spgc.settings.config import ConfigError
 from spgc.settings.config_files import load_server_config
 from spgc.settings.plan import make_plan
+from spgc.settings.provider_config import ProviderConfig
 
 
 def provider_cfg(**changes: object):

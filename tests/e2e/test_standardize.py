@@ -19,13 +19,14 @@ from test_user_plans import provider_config
 
 from spgc.learning.export import StandardizedInputs, load_model, read_report
 from spgc.learning.models import resolve_model
-from spgc.privacy.ledger import verify_ledger
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.providers.plan_checks import check_standardize
 from spgc.servers.intake import ShareIntake
 from spgc.servers.state import ServerState
-from spgc.settings.config import ProviderConfig, ServerConfig
+from spgc.settings.config import ServerConfig
 from spgc.settings.plan import make_plan
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 
 MODEL = f"{REPO_ROOT / 'examples' / 'standardize' / 'model.py'}:linear"  # 8 features in

@@ -20,8 +20,9 @@ from test_server_daemon import pki as pki  # the module's fixture: certificates 
 from spgc.learning.models import resolve_model
 from spgc.providers.client import ProviderClient, ProviderRefusal, resolve_device
 from spgc.servers.daemon import ServerDaemon
-from spgc.settings.config import ProviderConfig, ServerConfig
+from spgc.settings.config import ServerConfig
 from spgc.settings.plan import build_run_model, make_plan
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire.chunks import MAX_CHUNK_BYTES, packed_width
 
 ROOT = REPO_ROOT

@@ -35,9 +35,10 @@ from spgc.servers.norm_checks import (
     round_coin,
     verifier_messages,
 )
-from spgc.settings.config import ProviderConfig, ServerConfig
+from spgc.settings.config import ServerConfig
 from spgc.settings.config_files import load_server_config
 from spgc.settings.plan import make_plan
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.errors import InvalidArgumentError
 from spgc.wire.messages import iter_share_payload, read_share_header, share_messages

@@ -26,8 +26,9 @@ from test_server_daemon import (
 from test_server_daemon import pki as pki  # the module's fixture: certificates for h1, h2, p1..p3
 from test_user_plans import provider_config
 
-from spgc.privacy.ledger import read_ledger_lines, verify_ledger
+from spgc.privacy.ledger_format import read_ledger_lines
 from spgc.privacy.ledger_pair import compare_ledgers
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.providers.client import ProviderClient, ProviderRefusal
 from spgc.servers import coordinator
 from spgc.servers.checkpoint import CheckpointError, config_digest

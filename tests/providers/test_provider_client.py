@@ -31,8 +31,9 @@ from spgc.providers.client import (
     check_privacy,
     local_noise,
 )
-from spgc.settings.config import ConfigError, ProviderConfig
+from spgc.settings.config import ConfigError
 from spgc.settings.config_files import load_provider_config
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import aggregation_pb2_grpc, vector_sha256
 from spgc.wire.chunks import MAX_CHUNK_BYTES

@@ -18,8 +18,9 @@ from spgc.providers.__main__ import main
 from spgc.providers.client import ProviderClient, ProviderRefusal, SelfCheckFailed
 from spgc.providers.plan_checks import build_provider_model
 from spgc.providers.selfcheck import check_model_and_data
-from spgc.settings.config import ConfigError, ProviderConfig, ServerConfig, TlsPaths
+from spgc.settings.config import ConfigError, ServerConfig, TlsPaths
 from spgc.settings.config_files import load_provider_config
+from spgc.settings.provider_config import ProviderConfig
 
 MODELS = (
     "from torch import nn\n"

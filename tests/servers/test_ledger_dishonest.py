@@ -32,14 +32,10 @@ from test_ledger import (
 from test_ledger import parser as parser  # the module's fixture
 
 from spgc.privacy.accounting import reported_delta
-from spgc.privacy.ledger import (
-    Ledger,
-    LedgerError,
-    canonical,
-    public_key_hex,
-    verify_ledger,
-)
+from spgc.privacy.ledger import Ledger
+from spgc.privacy.ledger_format import LedgerError, canonical, public_key_hex
 from spgc.privacy.ledger_pair import compare_ledgers
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.servers.intake import ShareIntake
 from spgc.servers.state import ServerState
 from spgc.settings.config import ServerConfig

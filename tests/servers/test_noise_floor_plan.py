@@ -13,7 +13,8 @@ import pytest
 from test_ledger import PEER, _record, _resign, _run
 from test_ledger import parser as parser  # the module's fixture
 
-from spgc.privacy.ledger import LedgerError, verify_ledger
+from spgc.privacy.ledger_format import LedgerError
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.privacy.noise_floor import floor_epsilons
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import check_privacy, effective_noise_multiplier

@@ -323,7 +323,7 @@ def test_a_lost_worker_fails_the_round_which_is_counted_and_run_again(cluster, t
     both releases (H1's lost worker once stopped the whole run)."""
     from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
-    from spgc.privacy.ledger import verify_ledger
+    from spgc.privacy.ledger_verify import verify_ledger
     from spgc.protocol.certs import make_dev_pki
 
     pki = tmp_path / "pki"

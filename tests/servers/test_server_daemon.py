@@ -18,7 +18,7 @@ from helpers import wait_until
 
 from spgc.learning.gradients import per_example_gradients
 from spgc.learning.models import resolve_model, trainable_mask
-from spgc.privacy.ledger import verify_ledger
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.protocol.certs import make_dev_pki
 from spgc.protocol.sharing import share
 from spgc.servers.checkpoint import CheckpointError

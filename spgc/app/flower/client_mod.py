@@ -32,7 +32,8 @@ from spgc.app.flower.arrays import DimensionMismatch, flat_vector
 from spgc.app.flower.strategy import ROUND_KEY
 from spgc.providers.client import ProviderClient, ProviderRefusal, RoundFailed, RoundReport
 from spgc.providers.errors import ModelFailed, RunFailed
-from spgc.settings.config import ConfigError, ProviderConfig, TlsPaths
+from spgc.settings.config import ConfigError, TlsPaths
+from spgc.settings.provider_config import ProviderConfig
 
 __all__ = ["RUN_CONFIG_KEYS", "FlowerProvider", "provider_config", "spgc_mod"]
 

@@ -139,7 +139,7 @@ class PeerServicer:
     def CloseLedger(self, request, context):
         """At the end of a finished run (H1 calls once training is over on both): co-signs the
         ledger's closing entry. `statement` is the canonical JSON of the closing entry's shared
-        fields (spgc.privacy.ledger.close_statement: kind "close", the plan, signers, releases, chain: the
+        fields (spgc.privacy.ledger_format.close_statement: kind "close", the plan, signers, releases, chain: the
         co-signed head after the run's releases); `round` is the run's round count. The callee
         refuses (FAILED_PRECONDITION) unless its own training is finished and it builds the same
         bytes; else it appends its closing entry (fsync) with the caller's signature and answers

@@ -22,8 +22,9 @@ from spgc.learning.optim import evaluate_metrics, evaluate_regression
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import plan_task_loss
 from spgc.servers.peer import config_differences
-from spgc.settings.config import ProviderConfig, ServerConfig
+from spgc.settings.config import ServerConfig
 from spgc.settings.plan import make_plan
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 
 SPGC = str(Path(sys.executable).parent / "spgc")

@@ -12,7 +12,8 @@ import pytest
 
 from spgc.learning.data import load_dataset
 from spgc.privacy.clipping import CLIP_RANGE, AdaptiveClip, adaptive_clip_of, round_clip_norm
-from spgc.privacy.ledger import LedgerError, _check_clip
+from spgc.privacy.ledger_format import LedgerError
+from spgc.privacy.ledger_verify import _check_clip
 from spgc.protocol.encoding import FixedPointConfig, encode_batch
 from spgc.settings.config import ConfigError, ServerConfig
 from spgc.settings.plan import make_plan

@@ -21,18 +21,17 @@ from helpers import run_in_process
 
 from spgc.app import account_cmd
 from spgc.privacy.accounting import PrivacyAccountant
-from spgc.privacy.ledger import (
-    Ledger,
+from spgc.privacy.ledger import Ledger
+from spgc.privacy.ledger_format import (
     LedgerError,
-    LedgerReport,
     canonical,
     chain_after,
     load_signing_key,
     plan_digest,
     public_key_hex,
     statement_bytes,
-    verify_ledger,
 )
+from spgc.privacy.ledger_verify import LedgerReport, verify_ledger
 
 # The other server, whose key co-signs every release entry of a two-server run.
 PEER = Ed25519PrivateKey.generate()

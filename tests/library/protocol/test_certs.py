@@ -13,7 +13,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from spgc.app.cli import main
-from spgc.privacy.ledger import Ledger, load_signing_key, public_key_hex, verify_ledger
+from spgc.privacy.ledger import Ledger
+from spgc.privacy.ledger_format import load_signing_key, public_key_hex
+from spgc.privacy.ledger_verify import verify_ledger
 from spgc.protocol.certs import CertPaths, make_dev_pki, make_ledger_keys
 
 

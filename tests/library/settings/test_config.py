@@ -15,13 +15,14 @@ from helpers import REPO_ROOT, run_in_process
 
 from spgc.common.logs import setup_logging
 from spgc.servers.daemon import ServerDaemon
-from spgc.settings.config import ConfigError, ProviderConfig, ServerConfig
+from spgc.settings.config import ConfigError, ServerConfig
 from spgc.settings.config_files import (
     config_markdown,
     describe_keys,
     load_provider_config,
     load_server_config,
 )
+from spgc.settings.provider_config import ProviderConfig
 
 ROOT = REPO_ROOT
 BIN = Path(sys.executable).parent
