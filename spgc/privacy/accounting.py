@@ -97,6 +97,22 @@ Unit = Literal["example", "provider"]
 UNITS: tuple[str, ...] = ("example", "provider")
 Calibration = Literal["classic", "analytic", "accountant"]
 
+
+
+class _ExcludedOrderNotes(logging.Filter):
+    """dp-accounting logs, through absl, a WARNING for each RDP order it leaves out of an answer
+    (its series did not converge there; the epsilon, a minimum over the other orders, stays an
+    upper bound): dozens of lines per answer on the stderr of a program that calls us (the
+    Python API, examples/standardize) and has not silenced absl as the daemons do. Only those
+    notes are dropped; absl's other records pass, and no logger's level is changed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Excluding this order" not in record.getMessage()
+
+
+if not any(isinstance(f, _ExcludedOrderNotes) for f in logging.getLogger("absl").filters):
+    logging.getLogger("absl").addFilter(_ExcludedOrderNotes())
+
 # dp-accounting's own default PLD grid; coarser grids are faster and still pessimistic.
 DEFAULT_PLD_DISCRETIZATION = 1e-4
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import dp_accounting
@@ -236,3 +237,23 @@ def test_poisson_overflow_bound_holds_and_the_cap_is_the_smallest(n: int, q: flo
     assert poisson_overflow_log2(n, q, cap - 1) > BATCH_OVERFLOW_LOG2
     assert math.log2(binom.sf(cap, n, q) or 2.0**-1000) <= BATCH_OVERFLOW_LOG2
     assert poisson_overflow_log2(n, q, n) == -math.inf  # no batch is larger than the data
+
+
+def test_dp_accountings_notes_on_excluded_orders_are_dropped_and_nothing_else(
+    caplog, monkeypatch
+) -> None:
+    absl = logging.getLogger("absl")
+
+    def notes_of_one_answer() -> list[str]:
+        # q = 0.1, z = 1.29 (examples/standardize's training): dp-accounting leaves orders out.
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="absl"):
+            assert PrivacyAccountant(1.293954, 1e-5, 0.1).epsilon_after(60) > 0
+        return [r.getMessage() for r in caplog.records if "Excluding this order" in r.getMessage()]
+
+    assert notes_of_one_answer() == []
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        absl.warning("something else absl says")
+    assert [r.getMessage() for r in caplog.records] == ["something else absl says"]
+    monkeypatch.setattr(absl, "filters", [])  # without the filter dp-accounting does say them
+    assert notes_of_one_answer()
