@@ -74,8 +74,6 @@ from spgc.wire import aggregation_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-_GC_ROLE = GC_ROLE
-
 
 def agreement(
     own: list[str],
@@ -175,8 +173,11 @@ def dng_exchange(
     return reconstruct(a, b, ring_bits), {"sent": nbytes, "received": nbytes}
 
 
-def _swap_shares(role: int, channel: Any, mine: np.ndarray) -> np.ndarray:
-    """Send ``mine`` and receive the other server's as many uint64 (H1 sends first)."""
+def opened_share_exchange(role: int, channel: Any, mine: np.ndarray) -> np.ndarray:
+    """The opening of dng and preprocessed: this server's noisy share out, the other's in.
+    Whatever a deviating server sends here only shifts the release (docs/PRIVACY.md, "The
+    online opening of mode preprocessed"); the tests stand one in place of this call. H1 sends
+    first, H2 receives first (no deadlock on large vectors)."""
     nbytes = 8 * len(mine)
     payload = mine.astype("<u8").tobytes()
     if role == pb.SERVER_ROLE_H1:
@@ -187,13 +188,6 @@ def _swap_shares(role: int, channel: Any, mine: np.ndarray) -> np.ndarray:
     channel.send(payload)
     channel.flush()
     return theirs
-
-
-def opened_share_exchange(role: int, channel: Any, mine: np.ndarray) -> np.ndarray:
-    """The opening of dng and preprocessed: this server's noisy share out, the other's in.
-    Whatever a deviating server sends here only shifts the release (docs/PRIVACY.md, "The
-    online opening of mode preprocessed"); the tests stand one in place of this call."""
-    return _swap_shares(role, channel, mine)
 
 
 def _dng_field_exchange(
@@ -271,7 +265,7 @@ def compute_round(
         seconds = {"circuit": time.perf_counter() - start}
     else:
         y, info = run_aggregate(
-            _GC_ROLE[state.role],
+            GC_ROLE[state.role],
             link,
             total,
             seed,

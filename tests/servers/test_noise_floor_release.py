@@ -23,6 +23,9 @@ from spgc.servers.gc_party import PartyLink, run_aggregate
 from spgc.servers.noise_floor import draw_own_noise, spgc_release
 from spgc.wire import aggregation_pb2 as pb
 
+#: The honest opening, taken before any test stands a deviating one in its place.
+HONEST_EXCHANGE = coordinator.opened_share_exchange
+
 H1, H2 = pb.SERVER_ROLE_H1, pb.SERVER_ROLE_H2
 
 
@@ -170,7 +173,7 @@ def test_a_deviating_opener_of_preprocessed_only_shifts_the_release(
 
     def open_both(deviate: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         sent_offset: dict[str, np.ndarray] = {}
-        honest_exchange = coordinator._swap_shares
+        honest_exchange = HONEST_EXCHANGE
 
         def deviating_exchange(role, channel, mine):
             if role == H1 and deviate:  # the named point: what H1 sends in the opening
@@ -217,7 +220,7 @@ def test_what_h2_receives_in_the_opening_is_the_release_and_its_own_values(two_p
     own2 = own_noise("h2-view-n2", n, sigma * f**0.5)
     received: dict[int, np.ndarray] = {}
     sent: dict[int, np.ndarray] = {}
-    honest_exchange = coordinator._swap_shares
+    honest_exchange = HONEST_EXCHANGE
 
     def recording_exchange(role, channel, mine):
         theirs = honest_exchange(role, channel, mine)
