@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "garbled_core/bind_channel.h"
@@ -15,6 +16,7 @@
 #include "garbled_core/bind_silent_ot.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/halfgates.h"
+#include "garbled_core/gf128.h"
 #include "garbled_core/iknp.h"
 #include "garbled_core/random.h"
 #include "garbled_core/session.h"
@@ -233,6 +235,7 @@ PYBIND11_MODULE(_core, m) {
   bind_silent_ot(m);
   bind_field(m);
   py::register_exception<gc::ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
+  py::register_exception<gc::PeerDeviated>(m, "PeerDeviated", PyExc_RuntimeError);
 
   py::class_<gc::Circuit, std::shared_ptr<gc::Circuit>>(m, "Circuit",
       "A compiled circuit: inputs, gates (op, a, b, out) and outputs; see garbled_core.circuit.")
@@ -475,47 +478,97 @@ PYBIND11_MODULE(_core, m) {
                              first_instance, block_of(salt, "salt"), tweak);
     return blocks_to_array(c.data(), n);
   });
-  m.def("_cot_send", [](gc::Channel& ch, size_t m_ots, int ot_k) {
-    gc::block delta = gc::xor_block(gc::and_block(gc::random_block(), gc::make_block(~0ull, ~1ull)),
-                                    gc::make_block(0, 1));
+  m.def("_cot_send", [block_of](gc::Channel& ch, size_t m_ots, int ot_k, bool checked, py::object delta_bytes) {
+    gc::block delta = delta_bytes.is_none()
+                          ? gc::xor_block(gc::and_block(gc::random_block(), gc::make_block(~0ull, ~1ull)),
+                                          gc::make_block(0, 1))
+                          : block_of(delta_bytes.cast<py::bytes>(), "delta");
     gc::BlockVector q(m_ots);
     {
       py::gil_scoped_release r;
       if (ot_k > 0) {
+        if (checked) throw std::invalid_argument("the KOS check is built for IKNP (ot_k = 0) only");
         gc::SoftSpokenCotSender sender(ot_k);
         sender.setup(ch, delta);
         sender.extend(ch, q.data(), m_ots);
       } else {
         gc::CotSender sender;
         sender.setup(ch, delta);
-        sender.extend(ch, q.data(), m_ots);
+        if (checked)
+          sender.extend_checked(ch, q.data(), m_ots);
+        else
+          sender.extend(ch, q.data(), m_ots);
       }
       ch.flush();
     }
     return py::make_tuple(blocks_to_array(&delta, 1), blocks_to_array(q.data(), m_ots));
-  }, "channel"_a, "m"_a, "ot_k"_a = 0,
-  "Test hook: COT sender (IKNP, or SoftSpoken k) for m OTs; returns (delta, q).");
+  }, "channel"_a, "m"_a, "ot_k"_a = 0, "checked"_a = false, "delta"_a = py::none(),
+  "Test hook: COT sender (IKNP, with KOS's check if checked, or SoftSpoken k) for m OTs; "
+  "returns (delta, q). delta (16 bytes, lowest bit set) for tests that need to know it.");
   m.def("_cot_recv", [](gc::Channel& ch, const py::array_t<uint8_t, py::array::c_style>& choices,
-                        int ot_k) {
+                        int ot_k, bool checked, const std::vector<std::pair<size_t, int>>& flips,
+                        const std::vector<int>& guesses) {
     size_t m_ots = (size_t)choices.size() * 8;
     gc::BlockVector t(m_ots);
     std::vector<uint8_t> bits(choices.data(), choices.data() + choices.size());
+    if (!guesses.empty() && guesses.size() != flips.size())
+      throw py::value_error("guesses: one per flip, or none");
+    for (const auto& f : flips)
+      if (f.second < 0 || f.second >= 128 || f.first >= m_ots + gc::kKosExtraOts)
+        throw py::value_error("a flip is (OT index < m + 256, column < 128)");
     {
       py::gil_scoped_release r;
       if (ot_k > 0) {
+        if (checked || !flips.empty()) throw std::invalid_argument("checked and flips are for IKNP (ot_k = 0)");
         gc::SoftSpokenCotReceiver receiver(ot_k);
         receiver.setup(ch);
         receiver.extend(ch, bits.data(), t.data(), m_ots);
         ch.flush();
       } else {
         gc::CotReceiver receiver;
+        // A receiver that deviates: flip (j, i) uses choice bit r_j + 1 in matrix column i only;
+        // with guesses it then fixes its check values for the guess Delta_i = g.
+        gc::CotReceiver::Deviation deviation;
+        if (!flips.empty())
+          deviation.matrix = [&flips](uint8_t* u, size_t tiles, size_t first_tile) {
+            for (const auto& [ot, column] : flips) {
+              size_t tile = ot / 128;
+              if (tile < first_tile || tile >= first_tile + tiles) continue;
+              size_t bit = ot % 128;
+              u[16 * ((size_t)column * tiles + (tile - first_tile)) + bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            }
+          };
+        if (!guesses.empty())
+          deviation.check = [&flips, &guesses](gc::CotReceiver::Bytes16&, gc::CotReceiver::Bytes16& t_sum,
+                                               const std::function<gc::CotReceiver::Bytes16(size_t)>& chi) {
+            gc::block t = gc::load_block(t_sum.data());
+            for (size_t k = 0; k < flips.size(); ++k) {
+              if (!guesses[k]) continue;
+              int c = flips[k].second;
+              gc::block e = c < 64 ? gc::make_block(0, 1ull << c) : gc::make_block(1ull << (c - 64), 0);
+              t = gc::xor_block(t, gc::gf128_mul(gc::load_block(chi(flips[k].first).data()), e));
+            }
+            gc::store_block(t_sum.data(), t);
+          };
+        receiver.deviate_for_test(std::move(deviation));
         receiver.setup(ch);
-        receiver.extend(ch, bits.data(), t.data(), m_ots);
+        if (checked)
+          receiver.extend_checked(ch, bits.data(), t.data(), m_ots);
+        else
+          receiver.extend(ch, bits.data(), t.data(), m_ots);
       }
     }
     return blocks_to_array(t.data(), m_ots);
-  }, "channel"_a, "choices"_a, "ot_k"_a = 0,
-  "Test hook: COT receiver (IKNP, or SoftSpoken k) with packed choice bits; returns the labels.");
+  }, "channel"_a, "choices"_a, "ot_k"_a = 0, "checked"_a = false,
+  "flips"_a = std::vector<std::pair<size_t, int>>{}, "guesses"_a = std::vector<int>{},
+  "Test hook: COT receiver (IKNP, with KOS's check if checked, or SoftSpoken k) with packed "
+  "choice bits; returns the labels. flips/guesses make it a receiver that deviates (above).");
+  m.def("_gf128_mul", [block_of](py::bytes a, py::bytes b) {
+    gc::block p = gc::gf128_mul(block_of(a, "a"), block_of(b, "b"));
+    uint8_t out[16];
+    gc::store_block(out, p);
+    return py::bytes(reinterpret_cast<const char*>(out), 16);
+  }, "a"_a, "b"_a, "Test hook: the product in GF(2^128) of gf128.h (16-byte little-endian elements).");
   m.def("_random_bytes", [](size_t n) {
     std::string s(n, '\0');
     gc::secure_random(s.data(), n);

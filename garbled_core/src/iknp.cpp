@@ -1,10 +1,15 @@
 #include "garbled_core/iknp.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <stdexcept>
 
 #include "garbled_core/base_ot.h"
+#include "garbled_core/gf128.h"
+#include "garbled_core/prg.h"
 #include "garbled_core/random.h"
+#include "garbled_core/sha256.h"
 
 namespace gc {
 
@@ -45,6 +50,30 @@ inline void transpose_bytes16(const block* rows, block* cols) {
   }
 }
 #endif
+
+// KOS's coin toss (iknp.h): the sender's commitment to its part, and chi_j from both parts.
+std::array<uint8_t, 32> kos_commitment(block seed_s) {
+  static const char kTag[] = "spgc.iknp.kos.commit.v1";
+  Sha256 h;
+  h.update(kTag, sizeof kTag);
+  uint8_t b[16];
+  store_block(b, seed_s);
+  h.update(b, 16);
+  return h.digest();
+}
+
+Prg kos_chi_stream(block seed_s, block seed_r) {
+  static const char kTag[] = "spgc.iknp.kos.chi.v1";
+  Sha256 h;
+  h.update(kTag, sizeof kTag);
+  uint8_t b[32];
+  store_block(b, seed_s);
+  store_block(b + 16, seed_r);
+  h.update(b, 32);
+  return Prg(load_block(h.digest().data()));
+}
+
+constexpr size_t kChiChunk = 1024;
 
 }  // namespace
 
@@ -163,11 +192,91 @@ void CotReceiver::extend(Channel& ch, const uint8_t* choices, block* t_out, size
         block r = load_block(choices + (done + t) * 16);
         cols1_[i * tiles + t] = xor_block(xor_block(cols0_[i * tiles + t], cols1_[i * tiles + t]), r);
       }
+    if (deviation_.matrix) deviation_.matrix(reinterpret_cast<uint8_t*>(cols1_.data()), tiles, done);
     ch.send(cols1_.data(), cols1_.size() * sizeof(block));
     for (size_t t = 0; t < tiles; ++t) transpose128(cols0_.data() + t, tiles, t_out + (done + t) * 128);
   }
   ch.flush();
   ch.set_phase(previous);
+}
+
+void CotSender::extend_checked(Channel& ch, block* q_out, size_t m) {
+  if (m % 128) throw std::logic_error("OT extension needs a multiple of 128 OTs");
+  size_t total = m + kKosExtraOts;
+  block seed_s = random_block();
+  auto commitment = kos_commitment(seed_s);
+  ch.send(commitment.data(), commitment.size());  // before the matrix: chi is fixed after it
+  BlockVector q(total);
+  extend(ch, q.data(), total);
+  block seed_r, x, t;
+  ch.recv(&seed_r, sizeof seed_r);
+  ch.send(&seed_s, sizeof seed_s);
+  ch.recv(&x, sizeof x);
+  ch.recv(&t, sizeof t);
+  Prg chi = kos_chi_stream(seed_s, seed_r);
+  Wide sum{zero_block(), zero_block()};
+  block chis[kChiChunk];
+  for (size_t j = 0; j < total; j += kChiChunk) {
+    size_t n = std::min(kChiChunk, total - j);
+    chi.fill(chis, n);
+    for (size_t k = 0; k < n; ++k) sum = xor_wide(sum, clmul_wide(q[j + k], chis[k]));
+  }
+  if (!equal_block(gf128_reduce(sum), xor_block(t, gf128_mul(x, delta_))))
+    throw PeerDeviated(
+        "the OT receiver failed the consistency check (KOS): its choice bits differ between the "
+        "columns of its matrix");
+  std::memcpy(static_cast<void*>(q_out), q.data(), m * sizeof(block));
+}
+
+void CotReceiver::extend_checked(Channel& ch, const uint8_t* choices, block* t_out, size_t m) {
+  if (m % 128) throw std::logic_error("OT extension needs a multiple of 128 OTs");
+  size_t total = m + kKosExtraOts;
+  std::vector<uint8_t> bits(total / 8);
+  std::memcpy(bits.data(), choices, m / 8);
+  secure_random(bits.data() + m / 8, kKosExtraOts / 8);  // they hide the real choices in x
+  BlockVector t(total);
+  extend(ch, bits.data(), t.data(), total);
+  block seed_r = random_block();
+  ch.send(&seed_r, sizeof seed_r);
+  std::array<uint8_t, 32> commitment;
+  block seed_s;
+  ch.recv(commitment.data(), commitment.size());
+  ch.recv(&seed_s, sizeof seed_s);
+  if (kos_commitment(seed_s) != commitment)
+    throw PeerDeviated("the OT sender's coin does not open its commitment (KOS coin toss)");
+  Prg chi = kos_chi_stream(seed_s, seed_r);
+  block x = zero_block();
+  Wide sum{zero_block(), zero_block()};
+  block chis[kChiChunk];
+  for (size_t j = 0; j < total; j += kChiChunk) {
+    size_t n = std::min(kChiChunk, total - j);
+    chi.fill(chis, n);
+    for (size_t k = 0; k < n; ++k) {
+      size_t i = j + k;
+      x = xor_block(x, and_block(chis[k], select_mask((bits[i >> 3] >> (i & 7)) & 1)));
+      sum = xor_wide(sum, clmul_wide(t[i], chis[k]));
+    }
+  }
+  block t_sum = gf128_reduce(sum);
+  if (deviation_.check) {
+    Bytes16 xb, tb;
+    store_block(xb.data(), x);
+    store_block(tb.data(), t_sum);
+    Prg replay = kos_chi_stream(seed_s, seed_r);
+    deviation_.check(xb, tb, [&replay](size_t index) {
+      Prg p = replay;
+      p.advance(index);
+      Bytes16 out;
+      store_block(out.data(), p.next());
+      return out;
+    });
+    x = load_block(xb.data());
+    t_sum = load_block(tb.data());
+  }
+  block reply[2] = {x, t_sum};
+  ch.send(reply, sizeof reply);
+  ch.flush();
+  std::memcpy(static_cast<void*>(t_out), t.data(), m * sizeof(block));
 }
 
 }  // namespace gc
