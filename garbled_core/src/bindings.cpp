@@ -478,7 +478,8 @@ PYBIND11_MODULE(_core, m) {
                              first_instance, block_of(salt, "salt"), tweak);
     return blocks_to_array(c.data(), n);
   });
-  m.def("_cot_send", [block_of](gc::Channel& ch, size_t m_ots, int ot_k, bool checked, py::object delta_bytes) {
+  m.def("_cot_send", [block_of](gc::Channel& ch, size_t m_ots, int ot_k, bool checked, py::object delta_bytes,
+                                 bool open_another_coin) {
     gc::block delta = delta_bytes.is_none()
                           ? gc::xor_block(gc::and_block(gc::random_block(), gc::make_block(~0ull, ~1ull)),
                                           gc::make_block(0, 1))
@@ -493,6 +494,12 @@ PYBIND11_MODULE(_core, m) {
         sender.extend(ch, q.data(), m_ots);
       } else {
         gc::CotSender sender;
+        // A sender that deviates: it opens another coin part than it committed to, one that
+        // depends on the receiver's part (the steering a commitment must stop).
+        if (open_another_coin)
+          sender.deviate_for_test({[](gc::CotSender::Bytes16& opened, const gc::CotSender::Bytes16& theirs) {
+            for (size_t i = 0; i < opened.size(); ++i) opened[i] ^= theirs[i];
+          }});
         sender.setup(ch, delta);
         if (checked)
           sender.extend_checked(ch, q.data(), m_ots);
@@ -503,8 +510,10 @@ PYBIND11_MODULE(_core, m) {
     }
     return py::make_tuple(blocks_to_array(&delta, 1), blocks_to_array(q.data(), m_ots));
   }, "channel"_a, "m"_a, "ot_k"_a = 0, "checked"_a = false, "delta"_a = py::none(),
+  "open_another_coin"_a = false,
   "Test hook: COT sender (IKNP, with KOS's check if checked, or SoftSpoken k) for m OTs; "
-  "returns (delta, q). delta (16 bytes, lowest bit set) for tests that need to know it.");
+  "returns (delta, q). delta (16 bytes, lowest bit set) for tests that need to know it; "
+  "open_another_coin makes it a sender that deviates in the coin toss.");
   m.def("_cot_recv", [](gc::Channel& ch, const py::array_t<uint8_t, py::array::c_style>& choices,
                         int ot_k, bool checked, const std::vector<std::pair<size_t, int>>& flips,
                         const std::vector<int>& guesses) {

@@ -210,7 +210,15 @@ void CotSender::extend_checked(Channel& ch, block* q_out, size_t m) {
   extend(ch, q.data(), total);
   block seed_r, x, t;
   ch.recv(&seed_r, sizeof seed_r);
-  ch.send(&seed_s, sizeof seed_s);
+  block opened = seed_s;
+  if (deviation_.opening) {
+    Bytes16 o, r;
+    store_block(o.data(), seed_s);
+    store_block(r.data(), seed_r);
+    deviation_.opening(o, r);
+    opened = load_block(o.data());
+  }
+  ch.send(&opened, sizeof opened);
   ch.recv(&x, sizeof x);
   ch.recv(&t, sizeof t);
   Prg chi = kos_chi_stream(seed_s, seed_r);

@@ -147,3 +147,20 @@ def test_the_padding_ots_are_checked_too(two_party):
     column = 64
     with pytest.raises(_core.PeerDeviated):
         run_checked(two_party, 128, delta_with({column: 1}), flips=[(128 + 200, column)])
+
+
+def test_a_sender_that_steers_the_coin_is_caught(two_party):
+    """chi must be fixed after the receiver's matrix and unbiased by the sender: a sender that
+    opens a coin part other than the one it committed to (here one that depends on the
+    receiver's part) is refused by the receiver before it sends x and t."""
+    tp = two_party()
+    m = 256
+    choices = np.frombuffer(_core._random_bytes(m // 8), dtype=np.uint8).copy()
+    sender = Background(
+        lambda: _core._cot_send(tp.garbler_channel, m, 0, True, None, open_another_coin=True)
+    )
+    with pytest.raises(_core.PeerDeviated, match="does not open its commitment"):
+        _core._cot_recv(tp.evaluator_channel, choices, 0, True)
+    tp.evaluator_channel.close()  # the sender waits for x and t that never come
+    with pytest.raises(_core.ChannelError):
+        sender.result()

@@ -74,7 +74,16 @@ class CotSender {
   // The same with KOS's check (above): PeerDeviated when the receiver's check fails.
   void extend_checked(Channel& ch, block* q, size_t m);
 
+  // Fault injection for tests, a sender that deviates: `opening` may replace the coin part it
+  // opens (16 bytes), given the receiver's part, e.g. to steer chi. Never set outside tests.
+  using Bytes16 = std::array<uint8_t, 16>;
+  struct Deviation {
+    std::function<void(Bytes16& opened, const Bytes16& receivers_part)> opening;
+  };
+  void deviate_for_test(Deviation d) { deviation_ = std::move(d); }
+
  private:
+  Deviation deviation_;
   bool ready_ = false;
   block delta_{};
   ColumnPrgs prgs_;
