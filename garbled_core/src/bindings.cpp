@@ -10,6 +10,7 @@
 #include <string>
 
 #include "garbled_core/bind_channel.h"
+#include "garbled_core/bind_auth_bits.h"
 #include "garbled_core/bind_field.h"
 #include "garbled_core/bind_gmw.h"
 #include "garbled_core/gmw.h"
@@ -234,6 +235,7 @@ PYBIND11_MODULE(_core, m) {
   bind_channel(m);
   bind_silent_ot(m);
   bind_field(m);
+  bind_auth_bits(m);
   py::register_exception<gc::ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
   py::register_exception<gc::PeerDeviated>(m, "PeerDeviated", PyExc_RuntimeError);
 

@@ -1,0 +1,140 @@
+#include "garbled_core/auth_bits.h"
+
+#include <array>
+#include <cstring>
+#include <stdexcept>
+
+#include "garbled_core/iknp.h"
+#include "garbled_core/random.h"
+#include "garbled_core/sha256.h"
+
+namespace gc {
+
+namespace {
+
+std::array<uint8_t, 32> mac_digest(const BlockVector& macs) {
+  static const char kTag[] = "spgc.auth-bits.open.v1";
+  Sha256 h;
+  h.update(kTag, sizeof kTag);
+  h.update(macs.data(), macs.size() * sizeof(block));
+  return h.digest();
+}
+
+std::vector<uint8_t> pack_bits(const std::vector<uint8_t>& bits) {
+  std::vector<uint8_t> out((bits.size() + 7) / 8, 0);
+  for (size_t i = 0; i < bits.size(); ++i) out[i >> 3] |= (uint8_t)((bits[i] & 1) << (i & 7));
+  return out;
+}
+
+}  // namespace
+
+AuthParty::AuthParty(Channel& ch, bool first, const block* delta_for_test) : ch_(ch), first_(first) {
+  delta_ = delta_for_test ? *delta_for_test
+                          : xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  if (!lsb(delta_)) throw std::invalid_argument("Delta must have its lowest bit set");
+}
+
+AuthShares AuthParty::random(size_t n) {
+  size_t m = (n + 127) / 128 * 128;
+  std::vector<uint8_t> choices(m / 8);
+  secure_random(choices.data(), choices.size());
+  BlockVector keys(m), macs(m);
+  CotSender sender;      // keys of the peer's bits, under our Delta
+  CotReceiver receiver;  // our bits, MACed under the peer's Delta
+  // The two directions in opposite orders on the two sides, so that each step meets its peer.
+  if (first_) {
+    sender.setup(ch_, delta_);
+    receiver.setup(ch_);
+    sender.extend_checked(ch_, keys.data(), m);
+    receiver.extend_checked(ch_, choices.data(), macs.data(), m);
+  } else {
+    receiver.setup(ch_);
+    sender.setup(ch_, delta_);
+    receiver.extend_checked(ch_, choices.data(), macs.data(), m);
+    sender.extend_checked(ch_, keys.data(), m);
+  }
+  ch_.flush();
+  AuthShares s;
+  s.bits.resize(n);
+  for (size_t i = 0; i < n; ++i) s.bits[i] = (choices[i >> 3] >> (i & 7)) & 1;
+  s.macs.resize(n);
+  s.keys.resize(n);
+  std::memcpy(static_cast<void*>(s.macs.data()), macs.data(), n * sizeof(block));
+  std::memcpy(static_cast<void*>(s.keys.data()), keys.data(), n * sizeof(block));
+  return s;
+}
+
+AuthShares AuthParty::constant(const std::vector<uint8_t>& values) const {
+  AuthShares zero;
+  zero.bits.assign(values.size(), 0);
+  zero.macs.resize(values.size());
+  zero.keys.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) zero.macs[i] = zero.keys[i] = zero_block();
+  return xor_public(zero, values);
+}
+
+AuthShares AuthParty::xor_shares(const AuthShares& a, const AuthShares& b) {
+  if (a.size() != b.size()) throw std::invalid_argument("xor of shares of different lengths");
+  AuthShares out;
+  out.bits.resize(a.size());
+  out.macs.resize(a.size());
+  out.keys.resize(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    out.bits[i] = a.bits[i] ^ b.bits[i];
+    out.macs[i] = xor_block(a.macs[i], b.macs[i]);
+    out.keys[i] = xor_block(a.keys[i], b.keys[i]);
+  }
+  return out;
+}
+
+AuthShares AuthParty::xor_public(const AuthShares& a, const std::vector<uint8_t>& c) const {
+  if (a.size() != c.size()) throw std::invalid_argument("xor with public bits of another length");
+  AuthShares out = a;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!(c[i] & 1)) continue;
+    if (first_)
+      out.bits[i] ^= 1;  // our bit flips; the peer's key of it moves by its Delta
+    else
+      out.keys[i] = xor_block(out.keys[i], delta_);
+  }
+  return out;
+}
+
+std::vector<uint8_t> AuthParty::open(const AuthShares& s) {
+  std::vector<uint8_t> bits = s.bits;
+  BlockVector macs = s.macs;
+  if (deviation_.opening) deviation_.opening(bits, macs, deviation_.context);
+  std::vector<uint8_t> packed = pack_bits(bits);
+  std::array<uint8_t, 32> digest = mac_digest(macs);
+  std::vector<uint8_t> theirs(packed.size());
+  std::array<uint8_t, 32> their_digest;
+  // One side speaks first: both sending a long message at once could fill both sockets.
+  auto send_ours = [&] {
+    ch_.send(packed.data(), packed.size());
+    ch_.send(digest.data(), digest.size());
+    ch_.flush();
+  };
+  auto receive_theirs = [&] {
+    ch_.recv(theirs.data(), theirs.size());
+    ch_.recv(their_digest.data(), their_digest.size());
+  };
+  if (first_) {
+    send_ours();
+    receive_theirs();
+  } else {
+    receive_theirs();
+    send_ours();
+  }
+  BlockVector expected(s.size());
+  std::vector<uint8_t> values(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    uint8_t b = (theirs[i >> 3] >> (i & 7)) & 1;
+    expected[i] = xor_block(s.keys[i], and_block(delta_, select_mask(b)));
+    values[i] = b ^ (s.bits[i] & 1);
+  }
+  if (mac_digest(expected) != their_digest)
+    throw PeerDeviated("the peer opened bits whose MACs do not hold (authenticated opening)");
+  return values;
+}
+
+}  // namespace gc
