@@ -48,6 +48,7 @@ from spgc.servers.faults import planned_fault
 from spgc.servers.gc_party import PartyLink, set_seed_journal
 from spgc.servers.intake import FieldShares, ShareIntake
 from spgc.servers.limits import PeerGate, ProviderGate, ProviderLimits
+from spgc.servers.link_probe import BackendSelection
 from spgc.servers.metrics import MetricsServer, ServerMetrics
 from spgc.servers.noise_pool import NoisePool
 from spgc.servers.pairing import MAX_LOSSES_WITHOUT_PROGRESS, PeerPairing
@@ -57,6 +58,7 @@ from spgc.servers.resume import CheckpointResume
 from spgc.servers.sessions import PairedSessions
 from spgc.servers.state import ServerState
 from spgc.servers.worker_pairing import WorkerPairing
+from spgc.settings.backend_choice import BackendChoice
 from spgc.settings.config import ServerConfig
 from spgc.settings.plan import make_plan
 from spgc.wire import aggregation_pb2, peer_pb2
@@ -109,7 +111,9 @@ def _naming_key(key: str) -> Iterator[None]:
         raise OSError(f"{key}: {exc}") from exc
 
 
-class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, CheckpointResume):
+class ServerDaemon(
+    PeerPairing, PairedSessions, DataLink, WorkerPairing, CheckpointResume, BackendSelection
+):
     """One SPGC server (H1 or H2)."""
 
     def __init__(self, cfg: ServerConfig, precompute: int | None = None) -> None:
@@ -121,6 +125,9 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
         if fault is not None:
             log.warning("fault injection armed: SIGKILL at %s of round %d", *fault)
         self.plan = make_plan(cfg)
+        # backend: auto: fixed at the first pairing (servers/link_probe.py), then the run's.
+        self._requested_backend = cfg.backend
+        self._backend_choice: BackendChoice | None = None
         if precompute is not None and cfg.mode != "preprocessed":
             raise ValueError(f"precompute fills a noise pool: mode is {cfg.mode}, not preprocessed")
         if cfg.workers > 1 and not ray_available():  # say so now, not after pairing
@@ -253,6 +260,8 @@ class ServerDaemon(PeerPairing, PairedSessions, DataLink, WorkerPairing, Checkpo
             on_repair=self._repair_on_handshake,
             on_paired=self._paired,
             link_workers=self._link_workers if self.cfg.workers > 1 else None,
+            on_link_probe=self._answer_link_probe,
+            check_backend=self._check_backend_choice,
         )
         cfg = self.cfg
         self.gate = ProviderGate(

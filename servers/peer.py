@@ -168,6 +168,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         on_repair: Callable[[str], None] | None = None,
         on_paired: Callable[[], None] | None = None,
         link_workers: Callable[[list[tuple[str, int]], int, float], int] | None = None,
+        on_link_probe: Callable[[peer_pb2.PeerHello], peer_pb2.PeerHello] | None = None,
+        check_backend: Callable[[peer_pb2.PeerHello], None] | None = None,
     ) -> None:
         self.state = state
         self.peer_name = peer_name
@@ -182,6 +184,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         # workers > 1: (H1's worker addresses, H1's worker count, timeout s) -> this server's
         # worker count, once each of its workers is linked to H1's of the same index.
         self.link_workers = link_workers
+        # backend: auto (servers/link_probe.py): H1's probe Handshake (this server dials the
+        # probe connection), and H1's choice checked from its figures before the plans compare.
+        self.on_link_probe = on_link_probe
+        self.check_backend = check_backend
         self.paired = False  # a Handshake agreed and nothing since says the peer is gone
         self.epoch = 0  # successful Handshakes so far (a new one: a new pairing)
         self._seeds: dict[int, bytes] = {}
@@ -252,6 +258,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._check_caller(context, request.role)
         if request.protocol_version != PROTOCOL_VERSION:
             raise FailedPreconditionError(f"protocol version {request.protocol_version}")
+        if request.link_probe:  # pairs nothing: see servers/link_probe.py
+            if self.on_link_probe is None:
+                raise FailedPreconditionError("this server takes no link probe")
+            return self.on_link_probe(request)
         if self.paired and self.on_repair is not None:
             # Refuse another run or plan before dropping the round in progress for it.
             with self._lock:
@@ -267,6 +277,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 raise FailedPreconditionError(
                     f"run id {request.config.run_id!r} differs from the configured {own_run!r}"
                 )
+            if self.check_backend is not None:
+                self.check_backend(request)
             if not self.state.ready:
                 self.on_handshake(request.config.run_id)
             assert self.state.config is not None

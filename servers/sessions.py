@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 
 import grpc
 
@@ -52,23 +53,9 @@ class PairedSessions:
             round=self.state.round_info(None, None),
             ledger_public_key=self.state.ledger_public_key(),
             ledger_releases=self.state.releases,
+            **self._backend_hello_fields(),  # backend: auto: the figures of H1's choice
         )
-        while True:
-            try:
-                answer = stub.Handshake(hello, timeout=10)
-                break
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # H2 compared and refused
-                    msg = f"the other server refused to pair: {exc.details()}"
-                    raise PeerMismatchError(msg) from None
-                if not is_unavailable(exc) or self.stop_event.is_set():
-                    raise PeerMismatchError(self._handshake_refusal(exc)) from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{self.cfg.peer_name} did not answer the Handshake at "
-                        f"{self.cfg.peer_address}: {describe_error(exc)}"
-                    ) from None
-                time.sleep(0.2)
+        answer = self._call_handshake(stub, hello, deadline)
         diff = config_differences(config, answer.config)
         if diff:
             raise PeerMismatchError("training configurations differ in: " + ", ".join(diff))
@@ -101,6 +88,26 @@ class PairedSessions:
             missing = answer.unmatched_release
             self.state.record_peer_release(missing.statement, missing.signature)
 
+    def _call_handshake(
+        self, stub: peer_pb2_grpc.PeerStub, hello: peer_pb2.PeerHello, deadline: float
+    ) -> peer_pb2.PeerHello:
+        """H2's answer to ``hello``, retried while H2 is not up (until ``deadline``)."""
+        while True:
+            try:
+                return stub.Handshake(hello, timeout=10)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # H2 compared and refused
+                    msg = f"the other server refused to pair: {exc.details()}"
+                    raise PeerMismatchError(msg) from None
+                if not is_unavailable(exc) or self.stop_event.is_set():
+                    raise PeerMismatchError(self._handshake_refusal(exc)) from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{self.cfg.peer_name} did not answer the Handshake at "
+                        f"{self.cfg.peer_address}: {describe_error(exc)}"
+                    ) from None
+                time.sleep(0.2)
+
     def _handshake_refusal(self, exc: grpc.RpcError) -> str:
         """What an operator reads when peer_address answers the Handshake with an error: the
         usual causes are a wrong address or certificate name."""
@@ -121,6 +128,8 @@ class PairedSessions:
                 self.cfg.peer_address, self.tls, self.cfg.insecure, server_name=self.cfg.peer_name
             )
         stub = peer_pb2_grpc.PeerStub(self._peer_channel)
+        # backend: auto: measure the link and fix the backend before the plan is sent
+        self._choose_backend(partial(self._call_handshake, stub), deadline)
         self._handshake(stub, deadline)
         self._paired()
         self._checkpoint_the_start()  # before the link, hence before round 0 opens

@@ -69,6 +69,8 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.allowed_providers = frozenset(plan.cfg.providers)
         self.run_id = ""
         self.config: pb.TrainingConfig | None = None  # set once the Handshake agreed
+        # backend: auto: the choice and the figures it follows from (servers/link_probe.py)
+        self.backend_choice: dict[str, Any] | None = None
         self.params = plan.initial_params.copy()
         self.version = 0
         self.models: dict[int, tuple[np.ndarray, bytes]] = {
@@ -334,6 +336,8 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "dataset": self.plan.cfg.dataset,
                 "mode": self.plan.cfg.mode,
                 "backend": self.plan.cfg.backend,
+                # backend: auto: the link figures, each backend's expected round and why
+                **({"backend_choice": self.backend_choice} if self.backend_choice else {}),
                 "verify_inputs": self.plan.cfg.verify_inputs,
                 "server_optimizer": self.plan.cfg.server_optimizer,
                 "rounds": self.round,

@@ -40,6 +40,7 @@ from spgc.protocol.modes import (
     VERIFIED_MODES,
 )
 from spgc.protocol.norm_proof import DEFAULT_REPETITIONS, GRINDING_BITS
+from spgc.settings.backend_choice import AUTO
 from spgc.settings.config_errors import format_errors
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import ray_cluster_endpoint, split_host_port
@@ -241,13 +242,17 @@ class ServerConfig(_Schema):
         "Once every provider has called and too few remain less those that declined the plan, "
         "the run ends at once, naming them",
     )
-    backend: Literal[BACKEND_NAMES] = Field(
+    backend: Literal[(*BACKEND_NAMES, AUTO)] = Field(
         "gc",
         description="how the two servers evaluate a round's circuits: gc (garbled circuits: "
         "about 20 kB per coordinate between the servers, a few round trips per round) or gmw "
         "(GMW with Beaver triples from silent OT: about 1 kB per coordinate, a round trip per "
-        "AND layer, about 50 a round: for links with more bandwidth cost than latency); part "
-        "of the plan: both servers must set the same; Ray worker pairs run either",
+        "AND layer, about 50 a round: for links with more bandwidth cost than latency); auto: "
+        "H1 measures the round trip and throughput to H2 at pairing and takes the one with the "
+        "least expected round time for the plan's d (in mode preprocessed also the production "
+        "run size), H2 checks the choice from the same figures, and the plan, the ledgers and "
+        "the summary name the chosen one (spgc.settings.backend_choice); part of the plan: "
+        "both servers must set the same; Ray worker pairs run either",
     )
     verify_inputs: Literal["none", "l2"] = Field(
         None,  # type: ignore[assignment]  # filled in from the mode by _default_verification

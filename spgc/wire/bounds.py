@@ -206,6 +206,8 @@ FIELD_BOUNDS: dict[str, Bound] = {
     # --- peer.proto
     "spgc.v1.PeerHello.protocol_version": ANY,  # the callee compares: FAILED_PRECONDITION
     "spgc.v1.PeerHello.ledger_releases": COUNTER,
+    "spgc.v1.PeerHello.link_rtt_seconds": Bound(0, 3600),
+    "spgc.v1.PeerHello.link_bytes_per_second": _NON_NEGATIVE,
     "spgc.v1.ShareHeader.model_version": COUNTER,
     "spgc.v1.BarrierState.round": COUNTER,
     "spgc.v1.PoolSlice.block_index": COUNTER,

@@ -29,41 +29,41 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from . import aggregation_pb2 as spgc_dot_v1_dot_aggregation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12spgc/v1/peer.proto\x12\x07spgc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19spgc/v1/aggregation.proto\"\x98\x02\n\tPeerHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x18\n\x10software_version\x18\x02 \x01(\t\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\'\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x17.spgc.v1.TrainingConfig\x12!\n\x05round\x18\x05 \x01(\x0b\x32\x12.spgc.v1.RoundInfo\x12\x19\n\x11ledger_public_key\x18\x06 \x01(\x0c\x12\x17\n\x0fledger_releases\x18\x07 \x01(\x04\x12\x34\n\x11unmatched_release\x18\x08 \x01(\x0b\x32\x19.spgc.v1.ReleaseStatement\"\xf0\x01\n\x0c\x42\x61rrierState\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12!\n\x07\x62\x61rrier\x18\x03 \x01(\x0e\x32\x10.spgc.v1.Barrier\x12!\n\x04role\x18\x04 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12.\n\nreached_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x04pool\x18\x06 \x01(\x0b\x32\x12.spgc.v1.PoolSlice\x12\x13\n\x0bverify_coin\x18\x07 \x01(\x0c\x12\x14\n\x0c\x65nded_reason\x18\x08 \x01(\t\"Q\n\tPoolSlice\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\x04\x12\x10\n\x08\x62lock_id\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\";\n\tPoolBlock\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x10\n\x08\x62lock_id\x18\x02 \x01(\x0c\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"\xb7\x01\n\tPoolState\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x04role\x18\x02 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x13\n\x0bsigma_units\x18\x03 \x01(\x01\x12\x11\n\tring_bits\x18\x04 \x01(\r\x12\x14\n\x0c\x63ursor_block\x18\x05 \x01(\x04\x12\x15\n\rcursor_offset\x18\x06 \x01(\x04\x12\"\n\x06\x62locks\x18\x07 \x03(\x0b\x32\x12.spgc.v1.PoolBlock\"\xe8\x01\n\nNoiseBlock\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x04role\x18\x02 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12&\n\x04step\x18\x03 \x01(\x0e\x32\x18.spgc.v1.NoiseBlock.Step\x12!\n\x05\x62lock\x18\x04 \x01(\x0b\x32\x12.spgc.v1.PoolBlock\x12\x0e\n\x06reason\x18\x05 \x01(\t\"L\n\x04Step\x12\x14\n\x10STEP_UNSPECIFIED\x10\x00\x12\x0e\n\nSTEP_START\x10\x01\x12\x0f\n\x0bSTEP_FINISH\x10\x02\x12\r\n\tSTEP_DONE\x10\x03\"\xca\x01\n\x0bProviderSet\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x11\n\tproviders\x18\x04 \x03(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\x15\n\rmin_providers\x18\x06 \x01(\r\x12\x12\n\nvector_ids\x18\x07 \x03(\x0c\x12\x16\n\x0enorm_verifiers\x18\x08 \x03(\x0c\x12\x13\n\x0bverify_coin\x18\t \x01(\x0c\"q\n\x11ProviderAgreement\x12$\n\x06\x63\x61llee\x18\x01 \x01(\x0b\x32\x14.spgc.v1.ProviderSet\x12\x0e\n\x06\x61greed\x18\x02 \x03(\t\x12\x15\n\ragreed_digest\x18\x03 \x01(\x0c\x12\x0f\n\x07proceed\x18\x04 \x01(\x08\"v\n\x0eSeedCommitment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x0e\n\x06scheme\x18\x04 \x01(\t\x12\x12\n\ncommitment\x18\x05 \x01(\x0c\"y\n\x0bModelDigest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x16\n\x0enum_parameters\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\x0c\"z\n\x10ReleaseStatement\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x11\n\tstatement\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\"f\n\rWorkerPairing\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x04role\x18\x02 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x0f\n\x07workers\x18\x03 \x01(\r\x12\x11\n\taddresses\x18\x04 \x03(\t*\xb0\x01\n\x07\x42\x61rrier\x12\x17\n\x13\x42\x41RRIER_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42\x41RRIER_ROUND_OPEN\x10\x01\x12\x19\n\x15\x42\x41RRIER_INTAKE_CLOSED\x10\x02\x12\x19\n\x15\x42\x41RRIER_CIRCUIT_READY\x10\x03\x12\x1b\n\x17\x42\x41RRIER_MODEL_PUBLISHED\x10\x04\x12!\n\x1d\x42\x41RRIER_WAITING_FOR_PROVIDERS\x10\x05\x32\xf0\x04\n\x04Peer\x12\x33\n\tHandshake\x12\x12.spgc.v1.PeerHello\x1a\x12.spgc.v1.PeerHello\x12<\n\x0cRoundBarrier\x12\x15.spgc.v1.BarrierState\x1a\x15.spgc.v1.BarrierState\x12\x42\n\x0e\x41greeProviders\x12\x14.spgc.v1.ProviderSet\x1a\x1a.spgc.v1.ProviderAgreement\x12>\n\nCommitSeed\x12\x17.spgc.v1.SeedCommitment\x1a\x17.spgc.v1.SeedCommitment\x12\x38\n\nCheckModel\x12\x14.spgc.v1.ModelDigest\x1a\x14.spgc.v1.ModelDigest\x12\x45\n\rCosignRelease\x12\x19.spgc.v1.ReleaseStatement\x1a\x19.spgc.v1.ReleaseStatement\x12\x43\n\x0b\x43loseLedger\x12\x19.spgc.v1.ReleaseStatement\x1a\x19.spgc.v1.ReleaseStatement\x12\x32\n\x08SyncPool\x12\x12.spgc.v1.PoolState\x1a\x12.spgc.v1.PoolState\x12\x38\n\x0cProduceNoise\x12\x13.spgc.v1.NoiseBlock\x1a\x13.spgc.v1.NoiseBlock\x12=\n\x0bPairWorkers\x12\x16.spgc.v1.WorkerPairing\x1a\x16.spgc.v1.WorkerPairingb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12spgc/v1/peer.proto\x12\x07spgc.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19spgc/v1/aggregation.proto\"\xe5\x02\n\tPeerHello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x18\n\x10software_version\x18\x02 \x01(\t\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\'\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x17.spgc.v1.TrainingConfig\x12!\n\x05round\x18\x05 \x01(\x0b\x32\x12.spgc.v1.RoundInfo\x12\x19\n\x11ledger_public_key\x18\x06 \x01(\x0c\x12\x17\n\x0fledger_releases\x18\x07 \x01(\x04\x12\x34\n\x11unmatched_release\x18\x08 \x01(\x0b\x32\x19.spgc.v1.ReleaseStatement\x12\x12\n\nlink_probe\x18\t \x01(\x08\x12\x18\n\x10link_rtt_seconds\x18\n \x01(\x01\x12\x1d\n\x15link_bytes_per_second\x18\x0b \x01(\x01\"\xf0\x01\n\x0c\x42\x61rrierState\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12!\n\x07\x62\x61rrier\x18\x03 \x01(\x0e\x32\x10.spgc.v1.Barrier\x12!\n\x04role\x18\x04 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12.\n\nreached_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x04pool\x18\x06 \x01(\x0b\x32\x12.spgc.v1.PoolSlice\x12\x13\n\x0bverify_coin\x18\x07 \x01(\x0c\x12\x14\n\x0c\x65nded_reason\x18\x08 \x01(\t\"Q\n\tPoolSlice\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\x04\x12\x10\n\x08\x62lock_id\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\";\n\tPoolBlock\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x10\n\x08\x62lock_id\x18\x02 \x01(\x0c\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\"\xb7\x01\n\tPoolState\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x04role\x18\x02 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x13\n\x0bsigma_units\x18\x03 \x01(\x01\x12\x11\n\tring_bits\x18\x04 \x01(\r\x12\x14\n\x0c\x63ursor_block\x18\x05 \x01(\x04\x12\x15\n\rcursor_offset\x18\x06 \x01(\x04\x12\"\n\x06\x62locks\x18\x07 \x03(\x0b\x32\x12.spgc.v1.PoolBlock\"\xe8\x01\n\nNoiseBlock\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x04role\x18\x02 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12&\n\x04step\x18\x03 \x01(\x0e\x32\x18.spgc.v1.NoiseBlock.Step\x12!\n\x05\x62lock\x18\x04 \x01(\x0b\x32\x12.spgc.v1.PoolBlock\x12\x0e\n\x06reason\x18\x05 \x01(\t\"L\n\x04Step\x12\x14\n\x10STEP_UNSPECIFIED\x10\x00\x12\x0e\n\nSTEP_START\x10\x01\x12\x0f\n\x0bSTEP_FINISH\x10\x02\x12\r\n\tSTEP_DONE\x10\x03\"\xca\x01\n\x0bProviderSet\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x11\n\tproviders\x18\x04 \x03(\t\x12\x0e\n\x06\x64igest\x18\x05 \x01(\x0c\x12\x15\n\rmin_providers\x18\x06 \x01(\r\x12\x12\n\nvector_ids\x18\x07 \x03(\x0c\x12\x16\n\x0enorm_verifiers\x18\x08 \x03(\x0c\x12\x13\n\x0bverify_coin\x18\t \x01(\x0c\"q\n\x11ProviderAgreement\x12$\n\x06\x63\x61llee\x18\x01 \x01(\x0b\x32\x14.spgc.v1.ProviderSet\x12\x0e\n\x06\x61greed\x18\x02 \x03(\t\x12\x15\n\ragreed_digest\x18\x03 \x01(\x0c\x12\x0f\n\x07proceed\x18\x04 \x01(\x08\"v\n\x0eSeedCommitment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x0e\n\x06scheme\x18\x04 \x01(\t\x12\x12\n\ncommitment\x18\x05 \x01(\x0c\"y\n\x0bModelDigest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x16\n\x0enum_parameters\x18\x04 \x01(\x04\x12\x0e\n\x06sha256\x18\x05 \x01(\x0c\"z\n\x10ReleaseStatement\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12!\n\x04role\x18\x03 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x11\n\tstatement\x18\x04 \x01(\x0c\x12\x11\n\tsignature\x18\x05 \x01(\x0c\"f\n\rWorkerPairing\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12!\n\x04role\x18\x02 \x01(\x0e\x32\x13.spgc.v1.ServerRole\x12\x0f\n\x07workers\x18\x03 \x01(\r\x12\x11\n\taddresses\x18\x04 \x03(\t*\xb0\x01\n\x07\x42\x61rrier\x12\x17\n\x13\x42\x41RRIER_UNSPECIFIED\x10\x00\x12\x16\n\x12\x42\x41RRIER_ROUND_OPEN\x10\x01\x12\x19\n\x15\x42\x41RRIER_INTAKE_CLOSED\x10\x02\x12\x19\n\x15\x42\x41RRIER_CIRCUIT_READY\x10\x03\x12\x1b\n\x17\x42\x41RRIER_MODEL_PUBLISHED\x10\x04\x12!\n\x1d\x42\x41RRIER_WAITING_FOR_PROVIDERS\x10\x05\x32\xf0\x04\n\x04Peer\x12\x33\n\tHandshake\x12\x12.spgc.v1.PeerHello\x1a\x12.spgc.v1.PeerHello\x12<\n\x0cRoundBarrier\x12\x15.spgc.v1.BarrierState\x1a\x15.spgc.v1.BarrierState\x12\x42\n\x0e\x41greeProviders\x12\x14.spgc.v1.ProviderSet\x1a\x1a.spgc.v1.ProviderAgreement\x12>\n\nCommitSeed\x12\x17.spgc.v1.SeedCommitment\x1a\x17.spgc.v1.SeedCommitment\x12\x38\n\nCheckModel\x12\x14.spgc.v1.ModelDigest\x1a\x14.spgc.v1.ModelDigest\x12\x45\n\rCosignRelease\x12\x19.spgc.v1.ReleaseStatement\x1a\x19.spgc.v1.ReleaseStatement\x12\x43\n\x0b\x43loseLedger\x12\x19.spgc.v1.ReleaseStatement\x1a\x19.spgc.v1.ReleaseStatement\x12\x32\n\x08SyncPool\x12\x12.spgc.v1.PoolState\x1a\x12.spgc.v1.PoolState\x12\x38\n\x0cProduceNoise\x12\x13.spgc.v1.NoiseBlock\x1a\x13.spgc.v1.NoiseBlock\x12=\n\x0bPairWorkers\x12\x16.spgc.v1.WorkerPairing\x1a\x16.spgc.v1.WorkerPairingb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'spgc.wire._generated.peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BARRIER']._serialized_start=1974
-  _globals['_BARRIER']._serialized_end=2150
+  _globals['_BARRIER']._serialized_start=2051
+  _globals['_BARRIER']._serialized_end=2227
   _globals['_PEERHELLO']._serialized_start=92
-  _globals['_PEERHELLO']._serialized_end=372
-  _globals['_BARRIERSTATE']._serialized_start=375
-  _globals['_BARRIERSTATE']._serialized_end=615
-  _globals['_POOLSLICE']._serialized_start=617
-  _globals['_POOLSLICE']._serialized_end=698
-  _globals['_POOLBLOCK']._serialized_start=700
-  _globals['_POOLBLOCK']._serialized_end=759
-  _globals['_POOLSTATE']._serialized_start=762
-  _globals['_POOLSTATE']._serialized_end=945
-  _globals['_NOISEBLOCK']._serialized_start=948
-  _globals['_NOISEBLOCK']._serialized_end=1180
-  _globals['_NOISEBLOCK_STEP']._serialized_start=1104
-  _globals['_NOISEBLOCK_STEP']._serialized_end=1180
-  _globals['_PROVIDERSET']._serialized_start=1183
-  _globals['_PROVIDERSET']._serialized_end=1385
-  _globals['_PROVIDERAGREEMENT']._serialized_start=1387
-  _globals['_PROVIDERAGREEMENT']._serialized_end=1500
-  _globals['_SEEDCOMMITMENT']._serialized_start=1502
-  _globals['_SEEDCOMMITMENT']._serialized_end=1620
-  _globals['_MODELDIGEST']._serialized_start=1622
-  _globals['_MODELDIGEST']._serialized_end=1743
-  _globals['_RELEASESTATEMENT']._serialized_start=1745
-  _globals['_RELEASESTATEMENT']._serialized_end=1867
-  _globals['_WORKERPAIRING']._serialized_start=1869
-  _globals['_WORKERPAIRING']._serialized_end=1971
-  _globals['_PEER']._serialized_start=2153
-  _globals['_PEER']._serialized_end=2777
+  _globals['_PEERHELLO']._serialized_end=449
+  _globals['_BARRIERSTATE']._serialized_start=452
+  _globals['_BARRIERSTATE']._serialized_end=692
+  _globals['_POOLSLICE']._serialized_start=694
+  _globals['_POOLSLICE']._serialized_end=775
+  _globals['_POOLBLOCK']._serialized_start=777
+  _globals['_POOLBLOCK']._serialized_end=836
+  _globals['_POOLSTATE']._serialized_start=839
+  _globals['_POOLSTATE']._serialized_end=1022
+  _globals['_NOISEBLOCK']._serialized_start=1025
+  _globals['_NOISEBLOCK']._serialized_end=1257
+  _globals['_NOISEBLOCK_STEP']._serialized_start=1181
+  _globals['_NOISEBLOCK_STEP']._serialized_end=1257
+  _globals['_PROVIDERSET']._serialized_start=1260
+  _globals['_PROVIDERSET']._serialized_end=1462
+  _globals['_PROVIDERAGREEMENT']._serialized_start=1464
+  _globals['_PROVIDERAGREEMENT']._serialized_end=1577
+  _globals['_SEEDCOMMITMENT']._serialized_start=1579
+  _globals['_SEEDCOMMITMENT']._serialized_end=1697
+  _globals['_MODELDIGEST']._serialized_start=1699
+  _globals['_MODELDIGEST']._serialized_end=1820
+  _globals['_RELEASESTATEMENT']._serialized_start=1822
+  _globals['_RELEASESTATEMENT']._serialized_end=1944
+  _globals['_WORKERPAIRING']._serialized_start=1946
+  _globals['_WORKERPAIRING']._serialized_end=2048
+  _globals['_PEER']._serialized_start=2230
+  _globals['_PEER']._serialized_end=2854
 # @@protoc_insertion_point(module_scope)

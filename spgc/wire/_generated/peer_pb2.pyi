@@ -30,7 +30,7 @@ BARRIER_MODEL_PUBLISHED: Barrier
 BARRIER_WAITING_FOR_PROVIDERS: Barrier
 
 class PeerHello(_message.Message):
-    __slots__ = ("protocol_version", "software_version", "role", "config", "round", "ledger_public_key", "ledger_releases", "unmatched_release")
+    __slots__ = ("protocol_version", "software_version", "role", "config", "round", "ledger_public_key", "ledger_releases", "unmatched_release", "link_probe", "link_rtt_seconds", "link_bytes_per_second")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,9 @@ class PeerHello(_message.Message):
     LEDGER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     LEDGER_RELEASES_FIELD_NUMBER: _ClassVar[int]
     UNMATCHED_RELEASE_FIELD_NUMBER: _ClassVar[int]
+    LINK_PROBE_FIELD_NUMBER: _ClassVar[int]
+    LINK_RTT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LINK_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     software_version: str
     role: _aggregation_pb2.ServerRole
@@ -47,7 +50,10 @@ class PeerHello(_message.Message):
     ledger_public_key: bytes
     ledger_releases: int
     unmatched_release: ReleaseStatement
-    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ..., ledger_public_key: _Optional[bytes] = ..., ledger_releases: _Optional[int] = ..., unmatched_release: _Optional[_Union[ReleaseStatement, _Mapping]] = ...) -> None: ...
+    link_probe: bool
+    link_rtt_seconds: float
+    link_bytes_per_second: float
+    def __init__(self, protocol_version: _Optional[int] = ..., software_version: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., config: _Optional[_Union[_aggregation_pb2.TrainingConfig, _Mapping]] = ..., round: _Optional[_Union[_aggregation_pb2.RoundInfo, _Mapping]] = ..., ledger_public_key: _Optional[bytes] = ..., ledger_releases: _Optional[int] = ..., unmatched_release: _Optional[_Union[ReleaseStatement, _Mapping]] = ..., link_probe: _Optional[bool] = ..., link_rtt_seconds: _Optional[float] = ..., link_bytes_per_second: _Optional[float] = ...) -> None: ...
 
 class BarrierState(_message.Message):
     __slots__ = ("run_id", "round", "barrier", "role", "reached_at", "pool", "verify_coin", "ended_reason")

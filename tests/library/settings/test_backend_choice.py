@@ -1,0 +1,113 @@
+"""backend: auto's cost model (spgc.settings.backend_choice) on made-up links."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from spgc.protocol.modes import BACKEND_NAMES
+from spgc.settings.backend_choice import (
+    AUTO,
+    NOISE_COSTS,
+    ROUND_COSTS,
+    RUN_OVERHEAD_SHARE,
+    LinkFigures,
+    choose_backend,
+    expected_seconds,
+)
+
+MBIT = 1e6 / 8  # bytes per second in a Mbit/s
+
+
+def test_a_slow_far_link_and_a_small_model_take_the_backend_with_fewer_round_trips():
+    link = LinkFigures(rtt_seconds=0.050, bytes_per_second=100 * MBIT)
+    choice = choose_backend(AUTO, "spgc", 62, link)
+    fewer_trips = min(BACKEND_NAMES, key=lambda b: ROUND_COSTS[b].round_trips)
+    assert choice.backend == fewer_trips
+    assert choice.expected is not None and choice.link == link
+    assert "round trips" in choice.reason
+
+
+@pytest.mark.parametrize(
+    ("rtt", "mbit", "d"), [(0.001, 1e5, 28_938), (0.010, 100, 28_938), (0.050, 1000, 100_000)]
+)
+def test_the_choice_is_the_least_of_the_models_own_expected_times(rtt, mbit, d):
+    link = LinkFigures(rtt_seconds=rtt, bytes_per_second=mbit * MBIT)
+    choice = choose_backend(AUTO, "spgc", d, link)
+    assert choice.expected == {b: expected_seconds(ROUND_COSTS[b], link, d) for b in BACKEND_NAMES}
+    assert choice.backend == min(choice.expected, key=choice.expected.__getitem__)
+    for b in BACKEND_NAMES:  # its terms, as the module's docstring writes them
+        cost = ROUND_COSTS[b]
+        want = cost.round_trips * rtt + d * (
+            cost.bytes_per_coordinate / link.bytes_per_second + cost.cpu_seconds_per_coordinate
+        )
+        assert math.isclose(choice.expected[b], want)
+    line = choice.log_line()
+    assert f"chose {choice.backend}" in line and f"{1000 * rtt:.2f} ms" in line
+
+
+def test_bandwidth_moves_a_large_model_from_one_backend_to_the_other():
+    """The model's own numbers: at 100 Mbit/s gc's bytes dominate, with no limit its CPU is
+    the smaller; the two choices differ exactly when the expected times cross."""
+    d = 28_938
+    slow = choose_backend(AUTO, "spgc", d, LinkFigures(0.001, 100 * MBIT))
+    fast = choose_backend(AUTO, "spgc", d, LinkFigures(0.001, 1e6 * MBIT))
+    assert slow.expected is not None and fast.expected is not None
+    assert slow.expected["gc"] > slow.expected["gmw"] and slow.backend == "gmw"
+    assert fast.expected["gc"] < fast.expected["gmw"] and fast.backend == "gc"
+
+
+def test_an_explicit_backend_wins_whatever_the_link():
+    link = LinkFigures(0.050, 100 * MBIT)
+    auto = choose_backend(AUTO, "spgc", 62, link).backend
+    other = next(b for b in BACKEND_NAMES if b != auto)
+    explicit = choose_backend(other, "spgc", 62, link)
+    assert explicit.backend == other and not explicit.automatic
+    assert explicit.reason == "set in the plan"
+    assert choose_backend(other, "spgc", 62, None).backend == other
+
+
+def test_preprocessed_sizes_production_runs_to_amortise_their_round_trips():
+    d = 1000
+    near = choose_backend(AUTO, "preprocessed", d, LinkFigures(0.001, 1000 * MBIT))
+    far = choose_backend(AUTO, "preprocessed", d, LinkFigures(0.050, 1000 * MBIT))
+    assert near.run_samples is not None and far.run_samples is not None
+    for b in BACKEND_NAMES:
+        assert far.run_samples[b] > near.run_samples[b]  # a longer round trip: longer runs
+        cost, link = NOISE_COSTS[b], far.link
+        assert link is not None
+        per_sample = cost.bytes_per_coordinate / link.bytes_per_second + (
+            cost.cpu_seconds_per_coordinate
+        )
+        fixed = cost.round_trips * link.rtt_seconds
+        n = far.run_samples[b]
+        # the fewest samples whose round trips are at most the share of the run's time
+        assert fixed <= RUN_OVERHEAD_SHARE * (fixed + n * per_sample) * (1 + 1e-9)
+        assert fixed > RUN_OVERHEAD_SHARE * (fixed + (n - 1) * per_sample)
+    assert far.summary()["production_run_samples"] == far.run_samples[far.backend]
+    assert "production runs of" in far.log_line()
+
+
+def test_both_servers_get_the_same_choice_from_the_same_figures():
+    link = LinkFigures(0.0123456789, 123_456_789.123)
+    assert choose_backend(AUTO, "spgc", 5000, link) == choose_backend(AUTO, "spgc", 5000, link)
+
+
+@pytest.mark.parametrize(
+    ("requested", "d", "link", "says"),
+    [
+        ("auto", 62, None, "measured figures"),
+        ("auto", 0, LinkFigures(0.01, 1e6), "coordinates"),
+        ("fast", 62, LinkFigures(0.01, 1e6), "backend must be"),
+    ],
+)
+def test_what_cannot_be_chosen_is_refused_in_one_line(requested, d, link, says):
+    with pytest.raises(ValueError, match=says):
+        choose_backend(requested, "spgc", d, link)
+
+
+@pytest.mark.parametrize(("rtt", "rate"), [(-1.0, 1e6), (math.nan, 1e6), (0.01, 0.0)])
+def test_impossible_link_figures_are_refused(rtt, rate):
+    with pytest.raises(ValueError):
+        LinkFigures(rtt, rate)

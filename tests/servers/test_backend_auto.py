@@ -1,0 +1,92 @@
+"""backend: auto between two real daemons on localhost: H1 measures the link at pairing, both
+servers fix the same backend, the ledgers' headers and the summary name it; H2 refuses a
+choice its figures do not give."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from test_server_daemon import PROVIDERS, Provider, bind_pair, pki, start_pair, wait_round_done
+
+from spgc.privacy.ledger_format import LEDGER_FILE
+from spgc.protocol.modes import BACKEND_NAMES
+from spgc.settings.backend_choice import AUTO, LinkFigures, choose_backend
+
+__all__ = ["pki"]  # the module-scoped PKI fixture of test_server_daemon
+
+
+def _ledger_backend(daemon) -> str:
+    first = (daemon.cfg.state_dir / LEDGER_FILE).read_text().splitlines()[0]
+    header = json.loads(first)
+    return header.get("backend", header.get("header", {}).get("backend"))
+
+
+def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplog):
+    caplog.set_level("INFO")
+    d1, d2 = start_pair(pki, tmp_path, mode="spgc", rounds=1, target_epsilon=8.0, backend=AUTO)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        chosen = d1.cfg.backend
+        assert chosen in BACKEND_NAMES and d2.cfg.backend == chosen
+        assert cfg.backend == chosen  # the plan providers see names it
+        vecs = [np.full(cfg.num_parameters, 10 * (i + 1), dtype=np.int64) for i in range(3)]
+        for p, v in zip(providers, vecs, strict=True):
+            p.submit_both(cfg, 0, v)
+        wait_round_done((d1, d2), 0, timeout=60)
+        assert d1.wait(30) and d2.wait(30)
+        assert d1.error is None and d2.error is None
+        for dm in (d1, d2):
+            assert _ledger_backend(dm) == chosen
+        s1, s2 = d1.state.summary(), d2.state.summary()
+        assert s1["backend"] == s2["backend"] == chosen
+        figures = s1["backend_choice"]
+        assert figures == s2["backend_choice"]  # H2 took the same figures through the same model
+        link = LinkFigures(figures["rtt_ms"] / 1000, figures["mbit_per_s"] * 1e6 / 8)
+        again = choose_backend(AUTO, "spgc", d1.plan.share_dim, link)
+        assert again.backend == chosen
+        assert set(figures["expected_round_seconds"]) == set(BACKEND_NAMES)
+        lines = [r.getMessage() for r in caplog.records if "backend auto:" in r.getMessage()]
+        assert any(line.startswith("h1: backend auto: round trip") for line in lines), lines
+        assert any(f"chose {chosen}" in line for line in lines)
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+
+
+def test_h2_refuses_a_backend_that_h1s_figures_do_not_give(pki, tmp_path):
+    d1, d2 = bind_pair(pki, tmp_path, mode="spgc", rounds=1, target_epsilon=8.0, backend=AUTO)
+    honest = d1._choose_backend
+
+    def tampered(call, deadline):
+        honest(call, deadline)  # measured and chosen as it should be, then swapped
+        d1.cfg.backend = next(b for b in BACKEND_NAMES if b != d1.cfg.backend)
+
+    d1._choose_backend = tampered
+    d2.start()
+    d1.start()
+    try:
+        assert d1.wait(40)
+        assert "refusing the plan" in str(d1.error)
+        assert "but its figures (round trip" in str(d1.error)
+        assert not d2.peer_servicer.paired
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_auto_against_an_explicit_backend_is_a_plan_difference(pki, tmp_path):
+    d1, d2 = bind_pair(pki, tmp_path, mode="spgc", rounds=1, target_epsilon=8.0, backend=AUTO)
+    d2.cfg.backend = d2._requested_backend = "gc"
+    d2.start()
+    d1.start()
+    try:
+        assert d1.wait(40)
+        assert "backend (h1 'auto', h2 'gc')" in str(d1.error)
+        assert d1._backend_choice is None  # nothing measured against a fixed backend
+    finally:
+        d1.stop()
+        d2.stop()
