@@ -23,6 +23,8 @@ import time
 from typing import Any
 
 import garbled_core
+from spgc.protocol.modes import BACKEND_NAMES
+from spgc.servers.checkpoint import config_digest
 from spgc.servers.data_link import GC_HANDSHAKE_TIMEOUT, GC_IO_TIMEOUT
 from spgc.servers.errors import PeerMismatchError
 from spgc.settings.backend_choice import AUTO, BackendChoice, LinkFigures, choose_backend
@@ -104,9 +106,20 @@ class BackendSelection:
         read it), the data link's sessions and the summary."""
         self._backend_choice = choice
         self.cfg.backend = choice.backend
-        self.state.backend_choice = choice.summary()
+        self.state.backend_choice = choice
         if self.state.config is not None:  # announced with auto before: announce the choice
             self.state.config = self.plan.training_config(self.state.run_id)
+
+    def _adopt_checkpointed_backend(self, run_id: str, config_sha256: str) -> None:
+        """A restart with backend auto continues its run on the backend the run was fixed
+        with: the one whose plan the checkpoint holds (none fits: left auto, and the resume
+        refuses the checkpoint as another configuration's)."""
+        for backend in BACKEND_NAMES:
+            self.cfg.backend = backend
+            if config_digest(self.plan.training_config(run_id)) == config_sha256:
+                self._fix_backend(BackendChoice(backend, "the run's, from its checkpoint"))
+                return
+        self.cfg.backend = AUTO
 
     def _backend_undecided(self) -> bool:
         return self._requested_backend == AUTO and self._backend_choice is None

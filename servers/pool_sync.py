@@ -26,6 +26,12 @@ from spgc.servers.noise_pool import (
     reconcile,
 )
 from spgc.servers.state import RPC_SLACK, ServerState
+from spgc.settings.backend_choice import (
+    CALLS_PER_RUN,
+    LinkFigures,
+    amortised_run,
+    production_costs,
+)
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import peer_pb2, peer_pb2_grpc
 
@@ -79,15 +85,12 @@ def adopt_peer_pool(
     return agreed
 
 
-#: A production run is made long enough that its fixed cost (its round trips) is at most this
-#: share of its time, where the rounds leave room for it.
-RUN_OVERHEAD_SHARE = 0.1
 #: The recent runs and round intervals the estimates are taken from.
 RUN_HISTORY = 8
 #: Round trips of a production run on a backend that does not count them (gc): about two per
-#: sampler stage (the stage's run and its evaluator's OT), and the two calls to H2.
+#: sampler stage (the stage's run and its evaluator's OT); the two calls to H2 are
+#: spgc.settings.backend_choice.CALLS_PER_RUN.
 GC_TRIPS_PER_STAGE = 2
-CALLS_PER_RUN = 2
 
 
 class RunSizer:
@@ -102,11 +105,18 @@ class RunSizer:
     no more than a run refills while it runs. Never more than the rounds left need.
     """
 
-    def __init__(self, dim: int, pool_rounds: int, pool_block: int) -> None:
+    def __init__(
+        self, dim: int, pool_rounds: int, pool_block: int, link: LinkFigures | None = None,
+        backend: str = "gc",
+    ) -> None:  # fmt: skip
+        """``link``: the link measured at pairing (backend: auto): until a run is measured,
+        runs are sized from it and ``backend``'s NOISE_COSTS (spgc.settings.backend_choice)."""
         self.dim = dim
         self.pool_rounds = pool_rounds
         self.pool_block = pool_block
         self.rtt: float | None = None  # the quickest call to H2 seen, in seconds
+        # (F, c) from the link, before any run is measured
+        self._prior = None if link is None else production_costs(backend, link)
         self.runs: deque[tuple[int, float, int]] = deque(maxlen=RUN_HISTORY)
         self.intervals: deque[float] = deque(maxlen=RUN_HISTORY)
         self._last_round: float | None = None
@@ -140,7 +150,7 @@ class RunSizer:
         with self._lock:
             runs, rtt = list(self.runs), self.rtt or 0.0
         if not runs:
-            return None
+            return self._prior
         fixed = statistics.median(trips * rtt for _, _, trips in runs)
         per_sample = statistics.median(
             max(0.0, seconds - trips * rtt) / samples for samples, seconds, trips in runs
@@ -153,11 +163,7 @@ class RunSizer:
         costs = self._costs()
         if costs is None:
             return 0
-        fixed, per_sample = costs
-        if per_sample <= 0:
-            return self.pool_block
-        n = fixed * (1 - RUN_OVERHEAD_SHARE) / RUN_OVERHEAD_SHARE / per_sample
-        return min(self.pool_block, max(1, math.ceil(n)))
+        return amortised_run(*costs, self.pool_block)
 
     def run_seconds(self, samples: int) -> float | None:
         """The expected seconds of a run of ``samples`` (None before any run is measured)."""
@@ -227,7 +233,11 @@ class NoiseProducer:
         self.samples_made = 0
         self.seconds = 0.0
         cfg = state.plan.cfg
-        self.sizer = RunSizer(state.plan.dim, cfg.pool_rounds, cfg.pool_block)
+        choice = state.backend_choice  # backend: auto: runs sized from the link until measured
+        self.sizer = RunSizer(
+            state.plan.dim, cfg.pool_rounds, cfg.pool_block,
+            None if choice is None else choice.link, cfg.backend,
+        )  # fmt: skip
         self.error: BaseException | None = None  # what stopped the production thread
         self._thread: threading.Thread | None = None
         self._halt = threading.Event()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from spgc.servers.checkpoint import CheckpointError, config_digest, load_checkpoint, step_back
+from spgc.settings.backend_choice import AUTO
 from spgc.wire import aggregation_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ class CheckpointResume:
                 f"state_dir {self.cfg.state_dir} holds run {run_id}, not the configured run_id "
                 f"{self.cfg.run_id}: set resume: false to start over"
             )
+        if self.cfg.backend == AUTO:  # the backend this run was fixed with (link_probe.py)
+            self._adopt_checkpointed_backend(run_id, record["config_sha256"])
         if config_digest(self.plan.training_config(run_id)) != record["config_sha256"]:
             raise CheckpointError(
                 f"state_dir {self.cfg.state_dir} holds a checkpoint of another training "

@@ -34,6 +34,7 @@ from spgc.servers.intake import ShareIntake
 from spgc.servers.ledger_state import LedgerState
 from spgc.servers.round_phases import ENDED_PHASES, RoundPhases, RoundRecord, round_summary
 from spgc.servers.state_checkpoints import StateCheckpoints
+from spgc.settings.backend_choice import BackendChoice
 from spgc.settings.plan import RunPlan
 from spgc.wire import aggregation_pb2 as pb
 
@@ -70,7 +71,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.run_id = ""
         self.config: pb.TrainingConfig | None = None  # set once the Handshake agreed
         # backend: auto: the choice and the figures it follows from (servers/link_probe.py)
-        self.backend_choice: dict[str, Any] | None = None
+        self.backend_choice: BackendChoice | None = None
         self.params = plan.initial_params.copy()
         self.version = 0
         self.models: dict[int, tuple[np.ndarray, bytes]] = {
@@ -337,7 +338,11 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                 "mode": self.plan.cfg.mode,
                 "backend": self.plan.cfg.backend,
                 # backend: auto: the link figures, each backend's expected round and why
-                **({"backend_choice": self.backend_choice} if self.backend_choice else {}),
+                **(
+                    {"backend_choice": self.backend_choice.summary()}
+                    if self.backend_choice is not None
+                    else {}
+                ),
                 "verify_inputs": self.plan.cfg.verify_inputs,
                 "server_optimizer": self.plan.cfg.server_optimizer,
                 "rounds": self.round,

@@ -29,6 +29,7 @@ from spgc.protocol.modes import BACKEND_NAMES
 
 __all__ = [
     "AUTO",
+    "CALLS_PER_RUN",
     "COSTS_COMMAND",
     "NOISE_COSTS",
     "ROUND_COSTS",
@@ -39,6 +40,7 @@ __all__ = [
     "amortised_run",
     "choose_backend",
     "expected_seconds",
+    "production_costs",
 ]
 
 #: The config value that asks for this choice.
@@ -55,6 +57,9 @@ COSTS_COMMAND = (
 #: A production run is made long enough that its round trips are at most this share of its
 #: time (servers/pool_sync.RunSizer sizes runs by the same rule from measured runs).
 RUN_OVERHEAD_SHARE = 0.1
+#: Calls from H1 to H2 around each production run (its block's announcement and its end): round
+#: trips a run has besides its circuit's.
+CALLS_PER_RUN = 2
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,15 @@ def expected_seconds(
     return runs * cost.round_trips * link.rtt_seconds + coordinates * (
         per_coordinate + cost.cpu_seconds_per_coordinate
     )
+
+
+def production_costs(backend: str, link: LinkFigures) -> tuple[float, float]:
+    """Mode preprocessed: (F, c) of a production run of n samples on ``backend``, modelled as
+    F + c n seconds: F its round trips (its circuit's and CALLS_PER_RUN), c a sample's bytes
+    and CPU."""
+    cost = NOISE_COSTS[backend]
+    per_sample = cost.bytes_per_coordinate / link.bytes_per_second + cost.cpu_seconds_per_coordinate
+    return (cost.round_trips + CALLS_PER_RUN) * link.rtt_seconds, per_sample
 
 
 def amortised_run(fixed_seconds: float, seconds_per_sample: float, cap: int) -> int:
@@ -211,18 +225,15 @@ def choose_backend(
     for backend in BACKEND_NAMES:
         if mode == "preprocessed":
             cost = NOISE_COSTS[backend]
-            per_sample = (
-                cost.bytes_per_coordinate / link.bytes_per_second + cost.cpu_seconds_per_coordinate
-            )
-            run = amortised_run(
-                cost.round_trips * link.rtt_seconds, per_sample, MAX_RUN_ROUNDS * coordinates
-            )
+            fixed, per_sample = production_costs(backend, link)
+            run = amortised_run(fixed, per_sample, MAX_RUN_ROUNDS * coordinates)
             run_samples[backend] = run
             runs_per_round = coordinates / run
             online = link.rtt_seconds + (
                 coordinates * ONLINE_BYTES_PER_COORDINATE / link.bytes_per_second
             )
-            expected[backend] = online + expected_seconds(cost, link, coordinates, runs_per_round)
+            # a round's share of the runs that make its noise: their round trips, its samples
+            expected[backend] = online + runs_per_round * fixed + coordinates * per_sample
             terms[backend] = _dominant_term(cost, link, coordinates, runs_per_round)
         else:
             cost = ROUND_COSTS[backend]

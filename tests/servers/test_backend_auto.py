@@ -7,10 +7,20 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from test_server_daemon import PROVIDERS, Provider, bind_pair, pki, start_pair, wait_round_done
+from test_server_daemon import (
+    PROVIDERS,
+    Provider,
+    _cfg,
+    bind_pair,
+    pki,
+    start_pair,
+    wait_round_done,
+)
 
 from spgc.privacy.ledger_format import LEDGER_FILE
 from spgc.protocol.modes import BACKEND_NAMES
+from spgc.servers.daemon import ServerDaemon
+from spgc.servers.pool_sync import RunSizer
 from spgc.settings.backend_choice import AUTO, LinkFigures, choose_backend
 
 __all__ = ["pki"]  # the module-scoped PKI fixture of test_server_daemon
@@ -22,9 +32,12 @@ def _ledger_backend(daemon) -> str:
     return header.get("backend", header.get("header", {}).get("backend"))
 
 
+_AUTO_RUN = {"mode": "spgc", "rounds": 1, "target_epsilon": 8.0, "backend": AUTO}
+
+
 def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplog):
     caplog.set_level("INFO")
-    d1, d2 = start_pair(pki, tmp_path, mode="spgc", rounds=1, target_epsilon=8.0, backend=AUTO)
+    d1, d2 = start_pair(pki, tmp_path, **_AUTO_RUN)
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
         cfg = providers[0].wait_collecting(0)
@@ -55,6 +68,11 @@ def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplo
             p.close()
         d1.stop()
         d2.stop()
+    # A restart with backend auto continues the run on the backend it was fixed with.
+    for role in (1, 2):
+        again = ServerDaemon(_cfg(pki, role, tmp_path / f"s{role}", **_AUTO_RUN))
+        assert again.cfg.backend == chosen and again.state.config is None
+        assert again.state.summary()["backend_choice"]["reason"] == "the run's, from its checkpoint"
 
 
 def test_h2_refuses_a_backend_that_h1s_figures_do_not_give(pki, tmp_path):
@@ -90,3 +108,19 @@ def test_auto_against_an_explicit_backend_is_a_plan_difference(pki, tmp_path):
     finally:
         d1.stop()
         d2.stop()
+
+
+def test_production_runs_are_sized_from_the_link_until_one_is_measured():
+    """Mode preprocessed: before any run, H1's RunSizer sizes runs as backend auto's model
+    does for the measured link (pool_block caps them); a measured run then takes over."""
+    link = LinkFigures(rtt_seconds=0.05, bytes_per_second=100e6 / 8)
+    d = 28_938  # runs of fewer than MAX_RUN_ROUNDS rounds' noise: the model's cap is not hit
+    choice = choose_backend(AUTO, "preprocessed", d, link)
+    assert choice.run_samples is not None
+    sizer = RunSizer(d, pool_rounds=4, pool_block=10**7, link=link, backend=choice.backend)
+    assert sizer.efficient_run() == choice.run_samples[choice.backend]
+    assert RunSizer(d, 4, 1000, link=link, backend=choice.backend).efficient_run() == 1000
+    assert RunSizer(d, 4, 10**7).efficient_run() == 0  # no link: nothing to size by yet
+    sizer.observe_call(0.05)
+    sizer.observe_run(1000, 60.0, round_trips=0)  # 59.9 ms a sample beyond the two calls
+    assert sizer.efficient_run() == 16  # 0.1 s of calls: at most 10% of a run of 16

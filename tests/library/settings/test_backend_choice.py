@@ -9,12 +9,14 @@ import pytest
 from spgc.protocol.modes import BACKEND_NAMES
 from spgc.settings.backend_choice import (
     AUTO,
+    CALLS_PER_RUN,
     NOISE_COSTS,
     ROUND_COSTS,
     RUN_OVERHEAD_SHARE,
     LinkFigures,
     choose_backend,
     expected_seconds,
+    production_costs,
 )
 
 MBIT = 1e6 / 8  # bytes per second in a Mbit/s
@@ -80,7 +82,8 @@ def test_preprocessed_sizes_production_runs_to_amortise_their_round_trips():
         per_sample = cost.bytes_per_coordinate / link.bytes_per_second + (
             cost.cpu_seconds_per_coordinate
         )
-        fixed = cost.round_trips * link.rtt_seconds
+        fixed = (cost.round_trips + CALLS_PER_RUN) * link.rtt_seconds
+        assert production_costs(b, link) == pytest.approx((fixed, per_sample))
         n = far.run_samples[b]
         # the fewest samples whose round trips are at most the share of the run's time
         assert fixed <= RUN_OVERHEAD_SHARE * (fixed + n * per_sample) * (1 + 1e-9)
