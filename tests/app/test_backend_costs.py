@@ -1,0 +1,45 @@
+"""backend: auto's table of costs (spgc.settings.backend_choice) against the engine now: the
+bytes per coordinate and round trips that `spgc bench comm` measures for each backend must
+stay within 10% of the table, else the table is stale (re-measure with COSTS_COMMAND). The
+CPU figures depend on the machine and are not checked here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spgc.app import bench_comm
+from spgc.servers.pool_sync import GC_TRIPS_PER_STAGE
+from spgc.settings.backend_choice import COSTS_COMMAND, NOISE_COSTS, ROUND_COSTS
+
+TOLERANCE = 0.10
+
+
+def _stale(what: str, measured: float, table: float) -> str:
+    return f"{what}: measured {measured:,.1f}, table {table:,.1f}: re-measure with {COSTS_COMMAND}"
+
+
+@pytest.mark.parametrize("backend", ["gc", "gmw"])
+def test_the_cost_table_matches_what_the_engine_measures(backend, capsys):
+    code = bench_comm.run(
+        "mnist", [2.0], modes=["spgc", "preprocessed"], coordinates=400, backend=backend,
+        as_json=True,
+    )  # fmt: skip
+    assert code == 0
+    rows = {row["mode"]: row for row in json.loads(capsys.readouterr().out)}
+    checks = [
+        ("round bytes per coordinate", rows["spgc"]["bytes_per_coordinate"],
+         ROUND_COSTS[backend].bytes_per_coordinate),
+        ("noise bytes per sample", rows["preprocessed"]["offline_bytes_per_coordinate"],
+         NOISE_COSTS[backend].bytes_per_coordinate),
+    ]  # fmt: skip
+    if backend == "gmw":  # the engine counts them
+        trips = rows["spgc"]["round_trips"]
+    else:  # two per sampler stage (the table's note)
+        trips = GC_TRIPS_PER_STAGE * rows["spgc"]["rounds"]
+    checks.append(("round trips", trips, ROUND_COSTS[backend].round_trips))
+    for what, measured, table in checks:
+        assert abs(measured - table) <= TOLERANCE * table, _stale(
+            f"{backend} {what}", measured, table
+        )
