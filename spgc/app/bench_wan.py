@@ -13,7 +13,9 @@ and publishing the model), with the bytes between the servers per round and the 
 average when the run started.
 
 Modes: ``gc`` and ``gmw`` are mode spgc on that backend; ``preprocessed`` is mode preprocessed
-with its pool made on ``--pre-backend``.
+with its pool made on ``--pre-backend``; ``auto`` is mode spgc with ``backend: auto`` (the
+table shows the backend H1 chose on the shaped link, ``auto:gmw``; ``--json`` also the figures
+it measured and each backend's expected round, ``backend_choice``).
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ from spgc.app.demo import DemoError, DemoOptions, run_demo
 from spgc.wire.shaper import Pacer, Shaper
 from spgc.wire.transport import split_host_port
 
-#: The servers' mode for each bench mode (gc and gmw also name the backend).
-MODES: dict[str, str] = {"gc": "spgc", "gmw": "spgc", "preprocessed": "preprocessed"}
+#: The servers' mode for each bench mode (gc and gmw also name the backend; auto: mode spgc with
+#: backend: auto, the backend H1 chose on the shaped link in the row's ``backend``).
+MODES: dict[str, str] = {
+    "gc": "spgc",
+    "gmw": "spgc",
+    "preprocessed": "preprocessed",
+    "auto": "spgc",
+}
 #: The grid of docs/RESULTS.md: round trips (ms) x rates (Mbit/s, 0: unlimited).
 GRID_RTT_MS = (1.0, 10.0, 50.0)
 GRID_MBIT = (100.0, 1000.0, 0.0)
@@ -126,7 +134,7 @@ def run_setting(
     result = {
         "mode": mode,
         "server_mode": MODES[mode],
-        "backend": backend,
+        "backend": summary.get("backend", backend),  # auto: the one chosen
         "dataset": dataset,
         "rtt_ms": rtt_ms,
         "mbit": mbit,
@@ -134,11 +142,18 @@ def run_setting(
         "wall_s": summary["seconds"],
     }
     result.update(steady_state(summary.get("history", []), warmup))
+    if "backend_choice" in summary:  # backend: auto: the figures H1 measured and its model's
+        result["backend_choice"] = summary["backend_choice"]
     return result
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _mode_label(row: dict[str, Any]) -> str:
+    """The row's mode; auto with the backend it chose (auto:gmw)."""
+    return f"auto:{row['backend']}" if row["mode"] == "auto" else row["mode"]
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
@@ -155,7 +170,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         wait = "-" if r["noise_wait"] is None else f"{r['noise_wait']:.3f} ({r['noise_waits']})"
         lines.append(
             f"{r['rtt_ms']:>6g} {rate:>9} "
-            f"{r['mode']:>12} {_fmt(r['round_s']):>8} {_fmt(r['intake']):>7} "
+            f"{_mode_label(r):>12} {_fmt(r['round_s']):>8} {_fmt(r['intake']):>7} "
             f"{_fmt(r['agree']):>6} {wait:>14} {_fmt(r['pool']):>6} "
             f"{_fmt(r['circuit']):>8} {_fmt(r['exchange']):>8} {_fmt(r['update']):>6} "
             f"{_fmt(r['other']):>6} {_fmt(mb, 2):>9} {r['load_1min']:>5.2f}"

@@ -35,6 +35,7 @@ from spgc.providers.__main__ import main as provider_main
 from spgc.providers.selfcheck import check_model_and_data
 from spgc.servers.__main__ import main as server_main
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
+from spgc.settings.backend_choice import AUTO
 from spgc.settings.config import ConfigError, ServerConfig
 from spgc.settings.config_files import (
     SCHEMAS,
@@ -337,11 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--backend",
-        choices=list(BACKENDS),
+        choices=[*BACKENDS, AUTO],
         default="gc",
         help="how the servers evaluate the round's circuits: gc (garbled circuits, the "
-        "default) or gmw (GMW with Beaver triples from silent OT: far fewer bytes, a round trip "
-        "per AND layer)",
+        "default), gmw (GMW with Beaver triples from silent OT: far fewer bytes, a round trip "
+        "per AND layer) or auto (H1 measures the link at pairing and takes the one with the "
+        "least expected round time)",
     )
     demo.add_argument(
         "--verify-inputs",

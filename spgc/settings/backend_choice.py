@@ -29,6 +29,7 @@ from spgc.protocol.modes import BACKEND_NAMES
 
 __all__ = [
     "AUTO",
+    "AUTO_MODES",
     "CALLS_PER_RUN",
     "COSTS_COMMAND",
     "NOISE_COSTS",
@@ -45,6 +46,8 @@ __all__ = [
 
 #: The config value that asks for this choice.
 AUTO = "auto"
+#: The modes whose costs the table holds: spgc's round circuit, preprocessed's production.
+AUTO_MODES: tuple[str, ...] = ("spgc", "preprocessed")
 
 #: The command whose output :data:`ROUND_COSTS` and :data:`NOISE_COSTS` were read from (its
 #: --json rows: ``bytes_per_coordinate``, ``round_trips``, ``rounds`` and ``seconds_per_step`` /
@@ -215,6 +218,8 @@ def choose_backend(
         if requested not in BACKEND_NAMES:
             raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)} or auto")
         return BackendChoice(requested, "set in the plan")
+    if mode not in AUTO_MODES:
+        raise ValueError(f"backend auto chooses in modes {', '.join(AUTO_MODES)}, not {mode}")
     if link is None:
         raise ValueError("backend auto needs the link's measured figures")
     if coordinates < 1:

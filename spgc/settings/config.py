@@ -40,7 +40,7 @@ from spgc.protocol.modes import (
     VERIFIED_MODES,
 )
 from spgc.protocol.norm_proof import DEFAULT_REPETITIONS, GRINDING_BITS
-from spgc.settings.backend_choice import AUTO
+from spgc.settings.backend_choice import AUTO, AUTO_MODES
 from spgc.settings.config_errors import format_errors
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import ray_cluster_endpoint, split_host_port
@@ -247,12 +247,13 @@ class ServerConfig(_Schema):
         description="how the two servers evaluate a round's circuits: gc (garbled circuits: "
         "about 20 kB per coordinate between the servers, a few round trips per round) or gmw "
         "(GMW with Beaver triples from silent OT: about 1 kB per coordinate, a round trip per "
-        "AND layer, about 50 a round: for links with more bandwidth cost than latency); auto: "
-        "H1 measures the round trip and throughput to H2 at pairing and takes the one with the "
-        "least expected round time for the plan's d (in mode preprocessed also the production "
-        "run size), H2 checks the choice from the same figures, and the plan, the ledgers and "
-        "the summary name the chosen one (spgc.settings.backend_choice); part of the plan: "
-        "both servers must set the same; Ray worker pairs run either",
+        "AND layer, about 50 a round: for links with more bandwidth cost than latency); auto "
+        "(modes spgc and preprocessed): H1 measures the round trip and throughput to H2 at "
+        "pairing and takes the one with the least expected round time for the plan's d (in "
+        "mode preprocessed also the production run size), H2 checks the choice from the same "
+        "figures, and the plan, the ledgers and the summary name the chosen one "
+        "(spgc.settings.backend_choice); part of the plan: both servers must set the same; "
+        "Ray worker pairs run either",
     )
     verify_inputs: Literal["none", "l2"] = Field(
         None,  # type: ignore[assignment]  # filled in from the mode by _default_verification
@@ -629,6 +630,11 @@ class ServerConfig(_Schema):
             raise ValueError(
                 f"backend: {self.backend} evaluates a round's circuits, and mode {self.mode} "
                 f"runs none; use one of {', '.join(BACKEND_MODES)}, or backend: gc"
+            )
+        if self.backend == AUTO and self.mode not in AUTO_MODES:
+            raise ValueError(
+                f"backend: auto with mode {self.mode}: the choice is modelled for modes "
+                f"{', '.join(AUTO_MODES)}; set backend: gc or gmw"
             )
         if self.verify_inputs == "l2" and self.mode not in VERIFIED_MODES:
             raise ValueError(

@@ -9,6 +9,7 @@ import pytest
 from spgc.protocol.modes import BACKEND_NAMES
 from spgc.settings.backend_choice import (
     AUTO,
+    AUTO_MODES,
     CALLS_PER_RUN,
     NOISE_COSTS,
     ROUND_COSTS,
@@ -18,6 +19,7 @@ from spgc.settings.backend_choice import (
     expected_seconds,
     production_costs,
 )
+from spgc.settings.config import ConfigError, ServerConfig
 
 MBIT = 1e6 / 8  # bytes per second in a Mbit/s
 
@@ -108,6 +110,18 @@ def test_both_servers_get_the_same_choice_from_the_same_figures():
 def test_what_cannot_be_chosen_is_refused_in_one_line(requested, d, link, says):
     with pytest.raises(ValueError, match=says):
         choose_backend(requested, "spgc", d, link)
+    with pytest.raises(ValueError, match="chooses in modes spgc, preprocessed, not only-mpc"):
+        choose_backend(AUTO, "only-mpc", 62, LinkFigures(0.01, 1e6))
+
+
+def test_the_servers_config_takes_auto_where_the_choice_is_modelled(tmp_path):
+    base = {"insecure": True, "providers": ["p1", "p2"], "backend": AUTO, "state_dir": tmp_path}
+    for mode in AUTO_MODES:
+        assert ServerConfig(**base, mode=mode).backend == AUTO
+    with pytest.raises(ConfigError, match="backend: auto with mode only-mpc"):
+        ServerConfig(**base, mode="only-mpc")
+    with pytest.raises(ConfigError, match="backend: auto evaluates a round's circuits"):
+        ServerConfig(**base, mode="dng")
 
 
 @pytest.mark.parametrize(("rtt", "rate"), [(-1.0, 1e6), (math.nan, 1e6), (0.01, 0.0)])
