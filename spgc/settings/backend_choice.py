@@ -191,12 +191,17 @@ class BackendChoice:
         return out
 
 
-def _dominant_term(cost: BackendCost, link: LinkFigures, coordinates: int, runs: float) -> str:
-    trips = runs * cost.round_trips * link.rtt_seconds
+def _dominant_term(
+    cost: BackendCost, link: LinkFigures, coordinates: int, runs: float, calls: int = 0
+) -> str:
+    """The largest of the expected time's terms, in words (``calls``: round trips a run has
+    besides its circuit's)."""
+    round_trips = runs * (cost.round_trips + calls)
+    trips = round_trips * link.rtt_seconds
     wire = coordinates * cost.bytes_per_coordinate / link.bytes_per_second
     cpu = coordinates * cost.cpu_seconds_per_coordinate
     return max(
-        (trips, f"{runs * cost.round_trips:.3g} round trips {trips:.3f} s"),
+        (trips, f"{round_trips:.3g} round trips {trips:.3f} s"),
         (wire, f"{cost.bytes_per_coordinate:,.0f} B per coordinate on the wire {wire:.3f} s"),
         (cpu, f"compute {cpu:.3f} s"),
     )[1]
@@ -239,7 +244,7 @@ def choose_backend(
             )
             # a round's share of the runs that make its noise: their round trips, its samples
             expected[backend] = online + runs_per_round * fixed + coordinates * per_sample
-            terms[backend] = _dominant_term(cost, link, coordinates, runs_per_round)
+            terms[backend] = _dominant_term(cost, link, coordinates, runs_per_round, CALLS_PER_RUN)
         else:
             cost = ROUND_COSTS[backend]
             expected[backend] = expected_seconds(cost, link, coordinates)
