@@ -34,12 +34,16 @@ def test_the_cost_table_matches_what_the_engine_measures(backend, capsys):
         ("noise bytes per sample", rows["preprocessed"]["offline_bytes_per_coordinate"],
          NOISE_COSTS[backend].bytes_per_coordinate),
     ]  # fmt: skip
-    if backend == "gmw":  # the engine counts them
-        trips = rows["spgc"]["round_trips"]
-    else:  # two per sampler stage (the table's note)
-        trips = GC_TRIPS_PER_STAGE * rows["spgc"]["rounds"]
-    checks.append(("round trips", trips, ROUND_COSTS[backend].round_trips))
     for what, measured, table in checks:
-        assert abs(measured - table) <= TOLERANCE * table, _stale(
-            f"{backend} {what}", measured, table
-        )
+        stale = _stale(f"{backend} {what}", measured, table)
+        assert abs(measured - table) <= TOLERANCE * table, stale
+    table = ROUND_COSTS[backend].round_trips
+    if backend == "gmw":  # the engine counts them; the table's are a one-stage round's (its
+        # spare trials make one stage almost always enough: a rare second one repeats them)
+        trips = rows["spgc"]["round_trips"] / rows["spgc"]["rounds"]
+        assert abs(trips - table) <= TOLERANCE * table, _stale("gmw round trips", trips, table)
+    else:
+        # Two per sampler stage (the table's note); the stages a run needs vary with its draws
+        # (2 or 3 at this sample): one stage either way.
+        trips = GC_TRIPS_PER_STAGE * rows["spgc"]["rounds"]
+        assert abs(trips - table) <= GC_TRIPS_PER_STAGE, _stale("gc round trips", trips, table)
