@@ -149,12 +149,20 @@ class BackendSelection:
         if self._listener is None:
             host, _ = split_host_port(self.cfg.gc_address)
             self._listener = garbled_core.Listener(host, self.gc_port)
-        channel = self._listener.accept(
-            timeout=max(1.0, min(deadline - time.monotonic(), PROBE_DIAL_SECONDS + 5)),
-            handshake_timeout=GC_HANDSHAKE_TIMEOUT,
-            on_refused=self._gc_refused,
-            **self._gc_tls(),
-        )
+        wait = max(1.0, min(deadline - time.monotonic(), PROBE_DIAL_SECONDS + 5))
+        try:
+            channel = self._listener.accept(
+                timeout=wait,
+                handshake_timeout=GC_HANDSHAKE_TIMEOUT,
+                on_refused=self._gc_refused,
+                **self._gc_tls(),
+            )
+        except TimeoutError as exc:
+            raise PeerMismatchError(
+                f"backend auto: {self.cfg.peer_name} opened no link probe to this server's "
+                f"gc_address {self.cfg.gc_address} within {wait:.0f} s ({exc}; is "
+                f"{self.cfg.peer_name}'s gc_address this server's?)"
+            ) from None
         try:
             channel.timeout = GC_IO_TIMEOUT
             link = measure_link(channel)

@@ -124,3 +124,17 @@ def test_production_runs_are_sized_from_the_link_until_one_is_measured():
     sizer.observe_call(0.05)
     sizer.observe_run(1000, 60.0, round_trips=0)  # 59.9 ms a sample beyond the two calls
     assert sizer.efficient_run() == 16  # 0.1 s of calls: at most 10% of a run of 16
+
+
+def test_a_probe_h2_cannot_open_is_named_in_one_line(pki, tmp_path):
+    """H2 dials the probe to a wrong gc_address: H1 stops saying where it waited."""
+    d1, d2 = bind_pair(pki, tmp_path, **_AUTO_RUN, connect_timeout=5.0)
+    d2.cfg.gc_address = "127.0.0.1:1"  # nothing listens there
+    d2.start()
+    d1.start()
+    try:
+        assert d1.wait(40)
+        assert "backend auto: h2 opened no link probe to this server's gc_address" in str(d1.error)
+    finally:
+        d1.stop()
+        d2.stop()
