@@ -13,7 +13,7 @@ noise shares)::
                                                  + cpu_seconds_per_coordinate)
 
 with the per-coordinate figures of :data:`ROUND_COSTS` and :data:`NOISE_COSTS`, measured by the
-engine's own counters (see :data:`COSTS_COMMAND`; tests/servers/test_backend_costs.py measures
+engine's own counters (see :data:`COSTS_COMMAND`; tests/app/test_backend_costs.py measures
 the bytes and round trips again and fails when the table is stale). The CPU figures are this
 project's 2-core development machine's, shared with other work when taken: they rank the
 backends' compute, they do not predict another machine's.
