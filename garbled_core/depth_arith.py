@@ -218,7 +218,11 @@ class DepthArithmetic:
             sizes = self._block_plan(arrive, start, first)
             ands = first + sum(1 if size == 1 else 3 * size - 1 for size in sizes[1:])
             options.append((self._chain_depth(arrive, start, sizes), ands, sizes))
+        prefix = self._prefix_estimate(arrive, start)
+        options.append((prefix[0], prefix[1], None))
         sizes = self._pick(options)
+        if sizes is None:
+            return self._add_prefix(xr, yr, carry, want_carry)
         out: list[int] = []
         pos = 0
         for k, size in enumerate(sizes):
@@ -247,3 +251,47 @@ class DepthArithmetic:
                     carry = self._xor(c0[size], self._and(run, carry))
             pos += size
         return out, carry
+
+    @staticmethod
+    def _sklansky_pairs(n: int) -> list[list[tuple[int, int]]]:
+        """Sklansky's parallel prefix over n positions: per level, (i, j) = "fold the prefix
+        ending at j into position i" (ceil(log2 n) levels)."""
+        levels = []
+        span = 1
+        while span < n:
+            levels.append([(i, (i // span) * span - 1) for i in range(n) if (i // span) % 2 == 1])
+            span *= 2
+        return levels
+
+    def _prefix_estimate(self, arrive: Sequence[int], start: int) -> tuple[int, int]:
+        """(depth, ANDs) of :meth:`_add_prefix` on operands ready at ``arrive`` (estimates)."""
+        n = len(arrive)
+        g = [a + 1 for a in arrive]
+        g[0] = max(g[0], start + 1)
+        p = list(arrive)
+        ands = n
+        for level in self._sklansky_pairs(n):
+            for i, j in level:
+                g[i] = max(g[i], p[i], g[j]) + 1
+                p[i] = max(p[i], p[j]) + 1
+                ands += 2
+        return max(max(g), start), ands
+
+    def _add_prefix(
+        self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
+    ) -> tuple[list[int], int]:
+        """x + y + carry by Sklansky's parallel prefix: generate g_i (the carry-in folded into
+        bit 0) and propagate p_i, then ceil(log2 w) levels of G = G_hi ^ (P_hi & G_lo) (exclusive
+        terms), P = P_hi & P_lo: depth 1 + ceil(log2 w) above the operands, about
+        w + w log2 w ANDs (propagate products no carry reads are dropped with the dead gates)."""
+        n = len(xr)
+        prop = [self._xor(p, q) for p, q in zip(xr, yr, strict=True)]
+        gen = [self._and(p, q) for p, q in zip(xr, yr, strict=True)]
+        gen[0] = self._maj(xr[0], yr[0], carry)
+        run = list(prop)
+        for level in self._sklansky_pairs(n):
+            for i, j in level:
+                gen[i] = self._xor(gen[i], self._and(run[i], gen[j]))
+                run[i] = self._and(run[i], run[j])
+        out = [self._xor(prop[0], carry)] + [self._xor(prop[i], gen[i - 1]) for i in range(1, n)]
+        return out, gen[n - 1] if want_carry else _F

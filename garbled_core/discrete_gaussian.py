@@ -44,6 +44,8 @@ from typing import Any
 
 from garbled_core.sampler_circuit import (
     MAX_TRIAL_DEPTH,
+    SPECULATE_LAYER_COST,
+    TRIAL_LAYER_COSTS,
     and_breakdown,
     and_gates_per_trial,
     build_trial_circuit,
@@ -106,6 +108,8 @@ __all__ = [
     "MAX_SIGMA_UNITS",
     "MAX_TRIAL_DEPTH",
     "MIN_SIGMA_UNITS",
+    "SPECULATE_LAYER_COST",
+    "TRIAL_LAYER_COSTS",
     "AliasTable",
     "CoinTable",
     "Rounding",
@@ -154,7 +158,7 @@ def _depth_main(args: Sequence[str]) -> int:
     sigmas = [float(a) for a in args] or [16.0, 484.3335, 7749.336, 387466.8, 2.0**24]
     print(
         f"| sigma_u | e | noise bits | ripple AND | ripple depth | depth AND | depth depth "
-        f"(<= {MAX_TRIAL_DEPTH}) | AND ratio |"
+        f"(target {MAX_TRIAL_DEPTH}) | AND ratio |"
     )
     print("|" + "---|" * 8)
     for r in depth_rows(sigmas):

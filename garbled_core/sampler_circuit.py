@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from garbled_core.circuit import (
+    DEPTH_SEARCH_LAYER_COSTS,
     MAX_PORT_WIDTH,
     Bits,
     CircuitBuilder,
@@ -21,11 +22,21 @@ from garbled_core.circuit import (
 )
 from garbled_core.sampler_tables import DEFAULT_SCHEDULE, AliasTable, SamplerParams
 
-MAX_TRIAL_DEPTH = 48
-"""AND layers the ``arithmetic="depth"`` trial circuit keeps within (issue 34)."""
+MAX_TRIAL_DEPTH = 28
+"""AND layers the ``arithmetic="depth"`` trial circuit keeps within where it can (issue 47: a
+gmw round of mode spgc is the trial's layers and two round trips more, at most 30); where no
+layer cost fits, the shallowest circuit found (30 to 32 layers at the plans' sigmas)."""
+TRIAL_LAYER_COSTS = (*DEPTH_SEARCH_LAYER_COSTS, 48, 96, 1000)
+"""Layer costs the trial's depth search tries: the engine's, then costs at which every gadget
+takes its shallowest form (a layer is a round trip of the whole run, worth hundreds of ANDs)."""
+SPECULATE_LAYER_COST = 3
+"""From this layer cost up, the ``arithmetic="depth"`` trial computes its acceptance test
+speculatively (:func:`_speculative_accept`): fewer layers for more AND gates."""
 
 __all__ = [
     "MAX_TRIAL_DEPTH",
+    "SPECULATE_LAYER_COST",
+    "TRIAL_LAYER_COSTS",
     "and_breakdown",
     "and_gates_per_trial",
     "build_trial_circuit",
@@ -63,10 +74,17 @@ def monomials(
             monos[mask] = bits[top]
             continue
         high = 1 << top
-        if balanced:  # the product of two halves: depth ceil(log2 |mask|), same AND count
-            set_bits = [j for j in range(top + 1) if mask >> j & 1]
-            high = sum(1 << j for j in set_bits[len(set_bits) // 2 :])
-            rest = mask ^ high
+        if balanced:  # the two parts ready earliest (same AND count, one AND a mask)
+            best = None
+            part = (mask - 1) & mask
+            while part:
+                if part < mask ^ part:  # each split once
+                    ready = max(b.depth(monos[part]), b.depth(monos[mask ^ part]))  # type: ignore[arg-type]
+                    if best is None or ready < best[0]:
+                        best = (ready, part)
+                part = (part - 1) & mask
+            assert best is not None
+            rest, high = best[1], mask ^ best[1]
         low_part, high_part = monos[rest], monos[high]
         assert low_part is not None and high_part is not None
         monos[mask] = b.and_(low_part, high_part)
@@ -132,18 +150,10 @@ def _weighted_sum(
     return b.concat(*out)
 
 
-def _weighted_sum_by_depth(
-    b: CircuitBuilder,
-    columns: list[list[Bits]],
-    width: int,
-    inject: tuple[int, Any] | None,
-) -> Bits:
-    """:func:`_weighted_sum` with few AND layers: Dadda's reduction (stages bring every column
-    down to 13, 9, 6, 4, 3, then 2 bits, counting the carries each stage brings in, with full and
-    half adders on the earliest-ready bits), then the two rows are added by the builder's
-    depth-aware adder. With ``inject = (j, fn)`` the low j bits
-    y and their carry c1 come first, then the rounding carry c2 = fn(y); the high part is
-    (A_hi + B_hi + c1) + c2, so only an increment waits for c2."""
+def _dadda_rows(b: CircuitBuilder, columns: list[list[Bits]], width: int) -> tuple[Bits, Bits]:
+    """Two rows whose sum mod 2^width is the weighted sum of ``columns``: Dadda's reduction
+    (stages bring every column down to 13, 9, 6, 4, 3, then 2 bits, counting the carries each
+    stage brings in, with full and half adders on the earliest-ready bits)."""
     cols = [list(col) for col in columns]
     top = width - 1
     if len(cols[top]) > 1:  # carries out of the top column are dropped: parity only
@@ -172,10 +182,23 @@ def _weighted_sum_by_depth(
         cols = nxt
         if not stages and max(map(len, cols)) > 2:  # pragma: no cover - Dadda's heights suffice
             stages.append(2)
-    rows = cols
     zero = b.const(0, 1)
-    first = b.concat(*(col[0] if col else zero for col in rows))
-    second = b.concat(*(col[1] if len(col) > 1 else zero for col in rows))
+    first = b.concat(*(col[0] if col else zero for col in cols))
+    second = b.concat(*(col[1] if len(col) > 1 else zero for col in cols))
+    return first, second
+
+
+def _weighted_sum_by_depth(
+    b: CircuitBuilder,
+    columns: list[list[Bits]],
+    width: int,
+    inject: tuple[int, Any] | None,
+) -> Bits:
+    """:func:`_weighted_sum` with few AND layers: :func:`_dadda_rows`, then the two rows are
+    added by the builder's depth-aware adder. With ``inject = (j, fn)`` the low j bits
+    y and their carry c1 come first, then the rounding carry c2 = fn(y); the high part is
+    (A_hi + B_hi + c1) + c2, so only an increment waits for c2."""
+    first, second = _dadda_rows(b, columns, width)
     if inject is None:
         return b.add(first, second)
     j, carry_of = inject
@@ -315,14 +338,20 @@ def trial_layout(params: SamplerParams) -> dict[str, tuple[int, int]]:
 
 
 def build_trial_description(
-    params: SamplerParams, *, z_reveal: str = "keep", arithmetic: str = "ripple"
+    params: SamplerParams,
+    *,
+    z_reveal: str = "keep",
+    arithmetic: str = "ripple",
+    layer_cost: float | None = None,
 ) -> CircuitDescription:
     """The trial circuit's description (see :func:`build_trial_circuit`).
 
     ``arithmetic="depth"``: the same outputs for the same inputs with at most
-    :data:`MAX_TRIAL_DEPTH` AND layers where the parameters allow (balanced monomials,
-    depth-aware comparisons and additions, a compression tree; the builder's layer cost is the
-    smallest that fits, so the AND count stays low). Named with a ``-depth`` tail."""
+    :data:`MAX_TRIAL_DEPTH` AND layers where the parameters allow, else as few as it gets
+    (monomials from their earliest-ready parts, depth-aware comparisons and additions, a
+    compression tree, and from :data:`SPECULATE_LAYER_COST` up the speculative acceptance test;
+    the builder's layer cost is the smallest that fits, so the AND count stays low; a given
+    ``layer_cost`` is used as it is). Named with a ``-depth`` tail."""
     name = f"dgauss-trial-s{params.sigma_units:.17g}-e{params.bucket_bits}"
     if arithmetic == "ripple":  # the garbled circuit: its gates, name and digest as ever
         b = CircuitBuilder(name)
@@ -330,9 +359,11 @@ def build_trial_description(
         return b.description()
     if arithmetic != "depth":
         raise ValueError(f"arithmetic must be 'ripple' or 'depth', got {arithmetic!r}")
-    return describe_within_depth(
-        f"{name}-depth", lambda b: _build_trial(b, params, z_reveal), MAX_TRIAL_DEPTH
-    )
+    if layer_cost is not None:
+        b = CircuitBuilder(f"{name}-depth", "depth", layer_cost)
+        _build_trial(b, params, z_reveal)
+        return b.description()
+    return _describe_shallow(f"{name}-depth", lambda b: _build_trial(b, params, z_reveal))
 
 
 def describe_trial_with(
@@ -346,7 +377,81 @@ def describe_trial_with(
         z = _build_trial(b, params, "keep")
         extra(b, z)
 
-    return describe_within_depth(name, make, MAX_TRIAL_DEPTH)
+    return _describe_shallow(name, make)
+
+
+def _describe_shallow(name: str, make: Callable[[CircuitBuilder], None]) -> CircuitDescription:
+    """The cheapest description within :data:`MAX_TRIAL_DEPTH` layers, or, where no layer cost
+    fits, the cheapest one as shallow as the shallowest found (not the costliest of them)."""
+    desc = describe_within_depth(name, make, MAX_TRIAL_DEPTH, TRIAL_LAYER_COSTS)
+    if desc.and_depth() > MAX_TRIAL_DEPTH:
+        desc = describe_within_depth(name, make, desc.and_depth(), TRIAL_LAYER_COSTS)
+    return desc
+
+
+def _speculates(b: CircuitBuilder) -> bool:
+    """Whether the trial is built with :func:`_speculative_accept` (depth-aware arithmetic
+    at a layer cost of at least :data:`SPECULATE_LAYER_COST`)."""
+    return b.arithmetic == "depth" and b.layer_cost >= SPECULATE_LAYER_COST
+
+
+def _speculative_accept(
+    b: CircuitBuilder,
+    params: SamplerParams,
+    field: Callable[[str], Bits],
+    take_primary: Bits,
+    primary: Bits,
+    other: Bits,
+) -> Bits:
+    """The accept bit of :func:`_build_trial`, the same function, in fewer AND layers for more
+    AND gates (the interactive backend's trial):
+
+    - v's partial products are compressed to two rows for both alias codes (primary and alias)
+      while the alias coin is compared, and the coin then picks one pair of rows (a mux);
+    - w = (v >> k) + c2 is never formed: with h = v >> k every chunk coin is compared for the
+      chunk of h and of h + 1 (the same monomials, the table shifted by one; the chunk of h + 1
+      is the chunk of h plus one exactly when every bit of h below it is 1), and the rounding
+      carry c2, computed beside them, picks one of each pair."""
+    e = params.bucket_bits
+    rr = params.rounding
+    base = 0 if rr is None else rr.bits
+    width = params.v_bits if rr is None else base + params.w_bits
+    row_pairs = []
+    for code in (primary, other):
+        s, m = (field("s"), code) if params.sign_coin else (code[0], code[1:])
+        e_bits = field("d") if params.sign_coin else b.xor(field("d"), _repeat(b, s, e))
+        cols = _excess_columns(b, e_bits, m, s, e, width, params.sign_coin)
+        row_pairs.append(_dadda_rows(b, cols, width))
+    first = b.mux(take_primary, row_pairs[0][0], row_pairs[1][0])
+    second = b.mux(take_primary, row_pairs[0][1], row_pairs[1][1])
+    total = b.add(first, second)  # v mod 2^width
+    h = total[base:]
+    round_carry = None if rr is None else _round_carry(b, params, total[:base], field)
+    coins: list[Bits] = []
+    ones_below = b.const(1, 1)  # every bit of h below the chunk is 1
+    done = 0
+    for t, table in enumerate(params.coins):
+        lo = table.offset - base
+        if lo > done:
+            ones_below = b.and_(ones_below, b.and_reduce(h[done:lo]))
+        size = table.size
+        monos = monomials(b, list(h[lo : lo + size]), table.index_count)
+        r = field(f"r_coin{t}")
+        coin = b.le_unsigned(r, table_lookup(b, monos, table.threshold, params.coin_bits))
+        done = lo + size
+        if round_carry is not None:
+            # the chunk of w = h + c2 is this chunk of h plus c2 AND (every bit of h below it
+            # is 1), mod 2^size (the top chunk of w never passes its table: w <= w_max)
+            shifted = [table.threshold[(i + 1) % (1 << size)] for i in range(1 << size)]
+            up = b.le_unsigned(r, table_lookup(b, monos, shifted, params.coin_bits))
+            coin = b.mux(b.and_(round_carry, ones_below), up, coin)
+            if t + 1 < len(params.coins):
+                assert table.index_count == 1 << size, "only the top chunk has a short table"
+                full = monos[(1 << size) - 1]
+                assert full is not None
+                ones_below = b.and_(ones_below, full)
+        coins.append(coin)
+    return b.and_reduce(b.concat(*coins))
 
 
 def _build_trial(b: CircuitBuilder, params: SamplerParams, z_reveal: str) -> Bits:
@@ -382,7 +487,9 @@ def _build_trial(b: CircuitBuilder, params: SamplerParams, z_reveal: str) -> Bit
     z = b.concat(low, m_signed, s) if low is not None else b.concat(m_signed, s)
 
     # 3. accept with probability exp(-v / (2 sigma^2)), v = |x|^2 - anchor^2
-    if e:
+    if e and _speculates(b):
+        accept = _speculative_accept(b, params, field, take_primary, primary, other)
+    elif e:
         e_bits = field("d") if params.sign_coin else d_signed
         if params.rounding is None:
             base = 0

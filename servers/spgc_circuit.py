@@ -33,7 +33,7 @@ from garbled_core.circuit import (
     CircuitDescription,
     describe_within_depth,
 )
-from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, monomials, table_lookup
+from garbled_core.discrete_gaussian import monomials, table_lookup
 from garbled_core.sampler_circuit import describe_trial_with
 from garbled_core.sampler_tables import SamplerParams
 
@@ -64,14 +64,16 @@ __all__ = [
 MIN_RING_BITS = 2
 MAX_RING_BITS = 64
 TABLE_SAMPLER_LABEL = "table sampler (paper baseline, NOT differentially private)"
-MAX_ROUND_DEPTH = MAX_TRIAL_DEPTH
+MAX_ROUND_DEPTH = 48
+"""AND-depth the reconstruction and noise-share circuits keep within with ``arithmetic="depth"``
+(issue 34: GMW pays a round trip per AND layer). The sampler's trial has its own bound,
+:data:`garbled_core.sampler_circuit.MAX_TRIAL_DEPTH`, which the fused trial run of mode spgc
+keeps too."""
 #: The noisy sum's AND-depth bound with ``arithmetic="depth"``: as shallow as the gadgets go
 #: (no layer cost fits 1, so the largest is taken), 11 to 18 layers instead of about L, for 30
 #: to 150 more AND gates per coordinate (a trial has 500 to 1,800): with the sampler's spare
 #: trials a gmw round is one trial circuit and one noisy sum, so these layers are a fifth of it.
 NOISY_SUM_MAX_DEPTH = 1
-"""AND-depth the ``arithmetic="depth"`` circuits keep within (issue 34: GMW pays a round trip
-per AND layer), the same as the sampler's trial circuit."""
 
 
 def check_ring_bits(ring_bits: int) -> int:
@@ -313,7 +315,7 @@ def fused_trial_description(
     kept ``z``, the evaluator learns u_s = S + rs and u_z = z + rz mod 2^width (S = smod(A1 - A2,
     2^L) from ports a1 / a2, or from field shares with k1 / k2 as in :func:`noisy_sum_circuit`;
     rs and rz the garbler's fresh masks, ports ``rs`` and ``rz``). Both adders run beside the
-    acceptance test (z is ready after about 13 of its 37 to 44 layers), so they add no layer:
+    acceptance test (z is ready after 12 or 13 of its 28 to 32 layers), so they add no layer:
     Y = (u_s + u_z) - (rs + rz) of a coordinate and its accepted trial is then opened in one
     exchange (servers.gc_party). Depth-aware arithmetic (gmw's) only; ``width`` at most 64."""
     ring_bits = check_ring_bits(ring_bits)

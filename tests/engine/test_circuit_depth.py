@@ -20,6 +20,7 @@ from garbled_core.circuit import (
 )
 from garbled_core.discrete_gaussian import (
     MAX_TRIAL_DEPTH,
+    SPECULATE_LAYER_COST,
     build_trial_circuit,
     build_trial_description,
     derive_params,
@@ -250,16 +251,21 @@ def random_ports(widths: dict[str, int], n: int, rng: np.random.Generator) -> di
 
 # no rejection (e = 0), no rounding (16), cancer's sigma at epsilon 8 (bench comm) and a large
 # one with the widest rounding, at the bucket widths derive_params picks (given, to skip its search)
+# The depths pinned: what build_trial_description(..., arithmetic="depth").and_depth() printed
+# (MAX_TRIAL_DEPTH where it fits, else the shallowest the gadgets and the speculative
+# acceptance test reach).
 @pytest.mark.parametrize(
-    ("sigma", "bucket_bits"),
-    [(2.0, 0), (16.0, 2), (484.33350006352276, 7), (2.0**20, 17)],
+    ("sigma", "bucket_bits", "shallowest"),
+    [(2.0, 0, 19), (16.0, 2, 28), (484.33350006352276, 7, 30), (2.0**20, 17, 31)],
 )
-def test_trial_circuit_depth_mode(sigma: float, bucket_bits: int) -> None:
+def test_trial_circuit_depth_mode(sigma: float, bucket_bits: int, shallowest: int) -> None:
     params = derive_params(sigma, bucket_bits=bucket_bits)
     ripple = build_trial_description(params)
     depth = build_trial_description(params, arithmetic="depth")
-    assert depth.and_depth() <= MAX_TRIAL_DEPTH < ripple.and_depth()
-    assert depth.and_count <= 1.5 * ripple.and_count
+    assert depth.and_depth() <= max(MAX_TRIAL_DEPTH, shallowest) < ripple.and_depth()
+    assert depth.and_depth() <= shallowest
+    # layers bought with AND gates (garbling keeps the ripple circuit): at most 2.2x here
+    assert depth.and_count <= 2.2 * ripple.and_count
     assert ripple.and_count == build_trial_circuit(params).and_count  # the garbled one
     assert depth.name == ripple.name + "-depth"
     widths = {}
@@ -274,6 +280,31 @@ def test_trial_circuit_depth_mode(sigma: float, bucket_bits: int) -> None:
         assert np.array_equal(got[port], want[port]), port
     if params.bucket_bits:
         assert 0.5 < float(np.mean(want["accept"])) < 1.0  # both branches exercised
+
+
+@pytest.mark.parametrize(
+    ("sigma", "bucket_bits"), [(16.0, 2), (100.0, None), (484.33350006352276, 7), (1e8, None)]
+)
+def test_trial_at_every_layer_cost_is_the_garbled_one(
+    sigma: float, bucket_bits: int | None
+) -> None:
+    """Below and above SPECULATE_LAYER_COST (plain and speculative acceptance test, with and
+    without the rounding): the same outputs as the ripple circuit for 4,000 random trials."""
+    params = derive_params(sigma, bucket_bits=bucket_bits)
+    widths = {}
+    for i, w in enumerate(params.port_widths):
+        widths[f"g{i}"] = w
+        widths[f"e{i}"] = w
+    inputs = random_ports(widths, 4000, np.random.default_rng(int(sigma) + 7))
+    want = build_trial_circuit(params, z_reveal="both").evaluate(inputs)
+    depths = []
+    for cost in (1, SPECULATE_LAYER_COST, 1000):
+        desc = build_trial_description(params, z_reveal="both", arithmetic="depth", layer_cost=cost)
+        got = desc.build().evaluate(inputs)
+        for port in want:
+            assert np.array_equal(got[port], want[port]), (cost, port)
+        depths.append(desc.and_depth())
+    assert depths[0] > depths[1] >= depths[2]  # speculation saves layers
 
 
 @pytest.mark.parametrize(("ring_bits", "noise_bits"), [(16, 14), (16, 23), (64, 23)])

@@ -360,13 +360,16 @@ def test_excess_gadget_exhaustive():
     assert np.array_equal(out["v2"], want)
 
 
+@pytest.mark.parametrize("arithmetic", ["ripple", "depth"])
 @pytest.mark.parametrize(
     ("sigma", "bucket_bits"), [(2.0, None), (50.0, None), (65536.0, None), (3.0, 1), (1e7, None)]
 )
-def test_trial_circuit_matches_its_tables(sigma, bucket_bits):
-    """Random trials, with the alias coin and every chunk coin at T'-1, T', T'+1."""
+def test_trial_circuit_matches_its_tables(sigma, bucket_bits, arithmetic):
+    """Random trials, with the alias coin and every chunk coin at T'-1, T', T'+1, on the
+    garbled circuit and on gmw's (speculative acceptance test: any chunk coin read at the
+    wrong w, h or h + 1, flips some of these accept bits)."""
     p = ns.derive_params(sigma, bucket_bits=bucket_bits)
-    circuit = ns.build_trial_circuit(p, z_reveal="both")
+    circuit = ns.build_trial_circuit(p, z_reveal="both", arithmetic=arithmetic)
     rng = np.random.default_rng(int(sigma * 7) + 1)
     pyrng = random.Random(int(sigma * 7) + 1)
     layout = ns.trial_layout(p)
@@ -485,12 +488,13 @@ def test_rounding_error_is_accounted_exactly(sigma, bucket_bits, round_bits):
             assert abs(got - (-Decimal(v) / two_s2).exp()) <= p.sd_coins + p.sd_round
 
 
-def test_single_carry_rounding_circuit():
+@pytest.mark.parametrize("arithmetic", ["ripple", "depth"])
+def test_single_carry_rounding_circuit(arithmetic):
     """J = 1 (no count table): the circuit's carry is [y + U >= 2^k], against the model."""
     p = forced_rounding(1e7, 20, 10)
     rr = p.rounding
     assert rr is not None and rr.max_count == 1 and "u_count" not in ns.trial_layout(p)
-    circuit = ns.build_trial_circuit(p, z_reveal="both")
+    circuit = ns.build_trial_circuit(p, z_reveal="both", arithmetic=arithmetic)
     pyrng, rng = random.Random(5), np.random.default_rng(5)
     rows = []
     for i in range(2000):
