@@ -158,7 +158,20 @@ class DepthArithmetic:
         for size in range(1, n):
             depth, ands = self._tree_estimate(arrive, start, size)
             options.append((depth, ands, ("tree", size)))
+        if n > 2:
+            g_at = [a + 1 for a in arrive]
+            g_at[0] = max(g_at[0], start + 1)
+            e_at = list(arrive)
+            est = _TimedOps()
+            depth = est.sparse_borrow(list(zip(g_at, e_at, strict=True)))[0]
+            options.append((depth, est.ands, ("sparse", None)))
         kind, plan = self._pick(options)
+        if kind == "sparse":
+            leaves = [(self._borrow(xr[0], yr[0], borrow), _T)] + [
+                (self._borrow(xr[i], yr[i], _F), self._not(self._xor(xr[i], yr[i])))
+                for i in range(1, n)
+            ]
+            return _GateOps(self).sparse_borrow(leaves)[0]
         if kind == "tree":
             return self._borrow_tree(xr, yr, borrow, plan)
         pos = 0
@@ -295,3 +308,58 @@ class DepthArithmetic:
                 run[i] = self._and(run[i], run[j])
         out = [self._xor(prop[0], carry)] + [self._xor(prop[i], gen[i - 1]) for i in range(1, n)]
         return out, gen[n - 1] if want_carry else _F
+
+
+class _PrefixOps:
+    """The sparse borrow tree over (G, E) pairs, on gates (:class:`_GateOps`) or on ready
+    depths (:class:`_TimedOps`, the estimate): the same construction both ways."""
+
+    def join(self, hi: tuple[Any, Any], lo: tuple[Any, Any]) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def balanced(self, leaves: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """Halves joined by G = G_hi ^ (E_hi & G_lo), E = E_hi & E_lo: G ceil(log2 n) + 1 and
+        E ceil(log2 n) levels above the leaves."""
+        if len(leaves) == 1:
+            return leaves[0]
+        half = 1 << ((len(leaves) - 1).bit_length() - 1)
+        return self.join(self.balanced(leaves[half:]), self.balanced(leaves[:half]))
+
+    def sparse_borrow(self, leaves: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+        """Leaves LSB first, (g_i, e_i) with e one level before g. With k the least such that
+        n <= 2^k - 1, the top 2^(k-1) leaves form a balanced block (G at level k, E at k-1)
+        joined above the rest built the same way within k - 1: G at level k, one less than a
+        balanced tree's ceil(log2 n) + 1 whenever n is 2^j + 1 .. 2^(j+1) - 1 (65 bits: 7)."""
+        n = len(leaves)
+        k = n.bit_length()  # 2^(k-1) <= n <= 2^k - 1
+        top = 1 << (k - 1)
+        if n <= top:
+            return self.balanced(leaves)
+        return self.join(self.balanced(leaves[n - top :]), self.sparse_borrow(leaves[: n - top]))
+
+
+class _GateOps(_PrefixOps):
+    def __init__(self, builder: DepthArithmetic) -> None:
+        self.b = builder
+
+    def join(self, hi: tuple[Any, Any], lo: tuple[Any, Any]) -> tuple[Any, Any]:
+        b = self.b
+        return b._xor(hi[0], b._and(hi[1], lo[0])), b._and(hi[1], lo[1])
+
+
+class _TimedOps(_PrefixOps):
+    def __init__(self) -> None:
+        self.ands = 0
+
+    def join(self, hi: tuple[Any, Any], lo: tuple[Any, Any]) -> tuple[Any, Any]:
+        self.ands += 2  # G's and E's (an E no join reads is dropped: see sparse_borrow)
+        return max(hi[0], max(hi[1], lo[0]) + 1), max(hi[1], lo[1]) + 1
+
+    def sparse_borrow(self, leaves: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+        self.ands += len(leaves)  # the leaves' g
+        joins_before = self.ands
+        out = super().sparse_borrow(leaves)
+        # the joins of the chain of blocks (not inside a balanced block) need no E
+        chain = max(0, len(leaves).bit_length() - 1) if len(leaves) > 2 else 0
+        self.ands = max(joins_before, self.ands - chain)
+        return out
