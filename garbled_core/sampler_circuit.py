@@ -30,11 +30,16 @@ TRIAL_LAYER_COSTS = (*DEPTH_SEARCH_LAYER_COSTS, 48, 96, 1000)
 """Layer costs the trial's depth search tries: the engine's, then costs at which every gadget
 takes its shallowest form (a layer is a round trip of the whole run, worth hundreds of ANDs)."""
 SPECULATE_LAYER_COST = 3
+SLACK_LAYER_COST = 3
+"""The layer cost of the gadgets off the speculative trial's critical path (the rounding carry,
+and the gates :func:`describe_trial_with` adds): they finish before the chunk coins at this
+cost, and a larger one would only add AND gates."""
 """From this layer cost up, the ``arithmetic="depth"`` trial computes its acceptance test
 speculatively (:func:`_speculative_accept`): fewer layers for more AND gates."""
 
 __all__ = [
     "MAX_TRIAL_DEPTH",
+    "SLACK_LAYER_COST",
     "SPECULATE_LAYER_COST",
     "TRIAL_LAYER_COSTS",
     "and_breakdown",
@@ -375,7 +380,9 @@ def describe_trial_with(
 
     def make(b: CircuitBuilder) -> None:
         z = _build_trial(b, params, "keep")
-        extra(b, z)
+        saved, b.layer_cost = b.layer_cost, min(b.layer_cost, SLACK_LAYER_COST)
+        extra(b, z)  # z is ready long before the acceptance test: cheaper gadgets
+        b.layer_cost = saved
 
     return _describe_shallow(name, make)
 
@@ -426,7 +433,11 @@ def _speculative_accept(
     second = b.mux(take_primary, row_pairs[0][1], row_pairs[1][1])
     total = b.add(first, second)  # v mod 2^width
     h = total[base:]
-    round_carry = None if rr is None else _round_carry(b, params, total[:base], field)
+    round_carry = None
+    if rr is not None:  # off the critical path: cheaper gadgets
+        saved, b.layer_cost = b.layer_cost, min(b.layer_cost, SLACK_LAYER_COST)
+        round_carry = _round_carry(b, params, total[:base], field)
+        b.layer_cost = saved
     coins: list[Bits] = []
     ones_below = b.const(1, 1)  # every bit of h below the chunk is 1
     done = 0
