@@ -857,6 +857,16 @@ class CircuitBuilder(DepthArithmetic):
         """Unsigned x <= y, as :meth:`lt_unsigned`."""
         return self.not_(self.lt_unsigned(y, x))
 
+    def and_le_unsigned(self, enable: Operand, x: Operand, y: Operand) -> Bits:
+        """``enable`` AND unsigned x <= y: :meth:`le_unsigned` and one AND; with
+        ``arithmetic="depth"`` the enable joins the comparison's last level where its tree is
+        sparse (no layer more: en & (x <= y) = en ^ (en & [y < x]))."""
+        en = self._bit(enable)
+        if not self._by_depth:
+            return self.and_(enable, self.le_unsigned(x, y))
+        xr, yr = self._pair(x, y)
+        return self._bits((self._xor(en, self._borrow_out_fast(yr, xr, _F, en)),))
+
     def gt_unsigned(self, x: Operand, y: Operand) -> Bits:
         """Unsigned x > y, as :meth:`lt_unsigned`."""
         return self.lt_unsigned(y, x)

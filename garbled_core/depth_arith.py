@@ -133,7 +133,9 @@ class DepthArithmetic:
             groups = nxt
         return groups[0][0], ands
 
-    def _borrow_out_fast(self, xr: Sequence[int], yr: Sequence[int], borrow: int) -> int:
+    def _borrow_out_fast(
+        self, xr: Sequence[int], yr: Sequence[int], borrow: int, enable: int = _T
+    ) -> int:
         """Borrow out of x - y - borrow (unsigned x < y + borrow), the cheapest (ANDs +
         ``layer_cost`` x depth) of two families built on block borrows G (ripple from borrow 0,
         1 AND a bit) and block equalities E (AND trees, b-1 ANDs), joined by
@@ -144,10 +146,13 @@ class DepthArithmetic:
         - block tree: blocks of b bits joined by a balanced tree (2 ANDs a node, 1 on the lowest
           path): about 3w ANDs and depth 1 + log2 w at b = 1, down to w ANDs and depth w at
           b = w (the ripple borrow).
+
+        Returns ``enable`` AND the borrow: in the sparse tree ``enable`` joins its last level
+        (en & G = (en & G_hi) ^ ((en & E_hi) & G_lo)), no layer more; else one AND after it.
         """
         n = len(xr)
         if n == 0:
-            return borrow
+            return self._and(enable, borrow)
         arrive = [self._ready(p, q) for p, q in zip(xr, yr, strict=True)]
         start = self._depth[borrow]
         options: list[tuple[int, int, Any]] = []
@@ -171,9 +176,9 @@ class DepthArithmetic:
                 (self._borrow(xr[i], yr[i], _F), self._not(self._xor(xr[i], yr[i])))
                 for i in range(1, n)
             ]
-            return _GateOps(self).sparse_borrow(leaves)[0]
+            return _GateOps(self).sparse_borrow(leaves, enable)[0]
         if kind == "tree":
-            return self._borrow_tree(xr, yr, borrow, plan)
+            return self._and(enable, self._borrow_tree(xr, yr, borrow, plan))
         pos = 0
         for k, size in enumerate(plan):
             bits = range(pos, pos + size)
@@ -187,7 +192,7 @@ class DepthArithmetic:
                 equal = self._and_tree([self._not(self._xor(xr[i], yr[i])) for i in bits])
                 borrow = self._xor(g, self._and(equal, borrow))
             pos += size
-        return borrow
+        return self._and(enable, borrow)
 
     def _borrow_tree(self, xr: Sequence[int], yr: Sequence[int], borrow: int, size: int) -> int:
         n = len(xr)
@@ -325,17 +330,25 @@ class _PrefixOps:
         half = 1 << ((len(leaves) - 1).bit_length() - 1)
         return self.join(self.balanced(leaves[half:]), self.balanced(leaves[:half]))
 
-    def sparse_borrow(self, leaves: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+    def sparse_borrow(
+        self, leaves: Sequence[tuple[Any, Any]], enable: Any = None
+    ) -> tuple[Any, Any]:
         """Leaves LSB first, (g_i, e_i) with e one level before g. With k the least such that
         n <= 2^k - 1, the top 2^(k-1) leaves form a balanced block (G at level k, E at k-1)
         joined above the rest built the same way within k - 1: G at level k, one less than a
-        balanced tree's ceil(log2 n) + 1 whenever n is 2^j + 1 .. 2^(j+1) - 1 (65 bits: 7)."""
+        balanced tree's ceil(log2 n) + 1 whenever n is 2^j + 1 .. 2^(j+1) - 1 (65 bits: 7).
+        With ``enable`` (gates only), G is ANDed with it inside the last join."""
         n = len(leaves)
         k = n.bit_length()  # 2^(k-1) <= n <= 2^k - 1
         top = 1 << (k - 1)
+        if enable is not None:
+            return self.enabled_sparse(leaves, enable), None
         if n <= top:
             return self.balanced(leaves)
         return self.join(self.balanced(leaves[n - top :]), self.sparse_borrow(leaves[: n - top]))
+
+    def enabled_sparse(self, leaves: Sequence[tuple[Any, Any]], enable: Any) -> Any:
+        raise NotImplementedError
 
 
 class _GateOps(_PrefixOps):
@@ -346,6 +359,29 @@ class _GateOps(_PrefixOps):
         b = self.b
         return b._xor(hi[0], b._and(hi[1], lo[0])), b._and(hi[1], lo[1])
 
+    def enabled_sparse(self, leaves: Sequence[tuple[Any, Any]], enable: Any) -> Any:
+        """enable & G of :meth:`sparse_borrow` (see :meth:`enabled_balanced`)."""
+        n = len(leaves)
+        top = 1 << (n.bit_length() - 1)
+        if n <= top:
+            return self.enabled_balanced(leaves, enable)
+        hi = leaves[n - top :]
+        g_lo = self.sparse_borrow(leaves[: n - top])[0]
+        head = self.enabled_balanced(hi, enable)
+        return self.b._xor(head, self.b._and_tree([enable, self.balanced(hi)[1], g_lo]))
+
+    def enabled_balanced(self, leaves: Sequence[tuple[Any, Any]], enable: Any) -> Any:
+        """enable & G of :meth:`balanced`, the enable pushed down the top spine:
+        en & G = (en & G_hi) ^ (en & E_hi & G_lo), the three-way AND earliest-ready first, so
+        a late enable costs at most a layer more than itself, about 2 log2 n ANDs more."""
+        if len(leaves) == 1:
+            return self.b._and(enable, leaves[0][0])
+        half = 1 << ((len(leaves) - 1).bit_length() - 1)
+        e_hi = self.balanced(leaves[half:])[1]
+        g_lo = self.balanced(leaves[:half])[0]
+        top = self.enabled_balanced(leaves[half:], enable)
+        return self.b._xor(top, self.b._and_tree([enable, e_hi, g_lo]))
+
 
 class _TimedOps(_PrefixOps):
     def __init__(self) -> None:
@@ -355,10 +391,12 @@ class _TimedOps(_PrefixOps):
         self.ands += 2  # G's and E's (an E no join reads is dropped: see sparse_borrow)
         return max(hi[0], max(hi[1], lo[0]) + 1), max(hi[1], lo[1]) + 1
 
-    def sparse_borrow(self, leaves: Sequence[tuple[Any, Any]]) -> tuple[Any, Any]:
+    def sparse_borrow(
+        self, leaves: Sequence[tuple[Any, Any]], enable: Any = None
+    ) -> tuple[Any, Any]:
         self.ands += len(leaves)  # the leaves' g
         joins_before = self.ands
-        out = super().sparse_borrow(leaves)
+        out = super().sparse_borrow(leaves, enable)
         # the joins of the chain of blocks (not inside a balanced block) need no E
         chain = max(0, len(leaves).bit_length() - 1) if len(leaves) > 2 else 0
         self.ands = max(joins_before, self.ands - chain)

@@ -292,7 +292,11 @@ def _round_carry(b: CircuitBuilder, params: SamplerParams, y: Bits, field: Any) 
     """The carry of :class:`Rounding` for y = v mod 2^k."""
     rr = params.rounding
     assert rr is not None
-    carries = [b.lt_unsigned(b.not_(field(f"r_round{j}")), y) for j in range(rr.max_count)]
+    rounds = [field(f"r_round{j}") for j in range(rr.max_count)]
+    if b.arithmetic == "depth" and rr.max_count > 1:  # carries past the first: below
+        carries = [b.lt_unsigned(b.not_(rounds[0]), y)]
+    else:
+        carries = [b.lt_unsigned(b.not_(r_j), y) for r_j in rounds]
     carry = carries[-1]
     if rr.max_count > 1:
         table = rr.count
@@ -304,9 +308,11 @@ def _round_carry(b: CircuitBuilder, params: SamplerParams, y: Bits, field: Any) 
         at_least = b.mux(b.lt_unsigned(field("r_count"), thr), prim, alt)  # bit j-2: J >= j
         if b.arithmetic == "depth":
             # at_least is monotone (J >= j+1 implies J >= j), so the nested form below equals
-            # OR_j (carry_j and J >= j+1): the same gates as a tree
+            # OR_j (carry_j and J >= j+1), as a tree; en & [a < y] = en ^ (en & [y <= a]), the
+            # early enable joining the comparison's last level
             terms = [carries[0]] + [
-                b.and_(at_least[j - 1], carries[j]) for j in range(1, rr.max_count)
+                b.xor(at_least[j - 1], b.and_le_unsigned(at_least[j - 1], y, b.not_(r_j)))
+                for j, r_j in enumerate(rounds[1:], start=1)
             ]
             return b.or_reduce(b.concat(*terms))
         for j in range(rr.max_count - 1, 0, -1):  # carry_j-1 or (J >= j+1 and (...))
@@ -438,8 +444,10 @@ def _speculative_accept(
         saved, b.layer_cost = b.layer_cost, min(b.layer_cost, SLACK_LAYER_COST)
         round_carry = _round_carry(b, params, total[:base], field)
         b.layer_cost = saved
-    coins: list[Bits] = []
-    ones_below = b.const(1, 1)  # every bit of h below the chunk is 1
+    plain: list[tuple[Bits, Bits]] = []  # per chunk (R_t, T_t[chunk of h])
+    bumped: list[Bits] = []  # per chunk T_t[chunk of h + 1]
+    bumps: list[Bits] = []  # per chunk: c2 AND every bit of h below it is 1
+    ones_below = b.const(1, 1)
     done = 0
     for t, table in enumerate(params.coins):
         lo = table.offset - base
@@ -448,21 +456,34 @@ def _speculative_accept(
         size = table.size
         monos = monomials(b, list(h[lo : lo + size]), table.index_count)
         r = field(f"r_coin{t}")
-        coin = b.le_unsigned(r, table_lookup(b, monos, table.threshold, params.coin_bits))
+        plain.append((r, table_lookup(b, monos, table.threshold, params.coin_bits)))
         done = lo + size
         if round_carry is not None:
             # the chunk of w = h + c2 is this chunk of h plus c2 AND (every bit of h below it
             # is 1), mod 2^size (the top chunk of w never passes its table: w <= w_max)
             shifted = [table.threshold[(i + 1) % (1 << size)] for i in range(1 << size)]
-            up = b.le_unsigned(r, table_lookup(b, monos, shifted, params.coin_bits))
-            coin = b.mux(b.and_(round_carry, ones_below), up, coin)
+            bumped.append(table_lookup(b, monos, shifted, params.coin_bits))
+            bumps.append(b.and_(round_carry, ones_below))
             if t + 1 < len(params.coins):
                 assert table.index_count == 1 << size, "only the top chunk has a short table"
                 full = monos[(1 << size) - 1]
                 assert full is not None
                 ones_below = b.and_(ones_below, full)
-        coins.append(coin)
-    return b.and_reduce(b.concat(*coins))
+    if round_carry is None:
+        return b.and_reduce(b.concat(*(b.le_unsigned(r, t) for r, t in plain)))
+    # The bumps are 1 for the chunks below some m and 0 from m up (ones_below only falls), so
+    # accept = XOR over m of [that m] AND the coins of h + 1 below m and of h from m up: the
+    # indicator (bump_(m-1) XOR bump_m, free) joins the first coin's last level, and only the
+    # AND of the chunks' coins follows the comparisons.
+    count = len(plain)
+    edges = [b.const(1, 1), *bumps, b.const(0, 1)]
+    terms = []
+    for m in range(count + 1):
+        pick = [bumped[t] if t < m else plain[t][1] for t in range(count)]
+        first = b.and_le_unsigned(b.xor(edges[m], edges[m + 1]), plain[0][0], pick[0])
+        rest = [b.le_unsigned(plain[t][0], pick[t]) for t in range(1, count)]
+        terms.append(b.and_reduce(b.concat(first, *rest)))
+    return b.xor_reduce(b.concat(*terms))
 
 
 def _build_trial(b: CircuitBuilder, params: SamplerParams, z_reveal: str) -> Bits:
