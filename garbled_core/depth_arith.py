@@ -33,6 +33,9 @@ class DepthArithmetic:
     if TYPE_CHECKING:
         _depth: list[int]
         layer_cost: float
+        _deadlines: list[int] | None
+        _deadline_now: int | None
+        _gadget_outputs: list[tuple[int, ...]]
 
         def _not(self, a: int) -> int: ...
         def _xor(self, a: int, b: int) -> int: ...
@@ -102,8 +105,30 @@ class DepthArithmetic:
         return t
 
     def _pick(self, options: Sequence[tuple[int, int, Any]]) -> Any:
-        """The plan of the least ``ands + layer_cost * depth`` (estimates), then least depth."""
+        """The plan of the least ``ands + layer_cost * depth`` (estimates), then least depth;
+        under a deadline (:func:`garbled_core.circuit.describe_with_slack`) the fewest ANDs
+        ready by it, else the shallowest."""
+        deadline = self._deadline_now
+        if deadline is not None:
+            ready = [o for o in options if o[0] <= deadline]
+            if ready:
+                return min(ready, key=lambda o: (o[1], o[0]))[2]
+            return min(options, key=lambda o: (o[0], o[1]))[2]
         return min(options, key=lambda o: (o[1] + self.layer_cost * o[0], o[0]))[2]
+
+    def _gadget(self, build: Any) -> Any:
+        """Runs one structure-picking gadget under its deadline (if any) and records its
+        outputs (for the deadlines of a second build)."""
+        index = len(self._gadget_outputs)
+        deadlines = self._deadlines
+        self._deadline_now = (
+            deadlines[index] if deadlines is not None and index < len(deadlines) else None
+        )
+        out = build()
+        self._deadline_now = None
+        refs = (out,) if isinstance(out, int) else (*out[0], out[1])
+        self._gadget_outputs.append(tuple(refs))
+        return out
 
     def _tree_estimate(self, arrive: Sequence[int], start: int, size: int) -> tuple[int, int]:
         """(depth, ANDs) of :meth:`_borrow_tree` with blocks of ``size`` bits."""
@@ -134,6 +159,12 @@ class DepthArithmetic:
         return groups[0][0], ands
 
     def _borrow_out_fast(
+        self, xr: Sequence[int], yr: Sequence[int], borrow: int, enable: int = _T
+    ) -> int:
+        """See :meth:`_borrow_out_picked`."""
+        return int(self._gadget(lambda: self._borrow_out_picked(xr, yr, borrow, enable)))
+
+    def _borrow_out_picked(
         self, xr: Sequence[int], yr: Sequence[int], borrow: int, enable: int = _T
     ) -> int:
         """Borrow out of x - y - borrow (unsigned x < y + borrow), the cheapest (ANDs +
@@ -219,6 +250,15 @@ class DepthArithmetic:
         return groups[0][0]
 
     def _add_fast(
+        self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
+    ) -> tuple[list[int], int]:
+        """See :meth:`_add_picked`."""
+        out: tuple[list[int], int] = self._gadget(
+            lambda: self._add_picked(xr, yr, carry, want_carry)
+        )
+        return out
+
+    def _add_picked(
         self, xr: Sequence[int], yr: Sequence[int], carry: int, want_carry: bool
     ) -> tuple[list[int], int]:
         """x + y + carry as a carry-increment chain: a ripple block, then blocks that ripple

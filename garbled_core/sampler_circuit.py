@@ -396,9 +396,9 @@ def describe_trial_with(
 def _describe_shallow(name: str, make: Callable[[CircuitBuilder], None]) -> CircuitDescription:
     """The cheapest description within :data:`MAX_TRIAL_DEPTH` layers, or, where no layer cost
     fits, the cheapest one as shallow as the shallowest found (not the costliest of them)."""
-    desc = describe_within_depth(name, make, MAX_TRIAL_DEPTH, TRIAL_LAYER_COSTS)
+    desc = describe_within_depth(name, make, MAX_TRIAL_DEPTH, TRIAL_LAYER_COSTS, slack=True)
     if desc.and_depth() > MAX_TRIAL_DEPTH:
-        desc = describe_within_depth(name, make, desc.and_depth(), TRIAL_LAYER_COSTS)
+        desc = describe_within_depth(name, make, desc.and_depth(), TRIAL_LAYER_COSTS, slack=True)
     return desc
 
 

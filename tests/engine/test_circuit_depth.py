@@ -16,6 +16,7 @@ from garbled_core.circuit import (
     OP_XOR,
     Bits,
     CircuitDescription,
+    describe_with_slack,
     describe_within_depth,
 )
 from garbled_core.discrete_gaussian import (
@@ -375,3 +376,29 @@ def test_sparse_comparison_depth() -> None:
     b.output("plain", b.le_unsigned(x, y))
     b.output("enabled", b.and_le_unsigned(en, x, y))
     assert b.description().output_depths() == {"plain": 7, "enabled": 7}
+
+
+def test_describe_with_slack_keeps_the_depth_for_fewer_ands() -> None:
+    """A comparison beside a deeper chain of additions: on its slack it takes a cheaper
+    structure; the depth stays and the outputs are the same."""
+
+    def make(b: CircuitBuilder) -> None:
+        x = b.input("x", "garbler", 48)
+        y = b.input("y", "evaluator", 48)
+        acc = x
+        for _ in range(4):
+            acc = b.add(acc, y)
+        b.output("sum", acc)
+        b.output("lt", b.lt_unsigned(x, y))
+
+    plain = CircuitBuilder("s", "depth", 1000)
+    make(plain)
+    want_desc = plain.description()
+    got_desc = describe_with_slack("s", make, 1000)
+    assert got_desc.and_depth() <= want_desc.and_depth()
+    assert got_desc.and_count < want_desc.and_count
+    ports = random_ports({"x": 48, "y": 48}, 1000, np.random.default_rng(3))
+    want = want_desc.build().evaluate(ports)
+    got = got_desc.build().evaluate(ports)
+    for port in want:
+        assert np.array_equal(got[port], want[port]), port
