@@ -29,7 +29,7 @@ layer cost fits, the shallowest circuit found (30 to 32 layers at the plans' sig
 TRIAL_LAYER_COSTS = (*DEPTH_SEARCH_LAYER_COSTS, 48, 96, 1000)
 """Layer costs the trial's depth search tries: the engine's, then costs at which every gadget
 takes its shallowest form (a layer is a round trip of the whole run, worth hundreds of ANDs)."""
-SPECULATE_LAYER_COST = 3
+SPECULATE_LAYER_COST = 6
 SLACK_LAYER_COST = 3
 """The layer cost of the gadgets off the speculative trial's critical path (the rounding carry,
 and the gates :func:`describe_trial_with` adds): they finish before the chunk coins at this
@@ -378,11 +378,17 @@ def build_trial_description(
 
 
 def describe_trial_with(
-    params: SamplerParams, name: str, extra: Callable[[CircuitBuilder, Bits], None]
+    params: SamplerParams,
+    name: str,
+    extra: Callable[[CircuitBuilder, Bits], None],
+    max_depth: int = MAX_TRIAL_DEPTH,
 ) -> CircuitDescription:
     """The depth-aware trial circuit (``z`` kept) with more gates beside it: ``extra(b, z)``
     declares its own ports and outputs on the builder, ``z`` the trial's candidate noise bits.
-    Within :data:`MAX_TRIAL_DEPTH` layers like the trial alone; ``name`` names it."""
+    Within ``max_depth`` layers where it fits (else as shallow as it gets), the fewest AND
+    gates that do; ``name`` names it. A larger ``max_depth`` is cheaper in AND gates (bytes
+    and CPU), a smaller one in round trips: 28 (the default) costs about 1.5x the bytes of 48
+    (docs/GMW.md, "A shallower trial")."""
 
     def make(b: CircuitBuilder) -> None:
         z = _build_trial(b, params, "keep")
@@ -390,14 +396,16 @@ def describe_trial_with(
         extra(b, z)  # z is ready long before the acceptance test: cheaper gadgets
         b.layer_cost = saved
 
-    return _describe_shallow(name, make)
+    return _describe_shallow(name, make, max_depth)
 
 
-def _describe_shallow(name: str, make: Callable[[CircuitBuilder], None]) -> CircuitDescription:
-    """The cheapest description within :data:`MAX_TRIAL_DEPTH` layers, or, where no layer cost
-    fits, the cheapest one as shallow as the shallowest found (not the costliest of them)."""
-    desc = describe_within_depth(name, make, MAX_TRIAL_DEPTH, TRIAL_LAYER_COSTS, slack=True)
-    if desc.and_depth() > MAX_TRIAL_DEPTH:
+def _describe_shallow(
+    name: str, make: Callable[[CircuitBuilder], None], max_depth: int = MAX_TRIAL_DEPTH
+) -> CircuitDescription:
+    """The cheapest description within ``max_depth`` layers, or, where no layer cost fits,
+    the cheapest one as shallow as the shallowest found (not the costliest of them)."""
+    desc = describe_within_depth(name, make, max_depth, TRIAL_LAYER_COSTS, slack=True)
+    if desc.and_depth() > max_depth:
         desc = describe_within_depth(name, make, desc.and_depth(), TRIAL_LAYER_COSTS, slack=True)
     return desc
 

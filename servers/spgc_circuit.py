@@ -33,7 +33,7 @@ from garbled_core.circuit import (
     CircuitDescription,
     describe_within_depth,
 )
-from garbled_core.discrete_gaussian import monomials, table_lookup
+from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, monomials, table_lookup
 from garbled_core.sampler_circuit import describe_trial_with
 from garbled_core.sampler_tables import SamplerParams
 
@@ -308,7 +308,12 @@ def _field_sum(b: CircuitBuilder, ring_bits: int) -> tuple[Bits, Bits]:
 
 @functools.lru_cache(maxsize=32)
 def fused_trial_description(
-    params: SamplerParams, ring_bits: int, width: int, *, field: bool = False
+    params: SamplerParams,
+    ring_bits: int,
+    width: int,
+    *,
+    field: bool = False,
+    max_depth: int = MAX_TRIAL_DEPTH,
 ) -> CircuitDescription:
     """A gmw round of mode spgc beside the sampler's trial (issue 47: the reconstruction and the
     noisy sum fused into the trial run). Per instance, besides the trial's ``accept`` (both) and
@@ -317,7 +322,9 @@ def fused_trial_description(
     rs and rz the garbler's fresh masks, ports ``rs`` and ``rz``). Both adders run beside the
     acceptance test (z is ready after 12 or 13 of its 28 to 32 layers), so they add no layer:
     Y = (u_s + u_z) - (rs + rz) of a coordinate and its accepted trial is then opened in one
-    exchange (servers.gc_party). Depth-aware arithmetic (gmw's) only; ``width`` at most 64."""
+    exchange (servers.gc_party). Depth-aware arithmetic (gmw's) only; ``width`` at most 64.
+    ``max_depth``: the AND layers to keep within (see
+    :func:`garbled_core.sampler_circuit.describe_trial_with`: fewer layers, more bytes)."""
     ring_bits = check_ring_bits(ring_bits)
     if not 2 <= width <= MAX_PORT_WIDTH:
         raise ValueError(f"width must be in 2..{MAX_PORT_WIDTH}, got {width}")
@@ -338,16 +345,24 @@ def fused_trial_description(
     name = (
         f"dgauss-trial-s{params.sigma_units:.17g}-e{params.bucket_bits}-spgc"
         f"{'-field' if field else ''}-L{ring_bits}-y{width}-depth"
+        f"{'' if max_depth == MAX_TRIAL_DEPTH else f'{max_depth}'}"
     )
-    return describe_trial_with(params, name, extra)
+    return describe_trial_with(params, name, extra, max_depth)
 
 
 @functools.lru_cache(maxsize=32)
 def fused_trial_circuit(
-    params: SamplerParams, ring_bits: int, width: int, *, field: bool = False
+    params: SamplerParams,
+    ring_bits: int,
+    width: int,
+    *,
+    field: bool = False,
+    max_depth: int = MAX_TRIAL_DEPTH,
 ) -> Any:
     """Compiled :func:`fused_trial_description`."""
-    return fused_trial_description(params, ring_bits, width, field=field).build()
+    return fused_trial_description(
+        params, ring_bits, width, field=field, max_depth=max_depth
+    ).build()
 
 
 # ------------------------------------------------------------------ the paper's table sampler

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from garbled_core import DEFAULT_CHUNK, DEFAULT_OT_K, and_table_bytes
-from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, build_trial_circuit, derive_params
 from spgc.app import bench_comm, cli
 from spgc.app.bench_sampler import party_links
 from spgc.servers.spgc_circuit import (
@@ -298,10 +298,10 @@ def test_gmw_backend_rows_count_round_trips_and_amortise_the_silent_ots(capsys) 
     ots = row["random_ots_per_coordinate"]
     assert 0.5 * row["and_gates_per_coordinate"] < ots < row["and_gates_per_coordinate"]
     assert ot == pytest.approx(2 * ots * bits / 8, rel=0.01)
-    # At most 48 AND layers a trial run (depth-aware arithmetic), one run a sampler stage:
-    # its layers, its outputs and the opening, the run header riding with the first layer
-    # unless the silent OT starts an iteration (then one more).
-    assert 30 <= row["and_layers"] <= 48 * row["rounds"]
+    # At most MAX_TRIAL_DEPTH (28) AND layers a trial run (depth-aware arithmetic, issue 47),
+    # one run a sampler stage: its layers, its outputs and the opening, the run header riding
+    # with the first layer unless the silent OT starts an iteration (then one more).
+    assert 20 <= row["and_layers"] <= MAX_TRIAL_DEPTH * row["rounds"]
     stages = row["rounds"]
     assert row["and_layers"] + stages + 1 <= row["round_trips"] <= row["and_layers"] + 3 * stages
     for rtt_name, rtt in bench_comm.ROUND_TRIP_TIMES.items():
