@@ -28,6 +28,7 @@ from garbled_core.discrete_gaussian import (
 )
 from spgc.servers.spgc_circuit import (
     MAX_ROUND_DEPTH,
+    fused_trial_description,
     noisy_sum_circuit,
     noisy_sum_description,
     reconstruct_description,
@@ -400,5 +401,23 @@ def test_describe_with_slack_keeps_the_depth_for_fewer_ands() -> None:
     ports = random_ports({"x": 48, "y": 48}, 1000, np.random.default_rng(3))
     want = want_desc.build().evaluate(ports)
     got = got_desc.build().evaluate(ports)
+    for port in want:
+        assert np.array_equal(got[port], want[port]), port
+
+
+def test_fused_trial_depth_is_a_choice() -> None:
+    """The gmw round's trial run within MAX_TRIAL_DEPTH by default; a deeper bound is cheaper
+    and computes the same outputs."""
+    params = derive_params(484.33350006352276, bucket_bits=7)
+    width = params.noise_bits + 3
+    shallow = fused_trial_description(params, 16, width)
+    deep = fused_trial_description(params, 16, width, max_depth=48)
+    assert shallow.and_depth() <= MAX_TRIAL_DEPTH < deep.and_depth() <= 48
+    assert deep.and_count < 0.8 * shallow.and_count
+    assert deep.name == shallow.name + "48"
+    widths = {name: w for name, _, w in shallow.inputs}
+    ports = random_ports(widths, 2000, np.random.default_rng(11))
+    want = shallow.build().evaluate(ports)
+    got = deep.build().evaluate(ports)
     for port in want:
         assert np.array_equal(got[port], want[port]), port
