@@ -421,3 +421,25 @@ def test_fused_trial_depth_is_a_choice() -> None:
     got = deep.build().evaluate(ports)
     for port in want:
         assert np.array_equal(got[port], want[port]), port
+
+
+@pytest.mark.parametrize("width", [5, 17, 38, 64])
+def test_prefix_adder_at_a_high_layer_cost(width: int) -> None:
+    """At a layer cost where the Sklansky adder wins: sum and carry out against Python ints,
+    depth 1 + ceil(log2 w) at most."""
+    b = CircuitBuilder("a", "depth", 1000)
+    x = b.input("x", "garbler", width)
+    y = b.input("y", "evaluator", width)
+    c = b.input("c", "garbler", 1)
+    total, carry = b.add_with_carry(x, y, c)
+    b.output("s", total)
+    b.output("co", carry)
+    desc = b.description()
+    assert desc.and_depth() <= 1 + (width - 1).bit_length()
+    ports = random_ports({"x": width, "y": width, "c": 1}, 2000, np.random.default_rng(width))
+    ports["y"][:200] = ~ports["x"][:200] & U64((1 << width) - 1)  # long carry chains
+    out = desc.build().evaluate(ports)
+    triples = zip(ports["x"], ports["y"], ports["c"], strict=True)
+    sums = [int(p) + int(q) + int(r) for p, q, r in triples]
+    assert [int(v) for v in out["s"]] == [t % (1 << width) for t in sums]
+    assert [int(v) for v in out["co"]] == [t >> width for t in sums]
