@@ -82,7 +82,7 @@ class BackendCost:
 #: run and the evaluator's OT; ``rounds`` = 3 stages at d = 28,938).
 ROUND_COSTS: dict[str, BackendCost] = {
     "gc": BackendCost(6, 20429.2, 45.6e-6),
-    "gmw": BackendCost(42, 752.5, 234.5e-6),
+    "gmw": BackendCost(30, 1082.9, 234.5e-6),
 }
 
 #: Mode preprocessed's production run (the noise-share circuit) per backend, per noise sample.
@@ -90,7 +90,7 @@ ROUND_COSTS: dict[str, BackendCost] = {
 #: round circuit's counts stand in for them.
 NOISE_COSTS: dict[str, BackendCost] = {
     "gc": BackendCost(6, 19740.9, 44.7e-6),
-    "gmw": BackendCost(42, 661.8, 323.0e-6),
+    "gmw": BackendCost(30, 1022.4, 323.0e-6),
 }
 
 #: Bytes per coordinate of mode preprocessed's online exchange (one ring element of 8 bytes each
