@@ -16,6 +16,7 @@
 #include "garbled_core/prg.h"
 #include "garbled_core/random.h"
 #include "garbled_core/sha256.h"
+#include "garbled_core/vaes.h"
 
 namespace gc {
 
@@ -49,7 +50,7 @@ inline AesKey rot_key(block salt, int sender, uint64_t group) {
 // Receiver side of mb ROTs (mb a multiple of 8) from COT labels t: the chosen
 // string j is H(t_j) = AES_key(t_j) ^ t_j. `index` is the direction's ROT
 // counter before this batch.
-void hash_received(block salt, int sender, uint64_t index, const block* t, size_t mb, block* dst) {
+void hash_received_aesni(block salt, int sender, uint64_t index, const block* t, size_t mb, block* dst) {
   for (size_t j = 0; j < mb; j += 8) {
     const AesKey key = rot_key(salt, sender, (index + j) / 8);
     block x[8];
@@ -60,8 +61,8 @@ void hash_received(block salt, int sender, uint64_t index, const block* t, size_
 }
 
 // Sender side: s0 = H(q_j), s1 = H(q_j ^ Delta), same keys as the receiver's.
-void hash_sent(block salt, int sender, uint64_t index, block delta, const block* q, size_t mb,
-               block* s0, block* s1) {
+void hash_sent_aesni(block salt, int sender, uint64_t index, block delta, const block* q, size_t mb,
+                     block* s0, block* s1) {
   for (size_t j = 0; j < mb; j += 8) {
     const AesKey key = rot_key(salt, sender, (index + j) / 8);
     block x[16], in[16];
@@ -76,6 +77,102 @@ void hash_sent(block salt, int sender, uint64_t index, block delta, const block*
       s1[j + i] = xor_block(x[8 + i], in[8 + i]);
     }
   }
+}
+
+#if GC_X86
+// The same hashes with VAES + AVX-512 (the same keys and bits): four groups of 8 ROTs a step,
+// their four keys expanded at once (one per 128-bit lane; the AES-NI key schedule is a chain
+// of dependent steps that costs about what the group's encryptions do), each group's round
+// keys broadcast from there. mb must be a multiple of 32 (the ROT batches are of 128).
+// Round keys of four consecutive groups: rk[r] holds group (g0 + L)'s round r in lane L.
+GC_VAES_TARGET inline void rot_keys4(block salt, int sender, uint64_t g0, __m512i* rk) {
+  const uint64_t hi = 0x474d57524f540000ull | (uint64_t)(sender & 1);  // as rot_key
+  alignas(64) block keys[4];
+  for (int L = 0; L < 4; ++L) keys[L] = xor_block(salt, make_block(hi, g0 + (uint64_t)L));
+  zexpand4(_mm512_load_si512(keys), rk);
+}
+
+// Round r of each of the four groups' keys, broadcast to all lanes: k[L] is group L's.
+GC_VAES_TARGET inline void group_round_keys(const __m512i* rk_r, __m512i* k) {
+  k[0] = zlane_load<0>(rk_r);
+  k[1] = zlane_load<1>(rk_r);
+  k[2] = zlane_load<2>(rk_r);
+  k[3] = zlane_load<3>(rk_r);
+}
+
+// 4 * Per zmm of blocks, group L's (x[L * Per .. (L + 1) * Per)) under group L's key.
+template <int Per>
+GC_VAES_TARGET inline void aes4_groups(const __m512i* rk, __m512i* x) {
+  __m512i k[4];
+  group_round_keys(rk, k);
+  for (int L = 0; L < 4; ++L)
+    for (int i = 0; i < Per; ++i) x[L * Per + i] = _mm512_xor_si512(x[L * Per + i], k[L]);
+  for (int r = 1; r < 10; ++r) {
+    group_round_keys(rk + r, k);
+    for (int L = 0; L < 4; ++L)
+      for (int i = 0; i < Per; ++i) x[L * Per + i] = _mm512_aesenc_epi128(x[L * Per + i], k[L]);
+  }
+  group_round_keys(rk + 10, k);
+  for (int L = 0; L < 4; ++L)
+    for (int i = 0; i < Per; ++i) x[L * Per + i] = _mm512_aesenclast_epi128(x[L * Per + i], k[L]);
+}
+
+GC_VAES_TARGET void hash_received_vaes(block salt, int sender, uint64_t index, const block* t, size_t mb,
+                                       block* dst) {
+  alignas(64) __m512i rk[11];
+  for (size_t j = 0; j < mb; j += 32) {
+    rot_keys4(salt, sender, (index + j) / 8, rk);
+    __m512i in[8], x[8];
+    for (int i = 0; i < 8; ++i) x[i] = in[i] = _mm512_loadu_si512(t + j + 4 * i);
+    aes4_groups<2>(rk, x);
+    for (int i = 0; i < 8; ++i) _mm512_storeu_si512(dst + j + 4 * i, _mm512_xor_si512(x[i], in[i]));
+  }
+}
+
+GC_VAES_TARGET void hash_sent_vaes(block salt, int sender, uint64_t index, block delta, const block* q, size_t mb,
+                                   block* s0, block* s1) {
+  alignas(64) __m512i rk[11];
+  const __m512i d = _mm512_maskz_broadcast_i32x4(0xffff, delta);  // maskz: see vaes.h
+  for (size_t j = 0; j < mb; j += 32) {
+    rot_keys4(salt, sender, (index + j) / 8, rk);
+    __m512i in[16], x[16];  // group L: its q in 4L, 4L + 1, its q ^ Delta in 4L + 2, 4L + 3
+    for (int L = 0; L < 4; ++L)
+      for (int i = 0; i < 2; ++i) {
+        in[4 * L + i] = _mm512_loadu_si512(q + j + 8 * L + 4 * i);
+        in[4 * L + 2 + i] = _mm512_xor_si512(in[4 * L + i], d);
+      }
+    for (int i = 0; i < 16; ++i) x[i] = in[i];
+    aes4_groups<4>(rk, x);
+    for (int L = 0; L < 4; ++L)
+      for (int i = 0; i < 2; ++i) {
+        _mm512_storeu_si512(s0 + j + 8 * L + 4 * i, _mm512_xor_si512(x[4 * L + i], in[4 * L + i]));
+        _mm512_storeu_si512(s1 + j + 8 * L + 4 * i, _mm512_xor_si512(x[4 * L + 2 + i], in[4 * L + 2 + i]));
+      }
+  }
+}
+#endif
+
+const bool kRotHashVaes = [] {
+#if GC_X86
+  return cpu_has_vaes();
+#else
+  return false;
+#endif
+}();
+
+void hash_received(block salt, int sender, uint64_t index, const block* t, size_t mb, block* dst) {
+#if GC_X86
+  if (kRotHashVaes && mb % 32 == 0) return hash_received_vaes(salt, sender, index, t, mb, dst);
+#endif
+  hash_received_aesni(salt, sender, index, t, mb, dst);
+}
+
+void hash_sent(block salt, int sender, uint64_t index, block delta, const block* q, size_t mb, block* s0,
+               block* s1) {
+#if GC_X86
+  if (kRotHashVaes && mb % 32 == 0) return hash_sent_vaes(salt, sender, index, delta, q, mb, s0, s1);
+#endif
+  hash_sent_aesni(salt, sender, index, delta, q, mb, s0, s1);
 }
 
 // cnt (<= 64) bits of a packed stream from bit `first` on, in the low bits of the result.

@@ -16,6 +16,7 @@
 #include "garbled_core/aes.h"
 #include "garbled_core/random.h"
 #include "garbled_core/softspoken.h"
+#include "garbled_core/vaes.h"
 
 namespace gc {
 
@@ -54,7 +55,7 @@ inline block tccr(block x, block tw) {
 // 2x (left) and 2x + 1 (right), G(s) = (AES_K0(s) ^ s, AES_K1(s) ^ s). s0 / s1 get the XOR
 // of the new left / right children. Parents are read before any child overwrites them
 // (descending order; a batch reads its 4 parents first).
-void expand_level(block* nd, size_t cnt, block* s0, block* s1) {
+void expand_level_aesni(block* nd, size_t cnt, block* s0, block* s1) {
   block l0 = zero_block(), l1 = zero_block();
   size_t p = cnt;
   while (p >= 4) {
@@ -85,6 +86,65 @@ void expand_level(block* nd, size_t cnt, block* s0, block* s1) {
   }
   *s0 = l0;
   *s1 = l1;
+}
+
+#if GC_X86
+// The same level with VAES + AVX-512 (the same bits), for cnt a multiple of 8: 8 parents a
+// step, each key's round keys broadcast to the four lanes once per level.
+GC_VAES_TARGET void expand_level_vaes(block* nd, size_t cnt, block* s0, block* s1) {
+  __m512i k0[11], k1[11];
+  for (int r = 0; r < 11; ++r) {
+    k0[r] = _mm512_maskz_broadcast_i32x4(0xffff, prg_key0().rk[r]);  // maskz: see vaes.h
+    k1[r] = _mm512_maskz_broadcast_i32x4(0xffff, prg_key1().rk[r]);
+  }
+  // Children of the four parents in a vector, interleaved: (left 0, right 0, left 1, right 1)
+  // from the low two lanes of the lefts and of the rights, the rest from the high two.
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  __m512i l0 = _mm512_setzero_si512(), l1 = _mm512_setzero_si512();
+  for (size_t p = cnt; p >= 8;) {
+    p -= 8;
+    const __m512i par[2] = {_mm512_loadu_si512(nd + p), _mm512_loadu_si512(nd + p + 4)};
+    __m512i a[2], b[2];
+    for (int i = 0; i < 2; ++i) {
+      a[i] = _mm512_xor_si512(par[i], k0[0]);
+      b[i] = _mm512_xor_si512(par[i], k1[0]);
+    }
+    for (int r = 1; r < 10; ++r)
+      for (int i = 0; i < 2; ++i) {
+        a[i] = _mm512_aesenc_epi128(a[i], k0[r]);
+        b[i] = _mm512_aesenc_epi128(b[i], k1[r]);
+      }
+    for (int i = 0; i < 2; ++i) {
+      const __m512i c0 = _mm512_xor_si512(_mm512_aesenclast_epi128(a[i], k0[10]), par[i]);
+      const __m512i c1 = _mm512_xor_si512(_mm512_aesenclast_epi128(b[i], k1[10]), par[i]);
+      l0 = _mm512_xor_si512(l0, c0);
+      l1 = _mm512_xor_si512(l1, c1);
+      _mm512_storeu_si512(nd + 2 * p + 8 * i, _mm512_permutex2var_epi64(c0, lo, c1));
+      _mm512_storeu_si512(nd + 2 * p + 8 * i + 4, _mm512_permutex2var_epi64(c0, hi, c1));
+    }
+  }
+  alignas(64) block t0[4], t1[4];
+  _mm512_store_si512(t0, l0);
+  _mm512_store_si512(t1, l1);
+  *s0 = xor_block(xor_block(t0[0], t0[1]), xor_block(t0[2], t0[3]));
+  *s1 = xor_block(xor_block(t1[0], t1[1]), xor_block(t1[2], t1[3]));
+}
+#endif
+
+const bool kGgmVaes = [] {
+#if GC_X86
+  return cpu_has_vaes();
+#else
+  return false;
+#endif
+}();
+
+void expand_level(block* nd, size_t cnt, block* s0, block* s1) {
+#if GC_X86
+  if (kGgmVaes && cnt % 8 == 0) return expand_level_vaes(nd, cnt, s0, s1);
+#endif
+  expand_level_aesni(nd, cnt, s0, s1);
 }
 
 // out[i] ^= XOR_{j < 10} base[idx(i, j)] for i < n: Ferret's local linear code (d = 10).

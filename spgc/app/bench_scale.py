@@ -166,9 +166,9 @@ def run_round(
             # SoftSpoken trees) and warms the workers; round 2, all d with fresh seeds, is the
             # steady state that seconds_per_round reports. The workers' peak memory after each
             # gives the working set per coordinate without the fixed costs.
-            first_seconds, _ = _one_round(lanes_g, lanes_e, a1[:warm], a2[:warm], sigma)
+            first_seconds, _, _ = _one_round(lanes_g, lanes_e, a1[:warm], a2[:warm], sigma)
             after_warm = workers_peak_rss_mb(actors)
-            seconds, (yg, ig, ye, ie, s1, s2) = _one_round(lanes_g, lanes_e, a1, a2, sigma)
+            seconds, cpu, (yg, ig, ye, ie, s1, s2) = _one_round(lanes_g, lanes_e, a1, a2, sigma)
         finally:
             for actor in actors:
                 kill_worker(actor)
@@ -191,6 +191,9 @@ def run_round(
         "bytes_sent_both_servers": sent,
         "bytes_per_coordinate": sent / d,
         "seconds_per_coordinate_per_pair": seconds * workers / d,
+        # Both servers' CPU per coordinate (embedded: both run in this process), a figure that
+        # other jobs on a shared machine disturb far less than the wall time.
+        "cpu_seconds_per_coordinate": None if use_ray else cpu / d,
         "trials": int(ig["trials"]),
         "rounds": int(ig["rounds"]),
         "round_trips": ig.get("round_trips"),  # gmw: counted by the channel (gc: None)
@@ -231,6 +234,7 @@ def run_preprocessed(
         try:
             if use_ray:
                 lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir, backend)
+
             # sessions set up (base OTs, SoftSpoken trees) outside the measurement
             def produce(role: str, lanes: list[Any], n: int, seed: bytes) -> Any:
                 return lambda: produce_noise_shares(role, lanes, n, sigma, RING_BITS, seed)
@@ -322,14 +326,17 @@ def workers_peak_rss_mb(actors: list[Any]) -> list[float]:
 
 def _one_round(
     lanes_g: list[Any], lanes_e: list[Any], a1: np.ndarray, a2: np.ndarray, sigma: float
-) -> tuple[float, tuple[Any, ...]]:
-    """Both servers' sides of one spgc round with fresh seeds; (seconds, results)."""
+) -> tuple[float, float, tuple[Any, ...]]:
+    """Both servers' sides of one spgc round with fresh seeds; (seconds, CPU-seconds of this
+    process over the round, results). The CPU time is both servers' only on the embedded
+    path (on Ray the workers run in other processes)."""
     s1, s2 = os.urandom(32), os.urandom(32)
+    cpu0 = time.process_time()
     seconds, (yg, ig), (ye, ie) = _both(
         lambda: run_aggregate("garbler", lanes_g, a1, s1, sigma, RING_BITS, "spgc"),
         lambda: run_aggregate("evaluator", lanes_e, a2, s2, sigma, RING_BITS, "spgc"),
     )
-    return seconds, (yg, ig, ye, ie, s1, s2)
+    return seconds, time.process_time() - cpu0, (yg, ig, ye, ie, s1, s2)
 
 
 def _worker_rss(ig: dict[str, Any], ie: dict[str, Any]) -> list[float]:
@@ -519,9 +526,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         init_local_ray(args.workers)
     run = run_round if args.mode == "spgc" else run_preprocessed
     try:
-        result = run(
-            args.dim, args.workers, args.sigma, use_ray, not args.insecure, args.backend
-        )
+        result = run(args.dim, args.workers, args.sigma, use_ray, not args.insecure, args.backend)
     finally:
         if use_ray:
             shutdown_ray()
@@ -572,10 +577,12 @@ def _summary_line(result: dict[str, Any]) -> str:
             f"{result['online_seconds_per_round']:.2f} s (16 B per coordinate), {verdict}"
         )
     trips = result.get("round_trips")
+    cpu = result.get("cpu_seconds_per_coordinate")
     return (
         f"{result['dim']:,} coordinates on {where}: {result['seconds_per_round']:.2f} s per "
         f"round, T = {result['seconds_per_coordinate_per_pair'] * 1e6:.1f} us per coordinate "
-        f"per pair, {result['and_gates_per_second'] / 1e6:.2f} M AND/s, "
+        f"per pair{'' if cpu is None else f' (CPU {cpu * 1e6:.1f} us, both servers)'}, "
+        f"{result['and_gates_per_second'] / 1e6:.2f} M AND/s, "
         f"{result['bytes_per_coordinate']:,.0f} B per coordinate"
         f"{'' if trips is None else f', {trips} round trips'}, {verdict}"
     )
