@@ -153,7 +153,7 @@ void expand_level(block* nd, size_t cnt, block* s0, block* s1) {
 // often than what L3 keeps of it), so a batch's indices are computed, and their base lines
 // prefetched into L2, kLpnAhead batches ahead of the XORs: L2 takes far more misses in flight
 // than L1, and a prefetch into L1 that far ahead would evict the lines before their use. On
-// this project's 2-core machine that took the paired encoder from 37 to 71 ns per output
+// this project's 2-core machine that took the paired encoder from 37 to 79 ns per output
 // (one batch ahead into L1) to 32 ns, both parties encoding at once.
 constexpr int kD = 10;
 constexpr size_t kLpnAhead = 4;  // batches of 8 outputs between a prefetch and its use
