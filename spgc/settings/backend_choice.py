@@ -32,6 +32,7 @@ __all__ = [
     "AUTO_MODES",
     "CALLS_PER_RUN",
     "COSTS_COMMAND",
+    "MAX_RUN_ROUNDS",
     "NOISE_COSTS",
     "ROUND_COSTS",
     "RUN_OVERHEAD_SHARE",
@@ -81,16 +82,16 @@ class BackendCost:
 #: (``round_trips``); gc's are not counted by the engine: two per sampler stage (the stage's
 #: run and the evaluator's OT; ``rounds`` = 3 stages at d = 28,938).
 ROUND_COSTS: dict[str, BackendCost] = {
-    "gc": BackendCost(6, 20429.2, 45.6e-6),
-    "gmw": BackendCost(30, 1082.9, 234.5e-6),
+    "gc": BackendCost(6, 20429.2, 24.2e-6),
+    "gmw": BackendCost(30, 1082.9, 64.3e-6),
 }
 
 #: Mode preprocessed's production run (the noise-share circuit) per backend, per noise sample.
 #: bench comm counts no round trips for it: a run has the round circuit's sampler stages, so the
 #: round circuit's counts stand in for them.
 NOISE_COSTS: dict[str, BackendCost] = {
-    "gc": BackendCost(6, 19740.9, 44.7e-6),
-    "gmw": BackendCost(30, 1022.4, 323.0e-6),
+    "gc": BackendCost(6, 19740.9, 22.7e-6),
+    "gmw": BackendCost(30, 1022.4, 60.6e-6),
 }
 
 #: Bytes per coordinate of mode preprocessed's online exchange (one ring element of 8 bytes each

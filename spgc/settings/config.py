@@ -247,7 +247,7 @@ class ServerConfig(_Schema):
         description="how the two servers evaluate a round's circuits: gc (garbled circuits: "
         "about 20 kB per coordinate between the servers, a few round trips per round) or gmw "
         "(GMW with Beaver triples from silent OT: about 1 kB per coordinate, a round trip per "
-        "AND layer, about 50 a round: for links with more bandwidth cost than latency); auto "
+        "AND layer, about 30 a round: for links with more bandwidth cost than latency); auto "
         "(modes spgc and preprocessed): H1 measures the round trip and throughput to H2 at "
         "pairing and takes the one with the least expected round time for the plan's d (in "
         "mode preprocessed also the production run size), H2 checks the choice from the same "
