@@ -1,14 +1,22 @@
 """Round coordination. H1 drives every round over the Peer service; H2 follows (servers.peer).
 
-Per round t (SPEC section 3, steps 6-10)::
+Per round t (SPEC section 3, steps 6-10); each call is a round trip between the servers, so
+a steady round makes three (issue 47; tests/servers/test_round_trips.py counts them)::
 
     H1 open t ---------- RoundBarrier(ROUND_OPEN) ----------> H2 opens t
-    H1 deadline/all in - RoundBarrier(INTAKE_CLOSED) -------> H2 waits for ITS deadline/all in
-    AgreeProviders (intersection; < min_providers: round skipped, no noise, not accounted)
-    CommitSeed (commitments only; each seed = os.urandom(32), never leaves its server)
-    RoundBarrier(CIRCUIT_READY) -> both run gc_party.run_aggregate (H1 garbler, H2 evaluator)
-    g = Y / s, Adam step, CheckModel (hashes must agree, else both stop loudly)
-    RoundBarrier(MODEL_PUBLISHED) -> both publish version t+1 and record the accountant step
+                         (round 0, and after a skipped round or a re-pairing only: else H2
+                         opened t in the previous round's CheckModel)
+    H1 deadline/all in - AgreeProviders ---------------------> H2 waits for ITS deadline/all in,
+                         closes its intake; intersection (< min_providers: round skipped, no
+                         noise, not accounted). Verified inputs: RoundBarrier(INTAKE_CLOSED)
+                         first, for the norm-proof coin (H1 commits, H2 answers, H1 opens).
+    CosignRelease ------ the ledger entry, co-signed, with the seed commitments (spgc; each
+                         seed os.urandom(32), never leaves its server) or the pool entries
+                         (preprocessed) -> H2 writes its entry, starts its side of the release,
+                         answers; H1 writes its entry, then runs its side (H1 garbler / sends
+                         first, H2 evaluator / receives first)
+    g = Y / s, Adam step, CheckModel ----------------------> H2 compares the hashes (else both
+                         stop loudly), publishes t+1, opens t+1; H1 compares, publishes, opens
 
 Modes (SPEC section 5): ``dng`` runs the same rounds with no garbled circuit and no seed
 commitments: at CIRCUIT_READY each server adds its own discrete Gaussian to its share and the two
@@ -493,6 +501,30 @@ class _RoundLoop:
         end_run_for_want_of_providers(self.state, reason)
 
 
+def seed_commitment_message(run_id: str, t: int, role: int, commitment: bytes) -> Any:
+    """A server's seed commitment of round t as it rides with its release statement."""
+    return peer_pb2.SeedCommitment(
+        run_id=run_id, round=t, role=role, scheme=SEED_COMMITMENT_SCHEME, commitment=commitment
+    )
+
+
+def checked_seed_commitment(msg: peer_pb2.ReleaseStatement, t: int) -> bytes:
+    """The other server's 32-byte seed commitment of round t from its release statement
+    (PeerMismatchError when it is missing, of another round or scheme, or not 32 bytes)."""
+    seed = msg.seed
+    if (
+        not msg.HasField("seed")
+        or seed.round != t
+        or seed.scheme != SEED_COMMITMENT_SCHEME
+        or len(seed.commitment) != 32
+    ):
+        raise PeerMismatchError(
+            f"round {t}: no {SEED_COMMITMENT_SCHEME} seed commitment of 32 bytes for this round "
+            "with the release statement"
+        )
+    return bytes(seed.commitment)
+
+
 class H1Driver(_RoundLoop):
     """H1's round loop over a Peer stub to H2."""
 
@@ -508,6 +540,8 @@ class H1Driver(_RoundLoop):
             if state.plan.cfg.mode == "preprocessed"
             else None
         )
+        # The round H2 opened answering our last CheckModel (no ROUND_OPEN call for it).
+        self.peer_opened: int | None = None
 
     def run(self) -> None:
         """Preprocessed: reconcile the pools and fill them before round 0 (the offline phase),
@@ -540,7 +574,6 @@ class H1Driver(_RoundLoop):
         t: int,
         barrier: int,
         timeout: float = RPC_SLACK,
-        pool: PoolSlice | None = None,
         verify_coin: bytes = b"",
         ended_reason: str = "",
     ) -> peer_pb2.BarrierState:
@@ -552,8 +585,6 @@ class H1Driver(_RoundLoop):
             verify_coin=verify_coin,
             ended_reason=ended_reason,
         )
-        if pool is not None:
-            msg.pool.CopyFrom(slice_message(pool))
         msg.reached_at.GetCurrentTime()
         return self.peer.RoundBarrier(msg, timeout=timeout)
 
@@ -561,21 +592,24 @@ class H1Driver(_RoundLoop):
         state, cfg = self.state, self.state.plan.cfg
         state.open_round(t)
         norm = state.plan.norm_proof
-        self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
+        if self.peer_opened != t:  # else H2 opened t answering the last round's CheckModel
+            self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
+        self.peer_opened = None
         state.wait_intake_done(t, self.stop)
         if self.stop.is_set():
             return
         received = state.close_intake(t)
-        # The norm-proof coin: H1's part drawn now, after its intake closed; committed to before
-        # H2 draws its own (servers.norm_checks).
-        coin = os.urandom(COIN_BYTES) if norm is not None else b""
-        closed = self._barrier(
-            t,
-            peer_pb2.BARRIER_INTAKE_CLOSED,
-            cfg.round_deadline + RPC_SLACK,
-            verify_coin=coin_commitment(state.run_id, t, coin) if coin else b"",
-        )
+        coin = b""
         if norm is not None:
+            # The norm-proof coin: H1's part drawn now, after its intake closed; committed to
+            # before H2 draws its own (servers.norm_checks), once its intake closed too.
+            coin = os.urandom(COIN_BYTES)
+            closed = self._barrier(
+                t,
+                peer_pb2.BARRIER_INTAKE_CLOSED,
+                cfg.round_deadline + RPC_SLACK,
+                verify_coin=coin_commitment(state.run_id, t, coin),
+            )
             state.history[t].verify_coin = round_coin(coin, closed.verify_coin)
 
         ids = [state.history[t].vector_ids.get(name, b"") for name in received]
@@ -591,7 +625,9 @@ class H1Driver(_RoundLoop):
             norm_verifiers=proofs,
             verify_coin=coin,
         )
-        answer = self.peer.AgreeProviders(mine, timeout=RPC_SLACK)
+        # Without verified inputs this is the intake barrier too: H2 waits for its own.
+        wait = RPC_SLACK if norm is not None else cfg.round_deadline + RPC_SLACK
+        answer = self.peer.AgreeProviders(mine, timeout=wait)
         agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
             state,
             (received, ids, proofs),
@@ -610,19 +646,8 @@ class H1Driver(_RoundLoop):
             return
 
         seed = os.urandom(32) if cfg.mode == "spgc" else None
-        if seed is not None:
-            commit = peer_pb2.SeedCommitment(
-                run_id=state.run_id,
-                round=t,
-                role=pb.SERVER_ROLE_H1,
-                scheme=SEED_COMMITMENT_SCHEME,
-                commitment=seed_commitment(state.run_id, t, pb.SERVER_ROLE_H1, seed),
-            )
-            theirs = self.peer.CommitSeed(commit, timeout=RPC_SLACK)
-            state.history[t].seed_commitments = {"h1": commit.commitment, "h2": theirs.commitment}
         pool_slice = None if self.producer is None else self.producer.slice_for_round(t)
-        entry = self.cosign_release(t)
-        self._barrier(t, peer_pb2.BARRIER_CIRCUIT_READY, pool=pool_slice)
+        entry = self.cosign_release(t, seed, pool_slice)  # H2's side of the release starts
         try:
             sha = compute_round(state, self.link, t, entry, seed, pool_slice)
         except BaseException as exc:
@@ -639,14 +664,17 @@ class H1Driver(_RoundLoop):
             num_parameters=state.plan.dim,
             sha256=sha,
         )
+        # H2 checks our hash against its own, publishes v(t+1) and opens round t+1 when they
+        # agree; we check its hash against ours before we publish.
         other = self.peer.CheckModel(check, timeout=RPC_SLACK)
         if other.sha256 != sha or other.version != t + 1:
             raise PeerMismatchError(
                 f"model v{t + 1} differs between the servers: h1 {sha.hex()[:16]} "
                 f"h2 {other.sha256.hex()[:16]}"
             )
-        self._barrier(t, peer_pb2.BARRIER_MODEL_PUBLISHED)
         log_round(state, state.publish(t))
+        if not state.finished:
+            self.peer_opened = t + 1
 
     def still_waiting(self) -> None:
         """H2 stops after peer_timeout without a call from H1: say H1 is alive, before round 0."""
@@ -666,10 +694,12 @@ class H1Driver(_RoundLoop):
             )
         super().end_for_want_of_providers(reason)
 
-    def cosign_release(self, t: int) -> int:
-        """Write-ahead, on both servers: H2 checks H1's statement of round t's release, records
-        it with H1's signature and answers with its own, which H1 records; only then does the
-        release run. Returns H1's ledger index of the entry."""
+    def cosign_release(self, t: int, seed: bytes | None, pool_slice: PoolSlice | None) -> int:
+        """Write-ahead, on both servers: H2 checks H1's statement of round t's release (and
+        the pool entries it names), records it with H1's signature, starts its side of the
+        release and answers with its own signature, which H1 records; only then does H1 run
+        its side, without which H2's learns nothing. The seed commitments (spgc) travel with
+        the two statements. Returns H1's ledger index of the entry."""
         state = self.state
         statement, signature = state.release_statement(t)
         msg = peer_pb2.ReleaseStatement(
@@ -679,9 +709,17 @@ class H1Driver(_RoundLoop):
             statement=statement,
             signature=signature,
         )
+        if seed is not None:
+            mine = seed_commitment(state.run_id, t, pb.SERVER_ROLE_H1, seed)
+            msg.seed.CopyFrom(seed_commitment_message(state.run_id, t, pb.SERVER_ROLE_H1, mine))
+        if pool_slice is not None:
+            msg.pool.CopyFrom(slice_message(pool_slice))
         answer = self.peer.CosignRelease(msg, timeout=RPC_SLACK)
         if answer.statement != statement or answer.round != t:
             raise PeerMismatchError(f"round {t}: H2 co-signed another release statement")
+        if seed is not None:
+            theirs = checked_seed_commitment(answer, t)
+            state.history[t].seed_commitments = {"h1": msg.seed.commitment, "h2": theirs}
         return state.record_release(t, peer_sig=answer.signature)
 
 

@@ -23,10 +23,12 @@ from spgc.privacy.ledger_format import LedgerError
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import (
     agreement_with_proofs,
+    checked_seed_commitment,
     compute_round,
     end_run_for_want_of_providers,
     log_round,
     own_verifier_messages,
+    seed_commitment_message,
 )
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.ledger_state import release_counts_problem
@@ -41,7 +43,6 @@ from spgc.servers.pool_sync import adopt_peer_pool, pool_state_message, slice_fr
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import (
     PROTOCOL_VERSION,
-    SEED_COMMITMENT_SCHEME,
     peer_pb2,
     peer_pb2_grpc,
     provider_set_digest,
@@ -190,10 +191,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.check_backend = check_backend
         self.paired = False  # a Handshake agreed and nothing since says the peer is gone
         self.epoch = 0  # successful Handshakes so far (a new one: a new pairing)
-        self._seeds: dict[int, bytes] = {}
         # Verified inputs: round -> (H1's commitment, our part) of the round's norm-proof coin.
         self._coin_parts: dict[int, tuple[bytes, bytes]] = {}
-        self._entries: dict[int, tuple[bytes, int]] = {}  # round -> (statement, ledger index)
         # Rounds whose release ran in this pairing: one release per round (a round abandoned
         # with its peer runs again only after a new Handshake, which clears this).
         self._released: set[int] = set()
@@ -202,8 +201,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._noise_job: _NoiseJob | None = None
 
     def wait_idle(self) -> None:
-        """Until no control call is changing the round (the last round's MODEL_PUBLISHED
-        handler evaluates and checkpoints after `finished` is set: let it answer H1 first)."""
+        """Until no control call is changing the round (the last round's CheckModel handler
+        evaluates and checkpoints after `finished` is set: let it answer H1 first)."""
         with self._lock:
             pass
 
@@ -212,9 +211,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         forget the round in progress (seeds, recorded entries)."""
         with self._lock:
             self.paired = False
-            self._seeds.clear()
             self._coin_parts.clear()
-            self._entries.clear()
             self._released.clear()
             self._worker = None
             self._noise_job = None
@@ -360,7 +357,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             raise NotPairedError(str(exc)) from None
 
     def _refuse_a_second_release(self, t: int) -> None:
-        """One release per round per pairing: its seed, co-signed entry and circuit once."""
+        """One release per round per pairing: its co-signed entry, seed and circuit once."""
         if t in self._released:
             raise FailedPreconditionError(f"round {t}: its release already ran")
 
@@ -392,11 +389,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     except RuntimeError as exc:  # past opening (intake closed, computing)
                         raise FailedPreconditionError(str(exc)) from None
         elif b == peer_pb2.BARRIER_INTAKE_CLOSED:
-            # Wait for OUR deadline (or all providers in): never for a call back to H1.
-            state.wait_intake_done(t, threading.Event())
+            self._close_intake(t)
             with self._lock:
-                if state.phase == pb.ROUND_PHASE_COLLECTING:
-                    state.close_intake(t)
                 if state.plan.norm_proof is not None:
                     # Our part of the round's norm-proof coin, drawn now that our intake is
                     # closed, against H1's commitment (a repeated barrier: a new one of each).
@@ -406,20 +400,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                         )
                     coin = os.urandom(COIN_BYTES)
                     self._coin_parts[t] = (bytes(request.verify_coin), coin)
-        elif b == peer_pb2.BARRIER_CIRCUIT_READY:
-            self._start_circuit(t, request)
         elif b == peer_pb2.BARRIER_WAITING_FOR_PROVIDERS:
             # H1 is alive, not opening round t yet: nothing changes here, unless H1 ends the
             # run there (too few providers accept the plan).
             if request.ended_reason:
                 end_run_for_want_of_providers(state, printable(request.ended_reason, 8000))
-        elif b == peer_pb2.BARRIER_MODEL_PUBLISHED:
-            with self._lock:
-                if state.pending is None:
-                    raise FailedPreconditionError(f"model v{t + 1} not checked at this server")
-                log_round(state, state.publish(t))
-                self._seeds.pop(t, None)
-        else:
+        else:  # CIRCUIT_READY and MODEL_PUBLISHED included: CosignRelease and CheckModel
             raise FailedPreconditionError(f"unknown barrier {b}")
         out = peer_pb2.BarrierState(
             run_id=state.run_id, round=t, barrier=b, role=state.role, verify_coin=coin
@@ -427,35 +413,49 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         out.reached_at.GetCurrentTime()
         return out
 
-    def _start_circuit(self, t: int, request: peer_pb2.BarrierState) -> None:
+    def _close_intake(self, t: int) -> None:
+        """Round t's intake here, closed once OUR deadline passed or every share is in: never
+        a wait for a call back to H1."""
         state = self.state
-        if state.phase != pb.ROUND_PHASE_COMPUTING:
-            raise FailedPreconditionError(f"round {t} has no agreed provider set here")
-        self._refuse_a_second_release(t)
-        recorded = self._entries.pop(t, None)
-        if recorded is None:  # write-ahead: never a release the ledger does not hold first
-            raise FailedPreconditionError(f"round {t}: no co-signed ledger entry for the release")
-        entry = recorded[1]
-        seed = self._seeds.pop(t, None)
-        if state.plan.cfg.mode == "spgc" and seed is None:
-            raise FailedPreconditionError(f"round {t}: no seed committed")
-        pool_slice = None
-        if state.plan.cfg.mode == "preprocessed":
-            pool_slice = slice_from_message(request.pool)
-            try:
-                mine = state.pool.position(state.plan.dim)
-            except PoolError as exc:
-                mine = exc
-            if mine != pool_slice:
-                msg = (
-                    f"round {t} refused: H1 names noise-pool block {pool_slice.block_index} "
-                    f"offset {pool_slice.offset} (id {pool_slice.block_id.hex()[:8]}), this "
-                    f"server's next entries are {mine}"
-                )
-                log.error("stopping: %s", msg)
-                state.fail(msg)
-                raise FailedPreconditionError(msg)
-        link = self._own_link()
+        with self._lock:
+            if state.phase != pb.ROUND_PHASE_COLLECTING:
+                return
+        state.wait_intake_done(t, threading.Event())
+        with self._lock:
+            if state.round == t and state.phase == pb.ROUND_PHASE_COLLECTING:
+                state.close_intake(t)
+
+    def _check_pool_slice(self, t: int, request: peer_pb2.ReleaseStatement) -> Any:
+        """Mode preprocessed: the pool entries H1 names for round t's release, which must be
+        this server's next ones (else the round is refused and this server stops); None in
+        the other modes."""
+        state = self.state
+        if state.plan.cfg.mode != "preprocessed":
+            return None
+        if not request.HasField("pool"):
+            raise FailedPreconditionError(f"round {t}: H1 names no noise-pool entries")
+        pool_slice = slice_from_message(request.pool)
+        try:
+            mine = state.pool.position(state.plan.dim)
+        except PoolError as exc:
+            mine = exc
+        if mine != pool_slice:
+            msg = (
+                f"round {t} refused: H1 names noise-pool block {pool_slice.block_index} "
+                f"offset {pool_slice.offset} (id {pool_slice.block_id.hex()[:8]}), this "
+                f"server's next entries are {mine}"
+            )
+            log.error("stopping: %s", msg)
+            state.fail(msg)
+            raise FailedPreconditionError(msg)
+        return pool_slice
+
+    def _start_release(
+        self, t: int, entry: int, seed: bytes | None, pool_slice: Any, link: Any
+    ) -> None:
+        """This server's side of round t's release, in a thread (its ledger entry, ``entry``,
+        is on disk: CosignRelease wrote it first)."""
+        state = self.state
         self._released.add(t)
 
         def work() -> None:
@@ -470,7 +470,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     log.exception("round %d: circuit or update failed", t)
                 state.fail_compute(exc)
 
-        # The evaluator runs while this call returns: H1 starts garbling right after it.
+        # The evaluator (the receiving side) runs while CosignRelease answers: H1 starts its
+        # side once it has written its own entry.
         self._worker = threading.Thread(target=work, name=f"spgc-h2-round-{t}", daemon=True)
         self._worker.start()
 
@@ -552,6 +553,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         cfg = state.plan.cfg
         if request.digest != provider_set_digest(request.providers):
             raise FailedPreconditionError("provider set digest does not match its list")
+        if state.plan.norm_proof is None and t == state.round:
+            # H1 sent no INTAKE_CLOSED: wait for OUR deadline (or all providers in), as that
+            # barrier does, and close our intake.
+            self._close_intake(t)
         with self._lock:
             if t != state.round or state.phase != pb.ROUND_PHASE_AGREEING:
                 raise FailedPreconditionError(f"round {t} is not closed at this server")
@@ -595,32 +600,6 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         )
 
     @abort_on_error
-    def CommitSeed(
-        self, request: peer_pb2.SeedCommitment, context: grpc.ServicerContext
-    ) -> peer_pb2.SeedCommitment:
-        self._check(context, request.run_id, request.role)
-        t = request.round
-        if request.scheme != SEED_COMMITMENT_SCHEME or len(request.commitment) != 32:
-            raise FailedPreconditionError(f"unsupported seed commitment {request.scheme!r}")
-        with self._lock:
-            if t != self.state.round or self.state.phase != pb.ROUND_PHASE_COMPUTING:
-                raise FailedPreconditionError(f"round {t} is not ready for seeds")
-            self._refuse_a_second_release(t)
-            if t in self._seeds:
-                raise FailedPreconditionError(f"round {t}: seed already committed")
-            seed = os.urandom(32)  # fresh per round, never sent anywhere
-            self._seeds[t] = seed
-            mine = seed_commitment(self.state.run_id, t, self.state.role, seed)
-            self.state.history[t].seed_commitments = {"h1": request.commitment, "h2": mine}
-        return peer_pb2.SeedCommitment(
-            run_id=self.state.run_id,
-            round=t,
-            role=self.state.role,
-            scheme=SEED_COMMITMENT_SCHEME,
-            commitment=mine,
-        )
-
-    @abort_on_error
     def CosignRelease(
         self, request: peer_pb2.ReleaseStatement, context: grpc.ServicerContext
     ) -> peer_pb2.ReleaseStatement:
@@ -628,10 +607,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         state, t = self.state, request.round
         if len(request.statement) > MAX_STATEMENT_BYTES:
             raise FailedPreconditionError(f"release statements are <= {MAX_STATEMENT_BYTES} B")
+        spgc = state.plan.cfg.mode == "spgc"
+        link = self._own_link()  # before the entry: a lost link records nothing
         with self._lock:
             if t != state.round or state.phase != pb.ROUND_PHASE_COMPUTING:
                 raise FailedPreconditionError(f"round {t} has no agreed provider set here")
             self._refuse_a_second_release(t)
+            try:
+                theirs = checked_seed_commitment(request, t) if spgc else None
+            except PeerMismatchError as exc:
+                raise FailedPreconditionError(str(exc)) from None
+            pool_slice = self._check_pool_slice(t, request)
             statement, signature = state.release_statement(t)
             if request.statement != statement:
                 msg = (
@@ -641,15 +627,25 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 log.error("stopping: %s", msg)
                 state.fail(msg)
                 raise FailedPreconditionError(msg)
-            if t not in self._entries:  # a retried call records nothing twice
-                try:
-                    index = state.record_release(t, peer_sig=request.signature)
-                except PeerMismatchError as exc:  # H1's signature does not verify
-                    raise FailedPreconditionError(str(exc)) from None
-                self._entries[t] = (statement, index)
-        return peer_pb2.ReleaseStatement(
-            run_id=state.run_id, round=t, role=state.role, statement=statement, signature=signature
-        )
+            try:
+                index = state.record_release(t, peer_sig=request.signature)
+            except PeerMismatchError as exc:  # H1's signature does not verify
+                raise FailedPreconditionError(str(exc)) from None
+            seed = os.urandom(32) if spgc else None  # fresh per round, never sent anywhere
+            answer = peer_pb2.ReleaseStatement(
+                run_id=state.run_id,
+                round=t,
+                role=state.role,
+                statement=statement,
+                signature=signature,
+            )
+            if seed is not None and theirs is not None:
+                mine = seed_commitment(state.run_id, t, state.role, seed)
+                answer.seed.CopyFrom(seed_commitment_message(state.run_id, t, state.role, mine))
+                state.history[t].seed_commitments = {"h1": theirs, "h2": mine}
+            self._start_release(t, index, seed, pool_slice, link)
+            del seed  # the worker holds the only reference
+        return answer
 
     @abort_on_error
     def CloseLedger(
@@ -706,6 +702,15 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             )
             log.error("stopping: %s", msg)
             state.fail(msg)
+        else:
+            # Both hashes checked here (H1 checks ours in the answer before it publishes):
+            # publish, checkpoint, and open the next round, which H1 opens once answered.
+            with self._lock:
+                if state.pending is None or state.round != t:
+                    raise FailedPreconditionError(f"model v{request.version}: not pending here")
+                log_round(state, state.publish(t))
+                if not state.finished and not state.failure:
+                    state.open_round(t + 1)
         return peer_pb2.ModelDigest(
             run_id=state.run_id,
             version=request.version,

@@ -7,7 +7,7 @@
 - ``aggregation_pb2`` / ``aggregation_pb2_grpc``: provider <-> server (service ``Aggregator``:
   Hello, FetchModel, SubmitShare, RoundStatus);
 - ``peer_pb2`` / ``peer_pb2_grpc``: server <-> server control (service ``Peer``: Handshake,
-  RoundBarrier, AgreeProviders, CommitSeed, CheckModel);
+  RoundBarrier, AgreeProviders, CheckModel, CosignRelease, ...);
 - health: the standard ``grpc.health.v1`` service (``grpcio-health-checking``), added by
   :func:`spgc.wire.transport.add_health`;
 - :mod:`spgc.wire.digests`: the canonical hashes both sides must agree on;

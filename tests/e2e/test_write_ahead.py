@@ -343,47 +343,53 @@ def test_ldp_counts_every_noisy_vector_it_receives(pki: Path, tmp_path: Path) ->
 def test_h2_runs_one_release_per_round(
     pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An H1 that, once round 0's circuit is under way, asks H2 for another seed, another
-    co-signed ledger entry and another circuit for the same round (a second release on the
-    same sum) is refused each time; each ledger holds one release per round."""
-    from spgc.wire import SEED_COMMITMENT_SCHEME, peer_pb2, seed_commitment
+    """An H1 that, once round 0's release is under way, asks H2 for another co-signed ledger
+    entry (which would start another release on the same sum), with the same seed commitment
+    or another, is refused each time, as are the retired CIRCUIT_READY and MODEL_PUBLISHED
+    barriers; each ledger holds one release per round."""
+    from spgc.wire import peer_pb2, seed_commitment
 
     answers: list[str] = []
-    real = coordinator.H1Driver._barrier
+    real = coordinator.H1Driver.cosign_release
 
-    def barrier(self, t, which, *args, **kwargs):  # type: ignore[no-untyped-def]
-        reached = real(self, t, which, *args, **kwargs)
-        if which != peer_pb2.BARRIER_CIRCUIT_READY or answers:
-            return reached
+    def cosign(self, t, seed, pool_slice):  # type: ignore[no-untyped-def]
+        entry = real(self, t, seed, pool_slice)
+        if answers:
+            return entry
         run, h1 = self.state.run_id, pb.SERVER_ROLE_H1
         statement, signature = self.state.release_statement(t)
-        again = [
-            lambda: self.peer.CommitSeed(
-                peer_pb2.SeedCommitment(
-                    run_id=run, round=t, role=h1, scheme=SEED_COMMITMENT_SCHEME,
-                    commitment=seed_commitment(run, t, h1, b"s" * 32),
-                ), timeout=10,
-            ),
-            lambda: self.peer.CosignRelease(
-                peer_pb2.ReleaseStatement(
-                    run_id=run, round=t, role=h1, statement=statement, signature=signature
-                ), timeout=10,
-            ),
-            lambda: real(self, t, peer_pb2.BARRIER_CIRCUIT_READY),
-        ]  # fmt: skip
-        for call in again:
+
+        def again(other_seed: bytes) -> peer_pb2.ReleaseStatement:
+            commitment = seed_commitment(run, t, h1, other_seed)
+            msg = peer_pb2.ReleaseStatement(
+                run_id=run, round=t, role=h1, statement=statement, signature=signature
+            )
+            msg.seed.CopyFrom(coordinator.seed_commitment_message(run, t, h1, commitment))
+            return self.peer.CosignRelease(msg, timeout=10)
+
+        calls = [
+            lambda: again(seed),
+            lambda: again(b"s" * 32),
+            lambda: self._barrier(t, peer_pb2.BARRIER_CIRCUIT_READY),
+            lambda: self._barrier(t, peer_pb2.BARRIER_MODEL_PUBLISHED),
+        ]
+        for call in calls:
             try:
                 call()
                 answers.append("accepted")
             except grpc.RpcError as exc:
                 answers.append(f"{exc.code().name}: {exc.details()}")
-        return reached
+        return entry
 
-    monkeypatch.setattr(coordinator.H1Driver, "_barrier", barrier)
+    monkeypatch.setattr(coordinator.H1Driver, "cosign_release", cosign)
     daemons = start_pair(pki, tmp_path, **{**NOISY, "rounds": 2})
     run_rounds(pki, daemons, 2)
-    assert len(answers) == 3
-    assert all(a == "FAILED_PRECONDITION: round 0: its release already ran" for a in answers)
+    assert answers == [
+        "FAILED_PRECONDITION: round 0: its release already ran",
+        "FAILED_PRECONDITION: round 0: its release already ran",
+        f"FAILED_PRECONDITION: unknown barrier {peer_pb2.BARRIER_CIRCUIT_READY}",
+        f"FAILED_PRECONDITION: unknown barrier {peer_pb2.BARRIER_MODEL_PUBLISHED}",
+    ]
     for sub in ("s1", "s2"):
         assert verify_ledger(tmp_path / sub / "ledger.jsonl").steps == 2
 

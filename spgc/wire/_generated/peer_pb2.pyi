@@ -202,18 +202,22 @@ class ModelDigest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., num_parameters: _Optional[int] = ..., sha256: _Optional[bytes] = ...) -> None: ...
 
 class ReleaseStatement(_message.Message):
-    __slots__ = ("run_id", "round", "role", "statement", "signature")
+    __slots__ = ("run_id", "round", "role", "statement", "signature", "pool", "seed")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATEMENT_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     role: _aggregation_pb2.ServerRole
     statement: bytes
     signature: bytes
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+    pool: PoolSlice
+    seed: SeedCommitment
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., pool: _Optional[_Union[PoolSlice, _Mapping]] = ..., seed: _Optional[_Union[SeedCommitment, _Mapping]] = ...) -> None: ...
 
 class WorkerPairing(_message.Message):
     __slots__ = ("run_id", "role", "workers", "addresses")

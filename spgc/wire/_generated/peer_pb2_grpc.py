@@ -53,11 +53,6 @@ class PeerStub:
                 request_serializer=spgc_dot_v1_dot_peer__pb2.ProviderSet.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_peer__pb2.ProviderAgreement.FromString,
                 _registered_method=True)
-        self.CommitSeed = channel.unary_unary(
-                '/spgc.v1.Peer/CommitSeed',
-                request_serializer=spgc_dot_v1_dot_peer__pb2.SeedCommitment.SerializeToString,
-                response_deserializer=spgc_dot_v1_dot_peer__pb2.SeedCommitment.FromString,
-                _registered_method=True)
         self.CheckModel = channel.unary_unary(
                 '/spgc.v1.Peer/CheckModel',
                 request_serializer=spgc_dot_v1_dot_peer__pb2.ModelDigest.SerializeToString,
@@ -115,22 +110,17 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def CommitSeed(self, request, context):
-        """Exchange of seed commitments before the circuit runs; returns the callee's commitment.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def CheckModel(self, request, context):
-        """Waits until the callee has model `version`, returns its digest; each side compares.
+        """Waits until the callee has model `version`, returns its digest; each side compares, and
+        each publishes once they agree (see ModelDigest).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CosignRelease(self, request, context):
-        """Co-signs the ledger entry of round t's release before it happens (see ReleaseStatement).
+        """Co-signs the ledger entry of round t's release before it happens, exchanging the seed
+        commitments or naming the pool entries, and starts it at the callee (see ReleaseStatement).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -188,11 +178,6 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.AgreeProviders,
                     request_deserializer=spgc_dot_v1_dot_peer__pb2.ProviderSet.FromString,
                     response_serializer=spgc_dot_v1_dot_peer__pb2.ProviderAgreement.SerializeToString,
-            ),
-            'CommitSeed': grpc.unary_unary_rpc_method_handler(
-                    servicer.CommitSeed,
-                    request_deserializer=spgc_dot_v1_dot_peer__pb2.SeedCommitment.FromString,
-                    response_serializer=spgc_dot_v1_dot_peer__pb2.SeedCommitment.SerializeToString,
             ),
             'CheckModel': grpc.unary_unary_rpc_method_handler(
                     servicer.CheckModel,
@@ -307,33 +292,6 @@ class Peer:
             '/spgc.v1.Peer/AgreeProviders',
             spgc_dot_v1_dot_peer__pb2.ProviderSet.SerializeToString,
             spgc_dot_v1_dot_peer__pb2.ProviderAgreement.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CommitSeed(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/spgc.v1.Peer/CommitSeed',
-            spgc_dot_v1_dot_peer__pb2.SeedCommitment.SerializeToString,
-            spgc_dot_v1_dot_peer__pb2.SeedCommitment.FromString,
             options,
             channel_credentials,
             insecure,

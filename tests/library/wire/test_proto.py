@@ -196,7 +196,6 @@ def test_services_and_package() -> None:
         "Handshake",
         "RoundBarrier",
         "AgreeProviders",
-        "CommitSeed",
         "CheckModel",
         "CosignRelease",
         "CloseLedger",
