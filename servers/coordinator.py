@@ -19,15 +19,16 @@ a steady round makes three (issue 47; tests/servers/test_round_trips.py counts t
                          stop loudly), publishes t+1, opens t+1; H1 compares, publishes, opens
 
 Modes (SPEC section 5): ``dng`` runs the same rounds with no garbled circuit and no seed
-commitments: at CIRCUIT_READY each server adds its own discrete Gaussian to its share and the two
-exchange the noisy shares over the garbled-circuit data link (:func:`dng_exchange`). ``plain``
+commitments: once the release is co-signed each server adds its own discrete Gaussian to its
+share and the two exchange the noisy shares over the garbled-circuit data link
+(:func:`dng_exchange`). ``plain``
 and ``ldp`` have one server and no peer: :class:`SingleDriver` runs the rounds alone and reads
 the providers' clear sum from the intake (:func:`compute_single`).
 
 Mode ``preprocessed`` (servers.noise_pool): the noise comes from each server's pool of noise
 shares made ahead by the sampler circuit; H1 keeps the pool ahead of the rounds from a thread
 of its own (:class:`NoiseProducer`; a round waits only when the pool is short), names the pool
-entries of the round at CIRCUIT_READY (H2 refuses other entries), and the round itself is
+entries of the round in CosignRelease (H2 refuses other entries), and the round itself is
 dng's exchange with the pool shares as the noise, on its own connection of the data link: one
 ring element per coordinate each way, no circuit.
 
