@@ -224,7 +224,8 @@ def compute_round(
     """This server's half of the circuit on its restricted sum (dng: noise and exchange;
     preprocessed: the pool's noise shares ``pool_slice`` and the exchange), then the Adam step.
     ``entry``: the ledger index of this release, recorded and co-signed by both servers before
-    (write-ahead: :meth:`H1Driver.cosign_release`, the Peer service's CosignRelease).
+    (write-ahead: :meth:`H1Driver.record_cosigned`, the Peer service's AgreeProviders or
+    CosignRelease).
 
     Returns the SHA-256 of the pending model version t+1.
     """
@@ -615,6 +616,13 @@ class H1Driver(_RoundLoop):
 
         ids = [state.history[t].vector_ids.get(name, b"") for name in received]
         proofs = own_verifier_messages(state, t, received)
+        seed = os.urandom(32) if cfg.mode == "spgc" else None
+        # The release statement rides with the set (it does not depend on P_t), with the pool
+        # entries when the pool holds them now: a short pool waits only once P_t is agreed.
+        pool_slice, release = None, None
+        if self.producer is None or state.pool.available >= state.plan.dim:
+            pool_slice = None if self.producer is None else self.producer.slice_for_round(t)
+            release = self.release_message(t, seed, pool_slice)
         mine = peer_pb2.ProviderSet(
             run_id=state.run_id,
             round=t,
@@ -625,6 +633,7 @@ class H1Driver(_RoundLoop):
             vector_ids=ids,
             norm_verifiers=proofs,
             verify_coin=coin,
+            release=release,
         )
         # Without verified inputs this is the intake barrier too: H2 waits for its own.
         wait = RPC_SLACK if norm is not None else cfg.round_deadline + RPC_SLACK
@@ -644,11 +653,17 @@ class H1Driver(_RoundLoop):
         state.set_agreed(t, agreed, proceed, reason, mismatched, refused)
         if not proceed:
             log_round(state, state.history[t])
-            return
+            return  # nothing recorded: H2 dropped our statement with the round
 
-        seed = os.urandom(32) if cfg.mode == "spgc" else None
-        pool_slice = None if self.producer is None else self.producer.slice_for_round(t)
-        entry = self.cosign_release(t, seed, pool_slice)  # H2's side of the release starts
+        if release is not None and answer.callee.HasField("release"):
+            entry = self.record_cosigned(t, release, answer.callee.release)
+        else:  # no pool entries were ready: they come with a call of their own
+            if self.producer is not None:
+                pool_slice = self.producer.slice_for_round(t)
+            release = self.release_message(t, seed, pool_slice)
+            answered = self.peer.CosignRelease(release, timeout=RPC_SLACK)
+            entry = self.record_cosigned(t, release, answered)
+        # H2's side of the release has started; ours starts now that our entry is written.
         try:
             sha = compute_round(state, self.link, t, entry, seed, pool_slice)
         except BaseException as exc:
@@ -695,12 +710,13 @@ class H1Driver(_RoundLoop):
             )
         super().end_for_want_of_providers(reason)
 
-    def cosign_release(self, t: int, seed: bytes | None, pool_slice: PoolSlice | None) -> int:
-        """Write-ahead, on both servers: H2 checks H1's statement of round t's release (and
-        the pool entries it names), records it with H1's signature, starts its side of the
-        release and answers with its own signature, which H1 records; only then does H1 run
-        its side, without which H2's learns nothing. The seed commitments (spgc) travel with
-        the two statements. Returns H1's ledger index of the entry."""
+    def release_message(
+        self, t: int, seed: bytes | None, pool_slice: PoolSlice | None
+    ) -> peer_pb2.ReleaseStatement:
+        """H1's half of round t's co-signed release (write-ahead): its statement of the release
+        and signature, its commitment to ``seed`` (mode spgc) and the pool entries
+        ``pool_slice`` (preprocessed). H2 checks them, writes its entry with our signature,
+        starts its side of the release and answers with its own (:meth:`record_cosigned`)."""
         state = self.state
         statement, signature = state.release_statement(t)
         msg = peer_pb2.ReleaseStatement(
@@ -715,12 +731,20 @@ class H1Driver(_RoundLoop):
             msg.seed.CopyFrom(seed_commitment_message(state.run_id, t, pb.SERVER_ROLE_H1, mine))
         if pool_slice is not None:
             msg.pool.CopyFrom(slice_message(pool_slice))
-        answer = self.peer.CosignRelease(msg, timeout=RPC_SLACK)
-        if answer.statement != statement or answer.round != t:
+        return msg
+
+    def record_cosigned(
+        self, t: int, mine: peer_pb2.ReleaseStatement, answer: peer_pb2.ReleaseStatement
+    ) -> int:
+        """H2 co-signed ``mine`` (its entry is written and its side of the release started):
+        our entry, with H2's signature, written before our side starts (without which H2's
+        learns nothing). Returns our ledger index of the entry."""
+        state = self.state
+        if answer.statement != mine.statement or answer.round != t:
             raise PeerMismatchError(f"round {t}: H2 co-signed another release statement")
-        if seed is not None:
+        if mine.HasField("seed"):
             theirs = checked_seed_commitment(answer, t)
-            state.history[t].seed_commitments = {"h1": msg.seed.commitment, "h2": theirs}
+            state.history[t].seed_commitments = {"h1": mine.seed.commitment, "h2": theirs}
         return state.record_release(t, peer_sig=answer.signature)
 
 

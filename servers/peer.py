@@ -557,9 +557,14 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             # H1 sent no INTAKE_CLOSED: wait for OUR deadline (or all providers in), as that
             # barrier does, and close our intake.
             self._close_intake(t)
+        release = request.release if request.HasField("release") else None
+        link = None if release is None else self._own_link()  # before any entry
+        released = None
         with self._lock:
             if t != state.round or state.phase != pb.ROUND_PHASE_AGREEING:
                 raise FailedPreconditionError(f"round {t} is not closed at this server")
+            # H1's half of the release, checked before the set is taken (P_t does not change it).
+            checked = None if release is None else self._check_release(t, release)
             own = state.history[t].received
             own_ids = [state.history[t].vector_ids.get(name, b"") for name in own]
             try:
@@ -584,7 +589,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             )
             state.set_agreed(t, agreed, proceed, reason, mismatched, refused)
             if not proceed:
-                log_round(state, state.history[t])
+                log_round(state, state.history[t])  # nothing recorded, H1's statement dropped
+            elif release is not None and checked is not None:
+                released = self._cosign_and_start(t, release, checked, link)
         callee = peer_pb2.ProviderSet(
             run_id=state.run_id,
             round=t,
@@ -594,6 +601,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             min_providers=cfg.min_providers,
             vector_ids=own_ids,
             norm_verifiers=proofs,
+            release=released,
         )
         return peer_pb2.ProviderAgreement(
             callee=callee, agreed=agreed, agreed_digest=digest, proceed=proceed
@@ -603,48 +611,78 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     def CosignRelease(
         self, request: peer_pb2.ReleaseStatement, context: grpc.ServicerContext
     ) -> peer_pb2.ReleaseStatement:
+        """Round t's release, co-signed once P_t is agreed (H1 sent it without its provider
+        set: no pool entries were ready then)."""
         self._check(context, request.run_id, request.role)
         state, t = self.state, request.round
-        if len(request.statement) > MAX_STATEMENT_BYTES:
-            raise FailedPreconditionError(f"release statements are <= {MAX_STATEMENT_BYTES} B")
-        spgc = state.plan.cfg.mode == "spgc"
         link = self._own_link()  # before the entry: a lost link records nothing
         with self._lock:
             if t != state.round or state.phase != pb.ROUND_PHASE_COMPUTING:
                 raise FailedPreconditionError(f"round {t} has no agreed provider set here")
-            self._refuse_a_second_release(t)
-            try:
-                theirs = checked_seed_commitment(request, t) if spgc else None
-            except PeerMismatchError as exc:
-                raise FailedPreconditionError(str(exc)) from None
-            pool_slice = self._check_pool_slice(t, request)
-            statement, signature = state.release_statement(t)
-            if request.statement != statement:
-                msg = (
-                    f"round {t}: the release statements differ: h1 {request.statement[:400]!r}, "
-                    f"h2 {statement[:400]!r}"
-                )
-                log.error("stopping: %s", msg)
-                state.fail(msg)
-                raise FailedPreconditionError(msg)
-            try:
-                index = state.record_release(t, peer_sig=request.signature)
-            except PeerMismatchError as exc:  # H1's signature does not verify
-                raise FailedPreconditionError(str(exc)) from None
-            seed = os.urandom(32) if spgc else None  # fresh per round, never sent anywhere
-            answer = peer_pb2.ReleaseStatement(
-                run_id=state.run_id,
-                round=t,
-                role=state.role,
-                statement=statement,
-                signature=signature,
+            checked = self._check_release(t, request)
+            return self._cosign_and_start(t, request, checked, link)
+
+    def _check_release(
+        self, t: int, request: peer_pb2.ReleaseStatement
+    ) -> tuple[bytes | None, Any, bytes]:
+        """H1's half of round t's co-signed release, checked before anything is written (the
+        caller holds the lock): one release per round, its seed commitment (spgc), its pool
+        entries (preprocessed: this server's next ones, else it stops) and its statement
+        (this server's own, else it stops). Returns (H1's seed commitment, the pool slice,
+        this server's signature over the statement)."""
+        state = self.state
+        if request.round != t:
+            raise FailedPreconditionError(f"round {t}: H1's release statement is of another round")
+        if len(request.statement) > MAX_STATEMENT_BYTES:
+            raise FailedPreconditionError(f"release statements are <= {MAX_STATEMENT_BYTES} B")
+        self._refuse_a_second_release(t)
+        try:
+            theirs = checked_seed_commitment(request, t) if state.plan.cfg.mode == "spgc" else None
+        except PeerMismatchError as exc:
+            raise FailedPreconditionError(str(exc)) from None
+        pool_slice = self._check_pool_slice(t, request)
+        statement, signature = state.release_statement(t)
+        if request.statement != statement:
+            msg = (
+                f"round {t}: the release statements differ: h1 {request.statement[:400]!r}, "
+                f"h2 {statement[:400]!r}"
             )
-            if seed is not None and theirs is not None:
-                mine = seed_commitment(state.run_id, t, state.role, seed)
-                answer.seed.CopyFrom(seed_commitment_message(state.run_id, t, state.role, mine))
-                state.history[t].seed_commitments = {"h1": theirs, "h2": mine}
-            self._start_release(t, index, seed, pool_slice, link)
-            del seed  # the worker holds the only reference
+            log.error("stopping: %s", msg)
+            state.fail(msg)
+            raise FailedPreconditionError(msg)
+        return theirs, pool_slice, signature
+
+    def _cosign_and_start(
+        self,
+        t: int,
+        request: peer_pb2.ReleaseStatement,
+        checked: tuple[bytes | None, Any, bytes],
+        link: Any,
+    ) -> peer_pb2.ReleaseStatement:
+        """Write-ahead: this server's entry of round t's release with H1's signature (fsync),
+        then its side of the release, started; returns this server's half for H1 (the caller
+        holds the lock; round t's P_t is agreed and ``checked`` is :meth:`_check_release`'s)."""
+        state = self.state
+        theirs, pool_slice, signature = checked
+        try:
+            index = state.record_release(t, peer_sig=request.signature)
+        except PeerMismatchError as exc:  # H1's signature does not verify
+            raise FailedPreconditionError(str(exc)) from None
+        answer = peer_pb2.ReleaseStatement(
+            run_id=state.run_id,
+            round=t,
+            role=state.role,
+            statement=request.statement,
+            signature=signature,
+        )
+        seed = None
+        if theirs is not None:
+            seed = os.urandom(32)  # fresh per round, never sent anywhere (its commitment only)
+            mine = seed_commitment(state.run_id, t, state.role, seed)
+            answer.seed.CopyFrom(seed_commitment_message(state.run_id, t, state.role, mine))
+            state.history[t].seed_commitments = {"h1": theirs, "h2": mine}
+        self._start_release(t, index, seed, pool_slice, link)
+        del seed  # the worker holds the only reference
         return answer
 
     @abort_on_error

@@ -344,32 +344,35 @@ def test_h2_runs_one_release_per_round(
     pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An H1 that, once round 0's release is under way, asks H2 for another co-signed ledger
-    entry (which would start another release on the same sum), with the same seed commitment
-    or another, is refused each time, as are the retired CIRCUIT_READY and MODEL_PUBLISHED
-    barriers; each ledger holds one release per round."""
-    from spgc.wire import peer_pb2, seed_commitment
+    entry (which would start another release on the same sum), with its seed commitment or
+    another, alone or with another provider set, is refused each time, as are the retired
+    CIRCUIT_READY and MODEL_PUBLISHED barriers; each ledger holds one release per round."""
+    from spgc.wire import peer_pb2, provider_set_digest, seed_commitment
 
     answers: list[str] = []
-    real = coordinator.H1Driver.cosign_release
+    real = coordinator.H1Driver.record_cosigned
 
-    def cosign(self, t, seed, pool_slice):  # type: ignore[no-untyped-def]
-        entry = real(self, t, seed, pool_slice)
+    def record(self, t, mine, answer):  # type: ignore[no-untyped-def]
+        entry = real(self, t, mine, answer)  # H2 wrote its entry and started its side
         if answers:
             return entry
         run, h1 = self.state.run_id, pb.SERVER_ROLE_H1
-        statement, signature = self.state.release_statement(t)
 
-        def again(other_seed: bytes) -> peer_pb2.ReleaseStatement:
-            commitment = seed_commitment(run, t, h1, other_seed)
-            msg = peer_pb2.ReleaseStatement(
-                run_id=run, round=t, role=h1, statement=statement, signature=signature
-            )
+        def again(commitment: bytes) -> peer_pb2.ReleaseStatement:
+            msg = peer_pb2.ReleaseStatement()
+            msg.CopyFrom(mine)
             msg.seed.CopyFrom(coordinator.seed_commitment_message(run, t, h1, commitment))
-            return self.peer.CosignRelease(msg, timeout=10)
+            return msg
 
+        other = seed_commitment(run, t, h1, b"s" * 32)
+        with_set = peer_pb2.ProviderSet(
+            run_id=run, round=t, role=h1, providers=[], digest=provider_set_digest([]),
+            min_providers=self.state.plan.cfg.min_providers, release=again(other),
+        )  # fmt: skip
         calls = [
-            lambda: again(seed),
-            lambda: again(b"s" * 32),
+            lambda: self.peer.CosignRelease(again(mine.seed.commitment), timeout=10),
+            lambda: self.peer.CosignRelease(again(other), timeout=10),
+            lambda: self.peer.AgreeProviders(with_set, timeout=10),
             lambda: self._barrier(t, peer_pb2.BARRIER_CIRCUIT_READY),
             lambda: self._barrier(t, peer_pb2.BARRIER_MODEL_PUBLISHED),
         ]
@@ -381,12 +384,13 @@ def test_h2_runs_one_release_per_round(
                 answers.append(f"{exc.code().name}: {exc.details()}")
         return entry
 
-    monkeypatch.setattr(coordinator.H1Driver, "cosign_release", cosign)
+    monkeypatch.setattr(coordinator.H1Driver, "record_cosigned", record)
     daemons = start_pair(pki, tmp_path, **{**NOISY, "rounds": 2})
     run_rounds(pki, daemons, 2)
     assert answers == [
         "FAILED_PRECONDITION: round 0: its release already ran",
         "FAILED_PRECONDITION: round 0: its release already ran",
+        "FAILED_PRECONDITION: round 0 is not closed at this server",
         f"FAILED_PRECONDITION: unknown barrier {peer_pb2.BARRIER_CIRCUIT_READY}",
         f"FAILED_PRECONDITION: unknown barrier {peer_pb2.BARRIER_MODEL_PUBLISHED}",
     ]

@@ -140,7 +140,7 @@ class NoiseBlock(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProviderSet(_message.Message):
-    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids", "norm_verifiers", "verify_coin")
+    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids", "norm_verifiers", "verify_coin", "release")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class ProviderSet(_message.Message):
     VECTOR_IDS_FIELD_NUMBER: _ClassVar[int]
     NORM_VERIFIERS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_COIN_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     role: _aggregation_pb2.ServerRole
@@ -159,7 +160,8 @@ class ProviderSet(_message.Message):
     vector_ids: _containers.RepeatedScalarFieldContainer[bytes]
     norm_verifiers: _containers.RepeatedScalarFieldContainer[bytes]
     verify_coin: bytes
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ..., vector_ids: _Optional[_Iterable[bytes]] = ..., norm_verifiers: _Optional[_Iterable[bytes]] = ..., verify_coin: _Optional[bytes] = ...) -> None: ...
+    release: ReleaseStatement
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ..., vector_ids: _Optional[_Iterable[bytes]] = ..., norm_verifiers: _Optional[_Iterable[bytes]] = ..., verify_coin: _Optional[bytes] = ..., release: _Optional[_Union[ReleaseStatement, _Mapping]] = ...) -> None: ...
 
 class ProviderAgreement(_message.Message):
     __slots__ = ("callee", "agreed", "agreed_digest", "proceed")
