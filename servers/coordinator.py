@@ -1,7 +1,8 @@
 """Round coordination. H1 drives every round over the Peer service; H2 follows (servers.peer).
 
 Per round t (SPEC section 3, steps 6-10); each call is a round trip between the servers, so
-a steady round makes three (issue 47; tests/servers/test_round_trips.py counts them)::
+a steady round makes two besides the release itself (issue 47; tests/servers/test_round_trips.py
+counts them)::
 
     H1 open t ---------- RoundBarrier(ROUND_OPEN) ----------> H2 opens t
                          (round 0, and after a skipped round or a re-pairing only: else H2
@@ -10,11 +11,13 @@ a steady round makes three (issue 47; tests/servers/test_round_trips.py counts t
                          closes its intake; intersection (< min_providers: round skipped, no
                          noise, not accounted). Verified inputs: RoundBarrier(INTAKE_CLOSED)
                          first, for the norm-proof coin (H1 commits, H2 answers, H1 opens).
-    CosignRelease ------ the ledger entry, co-signed, with the seed commitments (spgc; each
-                         seed os.urandom(32), never leaves its server) or the pool entries
-                         (preprocessed) -> H2 writes its entry, starts its side of the release,
-                         answers; H1 writes its entry, then runs its side (H1 garbler / sends
-                         first, H2 evaluator / receives first)
+                         With the set rides H1's half of the co-signed ledger entry, with the
+                         seed commitment (spgc; each seed os.urandom(32), never leaves its
+                         server) or the pool entries (preprocessed): H2, the round proceeding,
+                         writes its entry, starts its side of the release and answers with
+                         its half; H1 writes its entry, then runs its side (H1 garbler / sends
+                         first, H2 evaluator / receives first). [CosignRelease: the entry in
+                         a call of its own, when the pool was short as the set went out.]
     g = Y / s, Adam step, CheckModel ----------------------> H2 compares the hashes (else both
                          stop loudly), publishes t+1, opens t+1; H1 compares, publishes, opens
 
