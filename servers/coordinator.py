@@ -545,8 +545,10 @@ class H1Driver(_RoundLoop):
             if state.plan.cfg.mode == "preprocessed"
             else None
         )
-        # The round H2 opened answering our last CheckModel (no ROUND_OPEN call for it).
+        # The round H2 opened answering our last CheckModel (no ROUND_OPEN call for it), and
+        # the one we opened ourselves as the last round was published.
         self.peer_opened: int | None = None
+        self.opened: int | None = None
 
     def run(self) -> None:
         """Preprocessed: reconcile the pools and fill them before round 0 (the offline phase),
@@ -595,11 +597,12 @@ class H1Driver(_RoundLoop):
 
     def run_round(self, t: int) -> None:
         state, cfg = self.state, self.state.plan.cfg
-        state.open_round(t)
+        if self.opened != t:  # else opened as round t-1 was published, before its checkpoint
+            state.open_round(t)
         norm = state.plan.norm_proof
         if self.peer_opened != t:  # else H2 opened t answering the last round's CheckModel
             self._barrier(t, peer_pb2.BARRIER_ROUND_OPEN)
-        self.peer_opened = None
+        self.opened = self.peer_opened = None
         state.wait_intake_done(t, self.stop)
         if self.stop.is_set():
             return
@@ -691,9 +694,15 @@ class H1Driver(_RoundLoop):
                 f"model v{t + 1} differs between the servers: h1 {sha.hex()[:16]} "
                 f"h2 {other.sha256.hex()[:16]}"
             )
-        log_round(state, state.publish(t))
+        rec = state.publish(t)
         if not state.finished:
             self.peer_opened = t + 1
+            if not self.stop.is_set() and not state.too_few_accepted():
+                # Round t+1 opens here too now (H2 has opened it): its providers start while
+                # we evaluate and checkpoint v(t+1), which round t+1 does not change.
+                state.open_round(t + 1)
+                self.opened = t + 1
+        log_round(state, rec)
 
     def still_waiting(self) -> None:
         """H2 stops after peer_timeout without a call from H1: say H1 is alive, before round 0."""
