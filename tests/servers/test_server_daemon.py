@@ -715,7 +715,7 @@ def test_providers_that_decline_end_the_first_round_wait_at_both_servers(pki, tm
 
 def test_h2_answers_the_last_round_before_it_stops(pki, tmp_path, monkeypatch):
     """H2 logs, evaluates and checkpoints the last round after it is finished; stopping H2 as
-    soon as it is done must not cut H1's MODEL_PUBLISHED call short."""
+    soon as it is done must not cut H1's CheckModel call short (H2 publishes in it)."""
     from spgc.servers import peer
 
     real = peer.log_round
