@@ -106,7 +106,7 @@ class DepthArithmetic:
 
     def _pick(self, options: Sequence[tuple[int, int, Any]]) -> Any:
         """The plan of the least ``ands + layer_cost * depth`` (estimates), then least depth;
-        under a deadline (:func:`garbled_core.circuit.describe_with_slack`) the fewest ANDs
+        under a deadline (:func:`garbled_core.depth_search.describe_with_slack`) the fewest ANDs
         ready by it, else the shallowest."""
         deadline = self._deadline_now
         if deadline is not None:

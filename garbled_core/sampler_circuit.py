@@ -12,14 +12,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from garbled_core.circuit import (
-    DEPTH_SEARCH_LAYER_COSTS,
-    MAX_PORT_WIDTH,
-    Bits,
-    CircuitBuilder,
-    CircuitDescription,
-    describe_within_depth,
-)
+from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder, CircuitDescription
+from garbled_core.depth_search import DEPTH_SEARCH_LAYER_COSTS, describe_within_depth
 from garbled_core.sampler_tables import DEFAULT_SCHEDULE, AliasTable, SamplerParams
 
 MAX_TRIAL_DEPTH = 28

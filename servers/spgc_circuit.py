@@ -26,13 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from garbled_core.circuit import (
-    MAX_PORT_WIDTH,
-    Bits,
-    CircuitBuilder,
-    CircuitDescription,
-    describe_within_depth,
-)
+from garbled_core.circuit import MAX_PORT_WIDTH, Bits, CircuitBuilder, CircuitDescription
+from garbled_core.depth_search import describe_within_depth
 from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, monomials, table_lookup
 from garbled_core.sampler_circuit import describe_trial_with
 from garbled_core.sampler_tables import SamplerParams
@@ -152,7 +147,7 @@ def _describe(
     """The description ``make`` builds. ``"ripple"``: the garbled circuits, names and digests as
     ever. ``"depth"`` (for an interactive backend, named with a ``-depth`` tail): about the
     fewest AND gates within ``max_depth`` layers (ripple wherever that is shallow enough; see
-    :func:`garbled_core.circuit.describe_within_depth`). A round runs the trial circuits, then
+    :func:`garbled_core.depth_search.describe_within_depth`). A round runs the trial circuits, then
     the noisy sum: a smaller ``max_depth`` here saves round trips for a few more AND gates."""
     if arithmetic == "ripple":
         b = CircuitBuilder(name)

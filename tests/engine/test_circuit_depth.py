@@ -16,9 +16,8 @@ from garbled_core.circuit import (
     OP_XOR,
     Bits,
     CircuitDescription,
-    describe_with_slack,
-    describe_within_depth,
 )
+from garbled_core.depth_search import describe_with_slack, describe_within_depth
 from garbled_core.discrete_gaussian import (
     MAX_TRIAL_DEPTH,
     SPECULATE_LAYER_COST,
