@@ -29,8 +29,7 @@ std::vector<uint8_t> pack_bits(const std::vector<uint8_t>& bits) {
 }  // namespace
 
 AuthParty::AuthParty(Channel& ch, bool first, const block* delta_for_test) : ch_(ch), first_(first) {
-  delta_ = delta_for_test ? *delta_for_test
-                          : xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  delta_ = delta_for_test ? *delta_for_test : random_delta();
   if (!lsb(delta_)) throw std::invalid_argument("Delta must have its lowest bit set");
 }
 

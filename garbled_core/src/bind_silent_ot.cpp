@@ -77,8 +77,7 @@ void bind_silent_ot(py::module_& m) {
     const std::vector<size_t> sizes = extend_sizes(m_ots);
     size_t total = 0;
     for (size_t s : sizes) total += s;
-    gc::block delta = gc::xor_block(gc::and_block(gc::random_block(), gc::make_block(~0ull, ~1ull)),
-                                    gc::make_block(0, 1));
+    gc::block delta = gc::random_delta();
     gc::BlockVector q(total);
     Counts c;
     {

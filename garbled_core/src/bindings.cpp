@@ -483,8 +483,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("_cot_send", [block_of](gc::Channel& ch, size_t m_ots, int ot_k, bool checked, py::object delta_bytes,
                                  bool open_another_coin) {
     gc::block delta = delta_bytes.is_none()
-                          ? gc::xor_block(gc::and_block(gc::random_block(), gc::make_block(~0ull, ~1ull)),
-                                          gc::make_block(0, 1))
+                          ? gc::random_delta()
                           : block_of(delta_bytes.cast<py::bytes>(), "delta");
     gc::BlockVector q(m_ots);
     {

@@ -490,7 +490,7 @@ SoftSpokenRandomOt::SoftSpokenRandomOt(int k) : sender_(k), receiver_(k) {}
 void SoftSpokenRandomOt::setup(Channel& ch, int party, block salt) {
   party_ = party;
   salt_ = salt;
-  delta_ = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  delta_ = random_delta();
   // Direction 0 (party 0 sends ROTs) first, then direction 1.
   if (party == 0) {
     sender_.setup(ch, delta_);
@@ -537,7 +537,7 @@ SilentRandomOt::~SilentRandomOt() = default;
 void SilentRandomOt::setup(Channel& ch, int party, block salt) {
   party_ = party;
   salt_ = salt;
-  delta_ = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  delta_ = random_delta();
   sender_ = std::make_unique<SilentCotSender>(ch, delta_, params_);
   receiver_ = std::make_unique<SilentCotReceiver>(ch, params_);
   sender_->pair_encoding_with(*receiver_);  // both directions share the LPN's random reads

@@ -30,4 +30,8 @@ block random_block() {
   return load_block(b);
 }
 
+block random_delta() {
+  return xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+}
+
 }  // namespace gc

@@ -518,8 +518,7 @@ void GarblerSession::setup() {
   if (ready_) return;
   exchange_hello(true);
   // Delta's low bit is 1 so that a label's colour bit flips with its value.
-  delta_ = random_block();
-  delta_ = xor_block(and_block(delta_, make_block(~0ull, ~1ull)), make_block(0, 1));
+  delta_ = random_delta();
   secure_random(&session_id_, sizeof(session_id_));
   salt_ = random_block();
   const_label_ = random_block();
@@ -838,7 +837,7 @@ size_t and_table_bytes(Scheme s, size_t n) {
 
 double garble_only_seconds(const Circuit& c, size_t n, size_t chunk, Scheme scheme) {
   size_t cap = std::max<size_t>(kHashGroup, round_up(chunk, kHashGroup));
-  block delta = xor_block(and_block(random_block(), make_block(~0ull, ~1ull)), make_block(0, 1));
+  block delta = random_delta();
   block salt = random_block();
   BlockVector wires((size_t)c.num_slots() * cap);
   secure_random(wires.data(), wires.size() * sizeof(block));

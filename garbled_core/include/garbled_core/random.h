@@ -13,4 +13,8 @@ void secure_random(void* out, size_t n);
 // One uniformly random 128-bit block.
 block random_block();
 
+// A global offset Delta: uniformly random but for its lowest bit, which is 1 (a garbling
+// label's colour bit flips with its value; IKNP, silent OT and the MAC keys share the rule).
+block random_delta();
+
 }  // namespace gc
