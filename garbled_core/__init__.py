@@ -17,6 +17,9 @@ A fourth backend, :class:`GmwParty` (``role="garbler"`` for H1, ``"evaluator"`` 
 the same circuits with GMW on XOR shares: Beaver triples from random OT (SoftSpoken ``ot_k``),
 one message each way per AND layer; ``run`` takes and returns what ``Garbler.run`` and
 ``Evaluator.run`` do (its ``Kept`` outputs hold XOR shares and feed only GMW runs).
+:class:`AuthGmwParty` is its maliciously secure form (``security: malicious``; auth_gmw.h):
+authenticated shares and triples, and a peer that deviates raises :class:`PeerDeviated` before
+any output computed from its messages is revealed.
 
 The prime-field kernels of the providers' norm proofs (``field_ntt``, ``field_matvec``,
 ``field_mul``, ``field_expand``, ``wraparound_dots``; field.h) work on uint64 values below a
@@ -27,6 +30,7 @@ from garbled_core._core import (
     DEFAULT_CHUNK,
     DEFAULT_OT_K,
     GARBLING_SCHEMES,
+    AuthGmwParty,
     Channel,
     ChannelError,
     ChannelTimeoutError,
@@ -38,6 +42,7 @@ from garbled_core._core import (
     KeptSelection,
     Listener,
     PeerClosedError,
+    PeerDeviated,
     ProtocolError,
     TlsConfig,
     TlsError,
@@ -58,6 +63,7 @@ __all__ = [
     "DEFAULT_CHUNK",
     "DEFAULT_OT_K",
     "GARBLING_SCHEMES",
+    "AuthGmwParty",
     "Bits",
     "Channel",
     "ChannelError",
@@ -72,6 +78,7 @@ __all__ = [
     "KeptSelection",
     "Listener",
     "PeerClosedError",
+    "PeerDeviated",
     "ProtocolError",
     "TlsConfig",
     "TlsError",

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "garbled_core/iknp.h"
 #include "garbled_core/random.h"
@@ -20,13 +21,19 @@ std::array<uint8_t, 32> mac_digest(const BlockVector& macs) {
   return h.digest();
 }
 
+}  // namespace
+
 std::vector<uint8_t> pack_bits(const std::vector<uint8_t>& bits) {
   std::vector<uint8_t> out((bits.size() + 7) / 8, 0);
   for (size_t i = 0; i < bits.size(); ++i) out[i >> 3] |= (uint8_t)((bits[i] & 1) << (i & 7));
   return out;
 }
 
-}  // namespace
+std::vector<uint8_t> unpack_bits(const std::vector<uint8_t>& packed, size_t n) {
+  std::vector<uint8_t> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = (packed[i >> 3] >> (i & 7)) & 1;
+  return out;
+}
 
 AuthParty::AuthParty(Channel& ch, bool first, const block* delta_for_test) : ch_(ch), first_(first) {
   delta_ = delta_for_test ? *delta_for_test : random_delta();
@@ -124,6 +131,8 @@ std::vector<uint8_t> AuthParty::open(const AuthShares& s) {
     receive_theirs();
     send_ours();
   }
+  log_received(theirs.data(), theirs.size());
+  log_received(their_digest.data(), their_digest.size());
   BlockVector expected(s.size());
   std::vector<uint8_t> values(s.size());
   for (size_t i = 0; i < s.size(); ++i) {
@@ -134,6 +143,67 @@ std::vector<uint8_t> AuthParty::open(const AuthShares& s) {
   if (mac_digest(expected) != their_digest)
     throw PeerDeviated("the peer opened bits whose MACs do not hold (authenticated opening)");
   return values;
+}
+
+AuthShares AuthParty::slice(const AuthShares& s, size_t begin, size_t count) {
+  if (begin + count > s.size()) throw std::invalid_argument("slice past the end of the shares");
+  AuthShares out;
+  out.bits.assign(s.bits.begin() + (ptrdiff_t)begin, s.bits.begin() + (ptrdiff_t)(begin + count));
+  out.macs.resize(count);
+  out.keys.resize(count);
+  if (count) {
+    std::memcpy(static_cast<void*>(out.macs.data()), s.macs.data() + begin, count * sizeof(block));
+    std::memcpy(static_cast<void*>(out.keys.data()), s.keys.data() + begin, count * sizeof(block));
+  }
+  return out;
+}
+
+std::array<uint8_t, 32> AuthParty::evidence() {
+  std::array<uint8_t, 32> d = received_->digest();
+  received_ = std::make_unique<Sha256>();
+  return d;
+}
+
+// ------------------------------------------------------------------ deferred checks
+
+namespace {
+
+// The digest of party `role`'s MACs starts with this tag and the role, so that a party cannot
+// pass by echoing the digest it read (the two digests cover different MACs).
+void start_digest(Sha256& h, bool first_party) {
+  static const char kTag[] = "spgc.auth-bits.deferred.v1";
+  const uint8_t role = first_party ? 0 : 1;
+  h.update(kTag, sizeof kTag);
+  h.update(&role, 1);
+}
+
+}  // namespace
+
+DeferredMacCheck::DeferredMacCheck(AuthParty& party) : party_(party) {
+  start_digest(sent_, party.first());
+  start_digest(expected_, !party.first());
+}
+
+std::array<uint8_t, 32> DeferredMacCheck::our_digest() {
+  flush(sent_buf_, sent_used_, sent_);
+  return sent_.digest();
+}
+
+void DeferredMacCheck::check_peer(const std::array<uint8_t, 32>& theirs, const char* what) {
+  party_.log_received(theirs.data(), theirs.size());
+  flush(expected_buf_, expected_used_, expected_);
+  if (expected_.digest() != theirs)
+    throw PeerDeviated(std::string("the peer's MACs do not hold (") + what + ")");
+}
+
+void DeferredMacCheck::verify(const char* what) {
+  Channel& ch = party_.channel();
+  const std::array<uint8_t, 32> ours = our_digest();
+  std::array<uint8_t, 32> theirs{};
+  ch.send(ours.data(), ours.size());
+  ch.flush();
+  ch.recv(theirs.data(), theirs.size());
+  check_peer(theirs, what);
 }
 
 }  // namespace gc

@@ -6,6 +6,9 @@
 #include <vector>
 
 #include "garbled_core/auth_bits.h"
+#include "garbled_core/auth_triples.h"
+#include "garbled_core/iknp.h"
+#include "garbled_core/random.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -31,9 +34,85 @@ py::bytes block_bytes(gc::block b) {
   return py::bytes(reinterpret_cast<const char*>(out), 16);
 }
 
+py::list bits_list(const std::vector<uint8_t>& v) {
+  py::list l;
+  for (uint8_t b : v) l.append((int)b);
+  return l;
+}
+
 }  // namespace
 
+gc::TripleCheat triple_cheat(const std::string& kind, size_t index, int guess) {
+  gc::TripleCheat c;
+  c.index = index;
+  c.guess = guess;
+  if (kind == "u_error") {
+    c.kind = gc::TripleCheat::Kind::UError;
+    c.error = gc::random_block();
+  } else if (kind == "half_and_flip") {
+    c.kind = gc::TripleCheat::Kind::HalfAndFlip;
+  } else if (kind == "correction_flip") {
+    c.kind = gc::TripleCheat::Kind::CorrectionFlip;
+  } else if (kind == "check_flip") {
+    c.kind = gc::TripleCheat::Kind::CheckFlip;
+  } else {
+    throw py::value_error("unknown triple cheat '" + kind + "'");
+  }
+  return c;
+}
+
 void bind_auth_bits(py::module_& m) {
+  m.def("_bucket_size", &gc::bucket_size, "n"_a, "rho"_a,
+        "The bucket size the triples use for n triples at 2^-rho (auth_triples.h).");
+  m.def("_bucketing_error_log2", &gc::bucketing_error_log2, "n"_a, "bucket"_a,
+        "log2 of the bucketing bound for n buckets of the given size (auth_triples.h).");
+  m.def("_auth_triples_session", [](gc::Channel& ch, bool first, size_t n, int rho, bool leaky_only,
+                                    const std::string& cheat, size_t index, int guess) {
+    gc::TripleCheat c;
+    if (!cheat.empty()) c = triple_cheat(cheat, index, guess);
+    py::dict out;
+    std::vector<uint8_t> own_x, a, b, cv;
+    bool caught = false;
+    std::string message;
+    size_t bucket = 0;
+    {
+      py::gil_scoped_release release;
+      gc::AuthParty party(ch, first);
+      gc::TripleFactory factory(party);
+      gc::TripleDeviation hooks = c.hooks();
+      if (cheat.empty()) {  // the honest party shows the test its x bits (what a cheater bets on)
+        hooks = gc::TripleDeviation{};
+        hooks.context = &own_x;
+        hooks.observe_x = [](const std::vector<uint8_t>& x, void* self) {
+          *static_cast<std::vector<uint8_t>*>(self) = x;
+        };
+      }
+      factory.deviate_for_test(hooks);
+      try {
+        gc::AuthTriples t = leaky_only ? factory.leaky(n) : factory.make(n, rho);
+        bucket = factory.last_bucket_size();
+        a = party.open(t.a);
+        b = party.open(t.b);
+        cv = party.open(t.c);
+      } catch (const gc::PeerDeviated& e) {
+        caught = true;
+        message = e.what();
+      }
+    }
+    out["caught"] = caught;
+    out["message"] = message;
+    out["bucket"] = bucket;
+    out["own_x"] = bits_list(own_x);
+    out["a"] = bits_list(a);
+    out["b"] = bits_list(b);
+    out["c"] = bits_list(cv);
+    return out;
+  }, "channel"_a, "first"_a, "n"_a, "rho"_a = 40, "leaky_only"_a = false, "cheat"_a = "", "index"_a = 0,
+  "guess"_a = -1,
+  "Test hook: n authenticated triples (or leaky ones), opened with checks; a cheat makes this "
+  "party deviate in the leaky AND. Returns caught / message (PeerDeviated), the bucket size, "
+  "the honest party's x bits of the (last) leaky batch and the opened a, b, c.");
+
   m.def("_auth_bits_session", [](gc::Channel& ch, bool first, size_t n, const std::vector<uint8_t>& public_bits,
                                  long flip_index, py::object mac_offset, py::object delta_bytes) {
     if (public_bits.size() != n) throw py::value_error("public_bits: one per share");

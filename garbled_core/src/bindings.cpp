@@ -10,6 +10,7 @@
 #include <string>
 
 #include "garbled_core/bind_channel.h"
+#include "garbled_core/auth_gmw.h"
 #include "garbled_core/bind_auth_bits.h"
 #include "garbled_core/bind_field.h"
 #include "garbled_core/bind_gmw.h"
@@ -402,6 +403,57 @@ PYBIND11_MODULE(_core, m) {
         const auto& t = s.last_transcript();
         return py::bytes(reinterpret_cast<const char*>(t.data()), t.size());
       }, "SHA-256 of the peer's openings in the last run (differs between runs: fresh triples).");
+
+  py::class_<gc::AuthGmwParty>(m, "AuthGmwParty",
+      "One server of authenticated GMW (security: malicious; auth_gmw.h): role 'garbler' (H1) or "
+      "'evaluator' (H2). run() takes and returns what GmwParty.run does; a peer caught deviating "
+      "raises PeerDeviated before any output computed from its messages is revealed.")
+      .def(py::init([](gc::Channel& ch, const std::string& role, int rho) {
+        const int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
+        if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
+        if (rho < 1 || rho > 128) throw py::value_error("rho must be in 1..128 (statistical security bits)");
+        return new gc::AuthGmwParty(ch, party, rho);
+      }), "channel"_a, "role"_a, "rho"_a = gc::kDefaultRho, py::keep_alive<1, 2>())
+      .def("setup", [](gc::AuthGmwParty& s) { py::gil_scoped_release r; s.setup(); })
+      .def("run", [](gc::AuthGmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
+        const gc::InputOwner self = s.party() == 0 ? gc::InputOwner::Garbler : gc::InputOwner::Evaluator;
+        return run_session(s, c, inputs, carried, n, self);
+      }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
+      .def_property_readonly("runs", &gc::AuthGmwParty::runs)
+      .def_property_readonly("role", [](const gc::AuthGmwParty& s) { return s.party() == 0 ? "garbler" : "evaluator"; })
+      .def_property_readonly("rho", &gc::AuthGmwParty::rho)
+      .def_property_readonly("triples_used", &gc::AuthGmwParty::triples_used,
+                             "Authenticated AND triples consumed over every run (AND gates x instances).")
+      .def_property_readonly("leaky_triples_made", &gc::AuthGmwParty::leaky_triples_made,
+                             "Leaky triples made for them (bucket size x triples).")
+      .def_property_readonly("last_bucket_size", &gc::AuthGmwParty::last_bucket_size)
+      .def_property_readonly("last_layers", &gc::AuthGmwParty::last_layers)
+      .def_property_readonly("evidence_digest", [](const gc::AuthGmwParty& s) {
+        return gc::hex(s.evidence().data(), s.evidence().size());
+      }, "Hex SHA-256 of everything the peer sent in the last run (kept as evidence on an abort).")
+      .def("_deviate_for_test", [](gc::AuthGmwParty& s, const std::string& kind, size_t index, py::object mac_offset) {
+        gc::AuthGmwDeviation d;
+        if (kind == "flip_opening") d.kind = gc::AuthGmwDeviation::Kind::FlipOpening;
+        else if (kind == "flip_wire") d.kind = gc::AuthGmwDeviation::Kind::FlipWire;
+        else if (kind == "flip_output") d.kind = gc::AuthGmwDeviation::Kind::FlipOutput;
+        else if (kind == "flip_input_mask") d.kind = gc::AuthGmwDeviation::Kind::FlipInputMask;
+        else throw py::value_error("unknown deviation '" + kind + "'");
+        d.index = index;
+        if (!mac_offset.is_none()) {
+          std::string b = mac_offset.cast<py::bytes>();
+          if (b.size() != 16) throw py::value_error("mac_offset: 16 bytes");
+          d.mac_offset = gc::load_block(b.data());
+        }
+        s.deviate_for_test(d);
+      }, "kind"_a, "index"_a, "mac_offset"_a = py::none(), "Test hook: make this party deviate (never outside tests).")
+      .def("_deviate_triples_for_test", [](gc::AuthGmwParty& s, const std::string& kind, size_t index) {
+        s.deviate_triples_for_test(triple_cheat(kind, index, -1));
+      }, "kind"_a, "index"_a, "Test hook: make this party deviate in the leaky AND (never outside tests).")
+      .def("_delta_for_test", [](const gc::AuthGmwParty& s) {
+        uint8_t b[16];
+        gc::store_block(b, s.delta_for_test());
+        return py::bytes(reinterpret_cast<const char*>(b), 16);
+      });
 
   m.def("garble_only", [](const gc::Circuit& c, size_t n, size_t chunk, const std::string& scheme) {
     gc::Scheme s = parse_scheme(scheme);

@@ -17,16 +17,6 @@
 
 namespace gc {
 
-namespace {
-
-// 3: the hello names the garbling scheme and ot_k; 4: the run header names the chunk size and
-// a chunk's decoding bits precede its tables.
-constexpr uint32_t kProtocolVersion = 4;
-constexpr char kGarblerHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'G'};
-constexpr char kEvaluatorHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'E'};
-
-size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
-
 std::string hex(const uint8_t* p, size_t n) {
   static const char* digits = "0123456789abcdef";
   std::string s;
@@ -36,6 +26,16 @@ std::string hex(const uint8_t* p, size_t n) {
   }
   return s;
 }
+
+namespace {
+
+// 3: the hello names the garbling scheme and ot_k; 4: the run header names the chunk size and
+// a chunk's decoding bits precede its tables.
+constexpr uint32_t kProtocolVersion = 4;
+constexpr char kGarblerHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'G'};
+constexpr char kEvaluatorHello[8] = {'S', 'P', 'G', 'C', 'G', 'C', '-', 'E'};
+
+size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 inline bool packed_bit(const uint8_t* bits, size_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
 

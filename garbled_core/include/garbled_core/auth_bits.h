@@ -14,18 +14,25 @@
 // is checked: each party sends its bits and SHA-256 of its MACs on them; each recomputes the
 // MACs it expects, K_P[i] ^ x_Q[i] * Delta_P, and refuses (PeerDeviated) unless the digests
 // match. A party that opens a flipped bit must send the MAC ^ Delta of the other party's key,
-// so it passes with probability 2^-127 (Delta's 127 secret bits). AND gates need authenticated
-// triples (layer 2's other part, not built).
+// so it passes with probability 2^-127 (Delta's 127 secret bits). AND gates use authenticated
+// triples (auth_triples.h).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "garbled_core/block.h"
 #include "garbled_core/channel.h"
+#include "garbled_core/sha256.h"
 
 namespace gc {
+
+// Bits (one byte each, 0 or 1) packed LSB first, 8 to a byte, as they travel; and back.
+std::vector<uint8_t> pack_bits(const std::vector<uint8_t>& bits);
+std::vector<uint8_t> unpack_bits(const std::vector<uint8_t>& packed, size_t n);
 
 struct AuthShares {
   std::vector<uint8_t> bits;  // x_P[i], one byte (0 or 1) per share
@@ -40,6 +47,8 @@ class AuthParty {
   // drawn from the CSPRNG; a test may give it (lowest bit set) to play a cheater who knows it.
   AuthParty(Channel& ch, bool first, const block* delta_for_test = nullptr);
   block delta() const { return delta_; }
+  bool first() const { return first_; }
+  Channel& channel() { return ch_; }
 
   // n random authenticated shares (x uniform, each party's bit uniform and private).
   AuthShares random(size_t n);
@@ -48,8 +57,16 @@ class AuthParty {
   // a ^ b, and a ^ c for public bits c (local).
   static AuthShares xor_shares(const AuthShares& a, const AuthShares& b);
   AuthShares xor_public(const AuthShares& a, const std::vector<uint8_t>& c) const;
+  // Shares [begin, begin + count) of s (a copy).
+  static AuthShares slice(const AuthShares& s, size_t begin, size_t count);
   // The values x, checked (PeerDeviated unless the peer's bits carry their MACs).
   std::vector<uint8_t> open(const AuthShares& s);
+
+  // Everything the peer sent that the authenticated protocols read through log_received
+  // (openings, triple messages, check digests): its SHA-256 is the evidence an honest party
+  // keeps when it catches the peer. evidence() returns it and starts a new one.
+  void log_received(const void* data, size_t n) { received_->update(data, n); }
+  std::array<uint8_t, 32> evidence();
 
   // Fault injection for tests, a party that deviates when it opens: `opening` may change the
   // bits and MACs it is about to send. Never set outside tests.
@@ -64,6 +81,43 @@ class AuthParty {
   bool first_;
   block delta_;
   Deviation deviation_;
+  std::unique_ptr<Sha256> received_ = std::make_unique<Sha256>();
+};
+
+// Checks many openings at once (the deferred MAC check of SPDZ-style protocols): each party
+// records the MAC of every bit it sent and the MAC it expects of every bit it received, in the
+// same order on both sides, and one exchange of SHA-256 digests checks them all. Nothing that
+// depends on the opened values may be revealed before verify() returned.
+class DeferredMacCheck {
+ public:
+  explicit DeferredMacCheck(AuthParty& party);
+  void sent(block mac) { push(sent_buf_, sent_used_, sent_, mac); }
+  // The peer opened `bit` of a share whose key we hold.
+  void received(block key, bool bit) {
+    push(expected_buf_, expected_used_, expected_, xor_block(key, and_block(party_.delta(), select_mask(bit))));
+  }
+  // Sends our digest, reads the peer's and compares (PeerDeviated naming `what` on a
+  // mismatch). Both parties call it at the same point.
+  void verify(const char* what);
+  // Our digest (what verify() sends) without exchanging it: a party that sends it with
+  // another message calls this, then check_peer() on the digest it reads.
+  std::array<uint8_t, 32> our_digest();
+  void check_peer(const std::array<uint8_t, 32>& theirs, const char* what);
+
+ private:
+  static constexpr size_t kBuffered = 4096;  // blocks hashed at once
+  static void push(BlockVector& buf, size_t& used, Sha256& h, block b) {
+    buf[used++] = b;
+    if (used == kBuffered) flush(buf, used, h);
+  }
+  static void flush(BlockVector& buf, size_t& used, Sha256& h) {
+    h.update(buf.data(), used * sizeof(block));
+    used = 0;
+  }
+  AuthParty& party_;
+  BlockVector sent_buf_{kBuffered}, expected_buf_{kBuffered};
+  size_t sent_used_ = 0, expected_used_ = 0;
+  Sha256 sent_, expected_;
 };
 
 }  // namespace gc

@@ -1,7 +1,16 @@
-// Python test hooks of the authenticated bit shares (auth_bits.h). Called from the module's
+// Python test hooks of the authenticated bit shares and triples (auth_bits.h, auth_triples.h). Called from the module's
 // PYBIND11_MODULE (bindings.cpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
+#include <string>
+
+#include "garbled_core/auth_triples.h"
+
 void bind_auth_bits(pybind11::module_& m);
+
+// A test cheater of the leaky AND by name: "u_error" (a random error in U, with the peer's x
+// bit guessed when guess is 0 or 1), "half_and_flip", "correction_flip", "check_flip".
+gc::TripleCheat triple_cheat(const std::string& kind, size_t index, int guess);

@@ -56,6 +56,9 @@ constexpr size_t kOtLookaheadInstances = 4096;
 // Most worker threads one session runs its chunks on (SessionOptions::threads).
 constexpr size_t kMaxSessionThreads = 4;
 
+// Lower-case hex of n bytes (digests in messages and logs).
+std::string hex(const uint8_t* p, size_t n);
+
 struct SessionOptions {
   size_t chunk = kDefaultChunk;  // rounded up to a multiple of 8; both parties must agree
   size_t threads = 1;   // chunks garbled or evaluated in parallel (at most kMaxSessionThreads)

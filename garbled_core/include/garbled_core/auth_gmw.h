@@ -1,0 +1,87 @@
+// Authenticated GMW: layer 3a of docs/MALICIOUS.md. The two servers evaluate the same compiled
+// gc::Circuit as GmwParty (gmw.h), with the same run interface (RunInputs, RunOutputs, Kept
+// outputs carried into later runs), on authenticated XOR shares of every wire (auth_bits.h):
+// each party's bit of a wire carries a MAC under the other party's Delta. A party that deviates
+// in any message is caught (PeerDeviated) before anything computed from its messages is
+// revealed, except with probability at most 2^-rho (the triples' bucketing) plus 2^-127 per
+// check (a guess of the other's Delta).
+//
+// One run of n instances:
+//   1. header: as every backend (circuit digest, n, run counter, carried inputs).
+//   2. triples: and_count * n authenticated AND triples (auth_triples.h), fresh for the run.
+//   3. inputs: per input bit and instance a random shared [r]; the non-owner opens its r bit
+//      to the owner (MAC recorded for the deferred check), the owner sends x ^ r, and [x] =
+//      [r] ^ (x ^ r). Carried inputs are the authenticated shares a Keep output left.
+//   4. gates, by AND-depth stage: XOR / NOT locally (MACs and keys follow); per AND layer one
+//      message each way with the bits of d = u ^ a, e = v ^ b per gate and instance; every
+//      MAC of an opened bit goes into the deferred check (auth_bits.h DeferredMacCheck); the
+//      gate's shares are [c] ^ d [b] ^ e [a] ^ d e.
+//   5. the deferred check: one digest each way over every opening of the run (inputs and
+//      layers); a wrong bit anywhere is PeerDeviated here, before any output share is sent.
+//   6. outputs: each party sends its bits of what the other learns with their MACs' digest
+//      and checks the peer's (PeerDeviated); Shares gives each party its bit, Keep keeps the
+//      authenticated shares.
+// Roles as in GmwParty: party 0 is H1 (the "garbler" ports), party 1 H2 (the "evaluator").
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "garbled_core/auth_bits.h"
+#include "garbled_core/auth_triples.h"
+#include "garbled_core/channel.h"
+#include "garbled_core/circuit.h"
+#include "garbled_core/session.h"
+
+namespace gc {
+
+constexpr int kDefaultRho = 40;  // statistical security of the triples' bucketing
+
+// Fault injection for tests: a party that deviates in the evaluation. Never set outside tests.
+struct AuthGmwDeviation {
+  enum class Kind { None, FlipOpening, FlipWire, FlipOutput, FlipInputMask };
+  Kind kind = Kind::None;
+  size_t index = 0;        // which opened bit / wire entry / output bit / input-mask bit
+  block mac_offset{};      // XORed into the MAC sent with a flipped bit (a guess of Delta)
+};
+
+class AuthGmwParty : public Session {
+ public:
+  AuthGmwParty(Channel& ch, int party, int rho = kDefaultRho);
+  ~AuthGmwParty() override;
+  int party() const { return party_; }
+  int rho() const { return rho_; }
+  void setup();
+  RunOutputs run(const Circuit& c, const RunInputs& in);
+
+  // SHA-256 of everything the peer sent in the last run (triple messages, openings, check
+  // digests): the evidence an honest party keeps when it catches the peer.
+  const std::array<uint8_t, 32>& evidence() const { return evidence_; }
+  uint64_t triples_used() const { return triples_used_; }
+  uint64_t leaky_triples_made() const;
+  size_t last_bucket_size() const;
+  size_t last_layers() const { return layers_; }
+
+  void deviate_for_test(AuthGmwDeviation d) { deviation_ = d; }
+  void deviate_triples_for_test(const TripleCheat& cheat);
+  // Test only: this party's Delta, to hand to a cheater in a control test.
+  block delta_for_test() const;
+
+ private:
+  int party_;
+  int rho_;
+  std::unique_ptr<AuthParty> auth_;
+  std::unique_ptr<TripleFactory> triples_;
+  std::array<uint8_t, 32> evidence_{};
+  uint64_t triples_used_ = 0;
+  size_t layers_ = 0;
+  bool broken_ = false;
+  AuthGmwDeviation deviation_;
+  TripleCheat triple_cheat_;
+  RunOutputs run_checked(const Circuit& c, const RunInputs& in);
+};
+
+}  // namespace gc

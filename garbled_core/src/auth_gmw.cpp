@@ -1,0 +1,386 @@
+// Authenticated GMW (see auth_gmw.h for the protocol and its message order).
+#include "garbled_core/auth_gmw.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "garbled_core/gmw_plan.h"
+#include "garbled_core/iknp.h"
+#include "garbled_core/random.h"
+
+namespace gc {
+
+namespace {
+
+constexpr uint32_t kAuthGmwVersion = 1;
+constexpr char kHello0[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '0'};
+constexpr char kHello1[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '1'};
+constexpr size_t kKeptBlocks = 3;  // per kept bit and instance: MAC, key, the bit
+
+// Authenticated shares of every slot and instance: entry slot * n + i.
+struct Wires {
+  size_t n;
+  std::vector<uint8_t> bits;
+  BlockVector macs, keys;
+  Wires(size_t slots, size_t n_) : n(n_), bits(slots * n_, 0), macs(slots * n_), keys(slots * n_) {}
+  size_t at(uint32_t slot, size_t i) const { return (size_t)slot * n + i; }
+};
+
+std::vector<uint8_t> swap_packed(AuthParty& party, const std::vector<uint8_t>& ours, size_t their_bits) {
+  const std::vector<uint8_t> out = pack_bits(ours);
+  std::vector<uint8_t> in((their_bits + 7) / 8);
+  Channel& ch = party.channel();
+  ch.send(out.data(), out.size());
+  ch.flush();
+  ch.recv(in.data(), in.size());
+  party.log_received(in.data(), in.size());
+  return unpack_bits(in, their_bits);
+}
+
+}  // namespace
+
+AuthGmwParty::AuthGmwParty(Channel& ch, int party, int rho) : Session(ch, SessionOptions{}), party_(party), rho_(rho) {
+  if (party != 0 && party != 1) throw std::invalid_argument("party must be 0 or 1");
+  if (rho < 1 || rho > 128) throw std::invalid_argument("rho must be in 1..128");
+}
+
+AuthGmwParty::~AuthGmwParty() = default;
+
+uint64_t AuthGmwParty::leaky_triples_made() const { return triples_ ? triples_->leaky_made() : 0; }
+size_t AuthGmwParty::last_bucket_size() const { return triples_ ? triples_->last_bucket_size() : 0; }
+
+void AuthGmwParty::deviate_triples_for_test(const TripleCheat& cheat) {
+  triple_cheat_ = cheat;
+  if (triples_) triples_->deviate_for_test(triple_cheat_.hooks());
+}
+
+block AuthGmwParty::delta_for_test() const {
+  if (!auth_) throw std::logic_error("no Delta before setup");
+  return auth_->delta();
+}
+
+void AuthGmwParty::setup() {
+  if (ready_) return;
+  ch_.set_phase(Phase::Setup);
+  // 20 bytes, like the other backends' hellos, so a mismatched peer fails cleanly.
+  struct Hello {
+    char magic[8];
+    uint32_t version, rho, reserved;
+  } mine{}, theirs{};
+  static_assert(sizeof(Hello) == 20, "hello layout");
+  std::memcpy(mine.magic, party_ == 0 ? kHello0 : kHello1, 8);
+  mine.version = kAuthGmwVersion;
+  mine.rho = (uint32_t)rho_;
+  ch_.send(&mine, sizeof mine);
+  ch_.flush();
+  ch_.recv(&theirs, sizeof theirs);
+  if (std::memcmp(theirs.magic, mine.magic, 8) == 0)
+    throw ProtocolError("both parties are authenticated GMW party " + std::to_string(party_));
+  if (std::memcmp(theirs.magic, party_ == 0 ? kHello1 : kHello0, 8) != 0)
+    throw ProtocolError(
+        "security mismatch: this party runs authenticated GMW (security: malicious), the peer "
+        "does not (both servers must set the same security and backend)");
+  if (theirs.version != kAuthGmwVersion)
+    throw ProtocolError("authenticated GMW version mismatch: " + std::to_string(kAuthGmwVersion) + " here, " +
+                        std::to_string(theirs.version) + " at the peer");
+  if (theirs.rho != mine.rho)
+    throw ProtocolError("statistical security mismatch: rho " + std::to_string(rho_) + " here, " +
+                        std::to_string(theirs.rho) + " at the peer");
+  if (party_ == 0) {
+    secure_random(&session_id_, sizeof session_id_);
+    ch_.send(&session_id_, sizeof session_id_);
+    ch_.flush();
+  } else {
+    ch_.recv(&session_id_, sizeof session_id_);
+  }
+  auth_ = std::make_unique<AuthParty>(ch_, party_ == 0);
+  triples_ = std::make_unique<TripleFactory>(*auth_);
+  if (triple_cheat_.kind != TripleCheat::Kind::None) triples_->deviate_for_test(triple_cheat_.hooks());
+  ready_ = true;
+}
+
+RunOutputs AuthGmwParty::run(const Circuit& c, const RunInputs& in) {
+  if (broken_)
+    throw ProtocolError("this authenticated GMW party stopped after a failed run; start a new session");
+  for (size_t p = 0; p < c.inputs().size() && p < in.carried.size(); ++p) {
+    if (c.inputs()[p].owner != InputOwner::Carried || !in.carried[p].source) continue;
+    const KeptLabels& k = *in.carried[p].source;
+    if (!ready_ || k.session_id != session_id_ || k.labels.size() != kKeptBlocks * (size_t)k.width * k.n)
+      throw std::invalid_argument("run: carried input '" + c.inputs()[p].name +
+                                  "' was not kept by this authenticated GMW party");
+  }
+  check_inputs(c, in, party_ == 0 ? InputOwner::Garbler : InputOwner::Evaluator);
+  setup();
+  try {
+    RunOutputs out = run_checked(c, in);
+    evidence_ = auth_->evidence();
+    return out;
+  } catch (...) {
+    broken_ = true;
+    evidence_ = auth_->evidence();
+    throw;
+  }
+}
+
+RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
+  exchange_header(c, in);
+  const GmwPlan plan = plan_circuit(c);
+  const size_t n = in.n;
+  const bool first = party_ == 0;
+  const block delta = auth_->delta();
+  layers_ = plan.layers;
+  const InputOwner self = first ? InputOwner::Garbler : InputOwner::Evaluator;
+
+  // Triples, fresh for this run.
+  ch_.set_phase(Phase::OTExtension);
+  const size_t T = (size_t)c.and_count() * n;
+  AuthTriples tr = T ? triples_->make(T, rho_) : AuthTriples();
+  triples_used_ += T;
+
+  Wires w(plan.slots, n);
+  // A public bit folded into shares: the first party flips its bit, the second moves its key.
+  auto add_public = [&](size_t e, uint8_t bit) {
+    if (!bit) return;
+    if (first)
+      w.bits[e] ^= 1;
+    else
+      w.keys[e] = xor_block(w.keys[e], delta);
+  };
+  DeferredMacCheck check(*auth_);
+
+  // Inputs: entries (port, bit, instance) of both owners, in port order.
+  ch_.set_phase(Phase::Inputs);
+  struct Entry {
+    size_t port;
+    int bit;
+    size_t instance;
+  };
+  std::vector<Entry> mine_e, theirs_e;
+  for (size_t p = 0; p < c.inputs().size(); ++p) {
+    const InputPort& port = c.inputs()[p];
+    if (port.owner == InputOwner::Carried) continue;
+    for (int bit = 0; bit < port.width; ++bit)
+      for (size_t i = 0; i < n; ++i) (port.owner == self ? mine_e : theirs_e).push_back({p, bit, i});
+  }
+  // One draw for both owners' entries, the first party's first (the same call on both sides).
+  const size_t n_first = first ? mine_e.size() : theirs_e.size();
+  const size_t n_second = first ? theirs_e.size() : mine_e.size();
+  const AuthShares r_all = auth_->random(n_first + n_second);
+  const AuthShares r_mine = AuthParty::slice(r_all, first ? 0 : n_first, mine_e.size());
+  const AuthShares r_theirs = AuthParty::slice(r_all, first ? n_first : 0, theirs_e.size());
+  {
+    // The non-owner opens its bit of r to the owner.
+    std::vector<uint8_t> reveal(theirs_e.size());
+    for (size_t k = 0; k < theirs_e.size(); ++k) {
+      reveal[k] = r_theirs.bits[k];
+      block mac = r_theirs.macs[k];
+      if (deviation_.kind == AuthGmwDeviation::Kind::FlipInputMask && k == deviation_.index) {
+        reveal[k] ^= 1;
+        mac = xor_block(mac, deviation_.mac_offset);
+      }
+      check.sent(mac);
+    }
+    const std::vector<uint8_t> got = swap_packed(*auth_, reveal, mine_e.size());
+    std::vector<uint8_t> masked(mine_e.size());
+    for (size_t k = 0; k < mine_e.size(); ++k) {
+      check.received(r_mine.keys[k], got[k]);
+      const Entry& e = mine_e[k];
+      const uint8_t x = (uint8_t)((in.values[e.port][e.instance] >> e.bit) & 1);
+      masked[k] = (uint8_t)(x ^ r_mine.bits[k] ^ got[k]);
+    }
+    const std::vector<uint8_t> peer_masked = swap_packed(*auth_, masked, theirs_e.size());
+    auto place = [&](const std::vector<Entry>& entries, const AuthShares& r, const std::vector<uint8_t>& pub) {
+      for (size_t k = 0; k < entries.size(); ++k) {
+        const Entry& e = entries[k];
+        const size_t at = w.at(plan.input_slots[e.port][e.bit], e.instance);
+        w.bits[at] = r.bits[k];
+        w.macs[at] = r.macs[k];
+        w.keys[at] = r.keys[k];
+        add_public(at, pub[k]);
+      }
+    };
+    place(mine_e, r_mine, masked);
+    place(theirs_e, r_theirs, peer_masked);
+  }
+  for (size_t p = 0; p < c.inputs().size(); ++p) {
+    const InputPort& port = c.inputs()[p];
+    if (port.owner != InputOwner::Carried) continue;
+    const CarriedInput& src = in.carried[p];
+    const KeptLabels& kept = *src.source;
+    for (int bit = 0; bit < port.width; ++bit)
+      for (size_t i = 0; i < n; ++i) {
+        const size_t j = src.indices.empty() ? i : (size_t)src.indices[i];
+        const block* k3 = kept.labels.data() + kKeptBlocks * ((size_t)bit * kept.n + j);
+        const size_t at = w.at(plan.input_slots[p][bit], i);
+        w.macs[at] = k3[0];
+        w.keys[at] = k3[1];
+        w.bits[at] = (uint8_t)(low64(k3[2]) & 1);
+      }
+  }
+
+  // Gates, stage by stage; one exchange per AND layer.
+  ch_.set_phase(Phase::Tables);
+  size_t opened = 0;  // bits this party opened so far in the run (for the test hooks)
+  bool first_layer = true;
+  for (const GmwPlan::Stage& st : plan.stages) {
+    for (size_t k = st.local_begin; k < st.local_end; ++k) {
+      const GmwPlan::Op& op = plan.ops[k];
+      for (size_t i = 0; i < n; ++i) {
+        const size_t a = w.at(op.a, i), o = w.at(op.out, i);
+        if (op.op == GateOp::Xor) {
+          const size_t b = w.at(op.b, i);
+          w.bits[o] = w.bits[a] ^ w.bits[b];
+          w.macs[o] = xor_block(w.macs[a], w.macs[b]);
+          w.keys[o] = xor_block(w.keys[a], w.keys[b]);
+        } else {  // NOT: x ^ 1
+          w.bits[o] = w.bits[a];
+          w.macs[o] = w.macs[a];
+          w.keys[o] = w.keys[a];
+          add_public(o, 1);
+        }
+      }
+    }
+    if (st.and_end == st.and_begin || !n) continue;
+    const size_t gates = st.and_end - st.and_begin;
+    // Our bits of d = u ^ a and e = v ^ b, gate by gate, instance by instance.
+    std::vector<uint8_t> ours(2 * gates * n);
+    for (size_t g = 0; g < gates; ++g) {
+      const GmwPlan::Op& op = plan.ops[st.and_begin + g];
+      const size_t t0 = (st.member_base + g) * n;
+      for (size_t i = 0; i < n; ++i) {
+        const size_t u = w.at(op.a, i), v = w.at(op.b, i), t = t0 + i, m = 2 * (g * n + i);
+        block mac_d = xor_block(w.macs[u], tr.a.macs[t]), mac_e = xor_block(w.macs[v], tr.b.macs[t]);
+        ours[m] = w.bits[u] ^ tr.a.bits[t];
+        ours[m + 1] = w.bits[v] ^ tr.b.bits[t];
+        if (deviation_.kind == AuthGmwDeviation::Kind::FlipOpening) {
+          if (opened + m == deviation_.index) {
+            ours[m] ^= 1;
+            mac_d = xor_block(mac_d, deviation_.mac_offset);
+          } else if (opened + m + 1 == deviation_.index) {
+            ours[m + 1] ^= 1;
+            mac_e = xor_block(mac_e, deviation_.mac_offset);
+          }
+        }
+        check.sent(mac_d);
+        check.sent(mac_e);
+      }
+    }
+    opened += ours.size();
+    const std::vector<uint8_t> theirs = swap_packed(*auth_, ours, ours.size());
+    for (size_t g = 0; g < gates; ++g) {
+      const GmwPlan::Op& op = plan.ops[st.and_begin + g];
+      const size_t t0 = (st.member_base + g) * n;
+      for (size_t i = 0; i < n; ++i) {
+        const size_t u = w.at(op.a, i), v = w.at(op.b, i), t = t0 + i, m = 2 * (g * n + i);
+        check.received(xor_block(w.keys[u], tr.a.keys[t]), theirs[m]);
+        check.received(xor_block(w.keys[v], tr.b.keys[t]), theirs[m + 1]);
+      }
+    }
+    // Outputs only after every input of the layer was read (an output may reuse an input's slot).
+    for (size_t g = 0; g < gates; ++g) {
+      const GmwPlan::Op& op = plan.ops[st.and_begin + g];
+      const size_t t0 = (st.member_base + g) * n;
+      for (size_t i = 0; i < n; ++i) {
+        const size_t t = t0 + i, m = 2 * (g * n + i), o = w.at(op.out, i);
+        const uint8_t d = ours[m] ^ theirs[m], e = ours[m + 1] ^ theirs[m + 1];
+        const block dm = select_mask(d), em = select_mask(e);
+        w.bits[o] = tr.c.bits[t] ^ (d & tr.b.bits[t]) ^ (e & tr.a.bits[t]);
+        w.macs[o] = xor_block(tr.c.macs[t], xor_block(and_block(dm, tr.b.macs[t]), and_block(em, tr.a.macs[t])));
+        w.keys[o] = xor_block(tr.c.keys[t], xor_block(and_block(dm, tr.b.keys[t]), and_block(em, tr.a.keys[t])));
+        add_public(o, d & e);
+        if (first_layer && deviation_.kind == AuthGmwDeviation::Kind::FlipWire && g * n + i == deviation_.index)
+          w.bits[o] ^= 1;  // a constant added to a wire, MAC left as it was
+      }
+    }
+    first_layer = false;
+  }
+  tr = AuthTriples();  // used up: dropped, never reused
+
+  // Every opening of the run checked before any output share leaves this party.
+  check.verify("the input masks and AND-gate openings of this run");
+
+  // Outputs: our bits of what the peer learns, with their MACs' digest; the peer's likewise.
+  ch_.set_phase(Phase::Outputs);
+  RunOutputs out = prepare_outputs(c, n, first);
+  const Reveal mine_only = first ? Reveal::Garbler : Reveal::Evaluator;
+  const Reveal peer_only = first ? Reveal::Evaluator : Reveal::Garbler;
+  DeferredMacCheck out_check(*auth_);
+  std::vector<uint8_t> send_bits;
+  size_t recv_count = 0;
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    const Reveal r = c.outputs()[o].reveal;
+    if (r == Reveal::Both || r == peer_only)
+      for (uint32_t slot : plan.output_slots[o])
+        for (size_t i = 0; i < n; ++i) {
+          const size_t at = w.at(slot, i);
+          uint8_t bit = w.bits[at];
+          block mac = w.macs[at];
+          if (deviation_.kind == AuthGmwDeviation::Kind::FlipOutput && send_bits.size() == deviation_.index) {
+            bit ^= 1;
+            mac = xor_block(mac, deviation_.mac_offset);
+          }
+          send_bits.push_back(bit);
+          out_check.sent(mac);
+        }
+    if (r == Reveal::Both || r == mine_only) recv_count += plan.output_slots[o].size() * n;
+  }
+  const std::vector<uint8_t> packed = pack_bits(send_bits);
+  const std::array<uint8_t, 32> digest = out_check.our_digest();
+  std::vector<uint8_t> got_packed((recv_count + 7) / 8);
+  std::array<uint8_t, 32> their_digest{};
+  ch_.send(packed.data(), packed.size());
+  ch_.send(digest.data(), digest.size());
+  ch_.flush();
+  ch_.recv(got_packed.data(), got_packed.size());
+  ch_.recv(their_digest.data(), their_digest.size());
+  auth_->log_received(got_packed.data(), got_packed.size());
+  const std::vector<uint8_t> got = unpack_bits(got_packed, recv_count);
+  size_t next = 0;
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    const Reveal r = c.outputs()[o].reveal;
+    if (r == Reveal::Both || r == mine_only)
+      for (uint32_t slot : plan.output_slots[o])
+        for (size_t i = 0; i < n; ++i) out_check.received(w.keys[w.at(slot, i)], got[next++]);
+  }
+  out_check.check_peer(their_digest, "the output shares of this run");
+
+  next = 0;
+  for (size_t o = 0; o < c.outputs().size(); ++o) {
+    const OutputPort& port = c.outputs()[o];
+    const Reveal r = port.reveal;
+    if (r == Reveal::Keep) {
+      auto kept = std::make_shared<KeptLabels>();
+      kept->session_id = session_id_;
+      kept->run_id = run_id_;
+      kept->port = port.name;
+      kept->width = (int)port.wires.size();
+      kept->n = n;
+      kept->labels.resize(kKeptBlocks * (size_t)kept->width * n);
+      for (size_t bit = 0; bit < plan.output_slots[o].size(); ++bit)
+        for (size_t i = 0; i < n; ++i) {
+          const size_t at = w.at(plan.output_slots[o][bit], i);
+          block* k3 = kept->labels.data() + kKeptBlocks * (bit * n + i);
+          k3[0] = w.macs[at];
+          k3[1] = w.keys[at];
+          k3[2] = make_block(0, w.bits[at]);
+        }
+      out.kept[o] = kept;
+      continue;
+    }
+    const bool opened_here = r == Reveal::Both || r == mine_only;
+    if (!opened_here && r != Reveal::Shares) continue;
+    std::vector<uint64_t>& v = out.values[o];
+    for (size_t bit = 0; bit < plan.output_slots[o].size(); ++bit)
+      for (size_t i = 0; i < n; ++i) {
+        uint8_t b = w.bits[w.at(plan.output_slots[o][bit], i)];
+        if (opened_here) b ^= got[next++];
+        v[i] |= (uint64_t)(b & 1) << bit;
+      }
+  }
+  ++run_id_;
+  return out;
+}
+
+}  // namespace gc

@@ -1,0 +1,353 @@
+// Authenticated AND triples (see auth_triples.h for the protocol and its bound).
+#include "garbled_core/auth_triples.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "garbled_core/aes.h"
+#include "garbled_core/iknp.h"
+#include "garbled_core/prg.h"
+#include "garbled_core/random.h"
+#include "garbled_core/sha256.h"
+
+namespace gc {
+
+namespace {
+
+constexpr uint64_t kHalfAnd = 1, kCheck = 2;  // hash purposes (the tweak's top byte)
+
+// H(x, tweak) = AES_k(sigma(x) ^ tweak) ^ sigma(x), sigma(hi, lo) = (hi ^ lo, hi): the
+// tweakable correlation-robust hash of Guo, Katz, Wang and Yu (S&P 2020) from a fixed key.
+class TweakHash {
+ public:
+  explicit TweakHash(block seed) : key_(aes_key(seed)) {}
+  // out[i] = H(x[i], tweak(first + i)) for one purpose and owner.
+  void hash(const block* x, size_t n, uint64_t purpose, int owner, uint64_t first, block* out) const {
+    const uint64_t hi = (purpose << 56) | ((uint64_t)(owner & 1) << 48);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      block s[8], t[8];
+      for (int j = 0; j < 8; ++j) {
+        s[j] = sigma(x[i + j]);
+        t[j] = xor_block(s[j], make_block(hi, first + i + j));
+      }
+      aes_encrypt_blocks<8>(key_, t);
+      for (int j = 0; j < 8; ++j) out[i + j] = xor_block(t[j], s[j]);
+    }
+    for (; i < n; ++i) {
+      block s = sigma(x[i]);
+      block t[1] = {xor_block(s, make_block(hi, first + i))};
+      aes_encrypt_blocks<1>(key_, t);
+      out[i] = xor_block(t[0], s);
+    }
+  }
+
+ private:
+  static block sigma(block x) { return make_block(high64(x) ^ low64(x), high64(x)); }
+  AesKey key_;
+};
+
+// Sends ours and reads the peer's message of the same length (the channel reads while it
+// waits to write, so both sides may send at once); logs what it read as evidence.
+void swap_bytes(AuthParty& party, const void* ours, void* theirs, size_t n) {
+  Channel& ch = party.channel();
+  ch.send(ours, n);
+  ch.flush();
+  ch.recv(theirs, n);
+  party.log_received(theirs, n);
+}
+
+std::array<uint8_t, 32> check_digest(const BlockVector& g, bool first_party) {
+  static const char kTag[] = "spgc.auth-triples.leaky-check.v1";
+  const uint8_t role = first_party ? 0 : 1;
+  Sha256 h;
+  h.update(kTag, sizeof kTag);
+  h.update(&role, 1);
+  h.update(g.data(), g.size() * sizeof(block));
+  return h.digest();
+}
+
+double log2_choose(double n, double k) {
+  return (std::lgamma(n + 1) - std::lgamma(k + 1) - std::lgamma(n - k + 1)) / std::log(2.0);
+}
+
+// A uniform index below `bound` from the stream (rejection: no modulo bias).
+uint64_t uniform_below(Prg& prg, uint64_t bound) {
+  const uint64_t limit = ~uint64_t(0) - (~uint64_t(0) % bound);
+  for (;;) {
+    block b;
+    prg.fill(&b, 1);
+    const uint64_t v = low64(b);
+    if (v < limit) return v % bound;
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ the bound
+
+double bucketing_error_log2(size_t n, size_t bucket) {
+  if (n == 0 || bucket == 0) return 0.0;
+  const double N = (double)n * (double)bucket, B = (double)bucket;
+  // f(t) = 2^-t n C(t, B) / C(N, B) grows while t + 1 < 2B and falls after: its maximum over
+  // t >= B is within [B, 2B]; the range below is wider for safety.
+  double worst = -INFINITY;
+  for (double t = B; t <= std::min(N, 4 * B + 8); t += 1) {
+    const double f = -t + std::log2((double)n) + log2_choose(t, B) - log2_choose(N, B);
+    worst = std::max(worst, f);
+  }
+  return std::min(0.0, worst);
+}
+
+size_t bucket_size(size_t n, int rho) {
+  if (rho < 1 || rho > 128) throw std::invalid_argument("rho must be in 1..128");
+  for (size_t b = 2; b <= 64; ++b)
+    if (bucketing_error_log2(std::max<size_t>(n, 1), b) <= -(double)rho) return b;
+  throw std::invalid_argument("no bucket size up to 64 reaches 2^-" + std::to_string(rho) + " for " +
+                              std::to_string(n) + " triples");
+}
+
+// ------------------------------------------------------------------ coin toss
+
+block coin_toss(AuthParty& party, const char* purpose) {
+  static const char kTag[] = "spgc.auth-triples.coin.v1";
+  Channel& ch = party.channel();
+  auto commit = [&](const block& coin) {
+    Sha256 h;
+    h.update(kTag, sizeof kTag);
+    h.update(purpose, std::strlen(purpose));
+    h.update(&coin, sizeof coin);
+    return h.digest();
+  };
+  const block mine = random_block();
+  block first_coin, second_coin;
+  if (party.first()) {
+    const auto c = commit(mine);
+    ch.send(c.data(), c.size());
+    ch.flush();
+    ch.recv(&second_coin, sizeof second_coin);
+    party.log_received(&second_coin, sizeof second_coin);
+    ch.send(&mine, sizeof mine);
+    ch.flush();
+    first_coin = mine;
+  } else {
+    std::array<uint8_t, 32> c{};
+    ch.recv(c.data(), c.size());
+    party.log_received(c.data(), c.size());
+    ch.send(&mine, sizeof mine);
+    ch.flush();
+    ch.recv(&first_coin, sizeof first_coin);
+    party.log_received(&first_coin, sizeof first_coin);
+    if (commit(first_coin) != c) throw PeerDeviated("the peer's coin does not open its commitment (coin toss)");
+    second_coin = mine;
+  }
+  Sha256 h;
+  h.update(kTag, sizeof kTag);
+  h.update(purpose, std::strlen(purpose));
+  h.update(&first_coin, sizeof first_coin);
+  h.update(&second_coin, sizeof second_coin);
+  const auto d = h.digest();
+  return load_block(d.data());
+}
+
+// ------------------------------------------------------------------ test cheaters
+
+TripleDeviation TripleCheat::hooks() {
+  TripleDeviation d;
+  d.context = this;
+  d.messages = [](std::vector<uint8_t>& half_and, BlockVector& u, void* self) {
+    auto* c = static_cast<TripleCheat*>(self);
+    if (c->index >= u.size()) return;
+    if (c->kind == Kind::UError) u[c->index] = xor_block(u[c->index], c->error);
+    if (c->kind == Kind::HalfAndFlip) {  // both of P's bits: Q's t is wrong whatever x_Q
+      half_and[2 * c->index] ^= 1;
+      half_and[2 * c->index + 1] ^= 1;
+    }
+  };
+  d.z_corrections = [](std::vector<uint8_t>& e, void* self) {
+    auto* c = static_cast<TripleCheat*>(self);
+    if (c->kind == Kind::CorrectionFlip && c->index < e.size()) e[c->index] ^= 1;
+  };
+  d.check = [](BlockVector& g, void* self) {
+    auto* c = static_cast<TripleCheat*>(self);
+    if (c->index >= g.size()) return;
+    if (c->kind == Kind::UError && c->guess == 1) g[c->index] = xor_block(g[c->index], c->error);
+    if (c->kind == Kind::CheckFlip) g[c->index] = xor_block(g[c->index], make_block(0, 1));
+  };
+  return d;
+}
+
+// ------------------------------------------------------------------ leaky AND
+
+TripleFactory::TripleFactory(AuthParty& party) : party_(party) {}
+
+AuthTriples TripleFactory::leaky(size_t n) {
+  if (!keyed_) {
+    hash_key_seed_ = coin_toss(party_, "hash key");
+    keyed_ = true;
+  }
+  const TweakHash H(hash_key_seed_);
+  const block delta = party_.delta();
+  const int me = party_.first() ? 0 : 1, peer = 1 - me;
+  const uint64_t base = next_tweak_;
+  next_tweak_ += n;
+  leaky_made_ += n;
+
+  AuthShares all = party_.random(3 * n);
+  AuthShares x = AuthParty::slice(all, 0, n), y = AuthParty::slice(all, n, n), r = AuthParty::slice(all, 2 * n, n);
+  all = AuthShares();
+
+  // Half AND and U, one message each way.
+  BlockVector keys_delta(n), h_key(n), h_key_delta(n), h_mac(n);
+  for (size_t t = 0; t < n; ++t) keys_delta[t] = xor_block(x.keys[t], delta);
+  H.hash(x.keys.data(), n, kHalfAnd, peer, base, h_key.data());
+  H.hash(keys_delta.data(), n, kHalfAnd, peer, base, h_key_delta.data());
+  H.hash(x.macs.data(), n, kHalfAnd, me, base, h_mac.data());
+  std::vector<uint8_t> s(n), half_and(2 * n);
+  {
+    std::vector<uint8_t> coins((n + 7) / 8);
+    secure_random(coins.data(), coins.size());
+    s = unpack_bits(coins, n);
+  }
+  for (size_t t = 0; t < n; ++t) {
+    half_and[2 * t] = (uint8_t)(lsb(h_key[t]) ^ s[t]);
+    half_and[2 * t + 1] = (uint8_t)(lsb(h_key_delta[t]) ^ s[t] ^ y.bits[t]);
+  }
+  BlockVector psi(n), c_key(n), c_key_delta(n), c_mac(n), u(n);
+  H.hash(x.keys.data(), n, kCheck, peer, base, c_key.data());
+  H.hash(keys_delta.data(), n, kCheck, peer, base, c_key_delta.data());
+  H.hash(x.macs.data(), n, kCheck, me, base, c_mac.data());
+  for (size_t t = 0; t < n; ++t) {
+    psi[t] = xor_block(xor_block(and_block(delta, select_mask(y.bits[t])), y.keys[t]), y.macs[t]);
+    u[t] = xor_block(xor_block(c_key[t], c_key_delta[t]), psi[t]);
+  }
+  if (deviation_.messages) deviation_.messages(half_and, u, deviation_.context);
+  const std::vector<uint8_t> half_out = pack_bits(half_and);
+  std::vector<uint8_t> half_in(half_out.size());
+  BlockVector u_in(n);
+  {
+    Channel& ch = party_.channel();
+    ch.send(half_out.data(), half_out.size());
+    ch.send(u.data(), n * sizeof(block));
+    ch.flush();
+    ch.recv(half_in.data(), half_in.size());
+    ch.recv(u_in.data(), n * sizeof(block));
+    party_.log_received(half_in.data(), half_in.size());
+    party_.log_received(u_in.data(), n * sizeof(block));
+  }
+  const std::vector<uint8_t> peer_half = unpack_bits(half_in, 2 * n);
+
+  // z_P = x_P y_P ^ s_P ^ t_P, authenticated through r.
+  std::vector<uint8_t> z(n), e(n);
+  for (size_t t = 0; t < n; ++t) {
+    const uint8_t got = (uint8_t)(lsb(h_mac[t]) ^ peer_half[2 * t + (x.bits[t] & 1)]);
+    z[t] = (uint8_t)((x.bits[t] & y.bits[t]) ^ s[t] ^ got);
+    e[t] = (uint8_t)(z[t] ^ r.bits[t]);
+  }
+  if (deviation_.z_corrections) deviation_.z_corrections(e, deviation_.context);
+  const std::vector<uint8_t> e_out = pack_bits(e);
+  std::vector<uint8_t> e_in(e_out.size());
+  swap_bytes(party_, e_out.data(), e_in.data(), e_out.size());
+  const std::vector<uint8_t> peer_e = unpack_bits(e_in, n);
+  AuthShares zs = std::move(r);
+  for (size_t t = 0; t < n; ++t) {
+    zs.bits[t] ^= e[t];
+    if (peer_e[t]) zs.keys[t] = xor_block(zs.keys[t], delta);
+  }
+
+  // The check: G_P ^ G_Q = (x y ^ z) Delta for every triple.
+  BlockVector g(n);
+  for (size_t t = 0; t < n; ++t) {
+    block v = xor_block(c_key[t], c_mac[t]);
+    if (x.bits[t]) v = xor_block(v, xor_block(psi[t], u_in[t]));
+    if (zs.bits[t]) v = xor_block(v, delta);
+    g[t] = xor_block(v, xor_block(zs.keys[t], zs.macs[t]));
+  }
+  if (deviation_.observe_x) deviation_.observe_x(x.bits, deviation_.context);
+  const std::array<uint8_t, 32> expected = check_digest(g, !party_.first());
+  if (deviation_.check) deviation_.check(g, deviation_.context);
+  const std::array<uint8_t, 32> ours = check_digest(g, party_.first());
+  std::array<uint8_t, 32> theirs{};
+  swap_bytes(party_, ours.data(), theirs.data(), ours.size());
+  const bool cheating = deviation_.messages || deviation_.z_corrections || deviation_.check;
+  if (theirs != expected && !cheating)  // a test's cheater goes on whatever it sees
+    throw PeerDeviated("the peer's leaky AND triples do not check (x y ^ z is not 0 under the joint Delta)");
+
+  AuthTriples out;
+  out.a = std::move(x);
+  out.b = std::move(y);
+  out.c = std::move(zs);
+  return out;
+}
+
+// ------------------------------------------------------------------ bucketing
+
+AuthTriples TripleFactory::make(size_t n, int rho) {
+  AuthTriples out;
+  if (n == 0) return out;
+  const size_t B = bucket_size(n, rho);
+  last_bucket_ = B;
+  AuthTriples leak = leaky(n * B);
+  // The permutation is drawn after every leaky triple is fixed and checked.
+  Prg prg(coin_toss(party_, "buckets"));
+  std::vector<uint32_t> perm(n * B);
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = (uint32_t)i;
+  for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[uniform_below(prg, i + 1)]);
+
+  // d_j = y_first ^ y_j for the other B - 1 members of every bucket, opened together.
+  AuthShares d;
+  d.bits.resize(n * (B - 1));
+  d.macs.resize(n * (B - 1));
+  d.keys.resize(n * (B - 1));
+  for (size_t k = 0; k < n; ++k) {
+    const uint32_t f = perm[k * B];
+    for (size_t j = 1; j < B; ++j) {
+      const uint32_t m = perm[k * B + j];
+      const size_t i = k * (B - 1) + (j - 1);
+      d.bits[i] = leak.b.bits[f] ^ leak.b.bits[m];
+      d.macs[i] = xor_block(leak.b.macs[f], leak.b.macs[m]);
+      d.keys[i] = xor_block(leak.b.keys[f], leak.b.keys[m]);
+    }
+  }
+  const std::vector<uint8_t> dv = party_.open(d);
+
+  out.a.bits.resize(n);
+  out.a.macs.resize(n);
+  out.a.keys.resize(n);
+  out.b = out.a;
+  out.c = out.a;
+  for (size_t k = 0; k < n; ++k) {
+    const uint32_t f = perm[k * B];
+    uint8_t ab = 0, cb = 0;
+    block am = zero_block(), ak = zero_block(), cm = zero_block(), ck = zero_block();
+    for (size_t j = 0; j < B; ++j) {
+      const uint32_t m = perm[k * B + j];
+      ab ^= leak.a.bits[m];
+      am = xor_block(am, leak.a.macs[m]);
+      ak = xor_block(ak, leak.a.keys[m]);
+      cb ^= leak.c.bits[m];
+      cm = xor_block(cm, leak.c.macs[m]);
+      ck = xor_block(ck, leak.c.keys[m]);
+      if (j > 0 && dv[k * (B - 1) + (j - 1)]) {  // z_j ^ d_j x_j = x_j y_first
+        cb ^= leak.a.bits[m];
+        cm = xor_block(cm, leak.a.macs[m]);
+        ck = xor_block(ck, leak.a.keys[m]);
+      }
+    }
+    out.a.bits[k] = ab;
+    out.a.macs[k] = am;
+    out.a.keys[k] = ak;
+    out.b.bits[k] = leak.b.bits[f];
+    out.b.macs[k] = leak.b.macs[f];
+    out.b.keys[k] = leak.b.keys[f];
+    out.c.bits[k] = cb;
+    out.c.macs[k] = cm;
+    out.c.keys[k] = ck;
+  }
+  return out;
+}
+
+}  // namespace gc

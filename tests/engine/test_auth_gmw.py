@@ -1,0 +1,325 @@
+"""Authenticated GMW (auth_gmw.h, layer 3a of docs/MALICIOUS.md): the two servers run the same
+circuit descriptions as every backend and get the plaintext evaluator's outputs, and a server
+that deviates anywhere (an opened value, a wire, an output share, an input mask, the leaky AND
+triples) is caught with PeerDeviated before any output computed from its messages is revealed.
+
+Each cheater is a real party with valid keys, made to deviate at a named point; each has an
+honest control beside it (the same run without the deviation, or the deviation with the honest
+party's true Delta handed to the cheater, which only a MAC can stop) so that no check here is
+one that cannot fail.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import Background
+from test_engine import all_pairs, edge_and_random, gadget_circuit, random_circuit
+from test_gmw import reveal_circuit
+
+from garbled_core import (
+    AuthGmwParty,
+    Channel,
+    ChannelError,
+    CircuitBuilder,
+    GmwParty,
+    Listener,
+    PeerDeviated,
+    ProtocolError,
+)
+from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+
+
+class AuthPair:
+    """H1 and H2 authenticated GMW parties linked over loopback."""
+
+    def __init__(self, rho: int = 40) -> None:
+        listener = Listener("127.0.0.1", 0)
+        accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
+        self.h2_channel = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
+        self.h1_channel = accepting.result()
+        listener.close()
+        self.h1 = AuthGmwParty(self.h1_channel, "garbler", rho=rho)
+        self.h2 = AuthGmwParty(self.h2_channel, "evaluator", rho=rho)
+
+    def run(
+        self, circuit: Any, h1_inputs=None, h2_inputs=None, h1_carried=None, h2_carried=None, n=None
+    ) -> tuple[dict, dict]:
+        side = Background(lambda: self.h1.run(circuit, h1_inputs or {}, h1_carried or {}, n))
+        out2 = self.h2.run(circuit, h2_inputs or {}, h2_carried or {}, n)
+        return side.result(), out2
+
+    def close(self) -> None:
+        self.h1_channel.close()
+        self.h2_channel.close()
+
+
+@pytest.fixture
+def auth_pair():
+    made: list[AuthPair] = []
+
+    def make(**kw: Any) -> AuthPair:
+        pair = AuthPair(**kw)
+        made.append(pair)
+        return pair
+
+    yield make
+    for pair in made:
+        pair.close()
+
+
+def setup_both(pair: AuthPair) -> None:
+    side = Background(pair.h1.setup)
+    pair.h2.setup()
+    side.result()
+
+
+# ---------------------------------------------------------------- the outputs are right
+
+
+@pytest.mark.parametrize("width", [1, 8, 16])
+def test_every_gadget_equals_plaintext(auth_pair, width):
+    circuit = gadget_circuit(width)
+    xs, ys = all_pairs(edge_and_random(6, width, 1), edge_and_random(6, width, 2))
+    expected = circuit.evaluate({"x": xs, "y": ys})
+    pair = auth_pair()
+    out1, out2 = pair.run(circuit, {"x": xs}, {"y": ys})
+    for name, values in expected.items():
+        assert np.array_equal(out1[name], values), name
+        assert np.array_equal(out2[name], values), name
+    assert 1 <= pair.h1.last_layers == pair.h2.last_layers <= circuit.and_count
+    assert pair.h1.triples_used == circuit.and_count * len(xs)
+
+
+def test_random_circuit_and_reveal_to_one_party(auth_pair):
+    circuit = random_circuit(2, gates=300)
+    rng = np.random.default_rng(2)
+    n = 77  # not a multiple of 8
+    g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
+    e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
+    expected = circuit.evaluate({"g": g, "e": e})
+    out1, out2 = auth_pair().run(circuit, {"g": g}, {"e": e})
+    assert np.array_equal(out1["out"], expected["out"])
+    assert np.array_equal(out2["out"], expected["out"])
+    assert np.array_equal(out2["mid"], expected["mid"])
+    assert "mid" not in out1
+
+
+def test_reveal_modes_and_fresh_triples_per_run(auth_pair):
+    circuit = reveal_circuit()
+    rng = np.random.default_rng(7)
+    xs = rng.integers(0, 1 << 16, 101, dtype=np.uint64)
+    ys = rng.integers(0, 1 << 16, 101, dtype=np.uint64)
+    expected = circuit.evaluate({"x": xs, "y": ys})
+    pair = auth_pair()
+    out1, out2 = pair.run(circuit, {"x": xs}, {"y": ys})
+    assert sorted(out1) == ["both", "shared", "shared_input", "to_garbler"]
+    assert sorted(out2) == ["both", "shared", "shared_input", "to_evaluator"]
+    assert np.array_equal(out1["both"], expected["both"])
+    assert np.array_equal(out1["to_garbler"], expected["to_garbler"])
+    assert np.array_equal(out2["to_evaluator"], expected["to_evaluator"])
+    for name in ("shared", "shared_input"):
+        assert np.array_equal(out1[name] ^ out2[name], expected[name]), name
+        assert not np.array_equal(out1[name], expected[name]), name  # a share alone is masked
+    shares = out1["shared"].copy()
+    again1, again2 = pair.run(circuit, {"x": xs}, {"y": ys})
+    assert np.array_equal(again1["shared"] ^ again2["shared"], expected["shared"])
+    assert not np.array_equal(again1["shared"], shares)  # fresh triples and masks
+    assert pair.h1.runs == pair.h2.runs == 2
+
+
+def test_keep_then_carry_selected_instances(auth_pair):
+    """The noise sampler's pattern: an accept bit opened, the value kept as authenticated
+    shares, a later run continuing from the accepted instances only, in any order."""
+    b1 = CircuitBuilder("stage1")
+    x = b1.input("x", owner="garbler", width=12)
+    y = b1.input("y", owner="evaluator", width=12)
+    total = b1.add(x, y)
+    b1.output("accept", total[0], reveal="both")
+    b1.output("total", total, reveal="keep")
+    stage1 = b1.build()
+    b2 = CircuitBuilder("stage2")
+    t = b2.input("total", owner="carried", width=12)
+    z = b2.input("z", owner="evaluator", width=12)
+    b2.output("result", b2.add(b2.mul_const(t, 3, 12), z))
+    stage2 = b2.build()
+    rng = np.random.default_rng(11)
+    n = 200
+    xs = rng.integers(0, 1 << 12, n, dtype=np.uint64)
+    ys = rng.integers(0, 1 << 12, n, dtype=np.uint64)
+    pair = auth_pair()
+    g1, e1 = pair.run(stage1, {"x": xs}, {"y": ys})
+    assert np.array_equal(g1["accept"], e1["accept"])
+    chosen = np.flatnonzero(e1["accept"]).astype(np.uint64)[::-1].copy()
+    zs = rng.integers(0, 1 << 12, len(chosen), dtype=np.uint64)
+    g2, e2 = pair.run(
+        stage2,
+        h2_inputs={"z": zs},
+        h1_carried={"total": g1["total"].select(chosen)},
+        h2_carried={"total": e1["total"].select(chosen)},
+    )
+    totals = (xs + ys) & np.uint64((1 << 12) - 1)
+    want = (totals[chosen] * np.uint64(3) + zs) & np.uint64((1 << 12) - 1)
+    assert np.array_equal(g2["result"], want)
+    assert np.array_equal(e2["result"], want)
+
+
+def test_trial_circuit_of_the_sampler(auth_pair):
+    """The noise's own circuit: the accept bits and the noise equal the plaintext evaluator's."""
+    params = derive_params(64.0)
+    circuit = build_trial_circuit(params, z_reveal="both")
+    rng = np.random.default_rng(5)
+    n = 24
+    h1_inputs, h2_inputs = {}, {}
+    for name, owner, width in circuit.inputs:
+        values = rng.integers(0, 1 << width, n, dtype=np.uint64)
+        (h1_inputs if owner == "garbler" else h2_inputs)[name] = values
+    expected = circuit.evaluate({**h1_inputs, **h2_inputs})
+    pair = auth_pair()
+    out1, out2 = pair.run(circuit, h1_inputs, h2_inputs)
+    for name in ("accept", "z"):
+        assert np.array_equal(out1[name], expected[name]), name
+        assert np.array_equal(out2[name], expected[name]), name
+    assert pair.h1.last_bucket_size == pair.h2.last_bucket_size >= 3
+    assert pair.h1.leaky_triples_made == pair.h1.last_bucket_size * circuit.and_count * n
+
+
+def test_kept_values_do_not_cross_sessions(auth_pair):
+    b1 = CircuitBuilder("keep")
+    b1.output("v", b1.input("x", owner="garbler", width=8), reveal="keep")
+    keep = b1.build()
+    b2 = CircuitBuilder("use")
+    b2.output("v", b2.input("v", owner="carried", width=8), reveal="both")
+    use = b2.build()
+    first, second = auth_pair(), auth_pair()
+    xs = np.arange(5, dtype=np.uint64)
+    g, _ = first.run(keep, {"x": xs}, n=5)
+    setup_both(second)
+    with pytest.raises(ValueError, match="not kept by this authenticated GMW party"):
+        second.h1.run(use, {}, {"v": g["v"]})
+
+
+def test_a_semi_honest_peer_is_refused_at_setup(auth_pair):
+    pair = auth_pair()
+    plain = GmwParty(pair.h2_channel, "evaluator")
+    side = Background(pair.h1.setup)
+    with pytest.raises(ProtocolError):
+        plain.setup()
+    with pytest.raises(ProtocolError, match="security mismatch"):
+        side.result()
+
+
+# ---------------------------------------------------------------- the cheaters
+
+
+def cheat(pair: AuthPair, circuit, h1_inputs, h2_inputs, cheater_gets_output=False) -> PeerDeviated:
+    """H1 deviates (already set up to); H2 must refuse with PeerDeviated. H1 gets no output
+    either (H2 stops the run), except when it cheats in the output shares themselves: both send
+    those at once, so a cheater there learns the output and only the honest party aborts
+    (security with abort; what H2 keeps is its evidence). Returns H2's error."""
+    side = Background(lambda: pair.h1.run(circuit, h1_inputs, {}, None))
+    with pytest.raises(PeerDeviated) as caught:
+        pair.h2.run(circuit, h2_inputs, {}, None)
+    pair.h2_channel.close()
+    if cheater_gets_output:
+        side.result()
+    else:
+        with pytest.raises((ChannelError, PeerDeviated)):
+            side.result()
+    assert len(pair.h2.evidence_digest) == 64
+    return caught.value
+
+
+def adder():
+    b = CircuitBuilder("adder")
+    x = b.input("x", owner="garbler", width=16)
+    y = b.input("y", owner="evaluator", width=16)
+    b.output("s", b.add(x, y), reveal="both")
+    b.output("p", b.and_(x, y), reveal="evaluator")
+    return b.build()
+
+
+XS = np.arange(40, dtype=np.uint64) * np.uint64(1013)
+YS = np.arange(40, dtype=np.uint64) * np.uint64(7)
+
+
+@pytest.mark.parametrize("index", [0, 1, 333, 599])
+def test_a_party_that_adds_a_constant_to_an_opened_value_is_caught(auth_pair, index):
+    pair = auth_pair()
+    pair.h1._deviate_for_test("flip_opening", index)
+    err = cheat(pair, adder(), {"x": XS}, {"y": YS})
+    assert "AND-gate openings" in str(err)
+
+
+def test_a_flipped_opening_with_a_guessed_mac_offset_is_caught(auth_pair):
+    pair = auth_pair()
+    guess = bytearray(secrets.token_bytes(16))
+    guess[0] |= 1
+    pair.h1._deviate_for_test("flip_opening", 5, bytes(guess))
+    cheat(pair, adder(), {"x": XS}, {"y": YS})
+
+
+def test_control_a_flipped_opening_with_the_true_delta_passes(auth_pair):
+    """Handed the honest party's Delta, the same cheater is accepted (no PeerDeviated): the
+    MAC, and nothing else, is what stops it."""
+    pair = auth_pair()
+    setup_both(pair)
+    pair.h1._deviate_for_test("flip_opening", 5, pair.h2._delta_for_test())
+    out1, out2 = pair.run(adder(), {"x": XS}, {"y": YS})
+    assert np.array_equal(out1["s"], out2["s"])
+
+
+def test_a_party_that_adds_a_constant_to_a_wire_is_caught(auth_pair):
+    pair = auth_pair()
+    pair.h1._deviate_for_test("flip_wire", 3)
+    cheat(pair, adder(), {"x": XS}, {"y": YS})
+
+
+def test_a_party_that_flips_an_output_share_is_caught(auth_pair):
+    pair = auth_pair()
+    pair.h1._deviate_for_test("flip_output", 17)
+    err = cheat(pair, adder(), {"x": XS}, {"y": YS}, cheater_gets_output=True)
+    assert "output shares" in str(err)
+
+
+def test_a_party_that_lies_about_an_input_mask_is_caught(auth_pair):
+    """H1 opens a wrong bit of its mask for one of H2's inputs (to shift H2's input)."""
+    pair = auth_pair()
+    pair.h1._deviate_for_test("flip_input_mask", 9)
+    cheat(pair, adder(), {"x": XS}, {"y": YS})
+
+
+@pytest.mark.parametrize("kind", ["half_and_flip", "correction_flip", "check_flip", "u_error"])
+def test_a_party_that_deviates_in_the_triples_is_caught(auth_pair, kind):
+    pair = auth_pair()
+    pair.h1._deviate_triples_for_test(kind, 11)
+    err = cheat(pair, adder(), {"x": XS}, {"y": YS})
+    assert "leaky AND" in str(err)
+
+
+def test_honest_runs_beside_the_cheaters_pass(auth_pair):
+    """The control of every cheater above: the same circuit and inputs, nobody deviating."""
+    pair = auth_pair()
+    out1, out2 = pair.run(adder(), {"x": XS}, {"y": YS})
+    expected = adder().evaluate({"x": XS, "y": YS})
+    assert np.array_equal(out1["s"], expected["s"])
+    assert np.array_equal(out2["p"], expected["p"])
+
+
+def test_bad_arguments():
+    listener = Listener("127.0.0.1", 0)
+    try:
+        accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
+        ch = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
+        other = accepting.result()
+        with pytest.raises(ValueError, match="role"):
+            AuthGmwParty(ch, "h3")
+        with pytest.raises(ValueError, match="rho"):
+            AuthGmwParty(ch, "garbler", rho=0)
+        ch.close()
+        other.close()
+    finally:
+        listener.close()
