@@ -17,7 +17,10 @@ namespace {
 constexpr uint32_t kAuthGmwVersion = 1;
 constexpr char kHello0[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '0'};
 constexpr char kHello1[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '1'};
-constexpr size_t kKeptBlocks = 3;  // per kept bit and instance: MAC, key, the bit
+constexpr size_t kKeptBlocks = 3;
+// Triples made at once (whole AND layers; more when one layer needs more): about 100 bytes
+// each plus their leaky triples while they are made.
+constexpr size_t kTripleBatch = size_t(1) << 18;  // per kept bit and instance: MAC, key, the bit
 
 // Authenticated shares of every slot and instance: entry slot * n + i.
 struct Wires {
@@ -133,11 +136,32 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
   layers_ = plan.layers;
   const InputOwner self = first ? InputOwner::Garbler : InputOwner::Evaluator;
 
-  // Triples, fresh for this run.
-  ch_.set_phase(Phase::OTExtension);
+  // Triples, fresh for this run, made in batches of whole AND layers (at most about
+  // kTripleBatch at once, at least one layer) just before the first layer that needs them, so
+  // that memory stays bounded; each is used once and dropped.
   const size_t T = (size_t)c.and_count() * n;
-  AuthTriples tr = T ? triples_->make(T, rho_) : AuthTriples();
   triples_used_ += T;
+  AuthTriples tr;
+  size_t batch_first = 0, batch_end = 0;  // triple indices [first, end) held in tr
+  auto triples_for_stage = [&](size_t stage) {
+    const GmwPlan::Stage& st = plan.stages[stage];
+    const size_t first_needed = st.member_base * n, end_needed = (st.member_base + (st.and_end - st.and_begin)) * n;
+    if (end_needed <= batch_end) return;
+    size_t end = end_needed;
+    for (size_t s = stage + 1; s < plan.stages.size(); ++s) {
+      const GmwPlan::Stage& next = plan.stages[s];
+      const size_t next_end = (next.member_base + (next.and_end - next.and_begin)) * n;
+      if (next_end - first_needed > kTripleBatch) break;
+      end = next_end;
+    }
+    const Phase was = ch_.phase();
+    ch_.set_phase(Phase::OTExtension);
+    tr = AuthTriples();
+    tr = triples_->make(end - first_needed, rho_);
+    ch_.set_phase(was);
+    batch_first = first_needed;
+    batch_end = end;
+  };
 
   Wires w(plan.slots, n);
   // A public bit folded into shares: the first party flips its bit, the second moves its key.
@@ -224,7 +248,8 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
   ch_.set_phase(Phase::Tables);
   size_t opened = 0;  // bits this party opened so far in the run (for the test hooks)
   bool first_layer = true;
-  for (const GmwPlan::Stage& st : plan.stages) {
+  for (size_t stage = 0; stage < plan.stages.size(); ++stage) {
+    const GmwPlan::Stage& st = plan.stages[stage];
     for (size_t k = st.local_begin; k < st.local_end; ++k) {
       const GmwPlan::Op& op = plan.ops[k];
       for (size_t i = 0; i < n; ++i) {
@@ -243,12 +268,13 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
       }
     }
     if (st.and_end == st.and_begin || !n) continue;
+    triples_for_stage(stage);
     const size_t gates = st.and_end - st.and_begin;
     // Our bits of d = u ^ a and e = v ^ b, gate by gate, instance by instance.
     std::vector<uint8_t> ours(2 * gates * n);
     for (size_t g = 0; g < gates; ++g) {
       const GmwPlan::Op& op = plan.ops[st.and_begin + g];
-      const size_t t0 = (st.member_base + g) * n;
+      const size_t t0 = (st.member_base + g) * n - batch_first;
       for (size_t i = 0; i < n; ++i) {
         const size_t u = w.at(op.a, i), v = w.at(op.b, i), t = t0 + i, m = 2 * (g * n + i);
         block mac_d = xor_block(w.macs[u], tr.a.macs[t]), mac_e = xor_block(w.macs[v], tr.b.macs[t]);
@@ -271,7 +297,7 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     const std::vector<uint8_t> theirs = swap_packed(*auth_, ours, ours.size());
     for (size_t g = 0; g < gates; ++g) {
       const GmwPlan::Op& op = plan.ops[st.and_begin + g];
-      const size_t t0 = (st.member_base + g) * n;
+      const size_t t0 = (st.member_base + g) * n - batch_first;
       for (size_t i = 0; i < n; ++i) {
         const size_t u = w.at(op.a, i), v = w.at(op.b, i), t = t0 + i, m = 2 * (g * n + i);
         check.received(xor_block(w.keys[u], tr.a.keys[t]), theirs[m]);
@@ -281,7 +307,7 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     // Outputs only after every input of the layer was read (an output may reuse an input's slot).
     for (size_t g = 0; g < gates; ++g) {
       const GmwPlan::Op& op = plan.ops[st.and_begin + g];
-      const size_t t0 = (st.member_base + g) * n;
+      const size_t t0 = (st.member_base + g) * n - batch_first;
       for (size_t i = 0; i < n; ++i) {
         const size_t t = t0 + i, m = 2 * (g * n + i), o = w.at(op.out, i);
         const uint8_t d = ours[m] ^ theirs[m], e = ours[m + 1] ^ theirs[m + 1];

@@ -16,6 +16,11 @@ picks the garbling scheme (three-halves, the default, or half-gates; ``both`` ru
 triples from silent OT, one message each way per AND layer; rows with scheme ``gmw``), and
 ``--backend both`` runs each: ``and_gates_per_cpu_second`` (AND gates over both parties' CPU
 seconds) is compared between them in the same run (``gmw_vs_gc_and_gates_per_cpu_second``).
+``--security malicious`` (with ``--backend gmw``) runs authenticated GMW instead (rows
+``gmw-malicious``: authenticated shares, triples from the leaky AND and bucketing, every opening
+MAC-checked), ``--security both`` runs both levels and compares bytes and CPU per AND gate in
+the same run (``malicious_vs_semi_honest``); its runs default to
+``MALICIOUS_DEFAULT_INSTANCES`` instances.
 """
 
 from __future__ import annotations
@@ -59,7 +64,15 @@ AES_CALLS_PER_AND = 4  # half-gates garbling: 2 hashes per half gate, 2 half gat
 MODE_LABEL = {"plaintext": "plaintext", "tls": "TLS"}
 SCHEMES: tuple[str, ...] = tuple(garbled_core.GARBLING_SCHEMES)  # the first is the default
 GMW = "gmw"  # the scheme label of the GMW backend's rows (no garbling scheme: XOR shares)
+# The rows of authenticated GMW (security: malicious; garbled_core.AuthGmwParty).
+GMW_MALICIOUS = "gmw-malicious"
+GMW_SCHEMES: tuple[str, ...] = (GMW, GMW_MALICIOUS)
 BACKENDS: tuple[str, ...] = ("gc", GMW)
+SECURITY_LEVELS: tuple[str, ...] = ("semi-honest", "malicious")
+# Authenticated GMW holds every wire's MACs and keys (33 bytes per wire and instance) and its
+# triples in memory: its runs are sized in thousands of instances, not millions.
+MALICIOUS_DEFAULT_INSTANCES = 4_000
+MALICIOUS_MAX_INSTANCES = 50_000
 # The engine's default OT extension: SoftSpoken k = 7, ceil(128 / 7) = 19 bits (2.375 bytes) per
 # evaluator input bit (0: IKNP, 16 bytes)
 DEFAULT_OT_K: int = garbled_core.DEFAULT_OT_K
@@ -132,6 +145,8 @@ def _run_party(
     gc = garbled_core
     if scheme == GMW:  # Beaver triples from silent OT, as the gmw data link makes them
         parties = [gc.GmwParty(ch, role, ot="silent") for ch in channels]
+    elif scheme == GMW_MALICIOUS:  # authenticated shares and triples (security: malicious)
+        parties = [gc.AuthGmwParty(ch, role) for ch in channels]
     else:
         party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
         parties = [
@@ -302,6 +317,7 @@ class RunResult:
     correct: bool
     counters: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     backend: str = "gc"
+    security: str = "semi-honest"
     and_gates_per_cpu_second: float = 0.0  # AND gates / (garbler + evaluator CPU seconds)
     speedup_vs_one_thread: float | None = None  # against the T = 1 run of the same link
     ratio_to_aes_ceiling: float | None = None  # end-to-end rate / (AES blocks per s / 4)
@@ -378,7 +394,7 @@ def run_two_party(
         )
         evaluator = None
         log(
-            f"{'evaluating' if scheme == GMW else 'garbling'} {instances:,} instances "
+            f"{'evaluating' if scheme in GMW_SCHEMES else 'garbling'} {instances:,} instances "
             f"({scheme}) over {MODE_LABEL[mode]} (loopback, "
             f"2 processes, {threads} lane(s) each) ..."
         )
@@ -419,8 +435,8 @@ def run_two_party(
     and_gates = and_per_instance * instances
     wall = max(rep_g.run_seconds, rep_e.run_seconds)
     cpu = rep_g.cpu_seconds + rep_e.cpu_seconds
-    if scheme == GMW:  # both parties' openings and their triples' OT, each way
-        phases = ["tables", "ot_extension"]
+    if scheme in GMW_SCHEMES:  # both parties' openings, triples and input masks, each way
+        phases = ["tables", "ot_extension", "inputs", "outputs"]
         table_bytes = _sum_sent(rep_g.counters, phases) + _sum_sent(rep_e.counters, phases)
     else:
         table_bytes = _sum_sent(rep_g.counters, ["tables"])
@@ -444,7 +460,8 @@ def run_two_party(
         cpu_seconds_evaluator=rep_e.cpu_seconds,
         correct=correct,
         counters={"garbler": rep_g.counters, "evaluator": rep_e.counters},
-        backend=GMW if scheme == GMW else "gc",
+        backend=GMW if scheme in GMW_SCHEMES else "gc",
+        security="malicious" if scheme == GMW_MALICIOUS else "semi-honest",
         and_gates_per_cpu_second=and_gates / cpu if cpu > 0 else float("inf"),
     )
 
@@ -484,7 +501,7 @@ def aes_blocks_per_second(seconds: int = 1) -> float | None:
 # ------------------------------------------------------------------------------------- output
 
 _COLUMNS = (
-    ("scheme", "{:<11}"),
+    ("scheme", "{:<13}"),
     ("mode", "{:<9}"),
     ("T", "{:>2}"),
     ("AND gates", "{:>13,}"),
@@ -592,6 +609,9 @@ def to_json(
     ratio = gmw_vs_gc(runs)
     if ratio is not None:
         obj["gmw_vs_gc_and_gates_per_cpu_second"] = ratio
+    levels = malicious_vs_semi_honest(runs)
+    if levels is not None:
+        obj["malicious_vs_semi_honest"] = levels
     if len(runs) > 1:
         obj["runs"] = [asdict(r) for r in runs]
     return obj
@@ -602,8 +622,23 @@ def gmw_vs_gc(runs: list[RunResult]) -> float | None:
     the same link with one lane, measured in the same run; None unless both ran."""
     one = {(r.scheme, r.mode): r for r in runs if r.threads == 1}
     for (scheme, mode), r in one.items():
-        if scheme != GMW and (GMW, mode) in one and r.and_gates_per_cpu_second > 0:
+        if scheme not in GMW_SCHEMES and (GMW, mode) in one and r.and_gates_per_cpu_second > 0:
             return one[GMW, mode].and_gates_per_cpu_second / r.and_gates_per_cpu_second
+    return None
+
+
+def malicious_vs_semi_honest(runs: list[RunResult]) -> dict[str, float] | None:
+    """Authenticated GMW against semi-honest GMW, one lane on the same link in the same run:
+    bytes per AND gate and AND gates per CPU-second, as ratios; None unless both ran."""
+    one = {(r.scheme, r.mode): r for r in runs if r.threads == 1}
+    for (scheme, mode), r in one.items():
+        m = one.get((GMW_MALICIOUS, mode))
+        usable = m is not None and r.bytes_per_and > 0 and m.and_gates_per_cpu_second > 0
+        if scheme == GMW and usable:
+            return {
+                "bytes_per_and": m.bytes_per_and / r.bytes_per_and,
+                "cpu_per_and": r.and_gates_per_cpu_second / m.and_gates_per_cpu_second,
+            }
     return None
 
 
@@ -642,10 +677,15 @@ def bench_gc(
         raise ValueError("--chunk must be at least 1")
     if not threads or any(not 1 <= t <= MAX_THREADS for t in threads):
         raise ValueError(f"--threads: each thread count must be in 1..{MAX_THREADS}")
-    if not schemes or any(s not in (*SCHEMES, GMW) for s in schemes):
+    if not schemes or any(s not in (*SCHEMES, *GMW_SCHEMES) for s in schemes):
         raise ValueError(f"--scheme: each scheme must be one of {', '.join(SCHEMES)}")
     if not 0 <= ot_k <= 8:
         raise ValueError("--ot-k must be in 0..8 (0: IKNP)")
+    if GMW_MALICIOUS in schemes and instances > MALICIOUS_MAX_INSTANCES:
+        raise ValueError(
+            f"--security malicious: at most {MALICIOUS_MAX_INSTANCES:,} instances (authenticated "
+            "GMW keeps every wire's MAC and key in memory); pass --instances"
+        )
 
     def _stderr(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -655,7 +695,9 @@ def bench_gc(
     log(f"circuit: {int(circuit.and_count)} AND gates per instance")
     schemes = tuple(dict.fromkeys(schemes))
     rates = {
-        scheme: None if scheme == GMW else garble_only_rate(circuit, instances, chunk, log, scheme)
+        scheme: None
+        if scheme in GMW_SCHEMES
+        else garble_only_rate(circuit, instances, chunk, log, scheme)
         for scheme in schemes
     }
     configs = [(s, m, t) for s in schemes for m in modes for t in dict.fromkeys(threads)]
@@ -704,11 +746,23 @@ def run_cli(
     ot_k: int = DEFAULT_OT_K,
     repeat: int = 1,
     backends: tuple[str, ...] = ("gc",),
+    security: tuple[str, ...] = ("semi-honest",),
 ) -> int:
     """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect).
-    ``backends``: gc runs ``schemes``, gmw one GMW run per link and thread count."""
+    ``backends``: gc runs ``schemes``, gmw one GMW run per link and thread count at each level
+    of ``security`` (malicious: authenticated GMW; the garbled backend has no malicious form
+    yet, so gc with malicious alone is refused)."""
     modes: tuple[str, ...] = LINKS if both else (("plaintext",) if insecure else ("tls",))
-    schemes = (schemes if "gc" in backends else ()) + ((GMW,) if GMW in backends else ())
+    if "malicious" in security and GMW not in backends:
+        raise BenchError(
+            "--security malicious: only --backend gmw has a malicious form (authenticated GMW); "
+            "the garbled-circuit backend has none yet"
+        )
+    gmw_rows = ((GMW,) if "semi-honest" in security else ()) + (
+        (GMW_MALICIOUS,) if "malicious" in security else ()
+    )
+    gc_rows = schemes if "gc" in backends and "semi-honest" in security else ()
+    schemes = gc_rows + (gmw_rows if GMW in backends else ())
     aes_rate = aes_blocks_per_second()  # first, while nothing else of ours runs
     runs = bench_gc(
         instances=instances,
@@ -724,6 +778,13 @@ def run_cli(
     ratio = gmw_vs_gc(runs)
     if ratio is not None:
         table += f"\ngmw / gc AND gates per CPU-second (one lane, same link, this run): {ratio:.2f}"
+    levels = malicious_vs_semi_honest(runs)
+    if levels is not None:
+        table += (
+            f"\nmalicious / semi-honest gmw (one lane, same link, this run): "
+            f"{levels['bytes_per_and']:.1f}x the bytes per AND gate, "
+            f"{levels['cpu_per_and']:.1f}x the CPU per AND gate"
+        )
     if as_json:
         print(table, file=sys.stderr)
         print(json.dumps(to_json(runs, chunk, aes_rate), indent=2, sort_keys=True))

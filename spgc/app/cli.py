@@ -161,9 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument(
         "--instances",
         type=_positive_int,
-        default=1_000_000,
+        default=None,
         metavar="N",
-        help="circuit instances (default: 1000000)",
+        help="circuit instances (default: 1000000; with --security malicious or both: "
+        f"{bench_gc.MALICIOUS_DEFAULT_INSTANCES})",
     )
     gc.add_argument(
         "--chunk",
@@ -198,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="gc: garbled circuits (the schemes of --scheme); gmw: GMW with Beaver triples from "
         "silent OT on the same circuit; both: each, with their AND gates per CPU-second compared "
         "(default: gc)",
+    )
+    gc.add_argument(
+        "--security",
+        choices=(*bench_gc.SECURITY_LEVELS, "both"),
+        default="semi-honest",
+        help="semi-honest: the backends as they are; malicious: authenticated GMW (with "
+        "--backend gmw; security: malicious); both: each level, compared in the same run "
+        "(default: semi-honest)",
     )
     gc.add_argument(
         "--repeat",
@@ -477,8 +486,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return bench_scale.run_from_args(args)
     if args.bench == "wan":
         return bench_wan.run_from_args(args)
+    security = bench_gc.SECURITY_LEVELS if args.security == "both" else (args.security,)
+    instances = args.instances or (
+        bench_gc.MALICIOUS_DEFAULT_INSTANCES if "malicious" in security else 1_000_000
+    )
     return bench_gc.run_cli(
-        instances=args.instances,
+        instances=instances,
         insecure=args.insecure,
         both=args.both,
         chunk=args.chunk,
@@ -488,6 +501,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         ot_k=args.ot_k,
         repeat=args.repeat,
         backends=bench_gc.BACKENDS if args.backend == "both" else (args.backend,),
+        security=security,
     )
 
 

@@ -160,3 +160,39 @@ def test_both_backends_run_the_same_circuit_and_compare_cpu_rates(
         rows["gmw"]["and_gates_per_cpu_second"] / rows["threehalves"]["and_gates_per_cpu_second"]
     )
     assert "gmw / gc AND gates per CPU-second" in captured.err
+
+
+def test_security_both_runs_authenticated_gmw_beside_gmw(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--security both (--backend gmw): a gmw row and a gmw-malicious row (authenticated GMW),
+    each checked against the plaintext evaluation, with their bytes and CPU per AND compared."""
+    rc = bench_gc.run_cli(
+        instances=300, insecure=True, both=False, chunk=None, as_json=True, threads=(1,),
+        backends=("gmw",), security=bench_gc.SECURITY_LEVELS,
+    )  # fmt: skip
+    assert rc == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    rows = {r["scheme"]: r for r in out["runs"]}
+    assert set(rows) == {"gmw", "gmw-malicious"}
+    assert rows["gmw-malicious"]["security"] == "malicious"
+    assert rows["gmw"]["security"] == "semi-honest"
+    assert all(r["correct"] for r in rows.values())
+    # Authenticated: MACs on every COT-made share and B leaky triples per AND gate.
+    assert rows["gmw-malicious"]["bytes_per_and"] > 100
+    levels = out["malicious_vs_semi_honest"]
+    assert levels["bytes_per_and"] == pytest.approx(
+        rows["gmw-malicious"]["bytes_per_and"] / rows["gmw"]["bytes_per_and"]
+    )
+    assert "malicious / semi-honest gmw" in captured.err
+
+
+def test_security_malicious_needs_the_gmw_backend() -> None:
+    with pytest.raises(bench_gc.BenchError, match="only --backend gmw"):
+        bench_gc.run_cli(
+            instances=10, insecure=True, both=False, chunk=None, as_json=False,
+            backends=("gc",), security=("malicious",),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="at most"):
+        bench_gc.bench_gc(instances=10**6, schemes=(bench_gc.GMW_MALICIOUS,), log=lambda _: None)
