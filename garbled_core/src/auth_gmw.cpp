@@ -157,7 +157,7 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     const Phase was = ch_.phase();
     ch_.set_phase(Phase::OTExtension);
     tr = AuthTriples();
-    tr = triples_->make(end - first_needed, rho_);
+    tr = triples_->make(end - first_needed, rho_ + 1);  // half of 2^-rho: docs/MALICIOUS.md
     ch_.set_phase(was);
     batch_first = first_needed;
     batch_end = end;

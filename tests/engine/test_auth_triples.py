@@ -69,12 +69,6 @@ def test_a_wrong_u_passes_exactly_when_it_guessed_the_honest_x(two_party):
     assert outcomes == {True, False}  # both branches seen (probability 1 - 2^-11)
 
 
-def test_a_wrong_u_without_a_guess_is_caught(two_party):
-    for index in (3, 50):
-        _, honest = session(two_party, 64, leaky_only=True, cheat="u_error", index=index)
-        assert honest["caught"]
-
-
 def test_bucket_size_meets_the_bound():
     for n in (1, 100, 10_000, 1_000_000, 100_000_000):
         b = _core._bucket_size(n, 40)
