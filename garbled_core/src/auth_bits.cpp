@@ -35,29 +35,73 @@ std::vector<uint8_t> unpack_bits(const std::vector<uint8_t>& packed, size_t n) {
   return out;
 }
 
-AuthParty::AuthParty(Channel& ch, bool first, const block* delta_for_test) : ch_(ch), first_(first) {
+const char* auth_cots_name(AuthCots c) {
+  switch (c) {
+    case AuthCots::Silent:
+      return "silent";
+    case AuthCots::Iknp:
+      return "iknp";
+    case AuthCots::SilentTestOnly:
+      return "silent-test-only";
+  }
+  return "?";
+}
+
+AuthParty::AuthParty(Channel& ch, bool first, const block* delta_for_test, AuthCots cots)
+    : ch_(ch), first_(first), cots_(cots) {
   delta_ = delta_for_test ? *delta_for_test : random_delta();
   if (!lsb(delta_)) throw std::invalid_argument("Delta must have its lowest bit set");
 }
 
+AuthParty::~AuthParty() = default;
+
 AuthShares AuthParty::random(size_t n) {
-  size_t m = (n + 127) / 128 * 128;
-  std::vector<uint8_t> choices(m / 8);
-  secure_random(choices.data(), choices.size());
-  BlockVector keys(m), macs(m);
-  CotSender sender;      // keys of the peer's bits, under our Delta
-  CotReceiver receiver;  // our bits, MACed under the peer's Delta
-  // The two directions in opposite orders on the two sides, so that each step meets its peer.
-  if (first_) {
-    sender.setup(ch_, delta_);
-    receiver.setup(ch_);
-    sender.extend_checked(ch_, keys.data(), m);
-    receiver.extend_checked(ch_, choices.data(), macs.data(), m);
+  std::vector<uint8_t> choices;
+  BlockVector keys, macs;
+  if (cots_ == AuthCots::Iknp) {
+    const size_t m = (n + 127) / 128 * 128;
+    choices.resize(m / 8);
+    secure_random(choices.data(), choices.size());
+    keys.resize(m);
+    macs.resize(m);
+    CotSender sender;      // keys of the peer's bits, under our Delta
+    CotReceiver receiver;  // our bits, MACed under the peer's Delta
+    // The two directions in opposite orders on the two sides, so that each step meets its peer.
+    if (first_) {
+      sender.setup(ch_, delta_);
+      receiver.setup(ch_);
+      sender.extend_checked(ch_, keys.data(), m);
+      receiver.extend_checked(ch_, choices.data(), macs.data(), m);
+    } else {
+      receiver.setup(ch_);
+      sender.setup(ch_, delta_);
+      receiver.extend_checked(ch_, choices.data(), macs.data(), m);
+      sender.extend_checked(ch_, keys.data(), m);
+    }
   } else {
-    receiver.setup(ch_);
-    sender.setup(ch_, delta_);
-    receiver.extend_checked(ch_, choices.data(), macs.data(), m);
-    sender.extend_checked(ch_, keys.data(), m);
+    if (!silent_sender_) {
+      SilentOtParams params =
+          (cots_ == AuthCots::Silent ? SilentOtParams::ferret() : SilentOtParams::test_only()).with_malicious_check();
+      silent_sender_ = std::make_unique<SilentCotSender>(ch_, delta_, params);
+      silent_receiver_ = std::make_unique<SilentCotReceiver>(ch_, params);
+      if (first_) {
+        silent_sender_->setup();
+        silent_receiver_->setup();
+      } else {
+        silent_receiver_->setup();
+        silent_sender_->setup();
+      }
+    }
+    choices.resize((n + 7) / 8);
+    keys.resize(n);
+    macs.resize(n);
+    if (first_) {
+      silent_sender_->extend(n, keys.data());
+      silent_receiver_->extend(n, choices.data(), macs.data());
+    } else {
+      silent_receiver_->extend(n, choices.data(), macs.data());
+      silent_sender_->extend(n, keys.data());
+    }
   }
   ch_.flush();
   AuthShares s;
@@ -65,8 +109,10 @@ AuthShares AuthParty::random(size_t n) {
   for (size_t i = 0; i < n; ++i) s.bits[i] = (choices[i >> 3] >> (i & 7)) & 1;
   s.macs.resize(n);
   s.keys.resize(n);
-  std::memcpy(static_cast<void*>(s.macs.data()), macs.data(), n * sizeof(block));
-  std::memcpy(static_cast<void*>(s.keys.data()), keys.data(), n * sizeof(block));
+  if (n) {
+    std::memcpy(static_cast<void*>(s.macs.data()), macs.data(), n * sizeof(block));
+    std::memcpy(static_cast<void*>(s.keys.data()), keys.data(), n * sizeof(block));
+  }
   return s;
 }
 

@@ -14,7 +14,7 @@ namespace gc {
 
 namespace {
 
-constexpr uint32_t kAuthGmwVersion = 1;
+constexpr uint32_t kAuthGmwVersion = 2;  // 2: the hello names the COT source
 constexpr char kHello0[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '0'};
 constexpr char kHello1[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '1'};
 constexpr size_t kKeptBlocks = 3;
@@ -44,7 +44,8 @@ std::vector<uint8_t> swap_packed(AuthParty& party, const std::vector<uint8_t>& o
 
 }  // namespace
 
-AuthGmwParty::AuthGmwParty(Channel& ch, int party, int rho) : Session(ch, SessionOptions{}), party_(party), rho_(rho) {
+AuthGmwParty::AuthGmwParty(Channel& ch, int party, int rho, AuthCots cots)
+    : Session(ch, SessionOptions{}), party_(party), rho_(rho), cots_(cots) {
   if (party != 0 && party != 1) throw std::invalid_argument("party must be 0 or 1");
   if (rho < 1 || rho > 128) throw std::invalid_argument("rho must be in 1..128");
 }
@@ -70,12 +71,13 @@ void AuthGmwParty::setup() {
   // 20 bytes, like the other backends' hellos, so a mismatched peer fails cleanly.
   struct Hello {
     char magic[8];
-    uint32_t version, rho, reserved;
+    uint32_t version, rho, cots;
   } mine{}, theirs{};
   static_assert(sizeof(Hello) == 20, "hello layout");
   std::memcpy(mine.magic, party_ == 0 ? kHello0 : kHello1, 8);
   mine.version = kAuthGmwVersion;
   mine.rho = (uint32_t)rho_;
+  mine.cots = (uint32_t)cots_;
   ch_.send(&mine, sizeof mine);
   ch_.flush();
   ch_.recv(&theirs, sizeof theirs);
@@ -91,6 +93,9 @@ void AuthGmwParty::setup() {
   if (theirs.rho != mine.rho)
     throw ProtocolError("statistical security mismatch: rho " + std::to_string(rho_) + " here, " +
                         std::to_string(theirs.rho) + " at the peer");
+  if (theirs.cots != mine.cots)
+    throw ProtocolError(std::string("COT source mismatch: ") + auth_cots_name(cots_) + " here, " +
+                        (theirs.cots <= 2 ? auth_cots_name((AuthCots)theirs.cots) : "unknown") + " at the peer");
   if (party_ == 0) {
     secure_random(&session_id_, sizeof session_id_);
     ch_.send(&session_id_, sizeof session_id_);
@@ -98,7 +103,7 @@ void AuthGmwParty::setup() {
   } else {
     ch_.recv(&session_id_, sizeof session_id_);
   }
-  auth_ = std::make_unique<AuthParty>(ch_, party_ == 0);
+  auth_ = std::make_unique<AuthParty>(ch_, party_ == 0, nullptr, cots_);
   triples_ = std::make_unique<TripleFactory>(*auth_);
   if (triple_cheat_.kind != TripleCheat::Kind::None) triples_->deviate_for_test(triple_cheat_.hooks());
   ready_ = true;

@@ -18,6 +18,11 @@ namespace gc {
 namespace {
 
 constexpr uint64_t kHalfAnd = 1, kCheck = 2;  // hash purposes (the tweak's top byte)
+// The check runs on the low 80 bits of every value (a linear projection: G_A ^ G_B = (x y ^ z)
+// times the joint Delta's low 80 bits, 79 of them unknown to either party, as lsb(Delta_A ^
+// Delta_B) = 0), so U travels as 10 bytes: a wrong z passes with probability 2^-79 a triple.
+constexpr size_t kCheckBytes = 10;
+const block kCheckMask = make_block(0xFFFF, ~uint64_t(0));
 
 // H(x, tweak) = AES_k(sigma(x) ^ tweak) ^ sigma(x), sigma(hi, lo) = (hi ^ lo, hi): the
 // tweakable correlation-robust hash of Guo, Katz, Wang and Yu (S&P 2020) from a fixed key.
@@ -161,7 +166,7 @@ TripleDeviation TripleCheat::hooks() {
   d.messages = [](std::vector<uint8_t>& half_and, BlockVector& u, void* self) {
     auto* c = static_cast<TripleCheat*>(self);
     if (c->index >= u.size()) return;
-    if (c->kind == Kind::UError) u[c->index] = xor_block(u[c->index], c->error);
+    if (c->kind == Kind::UError) u[c->index] = xor_block(u[c->index], and_block(c->error, kCheckMask));
     if (c->kind == Kind::HalfAndFlip) {  // both of P's bits: Q's t is wrong whatever x_Q
       half_and[2 * c->index] ^= 1;
       half_and[2 * c->index + 1] ^= 1;
@@ -174,8 +179,9 @@ TripleDeviation TripleCheat::hooks() {
   d.check = [](BlockVector& g, void* self) {
     auto* c = static_cast<TripleCheat*>(self);
     if (c->index >= g.size()) return;
-    if (c->kind == Kind::UError && c->guess == 1) g[c->index] = xor_block(g[c->index], c->error);
-    if (c->kind == Kind::CheckFlip) g[c->index] = xor_block(g[c->index], make_block(0, 1));
+    if (c->kind == Kind::UError && c->guess == 1)
+      g[c->index] = xor_block(g[c->index], and_block(c->error, kCheckMask));
+    if (c->kind == Kind::CheckFlip) g[c->index] = xor_block(g[c->index], make_block(0, 2));
   };
   return d;
 }
@@ -226,17 +232,27 @@ AuthTriples TripleFactory::leaky(size_t n) {
   }
   if (deviation_.messages) deviation_.messages(half_and, u, deviation_.context);
   const std::vector<uint8_t> half_out = pack_bits(half_and);
-  std::vector<uint8_t> half_in(half_out.size());
-  BlockVector u_in(n);
+  std::vector<uint8_t> half_in(half_out.size()), u_out(n * kCheckBytes), u_bytes(n * kCheckBytes);
+  for (size_t t = 0; t < n; ++t) {
+    uint8_t b[16];
+    store_block(b, u[t]);
+    std::memcpy(u_out.data() + t * kCheckBytes, b, kCheckBytes);  // the low 80 bits
+  }
   {
     Channel& ch = party_.channel();
     ch.send(half_out.data(), half_out.size());
-    ch.send(u.data(), n * sizeof(block));
+    ch.send(u_out.data(), u_out.size());
     ch.flush();
     ch.recv(half_in.data(), half_in.size());
-    ch.recv(u_in.data(), n * sizeof(block));
+    ch.recv(u_bytes.data(), u_bytes.size());
     party_.log_received(half_in.data(), half_in.size());
-    party_.log_received(u_in.data(), n * sizeof(block));
+    party_.log_received(u_bytes.data(), u_bytes.size());
+  }
+  BlockVector u_in(n);
+  for (size_t t = 0; t < n; ++t) {
+    uint8_t b[16] = {};
+    std::memcpy(b, u_bytes.data() + t * kCheckBytes, kCheckBytes);
+    u_in[t] = load_block(b);
   }
   const std::vector<uint8_t> peer_half = unpack_bits(half_in, 2 * n);
 
@@ -264,7 +280,7 @@ AuthTriples TripleFactory::leaky(size_t n) {
     block v = xor_block(c_key[t], c_mac[t]);
     if (x.bits[t]) v = xor_block(v, xor_block(psi[t], u_in[t]));
     if (zs.bits[t]) v = xor_block(v, delta);
-    g[t] = xor_block(v, xor_block(zs.keys[t], zs.macs[t]));
+    g[t] = and_block(xor_block(v, xor_block(zs.keys[t], zs.macs[t])), kCheckMask);
   }
   if (deviation_.observe_x) deviation_.observe_x(x.bits, deviation_.context);
   const std::array<uint8_t, 32> expected = check_digest(g, !party_.first());

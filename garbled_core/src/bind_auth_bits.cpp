@@ -42,6 +42,13 @@ py::list bits_list(const std::vector<uint8_t>& v) {
 
 }  // namespace
 
+gc::AuthCots parse_auth_cots(const std::string& name) {
+  if (name == "silent") return gc::AuthCots::Silent;
+  if (name == "iknp") return gc::AuthCots::Iknp;
+  if (name == "silent-test-only") return gc::AuthCots::SilentTestOnly;
+  throw py::value_error("ot must be 'silent', 'iknp' or 'silent-test-only', not '" + name + "'");
+}
+
 gc::TripleCheat triple_cheat(const std::string& kind, size_t index, int guess) {
   gc::TripleCheat c;
   c.index = index;
@@ -67,7 +74,8 @@ void bind_auth_bits(py::module_& m) {
   m.def("_bucketing_error_log2", &gc::bucketing_error_log2, "n"_a, "bucket"_a,
         "log2 of the bucketing bound for n buckets of the given size (auth_triples.h).");
   m.def("_auth_triples_session", [](gc::Channel& ch, bool first, size_t n, int rho, bool leaky_only,
-                                    const std::string& cheat, size_t index, int guess) {
+                                    const std::string& cheat, size_t index, int guess, const std::string& ot) {
+    const gc::AuthCots cots = parse_auth_cots(ot);
     gc::TripleCheat c;
     if (!cheat.empty()) c = triple_cheat(cheat, index, guess);
     py::dict out;
@@ -77,7 +85,7 @@ void bind_auth_bits(py::module_& m) {
     size_t bucket = 0;
     {
       py::gil_scoped_release release;
-      gc::AuthParty party(ch, first);
+      gc::AuthParty party(ch, first, nullptr, cots);
       gc::TripleFactory factory(party);
       gc::TripleDeviation hooks = c.hooks();
       if (cheat.empty()) {  // the honest party shows the test its x bits (what a cheater bets on)
@@ -108,13 +116,15 @@ void bind_auth_bits(py::module_& m) {
     out["c"] = bits_list(cv);
     return out;
   }, "channel"_a, "first"_a, "n"_a, "rho"_a = 40, "leaky_only"_a = false, "cheat"_a = "", "index"_a = 0,
-  "guess"_a = -1,
+  "guess"_a = -1, "ot"_a = "silent-test-only",
   "Test hook: n authenticated triples (or leaky ones), opened with checks; a cheat makes this "
   "party deviate in the leaky AND. Returns caught / message (PeerDeviated), the bucket size, "
   "the honest party's x bits of the (last) leaky batch and the opened a, b, c.");
 
   m.def("_auth_bits_session", [](gc::Channel& ch, bool first, size_t n, const std::vector<uint8_t>& public_bits,
-                                 long flip_index, py::object mac_offset, py::object delta_bytes) {
+                                 long flip_index, py::object mac_offset, py::object delta_bytes,
+                                 const std::string& ot) {
+    const gc::AuthCots cots = parse_auth_cots(ot);
     if (public_bits.size() != n) throw py::value_error("public_bits: one per share");
     FlipOpening flip;
     flip.index = flip_index;
@@ -135,7 +145,7 @@ void bind_auth_bits(py::module_& m) {
     gc::block delta;
     {
       py::gil_scoped_release release;
-      gc::AuthParty party(ch, first, delta_given ? &given_delta : nullptr);
+      gc::AuthParty party(ch, first, delta_given ? &given_delta : nullptr, cots);
       delta = party.delta();
       gc::AuthShares r = party.random(n), r2 = party.random(n);
       r_bits = r.bits;
@@ -154,6 +164,7 @@ void bind_auth_bits(py::module_& m) {
     out["public"] = c_open;
     return out;
   }, "channel"_a, "first"_a, "n"_a, "public_bits"_a, "flip_index"_a = -1, "mac_offset"_a = py::none(), "delta"_a = py::none(),
+  "ot"_a = "iknp",
   "Test hook: random authenticated shares r, r2 opened with checks, then r ^ public, r ^ r2 "
   "and the public bits as shares; flip_index / mac_offset make this party deviate in r's opening; "
   "delta fixes this party's Delta (for a cheater who is given it).");

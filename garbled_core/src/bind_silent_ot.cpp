@@ -34,8 +34,9 @@ std::vector<size_t> extend_sizes(const py::object& m) {
   return sizes;
 }
 
-gc::SilentOtParams params_of(bool test_only, size_t threads = 1) {
+gc::SilentOtParams params_of(bool test_only, size_t threads = 1, bool malicious = false) {
   gc::SilentOtParams p = test_only ? gc::SilentOtParams::test_only() : gc::SilentOtParams::ferret();
+  if (malicious) p = p.with_malicious_check();
   p.threads = threads;
   return p;
 }
@@ -73,7 +74,7 @@ void bind_silent_ot(py::module_& m) {
   "(main.tree_bytes, sender to receiver; the receiver sends nothing after setup), bits_per_ot.");
 
   m.def("_silent_cot_send", [](gc::Channel& ch, const py::object& m_ots, bool test_only, bool stats,
-                               size_t threads) {
+                               size_t threads, bool malicious, long corrupt) {
     const std::vector<size_t> sizes = extend_sizes(m_ots);
     size_t total = 0;
     for (size_t s : sizes) total += s;
@@ -82,7 +83,8 @@ void bind_silent_ot(py::module_& m) {
     Counts c;
     {
       py::gil_scoped_release r;
-      gc::SilentCotSender sender(ch, delta, params_of(test_only, threads));
+      gc::SilentCotSender sender(ch, delta, params_of(test_only, threads, malicious));
+      if (corrupt >= 0) sender.corrupt_for_test((size_t)corrupt);
       const uint64_t s0 = ch.total_sent(), r0 = ch.total_received();
       const auto t0 = std::chrono::steady_clock::now();
       sender.setup();
@@ -103,11 +105,13 @@ void bind_silent_ot(py::module_& m) {
     if (stats) return py::tuple(py::make_tuple(d, labels, c.to_dict()));
     return py::tuple(py::make_tuple(d, labels));
   }, "channel"_a, "m"_a, "test_only"_a = false, "stats"_a = false, "threads"_a = 1,
+  "malicious"_a = false, "corrupt"_a = -1,
   "Test hook: silent COT sender for m OTs (an int, or a list of extend sizes); returns (delta, q) "
-  "[, byte counts of this side]. lsb(q_i) = 0.");
+  "[, byte counts of this side]. lsb(q_i) = 0. malicious: with Ferret's consistency check and "
+  "checked base COTs; corrupt: flip a bit of that tree message in the first iteration (setup).");
 
   m.def("_silent_cot_recv", [](gc::Channel& ch, const py::object& m_ots, bool test_only, bool stats,
-                               size_t threads) {
+                               size_t threads, bool malicious) {
     const std::vector<size_t> sizes = extend_sizes(m_ots);
     size_t total = 0;
     for (size_t s : sizes) total += s;
@@ -116,7 +120,7 @@ void bind_silent_ot(py::module_& m) {
     Counts c;
     {
       py::gil_scoped_release r;
-      gc::SilentCotReceiver receiver(ch, params_of(test_only, threads));
+      gc::SilentCotReceiver receiver(ch, params_of(test_only, threads, malicious));
       const uint64_t s0 = ch.total_sent(), r0 = ch.total_received();
       const auto t0 = std::chrono::steady_clock::now();
       receiver.setup();
@@ -142,6 +146,7 @@ void bind_silent_ot(py::module_& m) {
     if (stats) return py::tuple(py::make_tuple(choices, labels, c.to_dict()));
     return py::tuple(py::make_tuple(choices, labels));
   }, "channel"_a, "m"_a, "test_only"_a = false, "stats"_a = false, "threads"_a = 1,
+  "malicious"_a = false,
   "Test hook: silent COT receiver for m OTs (an int, or a list of extend sizes); returns "
   "(choices packed LSB-first, labels) [, byte counts of this side]; labels = q ^ b * delta.");
 }

@@ -408,12 +408,15 @@ PYBIND11_MODULE(_core, m) {
       "One server of authenticated GMW (security: malicious; auth_gmw.h): role 'garbler' (H1) or "
       "'evaluator' (H2). run() takes and returns what GmwParty.run does; a peer caught deviating "
       "raises PeerDeviated before any output computed from its messages is revealed.")
-      .def(py::init([](gc::Channel& ch, const std::string& role, int rho) {
+      .def(py::init([](gc::Channel& ch, const std::string& role, int rho, const std::string& ot) {
         const int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
         if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
         if (rho < 1 || rho > 128) throw py::value_error("rho must be in 1..128 (statistical security bits)");
-        return new gc::AuthGmwParty(ch, party, rho);
-      }), "channel"_a, "role"_a, "rho"_a = gc::kDefaultRho, py::keep_alive<1, 2>())
+        return new gc::AuthGmwParty(ch, party, rho, parse_auth_cots(ot));
+      }), "channel"_a, "role"_a, "rho"_a = gc::kDefaultRho, "ot"_a = "silent", py::keep_alive<1, 2>(),
+      "ot: where the COTs behind the authenticated shares come from: 'silent' (Ferret with its "
+      "malicious check; the default), 'iknp' (with KOS's check; 16 bytes per COT each way) or "
+      "'silent-test-only' (Ferret's code at an INSECURE size, for tests).")
       .def("setup", [](gc::AuthGmwParty& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::AuthGmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         const gc::InputOwner self = s.party() == 0 ? gc::InputOwner::Garbler : gc::InputOwner::Evaluator;

@@ -1,9 +1,10 @@
-// Silent correlated OT (Ferret, semi-honest); see silent_ot.h for the protocol.
+// Silent correlated OT (Ferret, semi-honest or with its malicious check); see silent_ot.h.
 #include "garbled_core/silent_ot.h"
 
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -14,7 +15,11 @@
 #include <vector>
 
 #include "garbled_core/aes.h"
+#include "garbled_core/gf128.h"
+#include "garbled_core/iknp.h"
+#include "garbled_core/prg.h"
 #include "garbled_core/random.h"
+#include "garbled_core/sha256.h"
 #include "garbled_core/softspoken.h"
 #include "garbled_core/vaes.h"
 
@@ -278,6 +283,48 @@ void wipe(BlockVector& v) {
 void wipe(detail::HugeBlocks& v) { v.wipe(); }
 
 constexpr int kSoftSpokenK = 7;
+constexpr size_t kCheckCots = 128;  // the malicious check's x* (one GF(2^128) element)
+
+// ---- the malicious consistency check (silent_ot.h)
+
+// sum_j chi_j x_j over GF(2^128), chi_j the PRG stream of `seed`; also the sum of chi at the
+// increasing positions `at` (the receiver's punctured leaves), into *chi_at.
+block chi_sum(block seed, const block* x, size_t n, const std::vector<size_t>& at, block* chi_at) {
+  Prg prg(seed);
+  constexpr size_t kStep = 4096;
+  BlockVector chi(kStep);
+  Wide acc{zero_block(), zero_block()}, acc_at{zero_block(), zero_block()};
+  size_t next_at = 0;
+  for (size_t j0 = 0; j0 < n; j0 += kStep) {
+    const size_t m = std::min(kStep, n - j0);
+    prg.fill(chi.data(), m);
+    for (size_t j = 0; j < m; ++j) acc = xor_wide(acc, clmul_wide(chi[j], x[j0 + j]));
+    while (next_at < at.size() && at[next_at] < j0 + m) {
+      acc_at.lo = xor_block(acc_at.lo, chi[at[next_at] - j0]);
+      ++next_at;
+    }
+  }
+  if (chi_at) *chi_at = acc_at.lo;
+  return gf128_reduce(acc);
+}
+
+// sum_k c_k X^k over GF(2^128) for the 128 check COTs.
+block basis_sum(const block* c) {
+  Wide acc{zero_block(), zero_block()};
+  for (size_t k = 0; k < kCheckCots; ++k) {
+    const block xk = k < 64 ? make_block(0, uint64_t(1) << k) : make_block(uint64_t(1) << (k - 64), 0);
+    acc = xor_wide(acc, clmul_wide(c[k], xk));
+  }
+  return gf128_reduce(acc);
+}
+
+std::array<uint8_t, 32> check_digest(block v) {
+  static const char kTag[] = "spgc.silent-ot.spcot-check.v1";
+  Sha256 h;
+  h.update(kTag, sizeof kTag);
+  h.update(&v, sizeof v);
+  return h.digest();
+}
 
 // The end of an iteration, both roles. Bootstrapping: outputs [0, next) are encoded now and
 // kept as the next main iteration's base. Outputs past them are encoded as the caller takes
@@ -359,7 +406,17 @@ SilentOtParams SilentOtParams::test_only() {
   return s;
 }
 
+SilentOtParams SilentOtParams::with_malicious_check() const {
+  SilentOtParams s = *this;
+  s.malicious = true;
+  s.setup.check = s.main.check = kCheckCots;
+  return s;
+}
+
 void SilentOtParams::validate() const {
+  if (malicious != (setup.check == kCheckCots && main.check == kCheckCots) ||
+      (!malicious && (setup.check || main.check)))
+    throw std::invalid_argument("silent OT: the malicious check needs 128 check COTs in both sets");
   if (threads < 1 || threads > kMaxLpnThreads)
     throw std::invalid_argument("silent OT: threads must be in 1.." + std::to_string(kMaxLpnThreads));
   for (const FerretParams* p : {&setup, &main}) {
@@ -440,10 +497,16 @@ void SilentCotSender::setup() {
   ready_ = false;
   const size_t m0 = params_.base_cots();
   {
-    SoftSpokenCotSender ss(kSoftSpokenK);
-    ss.setup(ch_, delta_);
     BlockVector q0(m0);
-    ss.extend_random(ch_, q0.data(), m0);
+    if (params_.malicious) {  // checked IKNP: the receiver's random choices, KOS's check
+      CotSender iknp;
+      iknp.setup(ch_, delta_);
+      iknp.extend_checked(ch_, q0.data(), m0);
+    } else {
+      SoftSpokenCotSender ss(kSoftSpokenK);
+      ss.setup(ch_, delta_);
+      ss.extend_random(ch_, q0.data(), m0);
+    }
     base_.resize(params_.setup.reserve());
     for (size_t j = 0; j < base_.size(); ++j) base_[j] = and_block(q0[j], kClearLsb);
     wipe(q0);
@@ -482,8 +545,21 @@ void SilentCotSender::iterate(const FerretParams& p) {
     msg[2 * h] = c;
   }
   wipe(roots);
+  if (corrupt_at_ < msg_.size()) {
+    msg_[corrupt_at_] = xor_block(msg_[corrupt_at_], make_block(0, 2));
+    corrupt_at_ = ~size_t(0);
+  }
   ch_.send(msg_.data(), msg_.size() * sizeof(block));
   ch_.flush();
+  if (p.check) {  // the receiver's challenge, then our answer
+    block challenge[2];  // seed of chi, X'
+    ch_.recv(challenge, sizeof challenge);
+    const block y = xor_block(basis_sum(base_.data() + p.k + p.t * h), gf128_mul(challenge[1], delta_));
+    const block v = xor_block(chi_sum(challenge[0], out_.data(), p.n, {}, nullptr), y);
+    const std::array<uint8_t, 32> d = check_digest(v);
+    ch_.send(d.data(), d.size());
+    ch_.flush();
+  }
   const size_t next = params_.main.reserve();
   finish_iteration(p, next, base_, next_base_, out_, &encoded_, params_.threads);
   out_size_ = p.n;
@@ -533,11 +609,18 @@ void SilentCotReceiver::setup() {
   ready_ = false;
   const size_t m0 = params_.base_cots();
   {
-    SoftSpokenCotReceiver ss(kSoftSpokenK);
-    ss.setup(ch_);
     BlockVector t0(m0);
     std::vector<uint8_t> r(m0 / 8);
-    ss.extend_random(ch_, r.data(), t0.data(), m0);
+    if (params_.malicious) {
+      CotReceiver iknp;
+      iknp.setup(ch_);
+      secure_random(r.data(), r.size());
+      iknp.extend_checked(ch_, r.data(), t0.data(), m0);
+    } else {
+      SoftSpokenCotReceiver ss(kSoftSpokenK);
+      ss.setup(ch_);
+      ss.extend_random(ch_, r.data(), t0.data(), m0);
+    }
     base_.resize(params_.setup.reserve());
     for (size_t j = 0; j < base_.size(); ++j) {
       const uint64_t bit = (r[j >> 3] >> (j & 7)) & 1;
@@ -560,6 +643,8 @@ void SilentCotReceiver::iterate(const FerretParams& p) {
   msg_.resize(p.t * per_tree);
   ch_.recv(msg_.data(), msg_.size() * sizeof(block));
   const block* tree_cots = base_.data() + p.k;
+  std::vector<size_t> alpha;  // the punctured leaf of each tree, as an index into out_
+  if (p.check) alpha.reserve(p.t);
   for (size_t i = 0; i < p.t; ++i) {
     block* nd = out_.data() + i * leaves;
     const block* msg = msg_.data() + i * per_tree;
@@ -583,6 +668,24 @@ void SilentCotReceiver::iterate(const FerretParams& p) {
       c = xor_block(c, nd[x]);
     }
     nd[punct] = c;  // v_alpha ^ Delta (nd[punct] was zero in the sum)
+    if (p.check) alpha.push_back(i * leaves + punct);
+  }
+  if (p.check) {  // chi drawn after every tree message it constrains
+    const block* z = base_.data() + p.k + p.t * h;
+    uint64_t xs[2] = {0, 0};  // X*: the check COTs' choice bits
+    for (size_t k = 0; k < kCheckCots; ++k) xs[k >> 6] |= (low64(z[k]) & 1) << (k & 63);
+    block challenge[2];
+    challenge[0] = random_block();
+    block chi_alpha;
+    block w = chi_sum(challenge[0], out_.data(), p.n, alpha, &chi_alpha);
+    challenge[1] = xor_block(chi_alpha, make_block(xs[1], xs[0]));
+    ch_.send(challenge, sizeof challenge);
+    ch_.flush();
+    w = xor_block(w, basis_sum(z));
+    std::array<uint8_t, 32> theirs{};
+    ch_.recv(theirs.data(), theirs.size());
+    if (theirs != check_digest(w))
+      throw PeerDeviated("the silent OT sender's trees are inconsistent (Ferret's malicious check)");
   }
   const size_t next = params_.main.reserve();
   finish_iteration(p, next, base_, next_base_, out_, &encoded_, params_.threads);

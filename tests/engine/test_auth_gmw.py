@@ -36,14 +36,14 @@ from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 class AuthPair:
     """H1 and H2 authenticated GMW parties linked over loopback."""
 
-    def __init__(self, rho: int = 40) -> None:
+    def __init__(self, rho: int = 40, ot: str = "silent-test-only") -> None:
         listener = Listener("127.0.0.1", 0)
         accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
         self.h2_channel = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
         self.h1_channel = accepting.result()
         listener.close()
-        self.h1 = AuthGmwParty(self.h1_channel, "garbler", rho=rho)
-        self.h2 = AuthGmwParty(self.h2_channel, "evaluator", rho=rho)
+        self.h1 = AuthGmwParty(self.h1_channel, "garbler", rho=rho, ot=ot)
+        self.h2 = AuthGmwParty(self.h2_channel, "evaluator", rho=rho, ot=ot)
 
     def run(
         self, circuit: Any, h1_inputs=None, h2_inputs=None, h1_carried=None, h2_carried=None, n=None
@@ -292,8 +292,10 @@ def test_a_party_that_lies_about_an_input_mask_is_caught(auth_pair):
     cheat(pair, adder(), {"x": XS}, {"y": YS})
 
 
-@pytest.mark.parametrize("kind", ["half_and_flip", "correction_flip", "check_flip", "u_error"])
+@pytest.mark.parametrize("kind", ["half_and_flip", "correction_flip", "check_flip"])
 def test_a_party_that_deviates_in_the_triples_is_caught(auth_pair, kind):
+    """(A wrong U is caught exactly when it bets wrong on the honest x bit:
+    test_auth_triples.py checks that against the honest party's bits.)"""
     pair = auth_pair()
     pair.h1._deviate_triples_for_test(kind, 11)
     err = cheat(pair, adder(), {"x": XS}, {"y": YS})
@@ -319,7 +321,36 @@ def test_bad_arguments():
             AuthGmwParty(ch, "h3")
         with pytest.raises(ValueError, match="rho"):
             AuthGmwParty(ch, "garbler", rho=0)
+        with pytest.raises(ValueError, match="ot must be"):
+            AuthGmwParty(ch, "garbler", ot="ferret")
         ch.close()
         other.close()
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("ot", ["silent", "iknp"])
+def test_each_cot_source_gives_the_plaintext_outputs(auth_pair, ot):
+    """Ferret's real set with its malicious check (the default), and checked IKNP."""
+    pair = auth_pair(ot=ot)
+    out1, out2 = pair.run(adder(), {"x": XS}, {"y": YS})
+    expected = adder().evaluate({"x": XS, "y": YS})
+    assert np.array_equal(out1["s"], expected["s"])
+    assert np.array_equal(out2["p"], expected["p"])
+
+
+def test_cot_sources_must_match(auth_pair):
+    listener = Listener("127.0.0.1", 0)
+    accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
+    ch2 = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
+    ch1 = accepting.result()
+    listener.close()
+    h1 = AuthGmwParty(ch1, "garbler", ot="iknp")
+    h2 = AuthGmwParty(ch2, "evaluator", ot="silent-test-only")
+    side = Background(h1.setup)
+    with pytest.raises(ProtocolError, match="COT source mismatch"):
+        h2.setup()
+    with pytest.raises(ProtocolError, match="COT source mismatch"):
+        side.result()
+    ch1.close()
+    ch2.close()

@@ -161,3 +161,75 @@ def test_peer_closing_mid_extend_is_a_clean_error(two_party):
 def test_bad_arguments():
     with pytest.raises(TypeError):
         _core._silent_cot_send(None, 10)
+
+
+# ---------------------------------------------------------------- the malicious check
+
+
+def run_malicious(two_party, m, corrupt=-1, test_only=True):
+    """Silent COT with Ferret's malicious check (and checked IKNP base COTs); the sender may
+    flip a bit of one tree message of its first (setup) iteration. Returns the outputs, or the
+    receiver's PeerDeviated."""
+    tp = two_party()
+    sender = Background(
+        lambda: _core._silent_cot_send(
+            tp.garbler_channel, m, test_only, True, malicious=True, corrupt=corrupt
+        )
+    )
+    try:
+        choices, labels, rstats = _core._silent_cot_recv(
+            tp.evaluator_channel, m, test_only, True, malicious=True
+        )
+    except _core.PeerDeviated as err:
+        tp.evaluator_channel.close()
+        with pytest.raises(ChannelError):
+            sender.result()
+        return err
+    delta, q, sstats = sender.result()
+    return delta, q, sstats, choices, labels, rstats
+
+
+def test_malicious_check_passes_an_honest_sender_over_iterations(two_party):
+    u = _core._silent_ot_params(test_only=True)["usable_per_iteration"]
+    delta, q, sstats, choices, labels, rstats = run_malicious(two_party, 2 * u + 100)
+    check_correlation(delta, q, choices, labels)
+    assert sstats["iterations"] == rstats["iterations"] == 3
+    # Per iteration the receiver sends its challenge (chi's seed and X': 32 bytes) and the
+    # sender one more SHA-256 (32 bytes) beside its trees.
+    assert rstats["extend_sent"] == 3 * 32
+    tree_bytes = _core._silent_ot_params(test_only=True)["main"]["tree_bytes"]
+    assert sstats["extend_sent"] == 3 * (tree_bytes + 32)
+
+
+def test_a_sender_whose_last_leaf_correction_is_wrong_is_always_caught(two_party):
+    """Message 2h of a tree is c = Delta ^ the sum of the leaves: a wrong c makes the
+    receiver's punctured leaf wrong whatever its path."""
+    h = 6  # the TEST-ONLY setup set's tree depth (the first iteration the sender runs)
+    for tree in (0, 5, 63):
+        err = run_malicious(two_party, 1000, corrupt=tree * (2 * h + 1) + 2 * h)
+        assert isinstance(err, _core.PeerDeviated), tree
+        assert "Ferret's malicious check" in str(err)
+
+
+def test_a_wrong_level_message_passes_exactly_when_the_path_avoided_it(two_party):
+    """A wrong K_0 at level 0 of a tree matters only to a receiver that opens side 0 there:
+    the check catches it then, and otherwise the outputs are right (the one bit of the
+    punctured path the sender bet on, which Ferret prices into LPN)."""
+    outcomes = set()
+    for _ in range(12):
+        got = run_malicious(two_party, 1000, corrupt=0)
+        caught = isinstance(got, _core.PeerDeviated)
+        outcomes.add(caught)
+        if not caught:
+            delta, q, _, choices, labels, _ = got
+            check_correlation(delta, q, choices, labels)
+    assert outcomes == {True, False}  # both seen (probability 1 - 2^-11)
+
+
+def test_malicious_ferret_parameters_end_to_end(two_party):
+    p = _core._silent_ot_params()
+    delta, q, sstats, choices, labels, _ = run_malicious(
+        two_party, p["usable_per_iteration"] - 127 + 10, test_only=False
+    )
+    check_correlation(delta, q, choices, labels)
+    assert sstats["iterations"] == 2

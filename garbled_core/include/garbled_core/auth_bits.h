@@ -7,7 +7,9 @@
 //   the key of the peer's bit under its own key:         K_P[i]  (M_Q[i] = K_P[i] ^ x_Q[i] * Delta_P),
 // and the value is x = x_A ^ x_B. A COT with the peer as sender is exactly one such MAC (the
 // receiver's choice is its bit, its label the MAC, the sender's label the key), so random
-// shares come from one COT each way (here IKNP with KOS's check, iknp.h).
+// shares come from one COT each way, from a maliciously secure COT source (AuthCots): silent
+// OT with Ferret's malicious check (silent_ot.h; the default, under a bit per COT) or IKNP
+// with KOS's check (iknp.h; 16 bytes per COT each way, no LPN assumption).
 //
 // XOR of two shares and XOR with a public bit are local (for a public bit c, the first party
 // flips its bit and the second XORs c * Delta into its key, so every MAC still holds). Opening
@@ -27,6 +29,7 @@
 #include "garbled_core/block.h"
 #include "garbled_core/channel.h"
 #include "garbled_core/sha256.h"
+#include "garbled_core/silent_ot.h"
 
 namespace gc {
 
@@ -41,11 +44,17 @@ struct AuthShares {
   size_t size() const { return bits.size(); }
 };
 
+// Where the COTs behind random shares come from (both parties must use the same).
+enum class AuthCots : uint8_t { Silent = 0, Iknp = 1, SilentTestOnly = 2 };
+const char* auth_cots_name(AuthCots c);
+
 class AuthParty {
  public:
   // first: the party that flips its bit for a public constant (both must disagree). Delta is
   // drawn from the CSPRNG; a test may give it (lowest bit set) to play a cheater who knows it.
-  AuthParty(Channel& ch, bool first, const block* delta_for_test = nullptr);
+  AuthParty(Channel& ch, bool first, const block* delta_for_test = nullptr, AuthCots cots = AuthCots::Silent);
+  ~AuthParty();
+  AuthCots cots() const { return cots_; }
   block delta() const { return delta_; }
   bool first() const { return first_; }
   Channel& channel() { return ch_; }
@@ -80,6 +89,10 @@ class AuthParty {
   Channel& ch_;
   bool first_;
   block delta_;
+  AuthCots cots_;
+  // Silent sources, made and set up on the first random() (one per direction).
+  std::unique_ptr<SilentCotSender> silent_sender_;
+  std::unique_ptr<SilentCotReceiver> silent_receiver_;
   Deviation deviation_;
   std::unique_ptr<Sha256> received_ = std::make_unique<Sha256>();
 };

@@ -8,7 +8,9 @@
 //
 // One run of n instances:
 //   1. header: as every backend (circuit digest, n, run counter, carried inputs).
-//   2. triples: and_count * n authenticated AND triples (auth_triples.h), fresh for the run.
+//   2. triples: and_count * n authenticated AND triples (auth_triples.h), fresh for the run,
+//      in batches of whole AND layers; their COTs from silent OT with Ferret's malicious check
+//      (the default) or checked IKNP (AuthCots).
 //   3. inputs: per input bit and instance a random shared [r]; the non-owner opens its r bit
 //      to the owner (MAC recorded for the deferred check), the owner sends x ^ r, and [x] =
 //      [r] ^ (x ^ r). Carried inputs are the authenticated shares a Keep output left.
@@ -50,7 +52,7 @@ struct AuthGmwDeviation {
 
 class AuthGmwParty : public Session {
  public:
-  AuthGmwParty(Channel& ch, int party, int rho = kDefaultRho);
+  AuthGmwParty(Channel& ch, int party, int rho = kDefaultRho, AuthCots cots = AuthCots::Silent);
   ~AuthGmwParty() override;
   int party() const { return party_; }
   int rho() const { return rho_; }
@@ -73,6 +75,7 @@ class AuthGmwParty : public Session {
  private:
   int party_;
   int rho_;
+  AuthCots cots_;
   std::unique_ptr<AuthParty> auth_;
   std::unique_ptr<TripleFactory> triples_;
   std::array<uint8_t, 32> evidence_{};

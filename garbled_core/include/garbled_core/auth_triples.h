@@ -20,8 +20,10 @@
 //       into H2(K_P[x_Q]) ^ x_Q Psi_P), and both compute
 //         G_P = x_P Psi_P ^ z_P Delta_P ^ H2(K_P[x_Q]) ^ H2(M_P[x_P]) ^ x_P U_Q ^ K_P[z_Q] ^ M_P[z_P],
 //       for which G_P ^ G_Q = (x y ^ z) Delta. Each sends a tagged SHA-256 of its G values and
-//       checks the peer's against its own: equal G for every triple, or PeerDeviated. A wrong z
-//       passes only with a guess of the other's Delta (2^-127). A party that sends a wrong U
+//       checks the peer's against its own: equal G for every triple, or PeerDeviated. All of
+//       this runs on the low 80 bits of each value (the projection is linear, and U travels as
+//       10 bytes): a wrong z passes only with a guess of the joint Delta's 79 unknown low bits
+//       (2^-79 a triple; lsb(Delta) is 1 for both, 0 for the joint). A party that sends a wrong U
 //       moves the peer's G by x_peer times its error, and passes only when it guessed that bit
 //       of the peer: the triple is right, and leaks x_peer (the "leaky" in leaky AND), with
 //       probability 1/2 of being caught for each such guess.

@@ -57,7 +57,21 @@
 // 0.447 bits per OT. Setup: 128 base OTs + SoftSpoken for k + t*h of the
 // setup set + that set's tree messages.
 //
-// Security (semi-honest only; there is no consistency check, so a malicious
+// Malicious variant (SilentOtParams::malicious(); docs/MALICIOUS.md, layer 1): the base COTs
+// come from IKNP with KOS's check (iknp.h) instead of SoftSpoken, and every iteration ends
+// with Ferret's consistency check of the single-point COTs (its malicious SPCOT, batched over
+// the t trees): each iteration reserves 128 more base COTs (the receiver's bits x*, labels z*,
+// the sender's y*, z* = y* ^ x* Delta). After the tree messages, the receiver draws a seed for
+// chi_j (one GF(2^128) element per leaf, all trees) and sends it with X' = sum_i chi_{alpha_i}
+// ^ X*, where X* = sum_k x*_k X^k; the sender answers with SHA-256 of
+//   V = sum_j chi_j v_j ^ sum_k y*_k X^k ^ X' Delta,
+// and the receiver compares it with SHA-256 of W = sum_j chi_j w_j ^ sum_k z*_k X^k, equal for
+// an honest sender (w_j ^ v_j = [j = alpha] Delta); PeerDeviated otherwise. A sender whose tree
+// messages are inconsistent passes only for receivers whose punctured paths it guessed: the
+// check leaks at most the bits of alpha it bet on (at the price of being caught when wrong),
+// which Ferret prices into its LPN parameters; chi is drawn after every message it constrains.
+//
+// Security of the semi-honest variant (no consistency check, so a malicious
 // sender could corrupt the receiver's outputs with inconsistent sums, and
 // nothing is claimed against malicious parties): the receiver's view is the level sums (each masked by a hash of the
 // COT string it does not hold) and c (masked by the punctured leaf v_alpha);
@@ -113,7 +127,8 @@ struct FerretParams {
   const char* name = "";
   size_t n = 0, k = 0, t = 0;
   int h = 0;
-  size_t reserve() const { return k + t * (size_t)h; }  // base COTs one iteration consumes
+  size_t check = 0;  // base COTs of the malicious consistency check (128, or 0 without it)
+  size_t reserve() const { return k + t * (size_t)h + check; }  // base COTs one iteration consumes
   size_t tree_bytes() const { return t * (2 * (size_t)h + 1) * sizeof(block); }  // sender -> receiver
 };
 
@@ -132,6 +147,9 @@ struct SilentOtParams {
   // at a size a unit test runs in milliseconds. main n = 16,384 (t = 64,
   // h = 8), k = 2,048; setup n = 4,096 (t = 64, h = 6), k = 512.
   static SilentOtParams test_only();
+  // The same set with the malicious consistency check and checked IKNP base COTs.
+  bool malicious = false;
+  SilentOtParams with_malicious_check() const;
   // Throws std::invalid_argument unless the chain is consistent (n = t 2^h,
   // setup.n >= main.reserve(), main.n > main.reserve(), 1 <= h <= 24, k >= 1).
   void validate() const;
@@ -164,9 +182,13 @@ class SilentCotSender {
   // iteration, their outputs are LPN-encoded together, one random read of an interleaved base
   // serving both (the same output bits as apart). Either may be destroyed first.
   void pair_encoding_with(SilentCotReceiver& r);
+  // Test only: XOR a bit into tree message `index` of the next iteration (a sender that
+  // deviates; the malicious check must catch it unless it guessed the receiver's path).
+  void corrupt_for_test(size_t index) { corrupt_at_ = index; }
 
  private:
   friend class SilentCotReceiver;
+  size_t corrupt_at_ = ~size_t(0);
   friend void encode_jointly(SilentCotSender& s, SilentCotReceiver& r, size_t end);
   void iterate(const FerretParams& p);
   bool paired_now() const;
