@@ -382,13 +382,7 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     const OutputPort& port = c.outputs()[o];
     const Reveal r = port.reveal;
     if (r == Reveal::Keep) {
-      auto kept = std::make_shared<KeptLabels>();
-      kept->session_id = session_id_;
-      kept->run_id = run_id_;
-      kept->port = port.name;
-      kept->width = (int)port.wires.size();
-      kept->n = n;
-      kept->labels.resize(kKeptBlocks * (size_t)kept->width * n);
+      auto kept = new_kept(port, n, kKeptBlocks * port.wires.size() * n);
       for (size_t bit = 0; bit < plan.output_slots[o].size(); ++bit)
         for (size_t i = 0; i < n; ++i) {
           const size_t at = w.at(plan.output_slots[o][bit], i);

@@ -769,13 +769,7 @@ RunOutputs GmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     const OutputPort& port = c.outputs()[o];
     const Reveal r = port.reveal;
     if (r == Reveal::Keep) {
-      auto kept = std::make_shared<KeptLabels>();
-      kept->session_id = session_id_;
-      kept->run_id = run_id_;
-      kept->port = port.name;
-      kept->width = (int)port.wires.size();
-      kept->n = n;
-      kept->labels.resize(((size_t)kept->width * W + 1) / 2);
+      auto kept = new_kept(port, n, (port.wires.size() * W + 1) / 2);
       uint64_t* words = reinterpret_cast<uint64_t*>(kept->labels.data());
       for (size_t bit = 0; bit < plan.output_slots[o].size(); ++bit)
         if (W) std::memcpy(words + bit * W, row(plan.output_slots[o][bit]), W * sizeof(uint64_t));

@@ -498,18 +498,20 @@ RunOutputs Session::prepare_outputs(const Circuit& c, size_t n, bool garbler) co
                   (port.reveal == Reveal::Garbler && garbler) ||
                   (port.reveal == Reveal::Evaluator && !garbler);
     if (learns) out.values[o].assign(n, 0);
-    if (port.reveal == Reveal::Keep) {
-      auto kept = std::make_shared<KeptLabels>();
-      kept->session_id = session_id_;
-      kept->run_id = run_id_;
-      kept->port = port.name;
-      kept->width = (int)port.wires.size();
-      kept->n = n;
-      kept->labels.resize(port.wires.size() * n);
-      out.kept[o] = kept;
-    }
+    if (port.reveal == Reveal::Keep) out.kept[o] = new_kept(port, n, port.wires.size() * n);
   }
   return out;
+}
+
+std::shared_ptr<KeptLabels> Session::new_kept(const OutputPort& port, size_t n, size_t blocks) const {
+  auto kept = std::make_shared<KeptLabels>();
+  kept->session_id = session_id_;
+  kept->run_id = run_id_;
+  kept->port = port.name;
+  kept->width = (int)port.wires.size();
+  kept->n = n;
+  kept->labels.resize(blocks);
+  return kept;
 }
 
 // ---------------------------------------------------------------- garbler

@@ -1,5 +1,7 @@
 """Authenticated GMW (auth_gmw.h, layer 3a of docs/MALICIOUS.md): the two servers run the same
-circuit descriptions as every backend and get the plaintext evaluator's outputs, and a server
+circuit descriptions as every backend and get the plaintext evaluator's outputs (the run
+interface's tests, gadgets, random circuits, small and empty batches, reveal kinds, keep and
+carry, run on both GMW parties in test_gmw.py; here the sampler's circuit), and a server
 that deviates anywhere (an opened value, a wire, an output share, an input mask, the leaky AND
 triples) is caught with PeerDeviated before any output computed from its messages is revealed.
 
@@ -17,8 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import Background
-from test_engine import all_pairs, edge_and_random, gadget_circuit, random_circuit
-from test_gmw import reveal_circuit
+from test_gmw import GmwPair
 
 from garbled_core import (
     AuthGmwParty,
@@ -33,138 +34,28 @@ from garbled_core import (
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 
 
-class AuthPair:
-    """H1 and H2 authenticated GMW parties linked over loopback."""
-
-    def __init__(self, rho: int = 40, ot: str = "silent-test-only") -> None:
-        listener = Listener("127.0.0.1", 0)
-        accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
-        self.h2_channel = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
-        self.h1_channel = accepting.result()
-        listener.close()
-        self.h1 = AuthGmwParty(self.h1_channel, "garbler", rho=rho, ot=ot)
-        self.h2 = AuthGmwParty(self.h2_channel, "evaluator", rho=rho, ot=ot)
-
-    def run(
-        self, circuit: Any, h1_inputs=None, h2_inputs=None, h1_carried=None, h2_carried=None, n=None
-    ) -> tuple[dict, dict]:
-        side = Background(lambda: self.h1.run(circuit, h1_inputs or {}, h1_carried or {}, n))
-        out2 = self.h2.run(circuit, h2_inputs or {}, h2_carried or {}, n)
-        return side.result(), out2
-
-    def close(self) -> None:
-        self.h1_channel.close()
-        self.h2_channel.close()
-
-
 @pytest.fixture
 def auth_pair():
-    made: list[AuthPair] = []
+    """H1 and H2 authenticated GMW parties over loopback (test_gmw's pairs), on the TEST-ONLY
+    silent OT unless ``ot`` says otherwise; closed after the test."""
+    made: list[GmwPair] = []
 
-    def make(**kw: Any) -> AuthPair:
-        pair = AuthPair(**kw)
-        made.append(pair)
-        return pair
+    def make(ot: str = "silent-test-only", **kw: Any) -> GmwPair:
+        made.append(GmwPair(make_party=lambda ch, role: AuthGmwParty(ch, role, ot=ot, **kw)))
+        return made[-1]
 
     yield make
     for pair in made:
         pair.close()
 
 
-def setup_both(pair: AuthPair) -> None:
+def setup_both(pair: GmwPair) -> None:
     side = Background(pair.h1.setup)
     pair.h2.setup()
     side.result()
 
 
 # ---------------------------------------------------------------- the outputs are right
-
-
-@pytest.mark.parametrize("width", [1, 8, 16])
-def test_every_gadget_equals_plaintext(auth_pair, width):
-    circuit = gadget_circuit(width)
-    xs, ys = all_pairs(edge_and_random(6, width, 1), edge_and_random(6, width, 2))
-    expected = circuit.evaluate({"x": xs, "y": ys})
-    pair = auth_pair()
-    out1, out2 = pair.run(circuit, {"x": xs}, {"y": ys})
-    for name, values in expected.items():
-        assert np.array_equal(out1[name], values), name
-        assert np.array_equal(out2[name], values), name
-    assert 1 <= pair.h1.last_layers == pair.h2.last_layers <= circuit.and_count
-    assert pair.h1.triples_used == circuit.and_count * len(xs)
-
-
-def test_random_circuit_and_reveal_to_one_party(auth_pair):
-    circuit = random_circuit(2, gates=300)
-    rng = np.random.default_rng(2)
-    n = 77  # not a multiple of 8
-    g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
-    e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
-    expected = circuit.evaluate({"g": g, "e": e})
-    out1, out2 = auth_pair().run(circuit, {"g": g}, {"e": e})
-    assert np.array_equal(out1["out"], expected["out"])
-    assert np.array_equal(out2["out"], expected["out"])
-    assert np.array_equal(out2["mid"], expected["mid"])
-    assert "mid" not in out1
-
-
-def test_reveal_modes_and_fresh_triples_per_run(auth_pair):
-    circuit = reveal_circuit()
-    rng = np.random.default_rng(7)
-    xs = rng.integers(0, 1 << 16, 101, dtype=np.uint64)
-    ys = rng.integers(0, 1 << 16, 101, dtype=np.uint64)
-    expected = circuit.evaluate({"x": xs, "y": ys})
-    pair = auth_pair()
-    out1, out2 = pair.run(circuit, {"x": xs}, {"y": ys})
-    assert sorted(out1) == ["both", "shared", "shared_input", "to_garbler"]
-    assert sorted(out2) == ["both", "shared", "shared_input", "to_evaluator"]
-    assert np.array_equal(out1["both"], expected["both"])
-    assert np.array_equal(out1["to_garbler"], expected["to_garbler"])
-    assert np.array_equal(out2["to_evaluator"], expected["to_evaluator"])
-    for name in ("shared", "shared_input"):
-        assert np.array_equal(out1[name] ^ out2[name], expected[name]), name
-        assert not np.array_equal(out1[name], expected[name]), name  # a share alone is masked
-    shares = out1["shared"].copy()
-    again1, again2 = pair.run(circuit, {"x": xs}, {"y": ys})
-    assert np.array_equal(again1["shared"] ^ again2["shared"], expected["shared"])
-    assert not np.array_equal(again1["shared"], shares)  # fresh triples and masks
-    assert pair.h1.runs == pair.h2.runs == 2
-
-
-def test_keep_then_carry_selected_instances(auth_pair):
-    """The noise sampler's pattern: an accept bit opened, the value kept as authenticated
-    shares, a later run continuing from the accepted instances only, in any order."""
-    b1 = CircuitBuilder("stage1")
-    x = b1.input("x", owner="garbler", width=12)
-    y = b1.input("y", owner="evaluator", width=12)
-    total = b1.add(x, y)
-    b1.output("accept", total[0], reveal="both")
-    b1.output("total", total, reveal="keep")
-    stage1 = b1.build()
-    b2 = CircuitBuilder("stage2")
-    t = b2.input("total", owner="carried", width=12)
-    z = b2.input("z", owner="evaluator", width=12)
-    b2.output("result", b2.add(b2.mul_const(t, 3, 12), z))
-    stage2 = b2.build()
-    rng = np.random.default_rng(11)
-    n = 200
-    xs = rng.integers(0, 1 << 12, n, dtype=np.uint64)
-    ys = rng.integers(0, 1 << 12, n, dtype=np.uint64)
-    pair = auth_pair()
-    g1, e1 = pair.run(stage1, {"x": xs}, {"y": ys})
-    assert np.array_equal(g1["accept"], e1["accept"])
-    chosen = np.flatnonzero(e1["accept"]).astype(np.uint64)[::-1].copy()
-    zs = rng.integers(0, 1 << 12, len(chosen), dtype=np.uint64)
-    g2, e2 = pair.run(
-        stage2,
-        h2_inputs={"z": zs},
-        h1_carried={"total": g1["total"].select(chosen)},
-        h2_carried={"total": e1["total"].select(chosen)},
-    )
-    totals = (xs + ys) & np.uint64((1 << 12) - 1)
-    want = (totals[chosen] * np.uint64(3) + zs) & np.uint64((1 << 12) - 1)
-    assert np.array_equal(g2["result"], want)
-    assert np.array_equal(e2["result"], want)
 
 
 def test_trial_circuit_of_the_sampler(auth_pair):
@@ -215,7 +106,7 @@ def test_a_semi_honest_peer_is_refused_at_setup(auth_pair):
 # ---------------------------------------------------------------- the cheaters
 
 
-def cheat(pair: AuthPair, circuit, h1_inputs, h2_inputs, cheater_gets_output=False) -> PeerDeviated:
+def cheat(pair: GmwPair, circuit, h1_inputs, h2_inputs, cheater_gets_output=False) -> PeerDeviated:
     """H1 deviates (already set up to); H2 must refuse with PeerDeviated. H1 gets no output
     either (H2 stops the run), except when it cheats in the output shares themselves: both send
     those at once, so a cheater there learns the output and only the honest party aborts

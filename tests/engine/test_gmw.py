@@ -18,6 +18,7 @@ from test_engine import all_pairs, edge_and_random, gadget_circuit, random_circu
 
 from garbled_core import (
     DEFAULT_OT_K,
+    AuthGmwParty,
     Channel,
     ChannelError,
     CircuitBuilder,
@@ -38,16 +39,18 @@ P256_POINT = 33  # a compressed point of the Chou-Orlandi base OT
 
 
 class GmwPair:
-    """H1 and H2 GMW parties linked over loopback."""
+    """H1 and H2 GMW parties linked over loopback; ``make_party(channel, role)`` makes another
+    kind (authenticated GMW, test_auth_gmw.py)."""
 
-    def __init__(self, ot_k: int = DEFAULT_OT_K) -> None:
+    def __init__(self, ot_k: int = DEFAULT_OT_K, make_party: Any = None) -> None:
         listener = Listener("127.0.0.1", 0)
         accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
         self.h2_channel = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
         self.h1_channel = accepting.result()
         listener.close()
-        self.h1 = GmwParty(self.h1_channel, "garbler", ot_k=ot_k)
-        self.h2 = GmwParty(self.h2_channel, "evaluator", ot_k=ot_k)
+        make = make_party or (lambda ch, role: GmwParty(ch, role, ot_k=ot_k))
+        self.h1 = make(self.h1_channel, "garbler")
+        self.h2 = make(self.h2_channel, "evaluator")
 
     def run(
         self,
@@ -81,12 +84,29 @@ def gmw_pair():
         pair.close()
 
 
+# The run interface's tests below run on both GMW parties: semi-honest and authenticated
+# (AuthGmwParty, security: malicious; its own tests in test_auth_gmw.py), on TEST-ONLY silent OT.
+KINDS = ("gmw", "authenticated")
+
+
+def heard(party: Any) -> Any:
+    """A digest of what the peer sent in the last run (each kind keeps one)."""
+    return party.evidence_digest if isinstance(party, AuthGmwParty) else party.last_transcript
+
+
+def pair_of(gmw_pair, kind: str) -> GmwPair:
+    if kind == "gmw":
+        return gmw_pair()
+    return gmw_pair(make_party=lambda ch, role: AuthGmwParty(ch, role, ot="silent-test-only"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("width", [1, 8, 32, 64])
-def test_every_gadget_equals_plaintext(gmw_pair, width):
+def test_every_gadget_equals_plaintext(gmw_pair, width, kind):
     circuit = gadget_circuit(width)
     xs, ys = all_pairs(edge_and_random(14, width, 1), edge_and_random(14, width, 2))
     expected = circuit.evaluate({"x": xs, "y": ys})
-    pair = gmw_pair()
+    pair = pair_of(gmw_pair, kind)
     out1, out2 = pair.run(circuit, {"x": xs}, {"y": ys})
     for name, values in expected.items():
         assert np.array_equal(out1[name], values), name
@@ -95,8 +115,9 @@ def test_every_gadget_equals_plaintext(gmw_pair, width):
     assert 1 <= pair.h1.last_layers == pair.h2.last_layers <= circuit.and_count
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_random_circuits(gmw_pair, seed):
+def test_random_circuits(gmw_pair, seed, kind):
     circuit = random_circuit(seed)
     assert circuit.and_count > 50
     rng = np.random.default_rng(seed)
@@ -104,16 +125,17 @@ def test_random_circuits(gmw_pair, seed):
     g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
     e = rng.integers(0, 1 << 11, n, dtype=np.uint64)
     expected = circuit.evaluate({"g": g, "e": e})
-    out1, out2 = gmw_pair().run(circuit, {"g": g}, {"e": e})
+    out1, out2 = pair_of(gmw_pair, kind).run(circuit, {"g": g}, {"e": e})
     assert np.array_equal(out1["out"], expected["out"])
     assert np.array_equal(out2["out"], expected["out"])
     assert np.array_equal(out2["mid"], expected["mid"])
     assert "mid" not in out1  # revealed to H2 (the "evaluator" role) only
 
 
-def test_small_and_empty_batches(gmw_pair):
+@pytest.mark.parametrize("kind", KINDS)
+def test_small_and_empty_batches(gmw_pair, kind):
     circuit = random_circuit(4, gates=120)
-    pair = gmw_pair()
+    pair = pair_of(gmw_pair, kind)
     for n in (1, 7, 64, 65, 0):
         rng = np.random.default_rng(n)
         g = rng.integers(0, 1 << 13, n, dtype=np.uint64)
@@ -158,13 +180,14 @@ def reveal_circuit():
     return b.build()
 
 
-def test_reveal_modes_and_fresh_triples_per_run(gmw_pair):
+@pytest.mark.parametrize("kind", KINDS)
+def test_reveal_modes_and_fresh_triples_per_run(gmw_pair, kind):
     circuit = reveal_circuit()
     rng = np.random.default_rng(7)
     xs = rng.integers(0, 1 << 16, 3001, dtype=np.uint64)
     ys = rng.integers(0, 1 << 16, 3001, dtype=np.uint64)
     expected = circuit.evaluate({"x": xs, "y": ys})
-    pair = gmw_pair()
+    pair = pair_of(gmw_pair, kind)
     out1, out2 = pair.run(circuit, {"x": xs}, {"y": ys})
     assert sorted(out1) == ["both", "shared", "shared_input", "to_garbler"]
     assert sorted(out2) == ["both", "shared", "shared_input", "to_evaluator"]
@@ -177,18 +200,19 @@ def test_reveal_modes_and_fresh_triples_per_run(gmw_pair):
         # A share alone is masked: an input's share too (the mask stream, not zero).
         assert not np.array_equal(out1[name], expected[name]), name
         assert not np.array_equal(out2[name], np.zeros_like(out2[name])), name
-    first = (pair.h1.last_transcript, pair.h2.last_transcript, out1["shared"].copy())
+    first = (heard(pair.h1), heard(pair.h2), out1["shared"].copy())
 
     # The same inputs again: same outputs, but new triples, so new openings and new shares.
     again1, again2 = pair.run(circuit, {"x": xs}, {"y": ys})
     assert np.array_equal(again1["both"], expected["both"])
     assert np.array_equal(again1["shared"] ^ again2["shared"], expected["shared"])
-    assert pair.h1.last_transcript != first[0]
-    assert pair.h2.last_transcript != first[1]
+    assert heard(pair.h1) != first[0]
+    assert heard(pair.h2) != first[1]
     assert not np.array_equal(again1["shared"], first[2])
 
 
-def test_keep_then_carry_selected_instances(gmw_pair):
+@pytest.mark.parametrize("kind", KINDS)
+def test_keep_then_carry_selected_instances(gmw_pair, kind):
     """Stage 1 reveals an accept bit and keeps a value as shares; stage 2 continues from the
     accepted instances only (the noise sampler's pattern)."""
     b1 = CircuitBuilder("stage1")
@@ -212,7 +236,7 @@ def test_keep_then_carry_selected_instances(gmw_pair):
     n = 2000
     xs = rng.integers(0, 1 << 24, n, dtype=np.uint64)
     ys = rng.integers(0, 1 << 24, n, dtype=np.uint64)
-    pair = gmw_pair()
+    pair = pair_of(gmw_pair, kind)
     g1, e1 = pair.run(stage1, {"x": xs}, {"y": ys})
     assert np.array_equal(g1["accept"], e1["accept"])
     assert g1["total"].n == n and g1["total"].width == 24

@@ -125,6 +125,9 @@ class Session {
   static void check_run_facts(const Circuit& c, const RunFacts& mine, const RunFacts& theirs,
                               const std::string& extra = "");
   RunOutputs prepare_outputs(const Circuit& c, size_t n, bool garbler) const;
+  // An empty Kept of this session's current run for output `port`, with `blocks` blocks of
+  // this backend's per-(bit, instance) state.
+  std::shared_ptr<KeptLabels> new_kept(const OutputPort& port, size_t n, size_t blocks) const;
 
   Channel& ch_;
   SessionOptions options_;
