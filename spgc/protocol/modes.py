@@ -15,9 +15,12 @@ __all__ = [
     "BACKEND_MODES",
     "BACKEND_NAMES",
     "BASELINES",
+    "MALICIOUS_VARIANTS",
     "MODES",
     "NOISE_FLOOR_MODES",
     "NOISY_MODES",
+    "SECURITY_LEVELS",
+    "SECURITY_NAMES",
     "SINGLE_SERVER_MODES",
     "TRAINING_MODES",
     "TWO_SERVER_MODES",
@@ -25,6 +28,7 @@ __all__ = [
     "VERIFIED_MODES",
     "Mode",
     "get_mode",
+    "malicious_refusal",
 ]
 
 
@@ -126,3 +130,43 @@ VERIFIED_MODES: tuple[str, ...] = ("spgc", "only-mpc", "dng", "preprocessed")
 NOISE_FLOOR_MODES: tuple[str, ...] = ("spgc", "preprocessed")
 #: Where verify_inputs defaults to l2: the two-server DP modes.
 VERIFIED_BY_DEFAULT: tuple[str, ...] = ("spgc", "dng", "preprocessed")
+
+#: ``security`` (issue 46, docs/MALICIOUS.md): what the two servers' circuits are secure against.
+#: ``semi-honest`` on every backend and mode; ``malicious`` only where the table below has a
+#: variant.
+SECURITY_LEVELS: dict[str, str] = {
+    "semi-honest": "secure against servers that follow the protocol (every backend and mode)",
+    "malicious": "a server that deviates is caught before anything of its round is released "
+    "(MALICIOUS_VARIANTS)",
+}
+#: The security levels' names (config values, the plan's wire value, ledger headers).
+SECURITY_NAMES: tuple[str, ...] = tuple(SECURITY_LEVELS)
+#: The one table of what has ``security: malicious``: (backend, mode) -> the protocol that
+#: runs it. Everything else is refused at config load (:func:`malicious_refusal`); docs/PRIVACY.md
+#: ("What a server that deviates can do today") and docs/MALICIOUS.md say the same.
+MALICIOUS_VARIANTS: dict[tuple[str, str], str] = {
+    ("gmw", "spgc"): "authenticated GMW",
+}
+
+
+def malicious_refusal(backend: str, mode: str) -> str | None:
+    """Why ``security: malicious`` cannot run with ``backend`` and ``mode``, in one line naming
+    what is supported (None: it can)."""
+    if (backend, mode) in MALICIOUS_VARIANTS:
+        return None
+    supported = " or ".join(
+        f"backend: {b} and mode: {m} ({how})" for (b, m), how in MALICIOUS_VARIANTS.items()
+    )
+    backends = {b for b, _ in MALICIOUS_VARIANTS}
+    modes = {m for _, m in MALICIOUS_VARIANTS}
+    if backend in backends and mode in modes:
+        why = f"mode {mode} has no malicious variant on backend {backend} yet"
+    elif backend in BACKENDS or backend in backends:
+        lacking = [f"backend {backend}"] if backend not in backends else []
+        lacking += [f"mode {mode}"] if mode not in modes else []
+        why = f"{' and '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no "
+        why += "malicious variant yet"
+    else:  # auto: the choice may fall on a backend without one
+        others = ", ".join(sorted(set(BACKENDS) - backends))
+        why = f"backend {backend} may choose {others}, which has no malicious variant yet"
+    return f"security: malicious needs {supported}; {why}"

@@ -34,10 +34,12 @@ from spgc.protocol.modes import (
     BACKEND_NAMES,
     NOISE_FLOOR_MODES,
     NOISY_MODES,
+    SECURITY_NAMES,
     SINGLE_SERVER_MODES,
     TRAINING_MODES,
     VERIFIED_BY_DEFAULT,
     VERIFIED_MODES,
+    malicious_refusal,
 )
 from spgc.protocol.norm_proof import DEFAULT_REPETITIONS, GRINDING_BITS
 from spgc.settings.backend_choice import AUTO, AUTO_MODES
@@ -283,6 +285,16 @@ class ServerConfig(_Schema):
         "coordinate, before anything is opened), the jointly made noise dropping to (1 - f) "
         "sigma^2: a server that deviates and strips the joint noise still leaves the other's "
         "f sigma^2 (docs/PRIVACY.md, The noise floor); part of the plan; 0: none",
+    )
+    # --- security (issue 46 item 2): what the circuits are secure against ---
+    security: Literal[SECURITY_NAMES] = Field(  # type: ignore[valid-type]
+        "semi-honest",
+        description="semi-honest: the circuits are secure against servers that follow the "
+        "protocol; malicious: a server that deviates is caught before anything of its round "
+        "is released, and the other stops the run and records the abort in its ledger "
+        "(backend: gmw with mode: spgc only, authenticated GMW: spgc.protocol.modes."
+        "MALICIOUS_VARIANTS; workers: 1; docs/MALICIOUS.md); part of the plan: both servers "
+        "must set the same",
     )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",
@@ -636,6 +648,8 @@ class ServerConfig(_Schema):
                 f"backend: auto with mode {self.mode}: the choice is modelled for modes "
                 f"{', '.join(AUTO_MODES)}; set backend: gc or gmw"
             )
+        if self.security == "malicious":
+            self._check_malicious()
         if self.verify_inputs == "l2" and self.mode not in VERIFIED_MODES:
             raise ValueError(
                 f"verify_inputs: l2 with mode {self.mode}: norm proofs are checked by two "
@@ -718,6 +732,16 @@ class ServerConfig(_Schema):
         ):
             raise ValueError(f"calibration {self.calibration} needs step_epsilon > 0")
         return self
+
+    def _check_malicious(self) -> None:
+        """security: malicious where the modes table has a variant, in the server process."""
+        if (problem := malicious_refusal(self.backend, self.mode)) is not None:
+            raise ValueError(problem)
+        if self.workers > 1:
+            raise ValueError(
+                f"security: malicious with workers: {self.workers}: the Ray worker pairs have "
+                "no malicious variant yet; set workers: 1"
+            )
 
     def _check_provider_adjacency(self) -> None:
         """adjacency: provider: Poisson coins over providers, one clipped delta each; the

@@ -1,0 +1,77 @@
+"""``security: semi-honest | malicious`` in the servers' config (issue 46 item 2): the default, a
+value that is not a level, and every combination without a malicious variant, each refused in
+one line that says what is supported (spgc.protocol.modes.MALICIOUS_VARIANTS)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spgc.protocol.modes import (
+    BACKEND_NAMES,
+    MALICIOUS_VARIANTS,
+    TRAINING_MODES,
+    malicious_refusal,
+)
+from spgc.settings.backend_choice import AUTO
+from spgc.settings.config import ConfigError, ServerConfig
+
+SUPPORTED = "security: malicious needs backend: gmw and mode: spgc (authenticated GMW); "
+
+
+def config(**kw) -> ServerConfig:
+    base = {"role": 1, "insecure": True, "providers": ["p1", "p2"], "verify_inputs": "none"}
+    return ServerConfig(**{**base, **kw})
+
+
+def test_semi_honest_is_the_default_and_malicious_runs_on_authenticated_gmw():
+    assert config().security == "semi-honest"
+    assert config(backend="gmw", security="malicious").security == "malicious"
+    assert MALICIOUS_VARIANTS == {("gmw", "spgc"): "authenticated GMW"}
+
+
+def test_a_level_that_is_not_one_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        config(security="paranoid")
+    assert str(caught.value) == (
+        "ServerConfig: security: Input should be 'semi-honest' or 'malicious' (given "
+        "'paranoid'; allowed: one of 'semi-honest', 'malicious')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({}, "backend gc has no malicious variant yet"),
+        ({"backend": AUTO}, "backend auto may choose gc, which has no malicious variant yet"),
+        ({"backend": "gmw", "mode": "preprocessed", "pool_dir": "pool"},
+         "mode preprocessed has no malicious variant yet"),
+        ({"mode": "preprocessed", "pool_dir": "pool"},
+         "backend gc and mode preprocessed have no malicious variant yet"),
+        ({"backend": "gmw", "mode": "only-mpc"}, "mode only-mpc has no malicious variant yet"),
+        ({"mode": "dng"}, "backend gc and mode dng have no malicious variant yet"),
+        ({"mode": "plain"}, "backend gc and mode plain have no malicious variant yet"),
+        ({"mode": "ldp"}, "backend gc and mode ldp have no malicious variant yet"),
+    ],
+)  # fmt: skip
+def test_each_combination_without_a_malicious_variant_is_refused_in_one_line(kw, why):
+    with pytest.raises(ConfigError) as caught:
+        config(security="malicious", **kw)
+    assert str(caught.value) == f"ServerConfig: {SUPPORTED}{why}"
+
+
+def test_the_ray_workers_have_no_malicious_variant():
+    with pytest.raises(ConfigError) as caught:
+        config(backend="gmw", security="malicious", workers=2)
+    assert str(caught.value) == (
+        "ServerConfig: security: malicious with workers: 2: the Ray worker pairs have no "
+        "malicious variant yet; set workers: 1"
+    )
+
+
+def test_the_table_is_the_one_answer():
+    """Every backend and training mode: refused exactly where the table has no row."""
+    for backend in (*BACKEND_NAMES, AUTO):
+        for mode in TRAINING_MODES:
+            refused = malicious_refusal(backend, mode)
+            assert (refused is None) == ((backend, mode) in MALICIOUS_VARIANTS)
+            assert refused is None or refused.startswith(SUPPORTED)
