@@ -24,6 +24,9 @@ an address), ``round`` and ``reason``, and event-specific fields. Events:
 ``peer_lost``             the other server stopped, restarted or stopped answering; the round
                           in progress was dropped (``round``) and this server went back to
                           its last checkpoint (``resume_round``) to wait for it
+``peer_deviated``         the engine caught the other server deviating (security: malicious):
+                          the run stopped, the abort is in this server's ledger (``round``,
+                          ``reason``: the check, ``evidence``, ``evidence_digest``)
 ``stop``                  the daemon stopped (``finished`` or ``failure``)
 ========================  ==============================================================
 

@@ -53,9 +53,11 @@ from typing import Any
 import grpc
 import numpy as np
 
+import garbled_core
 from spgc.learning.losses import REGRESSION_METRICS
 from spgc.privacy.noise import sample_discrete_gaussian
 from spgc.protocol.sharing import reconstruct, ring_mask
+from spgc.servers.deviation import abort_round
 from spgc.servers.errors import PeerMismatchError, describe_error
 from spgc.servers.faults import fault_point, tap_reveal
 from spgc.servers.gc_party import run_aggregate
@@ -230,12 +232,37 @@ def compute_round(
     (write-ahead: :meth:`H1Driver.record_cosigned`, the Peer service's AgreeProviders or
     CosignRelease).
 
-    Returns the SHA-256 of the pending model version t+1.
+    Returns the SHA-256 of the pending model version t+1. When the engine catches the peer
+    deviating (garbled_core.PeerDeviated) nothing of the round is released: the abort is
+    recorded and PeerDeviatedError raised (servers.deviation).
     """
+    fault_point("after-ledger", t)
+    try:
+        y, info, seconds = _release(state, link, t, entry, seed, pool_slice)
+    except garbled_core.PeerDeviated as exc:
+        raise abort_round(state, link, t, exc) from exc
+    return _after_reveal(state, t, entry, y, info, seconds, pool_slice)
+
+
+def _stage_faults(t: int) -> None:
+    """After each stage of round t's circuit: the crash and the caught-deviation fault
+    points (servers.faults)."""
+    fault_point("during-circuit", t)
+    fault_point("peer-deviated", t)
+
+
+def _release(
+    state: ServerState,
+    link: Any,
+    t: int,
+    entry: int,
+    seed: bytes | None,
+    pool_slice: PoolSlice | None,
+) -> tuple[np.ndarray, dict[str, Any], dict[str, float]]:
+    """This server's side of round t's release in its mode: (Y, counters, seconds)."""
     plan = state.plan
     total = state.intake.total()
     field_modulus = None if plan.norm_proof is None else plan.norm_proof.p
-    fault_point("after-ledger", t)
     start = time.perf_counter()
     if plan.cfg.mode == "preprocessed":
         if pool_slice is None or state.pool is None:
@@ -271,7 +298,7 @@ def compute_round(
             joint_sigma_units=plan.joint_sigma_units_for(entry),
             ring_bits=plan.ring_bits,
             field_modulus=field_modulus,
-            on_stage=lambda: fault_point("during-circuit", t),
+            on_stage=lambda: _stage_faults(t),
             circuit=run_aggregate,  # this module's name: the tap on every reveal in the tests
         )
         del own
@@ -285,11 +312,11 @@ def compute_round(
             None,
             plan.ring_bits,
             plan.cfg.mode,
-            on_stage=lambda: fault_point("during-circuit", t),
+            on_stage=lambda: _stage_faults(t),
             field_modulus=field_modulus,
         )
         seconds = {"circuit": time.perf_counter() - start}
-    return _after_reveal(state, t, entry, y, info, seconds, pool_slice)
+    return y, info, seconds
 
 
 def _after_reveal(

@@ -44,7 +44,7 @@ from spgc.servers.coordinator import SingleDriver
 from spgc.servers.curves import TrainingCurves
 from spgc.servers.data_link import DataLink
 from spgc.servers.errors import PeerLost, PeerMismatchError, describe_error, peer_gone
-from spgc.servers.faults import planned_fault
+from spgc.servers.faults import DEVIATION_POINTS, planned_fault
 from spgc.servers.gc_party import PartyLink, set_seed_journal
 from spgc.servers.intake import FieldShares, ShareIntake
 from spgc.servers.limits import PeerGate, ProviderGate, ProviderLimits
@@ -123,7 +123,8 @@ class ServerDaemon(
         self.precompute = precompute
         fault = planned_fault()  # a malformed SPGC_FAULT_INJECT stops the start (ValueError)
         if fault is not None:
-            log.warning("fault injection armed: SIGKILL at %s of round %d", *fault)
+            what = "the peer caught deviating" if fault[0] in DEVIATION_POINTS else "SIGKILL"
+            log.warning("fault injection armed: %s at %s of round %d", what, *fault)
         self.plan = make_plan(cfg)
         # backend: auto: fixed at the first pairing (servers/link_probe.py), then the run's.
         self._requested_backend = cfg.backend

@@ -194,6 +194,7 @@ class DataLink:
                 scheme=self.cfg.garbling_scheme,
                 ot_k=self.cfg.ot_k,
                 backend=self.cfg.backend,
+                security=self.cfg.security,
             )
             for ch in lane_channels
         ]

@@ -19,6 +19,11 @@ class BudgetExceededError(PeerMismatchError):
     a round, so this is a broken invariant: the run stops, as on a mismatch."""
 
 
+class PeerDeviatedError(PeerMismatchError):
+    """The engine caught the other server deviating (garbled_core.PeerDeviated): this server
+    recorded the abort and stops the run (servers.deviation)."""
+
+
 class PeerLost(Exception):
     """The other server stopped, restarted or stopped answering."""
 

@@ -11,6 +11,11 @@ flush: what a power cut or an OOM kill leaves) when it reaches POINT of round RO
 - ``after-update``: the next model is computed, not yet published or checkpointed;
 - ``during-checkpoint``: the checkpoint's arrays are written, its commit record is not.
 
+``SPGC_FAULT_INJECT=peer-deviated:ROUND`` instead makes this server's engine report the peer
+caught deviating (``garbled_core.PeerDeviated``, what a failed check of the authenticated
+engine raises: ``security: malicious``) in the middle of round ROUND's circuit, after its
+first stage: the abort path, without a cheating peer (docs/MALICIOUS.md, "What must hold" 3).
+
 ``SPGC_REVEAL_TAP=FILE`` appends one JSON line per reveal to FILE (``server``, ``round``,
 ``sha256`` of the released values, and in mode preprocessed ``pool``: where the release's
 noise shares start in the pool), written before anything else is done with the values:
@@ -26,9 +31,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import garbled_core
 from spgc.privacy.ledger_format import released_digest
 
-__all__ = ["FAULT_POINTS", "fault_point", "planned_fault", "tap_reveal"]
+__all__ = ["DEVIATION_POINTS", "FAULT_POINTS", "fault_point", "planned_fault", "tap_reveal"]
 
 FAULT_POINTS = (
     "during-intake",
@@ -38,6 +44,10 @@ FAULT_POINTS = (
     "after-update",
     "during-checkpoint",
 )
+#: Points where the engine raises garbled_core.PeerDeviated instead (no SIGKILL).
+DEVIATION_POINTS = ("peer-deviated",)
+#: What the injected PeerDeviated says (the abort entry's check).
+INJECTED_CHECK = "fault injection: the peer's opened values fail their MAC check"
 _FAULT_ENV = "SPGC_FAULT_INJECT"
 _TAP_ENV = "SPGC_REVEAL_TAP"
 
@@ -48,17 +58,20 @@ def planned_fault() -> tuple[str, int] | None:
     if not value:
         return None
     point, _, number = value.partition(":")
-    if point not in FAULT_POINTS or not number.isdigit():
+    if point not in (*FAULT_POINTS, *DEVIATION_POINTS) or not number.isdigit():
         raise ValueError(
             f"{_FAULT_ENV}={value!r}: expected POINT:ROUND with POINT one of "
-            f"{', '.join(FAULT_POINTS)}"
+            f"{', '.join((*FAULT_POINTS, *DEVIATION_POINTS))}"
         )
     return point, int(number)
 
 
 def fault_point(point: str, round_number: int) -> None:
-    """SIGKILL this process if ``SPGC_FAULT_INJECT`` names this point of this round."""
+    """SIGKILL this process if ``SPGC_FAULT_INJECT`` names this point of this round (a
+    :data:`DEVIATION_POINTS` point: raise garbled_core.PeerDeviated instead)."""
     if os.environ.get(_FAULT_ENV) and planned_fault() == (point, round_number):
+        if point in DEVIATION_POINTS:
+            raise garbled_core.PeerDeviated(INJECTED_CHECK)
         os.kill(os.getpid(), signal.SIGKILL)
 
 

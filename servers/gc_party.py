@@ -51,7 +51,7 @@ from spgc.privacy.noise import (
     sampling_rounds,
     segment_instances,
 )
-from spgc.protocol.modes import BACKENDS, MODES
+from spgc.protocol.modes import BACKENDS, MALICIOUS_VARIANTS, MODES, SECURITY_NAMES
 from spgc.protocol.sharing import ring_mask
 from spgc.servers.spgc_circuit import (
     check_ring_bits,
@@ -204,16 +204,25 @@ class PartyLink:
         scheme: str = "threehalves",
         ot_k: int = garbled_core.DEFAULT_OT_K,
         backend: str = "gc",
+        security: str = "semi-honest",
     ) -> PartyLink:
         """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run).
         ``backend`` ``gc``: a garbler or evaluator session; ``scheme`` garbles AND gates
         (``threehalves`` or ``halfgates``), ``ot_k`` picks the OT extension (SoftSpoken k, 0 for
         IKNP). ``gmw``: a GMW party whose Beaver triples come from silent OT (Ferret), which
-        runs the same circuits and returns the same outputs. Both sides must choose the same:
-        the engine's hello refuses a mismatch."""
+        runs the same circuits and returns the same outputs; with ``security`` ``malicious``
+        the engine's authenticated GMW party instead (every opening MAC-checked before an
+        output is opened: garbled_core.PeerDeviated when the peer deviated). Both sides must
+        choose the same: the engine's hello refuses a mismatch."""
         role = _check_role(role)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
+        if security not in SECURITY_NAMES:
+            raise ValueError(f"security must be one of {SECURITY_NAMES}, got {security!r}")
+        if security == "malicious" and all(b != backend for b, _ in MALICIOUS_VARIANTS):
+            raise ValueError(f"security: malicious: backend {backend} has no malicious variant")
+        if backend == "gmw" and security == "malicious":
+            return cls(role, channel, garbled_core.AuthGmwParty(channel, role), "gmw")
         if backend == "gmw":
             return cls(role, channel, garbled_core.GmwParty(channel, role, ot="silent"), "gmw")
         party = garbled_core.Garbler if role == "garbler" else garbled_core.Evaluator
@@ -221,6 +230,21 @@ class PartyLink:
         if chunk is not None:
             kwargs["chunk"] = chunk
         return cls(role, channel, party(channel, **kwargs))
+
+    def evidence_digest(self) -> str | None:
+        """The SHA-256 (hex) of everything the peer sent in the last engine run on this link,
+        where the engine keeps it (the authenticated GMW party's ``evidence_digest``); with
+        extra lanes, the SHA-256 of their digests in lane order (space-separated). None where
+        a session keeps none (semi-honest sessions, remote lanes)."""
+        if self.remote_lanes:
+            return None
+        sessions = [self.session, *(lane.session for lane in self.extra_lanes)]
+        digests = [getattr(session, "evidence_digest", None) for session in sessions]
+        if not digests or any(not isinstance(d, str) for d in digests):
+            return None
+        if len(digests) == 1:
+            return digests[0]
+        return hashlib.sha256(" ".join(digests).encode()).hexdigest()
 
     def counters(self) -> dict[str, dict[str, int]]:
         """Bytes per engine phase and direction on this link and every lane it holds (extra

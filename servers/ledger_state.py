@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import serialization
 from spgc.privacy.accounting import capped_poisson, reported_delta
 from spgc.privacy.ledger import Ledger
 from spgc.privacy.ledger_format import (
+    ABORT_KEYS,
+    DEFAULT_SECURITY,
     FEATURE_STATS_RELEASE,
     LedgerError,
     load_signing_key,
@@ -127,6 +129,8 @@ class LedgerState:
             "verify_inputs": cfg.verify_inputs,
             **self._feature_stats_plan(),
             **self._noise_floor_field(),
+            # security (issue 46): malicious only; semi-honest leaves the header as before
+            **({} if cfg.security == DEFAULT_SECURITY else {"security": cfg.security}),
         }
 
     def _noise_floor_field(self) -> dict[str, Any]:
@@ -380,6 +384,20 @@ class LedgerState:
             except LedgerError as exc:
                 raise PeerMismatchError(str(exc)) from None
             self.cond.notify_all()  # H2 waits for it before it stops (servers/sessions.py)
+
+    def record_abort(self, t: int, check: str, evidence: str, evidence_digest: str) -> None:
+        """This server caught the peer deviating in round t: the ledger's abort entry, signed
+        by this server alone (spgc.privacy.ledger.Ledger.record_abort); no release follows."""
+        with self.cond:
+            self._open_ledger().record_abort(t, check, evidence, evidence_digest)
+            self.cond.notify_all()
+
+    def abort_summary(self) -> dict[str, Any] | None:
+        """The ledger's abort entry (round, check, evidence, evidence_digest, time), None
+        without one."""
+        with self.cond:
+            abort = None if self.ledger is None else self.ledger.aborted
+        return None if abort is None else {k: abort[k] for k in (*ABORT_KEYS, "time")}
 
     @property
     def ledger_closed(self) -> bool:

@@ -30,7 +30,7 @@ from spgc.servers.coordinator import (
     own_verifier_messages,
     seed_commitment_message,
 )
-from spgc.servers.errors import PeerMismatchError
+from spgc.servers.errors import PeerDeviatedError, PeerMismatchError
 from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
@@ -105,6 +105,8 @@ _CONFIG_KEYS = {
     "trainable": "model (which parameters are frozen)",
     "frozen_sha256": "model / initial_model (the frozen parameters' values)",
 }
+# String fields whose empty value names a default (how a plan without the field reads).
+_EMPTY_MEANS = {"security": "semi-honest"}
 
 
 def config_differences(
@@ -120,6 +122,7 @@ def config_differences(
             if field.is_repeated:
                 out.append(_list_difference(key, list(va), list(vb), names))
             else:
+                va, vb = (v or _EMPTY_MEANS.get(field.name, v) for v in (va, vb))
                 out.append(f"{key} ({names[0]} {va!r}, {names[1]} {vb!r})")
     return out
 
@@ -466,6 +469,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     # The link or H1 failed (closed, timed out, spoke something else): one
                     # line, no traceback.
                     log.warning("round %d: circuit cut off: %s", t, exc)
+                elif isinstance(exc, PeerDeviatedError):
+                    pass  # H1 caught deviating: the abort is recorded and logged, the run failed
                 else:
                     log.exception("round %d: circuit or update failed", t)
                 state.fail_compute(exc)

@@ -344,6 +344,9 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
                     else {}
                 ),
                 "verify_inputs": self.plan.cfg.verify_inputs,
+                "security": self.plan.cfg.security,
+                # the run stopped on catching the peer deviating (the ledger's abort entry)
+                **({"abort": abort} if (abort := self.abort_summary()) else {}),
                 "server_optimizer": self.plan.cfg.server_optimizer,
                 "rounds": self.round,
                 "steps": self.steps,

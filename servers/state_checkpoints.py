@@ -69,6 +69,7 @@ class StateCheckpoints:
                 loss=cfg.loss_name,
                 test_metrics=self._last_test_metrics(),
                 verify_inputs=cfg.verify_inputs,
+                security=cfg.security,
                 ledger_head=self.published_head(),
                 standardization=self.standardization,
             )

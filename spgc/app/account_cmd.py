@@ -45,7 +45,14 @@ from spgc.privacy.accounting import (
     quiet_dp_accounting,
 )
 from spgc.privacy.budget import BudgetError, budget_summary, format_budget
-from spgc.privacy.ledger_format import ROLES, LedgerError, public_key_hex, read_ledger_lines
+from spgc.privacy.ledger_format import (
+    DEFAULT_SECURITY,
+    ROLES,
+    LedgerError,
+    abort_line,
+    public_key_hex,
+    read_ledger_lines,
+)
 from spgc.privacy.ledger_pair import check_covers, compare_ledgers
 from spgc.privacy.ledger_verify import verify_ledger
 from spgc.privacy.noise_floor import FIGURES, FloorMultipliers, floor_multipliers
@@ -473,8 +480,7 @@ def _alone(report: Any, pinned: bool, complete: bool) -> list[str]:
         )
     if not pinned:
         out.append(
-            "who signed it: without --keys h1=PEM h2=PEM any key pair could have made this "
-            "ledger"
+            "who signed it: without --keys h1=PEM h2=PEM any key pair could have made this ledger"
         )
     return out
 
@@ -521,7 +527,7 @@ def _ledger_human(a: dict[str, Any]) -> str:
     lines = [
         f"ledger {a['ledger']}: verified",
         f"  run {a['run_id']}, server {a['server']}, mode {a['mode']}, backend "
-        f"{a.get('backend') or 'gc'}",
+        f"{a.get('backend') or 'gc'}, security {a.get('security') or DEFAULT_SECURITY}",
         f"  releases counted: {a['steps']} (release entries, every one counted), "
         f"{a['released']} with a released line",
     ]
@@ -573,7 +579,11 @@ def _ledger_human(a: dict[str, Any]) -> str:
     )
     lines.append(f"  signatures valid (this server's key {key[:16]}...{cosigned}{pinned})")
     closed = "closed (no release follows)" if a["closed"] else "not closed"
+    if a.get("abort"):
+        closed = "aborted by this server (it co-signs no release after it)"
     lines.append(f"  head after {a['steps']} release(s): {a['head'][:16]}..., {closed}")
+    if a.get("abort"):
+        lines.append(f"  {abort_line(a['abort'])}; signed by {a['server']} alone")
     return "\n".join(lines)
 
 
@@ -686,6 +696,13 @@ def _completeness(
         return f"it holds the head of the model ({model[1]} release(s))"
     if any(r.closed for r in reports):
         return "it is closed: a co-signed closing entry says no release follows"
+    aborted = [r for r in reports if r.abort is not None]
+    if aborted:
+        # Every release needs both servers' signatures: one that stopped co-signs no more.
+        return (
+            f"it ends in {aborted[0].server}'s abort entry (round {aborted[0].abort['round']}): "
+            f"{aborted[0].server} co-signs no release after it"
+        )
     return ""
 
 

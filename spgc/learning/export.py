@@ -91,11 +91,14 @@ def privacy_report(
     loss: str = "cross_entropy",
     test_metrics: dict[str, float | None] | None = None,
     verify_inputs: str = "none",
+    security: str = "semi-honest",
     ledger_head: tuple[int, str] | None = None,
     standardization: Standardization | None = None,
 ) -> dict[str, Any]:
     """The JSON privacy report of one published model, from plain values. ``verify_inputs``:
     whether the servers checked every provider's norm proof (``l2``) or not (``none``).
+    ``security``: what the servers' circuits were secure against (``semi-honest`` or
+    ``malicious``: spgc.protocol.modes.SECURITY_LEVELS).
     ``ledger_head``: (release entries, co-signed ledger head) the model depends on
     (spgc.privacy.ledger; ``spgc account --ledger ... --model FILE`` holds the ledgers to it).
     ``standardization``: the released feature statistics the model's inputs are standardised
@@ -154,6 +157,8 @@ def privacy_report(
         "clip_norm": float(clip_norm),
         # l2: every share in the sum came with an accepted norm proof (docs/PRIVACY.md).
         "verify_inputs": verify_inputs,
+        # semi-honest or malicious: what the servers' circuits were secure against (issue 46)
+        "security": security,
         "scale": float(scale),
         "sensitivity_units": float(sensitivity_units),
         "task": task,

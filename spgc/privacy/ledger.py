@@ -25,7 +25,9 @@ Line kinds:
   "update_noise_multiplier", "count_noise_std"}``: the pair of noises that ``noise_multiplier``
   accounts as one Gaussian, checked here to be no smaller than it, spgc.privacy.clipping),
   ``backend``
-  and ``verify_inputs``.
+  and ``verify_inputs``; and where the plan has them (:data:`OPTIONAL_PLAN_KEYS`, co-signed
+  the same way), ``feature_stats``, ``noise_floor`` and ``security`` (``"malicious"``; absent:
+  semi-honest).
 - ``release``: written BEFORE a release: the shared fields (:data:`STATEMENT_KEYS`): the
   header's plan fields, ``signers`` (role -> public key, both servers'), ``round``,
   ``noise_samples``, ``clip_norm`` (the round's C), ``index`` (0, 1, ...), ``epsilon_after``
@@ -39,6 +41,12 @@ Line kinds:
 - ``released``: written after it: ``index`` of its ``release``, ``round``, ``vector_sha256``.
 - ``close``: the last line of a finished run (:data:`CLOSE_KEYS`): ``releases`` and ``chain``,
   the head after them: no release follows; ``peer_sig`` (two-server modes).
+- ``abort``: the last line of a run this server stopped because the engine caught the peer
+  deviating (issue 46, docs/MALICIOUS.md): :data:`ABORT_KEYS` (``round``, ``check``,
+  ``evidence``, ``evidence_digest``) and ``time``, signed by this server alone (the peer it
+  caught does not co-sign). No release follows it: this server co-signs none after it. The
+  aborted round's release entry, written before its circuit ran, stays counted; no
+  ``released`` line follows it.
 
 The ledger head. The co-signed statements chain: the head before the first release is
 :func:`plan_digest` of the header (so the header is its preimage), and the head after each
@@ -69,8 +77,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from spgc.common.logs import printable
 from spgc.privacy.ledger_format import (
+    ABORT_KEYS,
+    EVIDENCE_KINDS,
     FORMAT,
+    MAX_CHECK_CHARS,
     LedgerError,
     _cut_torn_tail,
     _sha256,
@@ -79,6 +91,7 @@ from spgc.privacy.ledger_format import (
     canonical,
     chain_after,
     close_statement,
+    is_sha256_hex,
     plan_digest,
     public_key_hex,
     read_ledger_lines,
@@ -105,6 +118,7 @@ class Ledger:
     _releases: int | None = field(default=None, init=False, repr=False, compare=False)
     _head: str | None = field(default=None, init=False, repr=False, compare=False)
     _closed: bool = field(default=False, init=False, repr=False, compare=False)
+    _aborted: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def open(cls, path: Path | None, key: Ed25519PrivateKey, header: Mapping[str, Any]) -> Ledger:
@@ -135,6 +149,12 @@ class Ledger:
                         raise LedgerError(f"{path}: {exc}; not extending it") from None
                     ledger.header = first
                     ledger.lines = existing
+                    if (abort := ledger.aborted) is not None:
+                        raise LedgerError(
+                            f"{path}: this run was aborted at round {abort.get('round')} (the "
+                            "peer deviated): it cannot be continued; start a new run "
+                            "(resume: false)"
+                        )
                     if first.get("public_key") != fields["public_key"]:
                         raise LedgerError(
                             f"{path}: written with another signing key; configure the same "
@@ -174,8 +194,16 @@ class Ledger:
             self._scan()
         return self._closed
 
+    @property
+    def aborted(self) -> dict[str, Any] | None:
+        """The run's abort entry (this server caught the peer deviating), None if none."""
+        if self._releases is None:
+            self._scan()
+        return self._aborted
+
     def _scan(self) -> None:
         self._releases, self._head, self._closed = 0, plan_digest(self.header), False
+        self._aborted = None
         for line in self.lines[1:]:
             entry = json.loads(line)
             if entry.get("kind") == "release":
@@ -183,6 +211,8 @@ class Ledger:
                 self._head = chain_after(entry)
             elif entry.get("kind") == "close":
                 self._closed = True
+            elif entry.get("kind") == "abort":
+                self._aborted = entry
 
     def _append(self, entry: dict[str, Any]) -> dict[str, Any]:
         entry["prev"] = _sha256(self.lines[-1]) if self.lines else None
@@ -209,6 +239,8 @@ class Ledger:
             self._releases, self._head = self.releases + 1, chain_after(entry)
         elif entry.get("kind") == "close":
             self._closed = True
+        elif entry.get("kind") == "abort":
+            self._aborted = entry
         self.lines.append(line)
         return entry
 
@@ -222,6 +254,8 @@ class Ledger:
     ) -> dict[str, Any]:
         if self.closed:
             raise LedgerError(f"round {round_number}: this run's ledger is closed: no release")
+        if self.aborted is not None:
+            raise LedgerError(f"round {round_number}: this run was aborted: no release")
         return release_statement(
             self.header,
             round_number,
@@ -293,6 +327,8 @@ class Ledger:
         :meth:`close_statement`): the run ended, no release follows. Once only."""
         if self.closed:
             return
+        if self.aborted is not None:
+            raise LedgerError("this run was aborted (the peer deviated): no closing entry")
         entry = close_statement(self.header, self.releases, self.head)
         self._with_peer_sig(entry, peer_sig, "the closing entry")
         entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -308,3 +344,25 @@ class Ledger:
                 "vector_sha256": vector_sha256,
             }
         )
+
+    def record_abort(
+        self, round_number: int, check: str, evidence: str, evidence_digest: str
+    ) -> dict[str, Any]:
+        """The run's abort entry: this server caught the peer deviating in round
+        ``round_number`` (``check``: the engine's message; ``evidence``, one of
+        :data:`EVIDENCE_KINDS`: what ``evidence_digest``, 64 hex characters, is the SHA-256
+        of). Signed by this server alone; nothing follows it. Once only."""
+        if self.aborted is not None:
+            return self.aborted
+        if self.closed:
+            raise LedgerError("this run's ledger is closed: no abort entry")
+        if evidence not in EVIDENCE_KINDS or not is_sha256_hex(evidence_digest):
+            raise LedgerError(
+                f"an abort's evidence is one of {EVIDENCE_KINDS} with a SHA-256 (64 hex "
+                f"characters), got {evidence!r} {evidence_digest!r}"
+            )
+        check = printable(" ".join(str(check).split()), MAX_CHECK_CHARS)
+        values = (int(round_number), check, evidence, evidence_digest.lower())
+        entry: dict[str, Any] = {"kind": "abort", **dict(zip(ABORT_KEYS, values, strict=True))}
+        entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return self._append(entry)

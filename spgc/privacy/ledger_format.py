@@ -81,8 +81,18 @@ PLAN_KEYS = (
 # verifies exactly the lines it did before they existed); when present, co-signed like
 # PLAN_KEYS. feature_stats: the once-only release of the feature statistics. noise_floor
 # (issue 46): {"fraction": f, "coordinates": d}, what the three figures are recomputed from
-# (spgc.privacy.noise_floor).
-OPTIONAL_PLAN_KEYS = ("feature_stats", "noise_floor")
+# (spgc.privacy.noise_floor). security (issue 46): "malicious" (absent: semi-honest).
+OPTIONAL_PLAN_KEYS = ("feature_stats", "noise_floor", "security")
+#: A plan whose header names no ``security`` (spgc.protocol.modes.SECURITY_LEVELS).
+DEFAULT_SECURITY = "semi-honest"
+# The fields of an ``abort`` entry, signed by its server alone (the peer it caught deviating
+# does not co-sign): the round, the engine's check that failed (its message, at most
+# MAX_CHECK_CHARS characters), what the evidence digest is of ("transcript": the SHA-256 of
+# everything the peer sent in the round's last engine run; "message": of the check's message,
+# where the engine keeps no transcript digest) and the digest (64 hex characters).
+ABORT_KEYS = ("round", "check", "evidence", "evidence_digest")
+EVIDENCE_KINDS = ("transcript", "message")
+MAX_CHECK_CHARS = 500
 #: The ``release`` value of the feature statistics' release entry (a step's has none).
 FEATURE_STATS_RELEASE = "feature_stats"
 # The fields of a release entry both servers sign (the same bytes on both: nothing local).
@@ -174,6 +184,25 @@ def statement_bytes(entry: Mapping[str, Any]) -> bytes:
 def chain_after(entry: Mapping[str, Any]) -> str:
     """The ledger head after a co-signed entry: the SHA-256 (hex) of its statement."""
     return _sha256(statement_bytes(entry))
+
+
+def abort_line(abort: Mapping[str, Any]) -> str:
+    """An abort entry's fields (:data:`ABORT_KEYS`) in one line, as the server stops with it
+    and ``spgc account`` prints it."""
+    return (
+        f"aborted at round {abort.get('round')}: the peer deviated (check: "
+        f"{abort.get('check')}, evidence digest {abort.get('evidence_digest')}, of the "
+        f"{abort.get('evidence')})"
+    )
+
+
+def is_sha256_hex(value: Any) -> bool:
+    """Whether ``value`` is a SHA-256 written as 64 hex characters."""
+    return (
+        isinstance(value, str)
+        and len(value) == 64
+        and all(c in "0123456789abcdefABCDEF" for c in value)
+    )
 
 
 def verify_statement(public_key_hex_: str, statement: bytes, signature: bytes) -> bool:

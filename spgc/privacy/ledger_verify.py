@@ -17,9 +17,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from spgc.privacy.accounting import PrivacyAccountant, adjacency_of, capped_poisson, reported_delta
 from spgc.privacy.clipping import DecayClip
 from spgc.privacy.ledger_format import (
+    ABORT_KEYS,
+    DEFAULT_SECURITY,
     EPSILON_TOLERANCE,
+    EVIDENCE_KINDS,
     FEATURE_STATS_RELEASE,
     FORMAT,
+    MAX_CHECK_CHARS,
     OPTIONAL_PLAN_KEYS,
     PLAN_KEYS,
     ROLES,
@@ -27,6 +31,7 @@ from spgc.privacy.ledger_format import (
     _sha256,
     canonical,
     chain_after,
+    is_sha256_hex,
     plan_digest,
     read_ledger_lines,
     signers,
@@ -34,7 +39,7 @@ from spgc.privacy.ledger_format import (
     verify_statement,
 )
 from spgc.privacy.noise_floor import floor_epsilons
-from spgc.protocol.modes import get_mode
+from spgc.protocol.modes import SECURITY_NAMES, get_mode, malicious_refusal
 
 
 @dataclass
@@ -80,13 +85,18 @@ class LedgerReport:
     # noise_floor (issue 46): {"fraction", "coordinates", "epsilon": {figure: eps or None}};
     # None without one.
     noise_floor: dict[str, Any] | None = None
+    # What the circuits were secure against (the header's security; semi-honest without one).
+    security: str = DEFAULT_SECURITY
+    # The server stopped the run on catching the peer deviating: its abort entry's round,
+    # check, evidence and evidence_digest, and time (signed by it alone); None: no abort.
+    abort: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        # noise_floor only when the plan has one: a ledger without it reports as before.
+        # noise_floor and abort only when there is one: a ledger without them reports as before.
         return {
             k: v
             for k, v in self.__dict__.items()
-            if k != "heads" and not (k == "noise_floor" and v is None)
+            if k != "heads" and not (k in ("noise_floor", "abort") and v is None)
         }
 
 
@@ -129,6 +139,8 @@ def verify_ledger(
     seen_released: set[int] = set()
     heads: list[str] = []  # the co-signed head after 0, 1, ... release entries
     closed_line = 0
+    abort: dict[str, Any] | None = None  # the abort entry (nothing may follow it either)
+    abort_line = 0
     for number, raw, entry in _entries(lines):
         want = None if prev is None else _sha256(prev)
         if entry.get("prev") != want:
@@ -136,6 +148,11 @@ def verify_ledger(
         if closed_line:
             raise LedgerError(
                 f"line {number}: follows the closing entry (line {closed_line}): a closed "
+                "run's ledger holds nothing after it"
+            )
+        if abort_line:
+            raise LedgerError(
+                f"line {number}: follows the abort entry (line {abort_line}): an aborted "
                 "run's ledger holds nothing after it"
             )
         if number == 1:
@@ -185,6 +202,9 @@ def verify_ledger(
                     f"releases, the ledger holds {steps}"
                 )
             closed_line = number
+        elif kind == "abort":
+            abort = _check_abort(number, entry, header, rounds.get(steps - 1))
+            abort_line = number
         elif kind == "released":
             index = entry.get("index")
             if not _is_int(index) or index not in rounds:
@@ -247,7 +267,36 @@ def verify_ledger(
         heads=heads,
         feature_stats_releases=stats_releases,
         noise_floor=_floor_report(header, steps),
+        security=str(header.get("security", DEFAULT_SECURITY)),
+        abort=abort,
     )
+
+
+def _check_abort(
+    number: int, entry: Mapping[str, Any], header: Mapping[str, Any], last_round: int | None
+) -> dict[str, Any]:
+    """An abort entry: a two-server run's, its round not before the last release entry's, the
+    check's message, and the evidence's kind and SHA-256. Signed by its server alone (its
+    ``sig``, checked with every line): the peer it caught does not co-sign. Returns its
+    fields."""
+    if header.get("peer_public_key") is None:
+        raise LedgerError(f"line {number}: an abort entry in a one-server ledger (no peer)")
+    r, check = entry.get("round"), entry.get("check")
+    if not _is_int(r) or r < 0 or (last_round is not None and r < last_round):
+        raise LedgerError(
+            f"line {number}: the abort's round {r!r} must be an integer >= 0, not before the "
+            f"last release's ({last_round})"
+        )
+    if not isinstance(check, str) or not check or len(check) > MAX_CHECK_CHARS + 3:
+        raise LedgerError(f"line {number}: the abort's check must be its message (text)")
+    if entry.get("evidence") not in EVIDENCE_KINDS or not is_sha256_hex(
+        entry.get("evidence_digest")
+    ):
+        raise LedgerError(
+            f"line {number}: the abort's evidence must be one of {', '.join(EVIDENCE_KINDS)} "
+            "with evidence_digest its SHA-256 (64 hex characters)"
+        )
+    return {k: entry[k] for k in (*ABORT_KEYS, "time") if k in entry}
 
 
 def _floor_report(header: Mapping[str, Any], steps: int) -> dict[str, Any] | None:
@@ -336,6 +385,7 @@ def _check_header(entry: dict[str, Any], expected_keys: Mapping[str, str] | None
     for key in ("backend", "verify_inputs"):
         if not isinstance(entry.get(key), str):
             raise LedgerError(f"line 1: {key} must be a string")
+    _check_security(entry)
     _check_clip(entry["clip"], entry.get("noise_multiplier"))
     if "feature_stats" in entry:
         _check_feature_stats(entry["feature_stats"])
@@ -438,6 +488,19 @@ def _check_clip(clip: Any, noise_multiplier: Any) -> None:
             f"the count's noise {clip['count_noise_std']:.6g} make a Gaussian of multiplier "
             f"{pair:.6g}, below the noise_multiplier {noise_multiplier:.6g} it is accounted with"
         )
+
+
+def _check_security(header: Mapping[str, Any]) -> None:
+    """The header's security: absent (semi-honest), or a level whose backend and mode have
+    it (spgc.protocol.modes.MALICIOUS_VARIANTS)."""
+    security = header.get("security", DEFAULT_SECURITY)
+    if security not in SECURITY_NAMES:
+        allowed = ", ".join(SECURITY_NAMES)
+        raise LedgerError(f"line 1: security {security!r} is not one of {allowed}")
+    if security == "malicious":
+        problem = malicious_refusal(str(header.get("backend")), str(header.get("mode")))
+        if problem is not None:
+            raise LedgerError(f"line 1: {problem}")
 
 
 def _check_noise_floor(floor: Any, noise_multiplier: Any) -> None:

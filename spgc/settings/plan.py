@@ -249,6 +249,8 @@ class RunPlan:
             **self._adjacency_fields(),
             **self._feature_stats_fields(),
             noise_floor=self.noise_floor,
+            # semi-honest: unset, the bytes (and plan_sha256) as before the field existed
+            **({} if c.security == "semi-honest" else {"security": c.security}),
         )
 
     def _feature_stats_fields(self) -> dict[str, Any]:

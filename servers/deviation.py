@@ -1,0 +1,63 @@
+"""A round whose engine caught the peer deviating: the abort (issue 46; docs/MALICIOUS.md,
+"What must hold" 3).
+
+Under ``security: malicious`` the engine checks what the peer sent before it opens anything,
+and raises ``garbled_core.PeerDeviated`` when a check fails. The server that caught it then
+stops the run: nothing of the round is released (its result never reaches the model update or
+a ``released`` line), the evidence is kept (the engine's digest of everything the peer sent in
+the run, else the SHA-256 of the check's message), and the abort goes into this server's own
+ledger, signed by it alone (the peer will not co-sign). Earlier rounds stay counted, and so
+does the aborted round's release entry, written before its circuit ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from spgc.privacy.ledger_format import LedgerError, abort_line
+from spgc.servers.errors import PeerDeviatedError
+
+__all__ = ["abort_round", "evidence_of"]
+
+log = logging.getLogger(__name__)
+
+
+def evidence_of(link: Any, exc: BaseException) -> tuple[str, str]:
+    """(what the digest is of, its SHA-256 in hex): ``transcript``, the link's digest of
+    everything the peer sent in the engine's last run where its sessions keep one
+    (:meth:`servers.gc_party.PartyLink.evidence_digest`), else ``message``, the SHA-256 of the
+    check's message."""
+    digest = getattr(link, "evidence_digest", None)
+    transcript = digest() if callable(digest) else None
+    if transcript:
+        return "transcript", str(transcript).lower()
+    return "message", hashlib.sha256(_check(exc).encode()).hexdigest()
+
+
+def _check(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def abort_round(state: Any, link: Any, t: int, exc: BaseException) -> PeerDeviatedError:
+    """This server caught the peer deviating in round t (``exc``: the engine's PeerDeviated):
+    the abort entry in its ledger, the audit line, the run failed with the abort's line
+    (providers are told), and the error to raise, which stops the server (no re-pairing)."""
+    evidence, digest = evidence_of(link, exc)
+    abort = {"round": t, "check": _check(exc), "evidence": evidence, "evidence_digest": digest}
+    message = abort_line(abort)
+    try:
+        state.record_abort(t, abort["check"], evidence, digest)
+    except LedgerError as problem:  # the run stops all the same; say why it is not recorded
+        message += f"; the ledger's abort entry was not written: {problem}"
+    state.audit.record(
+        "peer_deviated",
+        round=t,
+        reason=abort["check"],
+        evidence=evidence,
+        evidence_digest=digest,
+    )
+    log.error("%s: %s", state.plan.cfg.role_name, message)
+    state.fail(message)
+    return PeerDeviatedError(message)

@@ -1,0 +1,106 @@
+"""The abort path through the daemons (issue 46 item 2; docs/MALICIOUS.md, "What must hold" 3).
+
+``SPGC_FAULT_INJECT=peer-deviated:1`` makes one server's engine report the peer caught
+deviating (garbled_core.PeerDeviated) in the middle of round 1's circuit (servers.faults), as
+the authenticated engine does when a check fails. That server stops the run: it releases
+nothing of round 1 (no reveal, no released line, no model v2), keeps the evidence and ends its
+ledger with an abort entry signed by it alone; round 0 and round 1's release entry (written
+before its circuit) stay counted, and ``spgc account`` shows the abort. The daemons run as
+separate processes, as an operator runs them; the other server, which did nothing wrong here,
+is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_crash_faults import _events, _start_all, _stop, _wait
+
+from spgc.app.demo import DemoOptions, write_configs
+from spgc.privacy.ledger_format import abort_line
+from spgc.privacy.ledger_verify import verify_ledger
+from spgc.servers.faults import INJECTED_CHECK
+
+ROUND = 1
+
+
+@pytest.mark.parametrize(
+    ("catcher", "backend", "security", "evidence"),
+    [
+        # the engine's digest of everything the peer sent in the run is the evidence
+        ("h1", "gmw", "malicious", "transcript"),
+        ("h2", "gmw", "malicious", "transcript"),
+        # a semi-honest engine keeps no digest: the SHA-256 of the check's message
+        ("h2", "gc", "semi-honest", "message"),
+    ],
+)
+def test_a_server_that_catches_its_peer_stops_and_records_the_abort(
+    tmp_path: Path, catcher: str, backend: str, security: str, evidence: str
+) -> None:
+    work, state = tmp_path / "work", tmp_path / "state"
+    work.mkdir()
+    opts = DemoOptions(
+        dataset="cancer",
+        providers=2,
+        rounds=3,
+        mode="spgc",
+        backend=backend,
+        epsilon=8.0,
+        state_dir=state,
+        # round_deadline: a round closes once both shares are in; the deadline only has to
+        # outlast the providers' start-up on a loaded machine (test_crash_faults).
+        server_overrides={"security": security, "round_deadline": 45.0, "evaluate": False},
+    )
+    server_cfgs, provider_cfgs = write_configs(opts, work)
+    tap = tmp_path / "reveals.jsonl"
+    env = {**os.environ, "SPGC_REVEAL_TAP": str(tap)}
+    env.pop("SPGC_FAULT_INJECT", None)
+    logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
+    fault = {catcher: {"SPGC_FAULT_INJECT": f"peer-deviated:{ROUND}"}}
+    servers = _start_all("spgc.servers", server_cfgs, env, fault)
+    providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
+    try:
+        assert _wait(servers[catcher], 240, catcher, logs) == 1  # failed, not killed
+    finally:
+        _stop([*servers.values(), *providers])  # the other server and the providers
+
+    summary = json.loads((work / f"{catcher}-summary.json").read_text())
+    report = verify_ledger(state / catcher / "ledger.jsonl")
+    assert report.abort is not None
+    abort = {k: report.abort[k] for k in ("round", "check", "evidence", "evidence_digest")}
+    assert abort["round"] == ROUND and abort["check"] == INJECTED_CHECK
+    assert abort["evidence"] == evidence and len(abort["evidence_digest"]) == 64
+    assert summary["failure"] == abort_line(abort) and not summary["finished"]
+    assert {k: summary["abort"][k] for k in abort} == abort
+    assert summary["security"] == security and summary["backend"] == backend
+    # Round 0 released and counted; round 1's entry counted, nothing of it released.
+    assert (report.steps, report.released) == (ROUND + 1, ROUND)
+    assert summary["releases"] == report.steps and summary["model_version"] == ROUND
+    assert summary["epsilon"] == pytest.approx(report.epsilon, rel=1e-9)
+    lines = [json.loads(x) for x in (state / catcher / "ledger.jsonl").read_text().splitlines()]
+    assert [e["round"] for e in lines if e["kind"] == "released"] == [0]
+    assert lines[-1]["kind"] == "abort" and "peer_sig" not in lines[-1]
+    reveals = [json.loads(x) for x in tap.read_text().splitlines()]
+    assert (catcher, ROUND) not in {(r["server"], r["round"]) for r in reveals}
+    assert (catcher, 0) in {(r["server"], r["round"]) for r in reveals}
+    # Neither server published round 1's model (publishing needs both servers' hashes).
+    other = "h2" if catcher == "h1" else "h1"
+    assert json.loads((work / f"{other}-summary.json").read_text())["model_version"] == ROUND
+    events = [e for e in _events(state / catcher / "audit.jsonl") if e["event"] == "peer_deviated"]
+    assert [(e["round"], e["evidence_digest"]) for e in events] == [
+        (ROUND, abort["evidence_digest"])
+    ]
+
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "spgc"), "account", "--ledger",
+         str(state / catcher / "ledger.jsonl")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"  {abort_line(abort)}; signed by {catcher} alone" in done.stdout.splitlines()
+    assert f"security {security}" in done.stdout
