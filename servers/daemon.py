@@ -426,7 +426,7 @@ class ServerDaemon(
                 self.cfg.role_name, self.cfg.metrics_host, self.metrics_port,
             )  # fmt: skip
         log.info(
-            "%s serving on port %d (mode %s, d=%d, L=%d, sigma_units=%.4g%s)",
+            "%s serving on port %d (mode %s, d=%d, L=%d, sigma_units=%.4g%s%s)",
             self.cfg.role_name,
             self.port,
             self.cfg.mode,
@@ -435,6 +435,7 @@ class ServerDaemon(
             self.plan.sigma_units,
             # (after d: spgc bench load reads "(mode M, d=D,")
             f", backend {self.cfg.backend}" if MODES[self.cfg.mode].servers == 2 else "",
+            f", security {self.cfg.security}" if self.cfg.security != "semi-honest" else "",
         )
         return self
 

@@ -13,15 +13,12 @@ does the aborted round's release entry, written before its circuit ran.
 from __future__ import annotations
 
 import hashlib
-import logging
 from typing import Any
 
 from spgc.privacy.ledger_format import LedgerError, abort_line
 from spgc.servers.errors import PeerDeviatedError
 
 __all__ = ["abort_round", "evidence_of"]
-
-log = logging.getLogger(__name__)
 
 
 def evidence_of(link: Any, exc: BaseException) -> tuple[str, str]:
@@ -58,6 +55,5 @@ def abort_round(state: Any, link: Any, t: int, exc: BaseException) -> PeerDeviat
         evidence=evidence,
         evidence_digest=digest,
     )
-    log.error("%s: %s", state.plan.cfg.role_name, message)
-    state.fail(message)
+    state.fail(message)  # the daemon logs it as it stops
     return PeerDeviatedError(message)

@@ -470,7 +470,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                     # line, no traceback.
                     log.warning("round %d: circuit cut off: %s", t, exc)
                 elif isinstance(exc, PeerDeviatedError):
-                    pass  # H1 caught deviating: the abort is recorded and logged, the run failed
+                    pass  # H1 caught deviating: the abort is recorded, the daemon stops with it
                 else:
                     log.exception("round %d: circuit or update failed", t)
                 state.fail_compute(exc)

@@ -460,7 +460,7 @@ class ServerConfig(_Schema):
         description="adjacency: provider, modes spgc and dng: phases [{from_release, "
         "noise_multiplier, sampling_rate}, ...] from release 0, accounted release by release; "
         "they replace noise_multiplier and sampling_rate (empty: one phase from those); also "
-        "written short, as \"0:1.5:0.5,100:1.2:0.6\" (RELEASE:NOISE_MULTIPLIER:RATE)",
+        'written short, as "0:1.5:0.5,100:1.2:0.6" (RELEASE:NOISE_MULTIPLIER:RATE)',
     )
     local_epochs: int = Field(
         1, ge=1, le=1000, description="adjacency: provider: passes over its data per round"
