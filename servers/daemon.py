@@ -37,7 +37,7 @@ import garbled_core
 from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
 from spgc.privacy.ledger_format import LEDGER_FILE
-from spgc.protocol.modes import MODES
+from spgc.protocol.modes import DEFAULT_SECURITY, MODES
 from spgc.servers.aggregator import AggregatorServicer
 from spgc.servers.audit import AuditLog, host_of
 from spgc.servers.coordinator import SingleDriver
@@ -435,7 +435,7 @@ class ServerDaemon(
             self.plan.sigma_units,
             # (after d: spgc bench load reads "(mode M, d=D,")
             f", backend {self.cfg.backend}" if MODES[self.cfg.mode].servers == 2 else "",
-            f", security {self.cfg.security}" if self.cfg.security != "semi-honest" else "",
+            f", security {self.cfg.security}" if self.cfg.security != DEFAULT_SECURITY else "",
         )
         return self
 

@@ -51,7 +51,13 @@ from spgc.privacy.noise import (
     sampling_rounds,
     segment_instances,
 )
-from spgc.protocol.modes import BACKENDS, MALICIOUS_VARIANTS, MODES, SECURITY_NAMES
+from spgc.protocol.modes import (
+    BACKENDS,
+    DEFAULT_SECURITY,
+    MALICIOUS_VARIANTS,
+    MODES,
+    SECURITY_NAMES,
+)
 from spgc.protocol.sharing import ring_mask
 from spgc.servers.spgc_circuit import (
     check_ring_bits,
@@ -204,7 +210,7 @@ class PartyLink:
         scheme: str = "threehalves",
         ot_k: int = garbled_core.DEFAULT_OT_K,
         backend: str = "gc",
-        security: str = "semi-honest",
+        security: str = DEFAULT_SECURITY,
     ) -> PartyLink:
         """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run).
         ``backend`` ``gc``: a garbler or evaluator session; ``scheme`` garbles AND gates

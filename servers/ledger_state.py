@@ -22,7 +22,6 @@ from spgc.privacy.accounting import capped_poisson, reported_delta
 from spgc.privacy.ledger import Ledger
 from spgc.privacy.ledger_format import (
     ABORT_KEYS,
-    DEFAULT_SECURITY,
     FEATURE_STATS_RELEASE,
     LedgerError,
     load_signing_key,
@@ -32,7 +31,7 @@ from spgc.privacy.ledger_format import (
     statement_bytes,
 )
 from spgc.privacy.ledger_verify import verify_ledger
-from spgc.protocol.modes import TWO_SERVER_MODES
+from spgc.protocol.modes import DEFAULT_SECURITY, TWO_SERVER_MODES
 from spgc.servers.checkpoint import CheckpointError, config_digest
 from spgc.servers.errors import BudgetExceededError, PeerMismatchError
 from spgc.wire import aggregation_pb2 as pb

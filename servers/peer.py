@@ -20,6 +20,7 @@ import garbled_core
 from spgc import __version__
 from spgc.common.logs import printable
 from spgc.privacy.ledger_format import LedgerError
+from spgc.protocol.modes import DEFAULT_SECURITY
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import (
     agreement_with_proofs,
@@ -106,7 +107,7 @@ _CONFIG_KEYS = {
     "frozen_sha256": "model / initial_model (the frozen parameters' values)",
 }
 # String fields whose empty value names a default (how a plan without the field reads).
-_EMPTY_MEANS = {"security": "semi-honest"}
+_EMPTY_MEANS = {"security": DEFAULT_SECURITY}
 
 
 def config_differences(

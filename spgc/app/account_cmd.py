@@ -46,7 +46,6 @@ from spgc.privacy.accounting import (
 )
 from spgc.privacy.budget import BudgetError, budget_summary, format_budget
 from spgc.privacy.ledger_format import (
-    DEFAULT_SECURITY,
     ROLES,
     LedgerError,
     abort_line,
@@ -56,6 +55,7 @@ from spgc.privacy.ledger_format import (
 from spgc.privacy.ledger_pair import check_covers, compare_ledgers
 from spgc.privacy.ledger_verify import verify_ledger
 from spgc.privacy.noise_floor import FIGURES, FloorMultipliers, floor_multipliers
+from spgc.protocol.modes import DEFAULT_SECURITY
 
 __all__ = ["add_parser", "run"]
 

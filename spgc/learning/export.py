@@ -34,7 +34,7 @@ from spgc import __version__
 from spgc.learning.models import load_flat_params, parameter_count
 from spgc.privacy.accounting import adjacency_of
 from spgc.privacy.feature_stats import Standardization
-from spgc.protocol.modes import get_mode
+from spgc.protocol.modes import DEFAULT_SECURITY, get_mode
 
 __all__ = [
     "StandardizedInputs",
@@ -91,7 +91,7 @@ def privacy_report(
     loss: str = "cross_entropy",
     test_metrics: dict[str, float | None] | None = None,
     verify_inputs: str = "none",
-    security: str = "semi-honest",
+    security: str = DEFAULT_SECURITY,
     ledger_head: tuple[int, str] | None = None,
     standardization: Standardization | None = None,
 ) -> dict[str, Any]:

@@ -83,8 +83,6 @@ PLAN_KEYS = (
 # (issue 46): {"fraction": f, "coordinates": d}, what the three figures are recomputed from
 # (spgc.privacy.noise_floor). security (issue 46): "malicious" (absent: semi-honest).
 OPTIONAL_PLAN_KEYS = ("feature_stats", "noise_floor", "security")
-#: A plan whose header names no ``security`` (spgc.protocol.modes.SECURITY_LEVELS).
-DEFAULT_SECURITY = "semi-honest"
 # The fields of an ``abort`` entry, signed by its server alone (the peer it caught deviating
 # does not co-sign): the round, the engine's check that failed (its message, at most
 # MAX_CHECK_CHARS characters), what the evidence digest is of ("transcript": the SHA-256 of

@@ -18,7 +18,6 @@ from spgc.privacy.accounting import PrivacyAccountant, adjacency_of, capped_pois
 from spgc.privacy.clipping import DecayClip
 from spgc.privacy.ledger_format import (
     ABORT_KEYS,
-    DEFAULT_SECURITY,
     EPSILON_TOLERANCE,
     EVIDENCE_KINDS,
     FEATURE_STATS_RELEASE,
@@ -39,7 +38,7 @@ from spgc.privacy.ledger_format import (
     verify_statement,
 )
 from spgc.privacy.noise_floor import floor_epsilons
-from spgc.protocol.modes import SECURITY_NAMES, get_mode, malicious_refusal
+from spgc.protocol.modes import DEFAULT_SECURITY, SECURITY_NAMES, get_mode, malicious_refusal
 
 
 @dataclass

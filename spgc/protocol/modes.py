@@ -15,6 +15,7 @@ __all__ = [
     "BACKEND_MODES",
     "BACKEND_NAMES",
     "BASELINES",
+    "DEFAULT_SECURITY",
     "MALICIOUS_VARIANTS",
     "MODES",
     "NOISE_FLOOR_MODES",
@@ -141,6 +142,9 @@ SECURITY_LEVELS: dict[str, str] = {
 }
 #: The security levels' names (config values, the plan's wire value, ledger headers).
 SECURITY_NAMES: tuple[str, ...] = tuple(SECURITY_LEVELS)
+#: The level of a plan that names none (the config's default; a TrainingConfig or ledger
+#: header without the field).
+DEFAULT_SECURITY = "semi-honest"
 #: The one table of what has ``security: malicious``: (backend, mode) -> the protocol that
 #: runs it. Everything else is refused at config load (:func:`malicious_refusal`); docs/PRIVACY.md
 #: ("What a server that deviates can do today") and docs/MALICIOUS.md say the same.

@@ -32,6 +32,7 @@ from spgc.protocol.modes import (
     ADAPTIVE_CLIP_MODES,
     BACKEND_MODES,
     BACKEND_NAMES,
+    DEFAULT_SECURITY,
     NOISE_FLOOR_MODES,
     NOISY_MODES,
     SECURITY_NAMES,
@@ -288,7 +289,7 @@ class ServerConfig(_Schema):
     )
     # --- security (issue 46 item 2): what the circuits are secure against ---
     security: Literal[SECURITY_NAMES] = Field(  # type: ignore[valid-type]
-        "semi-honest",
+        DEFAULT_SECURITY,
         description="semi-honest: the circuits are secure against servers that follow the "
         "protocol; malicious: a server that deviates is caught before anything of its round "
         "is released, and the other stops the run and records the abort in its ledger "

@@ -30,7 +30,7 @@ from spgc.privacy.feature_stats import FeatureRanges, StatsRelease, StatsThenSte
 from spgc.privacy.noise import noise_bound_units
 from spgc.privacy.noise_floor import FloorMultipliers, floor_accountants, floor_multipliers
 from spgc.protocol.encoding import FixedPointConfig
-from spgc.protocol.modes import NOISY_MODES, get_mode
+from spgc.protocol.modes import DEFAULT_SECURITY, NOISY_MODES, get_mode
 from spgc.protocol.norm_proof import NormProofParams
 from spgc.protocol.sharing import max_abs_sum_units, ring_bits_for
 from spgc.settings.config import ServerConfig
@@ -250,7 +250,7 @@ class RunPlan:
             **self._feature_stats_fields(),
             noise_floor=self.noise_floor,
             # semi-honest: unset, the bytes (and plan_sha256) as before the field existed
-            **({} if c.security == "semi-honest" else {"security": c.security}),
+            **({} if c.security == DEFAULT_SECURITY else {"security": c.security}),
         )
 
     def _feature_stats_fields(self) -> dict[str, Any]:
