@@ -7,7 +7,7 @@ nothing of round 1 (no reveal, no released line, no model v2), keeps the evidenc
 ledger with an abort entry signed by it alone; round 0 and round 1's release entry (written
 before its circuit) stay counted, and ``spgc account`` shows the abort. The daemons run as
 separate processes, as an operator runs them; the other server, which did nothing wrong here,
-is stopped at the end.
+is stopped at the end. And a malicious run in which no one deviates trains to its end.
 """
 
 from __future__ import annotations
@@ -22,11 +22,63 @@ import pytest
 from test_crash_faults import _events, _start_all, _stop, _wait
 
 from spgc.app.demo import DemoOptions, write_configs
+from spgc.learning.export import read_report
 from spgc.privacy.ledger_format import abort_line
 from spgc.privacy.ledger_verify import verify_ledger
 from spgc.servers.faults import INJECTED_CHECK
 
 ROUND = 1
+
+
+def _configs(tmp_path: Path, backend: str, security: str) -> tuple[list[Path], list[Path]]:
+    work = tmp_path / "work"
+    work.mkdir()
+    opts = DemoOptions(
+        dataset="cancer",
+        providers=2,
+        rounds=3,
+        mode="spgc",
+        backend=backend,
+        epsilon=8.0,
+        state_dir=tmp_path / "state",
+        # round_deadline: a round closes once both shares are in; the deadline only has to
+        # outlast the providers' start-up on a loaded machine (test_crash_faults).
+        server_overrides={"security": security, "round_deadline": 45.0, "evaluate": False},
+    )
+    return write_configs(opts, work)
+
+
+def _account(*ledgers: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "spgc"), "account", "--ledger", *map(str, ledgers)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_malicious_run_trains_to_its_end(tmp_path: Path) -> None:
+    """Authenticated GMW for every round of a run (no one deviates): it finishes, and the
+    plan's level is in both summaries, both co-signed ledgers (closed) and the models."""
+    server_cfgs, provider_cfgs = _configs(tmp_path, "gmw", "malicious")
+    work, state = tmp_path / "work", tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
+    logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
+    servers = _start_all("spgc.servers", server_cfgs, env, {})
+    providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
+    try:
+        for name, proc in servers.items():
+            assert _wait(proc, 240, name, logs) == 0, (work / f"{name}.log").read_text()[-3000:]
+    finally:
+        _stop([*servers.values(), *providers])
+    for name in ("h1", "h2"):
+        summary = json.loads((work / f"{name}-summary.json").read_text())
+        assert summary["finished"] and summary["security"] == "malicious"
+        assert summary["model_version"] == 3 and "abort" not in summary
+        report = verify_ledger(state / name / "ledger.jsonl")
+        assert report.security == "malicious" and report.closed and report.abort is None
+        assert read_report(state / name / "model.safetensors")["security"] == "malicious"
+    done = _account(state / "h1" / "ledger.jsonl", state / "h2" / "ledger.jsonl")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("mode spgc, backend gmw, security malicious") == 2
 
 
 @pytest.mark.parametrize(
@@ -42,21 +94,8 @@ ROUND = 1
 def test_a_server_that_catches_its_peer_stops_and_records_the_abort(
     tmp_path: Path, catcher: str, backend: str, security: str, evidence: str
 ) -> None:
+    server_cfgs, provider_cfgs = _configs(tmp_path, backend, security)
     work, state = tmp_path / "work", tmp_path / "state"
-    work.mkdir()
-    opts = DemoOptions(
-        dataset="cancer",
-        providers=2,
-        rounds=3,
-        mode="spgc",
-        backend=backend,
-        epsilon=8.0,
-        state_dir=state,
-        # round_deadline: a round closes once both shares are in; the deadline only has to
-        # outlast the providers' start-up on a loaded machine (test_crash_faults).
-        server_overrides={"security": security, "round_deadline": 45.0, "evaluate": False},
-    )
-    server_cfgs, provider_cfgs = write_configs(opts, work)
     tap = tmp_path / "reveals.jsonl"
     env = {**os.environ, "SPGC_REVEAL_TAP": str(tap)}
     env.pop("SPGC_FAULT_INJECT", None)
@@ -96,11 +135,7 @@ def test_a_server_that_catches_its_peer_stops_and_records_the_abort(
         (ROUND, abort["evidence_digest"])
     ]
 
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "spgc"), "account", "--ledger",
-         str(state / catcher / "ledger.jsonl")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = _account(state / catcher / "ledger.jsonl")
     assert done.returncode == 0, done.stderr
     assert f"  {abort_line(abort)}; signed by {catcher} alone" in done.stdout.splitlines()
     assert f"security {security}" in done.stdout

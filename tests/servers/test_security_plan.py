@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from test_gmw_round import run_both
 from test_ledger import PEER
 from test_server_daemon import bind_pair
 from test_server_daemon import pki as pki  # the module's fixture
+from test_spgc_circuit import shares_of, sums_for
 
 import garbled_core
 from spgc.privacy.ledger_format import abort_line
 from spgc.privacy.ledger_verify import verify_ledger
 from spgc.servers import coordinator
 from spgc.servers.errors import PeerDeviatedError
-from spgc.servers.gc_party import PartyLink
+from spgc.servers.gc_party import PartyLink, aggregate_plain
 from spgc.servers.intake import ShareIntake
 from spgc.servers.peer import config_differences
 from spgc.servers.state import ServerState
@@ -115,6 +118,30 @@ def test_the_link_opens_the_authenticated_party_under_malicious(monkeypatch):
     assert semi.evidence_digest() is None
     link.session.evidence_digest = "ab" * 32
     assert link.evidence_digest() == "ab" * 32
+
+
+def test_a_malicious_round_releases_what_the_plaintext_reference_does(two_party):
+    """The engine's authenticated GMW under a round's circuits (the fused trial run and its
+    exchange): S and S + z bit for bit as semi-honest GMW's reference, and each side keeps a
+    digest of what the peer sent."""
+    ring_bits, sigma = 16, 1000.0
+    sums = sums_for(ring_bits, 24, 7)
+    a1, a2 = shares_of(sums, ring_bits, 8)
+    tp = two_party()
+    lg = PartyLink.open("garbler", tp.garbler_channel, backend="gmw", security="malicious")
+    le = PartyLink.open("evaluator", tp.evaluator_channel, backend="gmw", security="malicious")
+    assert type(lg.session).__name__ == type(le.session).__name__ == "AuthGmwParty"
+    yg, ye, _, _ = run_both(lg, le, a1, a2, None, None, None, ring_bits, "only-mpc")
+    assert ye.tolist() == yg.tolist() == sums
+    s1, s2 = os.urandom(32), os.urandom(32)
+    yg, ye, _, _ = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
+    ref = aggregate_plain(
+        a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma, backend="gmw"
+    )
+    assert [int(v) for v in yg] == [int(v) for v in ye] == [int(v) for v in ref]
+    digests = (lg.evidence_digest(), le.evidence_digest())
+    assert all(isinstance(d, str) and len(d) == 64 for d in digests)
+    assert digests[0] != digests[1]  # each of what the other sent
 
 
 class _Link:
