@@ -56,6 +56,7 @@ AuthParty::AuthParty(Channel& ch, bool first, const block* delta_for_test, AuthC
 AuthParty::~AuthParty() = default;
 
 AuthShares AuthParty::random(size_t n) {
+  cots_used_ += n;
   std::vector<uint8_t> choices;
   BlockVector keys, macs;
   if (cots_ == AuthCots::Iknp) {

@@ -431,6 +431,10 @@ PYBIND11_MODULE(_core, m) {
                              "Leaky triples made for them (bucket size x triples).")
       .def_property_readonly("last_bucket_size", &gc::AuthGmwParty::last_bucket_size)
       .def_property_readonly("last_layers", &gc::AuthGmwParty::last_layers)
+      .def_property_readonly("layers_used", &gc::AuthGmwParty::layers_used,
+                             "AND-layer exchanges (round trips) over every run so far.")
+      .def_property_readonly("ots_used", &gc::AuthGmwParty::ots_used,
+                             "COTs received (= sent) for authenticated shares over every run so far.")
       .def_property_readonly("evidence_digest", [](const gc::AuthGmwParty& s) {
         return gc::hex(s.evidence().data(), s.evidence().size());
       }, "Hex SHA-256 of everything the peer sent in the last run (kept as evidence on an abort).")

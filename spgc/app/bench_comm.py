@@ -58,7 +58,13 @@ from spgc.learning.models import parameter_count, resolve_model, trainable_count
 from spgc.privacy import accounting
 from spgc.privacy.noise import noise_bound_units, sample_discrete_gaussian
 from spgc.protocol.encoding import FixedPointConfig
-from spgc.protocol.modes import BACKENDS, get_mode
+from spgc.protocol.modes import (
+    BACKENDS,
+    DEFAULT_SECURITY,
+    SECURITY_NAMES,
+    get_mode,
+    malicious_refusal,
+)
 from spgc.protocol.norm_proof import NormProofParams
 from spgc.protocol.sharing import max_abs_sum_units, ring_bits_for
 from spgc.servers.coordinator import dng_exchange
@@ -743,6 +749,7 @@ def run(
     model: str = "",
     backend: str = "gc",
     verify_inputs: str = "none",
+    security: str = DEFAULT_SECURITY,
 ) -> int:
     """Run the benchmark; the table goes to stdout (stderr with ``as_json``), JSON to stdout.
     Returns the exit code; BenchCommError (a ValueError) for bad input. ``verify_inputs``
@@ -761,6 +768,15 @@ def run(
         raise BenchCommError(f"--chunk must be at least 1, got {chunk}")
     if backend not in BACKENDS:
         raise BenchCommError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if security not in SECURITY_NAMES:
+        raise BenchCommError(f"--security must be one of {', '.join(SECURITY_NAMES)}")
+    if security == "malicious":
+        for mode in modes:
+            refusal = malicious_refusal(backend, mode)
+            if refusal:
+                raise BenchCommError(f"--security malicious: {refusal}")
+        if workers > 1:
+            raise BenchCommError("--security malicious runs on one worker pair (--workers 1)")
     if table_coordinates is not None and table_coordinates < 4:
         raise BenchCommError(f"--table-coordinates must be at least 4, got {table_coordinates}")
     ctx = make_context(dataset, model=model)
@@ -778,7 +794,7 @@ def run(
     _progress(f"bench comm: {_what(ctx)}, modes {', '.join(modes)}")
     actors: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="spgc-bench-comm-") as tmp:
-        ctx.links = party_links(chunk, Path(tmp, "main") if tls else None, backend)
+        ctx.links = party_links(chunk, Path(tmp, "main") if tls else None, backend, security)
         if "table16" in modes:
             ctx.table_links = party_links(
                 TABLE_CHUNK, Path(tmp, "table") if tls else None, backend
@@ -826,10 +842,12 @@ def run(
     for row in rows:
         row["workers"] = workers
         row["backend"] = backend
+        row["security"] = security
     link_kind = "TLS 1.3" if tls else "plaintext TCP"
     where = f", circuits on {workers} Ray worker pairs" if workers > 1 else ""
     header = (
-        f"{_what(ctx)}, delta = {delta:g}, {calibration} calibration, backend {backend}, "
+        f"{_what(ctx)}, delta = {delta:g}, {calibration} calibration, backend {backend}"
+        f"{' (security: malicious, authenticated GMW)' if security == 'malicious' else ''}, "
         f"two-party over loopback ({link_kind}{where})"
     )
     print(format_table(rows, header), file=out)
@@ -937,6 +955,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "and "
         "the circuits reconstruct them mod p (spgc and only-mpc); default none: ring shares",
     )
+    p.add_argument(
+        "--security",
+        choices=list(SECURITY_NAMES),
+        default=DEFAULT_SECURITY,
+        help="semi-honest (the default) or malicious: the circuits on authenticated GMW "
+        "(--backend gmw, modes with a malicious variant: spgc.protocol.modes.MALICIOUS_VARIANTS)",
+    )
     p.add_argument("--json", action="store_true", help="JSON list on stdout (table to stderr)")
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="write a PNG plot")
     return p
@@ -961,6 +986,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         model=args.model,
         backend=args.backend,
         verify_inputs=args.verify_inputs,
+        security=args.security,
     )
 
 

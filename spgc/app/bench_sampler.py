@@ -33,7 +33,7 @@ from garbled_core.discrete_gaussian import (
 )
 from spgc.common.progress import Progress
 from spgc.protocol.certs import make_dev_pki
-from spgc.protocol.modes import BACKENDS
+from spgc.protocol.modes import BACKENDS, DEFAULT_SECURITY
 from spgc.servers.gc_party import PartyLink, run_sampler
 from spgc.servers.spgc_circuit import (
     TABLE_SAMPLER_LABEL,
@@ -88,12 +88,15 @@ def loopback_channels(tls_dir: Path | None) -> tuple[Any, Any]:
     return ch_g, ch_e
 
 
-def party_links(chunk: int | None, tls_dir: Path | None, backend: str = "gc") -> tuple[Any, Any]:
-    """H1's and H2's links over :func:`loopback_channels`, sessions of ``backend``."""
+def party_links(
+    chunk: int | None, tls_dir: Path | None, backend: str = "gc", security: str = DEFAULT_SECURITY
+) -> tuple[Any, Any]:
+    """H1's and H2's links over :func:`loopback_channels`, sessions of ``backend`` at
+    ``security`` (malicious: authenticated GMW)."""
     ch_g, ch_e = loopback_channels(tls_dir)
     return (
-        PartyLink.open("garbler", ch_g, chunk, backend=backend),
-        PartyLink.open("evaluator", ch_e, chunk, backend=backend),
+        PartyLink.open("garbler", ch_g, chunk, backend=backend, security=security),
+        PartyLink.open("evaluator", ch_e, chunk, backend=backend, security=security),
     )
 
 

@@ -308,3 +308,30 @@ def test_gmw_backend_rows_count_round_trips_and_amortise_the_silent_ots(capsys) 
         implied = row[f"round_seconds_1gbit_{rtt_name}"]
         wire = row["link_seconds_per_step_1gbit"] + row["round_trips"] * rtt
         assert implied == pytest.approx(max(wire, row["seconds_per_step"]))
+
+
+def test_security_malicious_rows_run_authenticated_gmw(capsys) -> None:
+    """--security malicious (--backend gmw): the same spgc round on authenticated GMW, its
+    triples' own messages counted with the openings ("tables"), only silent OT's iterations
+    charged per COT (3 COTs each way per leaky triple, B leaky triples per AND gate)."""
+    rc = bench_comm.run(
+        "cancer", [8.0], modes=["spgc"], as_json=True, backend="gmw", security="malicious",
+        coordinates=16,
+    )  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr()
+    (row,) = json.loads(out.out)
+    assert row["security"] == "malicious" and row["backend"] == "gmw"
+    assert "(security: malicious, authenticated GMW)" in out.err
+    ands = row["and_gates_per_coordinate"]
+    # At least the U blocks (10 bytes each way) of 3 leaky triples per AND gate.
+    assert row["phase_bytes_per_coordinate"]["tables"] > 3 * 20 * ands
+    # Every share is a COT each way: 3 per leaky triple, 3 to 5 leaky triples per AND gate.
+    assert 9 * ands <= row["random_ots_per_coordinate"] <= 16 * ands
+
+
+def test_security_malicious_is_refused_where_there_is_no_variant() -> None:
+    with pytest.raises(bench_comm.BenchCommError, match="--security malicious: .*backend gc"):
+        bench_comm.run("cancer", [8.0], modes=["spgc"], backend="gc", security="malicious")
+    with pytest.raises(bench_comm.BenchCommError, match="--security malicious: .*dng"):
+        bench_comm.run("cancer", [8.0], modes=["dng"], backend="gmw", security="malicious")

@@ -55,6 +55,8 @@ class AuthParty {
   AuthParty(Channel& ch, bool first, const block* delta_for_test = nullptr, AuthCots cots = AuthCots::Silent);
   ~AuthParty();
   AuthCots cots() const { return cots_; }
+  // COTs this party received (= sent) for random shares so far, one each way per share.
+  uint64_t cots_used() const { return cots_used_; }
   block delta() const { return delta_; }
   bool first() const { return first_; }
   Channel& channel() { return ch_; }
@@ -90,6 +92,7 @@ class AuthParty {
   bool first_;
   block delta_;
   AuthCots cots_;
+  uint64_t cots_used_ = 0;
   // Silent sources, made and set up on the first random() (one per direction).
   std::unique_ptr<SilentCotSender> silent_sender_;
   std::unique_ptr<SilentCotReceiver> silent_receiver_;

@@ -66,6 +66,10 @@ class AuthGmwParty : public Session {
   uint64_t leaky_triples_made() const;
   size_t last_bucket_size() const;
   size_t last_layers() const { return layers_; }
+  // Over every run so far: AND-layer exchanges, and the COTs received (= sent) for the
+  // authenticated shares (bench comm charges silent OT's bytes per COT against them).
+  uint64_t layers_used() const { return layers_used_; }
+  uint64_t ots_used() const { return auth_ ? auth_->cots_used() : 0; }
 
   void deviate_for_test(AuthGmwDeviation d) { deviation_ = d; }
   void deviate_triples_for_test(const TripleCheat& cheat);
@@ -81,6 +85,7 @@ class AuthGmwParty : public Session {
   std::array<uint8_t, 32> evidence_{};
   uint64_t triples_used_ = 0;
   size_t layers_ = 0;
+  uint64_t layers_used_ = 0;
   bool broken_ = false;
   AuthGmwDeviation deviation_;
   TripleCheat triple_cheat_;
