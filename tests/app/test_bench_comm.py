@@ -331,7 +331,7 @@ def test_security_malicious_rows_run_authenticated_gmw(capsys) -> None:
 
 
 def test_security_malicious_is_refused_where_there_is_no_variant() -> None:
-    with pytest.raises(bench_comm.BenchCommError, match="--security malicious: .*backend gc"):
+    with pytest.raises(bench_comm.BenchCommError, match=r"--security malicious: .*backend gc"):
         bench_comm.run("cancer", [8.0], modes=["spgc"], backend="gc", security="malicious")
-    with pytest.raises(bench_comm.BenchCommError, match="--security malicious: .*dng"):
+    with pytest.raises(bench_comm.BenchCommError, match=r"--security malicious: .*dng"):
         bench_comm.run("cancer", [8.0], modes=["dng"], backend="gmw", security="malicious")
