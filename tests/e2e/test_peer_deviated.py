@@ -7,7 +7,8 @@ nothing of round 1 (no reveal, no released line, no model v2), keeps the evidenc
 ledger with an abort entry signed by it alone; round 0 and round 1's release entry (written
 before its circuit) stay counted, and ``spgc account`` shows the abort. The daemons run as
 separate processes, as an operator runs them; the other server, which did nothing wrong here,
-is stopped at the end. And a malicious run in which no one deviates trains to its end.
+is stopped at the end. And a malicious run in which no one deviates trains to its end, in mode
+spgc and in mode preprocessed.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ from spgc.servers.faults import INJECTED_CHECK
 ROUND = 1
 
 
-def _configs(tmp_path: Path, backend: str, security: str) -> tuple[list[Path], list[Path]]:
+def _configs(
+    tmp_path: Path, backend: str, security: str, mode: str = "spgc"
+) -> tuple[list[Path], list[Path]]:
     work = tmp_path / "work"
     work.mkdir()
     opts = DemoOptions(
         dataset="cancer",
         providers=2,
         rounds=3,
-        mode="spgc",
+        mode=mode,
         backend=backend,
         epsilon=8.0,
         state_dir=tmp_path / "state",
@@ -55,10 +58,12 @@ def _account(*ledgers: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def test_a_malicious_run_trains_to_its_end(tmp_path: Path) -> None:
-    """Authenticated GMW for every round of a run (no one deviates): it finishes, and the
-    plan's level is in both summaries, both co-signed ledgers (closed) and the models."""
-    server_cfgs, provider_cfgs = _configs(tmp_path, "gmw", "malicious")
+@pytest.mark.parametrize("mode", ["spgc", "preprocessed"])
+def test_a_malicious_run_trains_to_its_end(tmp_path: Path, mode: str) -> None:
+    """Authenticated GMW for every round of a run (no one deviates; in mode preprocessed, for
+    the pool's production): it finishes, and the plan's level is in both summaries, both
+    co-signed ledgers (closed) and the models."""
+    server_cfgs, provider_cfgs = _configs(tmp_path, "gmw", "malicious", mode)
     work, state = tmp_path / "work", tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
     logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
@@ -78,7 +83,7 @@ def test_a_malicious_run_trains_to_its_end(tmp_path: Path) -> None:
         assert read_report(state / name / "model.safetensors")["security"] == "malicious"
     done = _account(state / "h1" / "ledger.jsonl", state / "h2" / "ledger.jsonl")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("mode spgc, backend gmw, security malicious") == 2
+    assert done.stdout.count(f"mode {mode}, backend gmw, security malicious") == 2
 
 
 @pytest.mark.parametrize(

@@ -30,12 +30,12 @@ from spgc.servers.pool_sync import RunSizer
 from spgc.servers.spgc_circuit import noise_share_circuit
 
 
-def links(two_party, backend="gc"):
+def links(two_party, backend="gc", security="semi-honest"):
     tp = two_party(chunk=512)
     if backend == "gmw":  # GMW parties on the pair's channels, as the data link opens them
         return (
-            PartyLink.open("garbler", tp.garbler_channel, backend="gmw"),
-            PartyLink.open("evaluator", tp.evaluator_channel, backend="gmw"),
+            PartyLink.open("garbler", tp.garbler_channel, backend="gmw", security=security),
+            PartyLink.open("evaluator", tp.evaluator_channel, backend="gmw", security=security),
         )
     return (
         PartyLink("garbler", tp.garbler_channel, tp.garbler),
@@ -96,6 +96,20 @@ def test_a_block_split_over_lanes_is_the_same_block(two_party, monkeypatch, k, b
     # every lane carried its own range's tables
     for g, _ in pairs:
         assert g.counters()["tables"]["sent"] > 0
+    assert info_g["sent"] == info_e["received"]
+
+
+def test_malicious_production_makes_the_same_block(two_party):
+    """security: malicious: the pool's noise made on authenticated GMW (every opening of the
+    sampler and the share circuit MAC-checked) adds up to the plaintext sampler's noise."""
+    n, ring_bits, sigma = 200, 32, 300.0
+    lg, le = links(two_party, "gmw", "malicious")
+    assert type(lg.session).__name__ == "AuthGmwParty"
+    s1, s2 = os.urandom(32), os.urandom(32)
+    neg_r, u, info_g, info_e = produce_both(lg, le, n, sigma, ring_bits, s1, s2)
+    total = (neg_r.astype(object) + u.astype(object)) & ((1 << ring_bits) - 1)
+    z = sample_noise_plain(s1, s2, n, sigma, spares_every=noise.SPARES_EVERY["gmw"])
+    assert signed(np.array(total.tolist(), dtype=np.uint64), ring_bits).tolist() == z.tolist()
     assert info_g["sent"] == info_e["received"]
 
 

@@ -15,7 +15,9 @@ from spgc.protocol.modes import (
 from spgc.settings.backend_choice import AUTO
 from spgc.settings.config import ConfigError, ServerConfig
 
-SUPPORTED = "security: malicious needs backend: gmw and mode: spgc (authenticated GMW); "
+SUPPORTED = (
+    "security: malicious needs backend: gmw and mode: spgc or preprocessed (authenticated GMW); "
+)
 
 
 def config(**kw) -> ServerConfig:
@@ -26,7 +28,11 @@ def config(**kw) -> ServerConfig:
 def test_semi_honest_is_the_default_and_malicious_runs_on_authenticated_gmw():
     assert config().security == "semi-honest"
     assert config(backend="gmw", security="malicious").security == "malicious"
-    assert MALICIOUS_VARIANTS == {("gmw", "spgc"): "authenticated GMW"}
+    assert MALICIOUS_VARIANTS == {
+        ("gmw", "spgc"): "authenticated GMW",
+        ("gmw", "preprocessed"): "authenticated GMW",
+    }
+    assert config(backend="gmw", mode="preprocessed", pool_dir="p", security="malicious")
 
 
 def test_a_level_that_is_not_one_is_refused():
@@ -43,10 +49,7 @@ def test_a_level_that_is_not_one_is_refused():
     [
         ({}, "backend gc has no malicious variant yet"),
         ({"backend": AUTO}, "backend auto may choose gc, which has no malicious variant yet"),
-        ({"backend": "gmw", "mode": "preprocessed", "pool_dir": "pool"},
-         "mode preprocessed has no malicious variant yet"),
-        ({"mode": "preprocessed", "pool_dir": "pool"},
-         "backend gc and mode preprocessed have no malicious variant yet"),
+        ({"mode": "preprocessed", "pool_dir": "pool"}, "backend gc has no malicious variant yet"),
         ({"backend": "gmw", "mode": "only-mpc"}, "mode only-mpc has no malicious variant yet"),
         ({"mode": "dng"}, "backend gc and mode dng have no malicious variant yet"),
         ({"mode": "plain"}, "backend gc and mode plain have no malicious variant yet"),
