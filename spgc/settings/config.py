@@ -293,7 +293,7 @@ class ServerConfig(_Schema):
         description="semi-honest: the circuits are secure against servers that follow the "
         "protocol; malicious: a server that deviates is caught before anything of its round "
         "is released, and the other stops the run and records the abort in its ledger "
-        "(backend: gmw with mode: spgc only, authenticated GMW: spgc.protocol.modes."
+        "(backend: gmw with mode: spgc or preprocessed, authenticated GMW: spgc.protocol.modes."
         "MALICIOUS_VARIANTS; workers: 1; docs/MALICIOUS.md); part of the plan: both servers "
         "must set the same",
     )
