@@ -205,6 +205,17 @@ AuthShares AuthParty::slice(const AuthShares& s, size_t begin, size_t count) {
   return out;
 }
 
+void AuthParty::append(AuthShares& to, const AuthShares& from) {
+  const size_t n = to.size(), m = from.size();
+  to.bits.insert(to.bits.end(), from.bits.begin(), from.bits.end());
+  to.macs.resize(n + m);
+  to.keys.resize(n + m);
+  if (m) {
+    std::memcpy(static_cast<void*>(to.macs.data() + n), from.macs.data(), m * sizeof(block));
+    std::memcpy(static_cast<void*>(to.keys.data() + n), from.keys.data(), m * sizeof(block));
+  }
+}
+
 std::array<uint8_t, 32> AuthParty::evidence() {
   std::array<uint8_t, 32> d = received_->digest();
   received_ = std::make_unique<Sha256>();

@@ -1,6 +1,7 @@
 // Authenticated GMW (see auth_gmw.h for the protocol and its message order).
 #include "garbled_core/auth_gmw.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -14,7 +15,7 @@ namespace gc {
 
 namespace {
 
-constexpr uint32_t kAuthGmwVersion = 2;  // 2: the hello names the COT source
+constexpr uint32_t kAuthGmwVersion = 3;  // 2: the hello names the COT source; 3: the triple batch
 constexpr char kHello0[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '0'};
 constexpr char kHello1[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '1'};
 constexpr size_t kKeptBlocks = 3;
@@ -44,13 +45,36 @@ std::vector<uint8_t> swap_packed(AuthParty& party, const std::vector<uint8_t>& o
 
 }  // namespace
 
-AuthGmwParty::AuthGmwParty(Channel& ch, int party, int rho, AuthCots cots)
-    : Session(ch, SessionOptions{}), party_(party), rho_(rho), cots_(cots) {
+AuthGmwParty::AuthGmwParty(Channel& ch, int party, int rho, AuthCots cots, size_t triple_batch)
+    : Session(ch, SessionOptions{}), party_(party), rho_(rho), cots_(cots), triple_batch_(triple_batch) {
   if (party != 0 && party != 1) throw std::invalid_argument("party must be 0 or 1");
   if (rho < 1 || rho > 128) throw std::invalid_argument("rho must be in 1..128");
 }
 
 AuthGmwParty::~AuthGmwParty() = default;
+
+AuthTriples AuthGmwParty::take_triples(size_t count) {
+  const size_t held = stock_.size() - stock_used_;
+  if (held < count) {
+    auto tables = [&] { return ch_.bytes_sent(Phase::Tables) + ch_.bytes_received(Phase::Tables); };
+    const uint64_t bytes0 = tables(), cots0 = auth_->cots_used();
+    AuthTriples fresh = triples_->make(std::max(count - held, triple_batch_), rho_ + 1);  // docs/MALICIOUS.md
+    triples_made_ += fresh.size();
+    triple_bytes_ += tables() - bytes0;
+    triple_cots_ += auth_->cots_used() - cots0;
+    AuthTriples rest = stock_.slice(stock_used_, held);
+    rest.append(fresh);
+    stock_ = std::move(rest);
+    stock_used_ = 0;
+  }
+  AuthTriples out = stock_.slice(stock_used_, count);
+  stock_used_ += count;
+  if (stock_used_ == stock_.size()) {  // used up: dropped
+    stock_ = AuthTriples();
+    stock_used_ = 0;
+  }
+  return out;
+}
 
 uint64_t AuthGmwParty::leaky_triples_made() const { return triples_ ? triples_->leaky_made() : 0; }
 size_t AuthGmwParty::last_bucket_size() const { return triples_ ? triples_->last_bucket_size() : 0; }
@@ -96,6 +120,13 @@ void AuthGmwParty::setup() {
   if (theirs.cots != mine.cots)
     throw ProtocolError(std::string("COT source mismatch: ") + auth_cots_name(cots_) + " here, " +
                         (theirs.cots <= 2 ? auth_cots_name((AuthCots)theirs.cots) : "unknown") + " at the peer");
+  uint64_t batch = triple_batch_, their_batch = 0;
+  ch_.send(&batch, sizeof batch);
+  ch_.flush();
+  ch_.recv(&their_batch, sizeof their_batch);
+  if (their_batch != batch)
+    throw ProtocolError("triple batch mismatch: " + std::to_string(batch) + " here, " +
+                        std::to_string(their_batch) + " at the peer");
   if (party_ == 0) {
     secure_random(&session_id_, sizeof session_id_);
     ch_.send(&session_id_, sizeof session_id_);
@@ -165,7 +196,7 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     const Phase was = ch_.phase();
     ch_.set_phase(Phase::Tables);
     tr = AuthTriples();
-    tr = triples_->make(end - first_needed, rho_ + 1);  // half of 2^-rho: docs/MALICIOUS.md
+    tr = take_triples(end - first_needed);
     ch_.set_phase(was);
     batch_first = first_needed;
     batch_end = end;

@@ -18,11 +18,11 @@ namespace gc {
 namespace {
 
 constexpr uint64_t kHalfAnd = 1, kCheck = 2;  // hash purposes (the tweak's top byte)
-// The check runs on the low 80 bits of every value (a linear projection: G_A ^ G_B = (x y ^ z)
-// times the joint Delta's low 80 bits, 79 of them unknown to either party, as lsb(Delta_A ^
-// Delta_B) = 0), so U travels as 10 bytes: a wrong z passes with probability 2^-79 a triple.
-constexpr size_t kCheckBytes = 10;
-const block kCheckMask = make_block(0xFFFF, ~uint64_t(0));
+// The check runs on the low 72 bits of every value (a linear projection: G_A ^ G_B = (x y ^ z)
+// times the joint Delta's low 72 bits, 71 of them unknown to either party, as lsb(Delta_A ^
+// Delta_B) = 0), so U travels as 9 bytes: a wrong z passes with probability 2^-71 a triple.
+constexpr size_t kCheckBytes = 9;
+const block kCheckMask = make_block(0xFF, ~uint64_t(0));
 
 // H(x, tweak) = AES_k(sigma(x) ^ tweak) ^ sigma(x), sigma(hi, lo) = (hi ^ lo, hi): the
 // tweakable correlation-robust hash of Guo, Katz, Wang and Yu (S&P 2020) from a fixed key.
@@ -156,6 +156,20 @@ block coin_toss(AuthParty& party, const char* purpose) {
   h.update(&second_coin, sizeof second_coin);
   const auto d = h.digest();
   return load_block(d.data());
+}
+
+AuthTriples AuthTriples::slice(size_t begin, size_t count) const {
+  AuthTriples out;
+  out.a = AuthParty::slice(a, begin, count);
+  out.b = AuthParty::slice(b, begin, count);
+  out.c = AuthParty::slice(c, begin, count);
+  return out;
+}
+
+void AuthTriples::append(const AuthTriples& more) {
+  AuthParty::append(a, more.a);
+  AuthParty::append(b, more.b);
+  AuthParty::append(c, more.c);
 }
 
 // ------------------------------------------------------------------ test cheaters
@@ -306,7 +320,12 @@ AuthTriples TripleFactory::make(size_t n, int rho) {
   if (n == 0) return out;
   const size_t B = bucket_size(n, rho);
   last_bucket_ = B;
-  AuthTriples leak = leaky(n * B);
+  AuthTriples leak;
+  for (size_t done = 0; done < n * B;) {
+    const size_t m = std::min(kLeakyChunk, n * B - done);
+    leak.append(leaky(m));
+    done += m;
+  }
   // The permutation is drawn after every leaky triple is fixed and checked.
   Prg prg(coin_toss(party_, "buckets"));
   std::vector<uint32_t> perm(n * B);

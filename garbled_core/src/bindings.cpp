@@ -408,15 +408,21 @@ PYBIND11_MODULE(_core, m) {
       "One server of authenticated GMW (security: malicious; auth_gmw.h): role 'garbler' (H1) or "
       "'evaluator' (H2). run() takes and returns what GmwParty.run does; a peer caught deviating "
       "raises PeerDeviated before any output computed from its messages is revealed.")
-      .def(py::init([](gc::Channel& ch, const std::string& role, int rho, const std::string& ot) {
+      .def(py::init([](gc::Channel& ch, const std::string& role, int rho, const std::string& ot,
+                       size_t triple_batch) {
         const int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
         if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
         if (rho < 1 || rho > 128) throw py::value_error("rho must be in 1..128 (statistical security bits)");
-        return new gc::AuthGmwParty(ch, party, rho, parse_auth_cots(ot));
-      }), "channel"_a, "role"_a, "rho"_a = gc::kDefaultRho, "ot"_a = "silent", py::keep_alive<1, 2>(),
+        if (triple_batch > (size_t(1) << 24))
+          throw py::value_error("triple_batch must be at most 2^24 (about 100 bytes of memory each)");
+        return new gc::AuthGmwParty(ch, party, rho, parse_auth_cots(ot), triple_batch);
+      }), "channel"_a, "role"_a, "rho"_a = gc::kDefaultRho, "ot"_a = "silent",
+      "triple_batch"_a = gc::AuthGmwParty::kDefaultTripleBatch, py::keep_alive<1, 2>(),
       "ot: where the COTs behind the authenticated shares come from: 'silent' (Ferret with its "
       "malicious check; the default), 'iknp' (with KOS's check; 16 bytes per COT each way) or "
-      "'silent-test-only' (Ferret's code at an INSECURE size, for tests).")
+      "'silent-test-only' (Ferret's code at an INSECURE size, for tests). triple_batch: triples "
+      "made at once, at least (a stock used by later runs; 2^19 by default, where the bucket "
+      "size is 3; 0: each batch of a run makes exactly what it needs).")
       .def("setup", [](gc::AuthGmwParty& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::AuthGmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         const gc::InputOwner self = s.party() == 0 ? gc::InputOwner::Garbler : gc::InputOwner::Evaluator;
@@ -430,6 +436,13 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("leaky_triples_made", &gc::AuthGmwParty::leaky_triples_made,
                              "Leaky triples made for them (bucket size x triples).")
       .def_property_readonly("last_bucket_size", &gc::AuthGmwParty::last_bucket_size)
+      .def_property_readonly("triples_in_stock", &gc::AuthGmwParty::triples_in_stock,
+                             "Triples made and not used yet (each run takes its own).")
+      .def_property_readonly("triples_made", &gc::AuthGmwParty::triples_made)
+      .def_property_readonly("triple_bytes", &gc::AuthGmwParty::triple_bytes,
+                             "Bytes (both ways) of the triples' own messages so far (phase tables).")
+      .def_property_readonly("triple_cots", &gc::AuthGmwParty::triple_cots,
+                             "COTs each way the triples made so far took.")
       .def_property_readonly("last_layers", &gc::AuthGmwParty::last_layers)
       .def_property_readonly("layers_used", &gc::AuthGmwParty::layers_used,
                              "AND-layer exchanges (round trips) over every run so far.")

@@ -37,11 +37,18 @@ from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 @pytest.fixture
 def auth_pair():
     """H1 and H2 authenticated GMW parties over loopback (test_gmw's pairs), on the TEST-ONLY
-    silent OT unless ``ot`` says otherwise; closed after the test."""
+    silent OT and making each run's triples as it needs them unless ``ot`` / ``triple_batch``
+    say otherwise; closed after the test."""
     made: list[GmwPair] = []
 
-    def make(ot: str = "silent-test-only", **kw: Any) -> GmwPair:
-        made.append(GmwPair(make_party=lambda ch, role: AuthGmwParty(ch, role, ot=ot, **kw)))
+    def make(ot: str = "silent-test-only", triple_batch: int = 0, **kw: Any) -> GmwPair:
+        made.append(
+            GmwPair(
+                make_party=lambda ch, role: AuthGmwParty(
+                    ch, role, ot=ot, triple_batch=triple_batch, **kw
+                )
+            )
+        )
         return made[-1]
 
     yield make
@@ -76,6 +83,42 @@ def test_trial_circuit_of_the_sampler(auth_pair):
         assert np.array_equal(out2[name], expected[name]), name
     assert pair.h1.last_bucket_size == pair.h2.last_bucket_size >= 3
     assert pair.h1.leaky_triples_made == pair.h1.last_bucket_size * circuit.and_count * n
+
+
+def test_triples_come_from_a_stock_made_a_batch_at_a_time(auth_pair):
+    """triple_batch: the first run makes a whole batch (one bucketing over it: bucket size 3
+    from about 391,000 triples), later runs take theirs from the stock without making any,
+    and a run that needs more than the stock holds makes another batch."""
+    pair = auth_pair(triple_batch=400_000)
+    circuit = adder()
+    per_run = circuit.and_count * len(XS)
+    pair.run(circuit, {"x": XS}, {"y": YS})
+    assert pair.h1.last_bucket_size == pair.h2.last_bucket_size == 3
+    made = pair.h1.leaky_triples_made
+    assert made == 3 * 400_000
+    assert pair.h1.triples_in_stock == pair.h2.triples_in_stock == 400_000 - per_run
+    out1, out2 = pair.run(circuit, {"x": XS}, {"y": YS})
+    assert pair.h1.leaky_triples_made == made  # none made: taken from the stock
+    assert pair.h1.triples_in_stock == 400_000 - 2 * per_run
+    expected = circuit.evaluate({"x": XS, "y": YS})
+    assert np.array_equal(out1["s"], expected["s"]) and np.array_equal(out2["p"], expected["p"])
+
+
+def test_triple_batches_must_match(auth_pair):
+    listener = Listener("127.0.0.1", 0)
+    accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
+    ch2 = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
+    ch1 = accepting.result()
+    listener.close()
+    h1 = AuthGmwParty(ch1, "garbler", ot="silent-test-only", triple_batch=0)
+    h2 = AuthGmwParty(ch2, "evaluator", ot="silent-test-only", triple_batch=1000)
+    side = Background(h1.setup)
+    with pytest.raises(ProtocolError, match="triple batch mismatch"):
+        h2.setup()
+    with pytest.raises(ProtocolError, match="triple batch mismatch"):
+        side.result()
+    ch1.close()
+    ch2.close()
 
 
 def test_kept_values_do_not_cross_sessions(auth_pair):

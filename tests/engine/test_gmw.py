@@ -97,7 +97,9 @@ def heard(party: Any) -> Any:
 def pair_of(gmw_pair, kind: str) -> GmwPair:
     if kind == "gmw":
         return gmw_pair()
-    return gmw_pair(make_party=lambda ch, role: AuthGmwParty(ch, role, ot="silent-test-only"))
+    return gmw_pair(
+        make_party=lambda ch, role: AuthGmwParty(ch, role, ot="silent-test-only", triple_batch=0)
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)

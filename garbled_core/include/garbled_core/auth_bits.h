@@ -68,8 +68,9 @@ class AuthParty {
   // a ^ b, and a ^ c for public bits c (local).
   static AuthShares xor_shares(const AuthShares& a, const AuthShares& b);
   AuthShares xor_public(const AuthShares& a, const std::vector<uint8_t>& c) const;
-  // Shares [begin, begin + count) of s (a copy).
+  // Shares [begin, begin + count) of s (a copy); `from` appended to `to`.
   static AuthShares slice(const AuthShares& s, size_t begin, size_t count);
+  static void append(AuthShares& to, const AuthShares& from);
   // The values x, checked (PeerDeviated unless the peer's bits carry their MACs).
   std::vector<uint8_t> open(const AuthShares& s);
 

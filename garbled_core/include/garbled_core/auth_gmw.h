@@ -8,9 +8,12 @@
 //
 // One run of n instances:
 //   1. header: as every backend (circuit digest, n, run counter, carried inputs).
-//   2. triples: and_count * n authenticated AND triples (auth_triples.h), fresh for the run,
-//      in batches of whole AND layers; their COTs from silent OT with Ferret's malicious check
-//      (the default) or checked IKNP (AuthCots).
+//   2. triples: and_count * n authenticated AND triples (auth_triples.h), taken from this
+//      party's stock in batches of whole AND layers; the stock is made (both parties at the
+//      same point: when a batch needs more than it holds) at least `triple_batch` at a time,
+//      which sets the bucket size (3 from about 391,000 triples, 4 below) and keeps the
+//      making's round trips out of most runs. Each triple is used once, by one run. Their COTs
+//      come from silent OT with Ferret's malicious check (the default) or checked IKNP.
 //   3. inputs: per input bit and instance a random shared [r]; the non-owner opens its r bit
 //      to the owner (MAC recorded for the deferred check), the owner sends x ^ r, and [x] =
 //      [r] ^ (x ^ r). Carried inputs are the authenticated shares a Keep output left.
@@ -52,7 +55,10 @@ struct AuthGmwDeviation {
 
 class AuthGmwParty : public Session {
  public:
-  AuthGmwParty(Channel& ch, int party, int rho = kDefaultRho, AuthCots cots = AuthCots::Silent);
+  // Triples made at once, at least (both parties must agree: the hello compares it).
+  static constexpr size_t kDefaultTripleBatch = size_t(1) << 19;
+  AuthGmwParty(Channel& ch, int party, int rho = kDefaultRho, AuthCots cots = AuthCots::Silent,
+               size_t triple_batch = kDefaultTripleBatch);
   ~AuthGmwParty() override;
   int party() const { return party_; }
   int rho() const { return rho_; }
@@ -65,6 +71,13 @@ class AuthGmwParty : public Session {
   uint64_t triples_used() const { return triples_used_; }
   uint64_t leaky_triples_made() const;
   size_t last_bucket_size() const;
+  size_t triples_in_stock() const { return stock_.size() - stock_used_; }
+  // What making the stock cost so far (benchmarks charge a run its share per triple used):
+  // triples made, the bytes of their own messages (both ways, phase "tables"), and the COTs
+  // each way they took.
+  uint64_t triples_made() const { return triples_made_; }
+  uint64_t triple_bytes() const { return triple_bytes_; }
+  uint64_t triple_cots() const { return triple_cots_; }
   size_t last_layers() const { return layers_; }
   // Over every run so far: AND-layer exchanges, and the COTs received (= sent) for the
   // authenticated shares (bench comm charges silent OT's bytes per COT against them).
@@ -80,6 +93,11 @@ class AuthGmwParty : public Session {
   int party_;
   int rho_;
   AuthCots cots_;
+  size_t triple_batch_;
+  AuthTriples stock_;       // made, not yet used: [stock_used_, size)
+  size_t stock_used_ = 0;
+  uint64_t triples_made_ = 0, triple_bytes_ = 0, triple_cots_ = 0;
+  AuthTriples take_triples(size_t count);
   std::unique_ptr<AuthParty> auth_;
   std::unique_ptr<TripleFactory> triples_;
   std::array<uint8_t, 32> evidence_{};

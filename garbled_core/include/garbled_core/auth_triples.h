@@ -21,9 +21,9 @@
 //         G_P = x_P Psi_P ^ z_P Delta_P ^ H2(K_P[x_Q]) ^ H2(M_P[x_P]) ^ x_P U_Q ^ K_P[z_Q] ^ M_P[z_P],
 //       for which G_P ^ G_Q = (x y ^ z) Delta. Each sends a tagged SHA-256 of its G values and
 //       checks the peer's against its own: equal G for every triple, or PeerDeviated. All of
-//       this runs on the low 80 bits of each value (the projection is linear, and U travels as
-//       10 bytes): a wrong z passes only with a guess of the joint Delta's 79 unknown low bits
-//       (2^-79 a triple; lsb(Delta) is 1 for both, 0 for the joint). A party that sends a wrong U
+//       this runs on the low 72 bits of each value (the projection is linear, and U travels as
+//       9 bytes): a wrong z passes only with a guess of the joint Delta's 71 unknown low bits
+//       (2^-71 a triple; lsb(Delta) is 1 for both, 0 for the joint). A party that sends a wrong U
 //       moves the peer's G by x_peer times its error, and passes only when it guessed that bit
 //       of the peer: the triple is right, and leaks x_peer (the "leaky" in leaky AND), with
 //       probability 1/2 of being caught for each such guess.
@@ -53,6 +53,9 @@ namespace gc {
 struct AuthTriples {
   AuthShares a, b, c;  // c = a AND b
   size_t size() const { return a.size(); }
+  // Triples [begin, begin + count) (a copy); `more` appended.
+  AuthTriples slice(size_t begin, size_t count) const;
+  void append(const AuthTriples& more);
 };
 
 // log2 of the bound above for n buckets of size B (<= 0).
@@ -94,7 +97,9 @@ class TripleFactory {
 
   // n leaky triples (step 1): correct, but each x_peer may have leaked to a cheater.
   AuthTriples leaky(size_t n);
-  // n triples (step 2) at statistical security rho.
+  // n triples (step 2) at statistical security rho (the leaky ones made in chunks of
+  // kLeakyChunk, so that the leaky AND's temporaries stay bounded).
+  static constexpr size_t kLeakyChunk = size_t(1) << 18;
   AuthTriples make(size_t n, int rho);
 
   size_t last_bucket_size() const { return last_bucket_; }
