@@ -58,7 +58,7 @@ AuthTriples AuthGmwParty::take_triples(size_t count) {
   if (held < count) {
     auto tables = [&] { return ch_.bytes_sent(Phase::Tables) + ch_.bytes_received(Phase::Tables); };
     const uint64_t bytes0 = tables(), cots0 = auth_->cots_used();
-    AuthTriples fresh = triples_->make(std::max(count - held, triple_batch_), rho_ + 1);  // docs/MALICIOUS.md
+    AuthTriples fresh = triples_->make(std::max(count - held, triple_batch_), run_rho_);
     triples_made_ += fresh.size();
     triple_bytes_ += tables() - bytes0;
     triple_cots_ += auth_->cots_used() - cots0;
@@ -178,6 +178,19 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
   // that memory stays bounded; each is used once and dropped.
   const size_t T = (size_t)c.and_count() * n;
   triples_used_ += T;
+  // The batches this run makes, at most: each is bucketed at 2^-(rho + 2 + log2 k), so that
+  // with the leftover of an earlier batch (at most 2^-(rho + 2)) a run's triples failed with
+  // probability under 2^-(rho + 1) (docs/MALICIOUS.md, "The statistical error").
+  {
+    const size_t held = triples_in_stock();
+    size_t and_stages = 0;
+    for (const GmwPlan::Stage& st : plan.stages) and_stages += st.and_end > st.and_begin ? 1 : 0;
+    size_t k = 0;
+    if (T > held) k = triple_batch_ ? std::min(and_stages, (T - held + triple_batch_ - 1) / triple_batch_) : and_stages;
+    int extra = 0;
+    while ((size_t(1) << extra) < std::max<size_t>(k, 1)) ++extra;
+    run_rho_ = rho_ + 2 + extra;
+  }
   AuthTriples tr;
   size_t batch_first = 0, batch_end = 0;  // triple indices [first, end) held in tr
   auto triples_for_stage = [&](size_t stage) {

@@ -421,7 +421,7 @@ PYBIND11_MODULE(_core, m) {
       "ot: where the COTs behind the authenticated shares come from: 'silent' (Ferret with its "
       "malicious check; the default), 'iknp' (with KOS's check; 16 bytes per COT each way) or "
       "'silent-test-only' (Ferret's code at an INSECURE size, for tests). triple_batch: triples "
-      "made at once, at least (a stock used by later runs; 2^19 by default, where the bucket "
+      "made at once, at least (a stock used by later runs; 2^20 by default, where the bucket "
       "size is 3; 0: each batch of a run makes exactly what it needs).")
       .def("setup", [](gc::AuthGmwParty& s) { py::gil_scoped_release r; s.setup(); })
       .def("run", [](gc::AuthGmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {

@@ -87,19 +87,19 @@ def test_trial_circuit_of_the_sampler(auth_pair):
 
 def test_triples_come_from_a_stock_made_a_batch_at_a_time(auth_pair):
     """triple_batch: the first run makes a whole batch (one bucketing over it: bucket size 3
-    from about 391,000 triples), later runs take theirs from the stock without making any,
-    and a run that needs more than the stock holds makes another batch."""
-    pair = auth_pair(triple_batch=400_000)
+    from about 553,000 triples at 2^-42), and later runs take theirs from the stock without
+    making any."""
+    pair = auth_pair(triple_batch=600_000)
     circuit = adder()
     per_run = circuit.and_count * len(XS)
     pair.run(circuit, {"x": XS}, {"y": YS})
     assert pair.h1.last_bucket_size == pair.h2.last_bucket_size == 3
     made = pair.h1.leaky_triples_made
-    assert made == 3 * 400_000
-    assert pair.h1.triples_in_stock == pair.h2.triples_in_stock == 400_000 - per_run
+    assert made == 3 * 600_000
+    assert pair.h1.triples_in_stock == pair.h2.triples_in_stock == 600_000 - per_run
     out1, out2 = pair.run(circuit, {"x": XS}, {"y": YS})
     assert pair.h1.leaky_triples_made == made  # none made: taken from the stock
-    assert pair.h1.triples_in_stock == 400_000 - 2 * per_run
+    assert pair.h1.triples_in_stock == 600_000 - 2 * per_run
     expected = circuit.evaluate({"x": XS, "y": YS})
     assert np.array_equal(out1["s"], expected["s"]) and np.array_equal(out2["p"], expected["p"])
 

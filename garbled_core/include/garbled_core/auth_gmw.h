@@ -11,7 +11,7 @@
 //   2. triples: and_count * n authenticated AND triples (auth_triples.h), taken from this
 //      party's stock in batches of whole AND layers; the stock is made (both parties at the
 //      same point: when a batch needs more than it holds) at least `triple_batch` at a time,
-//      which sets the bucket size (3 from about 391,000 triples, 4 below) and keeps the
+//      which sets the bucket size (3 from about 553,000 triples, 4 below) and keeps the
 //      making's round trips out of most runs. Each triple is used once, by one run. Their COTs
 //      come from silent OT with Ferret's malicious check (the default) or checked IKNP.
 //   3. inputs: per input bit and instance a random shared [r]; the non-owner opens its r bit
@@ -56,7 +56,8 @@ struct AuthGmwDeviation {
 class AuthGmwParty : public Session {
  public:
   // Triples made at once, at least (both parties must agree: the hello compares it).
-  static constexpr size_t kDefaultTripleBatch = size_t(1) << 19;
+  // 2^20: bucket size 3 at 2^-43.8 (3 from about 553,000 triples at the 2^-42 a batch needs).
+  static constexpr size_t kDefaultTripleBatch = size_t(1) << 20;
   AuthGmwParty(Channel& ch, int party, int rho = kDefaultRho, AuthCots cots = AuthCots::Silent,
                size_t triple_batch = kDefaultTripleBatch);
   ~AuthGmwParty() override;
@@ -97,6 +98,7 @@ class AuthGmwParty : public Session {
   AuthTriples stock_;       // made, not yet used: [stock_used_, size)
   size_t stock_used_ = 0;
   uint64_t triples_made_ = 0, triple_bytes_ = 0, triple_cots_ = 0;
+  int run_rho_ = kDefaultRho + 2;  // the current run's bucketing security (run_checked)
   AuthTriples take_triples(size_t count);
   std::unique_ptr<AuthParty> auth_;
   std::unique_ptr<TripleFactory> triples_;
