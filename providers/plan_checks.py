@@ -41,7 +41,9 @@ from spgc.privacy.noise_floor import floor_multipliers
 from spgc.protocol.encoding import FixedPointConfig
 from spgc.protocol.modes import (
     ADAPTIVE_CLIP_MODES,
+    DEFAULT_SECURITY,
     MODES,
+    SECURITY_NAMES,
     SINGLE_SERVER_MODES,
     TWO_SERVER_MODES,
     get_mode,
@@ -188,6 +190,12 @@ def check_privacy(tc: Any, cfg: ProviderConfig) -> float | None:
     sigma = effective_noise_multiplier(tc)
     wants = cfg.max_step_epsilon is not None or cfg.min_noise_multiplier is not None
     mode = pb.Mode.Name(tc.mode)
+    security = tc.security or DEFAULT_SECURITY
+    if SECURITY_NAMES.index(security) < SECURITY_NAMES.index(cfg.min_security):
+        raise ProviderRefusal(
+            f"the servers announce security {security}, below this provider's min_security "
+            f"{cfg.min_security} (a server that deviates could strip or bias the noise)"
+        )
     if tc.noise_floor < cfg.min_noise_floor:
         raise ProviderRefusal(
             f"the servers announce noise_floor {tc.noise_floor:g}, below this provider's "
@@ -601,10 +609,17 @@ def describe_plan(tc: Any) -> str:
         f"{tc.target_epsilon:g} at delta {tc.target_delta:g} ({tc.accountant})"
         + (f", noise floor {tc.noise_floor:g} (each server's own)" if tc.noise_floor > 0 else "")
     )
+    security = tc.security or DEFAULT_SECURITY
+    guard = (
+        "servers secure against one that deviates (security malicious)"
+        if security == "malicious"
+        else "servers secure against servers that follow the protocol (security semi-honest)"
+    )
     return (
         f"run {tc.run_id}: mode {pb.Mode.Name(tc.mode)}, model {tc.model} "
         f"(d={tc.num_parameters:,}), data set {tc.dataset or '(each provider own)'}, up to "
-        f"{tc.max_rounds} rounds, {batch}, clip {tc.clip_norm:g}, scale {tc.scale:g}, {noise}"
+        f"{tc.max_rounds} rounds, {batch}, clip {tc.clip_norm:g}, scale {tc.scale:g}, {noise}, "
+        f"{guard}"
     )
 
 

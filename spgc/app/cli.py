@@ -30,7 +30,7 @@ from spgc.common.logs import setup_logging
 from spgc.learning.data import DATA_ERRORS
 from spgc.privacy.accounting import UNITS
 from spgc.protocol.certs import DEFAULT_NAMES, DEFAULT_PROVIDERS, make_dev_pki, make_ledger_keys
-from spgc.protocol.modes import BACKENDS, TRAINING_MODES
+from spgc.protocol.modes import BACKENDS, DEFAULT_SECURITY, SECURITY_NAMES, TRAINING_MODES
 from spgc.providers.__main__ import main as provider_main
 from spgc.providers.selfcheck import check_model_and_data
 from spgc.servers.__main__ import main as server_main
@@ -387,6 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
         "sigma^2 before the opening, the joint noise dropping to (1 - F) sigma^2 (the servers' "
         "noise_floor, docs/PRIVACY.md, The noise floor); 0: none",
     )
+    demo.add_argument(
+        "--security",
+        choices=SECURITY_NAMES,
+        default=DEFAULT_SECURITY,
+        help="malicious: the noise made by authenticated GMW, so that one server that deviates "
+        "is caught before anything of its round is released (with --backend gmw; the servers' "
+        "security, docs/MALICIOUS.md; default: semi-honest)",
+    )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")
     demo.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
@@ -527,6 +535,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         adjacency=args.adjacency,
         noise_schedule=args.noise_schedule,
         noise_floor=args.noise_floor,
+        security=args.security,
     )
     return run_cli(opts, args.json)
 

@@ -31,7 +31,13 @@ from spgc.learning.gradients import check_model_on_data
 from spgc.learning.models import MODEL_INPUT_SHAPES, MODEL_NAMES, resolve_model
 from spgc.privacy.accounting import check_schedule
 from spgc.protocol.certs import make_dev_pki
-from spgc.protocol.modes import NOISY_MODES, SINGLE_SERVER_MODES, TRAINING_MODES
+from spgc.protocol.modes import (
+    DEFAULT_SECURITY,
+    NOISY_MODES,
+    SINGLE_SERVER_MODES,
+    TRAINING_MODES,
+    malicious_refusal,
+)
 from spgc.settings.config import parse_noise_schedule
 
 # Per data set: the paper's local batch (providers' rows x rate) and a learning rate that
@@ -124,6 +130,8 @@ class DemoOptions:
     noise_schedule: str = ""
     # The servers' noise_floor (issue 46): each server's own share of the noise variance.
     noise_floor: float = 0.0
+    # The servers' security (issue 46): semi-honest, or malicious (authenticated GMW).
+    security: str = DEFAULT_SECURITY
     # (link, address) -> the address to dial instead, for the links between the two servers:
     # "peer-h2" (H1's control calls to H2's peer_listen), "peer-h1" (H2's to H1's) and "gc"
     # (H2's data link to H1's gc_address). `spgc bench wan` puts its shaping proxies there;
@@ -244,6 +252,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         raise DemoError(f"mode {opts.mode!r} is not available; choose from {TRAINING_MODES}")
     if not 1 <= opts.providers <= opts.max_providers:
         raise DemoError(f"--providers must be in 1..{opts.max_providers}")
+    if opts.security == "malicious" and (refusal := malicious_refusal(opts.backend, opts.mode)):
+        raise DemoError(f"--security malicious: {refusal} (--backend, --mode)")
     schedule = _schedule_for(opts)
     model = _model_for(opts)
     names = [f"p{i + 1}" for i in range(opts.providers)]
@@ -304,6 +314,8 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
             cfg["noise_schedule"] = schedule
         if opts.noise_floor:
             cfg["noise_floor"] = opts.noise_floor
+        if opts.security != DEFAULT_SECURITY:
+            cfg["security"] = opts.security
         if opts.clip_norm is not None or opts.clip == "adaptive":
             cfg["clip_norm"] = ADAPTIVE_CLIP_C0 if opts.clip_norm is None else opts.clip_norm
         cfg.update(opts.server_overrides)

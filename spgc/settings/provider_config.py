@@ -10,6 +10,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from spgc.protocol.modes import (
+    DEFAULT_SECURITY,
+    SECURITY_NAMES,
     TRAINING_MODES,
 )
 from spgc.settings.config import (
@@ -98,6 +100,13 @@ class ProviderConfig(_Schema):
         lt=1.0,
         description="refuse a plan whose noise_floor (each server's own share of the noise, "
         "what survives a server that strips the joint noise) is below this; 0: any",
+    )
+    # --- min_security (issue 46 item 2) ---
+    min_security: Literal[SECURITY_NAMES] = Field(  # type: ignore[valid-type]
+        DEFAULT_SECURITY,
+        description="refuse a plan whose servers' circuits are secure against less: malicious "
+        "takes part only where one server that deviates cannot strip or bias the noise "
+        "(security: malicious, authenticated GMW); semi-honest: any",
     )
     max_total_epsilon: float | None = Field(
         None,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import run_in_process
 
-from spgc.app.demo import _outgoing_port_range, free_ports
+from spgc.app.demo import DemoOptions, _outgoing_port_range, free_ports, write_configs
 from spgc.privacy.accounting import PrivacyAccountant, quiet_dp_accounting
 from spgc.privacy.budget import budget_summary
 
@@ -139,6 +139,20 @@ def test_demo_refuses_bad_numbers_before_starting_anything(option, value, messag
     assert done.returncode == 2
     assert message in done.stderr and option in done.stderr
     assert "h1.log" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_demo_security_malicious_needs_a_backend_that_has_it(tmp_path):
+    """--security malicious with the default backend gc: one line before anything starts; with
+    --backend gmw the servers' configs carry it (a malicious run through the daemons:
+    tests/e2e/test_peer_deviated.py)."""
+    done = run_in_process("demo", "--security", "malicious")
+    assert done.returncode != 0
+    assert "--security malicious: security: malicious needs backend: gmw" in done.stderr
+    assert "h1.log" not in done.stderr and "Traceback" not in done.stderr
+    opts = DemoOptions(backend="gmw", security="malicious", state_dir=tmp_path / "state")
+    server_cfgs, _ = write_configs(opts, tmp_path)
+    for cfg in server_cfgs:
+        assert "security: malicious" in cfg.read_text()
 
 
 def test_demo_adaptive_clipping_moves_the_clip_norm_and_the_ledger_records_it(tmp_path):

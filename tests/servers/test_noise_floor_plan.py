@@ -91,7 +91,7 @@ def test_the_peer_and_a_provider_refuse_another_floor():
         "noise_floor (h1 0.25, h2 0.5)"
     ]
     wants = SimpleNamespace(max_step_epsilon=None, min_noise_multiplier=None, step_delta=1e-5,
-                            min_noise_floor=0.5)  # fmt: skip
+                            min_noise_floor=0.5, min_security="semi-honest")  # fmt: skip
     with pytest.raises(ProviderRefusal, match=r"noise_floor 0\.25, below this provider"):
         check_privacy(a, wants)  # type: ignore[arg-type]
     check_privacy(b, wants)  # type: ignore[arg-type]

@@ -23,6 +23,8 @@ from test_spgc_circuit import shares_of, sums_for
 import garbled_core
 from spgc.privacy.ledger_format import abort_line
 from spgc.privacy.ledger_verify import verify_ledger
+from spgc.providers.errors import ProviderRefusal
+from spgc.providers.plan_checks import check_privacy, describe_plan
 from spgc.servers import coordinator
 from spgc.servers.errors import PeerDeviatedError
 from spgc.servers.gc_party import PartyLink, aggregate_plain
@@ -31,6 +33,7 @@ from spgc.servers.peer import config_differences
 from spgc.servers.state import ServerState
 from spgc.settings.config import ServerConfig
 from spgc.settings.plan import make_plan
+from spgc.settings.provider_config import ProviderConfig
 from spgc.wire import aggregation_pb2 as pb
 
 MALICIOUS = {"backend": "gmw", "security": "malicious"}
@@ -181,3 +184,20 @@ def test_a_caught_deviation_releases_nothing_and_records_the_abort(tmp_path, mon
     assert {k: report.abort[k] for k in abort} == abort  # type: ignore[index]
     assert {k: state.summary()["abort"][k] for k in abort} == abort
     assert np.all(state.params == state.plan.initial_params)
+
+
+def test_a_provider_sees_the_level_and_may_require_malicious():
+    """The provider's plan line names the level, and ``min_security: malicious`` refuses a
+    semi-honest plan in one line (the noise is what protects it, and only a malicious plan keeps
+    it against one deviating server)."""
+    malicious = make_plan(config(**MALICIOUS)).training_config("r")
+    semi = make_plan(config(backend="gmw")).training_config("r")
+    assert "secure against one that deviates (security malicious)" in describe_plan(malicious)
+    assert "(security semi-honest)" in describe_plan(semi)
+    base = {"name": "p1", "insecure": True, "h1_address": "127.0.0.1:1",
+            "h2_address": "127.0.0.1:2", "allow_no_privacy": True}  # fmt: skip
+    wants = ProviderConfig(**base, min_security="malicious")
+    with pytest.raises(ProviderRefusal, match="security semi-honest, below this provider's"):
+        check_privacy(semi, wants)
+    check_privacy(malicious, wants)
+    check_privacy(semi, ProviderConfig(**base))  # the default takes either
