@@ -59,7 +59,7 @@ from spgc.privacy.noise import sample_discrete_gaussian
 from spgc.protocol.sharing import reconstruct, ring_mask
 from spgc.servers.deviation import abort_round
 from spgc.servers.errors import PeerMismatchError, describe_error
-from spgc.servers.faults import fault_point, tap_reveal
+from spgc.servers.faults import arm_cheat, fault_point, tap_reveal
 from spgc.servers.gc_party import run_aggregate
 from spgc.servers.noise_floor import GC_ROLE, draw_own_noise, spgc_release, with_own_noise
 from spgc.servers.noise_pool import (
@@ -237,6 +237,7 @@ def compute_round(
     recorded and PeerDeviatedError raised (servers.deviation).
     """
     fault_point("after-ledger", t)
+    arm_cheat(link, t)
     try:
         y, info, seconds = _release(state, link, t, entry, seed, pool_slice)
     except garbled_core.PeerDeviated as exc:

@@ -16,6 +16,11 @@ caught deviating (``garbled_core.PeerDeviated``, what a failed check of the auth
 engine raises: ``security: malicious``) in the middle of round ROUND's circuit, after its
 first stage: the abort path, without a cheating peer (docs/MALICIOUS.md, "What must hold" 3).
 
+``SPGC_FAULT_INJECT=cheat-opening:ROUND`` makes this server a real cheater under ``security:
+malicious``: from round ROUND on, its authenticated engine flips the first bit it opens in each
+run (the engine's test hook, ``AuthGmwParty._deviate_for_test``: a constant added to an opened
+value, its MAC left as it was), and the OTHER server's engine must catch it with its MAC check.
+
 ``SPGC_REVEAL_TAP=FILE`` appends one JSON line per reveal to FILE (``server``, ``round``,
 ``sha256`` of the released values, and in mode preprocessed ``pool``: where the release's
 noise shares start in the pool), written before anything else is done with the values:
@@ -34,7 +39,15 @@ from typing import Any
 import garbled_core
 from spgc.privacy.ledger_format import released_digest
 
-__all__ = ["DEVIATION_POINTS", "FAULT_POINTS", "fault_point", "planned_fault", "tap_reveal"]
+__all__ = [
+    "CHEAT_POINTS",
+    "DEVIATION_POINTS",
+    "FAULT_POINTS",
+    "arm_cheat",
+    "fault_point",
+    "planned_fault",
+    "tap_reveal",
+]
 
 FAULT_POINTS = (
     "during-intake",
@@ -46,6 +59,8 @@ FAULT_POINTS = (
 )
 #: Points where the engine raises garbled_core.PeerDeviated instead (no SIGKILL).
 DEVIATION_POINTS = ("peer-deviated",)
+#: Points where this server's own engine starts to cheat (a real deviation the peer catches).
+CHEAT_POINTS = ("cheat-opening",)
 #: What the injected PeerDeviated says (the abort entry's check).
 INJECTED_CHECK = "fault injection: the peer's opened values fail their MAC check"
 _FAULT_ENV = "SPGC_FAULT_INJECT"
@@ -58,10 +73,10 @@ def planned_fault() -> tuple[str, int] | None:
     if not value:
         return None
     point, _, number = value.partition(":")
-    if point not in (*FAULT_POINTS, *DEVIATION_POINTS) or not number.isdigit():
+    points = (*FAULT_POINTS, *DEVIATION_POINTS, *CHEAT_POINTS)
+    if point not in points or not number.isdigit():
         raise ValueError(
-            f"{_FAULT_ENV}={value!r}: expected POINT:ROUND with POINT one of "
-            f"{', '.join((*FAULT_POINTS, *DEVIATION_POINTS))}"
+            f"{_FAULT_ENV}={value!r}: expected POINT:ROUND with POINT one of {', '.join(points)}"
         )
     return point, int(number)
 
@@ -73,6 +88,20 @@ def fault_point(point: str, round_number: int) -> None:
         if point in DEVIATION_POINTS:
             raise garbled_core.PeerDeviated(INJECTED_CHECK)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm_cheat(link: Any, round_number: int) -> None:
+    """From the round ``SPGC_FAULT_INJECT=cheat-opening:ROUND`` names: make each authenticated
+    engine session of this server's data link (``link.lanes()``) flip the first bit it opens in
+    a run."""
+    if not os.environ.get(_FAULT_ENV) or link is None:
+        return
+    planned = planned_fault()
+    if planned is None or planned[0] not in CHEAT_POINTS or round_number < planned[1]:
+        return
+    for session in (getattr(lane, "session", None) for lane in link.lanes()):
+        if isinstance(session, garbled_core.AuthGmwParty):
+            session._deviate_for_test("flip_opening", 0)
 
 
 def tap_reveal(

@@ -8,7 +8,8 @@ ledger with an abort entry signed by it alone; round 0 and round 1's release ent
 before its circuit) stay counted, and ``spgc account`` shows the abort. The daemons run as
 separate processes, as an operator runs them; the other server, which did nothing wrong here,
 is stopped at the end. And a malicious run in which no one deviates trains to its end, in mode
-spgc and in mode preprocessed.
+spgc and in mode preprocessed; and a real cheater (``cheat-opening``: H1's engine adds a
+constant to an opened value) is caught by H2's engine itself.
 """
 
 from __future__ import annotations
@@ -144,3 +145,29 @@ def test_a_server_that_catches_its_peer_stops_and_records_the_abort(
     assert done.returncode == 0, done.stderr
     assert f"  {abort_line(abort)}; signed by {catcher} alone" in done.stdout.splitlines()
     assert f"security {security}" in done.stdout
+
+
+def test_a_real_cheater_is_caught_by_the_other_servers_engine(tmp_path: Path) -> None:
+    """No injected exception this time: ``cheat-opening:1`` makes H1's authenticated engine
+    add a constant to the first value it opens in each run of round 1 (its MAC left as it
+    was), and H2's engine catches it with its MAC check before anything of the round is
+    released; H2 keeps the transcript's digest and ends its ledger with the abort."""
+    server_cfgs, provider_cfgs = _configs(tmp_path, "gmw", "malicious")
+    work, state = tmp_path / "work", tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
+    logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
+    cheat = {"h1": {"SPGC_FAULT_INJECT": f"cheat-opening:{ROUND}"}}
+    servers = _start_all("spgc.servers", server_cfgs, env, cheat)
+    providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
+    try:
+        assert _wait(servers["h2"], 240, "h2", logs) == 1
+    finally:
+        _stop([*servers.values(), *providers])
+    report = verify_ledger(state / "h2" / "ledger.jsonl")
+    assert report.abort is not None and report.abort["round"] == ROUND
+    assert "MACs do not hold" in report.abort["check"]  # the engine's own check, not injected
+    assert report.abort["evidence"] == "transcript" and len(report.abort["evidence_digest"]) == 64
+    assert (report.steps, report.released) == (ROUND + 1, ROUND)
+    summary = json.loads((work / "h2-summary.json").read_text())
+    assert summary["model_version"] == ROUND and not summary["finished"]
+    assert json.loads((work / "h1-summary.json").read_text())["model_version"] == ROUND
