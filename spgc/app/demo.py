@@ -428,6 +428,7 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
             f"{opts.providers} providers, {opts.rounds} rounds, "
             f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}"
             + (f", backend {opts.backend}" if opts.backend != "gc" else "")
+            + (f", security {opts.security}" if opts.security != DEFAULT_SECURITY else "")
             + (", verified inputs (norm proofs)" if opts.verify_inputs != "none" else "")
             + (", provider-level DP (DP-FedAvg)" if opts.adjacency == "provider" else ""),
             file=out,
