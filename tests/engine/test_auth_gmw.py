@@ -104,23 +104,6 @@ def test_triples_come_from_a_stock_made_a_batch_at_a_time(auth_pair):
     assert np.array_equal(out1["s"], expected["s"]) and np.array_equal(out2["p"], expected["p"])
 
 
-def test_triple_batches_must_match(auth_pair):
-    listener = Listener("127.0.0.1", 0)
-    accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
-    ch2 = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
-    ch1 = accepting.result()
-    listener.close()
-    h1 = AuthGmwParty(ch1, "garbler", ot="silent-test-only", triple_batch=0)
-    h2 = AuthGmwParty(ch2, "evaluator", ot="silent-test-only", triple_batch=1000)
-    side = Background(h1.setup)
-    with pytest.raises(ProtocolError, match="triple batch mismatch"):
-        h2.setup()
-    with pytest.raises(ProtocolError, match="triple batch mismatch"):
-        side.result()
-    ch1.close()
-    ch2.close()
-
-
 def test_kept_values_do_not_cross_sessions(auth_pair):
     b1 = CircuitBuilder("keep")
     b1.output("v", b1.input("x", owner="garbler", width=8), reveal="keep")
@@ -273,18 +256,20 @@ def test_each_cot_source_gives_the_plaintext_outputs(auth_pair, ot):
     assert np.array_equal(out2["p"], expected["p"])
 
 
-def test_cot_sources_must_match(auth_pair):
-    listener = Listener("127.0.0.1", 0)
-    accepting = Background(lambda: listener.accept(timeout=10, insecure=True))
-    ch2 = Channel.connect("127.0.0.1", listener.port, timeout=10, insecure=True)
-    ch1 = accepting.result()
-    listener.close()
-    h1 = AuthGmwParty(ch1, "garbler", ot="iknp")
-    h2 = AuthGmwParty(ch2, "evaluator", ot="silent-test-only")
-    side = Background(h1.setup)
-    with pytest.raises(ProtocolError, match="COT source mismatch"):
-        h2.setup()
-    with pytest.raises(ProtocolError, match="COT source mismatch"):
+@pytest.mark.parametrize(
+    ("h1", "h2", "message"),
+    [
+        ({"ot": "iknp"}, {"ot": "silent-test-only"}, "COT source mismatch"),
+        ({"triple_batch": 0}, {"triple_batch": 1000}, "triple batch mismatch"),
+    ],
+)
+def test_the_parties_must_agree_on_their_cot_source_and_triple_batch(h1, h2, message):
+    base = {"ot": "silent-test-only"}
+    kw = {"garbler": {**base, **h1}, "evaluator": {**base, **h2}}
+    pair = GmwPair(make_party=lambda ch, role: AuthGmwParty(ch, role, **kw[role]))
+    side = Background(pair.h1.setup)
+    with pytest.raises(ProtocolError, match=message):
+        pair.h2.setup()
+    with pytest.raises(ProtocolError, match=message):
         side.result()
-    ch1.close()
-    ch2.close()
+    pair.close()
