@@ -44,8 +44,10 @@ from typing import Any
 
 from garbled_core.sampler_circuit import (
     MAX_TRIAL_DEPTH,
+    MIN_TRIAL_DEPTH,
     SPECULATE_LAYER_COST,
     TRIAL_LAYER_COSTS,
+    UNBOUNDED_TRIAL_DEPTH,
     and_breakdown,
     and_gates_per_trial,
     build_trial_circuit,
@@ -108,8 +110,10 @@ __all__ = [
     "MAX_SIGMA_UNITS",
     "MAX_TRIAL_DEPTH",
     "MIN_SIGMA_UNITS",
+    "MIN_TRIAL_DEPTH",
     "SPECULATE_LAYER_COST",
     "TRIAL_LAYER_COSTS",
+    "UNBOUNDED_TRIAL_DEPTH",
     "AliasTable",
     "CoinTable",
     "Rounding",

@@ -20,6 +20,11 @@ MAX_TRIAL_DEPTH = 28
 """AND layers the ``arithmetic="depth"`` trial circuit keeps within where it can (issue 47: a
 gmw round of mode spgc is the trial's layers and two round trips more, at most 30); where no
 layer cost fits, the shallowest circuit found (30 to 32 layers at the plans' sigmas)."""
+MIN_TRIAL_DEPTH = 20
+"""The smallest bound a plan may ask for (below the trial's shallowest, the shallowest is run)."""
+UNBOUNDED_TRIAL_DEPTH = 10_000
+"""A bound no trial reaches: the fewest AND gates (about 150 layers), what authenticated GMW
+(``security: malicious``) runs, each of its AND gates costing about 60 bytes."""
 TRIAL_LAYER_COSTS = (*DEPTH_SEARCH_LAYER_COSTS, 48, 96, 1000)
 """Layer costs the trial's depth search tries: the engine's, then costs at which every gadget
 takes its shallowest form (a layer is a round trip of the whole run, worth hundreds of ANDs)."""
@@ -33,9 +38,11 @@ speculatively (:func:`_speculative_accept`): fewer layers for more AND gates."""
 
 __all__ = [
     "MAX_TRIAL_DEPTH",
+    "MIN_TRIAL_DEPTH",
     "SLACK_LAYER_COST",
     "SPECULATE_LAYER_COST",
     "TRIAL_LAYER_COSTS",
+    "UNBOUNDED_TRIAL_DEPTH",
     "and_breakdown",
     "and_gates_per_trial",
     "build_trial_circuit",

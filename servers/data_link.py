@@ -195,6 +195,7 @@ class DataLink:
                 ot_k=self.cfg.ot_k,
                 backend=self.cfg.backend,
                 security=self.cfg.security,
+                trial_depth=self.cfg.trial_depth,
             )
             for ch in lane_channels
         ]

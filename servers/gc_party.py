@@ -35,6 +35,7 @@ from garbled_core.discrete_gaussian import (
     DEFAULT_DISTANCE_LOG2,
     DEFAULT_SCHEDULE,
     MAX_TRIAL_DEPTH,
+    UNBOUNDED_TRIAL_DEPTH,
     SamplerParams,
     build_trial_circuit,
     derive_params,
@@ -61,7 +62,6 @@ from spgc.protocol.modes import (
 )
 from spgc.protocol.sharing import ring_mask
 from spgc.servers.spgc_circuit import (
-    UNBOUNDED_TRIAL_DEPTH,
     check_ring_bits,
     decode_signed,
     field_circuit_inputs,
@@ -159,6 +159,9 @@ class PartyLink:
     # Remote lanes (servers.ray_workers: worker pairs on the organisations' Ray clusters):
     # when set, run_aggregate runs a round on them instead, and this link carries the rest.
     remote_lanes: list[Any] = field(default_factory=list)
+    # gmw, mode spgc: the AND layers the fused trial run keeps within (the plan's trial_depth);
+    # None: the default for the session (trial_depth).
+    max_trial_depth: int | None = None
     # Mode preprocessed: the data link's own connection for the rounds' exchange (a raw
     # channel), so that noise production on the lanes runs beside the rounds without
     # interleaving bytes with them; None: the exchange uses this link's channel.
@@ -170,7 +173,9 @@ class PartyLink:
         ``noise_shares_range`` and ``interrupt``."""
         if self.remote_lanes:
             return list(self.remote_lanes)
-        return [PartyLink(self.role, self.channel, self.session, self.backend), *self.extra_lanes]
+        own = PartyLink(self.role, self.channel, self.session, self.backend)
+        own.max_trial_depth = self.max_trial_depth
+        return [own, *self.extra_lanes]
 
     def aggregate_range(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
         """This link's part of a round (:func:`aggregate_range`)."""
@@ -197,9 +202,12 @@ class PartyLink:
 
     @property
     def trial_depth(self) -> int:
-        """The AND layers the fused trial run of mode spgc keeps within (gmw): 28 on GMW
-        (round trips), none on authenticated GMW (bytes: the fewest AND gates, about 150
-        layers; spgc_circuit.fused_trial_description)."""
+        """The AND layers the fused trial run of mode spgc keeps within (gmw): the plan's
+        ``trial_depth`` when it sets one, else 28 on GMW (round trips), none on authenticated
+        GMW (bytes: the fewest AND gates, about 150 layers; see
+        spgc_circuit.fused_trial_description)."""
+        if self.max_trial_depth is not None:
+            return self.max_trial_depth
         return UNBOUNDED_TRIAL_DEPTH if self.authenticated else MAX_TRIAL_DEPTH
 
     @property
@@ -228,6 +236,7 @@ class PartyLink:
         ot_k: int = garbled_core.DEFAULT_OT_K,
         backend: str = "gc",
         security: str = DEFAULT_SECURITY,
+        trial_depth: int | None = None,
     ) -> PartyLink:
         """Wrap ``channel`` in a new session of ``role`` (setup happens on the first run).
         ``backend`` ``gc``: a garbler or evaluator session; ``scheme`` garbles AND gates
@@ -235,8 +244,10 @@ class PartyLink:
         IKNP). ``gmw``: a GMW party whose Beaver triples come from silent OT (Ferret), which
         runs the same circuits and returns the same outputs; with ``security`` ``malicious``
         the engine's authenticated GMW party instead (every opening MAC-checked before an
-        output is opened: garbled_core.PeerDeviated when the peer deviated). Both sides must
-        choose the same: the engine's hello refuses a mismatch."""
+        output is opened: garbled_core.PeerDeviated when the peer deviated). ``trial_depth``
+        (gmw): the plan's bound on the fused trial run's AND layers (None: the default, see
+        :attr:`trial_depth`). Both sides must choose the same: the engine's hello refuses a
+        mismatch of backend or security, the plan's comparison one of trial_depth."""
         role = _check_role(role)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {backend!r}")
@@ -244,10 +255,15 @@ class PartyLink:
             raise ValueError(f"security must be one of {SECURITY_NAMES}, got {security!r}")
         if security == "malicious" and all(b != backend for b, _ in MALICIOUS_VARIANTS):
             raise ValueError(f"security: malicious: backend {backend} has no malicious variant")
-        if backend == "gmw" and security == "malicious":
-            return cls(role, channel, garbled_core.AuthGmwParty(channel, role), "gmw")
         if backend == "gmw":
-            return cls(role, channel, garbled_core.GmwParty(channel, role, ot="silent"), "gmw")
+            session = (
+                garbled_core.AuthGmwParty(channel, role)
+                if security == "malicious"
+                else garbled_core.GmwParty(channel, role, ot="silent")
+            )
+            link = cls(role, channel, session, "gmw")
+            link.max_trial_depth = trial_depth
+            return link
         party = garbled_core.Garbler if role == "garbler" else garbled_core.Evaluator
         kwargs: dict[str, Any] = {"scheme": scheme, "ot_k": ot_k}
         if chunk is not None:

@@ -38,7 +38,6 @@ __all__ = [
     "MIN_RING_BITS",
     "NOISY_SUM_MAX_DEPTH",
     "TABLE_SAMPLER_LABEL",
-    "UNBOUNDED_TRIAL_DEPTH",
     "check_ring_bits",
     "decode_signed",
     "depth_rows",
@@ -65,9 +64,6 @@ MAX_ROUND_DEPTH = 48
 (issue 34: GMW pays a round trip per AND layer). The sampler's trial has its own bound,
 :data:`garbled_core.sampler_circuit.MAX_TRIAL_DEPTH`, which the fused trial run of mode spgc
 keeps too."""
-#: The fused trial run's bound on authenticated GMW (``security: malicious``): none, in
-#: effect (the fewest AND gates; about 150 layers), as each AND gate costs it about 80 bytes.
-UNBOUNDED_TRIAL_DEPTH = 10_000
 #: The noisy sum's AND-depth bound with ``arithmetic="depth"``: as shallow as the gadgets go
 #: (no layer cost fits 1, so the largest is taken), 11 to 18 layers instead of about L, for 30
 #: to 150 more AND gates per coordinate (a trial has 500 to 1,800): with the sampler's spare

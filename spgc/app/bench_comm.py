@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+from garbled_core.discrete_gaussian import MIN_TRIAL_DEPTH, build_trial_circuit, derive_params
 from garbled_core.ot_measure import silent_ot_params
 from spgc.app.bench_comm_report import format_table, notes, write_plot
 from spgc.app.bench_sampler import add_backend_option, party_links, two_party
@@ -786,6 +786,7 @@ def run(
     backend: str = "gc",
     verify_inputs: str = "none",
     security: str = DEFAULT_SECURITY,
+    trial_depth: int | None = None,
 ) -> int:
     """Run the benchmark; the table goes to stdout (stderr with ``as_json``), JSON to stdout.
     Returns the exit code; BenchCommError (a ValueError) for bad input. ``verify_inputs``
@@ -813,6 +814,11 @@ def run(
                 raise BenchCommError(f"--security malicious: {refusal}")
         if workers > 1:
             raise BenchCommError("--security malicious runs on one worker pair (--workers 1)")
+    if trial_depth is not None and (backend != "gmw" or trial_depth < MIN_TRIAL_DEPTH):
+        raise BenchCommError(
+            f"--trial-depth bounds the gmw trial run's AND layers: --backend gmw and a depth of "
+            f"at least {MIN_TRIAL_DEPTH}"
+        )
     if table_coordinates is not None and table_coordinates < 4:
         raise BenchCommError(f"--table-coordinates must be at least 4, got {table_coordinates}")
     ctx = make_context(dataset, model=model)
@@ -830,7 +836,10 @@ def run(
     _progress(f"bench comm: {_what(ctx)}, modes {', '.join(modes)}")
     actors: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="spgc-bench-comm-") as tmp:
-        ctx.links = party_links(chunk, Path(tmp, "main") if tls else None, backend, security)
+        ctx.links = party_links(
+            chunk, Path(tmp, "main") if tls else None, backend, security, trial_depth
+        )
+        depth = ctx.links[0].trial_depth if backend == "gmw" else None
         if "table16" in modes:
             ctx.table_links = party_links(TABLE_CHUNK, Path(tmp, "table") if tls else None, backend)
         try:
@@ -877,6 +886,7 @@ def run(
         row["workers"] = workers
         row["backend"] = backend
         row["security"] = security
+        row["trial_depth"] = depth
     link_kind = "TLS 1.3" if tls else "plaintext TCP"
     where = f", circuits on {workers} Ray worker pairs" if workers > 1 else ""
     header = (
@@ -1003,6 +1013,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="semi-honest (the default) or malicious: the circuits on authenticated GMW "
         "(--backend gmw, modes with a malicious variant: spgc.protocol.modes.MALICIOUS_VARIANTS)",
     )
+    p.add_argument(
+        "--trial-depth",
+        type=int,
+        default=None,
+        metavar="D",
+        help="--backend gmw: the AND layers mode spgc's trial run keeps within (the servers' "
+        "trial_depth: fewer layers, fewer round trips, more bytes); default: the session's "
+        "(28 semi-honest, no bound malicious)",
+    )
     p.add_argument("--json", action="store_true", help="JSON list on stdout (table to stderr)")
     p.add_argument("--plot", type=Path, default=None, metavar="FILE.png", help="write a PNG plot")
     return p
@@ -1028,6 +1047,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         backend=args.backend,
         verify_inputs=args.verify_inputs,
         security=args.security,
+        trial_depth=args.trial_depth,
     )
 
 

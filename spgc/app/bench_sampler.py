@@ -89,14 +89,19 @@ def loopback_channels(tls_dir: Path | None) -> tuple[Any, Any]:
 
 
 def party_links(
-    chunk: int | None, tls_dir: Path | None, backend: str = "gc", security: str = DEFAULT_SECURITY
+    chunk: int | None,
+    tls_dir: Path | None,
+    backend: str = "gc",
+    security: str = DEFAULT_SECURITY,
+    trial_depth: int | None = None,
 ) -> tuple[Any, Any]:
     """H1's and H2's links over :func:`loopback_channels`, sessions of ``backend`` at
-    ``security`` (malicious: authenticated GMW)."""
+    ``security`` (malicious: authenticated GMW), with the plan's ``trial_depth`` (gmw)."""
     ch_g, ch_e = loopback_channels(tls_dir)
+    kw = {"backend": backend, "security": security, "trial_depth": trial_depth}
     return (
-        PartyLink.open("garbler", ch_g, chunk, backend=backend, security=security),
-        PartyLink.open("evaluator", ch_e, chunk, backend=backend, security=security),
+        PartyLink.open("garbler", ch_g, chunk, **kw),
+        PartyLink.open("evaluator", ch_e, chunk, **kw),
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from garbled_core import DEFAULT_OT_K, GARBLING_SCHEMES
+from garbled_core.discrete_gaussian import MIN_TRIAL_DEPTH, UNBOUNDED_TRIAL_DEPTH
 from spgc.common.lanes import MAX_LANES
 from spgc.learning.data import dataset_task
 from spgc.learning.local_training import LOCAL_OPTIMIZERS
@@ -286,6 +287,16 @@ class ServerConfig(_Schema):
         "coordinate, before anything is opened), the jointly made noise dropping to (1 - f) "
         "sigma^2: a server that deviates and strips the joint noise still leaves the other's "
         "f sigma^2 (docs/PRIVACY.md, The noise floor); part of the plan; 0: none",
+    )
+    # --- trial_depth (issue 47): the fused trial run's AND layers on gmw ---
+    trial_depth: int | None = Field(
+        None,
+        ge=MIN_TRIAL_DEPTH,
+        le=UNBOUNDED_TRIAL_DEPTH,
+        description="backend gmw, mode spgc: the AND layers a round's trial run keeps within, "
+        "each a round trip between the servers: fewer layers, more bytes (28 costs about 1.5x "
+        "the bytes of 48: docs/GMW.md); not set: 28 on semi-honest gmw, no bound (the fewest "
+        "AND gates, about 150 layers) under security: malicious; part of the plan",
     )
     # --- security (issue 46 item 2): what the circuits are secure against ---
     security: Literal[SECURITY_NAMES] = Field(  # type: ignore[valid-type]
@@ -651,6 +662,12 @@ class ServerConfig(_Schema):
             )
         if self.security == "malicious":
             self._check_malicious()
+        if self.trial_depth is not None and (self.backend != "gmw" or self.mode != "spgc"):
+            raise ValueError(
+                f"trial_depth: {self.trial_depth} with backend {self.backend} and mode "
+                f"{self.mode}: it bounds the AND layers of mode spgc's trial run on backend gmw "
+                "(a round trip each); remove it or set backend: gmw and mode: spgc"
+            )
         if self.verify_inputs == "l2" and self.mode not in VERIFIED_MODES:
             raise ValueError(
                 f"verify_inputs: l2 with mode {self.mode}: norm proofs are checked by two "

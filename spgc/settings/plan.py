@@ -251,6 +251,7 @@ class RunPlan:
             noise_floor=self.noise_floor,
             # semi-honest: unset, the bytes (and plan_sha256) as before the field existed
             **({} if c.security == DEFAULT_SECURITY else {"security": c.security}),
+            **({} if c.trial_depth is None else {"trial_depth": c.trial_depth}),
         )
 
     def _feature_stats_fields(self) -> dict[str, Any]:

@@ -161,6 +161,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.TrainingConfig.stats_scale": COUNTER,
     "spgc.v1.TrainingConfig.stats_max_rows": COUNTER,
     "spgc.v1.TrainingConfig.noise_floor": _PROBABILITY,  # [0, 1): issue 46's noise floor
+    "spgc.v1.TrainingConfig.trial_depth": Bound(0, 10_000),  # the config's bound
     "spgc.v1.NoisePhase.from_release": COUNTER,
     "spgc.v1.NoisePhase.noise_multiplier": _POSITIVE,
     "spgc.v1.NoisePhase.sampling_rate": Bound(0.0, 1.0, low_open=True),
