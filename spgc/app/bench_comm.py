@@ -38,7 +38,16 @@ from typing import Any
 import numpy as np
 
 from garbled_core.discrete_gaussian import MIN_TRIAL_DEPTH, build_trial_circuit, derive_params
-from garbled_core.ot_measure import silent_ot_params
+from spgc.app.bench_comm_charges import (
+    CHARGED_PHASES,
+    GROUP_ORDER,
+    amortised_ot,
+    both_counters,
+    charged_triples,
+    gmw_usage,
+    sent_by_phase,
+    triple_usage,
+)
 from spgc.app.bench_comm_report import format_table, notes, write_plot
 from spgc.app.bench_sampler import add_backend_option, party_links, two_party
 from spgc.app.bench_scale import init_local_ray, start_worker_pairs, workers_peak_rss_mb
@@ -68,7 +77,7 @@ from spgc.protocol.modes import (
 from spgc.protocol.norm_proof import NormProofParams
 from spgc.protocol.sharing import max_abs_sum_units, ring_bits_for
 from spgc.servers.coordinator import dng_exchange
-from spgc.servers.gc_party import counter_delta, run_aggregate
+from spgc.servers.gc_party import run_aggregate
 from spgc.servers.noise_pool import produce_noise_shares
 from spgc.servers.ray_workers import kill_worker, shutdown_ray
 from spgc.servers.spgc_circuit import (
@@ -187,35 +196,6 @@ class ModeSpec:
         return get_mode(self.name).noisy
 
 
-# The engine's phase names (garbled_core Channel.counters) as reported here. "setup" during a
-# run is the 80-byte run header each party sends; the session's own setup (hello, base OTs) is
-# measured once and reported apart.
-PHASE_GROUPS = {
-    "ot_extension": "ot_extension",
-    "tables": "tables",
-    "outputs": "outputs",
-    "inputs": "inputs",
-    "setup": "run_headers",
-    "base_ot": "base_ot",
-}
-GROUP_ORDER = ("ot_extension", "tables", "outputs", "run_headers", "inputs", "base_ot", "opened")
-
-
-def _both_counters(links: tuple[Any, Any]) -> list[dict[str, dict[str, int]]]:
-    return [link.counters() for link in links]
-
-
-def _sent_by_phase(before: list[Any], after: list[Any]) -> dict[str, int]:
-    """Bytes sent by both parties between two counter snapshots, per phase group."""
-
-    out: dict[str, int] = {}
-    for b, a in zip(before, after, strict=True):
-        for phase, v in counter_delta(b, a)["phases"].items():
-            group = PHASE_GROUPS.get(phase, phase)
-            out[group] = out.get(group, 0) + v["sent"]
-    return {k: v for k, v in out.items() if v}
-
-
 def _run_pair(
     ctx: CommContext,
     fn_g: Callable[[Any], Any],
@@ -226,84 +206,26 @@ def _run_pair(
 
     links = ctx.table_links if table and ctx.table_links is not None else ctx.links
     assert links is not None
-    before = _both_counters(links)
-    used = _gmw_usage(links)
-    triples_before = _triple_usage(links)
+    before = both_counters(links)
+    used = gmw_usage(links)
+    triples_before = triple_usage(links)
     seconds, wire, value = two_party(links, fn_g, fn_e)
-    phases = _sent_by_phase(before, _both_counters(links))
+    phases = sent_by_phase(before, both_counters(links))
     if sum(phases.values()) != wire:  # the two ways of counting must agree
         raise RuntimeError(f"phase counters ({sum(phases.values())}) != total sent ({wire})")
     ctx.last_measured_bytes = wire
     if ctx.backend == "gmw":
-        now = _gmw_usage(links)
+        now = gmw_usage(links)
         ots, layers, trips = (after - was for after, was in zip(now, used, strict=True))
-        phases, ots = _charged_triples(phases, ots, triples_before, _triple_usage(links))
+        phases, ots = charged_triples(phases, ots, triples_before, triple_usage(links))
         ctx.last_round_trips, ctx.last_and_layers, ctx.last_ots = trips, layers, ots
-        phases = _amortised_ot(phases, ots)
+        phases = amortised_ot(phases, ots)
     return seconds, phases, value
-
-
-def _triple_usage(links: tuple[Any, Any]) -> tuple[int, int, int, int]:
-    """Authenticated GMW (security: malicious), H1's party so far: (triples used, triples
-    made, the bytes of their own messages both ways, the COTs each way they took); zeros on
-    other sessions."""
-    session = links[0].session
-    if not getattr(session, "triples_made", 0):
-        return (0, 0, 0, 0)
-    names = ("triples_used", "triples_made", "triple_bytes", "triple_cots")
-    return tuple(int(getattr(session, name)) for name in names)  # type: ignore[return-value]
-
-
-def _charged_triples(
-    phases: dict[str, int],
-    ots: int,
-    before: tuple[int, int, int, int],
-    after: tuple[int, int, int, int],
-) -> tuple[dict[str, int], int]:
-    """Authenticated GMW makes its triples a batch at a time into a stock that later runs use
-    (garbled_core.AuthGmwParty): a run is charged the triples it used at the stock's average
-    cost (bytes of their messages and COTs per triple, over every batch made so far) instead of
-    what it happened to make itself."""
-    used, made, made_bytes, made_cots = after
-    if not made:
-        return phases, ots
-    run_used = used - before[0]
-    run_bytes, run_cots = made_bytes - before[2], made_cots - before[3]
-    out = dict(phases)
-    out["tables"] = out.get("tables", 0) - run_bytes + math.ceil(run_used * made_bytes / made)
-    return out, ots - run_cots + math.ceil(run_used * made_cots / made)
 
 
 # Round-trip times between the two servers for the implied round times (a data centre, a
 # region, a continent apart).
 ROUND_TRIP_TIMES: dict[str, float] = {"1ms": 0.001, "10ms": 0.010, "50ms": 0.050}
-
-
-def _gmw_usage(links: tuple[Any, Any]) -> tuple[int, int, int]:
-    """(random OTs each way, AND-layer exchanges) H1's GMW party has used so far ((0, 0) for
-    gc), and the round trips H1's channel has counted (receives after a send)."""
-    session = links[0].session
-    return (
-        int(getattr(session, "ots_used", 0)),
-        int(getattr(session, "layers_used", 0)),
-        int(links[0].channel.round_trips),
-    )
-
-
-#: gmw: the phase groups whose bytes a run is charged (_amortised_ot) instead of counted.
-CHARGED_PHASES = ("ot_extension",)
-
-
-def _amortised_ot(phases: dict[str, int], ots: int) -> dict[str, int]:
-    """gmw's OT phase at its steady-state cost: silent OT sends one message of a whole LPN
-    iteration (about 10 million OTs) at once, so a run's measured OT bytes are either 0 (the OTs
-    were buffered) or a whole iteration. The triples took ``ots`` random OTs each way (one per
-    AND group and instance), so the run's share is 2 x ots x the silent set's bits per OT
-    after setup."""
-    bits_per_ot = float(silent_ot_params()["bits_per_ot"])
-    out = dict(phases)
-    out["ot_extension"] = math.ceil(2 * ots * bits_per_ot / 8)
-    return {k: v for k, v in out.items() if v}
 
 
 def _random_shares(n: int, ring_bits: int, field_modulus: int | None = None) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 
 from garbled_core import DEFAULT_CHUNK, DEFAULT_OT_K, and_table_bytes
 from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, build_trial_circuit, derive_params
-from spgc.app import bench_comm, cli
+from spgc.app import bench_comm, bench_comm_charges, cli
 from spgc.app.bench_sampler import party_links
 from spgc.servers.spgc_circuit import (
     noisy_sum_circuit,
@@ -294,7 +294,7 @@ def test_gmw_backend_rows_count_round_trips_and_amortise_the_silent_ots(capsys) 
         "not counted: 2 x the random OTs" in out.err
     )
     assert row["bytes_per_coordinate"] < 2000  # issue 34's target (gc: about 17,500 here)
-    bits = bench_comm.silent_ot_params()["bits_per_ot"]
+    bits = bench_comm_charges.silent_ot_params()["bits_per_ot"]
     ot = row["phase_bytes_per_coordinate"]["ot_extension"]
     # One random OT each way per AND group (gates of a layer sharing an input), not per gate.
     ots = row["random_ots_per_coordinate"]
