@@ -157,29 +157,16 @@ std::vector<uint8_t> AuthParty::open(const AuthShares& s) {
   std::vector<uint8_t> bits = s.bits;
   BlockVector macs = s.macs;
   if (deviation_.opening) deviation_.opening(bits, macs, deviation_.context);
-  std::vector<uint8_t> packed = pack_bits(bits);
-  std::array<uint8_t, 32> digest = mac_digest(macs);
-  std::vector<uint8_t> theirs(packed.size());
+  // Our bits, then SHA-256 of our MACs; the peer's message the same shape.
+  std::vector<uint8_t> message = pack_bits(bits);
+  const size_t packed = message.size();
+  const std::array<uint8_t, 32> digest = mac_digest(macs);
+  message.insert(message.end(), digest.begin(), digest.end());
+  std::vector<uint8_t> heard(message.size());
+  exchange(message.data(), message.size(), heard.data(), heard.size());
+  const uint8_t* theirs = heard.data();
   std::array<uint8_t, 32> their_digest;
-  // One side speaks first: both sending a long message at once could fill both sockets.
-  auto send_ours = [&] {
-    ch_.send(packed.data(), packed.size());
-    ch_.send(digest.data(), digest.size());
-    ch_.flush();
-  };
-  auto receive_theirs = [&] {
-    ch_.recv(theirs.data(), theirs.size());
-    ch_.recv(their_digest.data(), their_digest.size());
-  };
-  if (first_) {
-    send_ours();
-    receive_theirs();
-  } else {
-    receive_theirs();
-    send_ours();
-  }
-  log_received(theirs.data(), theirs.size());
-  log_received(their_digest.data(), their_digest.size());
+  std::memcpy(their_digest.data(), heard.data() + packed, 32);
   BlockVector expected(s.size());
   std::vector<uint8_t> values(s.size());
   for (size_t i = 0; i < s.size(); ++i) {
@@ -216,6 +203,13 @@ void AuthParty::append(AuthShares& to, const AuthShares& from) {
   }
 }
 
+void AuthParty::exchange(const void* ours, size_t n, void* theirs, size_t m) {
+  ch_.send(ours, n);
+  ch_.flush();
+  ch_.recv(theirs, m);
+  log_received(theirs, m);
+}
+
 std::array<uint8_t, 32> AuthParty::evidence() {
   std::array<uint8_t, 32> d = received_->digest();
   received_ = std::make_unique<Sha256>();
@@ -248,19 +242,15 @@ std::array<uint8_t, 32> DeferredMacCheck::our_digest() {
 }
 
 void DeferredMacCheck::check_peer(const std::array<uint8_t, 32>& theirs, const char* what) {
-  party_.log_received(theirs.data(), theirs.size());
   flush(expected_buf_, expected_used_, expected_);
   if (expected_.digest() != theirs)
     throw PeerDeviated(std::string("the peer's MACs do not hold (") + what + ")");
 }
 
 void DeferredMacCheck::verify(const char* what) {
-  Channel& ch = party_.channel();
   const std::array<uint8_t, 32> ours = our_digest();
   std::array<uint8_t, 32> theirs{};
-  ch.send(ours.data(), ours.size());
-  ch.flush();
-  ch.recv(theirs.data(), theirs.size());
+  party_.exchange(ours.data(), ours.size(), theirs.data(), theirs.size());
   check_peer(theirs, what);
 }
 

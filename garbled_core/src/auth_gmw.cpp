@@ -35,11 +35,7 @@ struct Wires {
 std::vector<uint8_t> swap_packed(AuthParty& party, const std::vector<uint8_t>& ours, size_t their_bits) {
   const std::vector<uint8_t> out = pack_bits(ours);
   std::vector<uint8_t> in((their_bits + 7) / 8);
-  Channel& ch = party.channel();
-  ch.send(out.data(), out.size());
-  ch.flush();
-  ch.recv(in.data(), in.size());
-  party.log_received(in.data(), in.size());
+  party.exchange(out.data(), out.size(), in.data(), in.size());
   return unpack_bits(in, their_bits);
 }
 
@@ -404,17 +400,17 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
         }
     if (r == Reveal::Both || r == mine_only) recv_count += plan.output_slots[o].size() * n;
   }
-  const std::vector<uint8_t> packed = pack_bits(send_bits);
+  // Our bits of what the peer learns, then the digest of their MACs; the peer's alike.
+  std::vector<uint8_t> message = pack_bits(send_bits);
   const std::array<uint8_t, 32> digest = out_check.our_digest();
-  std::vector<uint8_t> got_packed((recv_count + 7) / 8);
+  message.insert(message.end(), digest.begin(), digest.end());
+  const size_t got_bytes = (recv_count + 7) / 8;
+  std::vector<uint8_t> heard(got_bytes + 32);
+  auth_->exchange(message.data(), message.size(), heard.data(), heard.size());
   std::array<uint8_t, 32> their_digest{};
-  ch_.send(packed.data(), packed.size());
-  ch_.send(digest.data(), digest.size());
-  ch_.flush();
-  ch_.recv(got_packed.data(), got_packed.size());
-  ch_.recv(their_digest.data(), their_digest.size());
-  auth_->log_received(got_packed.data(), got_packed.size());
-  const std::vector<uint8_t> got = unpack_bits(got_packed, recv_count);
+  std::memcpy(their_digest.data(), heard.data() + got_bytes, 32);
+  heard.resize(got_bytes);
+  const std::vector<uint8_t> got = unpack_bits(heard, recv_count);
   size_t next = 0;
   for (size_t o = 0; o < c.outputs().size(); ++o) {
     const Reveal r = c.outputs()[o].reveal;

@@ -55,16 +55,6 @@ class TweakHash {
   AesKey key_;
 };
 
-// Sends ours and reads the peer's message of the same length (the channel reads while it
-// waits to write, so both sides may send at once); logs what it read as evidence.
-void swap_bytes(AuthParty& party, const void* ours, void* theirs, size_t n) {
-  Channel& ch = party.channel();
-  ch.send(ours, n);
-  ch.flush();
-  ch.recv(theirs, n);
-  party.log_received(theirs, n);
-}
-
 std::array<uint8_t, 32> check_digest(const BlockVector& g, bool first_party) {
   static const char kTag[] = "spgc.auth-triples.leaky-check.v1";
   const uint8_t role = first_party ? 0 : 1;
@@ -246,26 +236,19 @@ AuthTriples TripleFactory::leaky(size_t n) {
   }
   if (deviation_.messages) deviation_.messages(half_and, u, deviation_.context);
   const std::vector<uint8_t> half_out = pack_bits(half_and);
-  std::vector<uint8_t> half_in(half_out.size()), u_out(n * kCheckBytes), u_bytes(n * kCheckBytes);
+  // One message each way: the half-AND bits, then each U's low kCheckBytes bytes.
+  std::vector<uint8_t> message = half_out, heard(half_out.size() + n * kCheckBytes);
   for (size_t t = 0; t < n; ++t) {
     uint8_t b[16];
     store_block(b, u[t]);
-    std::memcpy(u_out.data() + t * kCheckBytes, b, kCheckBytes);  // the low 80 bits
+    message.insert(message.end(), b, b + kCheckBytes);
   }
-  {
-    Channel& ch = party_.channel();
-    ch.send(half_out.data(), half_out.size());
-    ch.send(u_out.data(), u_out.size());
-    ch.flush();
-    ch.recv(half_in.data(), half_in.size());
-    ch.recv(u_bytes.data(), u_bytes.size());
-    party_.log_received(half_in.data(), half_in.size());
-    party_.log_received(u_bytes.data(), u_bytes.size());
-  }
+  party_.exchange(message.data(), message.size(), heard.data(), heard.size());
+  const std::vector<uint8_t> half_in(heard.begin(), heard.begin() + (ptrdiff_t)half_out.size());
   BlockVector u_in(n);
   for (size_t t = 0; t < n; ++t) {
     uint8_t b[16] = {};
-    std::memcpy(b, u_bytes.data() + t * kCheckBytes, kCheckBytes);
+    std::memcpy(b, heard.data() + half_out.size() + t * kCheckBytes, kCheckBytes);
     u_in[t] = load_block(b);
   }
   const std::vector<uint8_t> peer_half = unpack_bits(half_in, 2 * n);
@@ -280,7 +263,7 @@ AuthTriples TripleFactory::leaky(size_t n) {
   if (deviation_.z_corrections) deviation_.z_corrections(e, deviation_.context);
   const std::vector<uint8_t> e_out = pack_bits(e);
   std::vector<uint8_t> e_in(e_out.size());
-  swap_bytes(party_, e_out.data(), e_in.data(), e_out.size());
+  party_.exchange(e_out.data(), e_out.size(), e_in.data(), e_in.size());
   const std::vector<uint8_t> peer_e = unpack_bits(e_in, n);
   AuthShares zs = std::move(r);
   for (size_t t = 0; t < n; ++t) {
@@ -301,7 +284,7 @@ AuthTriples TripleFactory::leaky(size_t n) {
   if (deviation_.check) deviation_.check(g, deviation_.context);
   const std::array<uint8_t, 32> ours = check_digest(g, party_.first());
   std::array<uint8_t, 32> theirs{};
-  swap_bytes(party_, ours.data(), theirs.data(), ours.size());
+  party_.exchange(ours.data(), ours.size(), theirs.data(), theirs.size());
   const bool cheating = deviation_.messages || deviation_.z_corrections || deviation_.check;
   if (theirs != expected && !cheating)  // a test's cheater goes on whatever it sees
     throw PeerDeviated("the peer's leaky AND triples do not check (x y ^ z is not 0 under the joint Delta)");

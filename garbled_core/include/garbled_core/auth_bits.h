@@ -78,6 +78,9 @@ class AuthParty {
   // (openings, triple messages, check digests): its SHA-256 is the evidence an honest party
   // keeps when it catches the peer. evidence() returns it and starts a new one.
   void log_received(const void* data, size_t n) { received_->update(data, n); }
+  // Both parties at once: sends ours (n bytes), reads theirs (m bytes), logs what it read (the
+  // channel reads while it waits to write, so both may send long messages together).
+  void exchange(const void* ours, size_t n, void* theirs, size_t m);
   std::array<uint8_t, 32> evidence();
 
   // Fault injection for tests, a party that deviates when it opens: `opening` may change the
@@ -117,7 +120,8 @@ class DeferredMacCheck {
   // mismatch). Both parties call it at the same point.
   void verify(const char* what);
   // Our digest (what verify() sends) without exchanging it: a party that sends it with
-  // another message calls this, then check_peer() on the digest it reads.
+  // another message (AuthParty::exchange, which logs it) calls this, then check_peer() on the
+  // digest it read.
   std::array<uint8_t, 32> our_digest();
   void check_peer(const std::array<uint8_t, 32>& theirs, const char* what);
 
