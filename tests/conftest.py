@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from helpers import TEST_DIRS, TwoParty, make_test_pki
 
+from spgc.app.demo import FIRST_DRAWN_PORT, PORT_RANGE_ENV
 from spgc.learning.data import load_dataset
 from spgc.learning.gradients import check_model_on_data
 from spgc.learning.models import build_model
@@ -24,7 +25,20 @@ EXTENDED_ENV = "SPGC_EXTENDED_TESTS"
 sys.path[:0] = [str(d) for d in TEST_DIRS if str(d) not in sys.path]
 
 
+def _worker_port_slice() -> str:
+    """This pytest-xdist worker's own slice of the ports free_ports draws from (set in the
+    environment, so the daemons and demos the tests start draw from it too): two workers'
+    tests never draw the same port between its check and a daemon's bind."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker.removeprefix("gw")) if worker.removeprefix("gw").isdigit() else 0
+    width = (32_000 - FIRST_DRAWN_PORT) // max(count, 1)
+    low = FIRST_DRAWN_PORT + index * width
+    return f"{low}-{low + width - 1}"
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ[PORT_RANGE_ENV] = _worker_port_slice()
     config.addinivalue_line(
         "markers", f"extended: a case of a full matrix, run only with {EXTENDED_ENV}=1"
     )

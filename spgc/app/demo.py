@@ -148,16 +148,43 @@ def _outgoing_port_range() -> tuple[int, int]:
         return 49152, 65535
 
 
+# Ray's workers bind ports 10002-19999 by default (ray start --min-worker-port/--max-worker-port):
+# drawn ports start above them, so a Ray cluster on the same host cannot take one meanwhile.
+FIRST_DRAWN_PORT = 20_000
+# "LOW-HIGH": the ports free_ports draws from (the tests give each pytest-xdist worker its own
+# slice, so that two tests never draw the same port between its check and the daemon's bind).
+PORT_RANGE_ENV = "SPGC_PORT_RANGE"
+
+
+def drawn_port_range() -> tuple[int, int]:
+    """The ports :func:`free_ports` draws from: ``$SPGC_PORT_RANGE`` ("LOW-HIGH") where set,
+    else everything from FIRST_DRAWN_PORT up."""
+    text = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not text:
+        return FIRST_DRAWN_PORT, 65_535
+    try:
+        low, high = (int(part) for part in text.split("-"))
+    except ValueError:
+        message = f"{PORT_RANGE_ENV}={text!r}: expected LOW-HIGH, e.g. 20000-26000"
+        raise ValueError(message) from None
+    if not 1024 <= low <= high <= 65_535:
+        raise ValueError(f"{PORT_RANGE_ENV}={text!r}: need 1024 <= LOW <= HIGH <= 65535")
+    return low, high
+
+
 def free_ports(count: int, *, consecutive: bool = False) -> list[int]:
     """``count`` distinct local ports that are free now (``consecutive``: N, N + 1, ...).
 
     The daemons bind them seconds later. Ports handed out by a bind to port 0 come from the
     range the kernel also gives outgoing connections, any of which could take one meanwhile;
     so they are drawn outside that range where there is room, where only another explicit
-    bind can take one.
+    bind can take one, and from :func:`drawn_port_range` (above Ray's worker ports).
     """
     low, high = _outgoing_port_range()
-    first_ports = range(10_000, 65_536 - count + 1)
+    range_low, range_high = drawn_port_range()
+    first_ports = range(range_low, range_high - count + 2)
+    if not first_ports:
+        raise OSError(f"found no {count} free local ports in {range_low}-{range_high}")
     outside = [p for p in first_ports if p + count - 1 < low or p > high]
     held: list[socket.socket] = []
     try:
@@ -176,7 +203,7 @@ def free_ports(count: int, *, consecutive: bool = False) -> list[int]:
                 held += trial
                 if len(held) >= count:
                     return [s.getsockname()[1] for s in held[:count]]
-        raise OSError(f"found no {count} free local ports")
+        raise OSError(f"found no {count} free local ports in {range_low}-{range_high}")
     finally:
         for sock in held:
             sock.close()

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 from helpers import run_in_process
 
-from spgc.app.demo import DemoOptions, _outgoing_port_range, free_ports, write_configs
+from spgc.app.demo import (
+    FIRST_DRAWN_PORT,
+    PORT_RANGE_ENV,
+    DemoOptions,
+    _outgoing_port_range,
+    drawn_port_range,
+    free_ports,
+    write_configs,
+)
 from spgc.privacy.accounting import PrivacyAccountant, quiet_dp_accounting
 from spgc.privacy.budget import budget_summary
 
@@ -47,6 +55,22 @@ def test_free_ports_are_free_distinct_and_not_where_outgoing_connections_get_the
         finally:
             for sock in socks:
                 sock.close()
+
+
+def test_free_ports_stay_in_the_drawn_range_and_above_rays_worker_ports(monkeypatch):
+    monkeypatch.delenv(PORT_RANGE_ENV, raising=False)
+    assert drawn_port_range() == (FIRST_DRAWN_PORT, 65_535)
+    assert all(p >= FIRST_DRAWN_PORT for p in free_ports(20))  # Ray's workers: 10002-19999
+    monkeypatch.setenv(PORT_RANGE_ENV, "23000-23009")
+    for consecutive in (False, True):
+        ports = free_ports(4, consecutive=consecutive)
+        assert all(23000 <= p <= 23009 for p in ports), ports
+    with pytest.raises(OSError, match="23000-23009"):
+        free_ports(11)
+    for bad in ("23000", "a-b", "900-2000", "30000-20000"):
+        monkeypatch.setenv(PORT_RANGE_ENV, bad)
+        with pytest.raises(ValueError, match=PORT_RANGE_ENV):
+            drawn_port_range()
 
 
 def test_demo_trains_with_dp_over_tls(tmp_path):

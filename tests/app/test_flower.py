@@ -392,8 +392,7 @@ def test_the_flower_example_runs_on_flowers_simulation_engine(tmp_path: Path) ->
     work = tmp_path / "flower"
     shutil.copytree(ROOT / "examples" / "flower", work,
                     ignore=shutil.ignore_patterns("certs", "state", "logs"))  # fmt: skip
-    base = free_ports(1)[0]
-    base = base - 50 if base > 65535 - 50 else base
+    base = free_ports(43, consecutive=True)[0]  # run.sh uses base + 1 ... base + 42
     env = {**os.environ, "SPGC": str(Path(sys.executable).parent / "spgc"),
            "SPGC_FLOWER_ROUNDS": "2", "SPGC_PORT_BASE": str(base)}  # fmt: skip
     done = subprocess.run(["bash", str(work / "run.sh")], cwd=tmp_path, env=env,
