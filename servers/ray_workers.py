@@ -198,10 +198,16 @@ class LaneWorker:
     session."""
 
     def __init__(
-        self, role: str, tls: WorkerTls, scheme: str, ot_k: int, backend: str = "gc"
+        self,
+        role: str,
+        tls: WorkerTls,
+        scheme: str,
+        ot_k: int,
+        backend: str = "gc",
+        trial_depth: int | None = None,
     ) -> None:
         self.role, self.tls, self.scheme, self.ot_k = role, tls, scheme, ot_k
-        self.backend = backend
+        self.backend, self.trial_depth = backend, trial_depth
         self.listener: Any = None
         self.link: PartyLink | None = None
 
@@ -226,7 +232,12 @@ class LaneWorker:
 
     def _open(self, channel: Any) -> PartyLink:
         return PartyLink.open(
-            self.role, channel, scheme=self.scheme, ot_k=self.ot_k, backend=self.backend
+            self.role,
+            channel,
+            scheme=self.scheme,
+            ot_k=self.ot_k,
+            backend=self.backend,
+            trial_depth=self.trial_depth,
         )
 
     def _linked(self) -> PartyLink:
@@ -328,10 +339,12 @@ def start_workers(
     ray_address: str = "",
     connect_timeout: float = 30.0,
     backend: str = "gc",
+    trial_depth: int | None = None,
 ) -> list[Any]:
     """``count`` LaneWorker actors on this organisation's Ray cluster (started locally when
     ``ray_address`` is empty and Ray is not initialised yet; a named one must answer within
-    ``connect_timeout`` seconds), each running ``backend``'s sessions on its link."""
+    ``connect_timeout`` seconds), each running ``backend``'s sessions on its link (gmw: its
+    trial runs within ``trial_depth`` AND layers, the plan's; None: the session's default)."""
     ray = _ray()
     if not ray.is_initialized():
         check_ray_address(ray_address, connect_timeout)
@@ -342,7 +355,9 @@ def start_workers(
             configure_logging=False,
         )
     actor_cls = ray.remote(**ACTOR_OPTIONS)(LaneWorker)
-    return [actor_cls.remote(role, tls, scheme, ot_k, backend) for _ in range(count)]
+    return [
+        actor_cls.remote(role, tls, scheme, ot_k, backend, trial_depth) for _ in range(count)
+    ]
 
 
 def connect_workers(

@@ -50,6 +50,7 @@ class WorkerPairing:
             self.cfg.ray_address,
             self.cfg.connect_timeout,
             self.cfg.backend,
+            self.cfg.trial_depth,
         )
         timeout = self.cfg.connect_timeout
         with self._workers_lock:

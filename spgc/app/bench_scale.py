@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 import garbled_core
+from garbled_core.sampler_circuit import MIN_TRIAL_DEPTH, UNBOUNDED_TRIAL_DEPTH
 from spgc.common.lanes import MAX_LANES
 from spgc.privacy.noise import SPARES_EVERY, sample_noise_plain
 from spgc.protocol.certs import make_dev_pki
@@ -78,7 +79,9 @@ def _shares(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return sums, a1, r
 
 
-def _pair_embedded(tls_dir: Path | None, backend: str = "gc") -> tuple[list[Any], list[Any]]:
+def _pair_embedded(
+    tls_dir: Path | None, backend: str = "gc", trial_depth: int | None = None
+) -> tuple[list[Any], list[Any]]:
     listener = garbled_core.Listener(HOST, 0)
     kw_g: dict[str, Any] = {"insecure": True}
     kw_e: dict[str, Any] = {"insecure": True}
@@ -92,8 +95,8 @@ def _pair_embedded(tls_dir: Path | None, backend: str = "gc") -> tuple[list[Any]
     t.join()
     listener.close()
     return (
-        [PartyLink.open("garbler", box["ch"], backend=backend)],
-        [PartyLink.open("evaluator", ch_e, backend=backend)],
+        [PartyLink.open("garbler", box["ch"], backend=backend, trial_depth=trial_depth)],
+        [PartyLink.open("evaluator", ch_e, backend=backend, trial_depth=trial_depth)],
     )
 
 
@@ -102,12 +105,13 @@ def _files(name: str) -> tuple[str, str, str]:
 
 
 def start_worker_pairs(
-    workers: int, tls_dir: Path | None, backend: str = "gc"
+    workers: int, tls_dir: Path | None, backend: str = "gc", trial_depth: int | None = None
 ) -> tuple[list[Any], list[Any], list[Any]]:
     """``workers`` H1 and H2 worker actors on the running Ray cluster, worker i of H1 linked to
     worker i of H2 (TLS with the dev PKI in ``tls_dir`` made by ``make_dev_pki(tls_dir, ["h1",
     "h2"])``, or plaintext when None), on ``backend``'s sessions. Returns (H1's lanes, H2's
-    lanes, every actor)."""
+    lanes, every actor). ``trial_depth``: gmw's trial runs within that many AND layers (the
+    plan's trial_depth; None: the session's default)."""
 
     def worker_tls(name: str, peer: str) -> WorkerTls:
         if tls_dir is None:
@@ -115,8 +119,9 @@ def start_worker_pairs(
         cert, key, ca = (str(tls_dir / f) for f in _files(name))
         return WorkerTls(cert, key, ca, peer)
 
-    g = start_workers("garbler", workers, worker_tls("h1", "h2"), backend=backend)
-    e = start_workers("evaluator", workers, worker_tls("h2", "h1"), backend=backend)
+    kw = {"backend": backend, "trial_depth": trial_depth}
+    g = start_workers("garbler", workers, worker_tls("h1", "h2"), **kw)
+    e = start_workers("evaluator", workers, worker_tls("h2", "h1"), **kw)
     try:
         lanes_g, lanes_e = connect_workers(g, e, HOST, backend=backend)
     except BaseException:
@@ -143,9 +148,16 @@ def init_local_ray(workers: int) -> None:
 
 
 def run_round(
-    d: int, workers: int, sigma: float, use_ray: bool, tls: bool, backend: str = "gc"
+    d: int,
+    workers: int,
+    sigma: float,
+    use_ray: bool,
+    tls: bool,
+    backend: str = "gc",
+    trial_depth: int | None = None,
 ) -> dict[str, Any]:
-    """One round of d coordinates on ``workers`` pairs; returns the measured figures."""
+    """One round of d coordinates on ``workers`` pairs (gmw: its trial run within
+    ``trial_depth`` AND layers, the session's default when None); the measured figures."""
     sums, a1, a2 = _shares(d)
     actors: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="spgc-scale-") as tmp:
@@ -155,9 +167,10 @@ def run_round(
             make_dev_pki(tls_dir, ["h1", "h2"])
         setup0 = time.perf_counter()
         if use_ray:
-            lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir, backend)
+            lanes_g, lanes_e, actors = start_worker_pairs(workers, tls_dir, backend, trial_depth)
         else:
-            lanes_g, lanes_e = _pair_embedded(tls_dir, backend)
+            lanes_g, lanes_e = _pair_embedded(tls_dir, backend, trial_depth)
+        depth = lanes_g[0].trial_depth if backend == "gmw" and not use_ray else trial_depth
         setup_seconds = time.perf_counter() - setup0
         idle = workers_peak_rss_mb(actors)
         warm = max(1, d // 4)
@@ -183,6 +196,7 @@ def run_round(
         "ray": use_ray,
         "tls": tls,
         "sigma_units": sigma,
+        "trial_depth": depth,
         "seconds_per_round": seconds,
         "first_round_seconds": first_seconds,
         "setup_seconds": setup_seconds,
@@ -475,6 +489,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="the pairs' sessions: gc (garbled circuits, the default) or gmw (GMW, Beaver "
         "triples from silent OT)",
     )
+    p.add_argument(
+        "--trial-depth",
+        type=int,
+        default=None,
+        metavar="D",
+        help="--backend gmw, --mode spgc: the AND layers the round's trial run keeps within "
+        "(the plan's trial_depth; default: the session's, 28)",
+    )
     p.add_argument("--model", action="store_true", help="also print the per-round model")
     p.add_argument(
         "--worker-memory-gb",
@@ -514,6 +536,17 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not math.isfinite(args.sigma) or args.sigma <= 0:
         print("spgc: error: --sigma must be a positive number", file=sys.stderr)
         return 2
+    if args.trial_depth is not None and (
+        args.backend != "gmw"
+        or args.mode != "spgc"
+        or not MIN_TRIAL_DEPTH <= args.trial_depth <= UNBOUNDED_TRIAL_DEPTH
+    ):
+        print(
+            f"spgc: error: --trial-depth is for --backend gmw --mode spgc, from "
+            f"{MIN_TRIAL_DEPTH} to {UNBOUNDED_TRIAL_DEPTH}",
+            file=sys.stderr,
+        )
+        return 2
     use_ray = not args.embedded
     if use_ray:
         if not ray_available():
@@ -524,9 +557,12 @@ def run_from_args(args: argparse.Namespace) -> int:
             )
             return 2
         init_local_ray(args.workers)
-    run = run_round if args.mode == "spgc" else run_preprocessed
+    shape = (args.dim, args.workers, args.sigma, use_ray, not args.insecure, args.backend)
     try:
-        result = run(args.dim, args.workers, args.sigma, use_ray, not args.insecure, args.backend)
+        if args.mode == "spgc":
+            result = run_round(*shape, trial_depth=args.trial_depth)
+        else:
+            result = run_preprocessed(*shape)
     finally:
         if use_ray:
             shutdown_ray()
@@ -563,9 +599,10 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def _summary_line(result: dict[str, Any]) -> str:
     """One line: where it ran, what it measured, whether the release was checked correct."""
+    depth = "" if result.get("trial_depth") is None else f", trial depth {result['trial_depth']}"
     where = (
         f"{result['workers']} worker pair(s) ({'Ray' if result['ray'] else 'embedded'}, "
-        f"{'TLS' if result['tls'] else 'plaintext'}, {result['backend']})"
+        f"{'TLS' if result['tls'] else 'plaintext'}, {result['backend']}{depth})"
     )
     verdict = "correct" if result["correct"] else "WRONG"
     if result.get("mode") == "preprocessed":

@@ -31,6 +31,22 @@ def test_embedded_round_is_checked_and_reported(
         assert out["bytes_per_coordinate"] > 20 * 500
     else:  # GMW: under a byte per AND gate (and the silent OT's setup, not amortised at 300)
         assert out["bytes_per_coordinate"] < 10 * 500
+    assert out["trial_depth"] == (28 if backend == "gmw" else None)
+
+
+def test_a_deeper_trial_takes_fewer_and_gates_and_more_round_trips(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--trial-depth: gmw's trial run within that many AND layers (the plan's trial_depth);
+    unbounded (10000) is the trial with the fewest AND gates, each layer a round trip."""
+    argv = ["bench", "scale", "--dim", "300", "--workers", "1", "--embedded", "--json"]
+    out = {}
+    for depth in ("28", "10000"):
+        assert cli.main([*argv, "--backend", "gmw", "--trial-depth", depth]) == 0
+        out[depth] = json.loads(capsys.readouterr().out)
+        assert out[depth]["correct"] and out[depth]["trial_depth"] == int(depth)
+    assert out["10000"]["and_gates"] < 0.6 * out["28"]["and_gates"]
+    assert out["10000"]["round_trips"] > 2 * out["28"]["round_trips"]
 
 
 def test_ray_worker_pairs_round(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,6 +131,9 @@ def test_model_memory_bound_and_intake() -> None:
         (["--workers", "0"], "--workers must be in 1..64"),
         (["--embedded", "--workers", "2"], "--embedded runs one pair"),
         (["--mode", "preprocessed", "--model"], "--model is for --mode spgc"),
+        (["--trial-depth", "48"], "--trial-depth is for --backend gmw --mode spgc"),
+        (["--backend", "gmw", "--trial-depth", "5"], "from 20 to 10000"),
+        (["--backend", "gmw", "--mode", "preprocessed", "--trial-depth", "48"], "--mode spgc"),
     ],
 )
 def test_bad_input_is_one_line(argv, message, capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,6 +168,6 @@ def test_the_summary_line_shows_t_and_gmws_round_trips(capsys: pytest.CaptureFix
     argv = ["bench", "scale", "--dim", "200", "--workers", "1", "--embedded", "--backend", "gmw"]
     assert cli.main(argv) == 0
     line = capsys.readouterr().out.splitlines()[0]
-    assert "200 coordinates on 1 worker pair(s) (embedded, TLS, gmw)" in line
+    assert "200 coordinates on 1 worker pair(s) (embedded, TLS, gmw, trial depth 28)" in line
     assert re.search(r"T = \d+\.\d us per coordinate per pair", line)
     assert re.search(r", \d+ round trips, correct$", line)

@@ -141,9 +141,10 @@ def kill_and_wait_until_gone(actor: object, timeout: float = 60.0) -> None:
     wait_until(gone, "the killed Ray worker to be gone", timeout=timeout)
 
 
-def pairs(k: int, backend: str = "gc") -> tuple[list, list, list]:
-    g = start_workers("garbler", k, WorkerTls(insecure=True), backend=backend)
-    e = start_workers("evaluator", k, WorkerTls(insecure=True), backend=backend)
+def pairs(k: int, backend: str = "gc", trial_depth: int | None = None) -> tuple[list, list, list]:
+    kw = {"backend": backend, "trial_depth": trial_depth}
+    g = start_workers("garbler", k, WorkerTls(insecure=True), **kw)
+    e = start_workers("evaluator", k, WorkerTls(insecure=True), **kw)
     lanes_g, lanes_e = connect_workers(g, e, "127.0.0.1", backend=backend)
     return lanes_g, lanes_e, g + e
 
@@ -177,14 +178,16 @@ def test_worker_pairs_release_the_sums_plus_the_seeds_noise(cluster, k):
     assert ig["phases"]["tables"]["sent"] == ie["phases"]["tables"]["received"] > 0
 
 
-def test_gmw_worker_pairs_release_the_same_round(cluster):
+def _gmw_round_on_two_pairs(trial_depth: int | None) -> dict:
     """backend gmw on two worker pairs: GMW sessions on the workers' links; the split falls on
     a spare group's boundary (SPARE_GROUP), so the release is the whole batch's plaintext
-    reference with gmw's spare trials, and each pair ran its part."""
+    reference with gmw's spare trials, and each pair ran its part. H1's round info."""
     n = SPARE_GROUP + 300
     sums, a1, a2 = shares(n, 2)
-    s1, s2 = hashlib.sha256(b"ray-gmw-1").digest(), hashlib.sha256(b"ray-gmw-2").digest()
-    lanes_g, lanes_e, actors = pairs(2, "gmw")
+    tag = b"" if trial_depth is None else b"-%d" % trial_depth  # a seed is never used twice
+    s1 = hashlib.sha256(b"ray-gmw-1" + tag).digest()
+    s2 = hashlib.sha256(b"ray-gmw-2" + tag).digest()
+    lanes_g, lanes_e, actors = pairs(2, "gmw", trial_depth)
     try:
         side = Background(lambda: run_aggregate("garbler", lanes_g, a1, s1, 500.0, RING, "spgc"))
         ye, ie = run_aggregate("evaluator", lanes_e, a2, s2, 500.0, RING, "spgc")
@@ -199,6 +202,18 @@ def test_gmw_worker_pairs_release_the_same_round(cluster):
     assert ig["lanes"] == ie["lanes"] == 2 and all(t > 0 for t in per_lane)
     # GMW's online openings: under a byte per AND gate, far below garbling's 24.6
     assert ig["phases"]["tables"]["sent"] < ig["and_gates"] / 2
+    return ig
+
+
+def test_gmw_worker_pairs_release_the_same_round(cluster):
+    _gmw_round_on_two_pairs(None)
+
+
+def test_gmw_worker_pairs_run_the_plans_trial_depth(cluster):
+    """The plan's trial_depth reaches the workers' sessions (servers/worker_pairing passes it):
+    at depth 48 the same release takes fewer AND gates than at 28, the default."""
+    deep, default = _gmw_round_on_two_pairs(48), _gmw_round_on_two_pairs(28)
+    assert deep["and_gates"] < 0.8 * default["and_gates"]
 
 
 @pytest.mark.parametrize("k", [1, 2])
