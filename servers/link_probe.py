@@ -23,11 +23,17 @@ import time
 from typing import Any
 
 import garbled_core
-from spgc.protocol.modes import BACKEND_NAMES
 from spgc.servers.checkpoint import config_digest
 from spgc.servers.data_link import GC_HANDSHAKE_TIMEOUT, GC_IO_TIMEOUT
 from spgc.servers.errors import PeerMismatchError
-from spgc.settings.backend_choice import AUTO, BackendChoice, LinkFigures, choose_backend
+from spgc.settings.backend_choice import (
+    AUTO,
+    BackendChoice,
+    LinkFigures,
+    candidate_label,
+    candidates,
+    choose_backend,
+)
 from spgc.wire import PROTOCOL_VERSION, peer_pb2
 from spgc.wire.errors import FailedPreconditionError
 from spgc.wire.transport import split_host_port
@@ -102,24 +108,27 @@ class BackendSelection:
     """The backend of a run with ``backend: auto``: measured and chosen at H1, checked at H2."""
 
     def _fix_backend(self, choice: BackendChoice) -> None:
-        """The run's backend from now on: in the plan (whose TrainingConfig and ledger header
-        read it), the data link's sessions and the summary."""
+        """The run's backend (and gmw's trial depth, which auto chooses with it) from now on:
+        in the plan (whose TrainingConfig and ledger header read them), the data link's sessions
+        and the summary."""
         self._backend_choice = choice
         self.cfg.backend = choice.backend
+        self.cfg.trial_depth = choice.trial_depth
         self.state.backend_choice = choice
         if self.state.config is not None:  # announced with auto before: announce the choice
             self.state.config = self.plan.training_config(self.state.run_id)
 
     def _adopt_checkpointed_backend(self, run_id: str, config_sha256: str) -> None:
-        """A restart with backend auto continues its run on the backend the run was fixed
-        with: the one whose plan the checkpoint holds (none fits: left auto, and the resume
-        refuses the checkpoint as another configuration's)."""
-        for backend in BACKEND_NAMES:
-            self.cfg.backend = backend
+        """A restart with backend auto continues its run on the backend (and trial depth) the
+        run was fixed with: the one whose plan the checkpoint holds (none fits: left auto, and
+        the resume refuses the checkpoint as another configuration's)."""
+        for backend, depth in candidates(self.cfg.mode):
+            self.cfg.backend, self.cfg.trial_depth = backend, depth
             if config_digest(self.plan.training_config(run_id)) == config_sha256:
-                self._fix_backend(BackendChoice(backend, "the run's, from its checkpoint"))
+                reason = "the run's, from its checkpoint"
+                self._fix_backend(BackendChoice(backend, reason, trial_depth=depth))
                 return
-        self.cfg.backend = AUTO
+        self.cfg.backend, self.cfg.trial_depth = AUTO, None
 
     def _backend_undecided(self) -> bool:
         return self._requested_backend == AUTO and self._backend_choice is None
@@ -225,7 +234,7 @@ class BackendSelection:
         this run's. FailedPreconditionError (one line) otherwise."""
         if not self._backend_undecided():
             return  # an explicit or fixed backend: the plans' comparison checks it
-        chosen = hello.config.backend
+        chosen = candidate_label((hello.config.backend, hello.config.trial_depth or None))
         if hello.link_bytes_per_second <= 0:
             raise FailedPreconditionError(
                 f"backend auto: h1's plan names backend {chosen!r} without the link figures it "
@@ -233,10 +242,10 @@ class BackendSelection:
             )
         link = LinkFigures(hello.link_rtt_seconds, hello.link_bytes_per_second)
         choice = choose_backend(AUTO, self.cfg.mode, self.plan.share_dim, link)
-        if choice.backend != chosen:
+        if choice.label != chosen:
             raise FailedPreconditionError(
                 f"backend auto: h1's plan names backend {chosen!r}, but its figures "
-                f"({link.describe()}, d {self.plan.share_dim:,}) give {choice.backend!r}: "
+                f"({link.describe()}, d {self.plan.share_dim:,}) give {choice.label!r}: "
                 "refusing the plan"
             )
         self._fix_backend(choice)

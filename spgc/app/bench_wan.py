@@ -14,8 +14,9 @@ average when the run started.
 
 Modes: ``gc`` and ``gmw`` are mode spgc on that backend; ``preprocessed`` is mode preprocessed
 with its pool made on ``--pre-backend``; ``auto`` is mode spgc with ``backend: auto`` (the
-table shows the backend H1 chose on the shaped link, ``auto:gmw``; ``--json`` also the figures
-it measured and each backend's expected round, ``backend_choice``).
+table shows the backend H1 chose on the shaped link, ``auto:gc``, or ``auto:gmw/48`` with gmw's
+trial depth; ``--json`` also the figures it measured and each backend's expected round,
+``backend_choice``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import yaml
 
 from spgc.app.demo import DemoError, DemoOptions, run_demo
 from spgc.learning.data import DATASET_NAMES
+from spgc.settings.backend_choice import candidate_label
 from spgc.wire.shaper import Pacer, Shaper
 from spgc.wire.transport import split_host_port
 
@@ -153,8 +155,12 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def _mode_label(row: dict[str, Any]) -> str:
-    """The row's mode; auto with the backend it chose (auto:gmw)."""
-    return f"auto:{row['backend']}" if row["mode"] == "auto" else row["mode"]
+    """The row's mode; auto with the backend it chose (auto:gc, auto:gmw/48: gmw's trial depth
+    chosen with it)."""
+    if row["mode"] != "auto":
+        return row["mode"]
+    depth = row.get("backend_choice", {}).get("trial_depth")
+    return f"auto:{candidate_label((row['backend'], depth))}"
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:

@@ -1,5 +1,7 @@
 """``backend: auto``: the backend (gc or gmw) with the least expected round time on the link
-H1 measured to H2, for the plan's coordinates; in mode preprocessed also the production run size.
+H1 measured to H2, for the plan's coordinates; in mode spgc on gmw also the trial run's depth
+(``trial_depth``: fewer AND layers, fewer round trips, more bytes and CPU), in mode preprocessed
+the production run size.
 
 One job, pure functions: H1 calls :func:`choose_backend` on its measured :class:`LinkFigures`
 and sends the figures with its choice in the Handshake; H2 calls it again on the same figures
@@ -25,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from garbled_core.sampler_circuit import MAX_TRIAL_DEPTH, UNBOUNDED_TRIAL_DEPTH
 from spgc.protocol.modes import BACKEND_NAMES
 
 __all__ = [
@@ -32,14 +35,18 @@ __all__ = [
     "AUTO_MODES",
     "CALLS_PER_RUN",
     "COSTS_COMMAND",
+    "GMW_DEPTH_COSTS",
     "MAX_RUN_ROUNDS",
     "NOISE_COSTS",
     "ROUND_COSTS",
     "RUN_OVERHEAD_SHARE",
     "BackendChoice",
     "BackendCost",
+    "Candidate",
     "LinkFigures",
     "amortised_run",
+    "candidate_label",
+    "candidates",
     "choose_backend",
     "expected_seconds",
     "production_costs",
@@ -55,7 +62,7 @@ AUTO_MODES: tuple[str, ...] = ("spgc", "preprocessed")
 #: ``dim``; preprocessed's ``offline_bytes_per_coordinate``), once per backend.
 COSTS_COMMAND = (
     "spgc bench comm --dataset mnist --epsilon 2 --modes spgc preprocessed "
-    "--coordinates 2000 --backend gc|gmw --json"
+    "--coordinates 2000 --backend gc|gmw --json (gmw's depths: --modes spgc --trial-depth D)"
 )
 
 #: A production run is made long enough that its round trips are at most this share of its
@@ -77,14 +84,48 @@ class BackendCost:
     cpu_seconds_per_coordinate: float
 
 
-#: Mode spgc's round circuit (the sampler's stages and the noisy sum) per backend: round trips,
-#: bytes per coordinate, CPU seconds per coordinate. gmw's round trips are the engine's count
-#: (``round_trips``); gc's are not counted by the engine: two per sampler stage (the stage's
-#: run and the evaluator's OT; ``rounds`` = 3 stages at d = 28,938).
-ROUND_COSTS: dict[str, BackendCost] = {
-    "gc": BackendCost(6, 20429.2, 24.2e-6),
-    "gmw": BackendCost(30, 1082.9, 64.3e-6),
+#: Mode spgc's round circuit on gmw (the fused trial run and the noisy sum) per trial depth (the
+#: plan's ``trial_depth``): round trips, bytes per coordinate, CPU seconds per coordinate. The
+#: round trips are the engine's count (``round_trips``); UNBOUNDED_TRIAL_DEPTH is the trial with
+#: the fewest AND gates, whatever its layers (about 150). Measured in one run, 2026-12-05.
+GMW_DEPTH_COSTS: dict[int, BackendCost] = {
+    MAX_TRIAL_DEPTH: BackendCost(30, 1082.9, 60.5e-6),
+    48: BackendCost(50, 679.4, 39.2e-6),
+    UNBOUNDED_TRIAL_DEPTH: BackendCost(157, 507.5, 28.5e-6),
 }
+
+#: Mode spgc's round circuit (the sampler's stages and the noisy sum) per backend, gmw at its
+#: default depth: round trips, bytes per coordinate, CPU seconds per coordinate. gc's round
+#: trips are not counted by the engine: two per sampler stage (the stage's run and the
+#: evaluator's OT; ``rounds`` = 3 stages at d = 28,938).
+ROUND_COSTS: dict[str, BackendCost] = {
+    "gc": BackendCost(6, 20211.3, 24.1e-6),
+    "gmw": GMW_DEPTH_COSTS[MAX_TRIAL_DEPTH],
+}
+
+#: What auto chooses among: a backend and, on gmw in mode spgc, the trial depth (None: the
+#: backend has none to choose).
+Candidate = tuple[str, int | None]
+
+
+def candidates(mode: str) -> list[Candidate]:
+    """What ``backend: auto`` chooses among in ``mode``: gc, and gmw at each depth of
+    GMW_DEPTH_COSTS in mode spgc (mode preprocessed's production runs gmw at its default)."""
+    out: list[Candidate] = []
+    for backend in BACKEND_NAMES:
+        if backend == "gmw" and mode == "spgc":
+            out += [(backend, depth) for depth in GMW_DEPTH_COSTS]
+        else:
+            out.append((backend, None))
+    return out
+
+
+def candidate_label(candidate: Candidate) -> str:
+    """``gc``, ``gmw`` or ``gmw/48``, ``gmw/unbounded``: a candidate in the log and summary."""
+    backend, depth = candidate
+    if depth is None:
+        return backend
+    return f"{backend}/{'unbounded' if depth >= UNBOUNDED_TRIAL_DEPTH else depth}"
 
 #: Mode preprocessed's production run (the noise-share circuit) per backend, per noise sample.
 #: bench comm counts no round trips for it: a run has the round circuit's sampler stages, so the
@@ -157,12 +198,17 @@ class BackendChoice:
     reason: str
     link: LinkFigures | None = None
     coordinates: int = 0
-    expected: dict[str, float] | None = None  # backend -> expected seconds a round
+    expected: dict[str, float] | None = None  # candidate_label -> expected seconds a round
     run_samples: dict[str, int] | None = None  # preprocessed: backend -> production run size
+    trial_depth: int | None = None  # gmw in mode spgc: the trial depth chosen with it
 
     @property
     def automatic(self) -> bool:
         return self.link is not None
+
+    @property
+    def label(self) -> str:
+        return candidate_label((self.backend, self.trial_depth))
 
     def log_line(self) -> str:
         """H1's one line: the figures, each backend's expected time, the choice and why."""
@@ -174,7 +220,7 @@ class BackendChoice:
             runs = f"; production runs of {self.run_samples[self.backend]:,} samples"
         return (
             f"backend auto: {self.link.describe()}, d {self.coordinates:,}: expected {times} a "
-            f"round; chose {self.backend} ({self.reason}){runs}"
+            f"round; chose {self.label} ({self.reason}){runs}"
         )
 
     def summary(self) -> dict[str, Any]:
@@ -189,6 +235,8 @@ class BackendChoice:
             }
         if self.run_samples:
             out["production_run_samples"] = self.run_samples[self.backend]
+        if self.trial_depth is not None:
+            out["trial_depth"] = self.trial_depth
         return out
 
 
@@ -212,14 +260,14 @@ def choose_backend(
     requested: str, mode: str, coordinates: int, link: LinkFigures | None
 ) -> BackendChoice:
     """The plan's backend. ``requested``: the config's ``backend``; an explicit gc or gmw wins
-    (``link`` unused); ``auto`` takes the least expected round time on ``link`` for
-    ``coordinates`` (a tie: the first of BACKEND_NAMES).
+    (``link`` unused); ``auto`` takes the candidate (:func:`candidates`) with the least expected
+    round time on ``link`` for ``coordinates`` (a tie: the first).
 
-    Mode spgc: one round circuit (:data:`ROUND_COSTS`). Mode preprocessed: a round's noise comes
-    from production runs (:data:`NOISE_COSTS`) of :func:`amortised_run` samples (at most
-    MAX_RUN_ROUNDS rounds' worth), so a round carries coordinates / run of a run's round trips,
-    plus the online exchange (a round trip and a ring element each way per coordinate, the same
-    on either backend)."""
+    Mode spgc: one round circuit (:data:`ROUND_COSTS`, gmw per depth :data:`GMW_DEPTH_COSTS`).
+    Mode preprocessed: a round's noise comes from production runs (:data:`NOISE_COSTS`) of
+    :func:`amortised_run` samples (at most MAX_RUN_ROUNDS rounds' worth), so a round carries
+    coordinates / run of a run's round trips, plus the online exchange (a round trip and a ring
+    element each way per coordinate, the same on either backend)."""
     if requested != AUTO:
         if requested not in BACKEND_NAMES:
             raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)} or auto")
@@ -233,7 +281,9 @@ def choose_backend(
     expected: dict[str, float] = {}
     run_samples: dict[str, int] = {}
     terms: dict[str, str] = {}
-    for backend in BACKEND_NAMES:
+    options = candidates(mode)
+    for backend, depth in options:
+        label = candidate_label((backend, depth))
         if mode == "preprocessed":
             cost = NOISE_COSTS[backend]
             fixed, per_sample = production_costs(backend, link)
@@ -244,17 +294,25 @@ def choose_backend(
                 coordinates * ONLINE_BYTES_PER_COORDINATE / link.bytes_per_second
             )
             # a round's share of the runs that make its noise: their round trips, its samples
-            expected[backend] = online + runs_per_round * fixed + coordinates * per_sample
-            terms[backend] = _dominant_term(cost, link, coordinates, runs_per_round, CALLS_PER_RUN)
+            expected[label] = online + runs_per_round * fixed + coordinates * per_sample
+            terms[label] = _dominant_term(cost, link, coordinates, runs_per_round, CALLS_PER_RUN)
         else:
-            cost = ROUND_COSTS[backend]
-            expected[backend] = expected_seconds(cost, link, coordinates)
-            terms[backend] = _dominant_term(cost, link, coordinates, 1)
-    best = min(BACKEND_NAMES, key=lambda b: expected[b])
-    others = "; ".join(f"{b}'s: {terms[b]}" for b in BACKEND_NAMES if b != best)
-    reason = f"least expected round time; {best}'s largest cost: {terms[best]}; {others}"
+            cost = ROUND_COSTS[backend] if depth is None else GMW_DEPTH_COSTS[depth]
+            expected[label] = expected_seconds(cost, link, coordinates)
+            terms[label] = _dominant_term(cost, link, coordinates, 1)
+    best = min(options, key=lambda c: expected[candidate_label(c)])
+    best_label = candidate_label(best)
+    others = "; ".join(f"{label}'s: {terms[label]}" for label in terms if label != best_label)
+    largest = terms[best_label]
+    reason = f"least expected round time; {best_label}'s largest cost: {largest}; {others}"
     return BackendChoice(
-        best, reason, link, coordinates, expected, run_samples if mode == "preprocessed" else None
+        best[0],
+        reason,
+        link,
+        coordinates,
+        expected,
+        run_samples if mode == "preprocessed" else None,
+        best[1],
     )
 
 

@@ -254,7 +254,8 @@ class ServerConfig(_Schema):
         "AND layer, about 30 a round: for links with more bandwidth cost than latency); auto "
         "(modes spgc and preprocessed): H1 measures the round trip and throughput to H2 at "
         "pairing and takes the one with the least expected round time for the plan's d (in "
-        "mode preprocessed also the production run size), H2 checks the choice from the same "
+        "mode spgc on gmw also the trial_depth: 28, 48 or unbounded; in mode preprocessed "
+        "the production run size), H2 checks the choice from the same "
         "figures, and the plan, the ledgers and the summary name the chosen one "
         "(spgc.settings.backend_choice); part of the plan: both servers must set the same; "
         "Ray worker pairs run either",

@@ -11,7 +11,12 @@ import pytest
 
 from spgc.app import bench_comm
 from spgc.servers.pool_sync import GC_TRIPS_PER_STAGE
-from spgc.settings.backend_choice import COSTS_COMMAND, NOISE_COSTS, ROUND_COSTS
+from spgc.settings.backend_choice import (
+    COSTS_COMMAND,
+    GMW_DEPTH_COSTS,
+    NOISE_COSTS,
+    ROUND_COSTS,
+)
 
 TOLERANCE = 0.10
 
@@ -47,3 +52,25 @@ def test_the_cost_table_matches_what_the_engine_measures(backend, capsys):
         # (2 or 3 at this sample): one stage either way.
         trips = GC_TRIPS_PER_STAGE * rows["spgc"]["rounds"]
         assert abs(trips - table) <= GC_TRIPS_PER_STAGE, _stale("gc round trips", trips, table)
+
+
+@pytest.mark.parametrize("depth", sorted(GMW_DEPTH_COSTS))
+def test_gmws_rows_per_trial_depth_match_what_the_engine_measures(depth, capsys):
+    code = bench_comm.run(
+        "mnist", [2.0], modes=["spgc"], coordinates=400, backend="gmw", trial_depth=depth,
+        as_json=True,
+    )  # fmt: skip
+    assert code == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["trial_depth"] == depth
+    table = GMW_DEPTH_COSTS[depth]
+    measured = row["bytes_per_coordinate"]
+    stale = _stale(
+        f"gmw depth {depth} round bytes per coordinate", measured, table.bytes_per_coordinate
+    )
+    assert abs(measured - table.bytes_per_coordinate) <= TOLERANCE * table.bytes_per_coordinate, (
+        stale
+    )
+    trips = row["round_trips"] / row["rounds"]
+    stale = _stale(f"gmw depth {depth} round trips", trips, table.round_trips)
+    assert abs(trips - table.round_trips) <= TOLERANCE * table.round_trips, stale

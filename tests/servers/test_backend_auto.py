@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from test_server_daemon import (
     PROVIDERS,
     Provider,
@@ -21,7 +22,15 @@ from spgc.privacy.ledger_format import LEDGER_FILE
 from spgc.protocol.modes import BACKEND_NAMES
 from spgc.servers.daemon import ServerDaemon
 from spgc.servers.pool_sync import RunSizer
-from spgc.settings.backend_choice import AUTO, LinkFigures, choose_backend
+from spgc.settings.backend_choice import (
+    AUTO,
+    LinkFigures,
+    candidate_label,
+    candidates,
+    choose_backend,
+)
+from spgc.wire import PROTOCOL_VERSION, peer_pb2
+from spgc.wire.errors import FailedPreconditionError
 
 __all__ = ["pki"]  # the module-scoped PKI fixture of test_server_daemon
 
@@ -44,6 +53,8 @@ def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplo
         chosen = d1.cfg.backend
         assert chosen in BACKEND_NAMES and d2.cfg.backend == chosen
         assert cfg.backend == chosen  # the plan providers see names it
+        depth = d1.cfg.trial_depth  # gmw: the trial depth chosen with it (gc: none)
+        assert d2.cfg.trial_depth == depth and (cfg.trial_depth or None) == depth
         vecs = [np.full(cfg.num_parameters, 10 * (i + 1), dtype=np.int64) for i in range(3)]
         for p, v in zip(providers, vecs, strict=True):
             p.submit_both(cfg, 0, v)
@@ -58,11 +69,12 @@ def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplo
         assert figures == s2["backend_choice"]  # H2 took the same figures through the same model
         link = LinkFigures(figures["rtt_ms"] / 1000, figures["mbit_per_s"] * 1e6 / 8)
         again = choose_backend(AUTO, "spgc", d1.plan.share_dim, link)
-        assert again.backend == chosen
-        assert set(figures["expected_round_seconds"]) == set(BACKEND_NAMES)
+        assert (again.backend, again.trial_depth) == (chosen, depth)
+        labels = {candidate_label(c) for c in candidates("spgc")}
+        assert set(figures["expected_round_seconds"]) == labels
         lines = [r.getMessage() for r in caplog.records if "backend auto:" in r.getMessage()]
         assert any(line.startswith("h1: backend auto: round trip") for line in lines), lines
-        assert any(f"chose {chosen}" in line for line in lines)
+        assert any(f"chose {again.label}" in line for line in lines)
     finally:
         for p in providers:
             p.close()
@@ -72,6 +84,7 @@ def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplo
     for role in (1, 2):
         again = ServerDaemon(_cfg(pki, role, tmp_path / f"s{role}", **_AUTO_RUN))
         assert again.cfg.backend == chosen and again.state.config is None
+        assert again.cfg.trial_depth == depth
         assert again.state.summary()["backend_choice"]["reason"] == "the run's, from its checkpoint"
 
 
@@ -135,6 +148,36 @@ def test_a_probe_h2_cannot_open_is_named_in_one_line(pki, tmp_path):
     try:
         assert d1.wait(40)
         assert "backend auto: h2 opened no link probe to this server's gc_address" in str(d1.error)
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_h2_checks_the_trial_depth_h1_chose_with_gmw(pki, tmp_path):
+    """Mode spgc: auto chooses gmw's trial depth with the backend. H2 takes H1's plan only
+    when its figures give both: a slow link gives gmw with the unbounded trial (the fewest
+    bytes); a plan naming gmw at another depth is refused in one line, the right one fixed."""
+    d1, d2 = bind_pair(pki, tmp_path, **_AUTO_RUN)
+    try:
+        link = LinkFigures(rtt_seconds=0.0, bytes_per_second=1e5)
+        want = choose_backend(AUTO, "spgc", d2.plan.share_dim, link)
+        assert want.backend == "gmw" and want.trial_depth is not None
+
+        def hello(depth: int) -> peer_pb2.PeerHello:
+            config = d2.plan.training_config("run")
+            config.backend, config.trial_depth = "gmw", depth
+            return peer_pb2.PeerHello(
+                protocol_version=PROTOCOL_VERSION, role=1, config=config,
+                link_rtt_seconds=link.rtt_seconds, link_bytes_per_second=link.bytes_per_second,
+            )  # fmt: skip
+
+        other = next(c[1] for c in candidates("spgc") if c[1] not in (None, want.trial_depth))
+        with pytest.raises(FailedPreconditionError, match=f"give '{want.label}'"):
+            d2._check_backend_choice(hello(other))
+        assert d2.cfg.backend == AUTO and d2.cfg.trial_depth is None  # nothing fixed
+        d2._check_backend_choice(hello(want.trial_depth))
+        assert (d2.cfg.backend, d2.cfg.trial_depth) == ("gmw", want.trial_depth)
+        assert d2.plan.training_config("run").trial_depth == want.trial_depth
     finally:
         d1.stop()
         d2.stop()

@@ -11,11 +11,14 @@ from spgc.settings.backend_choice import (
     AUTO,
     AUTO_MODES,
     CALLS_PER_RUN,
+    GMW_DEPTH_COSTS,
     MAX_RUN_ROUNDS,
     NOISE_COSTS,
     ROUND_COSTS,
     RUN_OVERHEAD_SHARE,
     LinkFigures,
+    candidate_label,
+    candidates,
     choose_backend,
     expected_seconds,
     production_costs,
@@ -40,16 +43,24 @@ def test_a_slow_far_link_and_a_small_model_take_the_backend_with_fewer_round_tri
 def test_the_choice_is_the_least_of_the_models_own_expected_times(rtt, mbit, d):
     link = LinkFigures(rtt_seconds=rtt, bytes_per_second=mbit * MBIT)
     choice = choose_backend(AUTO, "spgc", d, link)
-    assert choice.expected == {b: expected_seconds(ROUND_COSTS[b], link, d) for b in BACKEND_NAMES}
-    assert choice.backend == min(choice.expected, key=choice.expected.__getitem__)
-    for b in BACKEND_NAMES:  # its terms, as the module's docstring writes them
-        cost = ROUND_COSTS[b]
+
+    def cost_of(candidate):
+        backend, depth = candidate
+        return ROUND_COSTS[backend] if depth is None else GMW_DEPTH_COSTS[depth]
+
+    options = candidates("spgc")
+    assert choice.expected == {
+        candidate_label(c): expected_seconds(cost_of(c), link, d) for c in options
+    }
+    assert choice.label == min(choice.expected, key=choice.expected.__getitem__)
+    for c in options:  # its terms, as the module's docstring writes them
+        cost = cost_of(c)
         want = cost.round_trips * rtt + d * (
             cost.bytes_per_coordinate / link.bytes_per_second + cost.cpu_seconds_per_coordinate
         )
-        assert math.isclose(choice.expected[b], want)
+        assert math.isclose(choice.expected[candidate_label(c)], want)
     line = choice.log_line()
-    assert f"chose {choice.backend}" in line and f"{1000 * rtt:.2f} ms" in line
+    assert f"chose {choice.label}" in line and f"{1000 * rtt:.2f} ms" in line
 
 
 def test_bandwidth_moves_a_large_model_from_one_backend_to_the_other():
@@ -59,8 +70,29 @@ def test_bandwidth_moves_a_large_model_from_one_backend_to_the_other():
     slow = choose_backend(AUTO, "spgc", d, LinkFigures(0.001, 100 * MBIT))
     fast = choose_backend(AUTO, "spgc", d, LinkFigures(0.001, 1e6 * MBIT))
     assert slow.expected is not None and fast.expected is not None
-    assert slow.expected["gc"] > slow.expected["gmw"] and slow.backend == "gmw"
-    assert fast.expected["gc"] < fast.expected["gmw"] and fast.backend == "gc"
+    assert slow.expected["gc"] > slow.expected[slow.label] and slow.backend == "gmw"
+    assert fast.expected["gc"] < min(v for k, v in fast.expected.items() if k != "gc")
+    assert fast.backend == "gc" and fast.trial_depth is None
+
+
+def test_on_gmw_the_round_trip_chooses_the_trial_depth():
+    """Mode spgc on gmw: a far link takes the shallow trial (fewer round trips), a near one
+    the unbounded (the fewest AND gates: bytes and CPU), MNIST's d at 100 Mbit/s; the depth is
+    in the choice, its label, the log line and the summary."""
+    d = 28_938
+    far = choose_backend(AUTO, "spgc", d, LinkFigures(0.200, 100 * MBIT))
+    near = choose_backend(AUTO, "spgc", d, LinkFigures(0.001, 100 * MBIT))
+    assert far.backend == near.backend == "gmw"
+    assert far.trial_depth is not None and near.trial_depth is not None
+    assert far.trial_depth < near.trial_depth == max(GMW_DEPTH_COSTS)
+    assert near.label == "gmw/unbounded" and far.label == f"gmw/{far.trial_depth}"
+    assert near.summary()["trial_depth"] == near.trial_depth
+    assert "chose gmw/unbounded" in near.log_line()
+    # mode preprocessed's production runs gmw at its default depth: no depth to choose
+    pre = choose_backend(AUTO, "preprocessed", d, LinkFigures(0.001, 100 * MBIT))
+    assert pre.trial_depth is None and set(pre.expected or {}) == set(BACKEND_NAMES)
+    # an explicit backend chooses no depth (the config's trial_depth, if any, is the plan's)
+    assert choose_backend("gmw", "spgc", d, None).trial_depth is None
 
 
 def test_an_explicit_backend_wins_whatever_the_link():
