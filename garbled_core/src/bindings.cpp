@@ -29,6 +29,24 @@ using namespace pybind11::literals;
 
 namespace {
 
+// The Circuit.hash a test hook is given, back to its 32 bytes.
+std::array<uint8_t, 32> circuit_hash_bytes(const std::string& hex) {
+  if (hex.size() != 64) throw py::value_error("a circuit hash is 64 hex digits (Circuit.hash)");
+  std::array<uint8_t, 32> out{};
+  auto nibble = [](char ch) -> int {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    throw py::value_error("a circuit hash is lowercase hex (Circuit.hash)");
+  };
+  for (size_t i = 0; i < 32; ++i) out[i] = (uint8_t)(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
+  return out;
+}
+
+constexpr const char* kClaimCircuitDoc =
+    "Test hook: state the circuit with this hash (Circuit.hash) in every later run header while "
+    "evaluating the circuit run() is given: a party that runs another circuit under the agreed "
+    "one's name (never outside tests).";
+
 using U64Array = py::array_t<uint64_t, py::array::c_style>;
 
 gc::InputOwner parse_owner(const std::string& s) {
@@ -402,7 +420,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("last_transcript", [](const gc::GmwParty& s) {
         const auto& t = s.last_transcript();
         return py::bytes(reinterpret_cast<const char*>(t.data()), t.size());
-      }, "SHA-256 of the peer's openings in the last run (differs between runs: fresh triples).");
+      }, "SHA-256 of the peer's openings in the last run (differs between runs: fresh triples).")
+      .def("_claim_circuit_for_test", [](gc::GmwParty& s, const std::string& hash) {
+        s.claim_circuit_for_test(circuit_hash_bytes(hash));
+      }, "circuit_hash"_a, kClaimCircuitDoc);
 
   py::class_<gc::AuthGmwParty>(m, "AuthGmwParty",
       "One server of authenticated GMW (security: malicious; auth_gmw.h): role 'garbler' (H1) or "
@@ -469,6 +490,9 @@ PYBIND11_MODULE(_core, m) {
       .def("_deviate_triples_for_test", [](gc::AuthGmwParty& s, const std::string& kind, size_t index) {
         s.deviate_triples_for_test(triple_cheat(kind, index, -1));
       }, "kind"_a, "index"_a, "Test hook: make this party deviate in the leaky AND (never outside tests).")
+      .def("_claim_circuit_for_test", [](gc::AuthGmwParty& s, const std::string& hash) {
+        s.claim_circuit_for_test(circuit_hash_bytes(hash));
+      }, "circuit_hash"_a, kClaimCircuitDoc)
       .def("_delta_for_test", [](const gc::AuthGmwParty& s) {
         uint8_t b[16];
         gc::store_block(b, s.delta_for_test());

@@ -455,7 +455,8 @@ void Session::exchange_header(const Circuit& c, const RunInputs& in) {
   mine.run_id = run_id_;
   mine.chunk = (uint32_t)plan_chunk(options_);
   mine.n = in.n;
-  std::memcpy(mine.circuit, c.digest().data(), 32);
+  const std::array<uint8_t, 32> stated = stated_circuit(c);
+  std::memcpy(mine.circuit, stated.data(), 32);
   auto cd = carried_digest(c, in);
   std::memcpy(mine.carried, cd.data(), 32);
   ch_.send(&mine, sizeof(mine));

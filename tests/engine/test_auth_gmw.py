@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import Background
-from test_gmw import GmwPair
+from test_gmw import GmwPair, gmw_pair
 
 from garbled_core import (
     AuthGmwParty,
@@ -32,6 +32,8 @@ from garbled_core import (
     ProtocolError,
 )
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
+
+__all__ = ["gmw_pair"]  # test_gmw's fixture, used here
 
 
 @pytest.fixture
@@ -207,6 +209,67 @@ def test_a_party_that_lies_about_an_input_mask_is_caught(auth_pair):
     pair = auth_pair()
     pair.h1._deviate_for_test("flip_input_mask", 9)
     cheat(pair, adder(), {"x": XS}, {"y": YS})
+
+
+def noisy_sum(leave_out_peer_noise: bool = False):
+    """The round's shape in miniature: y = s1 + s2 + (r1 xor r2), each server's share of the
+    sum and its noise bits. ``leave_out_peer_noise``: the cheater's version, which adds only
+    its own r1 (which it may set to zero), with the same AND gates and one XOR fewer."""
+    b = CircuitBuilder("noisy-sum")
+    s1 = b.input("s1", owner="garbler", width=16)
+    r1 = b.input("r1", owner="garbler", width=16)
+    s2 = b.input("s2", owner="evaluator", width=16)
+    r2 = b.input("r2", owner="evaluator", width=16)
+    noise = r1 if leave_out_peer_noise else b.xor(r1, r2)
+    b.output("y", b.add(b.add(s1, s2), noise), reveal="both")
+    return b.build()
+
+
+NOISY_SUM_H1 = {"s1": XS, "r1": np.zeros(40, dtype=np.uint64)}  # the cheater's "noise": none
+NOISY_SUM_H2 = {"s2": YS, "r2": np.arange(40, dtype=np.uint64) * np.uint64(1_607) + 1}
+
+
+def run_under_the_agreed_name(pair: GmwPair, real, cheats: bool) -> tuple[Any, Any]:
+    """H1 states ``real``'s hash in its run header and evaluates the noise-free circuit
+    (``cheats``) or ``real`` itself; H2 runs ``real``. (H1's side, H2's side) as Background
+    results: H2's, or the error it raised."""
+    pair.h1._claim_circuit_for_test(real.hash)
+    run_by_h1 = noisy_sum(leave_out_peer_noise=True) if cheats else real
+    assert run_by_h1.and_count == real.and_count and (run_by_h1.hash != real.hash) == cheats
+    side = Background(lambda: pair.h1.run(run_by_h1, NOISY_SUM_H1, {}, None))
+    mine = Background(lambda: pair.h2.run(real, NOISY_SUM_H2, {}, None))
+    return side, mine
+
+
+def test_a_party_that_runs_the_circuit_without_the_peers_noise_is_caught(auth_pair):
+    """Issue 46's "garbles the circuit without noise", on GMW: H1 states the agreed circuit's
+    hash and evaluates one that leaves H2's noise out. Its shares of the sum's wires follow the
+    other circuit, their MACs cannot (the keys follow H2's evaluation of the agreed one): H2's
+    deferred check fails before any output is sent."""
+    pair = auth_pair()
+    side, mine = run_under_the_agreed_name(pair, noisy_sum(), cheats=True)
+    with pytest.raises(PeerDeviated, match="AND-gate openings"):
+        mine.result()
+    pair.h2_channel.close()
+    with pytest.raises((ChannelError, PeerDeviated)):
+        side.result()  # H1 learns nothing either: H2 stopped before the outputs
+
+
+def test_control_the_claim_alone_passes_and_semi_honest_gmw_misses_the_other_circuit(
+    auth_pair, gmw_pair
+):
+    """The controls: the hook itself (H1 states the agreed hash and runs the agreed circuit)
+    is accepted with the right outputs; and semi-honest GMW runs H1's other circuit to its end
+    without noticing, releasing a wrong y, which only the MACs above stop."""
+    real = noisy_sum()
+    want = real.evaluate({**NOISY_SUM_H1, **NOISY_SUM_H2})["y"]
+    pair = auth_pair()
+    side, mine = run_under_the_agreed_name(pair, real, cheats=False)
+    assert np.array_equal(mine.result()["y"], want) and np.array_equal(side.result()["y"], want)
+    plain = gmw_pair()
+    side, mine = run_under_the_agreed_name(plain, real, cheats=True)
+    y2, y1 = mine.result()["y"], side.result()["y"]
+    assert np.array_equal(y1, y2) and not np.array_equal(y2, want)
 
 
 @pytest.mark.parametrize("kind", ["half_and_flip", "correction_flip", "check_flip"])

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -107,6 +108,10 @@ class Session {
   Channel& channel() { return ch_; }
   const SessionOptions& options() const { return options_; }
   uint32_t runs() const { return run_id_; }
+  // Fault injection for tests: this party states `digest` as its circuit in every later run
+  // header while it evaluates the circuit it is given (a party that runs another circuit under
+  // the agreed one's name). Never set outside tests.
+  void claim_circuit_for_test(const std::array<uint8_t, 32>& digest) { claimed_circuit_ = digest; }
 
  protected:
   void check_inputs(const Circuit& c, const RunInputs& in, InputOwner self) const;
@@ -125,6 +130,10 @@ class Session {
   static void check_run_facts(const Circuit& c, const RunFacts& mine, const RunFacts& theirs,
                               const std::string& extra = "");
   RunOutputs prepare_outputs(const Circuit& c, size_t n, bool garbler) const;
+  // The circuit digest this party states in its run header: c's (or the test hook's claim).
+  std::array<uint8_t, 32> stated_circuit(const Circuit& c) const {
+    return claimed_circuit_ ? *claimed_circuit_ : c.digest();
+  }
   // An empty Kept of this session's current run for output `port`, with `blocks` blocks of
   // this backend's per-(bit, instance) state.
   std::shared_ptr<KeptLabels> new_kept(const OutputPort& port, size_t n, size_t blocks) const;
@@ -137,6 +146,7 @@ class Session {
   block salt_{};
   block const_label_{};  // label of the constant-zero wire
   std::unique_ptr<Prg> garbler_input_prg_;
+  std::optional<std::array<uint8_t, 32>> claimed_circuit_;  // claim_circuit_for_test
 };
 
 class GarblerSession : public Session {
