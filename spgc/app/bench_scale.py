@@ -54,6 +54,7 @@ from spgc.servers.ray_workers import (
     shutdown_ray,
     start_workers,
 )
+from spgc.settings.backend_choice import GMW_EXCHANGE_SHARE
 from spgc.wire import aggregation_pb2 as pb
 
 HOST = "127.0.0.1"
@@ -368,8 +369,9 @@ def model_rows(
 ) -> list[dict[str, Any]]:
     """The circuit part of a round, per (d, K, link): link seconds (both directions' bytes over
     one link of G Gbit/s) against compute seconds (d coordinates over K pairs at this run's
-    per-pair rate); the larger bounds the round, plus ``round_trips`` x ``rtt_seconds`` (gmw's
-    AND layers; gc's few round trips are not counted). With a measured working set per
+    per-pair rate); the larger bounds the round, plus ``round_trips`` x ``rtt_seconds`` x
+    GMW_EXCHANGE_SHARE (gmw's AND-layer exchanges, half a round trip each: both servers send at
+    once; gc's few round trips are not counted). With a measured working set per
     coordinate, a worker's peak memory (idle + one batch of at most RANGE_BATCH coordinates + 24
     bytes per coordinate of its range) and whether it fits ``worker_memory_gb``."""
     rows = []
@@ -387,7 +389,7 @@ def model_rows(
                 ) / 1e9
             for g in MODEL_GBITS:
                 link = d * bytes_per_coord * 8 / (g * 1e9)
-                waits = round_trips * rtt_seconds
+                waits = round_trips * GMW_EXCHANGE_SHARE * rtt_seconds
                 bound = "link" if link > compute else "CPU"
                 if waits > max(link, compute):
                     bound = "round trips"
@@ -510,8 +512,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         type=float,
         default=DEFAULT_RTT_MS,
         metavar="MS",
-        help="round-trip time between the organisations for the model: gmw waits it once per "
-        f"AND layer of the round (default: {DEFAULT_RTT_MS:g})",
+        help="round-trip time between the organisations for the model: gmw waits half of it "
+        f"per AND layer of the round (default: {DEFAULT_RTT_MS:g})",
     )
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p

@@ -76,8 +76,11 @@ def steady_state(history: Sequence[dict[str, Any]], warmup: int) -> dict[str, An
     steady = [r for r in rounds if r["round"] >= warmup]
     timed = [r for r in steady if r["round"] + 1 in opened]
     intervals = [opened[r["round"] + 1] - opened[r["round"]] for r in timed]
+    # H1 opens round t+1 before its checkpoint of round t, which so overlaps the next interval:
+    # the rest of an interval is what its other phases leave
+    before_next = [p for p in PHASES if p != "checkpoint"]
     other = [
-        interval - sum(r["seconds"].get(p, 0.0) for p in PHASES)
+        interval - sum(r["seconds"].get(p, 0.0) for p in before_next)
         for r, interval in zip(timed, intervals, strict=True)
     ]
     out: dict[str, Any] = {

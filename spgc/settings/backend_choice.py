@@ -11,8 +11,8 @@ floats through the same arithmetic).
 The model of one round's circuit on a backend (or, in mode preprocessed, of making one round's
 noise shares)::
 
-    seconds = round_trips * rtt + coordinates * (bytes_per_coordinate / throughput
-                                                 + cpu_seconds_per_coordinate)
+    seconds = round_trips * trip_share * rtt + coordinates * (bytes_per_coordinate / throughput
+                                                              + cpu_seconds_per_coordinate)
 
 with the per-coordinate figures of :data:`ROUND_COSTS` and :data:`NOISE_COSTS`, measured by the
 engine's own counters (see :data:`COSTS_COMMAND`; tests/app/test_backend_costs.py measures
@@ -36,6 +36,7 @@ __all__ = [
     "CALLS_PER_RUN",
     "COSTS_COMMAND",
     "GMW_DEPTH_COSTS",
+    "GMW_EXCHANGE_SHARE",
     "MAX_RUN_ROUNDS",
     "NOISE_COSTS",
     "ROUND_COSTS",
@@ -73,15 +74,28 @@ RUN_OVERHEAD_SHARE = 0.1
 CALLS_PER_RUN = 2
 
 
+#: What one of gmw's counted round trips costs, in round trips of the link: an AND layer's
+#: exchange has both parties send at once and each wait only for the other's message, half a
+#: round trip (`spgc bench wan --grid`, cancer: gmw's circuit grew by 4.3 ms an exchange from
+#: 1 to 10 ms and by 24.7 ms from 1 to 50 ms; docs/RESULTS.md section 12).
+GMW_EXCHANGE_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class BackendCost:
     """What one run of a circuit costs on a backend: its round trips (per run, whatever its
-    size), and per coordinate (or noise sample) its bytes between the servers and the CPU
-    seconds of the two parties running side by side."""
+    size; each costs ``trip_share`` of the link's round trip), and per coordinate (or noise
+    sample) its bytes between the servers and the CPU seconds of the two parties running side
+    by side."""
 
     round_trips: float
     bytes_per_coordinate: float
     cpu_seconds_per_coordinate: float
+    trip_share: float = 1.0
+
+    def trip_seconds(self, link: LinkFigures) -> float:
+        """Seconds of one run's round trips on ``link``."""
+        return self.round_trips * self.trip_share * link.rtt_seconds
 
 
 #: Mode spgc's round circuit on gmw (the fused trial run and the noisy sum) per trial depth (the
@@ -89,9 +103,9 @@ class BackendCost:
 #: round trips are the engine's count (``round_trips``); UNBOUNDED_TRIAL_DEPTH is the trial with
 #: the fewest AND gates, whatever its layers (about 150). Measured in one run, 2026-12-05.
 GMW_DEPTH_COSTS: dict[int, BackendCost] = {
-    MAX_TRIAL_DEPTH: BackendCost(30, 1082.9, 60.5e-6),
-    48: BackendCost(50, 679.4, 39.2e-6),
-    UNBOUNDED_TRIAL_DEPTH: BackendCost(157, 507.5, 28.5e-6),
+    MAX_TRIAL_DEPTH: BackendCost(30, 1082.9, 60.5e-6, GMW_EXCHANGE_SHARE),
+    48: BackendCost(50, 679.4, 39.2e-6, GMW_EXCHANGE_SHARE),
+    UNBOUNDED_TRIAL_DEPTH: BackendCost(157, 507.5, 28.5e-6, GMW_EXCHANGE_SHARE),
 }
 
 #: Mode spgc's round circuit (the sampler's stages and the noisy sum) per backend, gmw at its
@@ -132,7 +146,7 @@ def candidate_label(candidate: Candidate) -> str:
 #: round circuit's counts stand in for them.
 NOISE_COSTS: dict[str, BackendCost] = {
     "gc": BackendCost(6, 19740.9, 22.7e-6),
-    "gmw": BackendCost(30, 1022.4, 60.6e-6),
+    "gmw": BackendCost(30, 1022.4, 60.6e-6, GMW_EXCHANGE_SHARE),
 }
 
 #: Bytes per coordinate of mode preprocessed's online exchange (one ring element of 8 bytes each
@@ -167,7 +181,7 @@ def expected_seconds(
 ) -> float:
     """The model's seconds for ``runs`` runs of a circuit over ``coordinates`` in all."""
     per_coordinate = cost.bytes_per_coordinate / link.bytes_per_second
-    return runs * cost.round_trips * link.rtt_seconds + coordinates * (
+    return runs * cost.trip_seconds(link) + coordinates * (
         per_coordinate + cost.cpu_seconds_per_coordinate
     )
 
@@ -178,7 +192,7 @@ def production_costs(backend: str, link: LinkFigures) -> tuple[float, float]:
     and CPU."""
     cost = NOISE_COSTS[backend]
     per_sample = cost.bytes_per_coordinate / link.bytes_per_second + cost.cpu_seconds_per_coordinate
-    return (cost.round_trips + CALLS_PER_RUN) * link.rtt_seconds, per_sample
+    return cost.trip_seconds(link) + CALLS_PER_RUN * link.rtt_seconds, per_sample
 
 
 def amortised_run(fixed_seconds: float, seconds_per_sample: float, cap: int) -> int:
@@ -246,7 +260,7 @@ def _dominant_term(
     """The largest of the expected time's terms, in words (``calls``: round trips a run has
     besides its circuit's)."""
     round_trips = runs * (cost.round_trips + calls)
-    trips = round_trips * link.rtt_seconds
+    trips = runs * (cost.trip_seconds(link) + calls * link.rtt_seconds)
     wire = coordinates * cost.bytes_per_coordinate / link.bytes_per_second
     cpu = coordinates * cost.cpu_seconds_per_coordinate
     return max(

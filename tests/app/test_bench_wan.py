@@ -73,14 +73,17 @@ def test_steady_state_is_the_median_after_the_warmup() -> None:
         for t, at in enumerate([0.0, 5.0, 6.0, 7.5, 8.5, 9.0])
     ]  # fmt: skip
     history[3]["seconds"]["noise_wait"] = 0.2  # the only round that found the pool empty
+    for r in history:  # after the next round opened: not part of the interval's rest
+        r["seconds"]["checkpoint"] = 0.7
     out = steady_state(history, warmup=2)
     # intervals of rounds 2, 3, 4 (round 5 has no successor): 1.5, 1.0, 0.5
     assert out["round_s"] == pytest.approx(1.0) and out["round_s_mean"] == pytest.approx(1.0)
     assert out["rounds"] == 4
     assert out["intake"] == pytest.approx(0.45)
     assert out["exchange"] == pytest.approx(0.01) and out["circuit"] is None
-    # the rest of each interval: 1.5 - 0.31, 1.0 - 0.61, 0.5 - 0.51
-    assert out["other"] == pytest.approx(0.39)
+    # the rest of each interval: 1.5 - 0.31, 1.0 - 0.61, 0.5 - 0.51 (the checkpoint overlaps
+    # the next round, whose opening comes first)
+    assert out["other"] == pytest.approx(0.39) and out["checkpoint"] == pytest.approx(0.7)
     assert out["noise_wait"] == 0.0 and out["noise_waits"] == 1  # 0 in the rounds not waiting
     text = table([{**out, "mode": "preprocessed", "rtt_ms": 50.0, "mbit": 0.0, "load_1min": 1.0}])
     assert "unlimited" in text and "preprocessed" in text and "1.000" in text
