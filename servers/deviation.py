@@ -7,7 +7,8 @@ stops the run: nothing of the round is released (its result never reaches the mo
 a ``released`` line), the evidence is kept (the engine's digest of everything the peer sent in
 the run, else the SHA-256 of the check's message), and the abort goes into this server's own
 ledger, signed by it alone (the peer will not co-sign). Earlier rounds stay counted, and so
-does the aborted round's release entry, written before its circuit ran.
+does the aborted round's release entry, written before its circuit ran. Mode preprocessed's
+pool production aborts the same way (its caught run stores no noise; :data:`NOISE_PRODUCTION`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from typing import Any
 from spgc.privacy.ledger_format import LedgerError, abort_line
 from spgc.servers.errors import PeerDeviatedError
 
-__all__ = ["abort_round", "evidence_of"]
+__all__ = ["NOISE_PRODUCTION", "abort_round", "evidence_of"]
+
+#: ``during`` of an abort caught while making mode preprocessed's noise pool.
+NOISE_PRODUCTION = "noise production"
 
 
 def evidence_of(link: Any, exc: BaseException) -> tuple[str, str]:
@@ -37,12 +41,17 @@ def _check(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def abort_round(state: Any, link: Any, t: int, exc: BaseException) -> PeerDeviatedError:
+def abort_round(
+    state: Any, link: Any, t: int, exc: BaseException, during: str = ""
+) -> PeerDeviatedError:
     """This server caught the peer deviating in round t (``exc``: the engine's PeerDeviated):
     the abort entry in its ledger, the audit line, the run failed with the abort's line
-    (providers are told), and the error to raise, which stops the server (no re-pairing)."""
+    (providers are told), and the error to raise, which stops the server (no re-pairing).
+    ``during``: what was running when not the round's own circuit ("noise production": mode
+    preprocessed's pool, whose run stores nothing once caught), named in the entry's check."""
     evidence, digest = evidence_of(link, exc)
-    abort = {"round": t, "check": _check(exc), "evidence": evidence, "evidence_digest": digest}
+    check = f"{during}: {_check(exc)}" if during else _check(exc)
+    abort = {"round": t, "check": check, "evidence": evidence, "evidence_digest": digest}
     message = abort_line(abort)
     try:
         state.record_abort(t, abort["check"], evidence, digest)

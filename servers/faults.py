@@ -57,8 +57,10 @@ FAULT_POINTS = (
     "after-update",
     "during-checkpoint",
 )
-#: Points where the engine raises garbled_core.PeerDeviated instead (no SIGKILL).
-DEVIATION_POINTS = ("peer-deviated",)
+#: Points where the engine raises garbled_core.PeerDeviated instead (no SIGKILL): in the round's
+#: circuit, or in a noise-pool production run made while the run is at that round (mode
+#: preprocessed; the fill before round 0 is at round 0).
+DEVIATION_POINTS = ("peer-deviated", "pool-peer-deviated")
 #: Points where this server's own engine starts to cheat (a real deviation the peer catches).
 CHEAT_POINTS = ("cheat-opening",)
 #: What the injected PeerDeviated says (the abort entry's check).

@@ -31,7 +31,9 @@ from spgc.servers.coordinator import (
     own_verifier_messages,
     seed_commitment_message,
 )
+from spgc.servers.deviation import NOISE_PRODUCTION, abort_round
 from spgc.servers.errors import PeerDeviatedError, PeerMismatchError
+from spgc.servers.faults import fault_point
 from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
@@ -532,7 +534,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                         f"a noise block has a {BLOCK_ID_BYTES}-byte id and 1..{MAX_BLOCK_SAMPLES} "
                         "samples"
                     )
-                self._noise_job = _NoiseJob(block, self._own_link(), state.pool)
+                self._noise_job = _NoiseJob(block, self._own_link(), state)
             return out
         if step != peer_pb2.NoiseBlock.STEP_FINISH:
             raise FailedPreconditionError(f"unknown noise-block step {step}")
@@ -787,18 +789,19 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 class _NoiseJob:
     """H2's side of producing one noise block, run in a thread while H1 garbles."""
 
-    def __init__(self, block: peer_pb2.PoolBlock, link: Any, pool: Any) -> None:
+    def __init__(self, block: peer_pb2.PoolBlock, link: Any, state: ServerState) -> None:
         self.block = peer_pb2.PoolBlock()
         self.block.CopyFrom(block)
         self.shares: Any = None
         self.bytes = 0
         self.error: BaseException | None = None
         self.thread = threading.Thread(
-            target=self._run, args=(link, pool), name=f"spgc-h2-noise-{block.index}", daemon=True
+            target=self._run, args=(link, state), name=f"spgc-h2-noise-{block.index}", daemon=True
         )
         self.thread.start()
 
-    def _run(self, link: Any, pool: Any) -> None:
+    def _run(self, link: Any, state: ServerState) -> None:
+        pool = state.pool
         try:
             self.shares, _ = produce_noise_shares(
                 "evaluator",
@@ -809,6 +812,9 @@ class _NoiseJob:
                 os.urandom(32),
                 field_modulus=pool.field_modulus,
             )
+            fault_point("pool-peer-deviated", state.round)
+        except garbled_core.PeerDeviated as exc:  # H1 caught: nothing stored, the run aborts
+            self.error = abort_round(state, link, state.round, exc, NOISE_PRODUCTION)
         except garbled_core.ChannelError as exc:  # the link to H1 broke: H1 is gone
             log.warning("noise block %d stopped: the link to h1 broke (%s)", self.block.index, exc)
             self.error = exc

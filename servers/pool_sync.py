@@ -15,8 +15,11 @@ import time
 from collections import deque
 from typing import Any
 
+import garbled_core
 from spgc.common.progress import Progress
+from spgc.servers.deviation import NOISE_PRODUCTION, abort_round
 from spgc.servers.errors import PeerMismatchError
+from spgc.servers.faults import fault_point
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
     PoolBlock,
@@ -282,10 +285,15 @@ class NoiseProducer:
         start = time.perf_counter()
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
         self.sizer.observe_call(time.perf_counter() - start)
-        shares, info = produce_noise_shares(
-            "garbler", self.link, count, self.pool.sigma_units, self.pool.ring_bits,
-            os.urandom(32), field_modulus=self.pool.field_modulus,
-        )  # fmt: skip
+        try:
+            shares, info = produce_noise_shares(
+                "garbler", self.link, count, self.pool.sigma_units, self.pool.ring_bits,
+                os.urandom(32), field_modulus=self.pool.field_modulus,
+            )  # fmt: skip
+            fault_point("pool-peer-deviated", self.state.round)
+        except garbled_core.PeerDeviated as exc:  # nothing of the run is stored: abort
+            t = self.state.round
+            raise abort_round(self.state, self.link, t, exc, NOISE_PRODUCTION) from exc
         self.state.offline_bytes += info["sent"] + info["received"]
         msg.step = peer_pb2.NoiseBlock.STEP_FINISH
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK + cfg.pool_wait)

@@ -147,6 +147,39 @@ def test_a_server_that_catches_its_peer_stops_and_records_the_abort(
     assert f"security {security}" in done.stdout
 
 
+@pytest.mark.parametrize("catcher", ["h1", "h2"])
+def test_a_deviation_caught_in_noise_production_aborts_the_run(
+    tmp_path: Path, catcher: str
+) -> None:
+    """Mode preprocessed: the pool's production runs on authenticated GMW too, and a deviation
+    caught there (``pool-peer-deviated:0``: the catcher's engine reports the peer in the fill
+    before round 0) aborts the run as a round's would: the catcher stops, its caught run stores
+    no noise, nothing is released, and its ledger ends with the abort naming noise production,
+    which ``spgc account`` shows."""
+    server_cfgs, provider_cfgs = _configs(tmp_path, "gmw", "malicious", "preprocessed")
+    work, state = tmp_path / "work", tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
+    logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
+    fault = {catcher: {"SPGC_FAULT_INJECT": "pool-peer-deviated:0"}}
+    servers = _start_all("spgc.servers", server_cfgs, env, fault)
+    providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
+    try:
+        assert _wait(servers[catcher], 240, catcher, logs) == 1  # failed, not killed
+    finally:
+        _stop([*servers.values(), *providers])
+    report = verify_ledger(state / catcher / "ledger.jsonl")
+    assert report.abort is not None and report.abort["round"] == 0
+    assert report.abort["check"] == f"noise production: {INJECTED_CHECK}"
+    assert report.abort["evidence"] == "transcript"
+    assert (report.steps, report.released) == (0, 0)
+    summary = json.loads((work / f"{catcher}-summary.json").read_text())
+    assert summary["model_version"] == 0 and not summary["finished"]
+    assert summary["failure"].startswith("aborted at round 0: the peer deviated")
+    done = _account(state / catcher / "ledger.jsonl")
+    assert done.returncode == 0, done.stderr
+    assert "aborted at round 0: the peer deviated (check: noise production: " in done.stdout
+
+
 def test_a_real_cheater_is_caught_by_the_other_servers_engine(tmp_path: Path) -> None:
     """No injected exception this time: ``cheat-opening:1`` makes H1's authenticated engine
     add a constant to the first value it opens in each run of round 1 (its MAC left as it
