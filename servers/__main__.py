@@ -127,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     if daemon.error is None and daemon.state.finished:
         daemon.linger()  # providers computing or polling slowly learn that training is over
+    elif daemon.state.aborted is not None and not daemon.stop_event.is_set():
+        daemon.linger_after_abort()  # the peer and the providers hear why the run stopped
     daemon.stop()
     return 1 if daemon.error is not None else 0
 

@@ -27,6 +27,8 @@ an address), ``round`` and ``reason``, and event-specific fields. Events:
 ``peer_deviated``         the engine caught the other server deviating (security: malicious):
                           the run stopped, the abort is in this server's ledger (``round``,
                           ``reason``: the check, ``evidence``, ``evidence_digest``)
+``peer_aborted``          the other server said it aborted the run, having caught this one
+                          deviating (``round``, ``reason``: its words); the run stopped
 ``stop``                  the daemon stopped (``finished`` or ``failure``)
 ========================  ==============================================================
 

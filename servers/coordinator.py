@@ -57,7 +57,7 @@ import garbled_core
 from spgc.learning.losses import REGRESSION_METRICS
 from spgc.privacy.noise import sample_discrete_gaussian
 from spgc.protocol.sharing import reconstruct, ring_mask
-from spgc.servers.deviation import abort_round
+from spgc.servers.deviation import abort_round, peer_notice
 from spgc.servers.errors import PeerMismatchError, describe_error
 from spgc.servers.faults import arm_cheat, fault_point, tap_reveal
 from spgc.servers.gc_party import run_aggregate
@@ -579,6 +579,27 @@ class H1Driver(_RoundLoop):
         self.opened: int | None = None
 
     def run(self) -> None:
+        """The rounds (:meth:`_run_rounds`); when this server caught H2 deviating and aborted
+        the run, H2 is told at once (BARRIER_ABORTED with the abort's line) instead of finding
+        the link closed and waiting peer_timeout."""
+        try:
+            self._run_rounds()
+        finally:  # raised here (a round's circuit), or the production thread's, which stops
+            if self.state.aborted is not None:  # the rounds without raising
+                self.tell_peer_of_abort(self.state.aborted)
+
+    def tell_peer_of_abort(self, aborted: str) -> None:
+        """Best effort: H2 gone as well stops on its own."""
+        try:
+            self._barrier(
+                self.state.round,
+                peer_pb2.BARRIER_ABORTED,
+                ended_reason=peer_notice(self.state.plan.cfg.role_name, aborted),
+            )
+        except grpc.RpcError as exc:
+            log.warning("h1: could not tell h2 of the abort: %s", describe_error(exc))
+
+    def _run_rounds(self) -> None:
         """Preprocessed: reconcile the pools and fill them before round 0 (the offline phase),
         then the rounds with production in its own thread beside them; a pool failure ends
         H2's run too."""

@@ -97,6 +97,9 @@ PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"]
 
 #: Seconds a server whose training is over keeps answering providers not yet told so.
 FINISHED_LINGER = 10.0
+#: Seconds a server that aborted the run (it caught the peer deviating) keeps answering, for
+#: the peer to hear why at its next call and the providers to be told the run ended.
+ABORT_LINGER = 30.0
 #: Seconds it still answers after telling the last of them: one just told asks next how its
 #: last round ended (RoundStatus(round=t).caller_left_out, docs/CLIENTS.md section 1.3).
 FINISHED_GRACE = 1.0
@@ -534,6 +537,16 @@ class ServerDaemon(
                 self.cfg.role_name,
                 ", ".join(waiting),
             )
+
+    def linger_after_abort(self, timeout: float = ABORT_LINGER) -> None:
+        """This server aborted the run: keep answering until the peer has heard why (H2: H1's
+        next call, its Handshake to re-pair included, is refused with the abort; H1 tells H2
+        itself) and the providers that called were told the run ended, for at most
+        ``timeout`` s."""
+        end = time.monotonic() + timeout
+        if self.cfg.role == 2 and not self.peer_servicer.abort_told.wait(timeout):
+            log.info("h2: stopping; h1 did not call again to hear of the abort")
+        self.linger(max(0.0, end - time.monotonic()))
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, close the links and delete the spill files (idempotent)."""

@@ -19,7 +19,7 @@ from typing import Any
 from spgc.privacy.ledger_format import LedgerError, abort_line
 from spgc.servers.errors import PeerDeviatedError
 
-__all__ = ["NOISE_PRODUCTION", "abort_round", "evidence_of"]
+__all__ = ["NOISE_PRODUCTION", "abort_round", "evidence_of", "peer_aborted", "peer_notice"]
 
 #: ``during`` of an abort caught while making mode preprocessed's noise pool.
 NOISE_PRODUCTION = "noise production"
@@ -64,5 +64,24 @@ def abort_round(
         evidence=evidence,
         evidence_digest=digest,
     )
+    state.aborted = message  # the peer's next call hears it (servers.peer)
     state.fail(message)  # the daemon logs it as it stops
+    for lane in link.lanes() if hasattr(link, "lanes") else ():
+        lane.interrupt()  # the peer's engine finds the link closed now, not at the daemon's stop
     return PeerDeviatedError(message)
+
+
+def peer_notice(role_name: str, aborted: str) -> str:
+    """What the server that aborted (``role_name``) tells the other, whose messages failed the
+    check: ``aborted`` is its abort line."""
+    return f"{role_name} aborted the run: its engine caught this server deviating: {aborted}"
+
+
+def peer_aborted(state: Any, t: int, notice: str) -> str:
+    """The peer told this server that it aborted the run at round t (``notice``: its words):
+    audited, and the run fails with it (nothing of round t is released here either). The
+    failure's line."""
+    message = f"the peer stopped the run at round {t}: {notice}"
+    state.audit.record("peer_aborted", round=t, reason=notice)
+    state.fail(message)
+    return message

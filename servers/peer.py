@@ -31,7 +31,7 @@ from spgc.servers.coordinator import (
     own_verifier_messages,
     seed_commitment_message,
 )
-from spgc.servers.deviation import NOISE_PRODUCTION, abort_round
+from spgc.servers.deviation import NOISE_PRODUCTION, abort_round, peer_aborted, peer_notice
 from spgc.servers.errors import PeerDeviatedError, PeerMismatchError
 from spgc.servers.faults import fault_point
 from spgc.servers.ledger_state import release_counts_problem
@@ -195,6 +195,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         # probe connection), and H1's choice checked from its figures before the plans compare.
         self.on_link_probe = on_link_probe
         self.check_backend = check_backend
+        # Set once the peer heard this server's abort (a call answered with it).
+        self.abort_told = threading.Event()
         self.paired = False  # a Handshake agreed and nothing since says the peer is gone
         self.epoch = 0  # successful Handshakes so far (a new one: a new pairing)
         # Verified inputs: round -> (H1's commitment, our part) of the round's norm-proof coin.
@@ -242,6 +244,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     def _check(self, context: grpc.ServicerContext, run_id: str, role: int) -> None:
         self._check_caller(context, role)
+        self._refuse_if_aborted()
         if self.state.role != pb.SERVER_ROLE_H2:
             raise FailedPreconditionError("H1 drives the rounds; it takes no round calls")
         if not self.paired:
@@ -252,6 +255,15 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         if not self.state.ready or run_id != self.state.run_id:
             raise FailedPreconditionError(f"unknown run {run_id!r}")
 
+    def _refuse_if_aborted(self) -> None:
+        """This server caught the peer deviating and stopped the run: every call of the peer
+        (its Handshake to re-pair included) hears why, once its caller is known to be the
+        peer, instead of a closed port after peer_timeout (``abort_told`` set)."""
+        aborted = self.state.aborted
+        if aborted is not None:
+            self.abort_told.set()
+            raise FailedPreconditionError(peer_notice(self.state.plan.cfg.role_name, aborted))
+
     # ------------------------------------------------------------------ RPCs
 
     @abort_on_error
@@ -259,6 +271,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self, request: peer_pb2.PeerHello, context: grpc.ServicerContext
     ) -> peer_pb2.PeerHello:
         self._check_caller(context, request.role)
+        self._refuse_if_aborted()
         if request.protocol_version != PROTOCOL_VERSION:
             raise FailedPreconditionError(f"protocol version {request.protocol_version}")
         if request.link_probe:  # pairs nothing: see servers/link_probe.py
@@ -383,9 +396,13 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     ) -> peer_pb2.BarrierState:
         self._check(context, request.run_id, request.role)
         t, state = request.round, self.state
+        b = request.barrier
+        if b == peer_pb2.BARRIER_ABORTED:  # H1 caught this server deviating, at any round
+            notice = printable(request.ended_reason, 8000)
+            log.error("stopping: %s", peer_aborted(state, t, notice))
+            return peer_pb2.BarrierState(run_id=state.run_id, round=t, barrier=b, role=state.role)
         if t != state.round:
             raise FailedPreconditionError(f"round {t}: this server is at round {state.round}")
-        b = request.barrier
         coin = b""
         if b == peer_pb2.BARRIER_ROUND_OPEN:
             with self._lock:
@@ -740,6 +757,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         except TimeoutError as exc:
             raise WireError(str(exc), grpc.StatusCode.DEADLINE_EXCEEDED) from None
         except RuntimeError as exc:  # the round's circuit or update failed here
+            self._refuse_if_aborted()  # failed because this server caught H1: say so
             raise FailedPreconditionError(str(exc)) from None
         if sha != request.sha256:
             msg = (

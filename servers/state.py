@@ -104,6 +104,9 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.pending_clip_norm = self.clip_norm
         self.compute_error: BaseException | None = None
         self.failure: str | None = None
+        # The abort's line once this server caught the peer deviating (servers.deviation): the
+        # peer's calls are answered with it until the daemon stops.
+        self.aborted: str | None = None
         self.finished = False
         self.closing = False  # the daemon is stopping: long polls answer at once
         # The peer server was lost: providers are told (ROUND_PHASE_WAITING_FOR_PEER) until

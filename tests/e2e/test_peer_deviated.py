@@ -109,10 +109,14 @@ def test_a_server_that_catches_its_peer_stops_and_records_the_abort(
     fault = {catcher: {"SPGC_FAULT_INJECT": f"peer-deviated:{ROUND}"}}
     servers = _start_all("spgc.servers", server_cfgs, env, fault)
     providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
+    other = "h2" if catcher == "h1" else "h1"
     try:
         assert _wait(servers[catcher], 240, catcher, logs) == 1  # failed, not killed
+        # The other server hears why at once (H1 tells H2; H2 answers H1's next call with
+        # it), not after its peer_timeout (1200 s here), and stops too.
+        assert _wait(servers[other], 90, other, logs) == 1
     finally:
-        _stop([*servers.values(), *providers])  # the other server and the providers
+        _stop([*servers.values(), *providers])  # the providers
 
     summary = json.loads((work / f"{catcher}-summary.json").read_text())
     report = verify_ledger(state / catcher / "ledger.jsonl")
@@ -134,8 +138,10 @@ def test_a_server_that_catches_its_peer_stops_and_records_the_abort(
     assert (catcher, ROUND) not in {(r["server"], r["round"]) for r in reveals}
     assert (catcher, 0) in {(r["server"], r["round"]) for r in reveals}
     # Neither server published round 1's model (publishing needs both servers' hashes).
-    other = "h2" if catcher == "h1" else "h1"
-    assert json.loads((work / f"{other}-summary.json").read_text())["model_version"] == ROUND
+    told = json.loads((work / f"{other}-summary.json").read_text())
+    assert told["model_version"] == ROUND and not told["finished"]
+    heard = f"{catcher} aborted the run: its engine caught this server deviating: "
+    assert heard + abort_line(abort) in told["failure"]
     events = [e for e in _events(state / catcher / "audit.jsonl") if e["event"] == "peer_deviated"]
     assert [(e["round"], e["evidence_digest"]) for e in events] == [
         (ROUND, abort["evidence_digest"])
@@ -194,8 +200,12 @@ def test_a_real_cheater_is_caught_by_the_other_servers_engine(tmp_path: Path) ->
     providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
     try:
         assert _wait(servers["h2"], 240, "h2", logs) == 1
+        assert _wait(servers["h1"], 90, "h1", logs) == 1  # told at its next call
     finally:
         _stop([*servers.values(), *providers])
+    failure = json.loads((work / "h1-summary.json").read_text())["failure"]
+    heard = "h2 aborted the run: its engine caught this server deviating: aborted at round 1"
+    assert heard in failure
     report = verify_ledger(state / "h2" / "ledger.jsonl")
     assert report.abort is not None and report.abort["round"] == ROUND
     assert "MACs do not hold" in report.abort["check"]  # the engine's own check, not injected

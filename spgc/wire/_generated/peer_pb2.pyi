@@ -22,12 +22,14 @@ class Barrier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BARRIER_CIRCUIT_READY: _ClassVar[Barrier]
     BARRIER_MODEL_PUBLISHED: _ClassVar[Barrier]
     BARRIER_WAITING_FOR_PROVIDERS: _ClassVar[Barrier]
+    BARRIER_ABORTED: _ClassVar[Barrier]
 BARRIER_UNSPECIFIED: Barrier
 BARRIER_ROUND_OPEN: Barrier
 BARRIER_INTAKE_CLOSED: Barrier
 BARRIER_CIRCUIT_READY: Barrier
 BARRIER_MODEL_PUBLISHED: Barrier
 BARRIER_WAITING_FOR_PROVIDERS: Barrier
+BARRIER_ABORTED: Barrier
 
 class PeerHello(_message.Message):
     __slots__ = ("protocol_version", "software_version", "role", "config", "round", "ledger_public_key", "ledger_releases", "unmatched_release", "link_probe", "link_rtt_seconds", "link_bytes_per_second")
