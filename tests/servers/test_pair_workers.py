@@ -40,7 +40,9 @@ class _Context:
 
 
 def _h2(link_workers: Any = None, paired: bool = True) -> PeerServicer:
-    state = SimpleNamespace(role=pb.SERVER_ROLE_H2, ready=True, run_id=RUN, last_peer_call=0.0)
+    state = SimpleNamespace(
+        role=pb.SERVER_ROLE_H2, ready=True, run_id=RUN, last_peer_call=0.0, aborted=None
+    )
     servicer = PeerServicer(
         state,  # type: ignore[arg-type]
         "h1",
