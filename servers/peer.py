@@ -31,18 +31,21 @@ from spgc.servers.coordinator import (
     own_verifier_messages,
     seed_commitment_message,
 )
-from spgc.servers.deviation import NOISE_PRODUCTION, abort_round, peer_aborted, peer_notice
+from spgc.servers.deviation import peer_aborted, peer_notice
 from spgc.servers.errors import PeerDeviatedError, PeerMismatchError
-from spgc.servers.faults import fault_point
 from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
     MAX_BLOCK_SAMPLES,
     PoolError,
-    produce_noise_shares,
 )
 from spgc.servers.norm_checks import COIN_BYTES, check_coin_opening, round_coin
-from spgc.servers.pool_sync import adopt_peer_pool, pool_state_message, slice_from_message
+from spgc.servers.pool_sync import (
+    adopt_peer_pool,
+    pool_state_message,
+    produce_pool_run,
+    slice_from_message,
+)
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import (
     PROTOCOL_VERSION,
@@ -819,20 +822,10 @@ class _NoiseJob:
         self.thread.start()
 
     def _run(self, link: Any, state: ServerState) -> None:
-        pool = state.pool
         try:
-            self.shares, _ = produce_noise_shares(
-                "evaluator",
-                link,
-                self.block.count,
-                pool.sigma_units,
-                pool.ring_bits,
-                os.urandom(32),
-                field_modulus=pool.field_modulus,
-            )
-            fault_point("pool-peer-deviated", state.round)
-        except garbled_core.PeerDeviated as exc:  # H1 caught: nothing stored, the run aborts
-            self.error = abort_round(state, link, state.round, exc, NOISE_PRODUCTION)
+            self.shares, _ = produce_pool_run("evaluator", state, link, self.block.count)
+        except PeerDeviatedError as exc:  # H1 caught: nothing stored, the run aborted
+            self.error = exc
         except garbled_core.ChannelError as exc:  # the link to H1 broke: H1 is gone
             log.warning("noise block %d stopped: the link to h1 broke (%s)", self.block.index, exc)
             self.error = exc

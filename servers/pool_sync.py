@@ -205,6 +205,23 @@ class RunSizer:
         )
 
 
+def produce_pool_run(role: str, state: ServerState, link: Any, count: int) -> tuple[Any, Any]:
+    """This server's side (``role``) of one production run of ``count`` noise samples for its
+    pool on ``link``, from a fresh seed: (shares, info) of produce_noise_shares. A deviation
+    its engine catches aborts the run (servers.deviation: nothing of the run is stored) and
+    raises PeerDeviatedError."""
+    pool = state.pool
+    try:
+        made = produce_noise_shares(
+            role, link, count, pool.sigma_units, pool.ring_bits, os.urandom(32),
+            field_modulus=pool.field_modulus,
+        )  # fmt: skip
+        fault_point("pool-peer-deviated", state.round)
+    except garbled_core.PeerDeviated as exc:
+        raise abort_round(state, link, state.round, exc, NOISE_PRODUCTION) from exc
+    return made
+
+
 def slice_message(piece: PoolSlice) -> peer_pb2.PoolSlice:
     return peer_pb2.PoolSlice(
         block_index=piece.block_index,
@@ -285,15 +302,7 @@ class NoiseProducer:
         start = time.perf_counter()
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
         self.sizer.observe_call(time.perf_counter() - start)
-        try:
-            shares, info = produce_noise_shares(
-                "garbler", self.link, count, self.pool.sigma_units, self.pool.ring_bits,
-                os.urandom(32), field_modulus=self.pool.field_modulus,
-            )  # fmt: skip
-            fault_point("pool-peer-deviated", self.state.round)
-        except garbled_core.PeerDeviated as exc:  # nothing of the run is stored: abort
-            t = self.state.round
-            raise abort_round(self.state, self.link, t, exc, NOISE_PRODUCTION) from exc
+        shares, info = produce_pool_run("garbler", self.state, self.link, count)
         self.state.offline_bytes += info["sent"] + info["received"]
         msg.step = peer_pb2.NoiseBlock.STEP_FINISH
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK + cfg.pool_wait)
