@@ -9,8 +9,8 @@ counts them)::
                          opened t in the previous round's CheckModel)
     H1 deadline/all in - AgreeProviders ---------------------> H2 waits for ITS deadline/all in,
                          closes its intake; intersection (< min_providers: round skipped, no
-                         noise, not accounted). Verified inputs: RoundBarrier(INTAKE_CLOSED)
-                         first, for the norm-proof coin (H1 commits, H2 answers, H1 opens).
+                         noise, not accounted). Verified inputs: with H1's norm-proof coin,
+                         drawn once its intake closed, and both verifier messages.
                          With the set rides H1's half of the co-signed ledger entry, with the
                          seed commitment (spgc; each seed os.urandom(32), never leaves its
                          server) or the pool entries (preprocessed): H2, the round proceeding,
@@ -68,7 +68,6 @@ from spgc.servers.noise_pool import (
 )
 from spgc.servers.norm_checks import (
     COIN_BYTES,
-    coin_commitment,
     norm_refusals,
     round_coin,
     verifier_messages,
@@ -658,16 +657,10 @@ class H1Driver(_RoundLoop):
         received = state.close_intake(t)
         coin = b""
         if norm is not None:
-            # The norm-proof coin: H1's part drawn now, after its intake closed; committed to
-            # before H2 draws its own (servers.norm_checks), once its intake closed too.
+            # The norm-proof coin, drawn now that our intake is closed: every prover value it
+            # constrains is fixed here (H2's share by its seed's hash; servers.norm_checks).
             coin = os.urandom(COIN_BYTES)
-            closed = self._barrier(
-                t,
-                peer_pb2.BARRIER_INTAKE_CLOSED,
-                cfg.round_deadline + RPC_SLACK,
-                verify_coin=coin_commitment(state.run_id, t, coin),
-            )
-            state.history[t].verify_coin = round_coin(coin, closed.verify_coin)
+            state.history[t].verify_coin = round_coin(state.run_id, t, coin)
 
         ids = [state.history[t].vector_ids.get(name, b"") for name in received]
         proofs = own_verifier_messages(state, t, received)
@@ -690,8 +683,8 @@ class H1Driver(_RoundLoop):
             verify_coin=coin,
             release=release,
         )
-        # Without verified inputs this is the intake barrier too: H2 waits for its own.
-        wait = RPC_SLACK if norm is not None else cfg.round_deadline + RPC_SLACK
+        # The intake barrier too: H2 waits for its own intake to close.
+        wait = cfg.round_deadline + RPC_SLACK
         answer = self.peer.AgreeProviders(mine, timeout=wait)
         agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
             state,

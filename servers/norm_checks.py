@@ -1,14 +1,19 @@
 """The servers' check of the providers' norm proofs in a round (verified inputs, issue 35;
 spgc.protocol.norm_proof, docs/PRIVACY.md "Norm proofs").
 
-Per round, the query coin is drawn after every value it constrains: once its intake is
-closed, H1 draws its 32-byte part and sends its commitment (:func:`coin_commitment`) in its
-BARRIER_INTAKE_CLOSED request; H2, its own intake closed, answers with its fresh part; H1 opens
-its part in its provider set (ProviderSet.verify_coin), which H2 checks against the commitment.
-Both query every proof of the round with the SHA-256 of the two parts (:func:`round_coin`):
-uniform if either server is honest (H1 committed before it saw H2's part, H2 chose its part
-without seeing H1's), and sent to no provider. Each server then computes its verifier message
-for every share it holds, for the proof's context (run, round, provider:
+Per round, the query coin is drawn after every value it constrains, in the round's one
+AgreeProviders call: once its intake is closed, H1 draws 32 fresh bytes from its CSPRNG and
+sends them with its provider set (ProviderSet.verify_coin); H2 closes its own intake before it
+reads them. Every prover value the coin constrains is fixed at H1 by then: H1's own share, and
+H2's share through the hash of its seed (the helper part) that the provider sent H1 with its
+share; a provider that gives H2 another seed after the coin is drawn is refused (its joint
+randomness parts differ at the two servers). Both query every proof of the round with
+:func:`round_coin`, which no provider ever receives. The coin is H1's alone (issue 47 took out
+the round trip in which H2 added a part to H1's committed one): against providers it is as good
+as a joint coin, and a server that deviates gains nothing from choosing it, as its own verifier
+message already lets it refuse any proof, and accept one whose provider tells it both shares
+(H2, answering second, any proof). Each server then computes its verifier
+message for every share it holds, for the proof's context (run, round, provider:
 spgc.protocol.norm_proof.proof_context), the two exchange them with their provider sets
 (ProviderSet.norm_verifiers), and both decide the same refusals from the same two lists
 (:func:`norm_refusals`): a provider whose proof the two messages do not accept is left out of
@@ -37,8 +42,6 @@ from spgc.servers.intake import ShareIntake
 
 __all__ = [
     "COIN_BYTES",
-    "check_coin_opening",
-    "coin_commitment",
     "norm_refusals",
     "round_coin",
     "verifier_messages",
@@ -49,30 +52,19 @@ _JOINT_BYTES = 32
 _PARTS_BYTES = 3 * PART_BYTES
 
 
-def coin_commitment(run_id: str, round_number: int, part: bytes) -> bytes:
-    """H1's commitment to its part of round t's coin (BarrierState.verify_coin)."""
+def round_coin(run_id: str, round_number: int, h1_part: bytes) -> bytes:
+    """Round t's query coin from the 32 bytes H1 drew once its intake closed (PeerMismatchError
+    unless 32 bytes), bound to the run and the round."""
+    if len(h1_part) != COIN_BYTES:
+        raise PeerMismatchError(
+            f"round {round_number}: H1's norm-proof coin is {len(h1_part)} bytes, not {COIN_BYTES}"
+        )
     return hashlib.sha256(
-        b"spgc-norm-proof/v2/coin-commitment"
+        b"spgc-norm-proof/v3/coin"
         + hashlib.sha256(run_id.encode()).digest()
         + round_number.to_bytes(8, "little")
-        + part
+        + h1_part
     ).digest()
-
-
-def check_coin_opening(run_id: str, round_number: int, commitment: bytes, part: bytes) -> None:
-    """PeerMismatchError unless ``part`` opens H1's ``commitment`` for this round."""
-    if len(part) != COIN_BYTES or coin_commitment(run_id, round_number, part) != commitment:
-        raise PeerMismatchError(
-            f"round {round_number}: H1's norm-proof coin part does not open its commitment"
-        )
-
-
-def round_coin(h1_part: bytes, h2_part: bytes) -> bytes:
-    """The round's query coin from both servers' contributions (PeerMismatchError if either
-    is not 32 bytes)."""
-    if len(h1_part) != COIN_BYTES or len(h2_part) != COIN_BYTES:
-        raise PeerMismatchError("a norm-proof coin part is not 32 bytes")
-    return hashlib.sha256(b"spgc-norm-proof/v2/coin" + h1_part + h2_part).digest()
 
 
 def _to_bytes(message: VerifierMessage) -> bytes:

@@ -39,7 +39,7 @@ from spgc.servers.noise_pool import (
     MAX_BLOCK_SAMPLES,
     PoolError,
 )
-from spgc.servers.norm_checks import COIN_BYTES, check_coin_opening, round_coin
+from spgc.servers.norm_checks import round_coin
 from spgc.servers.pool_sync import (
     adopt_peer_pool,
     pool_state_message,
@@ -202,8 +202,6 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self.abort_told = threading.Event()
         self.paired = False  # a Handshake agreed and nothing since says the peer is gone
         self.epoch = 0  # successful Handshakes so far (a new one: a new pairing)
-        # Verified inputs: round -> (H1's commitment, our part) of the round's norm-proof coin.
-        self._coin_parts: dict[int, tuple[bytes, bytes]] = {}
         # Rounds whose release ran in this pairing: one release per round (a round abandoned
         # with its peer runs again only after a new Handshake, which clears this).
         self._released: set[int] = set()
@@ -222,7 +220,6 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         forget the round in progress (seeds, recorded entries)."""
         with self._lock:
             self.paired = False
-            self._coin_parts.clear()
             self._released.clear()
             self._worker = None
             self._noise_job = None
@@ -406,7 +403,6 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             return peer_pb2.BarrierState(run_id=state.run_id, round=t, barrier=b, role=state.role)
         if t != state.round:
             raise FailedPreconditionError(f"round {t}: this server is at round {state.round}")
-        coin = b""
         if b == peer_pb2.BARRIER_ROUND_OPEN:
             with self._lock:
                 if state.phase != pb.ROUND_PHASE_COLLECTING:
@@ -414,28 +410,14 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                         state.open_round(t)
                     except RuntimeError as exc:  # past opening (intake closed, computing)
                         raise FailedPreconditionError(str(exc)) from None
-        elif b == peer_pb2.BARRIER_INTAKE_CLOSED:
-            self._close_intake(t)
-            with self._lock:
-                if state.plan.norm_proof is not None:
-                    # Our part of the round's norm-proof coin, drawn now that our intake is
-                    # closed, against H1's commitment (a repeated barrier: a new one of each).
-                    if len(request.verify_coin) != COIN_BYTES:
-                        raise FailedPreconditionError(
-                            f"round {t}: H1's norm-proof coin commitment is not 32 bytes"
-                        )
-                    coin = os.urandom(COIN_BYTES)
-                    self._coin_parts[t] = (bytes(request.verify_coin), coin)
         elif b == peer_pb2.BARRIER_WAITING_FOR_PROVIDERS:
             # H1 is alive, not opening round t yet: nothing changes here, unless H1 ends the
             # run there (too few providers accept the plan).
             if request.ended_reason:
                 end_run_for_want_of_providers(state, printable(request.ended_reason, 8000))
-        else:  # CIRCUIT_READY and MODEL_PUBLISHED included: CosignRelease and CheckModel
+        else:  # retired: INTAKE_CLOSED (AgreeProviders), CIRCUIT_READY and MODEL_PUBLISHED
             raise FailedPreconditionError(f"unknown barrier {b}")
-        out = peer_pb2.BarrierState(
-            run_id=state.run_id, round=t, barrier=b, role=state.role, verify_coin=coin
-        )
+        out = peer_pb2.BarrierState(run_id=state.run_id, round=t, barrier=b, role=state.role)
         out.reached_at.GetCurrentTime()
         return out
 
@@ -581,9 +563,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         cfg = state.plan.cfg
         if request.digest != provider_set_digest(request.providers):
             raise FailedPreconditionError("provider set digest does not match its list")
-        if state.plan.norm_proof is None and t == state.round:
-            # H1 sent no INTAKE_CLOSED: wait for OUR deadline (or all providers in), as that
-            # barrier does, and close our intake.
+        if t == state.round:
+            # The intake barrier: wait for OUR deadline (or all providers in) and close our
+            # intake, before anything else is read (H1's norm-proof coin included).
             self._close_intake(t)
         release = request.release if request.HasField("release") else None
         link = None if release is None else self._own_link()  # before any entry
@@ -597,9 +579,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             own_ids = [state.history[t].vector_ids.get(name, b"") for name in own]
             try:
                 if state.plan.norm_proof is not None:
-                    commitment, coin = self._coin_parts.pop(t, (b"", b""))
-                    check_coin_opening(state.run_id, t, commitment, request.verify_coin)
-                    state.history[t].verify_coin = round_coin(request.verify_coin, coin)
+                    state.history[t].verify_coin = round_coin(state.run_id, t, request.verify_coin)
                 proofs = own_verifier_messages(state, t, own)
                 agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
                     state,

@@ -28,13 +28,7 @@ from spgc.providers.plan_checks import check_plan, norm_proof_params
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.intake import INVALID_ARGUMENT, FieldShares, ShareIntake, SubmissionRejected
 from spgc.servers.metrics import ServerMetrics
-from spgc.servers.norm_checks import (
-    check_coin_opening,
-    coin_commitment,
-    norm_refusals,
-    round_coin,
-    verifier_messages,
-)
+from spgc.servers.norm_checks import norm_refusals, round_coin, verifier_messages
 from spgc.settings.config import ServerConfig
 from spgc.settings.config_files import load_server_config
 from spgc.settings.plan import make_plan
@@ -83,7 +77,7 @@ def test_the_servers_sum_field_shares_and_refuse_a_poisoned_one_alike() -> None:
     names = sorted(shares)
     for intake in (h1, h2):
         assert intake.close_round() == frozenset(names)
-    coin = round_coin(os.urandom(32), os.urandom(32))
+    coin = round_coin(RUN, 0, os.urandom(32))
     m1 = verifier_messages(h1, PARAMS, coin, RUN, 0, names)
     m2 = verifier_messages(h2, PARAMS, coin, RUN, 0, names)
     refused = norm_refusals(PARAMS, names, m1, names, m2, True)
@@ -107,30 +101,59 @@ def test_malformed_verifier_messages_from_the_peer_are_a_mismatch_not_a_refusal(
     h1, h2 = _two_intakes(shares)
     for intake in (h1, h2):
         intake.close_round()
-    coin = round_coin(b"a" * 32, b"b" * 32)
+    coin = round_coin(RUN, 0, b"a" * 32)
     m1 = verifier_messages(h1, PARAMS, coin, RUN, 0, ["p0"])
     with pytest.raises(PeerMismatchError, match="bytes; expected"):
         norm_refusals(PARAMS, ["p0"], m1, ["p0"], [m1[0][:-1]], True)
     with pytest.raises(PeerMismatchError, match="messages for"):
         norm_refusals(PARAMS, ["p0"], m1, ["p0"], [], True)
-    with pytest.raises(PeerMismatchError, match="32 bytes"):
-        round_coin(b"", b"b" * 32)
+    with pytest.raises(PeerMismatchError, match="not 32"):
+        round_coin(RUN, 0, b"")
     h1.close()
     h2.close()
 
 
-def test_h1s_coin_part_must_open_the_commitment_it_sent_before_h2_drew_its_own() -> None:
-    # H1 commits once its intake closed; H2 answers with its part; H1 opens in its provider
-    # set. An H1 that would choose its part after seeing H2's cannot open its commitment.
+def test_the_coin_is_h1s_fresh_part_bound_to_the_run_and_the_round() -> None:
     part = os.urandom(32)
-    commitment = coin_commitment(RUN, 3, part)
-    check_coin_opening(RUN, 3, commitment, part)
-    # another part, the same part for another round or run
-    for run, t, opened in ((RUN, 3, os.urandom(32)), (RUN, 4, part), ("other", 3, part)):
-        with pytest.raises(PeerMismatchError, match="does not open its commitment"):
-            check_coin_opening(run, t, commitment, opened)
-    with pytest.raises(PeerMismatchError, match="does not open"):
-        check_coin_opening(RUN, 3, commitment, b"")
+    coins = {
+        round_coin(RUN, 3, part),
+        round_coin(RUN, 4, part),
+        round_coin("other", 3, part),
+        round_coin(RUN, 3, os.urandom(32)),
+    }
+    assert len(coins) == 4 and all(len(c) == 32 for c in coins)
+    with pytest.raises(PeerMismatchError, match="33 bytes, not 32"):
+        round_coin(RUN, 3, part + b"x")
+
+
+@pytest.mark.parametrize("second_vector", ["the same vector", "a vector over the bound"])
+def test_a_provider_that_gives_h2_another_sharing_once_the_coin_is_drawn_is_refused(
+    second_vector: str,
+) -> None:
+    # H1 draws the coin once its intake closed, holding the hash of the seed this provider
+    # sent H2 (the helper part, with H1's share): every value the coin constrains is fixed
+    # then. A provider that learnt the coin and re-shares for H2 (a new seed, the same vector
+    # or another one proved without the bound) is refused for that; its honest control passes.
+    x = _vector(4000, 3)
+    to_h1, _ = prove(x, PARAMS, _ctx("cheat"))
+    coin = round_coin(RUN, 0, os.urandom(32))
+    if second_vector == "the same vector":
+        _, to_h2 = prove(x, PARAMS, _ctx("cheat"))
+    else:
+        _, to_h2 = prove_unchecked(_vector(50_000, 4), PARAMS, _ctx("cheat"))
+    shares = {"cheat": (to_h1, to_h2), "honest": prove(_vector(4000, 5), PARAMS, _ctx("honest"))}
+    h1, h2 = _two_intakes(shares)
+    names = sorted(shares)
+    for intake in (h1, h2):
+        intake.close_round()
+    m1 = verifier_messages(h1, PARAMS, coin, RUN, 0, names)
+    m2 = verifier_messages(h2, PARAMS, coin, RUN, 0, names)
+    refused = norm_refusals(PARAMS, names, m1, names, m2, True)
+    assert list(refused) == ["cheat"]
+    # its parts at the two servers differ ("replayed" when none of them match)
+    assert "joint randomness part" in refused["cheat"]
+    h1.close()
+    h2.close()
 
 
 def test_the_intake_refuses_missing_or_misplaced_proof_fields_and_values_off_the_field() -> None:

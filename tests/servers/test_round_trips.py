@@ -2,7 +2,8 @@
 organisations, so a fused step that comes apart again shows here as one call more. Before
 issue 47 a steady round made seven (mode preprocessed) or eight (spgc): ROUND_OPEN,
 INTAKE_CLOSED, AgreeProviders, CommitSeed (spgc), CosignRelease, CIRCUIT_READY, CheckModel,
-MODEL_PUBLISHED."""
+MODEL_PUBLISHED; with verified inputs INTAKE_CLOSED stayed until the norm-proof coin became H1's
+alone (servers.norm_checks), so such a round makes two calls too."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ import pytest
 from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
 from spgc.protocol.certs import make_dev_pki
+from spgc.protocol.norm_proof import proof_context, prove
+from spgc.providers.plan_checks import norm_proof_params
 from spgc.servers import coordinator
+from spgc.wire import aggregation_pb2 as pb
 from spgc.wire import peer_pb2
+from spgc.wire.identity import new_submission_id
+from spgc.wire.messages import share_messages
 
 ROUNDS = 4
 
@@ -79,14 +85,47 @@ def counted(monkeypatch: pytest.MonkeyPatch, unfused: bool) -> dict[int, list[st
 STEADY = ["AgreeProviders", "CheckModel"]
 
 
+def submit_proved(provider: Provider, cfg: Any, t: int, values: np.ndarray) -> None:
+    """Verified inputs: H1 gets its field share with its share of the norm proof, H2 the seed
+    its share expands from (as providers.training.make_vectors sends them)."""
+    params = norm_proof_params(cfg, cfg.num_parameters)
+    assert params is not None
+    leader, helper = prove(values, params, proof_context(cfg.run_id, t, provider.name))
+    parts = {
+        1: (np.concatenate([leader.inputs, leader.proof]), leader.blind, leader.helper_part, b""),
+        2: (np.zeros(0, np.uint64), b"", helper.leader_parts, helper.seed),
+    }
+    vector_id = new_submission_id()
+    for role, (vec, blind, joint, seed) in parts.items():
+        messages = share_messages(
+            vec,
+            run_id=cfg.run_id,
+            round_number=t,
+            server_role=role,
+            ring_bits=cfg.ring_bits,
+            submission_id=new_submission_id(),
+            vector_id=vector_id,
+            encoding=pb.SHARE_ENCODING_FIELD,
+            field_modulus=params.p,
+            norm_blind=blind,
+            norm_joint_part=joint,
+            norm_seed=seed,
+        )
+        provider.stubs[role].SubmitShare(messages, timeout=10)
+
+
+PREPROCESSED = {"mode": "preprocessed", "pool_rounds": ROUNDS, "pool_block": 100}
+
+
 @pytest.mark.parametrize(
     ("plan", "unfused"),
     [
-        ({"mode": "preprocessed", "pool_rounds": ROUNDS, "pool_block": 100}, False),
+        (PREPROCESSED, False),
         ({"mode": "spgc"}, False),
-        ({"mode": "preprocessed", "pool_rounds": ROUNDS, "pool_block": 100}, True),
+        (PREPROCESSED, True),
+        ({**PREPROCESSED, "verify_inputs": "l2"}, False),
     ],
-    ids=["preprocessed", "spgc", "preprocessed-release-apart"],
+    ids=["preprocessed", "spgc", "preprocessed-release-apart", "preprocessed-verified-inputs"],
 )
 def test_a_steady_round_makes_two_control_calls(
     pki: Path,
@@ -102,7 +141,11 @@ def test_a_steady_round_makes_two_control_calls(
         for t in range(ROUNDS):
             cfg = providers[0].wait_collecting(t)
             for i, p in enumerate(providers):
-                p.submit_both(cfg, t, np.full(cfg.num_parameters, i, dtype=np.int64))
+                values = np.full(cfg.num_parameters, i, dtype=np.int64)
+                if plan.get("verify_inputs") == "l2":
+                    submit_proved(p, cfg, t, values)
+                else:
+                    p.submit_both(cfg, t, values)
             wait_round_done((d1, d2), t, timeout=60)
         assert d1.wait(30) and d2.wait(30)
         assert d1.error is None and d2.error is None
