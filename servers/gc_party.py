@@ -98,6 +98,12 @@ CIRCUIT_MODES = tuple(
     if m.trainable and m.circuit in ("reconstruct", "reconstruct+noise")
 )
 _PORT_PREFIX = {"garbler": "g", "evaluator": "e"}
+# Mode preprocessed's noise production builds its circuits with the fewest AND gates on every
+# backend, gmw included (the MNIST trial: 666 AND gates in 161 layers, against 1,487 in 28):
+# production runs beside the rounds in runs sized to amortise their round trips, so what it
+# spends is CPU and bytes, which the rounds share; its layers only lengthen a run, which the
+# pool's lead covers (servers.pool_sync.RunSizer).
+PRODUCTION_ARITHMETIC = "ripple"
 # Coordinates a lane runs at once (range_batches): the engine keeps every pending trial's noise
 # labels, about 16 bytes per noise bit per trial, so a batch of 2^20 needs some hundreds of MB.
 RANGE_BATCH = 1 << 20
@@ -352,13 +358,15 @@ def run_sampler(
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     on_round: Callable[[RoundResult], None] | None = None,
     first_coordinate: int = 0,
+    arithmetic: str | None = None,
 ) -> SamplerStats:
     """Run the sampler's rounds for ``n`` coordinates (indices ``first_coordinate`` on, which
     address their randomness) on the link; ``on_round`` receives each round's accepted
-    coordinates (0-based in this batch) with their kept noise (a ``Kept``) and trial indices."""
+    coordinates (0-based in this batch) with their kept noise (a ``Kept``) and trial indices.
+    ``arithmetic``: how the trial circuit is built (default the link's)."""
     role = _check_role(role)
     seed = check_seed(seed)
-    circuit = build_trial_circuit(params, arithmetic=link.arithmetic)
+    circuit = build_trial_circuit(params, arithmetic=arithmetic or link.arithmetic)
     prefix = _PORT_PREFIX[role]
     stats = SamplerStats()
 
@@ -740,7 +748,7 @@ def noise_shares_range(
     gmw = hasattr(link.session, "layers_used")  # GMW pays a round trip per AND layer
     trips = int(link.channel.round_trips)  # counted by the engine's channel
     circuit = noise_share_circuit(
-        ring_bits, params.noise_bits, arithmetic=link.arithmetic, field_modulus=field_modulus
+        ring_bits, params.noise_bits, arithmetic=PRODUCTION_ARITHMETIC, field_modulus=field_modulus
     )
     mask = ring_mask(ring_bits)
     shares = np.zeros(n, dtype=np.uint64)
@@ -770,6 +778,7 @@ def noise_shares_range(
         stats = run_sampler(
             role, link, hi - lo, seed, params, schedule,
             lambda result, lo=lo: finish(result, lo), first_coordinate + lo,
+            PRODUCTION_ARITHMETIC,
         )  # fmt: skip
         info["rounds"] = max(info["rounds"], stats.rounds)
         info["trials"] += stats.trials

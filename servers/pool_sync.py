@@ -31,6 +31,7 @@ from spgc.servers.noise_pool import (
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.settings.backend_choice import (
     CALLS_PER_RUN,
+    NOISE_COSTS,
     LinkFigures,
     amortised_run,
     production_costs,
@@ -100,8 +101,9 @@ class RunSizer:
     """How big H1's next production run is, and how far ahead of the rounds it keeps the pool.
 
     A run of n samples is modelled as taking F + c n seconds: F its round trips (counted by the
-    engine on gmw, estimated from the sampler's stages on gc, plus the two calls to H2) at the
-    round trip measured on the calls to H2, c the measured seconds per sample beyond them. A
+    engine on gmw, each exchange half a round trip as both send at once; estimated from the
+    sampler's stages on gc; plus the two calls to H2) at the round trip measured on the calls
+    to H2, c the measured seconds per sample beyond them. A
     run makes at least the n whose F is at most RUN_OVERHEAD_SHARE of its time (capped by
     pool_block), and the pool is kept max(pool_rounds, ceil(run time / round interval) + 1)
     rounds ahead, the round interval measured as rounds take their noise: rounds then consume
@@ -120,7 +122,9 @@ class RunSizer:
         self.rtt: float | None = None  # the quickest call to H2 seen, in seconds
         # (F, c) from the link, before any run is measured
         self._prior = None if link is None else production_costs(backend, link)
-        self.runs: deque[tuple[int, float, int]] = deque(maxlen=RUN_HISTORY)
+        cost = NOISE_COSTS.get(backend)
+        self._trip_share = 1.0 if cost is None else cost.trip_share
+        self.runs: deque[tuple[int, float, float]] = deque(maxlen=RUN_HISTORY)
         self.intervals: deque[float] = deque(maxlen=RUN_HISTORY)
         self._last_round: float | None = None
         # the production thread and the round thread both observe and read
@@ -132,8 +136,12 @@ class RunSizer:
             self.rtt = seconds if self.rtt is None else min(self.rtt, seconds)
 
     def observe_run(self, samples: int, seconds: float, round_trips: int) -> None:
+        """A run of ``samples`` took ``seconds`` with ``round_trips`` of its circuit (each
+        costing the backend's share of a round trip: gmw's exchanges send both ways at once,
+        spgc.settings.backend_choice.GMW_EXCHANGE_SHARE) besides the CALLS_PER_RUN calls."""
+        trips = round_trips * self._trip_share + CALLS_PER_RUN
         with self._lock:
-            self.runs.append((samples, seconds, round_trips + CALLS_PER_RUN))
+            self.runs.append((samples, seconds, trips))
 
     def observe_round(self, now: float) -> None:
         """A round took its noise at monotonic time ``now``."""
@@ -173,11 +181,17 @@ class RunSizer:
         costs = self._costs()
         return None if costs is None else costs[0] + costs[1] * samples
 
-    def lead_rounds(self, samples: int) -> int:
-        """Rounds of noise to keep ready while runs of ``samples`` are made."""
+    def lead_rounds(self, samples: int, rounds_left: int) -> int:
+        """Rounds of noise to keep ready while runs of ``samples`` are made: before any run
+        is measured, pool_rounds; once one is but the rounds' pace is not yet (two rounds),
+        every round left, so production goes on from round 0 (a run measured before round 0
+        may take several rounds beside them, and waiting two rounds to learn their pace made
+        a round wait for noise)."""
         seconds, interval = self.run_seconds(samples), self._interval()
-        if seconds is None or interval is None:
+        if seconds is None:
             return self.pool_rounds
+        if interval is None:
+            return max(self.pool_rounds, rounds_left)
         return max(self.pool_rounds, math.ceil(seconds / max(interval, 1e-3)) + 1)
 
     def next_run(self, available: int, rounds_left: int) -> int:
@@ -187,7 +201,7 @@ class RunSizer:
         if available >= want:
             return 0
         efficient = self.efficient_run()
-        low = min(want, self.lead_rounds(max(efficient, self.dim)) * self.dim)
+        low = min(want, self.lead_rounds(max(efficient, self.dim), rounds_left) * self.dim)
         if available >= low:
             return 0
         return max(1, min(max(efficient, low - available), self.pool_block, want - available))

@@ -141,12 +141,17 @@ def candidate_label(candidate: Candidate) -> str:
         return backend
     return f"{backend}/{'unbounded' if depth >= UNBOUNDED_TRIAL_DEPTH else depth}"
 
+
 #: Mode preprocessed's production run (the noise-share circuit) per backend, per noise sample.
 #: bench comm counts no round trips for it: a run has the round circuit's sampler stages, so the
-#: round circuit's counts stand in for them.
+#: round circuit's counts stand in for them, on gmw those of the trial with the fewest AND
+#: gates, which production builds on every backend (servers.gc_party.PRODUCTION_ARITHMETIC).
+#: gmw's bytes and CPU re-measured with it, 2026-12-05 (25.6 and 32.2 us in two runs).
 NOISE_COSTS: dict[str, BackendCost] = {
     "gc": BackendCost(6, 19740.9, 22.7e-6),
-    "gmw": BackendCost(30, 1022.4, 60.6e-6, GMW_EXCHANGE_SHARE),
+    "gmw": BackendCost(
+        GMW_DEPTH_COSTS[UNBOUNDED_TRIAL_DEPTH].round_trips, 448.5, 28.9e-6, GMW_EXCHANGE_SHARE
+    ),
 }
 
 #: Bytes per coordinate of mode preprocessed's online exchange (one ring element of 8 bytes each

@@ -199,7 +199,7 @@ class ServerConfig(_Schema):
         "production run outlasts a round; at most those left)",
     )
     pool_block: int = Field(
-        131072,
+        262144,
         ge=1,
         le=1 << 24,
         description="preprocessed: largest block one production run makes (runs are sized "

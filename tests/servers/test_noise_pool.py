@@ -28,6 +28,7 @@ from spgc.servers.noise_pool import (
 )
 from spgc.servers.pool_sync import RunSizer
 from spgc.servers.spgc_circuit import noise_share_circuit
+from spgc.settings.backend_choice import GMW_EXCHANGE_SHARE
 
 
 def links(two_party, backend="gc", security="semi-honest"):
@@ -460,11 +461,27 @@ def test_run_sizer_amortises_round_trips_and_keeps_a_lead_that_follows_the_round
     sizer.observe_call(0.01)
     sizer.observe_run(10_000, 10.2, round_trips=18)  # 0.2 s fixed, 1 ms a sample
     assert sizer.efficient_run() == pytest.approx(1800, abs=1)
+    # a run measured, the rounds' pace not yet: production goes on (every round left ahead)
+    assert sizer.lead_rounds(1800, 100) == 100
+    assert sizer.next_run(available=50_000, rounds_left=100) == 50_000  # what is missing
     for now in (0.0, 1.0, 2.0):
         sizer.observe_round(now)
-    assert sizer.lead_rounds(1800) == 3  # a run of 1800 takes 2.0 s, a round 1.0 s
+    assert sizer.lead_rounds(1800, 100) == 3  # a run of 1800 takes 2.0 s, a round 1.0 s
     assert sizer.next_run(available=2500, rounds_left=100) == sizer.efficient_run()
     assert sizer.next_run(available=3000, rounds_left=100) == 0
     for now in (2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8):
         sizer.observe_round(now)
-    assert sizer.lead_rounds(1800) == 21
+    assert sizer.lead_rounds(1800, 100) == 21
+
+
+def test_run_sizer_charges_gmws_exchanges_half_a_round_trip():
+    # gmw's exchanges send both ways at once (GMW_EXCHANGE_SHARE): 100 of them at 50 ms are
+    # 2.5 s, and the two calls to H2 a whole round trip each; gc's stages a whole one.
+    gmw = RunSizer(dim=1000, pool_rounds=2, pool_block=10**6, backend="gmw")
+    gc = RunSizer(dim=1000, pool_rounds=2, pool_block=10**6, backend="gc")
+    for sizer in (gmw, gc):
+        sizer.observe_call(0.05)
+        sizer.observe_run(10_000, 12.6, round_trips=100)
+    assert gmw.run_seconds(0) == pytest.approx((100 * GMW_EXCHANGE_SHARE + 2) * 0.05)
+    assert gmw.run_seconds(10_000) == pytest.approx(12.6)
+    assert gc.run_seconds(0) == pytest.approx(102 * 0.05)
