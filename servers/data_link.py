@@ -86,7 +86,7 @@ class DataLink:
     def _connections(self) -> int:
         """The data link's connections: one per lane, and in mode preprocessed one more for
         the rounds' exchange (noise production runs on the lanes meanwhile)."""
-        return self.cfg.gc_lanes + (1 if self.cfg.mode == "preprocessed" else 0)
+        return self.plan.gc_lanes + (1 if self.cfg.mode == "preprocessed" else 0)
 
     def _get_link(self, timeout: float) -> PartyLink:
         if not self._link_ready.wait(timeout) or self._link is None:
@@ -115,7 +115,7 @@ class DataLink:
                 )
                 if len(channels) == 1:
                     _agree_on_lanes(
-                        channels[0], self.cfg.gc_lanes, self.cfg.workers, self.cfg.peer_name
+                        channels[0], self.plan.gc_lanes, self.cfg.workers, self.cfg.peer_name
                     )
         except BaseException as exc:
             for channel in channels:
@@ -172,7 +172,7 @@ class DataLink:
                     continue
                 if len(channels) == 1:
                     _agree_on_lanes(
-                        channels[0], self.cfg.gc_lanes, self.cfg.workers, self.cfg.peer_name
+                        channels[0], self.plan.gc_lanes, self.cfg.workers, self.cfg.peer_name
                     )
         except BaseException:
             for channel in channels:
@@ -186,7 +186,7 @@ class DataLink:
         ``stub``: H1's control channel to H2, which pairs the workers when workers > 1."""
         if self.cfg.mode == "dng":
             return PartyLink(role, self._gc_channels[0], None)
-        lane_channels = self._gc_channels[: self.cfg.gc_lanes]
+        lane_channels = self._gc_channels[: self.plan.gc_lanes]
         lanes = [
             PartyLink.open(
                 role,

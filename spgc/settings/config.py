@@ -314,14 +314,15 @@ class ServerConfig(_Schema):
         description="how AND gates are garbled: threehalves (24.6 bytes per AND gate) or "
         "halfgates (32 bytes, 1.5x fewer hash calls); both servers must set the same",
     )
-    gc_lanes: int = Field(
-        1,
+    gc_lanes: int | None = Field(
+        None,
         ge=1,
         le=MAX_LANES,
         description="connections of the data link between the servers; a round's coordinates "
         "are split into this many ranges run in parallel, each on its own connection, engine "
-        "session and thread (about one core per lane on each server); both servers must set "
-        "the same",
+        "session and thread (about one core per lane on each server); unset: 2 with backend "
+        "gmw or auto, at least 10,000 coordinates, workers: 1 and security: semi-honest (one "
+        "lane computes while the other's bytes travel), else 1; both servers must have the same",
     )
     workers: int = Field(
         1,
@@ -686,7 +687,7 @@ class ServerConfig(_Schema):
                 f"noise_floor: {self.noise_floor:g} with standardize: true: the statistics "
                 "release is not accounted with a noise floor yet; set one of them off"
             )
-        if self.workers > 1 and self.gc_lanes > 1:
+        if self.workers > 1 and self.gc_lanes is not None and self.gc_lanes > 1:
             raise ValueError(
                 f"gc_lanes: {self.gc_lanes} with workers: {self.workers}: rounds run on the "
                 "workers only, and the data link's other connections would sit idle; set "

@@ -38,6 +38,14 @@ from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.digests import vector_sha256
 from spgc.wire.messages import ACCEPTED_SHARE_ENCODINGS
 
+#: The data link's lanes when the config leaves gc_lanes unset and the plan is a wide one on
+#: gmw (RunPlan.gc_lanes): MNIST at 10 ms and 100 Mbit/s, the circuit 2.13-2.20 s with two
+#: lanes against 2.37-2.55 s with one (docs/GMW.md, "Two lanes overlap the link with the CPU").
+AUTO_LANES = 2
+#: The fewest coordinates for AUTO_LANES: below, a second lane's engine session (its silent-OT
+#: setup, about 1.3 MB and its LPN expansion) costs more than it overlaps.
+AUTO_LANES_MIN_DIM = 10_000
+
 _CALIBRATIONS = {
     "classic": pb.CALIBRATION_CLASSIC,
     "analytic": pb.CALIBRATION_ANALYTIC,
@@ -108,6 +116,23 @@ class RunPlan:
     def dim(self) -> int:
         """d: the trained coordinates, the length of every model and share vector."""
         return self.coordinates.count
+
+    @property
+    def gc_lanes(self) -> int:
+        """The data link's lanes: the config's ``gc_lanes``, else AUTO_LANES where gmw's
+        AND layers wait on a link that a second lane can fill meanwhile (backend gmw or auto,
+        d >= AUTO_LANES_MIN_DIM, one worker, semi-honest), else 1. A function of the config
+        and d only, so both servers of one plan agree (the data link checks it)."""
+        cfg = self.cfg
+        if cfg.gc_lanes is not None:
+            return cfg.gc_lanes
+        wide = (
+            cfg.backend in ("gmw", "auto")
+            and cfg.workers == 1
+            and cfg.security == "semi-honest"
+            and self.dim >= AUTO_LANES_MIN_DIM
+        )
+        return AUTO_LANES if wide else 1
 
     @property
     def share_dim(self) -> int:

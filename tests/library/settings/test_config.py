@@ -22,6 +22,7 @@ from spgc.settings.config_files import (
     load_provider_config,
     load_server_config,
 )
+from spgc.settings.plan import AUTO_LANES_MIN_DIM, make_plan
 from spgc.settings.provider_config import ProviderConfig
 
 ROOT = REPO_ROOT
@@ -396,3 +397,22 @@ def test_sigterm_stops_a_provider_like_ctrl_c(tmp_path: Path) -> None:
     assert proc.returncode == 143
     entries = [json.loads(line) for line in [*lines, *rest.splitlines()] if line.strip()]
     assert entries[-1]["message"] == "interrupted (signal 15)"
+
+
+@pytest.mark.parametrize(
+    ("settings", "lanes"),
+    [
+        ({"dataset": "mnist", "backend": "gmw"}, 2),  # wide, on gmw: a second lane
+        ({"dataset": "mnist", "backend": "auto"}, 2),
+        ({"dataset": "mnist", "backend": "gc"}, 1),
+        ({"dataset": "cancer", "backend": "gmw"}, 1),  # d = 62: not worth a second session
+        ({"dataset": "mnist", "backend": "gmw", "security": "malicious"}, 1),
+        ({"dataset": "mnist", "backend": "gmw", "gc_lanes": 1}, 1),  # set: as set
+        ({"dataset": "cancer", "backend": "gc", "gc_lanes": 3}, 3),
+    ],
+)
+def test_unset_gc_lanes_gives_wide_gmw_plans_two_lanes(settings: dict, lanes: int) -> None:
+    cfg = ServerConfig(insecure=True, providers=["p1"], min_providers=1, **settings)
+    plan = make_plan(cfg)
+    assert plan.gc_lanes == lanes
+    assert (plan.dim >= AUTO_LANES_MIN_DIM) == (settings["dataset"] == "mnist")
