@@ -214,6 +214,8 @@ def test_preprocessed_opens_one_ring_element_each_way_online(ctx) -> None:
     assert m.extra["ring_bits"] > ctx.ring_bits  # the ring holds |S| plus the noise bound
 
 
+# Ray: one local cluster at a time on this machine (tests/servers/test_ray_workers.py).
+@pytest.mark.xdist_group("ray")
 def test_workers_run_the_circuits_on_ray_worker_pairs(ctx, capsys) -> None:
     """--workers 2: the circuits run on two worker pairs of a local Ray cluster; bytes are
     those of both pairs (each lane its own chunks and session setup), rows say so."""

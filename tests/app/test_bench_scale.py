@@ -49,6 +49,8 @@ def test_a_deeper_trial_takes_fewer_and_gates_and_more_round_trips(
     assert out["10000"]["round_trips"] > 2 * out["28"]["round_trips"]
 
 
+# Ray: one local cluster at a time on this machine (tests/servers/test_ray_workers.py).
+@pytest.mark.xdist_group("ray")
 def test_ray_worker_pairs_round(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("ray", reason="the Ray extra (pip install '.[ray]') is missing")
     rc = cli.main(["bench", "scale", "--dim", "200", "--workers", "2", "--model", "--json"])
