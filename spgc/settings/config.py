@@ -321,8 +321,9 @@ class ServerConfig(_Schema):
         description="connections of the data link between the servers; a round's coordinates "
         "are split into this many ranges run in parallel, each on its own connection, engine "
         "session and thread (about one core per lane on each server); unset: 2 with backend "
-        "gmw or auto, at least 10,000 coordinates, workers: 1 and security: semi-honest (one "
-        "lane computes while the other's bytes travel), else 1; both servers must have the same",
+        "gmw (or auto choosing gmw), at least 10,000 coordinates, workers: 1 and security: "
+        "semi-honest (one lane computes while the other's bytes travel), else 1; both servers "
+        "must have the same",
     )
     workers: int = Field(
         1,

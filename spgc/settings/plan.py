@@ -120,16 +120,18 @@ class RunPlan:
     @property
     def gc_lanes(self) -> int:
         """The data link's lanes: the config's ``gc_lanes``, else AUTO_LANES where gmw's
-        AND layers wait on a link that a second lane can fill meanwhile (backend gmw or auto,
-        d >= AUTO_LANES_MIN_DIM, one worker, semi-honest), else 1. A function of the config
-        and d only, so both servers of one plan agree (the data link checks it)."""
+        AND layers wait on a link that a second lane can fill meanwhile (backend gmw, d >=
+        AUTO_LANES_MIN_DIM, one worker, semi-honest), else 1. A function of the config and d
+        only, so both servers of one plan agree (the data link checks it). With backend auto
+        both servers have fixed the backend auto chose before the data link opens
+        (servers.link_probe), so the lanes follow that choice; "auto" itself counts as gmw."""
         cfg = self.cfg
         if cfg.gc_lanes is not None:
             return cfg.gc_lanes
         wide = (
             cfg.backend in ("gmw", "auto")
             and cfg.workers == 1
-            and cfg.security == "semi-honest"
+            and cfg.security == DEFAULT_SECURITY
             and self.dim >= AUTO_LANES_MIN_DIM
         )
         return AUTO_LANES if wide else 1
