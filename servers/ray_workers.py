@@ -70,8 +70,9 @@ LOCAL_START_ATTEMPTS = 3
 its new node to register; on a busy machine (two cores running tests or another job) the raylet
 can take longer, and the next start usually succeeds."""
 
-# Ray's words when a new local node misses that 30 s (ray/_private/node.py).
-_NODE_START_TIMEOUT = "timed out during startup"
+# Ray's words when a new local node misses that 30 s (ray/_private/node.py), or when its GCS
+# server does not write its port file in time (the node's constructor too, before the raylet).
+_NODE_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 
 # Terminal colour codes in Ray's remote tracebacks.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -144,7 +145,7 @@ def init_ray(attempts: int = LOCAL_START_ATTEMPTS, **kwargs: Any) -> None:
                 retry = (
                     attempt < attempts
                     and _starts_a_local_cluster(kwargs)
-                    and _NODE_START_TIMEOUT in str(exc)
+                    and any(words in str(exc) for words in _NODE_START_TIMEOUTS)
                 )
                 if not retry:
                     raise
@@ -355,9 +356,7 @@ def start_workers(
             configure_logging=False,
         )
     actor_cls = ray.remote(**ACTOR_OPTIONS)(LaneWorker)
-    return [
-        actor_cls.remote(role, tls, scheme, ot_k, backend, trial_depth) for _ in range(count)
-    ]
+    return [actor_cls.remote(role, tls, scheme, ot_k, backend, trial_depth) for _ in range(count)]
 
 
 def connect_workers(

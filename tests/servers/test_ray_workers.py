@@ -40,15 +40,19 @@ def cluster():
     ray.shutdown()
 
 
+NODE_TIMEOUT = "The current node timed out during startup. This could happen ..."
+GCS_TIMEOUT = "Timed out waiting for file /tmp/ray/session_x/gcs_server_port_0123abcd"
+
+
 class FakeNode:
     """Stands for ray._private.node.Node: its constructor starts processes, then may time out
     waiting for them, as Ray's does on a busy machine."""
 
     killed: ClassVar[list[FakeNode]] = []
 
-    def __init__(self, times_out: bool) -> None:
+    def __init__(self, times_out: bool, words: str = NODE_TIMEOUT) -> None:
         if times_out:
-            raise Exception("The current node timed out during startup. This could happen ...")
+            raise Exception(words)
 
     def kill_all_processes(self, check_alive: bool = True, allow_graceful: bool = False) -> None:
         FakeNode.killed.append(self)
@@ -61,9 +65,12 @@ class FakeRay:
     """ray.init that fails the first ``failures`` times with ``error`` (None: the node's
     start-up timeout, raised from inside the node's constructor as Ray does)."""
 
-    def __init__(self, failures: int, error: Exception | None = None) -> None:
+    def __init__(
+        self, failures: int, error: Exception | None = None, words: str = NODE_TIMEOUT
+    ) -> None:
         self.failures = failures
         self.error = error
+        self.words = words
         self.inits: list[dict] = []
         self.shutdowns = 0
 
@@ -72,7 +79,7 @@ class FakeRay:
         if len(self.inits) <= self.failures:
             if self.error is not None:
                 raise self.error
-            FakeNode(times_out=True)
+            FakeNode(times_out=True, words=self.words)
 
     def shutdown(self) -> None:
         self.shutdowns += 1
@@ -80,8 +87,10 @@ class FakeRay:
 
 @pytest.fixture
 def fake_ray(monkeypatch):
-    def install(failures: int, error: Exception | None = None) -> FakeRay:
-        fake = FakeRay(failures, error)
+    def install(
+        failures: int, error: Exception | None = None, words: str = NODE_TIMEOUT
+    ) -> FakeRay:
+        fake = FakeRay(failures, error, words)
         monkeypatch.setattr(ray_workers, "_ray", lambda: fake)
         FakeNode.killed.clear()
         return fake
@@ -89,8 +98,9 @@ def fake_ray(monkeypatch):
     return install
 
 
-def test_a_local_node_that_misses_rays_start_up_wait_is_started_again(fake_ray, caplog):
-    fake = fake_ray(failures=2)
+@pytest.mark.parametrize("words", [NODE_TIMEOUT, GCS_TIMEOUT], ids=["node", "gcs-port-file"])
+def test_a_local_node_that_misses_rays_start_up_wait_is_started_again(fake_ray, caplog, words):
+    fake = fake_ray(failures=2, words=words)
     with caplog.at_level("WARNING", logger="spgc.servers.ray_workers"):
         init_ray(num_cpus=2)
     assert len(fake.inits) == 3 and fake.shutdowns == 2
