@@ -19,7 +19,10 @@ one message each way per AND layer; ``run`` takes and returns what ``Garbler.run
 ``Evaluator.run`` do (its ``Kept`` outputs hold XOR shares and feed only GMW runs).
 :class:`AuthGmwParty` is its maliciously secure form (``security: malicious``; auth_gmw.h):
 authenticated shares and triples, and a peer that deviates raises :class:`PeerDeviated` before
-any output computed from its messages is revealed.
+any output computed from its messages is revealed. :class:`AuthGarbleParty` is the maliciously
+secure form of garbling (auth_garble.h: authenticated garbling, Wang-Ranellucci-Katz 2017) on
+the same authenticated shares and triples, in a constant number of round trips a run; both
+derive from :class:`AuthSession`, which holds what they share.
 
 The prime-field kernels of the providers' norm proofs (``field_ntt``, ``field_matvec``,
 ``field_mul``, ``field_expand``, ``wraparound_dots``; field.h) work on uint64 values below a
@@ -27,10 +30,13 @@ prime p < 2^62; ``spgc.protocol.norm_proof`` builds the proofs on them.
 """
 
 from garbled_core._core import (
+    AUTH_TABLE_BYTES,
     DEFAULT_CHUNK,
     DEFAULT_OT_K,
     GARBLING_SCHEMES,
+    AuthGarbleParty,
     AuthGmwParty,
+    AuthSession,
     Channel,
     ChannelError,
     ChannelTimeoutError,
@@ -60,10 +66,13 @@ from garbled_core._core import (
 from garbled_core.circuit import Bits, CircuitBuilder, CircuitDescription
 
 __all__ = [
+    "AUTH_TABLE_BYTES",
     "DEFAULT_CHUNK",
     "DEFAULT_OT_K",
     "GARBLING_SCHEMES",
+    "AuthGarbleParty",
     "AuthGmwParty",
+    "AuthSession",
     "Bits",
     "Channel",
     "ChannelError",

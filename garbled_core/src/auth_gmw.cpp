@@ -1,192 +1,33 @@
-// Authenticated GMW (see auth_gmw.h for the protocol and its message order).
+// Authenticated GMW: the gates, layer by layer (see auth_gmw.h; the rest of a run is
+// auth_session.cpp).
 #include "garbled_core/auth_gmw.h"
 
 #include <algorithm>
-#include <cstring>
-#include <stdexcept>
-#include <string>
 #include <vector>
-
-#include "garbled_core/gmw_plan.h"
-#include "garbled_core/iknp.h"
-#include "garbled_core/random.h"
 
 namespace gc {
 
 namespace {
 
-constexpr uint32_t kAuthGmwVersion = 3;  // 2: the hello names the COT source; 3: the triple batch
-constexpr char kHello0[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '0'};
-constexpr char kHello1[8] = {'S', 'P', 'G', 'C', 'A', 'G', 'M', '1'};
-constexpr size_t kKeptBlocks = 3;
-// Triples made at once (whole AND layers; more when one layer needs more): about 100 bytes
+// Triples taken at once (whole AND layers; more when one layer needs more): about 100 bytes
 // each plus their leaky triples while they are made.
-constexpr size_t kTripleBatch = size_t(1) << 18;  // per kept bit and instance: MAC, key, the bit
-
-// Authenticated shares of every slot and instance: entry slot * n + i.
-struct Wires {
-  size_t n;
-  std::vector<uint8_t> bits;
-  BlockVector macs, keys;
-  Wires(size_t slots, size_t n_) : n(n_), bits(slots * n_, 0), macs(slots * n_), keys(slots * n_) {}
-  size_t at(uint32_t slot, size_t i) const { return (size_t)slot * n + i; }
-};
-
-std::vector<uint8_t> swap_packed(AuthParty& party, const std::vector<uint8_t>& ours, size_t their_bits) {
-  const std::vector<uint8_t> out = pack_bits(ours);
-  std::vector<uint8_t> in((their_bits + 7) / 8);
-  party.exchange(out.data(), out.size(), in.data(), in.size());
-  return unpack_bits(in, their_bits);
-}
+constexpr size_t kLayerTriples = size_t(1) << 18;
 
 }  // namespace
 
 AuthGmwParty::AuthGmwParty(Channel& ch, int party, int rho, AuthCots cots, size_t triple_batch)
-    : Session(ch, SessionOptions{}), party_(party), rho_(rho), cots_(cots), triple_batch_(triple_batch) {
-  if (party != 0 && party != 1) throw std::invalid_argument("party must be 0 or 1");
-  if (rho < 1 || rho > 128) throw std::invalid_argument("rho must be in 1..128");
-}
+    : AuthSession(ch, party, rho, cots, triple_batch, "SPGCAGM", "authenticated GMW") {}
 
-AuthGmwParty::~AuthGmwParty() = default;
-
-AuthTriples AuthGmwParty::take_triples(size_t count) {
-  const size_t held = stock_.size() - stock_used_;
-  if (held < count) {
-    auto tables = [&] { return ch_.bytes_sent(Phase::Tables) + ch_.bytes_received(Phase::Tables); };
-    const uint64_t bytes0 = tables(), cots0 = auth_->cots_used();
-    AuthTriples fresh = triples_->make(std::max(count - held, triple_batch_), run_rho_);
-    triples_made_ += fresh.size();
-    triple_bytes_ += tables() - bytes0;
-    triple_cots_ += auth_->cots_used() - cots0;
-    AuthTriples rest = stock_.slice(stock_used_, held);
-    rest.append(fresh);
-    stock_ = std::move(rest);
-    stock_used_ = 0;
-  }
-  AuthTriples out = stock_.slice(stock_used_, count);
-  stock_used_ += count;
-  if (stock_used_ == stock_.size()) {  // used up: dropped
-    stock_ = AuthTriples();
-    stock_used_ = 0;
-  }
-  return out;
-}
-
-uint64_t AuthGmwParty::leaky_triples_made() const { return triples_ ? triples_->leaky_made() : 0; }
-size_t AuthGmwParty::last_bucket_size() const { return triples_ ? triples_->last_bucket_size() : 0; }
-
-void AuthGmwParty::deviate_triples_for_test(const TripleCheat& cheat) {
-  triple_cheat_ = cheat;
-  if (triples_) triples_->deviate_for_test(triple_cheat_.hooks());
-}
-
-block AuthGmwParty::delta_for_test() const {
-  if (!auth_) throw std::logic_error("no Delta before setup");
-  return auth_->delta();
-}
-
-void AuthGmwParty::setup() {
-  if (ready_) return;
-  ch_.set_phase(Phase::Setup);
-  // 20 bytes, like the other backends' hellos, so a mismatched peer fails cleanly.
-  struct Hello {
-    char magic[8];
-    uint32_t version, rho, cots;
-  } mine{}, theirs{};
-  static_assert(sizeof(Hello) == 20, "hello layout");
-  std::memcpy(mine.magic, party_ == 0 ? kHello0 : kHello1, 8);
-  mine.version = kAuthGmwVersion;
-  mine.rho = (uint32_t)rho_;
-  mine.cots = (uint32_t)cots_;
-  ch_.send(&mine, sizeof mine);
-  ch_.flush();
-  ch_.recv(&theirs, sizeof theirs);
-  if (std::memcmp(theirs.magic, mine.magic, 8) == 0)
-    throw ProtocolError("both parties are authenticated GMW party " + std::to_string(party_));
-  if (std::memcmp(theirs.magic, party_ == 0 ? kHello1 : kHello0, 8) != 0)
-    throw ProtocolError(
-        "security mismatch: this party runs authenticated GMW (security: malicious), the peer "
-        "does not (both servers must set the same security and backend)");
-  if (theirs.version != kAuthGmwVersion)
-    throw ProtocolError("authenticated GMW version mismatch: " + std::to_string(kAuthGmwVersion) + " here, " +
-                        std::to_string(theirs.version) + " at the peer");
-  if (theirs.rho != mine.rho)
-    throw ProtocolError("statistical security mismatch: rho " + std::to_string(rho_) + " here, " +
-                        std::to_string(theirs.rho) + " at the peer");
-  if (theirs.cots != mine.cots)
-    throw ProtocolError(std::string("COT source mismatch: ") + auth_cots_name(cots_) + " here, " +
-                        (theirs.cots <= 2 ? auth_cots_name((AuthCots)theirs.cots) : "unknown") + " at the peer");
-  uint64_t batch = triple_batch_, their_batch = 0;
-  ch_.send(&batch, sizeof batch);
-  ch_.flush();
-  ch_.recv(&their_batch, sizeof their_batch);
-  if (their_batch != batch)
-    throw ProtocolError("triple batch mismatch: " + std::to_string(batch) + " here, " +
-                        std::to_string(their_batch) + " at the peer");
-  if (party_ == 0) {
-    secure_random(&session_id_, sizeof session_id_);
-    ch_.send(&session_id_, sizeof session_id_);
-    ch_.flush();
-  } else {
-    ch_.recv(&session_id_, sizeof session_id_);
-  }
-  auth_ = std::make_unique<AuthParty>(ch_, party_ == 0, nullptr, cots_);
-  triples_ = std::make_unique<TripleFactory>(*auth_);
-  if (triple_cheat_.kind != TripleCheat::Kind::None) triples_->deviate_for_test(triple_cheat_.hooks());
-  ready_ = true;
-}
-
-RunOutputs AuthGmwParty::run(const Circuit& c, const RunInputs& in) {
-  if (broken_)
-    throw ProtocolError("this authenticated GMW party stopped after a failed run; start a new session");
-  for (size_t p = 0; p < c.inputs().size() && p < in.carried.size(); ++p) {
-    if (c.inputs()[p].owner != InputOwner::Carried || !in.carried[p].source) continue;
-    const KeptLabels& k = *in.carried[p].source;
-    if (!ready_ || k.session_id != session_id_ || k.labels.size() != kKeptBlocks * (size_t)k.width * k.n)
-      throw std::invalid_argument("run: carried input '" + c.inputs()[p].name +
-                                  "' was not kept by this authenticated GMW party");
-  }
-  check_inputs(c, in, party_ == 0 ? InputOwner::Garbler : InputOwner::Evaluator);
-  setup();
-  try {
-    RunOutputs out = run_checked(c, in);
-    evidence_ = auth_->evidence();
-    return out;
-  } catch (...) {
-    broken_ = true;
-    evidence_ = auth_->evidence();
-    throw;
-  }
-}
-
-RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
-  exchange_header(c, in);
-  const GmwPlan plan = plan_circuit(c);
-  const size_t n = in.n;
-  const bool first = party_ == 0;
-  const block delta = auth_->delta();
+void AuthGmwParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires& w, DeferredMacCheck& check) {
+  const size_t n = w.n;
   layers_ = plan.layers;
-  layers_used_ += plan.layers;
-  const InputOwner self = first ? InputOwner::Garbler : InputOwner::Evaluator;
+  size_t and_stages = 0;
+  for (const GmwPlan::Stage& st : plan.stages) and_stages += st.and_end > st.and_begin ? 1 : 0;
+  plan_triple_security(and_stages, (size_t)c.and_count() * n);
 
-  // Triples, fresh for this run, made in batches of whole AND layers (at most about
-  // kTripleBatch at once, at least one layer) just before the first layer that needs them, so
+  // Triples, fresh for this run, taken in batches of whole AND layers (at most about
+  // kLayerTriples at once, at least one layer) just before the first layer that needs them, so
   // that memory stays bounded; each is used once and dropped.
-  const size_t T = (size_t)c.and_count() * n;
-  triples_used_ += T;
-  // The batches this run makes, at most: each is bucketed at 2^-(rho + 2 + log2 k), so that
-  // with the leftover of an earlier batch (at most 2^-(rho + 2)) a run's triples failed with
-  // probability under 2^-(rho + 1) (docs/MALICIOUS.md, "The statistical error").
-  {
-    const size_t held = triples_in_stock();
-    size_t and_stages = 0;
-    for (const GmwPlan::Stage& st : plan.stages) and_stages += st.and_end > st.and_begin ? 1 : 0;
-    size_t k = 0;
-    if (T > held) k = triple_batch_ ? std::min(and_stages, (T - held + triple_batch_ - 1) / triple_batch_) : and_stages;
-    int extra = 0;
-    while ((size_t(1) << extra) < std::max<size_t>(k, 1)) ++extra;
-    run_rho_ = rho_ + 2 + extra;
-  }
   AuthTriples tr;
   size_t batch_first = 0, batch_end = 0;  // triple indices [first, end) held in tr
   auto triples_for_stage = [&](size_t stage) {
@@ -197,103 +38,15 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
     for (size_t s = stage + 1; s < plan.stages.size(); ++s) {
       const GmwPlan::Stage& next = plan.stages[s];
       const size_t next_end = (next.member_base + (next.and_end - next.and_begin)) * n;
-      if (next_end - first_needed > kTripleBatch) break;
+      if (next_end - first_needed > kLayerTriples) break;
       end = next_end;
     }
-    // The triples' own messages count with the openings ("tables"); only silent OT's
-    // iterations are "ot_extension" (its PhaseGuard), which benchmarks amortise per COT.
-    const Phase was = ch_.phase();
-    ch_.set_phase(Phase::Tables);
     tr = AuthTriples();
     tr = take_triples(end - first_needed);
-    ch_.set_phase(was);
     batch_first = first_needed;
     batch_end = end;
   };
 
-  Wires w(plan.slots, n);
-  // A public bit folded into shares: the first party flips its bit, the second moves its key.
-  auto add_public = [&](size_t e, uint8_t bit) {
-    if (!bit) return;
-    if (first)
-      w.bits[e] ^= 1;
-    else
-      w.keys[e] = xor_block(w.keys[e], delta);
-  };
-  DeferredMacCheck check(*auth_);
-
-  // Inputs: entries (port, bit, instance) of both owners, in port order.
-  ch_.set_phase(Phase::Inputs);
-  struct Entry {
-    size_t port;
-    int bit;
-    size_t instance;
-  };
-  std::vector<Entry> mine_e, theirs_e;
-  for (size_t p = 0; p < c.inputs().size(); ++p) {
-    const InputPort& port = c.inputs()[p];
-    if (port.owner == InputOwner::Carried) continue;
-    for (int bit = 0; bit < port.width; ++bit)
-      for (size_t i = 0; i < n; ++i) (port.owner == self ? mine_e : theirs_e).push_back({p, bit, i});
-  }
-  // One draw for both owners' entries, the first party's first (the same call on both sides).
-  const size_t n_first = first ? mine_e.size() : theirs_e.size();
-  const size_t n_second = first ? theirs_e.size() : mine_e.size();
-  const AuthShares r_all = auth_->random(n_first + n_second);
-  const AuthShares r_mine = AuthParty::slice(r_all, first ? 0 : n_first, mine_e.size());
-  const AuthShares r_theirs = AuthParty::slice(r_all, first ? n_first : 0, theirs_e.size());
-  {
-    // The non-owner opens its bit of r to the owner.
-    std::vector<uint8_t> reveal(theirs_e.size());
-    for (size_t k = 0; k < theirs_e.size(); ++k) {
-      reveal[k] = r_theirs.bits[k];
-      block mac = r_theirs.macs[k];
-      if (deviation_.kind == AuthGmwDeviation::Kind::FlipInputMask && k == deviation_.index) {
-        reveal[k] ^= 1;
-        mac = xor_block(mac, deviation_.mac_offset);
-      }
-      check.sent(mac);
-    }
-    const std::vector<uint8_t> got = swap_packed(*auth_, reveal, mine_e.size());
-    std::vector<uint8_t> masked(mine_e.size());
-    for (size_t k = 0; k < mine_e.size(); ++k) {
-      check.received(r_mine.keys[k], got[k]);
-      const Entry& e = mine_e[k];
-      const uint8_t x = (uint8_t)((in.values[e.port][e.instance] >> e.bit) & 1);
-      masked[k] = (uint8_t)(x ^ r_mine.bits[k] ^ got[k]);
-    }
-    const std::vector<uint8_t> peer_masked = swap_packed(*auth_, masked, theirs_e.size());
-    auto place = [&](const std::vector<Entry>& entries, const AuthShares& r, const std::vector<uint8_t>& pub) {
-      for (size_t k = 0; k < entries.size(); ++k) {
-        const Entry& e = entries[k];
-        const size_t at = w.at(plan.input_slots[e.port][e.bit], e.instance);
-        w.bits[at] = r.bits[k];
-        w.macs[at] = r.macs[k];
-        w.keys[at] = r.keys[k];
-        add_public(at, pub[k]);
-      }
-    };
-    place(mine_e, r_mine, masked);
-    place(theirs_e, r_theirs, peer_masked);
-  }
-  for (size_t p = 0; p < c.inputs().size(); ++p) {
-    const InputPort& port = c.inputs()[p];
-    if (port.owner != InputOwner::Carried) continue;
-    const CarriedInput& src = in.carried[p];
-    const KeptLabels& kept = *src.source;
-    for (int bit = 0; bit < port.width; ++bit)
-      for (size_t i = 0; i < n; ++i) {
-        const size_t j = src.indices.empty() ? i : (size_t)src.indices[i];
-        const block* k3 = kept.labels.data() + kKeptBlocks * ((size_t)bit * kept.n + j);
-        const size_t at = w.at(plan.input_slots[p][bit], i);
-        w.macs[at] = k3[0];
-        w.keys[at] = k3[1];
-        w.bits[at] = (uint8_t)(low64(k3[2]) & 1);
-      }
-  }
-
-  // Gates, stage by stage; one exchange per AND layer.
-  ch_.set_phase(Phase::Tables);
   size_t opened = 0;  // bits this party opened so far in the run (for the test hooks)
   bool first_layer = true;
   for (size_t stage = 0; stage < plan.stages.size(); ++stage) {
@@ -311,7 +64,7 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
           w.bits[o] = w.bits[a];
           w.macs[o] = w.macs[a];
           w.keys[o] = w.keys[a];
-          add_public(o, 1);
+          add_public(w, o, 1);
         }
       }
     }
@@ -328,7 +81,7 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
         block mac_d = xor_block(w.macs[u], tr.a.macs[t]), mac_e = xor_block(w.macs[v], tr.b.macs[t]);
         ours[m] = w.bits[u] ^ tr.a.bits[t];
         ours[m + 1] = w.bits[v] ^ tr.b.bits[t];
-        if (deviation_.kind == AuthGmwDeviation::Kind::FlipOpening) {
+        if (deviation_.kind == AuthDeviation::Kind::FlipOpening) {
           if (opened + m == deviation_.index) {
             ours[m] ^= 1;
             mac_d = xor_block(mac_d, deviation_.mac_offset);
@@ -342,7 +95,7 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
       }
     }
     opened += ours.size();
-    const std::vector<uint8_t> theirs = swap_packed(*auth_, ours, ours.size());
+    const std::vector<uint8_t> theirs = swap_bits(ours, ours.size());
     for (size_t g = 0; g < gates; ++g) {
       const GmwPlan::Op& op = plan.ops[st.and_begin + g];
       const size_t t0 = (st.member_base + g) * n - batch_first;
@@ -363,92 +116,13 @@ RunOutputs AuthGmwParty::run_checked(const Circuit& c, const RunInputs& in) {
         w.bits[o] = tr.c.bits[t] ^ (d & tr.b.bits[t]) ^ (e & tr.a.bits[t]);
         w.macs[o] = xor_block(tr.c.macs[t], xor_block(and_block(dm, tr.b.macs[t]), and_block(em, tr.a.macs[t])));
         w.keys[o] = xor_block(tr.c.keys[t], xor_block(and_block(dm, tr.b.keys[t]), and_block(em, tr.a.keys[t])));
-        add_public(o, d & e);
-        if (first_layer && deviation_.kind == AuthGmwDeviation::Kind::FlipWire && g * n + i == deviation_.index)
+        add_public(w, o, d & e);
+        if (first_layer && deviation_.kind == AuthDeviation::Kind::FlipWire && g * n + i == deviation_.index)
           w.bits[o] ^= 1;  // a constant added to a wire, MAC left as it was
       }
     }
     first_layer = false;
   }
-  tr = AuthTriples();  // used up: dropped, never reused
-
-  // Every opening of the run checked before any output share leaves this party.
-  check.verify("the input masks and AND-gate openings of this run");
-
-  // Outputs: our bits of what the peer learns, with their MACs' digest; the peer's likewise.
-  ch_.set_phase(Phase::Outputs);
-  RunOutputs out = prepare_outputs(c, n, first);
-  const Reveal mine_only = first ? Reveal::Garbler : Reveal::Evaluator;
-  const Reveal peer_only = first ? Reveal::Evaluator : Reveal::Garbler;
-  DeferredMacCheck out_check(*auth_);
-  std::vector<uint8_t> send_bits;
-  size_t recv_count = 0;
-  for (size_t o = 0; o < c.outputs().size(); ++o) {
-    const Reveal r = c.outputs()[o].reveal;
-    if (r == Reveal::Both || r == peer_only)
-      for (uint32_t slot : plan.output_slots[o])
-        for (size_t i = 0; i < n; ++i) {
-          const size_t at = w.at(slot, i);
-          uint8_t bit = w.bits[at];
-          block mac = w.macs[at];
-          if (deviation_.kind == AuthGmwDeviation::Kind::FlipOutput && send_bits.size() == deviation_.index) {
-            bit ^= 1;
-            mac = xor_block(mac, deviation_.mac_offset);
-          }
-          send_bits.push_back(bit);
-          out_check.sent(mac);
-        }
-    if (r == Reveal::Both || r == mine_only) recv_count += plan.output_slots[o].size() * n;
-  }
-  // Our bits of what the peer learns, then the digest of their MACs; the peer's alike.
-  std::vector<uint8_t> message = pack_bits(send_bits);
-  const std::array<uint8_t, 32> digest = out_check.our_digest();
-  message.insert(message.end(), digest.begin(), digest.end());
-  const size_t got_bytes = (recv_count + 7) / 8;
-  std::vector<uint8_t> heard(got_bytes + 32);
-  auth_->exchange(message.data(), message.size(), heard.data(), heard.size());
-  std::array<uint8_t, 32> their_digest{};
-  std::memcpy(their_digest.data(), heard.data() + got_bytes, 32);
-  heard.resize(got_bytes);
-  const std::vector<uint8_t> got = unpack_bits(heard, recv_count);
-  size_t next = 0;
-  for (size_t o = 0; o < c.outputs().size(); ++o) {
-    const Reveal r = c.outputs()[o].reveal;
-    if (r == Reveal::Both || r == mine_only)
-      for (uint32_t slot : plan.output_slots[o])
-        for (size_t i = 0; i < n; ++i) out_check.received(w.keys[w.at(slot, i)], got[next++]);
-  }
-  out_check.check_peer(their_digest, "the output shares of this run");
-
-  next = 0;
-  for (size_t o = 0; o < c.outputs().size(); ++o) {
-    const OutputPort& port = c.outputs()[o];
-    const Reveal r = port.reveal;
-    if (r == Reveal::Keep) {
-      auto kept = new_kept(port, n, kKeptBlocks * port.wires.size() * n);
-      for (size_t bit = 0; bit < plan.output_slots[o].size(); ++bit)
-        for (size_t i = 0; i < n; ++i) {
-          const size_t at = w.at(plan.output_slots[o][bit], i);
-          block* k3 = kept->labels.data() + kKeptBlocks * (bit * n + i);
-          k3[0] = w.macs[at];
-          k3[1] = w.keys[at];
-          k3[2] = make_block(0, w.bits[at]);
-        }
-      out.kept[o] = kept;
-      continue;
-    }
-    const bool opened_here = r == Reveal::Both || r == mine_only;
-    if (!opened_here && r != Reveal::Shares) continue;
-    std::vector<uint64_t>& v = out.values[o];
-    for (size_t bit = 0; bit < plan.output_slots[o].size(); ++bit)
-      for (size_t i = 0; i < n; ++i) {
-        uint8_t b = w.bits[w.at(plan.output_slots[o][bit], i)];
-        if (opened_here) b ^= got[next++];
-        v[i] |= (uint64_t)(b & 1) << bit;
-      }
-  }
-  ++run_id_;
-  return out;
 }
 
 }  // namespace gc

@@ -8,8 +8,10 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 
 #include "garbled_core/bind_channel.h"
+#include "garbled_core/auth_garble.h"
 #include "garbled_core/auth_gmw.h"
 #include "garbled_core/bind_auth_bits.h"
 #include "garbled_core/bind_field.h"
@@ -344,7 +346,10 @@ PYBIND11_MODULE(_core, m) {
       .def("run", [](gc::GarblerSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         return run_session(s, c, inputs, carried, n, gc::InputOwner::Garbler);
       }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
-      .def_property_readonly("runs", &gc::GarblerSession::runs);
+      .def_property_readonly("runs", &gc::GarblerSession::runs)
+      .def("_claim_circuit_for_test", [](gc::GarblerSession& s, const std::string& hash) {
+        s.claim_circuit_for_test(circuit_hash_bytes(hash));
+      }, "circuit_hash"_a, kClaimCircuitDoc);
 
   py::class_<gc::EvaluatorSession>(m, "Evaluator", "The evaluating party (H2) of a two-party session.")
       .def(py::init([](gc::Channel& ch, size_t chunk, size_t threads, const std::string& scheme,
@@ -425,59 +430,47 @@ PYBIND11_MODULE(_core, m) {
         s.claim_circuit_for_test(circuit_hash_bytes(hash));
       }, "circuit_hash"_a, kClaimCircuitDoc);
 
-  py::class_<gc::AuthGmwParty>(m, "AuthGmwParty",
-      "One server of authenticated GMW (security: malicious; auth_gmw.h): role 'garbler' (H1) or "
-      "'evaluator' (H2). run() takes and returns what GmwParty.run does; a peer caught deviating "
-      "raises PeerDeviated before any output computed from its messages is revealed.")
-      .def(py::init([](gc::Channel& ch, const std::string& role, int rho, const std::string& ot,
-                       size_t triple_batch) {
-        const int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
-        if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
-        if (rho < 1 || rho > 128) throw py::value_error("rho must be in 1..128 (statistical security bits)");
-        if (triple_batch > (size_t(1) << 24))
-          throw py::value_error("triple_batch must be at most 2^24 (about 100 bytes of memory each)");
-        return new gc::AuthGmwParty(ch, party, rho, parse_auth_cots(ot), triple_batch);
-      }), "channel"_a, "role"_a, "rho"_a = gc::kDefaultRho, "ot"_a = "silent",
-      "triple_batch"_a = gc::AuthGmwParty::kDefaultTripleBatch, py::keep_alive<1, 2>(),
-      "ot: where the COTs behind the authenticated shares come from: 'silent' (Ferret with its "
-      "malicious check; the default), 'iknp' (with KOS's check; 16 bytes per COT each way) or "
-      "'silent-test-only' (Ferret's code at an INSECURE size, for tests). triple_batch: triples "
-      "made at once, at least (a stock used by later runs; 2^20 by default, where the bucket "
-      "size is 3; 0: each batch of a run makes exactly what it needs).")
-      .def("setup", [](gc::AuthGmwParty& s) { py::gil_scoped_release r; s.setup(); })
-      .def("run", [](gc::AuthGmwParty& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
+  py::class_<gc::AuthSession>(m, "AuthSession",
+      "What both authenticated backends (security: malicious; auth_session.h) share: run() takes "
+      "and returns what GmwParty.run does; a peer caught deviating raises PeerDeviated before any "
+      "output computed from its messages is revealed.")
+      .def("setup", [](gc::AuthSession& s) { py::gil_scoped_release r; s.setup(); })
+      .def("run", [](gc::AuthSession& s, const gc::Circuit& c, py::dict inputs, py::dict carried, py::object n) {
         const gc::InputOwner self = s.party() == 0 ? gc::InputOwner::Garbler : gc::InputOwner::Evaluator;
         return run_session(s, c, inputs, carried, n, self);
       }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
-      .def_property_readonly("runs", &gc::AuthGmwParty::runs)
-      .def_property_readonly("role", [](const gc::AuthGmwParty& s) { return s.party() == 0 ? "garbler" : "evaluator"; })
-      .def_property_readonly("rho", &gc::AuthGmwParty::rho)
-      .def_property_readonly("triples_used", &gc::AuthGmwParty::triples_used,
+      .def_property_readonly("runs", &gc::AuthSession::runs)
+      .def_property_readonly("role", [](const gc::AuthSession& s) { return s.party() == 0 ? "garbler" : "evaluator"; })
+      .def_property_readonly("rho", &gc::AuthSession::rho)
+      .def_property_readonly("triples_used", &gc::AuthSession::triples_used,
                              "Authenticated AND triples consumed over every run (AND gates x instances).")
-      .def_property_readonly("leaky_triples_made", &gc::AuthGmwParty::leaky_triples_made,
+      .def_property_readonly("leaky_triples_made", &gc::AuthSession::leaky_triples_made,
                              "Leaky triples made for them (bucket size x triples).")
-      .def_property_readonly("last_bucket_size", &gc::AuthGmwParty::last_bucket_size)
-      .def_property_readonly("triples_in_stock", &gc::AuthGmwParty::triples_in_stock,
+      .def_property_readonly("last_bucket_size", &gc::AuthSession::last_bucket_size)
+      .def_property_readonly("triples_in_stock", &gc::AuthSession::triples_in_stock,
                              "Triples made and not used yet (each run takes its own).")
-      .def_property_readonly("triples_made", &gc::AuthGmwParty::triples_made)
-      .def_property_readonly("triple_bytes", &gc::AuthGmwParty::triple_bytes,
+      .def_property_readonly("triples_made", &gc::AuthSession::triples_made)
+      .def_property_readonly("triple_bytes", &gc::AuthSession::triple_bytes,
                              "Bytes (both ways) of the triples' own messages so far (phase tables).")
-      .def_property_readonly("triple_cots", &gc::AuthGmwParty::triple_cots,
+      .def_property_readonly("triple_cots", &gc::AuthSession::triple_cots,
                              "COTs each way the triples made so far took.")
-      .def_property_readonly("last_layers", &gc::AuthGmwParty::last_layers)
-      .def_property_readonly("layers_used", &gc::AuthGmwParty::layers_used,
-                             "AND-layer exchanges (round trips) over every run so far.")
-      .def_property_readonly("ots_used", &gc::AuthGmwParty::ots_used,
+      .def_property_readonly("last_layers", &gc::AuthSession::last_layers,
+                             "Exchanges of the last run's gates (authenticated GMW: its AND layers; "
+                             "authenticated garbling: one per chunk of instances).")
+      .def_property_readonly("layers_used", &gc::AuthSession::layers_used,
+                             "Exchanges of the gates (round trips) over every run so far.")
+      .def_property_readonly("ots_used", &gc::AuthSession::ots_used,
                              "COTs received (= sent) for authenticated shares over every run so far.")
-      .def_property_readonly("evidence_digest", [](const gc::AuthGmwParty& s) {
+      .def_property_readonly("evidence_digest", [](const gc::AuthSession& s) {
         return gc::hex(s.evidence().data(), s.evidence().size());
       }, "Hex SHA-256 of everything the peer sent in the last run (kept as evidence on an abort).")
-      .def("_deviate_for_test", [](gc::AuthGmwParty& s, const std::string& kind, size_t index, py::object mac_offset) {
-        gc::AuthGmwDeviation d;
-        if (kind == "flip_opening") d.kind = gc::AuthGmwDeviation::Kind::FlipOpening;
-        else if (kind == "flip_wire") d.kind = gc::AuthGmwDeviation::Kind::FlipWire;
-        else if (kind == "flip_output") d.kind = gc::AuthGmwDeviation::Kind::FlipOutput;
-        else if (kind == "flip_input_mask") d.kind = gc::AuthGmwDeviation::Kind::FlipInputMask;
+      .def("_deviate_for_test", [](gc::AuthSession& s, const std::string& kind, size_t index, py::object mac_offset) {
+        gc::AuthDeviation d;
+        if (kind == "flip_opening") d.kind = gc::AuthDeviation::Kind::FlipOpening;
+        else if (kind == "flip_wire") d.kind = gc::AuthDeviation::Kind::FlipWire;
+        else if (kind == "flip_output") d.kind = gc::AuthDeviation::Kind::FlipOutput;
+        else if (kind == "flip_input_mask") d.kind = gc::AuthDeviation::Kind::FlipInputMask;
+        else if (kind == "flip_row") d.kind = gc::AuthDeviation::Kind::FlipRow;
         else throw py::value_error("unknown deviation '" + kind + "'");
         d.index = index;
         if (!mac_offset.is_none()) {
@@ -487,17 +480,51 @@ PYBIND11_MODULE(_core, m) {
         }
         s.deviate_for_test(d);
       }, "kind"_a, "index"_a, "mac_offset"_a = py::none(), "Test hook: make this party deviate (never outside tests).")
-      .def("_deviate_triples_for_test", [](gc::AuthGmwParty& s, const std::string& kind, size_t index) {
+      .def("_deviate_triples_for_test", [](gc::AuthSession& s, const std::string& kind, size_t index) {
         s.deviate_triples_for_test(triple_cheat(kind, index, -1));
       }, "kind"_a, "index"_a, "Test hook: make this party deviate in the leaky AND (never outside tests).")
-      .def("_claim_circuit_for_test", [](gc::AuthGmwParty& s, const std::string& hash) {
+      .def("_claim_circuit_for_test", [](gc::AuthSession& s, const std::string& hash) {
         s.claim_circuit_for_test(circuit_hash_bytes(hash));
       }, "circuit_hash"_a, kClaimCircuitDoc)
-      .def("_delta_for_test", [](const gc::AuthGmwParty& s) {
+      .def("_delta_for_test", [](const gc::AuthSession& s) {
         uint8_t b[16];
         gc::store_block(b, s.delta_for_test());
         return py::bytes(reinterpret_cast<const char*>(b), 16);
       });
+
+  // One constructor for both authenticated backends (the same arguments).
+  auto auth_init = [](auto* tag) {
+    using Party = std::remove_pointer_t<decltype(tag)>;
+    return py::init([](gc::Channel& ch, const std::string& role, int rho, const std::string& ot,
+                       size_t triple_batch) {
+      const int party = role == "garbler" ? 0 : role == "evaluator" ? 1 : -1;
+      if (party < 0) throw py::value_error("role must be 'garbler' or 'evaluator', not '" + role + "'");
+      if (rho < 1 || rho > 128) throw py::value_error("rho must be in 1..128 (statistical security bits)");
+      if (triple_batch > (size_t(1) << 24))
+        throw py::value_error("triple_batch must be at most 2^24 (about 100 bytes of memory each)");
+      return new Party(ch, party, rho, parse_auth_cots(ot), triple_batch);
+    });
+  };
+  constexpr const char* kAuthInitDoc =
+      "ot: where the COTs behind the authenticated shares come from: 'silent' (Ferret with its "
+      "malicious check; the default), 'iknp' (with KOS's check; 16 bytes per COT each way) or "
+      "'silent-test-only' (Ferret's code at an INSECURE size, for tests). triple_batch: triples "
+      "made at once, at least (a stock used by later runs; 2^20 by default, where the bucket "
+      "size is 3; 0: each batch of a run makes exactly what it needs).";
+  py::class_<gc::AuthGmwParty, gc::AuthSession>(m, "AuthGmwParty",
+      "One server of authenticated GMW (security: malicious; auth_gmw.h): role 'garbler' (H1) or "
+      "'evaluator' (H2); one round trip per AND layer.")
+      .def(auth_init((gc::AuthGmwParty*)nullptr), "channel"_a, "role"_a, "rho"_a = gc::kDefaultRho,
+           "ot"_a = "silent", "triple_batch"_a = gc::AuthSession::kDefaultTripleBatch, py::keep_alive<1, 2>(),
+           kAuthInitDoc);
+  py::class_<gc::AuthGarbleParty, gc::AuthSession>(m, "AuthGarbleParty",
+      "One server of authenticated garbling (security: malicious on backend gc; auth_garble.h, "
+      "Wang-Ranellucci-Katz 2017): role 'garbler' (H1) or 'evaluator' (H2); a constant number of "
+      "round trips a run, whatever the circuit's depth.")
+      .def(auth_init((gc::AuthGarbleParty*)nullptr), "channel"_a, "role"_a, "rho"_a = gc::kDefaultRho,
+           "ot"_a = "silent", "triple_batch"_a = gc::AuthSession::kDefaultTripleBatch, py::keep_alive<1, 2>(),
+           kAuthInitDoc);
+  m.attr("AUTH_TABLE_BYTES") = gc::kAuthTableBytes;
 
   m.def("garble_only", [](const gc::Circuit& c, size_t n, size_t chunk, const std::string& scheme) {
     gc::Scheme s = parse_scheme(scheme);

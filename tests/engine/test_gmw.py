@@ -18,7 +18,9 @@ from test_engine import all_pairs, edge_and_random, gadget_circuit, random_circu
 
 from garbled_core import (
     DEFAULT_OT_K,
+    AuthGarbleParty,
     AuthGmwParty,
+    AuthSession,
     Channel,
     ChannelError,
     CircuitBuilder,
@@ -84,21 +86,24 @@ def gmw_pair():
         pair.close()
 
 
-# The run interface's tests below run on both GMW parties: semi-honest and authenticated
-# (AuthGmwParty, security: malicious; its own tests in test_auth_gmw.py), on TEST-ONLY silent OT.
-KINDS = ("gmw", "authenticated")
+# The run interface's tests below run on both GMW parties, semi-honest and authenticated
+# (AuthGmwParty, security: malicious; its own tests in test_auth_gmw.py), and on authenticated
+# garbling (AuthGarbleParty, its own tests in test_auth_garble.py), on TEST-ONLY silent OT.
+KINDS = ("gmw", "authenticated", "authenticated-garbling")
+AUTH_KINDS = {"authenticated": AuthGmwParty, "authenticated-garbling": AuthGarbleParty}
 
 
 def heard(party: Any) -> Any:
     """A digest of what the peer sent in the last run (each kind keeps one)."""
-    return party.evidence_digest if isinstance(party, AuthGmwParty) else party.last_transcript
+    return party.evidence_digest if isinstance(party, AuthSession) else party.last_transcript
 
 
 def pair_of(gmw_pair, kind: str) -> GmwPair:
     if kind == "gmw":
         return gmw_pair()
+    kind_class = AUTH_KINDS[kind]
     return gmw_pair(
-        make_party=lambda ch, role: AuthGmwParty(ch, role, ot="silent-test-only", triple_batch=0)
+        make_party=lambda ch, role: kind_class(ch, role, ot="silent-test-only", triple_batch=0)
     )
 
 
