@@ -18,8 +18,12 @@ first stage: the abort path, without a cheating peer (docs/MALICIOUS.md, "What m
 
 ``SPGC_FAULT_INJECT=cheat-opening:ROUND`` makes this server a real cheater under ``security:
 malicious``: from round ROUND on, its authenticated engine flips the first bit it opens in each
-run (the engine's test hook, ``AuthGmwParty._deviate_for_test``: a constant added to an opened
+run (the engine's test hook, ``AuthSession._deviate_for_test``: a constant added to an opened
 value, its MAC left as it was), and the OTHER server's engine must catch it with its MAC check.
+``SPGC_FAULT_INJECT=cheat-row:ROUND`` (H1 on backend gc under ``security: malicious``): from
+round ROUND on, its authenticated garbling flips the output of the first AND gate instance in
+each run's tables (``flip_row``: all four rows, their MACs left as they were), which H2's engine
+must catch when it decrypts the row.
 
 ``SPGC_REVEAL_TAP=FILE`` appends one JSON line per reveal to FILE (``server``, ``round``,
 ``sha256`` of the released values, and in mode preprocessed ``pool``: where the release's
@@ -62,7 +66,7 @@ FAULT_POINTS = (
 #: preprocessed; the fill before round 0 is at round 0).
 DEVIATION_POINTS = ("peer-deviated", "pool-peer-deviated")
 #: Points where this server's own engine starts to cheat (a real deviation the peer catches).
-CHEAT_POINTS = ("cheat-opening",)
+CHEAT_POINTS = ("cheat-opening", "cheat-row")
 #: What the injected PeerDeviated says (the abort entry's check).
 INJECTED_CHECK = "fault injection: the peer's opened values fail their MAC check"
 _FAULT_ENV = "SPGC_FAULT_INJECT"
@@ -93,17 +97,18 @@ def fault_point(point: str, round_number: int) -> None:
 
 
 def arm_cheat(link: Any, round_number: int) -> None:
-    """From the round ``SPGC_FAULT_INJECT=cheat-opening:ROUND`` names: make each authenticated
-    engine session of this server's data link (``link.lanes()``) flip the first bit it opens in
-    a run."""
+    """From the round ``SPGC_FAULT_INJECT=cheat-opening:ROUND`` (or ``cheat-row:ROUND``) names:
+    make each authenticated engine session of this server's data link (``link.lanes()``) flip
+    the first bit it opens in a run (or, garbling, the first gate instance of its tables)."""
     if not os.environ.get(_FAULT_ENV) or link is None:
         return
     planned = planned_fault()
     if planned is None or planned[0] not in CHEAT_POINTS or round_number < planned[1]:
         return
     for session in (getattr(lane, "session", None) for lane in link.lanes()):
-        if isinstance(session, garbled_core.AuthGmwParty):
-            session._deviate_for_test("flip_opening", 0)
+        if isinstance(session, garbled_core.AuthSession):
+            kind = "flip_row" if planned[0] == "cheat-row" else "flip_opening"
+            session._deviate_for_test(kind, 0)
 
 
 def tap_reveal(

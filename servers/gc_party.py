@@ -203,8 +203,9 @@ class PartyLink:
 
     @property
     def authenticated(self) -> bool:
-        """Whether the session is authenticated GMW (``security: malicious``)."""
-        return isinstance(self.session, garbled_core.AuthGmwParty)
+        """Whether the session is an authenticated backend (``security: malicious``):
+        authenticated GMW or authenticated garbling."""
+        return isinstance(self.session, garbled_core.AuthSession)
 
     @property
     def trial_depth(self) -> int:
@@ -248,9 +249,10 @@ class PartyLink:
         ``backend`` ``gc``: a garbler or evaluator session; ``scheme`` garbles AND gates
         (``threehalves`` or ``halfgates``), ``ot_k`` picks the OT extension (SoftSpoken k, 0 for
         IKNP). ``gmw``: a GMW party whose Beaver triples come from silent OT (Ferret), which
-        runs the same circuits and returns the same outputs; with ``security`` ``malicious``
-        the engine's authenticated GMW party instead (every opening MAC-checked before an
-        output is opened: garbled_core.PeerDeviated when the peer deviated). ``trial_depth``
+        runs the same circuits and returns the same outputs. With ``security`` ``malicious``
+        the engine's authenticated party of the backend instead, authenticated GMW or
+        authenticated garbling (every opening and garbled row MAC-checked before an output is
+        opened: garbled_core.PeerDeviated when the peer deviated). ``trial_depth``
         (gmw): the plan's bound on the fused trial run's AND layers (None: the default, see
         :attr:`trial_depth`). Both sides must choose the same: the engine's hello refuses a
         mismatch of backend or security, the plan's comparison one of trial_depth."""
@@ -270,6 +272,8 @@ class PartyLink:
             link = cls(role, channel, session, "gmw")
             link.max_trial_depth = trial_depth
             return link
+        if security == "malicious":
+            return cls(role, channel, garbled_core.AuthGarbleParty(channel, role))
         party = garbled_core.Garbler if role == "garbler" else garbled_core.Evaluator
         kwargs: dict[str, Any] = {"scheme": scheme, "ot_k": ot_k}
         if chunk is not None:

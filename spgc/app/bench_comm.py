@@ -70,6 +70,7 @@ from spgc.protocol.encoding import FixedPointConfig
 from spgc.protocol.modes import (
     BACKENDS,
     DEFAULT_SECURITY,
+    MALICIOUS_VARIANTS,
     SECURITY_NAMES,
     get_mode,
     malicious_refusal,
@@ -153,6 +154,13 @@ class CommContext:
     # the field circuits reconstruct them; None: ring shares, as without verification.
     field_modulus: int | None = None
 
+    @property
+    def silent_cots(self) -> bool:
+        """Whether the links' sessions draw silent OT's COTs and count their exchanges: gmw, and
+        either backend under security malicious (authenticated shares). Their OT phase is
+        charged per COT (amortised_ot), their triples at the stock's cost."""
+        return self.backend == "gmw" or (self.links is not None and self.links[0].authenticated)
+
 
 @dataclass
 class Measurement:
@@ -214,7 +222,7 @@ def _run_pair(
     if sum(phases.values()) != wire:  # the two ways of counting must agree
         raise RuntimeError(f"phase counters ({sum(phases.values())}) != total sent ({wire})")
     ctx.last_measured_bytes = wire
-    if ctx.backend == "gmw":
+    if ctx.silent_cots:
         now = gmw_usage(links)
         ots, layers, trips = (after - was for after, was in zip(now, used, strict=True))
         phases, ots = charged_triples(phases, ots, triples_before, triple_usage(links))
@@ -256,6 +264,13 @@ def _measure_only_mpc(ctx: CommContext, sigma: float, n: int) -> Measurement:
     return Measurement(n, phases, seconds, and_gates, _gmw_extra(ctx, n))
 
 
+def _security_note(backend: str, modes: Sequence[str], security: str) -> str:
+    """The header's note on the security level: the protocol that runs malicious rounds."""
+    if security != "malicious" or not modes:
+        return ""
+    return f" (security: malicious, {MALICIOUS_VARIANTS[backend, modes[0]]})"
+
+
 def _arithmetic(ctx: CommContext) -> str:
     """The circuits' arithmetic on the measured links (PartyLink.arithmetic)."""
     assert ctx.links is not None
@@ -266,7 +281,7 @@ def _gmw_extra(ctx: CommContext, n: int) -> dict[str, Any]:
     """gmw's round trips of the measured round, counted by H1's channel (every exchange: AND
     layers, run headers, outputs), its AND layers among them, and its random OTs each way per
     coordinate (one per AND group, fewer than its AND gates)."""
-    if ctx.backend != "gmw":
+    if not ctx.silent_cots:
         return {}
     return {
         "round_trips": ctx.last_round_trips,
@@ -486,7 +501,7 @@ def _warm_up(ctx: CommContext) -> None:
     """Session setup (hello, base OTs) outside the measurements; its bytes are measured as the
     difference of the first and the second identical run."""
     first = _measure_only_mpc(ctx, 0.0, 8).total
-    if ctx.backend == "gmw":
+    if ctx.silent_cots:
         # Everything the first run sent beyond its amortised work: the silent OT's setup and
         # its first LPN iteration (whose OTs later runs are charged for again: an overstatement
         # of 570 KB per session).
@@ -648,7 +663,7 @@ def _row(
         # The phases whose bytes are charged by formula, not counted on the link (gmw's OTs:
         # _amortised_ot); every other figure is counted.
         "charged_phases": [g for g in CHARGED_PHASES if big.phases.get(g)]
-        if ctx.backend == "gmw"
+        if ctx.silent_cots
         else [],
         "bytes_per_training": per_step * steps + ctx.session_setup_bytes,
         "seconds_per_training": seconds * steps,
@@ -813,7 +828,7 @@ def run(
     where = f", circuits on {workers} Ray worker pairs" if workers > 1 else ""
     header = (
         f"{_what(ctx)}, delta = {delta:g}, {calibration} calibration, backend {backend}"
-        f"{' (security: malicious, authenticated GMW)' if security == 'malicious' else ''}, "
+        f"{_security_note(backend, modes, security)}, "
         f"two-party over loopback ({link_kind}{where})"
     )
     print(format_table(rows, header), file=out)
@@ -821,7 +836,7 @@ def run(
     if security == "malicious":
         print(
             "security malicious: the triples are made a batch at a time into a stock (the "
-            "authenticated GMW party's triple_batch); each run is charged the triples it used at "
+            "authenticated party's triple_batch); each run is charged the triples it used at "
             "the stock's average cost in bytes and COTs, not what it happened to make",
             file=out,
         )
@@ -933,7 +948,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=list(SECURITY_NAMES),
         default=DEFAULT_SECURITY,
         help="semi-honest (the default) or malicious: the circuits on authenticated GMW "
-        "(--backend gmw, modes with a malicious variant: spgc.protocol.modes.MALICIOUS_VARIANTS)",
+        "(--backend gmw) or authenticated garbling (--backend gc), modes with a malicious "
+        "variant: spgc.protocol.modes.MALICIOUS_VARIANTS",
     )
     p.add_argument(
         "--trial-depth",

@@ -16,10 +16,12 @@ picks the garbling scheme (three-halves, the default, or half-gates; ``both`` ru
 triples from silent OT, one message each way per AND layer; rows with scheme ``gmw``), and
 ``--backend both`` runs each: ``and_gates_per_cpu_second`` (AND gates over both parties' CPU
 seconds) is compared between them in the same run (``gmw_vs_gc_and_gates_per_cpu_second``).
-``--security malicious`` (with ``--backend gmw``) runs authenticated GMW instead (rows
-``gmw-malicious``: authenticated shares, triples from the leaky AND and bucketing, every opening
-MAC-checked), ``--security both`` runs both levels and compares bytes and CPU per AND gate in
-the same run (``malicious_vs_semi_honest``); its runs default to
+``--security malicious`` runs the authenticated form of each backend instead: authenticated
+GMW (rows ``gmw-malicious``: authenticated shares, triples from the leaky AND and bucketing,
+every opening MAC-checked) and authenticated garbling (rows ``gc-malicious``: the same shares
+and triples under garbled tables whose rows carry MACs); ``--security both`` runs both levels
+and compares bytes and CPU per AND gate in the same run (``malicious_vs_semi_honest`` for gmw,
+``gc_malicious_vs_semi_honest`` for gc); its runs default to
 ``MALICIOUS_DEFAULT_INSTANCES`` instances.
 """
 
@@ -67,6 +69,11 @@ GMW = "gmw"  # the scheme label of the GMW backend's rows (no garbling scheme: X
 # The rows of authenticated GMW (security: malicious; garbled_core.AuthGmwParty).
 GMW_MALICIOUS = "gmw-malicious"
 GMW_SCHEMES: tuple[str, ...] = (GMW, GMW_MALICIOUS)
+# The rows of authenticated garbling (security: malicious on gc; garbled_core.AuthGarbleParty).
+GC_MALICIOUS = "gc-malicious"
+MALICIOUS_SCHEMES: tuple[str, ...] = (GMW_MALICIOUS, GC_MALICIOUS)
+# Rows whose bytes both parties send (openings, triples, masks): counted over every phase.
+BOTH_WAYS_SCHEMES: tuple[str, ...] = (*GMW_SCHEMES, GC_MALICIOUS)
 BACKENDS: tuple[str, ...] = ("gc", GMW)
 SECURITY_LEVELS: tuple[str, ...] = ("semi-honest", "malicious")
 # Authenticated GMW holds every wire's MACs and keys (33 bytes per wire and instance) and its
@@ -147,6 +154,8 @@ def _run_party(
         parties = [gc.GmwParty(ch, role, ot="silent") for ch in channels]
     elif scheme == GMW_MALICIOUS:  # authenticated shares and triples (security: malicious)
         parties = [gc.AuthGmwParty(ch, role) for ch in channels]
+    elif scheme == GC_MALICIOUS:  # authenticated garbling on the same shares and triples
+        parties = [gc.AuthGarbleParty(ch, role) for ch in channels]
     else:
         party_cls = gc.Garbler if role == OWNER_GARBLER else gc.Evaluator
         parties = [
@@ -435,7 +444,7 @@ def run_two_party(
     and_gates = and_per_instance * instances
     wall = max(rep_g.run_seconds, rep_e.run_seconds)
     cpu = rep_g.cpu_seconds + rep_e.cpu_seconds
-    if scheme in GMW_SCHEMES:  # both parties' openings, triples and input masks, each way
+    if scheme in BOTH_WAYS_SCHEMES:  # both parties' openings, triples, masks (tables), each way
         phases = ["tables", "ot_extension", "inputs", "outputs"]
         table_bytes = _sum_sent(rep_g.counters, phases) + _sum_sent(rep_e.counters, phases)
     else:
@@ -461,7 +470,7 @@ def run_two_party(
         correct=correct,
         counters={"garbler": rep_g.counters, "evaluator": rep_e.counters},
         backend=GMW if scheme in GMW_SCHEMES else "gc",
-        security="malicious" if scheme == GMW_MALICIOUS else "semi-honest",
+        security="malicious" if scheme in MALICIOUS_SCHEMES else "semi-honest",
         and_gates_per_cpu_second=and_gates / cpu if cpu > 0 else float("inf"),
     )
 
@@ -612,6 +621,9 @@ def to_json(
     levels = malicious_vs_semi_honest(runs)
     if levels is not None:
         obj["malicious_vs_semi_honest"] = levels
+    garbled_levels = malicious_vs_semi_honest(runs, GC_MALICIOUS)
+    if garbled_levels is not None:
+        obj["gc_malicious_vs_semi_honest"] = garbled_levels
     if len(runs) > 1:
         obj["runs"] = [asdict(r) for r in runs]
     return obj
@@ -622,19 +634,24 @@ def gmw_vs_gc(runs: list[RunResult]) -> float | None:
     the same link with one lane, measured in the same run; None unless both ran."""
     one = {(r.scheme, r.mode): r for r in runs if r.threads == 1}
     for (scheme, mode), r in one.items():
-        if scheme not in GMW_SCHEMES and (GMW, mode) in one and r.and_gates_per_cpu_second > 0:
+        if scheme in SCHEMES and (GMW, mode) in one and r.and_gates_per_cpu_second > 0:
             return one[GMW, mode].and_gates_per_cpu_second / r.and_gates_per_cpu_second
     return None
 
 
-def malicious_vs_semi_honest(runs: list[RunResult]) -> dict[str, float] | None:
-    """Authenticated GMW against semi-honest GMW, one lane on the same link in the same run:
-    bytes per AND gate and AND gates per CPU-second, as ratios; None unless both ran."""
+def malicious_vs_semi_honest(
+    runs: list[RunResult], malicious: str = GMW_MALICIOUS
+) -> dict[str, float] | None:
+    """A malicious row against the semi-honest row of its backend (authenticated GMW against
+    GMW; authenticated garbling, ``GC_MALICIOUS``, against the first garbling scheme that ran),
+    one lane on the same link in the same run: bytes per AND gate and AND gates per
+    CPU-second, as ratios; None unless both ran."""
     one = {(r.scheme, r.mode): r for r in runs if r.threads == 1}
     for (scheme, mode), r in one.items():
-        m = one.get((GMW_MALICIOUS, mode))
+        m = one.get((malicious, mode))
         usable = m is not None and r.bytes_per_and > 0 and m.and_gates_per_cpu_second > 0
-        if scheme == GMW and usable:
+        semi_honest = scheme == GMW if malicious == GMW_MALICIOUS else scheme in SCHEMES
+        if semi_honest and usable:
             return {
                 "bytes_per_and": m.bytes_per_and / r.bytes_per_and,
                 "cpu_per_and": r.and_gates_per_cpu_second / m.and_gates_per_cpu_second,
@@ -677,14 +694,14 @@ def bench_gc(
         raise ValueError("--chunk must be at least 1")
     if not threads or any(not 1 <= t <= MAX_THREADS for t in threads):
         raise ValueError(f"--threads: each thread count must be in 1..{MAX_THREADS}")
-    if not schemes or any(s not in (*SCHEMES, *GMW_SCHEMES) for s in schemes):
+    if not schemes or any(s not in (*SCHEMES, *BOTH_WAYS_SCHEMES) for s in schemes):
         raise ValueError(f"--scheme: each scheme must be one of {', '.join(SCHEMES)}")
     if not 0 <= ot_k <= 8:
         raise ValueError("--ot-k must be in 0..8 (0: IKNP)")
-    if GMW_MALICIOUS in schemes and instances > MALICIOUS_MAX_INSTANCES:
+    if set(MALICIOUS_SCHEMES) & set(schemes) and instances > MALICIOUS_MAX_INSTANCES:
         raise ValueError(
-            f"--security malicious: at most {MALICIOUS_MAX_INSTANCES:,} instances (authenticated "
-            "GMW keeps every wire's MAC and key in memory); pass --instances"
+            f"--security malicious: at most {MALICIOUS_MAX_INSTANCES:,} instances (the "
+            "authenticated parties keep every wire's MAC and key in memory); pass --instances"
         )
 
     def _stderr(msg: str) -> None:
@@ -696,7 +713,7 @@ def bench_gc(
     schemes = tuple(dict.fromkeys(schemes))
     rates = {
         scheme: None
-        if scheme in GMW_SCHEMES
+        if scheme in BOTH_WAYS_SCHEMES
         else garble_only_rate(circuit, instances, chunk, log, scheme)
         for scheme in schemes
     }
@@ -750,18 +767,16 @@ def run_cli(
 ) -> int:
     """Entry point for `spgc bench gc`; returns the exit code (1 if any run was incorrect).
     ``backends``: gc runs ``schemes``, gmw one GMW run per link and thread count at each level
-    of ``security`` (malicious: authenticated GMW; the garbled backend has no malicious form
-    yet, so gc with malicious alone is refused)."""
+    of ``security`` (malicious: authenticated GMW, and for gc authenticated garbling, row
+    ``gc-malicious``)."""
     modes: tuple[str, ...] = LINKS if both else (("plaintext",) if insecure else ("tls",))
-    if "malicious" in security and GMW not in backends:
-        raise BenchError(
-            "--security malicious: only --backend gmw has a malicious form (authenticated GMW); "
-            "the garbled-circuit backend has none yet"
-        )
     gmw_rows = ((GMW,) if "semi-honest" in security else ()) + (
         (GMW_MALICIOUS,) if "malicious" in security else ()
     )
-    gc_rows = schemes if "gc" in backends and "semi-honest" in security else ()
+    gc_rows = (schemes if "semi-honest" in security else ()) + (
+        (GC_MALICIOUS,) if "malicious" in security else ()
+    )
+    gc_rows = gc_rows if "gc" in backends else ()
     schemes = gc_rows + (gmw_rows if GMW in backends else ())
     aes_rate = aes_blocks_per_second()  # first, while nothing else of ours runs
     runs = bench_gc(
@@ -784,6 +799,13 @@ def run_cli(
             f"\nmalicious / semi-honest gmw (one lane, same link, this run): "
             f"{levels['bytes_per_and']:.1f}x the bytes per AND gate, "
             f"{levels['cpu_per_and']:.1f}x the CPU per AND gate"
+        )
+    garbled_levels = malicious_vs_semi_honest(runs, GC_MALICIOUS)
+    if garbled_levels is not None:
+        table += (
+            f"\nmalicious / semi-honest gc (one lane, same link, this run): "
+            f"{garbled_levels['bytes_per_and']:.1f}x the bytes per AND gate, "
+            f"{garbled_levels['cpu_per_and']:.1f}x the CPU per AND gate"
         )
     if as_json:
         print(table, file=sys.stderr)

@@ -204,9 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--security",
         choices=(*bench_gc.SECURITY_LEVELS, "both"),
         default="semi-honest",
-        help="semi-honest: the backends as they are; malicious: authenticated GMW (with "
-        "--backend gmw; security: malicious); both: each level, compared in the same run "
-        "(default: semi-honest)",
+        help="semi-honest: the backends as they are; malicious: their authenticated forms "
+        "(security: malicious: authenticated garbling for gc, authenticated GMW for gmw); both: "
+        "each level, compared in the same run (default: semi-honest)",
     )
     gc.add_argument(
         "--repeat",
@@ -391,9 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--security",
         choices=SECURITY_NAMES,
         default=DEFAULT_SECURITY,
-        help="malicious: the noise made by authenticated GMW, so that one server that deviates "
-        "is caught before anything of its round is released (with --backend gmw; the servers' "
-        "security, docs/MALICIOUS.md; default: semi-honest)",
+        help="malicious: the noise made by authenticated garbling (backend gc) or "
+        "authenticated GMW (gmw), so that one server that deviates is caught before anything of "
+        "its round is released (the servers' security, docs/MALICIOUS.md; default: semi-honest)",
     )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")

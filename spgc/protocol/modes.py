@@ -153,6 +153,10 @@ MALICIOUS_VARIANTS: dict[tuple[str, str], str] = {
     # the pool's production on authenticated GMW; the online opening is safe as it is
     # (docs/PRIVACY.md, "The online opening of mode preprocessed")
     ("gmw", "preprocessed"): "authenticated GMW",
+    # authenticated garbling (Wang, Ranellucci and Katz 2017): a constant number of round
+    # trips a run, for links where GMW's round trips hurt (docs/MALICIOUS.md, layer 3b)
+    ("gc", "spgc"): "authenticated garbling",
+    ("gc", "preprocessed"): "authenticated garbling",
 }
 
 
@@ -169,7 +173,11 @@ def malicious_refusal(backend: str, mode: str) -> str | None:
     )
     backends = {b for b, _ in MALICIOUS_VARIANTS}
     modes = {m for _, m in MALICIOUS_VARIANTS}
-    if backend in backends and mode in modes:
+    if backend not in BACKENDS and backend not in backends and backends >= set(BACKENDS):
+        # auto: its cost model prices the semi-honest protocols only
+        named = ", ".join(sorted(backends))
+        why = f"backend {backend} chooses by semi-honest costs; name one of {named}"
+    elif backend in backends and mode in modes:
         why = f"mode {mode} has no malicious variant on backend {backend} yet"
     elif backend in BACKENDS or backend in backends:
         lacking = [f"backend {backend}"] if backend not in backends else []

@@ -305,9 +305,9 @@ class ServerConfig(_Schema):
         description="semi-honest: the circuits are secure against servers that follow the "
         "protocol; malicious: a server that deviates is caught before anything of its round "
         "is released, and the other stops the run and records the abort in its ledger "
-        "(backend: gmw with mode: spgc or preprocessed, authenticated GMW: spgc.protocol.modes."
-        "MALICIOUS_VARIANTS; workers: 1; docs/MALICIOUS.md); part of the plan: both servers "
-        "must set the same",
+        "(mode: spgc or preprocessed, on backend gc by authenticated garbling or on gmw by "
+        "authenticated GMW: spgc.protocol.modes.MALICIOUS_VARIANTS; workers: 1; "
+        "docs/MALICIOUS.md); part of the plan: both servers must set the same",
     )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",

@@ -106,7 +106,7 @@ class ProviderConfig(_Schema):
         DEFAULT_SECURITY,
         description="refuse a plan whose servers' circuits are secure against less: malicious "
         "takes part only where one server that deviates cannot strip or bias the noise "
-        "(security: malicious, authenticated GMW); semi-honest: any",
+        "(security: malicious: authenticated garbling or GMW); semi-honest: any",
     )
     max_total_epsilon: float | None = Field(
         None,

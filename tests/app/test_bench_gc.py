@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from garbled_core import DEFAULT_CHUNK, and_table_bytes
+from garbled_core import AUTH_TABLE_BYTES, DEFAULT_CHUNK, and_table_bytes
 from spgc.app import bench_gc, cli
 from spgc.common.lanes import lane_ranges
 
@@ -188,11 +188,30 @@ def test_security_both_runs_authenticated_gmw_beside_gmw(
     assert "malicious / semi-honest gmw" in captured.err
 
 
-def test_security_malicious_needs_the_gmw_backend() -> None:
-    with pytest.raises(bench_gc.BenchError, match="only --backend gmw"):
-        bench_gc.run_cli(
-            instances=10, insecure=True, both=False, chunk=None, as_json=False,
-            backends=("gc",), security=("malicious",),
-        )  # fmt: skip
+def test_security_both_runs_authenticated_garbling_beside_garbling(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--security both with --backend gc: a threehalves row and a gc-malicious row
+    (authenticated garbling), each checked against the plaintext evaluation, compared in the
+    same run; and the malicious rows' instance bound."""
+    rc = bench_gc.run_cli(
+        instances=300, insecure=True, both=False, chunk=None, as_json=True, threads=(1,),
+        backends=("gc",), security=bench_gc.SECURITY_LEVELS,
+    )  # fmt: skip
+    assert rc == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    rows = {r["scheme"]: r for r in out["runs"]}
+    assert set(rows) == {"threehalves", "gc-malicious"}
+    malicious = rows["gc-malicious"]
+    assert malicious["security"] == "malicious" and malicious["backend"] == "gc"
+    assert all(r["correct"] for r in rows.values())
+    # 97 bytes of table per AND gate, besides the triples and the masks.
+    assert rows["gc-malicious"]["bytes_per_and"] > AUTH_TABLE_BYTES
+    levels = out["gc_malicious_vs_semi_honest"]
+    assert levels["bytes_per_and"] == pytest.approx(
+        rows["gc-malicious"]["bytes_per_and"] / rows["threehalves"]["bytes_per_and"]
+    )
+    assert "malicious / semi-honest gc" in captured.err
     with pytest.raises(ValueError, match="at most"):
-        bench_gc.bench_gc(instances=10**6, schemes=(bench_gc.GMW_MALICIOUS,), log=lambda _: None)
+        bench_gc.bench_gc(instances=10**6, schemes=(bench_gc.GC_MALICIOUS,), log=lambda _: None)

@@ -59,12 +59,15 @@ def _account(*ledgers: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", ["spgc", "preprocessed"])
-def test_a_malicious_run_trains_to_its_end(tmp_path: Path, mode: str) -> None:
-    """Authenticated GMW for every round of a run (no one deviates; in mode preprocessed, for
-    the pool's production): it finishes, and the plan's level is in both summaries, both
-    co-signed ledgers (closed) and the models."""
-    server_cfgs, provider_cfgs = _configs(tmp_path, "gmw", "malicious", mode)
+@pytest.mark.parametrize(
+    ("backend", "mode"),
+    [("gmw", "spgc"), ("gmw", "preprocessed"), ("gc", "spgc"), ("gc", "preprocessed")],
+)
+def test_a_malicious_run_trains_to_its_end(tmp_path: Path, backend: str, mode: str) -> None:
+    """Authenticated GMW or authenticated garbling for every round of a run (no one deviates;
+    in mode preprocessed, for the pool's production): it finishes, and the plan's level is in
+    both summaries, both co-signed ledgers (closed) and the models."""
+    server_cfgs, provider_cfgs = _configs(tmp_path, backend, "malicious", mode)
     work, state = tmp_path / "work", tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
     logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
@@ -84,7 +87,7 @@ def test_a_malicious_run_trains_to_its_end(tmp_path: Path, mode: str) -> None:
         assert read_report(state / name / "model.safetensors")["security"] == "malicious"
     done = _account(state / "h1" / "ledger.jsonl", state / "h2" / "ledger.jsonl")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count(f"mode {mode}, backend gmw, security malicious") == 2
+    assert done.stdout.count(f"mode {mode}, backend {backend}, security malicious") == 2
 
 
 @pytest.mark.parametrize(
@@ -186,16 +189,28 @@ def test_a_deviation_caught_in_noise_production_aborts_the_run(
     assert "aborted at round 0: the peer deviated (check: noise production: " in done.stdout
 
 
-def test_a_real_cheater_is_caught_by_the_other_servers_engine(tmp_path: Path) -> None:
-    """No injected exception this time: ``cheat-opening:1`` makes H1's authenticated engine
-    add a constant to the first value it opens in each run of round 1 (its MAC left as it
-    was), and H2's engine catches it with its MAC check before anything of the round is
-    released; H2 keeps the transcript's digest and ends its ledger with the abort."""
-    server_cfgs, provider_cfgs = _configs(tmp_path, "gmw", "malicious")
+@pytest.mark.parametrize(
+    ("backend", "point", "check"),
+    [
+        ("gmw", "cheat-opening", "MACs do not hold"),
+        # authenticated garbling: the garbler flips a gate's output in its table
+        ("gc", "cheat-row", "garbled row"),
+    ],
+)
+def test_a_real_cheater_is_caught_by_the_other_servers_engine(
+    tmp_path: Path, backend: str, point: str, check: str
+) -> None:
+    """No injected exception this time: ``cheat-opening:1`` makes H1's authenticated GMW add a
+    constant to the first value it opens in each run of round 1 (its MAC left as it was), and
+    ``cheat-row:1`` makes H1's authenticated garbling flip the output of the first gate
+    instance of each run's tables; H2's engine catches it with its MAC check before anything
+    of the round is released, keeps the transcript's digest and ends its ledger with the
+    abort."""
+    server_cfgs, provider_cfgs = _configs(tmp_path, backend, "malicious")
     work, state = tmp_path / "work", tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
     logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
-    cheat = {"h1": {"SPGC_FAULT_INJECT": f"cheat-opening:{ROUND}"}}
+    cheat = {"h1": {"SPGC_FAULT_INJECT": f"{point}:{ROUND}"}}
     servers = _start_all("spgc.servers", server_cfgs, env, cheat)
     providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
     try:
@@ -208,7 +223,7 @@ def test_a_real_cheater_is_caught_by_the_other_servers_engine(tmp_path: Path) ->
     assert heard in failure
     report = verify_ledger(state / "h2" / "ledger.jsonl")
     assert report.abort is not None and report.abort["round"] == ROUND
-    assert "MACs do not hold" in report.abort["check"]  # the engine's own check, not injected
+    assert check in report.abort["check"]  # the engine's own check, not injected
     assert report.abort["evidence"] == "transcript" and len(report.abort["evidence_digest"]) == 64
     assert (report.steps, report.released) == (ROUND + 1, ROUND)
     summary = json.loads((work / "h2-summary.json").read_text())

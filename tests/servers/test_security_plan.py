@@ -107,39 +107,49 @@ class _Party:
         self.made = (channel, role, kw)
 
 
+class _GarbleParty(_Party):
+    pass
+
+
 def test_the_link_opens_the_authenticated_party_under_malicious(monkeypatch):
     monkeypatch.setattr(garbled_core, "AuthGmwParty", _Party, raising=False)
+    monkeypatch.setattr(garbled_core, "AuthGarbleParty", _GarbleParty, raising=False)
     monkeypatch.setattr(garbled_core, "GmwParty", _Party)
     channel = object()
     link = PartyLink.open("evaluator", channel, backend="gmw", security="malicious")
     assert isinstance(link.session, _Party) and link.session.made == (channel, "evaluator", {})
     semi = PartyLink.open("garbler", channel, backend="gmw")
     assert semi.session.made == (channel, "garbler", {"ot": "silent"})
-    with pytest.raises(ValueError, match="security: malicious: backend gc has no malicious"):
-        PartyLink.open("garbler", channel, backend="gc", security="malicious")
+    garbled = PartyLink.open("garbler", channel, backend="gc", security="malicious")
+    assert isinstance(garbled.session, _GarbleParty) and garbled.backend == "gc"
+    assert garbled.session.made == (channel, "garbler", {})
+    with pytest.raises(ValueError, match="security must be one of"):
+        PartyLink.open("garbler", channel, backend="gc", security="paranoid")
     # the evidence: the session's digest of what the peer sent, when it keeps one
     assert semi.evidence_digest() is None
     link.session.evidence_digest = "ab" * 32
     assert link.evidence_digest() == "ab" * 32
 
 
-def test_a_malicious_round_releases_what_the_plaintext_reference_does(two_party):
+@pytest.mark.parametrize(("backend", "party"), [("gmw", "AuthGmwParty"), ("gc", "AuthGarbleParty")])
+def test_a_malicious_round_releases_what_the_plaintext_reference_does(two_party, backend, party):
     """The engine's authenticated GMW under a round's circuits (the fused trial run and its
-    exchange): S and S + z bit for bit as semi-honest GMW's reference, and each side keeps a
-    digest of what the peer sent."""
+    exchange), and its authenticated garbling under gc's (the sampler's trial runs and the
+    noisy sum): S and S + z bit for bit as the semi-honest reference of the backend, and each
+    side keeps a digest of what the peer sent."""
     ring_bits, sigma = 16, 1000.0
     sums = sums_for(ring_bits, 24, 7)
     a1, a2 = shares_of(sums, ring_bits, 8)
     tp = two_party()
-    lg = PartyLink.open("garbler", tp.garbler_channel, backend="gmw", security="malicious")
-    le = PartyLink.open("evaluator", tp.evaluator_channel, backend="gmw", security="malicious")
-    assert type(lg.session).__name__ == type(le.session).__name__ == "AuthGmwParty"
+    lg = PartyLink.open("garbler", tp.garbler_channel, backend=backend, security="malicious")
+    le = PartyLink.open("evaluator", tp.evaluator_channel, backend=backend, security="malicious")
+    assert type(lg.session).__name__ == type(le.session).__name__ == party
     yg, ye, _, _ = run_both(lg, le, a1, a2, None, None, None, ring_bits, "only-mpc")
     assert ye.tolist() == yg.tolist() == sums
     s1, s2 = os.urandom(32), os.urandom(32)
     yg, ye, _, _ = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
     ref = aggregate_plain(
-        a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma, backend="gmw"
+        a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma, backend=backend
     )
     assert [int(v) for v in yg] == [int(v) for v in ye] == [int(v) for v in ref]
     digests = (lg.evidence_digest(), le.evidence_digest())

@@ -16,7 +16,8 @@ from spgc.settings.backend_choice import AUTO
 from spgc.settings.config import ConfigError, ServerConfig
 
 SUPPORTED = (
-    "security: malicious needs backend: gmw and mode: spgc or preprocessed (authenticated GMW); "
+    "security: malicious needs backend: gmw and mode: spgc or preprocessed (authenticated GMW) "
+    "or backend: gc and mode: spgc or preprocessed (authenticated garbling); "
 )
 
 
@@ -25,14 +26,18 @@ def config(**kw) -> ServerConfig:
     return ServerConfig(**{**base, **kw})
 
 
-def test_semi_honest_is_the_default_and_malicious_runs_on_authenticated_gmw():
+def test_semi_honest_is_the_default_and_malicious_runs_on_both_authenticated_backends():
     assert config().security == "semi-honest"
     assert config(backend="gmw", security="malicious").security == "malicious"
+    assert config(security="malicious").security == "malicious"  # backend gc, the default
     assert MALICIOUS_VARIANTS == {
         ("gmw", "spgc"): "authenticated GMW",
         ("gmw", "preprocessed"): "authenticated GMW",
+        ("gc", "spgc"): "authenticated garbling",
+        ("gc", "preprocessed"): "authenticated garbling",
     }
     assert config(backend="gmw", mode="preprocessed", pool_dir="p", security="malicious")
+    assert config(mode="preprocessed", pool_dir="p", security="malicious")
 
 
 def test_a_level_that_is_not_one_is_refused():
@@ -47,13 +52,12 @@ def test_a_level_that_is_not_one_is_refused():
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
-        ({}, "backend gc has no malicious variant yet"),
-        ({"backend": AUTO}, "backend auto may choose gc, which has no malicious variant yet"),
-        ({"mode": "preprocessed", "pool_dir": "pool"}, "backend gc has no malicious variant yet"),
+        ({"backend": AUTO}, "backend auto chooses by semi-honest costs; name one of gc, gmw"),
         ({"backend": "gmw", "mode": "only-mpc"}, "mode only-mpc has no malicious variant yet"),
-        ({"mode": "dng"}, "backend gc and mode dng have no malicious variant yet"),
-        ({"mode": "plain"}, "backend gc and mode plain have no malicious variant yet"),
-        ({"mode": "ldp"}, "backend gc and mode ldp have no malicious variant yet"),
+        ({"mode": "only-mpc"}, "mode only-mpc has no malicious variant yet"),
+        ({"mode": "dng"}, "mode dng has no malicious variant yet"),
+        ({"mode": "plain"}, "mode plain has no malicious variant yet"),
+        ({"mode": "ldp"}, "mode ldp has no malicious variant yet"),
     ],
 )  # fmt: skip
 def test_each_combination_without_a_malicious_variant_is_refused_in_one_line(kw, why):
