@@ -312,7 +312,9 @@ class ServerConfig(_Schema):
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(
         "threehalves",
         description="how AND gates are garbled: threehalves (24.6 bytes per AND gate) or "
-        "halfgates (32 bytes, 1.5x fewer hash calls); both servers must set the same",
+        "halfgates (32 bytes, 1.5x fewer hash calls); both servers must set the same "
+        "(semi-honest gc; under security: malicious gc garbles authenticated tables, 97 bytes "
+        "per AND gate besides its triples)",
     )
     gc_lanes: int | None = Field(
         None,
@@ -347,7 +349,8 @@ class ServerConfig(_Schema):
         description="OT extension for H2's circuit inputs: SoftSpoken with this k sends "
         "ceil(128/k) bits per input bit (7, the default: 2.375 bytes, about 3x IKNP's CPU; 8: 2 "
         "bytes, about 5x; 4: 4 bytes at IKNP's CPU); 0: IKNP, 16 bytes; both servers must set the "
-        "same",
+        "same (semi-honest gc; under security: malicious the inputs enter as authenticated "
+        "shares from silent OT)",
     )
     metrics_port: int | None = Field(
         None,
