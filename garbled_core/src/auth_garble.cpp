@@ -96,44 +96,26 @@ void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires&
       fresh = auth_->random(ands * m);
       tr = take_triples(ands * m);
     }
-    {
-      for (const GmwPlan::Stage& st : plan.stages) {
-        for (size_t k = st.local_begin; k < st.local_end; ++k) {
-          const GmwPlan::Op& op = plan.ops[k];
-          for (size_t i = 0; i < m; ++i) {
-            const size_t a = lam.at(op.a, i), o = lam.at(op.out, i);
-            if (op.op == GateOp::Xor) {
-              const size_t b = lam.at(op.b, i);
-              lam.bits[o] = lam.bits[a] ^ lam.bits[b];
-              lam.macs[o] = xor_block(lam.macs[a], lam.macs[b]);
-              lam.keys[o] = xor_block(lam.keys[a], lam.keys[b]);
-            } else {
-              lam.bits[o] = lam.bits[a];
-              lam.macs[o] = lam.macs[a];
-              lam.keys[o] = lam.keys[a];
-              add_public(lam, o, 1);
-            }
-          }
+    for (const GmwPlan::Stage& st : plan.stages) {
+      apply_local_gates(plan, st, lam);  // NOT flips the mask
+      for (size_t j = st.and_begin; j < st.and_end; ++j) {
+        const GmwPlan::Op& op = plan.ops[j];
+        const size_t g = st.member_base + (j - st.and_begin);
+        for (size_t i = 0; i < m; ++i) {
+          const size_t q = gs.u.at((uint32_t)g, i), a = lam.at(op.a, i), b = lam.at(op.b, i);
+          gs.u.bits[q] = lam.bits[a], gs.u.macs[q] = lam.macs[a], gs.u.keys[q] = lam.keys[a];
+          gs.v.bits[q] = lam.bits[b], gs.v.macs[q] = lam.macs[b], gs.v.keys[q] = lam.keys[b];
         }
-        for (size_t j = st.and_begin; j < st.and_end; ++j) {
-          const GmwPlan::Op& op = plan.ops[j];
-          const size_t g = st.member_base + (j - st.and_begin);
-          for (size_t i = 0; i < m; ++i) {
-            const size_t q = gs.u.at((uint32_t)g, i), a = lam.at(op.a, i), b = lam.at(op.b, i);
-            gs.u.bits[q] = lam.bits[a], gs.u.macs[q] = lam.macs[a], gs.u.keys[q] = lam.keys[a];
-            gs.v.bits[q] = lam.bits[b], gs.v.macs[q] = lam.macs[b], gs.v.keys[q] = lam.keys[b];
-          }
-        }
-        // Outputs only after every input of the layer was read (an output may reuse an input's slot).
-        for (size_t j = st.and_begin; j < st.and_end; ++j) {
-          const GmwPlan::Op& op = plan.ops[j];
-          const size_t g = st.member_base + (j - st.and_begin);
-          for (size_t i = 0; i < m; ++i) {
-            const size_t q = gs.w.at((uint32_t)g, i), o = lam.at(op.out, i);
-            gs.w.bits[q] = lam.bits[o] = fresh.bits[q];
-            gs.w.macs[q] = lam.macs[o] = fresh.macs[q];
-            gs.w.keys[q] = lam.keys[o] = fresh.keys[q];
-          }
+      }
+      // Outputs only after every input of the layer was read (an output may reuse an input's slot).
+      for (size_t j = st.and_begin; j < st.and_end; ++j) {
+        const GmwPlan::Op& op = plan.ops[j];
+        const size_t g = st.member_base + (j - st.and_begin);
+        for (size_t i = 0; i < m; ++i) {
+          const size_t q = gs.w.at((uint32_t)g, i), o = lam.at(op.out, i);
+          gs.w.bits[q] = lam.bits[o] = fresh.bits[q];
+          gs.w.macs[q] = lam.macs[o] = fresh.macs[q];
+          gs.w.keys[q] = lam.keys[o] = fresh.keys[q];
         }
       }
     }

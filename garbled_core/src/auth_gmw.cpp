@@ -51,23 +51,7 @@ void AuthGmwParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires& w,
   bool first_layer = true;
   for (size_t stage = 0; stage < plan.stages.size(); ++stage) {
     const GmwPlan::Stage& st = plan.stages[stage];
-    for (size_t k = st.local_begin; k < st.local_end; ++k) {
-      const GmwPlan::Op& op = plan.ops[k];
-      for (size_t i = 0; i < n; ++i) {
-        const size_t a = w.at(op.a, i), o = w.at(op.out, i);
-        if (op.op == GateOp::Xor) {
-          const size_t b = w.at(op.b, i);
-          w.bits[o] = w.bits[a] ^ w.bits[b];
-          w.macs[o] = xor_block(w.macs[a], w.macs[b]);
-          w.keys[o] = xor_block(w.keys[a], w.keys[b]);
-        } else {  // NOT: x ^ 1
-          w.bits[o] = w.bits[a];
-          w.macs[o] = w.macs[a];
-          w.keys[o] = w.keys[a];
-          add_public(w, o, 1);
-        }
-      }
-    }
+    apply_local_gates(plan, st, w);
     if (st.and_end == st.and_begin || !n) continue;
     triples_for_stage(stage);
     const size_t gates = st.and_end - st.and_begin;

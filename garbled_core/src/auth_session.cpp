@@ -85,6 +85,26 @@ void AuthSession::add_public(AuthWires& w, size_t e, uint8_t bit) const {
     w.keys[e] = xor_block(w.keys[e], auth_->delta());
 }
 
+void AuthSession::apply_local_gates(const GmwPlan& plan, const GmwPlan::Stage& st, AuthWires& w) const {
+  for (size_t k = st.local_begin; k < st.local_end; ++k) {
+    const GmwPlan::Op& op = plan.ops[k];
+    for (size_t i = 0; i < w.n; ++i) {
+      const size_t a = w.at(op.a, i), o = w.at(op.out, i);
+      if (op.op == GateOp::Xor) {
+        const size_t b = w.at(op.b, i);
+        w.bits[o] = w.bits[a] ^ w.bits[b];
+        w.macs[o] = xor_block(w.macs[a], w.macs[b]);
+        w.keys[o] = xor_block(w.keys[a], w.keys[b]);
+      } else {  // NOT: x ^ 1
+        w.bits[o] = w.bits[a];
+        w.macs[o] = w.macs[a];
+        w.keys[o] = w.keys[a];
+        add_public(w, o, 1);
+      }
+    }
+  }
+}
+
 std::vector<uint8_t> AuthSession::swap_bits(const std::vector<uint8_t>& ours, size_t their_bits) {
   const std::vector<uint8_t> out = pack_bits(ours);
   std::vector<uint8_t> in((their_bits + 7) / 8);

@@ -314,21 +314,28 @@ def test_gmw_backend_rows_count_round_trips_and_amortise_the_silent_ots(capsys) 
         assert implied == pytest.approx(max(wire, row["seconds_per_step"]))
 
 
-def test_security_malicious_rows_run_authenticated_gmw(capsys) -> None:
-    """--security malicious (--backend gmw): the same spgc round on authenticated GMW, its
-    triples made a batch at a time into a stock during the warm-up (bucket size 3), the run
-    charged the triples it used at the stock's cost: their own messages with the openings
-    ("tables"), their COTs with silent OT's charge."""
+def _malicious_row(capsys, backend: str) -> tuple[dict, str]:
+    """One cancer spgc row at epsilon 8 under --security malicious on ``backend``, 16
+    coordinates: (the JSON row, stderr)."""
     rc = bench_comm.run(
-        "cancer", [8.0], modes=["spgc"], as_json=True, backend="gmw", security="malicious",
+        "cancer", [8.0], modes=["spgc"], as_json=True, backend=backend, security="malicious",
         coordinates=16,
     )  # fmt: skip
     assert rc == 0
     out = capsys.readouterr()
     (row,) = json.loads(out.out)
-    assert row["security"] == "malicious" and row["backend"] == "gmw"
-    assert "(security: malicious, authenticated GMW)" in out.err
-    assert "each run is charged the triples it used" in out.err
+    assert row["security"] == "malicious" and row["backend"] == backend
+    return row, out.err
+
+
+def test_security_malicious_rows_run_authenticated_gmw(capsys) -> None:
+    """--security malicious (--backend gmw): the same spgc round on authenticated GMW, its
+    triples made a batch at a time into a stock during the warm-up (bucket size 3), the run
+    charged the triples it used at the stock's cost: their own messages with the openings
+    ("tables"), their COTs with silent OT's charge."""
+    row, err = _malicious_row(capsys, "gmw")
+    assert "(security: malicious, authenticated GMW)" in err
+    assert "each run is charged the triples it used" in err
     ands = row["and_gates_per_coordinate"]
     # At least the U blocks (9 bytes each way) of 3 leaky triples per AND gate, though the
     # measured run made none of its triples itself (the stock did).
@@ -342,15 +349,8 @@ def test_security_malicious_rows_run_authenticated_garbling(capsys) -> None:
     """--security malicious --backend gc: the same spgc round on authenticated garbling, charged
     like authenticated GMW (the stock's triples, silent OT's COTs), its tables 97 bytes per AND
     gate on top, in a handful of round trips where authenticated GMW takes one per AND layer."""
-    rc = bench_comm.run(
-        "cancer", [8.0], modes=["spgc"], as_json=True, backend="gc", security="malicious",
-        coordinates=16,
-    )  # fmt: skip
-    assert rc == 0
-    out = capsys.readouterr()
-    (row,) = json.loads(out.out)
-    assert row["security"] == "malicious" and row["backend"] == "gc"
-    assert "(security: malicious, authenticated garbling)" in out.err
+    row, err = _malicious_row(capsys, "gc")
+    assert "(security: malicious, authenticated garbling)" in err
     ands = row["and_gates_per_coordinate"]
     assert row["phase_bytes_per_coordinate"]["tables"] > (3 * 18 + AUTH_TABLE_BYTES) * ands
     assert 9 * ands <= row["random_ots_per_coordinate"] <= 12 * ands

@@ -162,56 +162,45 @@ def test_both_backends_run_the_same_circuit_and_compare_cpu_rates(
     assert "gmw / gc AND gates per CPU-second" in captured.err
 
 
-def test_security_both_runs_authenticated_gmw_beside_gmw(
+@pytest.mark.parametrize(
+    ("backend", "semi_honest", "levels_key", "least_bytes"),
+    [
+        # authenticated GMW: MACs on every COT-made share and B leaky triples per AND gate
+        ("gmw", "gmw", "malicious_vs_semi_honest", 100),
+        # authenticated garbling: the same, and 97 bytes of table per AND gate
+        ("gc", "threehalves", "gc_malicious_vs_semi_honest", 100 + AUTH_TABLE_BYTES),
+    ],
+)
+def test_security_both_runs_the_authenticated_form_beside_the_backend(
     capsys: pytest.CaptureFixture[str],
+    backend: str,
+    semi_honest: str,
+    levels_key: str,
+    least_bytes: int,
 ) -> None:
-    """--security both (--backend gmw): a gmw row and a gmw-malicious row (authenticated GMW),
-    each checked against the plaintext evaluation, with their bytes and CPU per AND compared."""
+    """--security both: the backend's semi-honest row and its malicious row (authenticated GMW,
+    ``gmw-malicious``; authenticated garbling, ``gc-malicious``), each checked against the
+    plaintext evaluation, with their bytes and CPU per AND gate compared in the same run."""
     rc = bench_gc.run_cli(
         instances=300, insecure=True, both=False, chunk=None, as_json=True, threads=(1,),
-        backends=("gmw",), security=bench_gc.SECURITY_LEVELS,
+        backends=(backend,), security=bench_gc.SECURITY_LEVELS,
     )  # fmt: skip
     assert rc == 0
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     rows = {r["scheme"]: r for r in out["runs"]}
-    assert set(rows) == {"gmw", "gmw-malicious"}
-    assert rows["gmw-malicious"]["security"] == "malicious"
-    assert rows["gmw"]["security"] == "semi-honest"
+    malicious = rows[f"{backend}-malicious"]
+    assert set(rows) == {semi_honest, f"{backend}-malicious"}
+    assert malicious["security"] == "malicious" and malicious["backend"] == backend
+    assert rows[semi_honest]["security"] == "semi-honest"
     assert all(r["correct"] for r in rows.values())
-    # Authenticated: MACs on every COT-made share and B leaky triples per AND gate.
-    assert rows["gmw-malicious"]["bytes_per_and"] > 100
-    levels = out["malicious_vs_semi_honest"]
-    assert levels["bytes_per_and"] == pytest.approx(
-        rows["gmw-malicious"]["bytes_per_and"] / rows["gmw"]["bytes_per_and"]
+    assert malicious["bytes_per_and"] > least_bytes
+    assert out[levels_key]["bytes_per_and"] == pytest.approx(
+        malicious["bytes_per_and"] / rows[semi_honest]["bytes_per_and"]
     )
-    assert "malicious / semi-honest gmw" in captured.err
+    assert f"malicious / semi-honest {backend}" in captured.err
 
 
-def test_security_both_runs_authenticated_garbling_beside_garbling(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """--security both with --backend gc: a threehalves row and a gc-malicious row
-    (authenticated garbling), each checked against the plaintext evaluation, compared in the
-    same run; and the malicious rows' instance bound."""
-    rc = bench_gc.run_cli(
-        instances=300, insecure=True, both=False, chunk=None, as_json=True, threads=(1,),
-        backends=("gc",), security=bench_gc.SECURITY_LEVELS,
-    )  # fmt: skip
-    assert rc == 0
-    captured = capsys.readouterr()
-    out = json.loads(captured.out)
-    rows = {r["scheme"]: r for r in out["runs"]}
-    assert set(rows) == {"threehalves", "gc-malicious"}
-    malicious = rows["gc-malicious"]
-    assert malicious["security"] == "malicious" and malicious["backend"] == "gc"
-    assert all(r["correct"] for r in rows.values())
-    # 97 bytes of table per AND gate, besides the triples and the masks.
-    assert rows["gc-malicious"]["bytes_per_and"] > AUTH_TABLE_BYTES
-    levels = out["gc_malicious_vs_semi_honest"]
-    assert levels["bytes_per_and"] == pytest.approx(
-        rows["gc-malicious"]["bytes_per_and"] / rows["threehalves"]["bytes_per_and"]
-    )
-    assert "malicious / semi-honest gc" in captured.err
+def test_the_malicious_rows_are_bounded_in_instances() -> None:
     with pytest.raises(ValueError, match="at most"):
         bench_gc.bench_gc(instances=10**6, schemes=(bench_gc.GC_MALICIOUS,), log=lambda _: None)

@@ -21,7 +21,17 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import Background
-from test_auth_gmw import NOISY_SUM_H1, NOISY_SUM_H2, XS, YS, adder, cheat, noisy_sum, setup_both
+from test_auth_gmw import (
+    NOISY_SUM_H1,
+    NOISY_SUM_H2,
+    XS,
+    YS,
+    adder,
+    cheat,
+    check_trial_circuit,
+    noisy_sum,
+    setup_both,
+)
 from test_gmw import GmwPair
 
 from garbled_core import (
@@ -35,7 +45,6 @@ from garbled_core import (
     PeerDeviated,
     ProtocolError,
 )
-from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
 
 
 @pytest.fixture
@@ -74,20 +83,7 @@ def chain(width: int, steps: int):
 def test_trial_circuit_of_the_sampler(garble_pair):
     """The noise's own circuit (the ripple build gc garbles): accept bits and noise equal the
     plaintext evaluator's."""
-    params = derive_params(64.0)
-    circuit = build_trial_circuit(params, z_reveal="both")
-    rng = np.random.default_rng(7)
-    n = 24
-    h1_inputs, h2_inputs = {}, {}
-    for name, owner, width in circuit.inputs:
-        values = rng.integers(0, 1 << width, n, dtype=np.uint64)
-        (h1_inputs if owner == "garbler" else h2_inputs)[name] = values
-    expected = circuit.evaluate({**h1_inputs, **h2_inputs})
-    pair = garble_pair()
-    out1, out2 = pair.run(circuit, h1_inputs, h2_inputs)
-    for name in ("accept", "z"):
-        assert np.array_equal(out1[name], expected[name]), name
-        assert np.array_equal(out2[name], expected[name]), name
+    check_trial_circuit(garble_pair(), seed=7)
 
 
 def test_round_trips_do_not_grow_with_depth(garble_pair):

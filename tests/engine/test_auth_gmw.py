@@ -67,22 +67,29 @@ def setup_both(pair: GmwPair) -> None:
 # ---------------------------------------------------------------- the outputs are right
 
 
-def test_trial_circuit_of_the_sampler(auth_pair):
-    """The noise's own circuit: the accept bits and the noise equal the plaintext evaluator's."""
+def check_trial_circuit(pair: GmwPair, n: int = 24, seed: int = 5) -> Any:
+    """The noise's own circuit (the ripple build) on ``pair``, random inputs: the accept bits
+    and the noise equal the plaintext evaluator's on both sides. Returns the circuit."""
     params = derive_params(64.0)
     circuit = build_trial_circuit(params, z_reveal="both")
-    rng = np.random.default_rng(5)
-    n = 24
+    rng = np.random.default_rng(seed)
     h1_inputs, h2_inputs = {}, {}
     for name, owner, width in circuit.inputs:
         values = rng.integers(0, 1 << width, n, dtype=np.uint64)
         (h1_inputs if owner == "garbler" else h2_inputs)[name] = values
     expected = circuit.evaluate({**h1_inputs, **h2_inputs})
-    pair = auth_pair()
     out1, out2 = pair.run(circuit, h1_inputs, h2_inputs)
     for name in ("accept", "z"):
         assert np.array_equal(out1[name], expected[name]), name
         assert np.array_equal(out2[name], expected[name]), name
+    return circuit
+
+
+def test_trial_circuit_of_the_sampler(auth_pair):
+    """The noise's own circuit: the accept bits and the noise equal the plaintext evaluator's."""
+    pair = auth_pair()
+    circuit = check_trial_circuit(pair)
+    n = 24
     assert pair.h1.last_bucket_size == pair.h2.last_bucket_size >= 3
     assert pair.h1.leaky_triples_made == pair.h1.last_bucket_size * circuit.and_count * n
 

@@ -110,6 +110,9 @@ class AuthSession : public Session {
   AuthTriples take_triples(size_t count);
   // A public bit folded into share e: the first party flips its bit, the second moves its key.
   void add_public(AuthWires& w, size_t e, uint8_t bit) const;
+  // A stage's XOR and NOT gates on the shares of every instance of w (local: MACs and keys
+  // follow; NOT adds the public 1).
+  void apply_local_gates(const GmwPlan& plan, const GmwPlan::Stage& st, AuthWires& w) const;
   // Both parties at once: our bits out, the peer's in (packed on the wire).
   std::vector<uint8_t> swap_bits(const std::vector<uint8_t>& ours, size_t their_bits);
   bool first() const { return party_ == 0; }
