@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "garbled_core/iknp.h"
-#include "garbled_core/random.h"
 
 namespace gc {
 
@@ -17,6 +16,14 @@ namespace {
 // four authenticated shares (l_u, l_v, l_w, l_u l_v) and a triple, about 240 bytes.
 constexpr size_t kChunkBudget = size_t(256) << 20;
 constexpr size_t kBytesPerAnd = 240;
+
+// Where a gate instance's table puts each row: row 0 is its MAC alone (its label part is zero:
+// the output's zero-label is chosen so, row reduction), rows 1 to 3 a label part and a MAC, then
+// the four bits r^A.
+inline size_t label_at(int row) { return kAuthMacBytes + (size_t)(row - 1) * kAuthRowBytes; }
+inline size_t mac_at(int row) { return row == 0 ? 0 : label_at(row) + 16; }
+constexpr size_t kBitsAt = kAuthMacBytes + 3 * kAuthRowBytes;
+static_assert(kBitsAt + 1 == kAuthTableBytes, "table layout");
 
 inline block tweak(uint32_t run, size_t gate, size_t instance, int row, int half, int side) {
   return make_block(((uint64_t)run << 32) | (uint32_t)gate,
@@ -50,7 +57,6 @@ AuthGarbleParty::~AuthGarbleParty() = default;
 
 void AuthGarbleParty::after_setup() {
   hash_key_ = aes_key(coin_toss(*auth_, "garbling hash key"));
-  if (first()) labels_ = std::make_unique<Prg>(random_block());
 }
 
 void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires& w, DeferredMacCheck& check) {
@@ -178,9 +184,7 @@ void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires&
       rows.assign(gates * m * kAuthTableBytes, 0);
       out_labels.resize(gates * m);
       out_z.assign(gates * m, 0);
-      if (garbler) {
-        labels_->fill(out_labels.data(), gates * m);
-      } else {
+      if (!garbler) {
         ch_.recv(rows.data(), rows.size());
         auth_->log_received(rows.data(), rows.size());
       }
@@ -192,9 +196,7 @@ void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires&
           const size_t eu = lam.at(op.a, i), ev = lam.at(op.b, i);
           uint8_t* row = rows.data() + r * kAuthTableBytes;
           if (garbler) {
-            const block l0 = out_labels[r];
-            block pi_in[4] = {label[eu], xor_block(label[eu], delta), label[ev], xor_block(label[ev], delta)};
-            block pi[4] = {pi_in[0], pi_in[1], pi_in[2], pi_in[3]};
+            block pi[4] = {label[eu], xor_block(label[eu], delta), label[ev], xor_block(label[ev], delta)};
             aes_encrypt_blocks<4>(hash_key_, pi);
             block h[16];
             for (int row_i = 0; row_i < 4; ++row_i) {
@@ -207,6 +209,7 @@ void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires&
             aes_encrypt_blocks<16>(hash_key_, h);
             uint8_t r_bits = 0;
             const bool flip = deviation_.kind == AuthDeviation::Kind::FlipRow && rows_sent_ == deviation_.index;
+            block l0 = zero_block();
             for (int row_i = 0; row_i < 4; ++row_i) {
               const int alpha = row_i >> 1, beta = row_i & 1;
               const block pad0 = xor_block(xor_block(h[4 * row_i], pi[alpha]), xor_block(h[4 * row_i + 1], pi[2 + beta]));
@@ -217,13 +220,19 @@ void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires&
                 r_a ^= 1;
                 mac = xor_block(mac, deviation_.mac_offset);
               }
-              const block x = xor_block(xor_block(l0, and_block(select_mask(r_a), delta)), gs.key(q, alpha, beta));
-              store_block(row + row_i * kAuthRowBytes, xor_block(x, pad0));
+              // The label part L_{w,0} ^ r^A Delta_A ^ K_A[r^B]; row 0's is the pad itself, which
+              // fixes L_{w,0} (pseudorandom to H2 unless it holds both input zero-labels).
+              const block part = xor_block(and_block(select_mask(r_a), delta), gs.key(q, alpha, beta));
+              if (row_i == 0)
+                l0 = xor_block(pad0, part);
+              else
+                store_block(row + label_at(row_i), xor_block(xor_block(l0, part), pad0));
               const uint64_t m64 = high64(mac) ^ low64(pad1);
-              std::memcpy(row + row_i * kAuthRowBytes + 16, &m64, 8);
+              std::memcpy(row + mac_at(row_i), &m64, 8);
               r_bits |= (uint8_t)(((r_a ^ (high64(pad1) & 1)) & 1) << row_i);
             }
-            row[4 * kAuthRowBytes] = r_bits;
+            row[kBitsAt] = r_bits;
+            out_labels[r] = l0;
             ++rows_sent_;
           } else {
             const int alpha = z[eu], beta = z[ev], row_i = 2 * alpha + beta;
@@ -236,12 +245,11 @@ void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires&
             aes_encrypt_blocks<4>(hash_key_, h);
             const block pad0 = xor_block(xor_block(h[0], pi[0]), xor_block(h[1], pi[1]));
             const block pad1 = xor_block(xor_block(h[2], pi[0]), xor_block(h[3], pi[1]));
-            const uint8_t* cell = row + row_i * kAuthRowBytes;
-            const block x = xor_block(load_block(cell), pad0);
+            const block x = row_i == 0 ? pad0 : xor_block(load_block(row + label_at(row_i)), pad0);
             uint64_t m64;
-            std::memcpy(&m64, cell + 16, 8);
+            std::memcpy(&m64, row + mac_at(row_i), 8);
             m64 ^= low64(pad1);
-            const uint8_t r_a = (uint8_t)(((row[4 * kAuthRowBytes] >> row_i) ^ high64(pad1)) & 1);
+            const uint8_t r_a = (uint8_t)(((row[kBitsAt] >> row_i) ^ high64(pad1)) & 1);
             // The MAC of r^A under our key (the public alpha beta moved our key: we are second).
             block expect = gs.key(q, alpha, beta);
             if (alpha & beta) expect = xor_block(expect, delta);

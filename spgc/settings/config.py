@@ -313,7 +313,7 @@ class ServerConfig(_Schema):
         "threehalves",
         description="how AND gates are garbled: threehalves (24.6 bytes per AND gate) or "
         "halfgates (32 bytes, 1.5x fewer hash calls); both servers must set the same "
-        "(semi-honest gc; under security: malicious gc garbles authenticated tables, 97 bytes "
+        "(semi-honest gc; under security: malicious gc garbles authenticated tables, 81 bytes "
         "per AND gate besides its triples)",
     )
     gc_lanes: int | None = Field(

@@ -347,7 +347,7 @@ def test_security_malicious_rows_run_authenticated_gmw(capsys) -> None:
 
 def test_security_malicious_rows_run_authenticated_garbling(capsys) -> None:
     """--security malicious --backend gc: the same spgc round on authenticated garbling, charged
-    like authenticated GMW (the stock's triples, silent OT's COTs), its tables 97 bytes per AND
+    like authenticated GMW (the stock's triples, silent OT's COTs), its tables 81 bytes per AND
     gate on top, in a handful of round trips where authenticated GMW takes one per AND layer."""
     row, err = _malicious_row(capsys, "gc")
     assert "(security: malicious, authenticated garbling)" in err

@@ -167,7 +167,7 @@ def test_both_backends_run_the_same_circuit_and_compare_cpu_rates(
     [
         # authenticated GMW: MACs on every COT-made share and B leaky triples per AND gate
         ("gmw", "gmw", "malicious_vs_semi_honest", 100),
-        # authenticated garbling: the same, and 97 bytes of table per AND gate
+        # authenticated garbling: the same, and 81 bytes of table per AND gate
         ("gc", "threehalves", "gc_malicious_vs_semi_honest", 100 + AUTH_TABLE_BYTES),
     ],
 )

@@ -89,8 +89,8 @@ def test_trial_circuit_of_the_sampler(garble_pair):
 def test_round_trips_do_not_grow_with_depth(garble_pair):
     """One exchange for the masks of every AND gate, then the tables one way: a run 8 times
     deeper takes the same round trips on garbling, while authenticated GMW takes one per AND
-    layer. The tables are 97 bytes per AND gate and instance (4 rows of a 16-byte label part
-    and a 64-bit MAC, and the 4 mask bits), sent by H1 only."""
+    layer. The tables are 81 bytes per AND gate and instance (row (0, 0)'s 64-bit MAC, 3 rows of
+    a 16-byte label part and a MAC, and the 4 mask bits), sent by H1 only."""
     n = 16
     xs = np.arange(n, dtype=np.uint64) * np.uint64(977)
     ys = np.arange(n, dtype=np.uint64) * np.uint64(31) + np.uint64(5)

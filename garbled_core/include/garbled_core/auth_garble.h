@@ -32,20 +32,23 @@
 // fixed-key AES (the key a coin toss of the session), tweaks naming the run, gate, instance,
 // row, output block and side, never reused. Rows carry the high 64 bits of the MAC: r^A is
 // forged only with a guess of 64 bits of Delta_B (2^-64; B stops at the first failure).
-// 97 bytes per AND gate and instance: 4 rows of 16 + 8 bytes, and the 4 bits r^A.
+// Row reduction: L_{w,0} is chosen so that row (0, 0)'s label part is the hash itself, and is
+// not sent (pseudorandom to B unless it holds both input zero-labels, when it is its label).
+// 81 bytes per AND gate and instance: row (0, 0)'s MAC, 3 rows of 16 + 8 bytes, the 4 bits r^A.
 #pragma once
 
 #include <cstddef>
-#include <memory>
 
 #include "garbled_core/aes.h"
 #include "garbled_core/auth_session.h"
-#include "garbled_core/prg.h"
 
 namespace gc {
 
-constexpr size_t kAuthRowBytes = 24;                         // 16 (label part) + 8 (MAC)
-constexpr size_t kAuthTableBytes = 4 * kAuthRowBytes + 1;    // per AND gate and instance
+constexpr size_t kAuthMacBytes = 8;                          // a row's MAC: the high 64 bits
+constexpr size_t kAuthRowBytes = 16 + kAuthMacBytes;         // a label part and a MAC
+// Per AND gate and instance: row 0's MAC (its label part is zero: row reduction), rows 1 to 3,
+// and the four bits r^A.
+constexpr size_t kAuthTableBytes = kAuthMacBytes + 3 * kAuthRowBytes + 1;
 
 class AuthGarbleParty : public AuthSession {
  public:
@@ -59,7 +62,6 @@ class AuthGarbleParty : public AuthSession {
 
  private:
   AesKey hash_key_{};
-  std::unique_ptr<Prg> labels_;  // A: the zero-labels of AND outputs
   uint64_t rows_sent_ = 0;       // gate instances garbled so far in the run (test hook)
 };
 
