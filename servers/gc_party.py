@@ -218,16 +218,25 @@ class PartyLink:
         return UNBOUNDED_TRIAL_DEPTH if self.authenticated else MAX_TRIAL_DEPTH
 
     @property
+    def security(self) -> str:
+        """The session's level: ``malicious`` on an authenticated backend."""
+        return "malicious" if self.authenticated else DEFAULT_SECURITY
+
+    @property
+    def fused_rounds(self) -> bool:
+        """Whether mode spgc's round runs as one fused trial run and an exchange
+        (:func:`fuses_rounds`)."""
+        return fuses_rounds(self.backend, self.security)
+
+    @property
     def spares_every(self) -> int:
-        """The sampler's spare trials on this link (spgc.privacy.noise.SPARES_EVERY): gmw runs them
-        so
-        that a round's noise almost always takes one stage of round trips."""
-        return SPARES_EVERY[self.backend]
+        """The sampler's spare trials on this link (:func:`sampler_spares`)."""
+        return sampler_spares(self.backend, self.security)
 
     @property
     def range_align(self) -> int:
-        """Where ranges of a batch split on this backend (:func:`range_align`)."""
-        return range_align(self.backend)
+        """Where ranges of a batch split on this link (:func:`range_align`)."""
+        return range_align(self.backend, self.security)
 
     def interrupt(self) -> None:
         """Make a run blocked on this link fail now (another lane failed)."""
@@ -550,7 +559,7 @@ def aggregate_range(
     ``counters`` over the call). ``field_inputs``: ``shares`` holds a (low bits, flag) row per
     coordinate (:func:`spgc.servers.spgc_circuit.field_circuit_inputs`)."""
     before = link.counters()
-    gmw = hasattr(link.session, "layers_used")  # GMW pays a round trip per AND layer
+    gmw = hasattr(link.session, "layers_used")  # GMW and the authenticated backends count exchanges
     trips = int(link.channel.round_trips)  # counted by the engine's channel
     parts = []
     for lo, hi in range_batches(len(shares), link.range_align):
@@ -573,11 +582,29 @@ def aggregate_range(
     return y, info
 
 
-def range_align(backend: str) -> int:
+def fuses_rounds(backend: str, security: str = DEFAULT_SECURITY) -> bool:
+    """Whether mode spgc's round on ``backend`` at ``security`` is one fused trial run (the
+    reconstruction and the noisy sum in every trial instance, spare trials so that one stage
+    almost always suffices) and an exchange: where a sampler stage costs round trips more than
+    the spares and the fused sums cost bytes. gmw pays a round trip per AND layer, and the
+    authenticated backends about 6 per engine run (header, input masks, openings, check,
+    outputs); semi-honest garbling streams a run in about 2 and pays per AND gate, so it runs
+    the stages and the noisy sum as they are."""
+    return backend == "gmw" or security == "malicious"
+
+
+def sampler_spares(backend: str, security: str = DEFAULT_SECURITY) -> int:
+    """The spare trials of the sampler on ``backend`` at ``security`` (spgc.privacy.noise.
+    SPARES_EVERY): gmw's wherever rounds are fused (:func:`fuses_rounds`), none elsewhere.
+    Both servers and the plaintext reference (:func:`aggregate_plain`) take the same."""
+    return SPARES_EVERY["gmw"] if fuses_rounds(backend, security) else SPARES_EVERY[backend]
+
+
+def range_align(backend: str, security: str = DEFAULT_SECURITY) -> int:
     """Where the ranges of a batch may split (lanes, worker pairs, range batches) so that they
-    release what one batch does: multiples of spgc.privacy.noise.SPARE_GROUP on a backend whose
-    sampler shares spare trials (gmw), anywhere on gc."""
-    return SPARE_GROUP if SPARES_EVERY[backend] else 1
+    release what one batch does: multiples of spgc.privacy.noise.SPARE_GROUP where the sampler
+    shares spare trials (:func:`sampler_spares`), anywhere else."""
+    return SPARE_GROUP if sampler_spares(backend, security) else 1
 
 
 def range_batches(n: int, align: int = 1) -> list[tuple[int, int]]:
@@ -617,7 +644,7 @@ def _aggregate_on_link(
         }
 
     info: dict[str, Any] = {"rounds": 0, "trials": 0}
-    if mode == "spgc" and link.backend == "gmw" and width is not None and width <= 64 and n:
+    if mode == "spgc" and link.fused_rounds and width is not None and width <= 64 and n:
         assert params is not None and seed is not None
         args = (role, link, n, inputs, seed, params, width, ring_bits, schedule, on_stage)
         return _aggregate_fused(*args, first_coordinate, field_inputs)
@@ -666,7 +693,8 @@ def _aggregate_fused(
     first_coordinate: int,
     field_inputs: bool,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Mode spgc on gmw with the reconstruction and the noisy sum fused into the trial run
+    """Mode spgc where rounds are fused (gmw, and the authenticated backends:
+    :func:`fuses_rounds`), with the reconstruction and the noisy sum fused into the trial run
     (:func:`spgc.servers.spgc_circuit.fused_trial_circuit`): each trial instance also reveals to
     H2 u_z = z + rz, and stage 0's instance c (c < n) u_s = S_c + rs, rs and rz H1's fresh masks
     (os.urandom, each used in one opening at most). A coordinate that took trial t is released
@@ -749,7 +777,7 @@ def noise_shares_range(
     reveals u to H2 only). ``field_modulus`` p (verified inputs): the same mod p, r uniform in
     [0, p). Returns (shares of the range, info with the link's ``counters``)."""
     before = link.counters()
-    gmw = hasattr(link.session, "layers_used")  # GMW pays a round trip per AND layer
+    gmw = hasattr(link.session, "layers_used")  # GMW and the authenticated backends count exchanges
     trips = int(link.channel.round_trips)  # counted by the engine's channel
     circuit = noise_share_circuit(
         ring_bits, params.noise_bits, arithmetic=PRODUCTION_ARITHMETIC, field_modulus=field_modulus
@@ -808,9 +836,10 @@ def aggregate_plain(
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     backend: str = "gc",
     field_modulus: int | None = None,
+    security: str = DEFAULT_SECURITY,
 ) -> np.ndarray:
-    """What :func:`run_aggregate` reveals on ``backend``'s links, computed in the clear from
-    both servers' inputs (Python integers: the reference for tests and audits).
+    """What :func:`run_aggregate` reveals on ``backend``'s links at ``security``, computed in the
+    clear from both servers' inputs (Python integers: the reference for tests and audits).
     ``field_modulus``: a1 and a2 are field sums, S = a1 + a2 mod p (centered)."""
     mode = _check_mode(mode)
     ring_bits = check_ring_bits(ring_bits)
@@ -835,6 +864,6 @@ def aggregate_plain(
         raise ValueError(f"backend must be one of {tuple(SPARES_EVERY)}, got {backend!r}")
     z = sample_noise_plain(
         seed1, seed2, len(s), sigma_units, distance_log2=distance_log2, schedule=schedule,
-        spares_every=SPARES_EVERY[backend],
+        spares_every=sampler_spares(backend, security),
     )  # fmt: skip
     return np.array([a + int(b) for a, b in zip(s, z, strict=True)], dtype=object)

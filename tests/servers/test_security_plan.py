@@ -149,8 +149,9 @@ def test_a_malicious_round_releases_what_the_plaintext_reference_does(two_party,
     s1, s2 = os.urandom(32), os.urandom(32)
     yg, ye, _, _ = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
     ref = aggregate_plain(
-        a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma, backend=backend
-    )
+        a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma, backend=backend,
+        security="malicious",
+    )  # fmt: skip
     assert [int(v) for v in yg] == [int(v) for v in ye] == [int(v) for v in ref]
     digests = (lg.evidence_digest(), le.evidence_digest())
     assert all(isinstance(d, str) and len(d) == 64 for d in digests)
