@@ -303,10 +303,24 @@ AuthTriples TripleFactory::make(size_t n, int rho) {
   if (n == 0) return out;
   const size_t B = bucket_size(n, rho);
   last_bucket_ = B;
+  // The leaky triples, chunk by chunk into arrays sized once (appending would copy what is
+  // already there at every chunk).
   AuthTriples leak;
+  for (AuthShares* to : {&leak.a, &leak.b, &leak.c}) {
+    to->bits.resize(n * B);
+    to->macs.resize(n * B);
+    to->keys.resize(n * B);
+  }
   for (size_t done = 0; done < n * B;) {
     const size_t m = std::min(kLeakyChunk, n * B - done);
-    leak.append(leaky(m));
+    const AuthTriples part = leaky(m);
+    const AuthShares* from[3] = {&part.a, &part.b, &part.c};
+    AuthShares* to[3] = {&leak.a, &leak.b, &leak.c};
+    for (int k = 0; k < 3; ++k) {
+      std::memcpy(to[k]->bits.data() + done, from[k]->bits.data(), m);
+      std::memcpy(static_cast<void*>(to[k]->macs.data() + done), from[k]->macs.data(), m * sizeof(block));
+      std::memcpy(static_cast<void*>(to[k]->keys.data() + done), from[k]->keys.data(), m * sizeof(block));
+    }
     done += m;
   }
   // The permutation is drawn after every leaky triple is fixed and checked.
