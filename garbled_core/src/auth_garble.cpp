@@ -48,6 +48,83 @@ struct GateShares {
   }
 };
 
+// The tweaks of one gate instance: (run, gate) high, (instance, row, output block, side) low.
+struct GateTweak {
+  uint32_t run;
+  size_t gate, instance;
+  block at(int row, int half, int side) const { return tweak(run, gate, instance, row, half, side); }
+};
+
+// H1: the table of one gate instance (kAuthTableBytes at `table`) from the input zero-labels;
+// returns the output's zero-label (fixed by row reduction). `flip` (a test's cheater) flips r^A
+// in every row and XORs `flip_mac` into its MACs.
+block garble_gate(const AesKey& key, block delta, block lu0, block lv0, const GateShares& gs, size_t q,
+                  const GateTweak& tw, bool flip, block flip_mac, uint8_t* table) {
+  block pi[4] = {lu0, xor_block(lu0, delta), lv0, xor_block(lv0, delta)};
+  aes_encrypt_blocks<4>(key, pi);
+  block h[16];
+  for (int row = 0; row < 4; ++row) {
+    const int alpha = row >> 1, beta = row & 1;
+    for (int half = 0; half < 2; ++half) {
+      h[4 * row + 2 * half] = xor_block(pi[alpha], tw.at(row, half, 0));
+      h[4 * row + 2 * half + 1] = xor_block(pi[2 + beta], tw.at(row, half, 1));
+    }
+  }
+  aes_encrypt_blocks<16>(key, h);
+  uint8_t r_bits = 0;
+  block l0 = zero_block();
+  for (int row = 0; row < 4; ++row) {
+    const int alpha = row >> 1, beta = row & 1;
+    const block pad0 = xor_block(xor_block(h[4 * row], pi[alpha]), xor_block(h[4 * row + 1], pi[2 + beta]));
+    const block pad1 = xor_block(xor_block(h[4 * row + 2], pi[alpha]), xor_block(h[4 * row + 3], pi[2 + beta]));
+    uint8_t r_a = gs.bit(q, alpha, beta) ^ (uint8_t)(alpha & beta);  // A is first: it holds the constant
+    block mac = gs.mac(q, alpha, beta);
+    if (flip) {
+      r_a ^= 1;
+      mac = xor_block(mac, flip_mac);
+    }
+    // The label part L_{w,0} ^ r^A Delta_A ^ K_A[r^B]; row 0's is the pad itself, which fixes
+    // L_{w,0} (pseudorandom to H2 unless it holds both input zero-labels).
+    const block part = xor_block(and_block(select_mask(r_a), delta), gs.key(q, alpha, beta));
+    if (row == 0)
+      l0 = xor_block(pad0, part);
+    else
+      store_block(table + label_at(row), xor_block(xor_block(l0, part), pad0));
+    const uint64_t m64 = high64(mac) ^ low64(pad1);
+    std::memcpy(table + mac_at(row), &m64, 8);
+    r_bits |= (uint8_t)(((r_a ^ (high64(pad1) & 1)) & 1) << row);
+  }
+  table[kBitsAt] = r_bits;
+  return l0;
+}
+
+// H2: row (alpha, beta) of one gate instance's table under its input labels lu, lv. False when
+// r^A does not carry its MAC; else the masked output z and its label.
+bool evaluate_gate(const AesKey& key, block delta, block lu, block lv, int alpha, int beta, const GateShares& gs,
+                   size_t q, const GateTweak& tw, const uint8_t* table, uint8_t& z, block& label) {
+  const int row = 2 * alpha + beta;
+  block pi[2] = {lu, lv};
+  aes_encrypt_blocks<2>(key, pi);
+  block h[4] = {xor_block(pi[0], tw.at(row, 0, 0)), xor_block(pi[1], tw.at(row, 0, 1)),
+                xor_block(pi[0], tw.at(row, 1, 0)), xor_block(pi[1], tw.at(row, 1, 1))};
+  aes_encrypt_blocks<4>(key, h);
+  const block pad0 = xor_block(xor_block(h[0], pi[0]), xor_block(h[1], pi[1]));
+  const block pad1 = xor_block(xor_block(h[2], pi[0]), xor_block(h[3], pi[1]));
+  const block x = row == 0 ? pad0 : xor_block(load_block(table + label_at(row)), pad0);
+  uint64_t m64;
+  std::memcpy(&m64, table + mac_at(row), 8);
+  m64 ^= low64(pad1);
+  const uint8_t r_a = (uint8_t)(((table[kBitsAt] >> row) ^ high64(pad1)) & 1);
+  // The MAC of r^A under our key (the public alpha beta moved our key: we are second).
+  block expect = gs.key(q, alpha, beta);
+  if (alpha & beta) expect = xor_block(expect, delta);
+  if (r_a) expect = xor_block(expect, delta);
+  if (high64(expect) != m64) return false;
+  z = r_a ^ gs.bit(q, alpha, beta);
+  label = xor_block(x, gs.mac(q, alpha, beta));
+  return true;
+}
+
 }  // namespace
 
 AuthGarbleParty::AuthGarbleParty(Channel& ch, int party, int rho, AuthCots cots, size_t triple_batch)
@@ -194,73 +271,19 @@ void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires&
         for (size_t i = 0; i < m; ++i) {
           const size_t q = gs.u.at((uint32_t)g, i), r = j * m + i;
           const size_t eu = lam.at(op.a, i), ev = lam.at(op.b, i);
-          uint8_t* row = rows.data() + r * kAuthTableBytes;
+          uint8_t* table = rows.data() + r * kAuthTableBytes;
+          const GateTweak tw{run_id_, g, i0 + i};
           if (garbler) {
-            block pi[4] = {label[eu], xor_block(label[eu], delta), label[ev], xor_block(label[ev], delta)};
-            aes_encrypt_blocks<4>(hash_key_, pi);
-            block h[16];
-            for (int row_i = 0; row_i < 4; ++row_i) {
-              const int alpha = row_i >> 1, beta = row_i & 1;
-              for (int half = 0; half < 2; ++half) {
-                h[4 * row_i + 2 * half] = xor_block(pi[alpha], tweak(run_id_, g, i0 + i, row_i, half, 0));
-                h[4 * row_i + 2 * half + 1] = xor_block(pi[2 + beta], tweak(run_id_, g, i0 + i, row_i, half, 1));
-              }
-            }
-            aes_encrypt_blocks<16>(hash_key_, h);
-            uint8_t r_bits = 0;
             const bool flip = deviation_.kind == AuthDeviation::Kind::FlipRow && rows_sent_ == deviation_.index;
-            block l0 = zero_block();
-            for (int row_i = 0; row_i < 4; ++row_i) {
-              const int alpha = row_i >> 1, beta = row_i & 1;
-              const block pad0 = xor_block(xor_block(h[4 * row_i], pi[alpha]), xor_block(h[4 * row_i + 1], pi[2 + beta]));
-              const block pad1 = xor_block(xor_block(h[4 * row_i + 2], pi[alpha]), xor_block(h[4 * row_i + 3], pi[2 + beta]));
-              uint8_t r_a = gs.bit(q, alpha, beta) ^ (uint8_t)(alpha & beta);  // A is first: it holds the constant
-              block mac = gs.mac(q, alpha, beta);
-              if (flip) {  // the cheater's table flips the gate's output in every row
-                r_a ^= 1;
-                mac = xor_block(mac, deviation_.mac_offset);
-              }
-              // The label part L_{w,0} ^ r^A Delta_A ^ K_A[r^B]; row 0's is the pad itself, which
-              // fixes L_{w,0} (pseudorandom to H2 unless it holds both input zero-labels).
-              const block part = xor_block(and_block(select_mask(r_a), delta), gs.key(q, alpha, beta));
-              if (row_i == 0)
-                l0 = xor_block(pad0, part);
-              else
-                store_block(row + label_at(row_i), xor_block(xor_block(l0, part), pad0));
-              const uint64_t m64 = high64(mac) ^ low64(pad1);
-              std::memcpy(row + mac_at(row_i), &m64, 8);
-              r_bits |= (uint8_t)(((r_a ^ (high64(pad1) & 1)) & 1) << row_i);
-            }
-            row[kBitsAt] = r_bits;
-            out_labels[r] = l0;
+            out_labels[r] = garble_gate(hash_key_, delta, label[eu], label[ev], gs, q, tw, flip,
+                                        deviation_.mac_offset, table);
             ++rows_sent_;
-          } else {
-            const int alpha = z[eu], beta = z[ev], row_i = 2 * alpha + beta;
-            block pi[2] = {label[eu], label[ev]};
-            aes_encrypt_blocks<2>(hash_key_, pi);
-            block h[4] = {xor_block(pi[0], tweak(run_id_, g, i0 + i, row_i, 0, 0)),
-                          xor_block(pi[1], tweak(run_id_, g, i0 + i, row_i, 0, 1)),
-                          xor_block(pi[0], tweak(run_id_, g, i0 + i, row_i, 1, 0)),
-                          xor_block(pi[1], tweak(run_id_, g, i0 + i, row_i, 1, 1))};
-            aes_encrypt_blocks<4>(hash_key_, h);
-            const block pad0 = xor_block(xor_block(h[0], pi[0]), xor_block(h[1], pi[1]));
-            const block pad1 = xor_block(xor_block(h[2], pi[0]), xor_block(h[3], pi[1]));
-            const block x = row_i == 0 ? pad0 : xor_block(load_block(row + label_at(row_i)), pad0);
-            uint64_t m64;
-            std::memcpy(&m64, row + mac_at(row_i), 8);
-            m64 ^= low64(pad1);
-            const uint8_t r_a = (uint8_t)(((row[kBitsAt] >> row_i) ^ high64(pad1)) & 1);
-            // The MAC of r^A under our key (the public alpha beta moved our key: we are second).
-            block expect = gs.key(q, alpha, beta);
-            if (alpha & beta) expect = xor_block(expect, delta);
-            if (r_a) expect = xor_block(expect, delta);
-            if (high64(expect) != m64)
-              throw PeerDeviated("authenticated garbling: the garbled row of AND gate " + std::to_string(g) +
-                                 " (instance " + std::to_string(i0 + i) +
-                                 ") does not carry the MAC of its mask share: the garbler's table does not "
-                                 "compute the agreed circuit");
-            out_z[r] = r_a ^ gs.bit(q, alpha, beta);
-            out_labels[r] = xor_block(x, gs.mac(q, alpha, beta));
+          } else if (!evaluate_gate(hash_key_, delta, label[eu], label[ev], z[eu], z[ev], gs, q, tw, table, out_z[r],
+                                    out_labels[r])) {
+            throw PeerDeviated("authenticated garbling: the garbled row of AND gate " + std::to_string(g) +
+                               " (instance " + std::to_string(i0 + i) +
+                               ") does not carry the MAC of its mask share: the garbler's table does not "
+                               "compute the agreed circuit");
           }
         }
       }
