@@ -13,6 +13,7 @@ from spgc import __version__
 from spgc.app import (
     account_cmd,
     bench_comm,
+    bench_comm_cli,
     bench_gc,
     bench_load,
     bench_ot,
@@ -282,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wan.set_defaults(bench="wan")
 
-    comm = bench_comm.build_parser(
+    comm = bench_comm_cli.build_parser(
         bench_sub.add_parser(
             "comm",
             help="bytes between the servers per step and per training, per mode and epsilon",
@@ -483,7 +484,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "sampler":
         return bench_sampler.run_from_args(args)
     if args.bench == "comm":
-        return bench_comm.run_from_args(args)
+        return bench_comm_cli.run_from_args(args)
     if args.bench == "load":
         return bench_load.run_from_args(args)
     if args.bench == "ot":

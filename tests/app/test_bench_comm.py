@@ -10,7 +10,7 @@ import pytest
 
 from garbled_core import AUTH_TABLE_BYTES, DEFAULT_CHUNK, DEFAULT_OT_K, and_table_bytes
 from garbled_core.discrete_gaussian import MAX_TRIAL_DEPTH, build_trial_circuit, derive_params
-from spgc.app import bench_comm, bench_comm_charges, cli
+from spgc.app import bench_comm, bench_comm_charges, bench_comm_cli, cli
 from spgc.app.bench_sampler import party_links
 from spgc.servers.spgc_circuit import (
     noisy_sum_circuit,
@@ -257,7 +257,7 @@ def test_workers_run_the_circuits_on_ray_worker_pairs(ctx, capsys) -> None:
 
 def test_epsilon_list_takes_either_spelling():
     """`spgc experiment` says --epsilons; `spgc bench comm` accepts that spelling too."""
-    parser = bench_comm.build_parser()
+    parser = bench_comm_cli.build_parser()
     assert parser.parse_args(["--epsilons", "0.5", "2"]).epsilon == [0.5, 2.0]
     assert parser.parse_args(["--epsilon", "8"]).epsilon == [8.0]
 
