@@ -258,7 +258,7 @@ void AuthGarbleParty::evaluate(const Circuit& c, const GmwPlan& plan, AuthWires&
       }
       const size_t gates = st.and_end - st.and_begin;
       if (!gates || !m) continue;
-      rows.assign(gates * m * kAuthTableBytes, 0);
+      rows.resize(gates * m * kAuthTableBytes);  // every byte is written (garbler) or read in
       out_labels.resize(gates * m);
       out_z.assign(gates * m, 0);
       if (!garbler) {
