@@ -63,8 +63,8 @@ AuthShares AuthParty::random(size_t n) {
     const size_t m = (n + 127) / 128 * 128;
     choices.resize(m / 8);
     secure_random(choices.data(), choices.size());
-    keys.resize(m);
-    macs.resize(m);
+    keys.resize_for_overwrite(m);
+    macs.resize_for_overwrite(m);
     CotSender sender;      // keys of the peer's bits, under our Delta
     CotReceiver receiver;  // our bits, MACed under the peer's Delta
     // The two directions in opposite orders on the two sides, so that each step meets its peer.
@@ -94,8 +94,8 @@ AuthShares AuthParty::random(size_t n) {
       }
     }
     choices.resize((n + 7) / 8);
-    keys.resize(n);
-    macs.resize(n);
+    keys.resize_for_overwrite(n);
+    macs.resize_for_overwrite(n);
     if (first_) {
       silent_sender_->extend(n, keys.data());
       silent_receiver_->extend(n, choices.data(), macs.data());
@@ -108,12 +108,10 @@ AuthShares AuthParty::random(size_t n) {
   AuthShares s;
   s.bits.resize(n);
   for (size_t i = 0; i < n; ++i) s.bits[i] = (choices[i >> 3] >> (i & 7)) & 1;
-  s.macs.resize(n);
-  s.keys.resize(n);
-  if (n) {
-    std::memcpy(static_cast<void*>(s.macs.data()), macs.data(), n * sizeof(block));
-    std::memcpy(static_cast<void*>(s.keys.data()), keys.data(), n * sizeof(block));
-  }
+  macs.resize(n);  // IKNP made a whole number of 128: the tail is dropped
+  keys.resize(n);
+  s.macs = std::move(macs);
+  s.keys = std::move(keys);
   return s;
 }
 

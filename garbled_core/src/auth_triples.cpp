@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -23,6 +24,23 @@ constexpr uint64_t kHalfAnd = 1, kCheck = 2;  // hash purposes (the tweak's top 
 // Delta_B) = 0), so U travels as 9 bytes: a wrong z passes with probability 2^-71 a triple.
 constexpr size_t kCheckBytes = 9;
 const block kCheckMask = make_block(0xFF, ~uint64_t(0));
+
+// Three consecutive ranges of one AuthShares, written in place.
+struct SharesView {
+  uint8_t* bits;
+  block* macs;
+  block* keys;
+};
+
+// One leaky triple as bucketing reads it: the permutation sends every read to a random place
+// in arrays far larger than the cache, so a triple's nine values share two cache lines instead
+// of sitting in nine arrays (one miss per array).
+struct alignas(64) LeakyRecord {
+  block b_mac, b_key, a_mac, a_key;  // the first line: what the opened d needs (and b's bit)
+  block c_mac, c_key;
+  uint8_t a, b, c;
+};
+static_assert(sizeof(LeakyRecord) == 128, "a leaky triple fills two cache lines");
 
 // H(x, tweak) = AES_k(sigma(x) ^ tweak) ^ sigma(x), sigma(hi, lo) = (hi ^ lo, hi): the
 // tweakable correlation-robust hash of Guo, Katz, Wang and Yu (S&P 2020) from a fixed key.
@@ -194,7 +212,7 @@ TripleDeviation TripleCheat::hooks() {
 
 TripleFactory::TripleFactory(AuthParty& party) : party_(party) {}
 
-AuthTriples TripleFactory::leaky(size_t n) {
+AuthShares TripleFactory::leaky_in_place(size_t n) {
   if (!keyed_) {
     hash_key_seed_ = coin_toss(party_, "hash key");
     keyed_ = true;
@@ -206,16 +224,23 @@ AuthTriples TripleFactory::leaky(size_t n) {
   next_tweak_ += n;
   leaky_made_ += n;
 
+  // x, y and r as views into one draw: [0, n), [n, 2n), [2n, 3n); r becomes z in place.
   AuthShares all = party_.random(3 * n);
-  AuthShares x = AuthParty::slice(all, 0, n), y = AuthParty::slice(all, n, n), r = AuthParty::slice(all, 2 * n, n);
-  all = AuthShares();
+  const SharesView x{all.bits.data(), all.macs.data(), all.keys.data()};
+  const SharesView y{x.bits + n, x.macs + n, x.keys + n};
+  const SharesView zs{y.bits + n, y.macs + n, y.keys + n};
+
+  // Every temporary below is written whole before it is read: sized without zeroing.
+  BlockVector keys_delta, h_key, h_key_delta, h_mac, psi, c_key, c_key_delta, c_mac, u, u_in, g;
+  for (BlockVector* v :
+       {&keys_delta, &h_key, &h_key_delta, &h_mac, &psi, &c_key, &c_key_delta, &c_mac, &u, &u_in, &g})
+    v->resize_for_overwrite(n);
 
   // Half AND and U, one message each way.
-  BlockVector keys_delta(n), h_key(n), h_key_delta(n), h_mac(n);
   for (size_t t = 0; t < n; ++t) keys_delta[t] = xor_block(x.keys[t], delta);
-  H.hash(x.keys.data(), n, kHalfAnd, peer, base, h_key.data());
+  H.hash(x.keys, n, kHalfAnd, peer, base, h_key.data());
   H.hash(keys_delta.data(), n, kHalfAnd, peer, base, h_key_delta.data());
-  H.hash(x.macs.data(), n, kHalfAnd, me, base, h_mac.data());
+  H.hash(x.macs, n, kHalfAnd, me, base, h_mac.data());
   std::vector<uint8_t> s(n), half_and(2 * n);
   {
     std::vector<uint8_t> coins((n + 7) / 8);
@@ -226,10 +251,9 @@ AuthTriples TripleFactory::leaky(size_t n) {
     half_and[2 * t] = (uint8_t)(lsb(h_key[t]) ^ s[t]);
     half_and[2 * t + 1] = (uint8_t)(lsb(h_key_delta[t]) ^ s[t] ^ y.bits[t]);
   }
-  BlockVector psi(n), c_key(n), c_key_delta(n), c_mac(n), u(n);
-  H.hash(x.keys.data(), n, kCheck, peer, base, c_key.data());
+  H.hash(x.keys, n, kCheck, peer, base, c_key.data());
   H.hash(keys_delta.data(), n, kCheck, peer, base, c_key_delta.data());
-  H.hash(x.macs.data(), n, kCheck, me, base, c_mac.data());
+  H.hash(x.macs, n, kCheck, me, base, c_mac.data());
   for (size_t t = 0; t < n; ++t) {
     psi[t] = xor_block(xor_block(and_block(delta, select_mask(y.bits[t])), y.keys[t]), y.macs[t]);
     u[t] = xor_block(xor_block(c_key[t], c_key_delta[t]), psi[t]);
@@ -245,7 +269,6 @@ AuthTriples TripleFactory::leaky(size_t n) {
   }
   party_.exchange(message.data(), message.size(), heard.data(), heard.size());
   const std::vector<uint8_t> half_in(heard.begin(), heard.begin() + (ptrdiff_t)half_out.size());
-  BlockVector u_in(n);
   for (size_t t = 0; t < n; ++t) {
     uint8_t b[16] = {};
     std::memcpy(b, heard.data() + half_out.size() + t * kCheckBytes, kCheckBytes);
@@ -258,28 +281,26 @@ AuthTriples TripleFactory::leaky(size_t n) {
   for (size_t t = 0; t < n; ++t) {
     const uint8_t got = (uint8_t)(lsb(h_mac[t]) ^ peer_half[2 * t + (x.bits[t] & 1)]);
     z[t] = (uint8_t)((x.bits[t] & y.bits[t]) ^ s[t] ^ got);
-    e[t] = (uint8_t)(z[t] ^ r.bits[t]);
+    e[t] = (uint8_t)(z[t] ^ zs.bits[t]);
   }
   if (deviation_.z_corrections) deviation_.z_corrections(e, deviation_.context);
   const std::vector<uint8_t> e_out = pack_bits(e);
   std::vector<uint8_t> e_in(e_out.size());
   party_.exchange(e_out.data(), e_out.size(), e_in.data(), e_in.size());
   const std::vector<uint8_t> peer_e = unpack_bits(e_in, n);
-  AuthShares zs = std::move(r);
   for (size_t t = 0; t < n; ++t) {
     zs.bits[t] ^= e[t];
     if (peer_e[t]) zs.keys[t] = xor_block(zs.keys[t], delta);
   }
 
   // The check: G_P ^ G_Q = (x y ^ z) Delta for every triple.
-  BlockVector g(n);
   for (size_t t = 0; t < n; ++t) {
     block v = xor_block(c_key[t], c_mac[t]);
     if (x.bits[t]) v = xor_block(v, xor_block(psi[t], u_in[t]));
     if (zs.bits[t]) v = xor_block(v, delta);
     g[t] = and_block(xor_block(v, xor_block(zs.keys[t], zs.macs[t])), kCheckMask);
   }
-  if (deviation_.observe_x) deviation_.observe_x(x.bits, deviation_.context);
+  if (deviation_.observe_x) deviation_.observe_x(std::vector<uint8_t>(x.bits, x.bits + n), deviation_.context);
   const std::array<uint8_t, 32> expected = check_digest(g, !party_.first());
   if (deviation_.check) deviation_.check(g, deviation_.context);
   const std::array<uint8_t, 32> ours = check_digest(g, party_.first());
@@ -289,10 +310,15 @@ AuthTriples TripleFactory::leaky(size_t n) {
   if (theirs != expected && !cheating)  // a test's cheater goes on whatever it sees
     throw PeerDeviated("the peer's leaky AND triples do not check (x y ^ z is not 0 under the joint Delta)");
 
+  return all;
+}
+
+AuthTriples TripleFactory::leaky(size_t n) {
+  const AuthShares all = leaky_in_place(n);
   AuthTriples out;
-  out.a = std::move(x);
-  out.b = std::move(y);
-  out.c = std::move(zs);
+  out.a = AuthParty::slice(all, 0, n);
+  out.b = AuthParty::slice(all, n, n);
+  out.c = AuthParty::slice(all, 2 * n, n);
   return out;
 }
 
@@ -301,80 +327,95 @@ AuthTriples TripleFactory::leaky(size_t n) {
 AuthTriples TripleFactory::make(size_t n, int rho) {
   AuthTriples out;
   if (n == 0) return out;
-  const size_t B = bucket_size(n, rho);
+  const size_t B = bucket_size(n, rho), total = n * B;
   last_bucket_ = B;
-  // The leaky triples, chunk by chunk into arrays sized once (appending would copy what is
-  // already there at every chunk).
-  AuthTriples leak;
-  for (AuthShares* to : {&leak.a, &leak.b, &leak.c}) {
-    to->bits.resize(n * B);
-    to->macs.resize(n * B);
-    to->keys.resize(n * B);
-  }
-  for (size_t done = 0; done < n * B;) {
-    const size_t m = std::min(kLeakyChunk, n * B - done);
-    const AuthTriples part = leaky(m);
-    const AuthShares* from[3] = {&part.a, &part.b, &part.c};
-    AuthShares* to[3] = {&leak.a, &leak.b, &leak.c};
-    for (int k = 0; k < 3; ++k) {
-      std::memcpy(to[k]->bits.data() + done, from[k]->bits.data(), m);
-      std::memcpy(static_cast<void*>(to[k]->macs.data() + done), from[k]->macs.data(), m * sizeof(block));
-      std::memcpy(static_cast<void*>(to[k]->keys.data() + done), from[k]->keys.data(), m * sizeof(block));
+  // The leaky triples, chunk by chunk, into records allocated once and left uninitialised
+  // (every record is written below before any is read).
+  std::unique_ptr<LeakyRecord[]> leak(new LeakyRecord[total]);
+  for (size_t done = 0; done < total;) {
+    const size_t m = std::min(kLeakyChunk, total - done);
+    const AuthShares part = leaky_in_place(m);
+    for (size_t t = 0; t < m; ++t) {
+      LeakyRecord& r = leak[done + t];
+      r.a = part.bits[t];
+      r.b = part.bits[m + t];
+      r.c = part.bits[2 * m + t];
+      r.a_mac = part.macs[t];
+      r.a_key = part.keys[t];
+      r.b_mac = part.macs[m + t];
+      r.b_key = part.keys[m + t];
+      r.c_mac = part.macs[2 * m + t];
+      r.c_key = part.keys[2 * m + t];
     }
     done += m;
   }
   // The permutation is drawn after every leaky triple is fixed and checked.
   Prg prg(coin_toss(party_, "buckets"));
-  std::vector<uint32_t> perm(n * B);
+  std::vector<uint32_t> perm(total);
   for (size_t i = 0; i < perm.size(); ++i) perm[i] = (uint32_t)i;
   for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[uniform_below(prg, i + 1)]);
 
   // d_j = y_first ^ y_j for the other B - 1 members of every bucket, opened together.
+  // Both passes below read whole buckets at random places: the records of the bucket
+  // kPrefetchAhead places on are requested while this one is combined.
+  constexpr size_t kPrefetchAhead = 8;
+  auto prefetch_bucket = [&](size_t k) {
+    if (k >= n) return;
+    for (size_t j = 0; j < B; ++j) {
+      const LeakyRecord* r = &leak[perm[k * B + j]];
+      __builtin_prefetch(r, 0, 0);
+      __builtin_prefetch(reinterpret_cast<const char*>(r) + 64, 0, 0);
+    }
+  };
   AuthShares d;
   d.bits.resize(n * (B - 1));
-  d.macs.resize(n * (B - 1));
-  d.keys.resize(n * (B - 1));
+  d.macs.resize_for_overwrite(n * (B - 1));
+  d.keys.resize_for_overwrite(n * (B - 1));
+  for (size_t k = 0; k < kPrefetchAhead; ++k) prefetch_bucket(k);
   for (size_t k = 0; k < n; ++k) {
-    const uint32_t f = perm[k * B];
+    prefetch_bucket(k + kPrefetchAhead);
+    const LeakyRecord& f = leak[perm[k * B]];
     for (size_t j = 1; j < B; ++j) {
-      const uint32_t m = perm[k * B + j];
+      const LeakyRecord& m = leak[perm[k * B + j]];
       const size_t i = k * (B - 1) + (j - 1);
-      d.bits[i] = leak.b.bits[f] ^ leak.b.bits[m];
-      d.macs[i] = xor_block(leak.b.macs[f], leak.b.macs[m]);
-      d.keys[i] = xor_block(leak.b.keys[f], leak.b.keys[m]);
+      d.bits[i] = f.b ^ m.b;
+      d.macs[i] = xor_block(f.b_mac, m.b_mac);
+      d.keys[i] = xor_block(f.b_key, m.b_key);
     }
   }
   const std::vector<uint8_t> dv = party_.open(d);
 
-  out.a.bits.resize(n);
-  out.a.macs.resize(n);
-  out.a.keys.resize(n);
-  out.b = out.a;
-  out.c = out.a;
+  for (AuthShares* to : {&out.a, &out.b, &out.c}) {
+    to->bits.resize(n);
+    to->macs.resize_for_overwrite(n);
+    to->keys.resize_for_overwrite(n);
+  }
+  for (size_t k = 0; k < kPrefetchAhead; ++k) prefetch_bucket(k);
   for (size_t k = 0; k < n; ++k) {
-    const uint32_t f = perm[k * B];
+    prefetch_bucket(k + kPrefetchAhead);
+    const LeakyRecord& f = leak[perm[k * B]];
     uint8_t ab = 0, cb = 0;
     block am = zero_block(), ak = zero_block(), cm = zero_block(), ck = zero_block();
     for (size_t j = 0; j < B; ++j) {
-      const uint32_t m = perm[k * B + j];
-      ab ^= leak.a.bits[m];
-      am = xor_block(am, leak.a.macs[m]);
-      ak = xor_block(ak, leak.a.keys[m]);
-      cb ^= leak.c.bits[m];
-      cm = xor_block(cm, leak.c.macs[m]);
-      ck = xor_block(ck, leak.c.keys[m]);
+      const LeakyRecord& m = leak[perm[k * B + j]];
+      ab ^= m.a;
+      am = xor_block(am, m.a_mac);
+      ak = xor_block(ak, m.a_key);
+      cb ^= m.c;
+      cm = xor_block(cm, m.c_mac);
+      ck = xor_block(ck, m.c_key);
       if (j > 0 && dv[k * (B - 1) + (j - 1)]) {  // z_j ^ d_j x_j = x_j y_first
-        cb ^= leak.a.bits[m];
-        cm = xor_block(cm, leak.a.macs[m]);
-        ck = xor_block(ck, leak.a.keys[m]);
+        cb ^= m.a;
+        cm = xor_block(cm, m.a_mac);
+        ck = xor_block(ck, m.a_key);
       }
     }
     out.a.bits[k] = ab;
     out.a.macs[k] = am;
     out.a.keys[k] = ak;
-    out.b.bits[k] = leak.b.bits[f];
-    out.b.macs[k] = leak.b.macs[f];
-    out.b.keys[k] = leak.b.keys[f];
+    out.b.bits[k] = f.b;
+    out.b.macs[k] = f.b_mac;
+    out.b.keys[k] = f.b_key;
     out.c.bits[k] = cb;
     out.c.macs[k] = cm;
     out.c.keys[k] = ck;

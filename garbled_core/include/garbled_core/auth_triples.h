@@ -107,6 +107,10 @@ class TripleFactory {
   void deviate_for_test(TripleDeviation d) { deviation_ = d; }
 
  private:
+  // leaky(n)'s work: one draw of 3n random shares, returned with [x] in [0, n), [y] in
+  // [n, 2n) and [z] in [2n, 3n) (no copies: make() reads them once into its records).
+  AuthShares leaky_in_place(size_t n);
+
   AuthParty& party_;
   block hash_key_seed_{};
   bool keyed_ = false;

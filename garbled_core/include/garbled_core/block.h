@@ -83,6 +83,13 @@ class BlockVector {
 
   // New elements are zero; existing ones are kept.
   void resize(size_t n) {
+    const size_t old = size_;
+    resize_for_overwrite(n);
+    if (n > old) std::memset((void*)(data_ + old), 0, (n - old) * sizeof(block));
+  }
+  // As resize, but new elements are left unset: for a caller that writes every one of them
+  // before it reads any (saves a pass over memory on large temporaries).
+  void resize_for_overwrite(size_t n) {
     if (n > capacity_) {
       size_t bytes = (n * sizeof(block) + 63) / 64 * 64;
       block* p = static_cast<block*>(std::aligned_alloc(64, bytes));
@@ -92,7 +99,6 @@ class BlockVector {
       data_ = p;
       capacity_ = n;
     }
-    if (n > size_) std::memset((void*)(data_ + size_), 0, (n - size_) * sizeof(block));
     size_ = n;
   }
   void fill(size_t from, size_t to, block v) {
