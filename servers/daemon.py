@@ -44,7 +44,12 @@ from spgc.servers.coordinator import SingleDriver
 from spgc.servers.curves import TrainingCurves
 from spgc.servers.data_link import DataLink
 from spgc.servers.errors import PeerLost, PeerMismatchError, describe_error, peer_gone
-from spgc.servers.faults import DEVIATION_POINTS, planned_fault
+from spgc.servers.faults import (
+    CHEAT_POINTS,
+    DEVIATION_POINTS,
+    check_cheat_fits,
+    planned_fault,
+)
 from spgc.servers.gc_party import PartyLink, set_seed_journal
 from spgc.servers.intake import FieldShares, ShareIntake
 from spgc.servers.limits import PeerGate, ProviderGate, ProviderLimits
@@ -126,7 +131,14 @@ class ServerDaemon(
         self.precompute = precompute
         fault = planned_fault()  # a malformed SPGC_FAULT_INJECT stops the start (ValueError)
         if fault is not None:
-            what = "the peer caught deviating" if fault[0] in DEVIATION_POINTS else "SIGKILL"
+            check_cheat_fits(fault[0], cfg.backend, cfg.security, cfg.role)
+            what = (
+                "the peer caught deviating"
+                if fault[0] in DEVIATION_POINTS
+                else "this server cheating"
+                if fault[0] in CHEAT_POINTS
+                else "SIGKILL"
+            )
             log.warning("fault injection armed: %s at %s of round %d", what, *fault)
         self.plan = make_plan(cfg)
         # backend: auto: fixed at the first pairing (servers/link_probe.py), then the run's.

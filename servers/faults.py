@@ -48,6 +48,7 @@ __all__ = [
     "DEVIATION_POINTS",
     "FAULT_POINTS",
     "arm_cheat",
+    "check_cheat_fits",
     "fault_point",
     "planned_fault",
     "tap_reveal",
@@ -85,6 +86,24 @@ def planned_fault() -> tuple[str, int] | None:
             f"{_FAULT_ENV}={value!r}: expected POINT:ROUND with POINT one of {', '.join(points)}"
         )
     return point, int(number)
+
+
+def check_cheat_fits(point: str, backend: str, security: str, role: int) -> None:
+    """ValueError, at the start, when a :data:`CHEAT_POINTS` point cannot happen on this server:
+    both cheat in an authenticated engine (``security: malicious``), and ``cheat-row`` flips
+    a garbled table, which only H1 on backend gc sends (else the test would pass unchallenged)."""
+    if point not in CHEAT_POINTS:
+        return
+    if security != "malicious":
+        raise ValueError(
+            f"{_FAULT_ENV}={point}: a cheat in the authenticated engine needs security: "
+            f"malicious (this server's is {security})"
+        )
+    if point == "cheat-row" and (backend != "gc" or role != 1):
+        raise ValueError(
+            f"{_FAULT_ENV}={point}: only H1 on backend gc sends garbled tables (this server is "
+            f"H{role} on backend {backend}); use cheat-opening"
+        )
 
 
 def fault_point(point: str, round_number: int) -> None:

@@ -217,6 +217,33 @@ def test_a_malformed_fault_injection_stops_the_start(tmp_path: Path) -> None:
     assert "SPGC_FAULT_INJECT='after-lunch:1': expected POINT:ROUND" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("point", "settings", "message"),
+    [
+        ("cheat-opening", [], "needs security: malicious (this server's is semi-honest)"),
+        (
+            "cheat-row",
+            ["backend=gmw", "security=malicious"],
+            "only H1 on backend gc sends garbled tables (this server is H1 on backend gmw)",
+        ),
+    ],
+)
+def test_a_cheat_that_this_server_cannot_make_stops_the_start(
+    tmp_path: Path, point: str, settings: list[str], message: str
+) -> None:
+    """A cheat point the server's engine never reaches would let a cheater test pass without
+    any cheating: refused at the start, in one line."""
+    env = {**os.environ, "SPGC_FAULT_INJECT": f"{point}:1"}
+    extra = [arg for kv in settings for arg in ("--set", kv)]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "spgc"), "server", "--role", "1", "--insecure",
+         "--set", "providers=a,b", *extra],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert message in done.stderr, done.stderr
+
+
 def test_checkpoints_keep_the_previous_one_to_step_back_to(tmp_path: Path) -> None:
     def record(round_number: int, version: int) -> dict:
         return {"round": round_number, "version": version, "run_id": "r"}
