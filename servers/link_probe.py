@@ -123,7 +123,7 @@ class BackendSelection:
         """A restart with backend auto continues its run on the backend (and trial depth) the
         run was fixed with: the one whose plan the checkpoint holds (none fits: left auto, and
         the resume refuses the checkpoint as another configuration's)."""
-        for backend, depth in candidates(self.cfg.mode):
+        for backend, depth in candidates(self.cfg.mode, self.cfg.security):
             self.cfg.backend, self.cfg.trial_depth = backend, depth
             if config_digest(self.plan.training_config(run_id)) == config_sha256:
                 reason = "the run's, from its checkpoint"
@@ -178,7 +178,7 @@ class BackendSelection:
             link = measure_link(channel)
         finally:
             channel.close()
-        choice = choose_backend(AUTO, self.cfg.mode, self.plan.share_dim, link)
+        choice = choose_backend(AUTO, self.cfg.mode, self.plan.share_dim, link, self.cfg.security)
         self._fix_backend(choice)
         log.info("%s: %s", self.cfg.role_name, choice.log_line())
 
@@ -242,7 +242,7 @@ class BackendSelection:
                 "follows from"
             )
         link = LinkFigures(hello.link_rtt_seconds, hello.link_bytes_per_second)
-        choice = choose_backend(AUTO, self.cfg.mode, self.plan.share_dim, link)
+        choice = choose_backend(AUTO, self.cfg.mode, self.plan.share_dim, link, self.cfg.security)
         if choice.label != chosen:
             raise FailedPreconditionError(
                 f"backend auto: h1's plan names backend {chosen!r}, but its figures "

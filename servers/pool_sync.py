@@ -17,6 +17,7 @@ from typing import Any
 
 import garbled_core
 from spgc.common.progress import Progress
+from spgc.protocol.modes import DEFAULT_SECURITY
 from spgc.servers.deviation import NOISE_PRODUCTION, abort_round
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.faults import fault_point
@@ -31,9 +32,9 @@ from spgc.servers.noise_pool import (
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.settings.backend_choice import (
     CALLS_PER_RUN,
-    NOISE_COSTS,
     LinkFigures,
     amortised_run,
+    cost_tables,
     production_costs,
 )
 from spgc.wire import aggregation_pb2 as pb
@@ -112,17 +113,18 @@ class RunSizer:
 
     def __init__(
         self, dim: int, pool_rounds: int, pool_block: int, link: LinkFigures | None = None,
-        backend: str = "gc",
+        backend: str = "gc", security: str = DEFAULT_SECURITY,
     ) -> None:  # fmt: skip
         """``link``: the link measured at pairing (backend: auto): until a run is measured,
-        runs are sized from it and ``backend``'s NOISE_COSTS (spgc.settings.backend_choice)."""
+        runs are sized from it and ``backend``'s production costs at ``security``
+        (spgc.settings.backend_choice.cost_tables)."""
         self.dim = dim
         self.pool_rounds = pool_rounds
         self.pool_block = pool_block
         self.rtt: float | None = None  # the quickest call to H2 seen, in seconds
         # (F, c) from the link, before any run is measured
-        self._prior = None if link is None else production_costs(backend, link)
-        cost = NOISE_COSTS.get(backend)
+        self._prior = None if link is None else production_costs(backend, link, security)
+        cost = cost_tables(security)[2].get(backend)
         self._trip_share = 1.0 if cost is None else cost.trip_share
         self.runs: deque[tuple[int, float, float]] = deque(maxlen=RUN_HISTORY)
         self.intervals: deque[float] = deque(maxlen=RUN_HISTORY)
@@ -270,7 +272,7 @@ class NoiseProducer:
         choice = state.backend_choice  # backend: auto: runs sized from the link until measured
         self.sizer = RunSizer(
             state.plan.dim, cfg.pool_rounds, cfg.pool_block,
-            None if choice is None else choice.link, cfg.backend,
+            None if choice is None else choice.link, cfg.backend, cfg.security,
         )  # fmt: skip
         self.error: BaseException | None = None  # what stopped the production thread
         self._thread: threading.Thread | None = None

@@ -393,8 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SECURITY_NAMES,
         default=DEFAULT_SECURITY,
         help="malicious: the noise made by authenticated garbling (backend gc) or "
-        "authenticated GMW (gmw), so that one server that deviates is caught before anything of "
-        "its round is released (the servers' security, docs/MALICIOUS.md; default: semi-honest)",
+        "authenticated GMW (gmw; auto chooses between them by their costs), so that one server "
+        "that deviates is caught before anything of its round is released (the servers' "
+        "security, docs/MALICIOUS.md; default: semi-honest)",
     )
     demo.add_argument("--insecure", action="store_true", help="plaintext links (testing only)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S")

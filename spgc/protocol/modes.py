@@ -165,6 +165,8 @@ def malicious_refusal(backend: str, mode: str) -> str | None:
     what is supported (None: it can)."""
     if (backend, mode) in MALICIOUS_VARIANTS:
         return None
+    if backend not in BACKENDS and all((b, mode) in MALICIOUS_VARIANTS for b in BACKENDS):
+        return None  # auto: it chooses among backends that all have one, by their costs
     by_backend: dict[tuple[str, str], list[str]] = {}
     for (b, m), how in MALICIOUS_VARIANTS.items():
         by_backend.setdefault((b, how), []).append(m)
@@ -174,9 +176,7 @@ def malicious_refusal(backend: str, mode: str) -> str | None:
     backends = {b for b, _ in MALICIOUS_VARIANTS}
     modes = {m for _, m in MALICIOUS_VARIANTS}
     if backend not in BACKENDS and backend not in backends and backends >= set(BACKENDS):
-        # auto: its cost model prices the semi-honest protocols only
-        named = ", ".join(sorted(backends))
-        why = f"backend {backend} chooses by semi-honest costs; name one of {named}"
+        why = f"mode {mode} has no malicious variant yet"  # auto, in a mode without one
     elif backend in backends and mode in modes:
         why = f"mode {mode} has no malicious variant on backend {backend} yet"
     elif backend in BACKENDS or backend in backends:

@@ -1,7 +1,8 @@
 """``backend: auto``: the backend (gc or gmw) with the least expected round time on the link
 H1 measured to H2, for the plan's coordinates; in mode spgc on gmw also the trial run's depth
 (``trial_depth``: fewer AND layers, fewer round trips, more bytes and CPU), in mode preprocessed
-the production run size.
+the production run size. Under ``security: malicious`` it prices the authenticated engines
+(authenticated garbling, authenticated GMW: :func:`cost_tables`).
 
 One job, pure functions: H1 calls :func:`choose_backend` on its measured :class:`LinkFigures`
 and sends the figures with its choice in the Handshake; H2 calls it again on the same figures
@@ -11,8 +12,8 @@ floats through the same arithmetic).
 The model of one round's circuit on a backend (or, in mode preprocessed, of making one round's
 noise shares)::
 
-    seconds = round_trips * trip_share * rtt + coordinates * (bytes_per_coordinate / throughput
-                                                              + cpu_seconds_per_coordinate)
+    seconds = (round_trips + coordinates * round_trips_per_coordinate) * trip_share * rtt
+              + coordinates * (bytes_per_coordinate / throughput + cpu_seconds_per_coordinate)
 
 with the per-coordinate figures of :data:`ROUND_COSTS` and :data:`NOISE_COSTS`, measured by the
 engine's own counters (see :data:`COSTS_COMMAND`; tests/app/test_backend_costs.py measures
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from garbled_core.sampler_circuit import MAX_TRIAL_DEPTH, UNBOUNDED_TRIAL_DEPTH
-from spgc.protocol.modes import BACKEND_NAMES
+from spgc.protocol.modes import BACKEND_NAMES, DEFAULT_SECURITY, SECURITY_NAMES
 
 __all__ = [
     "AUTO",
@@ -37,6 +38,10 @@ __all__ = [
     "COSTS_COMMAND",
     "GMW_DEPTH_COSTS",
     "GMW_EXCHANGE_SHARE",
+    "MALICIOUS_COSTS_COMMAND",
+    "MALICIOUS_GMW_DEPTH_COSTS",
+    "MALICIOUS_NOISE_COSTS",
+    "MALICIOUS_ROUND_COSTS",
     "MAX_RUN_ROUNDS",
     "NOISE_COSTS",
     "ROUND_COSTS",
@@ -49,6 +54,7 @@ __all__ = [
     "candidate_label",
     "candidates",
     "choose_backend",
+    "cost_tables",
     "expected_seconds",
     "production_costs",
 ]
@@ -85,17 +91,28 @@ GMW_EXCHANGE_SHARE = 0.5
 class BackendCost:
     """What one run of a circuit costs on a backend: its round trips (per run, whatever its
     size; each costs ``trip_share`` of the link's round trip), and per coordinate (or noise
-    sample) its bytes between the servers and the CPU seconds of the two parties running side
-    by side."""
+    sample) its bytes between the servers, the CPU seconds of the two parties running side by
+    side and the round trips that grow with the run (the authenticated engines': their triples
+    are made in chunks of a few exchanges each; 0 on the semi-honest ones)."""
 
     round_trips: float
     bytes_per_coordinate: float
     cpu_seconds_per_coordinate: float
     trip_share: float = 1.0
+    round_trips_per_coordinate: float = 0.0
 
     def trip_seconds(self, link: LinkFigures) -> float:
-        """Seconds of one run's round trips on ``link``."""
+        """Seconds of one run's fixed round trips on ``link``."""
         return self.round_trips * self.trip_share * link.rtt_seconds
+
+    def seconds_per_coordinate(self, link: LinkFigures) -> float:
+        """Seconds one more coordinate adds to a run on ``link``: its bytes, its CPU and its
+        share of the round trips that grow with the run."""
+        return (
+            self.bytes_per_coordinate / link.bytes_per_second
+            + self.cpu_seconds_per_coordinate
+            + self.round_trips_per_coordinate * self.trip_share * link.rtt_seconds
+        )
 
 
 #: Mode spgc's round circuit on gmw (the fused trial run and the noisy sum) per trial depth (the
@@ -117,18 +134,67 @@ ROUND_COSTS: dict[str, BackendCost] = {
     "gmw": GMW_DEPTH_COSTS[MAX_TRIAL_DEPTH],
 }
 
+#: The commands whose output the MALICIOUS_ tables were read from: the rows at 8,000
+#: coordinates, the round trips that grow with the run from the difference to 4,000.
+MALICIOUS_COSTS_COMMAND = (
+    "spgc bench comm --dataset mnist --epsilon 2 --modes spgc preprocessed --coordinates "
+    "4000|8000 --backend gc|gmw --security malicious --json"
+)
+
+#: Under ``security: malicious`` (the authenticated engines, docs/MALICIOUS.md), measured in
+#: one run each, 2026-12-05 19:39-19:44 UTC (the triple making of b5e3bde). The engine counts
+#: the round trips as on gmw (an exchange, half a round trip) on both. They grow with the run:
+#: the triples are made in chunks of TripleFactory::kLeakyChunk leaky triples, three exchanges
+#: a chunk (4,000 to 8,000 coordinates: 176 to 398 on gc, 326 to 541 on gmw). The bytes and CPU
+#: charge each run the triples it used at the stock's average cost; they grow slowly with the
+#: run too (more batches, each bucketed at a higher rho: 136,764 B a coordinate on gc at 2,000,
+#: 153,323 at 8,000), so the rows are those of the larger run.
+#: gmw has its default depth only (no bound): at 28 and 48 layers its triples' round trips
+#: stay while the bytes and CPU grow (2,000 coordinates: 150,240 and 73,979 B a coordinate
+#: against 57,376, 196 and 136 round trips against 205).
+MALICIOUS_GMW_DEPTH_COSTS: dict[int, BackendCost] = {
+    UNBOUNDED_TRIAL_DEPTH: BackendCost(111, 73935.1, 2335.3e-6, GMW_EXCHANGE_SHARE, 0.0538),
+}
+#: Mode spgc's round under ``security: malicious``: authenticated garbling (one fused run, 7
+#: round trips besides its triples') and authenticated GMW.
+MALICIOUS_ROUND_COSTS: dict[str, BackendCost] = {
+    "gc": BackendCost(7, 153323.3, 2403.7e-6, GMW_EXCHANGE_SHARE, 0.0489),
+    "gmw": MALICIOUS_GMW_DEPTH_COSTS[UNBOUNDED_TRIAL_DEPTH],
+}
+#: Mode preprocessed's production under ``security: malicious``, per noise sample; the round
+#: trips are the round circuit's, as in :data:`NOISE_COSTS`.
+MALICIOUS_NOISE_COSTS: dict[str, BackendCost] = {
+    "gc": BackendCost(7, 140579.9, 2128.1e-6, GMW_EXCHANGE_SHARE, 0.0489),
+    "gmw": BackendCost(111, 67315.7, 1929.6e-6, GMW_EXCHANGE_SHARE, 0.0538),
+}
+
+
+def cost_tables(
+    security: str = DEFAULT_SECURITY,
+) -> tuple[dict[str, BackendCost], dict[int, BackendCost], dict[str, BackendCost]]:
+    """(round costs per backend, gmw's round costs per trial depth, production costs per
+    backend) at ``security``: the semi-honest engines' or the authenticated ones'."""
+    if security not in SECURITY_NAMES:
+        raise ValueError(f"security must be one of {', '.join(SECURITY_NAMES)}, not {security!r}")
+    if security == DEFAULT_SECURITY:
+        return ROUND_COSTS, GMW_DEPTH_COSTS, NOISE_COSTS
+    return MALICIOUS_ROUND_COSTS, MALICIOUS_GMW_DEPTH_COSTS, MALICIOUS_NOISE_COSTS
+
+
 #: What auto chooses among: a backend and, on gmw in mode spgc, the trial depth (None: the
 #: backend has none to choose).
 Candidate = tuple[str, int | None]
 
 
-def candidates(mode: str) -> list[Candidate]:
-    """What ``backend: auto`` chooses among in ``mode``: gc, and gmw at each depth of
-    GMW_DEPTH_COSTS in mode spgc (mode preprocessed's production runs gmw at its default)."""
+def candidates(mode: str, security: str = DEFAULT_SECURITY) -> list[Candidate]:
+    """What ``backend: auto`` chooses among in ``mode``: gc, and gmw at each depth of the
+    depth table (:func:`cost_tables`) in mode spgc (mode preprocessed's production runs gmw at
+    its default)."""
+    _, depth_costs, _ = cost_tables(security)
     out: list[Candidate] = []
     for backend in BACKEND_NAMES:
         if backend == "gmw" and mode == "spgc":
-            out += [(backend, depth) for depth in GMW_DEPTH_COSTS]
+            out += [(backend, depth) for depth in depth_costs]
         else:
             out.append((backend, None))
     return out
@@ -185,18 +251,17 @@ def expected_seconds(
     cost: BackendCost, link: LinkFigures, coordinates: int, runs: float = 1
 ) -> float:
     """The model's seconds for ``runs`` runs of a circuit over ``coordinates`` in all."""
-    per_coordinate = cost.bytes_per_coordinate / link.bytes_per_second
-    return runs * cost.trip_seconds(link) + coordinates * (
-        per_coordinate + cost.cpu_seconds_per_coordinate
-    )
+    return runs * cost.trip_seconds(link) + coordinates * cost.seconds_per_coordinate(link)
 
 
-def production_costs(backend: str, link: LinkFigures) -> tuple[float, float]:
-    """Mode preprocessed: (F, c) of a production run of n samples on ``backend``, modelled as
-    F + c n seconds: F its round trips (its circuit's and CALLS_PER_RUN), c a sample's bytes
-    and CPU."""
-    cost = NOISE_COSTS[backend]
-    per_sample = cost.bytes_per_coordinate / link.bytes_per_second + cost.cpu_seconds_per_coordinate
+def production_costs(
+    backend: str, link: LinkFigures, security: str = DEFAULT_SECURITY
+) -> tuple[float, float]:
+    """Mode preprocessed: (F, c) of a production run of n samples on ``backend`` at
+    ``security``, modelled as F + c n seconds: F its round trips (its circuit's and
+    CALLS_PER_RUN), c a sample's bytes and CPU."""
+    cost = cost_tables(security)[2][backend]
+    per_sample = cost.seconds_per_coordinate(link)
     return cost.trip_seconds(link) + CALLS_PER_RUN * link.rtt_seconds, per_sample
 
 
@@ -264,8 +329,11 @@ def _dominant_term(
 ) -> str:
     """The largest of the expected time's terms, in words (``calls``: round trips a run has
     besides its circuit's)."""
-    round_trips = runs * (cost.round_trips + calls)
-    trips = runs * (cost.trip_seconds(link) + calls * link.rtt_seconds)
+    growing = coordinates * cost.round_trips_per_coordinate
+    round_trips = runs * (cost.round_trips + calls) + growing
+    trips = runs * (cost.trip_seconds(link) + calls * link.rtt_seconds) + (
+        growing * cost.trip_share * link.rtt_seconds
+    )
     wire = coordinates * cost.bytes_per_coordinate / link.bytes_per_second
     cpu = coordinates * cost.cpu_seconds_per_coordinate
     return max(
@@ -276,11 +344,16 @@ def _dominant_term(
 
 
 def choose_backend(
-    requested: str, mode: str, coordinates: int, link: LinkFigures | None
+    requested: str,
+    mode: str,
+    coordinates: int,
+    link: LinkFigures | None,
+    security: str = DEFAULT_SECURITY,
 ) -> BackendChoice:
     """The plan's backend. ``requested``: the config's ``backend``; an explicit gc or gmw wins
     (``link`` unused); ``auto`` takes the candidate (:func:`candidates`) with the least expected
-    round time on ``link`` for ``coordinates`` (a tie: the first).
+    round time on ``link`` for ``coordinates`` (a tie: the first), by the costs of the engines
+    at the plan's ``security`` (:func:`cost_tables`: under malicious, the authenticated ones).
 
     Mode spgc: one round circuit (:data:`ROUND_COSTS`, gmw per depth :data:`GMW_DEPTH_COSTS`).
     Mode preprocessed: a round's noise comes from production runs (:data:`NOISE_COSTS`) of
@@ -297,15 +370,16 @@ def choose_backend(
         raise ValueError("backend auto needs the link's measured figures")
     if coordinates < 1:
         raise ValueError(f"backend auto needs the plan's coordinates (>= 1), got {coordinates}")
+    round_costs, depth_costs, noise_costs = cost_tables(security)
     expected: dict[str, float] = {}
     run_samples: dict[str, int] = {}
     terms: dict[str, str] = {}
-    options = candidates(mode)
+    options = candidates(mode, security)
     for backend, depth in options:
         label = candidate_label((backend, depth))
         if mode == "preprocessed":
-            cost = NOISE_COSTS[backend]
-            fixed, per_sample = production_costs(backend, link)
+            cost = noise_costs[backend]
+            fixed, per_sample = production_costs(backend, link, security)
             run = amortised_run(fixed, per_sample, MAX_RUN_ROUNDS * coordinates)
             run_samples[backend] = run
             runs_per_round = coordinates / run
@@ -316,7 +390,7 @@ def choose_backend(
             expected[label] = online + runs_per_round * fixed + coordinates * per_sample
             terms[label] = _dominant_term(cost, link, coordinates, runs_per_round, CALLS_PER_RUN)
         else:
-            cost = ROUND_COSTS[backend] if depth is None else GMW_DEPTH_COSTS[depth]
+            cost = round_costs[backend] if depth is None else depth_costs[depth]
             expected[label] = expected_seconds(cost, link, coordinates)
             terms[label] = _dominant_term(cost, link, coordinates, 1)
     best = min(options, key=lambda c: expected[candidate_label(c)])

@@ -255,7 +255,8 @@ class ServerConfig(_Schema):
         "(modes spgc and preprocessed): H1 measures the round trip and throughput to H2 at "
         "pairing and takes the one with the least expected round time for the plan's d (in "
         "mode spgc on gmw also the trial_depth: 28, 48 or unbounded; in mode preprocessed "
-        "the production run size), H2 checks the choice from the same "
+        "the production run size; under security: malicious by the authenticated engines' "
+        "costs), H2 checks the choice from the same "
         "figures, and the plan, the ledgers and the summary name the chosen one "
         "(spgc.settings.backend_choice); part of the plan: both servers must set the same; "
         "Ray worker pairs run either",
@@ -306,7 +307,8 @@ class ServerConfig(_Schema):
         "protocol; malicious: a server that deviates is caught before anything of its round "
         "is released, and the other stops the run and records the abort in its ledger "
         "(mode: spgc or preprocessed, on backend gc by authenticated garbling or on gmw by "
-        "authenticated GMW: spgc.protocol.modes.MALICIOUS_VARIANTS; workers: 1; "
+        "authenticated GMW, auto choosing between them: spgc.protocol.modes.MALICIOUS_VARIANTS; "
+        "workers: 1; "
         "docs/MALICIOUS.md); part of the plan: both servers must set the same",
     )
     garbling_scheme: Literal[GARBLING_SCHEMES] = Field(

@@ -14,6 +14,9 @@ from spgc.servers.pool_sync import GC_TRIPS_PER_STAGE
 from spgc.settings.backend_choice import (
     COSTS_COMMAND,
     GMW_DEPTH_COSTS,
+    MALICIOUS_COSTS_COMMAND,
+    MALICIOUS_NOISE_COSTS,
+    MALICIOUS_ROUND_COSTS,
     NOISE_COSTS,
     ROUND_COSTS,
 )
@@ -74,3 +77,42 @@ def test_gmws_rows_per_trial_depth_match_what_the_engine_measures(depth, capsys)
     trips = row["round_trips"] / row["rounds"]
     stale = _stale(f"gmw depth {depth} round trips", trips, table.round_trips)
     assert abs(trips - table.round_trips) <= TOLERANCE * table.round_trips, stale
+
+
+#: The malicious rows grow with the run (the table's note): checked at half the table's run.
+MALICIOUS_CHECK_COORDINATES = 4000
+#: Round trips at another size than the table's: the triples' stock makes them vary more.
+MALICIOUS_TRIP_TOLERANCE = 0.20
+
+
+@pytest.mark.parametrize("backend", ["gc", "gmw"])
+def test_the_malicious_cost_table_matches_what_the_authenticated_engines_measure(backend, capsys):
+    code = bench_comm.run(
+        "mnist", [2.0], modes=["spgc", "preprocessed"], coordinates=MALICIOUS_CHECK_COORDINATES,
+        backend=backend, security="malicious", as_json=True,
+    )  # fmt: skip
+    assert code == 0
+    rows = {row["mode"]: row for row in json.loads(capsys.readouterr().out)}
+    assert {row["security"] for row in rows.values()} == {"malicious"}
+
+    def stale(what: str, measured: float, table: float) -> str:
+        return (
+            f"malicious {backend} {what}: measured {measured:,.1f}, table {table:,.1f}: "
+            f"re-measure with {MALICIOUS_COSTS_COMMAND}"
+        )
+
+    round_cost, noise_cost = MALICIOUS_ROUND_COSTS[backend], MALICIOUS_NOISE_COSTS[backend]
+    checks = [
+        ("round bytes per coordinate", rows["spgc"]["bytes_per_coordinate"],
+         round_cost.bytes_per_coordinate),
+        ("noise bytes per sample", rows["preprocessed"]["offline_bytes_per_coordinate"],
+         noise_cost.bytes_per_coordinate),
+    ]  # fmt: skip
+    for what, measured, table in checks:
+        assert abs(measured - table) <= TOLERANCE * table, stale(what, measured, table)
+    trips = rows["spgc"]["round_trips"] / rows["spgc"]["rounds"]
+    table = round_cost.round_trips + MALICIOUS_CHECK_COORDINATES * (
+        round_cost.round_trips_per_coordinate
+    )
+    within = abs(trips - table) <= MALICIOUS_TRIP_TOLERANCE * table
+    assert within, stale("round trips", trips, table)

@@ -165,19 +165,22 @@ def test_demo_refuses_bad_numbers_before_starting_anything(option, value, messag
     assert "h1.log" not in done.stderr and "Traceback" not in done.stderr
 
 
-def test_demo_security_malicious_needs_a_backend_that_has_it(tmp_path):
-    """--security malicious with backend auto (which chooses by semi-honest costs): one line
-    before anything starts; with gc (the default) or gmw the servers' configs carry it (a
-    malicious run through the daemons: tests/e2e/test_peer_deviated.py)."""
-    done = run_in_process("demo", "--security", "malicious", "--backend", "auto")
+def test_demo_security_malicious_needs_a_mode_that_has_it(tmp_path):
+    """--security malicious in a mode without a malicious variant: one line before anything
+    starts; with gc (the default), gmw or auto (which then chooses between the two
+    authenticated engines by their costs) the servers' configs carry it (a malicious run
+    through the daemons: tests/e2e/test_peer_deviated.py)."""
+    done = run_in_process("demo", "--security", "malicious", "--mode", "dng")
     assert done.returncode != 0
     assert "--security malicious: security: malicious needs backend: gmw" in done.stderr
+    assert "mode dng has no malicious variant yet" in done.stderr
     assert "h1.log" not in done.stderr and "Traceback" not in done.stderr
-    for backend in ("gc", "gmw"):
+    for backend in ("gc", "gmw", "auto"):
         opts = DemoOptions(backend=backend, security="malicious", state_dir=tmp_path / backend)
         server_cfgs, _ = write_configs(opts, tmp_path / backend)
         for cfg in server_cfgs:
             assert "security: malicious" in cfg.read_text()
+            assert backend == "gc" or f"backend: {backend}" in cfg.read_text()  # gc: the default
 
 
 def test_demo_adaptive_clipping_moves_the_clip_norm_and_the_ledger_records_it(tmp_path):

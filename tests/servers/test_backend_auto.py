@@ -44,9 +44,13 @@ def _ledger_backend(daemon) -> str:
 _AUTO_RUN = {"mode": "spgc", "rounds": 1, "target_epsilon": 8.0, "backend": AUTO}
 
 
-def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplog):
+@pytest.mark.parametrize("security", ["semi-honest", "malicious"])
+def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplog, security):
+    """Under malicious the same, on the authenticated engines' costs (H2 checks the choice
+    from the figures with those too)."""
     caplog.set_level("INFO")
-    d1, d2 = start_pair(pki, tmp_path, **_AUTO_RUN)
+    run = {**_AUTO_RUN, "security": security}
+    d1, d2 = start_pair(pki, tmp_path, **run)
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
         cfg = providers[0].wait_collecting(0)
@@ -68,9 +72,10 @@ def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplo
         figures = s1["backend_choice"]
         assert figures == s2["backend_choice"]  # H2 took the same figures through the same model
         link = LinkFigures(figures["rtt_ms"] / 1000, figures["mbit_per_s"] * 1e6 / 8)
-        again = choose_backend(AUTO, "spgc", d1.plan.share_dim, link)
+        again = choose_backend(AUTO, "spgc", d1.plan.share_dim, link, security)
         assert (again.backend, again.trial_depth) == (chosen, depth)
-        labels = {candidate_label(c) for c in candidates("spgc")}
+        assert s1["security"] == s2["security"] == security
+        labels = {candidate_label(c) for c in candidates("spgc", security)}
         assert set(figures["expected_round_seconds"]) == labels
         lines = [r.getMessage() for r in caplog.records if "backend auto:" in r.getMessage()]
         assert any(line.startswith("h1: backend auto: round trip") for line in lines), lines
@@ -82,7 +87,7 @@ def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplo
         d2.stop()
     # A restart with backend auto continues the run on the backend it was fixed with.
     for role in (1, 2):
-        again = ServerDaemon(_cfg(pki, role, tmp_path / f"s{role}", **_AUTO_RUN))
+        again = ServerDaemon(_cfg(pki, role, tmp_path / f"s{role}", **run))
         assert again.cfg.backend == chosen and again.state.config is None
         assert again.cfg.trial_depth == depth
         assert again.state.summary()["backend_choice"]["reason"] == "the run's, from its checkpoint"
@@ -123,16 +128,19 @@ def test_auto_against_an_explicit_backend_is_a_plan_difference(pki, tmp_path):
         d2.stop()
 
 
-def test_production_runs_are_sized_from_the_link_until_one_is_measured():
+@pytest.mark.parametrize("security", ["semi-honest", "malicious"])
+def test_production_runs_are_sized_from_the_link_until_one_is_measured(security):
     """Mode preprocessed: before any run, H1's RunSizer sizes runs as backend auto's model
-    does for the measured link (pool_block caps them); a measured run then takes over."""
+    does for the measured link and security (pool_block caps them); a measured run then
+    takes over."""
     link = LinkFigures(rtt_seconds=0.05, bytes_per_second=100e6 / 8)
     d = 28_938  # runs of fewer than MAX_RUN_ROUNDS rounds' noise: the model's cap is not hit
-    choice = choose_backend(AUTO, "preprocessed", d, link)
+    choice = choose_backend(AUTO, "preprocessed", d, link, security)
     assert choice.run_samples is not None
-    sizer = RunSizer(d, pool_rounds=4, pool_block=10**7, link=link, backend=choice.backend)
+    sizer = RunSizer(d, 4, 10**7, link=link, backend=choice.backend, security=security)
     assert sizer.efficient_run() == choice.run_samples[choice.backend]
-    assert RunSizer(d, 4, 1000, link=link, backend=choice.backend).efficient_run() == 1000
+    short = RunSizer(d, 4, 1000, link=link, backend=choice.backend, security=security)
+    assert short.efficient_run() == 1000
     assert RunSizer(d, 4, 10**7).efficient_run() == 0  # no link: nothing to size by yet
     sizer.observe_call(0.05)
     sizer.observe_run(1000, 60.0, round_trips=0)  # 59.9 ms a sample beyond the two calls

@@ -13,6 +13,9 @@ from spgc.settings.backend_choice import (
     CALLS_PER_RUN,
     GMW_DEPTH_COSTS,
     GMW_EXCHANGE_SHARE,
+    MALICIOUS_GMW_DEPTH_COSTS,
+    MALICIOUS_NOISE_COSTS,
+    MALICIOUS_ROUND_COSTS,
     MAX_RUN_ROUNDS,
     NOISE_COSTS,
     ROUND_COSTS,
@@ -21,6 +24,7 @@ from spgc.settings.backend_choice import (
     candidate_label,
     candidates,
     choose_backend,
+    cost_tables,
     expected_seconds,
     production_costs,
 )
@@ -181,3 +185,66 @@ def test_gmws_exchanges_cost_half_a_round_trip_and_gcs_a_whole_one():
     choice = choose_backend(AUTO, "spgc", 62, link)
     assert choice.label == "gmw/28", choice.expected
     assert choose_backend(AUTO, "spgc", 62, LinkFigures(0.050, 100 * MBIT)).backend == "gc"
+
+
+@pytest.mark.parametrize(
+    ("rtt", "mbit", "d"), [(0.050, 1000, 30), (0.001, 100, 28_938), (0.010, 100, 28_938)]
+)
+def test_under_malicious_auto_prices_the_authenticated_engines(rtt, mbit, d):
+    """security: malicious: every candidate's expected time is the model's on the
+    authenticated engines' costs (MALICIOUS_* tables), never the semi-honest ones."""
+    link = LinkFigures(rtt_seconds=rtt, bytes_per_second=mbit * MBIT)
+    choice = choose_backend(AUTO, "spgc", d, link, "malicious")
+    options = candidates("spgc", "malicious")
+    assert {c[1] for c in options if c[0] == "gmw"} == set(MALICIOUS_GMW_DEPTH_COSTS)
+
+    def cost_of(candidate):
+        backend, depth = candidate
+        return MALICIOUS_ROUND_COSTS[backend] if depth is None else MALICIOUS_GMW_DEPTH_COSTS[depth]
+
+    assert choice.expected == {
+        candidate_label(c): expected_seconds(cost_of(c), link, d) for c in options
+    }
+    assert choice.label == min(choice.expected, key=choice.expected.__getitem__)
+    for c in options:  # the docstring's terms, with the round trips that grow with d
+        cost = cost_of(c)
+        trips = cost.round_trips + d * cost.round_trips_per_coordinate
+        want = trips * cost.trip_share * rtt + d * (
+            cost.bytes_per_coordinate / link.bytes_per_second + cost.cpu_seconds_per_coordinate
+        )
+        assert choice.expected[candidate_label(c)] == pytest.approx(want)
+
+
+def test_under_malicious_a_small_model_far_away_garbles_and_a_large_one_nearby_runs_gmw():
+    """Authenticated garbling's round has the fewest round trips, authenticated GMW's the fewest
+    bytes and CPU: cancer's d at 50 ms takes gc, MNIST's on a 1 ms, 100 Mbit/s link gmw."""
+    far = choose_backend(AUTO, "spgc", 30, LinkFigures(0.050, 1000 * MBIT), "malicious")
+    assert far.backend == "gc", far.expected
+    near = choose_backend(AUTO, "spgc", 28_938, LinkFigures(0.001, 100 * MBIT), "malicious")
+    assert near.backend == "gmw", near.expected
+
+
+def test_under_malicious_production_runs_are_sized_on_the_authenticated_costs():
+    link = LinkFigures(0.010, 100 * MBIT)
+    choice = choose_backend(AUTO, "preprocessed", 28_938, link, "malicious")
+    assert choice.run_samples is not None
+    for backend, cost in MALICIOUS_NOISE_COSTS.items():
+        fixed, per_sample = production_costs(backend, link, "malicious")
+        assert fixed == pytest.approx(
+            cost.round_trips * cost.trip_share * 0.010 + CALLS_PER_RUN * 0.010
+        )
+        assert per_sample == pytest.approx(
+            cost.bytes_per_coordinate / link.bytes_per_second
+            + cost.cpu_seconds_per_coordinate
+            + cost.round_trips_per_coordinate * cost.trip_share * 0.010
+        )
+        assert cost.round_trips_per_coordinate > 0  # the triples' chunks
+        assert choice.run_samples[backend] == min(
+            MAX_RUN_ROUNDS * 28_938,
+            math.ceil(fixed * (1 - RUN_OVERHEAD_SHARE) / RUN_OVERHEAD_SHARE / per_sample),
+        )
+
+
+def test_an_unknown_security_level_is_refused():
+    with pytest.raises(ValueError, match="security must be one of semi-honest, malicious"):
+        cost_tables("paranoid")

@@ -52,7 +52,6 @@ def test_a_level_that_is_not_one_is_refused():
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
-        ({"backend": AUTO}, "backend auto chooses by semi-honest costs; name one of gc, gmw"),
         ({"backend": "gmw", "mode": "only-mpc"}, "mode only-mpc has no malicious variant yet"),
         ({"mode": "only-mpc"}, "mode only-mpc has no malicious variant yet"),
         ({"mode": "dng"}, "mode dng has no malicious variant yet"),
@@ -66,6 +65,15 @@ def test_each_combination_without_a_malicious_variant_is_refused_in_one_line(kw,
     assert str(caught.value) == f"ServerConfig: {SUPPORTED}{why}"
 
 
+@pytest.mark.parametrize("mode", ["spgc", "preprocessed"])
+def test_backend_auto_is_malicious_where_every_backend_it_chooses_among_is(mode):
+    """auto prices the authenticated engines under malicious (spgc.settings.backend_choice.
+    cost_tables): either choice has a malicious variant in these modes."""
+    extra = {"pool_dir": "p"} if mode == "preprocessed" else {}
+    cfg = config(backend=AUTO, mode=mode, security="malicious", **extra)
+    assert cfg.backend == AUTO and cfg.security == "malicious"
+
+
 def test_the_ray_workers_have_no_malicious_variant():
     with pytest.raises(ConfigError) as caught:
         config(backend="gmw", security="malicious", workers=2)
@@ -76,9 +84,11 @@ def test_the_ray_workers_have_no_malicious_variant():
 
 
 def test_the_table_is_the_one_answer():
-    """Every backend and training mode: refused exactly where the table has no row."""
+    """Every backend and training mode: refused exactly where the table has no row (auto:
+    where some backend it could choose has none)."""
     for backend in (*BACKEND_NAMES, AUTO):
         for mode in TRAINING_MODES:
             refused = malicious_refusal(backend, mode)
-            assert (refused is None) == ((backend, mode) in MALICIOUS_VARIANTS)
+            choices = BACKEND_NAMES if backend == AUTO else (backend,)
+            assert (refused is None) == all((b, mode) in MALICIOUS_VARIANTS for b in choices)
             assert refused is None or refused.startswith(SUPPORTED)
