@@ -73,16 +73,6 @@ class TweakHash {
   AesKey key_;
 };
 
-std::array<uint8_t, 32> check_digest(const BlockVector& g, bool first_party) {
-  static const char kTag[] = "spgc.auth-triples.leaky-check.v1";
-  const uint8_t role = first_party ? 0 : 1;
-  Sha256 h;
-  h.update(kTag, sizeof kTag);
-  h.update(&role, 1);
-  h.update(g.data(), g.size() * sizeof(block));
-  return h.digest();
-}
-
 double log2_choose(double n, double k) {
   return (std::lgamma(n + 1) - std::lgamma(k + 1) - std::lgamma(n - k + 1)) / std::log(2.0);
 }
@@ -183,27 +173,37 @@ void AuthTriples::append(const AuthTriples& more) {
 // ------------------------------------------------------------------ test cheaters
 
 TripleDeviation TripleCheat::hooks() {
+  // `index` counts the batch's triples: each hook sees one chunk at a time (its own count of
+  // the triples before it, as the chunks of a batch are interleaved).
   TripleDeviation d;
   d.context = this;
   d.messages = [](std::vector<uint8_t>& half_and, BlockVector& u, void* self) {
     auto* c = static_cast<TripleCheat*>(self);
-    if (c->index >= u.size()) return;
-    if (c->kind == Kind::UError) u[c->index] = xor_block(u[c->index], and_block(c->error, kCheckMask));
+    const size_t before = c->seen_messages;
+    c->seen_messages += u.size();
+    if (c->index < before || c->index - before >= u.size()) return;
+    const size_t i = c->index - before;
+    if (c->kind == Kind::UError) u[i] = xor_block(u[i], and_block(c->error, kCheckMask));
     if (c->kind == Kind::HalfAndFlip) {  // both of P's bits: Q's t is wrong whatever x_Q
-      half_and[2 * c->index] ^= 1;
-      half_and[2 * c->index + 1] ^= 1;
+      half_and[2 * i] ^= 1;
+      half_and[2 * i + 1] ^= 1;
     }
   };
   d.z_corrections = [](std::vector<uint8_t>& e, void* self) {
     auto* c = static_cast<TripleCheat*>(self);
-    if (c->kind == Kind::CorrectionFlip && c->index < e.size()) e[c->index] ^= 1;
+    const size_t before = c->seen_corrections;
+    c->seen_corrections += e.size();
+    if (c->kind == Kind::CorrectionFlip && c->index >= before && c->index - before < e.size())
+      e[c->index - before] ^= 1;
   };
   d.check = [](BlockVector& g, void* self) {
     auto* c = static_cast<TripleCheat*>(self);
-    if (c->index >= g.size()) return;
-    if (c->kind == Kind::UError && c->guess == 1)
-      g[c->index] = xor_block(g[c->index], and_block(c->error, kCheckMask));
-    if (c->kind == Kind::CheckFlip) g[c->index] = xor_block(g[c->index], make_block(0, 2));
+    const size_t before = c->seen_checks;
+    c->seen_checks += g.size();
+    if (c->index < before || c->index - before >= g.size()) return;
+    const size_t i = c->index - before;
+    if (c->kind == Kind::UError && c->guess == 1) g[i] = xor_block(g[i], and_block(c->error, kCheckMask));
+    if (c->kind == Kind::CheckFlip) g[i] = xor_block(g[i], make_block(0, 2));
   };
   return d;
 }
@@ -212,7 +212,25 @@ TripleDeviation TripleCheat::hooks() {
 
 TripleFactory::TripleFactory(AuthParty& party) : party_(party) {}
 
-AuthShares TripleFactory::leaky_in_place(size_t n) {
+// One chunk of leaky triples between its messages. A batch's chunks are interleaved: each
+// chunk's corrections e travel with the next chunk's half-AND message, and the checks of all
+// chunks are compared once, at the end (check_batch), before anything depends on them (the
+// bucketing's permutation is drawn after it). A chunk's messages depend only on its own fresh
+// random shares, so the order changes nothing a cheater sees, except that it learns later.
+struct TripleFactory::LeakyChunk {
+  size_t n = 0;
+  AuthShares all;                   // [x] in [0, n), [y] in [n, 2n), [r] then [z] in [2n, 3n)
+  std::vector<uint8_t> s, mac_bit;  // P's half-AND pads; lsb H1(M[x_P]) (reads the peer's)
+  BlockVector psi, c_key, c_mac, u_in;
+  std::vector<uint8_t> message;     // the half-AND bits, then each U's low kCheckBytes bytes
+  std::vector<uint8_t> e;           // z_P ^ r_P, one byte a triple
+  std::vector<uint8_t> e_out;       // e packed
+  SharesView x() { return {all.bits.data(), all.macs.data(), all.keys.data()}; }
+  SharesView y() { return {all.bits.data() + n, all.macs.data() + n, all.keys.data() + n}; }
+  SharesView z() { return {all.bits.data() + 2 * n, all.macs.data() + 2 * n, all.keys.data() + 2 * n}; }
+};
+
+TripleFactory::LeakyChunk TripleFactory::leaky_start(size_t n) {
   if (!keyed_) {
     hash_key_seed_ = coin_toss(party_, "hash key");
     keyed_ = true;
@@ -224,101 +242,155 @@ AuthShares TripleFactory::leaky_in_place(size_t n) {
   next_tweak_ += n;
   leaky_made_ += n;
 
-  // x, y and r as views into one draw: [0, n), [n, 2n), [2n, 3n); r becomes z in place.
-  AuthShares all = party_.random(3 * n);
-  const SharesView x{all.bits.data(), all.macs.data(), all.keys.data()};
-  const SharesView y{x.bits + n, x.macs + n, x.keys + n};
-  const SharesView zs{y.bits + n, y.macs + n, y.keys + n};
-
+  LeakyChunk c;
+  c.n = n;
+  c.all = party_.random(3 * n);
+  const SharesView x = c.x(), y = c.y();
   // Every temporary below is written whole before it is read: sized without zeroing.
-  BlockVector keys_delta, h_key, h_key_delta, h_mac, psi, c_key, c_key_delta, c_mac, u, u_in, g;
-  for (BlockVector* v :
-       {&keys_delta, &h_key, &h_key_delta, &h_mac, &psi, &c_key, &c_key_delta, &c_mac, &u, &u_in, &g})
+  BlockVector keys_delta, h_key, h_key_delta, h_mac, c_key_delta, u;
+  for (BlockVector* v : {&keys_delta, &h_key, &h_key_delta, &h_mac, &c_key_delta, &u, &c.psi, &c.c_key, &c.c_mac})
     v->resize_for_overwrite(n);
 
-  // Half AND and U, one message each way.
+  // Half AND and U.
   for (size_t t = 0; t < n; ++t) keys_delta[t] = xor_block(x.keys[t], delta);
   H.hash(x.keys, n, kHalfAnd, peer, base, h_key.data());
   H.hash(keys_delta.data(), n, kHalfAnd, peer, base, h_key_delta.data());
   H.hash(x.macs, n, kHalfAnd, me, base, h_mac.data());
-  std::vector<uint8_t> s(n), half_and(2 * n);
+  std::vector<uint8_t> half_and(2 * n);
   {
     std::vector<uint8_t> coins((n + 7) / 8);
     secure_random(coins.data(), coins.size());
-    s = unpack_bits(coins, n);
+    c.s = unpack_bits(coins, n);
   }
+  c.mac_bit.resize(n);
   for (size_t t = 0; t < n; ++t) {
-    half_and[2 * t] = (uint8_t)(lsb(h_key[t]) ^ s[t]);
-    half_and[2 * t + 1] = (uint8_t)(lsb(h_key_delta[t]) ^ s[t] ^ y.bits[t]);
+    half_and[2 * t] = (uint8_t)(lsb(h_key[t]) ^ c.s[t]);
+    half_and[2 * t + 1] = (uint8_t)(lsb(h_key_delta[t]) ^ c.s[t] ^ y.bits[t]);
+    c.mac_bit[t] = (uint8_t)lsb(h_mac[t]);
   }
-  H.hash(x.keys, n, kCheck, peer, base, c_key.data());
+  H.hash(x.keys, n, kCheck, peer, base, c.c_key.data());
   H.hash(keys_delta.data(), n, kCheck, peer, base, c_key_delta.data());
-  H.hash(x.macs, n, kCheck, me, base, c_mac.data());
+  H.hash(x.macs, n, kCheck, me, base, c.c_mac.data());
   for (size_t t = 0; t < n; ++t) {
-    psi[t] = xor_block(xor_block(and_block(delta, select_mask(y.bits[t])), y.keys[t]), y.macs[t]);
-    u[t] = xor_block(xor_block(c_key[t], c_key_delta[t]), psi[t]);
+    c.psi[t] = xor_block(xor_block(and_block(delta, select_mask(y.bits[t])), y.keys[t]), y.macs[t]);
+    u[t] = xor_block(xor_block(c.c_key[t], c_key_delta[t]), c.psi[t]);
   }
   if (deviation_.messages) deviation_.messages(half_and, u, deviation_.context);
-  const std::vector<uint8_t> half_out = pack_bits(half_and);
-  // One message each way: the half-AND bits, then each U's low kCheckBytes bytes.
-  std::vector<uint8_t> message = half_out, heard(half_out.size() + n * kCheckBytes);
+  c.message = pack_bits(half_and);
+  const size_t half_bytes = c.message.size();
+  c.message.resize(half_bytes + n * kCheckBytes);
   for (size_t t = 0; t < n; ++t) {
     uint8_t b[16];
     store_block(b, u[t]);
-    message.insert(message.end(), b, b + kCheckBytes);
+    std::memcpy(c.message.data() + half_bytes + t * kCheckBytes, b, kCheckBytes);
   }
-  party_.exchange(message.data(), message.size(), heard.data(), heard.size());
-  const std::vector<uint8_t> half_in(heard.begin(), heard.begin() + (ptrdiff_t)half_out.size());
+  return c;
+}
+
+void TripleFactory::leaky_respond(LeakyChunk& c, const uint8_t* heard) {
+  const size_t n = c.n, half_bytes = (2 * n + 7) / 8;
+  const std::vector<uint8_t> peer_half = unpack_bits(std::vector<uint8_t>(heard, heard + half_bytes), 2 * n);
+  c.u_in.resize_for_overwrite(n);
   for (size_t t = 0; t < n; ++t) {
     uint8_t b[16] = {};
-    std::memcpy(b, heard.data() + half_out.size() + t * kCheckBytes, kCheckBytes);
-    u_in[t] = load_block(b);
+    std::memcpy(b, heard + half_bytes + t * kCheckBytes, kCheckBytes);
+    c.u_in[t] = load_block(b);
   }
-  const std::vector<uint8_t> peer_half = unpack_bits(half_in, 2 * n);
-
   // z_P = x_P y_P ^ s_P ^ t_P, authenticated through r.
-  std::vector<uint8_t> z(n), e(n);
+  const SharesView x = c.x(), y = c.y(), zs = c.z();
+  c.e.resize(n);
   for (size_t t = 0; t < n; ++t) {
-    const uint8_t got = (uint8_t)(lsb(h_mac[t]) ^ peer_half[2 * t + (x.bits[t] & 1)]);
-    z[t] = (uint8_t)((x.bits[t] & y.bits[t]) ^ s[t] ^ got);
-    e[t] = (uint8_t)(z[t] ^ zs.bits[t]);
+    const uint8_t got = (uint8_t)(c.mac_bit[t] ^ peer_half[2 * t + (x.bits[t] & 1)]);
+    const uint8_t z = (uint8_t)((x.bits[t] & y.bits[t]) ^ c.s[t] ^ got);
+    c.e[t] = (uint8_t)(z ^ zs.bits[t]);
   }
-  if (deviation_.z_corrections) deviation_.z_corrections(e, deviation_.context);
-  const std::vector<uint8_t> e_out = pack_bits(e);
-  std::vector<uint8_t> e_in(e_out.size());
-  party_.exchange(e_out.data(), e_out.size(), e_in.data(), e_in.size());
-  const std::vector<uint8_t> peer_e = unpack_bits(e_in, n);
+  if (deviation_.z_corrections) deviation_.z_corrections(c.e, deviation_.context);
+  c.e_out = pack_bits(c.e);
+}
+
+void TripleFactory::leaky_finish(LeakyChunk& c, const uint8_t* peer_e_packed, LeakyCheck& check) {
+  const size_t n = c.n;
+  const block delta = party_.delta();
+  const std::vector<uint8_t> peer_e = unpack_bits(std::vector<uint8_t>(peer_e_packed, peer_e_packed + (n + 7) / 8), n);
+  const SharesView x = c.x(), zs = c.z();
   for (size_t t = 0; t < n; ++t) {
-    zs.bits[t] ^= e[t];
+    zs.bits[t] ^= c.e[t];
     if (peer_e[t]) zs.keys[t] = xor_block(zs.keys[t], delta);
   }
-
   // The check: G_P ^ G_Q = (x y ^ z) Delta for every triple.
+  BlockVector g;
+  g.resize_for_overwrite(n);
   for (size_t t = 0; t < n; ++t) {
-    block v = xor_block(c_key[t], c_mac[t]);
-    if (x.bits[t]) v = xor_block(v, xor_block(psi[t], u_in[t]));
+    block v = xor_block(c.c_key[t], c.c_mac[t]);
+    if (x.bits[t]) v = xor_block(v, xor_block(c.psi[t], c.u_in[t]));
     if (zs.bits[t]) v = xor_block(v, delta);
     g[t] = and_block(xor_block(v, xor_block(zs.keys[t], zs.macs[t])), kCheckMask);
   }
   if (deviation_.observe_x) deviation_.observe_x(std::vector<uint8_t>(x.bits, x.bits + n), deviation_.context);
-  const std::array<uint8_t, 32> expected = check_digest(g, !party_.first());
+  check.expected.update(g.data(), n * sizeof(block));  // what the peer's digest must be
   if (deviation_.check) deviation_.check(g, deviation_.context);
-  const std::array<uint8_t, 32> ours = check_digest(g, party_.first());
+  check.ours.update(g.data(), n * sizeof(block));
+  // Only the shares stay: the chunk's temporaries go now, not with the batch.
+  c.psi = BlockVector();
+  c.c_key = BlockVector();
+  c.c_mac = BlockVector();
+  c.u_in = BlockVector();
+}
+
+TripleFactory::LeakyCheck::LeakyCheck(bool first_party) {
+  // Tagged with the role whose values it holds: the peer's digest must be ours under its role.
+  static const char kTag[] = "spgc.auth-triples.leaky-check.v2";
+  const uint8_t mine = first_party ? 0 : 1, theirs = first_party ? 1 : 0;
+  ours.update(kTag, sizeof kTag);
+  ours.update(&mine, 1);
+  expected.update(kTag, sizeof kTag);
+  expected.update(&theirs, 1);
+}
+
+void TripleFactory::check_batch(LeakyCheck& check) {
+  const std::array<uint8_t, 32> ours = check.ours.digest(), expected = check.expected.digest();
   std::array<uint8_t, 32> theirs{};
   party_.exchange(ours.data(), ours.size(), theirs.data(), theirs.size());
   const bool cheating = deviation_.messages || deviation_.z_corrections || deviation_.check;
   if (theirs != expected && !cheating)  // a test's cheater goes on whatever it sees
     throw PeerDeviated("the peer's leaky AND triples do not check (x y ^ z is not 0 under the joint Delta)");
+}
 
-  return all;
+template <typename Keep>
+void TripleFactory::leaky_batch(size_t total, Keep keep) {
+  if (total == 0) return;  // nothing made, nothing to check (both parties alike)
+  LeakyCheck check(party_.first());
+  LeakyChunk prev;  // n == 0: none yet
+  std::vector<uint8_t> out, heard;
+  for (size_t done = 0; done <= total;) {
+    const size_t m = std::min(kLeakyChunk, total - done);
+    LeakyChunk cur;
+    if (m) cur = leaky_start(m);
+    // Both parties send the same sizes: the previous chunk's corrections, this one's message.
+    out = prev.e_out;
+    out.insert(out.end(), cur.message.begin(), cur.message.end());
+    heard.resize(out.size());
+    party_.exchange(out.data(), out.size(), heard.data(), heard.size());
+    if (prev.n) {
+      leaky_finish(prev, heard.data(), check);
+      keep(done - prev.n, prev);
+    }
+    if (!m) break;
+    cur.message = std::vector<uint8_t>();
+    leaky_respond(cur, heard.data() + prev.e_out.size());
+    prev = std::move(cur);
+    done += m;
+  }
+  check_batch(check);
 }
 
 AuthTriples TripleFactory::leaky(size_t n) {
-  const AuthShares all = leaky_in_place(n);
   AuthTriples out;
-  out.a = AuthParty::slice(all, 0, n);
-  out.b = AuthParty::slice(all, n, n);
-  out.c = AuthParty::slice(all, 2 * n, n);
+  leaky_batch(n, [&](size_t, LeakyChunk& c) {  // the chunks in order
+    AuthParty::append(out.a, AuthParty::slice(c.all, 0, c.n));
+    AuthParty::append(out.b, AuthParty::slice(c.all, c.n, c.n));
+    AuthParty::append(out.c, AuthParty::slice(c.all, 2 * c.n, c.n));
+  });
   return out;
 }
 
@@ -332,11 +404,11 @@ AuthTriples TripleFactory::make(size_t n, int rho) {
   // The leaky triples, chunk by chunk, into records allocated once and left uninitialised
   // (every record is written below before any is read).
   std::unique_ptr<LeakyRecord[]> leak(new LeakyRecord[total]);
-  for (size_t done = 0; done < total;) {
-    const size_t m = std::min(kLeakyChunk, total - done);
-    const AuthShares part = leaky_in_place(m);
+  leaky_batch(total, [&](size_t at, LeakyChunk& c) {
+    const size_t m = c.n;
+    const AuthShares& part = c.all;
     for (size_t t = 0; t < m; ++t) {
-      LeakyRecord& r = leak[done + t];
+      LeakyRecord& r = leak[at + t];
       r.a = part.bits[t];
       r.b = part.bits[m + t];
       r.c = part.bits[2 * m + t];
@@ -347,8 +419,7 @@ AuthTriples TripleFactory::make(size_t n, int rho) {
       r.c_mac = part.macs[2 * m + t];
       r.c_key = part.keys[2 * m + t];
     }
-    done += m;
-  }
+  });
   // The permutation is drawn after every leaky triple is fixed and checked.
   Prg prg(coin_toss(party_, "buckets"));
   std::vector<uint32_t> perm(total);

@@ -69,6 +69,7 @@ gc::TripleCheat triple_cheat(const std::string& kind, size_t index, int guess) {
 }
 
 void bind_auth_bits(py::module_& m) {
+  m.attr("_LEAKY_CHUNK") = gc::TripleFactory::kLeakyChunk;  // leaky triples a chunk of a batch
   m.def("_bucket_size", &gc::bucket_size, "n"_a, "rho"_a,
         "The bucket size the triples use for n triples at 2^-rho (auth_triples.h).");
   m.def("_bucketing_error_log2", &gc::bucketing_error_log2, "n"_a, "bucket"_a,

@@ -55,6 +55,28 @@ def test_a_wrong_product_is_always_caught(two_party, kind):
         assert "leaky AND" in honest["message"]
 
 
+def test_a_batch_of_several_chunks_makes_and_triples_across_their_boundary(two_party):
+    """A batch over one chunk interleaves its chunks (a chunk's corrections ride with the next
+    one's first message): every triple of both chunks is an AND triple."""
+    n = _core._LEAKY_CHUNK + 300
+    first, second = session(two_party, n, leaky_only=True)
+    assert not first["caught"] and not second["caught"]
+    a, b, c = second["a"], second["b"], second["c"]
+    assert len(c) == n and first["c"] == c
+    assert all(ci == ai & bi for ai, bi, ci in zip(a, b, c, strict=True))
+
+
+@pytest.mark.parametrize("kind", ["half_and_flip", "correction_flip", "check_flip"])
+def test_a_cheat_in_any_chunk_of_a_batch_is_caught_at_the_batchs_check(two_party, kind):
+    """The checks of a batch's chunks are compared once, after its last chunk: a cheat in the
+    first chunk only (whose later chunks are honest) is caught there, as one in the last."""
+    n = _core._LEAKY_CHUNK + 300
+    for index in (5, _core._LEAKY_CHUNK + 7):
+        _, honest = session(two_party, n, leaky_only=True, cheat=kind, index=index)
+        assert honest["caught"], (kind, index)
+        assert "leaky AND" in honest["message"]
+
+
 def test_a_wrong_u_passes_exactly_when_it_guessed_the_honest_x(two_party):
     """The cheater adds an error to U and moves its own check value by guess * error: the
     honest check value moves by x_honest * error, so it passes iff guess == x_honest: the leak

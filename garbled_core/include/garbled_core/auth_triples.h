@@ -19,8 +19,9 @@
 //       U_P = H2(K_P[x_Q]) ^ H2(K_P[x_Q] ^ Delta_P) ^ Psi_P (with its MAC on x_Q, Q turns it
 //       into H2(K_P[x_Q]) ^ x_Q Psi_P), and both compute
 //         G_P = x_P Psi_P ^ z_P Delta_P ^ H2(K_P[x_Q]) ^ H2(M_P[x_P]) ^ x_P U_Q ^ K_P[z_Q] ^ M_P[z_P],
-//       for which G_P ^ G_Q = (x y ^ z) Delta. Each sends a tagged SHA-256 of its G values and
-//       checks the peer's against its own: equal G for every triple, or PeerDeviated. All of
+//       for which G_P ^ G_Q = (x y ^ z) Delta. Each sends a tagged SHA-256 of its G values (of
+//       a whole batch, after its last chunk) and checks the peer's against its own: equal G
+//       for every triple, or PeerDeviated. All of
 //       this runs on the low 72 bits of each value (the projection is linear, and U travels as
 //       9 bytes): a wrong z passes only with a guess of the joint Delta's 71 unknown low bits
 //       (2^-71 a triple; lsb(Delta) is 1 for both, 0 for the joint). A party that sends a wrong U
@@ -47,6 +48,7 @@
 
 #include "garbled_core/auth_bits.h"
 #include "garbled_core/block.h"
+#include "garbled_core/sha256.h"
 
 namespace gc {
 
@@ -85,9 +87,10 @@ struct TripleDeviation {
 struct TripleCheat {
   enum class Kind { None, UError, HalfAndFlip, CorrectionFlip, CheckFlip };
   Kind kind = Kind::None;
-  size_t index = 0;      // the leaky triple attacked
+  size_t index = 0;      // the leaky triple attacked (counted over the batch's chunks)
   block error{};         // UError: XORed into U[index]
   int guess = -1;        // UError: the peer's x bit guessed (0 / 1): G[index] ^= guess * error
+  size_t seen_messages = 0, seen_corrections = 0, seen_checks = 0;  // the batch's so far
   TripleDeviation hooks();
 };
 
@@ -107,9 +110,22 @@ class TripleFactory {
   void deviate_for_test(TripleDeviation d) { deviation_ = d; }
 
  private:
-  // leaky(n)'s work: one draw of 3n random shares, returned with [x] in [0, n), [y] in
-  // [n, 2n) and [z] in [2n, 3n) (no copies: make() reads them once into its records).
-  AuthShares leaky_in_place(size_t n);
+  // The leaky AND in chunks (auth_triples.cpp): a chunk's first message (leaky_start), its
+  // corrections from the peer's (leaky_respond), its shares and check values from the peer's
+  // corrections (leaky_finish); leaky_batch interleaves chunks so that a batch takes one
+  // exchange a chunk, plus one, plus the checks' comparison (check_batch), and hands each
+  // finished chunk (its first triple's index, the chunk) to `keep`.
+  struct LeakyChunk;
+  struct LeakyCheck {
+    explicit LeakyCheck(bool first_party);
+    Sha256 ours, expected;  // over this party's G values, as it and as the peer tags them
+  };
+  LeakyChunk leaky_start(size_t n);
+  void leaky_respond(LeakyChunk& c, const uint8_t* heard);
+  void leaky_finish(LeakyChunk& c, const uint8_t* peer_e, LeakyCheck& check);
+  void check_batch(LeakyCheck& check);
+  template <typename Keep>
+  void leaky_batch(size_t total, Keep keep);
 
   AuthParty& party_;
   block hash_key_seed_{};
