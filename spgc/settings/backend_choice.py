@@ -286,6 +286,7 @@ class BackendChoice:
     expected: dict[str, float] | None = None  # candidate_label -> expected seconds a round
     run_samples: dict[str, int] | None = None  # preprocessed: backend -> production run size
     trial_depth: int | None = None  # gmw in mode spgc: the trial depth chosen with it
+    security: str = DEFAULT_SECURITY  # whose costs it chose by (cost_tables)
 
     @property
     def automatic(self) -> bool:
@@ -303,9 +304,10 @@ class BackendChoice:
         runs = ""
         if self.run_samples:
             runs = f"; production runs of {self.run_samples[self.backend]:,} samples"
+        level = "" if self.security == DEFAULT_SECURITY else f" (security {self.security})"
         return (
-            f"backend auto: {self.link.describe()}, d {self.coordinates:,}: expected {times} a "
-            f"round; chose {self.label} ({self.reason}){runs}"
+            f"backend auto{level}: {self.link.describe()}, d {self.coordinates:,}: expected "
+            f"{times} a round; chose {self.label} ({self.reason}){runs}"
         )
 
     def summary(self) -> dict[str, Any]:
@@ -317,6 +319,7 @@ class BackendChoice:
                 "mbit_per_s": self.link.mbit,
                 "coordinates": self.coordinates,
                 "expected_round_seconds": dict(self.expected or {}),
+                "costs_of": self.security,  # the engines whose costs it chose by
             }
         if self.run_samples:
             out["production_run_samples"] = self.run_samples[self.backend]
@@ -407,6 +410,7 @@ def choose_backend(
         expected,
         run_samples if mode == "preprocessed" else None,
         best[1],
+        security,
     )
 
 

@@ -77,8 +77,11 @@ def test_auto_picks_a_backend_both_servers_and_ledgers_name(pki, tmp_path, caplo
         assert s1["security"] == s2["security"] == security
         labels = {candidate_label(c) for c in candidates("spgc", security)}
         assert set(figures["expected_round_seconds"]) == labels
-        lines = [r.getMessage() for r in caplog.records if "backend auto:" in r.getMessage()]
-        assert any(line.startswith("h1: backend auto: round trip") for line in lines), lines
+        lines = [r.getMessage() for r in caplog.records if "backend auto" in r.getMessage()]
+        level = "" if security == "semi-honest" else f" (security {security})"
+        opening = f"h1: backend auto{level}: round trip"
+        assert any(line.startswith(opening) for line in lines), lines
+        assert figures["costs_of"] == security
         assert any(f"chose {again.label}" in line for line in lines)
     finally:
         for p in providers:
