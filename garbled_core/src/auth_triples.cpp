@@ -23,6 +23,8 @@ constexpr uint64_t kHalfAnd = 1, kCheck = 2;  // hash purposes (the tweak's top 
 // times the joint Delta's low 72 bits, 71 of them unknown to either party, as lsb(Delta_A ^
 // Delta_B) = 0), so U travels as 9 bytes: a wrong z passes with probability 2^-71 a triple.
 constexpr size_t kCheckBytes = 9;
+// Triples whose hashes the leaky AND computes at a time (its scratch: 5 blocks each, 160 KB).
+constexpr size_t kHashBlock = 2048;
 const block kCheckMask = make_block(0xFF, ~uint64_t(0));
 
 // Three consecutive ranges of one AuthShares, written in place.
@@ -246,16 +248,9 @@ TripleFactory::LeakyChunk TripleFactory::leaky_start(size_t n) {
   c.n = n;
   c.all = party_.random(3 * n);
   const SharesView x = c.x(), y = c.y();
-  // Every temporary below is written whole before it is read: sized without zeroing.
-  BlockVector keys_delta, h_key, h_key_delta, h_mac, c_key_delta, u;
-  for (BlockVector* v : {&keys_delta, &h_key, &h_key_delta, &h_mac, &c_key_delta, &u, &c.psi, &c.c_key, &c.c_mac})
-    v->resize_for_overwrite(n);
-
-  // Half AND and U.
-  for (size_t t = 0; t < n; ++t) keys_delta[t] = xor_block(x.keys[t], delta);
-  H.hash(x.keys, n, kHalfAnd, peer, base, h_key.data());
-  H.hash(keys_delta.data(), n, kHalfAnd, peer, base, h_key_delta.data());
-  H.hash(x.macs, n, kHalfAnd, me, base, h_mac.data());
+  // What outlives this step, sized without zeroing (every element is written below).
+  BlockVector u;
+  for (BlockVector* v : {&u, &c.psi, &c.c_key, &c.c_mac}) v->resize_for_overwrite(n);
   std::vector<uint8_t> half_and(2 * n);
   {
     std::vector<uint8_t> coins((n + 7) / 8);
@@ -263,17 +258,32 @@ TripleFactory::LeakyChunk TripleFactory::leaky_start(size_t n) {
     c.s = unpack_bits(coins, n);
   }
   c.mac_bit.resize(n);
-  for (size_t t = 0; t < n; ++t) {
-    half_and[2 * t] = (uint8_t)(lsb(h_key[t]) ^ c.s[t]);
-    half_and[2 * t + 1] = (uint8_t)(lsb(h_key_delta[t]) ^ c.s[t] ^ y.bits[t]);
-    c.mac_bit[t] = (uint8_t)lsb(h_mac[t]);
-  }
-  H.hash(x.keys, n, kCheck, peer, base, c.c_key.data());
-  H.hash(keys_delta.data(), n, kCheck, peer, base, c_key_delta.data());
-  H.hash(x.macs, n, kCheck, me, base, c.c_mac.data());
-  for (size_t t = 0; t < n; ++t) {
-    c.psi[t] = xor_block(xor_block(and_block(delta, select_mask(y.bits[t])), y.keys[t]), y.macs[t]);
-    u[t] = xor_block(xor_block(c.c_key[t], c_key_delta[t]), c.psi[t]);
+  // Half AND and U, kHashBlock triples at a time: the hashes needed only here stay in a
+  // scratch the size of one block (the tweaks are the triples' own, as in one pass).
+  BlockVector scratch;
+  scratch.resize_for_overwrite(5 * kHashBlock);
+  block *keys_delta = scratch.data(), *h_key = keys_delta + kHashBlock, *h_key_delta = h_key + kHashBlock,
+        *h_mac = h_key_delta + kHashBlock, *c_key_delta = h_mac + kHashBlock;
+  for (size_t lo = 0; lo < n; lo += kHashBlock) {
+    const size_t m = std::min(kHashBlock, n - lo);
+    for (size_t i = 0; i < m; ++i) keys_delta[i] = xor_block(x.keys[lo + i], delta);
+    H.hash(x.keys + lo, m, kHalfAnd, peer, base + lo, h_key);
+    H.hash(keys_delta, m, kHalfAnd, peer, base + lo, h_key_delta);
+    H.hash(x.macs + lo, m, kHalfAnd, me, base + lo, h_mac);
+    for (size_t i = 0; i < m; ++i) {
+      const size_t t = lo + i;
+      half_and[2 * t] = (uint8_t)(lsb(h_key[i]) ^ c.s[t]);
+      half_and[2 * t + 1] = (uint8_t)(lsb(h_key_delta[i]) ^ c.s[t] ^ y.bits[t]);
+      c.mac_bit[t] = (uint8_t)lsb(h_mac[i]);
+    }
+    H.hash(x.keys + lo, m, kCheck, peer, base + lo, c.c_key.data() + lo);
+    H.hash(keys_delta, m, kCheck, peer, base + lo, c_key_delta);
+    H.hash(x.macs + lo, m, kCheck, me, base + lo, c.c_mac.data() + lo);
+    for (size_t i = 0; i < m; ++i) {
+      const size_t t = lo + i;
+      c.psi[t] = xor_block(xor_block(and_block(delta, select_mask(y.bits[t])), y.keys[t]), y.macs[t]);
+      u[t] = xor_block(xor_block(c.c_key[t], c_key_delta[i]), c.psi[t]);
+    }
   }
   if (deviation_.messages) deviation_.messages(half_and, u, deviation_.context);
   c.message = pack_bits(half_and);

@@ -142,11 +142,12 @@ MALICIOUS_COSTS_COMMAND = (
 )
 
 #: Under ``security: malicious`` (the authenticated engines, docs/MALICIOUS.md), measured in
-#: one run each, 2026-12-05 19:59-20:01 UTC. The engine counts the round trips as on gmw (an
+#: one run each, 2026-12-05 21:05-21:07 UTC. The engine counts the round trips as on gmw (an
 #: exchange, half a round trip) on both. They grow with the run: the triples are made in chunks
-#: of TripleFactory::kLeakyChunk leaky triples, one exchange a chunk (a chunk's corrections ride
-#: with the next one's first message; 4,000 to 8,000 coordinates: 86 to 188 on gc, 236 to 331
-#: on gmw; three exchanges a chunk before, 176 to 398 and 326 to 541). The bytes and CPU
+#: of TripleFactory::kLeakyChunk (2^19) leaky triples, one exchange a chunk (a chunk's
+#: corrections ride with the next one's first message), and silent OT's iterations add theirs
+#: (4,000 to 8,000 coordinates: 62 to 132 on gc, 212 to 275 on gmw; with three exchanges a
+#: chunk of 2^18, 176 to 398 and 326 to 541). The bytes and CPU
 #: charge each run the triples it used at the stock's average cost; they grow slowly with the
 #: run too (more batches, each bucketed at a higher rho: 136,764 B a coordinate on gc at 2,000,
 #: 153,323 at 8,000), so the rows are those of the larger run.
@@ -154,19 +155,19 @@ MALICIOUS_COSTS_COMMAND = (
 #: stay while the bytes and CPU grow (2,000 coordinates: 150,240 and 73,979 B a coordinate
 #: against 57,376, 196 and 136 round trips against 205).
 MALICIOUS_GMW_DEPTH_COSTS: dict[int, BackendCost] = {
-    UNBOUNDED_TRIAL_DEPTH: BackendCost(141, 73934.3, 2149.4e-6, GMW_EXCHANGE_SHARE, 0.0238),
+    UNBOUNDED_TRIAL_DEPTH: BackendCost(149, 73934.3, 2098.7e-6, GMW_EXCHANGE_SHARE, 0.0158),
 }
 #: Mode spgc's round under ``security: malicious``: authenticated garbling (one fused run, 7
 #: round trips besides its triples') and authenticated GMW.
 MALICIOUS_ROUND_COSTS: dict[str, BackendCost] = {
-    "gc": BackendCost(7, 153322.4, 2331.3e-6, GMW_EXCHANGE_SHARE, 0.0226),
+    "gc": BackendCost(7, 153322.4, 2369.4e-6, GMW_EXCHANGE_SHARE, 0.0156),
     "gmw": MALICIOUS_GMW_DEPTH_COSTS[UNBOUNDED_TRIAL_DEPTH],
 }
 #: Mode preprocessed's production under ``security: malicious``, per noise sample; the round
 #: trips are the round circuit's, as in :data:`NOISE_COSTS`.
 MALICIOUS_NOISE_COSTS: dict[str, BackendCost] = {
-    "gc": BackendCost(7, 140579.1, 2153.8e-6, GMW_EXCHANGE_SHARE, 0.0226),
-    "gmw": BackendCost(141, 67314.9, 2025.1e-6, GMW_EXCHANGE_SHARE, 0.0238),
+    "gc": BackendCost(7, 140579.1, 2104.9e-6, GMW_EXCHANGE_SHARE, 0.0156),
+    "gmw": BackendCost(149, 67314.9, 1926.9e-6, GMW_EXCHANGE_SHARE, 0.0158),
 }
 
 

@@ -102,7 +102,7 @@ class TripleFactory {
   AuthTriples leaky(size_t n);
   // n triples (step 2) at statistical security rho (the leaky ones made in chunks of
   // kLeakyChunk, so that the leaky AND's temporaries stay bounded).
-  static constexpr size_t kLeakyChunk = size_t(1) << 18;
+  static constexpr size_t kLeakyChunk = size_t(1) << 19;
   AuthTriples make(size_t n, int rho);
 
   size_t last_bucket_size() const { return last_bucket_; }
