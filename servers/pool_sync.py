@@ -124,7 +124,7 @@ class RunSizer:
         self.rtt: float | None = None  # the quickest call to H2 seen, in seconds
         # (F, c) from the link, before any run is measured
         self._prior = None if link is None else production_costs(backend, link, security)
-        cost = cost_tables(security)[2].get(backend)
+        cost = cost_tables(security).production.get(backend)
         self._trip_share = 1.0 if cost is None else cost.trip_share
         self.runs: deque[tuple[int, float, float]] = deque(maxlen=RUN_HISTORY)
         self.intervals: deque[float] = deque(maxlen=RUN_HISTORY)

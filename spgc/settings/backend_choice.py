@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from garbled_core.sampler_circuit import MAX_TRIAL_DEPTH, UNBOUNDED_TRIAL_DEPTH
 from spgc.protocol.modes import BACKEND_NAMES, DEFAULT_SECURITY, SECURITY_NAMES
@@ -49,6 +49,7 @@ __all__ = [
     "BackendChoice",
     "BackendCost",
     "Candidate",
+    "CostTables",
     "LinkFigures",
     "amortised_run",
     "candidate_label",
@@ -171,16 +172,21 @@ MALICIOUS_NOISE_COSTS: dict[str, BackendCost] = {
 }
 
 
-def cost_tables(
-    security: str = DEFAULT_SECURITY,
-) -> tuple[dict[str, BackendCost], dict[int, BackendCost], dict[str, BackendCost]]:
-    """(round costs per backend, gmw's round costs per trial depth, production costs per
-    backend) at ``security``: the semi-honest engines' or the authenticated ones'."""
+class CostTables(NamedTuple):
+    """The model's costs at one security level."""
+
+    rounds: dict[str, BackendCost]  # mode spgc's round per backend
+    gmw_depths: dict[int, BackendCost]  # mode spgc's round on gmw per trial depth
+    production: dict[str, BackendCost]  # mode preprocessed's production per backend
+
+
+def cost_tables(security: str = DEFAULT_SECURITY) -> CostTables:
+    """The model's costs at ``security``: the semi-honest engines' or the authenticated ones'."""
     if security not in SECURITY_NAMES:
         raise ValueError(f"security must be one of {', '.join(SECURITY_NAMES)}, not {security!r}")
     if security == DEFAULT_SECURITY:
-        return ROUND_COSTS, GMW_DEPTH_COSTS, NOISE_COSTS
-    return MALICIOUS_ROUND_COSTS, MALICIOUS_GMW_DEPTH_COSTS, MALICIOUS_NOISE_COSTS
+        return CostTables(ROUND_COSTS, GMW_DEPTH_COSTS, NOISE_COSTS)
+    return CostTables(MALICIOUS_ROUND_COSTS, MALICIOUS_GMW_DEPTH_COSTS, MALICIOUS_NOISE_COSTS)
 
 
 #: What auto chooses among: a backend and, on gmw in mode spgc, the trial depth (None: the
@@ -192,7 +198,7 @@ def candidates(mode: str, security: str = DEFAULT_SECURITY) -> list[Candidate]:
     """What ``backend: auto`` chooses among in ``mode``: gc, and gmw at each depth of the
     depth table (:func:`cost_tables`) in mode spgc (mode preprocessed's production runs gmw at
     its default)."""
-    _, depth_costs, _ = cost_tables(security)
+    depth_costs = cost_tables(security).gmw_depths
     out: list[Candidate] = []
     for backend in BACKEND_NAMES:
         if backend == "gmw" and mode == "spgc":
@@ -262,7 +268,7 @@ def production_costs(
     """Mode preprocessed: (F, c) of a production run of n samples on ``backend`` at
     ``security``, modelled as F + c n seconds: F its round trips (its circuit's and
     CALLS_PER_RUN), c a sample's bytes and CPU."""
-    cost = cost_tables(security)[2][backend]
+    cost = cost_tables(security).production[backend]
     per_sample = cost.seconds_per_coordinate(link)
     return cost.trip_seconds(link) + CALLS_PER_RUN * link.rtt_seconds, per_sample
 
