@@ -36,6 +36,7 @@ from grpc_health.v1 import health_pb2
 import garbled_core
 from garbled_core.discrete_gaussian import derive_params
 from spgc import __version__
+from spgc.common.memory import peak_rss_mb
 from spgc.privacy.ledger_format import LEDGER_FILE
 from spgc.protocol.modes import DEFAULT_SECURITY, MODES
 from spgc.servers.aggregator import AggregatorServicer
@@ -495,6 +496,7 @@ class ServerDaemon(
         if self.error is not None:
             summary["failure"] = summary["failure"] or str(self.error)
         summary["finished"] = summary["finished"] and summary["failure"] is None
+        summary["peak_rss_mb"] = round(peak_rss_mb(), 1)  # spgc bench load reads it
         tmp = self.cfg.summary_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True))
         tmp.replace(self.cfg.summary_path)  # readers never see half a file

@@ -25,7 +25,6 @@ import contextlib
 import logging
 import os
 import re
-import resource
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 import garbled_core
+from spgc.common.memory import peak_rss_mb
 from spgc.servers.gc_party import PartyLink, aggregate_range, noise_shares_range, range_align
 from spgc.wire.transport import ray_cluster_endpoint
 
@@ -262,7 +262,7 @@ class LaneWorker:
 
     def peak_rss_mb(self) -> float:
         """This worker process's peak resident memory so far (benchmarks: the idle baseline)."""
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak_rss_mb()
 
     def interrupt(self) -> None:
         if self.link is not None:

@@ -44,11 +44,12 @@ same command first runs the same N providers, all honest, without verification
 (``--no-baseline`` skips it) and reports both median rounds and their ratio.
 
 Resources: the servers' peak resident set (VmHWM from /proc/PID/status, sampled while they run,
-and the kernel's ru_maxrss when they are reaped) and CPU seconds (user + system, from the
-kernel's rusage of the reaped process); per round, the median CPU seconds of each server, of all
-provider workers, of the hostile process, of the whole machine (/proc/stat) and of everything
-else that ran meanwhile ("others"). Providers, hostile actors and both servers share the
-machine's cores: its CPU count and load are reported next to the figures.
+and the figure each server writes in its summary as it stops; never the kernel's ru_maxrss,
+which counts the memory of the process the server was forked from) and CPU seconds (user +
+system, from the kernel's rusage of the reaped process); per round, the median CPU seconds of
+each server, of all provider workers, of the hostile process, of the whole machine (/proc/stat)
+and of everything else that ran meanwhile ("others"). Providers, hostile actors and both servers
+share the machine's cores: its CPU count and load are reported next to the figures.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ from spgc.app.demo import (
     _tail,
     write_configs,
 )
+from spgc.common.memory import peak_rss_kb
 from spgc.common.progress import Progress
 from spgc.learning.data import DATA_ERRORS, load_dataset
 from spgc.protocol.modes import TWO_SERVER_MODES
@@ -272,10 +274,7 @@ class _ServerWatch:
     def sample(self) -> None:
         if self.proc.returncode is not None:
             return
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    self.hwm_kb = max(self.hwm_kb, int(line.split()[1]))
+        self.hwm_kb = max(self.hwm_kb, peak_rss_kb(self.proc.pid) or 0)
         self.cpu_seconds = max(self.cpu_seconds, _cpu_seconds(self.proc.pid))
 
     def reap(self) -> bool:
@@ -293,12 +292,14 @@ class _ServerWatch:
         self.rusage = usage
         return True
 
-    def figures(self) -> dict[str, float]:
-        rss_kb, cpu = self.hwm_kb, self.cpu_seconds
+    def figures(self, summary: dict[str, Any]) -> dict[str, float]:
+        """Peak RSS (the most sampled or written in the server's ``summary`` as it stopped)
+        and CPU seconds."""
+        rss_mb = max(self.hwm_kb / 1024, float(summary.get("peak_rss_mb") or 0.0))
+        cpu = self.cpu_seconds
         if self.rusage is not None:
-            rss_kb = max(rss_kb, int(self.rusage.ru_maxrss))
             cpu = self.rusage.ru_utime + self.rusage.ru_stime
-        return {"rss_mb": round(rss_kb / 1024, 1), "cpu_seconds": round(cpu, 2)}
+        return {"rss_mb": round(rss_mb, 1), "cpu_seconds": round(cpu, 2)}
 
 
 def _percentile(values: Sequence[float], q: float) -> float | None:
@@ -650,7 +651,9 @@ def _figures(
         }
 
     quiet = phase(range(1, 1 + r))
-    servers = {w.name: {**w.figures(), "exit_code": w.proc.returncode} for w in watches}
+    servers = {
+        w.name: {**w.figures(summaries[w.name]), "exit_code": w.proc.returncode} for w in watches
+    }
     alive = all(s["exit_code"] == 0 for s in servers.values()) and all(
         s.get("finished") and not s.get("failure") for s in summaries.values()
     )
