@@ -84,6 +84,7 @@ from spgc.wire import (
     seed_commitment,
 )
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.pages import agree_providers
 
 log = logging.getLogger(__name__)
 
@@ -685,7 +686,7 @@ class H1Driver(_RoundLoop):
         )
         # The intake barrier too: H2 waits for its own intake to close.
         wait = cfg.round_deadline + RPC_SLACK
-        answer = self.peer.AgreeProviders(mine, timeout=wait)
+        answer = agree_providers(self.peer, mine, timeout=wait)  # in pages, any size
         agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
             state,
             (received, ids, proofs),

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -65,6 +65,7 @@ from spgc.wire.errors import (
     abort_on_error,
 )
 from spgc.wire.identity import peer_identity
+from spgc.wire.pages import agreement_pages, join_provider_set
 from spgc.wire.transport import split_host_port
 
 log = logging.getLogger(__name__)
@@ -556,6 +557,13 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 
     @abort_on_error
     def AgreeProviders(
+        self, pages: Iterable[peer_pb2.ProviderSet], context: grpc.ServicerContext
+    ) -> Iterator[peer_pb2.ProviderAgreement]:
+        """H1's set in pages (spgc.wire.pages), the agreement back in pages."""
+        answer = self._agree_providers(join_provider_set(pages), context)
+        return iter(agreement_pages(answer))
+
+    def _agree_providers(
         self, request: peer_pb2.ProviderSet, context: grpc.ServicerContext
     ) -> peer_pb2.ProviderAgreement:
         self._check(context, request.run_id, request.role)

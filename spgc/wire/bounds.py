@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 from spgc.common.lanes import MAX_LANES
 from spgc.wire.chunks import DEFAULT_MAX_VECTOR_BYTES, MAX_CHUNK_BYTES
 from spgc.wire.errors import InvalidArgumentError, ResourceExhaustedError, WireError
+from spgc.wire.pages import MAX_PAGES
 
 __all__ = [
     "ANY",
@@ -221,7 +222,9 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "spgc.v1.PoolState.cursor_block": COUNTER,
     "spgc.v1.PoolState.cursor_offset": COUNTER,
     "spgc.v1.ProviderSet.round": COUNTER,
-    "spgc.v1.ProviderSet.min_providers": Bound(1, _UINT32_MAX),
+    "spgc.v1.ProviderSet.min_providers": Bound(0, _UINT32_MAX),  # 0 on a later page
+    "spgc.v1.ProviderSet.pages": Bound(0, MAX_PAGES),  # the count itself: spgc.wire.pages
+    "spgc.v1.ProviderAgreement.pages": Bound(0, MAX_PAGES),
     "spgc.v1.SeedCommitment.round": COUNTER,
     "spgc.v1.ModelDigest.version": COUNTER,
     "spgc.v1.ModelDigest.num_parameters": _LENGTH,

@@ -40,6 +40,7 @@ from spgc.settings.plan import make_plan
 from spgc.wire import aggregation_pb2 as pb
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import share_messages
+from spgc.wire.pages import agree_providers
 
 NOISY = {"mode": "spgc", "noise_multiplier": 2.0, "rounds": 3, "target_epsilon": 50.0}
 
@@ -372,7 +373,7 @@ def test_h2_runs_one_release_per_round(
         calls = [
             lambda: self.peer.CosignRelease(again(mine.seed.commitment), timeout=10),
             lambda: self.peer.CosignRelease(again(other), timeout=10),
-            lambda: self.peer.AgreeProviders(with_set, timeout=10),
+            lambda: agree_providers(self.peer, with_set, timeout=10),
             lambda: self._barrier(t, peer_pb2.BARRIER_CIRCUIT_READY),
             lambda: self._barrier(t, peer_pb2.BARRIER_MODEL_PUBLISHED),
         ]

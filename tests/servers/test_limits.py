@@ -36,6 +36,7 @@ from spgc.wire import peer_pb2, peer_pb2_grpc
 from spgc.wire.errors import is_size_refusal
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import share_messages
+from spgc.wire.pages import MAX_PAGES
 from spgc.wire.tls import TlsFiles
 from spgc.wire.transport import make_channel
 
@@ -264,13 +265,13 @@ def test_the_peer_service_has_its_own_port(pki: Path, tmp_path: Path) -> None:
             stub.RoundBarrier(peer_pb2.BarrierState(run_id="x", round=0), timeout=10)
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         # On the peer port a provider's certificate is refused before its request is read
-        # (min_providers 0 is out of bounds: that would be INVALID_ARGUMENT), and audited.
+        # (pages over MAX_PAGES is out of bounds: that would be INVALID_ARGUMENT), and audited.
         tls = TlsFiles.from_dir(pki / "good", "p1")
         peer_port = make_channel(f"127.0.0.1:{d2.peer_port}", tls, server_name="h2")
         try:
-            ask = peer_pb2.ProviderSet(run_id=d2.state.run_id, round=0, min_providers=0)
+            ask = peer_pb2.ProviderSet(run_id=d2.state.run_id, round=0, pages=MAX_PAGES + 1)
             with pytest.raises(grpc.RpcError) as info:
-                peer_pb2_grpc.PeerStub(peer_port).AgreeProviders(ask, timeout=10)
+                list(peer_pb2_grpc.PeerStub(peer_port).AgreeProviders(iter([ask]), timeout=10))
             assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "'p1' is not the peer server 'h1'" in info.value.details()
         finally:

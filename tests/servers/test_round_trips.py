@@ -20,6 +20,7 @@ from spgc.protocol.norm_proof import proof_context, prove
 from spgc.providers.plan_checks import norm_proof_params
 from spgc.servers import coordinator
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire import pages as wire_pages
 from spgc.wire import peer_pb2
 from spgc.wire.identity import new_submission_id
 from spgc.wire.messages import share_messages
@@ -56,8 +57,10 @@ class CountingPeer:
                 what = peer_pb2.Barrier.Name(request.barrier)
             t = self._state.round
             if name == "AgreeProviders" and self._unfused and t == UNFUSED_ROUND:
-                request = peer_pb2.ProviderSet.FromString(request.SerializeToString())
-                request.ClearField("release")
+                pages = list(request)  # the set's pages: the release is on the first
+                first = peer_pb2.ProviderSet.FromString(pages[0].SerializeToString())
+                first.ClearField("release")
+                request = iter([first, *pages[1:]])
             self._calls[t].append(what)
             return method(request, *args, **kwargs)
 
@@ -124,8 +127,15 @@ PREPROCESSED = {"mode": "preprocessed", "pool_rounds": ROUNDS, "pool_block": 100
         ({"mode": "spgc"}, False),
         (PREPROCESSED, True),
         ({**PREPROCESSED, "verify_inputs": "l2"}, False),
+        ({**PREPROCESSED, "verify_inputs": "l2", "page_bytes": 64}, False),
     ],
-    ids=["preprocessed", "spgc", "preprocessed-release-apart", "preprocessed-verified-inputs"],
+    ids=[
+        "preprocessed",
+        "spgc",
+        "preprocessed-release-apart",
+        "preprocessed-verified-inputs",
+        "verified-inputs-sets-in-pages",
+    ],
 )
 def test_a_steady_round_makes_two_control_calls(
     pki: Path,
@@ -135,6 +145,20 @@ def test_a_steady_round_makes_two_control_calls(
     unfused: bool,
 ) -> None:
     calls = counted(monkeypatch, unfused)
+    plan = dict(plan)
+    page_counts: list[int] = []
+    if page_bytes := plan.pop("page_bytes", None):
+        # Pages so small that every provider's verifier message takes one (as a thousand
+        # providers' sets take many at the real size): still one call a round.
+        real_pages = wire_pages.provider_set_pages
+
+        def counted_pages(message: Any, size: int | None = None) -> Any:
+            out = real_pages(message, size)
+            page_counts.append(len(out))
+            return out
+
+        monkeypatch.setattr(wire_pages, "PAGE_BYTES", page_bytes)
+        monkeypatch.setattr(wire_pages, "provider_set_pages", counted_pages)
     d1, d2 = start_pair(pki, tmp_path, rounds=ROUNDS, noise_multiplier=1.0, **plan)
     providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
@@ -164,6 +188,8 @@ def test_a_steady_round_makes_two_control_calls(
         assert rounds[t] == want, (t, rounds[t])
     for d in (d1, d2):  # one co-signed release a round either way
         assert d.state.releases == ROUNDS
+    if page_bytes:  # both sets, every round, in as many pages as providers
+        assert len(page_counts) == 2 * ROUNDS and min(page_counts) == len(PROVIDERS) > 1
     if plan["mode"] == "spgc":  # the commitments travelled with the statements
         for t in range(ROUNDS):
             assert d1.state.history[t].seed_commitments == d2.state.history[t].seed_commitments

@@ -142,7 +142,7 @@ class NoiseBlock(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ProviderSet(_message.Message):
-    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids", "norm_verifiers", "verify_coin", "release")
+    __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids", "norm_verifiers", "verify_coin", "release", "pages")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class ProviderSet(_message.Message):
     NORM_VERIFIERS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_COIN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round: int
     role: _aggregation_pb2.ServerRole
@@ -163,19 +164,22 @@ class ProviderSet(_message.Message):
     norm_verifiers: _containers.RepeatedScalarFieldContainer[bytes]
     verify_coin: bytes
     release: ReleaseStatement
-    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ..., vector_ids: _Optional[_Iterable[bytes]] = ..., norm_verifiers: _Optional[_Iterable[bytes]] = ..., verify_coin: _Optional[bytes] = ..., release: _Optional[_Union[ReleaseStatement, _Mapping]] = ...) -> None: ...
+    pages: int
+    def __init__(self, run_id: _Optional[str] = ..., round: _Optional[int] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., providers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., min_providers: _Optional[int] = ..., vector_ids: _Optional[_Iterable[bytes]] = ..., norm_verifiers: _Optional[_Iterable[bytes]] = ..., verify_coin: _Optional[bytes] = ..., release: _Optional[_Union[ReleaseStatement, _Mapping]] = ..., pages: _Optional[int] = ...) -> None: ...
 
 class ProviderAgreement(_message.Message):
-    __slots__ = ("callee", "agreed", "agreed_digest", "proceed")
+    __slots__ = ("callee", "agreed", "agreed_digest", "proceed", "pages")
     CALLEE_FIELD_NUMBER: _ClassVar[int]
     AGREED_FIELD_NUMBER: _ClassVar[int]
     AGREED_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PROCEED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
     callee: ProviderSet
     agreed: _containers.RepeatedScalarFieldContainer[str]
     agreed_digest: bytes
     proceed: bool
-    def __init__(self, callee: _Optional[_Union[ProviderSet, _Mapping]] = ..., agreed: _Optional[_Iterable[str]] = ..., agreed_digest: _Optional[bytes] = ..., proceed: _Optional[bool] = ...) -> None: ...
+    pages: int
+    def __init__(self, callee: _Optional[_Union[ProviderSet, _Mapping]] = ..., agreed: _Optional[_Iterable[str]] = ..., agreed_digest: _Optional[bytes] = ..., proceed: _Optional[bool] = ..., pages: _Optional[int] = ...) -> None: ...
 
 class SeedCommitment(_message.Message):
     __slots__ = ("run_id", "round", "role", "scheme", "commitment")

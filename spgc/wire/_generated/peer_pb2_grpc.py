@@ -48,7 +48,7 @@ class PeerStub:
                 request_serializer=spgc_dot_v1_dot_peer__pb2.BarrierState.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_peer__pb2.BarrierState.FromString,
                 _registered_method=True)
-        self.AgreeProviders = channel.unary_unary(
+        self.AgreeProviders = channel.stream_stream(
                 '/spgc.v1.Peer/AgreeProviders',
                 request_serializer=spgc_dot_v1_dot_peer__pb2.ProviderSet.SerializeToString,
                 response_deserializer=spgc_dot_v1_dot_peer__pb2.ProviderAgreement.FromString,
@@ -103,8 +103,10 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def AgreeProviders(self, request, context):
-        """Exchange of received-provider sets; returns the callee's set and the intersection.
+    def AgreeProviders(self, request_iterator, context):
+        """Exchange of received-provider sets; returns the callee's set and the intersection. Both
+        in pages (ProviderSet.pages): the caller sends its set's pages and ends its stream, then
+        reads the answer's pages. One round trip, for any number of providers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,7 +176,7 @@ def add_PeerServicer_to_server(servicer, server):
                     request_deserializer=spgc_dot_v1_dot_peer__pb2.BarrierState.FromString,
                     response_serializer=spgc_dot_v1_dot_peer__pb2.BarrierState.SerializeToString,
             ),
-            'AgreeProviders': grpc.unary_unary_rpc_method_handler(
+            'AgreeProviders': grpc.stream_stream_rpc_method_handler(
                     servicer.AgreeProviders,
                     request_deserializer=spgc_dot_v1_dot_peer__pb2.ProviderSet.FromString,
                     response_serializer=spgc_dot_v1_dot_peer__pb2.ProviderAgreement.SerializeToString,
@@ -276,7 +278,7 @@ class Peer:
             _registered_method=True)
 
     @staticmethod
-    def AgreeProviders(request,
+    def AgreeProviders(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -286,8 +288,8 @@ class Peer:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/spgc.v1.Peer/AgreeProviders',
             spgc_dot_v1_dot_peer__pb2.ProviderSet.SerializeToString,
