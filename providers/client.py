@@ -227,6 +227,9 @@ class ProviderClient(RoundFollower, Batches, Training):
         self._stats: StatsRelease | None = None
         self.standardization: Standardization | None = None
         self._share_length = 0  # every share vector's length (set by connect)
+        # Each server's ledger lines seen so far, by (server, run): a round fetches only the
+        # new ones, which must chain to these.
+        self._ledgers: dict[tuple[str, str], list[bytes]] = {}
 
     def __enter__(self) -> ProviderClient:
         return self
@@ -493,6 +496,38 @@ class ProviderClient(RoundFollower, Batches, Training):
             "standardised with their means and deviations from now on"
         )
 
+    def _fetch_ledger(self, server: _Server) -> list[bytes]:
+        """Every line of ``server``'s ledger: those fetched before (kept for the run), then
+        the new ones, a page a call (each reply holds what fits one message). A ledger that
+        holds fewer lines than it showed before is refused: the lines kept are what the new
+        ones must chain to."""
+        run_id = self.training.run_id
+        lines = self._ledgers.setdefault((server.name, run_id), [])
+        while True:
+            request = pb.LedgerRequest(
+                run_id=run_id, provider_id=self.cfg.name, from_line=len(lines)
+            )
+            reply = self._call_with_retry(
+                lambda s=server, r=request: s.stub.FetchLedger(r, timeout=self.cfg.rpc_timeout),
+                f"FetchLedger at {server.name}",
+                RoundFailed,  # no ledger, no share: this round is sat out
+            )
+            in_bounds(reply, "LedgerReply", server.name)
+            if reply.total_lines < len(lines) + len(reply.lines):
+                raise ProviderRefusal(
+                    f"{server.name} sent {len(reply.lines)} ledger line(s) from line "
+                    f"{len(lines)} but LedgerReply.total_lines={reply.total_lines}"
+                    + (" (it showed more lines before)" if reply.total_lines < len(lines) else "")
+                )
+            lines.extend(reply.lines)
+            if len(lines) == reply.total_lines:
+                return list(lines)
+            if not reply.lines:
+                raise ProviderRefusal(
+                    f"{server.name}'s ledger holds {reply.total_lines} line(s), but it sent "
+                    f"none from line {len(lines)}"
+                )
+
     def check_ledger(self) -> LedgerReport | None:
         """Fetch and verify every server's privacy ledger (chain, signature, re-accounted
         epsilon) and refuse (ProviderRefusal) to take part in another release that would
@@ -502,28 +537,17 @@ class ProviderClient(RoundFollower, Batches, Training):
         None before the run's first release."""
         tc, report, verified = self.training, None, []
         for server in self.servers:
-            request = pb.LedgerRequest(run_id=tc.run_id, provider_id=self.cfg.name)
-            reply = self._call_with_retry(
-                lambda s=server, r=request: s.stub.FetchLedger(r, timeout=self.cfg.rpc_timeout),
-                f"FetchLedger at {server.name}",
-                RoundFailed,  # no ledger, no share: this round is sat out
-            )
-            in_bounds(reply, "LedgerReply", server.name)
-            if reply.total_lines < len(reply.lines):
-                raise ProviderRefusal(
-                    f"{server.name} sent {len(reply.lines)} ledger line(s) but "
-                    f"LedgerReply.total_lines={reply.total_lines}"
-                )
-            if not reply.lines:
+            lines = self._fetch_ledger(server)
+            if not lines:
                 continue
             try:
-                found = verify_ledger(list(reply.lines))
+                found = verify_ledger(lines)
             except LedgerError as exc:
                 msg = f"{server.name}'s privacy ledger does not verify: {exc}"
                 raise ProviderRefusal(msg) from None
             if found.run_id != tc.run_id:
                 raise ProviderRefusal(f"{server.name}'s ledger is of run {found.run_id}")
-            verified.append(list(reply.lines))
+            verified.append(lines)
             if report is None or found.steps > report.steps:
                 report = found
         if self.budget is not None:

@@ -50,6 +50,7 @@ from spgc.wire.messages import (
     share_element_width,
     share_encoding_name,
 )
+from spgc.wire.pages import ledger_page
 from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES, MalformedRequest
 
 MAX_LONG_POLL_SECONDS = 30.0
@@ -368,7 +369,10 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         self._identity(context, request.provider_id)
         self._check_run(request.run_id)
         lines = self.state.ledger_lines()
-        return pb.LedgerReply(lines=lines[request.from_line :], total_lines=len(lines))
+        # A page of lines: the caller asks again from the next one (a whole ledger of
+        # thousands of rounds would not fit one message).
+        page = ledger_page(lines, request.from_line)
+        return pb.LedgerReply(lines=page, total_lines=len(lines))
 
     @abort_on_error
     async def RoundStatus(self, request: pb.RoundStatusRequest, context: Any) -> pb.RoundInfo:

@@ -9,6 +9,10 @@ fields, every page the next slice of each list. :func:`provider_set_pages` and
 :func:`agreement_pages` cut, :func:`join_provider_set` and :func:`join_agreement` rebuild and
 refuse a page stream that is not one whole message (a count that does not match, a later page
 that carries a first page's fields). :func:`agree_providers` is the caller's side of the call.
+
+The privacy ledger grows by about 1.5 KB a round, so FetchLedger answers a page too
+(:func:`ledger_page`): the lines from the one asked for that fit :data:`PAGE_BYTES`; the
+caller asks again from the next line until it holds ``total_lines``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ __all__ = [
     "agreement_pages",
     "join_agreement",
     "join_provider_set",
+    "ledger_page",
     "provider_set_pages",
 ]
 
@@ -187,3 +192,12 @@ def agree_providers(
         iter(provider_set_pages(message)), timeout=timeout
     )
     return join_agreement(answer)
+
+
+def ledger_page(
+    lines: Sequence[bytes], from_line: int, page_bytes: int | None = None
+) -> list[bytes]:
+    """The ledger lines from ``from_line`` on that fit ``page_bytes`` (default PAGE_BYTES),
+    at least one while any is left (a line is about 1.5 KB)."""
+    runs = _slices(lines[from_line:], page_bytes or PAGE_BYTES)
+    return runs[0] if runs else []

@@ -30,7 +30,7 @@ from spgc.privacy.ledger_format import read_ledger_lines
 from spgc.privacy.ledger_pair import compare_ledgers
 from spgc.privacy.ledger_verify import verify_ledger
 from spgc.providers.client import ProviderClient, ProviderRefusal
-from spgc.servers import coordinator
+from spgc.servers import aggregator, coordinator
 from spgc.servers.checkpoint import CheckpointError, config_digest
 from spgc.servers.daemon import ServerDaemon
 from spgc.servers.intake import ShareIntake
@@ -293,6 +293,51 @@ def test_a_provider_leaves_once_the_ledger_would_pass_its_limit(pki: Path, tmp_p
                 client.run_round()
             client.cfg = client.cfg.model_copy(update={"max_total_epsilon": 60.0})
             assert client.check_ledger().steps == 1  # within the limit: the report
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_a_provider_reads_the_ledger_a_page_at_a_time_and_then_only_new_lines(
+    pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FetchLedger answers a page (a long run's ledger does not fit one message): here a line
+    a page. The provider asks again until it holds every line, keeps them, and later asks
+    only for the new ones; a server whose ledger then holds fewer lines than it showed is
+    refused."""
+    asked: list[int] = []
+    real_page = aggregator.ledger_page
+
+    def one_line_pages(lines, from_line, page_bytes=None):
+        asked.append(from_line)
+        return real_page(lines, from_line, page_bytes=1)
+
+    monkeypatch.setattr(aggregator, "ledger_page", one_line_pages)
+    d1, d2 = start_pair(pki, tmp_path, **NOISY, min_providers=1)
+    try:
+        cfg = provider_config(pki, d1, d2, 0, max_total_epsilon=60.0)
+        with ProviderClient(cfg) as client:
+            client.connect()
+            for t in range(2):
+                assert client.run_round() is not None
+                wait_round_done((d1, d2), t)
+            asked.clear()
+            report = client.check_ledger()
+            assert report is not None and report.steps == 2
+            total = len(d1.state.ledger_lines())
+            assert total >= 5  # header and two releases' entries
+            # the rounds' own checks held the first lines: only the later ones are asked for,
+            # a line a call, up to the last
+            assert asked and 0 not in asked and max(asked) == total - 1, asked
+            held = {name: len(lines) for (name, _), lines in client._ledgers.items()}
+            assert held == {"h1": total, "h2": len(d2.state.ledger_lines())}
+            asked.clear()
+            assert client.check_ledger().steps == 2  # nothing new: one call a server
+            assert asked == [total, len(d2.state.ledger_lines())]
+            lines = d1.state.ledger_lines()
+            monkeypatch.setattr(d1.state, "ledger_lines", lambda: lines[:-1])
+            with pytest.raises(ProviderRefusal, match="it showed more lines before"):
+                client.check_ledger()
     finally:
         d1.stop()
         d2.stop()

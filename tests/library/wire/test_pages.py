@@ -15,6 +15,7 @@ from spgc.wire.pages import (
     agreement_pages,
     join_agreement,
     join_provider_set,
+    ledger_page,
     provider_set_pages,
 )
 from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES
@@ -102,3 +103,18 @@ def test_page_streams_that_are_not_one_message_are_refused():
     broken[-1].agreed.append("x")
     with pytest.raises(InvalidArgumentError, match="provider set pages: the stream ended"):
         join_agreement(broken)
+
+
+def test_a_ledger_answers_a_page_of_lines_at_a_time():
+    lines = [b"x" * 1500 for _ in range(2000)]  # a 2,000-round ledger: 3 MB
+    first = ledger_page(lines, 0)
+    assert len(first) > 1 and sum(len(x) + 4 for x in first) <= PAGE_BYTES
+    got, start = [], 0
+    while start < len(lines):
+        page = ledger_page(lines, start)
+        assert page, start
+        got.extend(page)
+        start += len(page)
+    assert got == lines
+    assert ledger_page(lines, len(lines)) == [] and ledger_page(lines, 2**63 - 1) == []
+    assert ledger_page([b"y" * (PAGE_BYTES + 1)], 0) == [b"y" * (PAGE_BYTES + 1)]  # one line
