@@ -89,7 +89,7 @@ from spgc.app.demo import (
 from spgc.common.memory import peak_rss_kb
 from spgc.common.progress import Progress
 from spgc.learning.data import DATA_ERRORS, load_dataset
-from spgc.protocol.modes import TWO_SERVER_MODES
+from spgc.protocol.modes import TWO_SERVER_MODES, default_verify_inputs
 from spgc.settings.config import ConfigError
 
 __all__ = [
@@ -134,7 +134,8 @@ class LoadOptions:
     keep: bool = False
     # The last ``poison`` providers send vectors over the bound (verified inputs only).
     poison: int = 0
-    verify_inputs: str = "none"
+    # none or l2; None: the servers' default (l2 in mode spgc: default_verify_inputs).
+    verify_inputs: str | None = None
 
     @property
     def honest(self) -> int:
@@ -321,8 +322,13 @@ def _validate(opts: LoadOptions) -> None:
         raise ValueError("--hostile-interval and --timeout must be > 0, --round-deadline >= 0")
     if not 0 <= opts.poison < opts.providers:
         raise ValueError("--poison must be in 0..N-1 (at least one honest provider)")
-    if opts.poison and opts.verify_inputs != "l2":
+    if opts.poison and verified(opts) != "l2":
         raise ValueError("--poison needs verified inputs (the servers' norm-proof checks)")
+
+
+def verified(opts: LoadOptions) -> str:
+    """The servers' verify_inputs: as given, or their default for the mode."""
+    return opts.verify_inputs or default_verify_inputs(opts.mode)
 
 
 def _write_workers(opts: LoadOptions, work: Path, provider_cfgs: list[Path]) -> list[Path]:
@@ -576,7 +582,7 @@ def run_bench(opts: LoadOptions, progress: TextIO | None = sys.stderr) -> dict[s
         out = _figures(
             opts, summaries, h1_log.read(), watches, tally, hostile_result, cpu, clock=clock
         )
-        if opts.verify_inputs != "none":
+        if verified(opts) != "none":
             out["poison_audited"] = {
                 w.name: audited_refusals(work / f"{w.name}-state" / "audit.jsonl") for w in watches
             }
@@ -690,8 +696,8 @@ def _figures(
         "cpus": os.cpu_count(),
         "load_average_before": clock["load"],
     }
-    if opts.verify_inputs != "none":
-        out["verify_inputs"] = opts.verify_inputs
+    out["verify_inputs"] = verified(opts)
+    if out["verify_inputs"] != "none":
         out.update(poison_figures(opts.honest, opts.providers, history, range(opts.total_rounds)))
         poisoners = {f"p{i + 1}" for i in range(opts.honest, opts.providers)}
         with tally.lock:
@@ -731,7 +737,7 @@ def run_with_baseline(
     providers, all honest, without verification (``baseline``): both median rounds and their
     ratio. Without ``baseline``, or without verified inputs, :func:`run_bench` alone."""
     _validate(opts)  # before the baseline runs: bad options cost nothing
-    if not baseline or opts.verify_inputs == "none":
+    if not baseline or opts.verify_inputs != "l2":
         return run_bench(opts, progress)
     plain = run_bench(
         LoadOptions(**{**opts.__dict__, "poison": 0, "verify_inputs": "none"}), progress
@@ -773,9 +779,9 @@ def _table(result: dict[str, Any]) -> str:
         ("missed provider-rounds", result["missed_providers"]),
         ("CPU s per round, median", result["cpu_seconds_per_round_median"]),
     ]
-    if "verify_inputs" in result:
+    rows.append(("verified inputs", result["verify_inputs"]))
+    if result["verify_inputs"] != "none":
         rows += [
-            ("verified inputs", result["verify_inputs"]),
             ("poisoning providers", result["poison"]),
             ("poison attempts / accepted / refused", "{} / {} / {}".format(
                 result["poison_attempts"], result["poison_accepted"], result["poison_refused"]
@@ -865,7 +871,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--verify-inputs",
         choices=("none", "l2"),
         default=None,
-        help="the servers' verify_inputs (default: l2 with --poison, else none); l2 first "
+        help="the servers' verify_inputs (default: l2 with --poison, else the servers' default: "
+        "l2 in modes spgc, dng and preprocessed); l2 given here first "
         "runs the same providers without verification as a baseline",
     )
     p.add_argument(
@@ -901,7 +908,7 @@ def options_from_args(args: argparse.Namespace) -> LoadOptions:
         timeout=args.timeout,
         keep=args.keep,
         poison=args.poison,
-        verify_inputs=args.verify_inputs or ("l2" if args.poison else "none"),
+        verify_inputs=args.verify_inputs or ("l2" if args.poison else None),
     )
 
 

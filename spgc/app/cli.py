@@ -358,10 +358,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--verify-inputs",
         choices=["none", "l2"],
-        default="none",
+        default=None,
         help="l2: every provider proves its vector is within the norm bound and the servers "
         "leave out a share whose proof fails (docs/PRIVACY.md, Norm proofs; modes spgc, "
-        "only-mpc, dng)",
+        "only-mpc, dng, preprocessed); none: not checked (default: the servers' default, l2 "
+        "in modes spgc, dng and preprocessed)",
     )
     demo.add_argument(
         "--adjacency",

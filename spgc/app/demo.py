@@ -36,6 +36,7 @@ from spgc.protocol.modes import (
     NOISY_MODES,
     SINGLE_SERVER_MODES,
     TRAINING_MODES,
+    default_verify_inputs,
     malicious_refusal,
 )
 from spgc.settings.config import parse_noise_schedule
@@ -120,8 +121,9 @@ class DemoOptions:
     clip_norm: float | None = None
     # How the servers evaluate the round's circuits (spgc.protocol.modes.BACKENDS): gc or gmw.
     backend: str = "gc"
-    # l2: the providers prove their vectors' norms and the servers check (spgc.protocol.norm_proof).
-    verify_inputs: str = "none"
+    # l2: the providers prove their vectors' norms and the servers check (spgc.protocol.norm_proof);
+    # None: the servers' default (l2 in the two-server DP modes, default_verify_inputs).
+    verify_inputs: str | None = None
     # The unit of privacy: example (DP-SGD) or provider (DP-FedAvg, PROVIDER_LEVEL_DEFAULTS).
     adjacency: str = "example"
     # adjacency provider: Geyer et al.'s phases "R:Z:Q,..."
@@ -137,6 +139,12 @@ class DemoOptions:
     # (H2's data link to H1's gc_address). `spgc bench wan` puts its shaping proxies there;
     # None: each server dials the other directly.
     peer_route: Callable[[str, str], str] | None = None
+
+
+def verifies_inputs(opts: DemoOptions) -> bool:
+    """Whether the servers of ``opts`` check norm proofs (explicitly, or by their default)."""
+    chosen = opts.verify_inputs or default_verify_inputs(opts.mode)
+    return chosen == "l2"
 
 
 def _outgoing_port_range() -> tuple[int, int]:
@@ -333,7 +341,7 @@ def write_configs(opts: DemoOptions, work: Path) -> tuple[list[Path], list[Path]
         cfg["clip"] = opts.clip
         if opts.backend != "gc":
             cfg["backend"] = opts.backend
-        if opts.verify_inputs != "none":
+        if opts.verify_inputs is not None:  # "none" too: the servers' default may be l2
             cfg["verify_inputs"] = opts.verify_inputs
         if opts.adjacency == "provider":
             cfg.update(PROVIDER_LEVEL_DEFAULTS)
@@ -456,7 +464,7 @@ def run_demo(opts: DemoOptions, out: TextIO = sys.stderr) -> dict[str, Any]:
             f"mode {opts.mode}, target epsilon {opts.epsilon:g} (delta {opts.delta:g}), {link}"
             + (f", backend {opts.backend}" if opts.backend != "gc" else "")
             + (f", security {opts.security}" if opts.security != DEFAULT_SECURITY else "")
-            + (", verified inputs (norm proofs)" if opts.verify_inputs != "none" else "")
+            + (", verified inputs (norm proofs)" if verifies_inputs(opts) else "")
             + (", provider-level DP (DP-FedAvg)" if opts.adjacency == "provider" else ""),
             file=out,
         )

@@ -28,6 +28,7 @@ __all__ = [
     "VERIFIED_BY_DEFAULT",
     "VERIFIED_MODES",
     "Mode",
+    "default_verify_inputs",
     "get_mode",
     "malicious_refusal",
 ]
@@ -131,6 +132,11 @@ VERIFIED_MODES: tuple[str, ...] = ("spgc", "only-mpc", "dng", "preprocessed")
 NOISE_FLOOR_MODES: tuple[str, ...] = ("spgc", "preprocessed")
 #: Where verify_inputs defaults to l2: the two-server DP modes.
 VERIFIED_BY_DEFAULT: tuple[str, ...] = ("spgc", "dng", "preprocessed")
+
+
+def default_verify_inputs(mode: str) -> str:
+    """verify_inputs when a config leaves it unset: l2 in the two-server DP modes."""
+    return "l2" if mode in VERIFIED_BY_DEFAULT else "none"
 
 #: ``security`` (issue 46, docs/MALICIOUS.md): what the two servers' circuits are secure against.
 #: ``semi-honest`` on every backend and mode; ``malicious`` only where the table below has a

@@ -39,8 +39,8 @@ from spgc.protocol.modes import (
     SECURITY_NAMES,
     SINGLE_SERVER_MODES,
     TRAINING_MODES,
-    VERIFIED_BY_DEFAULT,
     VERIFIED_MODES,
+    default_verify_inputs,
     malicious_refusal,
 )
 from spgc.protocol.norm_proof import DEFAULT_REPETITIONS, GRINDING_BITS
@@ -615,8 +615,7 @@ class ServerConfig(_Schema):
     def _default_verification(cls, data: Any) -> Any:
         """verify_inputs unset: l2 in the two-server DP modes, none elsewhere."""
         if isinstance(data, Mapping) and data.get("verify_inputs") is None:
-            mode = data.get("mode", "spgc")
-            data = {**data, "verify_inputs": "l2" if mode in VERIFIED_BY_DEFAULT else "none"}
+            data = {**data, "verify_inputs": default_verify_inputs(data.get("mode", "spgc"))}
         return data
 
     @model_validator(mode="after")

@@ -102,6 +102,6 @@ def test_bench_load_refuses_bad_options_cleanly(capsys):
     with pytest.raises(ValueError, match="two-server mode"):
         run_bench(LoadOptions(mode="plain"), progress=None)  # one server: no pair to load
     with pytest.raises(ValueError, match="needs verified inputs"):
-        run_bench(LoadOptions(providers=4, poison=1), progress=None)
+        run_bench(LoadOptions(providers=4, poison=1, verify_inputs="none"), progress=None)
     assert main(["--providers", "3", "--poison", "3"]) == 2
     assert "--poison must be in 0..N-1" in capsys.readouterr().err

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from helpers import TESTS_ROOT
 
-from spgc.app.demo import DemoOptions, write_configs
+from spgc.app.bench_load import LoadOptions, verified
+from spgc.app.demo import DemoOptions, verifies_inputs, write_configs
 from spgc.protocol.norm_proof import (
     DEFAULT_REPETITIONS,
     NormProofParams,
@@ -267,6 +268,22 @@ def test_verified_inputs_are_refused_where_two_servers_cannot_check_them(
 
 
 # The same path (a poisoning provider with its real keys, through both real daemons) runs in
+@pytest.mark.parametrize(
+    ("asked", "mode", "want"),
+    [(None, "spgc", "l2"), ("none", "spgc", "none"), ("l2", "spgc", "l2"), (None, "plain", "none")],
+)
+def test_the_demo_and_bench_configs_say_none_when_asked(tmp_path: Path, asked, mode, want) -> None:
+    """--verify-inputs none reaches the servers: left unset, their default (l2 in spgc) would
+    verify, and bench load's unverified baseline would measure a verified run."""
+    opts = DemoOptions(dataset="cancer", providers=2, rounds=1, verify_inputs=asked, mode=mode)
+    servers, _ = write_configs(opts, tmp_path / "work")
+    for path in servers:
+        assert load_server_config(path).verify_inputs == want
+    assert verifies_inputs(opts) == (want == "l2")
+    bench = LoadOptions(providers=2, verify_inputs=asked, mode=mode)
+    assert verified(bench) == want
+
+
 # make test as bench load's small hostile run (test_bench_load.py), which also checks what the
 # poisoners were told; this one, in the extended set, reads both servers' audit logs and the
 # provider's own log line.
