@@ -70,6 +70,7 @@ from spgc.servers.norm_checks import (
     COIN_BYTES,
     norm_refusals,
     round_coin,
+    verifier_message_bytes,
     verifier_messages,
 )
 from spgc.servers.pool_sync import NoiseProducer, slice_message
@@ -664,7 +665,6 @@ class H1Driver(_RoundLoop):
             state.history[t].verify_coin = round_coin(state.run_id, t, coin)
 
         ids = [state.history[t].vector_ids.get(name, b"") for name in received]
-        proofs = own_verifier_messages(state, t, received)
         seed = os.urandom(32) if cfg.mode == "spgc" else None
         # The release statement rides with the set (it does not depend on P_t), with the pool
         # entries when the pool holds them now: a short pool waits only once P_t is agreed.
@@ -680,13 +680,21 @@ class H1Driver(_RoundLoop):
             digest=provider_set_digest(received),
             min_providers=cfg.min_providers,
             vector_ids=ids,
-            norm_verifiers=proofs,
             verify_coin=coin,
             release=release,
         )
-        # The intake barrier too: H2 waits for its own intake to close.
+        # The intake barrier too: H2 waits for its own intake to close. In pages (any size);
+        # the first, with the coin, goes out before our verifier messages are computed, so
+        # that H2 computes its own meanwhile.
         wait = cfg.round_deadline + RPC_SLACK
-        answer = agree_providers(self.peer, mine, timeout=wait)  # in pages, any size
+        late = None
+        if norm is not None:
+            late = (
+                lambda: own_verifier_messages(state, t, received),
+                verifier_message_bytes(norm),
+            )
+        answer = agree_providers(self.peer, mine, timeout=wait, late_verifiers=late)
+        proofs = list(mine.norm_verifiers)
         agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
             state,
             (received, ids, proofs),

@@ -44,6 +44,7 @@ __all__ = [
     "COIN_BYTES",
     "norm_refusals",
     "round_coin",
+    "verifier_message_bytes",
     "verifier_messages",
 ]
 
@@ -67,16 +68,21 @@ def round_coin(run_id: str, round_number: int, h1_part: bytes) -> bytes:
     ).digest()
 
 
+def verifier_message_bytes(params: NormProofParams) -> int:
+    """The size of one verifier message on the wire (ProviderSet.norm_verifiers)."""
+    return 8 * params.verifier_len + _JOINT_BYTES + _PARTS_BYTES
+
+
 def _to_bytes(message: VerifierMessage) -> bytes:
     return message.values.astype("<u8").tobytes() + message.joint_seed + message.parts
 
 
 def _from_bytes(params: NormProofParams, data: bytes, leader: bool) -> VerifierMessage:
     size = 8 * params.verifier_len
-    if len(data) != size + _JOINT_BYTES + _PARTS_BYTES:
+    if len(data) != verifier_message_bytes(params):
         raise PeerMismatchError(
             f"a norm-proof verifier message of {len(data)} bytes; expected "
-            f"{size + _JOINT_BYTES + _PARTS_BYTES}"
+            f"{verifier_message_bytes(params)}"
         )
     values = np.frombuffer(data[:size], dtype="<u8").astype(np.uint64)
     if values.size and int(values.max()) >= params.p:

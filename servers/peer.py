@@ -7,6 +7,7 @@ hold certificates of the same CA, so mutual TLS alone does not make a caller a s
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -559,13 +560,46 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     def AgreeProviders(
         self, pages: Iterable[peer_pb2.ProviderSet], context: grpc.ServicerContext
     ) -> Iterator[peer_pb2.ProviderAgreement]:
-        """H1's set in pages (spgc.wire.pages), the agreement back in pages."""
-        answer = self._agree_providers(join_provider_set(pages), context)
+        """H1's set in pages (spgc.wire.pages), the agreement back in pages. Our verifier
+        messages are computed once the first page (with the coin) is in, while H1 computes its
+        own and before its lists arrive."""
+        stream = iter(pages)
+        first = next(stream, None)
+        proofs = None if first is None else self._own_proofs_early(first, context)
+        request = join_provider_set(itertools.chain([] if first is None else [first], stream))
+        answer = self._agree_providers(request, context, proofs)
         return iter(agreement_pages(answer))
 
+    def _own_proofs_early(
+        self, first: peer_pb2.ProviderSet, context: grpc.ServicerContext
+    ) -> list[bytes] | None:
+        """Verified inputs: the intake barrier (our intake closed, before the coin is read),
+        then round t's coin from H1's first page and our verifier message for each share we
+        hold; None without verified inputs, or for a round that is not ours to agree now
+        (:meth:`_agree_providers` refuses it)."""
+        self._check(context, first.run_id, first.role)
+        state, t = self.state, first.round
+        if t == state.round:
+            self._close_intake(t)
+        if state.plan.norm_proof is None:
+            return None
+        with self._lock:
+            if t != state.round or state.phase != pb.ROUND_PHASE_AGREEING:
+                return None
+            try:
+                state.history[t].verify_coin = round_coin(state.run_id, t, first.verify_coin)
+                return own_verifier_messages(state, t, state.history[t].received)
+            except PeerMismatchError as exc:  # a malformed coin: refused, the round untouched
+                raise FailedPreconditionError(str(exc)) from None
+
     def _agree_providers(
-        self, request: peer_pb2.ProviderSet, context: grpc.ServicerContext
+        self,
+        request: peer_pb2.ProviderSet,
+        context: grpc.ServicerContext,
+        proofs: list[bytes] | None = None,
     ) -> peer_pb2.ProviderAgreement:
+        """The agreement on H1's whole set; ``proofs``: our verifier messages, when computed
+        already (:meth:`_own_proofs_early`)."""
         self._check(context, request.run_id, request.role)
         state, t = self.state, request.round
         cfg = state.plan.cfg
@@ -586,9 +620,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             own = state.history[t].received
             own_ids = [state.history[t].vector_ids.get(name, b"") for name in own]
             try:
-                if state.plan.norm_proof is not None:
+                if proofs is None and state.plan.norm_proof is not None:
                     state.history[t].verify_coin = round_coin(state.run_id, t, request.verify_coin)
-                proofs = own_verifier_messages(state, t, own)
+                if proofs is None:
+                    proofs = own_verifier_messages(state, t, own)
                 agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
                     state,
                     (own, own_ids, proofs),

@@ -8,7 +8,9 @@ as pages (proto/spgc/v1/peer.proto, ``ProviderSet.pages``): the first page holds
 fields, every page the next slice of each list. :func:`provider_set_pages` and
 :func:`agreement_pages` cut, :func:`join_provider_set` and :func:`join_agreement` rebuild and
 refuse a page stream that is not one whole message (a count that does not match, a later page
-that carries a first page's fields). :func:`agree_providers` is the caller's side of the call.
+that carries a first page's fields). :func:`agree_providers` is the caller's side of the call:
+its first page (with the norm-proof coin) goes out before its verifier messages are computed,
+so that the two servers compute theirs at the same time.
 
 The privacy ledger grows by about 1.5 KB a round, so FetchLedger answers a page too
 (:func:`ledger_page`): the lines from the one asked for that fit :data:`PAGE_BYTES`; the
@@ -17,7 +19,8 @@ caller asks again from the next line until it holds ``total_lines``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import queue
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from spgc.wire._generated import peer_pb2
@@ -67,10 +70,11 @@ def _slices(items: Sequence[T], budget: int) -> list[list[T]]:
 def provider_set_pages(
     message: peer_pb2.ProviderSet, page_bytes: int | None = None
 ) -> list[peer_pb2.ProviderSet]:
-    """``message`` as pages (at least one), in order; ``page_bytes`` default PAGE_BYTES."""
+    """``message`` as pages, in order: the first with every field but the lists (and
+    ``pages``), then the lists' slices; ``page_bytes`` default PAGE_BYTES."""
     budget = max(1, (page_bytes or PAGE_BYTES) // len(_SET_LISTS))
     cut = {name: _slices(list(getattr(message, name)), budget) for name in _SET_LISTS}
-    count = max(1, *(len(runs) for runs in cut.values()))
+    count = 1 + max(0, *(len(runs) for runs in cut.values()))
     if count > MAX_PAGES:
         raise ValueError(f"a provider set of {count} pages is over the {MAX_PAGES}-page limit")
     first = peer_pb2.ProviderSet()
@@ -80,7 +84,7 @@ def provider_set_pages(
     first.pages = count
     pages = [first] + [peer_pb2.ProviderSet() for _ in range(count - 1)]
     for name, runs in cut.items():
-        for page, run in zip(pages, runs, strict=False):
+        for page, run in zip(pages[1:], runs, strict=False):
             getattr(page, name).extend(run)
     return pages
 
@@ -185,12 +189,45 @@ def join_agreement(pages: Iterable[peer_pb2.ProviderAgreement]) -> peer_pb2.Prov
 
 
 def agree_providers(
-    stub: Any, message: peer_pb2.ProviderSet, timeout: float
+    stub: Any,
+    message: peer_pb2.ProviderSet,
+    timeout: float,
+    late_verifiers: tuple[Callable[[], Sequence[bytes]], int] | None = None,
 ) -> peer_pb2.ProviderAgreement:
-    """The caller's AgreeProviders: ``message`` out in pages, the whole answer back."""
-    answer: Iterator[peer_pb2.ProviderAgreement] = stub.AgreeProviders(
-        iter(provider_set_pages(message)), timeout=timeout
-    )
+    """The caller's AgreeProviders: ``message`` out in pages, the whole answer back.
+
+    ``late_verifiers`` (make, size): ``message`` comes without its norm-proof verifier messages;
+    the first page goes out first, so that the callee starts on its own messages, then
+    ``make()`` computes ours (one of ``size`` bytes per provider, which fixes the page count
+    before) and the rest of the pages follow. ``message`` holds them afterwards."""
+    if late_verifiers is None:
+        pages = iter(provider_set_pages(message))
+        return join_agreement(stub.AgreeProviders(pages, timeout=timeout))
+    make, size = late_verifiers
+    planned = peer_pb2.ProviderSet()
+    planned.CopyFrom(message)
+    planned.ClearField("norm_verifiers")
+    planned.norm_verifiers.extend([bytes(size)] * len(message.providers))
+    head, *rest = provider_set_pages(planned)
+    outbox: queue.SimpleQueue[peer_pb2.ProviderSet | None] = queue.SimpleQueue()
+    answer = stub.AgreeProviders(iter(outbox.get, None), timeout=timeout)
+    outbox.put(head)
+    try:
+        verifiers = list(make())
+        if len(verifiers) != len(message.providers) or any(len(v) != size for v in verifiers):
+            raise ValueError(f"verifier messages of other sizes than the {size} bytes planned")
+        message.ClearField("norm_verifiers")
+        message.norm_verifiers.extend(verifiers)
+        pages = provider_set_pages(message)
+        if len(pages) != 1 + len(rest):
+            raise ValueError("the provider set's pages are not the ones its first page named")
+    except BaseException:
+        answer.cancel()  # the callee sees a cancelled call, never a short set
+        outbox.put(None)
+        raise
+    for page in pages[1:]:
+        outbox.put(page)
+    outbox.put(None)
     return join_agreement(answer)
 
 

@@ -4,6 +4,7 @@ rebuilt exactly, and a page stream that is not one whole message refused."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -12,6 +13,7 @@ from spgc.wire.errors import InvalidArgumentError
 from spgc.wire.pages import (
     MAX_PAGES,
     PAGE_BYTES,
+    agree_providers,
     agreement_pages,
     join_agreement,
     join_provider_set,
@@ -50,8 +52,9 @@ def test_a_set_of_any_size_travels_in_pages_within_the_limit(n, verifier_bytes, 
     assert join_provider_set(iter(pages)) == whole
     if whole.ByteSize() > DEFAULT_MAX_MESSAGE_BYTES:  # 1000 providers at MNIST's d: 6 MB
         assert len(pages) > 1 and all(p.ByteSize() <= PAGE_BYTES + 4096 for p in pages)
-    if n <= 3:
-        assert len(pages) == 1
+    assert not any(getattr(pages[0], name) for name in ("providers", "norm_verifiers"))
+    if n <= 3:  # the first page, then one of lists (none without providers)
+        assert len(pages) == (1 if n == 0 else 2)
 
 
 def test_an_agreement_of_any_size_travels_in_pages():
@@ -118,3 +121,64 @@ def test_a_ledger_answers_a_page_of_lines_at_a_time():
     assert got == lines
     assert ledger_page(lines, len(lines)) == [] and ledger_page(lines, 2**63 - 1) == []
     assert ledger_page([b"y" * (PAGE_BYTES + 1)], 0) == [b"y" * (PAGE_BYTES + 1)]  # one line
+
+
+class _PagedPeer:
+    """A Peer stub's AgreeProviders, as gRPC runs it: the request pages read on a thread of
+    their own while the caller goes on; the answer's pages once the request stream ended."""
+
+    def __init__(self) -> None:
+        self.received: list[peer_pb2.ProviderSet] = []
+        self.first_in = threading.Event()
+        self.cancelled = False
+
+    def AgreeProviders(self, pages, timeout):
+        done = threading.Event()
+
+        def read() -> None:
+            for page in pages:
+                self.received.append(page)
+                self.first_in.set()
+            done.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        peer = self
+
+        class Call:
+            def cancel(self) -> None:
+                peer.cancelled = True
+
+            def __iter__(self):
+                assert done.wait(10)
+                whole = join_provider_set(peer.received)
+                answer = peer_pb2.ProviderAgreement(
+                    callee=whole, agreed=list(whole.providers), agreed_digest=b"d", proceed=True
+                )
+                return iter(agreement_pages(answer, page_bytes=4096))
+
+        return Call()
+
+
+def test_the_first_page_goes_out_before_the_callers_verifier_messages_are_made():
+    full = provider_set(50, 700)
+    message = peer_pb2.ProviderSet()
+    message.CopyFrom(full)
+    message.ClearField("norm_verifiers")
+    peer = _PagedPeer()
+
+    def make() -> list[bytes]:
+        # the callee holds the first page (the coin) while ours are computed
+        assert peer.first_in.wait(10) and peer.received[0].verify_coin == full.verify_coin
+        return list(full.norm_verifiers)
+
+    answer = agree_providers(peer, message, timeout=10, late_verifiers=(make, 700))
+    assert message == full  # the caller's set now holds its messages
+    assert join_provider_set(peer.received) == full
+    assert answer.callee == full and list(answer.agreed) == list(full.providers)
+
+    # messages of another size than planned: the call is cancelled, never sent short
+    peer = _PagedPeer()
+    message.ClearField("norm_verifiers")
+    with pytest.raises(ValueError, match="other sizes than the 699 bytes planned"):
+        agree_providers(peer, message, timeout=10, late_verifiers=(make, 699))
+    assert peer.cancelled
