@@ -87,11 +87,26 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
         self.insecure = insecure
         self.allowed = frozenset(state.plan.cfg.providers)
         self._blocking = ThreadPoolExecutor(BLOCKING_THREADS, thread_name_prefix="spgc-intake")
+        # Verified inputs: each accepted share's coin-free verifier work, one share at a time.
+        self._proof_prep = ThreadPoolExecutor(1, thread_name_prefix="spgc-proof-prep")
         self._round_changed: asyncio.Event | None = None  # replaced at every change
         self._inlined: tuple[int, bytes] = (-1, b"")  # (model version, its inline bytes)
 
     def close(self) -> None:
         self._blocking.shutdown(wait=False, cancel_futures=True)
+        self._proof_prep.shutdown(wait=False, cancel_futures=True)
+
+    def _prepare_proof(self, provider: str, round_number: int) -> None:
+        """The accepted share's wraparound dots, ahead of the round's agreement. Best effort:
+        a share dropped or a round moved on meanwhile is computed (or not) at the agreement,
+        as without this step."""
+        state, params = self.state, self.state.plan.norm_proof
+        if params is None or state.round != round_number:
+            return
+        try:
+            state.proof_dots.prepare(state.intake, params, state.run_id, round_number, provider)
+        except Exception as exc:  # any failure only loses the head start
+            log.debug("no head start on %s's proof of round %d: %s", provider, round_number, exc)
 
     async def _off_loop(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._blocking, fn, *args)
@@ -321,6 +336,8 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
             await self._off_loop(submission.commit)
         finally:
             submission.discard()
+        if plan.norm_proof is not None:  # off the round's agreement: see PreparedDots
+            self._proof_prep.submit(self._prepare_proof, who, header.round)
         self.state.note_accepted(  # compute_seconds: reserved, ignored
             header.round,
             who,

@@ -128,7 +128,9 @@ def own_verifier_messages(state: ServerState, t: int, received: Sequence[str]) -
     coin = state.history[t].verify_coin
     if not coin:
         raise PeerMismatchError(f"round {t}: no norm-proof coin was agreed once its intake closed")
-    return verifier_messages(state.intake, norm, coin, state.run_id, t, received)
+    return verifier_messages(
+        state.intake, norm, coin, state.run_id, t, received, state.proof_dots
+    )
 
 
 def agreement_with_proofs(

@@ -23,6 +23,7 @@ the round like one whose share reached one server only.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,12 +37,14 @@ from spgc.protocol.norm_proof import (
     helper_query,
     leader_query,
     proof_context,
+    share_dots,
 )
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.intake import ShareIntake
 
 __all__ = [
     "COIN_BYTES",
+    "PreparedDots",
     "norm_refusals",
     "round_coin",
     "verifier_message_bytes",
@@ -91,6 +94,44 @@ def _from_bytes(params: NormProofParams, data: bytes, leader: bool) -> VerifierM
     return VerifierMessage(values, joint, leader, data[size + _JOINT_BYTES :])
 
 
+class PreparedDots:
+    """Each held share's wraparound dots, computed as the share arrives (the server's intake
+    calls :meth:`prepare` off its event loop): they depend on no coin, and for a large d they
+    are most of a verifier message's work, which the round's agreement then does not wait
+    for. Looked up by the proof's J1, which binds the x share: a share that changed finds
+    nothing and is computed as before. Only the latest round's are kept."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._round = -1
+        self._by_joint: dict[bytes, np.ndarray] = {}
+
+    def prepare(
+        self,
+        intake: ShareIntake,
+        params: NormProofParams,
+        run_id: str,
+        round_number: int,
+        provider: str,
+    ) -> None:
+        share = intake.proof_share(provider)
+        joint_x, dots = share_dots(params, share, proof_context(run_id, round_number, provider))
+        with self._lock:
+            if round_number < self._round:
+                return
+            if round_number > self._round:
+                self._round, self._by_joint = round_number, {}
+            self._by_joint[joint_x] = dots
+
+    def get(self, joint_x: bytes) -> np.ndarray | None:
+        with self._lock:
+            return self._by_joint.get(joint_x)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_joint)
+
+
 def verifier_messages(
     intake: ShareIntake,
     params: NormProofParams,
@@ -98,17 +139,20 @@ def verifier_messages(
     run_id: str,
     round_number: int,
     providers: Sequence[str],
+    prepared: PreparedDots | None = None,
 ) -> list[bytes]:
     """This server's verifier message for the held share of each of ``providers`` (round
-    ``round_number`` of run ``run_id``, its intake closed), in their order."""
+    ``round_number`` of run ``run_id``, its intake closed), in their order; ``prepared``:
+    the shares' wraparound dots computed as they arrived."""
+    lookup = None if prepared is None else prepared.get
     out = []
     for name in providers:
         share = intake.proof_share(name)
         context = proof_context(run_id, round_number, name)
         if isinstance(share, HelperShare):
-            message = helper_query(params, share, context, coin)
+            message = helper_query(params, share, context, coin, lookup)
         else:
-            message = leader_query(params, share, context, coin)
+            message = leader_query(params, share, context, coin, lookup)
         out.append(_to_bytes(message))
     return out
 

@@ -32,6 +32,7 @@ from spgc.servers.errors import BudgetExceededError, PeerMismatchError
 from spgc.servers.evaluation import TestSetEvaluator, test_set_loader
 from spgc.servers.intake import ShareIntake
 from spgc.servers.ledger_state import LedgerState
+from spgc.servers.norm_checks import PreparedDots
 from spgc.servers.round_phases import ENDED_PHASES, RoundPhases, RoundRecord, round_summary
 from spgc.servers.state_checkpoints import StateCheckpoints
 from spgc.settings.backend_choice import BackendChoice
@@ -59,6 +60,8 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.plan = plan
         self.role = role
         self.intake = intake
+        # Verified inputs: each share's wraparound dots, computed as it arrives.
+        self.proof_dots = PreparedDots()
         lock = threading.RLock()
         self.cond = threading.Condition(lock)
         # Providers' long polls are woken through these callbacks when a round opens or ends,

@@ -82,6 +82,7 @@ __all__ = [
     "prove",
     "prove_unchecked",
     "quadratic_residuals",
+    "share_dots",
     "wrapping_vector",
 ]
 
@@ -747,6 +748,7 @@ def _query(
     joint_x: bytes,
     joint_w: bytes,
     verify_seed: bytes,
+    dots: np.ndarray | None = None,
 ) -> np.ndarray:
     p, m, n, d = params.p, params.chunk, params.points, params.dim
     if inputs.shape != (params.n_inputs,) or proof.shape != (params.proof_len,):
@@ -775,7 +777,8 @@ def _query(
         out += [f_t, np.array([p_t, quadratic], dtype=np.uint64)]
     # Linear checks, combined with weights of the servers' choosing.
     sigma = field_expand(_seed16("sigma", verify_seed, joint_w), 1 + r, p)
-    dots = wraparound_dots(np.ascontiguousarray(inputs[:d]), _seed16("wraparound", joint_x), r, p)
+    if dots is None or dots.shape != (r,):
+        dots = _share_dots(params, inputs, joint_x)
     if leader:  # the constants enter one server's share only
         dots = _add(dots, np.full(r, params.window_offset, dtype=np.uint64), p)
         v0_check = (v0 + u0 - params.bound**2) % p
@@ -786,29 +789,78 @@ def _query(
     return np.concatenate(out)
 
 
+#: A server's wraparound dots of a share by the proof's J1 (:func:`share_dots`), or None.
+DotsLookup = Callable[[bytes], np.ndarray | None]
+
+
+def _share_dots(params: NormProofParams, inputs: np.ndarray, joint_x: bytes) -> np.ndarray:
+    """<z_k, x share> for the r wraparound checks: no coin enters, and for a large d they are
+    most of a verifier message's work."""
+    x = np.ascontiguousarray(inputs[: params.dim])
+    return wraparound_dots(x, _seed16("wraparound", joint_x), params.repetitions, params.p)
+
+
+def _leader_joint(
+    params: NormProofParams, share: LeaderShare, context: bytes
+) -> tuple[bytes, bytes]:
+    """(H1's own parts, J1) of a share."""
+    own = share.parts(params, context)
+    return own, _joint_x(own[:PART_BYTES], share.helper_part)
+
+
+def _helper_joint(share: HelperShare, context: bytes) -> tuple[bytes, bytes]:
+    """(H2's own part, J1) of a share."""
+    if len(share.leader_parts) != 2 * PART_BYTES:
+        raise ValueError(f"H1's joint randomness parts must be {2 * PART_BYTES} bytes")
+    own = share.part(context)
+    return own, _joint_x(share.leader_parts[:PART_BYTES], own)
+
+
+def share_dots(
+    params: NormProofParams, share: LeaderShare | HelperShare, context: bytes
+) -> tuple[bytes, np.ndarray]:
+    """(J1, the wraparound dots of this server's share): the part of a verifier message that
+    no coin changes, computed as the share arrives. J1 binds the x share (through H1's x-part
+    and H2's seed), so dots looked up by it are never another share's."""
+    if isinstance(share, LeaderShare):
+        _, joint_x = _leader_joint(params, share, context)
+        return joint_x, _share_dots(params, share.inputs, joint_x)
+    _, joint_x = _helper_joint(share, context)
+    return joint_x, _share_dots(params, share.expand(params)[0], joint_x)
+
+
 def leader_query(
-    params: NormProofParams, share: LeaderShare, context: bytes, verify_seed: bytes
+    params: NormProofParams,
+    share: LeaderShare,
+    context: bytes,
+    verify_seed: bytes,
+    dots: DotsLookup | None = None,
 ) -> VerifierMessage:
     """H1's verifier message for one provider's proof made for ``context``
-    (:func:`proof_context`; ``verify_seed``: the servers' round coin)."""
-    own = share.parts(params, context)
-    joint_x = _joint_x(own[:PART_BYTES], share.helper_part)
+    (:func:`proof_context`; ``verify_seed``: the servers' round coin); ``dots``: where the
+    share's wraparound dots were computed before (:func:`share_dots`)."""
+    own, joint_x = _leader_joint(params, share, context)
     joint_w = _joint_w(joint_x, own[PART_BYTES:])
-    values = _query(params, True, share.inputs, share.proof, joint_x, joint_w, verify_seed)
+    ready = None if dots is None else dots(joint_x)
+    values = _query(
+        params, True, share.inputs, share.proof, joint_x, joint_w, verify_seed, ready
+    )
     return VerifierMessage(values, joint_w, True, own + share.helper_part)
 
 
 def helper_query(
-    params: NormProofParams, share: HelperShare, context: bytes, verify_seed: bytes
+    params: NormProofParams,
+    share: HelperShare,
+    context: bytes,
+    verify_seed: bytes,
+    dots: DotsLookup | None = None,
 ) -> VerifierMessage:
     """H2's verifier message for one provider's proof made for ``context``."""
-    if len(share.leader_parts) != 2 * PART_BYTES:
-        raise ValueError(f"H1's joint randomness parts must be {2 * PART_BYTES} bytes")
+    own, joint_x = _helper_joint(share, context)
     inputs, proof = share.expand(params)
-    own = share.part(context)
-    joint_x = _joint_x(share.leader_parts[:PART_BYTES], own)
     joint_w = _joint_w(joint_x, share.leader_parts[PART_BYTES:])
-    values = _query(params, False, inputs, proof, joint_x, joint_w, verify_seed)
+    ready = None if dots is None else dots(joint_x)
+    values = _query(params, False, inputs, proof, joint_x, joint_w, verify_seed, ready)
     return VerifierMessage(values, joint_w, False, share.leader_parts + own)
 
 

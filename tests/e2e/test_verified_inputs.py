@@ -17,6 +17,7 @@ from helpers import TESTS_ROOT
 
 from spgc.app.bench_load import LoadOptions, verified
 from spgc.app.demo import DemoOptions, verifies_inputs, write_configs
+from spgc.protocol import norm_proof
 from spgc.protocol.norm_proof import (
     DEFAULT_REPETITIONS,
     NormProofParams,
@@ -29,7 +30,12 @@ from spgc.providers.plan_checks import check_plan, norm_proof_params
 from spgc.servers.errors import PeerMismatchError
 from spgc.servers.intake import INVALID_ARGUMENT, FieldShares, ShareIntake, SubmissionRejected
 from spgc.servers.metrics import ServerMetrics
-from spgc.servers.norm_checks import norm_refusals, round_coin, verifier_messages
+from spgc.servers.norm_checks import (
+    PreparedDots,
+    norm_refusals,
+    round_coin,
+    verifier_messages,
+)
 from spgc.settings.config import ServerConfig
 from spgc.settings.config_files import load_server_config
 from spgc.settings.plan import make_plan
@@ -95,6 +101,45 @@ def test_the_servers_sum_field_shares_and_refuse_a_poisoned_one_alike() -> None:
     assert [int(v) - p if v > p // 2 else int(v) for v in total] == want.tolist()
     h1.close()
     h2.close()
+
+
+def test_dots_prepared_as_shares_arrive_give_the_same_messages(monkeypatch) -> None:
+    """The wraparound dots each server computes as a share arrives (PreparedDots) give the
+    verifier messages computed at the agreement without them, for honest and poisoned shares;
+    dots prepared for a share the provider then replaced are never used for the new one."""
+    shares = {f"p{i}": prove(_vector(4000, i), PARAMS, _ctx(f"p{i}")) for i in range(3)}
+    shares["bad"] = prove_unchecked(_vector(50_000, 9), PARAMS, _ctx("bad"))
+    h1, h2 = _two_intakes(shares)
+    names = sorted(shares)
+    preps = (PreparedDots(), PreparedDots())
+    for intake, prep in zip((h1, h2), preps, strict=True):
+        for name in names:
+            prep.prepare(intake, PARAMS, RUN, 0, name)
+        assert len(prep) == len(names)
+        intake.close_round()
+    coin = round_coin(RUN, 0, os.urandom(32))
+    computed: list[int] = []
+    real = norm_proof._share_dots
+
+    def counted(*args):
+        computed.append(1)
+        return real(*args)
+
+    for intake, prep in zip((h1, h2), preps, strict=True):
+        plain = verifier_messages(intake, PARAMS, coin, RUN, 0, names)
+        computed.clear()
+        monkeypatch.setattr(norm_proof, "_share_dots", counted)
+        assert verifier_messages(intake, PARAMS, coin, RUN, 0, names, prep) == plain
+        assert computed == []  # every share's dots came from the arrival
+        monkeypatch.undo()
+    # Another share of p0 (its x share, so J1, differs): the prepared dots are not its own.
+    other = prove(_vector(4000, 77), PARAMS, _ctx("p0"))
+    h1b, _ = _two_intakes({"p0": other})
+    h1b.close_round()
+    fresh = verifier_messages(h1b, PARAMS, coin, RUN, 0, ["p0"])
+    assert verifier_messages(h1b, PARAMS, coin, RUN, 0, ["p0"], preps[0]) == fresh
+    for intake in (h1, h2, h1b):
+        intake.close()
 
 
 def test_malformed_verifier_messages_from_the_peer_are_a_mismatch_not_a_refusal() -> None:
