@@ -29,6 +29,12 @@ def test_bench_proof_prints_consistent_figures() -> None:
     assert r["upload_bytes_verified"] == values * params.element_bytes + 160
     assert r["upload_ratio"] == r["upload_bytes_verified"] / r["upload_bytes_unverified"]
     assert r["prove_seconds"] > 0 and r["leader_query_seconds"] > 0
+    # the same messages with the dots made as the share arrived (the run checks they match)
+    assert set(r["query_seconds_at_arrival"]) == set(r["query_seconds_at_agreement"]) == {
+        "H1",
+        "H2",
+    }
+    assert "at the agreement" in done.stderr
     assert "upload" in done.stderr and "refused: True" in done.stderr
 
 
