@@ -98,11 +98,13 @@ class AggregatorServicer(aggregation_pb2_grpc.AggregatorServicer):
 
     def _prepare_proof(self, provider: str, round_number: int) -> None:
         """The accepted share's wraparound dots, ahead of the round's agreement. Best effort:
-        a share dropped or a round moved on meanwhile is computed (or not) at the agreement,
-        as without this step."""
+        a share whose turn comes after the intake closed, or in a round that moved on, is
+        computed (or not) at the agreement, as without this step."""
         state, params = self.state, self.state.plan.norm_proof
         if params is None or state.round != round_number:
             return
+        if state.phase != pb.ROUND_PHASE_COLLECTING:
+            return  # the agreement computes what is left: no second copy of its work
         try:
             state.proof_dots.prepare(state.intake, params, state.run_id, round_number, provider)
         except Exception as exc:  # any failure only loses the head start

@@ -7,6 +7,7 @@ alone (servers.norm_checks), so such a round makes two calls too."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from test_server_daemon import PROVIDERS, Provider, start_pair, wait_round_done
 
 from spgc.protocol.certs import make_dev_pki
-from spgc.protocol.norm_proof import proof_context, prove
+from spgc.protocol.norm_proof import proof_context, prove, share_dots
 from spgc.providers.plan_checks import norm_proof_params
 from spgc.servers import coordinator
 from spgc.wire import aggregation_pb2 as pb
@@ -201,3 +202,42 @@ def test_a_steady_round_makes_two_control_calls(
         for t in range(ROUNDS):
             assert d1.state.history[t].seed_commitments == d2.state.history[t].seed_commitments
             assert len(d1.state.history[t].seed_commitments["h2"]) == 32
+
+
+def test_each_servers_intake_prepares_the_proofs_wraparound_dots_as_shares_arrive(
+    pki: Path, tmp_path: Path
+) -> None:
+    """Verified inputs: while the round's intake is open, each server has the wraparound dots
+    of every share it accepted (servers.norm_checks.PreparedDots), the same as computed from
+    the share; the round then agrees and publishes as before."""
+    # A deadline far off: the intake stays open until the last provider's share is in.
+    d1, d2 = start_pair(pki, tmp_path, rounds=1, noise_multiplier=1.0, **PREPROCESSED,
+                        verify_inputs="l2", round_deadline=120.0)  # fmt: skip
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        cfg = providers[0].wait_collecting(0)
+        early = providers[:-1]  # the last one holds the intake open
+        for i, p in enumerate(early):
+            submit_proved(p, cfg, 0, np.full(cfg.num_parameters, i, dtype=np.int64))
+        for d in (d1, d2):
+            # the intake's own thread computes them; bounded wait, not a fixed sleep
+            end = time.monotonic() + 30
+            while len(d.state.proof_dots) < len(early) and time.monotonic() < end:
+                time.sleep(0.02)
+            assert d.state.phase == pb.ROUND_PHASE_COLLECTING
+            assert len(d.state.proof_dots) == len(early)
+            params = d.state.plan.norm_proof
+            for p in early:
+                share = d.state.intake.proof_share(p.name)
+                joint_x, dots = share_dots(params, share, proof_context(cfg.run_id, 0, p.name))
+                assert np.array_equal(d.state.proof_dots.get(joint_x), dots)
+        submit_proved(providers[-1], cfg, 0, np.full(cfg.num_parameters, 2, dtype=np.int64))
+        wait_round_done((d1, d2), 0, timeout=60)
+        assert d1.wait(30) and d2.wait(30)
+        assert d1.error is None and d2.error is None
+        assert d1.state.history[0].agreed == d2.state.history[0].agreed == PROVIDERS
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
