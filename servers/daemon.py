@@ -63,6 +63,7 @@ from spgc.servers.ray_workers import ray_available
 from spgc.servers.resume import CheckpointResume
 from spgc.servers.sessions import PairedSessions
 from spgc.servers.state import ServerState
+from spgc.servers.state_checkpoints import models_fit_disk
 from spgc.servers.worker_pairing import WorkerPairing
 from spgc.settings.backend_choice import BackendChoice
 from spgc.settings.config import ServerConfig
@@ -160,6 +161,11 @@ class ServerDaemon(
                 raise ValueError(f"state_dir: cannot create {cfg.state_dir}: {e.strerror}") from e
             for stale in cfg.state_dir.glob("spgc-intake-*"):  # shares a crash left behind
                 shutil.rmtree(stale, ignore_errors=True)
+            if cfg.keep_models == 0:  # every version kept: say so now if they will not fit
+                # a version: float32 parameters, and its report twice (file metadata, .json)
+                why = models_fit_disk(cfg.state_dir, 4 * self.plan.model_dim + 4096, cfg.rounds)
+                if why:
+                    log.warning("%s: %s", cfg.role_name, why)
         norm = self.plan.norm_proof
         self.intake = ShareIntake(
             self.plan.share_dim,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,36 @@ from spgc.wire import aggregation_pb2 as pb
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"  # in state_dir: the latest published model (+ model.json)
-MODELS_DIR = "models"  # in state_dir: every version, v00001.safetensors (+ .json)
+MODELS_DIR = "models"  # in state_dir: v00001.safetensors (+ .json), every version or the last
+#: keep_models
+
+
+def prune_models(directory: Path, last_dropped: int) -> None:
+    """Delete the kept model versions up to ``last_dropped`` (keep_models), the .json with
+    each; a version that is not there is skipped."""
+    for path in sorted(directory.glob("v*.safetensors")):
+        try:
+            version = int(path.stem[1:])
+        except ValueError:
+            continue
+        if version <= last_dropped:
+            path.unlink(missing_ok=True)
+            path.with_suffix(".json").unlink(missing_ok=True)
+
+
+def models_fit_disk(state_dir: Path, model_bytes: int, rounds: int) -> str | None:
+    """Why keeping every model version of a run (keep_models 0) may fill ``state_dir``'s disk:
+    a warning line when rounds + 1 versions of ``model_bytes`` each take more than half of
+    the space free now; None when they fit."""
+    free = shutil.disk_usage(state_dir).free
+    need = (rounds + 1) * model_bytes
+    if need <= free // 2:
+        return None
+    return (
+        f"keeping every model version of up to {rounds} rounds takes about {need / 1e9:.1f} GB "
+        f"in {state_dir / MODELS_DIR}, {free / 1e9:.1f} GB are free there: set "
+        "keep_models (the latest N versions) to bound it"
+    )
 
 
 def run_model(model_name: str, seed: int = 0) -> nn.Module:
@@ -99,6 +129,9 @@ class StateCheckpoints:
             kept = directory / f"v{version:05d}.safetensors"
             for path in (kept, self.checkpoint_dir / MODEL_FILE):
                 write_export(path, self._export_module, params, report)
+            keep = self.plan.cfg.keep_models
+            if keep:
+                prune_models(directory, version - keep)
 
     def _set_aside_other_runs_models(self, directory: Path) -> None:
         """A new run in an old state_dir (resume: false): the old run's models go to

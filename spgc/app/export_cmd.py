@@ -120,7 +120,12 @@ def _export(state_dir: Path, out: Path, version: int | None) -> tuple[Path, Path
         return write_export(out, module, params, report)
     kept = state_dir / MODELS_DIR / f"v{version:05d}.safetensors"
     if not kept.is_file():
-        raise ExportError(f"no model version {version} in {state_dir} (latest {record['version']})")
+        files = kept.parent.glob("v*.safetensors")
+        held = sorted(int(p.stem[1:]) for p in files if p.stem[1:].isdigit())
+        which = f"; kept: v{held[0]} to v{held[-1]} (keep_models)" if held else ""
+        raise ExportError(
+            f"no model version {version} in {state_dir} (latest {record['version']}{which})"
+        )
     tensors, report = load_export(kept)
     module.load_state_dict(tensors)  # strict: the kept file must be this run's architecture
     return write_export(out, module, flatten_params(module), report)

@@ -176,6 +176,13 @@ class ServerConfig(_Schema):
     summary_path: Path | None = Field(
         None, description="JSON summary (rounds, accuracy, epsilon, bytes) written at the end"
     )
+    keep_models: int = Field(
+        0,
+        ge=0,
+        description="model versions kept in state_dir/models for spgc export --version: the "
+        "latest N; 0: every version (a server warns at start when every version of the run "
+        "would not fit the disk)",
+    )
     resume: bool = Field(
         True, description="continue the run from the checkpoint in state_dir after a restart"
     )

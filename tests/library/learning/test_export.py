@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from spgc.learning.export import (
 from spgc.learning.models import build_model, flatten_params, load_flat_params
 from spgc.privacy.feature_stats import Standardization
 from spgc.protocol.certs import make_dev_pki
+from spgc.servers.state_checkpoints import models_fit_disk
 
 DOC = REPO_ROOT / "docs" / "EXPORT.md"
 
@@ -300,3 +302,39 @@ def test_a_model_without_standardisation_loads_as_it_is(tmp_path):
     assert np.allclose(flatten_params(loaded), flat)
     with pytest.raises(ValueError, match="the weights do not fit the model given"):
         load_model(path, build_model("diabetes"))
+
+
+def test_keep_models_bounds_the_kept_versions_and_export_names_them(server_pki, tmp_path, capsys):
+    """keep_models: 2 keeps the latest two versions in state_dir/models; spgc export of an
+    older one says which are kept."""
+    d1, d2 = start_pair(
+        server_pki, tmp_path, mode="dng", rounds=3, target_epsilon=8.0, keep_models=2
+    )
+    providers = [Provider(server_pki, n, (d1, d2)) for n in PROVIDERS]
+    try:
+        for t in range(3):
+            cfg = providers[0].wait_collecting(t)
+            for i, p in enumerate(providers):
+                p.submit_both(cfg, t, np.full(cfg.num_parameters, 100 * (i + 1), dtype=np.int64))
+            wait_round_done((d1, d2), t)
+        assert d1.wait(20) and d2.wait(20)
+        assert d1.error is None and d2.error is None
+    finally:
+        for p in providers:
+            p.close()
+        d1.stop()
+        d2.stop()
+    for sub in ("s1", "s2"):
+        kept = sorted(p.name for p in (tmp_path / sub / "models").iterdir())
+        assert kept == [f"v{v:05d}.{ext}" for v in (2, 3) for ext in ("json", "safetensors")]
+    s1 = tmp_path / "s1"
+    assert _export(s1, tmp_path / "v2.safetensors", version=2) == 0
+    assert _export(s1, tmp_path / "v1.safetensors", version=1) == 2
+    assert "no model version 1" in (err := capsys.readouterr().err) and "kept: v2 to v3" in err
+
+
+def test_a_run_whose_every_model_version_would_not_fit_is_warned_of(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    assert models_fit_disk(tmp_path, 1 << 20, 10) is None  # 11 MB
+    why = models_fit_disk(tmp_path, free // 4, 10)  # about 2.75 times the free space
+    assert why is not None and "set keep_models" in why and "GB are free" in why
