@@ -89,6 +89,11 @@ def test_pseudorandom_vectors_follow_the_documented_aes_ctr_stream() -> None:
     dots = wraparound_dots(x, seed, 3, P61)
     for k in range(3):
         assert int(dots[k]) == sum(z[k * 1000 + i] * int(x[i]) for i in range(1000)) % P61
+    # Lengths that end inside a stream word, so the next repetition starts mid-word.
+    for n in (1, 31, 33, 64, 95):
+        dots = wraparound_dots(x[:n], seed, 7, P61)
+        for k in range(7):
+            assert int(dots[k]) == sum(z[k * n + i] * int(x[i]) for i in range(n)) % P61
     words = [int.from_bytes(stream[8 * i : 8 * i + 8], "little") & P61 for i in range(80)]
     assert [int(v) for v in field_expand(seed, 30, P61)] == [w for w in words if w < P61][:30]
 
