@@ -62,6 +62,7 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.intake = intake
         # Verified inputs: each share's wraparound dots, computed as it arrives.
         self.proof_dots = PreparedDots()
+        self._checkpoint_lock = threading.Lock()  # one checkpoint written at a time
         lock = threading.RLock()
         self.cond = threading.Condition(lock)
         # Providers' long polls are woken through these callbacks when a round opens or ends,

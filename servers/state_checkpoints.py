@@ -156,47 +156,55 @@ class StateCheckpoints:
         if self.checkpoint_dir is None or self.config is None:
             return
 
-        with self.cond:
-            adam = self.optimizer.state_dict()
-            report = self.model_report()
-            record = {
-                "run_id": self.run_id,
-                "config_sha256": config_digest(self.config),
-                # What `spgc export` needs from a state_dir alone: the module and the report.
-                "model": self.plan.model_name,
-                "model_seed": self.plan.cfg.model_seed,
-                "report": report,
-                "round": self.round,
-                "version": self.version,
-                "steps": self.steps,
-                "releases": self.releases,
-                "noise_samples": self.samples_drawn,
-                "clip_norm": self.clip_norm,
-                # standardize: the released feature statistics (None before their release)
-                "feature_standardization": (
-                    None if self.standardization is None else self.standardization.to_dict()
-                ),
-                "model_sha256": self.models[self.version][1].hex(),
-                "adam": {
-                    "t": adam["t"],
-                    "beta_pows": list(adam["beta_pows"]),
-                },
-                "history": [
-                    {**round_summary(r), "received": r.received, "agreed": r.agreed}
-                    for r in self.history.values()
-                    if r.phase in ENDED_PHASES
-                ],
-            }
-            arrays = {"params": self.params, "adam_m": adam["m"], "adam_v": adam["v"]}
-            ended = self.round - 1
+        # Writers in turn; the state's lock only while the record is taken, not while it is
+        # written: providers' calls and the intake wait on that lock, and the record (with
+        # the run's history) grows with every round.
+        with self._checkpoint_lock:
+            with self.cond:
+                adam = self.optimizer.state_dict()
+                report = self.model_report()
+                record = {
+                    "run_id": self.run_id,
+                    "config_sha256": config_digest(self.config),
+                    # What `spgc export` needs from a state_dir alone: the module and the report.
+                    "model": self.plan.model_name,
+                    "model_seed": self.plan.cfg.model_seed,
+                    "report": report,
+                    "round": self.round,
+                    "version": self.version,
+                    "steps": self.steps,
+                    "releases": self.releases,
+                    "noise_samples": self.samples_drawn,
+                    "clip_norm": self.clip_norm,
+                    # standardize: the released feature statistics (None before their release)
+                    "feature_standardization": (
+                        None if self.standardization is None else self.standardization.to_dict()
+                    ),
+                    "model_sha256": self.models[self.version][1].hex(),
+                    "adam": {
+                        "t": adam["t"],
+                        "beta_pows": list(adam["beta_pows"]),
+                    },
+                    # copies: an ended round's record is not changed later, but its lists are
+                    # written after the lock is released
+                    "history": [
+                        {**round_summary(r), "received": list(r.received), "agreed": list(r.agreed)}
+                        for r in self.history.values()
+                        if r.phase in ENDED_PHASES
+                    ],
+                }
+                # params are replaced, never mutated; Adam's m and v are copies
+                arrays = {"params": self.params, "adam_m": adam["m"], "adam_v": adam["v"]}
+                ended = self.round - 1
+                snapshot = (self.version, self.params, report)
             save_checkpoint(
                 self.checkpoint_dir,
                 record,
                 arrays,
                 before_commit=lambda: fault_point("during-checkpoint", ended),
             )
-            snapshot = (self.version, self.params, report)  # params are replaced, never mutated
-            self.checkpointed = True
+            with self.cond:
+                self.checkpointed = True
         self._write_model(*snapshot)
 
     def restore(self, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
