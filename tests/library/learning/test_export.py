@@ -8,6 +8,7 @@ import math
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,11 +155,12 @@ def _export(state_dir: Path, out: Path, version: int | None = None) -> int:
     return export_cmd.run(argparse.Namespace(state_dir=state_dir, out=out, version=version))
 
 
-def test_server_run_leaves_the_model_and_spgc_export_writes_it(server_pki, tmp_path, capsys):
-    d1, d2 = start_pair(server_pki, tmp_path, mode="dng", rounds=2, target_epsilon=8.0)
-    providers = [Provider(server_pki, n, (d1, d2)) for n in PROVIDERS]
+def _dng_run(pki: Path, tmp_path: Path, rounds: int, **kw: Any) -> tuple[Any, Any]:
+    """A dng run of ``rounds`` rounds by both daemons and PROVIDERS, to its end; the daemons."""
+    d1, d2 = start_pair(pki, tmp_path, mode="dng", rounds=rounds, target_epsilon=8.0, **kw)
+    providers = [Provider(pki, n, (d1, d2)) for n in PROVIDERS]
     try:
-        for t in range(2):
+        for t in range(rounds):
             cfg = providers[0].wait_collecting(t)
             for i, p in enumerate(providers):
                 p.submit_both(cfg, t, np.full(cfg.num_parameters, 100 * (i + 1), dtype=np.int64))
@@ -170,6 +172,11 @@ def test_server_run_leaves_the_model_and_spgc_export_writes_it(server_pki, tmp_p
             p.close()
         d1.stop()
         d2.stop()
+    return d1, d2
+
+
+def test_server_run_leaves_the_model_and_spgc_export_writes_it(server_pki, tmp_path, capsys):
+    d1, d2 = _dng_run(server_pki, tmp_path, rounds=2)
 
     final = d1.state.params
     for d, sub in ((d1, "s1"), (d2, "s2")):
@@ -307,23 +314,7 @@ def test_a_model_without_standardisation_loads_as_it_is(tmp_path):
 def test_keep_models_bounds_the_kept_versions_and_export_names_them(server_pki, tmp_path, capsys):
     """keep_models: 2 keeps the latest two versions in state_dir/models; spgc export of an
     older one says which are kept."""
-    d1, d2 = start_pair(
-        server_pki, tmp_path, mode="dng", rounds=3, target_epsilon=8.0, keep_models=2
-    )
-    providers = [Provider(server_pki, n, (d1, d2)) for n in PROVIDERS]
-    try:
-        for t in range(3):
-            cfg = providers[0].wait_collecting(t)
-            for i, p in enumerate(providers):
-                p.submit_both(cfg, t, np.full(cfg.num_parameters, 100 * (i + 1), dtype=np.int64))
-            wait_round_done((d1, d2), t)
-        assert d1.wait(20) and d2.wait(20)
-        assert d1.error is None and d2.error is None
-    finally:
-        for p in providers:
-            p.close()
-        d1.stop()
-        d2.stop()
+    _dng_run(server_pki, tmp_path, rounds=3, keep_models=2)
     for sub in ("s1", "s2"):
         kept = sorted(p.name for p in (tmp_path / sub / "models").iterdir())
         assert kept == [f"v{v:05d}.{ext}" for v in (2, 3) for ext in ("json", "safetensors")]
