@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,9 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
         self.left_out = ""  # RoundInfo.caller_left_out: why the servers did not use the share
         self.epsilon = 0.0  # RoundInfo.epsilon_spent
         self.ledger_head: tuple[int, bytes] | None = None  # RoundInfo.ledger_head(_releases)
+        # FetchLedger: the from_line of each call, and (tests) an answer of the test's choosing
+        self.ledger_asked: list[int] = []
+        self.ledger_reply: Callable[[int], Any] | None = None
         self.declined: list[tuple[str, str]] = []  # DeclinePlan: (run_id, reason)
 
     def _round_info(self, who: str) -> Any:
@@ -230,6 +234,9 @@ class FakeAggregator(aggregation_pb2_grpc.AggregatorServicer):
 
     @abort_on_error
     def FetchLedger(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.ledger_asked.append(request.from_line)
+        if self.ledger_reply is not None:  # a server that lies about its ledger
+            return self.ledger_reply(request.from_line)
         return pb.LedgerReply(total_lines=0)  # no release recorded yet
 
     @abort_on_error
@@ -664,6 +671,52 @@ def test_a_clock_ahead_of_the_servers_still_takes_part(
     with client_for(cfg, data=cancer) as client, pytest.raises(TimeoutError):
         client.run_round()
     assert not h1.servicer.attempts and not h2.servicer.attempts
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        # says it holds 5 lines, sends none of the ones asked for: the provider would spin
+        (lambda start: pb.LedgerReply(total_lines=5), "holds 5 line(s), but it sent none"),
+        # sends more lines than it says it holds
+        (
+            lambda start: pb.LedgerReply(lines=[b"{}"] * 3, total_lines=2),
+            "sent 3 ledger line(s) from line 0 but LedgerReply.total_lines=2",
+        ),
+    ],
+)
+def test_a_server_that_lies_about_its_ledger_pages_is_refused(
+    pki: Path, servers: Any, cancer: Any, reply: Any, said: str
+) -> None:
+    """FetchLedger answers a page at a time (the client asks from the first line it lacks):
+    a server whose pages do not add up to the total it names is refused, never looped on."""
+    h1, h2 = servers()
+    h1.servicer.ledger_reply = reply
+    cfg = provider_config(pki, [h1, h2], max_total_epsilon=100.0)
+    with (
+        client_for(cfg, data=cancer) as client,
+        pytest.raises(ProviderRefusal, match=re.escape(said)),
+    ):
+        client.run_round()
+    assert h1.servicer.ledger_asked == [0] and not h1.servicer.attempts
+
+
+def test_a_ledger_that_shrinks_below_what_it_showed_is_refused(
+    pki: Path, servers: Any, cancer: Any
+) -> None:
+    """The lines a server showed are kept and the next call asks only from the first new
+    line; a server that then holds fewer lines (a ledger cut short) is refused."""
+    h1, h2 = servers()
+    shown = {"total": 0}
+    h1.servicer.ledger_reply = lambda start: pb.LedgerReply(total_lines=shown["total"])
+    cfg = provider_config(pki, [h1, h2], max_total_epsilon=100.0)
+    with client_for(cfg, data=cancer) as client:
+        client.connect()
+        assert client.check_ledger() is None  # nothing released yet
+        client._ledgers[("h1", client.training.run_id)] = [b"a", b"b"]  # as if shown before
+        with pytest.raises(ProviderRefusal, match="it showed more lines before"):
+            client.check_ledger()
+    assert h1.servicer.ledger_asked == [0, 2]
 
 
 def test_a_first_step_above_the_providers_limit_is_refused(
