@@ -32,8 +32,8 @@ from spgc.wire import aggregation_pb2 as pb
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"  # in state_dir: the latest published model (+ model.json)
-MODELS_DIR = "models"  # in state_dir: v00001.safetensors (+ .json), every version or the last
-#: keep_models
+#: In state_dir: v00001.safetensors (+ .json), every version, or the last keep_models of them.
+MODELS_DIR = "models"
 
 
 def prune_models(directory: Path, last_dropped: int) -> None:

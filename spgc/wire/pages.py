@@ -50,21 +50,54 @@ _ITEM_OVERHEAD = 4
 T = TypeVar("T", str, bytes)
 
 
+def _item_bytes(item: str | bytes) -> int:
+    return len(item.encode() if isinstance(item, str) else item) + _ITEM_OVERHEAD
+
+
+def _run_lengths(sizes: Iterable[int], budget: int) -> list[int]:
+    """How many items each run takes when items of ``sizes`` bytes are cut, in order, into
+    runs of at most ``budget`` bytes (an item larger than that alone in its run)."""
+    runs: list[int] = []
+    count = size = 0
+    for n in sizes:
+        if count and size + n > budget:
+            runs.append(count)
+            count = size = 0
+        count += 1
+        size += n
+    if count:
+        runs.append(count)
+    return runs
+
+
 def _slices(items: Sequence[T], budget: int) -> list[list[T]]:
     """``items`` cut in order into runs of at most ``budget`` bytes each (with framing)."""
-    runs: list[list[T]] = []
-    run: list[T] = []
-    size = 0
-    for item in items:
-        n = len(item.encode() if isinstance(item, str) else item) + _ITEM_OVERHEAD
-        if run and size + n > budget:
-            runs.append(run)
-            run, size = [], 0
-        run.append(item)
-        size += n
-    if run:
-        runs.append(run)
-    return runs
+    out, start = [], 0
+    for count in _run_lengths((_item_bytes(item) for item in items), budget):
+        out.append(list(items[start : start + count]))
+        start += count
+    return out
+
+
+def _set_budget(page_bytes: int | None) -> int:
+    return max(1, (page_bytes or PAGE_BYTES) // len(_SET_LISTS))
+
+
+def _set_page_count(sizes: dict[str, Iterable[int]], page_bytes: int | None = None) -> int:
+    """The pages of a set whose lists' items have these sizes (with framing): the first, then
+    as many as the longest list's runs."""
+    budget = _set_budget(page_bytes)
+    return 1 + max(0, *(len(_run_lengths(v, budget)) for v in sizes.values()))
+
+
+def _first_page(message: peer_pb2.ProviderSet, count: int) -> peer_pb2.ProviderSet:
+    """The first page of ``message``'s ``count``: every field but the lists."""
+    first = peer_pb2.ProviderSet()
+    first.CopyFrom(message)
+    for name in _SET_LISTS:
+        first.ClearField(name)
+    first.pages = count
+    return first
 
 
 def provider_set_pages(
@@ -72,17 +105,12 @@ def provider_set_pages(
 ) -> list[peer_pb2.ProviderSet]:
     """``message`` as pages, in order: the first with every field but the lists (and
     ``pages``), then the lists' slices; ``page_bytes`` default PAGE_BYTES."""
-    budget = max(1, (page_bytes or PAGE_BYTES) // len(_SET_LISTS))
+    budget = _set_budget(page_bytes)
     cut = {name: _slices(list(getattr(message, name)), budget) for name in _SET_LISTS}
     count = 1 + max(0, *(len(runs) for runs in cut.values()))
     if count > MAX_PAGES:
         raise ValueError(f"a provider set of {count} pages is over the {MAX_PAGES}-page limit")
-    first = peer_pb2.ProviderSet()
-    first.CopyFrom(message)
-    for name in _SET_LISTS:
-        first.ClearField(name)
-    first.pages = count
-    pages = [first] + [peer_pb2.ProviderSet() for _ in range(count - 1)]
+    pages = [_first_page(message, count)] + [peer_pb2.ProviderSet() for _ in range(count - 1)]
     for name, runs in cut.items():
         for page, run in zip(pages[1:], runs, strict=False):
             getattr(page, name).extend(run)
@@ -131,15 +159,14 @@ _SET_SCALARS = tuple(
 
 def join_provider_set(pages: Iterable[peer_pb2.ProviderSet]) -> peer_pb2.ProviderSet:
     """The set a page stream carries (InvalidArgumentError if it is not one whole set)."""
-    whole = peer_pb2.ProviderSet()
+    lists: dict[str, list[Any]] = {name: [] for name in _SET_LISTS}
 
     def add(page: peer_pb2.ProviderSet) -> None:
         for name in _SET_LISTS:
-            getattr(whole, name).extend(getattr(page, name))
+            lists[name].extend(getattr(page, name))
 
-    first = _join(pages, "provider set", _SET_SCALARS, add)
-    lists = {name: list(getattr(whole, name)) for name in _SET_LISTS}
-    whole.CopyFrom(first)
+    whole = peer_pb2.ProviderSet()
+    whole.CopyFrom(_join(pages, "provider set", _SET_SCALARS, add))
     for name, values in lists.items():
         whole.ClearField(name)
         getattr(whole, name).extend(values)
@@ -204,11 +231,17 @@ def agree_providers(
         pages = iter(provider_set_pages(message))
         return join_agreement(stub.AgreeProviders(pages, timeout=timeout))
     make, size = late_verifiers
-    planned = peer_pb2.ProviderSet()
-    planned.CopyFrom(message)
-    planned.ClearField("norm_verifiers")
-    planned.norm_verifiers.extend([bytes(size)] * len(message.providers))
-    head, *rest = provider_set_pages(planned)
+    message.ClearField("norm_verifiers")
+    planned = _set_page_count(
+        {
+            "providers": map(_item_bytes, message.providers),
+            "vector_ids": map(_item_bytes, message.vector_ids),
+            "norm_verifiers": [size + _ITEM_OVERHEAD] * len(message.providers),
+        }
+    )
+    if planned > MAX_PAGES:
+        raise ValueError(f"a provider set of {planned} pages is over the {MAX_PAGES}-page limit")
+    head = _first_page(message, planned)
     outbox: queue.SimpleQueue[peer_pb2.ProviderSet | None] = queue.SimpleQueue()
     answer = stub.AgreeProviders(iter(outbox.get, None), timeout=timeout)
     outbox.put(head)
@@ -216,10 +249,9 @@ def agree_providers(
         verifiers = list(make())
         if len(verifiers) != len(message.providers) or any(len(v) != size for v in verifiers):
             raise ValueError(f"verifier messages of other sizes than the {size} bytes planned")
-        message.ClearField("norm_verifiers")
         message.norm_verifiers.extend(verifiers)
         pages = provider_set_pages(message)
-        if len(pages) != 1 + len(rest):
+        if len(pages) != planned:
             raise ValueError("the provider set's pages are not the ones its first page named")
     except BaseException:
         answer.cancel()  # the callee sees a cancelled call, never a short set
