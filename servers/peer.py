@@ -587,10 +587,17 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             if t != state.round or state.phase != pb.ROUND_PHASE_AGREEING:
                 return None
             try:
-                state.history[t].verify_coin = round_coin(state.run_id, t, first.verify_coin)
-                return own_verifier_messages(state, t, state.history[t].received)
+                return self._own_proofs(t, first.verify_coin)
             except PeerMismatchError as exc:  # a malformed coin: refused, the round untouched
                 raise FailedPreconditionError(str(exc)) from None
+
+    def _own_proofs(self, t: int, coin: bytes) -> list[bytes]:
+        """Round t's coin from H1's part, then our verifier message for each share we hold
+        (none without verified inputs); the caller holds ``_lock``, the intake closed."""
+        state = self.state
+        if state.plan.norm_proof is not None:
+            state.history[t].verify_coin = round_coin(state.run_id, t, coin)
+        return own_verifier_messages(state, t, state.history[t].received)
 
     def _agree_providers(
         self,
@@ -620,10 +627,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
             own = state.history[t].received
             own_ids = [state.history[t].vector_ids.get(name, b"") for name in own]
             try:
-                if proofs is None and state.plan.norm_proof is not None:
-                    state.history[t].verify_coin = round_coin(state.run_id, t, request.verify_coin)
-                if proofs is None:
-                    proofs = own_verifier_messages(state, t, own)
+                if proofs is None:  # the round was not closed yet when the first page came
+                    proofs = self._own_proofs(t, request.verify_coin)
                 agreed, digest, proceed, mismatched, refused = agreement_with_proofs(
                     state,
                     (own, own_ids, proofs),
