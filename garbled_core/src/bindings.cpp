@@ -18,6 +18,7 @@
 #include "garbled_core/bind_gmw.h"
 #include "garbled_core/gmw.h"
 #include "garbled_core/bind_silent_ot.h"
+#include "garbled_core/bind_zk_proof.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/halfgates.h"
 #include "garbled_core/gf128.h"
@@ -257,6 +258,7 @@ PYBIND11_MODULE(_core, m) {
   bind_silent_ot(m);
   bind_field(m);
   bind_auth_bits(m);
+  bind_zk_proof(m);
   py::register_exception<gc::ProtocolError>(m, "ProtocolError", PyExc_RuntimeError);
   py::register_exception<gc::PeerDeviated>(m, "PeerDeviated", PyExc_RuntimeError);
 

@@ -1,0 +1,154 @@
+#include "garbled_core/bind_zk_proof.h"
+
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "garbled_core/auth_bits.h"
+#include "garbled_core/bind_auth_bits.h"
+#include "garbled_core/channel.h"
+#include "garbled_core/circuit.h"
+#include "garbled_core/iknp.h"
+#include "garbled_core/session.h"
+#include "garbled_core/zk_proof.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace {
+
+// {"circuit": Circuit, "n": int, "values": [[int]] per input port, "broadcast": [bool],
+// "carried": [None or (step, output port)] per input port} or None. A carried port reads the
+// kept output of an earlier step of the same side (`results`).
+gc::ProofStatement statement(const py::object& spec, std::shared_ptr<gc::Circuit>& hold,
+                             const std::vector<gc::ProofResult>& results) {
+  gc::ProofStatement st;
+  if (spec.is_none()) return st;
+  py::dict d = spec.cast<py::dict>();
+  hold = d["circuit"].cast<std::shared_ptr<gc::Circuit>>();
+  st.circuit = hold.get();
+  st.n = d["n"].cast<size_t>();
+  st.values = d["values"].cast<std::vector<std::vector<uint64_t>>>();
+  st.broadcast = d["broadcast"].cast<std::vector<bool>>();
+  if (d.contains("carried")) {
+    for (const py::handle& ref : d["carried"].cast<py::list>()) {
+      if (ref.is_none()) {
+        st.carried.push_back(nullptr);
+        continue;
+      }
+      const auto [step, port] = ref.cast<std::pair<size_t, size_t>>();
+      if (step >= results.size() || port >= results[step].kept.size())
+        throw py::value_error("a carried port names a step or output that is not there");
+      st.carried.push_back(&results[step].kept[port]);
+    }
+  }
+  return st;
+}
+
+gc::block block_arg(const py::object& o, const char* what) {
+  if (o.is_none()) return gc::zero_block();
+  std::string s = o.cast<py::bytes>();
+  if (s.size() != 16) throw py::value_error(std::string(what) + ": 16 bytes");
+  return gc::load_block(s.data());
+}
+
+py::list opened_list(const gc::ProofResult& r) {
+  py::list l;
+  for (const auto& v : r.opened) l.append(py::cast(v));
+  return l;
+}
+
+}  // namespace
+
+void bind_zk_proof(py::module_& m) {
+  m.attr("_ZK_ANDS_PER_BATCH") = gc::ZkProofs::kAndsPerBatch;
+  m.def("_zk_proof_session", [](gc::Channel& ch, bool first, py::list mine_steps, py::list theirs_steps,
+                                 const std::string& cheat, size_t index, py::object offset, bool coin_first,
+                                 py::object delta_bytes, bool open_kept, const std::string& ot) {
+    if (mine_steps.size() != theirs_steps.size()) throw py::value_error("mine and theirs: one statement a step each");
+    gc::ProofCheat c;
+    c.index = index;
+    c.offset = block_arg(offset, "offset");
+    if (cheat == "flip_and") {
+      c.kind = gc::ProofCheat::Kind::FlipAnd;
+    } else if (cheat == "flip_opened") {
+      c.kind = gc::ProofCheat::Kind::FlipOpened;
+    } else if (cheat == "forge_with_early_coin") {
+      c.kind = gc::ProofCheat::Kind::ForgeWithEarlyCoin;
+    } else if (!cheat.empty()) {
+      throw py::value_error("unknown proof cheat '" + cheat + "'");
+    }
+    const gc::AuthCots cots = parse_auth_cots(ot);
+    const bool delta_given = !delta_bytes.is_none();
+    const gc::block given = block_arg(delta_bytes, "delta");
+    std::vector<gc::ProofResult> own, checked;
+    std::vector<std::vector<std::vector<uint8_t>>> kept_mine, kept_theirs;
+    bool caught = false;
+    std::string message;
+    uint64_t ands = 0, batches = 0, sent = 0;
+    gc::AuthParty party(ch, first, delta_given ? &given : nullptr, cots);
+    gc::ZkProofs proofs(party);
+    proofs.cheat_for_test(c);
+    if (coin_first) proofs.coin_first_for_test();
+    const uint64_t before = ch.total_sent();
+    try {
+      for (size_t k = 0; k < mine_steps.size(); ++k) {
+        std::shared_ptr<gc::Circuit> hold_mine, hold_theirs;
+        const gc::ProofStatement mine = statement(mine_steps[k], hold_mine, own);
+        const gc::ProofStatement theirs = statement(theirs_steps[k], hold_theirs, checked);
+        py::gil_scoped_release release;
+        auto result = proofs.run(mine, theirs);
+        own.push_back(std::move(result.first));
+        checked.push_back(std::move(result.second));
+      }
+      sent = ch.total_sent() - before;
+      if (open_kept) {  // the kept outputs are authenticated shares: open them as any other
+        py::gil_scoped_release release;
+        auto open_all = [&](const std::vector<gc::ProofResult>& rs, std::vector<std::vector<std::vector<uint8_t>>>& to) {
+          for (const gc::ProofResult& r : rs) {
+            to.emplace_back();
+            for (const gc::AuthShares& s : r.kept) to.back().push_back(s.size() ? party.open(s) : std::vector<uint8_t>{});
+          }
+        };
+        if (first) {
+          open_all(own, kept_mine);
+          open_all(checked, kept_theirs);
+        } else {
+          open_all(checked, kept_theirs);
+          open_all(own, kept_mine);
+        }
+      }
+    } catch (const gc::PeerDeviated& e) {
+      caught = true;
+      message = e.what();
+    }
+    ands = proofs.ands_proved();
+    batches = proofs.batches();
+    py::dict out;
+    py::list own_opened, checked_opened;
+    for (const auto& r : own) own_opened.append(opened_list(r));
+    for (const auto& r : checked) checked_opened.append(opened_list(r));
+    out["caught"] = caught;
+    out["message"] = message;
+    out["own_opened"] = own_opened;
+    out["checked_opened"] = checked_opened;
+    out["kept_mine"] = py::cast(kept_mine);
+    out["kept_theirs"] = py::cast(kept_theirs);
+    out["ands"] = ands;
+    out["batches"] = batches;
+    out["bytes_sent"] = sent;
+    return out;
+  }, "channel"_a, "first"_a, "mine"_a, "theirs"_a, "cheat"_a = "", "index"_a = 0, "offset"_a = py::none(),
+  "coin_first"_a = false, "delta"_a = py::none(), "open_kept"_a = false, "ot"_a = "silent-test-only",
+  "Test hook: step by step, this party proves mine[k] and checks the peer's theirs[k] "
+  "(zk_proof.h); a statement is a dict of circuit, n, values (per input port; the peer's "
+  "private ports empty), broadcast flags and optionally carried ports ((step, output) of an "
+  "earlier step's kept outputs on the same side), or None. cheat: 'flip_and' (AND gate "
+  "`index`, its W moved by chi times `offset`), 'flip_opened' (opened bit `index`, its MAC "
+  "moved by `offset`) or 'forge_with_early_coin' (with coin_first on both sides). Returns "
+  "caught / message, per step the opened outputs of both proofs, the kept outputs opened as "
+  "authenticated shares (open_kept), the AND gates proved, the batches and the bytes this "
+  "party sent.");
+}
