@@ -24,6 +24,11 @@ secure form of garbling (auth_garble.h: authenticated garbling, Wang-Ranellucci-
 the same authenticated shares and triples, in a constant number of round trips a run; both
 derive from :class:`AuthSession`, which holds what they share.
 
+``chacha20_blocks`` is ChaCha20's block function (chacha20.h): the servers expand their round
+seeds with it (``spgc.privacy.noise.expand_seed``), so that under ``security: malicious`` each
+proves its expansion in zero knowledge (``AuthSession.prove``, zk_proof.h, over the circuits of
+``garbled_core.crypto_circuits``).
+
 The prime-field kernels of the providers' norm proofs (``field_ntt``, ``field_matvec``,
 ``field_mul``, ``field_expand``, ``wraparound_dots``; field.h) work on uint64 values below a
 prime p < 2^62; ``spgc.protocol.norm_proof`` builds the proofs on them.
@@ -49,12 +54,14 @@ from garbled_core._core import (
     Listener,
     PeerClosedError,
     PeerDeviated,
+    ProofResult,
     ProtocolError,
     TlsConfig,
     TlsError,
     and_kernel,
     and_table_bytes,
     available_and_kernels,
+    chacha20_blocks,
     field_expand,
     field_matvec,
     field_mul,
@@ -88,12 +95,14 @@ __all__ = [
     "Listener",
     "PeerClosedError",
     "PeerDeviated",
+    "ProofResult",
     "ProtocolError",
     "TlsConfig",
     "TlsError",
     "and_kernel",
     "and_table_bytes",
     "available_and_kernels",
+    "chacha20_blocks",
     "field_expand",
     "field_matvec",
     "field_mul",

@@ -383,16 +383,19 @@ def describe_trial_with(
     name: str,
     extra: Callable[[CircuitBuilder, Bits], None],
     max_depth: int = MAX_TRIAL_DEPTH,
+    *,
+    bound: bool = False,
 ) -> CircuitDescription:
     """The depth-aware trial circuit (``z`` kept) with more gates beside it: ``extra(b, z)``
     declares its own ports and outputs on the builder, ``z`` the trial's candidate noise bits.
     Within ``max_depth`` layers where it fits (else as shallow as it gets), the fewest AND
     gates that do; ``name`` names it. A larger ``max_depth`` is cheaper in AND gates (bytes
     and CPU), a smaller one in round trips: 28 (the default) costs about 1.5x the bytes of 48
-    (docs/GMW.md, "A shallower trial")."""
+    (docs/GMW.md, "A shallower trial"). ``bound``: the random ports are carried (each
+    server's proved seed stream, spgc.privacy.seed_proof) instead of the servers' inputs."""
 
     def make(b: CircuitBuilder) -> None:
-        z = _build_trial(b, params, "keep")
+        z = _build_trial(b, params, "keep", bound=bound)
         saved, b.layer_cost = b.layer_cost, min(b.layer_cost, SLACK_LAYER_COST)
         extra(b, z)  # z is ready long before the acceptance test: cheaper gadgets
         b.layer_cost = saved
@@ -495,12 +498,15 @@ def _speculative_accept(
     return b.xor_reduce(b.concat(*terms))
 
 
-def _build_trial(b: CircuitBuilder, params: SamplerParams, z_reveal: str) -> Bits:
-    """Declares the trial circuit's ports and gates on ``b``; returns the candidate z."""
+def _build_trial(
+    b: CircuitBuilder, params: SamplerParams, z_reveal: str, *, bound: bool = False
+) -> Bits:
+    """Declares the trial circuit's ports and gates on ``b``; returns the candidate z.
+    ``bound``: the random ports g*, e* are carried inputs instead of the servers' own."""
     words = []
     for i, w in enumerate(params.port_widths):
-        g = b.input(f"g{i}", "garbler", w)
-        ev = b.input(f"e{i}", "evaluator", w)
+        g = b.input(f"g{i}", "carried" if bound else "garbler", w)
+        ev = b.input(f"e{i}", "carried" if bound else "evaluator", w)
         words.append(b.xor(g, ev))  # r = r1 xor r2, free
     r = b.concat(*words)
     layout = trial_layout(params)

@@ -56,10 +56,11 @@ import numpy as np
 import garbled_core
 from spgc.learning.losses import REGRESSION_METRICS
 from spgc.privacy.noise import sample_discrete_gaussian
+from spgc.privacy.seed_proof import SeedBinding
 from spgc.protocol.sharing import reconstruct, ring_mask
 from spgc.servers.deviation import abort_round, peer_notice
 from spgc.servers.errors import PeerMismatchError, describe_error
-from spgc.servers.faults import arm_cheat, fault_point, tap_reveal
+from spgc.servers.faults import arm_cheat, fault_point, swapped_seed, tap_reveal
 from spgc.servers.gc_party import run_aggregate
 from spgc.servers.noise_floor import GC_ROLE, draw_own_noise, spgc_release, with_own_noise
 from spgc.servers.noise_pool import (
@@ -255,6 +256,19 @@ def _stage_faults(t: int) -> None:
     fault_point("peer-deviated", t)
 
 
+def seed_binding(state: ServerState, t: int) -> SeedBinding | None:
+    """Round t's seed proofs under security: malicious (spgc.privacy.seed_proof): this
+    server's role and the commitment the peer sent with the release; None otherwise."""
+    if state.plan.cfg.security != "malicious":
+        return None
+    peer = pb.SERVER_ROLE_H2 if state.role == pb.SERVER_ROLE_H1 else pb.SERVER_ROLE_H1
+    record = state.history.get(t)
+    theirs = None if record is None else record.seed_commitments.get("h2" if peer == 2 else "h1")
+    if theirs is None:  # the co-signed release carries both: no round gets here without them
+        raise RuntimeError(f"round {t}: no seed commitment of the peer recorded for its proof")
+    return SeedBinding(state.run_id, t, state.role, peer, theirs)
+
+
 def _release(
     state: ServerState,
     link: Any,
@@ -297,13 +311,14 @@ def _release(
             state.role,
             link,
             total,
-            seed,  # type: ignore[arg-type]
+            swapped_seed(seed, t),  # type: ignore[arg-type]  (the seed, unless a test cheats)
             own,
             joint_sigma_units=plan.joint_sigma_units_for(entry),
             ring_bits=plan.ring_bits,
             field_modulus=field_modulus,
             on_stage=lambda: _stage_faults(t),
             circuit=run_aggregate,  # this module's name: the tap on every reveal in the tests
+            seed_binding=seed_binding(state, t),
         )
         del own
         seconds = {"circuit": time.perf_counter() - start}

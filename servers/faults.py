@@ -23,7 +23,10 @@ value, its MAC left as it was), and the OTHER server's engine must catch it with
 ``SPGC_FAULT_INJECT=cheat-row:ROUND`` (H1 on backend gc under ``security: malicious``): from
 round ROUND on, its authenticated garbling flips the output of the first AND gate instance in
 each run's tables (``flip_row``: all four rows, their MACs left as they were), which H2's engine
-must catch when it decrypts the row.
+must catch when it decrypts the row. ``SPGC_FAULT_INJECT=cheat-seed:ROUND`` (mode spgc under
+``security: malicious``): from round ROUND on, this server enters and proves a fresh seed, not
+the one whose commitment it sent with the release (``swapped_seed``), which the other server's
+check of the seed proof must catch (spgc.privacy.seed_proof).
 
 ``SPGC_REVEAL_TAP=FILE`` appends one JSON line per reveal to FILE (``server``, ``round``,
 ``sha256`` of the released values, and in mode preprocessed ``pool``: where the release's
@@ -51,6 +54,7 @@ __all__ = [
     "check_cheat_fits",
     "fault_point",
     "planned_fault",
+    "swapped_seed",
     "tap_reveal",
 ]
 
@@ -67,7 +71,7 @@ FAULT_POINTS = (
 #: preprocessed; the fill before round 0 is at round 0).
 DEVIATION_POINTS = ("peer-deviated", "pool-peer-deviated")
 #: Points where this server's own engine starts to cheat (a real deviation the peer catches).
-CHEAT_POINTS = ("cheat-opening", "cheat-row")
+CHEAT_POINTS = ("cheat-opening", "cheat-row", "cheat-seed")
 #: What the injected PeerDeviated says (the abort entry's check).
 INJECTED_CHECK = "fault injection: the peer's opened values fail their MAC check"
 _FAULT_ENV = "SPGC_FAULT_INJECT"
@@ -124,10 +128,24 @@ def arm_cheat(link: Any, round_number: int) -> None:
     planned = planned_fault()
     if planned is None or planned[0] not in CHEAT_POINTS or round_number < planned[1]:
         return
+    if planned[0] == "cheat-seed":
+        return  # swapped_seed's
     for session in (getattr(lane, "session", None) for lane in link.lanes()):
         if isinstance(session, garbled_core.AuthSession):
             kind = "flip_row" if planned[0] == "cheat-row" else "flip_opening"
             session._deviate_for_test(kind, 0)
+
+
+def swapped_seed(seed: bytes | None, round_number: int) -> bytes | None:
+    """The seed this server enters in round ``round_number``: ``seed``, or a fresh one from the
+    round ``SPGC_FAULT_INJECT=cheat-seed:ROUND`` names on (the commitment it sent is of
+    ``seed``)."""
+    if seed is None or not os.environ.get(_FAULT_ENV):
+        return seed
+    planned = planned_fault()
+    if planned is None or planned[0] != "cheat-seed" or round_number < planned[1]:
+        return seed
+    return os.urandom(len(seed))
 
 
 def tap_reveal(

@@ -52,7 +52,9 @@ from spgc.privacy.noise import (
     sample_noise_plain,
     sampling_rounds,
     segment_instances,
+    segments_layout,
 )
+from spgc.privacy.seed_proof import SeedBinding
 from spgc.protocol.modes import (
     BACKENDS,
     DEFAULT_SECURITY,
@@ -61,6 +63,7 @@ from spgc.protocol.modes import (
     SECURITY_NAMES,
 )
 from spgc.protocol.sharing import ring_mask
+from spgc.servers.seed_binding import bound_random_ports, prove_round_seed
 from spgc.servers.spgc_circuit import (
     check_ring_bits,
     decode_signed,
@@ -479,6 +482,7 @@ def run_aggregate(
     output_bits: int | None = None,
     on_stage: Callable[[], None] | None = None,
     field_modulus: int | None = None,
+    seed_binding: SeedBinding | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One server's side of a batch: returns (Y, counters).
 
@@ -498,6 +502,9 @@ def run_aggregate(
     (spgc.protocol.norm_proof),
     reconstructed as A + B mod p by the circuits' ``field=True`` builds; both servers pass
     the same p.
+    ``seed_binding`` (mode spgc on an authenticated link, security: malicious): both servers
+    prove their round seeds in zero knowledge and the trial runs read the proved streams
+    (:mod:`spgc.servers.seed_binding`); both pass one or neither.
     """
     role = _check_role(role)
     mode = _check_mode(mode)
@@ -526,7 +533,7 @@ def run_aggregate(
         return lambda: links[i].aggregate_range(
             role=role, shares=shares[lo:hi], first_coordinate=lo, seed=seed, params=params,
             width=width, ring_bits=ring_bits, mode=mode, schedule=schedule, on_stage=on_stage,
-            field_inputs=field_modulus is not None,
+            field_inputs=field_modulus is not None, seed_binding=seed_binding,
         )  # fmt: skip
 
     parts = run_lanes(
@@ -553,6 +560,7 @@ def aggregate_range(
     schedule: Sequence[int],
     on_stage: Callable[[], None] | None = None,
     field_inputs: bool = False,
+    seed_binding: SeedBinding | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One lane of :func:`run_aggregate` (checked and seed-claimed there): coordinates
     ``first_coordinate`` on, on one link. Returns (Y of the range, info with the link's byte
@@ -565,7 +573,7 @@ def aggregate_range(
     for lo, hi in range_batches(len(shares), link.range_align):
         part = _aggregate_on_link(
             role, link, shares[lo:hi], first_coordinate + lo, seed, params, width, ring_bits,
-            mode, schedule, on_stage, field_inputs,
+            mode, schedule, on_stage, field_inputs, seed_binding,
         )  # fmt: skip
         parts.append(part)
     if parts:
@@ -629,6 +637,7 @@ def _aggregate_on_link(
     schedule: Sequence[int],
     on_stage: Callable[[], None] | None,
     field_inputs: bool = False,
+    seed_binding: SeedBinding | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     n = len(shares)
     my_port = "a1" if role == "garbler" else "a2"
@@ -647,7 +656,7 @@ def _aggregate_on_link(
     if mode == "spgc" and link.fused_rounds and width is not None and width <= 64 and n:
         assert params is not None and seed is not None
         args = (role, link, n, inputs, seed, params, width, ring_bits, schedule, on_stage)
-        return _aggregate_fused(*args, first_coordinate, field_inputs)
+        return _aggregate_fused(*args, first_coordinate, field_inputs, seed_binding)
     if mode == "only-mpc":
         circuit = reconstruct_circuit(ring_bits, arithmetic=link.arithmetic, field=field_inputs)
         if n:
@@ -692,6 +701,7 @@ def _aggregate_fused(
     on_stage: Callable[[], None] | None,
     first_coordinate: int,
     field_inputs: bool,
+    seed_binding: SeedBinding | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Mode spgc where rounds are fused (gmw, and the authenticated backends:
     :func:`fuses_rounds`), with the reconstruction and the noisy sum fused into the trial run
@@ -701,9 +711,14 @@ def _aggregate_fused(
     by one exchange: H1 sends rs_c + rz_t, H2 u_s_c + u_z_t, and both get Y = S_c + z_t. So a
     round is the trial run's layers, its outputs and that exchange: no noisy-sum run."""
     garbler = role == "garbler"
+    bound = seed_binding is not None
+    if bound and link.security != "malicious":
+        raise ValueError("seed proofs run on authenticated links only (security: malicious)")
     circuit = fused_trial_circuit(
-        params, ring_bits, width, field=field_inputs, max_depth=link.trial_depth
+        params, ring_bits, width, field=field_inputs, max_depth=link.trial_depth, bound=bound
     )
+    # Both seeds proved before any input enters a run (its commitment, then each run's blocks).
+    commitments = prove_round_seed(link.session, seed_binding, seed) if seed_binding else None
     mask = ring_mask(width)
     nbytes = (width + 7) // 8
     prefix = _PORT_PREFIX[role]
@@ -715,7 +730,15 @@ def _aggregate_fused(
         return np.frombuffer(os.urandom(8 * m), dtype="<u8").astype(np.uint64) & mask
 
     def run_stage(segments: list[TrialSegment]) -> tuple[np.ndarray, int]:
-        ports = expand_segments(seed, segments, params.port_widths, prefix, first_coordinate)
+        carried: dict[str, Any] = {}
+        if commitments is None:
+            ports = expand_segments(seed, segments, params.port_widths, prefix, first_coordinate)
+        else:
+            layout = segments_layout(segments, len(params.port_widths), first_coordinate)
+            ports = {}
+            carried = bound_random_ports(
+                link.session, role, commitments, layout, params.port_widths
+            )
         m = segment_instances(segments)
         first = not own_z
         for port, values in inputs(slice(None)).items():  # S's shares at instances 0..n-1
@@ -725,7 +748,7 @@ def _aggregate_fused(
             ports[port] = padded
         if garbler:
             ports["rs"], ports["rz"] = fresh(m), fresh(m)
-        out = link.session.run(circuit, ports, {}, m)
+        out = link.session.run(circuit, ports, carried, m)
         mine_s, mine_z = (ports["rs"], ports["rz"]) if garbler else (out["u_s"], out["u_z"])
         if first:
             own_s[:] = np.asarray(mine_s, dtype=np.uint64)[:n]

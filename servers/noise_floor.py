@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from spgc.privacy.noise import sample_discrete_gaussian
+from spgc.privacy.seed_proof import SeedBinding
 from spgc.protocol.sharing import ring_mask
 from spgc.servers.gc_party import run_aggregate
 from spgc.wire import aggregation_pb2 as pb
@@ -86,12 +87,14 @@ def spgc_release(
     field_modulus: int | None = None,
     on_stage: Callable[[], None] | None = None,
     circuit: Callable[..., tuple[np.ndarray, dict[str, Any]]] | None = None,
+    seed_binding: SeedBinding | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """This server's side of an spgc release: its own noise into its input share (when it has
     a noise floor), then the round circuit with the joint noise of std ``joint_sigma_units``
     (``circuit``, run_aggregate's signature; None: :data:`joint_noise_circuit`. The round loop
     passes its own name for it, servers.coordinator.run_aggregate, where tests tap every
-    reveal). Returns (Y, counters)."""
+    reveal). ``seed_binding``: both servers prove their round seeds (security: malicious).
+    Returns (Y, counters)."""
     inputs = total
     if own_noise is not None:
         inputs = with_own_noise(role, total, own_noise, ring_bits, field_modulus)
@@ -106,4 +109,5 @@ def spgc_release(
         "spgc",
         on_stage=on_stage,
         field_modulus=field_modulus,
+        seed_binding=seed_binding,
     )

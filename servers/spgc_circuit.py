@@ -309,6 +309,7 @@ def fused_trial_description(
     *,
     field: bool = False,
     max_depth: int = MAX_TRIAL_DEPTH,
+    bound: bool = False,
 ) -> CircuitDescription:
     """A gmw round of mode spgc beside the sampler's trial (issue 47: the reconstruction and the
     noisy sum fused into the trial run). Per instance, besides the trial's ``accept`` (both) and
@@ -319,7 +320,9 @@ def fused_trial_description(
     Y = (u_s + u_z) - (rs + rz) of a coordinate and its accepted trial is then opened in one
     exchange (servers.gc_party). Depth-aware arithmetic (gmw's) only; ``width`` at most 64.
     ``max_depth``: the AND layers to keep within (see
-    :func:`garbled_core.sampler_circuit.describe_trial_with`: fewer layers, more bytes)."""
+    :func:`garbled_core.sampler_circuit.describe_trial_with`: fewer layers, more bytes).
+    ``bound``: the trial's random ports are carried, the servers' proved seed streams
+    (security: malicious, spgc.privacy.seed_proof)."""
     ring_bits = check_ring_bits(ring_bits)
     if not 2 <= width <= MAX_PORT_WIDTH:
         raise ValueError(f"width must be in 2..{MAX_PORT_WIDTH}, got {width}")
@@ -340,9 +343,9 @@ def fused_trial_description(
     name = (
         f"dgauss-trial-s{params.sigma_units:.17g}-e{params.bucket_bits}-spgc"
         f"{'-field' if field else ''}-L{ring_bits}-y{width}-depth"
-        f"{'' if max_depth == MAX_TRIAL_DEPTH else f'{max_depth}'}"
+        f"{'' if max_depth == MAX_TRIAL_DEPTH else f'{max_depth}'}{'-bound' if bound else ''}"
     )
-    return describe_trial_with(params, name, extra, max_depth)
+    return describe_trial_with(params, name, extra, max_depth, bound=bound)
 
 
 @functools.lru_cache(maxsize=32)
@@ -353,10 +356,11 @@ def fused_trial_circuit(
     *,
     field: bool = False,
     max_depth: int = MAX_TRIAL_DEPTH,
+    bound: bool = False,
 ) -> Any:
     """Compiled :func:`fused_trial_description`."""
     return fused_trial_description(
-        params, ring_bits, width, field=field, max_depth=max_depth
+        params, ring_bits, width, field=field, max_depth=max_depth, bound=bound
     ).build()
 
 

@@ -210,6 +210,55 @@ RunOutputs AuthSession::run(const Circuit& c, const RunInputs& in) {
   }
 }
 
+std::pair<ProofResult, ProofResult> AuthSession::prove(const ProofStatement& mine, const ProofStatement& theirs) {
+  if (broken_)
+    throw ProtocolError(std::string("this ") + name_ + " party stopped after a failed run; start a new session");
+  setup();
+  ch_.set_phase(Phase::Inputs);
+  ZkProofs proofs(*auth_);
+  proofs.cheat_for_test(proof_cheat_);
+  try {
+    auto result = proofs.run(mine, theirs);
+    ands_proved_ += proofs.ands_proved();
+    evidence_ = auth_->evidence();  // what the peer sent in the proof: evidence if its claim fails
+    return result;
+  } catch (...) {
+    broken_ = true;
+    evidence_ = auth_->evidence();
+    throw;
+  }
+}
+
+std::shared_ptr<KeptLabels> AuthSession::bind_proved(const std::vector<const AuthShares*>& sources,
+                                                     const std::vector<uint32_t>& source,
+                                                     const std::vector<uint64_t>& instance, int width,
+                                                     const std::string& port) {
+  if (source.size() != instance.size()) throw std::invalid_argument("bind_proved: one source and instance each");
+  if (width < 1 || width > 64) throw std::invalid_argument("bind_proved: width 1..64");
+  const size_t n = source.size();
+  for (const AuthShares* s : sources)
+    if (!s || s->size() == 0 || s->size() % 64 != 0)
+      throw std::invalid_argument("bind_proved: each source is a kept port of 64 bits");
+  OutputPort shape;
+  shape.name = port;
+  shape.wires.assign((size_t)width, 0);
+  auto kept = new_kept(shape, n, kKeptBlocks * (size_t)width * n);
+  for (size_t i = 0; i < n; ++i) {
+    if (source[i] >= sources.size()) throw std::invalid_argument("bind_proved: no such source");
+    const AuthShares& from = *sources[source[i]];
+    const size_t m = from.size() / 64;  // its instances
+    if (instance[i] >= m) throw std::invalid_argument("bind_proved: no such instance in the source");
+    for (int k = 0; k < width; ++k) {
+      const size_t e = (size_t)k * m + instance[i];
+      block* k3 = kept->labels.data() + kKeptBlocks * ((size_t)k * n + i);
+      k3[0] = from.macs[e];
+      k3[1] = from.keys[e];
+      k3[2] = make_block(0, from.bits[e]);
+    }
+  }
+  return kept;
+}
+
 RunOutputs AuthSession::run_checked(const Circuit& c, const RunInputs& in) {
   exchange_header(c, in);
   const GmwPlan plan = plan_circuit(c);

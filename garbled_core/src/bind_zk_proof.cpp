@@ -1,7 +1,9 @@
 #include "garbled_core/bind_zk_proof.h"
 
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "garbled_core/auth_bits.h"
 #include "garbled_core/bind_auth_bits.h"
 #include "garbled_core/channel.h"
+#include "garbled_core/chacha20.h"
 #include "garbled_core/circuit.h"
 #include "garbled_core/iknp.h"
 #include "garbled_core/session.h"
@@ -47,6 +50,43 @@ gc::ProofStatement statement(const py::object& spec, std::shared_ptr<gc::Circuit
   return st;
 }
 
+using U64In = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+std::vector<uint64_t> u64_values(const py::handle& h) {
+  U64In a = py::cast<U64In>(h);
+  return std::vector<uint64_t>(a.data(), a.data() + a.size());
+}
+
+// The same dict as the test hook's, with numpy or list values, and carried ports named as
+// (ProofResult, output port index) pairs.
+gc::ProofStatement session_statement(const py::object& spec, std::shared_ptr<gc::Circuit>& hold,
+                                     std::vector<std::shared_ptr<gc::ProofResult>>& held) {
+  gc::ProofStatement st;
+  if (spec.is_none()) return st;
+  py::dict d = spec.cast<py::dict>();
+  hold = d["circuit"].cast<std::shared_ptr<gc::Circuit>>();
+  st.circuit = hold.get();
+  st.n = d["n"].cast<size_t>();
+  for (const py::handle& v : d["values"].cast<py::list>()) st.values.push_back(u64_values(v));
+  st.broadcast = d["broadcast"].cast<std::vector<bool>>();
+  if (d.contains("carried")) {
+    for (const py::handle& ref : d["carried"].cast<py::list>()) {
+      if (ref.is_none()) {
+        st.carried.push_back(nullptr);
+        continue;
+      }
+      py::tuple t = ref.cast<py::tuple>();
+      auto r = t[0].cast<std::shared_ptr<gc::ProofResult>>();
+      const size_t port = t[1].cast<size_t>();
+      if (port >= r->kept.size() || r->kept[port].size() == 0)
+        throw py::value_error("a carried port names an output the proof did not keep");
+      held.push_back(r);
+      st.carried.push_back(&r->kept[port]);
+    }
+  }
+  return st;
+}
+
 gc::block block_arg(const py::object& o, const char* what) {
   if (o.is_none()) return gc::zero_block();
   std::string s = o.cast<py::bytes>();
@@ -62,7 +102,90 @@ py::list opened_list(const gc::ProofResult& r) {
 
 }  // namespace
 
+py::tuple session_prove(gc::AuthSession& s, const py::object& mine, const py::object& theirs) {
+  std::shared_ptr<gc::Circuit> hold_mine, hold_theirs;
+  std::vector<std::shared_ptr<gc::ProofResult>> held;
+  const gc::ProofStatement a = session_statement(mine, hold_mine, held);
+  const gc::ProofStatement b = session_statement(theirs, hold_theirs, held);
+  auto own = std::make_shared<gc::ProofResult>(), checked = std::make_shared<gc::ProofResult>();
+  {
+    py::gil_scoped_release release;
+    auto result = s.prove(a, b);
+    *own = std::move(result.first);
+    *checked = std::move(result.second);
+  }
+  return py::make_tuple(own, checked);
+}
+
+std::shared_ptr<gc::KeptLabels> session_bind_proved(gc::AuthSession& s, const py::list& sources,
+                                                    const py::object& source, const py::object& instance,
+                                                    int width, const std::string& port) {
+  std::vector<std::shared_ptr<gc::ProofResult>> held;
+  std::vector<const gc::AuthShares*> from;
+  for (const py::handle& ref : sources) {
+    py::tuple t = ref.cast<py::tuple>();
+    auto r = t[0].cast<std::shared_ptr<gc::ProofResult>>();
+    const size_t p = t[1].cast<size_t>();
+    if (p >= r->kept.size() || r->kept[p].size() == 0)
+      throw py::value_error("bind_proved: a source names an output the proof did not keep");
+    held.push_back(r);
+    from.push_back(&r->kept[p]);
+  }
+  const std::vector<uint64_t> src64 = u64_values(source), inst = u64_values(instance);
+  std::vector<uint32_t> src(src64.begin(), src64.end());
+  py::gil_scoped_release release;
+  try {
+    return s.bind_proved(from, src, inst, width, port);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+}
+
 void bind_zk_proof(py::module_& m) {
+  m.def("chacha20_blocks", [](py::bytes key, const U64In& counters, const U64In& nonces) {
+    const std::string k = key;
+    if (k.size() != 32) throw py::value_error("chacha20_blocks: a 32-byte key");
+    if (nonces.ndim() != 2 || nonces.shape(1) != 3 || counters.ndim() != 1 || nonces.shape(0) != counters.shape(0))
+      throw py::value_error("chacha20_blocks: counters (n,) and nonces (n, 3)");
+    const size_t n = (size_t)counters.shape(0);
+    uint32_t kw[8];
+    for (int i = 0; i < 8; ++i) {
+      kw[i] = 0;
+      for (int j = 0; j < 4; ++j) kw[i] |= (uint32_t)(uint8_t)k[(size_t)(4 * i + j)] << (8 * j);
+    }
+    py::array_t<uint32_t> out({(py::ssize_t)n, (py::ssize_t)16});
+    uint32_t* o = out.mutable_data();
+    const uint64_t* c = counters.data();
+    const uint64_t* nn = nonces.data();
+    {
+      py::gil_scoped_release release;
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t nonce[3] = {(uint32_t)nn[3 * i], (uint32_t)nn[3 * i + 1], (uint32_t)nn[3 * i + 2]};
+        gc::chacha20_block(kw, (uint32_t)c[i], nonce, o + 16 * i);
+      }
+    }
+    return out;
+  }, "key"_a, "counters"_a, "nonces"_a,
+  "ChaCha20's block function (RFC 8439) for n blocks under one 32-byte key: counters (n,) and "
+  "nonces (n, 3) as 32-bit words; returns (n, 16) uint32 words (the key stream, little endian).");
+  py::class_<gc::ProofResult, std::shared_ptr<gc::ProofResult>>(m, "ProofResult",
+      "One side of a zero-knowledge proof (zk_proof.h): the opened outputs' values and the kept "
+      "outputs' authenticated bits (carried into later proofs and, by AuthSession.bind_proved, "
+      "into runs).")
+      .def_property_readonly("opened", [](const gc::ProofResult& r) {
+        py::list l;
+        for (const auto& v : r.opened) {
+          if (v.empty()) {
+            l.append(py::none());
+            continue;
+          }
+          py::array_t<uint64_t> a((py::ssize_t)v.size());
+          std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(uint64_t));
+          l.append(a);
+        }
+        return l;
+      }, "Per output port: the opened values (numpy uint64), or None for a kept port.");
+
   m.attr("_ZK_ANDS_PER_BATCH") = gc::ZkProofs::kAndsPerBatch;
   m.def("_zk_proof_session", [](gc::Channel& ch, bool first, py::list mine_steps, py::list theirs_steps,
                                  const std::string& cheat, size_t index, py::object offset, bool coin_first,

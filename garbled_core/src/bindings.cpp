@@ -441,6 +441,18 @@ PYBIND11_MODULE(_core, m) {
         const gc::InputOwner self = s.party() == 0 ? gc::InputOwner::Garbler : gc::InputOwner::Evaluator;
         return run_session(s, c, inputs, carried, n, self);
       }, "circuit"_a, "inputs"_a = py::dict(), "carried"_a = py::dict(), "n"_a = py::none())
+      .def("prove", &session_prove, "mine"_a, "theirs"_a,
+           "Zero-knowledge proofs on this session's authenticated bits (zk_proof.h), both parties at "
+           "once: proves `mine` and checks the peer's `theirs`, each a dict of circuit, n, values "
+           "(per input port; the peer's private ports empty), broadcast flags and carried ports "
+           "((ProofResult, output index) or None), or None. Returns (own, checked) ProofResults; "
+           "PeerDeviated when the peer's proof fails.")
+      .def("bind_proved", &session_bind_proved, "sources"_a, "source"_a, "instance"_a, "width"_a, "port"_a,
+           "A Kept for carried input `port` of `width` bits: instance i reads the kept bits of "
+           "instance instance[i] of sources[source[i]] (a (ProofResult, output index) pair, a "
+           "64-bit kept port). Both parties pass the same indices.")
+      .def_property_readonly("ands_proved", &gc::AuthSession::ands_proved,
+                             "AND gates this party proved in zero knowledge so far.")
       .def_property_readonly("runs", &gc::AuthSession::runs)
       .def_property_readonly("role", [](const gc::AuthSession& s) { return s.party() == 0 ? "garbler" : "evaluator"; })
       .def_property_readonly("rho", &gc::AuthSession::rho)

@@ -65,6 +65,7 @@ from spgc.common.progress import Progress
 from spgc.learning.models import parameter_count, resolve_model, trainable_count
 from spgc.privacy import accounting
 from spgc.privacy.noise import noise_bound_units, sample_discrete_gaussian
+from spgc.privacy.seed_proof import SeedBinding
 from spgc.protocol.encoding import FixedPointConfig
 from spgc.protocol.modes import (
     BACKENDS,
@@ -89,6 +90,7 @@ from spgc.servers.spgc_circuit import (
 )
 from spgc.settings.config import ServerConfig
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.digests import seed_commitment
 
 __all__ = [
     "DATASETS",
@@ -227,6 +229,8 @@ def _run_pair(
     return seconds, phases, value
 
 
+BENCH_RUN_ID = "spgc-bench-comm"  # the run its seed commitments name
+
 # Round-trip times between the two servers for the implied round times (a data centre, a
 # region, a continent apart).
 ROUND_TRIP_TIMES: dict[str, float] = {"1ms": 0.001, "10ms": 0.010, "50ms": 0.050}
@@ -287,14 +291,24 @@ def _gmw_extra(ctx: CommContext, n: int) -> dict[str, Any]:
 
 
 def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
+    seeds = {"garbler": os.urandom(32), "evaluator": os.urandom(32)}  # fresh, as a round's
+    # Under security: malicious the daemons prove their seeds (spgc.privacy.seed_proof): so
+    # does the bench, against commitments made as the release makes them.
+    bindings: dict[str, SeedBinding | None] = {"garbler": None, "evaluator": None}
+    assert ctx.links is not None
+    if ctx.links[0].security == "malicious":
+        roles = {"garbler": pb.SERVER_ROLE_H1, "evaluator": pb.SERVER_ROLE_H2}
+        made = {who: seed_commitment(BENCH_RUN_ID, 0, roles[who], seeds[who]) for who in seeds}
+        for who, peer in (("garbler", "evaluator"), ("evaluator", "garbler")):
+            bindings[who] = SeedBinding(BENCH_RUN_ID, 0, roles[who], roles[peer], made[peer])
 
     def party(role: str) -> Callable[[Any], Any]:
         p = ctx.field_modulus
         shares = _random_shares(n, ctx.ring_bits, p)
-        seed = os.urandom(32)  # fresh per call, as the daemon does per round
         return lambda link: run_aggregate(
-            role, link, shares, seed, sigma, ctx.ring_bits, "spgc", field_modulus=p
-        )
+            role, link, shares, seeds[role], sigma, ctx.ring_bits, "spgc", field_modulus=p,
+            seed_binding=bindings[role],
+        )  # fmt: skip
 
     seconds, phases, (_, info) = _run_pair(ctx, party("garbler"), party("evaluator"))
     extra = {"rounds": info["rounds"], "trials_per_coordinate": info["trials"] / n}

@@ -8,14 +8,18 @@ servers) and for audits and tests.
 
 Randomness: every random bit the sampler reads is r1 xor r2 (the circuit XORs a garbler port
 with an evaluator port). Each server expands only its own 32-byte round seed, outside the
-circuit, with AES-256 as a PRF keyed by the seed, addressed by where the bits are used: trial t
-of coordinate c in stage (retry round) r reads, for its port p of P, the little-endian 64-bit
-word (t * P + p) mod 2 of the block AES_seed(b"SPGc" || r (4 bytes) || c (6 bytes) || (t * P +
-p) // 2 (2 bytes)), all big endian, masked to the port's width (:func:`expand_seed`). So a
+circuit, with ChaCha20 (RFC 8439) keyed by the seed, addressed by where the bits are used: trial
+t of coordinate c in stage (retry round) r reads, for its port p of P, word (t * P + p) of the
+coordinate's stream: the little-endian 64-bit word (t * P + p) mod 8 of the block with nonce
+"SPGc" || r || c mod 2^32 and counter (c >> 32) << 16 | (t * P + p) // 8 (32-bit words, little
+endian), masked to the port's width (:func:`expand_seed`, :func:`stream_layout`). So a
 coordinate's noise depends only on the two seeds and its own index, never on which other
 coordinates share its batch: a batch split into ranges (lanes, worker pairs) releases exactly
 the same vector. Given both seeds the noise is reproducible (:func:`sample_noise_plain`); given
-one, the other is AES output under an unknown key, so the XOR is uniform to that party.
+one, the other is ChaCha20's stream under an unknown key, so the XOR is uniform to that party.
+ChaCha20 rather than AES because a server proves its expansion in zero knowledge under
+``security: malicious`` (:mod:`spgc.privacy.seed_proof`): its 32-bit additions cost about 20
+AND gates a stream bit, against about 55 for AES-256.
 :func:`sample_discrete_gaussian` draws both seeds from the OS CSPRNG.
 
 Spare trials (``spares_every`` m > 0, the gmw backend's sampling, :data:`SPARES_EVERY`): in the
@@ -38,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+import garbled_core
 from garbled_core.discrete_gaussian import (
     DEFAULT_DISTANCE_LOG2,
     DEFAULT_SCHEDULE,
@@ -57,20 +61,25 @@ __all__ = [
     "SPARE_STAGE",
     "RoundResult",
     "SamplerStats",
+    "StreamLayout",
     "TrialSegment",
     "check_seed",
     "expand_seed",
     "expand_segments",
     "noise_bound_units",
+    "read_stream",
     "sample_discrete_gaussian",
     "sample_noise_plain",
     "sampling_rounds",
     "segment_instances",
+    "segments_layout",
+    "stream_layout",
 ]
 
 SEED_BYTES = 32
-_STREAM_TAG = b"SPGc"
-MAX_COORDINATE = 1 << 48  # coordinate indices fit 6 bytes of the PRF input
+_STREAM_TAG = int.from_bytes(b"SPGc", "little")  # the first nonce word of every stream block
+_BLOCK_WORDS = 8  # 64-bit words in a ChaCha20 block
+MAX_COORDINATE = 1 << 48  # coordinate indices fit the nonce's 32 bits and the counter's top 16
 #: The stage field of spare trials' PRF addresses (real stages count from 0 up to MAX_ROUNDS).
 SPARE_STAGE = (1 << 32) - 1
 #: Coordinates whose failed first-stage trials share spares (absolute c // SPARE_GROUP).
@@ -95,6 +104,83 @@ def check_seed(seed: bytes | bytearray | memoryview) -> bytes:
     return seed
 
 
+@dataclass(frozen=True)
+class StreamLayout:
+    """Where a run's random input ports read a party's seed stream (ChaCha20 under the seed):
+    ``counters`` and ``nonces`` name the key-stream blocks it takes, and the 64-bit word of
+    port ``k`` at instance ``i`` is word ``word[k][i]`` (0..7) of block ``block[k][i]``."""
+
+    counters: np.ndarray  # (blocks,) uint64: ChaCha20's 32-bit block counter
+    nonces: np.ndarray  # (blocks, 3) uint64: its three 32-bit nonce words
+    block: np.ndarray  # (ports, instances) int64
+    word: np.ndarray  # (ports, instances) int64
+
+
+def stream_layout(
+    stage: int, ports: int, coords: int | np.ndarray, trials: int = 1
+) -> StreamLayout:
+    """The blocks and words ``ports`` random ports of ``trials`` trials of each coordinate in
+    ``coords`` (an index array, or n for 0..n-1) read in one stage (the module docstring)."""
+    if not 0 <= stage < 1 << 32:
+        raise ValueError(f"stage {stage} is outside 0..2^32-1")
+    idx = np.arange(coords, dtype=np.int64) if isinstance(coords, int) else np.asarray(coords)
+    idx = idx.astype(np.int64, copy=False)
+    if len(idx) and (idx.min() < 0 or idx.max() >= MAX_COORDINATE):
+        raise ValueError("coordinate indices must be in 0..2^48-1")
+    words = trials * ports
+    blocks = -(-words // _BLOCK_WORDS)
+    if blocks >= 1 << 16:
+        raise ValueError(f"{trials} trials x {ports} ports exceed one coordinate's stream")
+    n = len(idx)
+    b = np.arange(blocks, dtype=np.int64)
+    counters = ((idx[:, None] >> 32) << 16 | b[None, :]).reshape(-1).astype(np.uint64)
+    nonces = np.empty((n * blocks, 3), dtype=np.uint64)
+    nonces[:, 0] = _STREAM_TAG
+    nonces[:, 1] = stage
+    nonces[:, 2] = np.repeat(idx & 0xFFFFFFFF, blocks).astype(np.uint64)
+    # word t * ports + k of coordinate row r: block r * blocks + that // 8, word that % 8
+    k = np.arange(words, dtype=np.int64).reshape(trials, ports)
+    row = np.arange(n, dtype=np.int64)[:, None, None]
+    block = (row * blocks + k[None] // _BLOCK_WORDS).reshape(n * trials, ports).T
+    word = np.broadcast_to(k[None] % _BLOCK_WORDS, (n, trials, ports)).reshape(n * trials, ports).T
+    return StreamLayout(counters, nonces, np.ascontiguousarray(block), np.ascontiguousarray(word))
+
+
+def segments_layout(
+    segments: Sequence[TrialSegment], ports: int, first_coordinate: int = 0
+) -> StreamLayout:
+    """:func:`stream_layout` of a run of several :data:`TrialSegment` blocks, one after the
+    other (instances and blocks in segment order); coordinates are 0-based in a batch that
+    starts at ``first_coordinate``."""
+    parts = [
+        stream_layout(stage, ports, np.asarray(coords) + first_coordinate, k)
+        for stage, coords, k in segments
+    ]
+    offsets = np.cumsum([0] + [len(p.counters) for p in parts[:-1]])
+    return StreamLayout(
+        np.concatenate([p.counters for p in parts]),
+        np.concatenate([p.nonces for p in parts]),
+        np.concatenate([p.block + o for p, o in zip(parts, offsets, strict=True)], axis=1),
+        np.concatenate([p.word for p in parts], axis=1),
+    )
+
+
+def read_stream(
+    seed: bytes, layout: StreamLayout, widths: Sequence[int], prefix: str
+) -> dict[str, np.ndarray]:
+    """This party's random input ports ``{prefix}k`` (uint64 arrays, masked to ``widths``)
+    from its seed's stream at ``layout``."""
+    seed = check_seed(seed)
+    if len(widths) != layout.block.shape[0]:
+        raise ValueError(f"{len(widths)} port widths for a layout of {layout.block.shape[0]} ports")
+    stream = garbled_core.chacha20_blocks(seed, layout.counters, layout.nonces).view("<u8")
+    out = {}
+    for k, w in enumerate(widths):
+        col = stream[layout.block[k], layout.word[k]].astype(np.uint64)
+        out[f"{prefix}{k}"] = col if w >= 64 else col & np.uint64((1 << w) - 1)
+    return out
+
+
 def expand_seed(
     seed: bytes,
     stage: int,
@@ -108,34 +194,7 @@ def expand_seed(
     instance ``row * trials + t`` for coordinate ``coords[row]``'s trial t (the module
     docstring has the layout)."""
     seed = check_seed(seed)
-    if not 0 <= stage < 1 << 32:
-        raise ValueError(f"stage {stage} is outside 0..2^32-1")
-    idx = np.arange(coords, dtype=np.int64) if isinstance(coords, int) else np.asarray(coords)
-    idx = idx.astype(np.int64, copy=False)
-    if len(idx) and (idx.min() < 0 or idx.max() >= MAX_COORDINATE):
-        raise ValueError("coordinate indices must be in 0..2^48-1")
-    ports = len(widths)
-    words = trials * ports
-    blocks = -(-words // 2)
-    if blocks >= 1 << 16:
-        raise ValueError(f"{trials} trials x {ports} ports exceed one coordinate's stream")
-    n = len(idx)
-    counter = np.zeros((n, blocks, 16), dtype=np.uint8)
-    counter[:, :, 0:4] = np.frombuffer(_STREAM_TAG, dtype=np.uint8)
-    counter[:, :, 4:8] = np.frombuffer(stage.to_bytes(4, "big"), dtype=np.uint8)
-    be = idx.astype(">u8").view(np.uint8).reshape(n, 8)[:, 2:]  # low 6 bytes, big endian
-    counter[:, :, 8:14] = be[:, None, :]
-    counter[:, :, 14:16] = np.arange(blocks, dtype=">u2").view(np.uint8).reshape(blocks, 2)
-    # ECB over distinct counter blocks is AES used as a PRF (CTR mode with chosen counters).
-    enc = Cipher(algorithms.AES(seed), modes.ECB()).encryptor()  # noqa: S305
-    raw = enc.update(counter.tobytes()) + enc.finalize()
-    stream = np.frombuffer(raw, dtype="<u8").reshape(n, 2 * blocks)[:, :words]
-    stream = stream.reshape(n, trials, ports).astype(np.uint64)
-    out = {}
-    for k, w in enumerate(widths):
-        col = np.ascontiguousarray(stream[:, :, k]).reshape(n * trials)
-        out[f"{prefix}{k}"] = col if w >= 64 else col & np.uint64((1 << w) - 1)
-    return out
+    return read_stream(seed, stream_layout(stage, len(widths), coords, trials), widths, prefix)
 
 
 # ------------------------------------------------------------------------------ rounds
@@ -169,11 +228,8 @@ def expand_segments(
     """This party's random input ports for a run of several :data:`TrialSegment` blocks, one
     after the other (instances in segment order, each as in :func:`expand_seed`); coordinates
     are 0-based in a batch that starts at ``first_coordinate``."""
-    parts = [
-        expand_seed(seed, stage, widths, coords + first_coordinate, prefix, k)
-        for stage, coords, k in segments
-    ]
-    return {port: np.concatenate([p[port] for p in parts]) for port in parts[0]}
+    layout = segments_layout(segments, len(widths), first_coordinate)
+    return read_stream(seed, layout, widths, prefix)
 
 
 def segment_instances(segments: Sequence[TrialSegment]) -> int:

@@ -36,6 +36,7 @@ from spgc.wire.digests import (
     canonical_provider_set,
     provider_set_digest,
     seed_commitment,
+    seed_commitment_prefix,
     vector_sha256,
 )
 
@@ -58,5 +59,6 @@ __all__ = [
     "peer_pb2_grpc",
     "provider_set_digest",
     "seed_commitment",
+    "seed_commitment_prefix",
     "vector_sha256",
 ]

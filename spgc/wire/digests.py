@@ -57,24 +57,28 @@ def provider_set_digest(providers: Iterable[str]) -> bytes:
     return h.digest()
 
 
-def seed_commitment(run_id: str, round_number: int, role: int, seed: bytes) -> bytes:
-    """The "sha256-v1" commitment of a server's round seed (SeedCommitment.commitment).
-
-    SHA-256("spgc.v1.seed-commitment" 0x00 || run_id 0x00 || round as 8 bytes big-endian ||
-    role as 1 byte || seed). ``role`` is a ServerRole value. The seed must be at least
-    :data:`MIN_SEED_BYTES` bytes from a CSPRNG: the commitment is hiding only because of that
-    entropy. Only the commitment goes to the other server; the seed never does.
-    """
-    if len(seed) < MIN_SEED_BYTES:
-        raise ValueError(f"seed must be at least {MIN_SEED_BYTES} bytes, got {len(seed)}")
+def seed_commitment_prefix(run_id: str, round_number: int, role: int) -> bytes:
+    """The bytes a "sha256-v1" seed commitment hashes before the seed (:func:`seed_commitment`):
+    "spgc.v1.seed-commitment" 0x00 || run_id 0x00 || round as 8 bytes big-endian || role."""
     if not 0 <= round_number < 1 << 64:
         raise ValueError(f"round {round_number} does not fit in 64 bits")
     if not 0 <= role < 256:
         raise ValueError(f"role {role} does not fit in one byte")
     if "\x00" in run_id:
         raise ValueError("run_id must not contain NUL")
-    h = hashlib.sha256(_SEED_DOMAIN)
-    h.update(run_id.encode("utf-8") + b"\x00")
-    h.update(struct.pack(">QB", round_number, role))
-    h.update(bytes(seed))
-    return h.digest()
+    return _SEED_DOMAIN + run_id.encode("utf-8") + b"\x00" + struct.pack(">QB", round_number, role)
+
+
+def seed_commitment(run_id: str, round_number: int, role: int, seed: bytes) -> bytes:
+    """The "sha256-v1" commitment of a server's round seed (SeedCommitment.commitment).
+
+    SHA-256("spgc.v1.seed-commitment" 0x00 || run_id 0x00 || round as 8 bytes big-endian ||
+    role as 1 byte || seed). ``role`` is a ServerRole value. The seed must be at least
+    :data:`MIN_SEED_BYTES` bytes from a CSPRNG: the commitment is hiding only because of that
+    entropy. Only the commitment goes to the other server; the seed never does (under
+    ``security: malicious`` each server proves in zero knowledge that its noise inputs expand
+    the seed it committed to: :mod:`spgc.privacy.seed_proof`).
+    """
+    if len(seed) < MIN_SEED_BYTES:
+        raise ValueError(f"seed must be at least {MIN_SEED_BYTES} bytes, got {len(seed)}")
+    return hashlib.sha256(seed_commitment_prefix(run_id, round_number, role) + bytes(seed)).digest()

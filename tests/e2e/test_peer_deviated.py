@@ -195,6 +195,9 @@ def test_a_deviation_caught_in_noise_production_aborts_the_run(
         ("gmw", "cheat-opening", "MACs do not hold"),
         # authenticated garbling: the garbler flips a gate's output in its table
         ("gc", "cheat-row", "garbled row"),
+        # either backend: H1 enters and proves another seed than the one it committed
+        ("gmw", "cheat-seed", "not its committed seed"),
+        ("gc", "cheat-seed", "not its committed seed"),
     ],
 )
 def test_a_real_cheater_is_caught_by_the_other_servers_engine(
@@ -205,7 +208,8 @@ def test_a_real_cheater_is_caught_by_the_other_servers_engine(
     ``cheat-row:1`` makes H1's authenticated garbling flip the output of the first gate
     instance of each run's tables; H2's engine catches it with its MAC check before anything
     of the round is released, keeps the transcript's digest and ends its ledger with the
-    abort."""
+    abort. ``cheat-seed:1`` makes H1 enter, and prove, a fresh seed in round 1 instead of the
+    one it committed to: H2's check of the seed proof catches it before the round's run."""
     server_cfgs, provider_cfgs = _configs(tmp_path, backend, "malicious")
     work, state = tmp_path / "work", tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}

@@ -1,14 +1,21 @@
 """Issue 46, item 5: a server whose inputs differ from what it committed (docs/MALICIOUS.md,
-"Inputs bound to commitments"). The binding is not built; these tests pin down what such a
-server can do instead, through the authenticated engines on both backends:
+"Inputs bound to commitments").
+
+With seed proofs (what the daemons run under security: malicious, mode spgc), a server that
+proves and enters another seed than the one it committed is caught before the round's runs, and
+one that binds its ports to other proved bits than the layout's is caught by the run's MAC
+check (the tests at the end).
+
+Without them (the runs below, and mode preprocessed's production), what such a server can do
+is pinned down, through the authenticated engines on both backends:
 
 - trial bits that are not the expansion of its committed seed (zeros, ones, another seed, or
   the expansion of a seed it guesses the other server holds, chosen to cancel it): the noise
   is exactly the plan's discrete Gaussian all the same, because every trial bit is the xor of
   both servers' bits and the honest one's are uniform and unseen;
-- a share of the sum other than the one the providers sent it (its own plus e): the release is
-  S + e + z with z the noise of the round's seeds, the honest release moved by an e it chose
-  before anything that depends on z: post-processing, never less noisy.
+- a share of the sum other than the one the providers sent it (its own plus e; never bound):
+  the release is S + e + z with z the noise of the round's seeds, the honest release moved by
+  an e it chose before anything that depends on z: post-processing, never less noisy.
 
 The control: a cheater that also held the other server's bits (both cancelled) gets a constant
 "noise", which the same distribution test refuses, so the test can fail.
@@ -22,14 +29,19 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from helpers import Background
 from test_gmw_round import run_both
 from test_noise_sampler import assert_matches, distribution_tests
 from test_spgc_circuit import shares_of, sums_for
 
+import garbled_core
 from spgc.privacy import noise
 from spgc.privacy.noise import derive_params, sample_noise_plain
+from spgc.privacy.seed_proof import SeedBinding, SeedProofError
 from spgc.servers import gc_party
-from spgc.servers.gc_party import PartyLink, aggregate_plain
+from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.digests import seed_commitment
 
 Ports = dict[str, np.ndarray]
 #: What a cheating H1 enters instead of its seed's expansion: f(honest ports, the run's
@@ -147,3 +159,135 @@ def test_a_malicious_server_whose_inputs_differ_from_its_commitment(
     assert ring(yg) == ring(ye) == reference(moved, s1, s2)
     shift = [(y - h) % full for y, h in zip(ring(ye), reference(a1, s1, s2), strict=True)]
     assert shift == e.tolist()
+
+
+# ---------------------------------------------------------------- inputs bound to commitments
+
+
+def _bindings(run_id: str, t: int, c1: bytes, c2: bytes):
+    """Each server's SeedBinding: the peer's commitment as it sent it."""
+    h1, h2 = pb.SERVER_ROLE_H1, pb.SERVER_ROLE_H2
+    return SeedBinding(run_id, t, h1, h2, c2), SeedBinding(run_id, t, h2, h1, c1)
+
+
+def _malicious_links(two_party, backend: str):
+    tp = two_party()
+    return (
+        PartyLink.open("garbler", tp.garbler_channel, backend=backend, security="malicious"),
+        PartyLink.open("evaluator", tp.evaluator_channel, backend=backend, security="malicious"),
+    )
+
+
+def _bound_round(lg, le, a1, a2, s1_entered, s2, bindings, sigma, ring_bits):
+    """Both servers' sides with seed proofs: H1 enters (and proves) ``s1_entered``. Returns
+    (H1's outcome, H2's outcome), each the result or the exception it raised."""
+    b1, b2 = bindings
+
+    def h1():
+        return run_aggregate(
+            "garbler", lg, a1, s1_entered, sigma, ring_bits, "spgc", seed_binding=b1
+        )
+
+    side = Background(h1)
+    try:
+        h2 = run_aggregate("evaluator", le, a2, s2, sigma, ring_bits, "spgc", seed_binding=b2)
+    except Exception as exc:
+        h2 = exc
+        le.channel.close()  # the cheater may wait for a run that never comes
+    try:
+        first = side.result(timeout=300)
+    except Exception as exc:
+        first = exc
+    return first, h2
+
+
+@pytest.mark.parametrize("backend", ["gmw", "gc"])
+def test_with_seed_proofs_the_release_is_the_committed_seeds_and_a_false_seed_is_caught(
+    two_party, backend
+):
+    """Under seed proofs (what the daemons run under security: malicious) the honest release is
+    exactly the reference of the two committed seeds; a server that proves and enters another
+    seed than the one it committed is caught by the other before any run of the round."""
+    ring_bits, sigma = 16, 1000.0
+    sums = sums_for(ring_bits, 30, 21)
+    a1, a2 = shares_of(sums, ring_bits, 22)
+
+    def links():
+        tp = two_party()
+        lg = PartyLink.open("garbler", tp.garbler_channel, backend=backend, security="malicious")
+        le = PartyLink.open(
+            "evaluator", tp.evaluator_channel, backend=backend, security="malicious"
+        )
+        return lg, le
+
+    s1, s2 = os.urandom(32), os.urandom(32)
+    c1, c2 = seed_commitment("run-b", 4, 1, s1), seed_commitment("run-b", 4, 2, s2)
+    lg, le = _malicious_links(two_party, backend)
+    (yg, _), (ye, _) = _bound_round(
+        lg, le, a1, a2, s1, s2, _bindings("run-b", 4, c1, c2), sigma, ring_bits
+    )
+    reference = aggregate_plain(
+        a1, a2, ring_bits, "spgc", seed1=s1, seed2=s2, sigma_units=sigma,
+        backend=backend, security="malicious",
+    )  # fmt: skip
+    assert [int(v) for v in yg] == [int(v) for v in ye] == [int(v) for v in reference]
+    assert le.session.ands_proved > 0 and lg.session.ands_proved == le.session.ands_proved
+
+    # H1 committed to s1 but proves and enters s1': H2 refuses before the round's run
+    s1, s2 = os.urandom(32), os.urandom(32)
+    c1, c2 = seed_commitment("run-b", 5, 1, s1), seed_commitment("run-b", 5, 2, s2)
+    lg, le = _malicious_links(two_party, backend)
+    runs_before = le.session.runs
+    first, caught = _bound_round(
+        lg, le, a1, a2, os.urandom(32), s2, _bindings("run-b", 5, c1, c2), sigma, ring_bits
+    )
+    assert isinstance(caught, SeedProofError), caught
+    assert isinstance(caught, garbled_core.PeerDeviated)  # the servers abort on it as on any
+    assert "not its committed seed" in str(caught)
+    assert le.session.runs == runs_before  # no run of the round began
+    assert isinstance(first, Exception)
+
+
+@pytest.mark.parametrize("backend", ["gmw", "gc"])
+def test_a_server_that_enters_other_proved_bits_than_its_ports_is_caught(
+    two_party, monkeypatch, backend
+):
+    """H1 proves its committed seed, then binds its ports to other words of its own proved
+    stream (authenticated bits, only misplaced; the adaptive cheat once the seed is proved):
+    H2's keys are of the words the layout names, so the run's MAC check catches it before any
+    output. The control: the same rebinding on both sides (no cheat) releases normally."""
+    ring_bits, sigma = 16, 1000.0
+    sums = sums_for(ring_bits, 30, 23)
+    a1, a2 = shares_of(sums, ring_bits, 24)
+    real = gc_party.bound_random_ports
+
+    def rebind(only_h1: bool):
+        def bound(session, role, commitments, layout, widths):
+            if only_h1 and role != "garbler":
+                return real(session, role, commitments, layout, widths)
+            moved = noise.StreamLayout(
+                layout.counters, layout.nonces, layout.block, (layout.word + 1) % 8
+            )
+            return real(session, role, commitments, moved, widths)
+
+        return bound
+
+    for only_h1 in (False, True):
+        monkeypatch.setattr(gc_party, "bound_random_ports", rebind(only_h1))
+        tp = two_party()
+        lg = PartyLink.open("garbler", tp.garbler_channel, backend=backend, security="malicious")
+        le = PartyLink.open(
+            "evaluator", tp.evaluator_channel, backend=backend, security="malicious"
+        )
+        s1, s2 = os.urandom(32), os.urandom(32)
+        t = 6 + only_h1
+        c1, c2 = seed_commitment("run-c", t, 1, s1), seed_commitment("run-c", t, 2, s2)
+        first, second = _bound_round(
+            lg, le, a1, a2, s1, s2, _bindings("run-c", t, c1, c2), sigma, ring_bits
+        )
+        if only_h1:
+            assert isinstance(second, garbled_core.PeerDeviated), second
+            assert not isinstance(second, SeedProofError)  # the run's own check caught it
+        else:
+            assert not isinstance(second, Exception), second
+            assert [int(v) for v in first[0]] == [int(v) for v in second[0]]

@@ -30,6 +30,7 @@ from spgc.servers.errors import PeerDeviatedError
 from spgc.servers.gc_party import PartyLink, aggregate_plain
 from spgc.servers.intake import ShareIntake
 from spgc.servers.peer import config_differences
+from spgc.servers.round_phases import RoundRecord
 from spgc.servers.state import ServerState
 from spgc.settings.config import ServerConfig
 from spgc.settings.plan import make_plan
@@ -178,6 +179,8 @@ def test_a_caught_deviation_releases_nothing_and_records_the_abort(tmp_path, mon
     entry = state.record_release(0, providers=2, peer_sig=PEER.sign(statement))
     state.intake.open_round(0)
     state.intake.close_round()  # no shares: the sum is zeros
+    state.history[0] = RoundRecord(0, pb.ROUND_PHASE_COMPUTING)
+    state.history[0].seed_commitments = {"h1": b"\x02" * 32, "h2": b"\x03" * 32}  # the release's
 
     def caught(*args: Any, **kw: Any) -> Any:
         raise garbled_core.PeerDeviated(CHECK)

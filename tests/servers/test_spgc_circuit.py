@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from helpers import Background
 
 from garbled_core import DEFAULT_CHUNK, and_table_bytes
@@ -120,22 +121,27 @@ def test_seed_expansion_layout():
     again = expand_seed(seed, 3, (64, 5, 64), 10, "g")  # more ports: a longer, same-prefix stream
     assert np.array_equal(again["g0"], ports["g0"])
     assert not np.array_equal(expand_seed(seed, 4, (64,), 10, "g")["g0"], ports["g0"])
-    # AES-256 keyed by the seed, at "SPGc" || stage || coordinate (6 bytes) || block (2 bytes)
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
+    # ChaCha20 keyed by the seed, nonce "SPGc" || stage || coordinate's low 32 bits, counter
+    # (coordinate >> 32) << 16 | block, all little endian; word k of a coordinate's stream is
+    # 64-bit word k % 8 of block k // 8.
     def block(stage: int, coord: int, index: int) -> bytes:
-        point = b"SPGc" + stage.to_bytes(4, "big") + coord.to_bytes(6, "big")
-        enc = Cipher(algorithms.AES(seed), modes.ECB()).encryptor()
-        return enc.update(point + index.to_bytes(2, "big"))
+        counter = ((coord >> 32) << 16 | index).to_bytes(4, "little")
+        nonce = b"SPGc" + stage.to_bytes(4, "little") + (coord & 0xFFFFFFFF).to_bytes(4, "little")
+        stream = Cipher(algorithms.ChaCha20(seed, counter + nonce), None).encryptor()
+        return stream.update(bytes(64))
 
     assert int(ports["g0"][7]) == int.from_bytes(block(3, 7, 0)[:8], "little")
-    assert int(ports["g1"][7]) == int.from_bytes(block(3, 7, 0)[8:], "little") & 31
-    # 3 trials of coordinates 5 and 9: instance 3 is coordinate 9's trial 0, instance 5 its
-    # trial 2, whose port 1 is word 2 * 2 + 1 = 5: block 2, high half
-    three = expand_seed(seed, 3, (64, 5), np.array([5, 9]), "g", trials=3)
-    assert len(three["g0"]) == 6
-    assert int(three["g0"][3]) == int(ports["g0"][9])
-    assert int(three["g1"][5]) == int.from_bytes(block(3, 9, 2)[8:], "little") & 31
+    assert int(ports["g1"][7]) == int.from_bytes(block(3, 7, 0)[8:16], "little") & 31
+    # 5 trials of coordinates 5 and 9: instance 5 is coordinate 9's trial 0, instance 9 its
+    # trial 4, whose port 1 is word 4 * 2 + 1 = 9: block 1, word 1
+    five = expand_seed(seed, 3, (64, 5), np.array([5, 9]), "g", trials=5)
+    assert len(five["g0"]) == 10
+    assert int(five["g0"][5]) == int(ports["g0"][9])
+    assert int(five["g1"][9]) == int.from_bytes(block(3, 9, 1)[8:16], "little") & 31
+    far = (1 << 40) + 3  # a coordinate past 2^32: its high bits go into the counter
+    assert int(expand_seed(seed, 0, (64,), np.array([far]), "g")["g0"][0]) == int.from_bytes(
+        block(0, far, 0)[:8], "little"
+    )
 
 
 def test_noise_depends_only_on_the_seeds_and_the_coordinate():

@@ -36,6 +36,7 @@
 #include "garbled_core/circuit.h"
 #include "garbled_core/gmw_plan.h"
 #include "garbled_core/session.h"
+#include "garbled_core/zk_proof.h"
 
 namespace gc {
 
@@ -70,8 +71,9 @@ class AuthSession : public Session {
   void setup();
   RunOutputs run(const Circuit& c, const RunInputs& in);
 
-  // SHA-256 of everything the peer sent in the last run (triple messages, openings, tables,
-  // check digests): the evidence an honest party keeps when it catches the peer.
+  // SHA-256 of everything the peer sent in the last run or proof (triple messages, openings,
+  // tables, check digests, proof messages): the evidence an honest party keeps when it catches
+  // the peer.
   const std::array<uint8_t, 32>& evidence() const { return evidence_; }
   uint64_t triples_used() const { return triples_used_; }
   uint64_t leaky_triples_made() const;
@@ -90,7 +92,23 @@ class AuthSession : public Session {
   uint64_t layers_used() const { return layers_used_; }
   uint64_t ots_used() const { return auth_ ? auth_->cots_used() : 0; }
 
+  // Zero-knowledge proofs (zk_proof.h) on this session's authenticated bits, both parties at
+  // once: each proves its statement and checks the peer's (PeerDeviated when the peer's does
+  // not hold; the session stops, as after a failed run). What a proof keeps enters later runs
+  // through bind_proved().
+  std::pair<ProofResult, ProofResult> prove(const ProofStatement& mine, const ProofStatement& theirs);
+  uint64_t ands_proved() const { return ands_proved_; }
+  // A carried input of `width` bits over n instances made of proofs' kept bits: bit k of
+  // instance i is bit k of instance instance[i] of sources[source[i]] (each source a kept output
+  // port of 64 bits, entry k * m + j for its m instances). Both parties pass the same
+  // indices, the prover's and the verifier's sides of the same proofs; the bits stay bound to
+  // what was proved, so the run computes on them and nothing else.
+  std::shared_ptr<KeptLabels> bind_proved(const std::vector<const AuthShares*>& sources,
+                                          const std::vector<uint32_t>& source,
+                                          const std::vector<uint64_t>& instance, int width,
+                                          const std::string& port);
   void deviate_for_test(AuthDeviation d) { deviation_ = d; }
+  void cheat_proofs_for_test(ProofCheat c) { proof_cheat_ = c; }
   void deviate_triples_for_test(const TripleCheat& cheat);
   // Test only: this party's Delta, to hand to a cheater in a control test.
   block delta_for_test() const;
@@ -137,6 +155,8 @@ class AuthSession : public Session {
   std::array<uint8_t, 32> evidence_{};
   uint64_t triples_used_ = 0;
   bool broken_ = false;
+  uint64_t ands_proved_ = 0;
+  ProofCheat proof_cheat_;
   TripleCheat triple_cheat_;
   RunOutputs run_checked(const Circuit& c, const RunInputs& in);
   void enter_inputs(const Circuit& c, const RunInputs& in, const GmwPlan& plan, AuthWires& w,

@@ -1,0 +1,67 @@
+"""A server's side of the round seed proofs (security: malicious, spgc.privacy.seed_proof):
+the commitment once a batch, then, for every run of the round's trial circuit, the blocks its
+random ports read, whose proved words become those ports (carried inputs)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from garbled_core import ProofResult
+from spgc.privacy.noise import StreamLayout
+from spgc.privacy.seed_proof import (
+    STREAM_PORTS,
+    SeedBinding,
+    SeedProofError,
+    commitment_digest,
+    commitment_statement,
+    expansion_statement,
+)
+
+__all__ = ["bound_random_ports", "prove_round_seed"]
+
+_PREFIX = {"garbler": "g", "evaluator": "e"}  # the trial circuit's random ports of each server
+
+
+def prove_round_seed(
+    session: Any, binding: SeedBinding, seed: bytes
+) -> tuple[ProofResult, ProofResult]:
+    """Both servers at once: this one proves that SHA-256 of the commitment's prefix and ``seed``
+    is the commitment it sent, and checks the peer's proof against the commitment the peer sent
+    (:class:`SeedProofError` when it opens another). Returns (own, checked) results, whose kept
+    seed the expansions read."""
+    mine = commitment_statement(binding.run_id, binding.round, binding.role, seed)
+    theirs = commitment_statement(binding.run_id, binding.round, binding.peer_role, None)
+    own, checked = session.prove(mine, theirs)
+    opened = commitment_digest(checked)
+    if opened != binding.peer_commitment:
+        raise SeedProofError(
+            f"round {binding.round}: the peer's seed proof opens commitment {opened.hex()[:16]}..."
+            f", not the {binding.peer_commitment.hex()[:16]}... it sent: its noise inputs are not "
+            "its committed seed's"
+        )
+    return own, checked
+
+
+def bound_random_ports(
+    session: Any,
+    role: str,
+    commitments: tuple[ProofResult, ProofResult],
+    layout: StreamLayout,
+    widths: Sequence[int],
+) -> dict[str, Any]:
+    """Both servers at once: each proves the ChaCha20 blocks of ``layout`` under its committed
+    seed; returns the trial circuit's random ports of both servers (``g*`` and ``e*``) as
+    carried inputs bound to those proved words."""
+    own_c, their_c = commitments
+    own, theirs = session.prove(
+        expansion_statement(own_c, layout), expansion_statement(their_c, layout)
+    )
+    peer = "evaluator" if role == "garbler" else "garbler"
+    carried = {}
+    for result, who in ((own, role), (theirs, peer)):
+        sources = [(result, s) for s in range(STREAM_PORTS)]
+        for k, w in enumerate(widths):
+            name = f"{_PREFIX[who]}{k}"
+            carried[name] = session.bind_proved(sources, layout.word[k], layout.block[k], w, name)
+    return carried
