@@ -24,10 +24,10 @@ secure form of garbling (auth_garble.h: authenticated garbling, Wang-Ranellucci-
 the same authenticated shares and triples, in a constant number of round trips a run; both
 derive from :class:`AuthSession`, which holds what they share.
 
-``chacha20_blocks`` is ChaCha20's block function (chacha20.h): the servers expand their round
-seeds with it (``spgc.privacy.noise.expand_seed``), so that under ``security: malicious`` each
-proves its expansion in zero knowledge (``AuthSession.prove``, zk_proof.h, over the circuits of
-``garbled_core.crypto_circuits``).
+``chacha_blocks`` is ChaCha's block function (chacha20.h): the servers expand their round
+seeds with it, as ChaCha8 (``spgc.privacy.noise.expand_seed``), so that under ``security:
+malicious`` each proves its expansion in zero knowledge (``AuthSession.prove``, zk_proof.h,
+over the circuits of ``garbled_core.crypto_circuits``).
 
 The prime-field kernels of the providers' norm proofs (``field_ntt``, ``field_matvec``,
 ``field_mul``, ``field_expand``, ``wraparound_dots``; field.h) work on uint64 values below a
@@ -61,7 +61,7 @@ from garbled_core._core import (
     and_kernel,
     and_table_bytes,
     available_and_kernels,
-    chacha20_blocks,
+    chacha_blocks,
     field_expand,
     field_matvec,
     field_mul,
@@ -102,7 +102,7 @@ __all__ = [
     "and_kernel",
     "and_table_bytes",
     "available_and_kernels",
-    "chacha20_blocks",
+    "chacha_blocks",
     "field_expand",
     "field_matvec",
     "field_mul",

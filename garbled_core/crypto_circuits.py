@@ -2,8 +2,9 @@
 
 They let a server prove, in zero knowledge (``zk_proof.h``), that the random bits it entered
 are the expansion of the seed it committed to: the commitment is SHA-256 (FIPS 180-4), the
-expansion ChaCha20's block function (RFC 8439), whose 32-bit additions cost 31 AND gates each
-(about 10,400 AND gates for 512 bits of stream, against about 7,000 for 128 bits of AES-256).
+expansion ChaCha's block function (RFC 8439; the servers use ChaCha8), whose 32-bit additions
+cost 31 AND gates each (ChaCha20: about 10,400 AND gates for 512 bits of stream; ChaCha8 about
+4,400; AES-256 about 7,000 for 128 bits).
 
 Words are :class:`~garbled_core.circuit.Bits` of 32, least significant bit first; public
 values fold into constants, so a block of SHA-256 whose message is public costs no gate.
@@ -11,14 +12,19 @@ values fold into constants, so a block of SHA-256 whose message is public costs 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from garbled_core.circuit import Bits, CircuitBuilder
 
 __all__ = [
     "CHACHA_CONSTANTS",
-    "chacha20_block",
+    "chacha_block",
     "rotl",
+    "sha256_midstate",
     "sha256_words",
 ]
 
@@ -66,17 +72,20 @@ def _word(b: CircuitBuilder, x: Bits | int) -> Bits:
     return x
 
 
-def chacha20_block(
+def chacha_block(
     b: CircuitBuilder,
     key: Sequence[Bits | int],
     counter: Bits | int,
     nonce: Sequence[Bits | int],
+    rounds: int = 20,
 ) -> list[Bits]:
-    """ChaCha20's block function (RFC 8439 2.3): 16 output words from 8 key words, the block
-    counter and 3 nonce words (each a 32-bit word or an int). The key stream's bytes are the
-    words little-endian, word 0 first."""
+    """ChaCha's block function (RFC 8439 2.3; ``rounds`` 20, or 8 for ChaCha8): 16 output
+    words from 8 key words, the block counter and 3 nonce words (each a 32-bit word or an int).
+    The key stream's bytes are the words little-endian, word 0 first."""
     if len(key) != 8 or len(nonce) != 3:
-        raise ValueError("ChaCha20 takes 8 key words and 3 nonce words")
+        raise ValueError("ChaCha takes 8 key words and 3 nonce words")
+    if rounds not in range(2, 21, 2):
+        raise ValueError(f"ChaCha's rounds are 2, 4, .., 20, not {rounds}")
     state = (
         [_word(b, c) for c in CHACHA_CONSTANTS]
         + [_word(b, k) for k in key]
@@ -95,7 +104,7 @@ def chacha20_block(
         x[k] = b.add(x[k], x[m])
         x[j] = rotl(b.xor(x[j], x[k]), 7)
 
-    for _ in range(10):
+    for _ in range(rounds // 2):
         quarter(0, 4, 8, 12)
         quarter(1, 5, 9, 13)
         quarter(2, 6, 10, 14)
@@ -125,18 +134,28 @@ def _sha256_compress(b: CircuitBuilder, h: list[Bits], block: list[Bits]) -> lis
     return [b.add(x, y) for x, y in zip(h, (a, bb, c, d, e, f, g, hh), strict=True)]
 
 
-def sha256_words(b: CircuitBuilder, message: Sequence[Bits | int]) -> list[Bits]:
+def sha256_words(
+    b: CircuitBuilder,
+    message: Sequence[Bits | int],
+    state: Sequence[Bits | int] | None = None,
+    hashed: int = 0,
+) -> list[Bits]:
     """SHA-256 (FIPS 180-4) of a message of bytes, each an 8-bit Bits or an int; the digest as
-    8 big-endian words (word 0 holds digest bytes 0 to 3, byte 0 in its top 8 bits)."""
+    8 big-endian words (word 0 holds digest bytes 0 to 3, byte 0 in its top 8 bits). ``state``
+    and ``hashed``: the message continues one whose first ``hashed`` bytes (a multiple of 64)
+    were compressed to ``state`` (8 words, :func:`sha256_midstate`), so that a public prefix
+    costs no gate."""
+    if hashed % 64:
+        raise ValueError(f"a midstate covers whole 64-byte blocks, not {hashed} bytes")
     data: list[Bits] = [b.const(m, 8) if isinstance(m, int) else m for m in message]
     if any(len(m) != 8 for m in data):
         raise ValueError("a message byte has 8 bits")
-    length = len(data)
+    length = hashed + len(data)
     padded = [*data, b.const(0x80, 8)]
     while len(padded) % 64 != 56:
         padded.append(b.const(0, 8))
     padded += [b.const(v, 8) for v in (8 * length).to_bytes(8, "big")]
-    h = [b.const(v, WORD) for v in _SHA_H0]
+    h = [_word(b, v) for v in (_SHA_H0 if state is None else state)]
     for start in range(0, len(padded), 64):
         chunk = padded[start : start + 64]
         words = [
@@ -145,3 +164,39 @@ def sha256_words(b: CircuitBuilder, message: Sequence[Bits | int]) -> list[Bits]
         ]  # big endian: the first byte is the top one
         h = _sha256_compress(b, h, words)
     return h
+
+
+@functools.lru_cache(maxsize=1)
+def _compress_circuit() -> Any:
+    """One SHA-256 compression as a circuit: state ``s0``..``s3`` and block ``w0``..``w7``
+    (64-bit ports, each two big-endian words, the first in the low half) to ``h0``..``h3``."""
+    b = CircuitBuilder("sha256-compress")
+    state = [b.input(f"s{k}", "evaluator", 64) for k in range(4)]
+    block = [b.input(f"w{k}", "evaluator", 64) for k in range(8)]
+    h = _sha256_compress(
+        b, [p[32 * i : 32 * i + 32] for p in state for i in range(2)],
+        [p[32 * i : 32 * i + 32] for p in block for i in range(2)],
+    )  # fmt: skip
+    for k in range(4):
+        b.output(f"h{k}", h[2 * k].concat(h[2 * k + 1]), "both")
+    return b.description().build()
+
+
+def sha256_midstate(data: bytes) -> tuple[int, ...]:
+    """SHA-256's state (8 words) after the whole 64-byte blocks of ``data`` (its length a
+    multiple of 64), computed by the compression circuit evaluated in the clear."""
+    if len(data) % 64:
+        raise ValueError(f"a midstate covers whole 64-byte blocks, not {len(data)} bytes")
+    circuit = _compress_circuit()
+    state = list(_SHA_H0)
+    for start in range(0, len(data), 64):
+        words = [int.from_bytes(data[start + 4 * i : start + 4 * i + 4], "big") for i in range(16)]
+        pairs = [("s", state, 4), ("w", words, 8)]
+        inputs = {
+            f"{name}{k}": np.array([v[2 * k] | v[2 * k + 1] << 32], dtype=np.uint64)
+            for name, v, ports in pairs
+            for k in range(ports)
+        }
+        out = circuit.evaluate(inputs, 1)
+        state = [int(out[f"h{k}"][0]) >> (32 * i) & MASK32 for k in range(4) for i in range(2)]
+    return tuple(state)

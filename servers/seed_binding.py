@@ -50,7 +50,7 @@ def bound_random_ports(
     layout: StreamLayout,
     widths: Sequence[int],
 ) -> dict[str, Any]:
-    """Both servers at once: each proves the ChaCha20 blocks of ``layout`` under its committed
+    """Both servers at once: each proves the ChaCha8 blocks of ``layout`` under its committed
     seed; returns the trial circuit's random ports of both servers (``g*`` and ``e*``) as
     carried inputs bound to those proved words."""
     own_c, their_c = commitments

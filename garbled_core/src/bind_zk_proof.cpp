@@ -142,11 +142,12 @@ std::shared_ptr<gc::KeptLabels> session_bind_proved(gc::AuthSession& s, const py
 }
 
 void bind_zk_proof(py::module_& m) {
-  m.def("chacha20_blocks", [](py::bytes key, const U64In& counters, const U64In& nonces) {
+  m.def("chacha_blocks", [](py::bytes key, const U64In& counters, const U64In& nonces, int rounds) {
     const std::string k = key;
-    if (k.size() != 32) throw py::value_error("chacha20_blocks: a 32-byte key");
+    if (k.size() != 32) throw py::value_error("chacha_blocks: a 32-byte key");
     if (nonces.ndim() != 2 || nonces.shape(1) != 3 || counters.ndim() != 1 || nonces.shape(0) != counters.shape(0))
-      throw py::value_error("chacha20_blocks: counters (n,) and nonces (n, 3)");
+      throw py::value_error("chacha_blocks: counters (n,) and nonces (n, 3)");
+    if (rounds < 2 || rounds > 20 || rounds % 2) throw py::value_error("chacha_blocks: rounds 2, 4, .., 20");
     const size_t n = (size_t)counters.shape(0);
     uint32_t kw[8];
     for (int i = 0; i < 8; ++i) {
@@ -161,13 +162,14 @@ void bind_zk_proof(py::module_& m) {
       py::gil_scoped_release release;
       for (size_t i = 0; i < n; ++i) {
         const uint32_t nonce[3] = {(uint32_t)nn[3 * i], (uint32_t)nn[3 * i + 1], (uint32_t)nn[3 * i + 2]};
-        gc::chacha20_block(kw, (uint32_t)c[i], nonce, o + 16 * i);
+        gc::chacha_block(kw, (uint32_t)c[i], nonce, rounds, o + 16 * i);
       }
     }
     return out;
-  }, "key"_a, "counters"_a, "nonces"_a,
-  "ChaCha20's block function (RFC 8439) for n blocks under one 32-byte key: counters (n,) and "
-  "nonces (n, 3) as 32-bit words; returns (n, 16) uint32 words (the key stream, little endian).");
+  }, "key"_a, "counters"_a, "nonces"_a, "rounds"_a = 20,
+  "ChaCha's block function (RFC 8439; rounds 20, or 8 for ChaCha8) for n blocks under one "
+  "32-byte key: counters (n,) and nonces (n, 3) as 32-bit words; returns (n, 16) uint32 words "
+  "(the key stream, little endian).");
   py::class_<gc::ProofResult, std::shared_ptr<gc::ProofResult>>(m, "ProofResult",
       "One side of a zero-knowledge proof (zk_proof.h): the opened outputs' values and the kept "
       "outputs' authenticated bits (carried into later proofs and, by AuthSession.bind_proved, "

@@ -172,7 +172,7 @@ class Prover {
  public:
   // and_base: AND gates this party proved in earlier runs (a cheat's index counts them).
   Prover(const Shape& s, ProofResult& res, const ProofCheat& cheat, size_t and_base)
-      : s_(s), res_(res), cheat_(cheat), bc_macs_(s.broadcast_bits), and_base_(and_base) {
+      : s_(s), res_(res), cheat_(cheat), bc_macs_(s.broadcast_bits), next_and_(and_base) {
     if (!s.c) return;
     res.opened.resize(s.c->outputs().size());
     res.kept.resize(s.c->outputs().size());
@@ -243,13 +243,18 @@ class Prover {
       }
     }
     const size_t batch_ands = cn * s_.ands;
-    a0_.resize_for_overwrite(batch_ands);
-    a1_.resize_for_overwrite(batch_ands);
+    Held& held = held_[k % 2];  // batch k - 1's stays until its coin comes
+    held.and_base = next_and_;
+    next_and_ += batch_ands;
+    BlockVector& a0 = held.a0;
+    BlockVector& a1 = held.a1;
+    a0.resize_for_overwrite(batch_ands);
+    a1.resize_for_overwrite(batch_ands);
     std::vector<uint8_t> flipped(batch_ands, 0);
     for (size_t f : flip) flipped[f] = 1;
-    if (cheat_.kind == ProofCheat::Kind::FlipAnd && cheat_.index >= and_base_ &&
-        cheat_.index < and_base_ + batch_ands)
-      flipped[cheat_.index - and_base_] = 1;
+    if (cheat_.kind == ProofCheat::Kind::FlipAnd && cheat_.index >= held.and_base &&
+        cheat_.index < held.and_base + batch_ands)
+      flipped[cheat_.index - held.and_base] = 1;
     size_t idx = 0;
     for (const SlotGate& g : c.gates()) {
       const size_t a = (size_t)g.a * cn, b = (size_t)g.b * cn, o = (size_t)g.out * cn;
@@ -273,8 +278,8 @@ class Prover {
             const uint8_t z = (uint8_t)((x & y) ^ flipped[idx]);
             const block mz = sh.macs[pos];
             msg.push_back(z ^ sh.bits[pos]);
-            a0_[idx] = gf128_mul(mx, my);
-            a1_[idx] = xor_block(xor_block(and_block(my, select_mask(x)), and_block(mx, select_mask(y))), mz);
+            a0[idx] = gf128_mul(mx, my);
+            a1[idx] = xor_block(xor_block(and_block(my, select_mask(x)), and_block(mx, select_mask(y))), mz);
             bits[o + i] = z;
             macs[o + i] = mz;
           }
@@ -305,13 +310,16 @@ class Prover {
         }
       }
     }
-    mask_bits_.assign(sh.bits.begin() + (ptrdiff_t)pos, sh.bits.begin() + (ptrdiff_t)pos + 128);
-    mask_macs_ = blocks_element(sh.macs.data() + pos);
+    held.mask_value = bits_element(sh.bits.data() + pos);
+    held.mask_macs = blocks_element(sh.macs.data() + pos);
     return msg;
   }
 
-  // The answer (U, W) to the verifier's coin for the last batch.
-  Answer answer(block coin) {
+  // The answer (U, W) to the verifier's coin for batch k (this one or the one before it).
+  Answer answer(block coin, size_t k) {
+    const Held& held = held_[k % 2];
+    const BlockVector& a0_ = held.a0;
+    const BlockVector& a1_ = held.a1;
     const size_t m = a0_.size();
     BlockVector chi;
     expand_coin(coin, m, chi);
@@ -320,11 +328,11 @@ class Prover {
       u = xor_wide(u, clmul_wide(chi[i], a0_[i]));
       w = xor_wide(w, clmul_wide(chi[i], a1_[i]));
     }
-    block W = xor_block(gf128_reduce(w), bits_element(mask_bits_.data()));
-    if (cheat_.kind == ProofCheat::Kind::FlipAnd && cheat_.index >= and_base_ && cheat_.index < and_base_ + m)
-      W = xor_block(W, gf128_mul(chi[cheat_.index - and_base_], cheat_.offset));
-    and_base_ += m;
-    return Answer{xor_block(gf128_reduce(u), mask_macs_), W};
+    block W = xor_block(gf128_reduce(w), held.mask_value);
+    const size_t base = held.and_base;
+    if (cheat_.kind == ProofCheat::Kind::FlipAnd && cheat_.index >= base && cheat_.index < base + m)
+      W = xor_block(W, gf128_mul(chi[cheat_.index - base], cheat_.offset));
+    return Answer{xor_block(gf128_reduce(u), held.mask_macs), W};
   }
 
   // Chi of the batch about to be proved (the forger's early look).
@@ -343,12 +351,16 @@ class Prover {
   const ProofCheat& cheat_;
   std::vector<uint8_t> bc_bits_;
   BlockVector bc_macs_;
-  BlockVector a0_, a1_;
-  std::vector<uint8_t> mask_bits_;
-  block mask_macs_{};
+  // What a batch's answer needs: its A0 and A1 and its mask (v*, M*), kept until its coin.
+  struct Held {
+    BlockVector a0, a1;
+    block mask_value{}, mask_macs{};
+    size_t and_base = 0;  // its first AND gate, counted over this party's proofs
+  };
+  Held held_[2];
+  size_t next_and_;
   OpenedDigest opened_;
   size_t opened_count_ = 0;
-  size_t and_base_;
 };
 
 // The verifier's side of the peer's statement.
@@ -451,14 +463,19 @@ class Verifier {
     mask_keys_ = blocks_element(sh.keys.data() + pos);
   }
 
-  // The expected answer for the coin, checked against the prover's (U, W).
-  void check(block coin, const Answer& uw, size_t k) {
+  // What the answer to `coin` must give for the last batch: sum chi_i B_i ^ K* (computed as
+  // the coin is drawn, so that the batch's B can go).
+  block expect(block coin) const {
     const size_t m = b_.size();
     BlockVector chi;
     expand_coin(coin, m, chi);
     Wide acc{zero_block(), zero_block()};
     for (size_t i = 0; i < m; ++i) acc = xor_wide(acc, clmul_wide(chi[i], b_[i]));
-    const block lhs = xor_block(gf128_reduce(acc), mask_keys_);
+    return xor_block(gf128_reduce(acc), mask_keys_);
+  }
+
+  // The prover's (U, W) for batch k against expect()'s value.
+  void check(block lhs, const Answer& uw, size_t k) const {
     const block rhs = xor_block(uw.u, gf128_mul(uw.w, delta_));
     if (!equal_block(lhs, rhs))
       throw PeerDeviated("the peer's proof does not hold: an AND gate of batch " + std::to_string(k) +
@@ -491,7 +508,9 @@ std::pair<ProofResult, ProofResult> ZkProofs::run(const ProofStatement& mine, co
   ProofResult own, checked;
   Prover prover(me, own, cheat_, ands_proved_);
   Verifier verifier(peer, checked, party_.delta());
-  // Both sides state both shapes first: a disagreement is a ProtocolError before any proof.
+  // Both sides state both shapes with their first message (or alone, when the verifier's coin
+  // goes first): a disagreement is a ProtocolError before any proof is read.
+  std::array<uint8_t, 32> ours{}, expect{};
   {
     auto state = [](Sha256& h, const Shape& s, const ProofStatement& st) {
       const uint64_t facts[5] = {s.n, s.ands, s.private_bits, s.broadcast_bits, s.opened_bits};
@@ -507,82 +526,118 @@ std::pair<ProofResult, ProofResult> ZkProofs::run(const ProofStatement& mine, co
     Sha256 h, g;
     state(h, me, mine);
     state(h, peer, theirs);
-    const std::array<uint8_t, 32> ours = h.digest();
+    ours = h.digest();
     state(g, peer, theirs);
     state(g, me, mine);
-    const std::array<uint8_t, 32> expect = g.digest();
-    std::array<uint8_t, 32> heard{};
-    party_.exchange(ours.data(), 32, heard.data(), 32);
-    if (heard != expect)
-      throw ProtocolError("the two parties state different proof statements (circuit, sizes or public values)");
+    expect = g.digest();
   }
-  const size_t steps = std::max(me.batches, peer.batches);
-  std::vector<uint8_t> pending;  // our answer to the last coin, 32 bytes, sent with the next message
-  block their_coin_pending{};
-  bool verify_pending = false;
-  size_t verify_batch = 0;
-  for (size_t k = 0; k < steps; ++k) {
-    const size_t need_me = me.shares(k), need_peer = peer.shares(k);
-    const AuthShares sh = party_.random(std::max(need_me, need_peer));
-    const bool proving = k < me.batches, checking = k < peer.batches;
-    std::vector<size_t> forged;
-    block my_coin{}, their_coin{};
-    auto swap_coins = [&]() {
-      uint8_t out[16], in[16];
-      my_coin = random_block();
-      store_block(out, my_coin);
-      party_.exchange(out, checking ? 16 : 0, in, proving ? 16 : 0);
-      if (proving) their_coin = load_block(in);
-    };
-    if (coin_first_) swap_coins();
-    if (proving && cheat_.kind == ProofCheat::Kind::ForgeWithEarlyCoin)  // without the coin: a guess
-      forged = prover.forge(coin_first_ ? their_coin : random_block(), k);
-    std::vector<uint8_t> msg = proving ? prover.batch(k, sh, 0, forged) : std::vector<uint8_t>{};
-    std::vector<uint8_t> out = pending;
-    const std::vector<uint8_t> packed = pack_bits(msg);
-    out.insert(out.end(), packed.begin(), packed.end());
-    const size_t their_pending = verify_pending ? 32 : 0;
-    std::vector<uint8_t> in(their_pending + (peer.message_bits(k) + 7) / 8);
-    party_.exchange(out.data(), out.size(), in.data(), in.size());
-    if (verify_pending) {
-      verifier.check(their_coin_pending, Answer{load_block(in.data()), load_block(in.data() + 16)}, verify_batch);
-      verify_pending = false;
+  auto refuse = []() {
+    throw ProtocolError("the two parties state different proof statements (circuit, sizes or public values)");
+  };
+  bool header_pending = true;
+  // One exchange: ours out, `their_len` bytes of the peer's in. The first also carries the
+  // statements' digest and the message's length, checked before the message is read.
+  auto swap = [&](const std::vector<uint8_t>& out, size_t their_len) {
+    std::vector<uint8_t> in(their_len);
+    if (!header_pending) {
+      party_.exchange(out.data(), out.size(), in.data(), their_len);
+      return in;
     }
-    if (checking) {
-      const std::vector<uint8_t> theirs_packed(in.begin() + (ptrdiff_t)their_pending, in.end());
-      verifier.batch(k, sh, 0, unpack_bits(theirs_packed, peer.message_bits(k)));
+    header_pending = false;
+    std::vector<uint8_t> msg(40);
+    std::memcpy(msg.data(), ours.data(), 32);
+    const uint64_t len = out.size();
+    std::memcpy(msg.data() + 32, &len, 8);
+    msg.insert(msg.end(), out.begin(), out.end());
+    uint8_t head[40];
+    party_.exchange(msg.data(), msg.size(), head, 40);
+    uint64_t heard_len = 0;
+    std::memcpy(&heard_len, head + 32, 8);
+    if (std::memcmp(head, expect.data(), 32) != 0 || heard_len != their_len) refuse();
+    party_.channel().recv(in.data(), their_len);
+    party_.log_received(in.data(), their_len);
+    return in;
+  };
+  if (coin_first_) swap({}, 0);  // the statements alone: the coins come before any message
+  // Message j (j = 0 .. S + 1) carries: the coin for the peer's batch j - 1, drawn after it
+  // came (unless the coins go first); the answer to the coin for our batch j - 2; our batch j;
+  // and, last, the opened outputs' digest. So a batch costs one exchange, and two finish.
+  const size_t S = std::max(me.batches, peer.batches);
+  BlockVector my_coin(S), their_coin(S);  // for the peer's batch j / for ours
+  auto coins_before = [&](size_t j) { return !coin_first_ && j >= 1; };
+  auto their_len = [&](size_t j) {
+    size_t len = 0;
+    if (coins_before(j) && j - 1 < me.batches) len += 16;
+    if (j >= 2 && j - 2 < peer.batches) len += 32;
+    if (j < peer.batches) len += (peer.message_bits(j) + 7) / 8;
+    if (j == S + 1 && peer.n) len += 32;
+    return len;
+  };
+  std::vector<uint8_t> answer_out;  // ours to the coin for our batch j - 2, 32 bytes
+  block lhs_pending{};              // what the peer's answer for its batch j - 2 must give
+  for (size_t j = 0; j <= S + 1; ++j) {
+    const bool proving = j < me.batches, checking = j < peer.batches;
+    AuthShares sh;
+    if (j < S) sh = party_.random(std::max(me.shares(j), peer.shares(j)));
+    if (coin_first_ && j < S) {  // the broken order of the control test
+      uint8_t coin[16];
+      my_coin[j] = random_block();
+      store_block(coin, my_coin[j]);
+      const std::vector<uint8_t> in = swap(std::vector<uint8_t>(coin, coin + (checking ? 16 : 0)), proving ? 16 : 0);
+      if (proving) their_coin[j] = load_block(in.data());
     }
-    if (!coin_first_) swap_coins();
-    pending.clear();
+    std::vector<uint8_t> out;
+    block lhs_next{};
+    if (coins_before(j) && j - 1 < peer.batches) {  // after the peer's batch j - 1 came
+      my_coin[j - 1] = random_block();
+      uint8_t coin[16];
+      store_block(coin, my_coin[j - 1]);
+      out.insert(out.end(), coin, coin + 16);
+    }
+    if (j >= 1 && j - 1 < peer.batches) lhs_next = verifier.expect(my_coin[j - 1]);
+    out.insert(out.end(), answer_out.begin(), answer_out.end());
+    answer_out.clear();
     if (proving) {
-      const Answer uw = prover.answer(their_coin);
-      put_block(pending, uw.u);
-      put_block(pending, uw.w);
-      ands_proved_ += me.instances(k) * me.ands;
+      std::vector<size_t> forged;
+      if (cheat_.kind == ProofCheat::Kind::ForgeWithEarlyCoin)  // without the coin: a guess
+        forged = prover.forge(coin_first_ ? their_coin[j] : random_block(), j);
+      const std::vector<uint8_t> packed = pack_bits(prover.batch(j, sh, 0, forged));
+      out.insert(out.end(), packed.begin(), packed.end());
+      ands_proved_ += me.instances(j) * me.ands;
+      ++batches_;
+    }
+    if (j == S + 1 && me.n) {
+      const std::array<uint8_t, 32> dg = prover.opened_digest();
+      out.insert(out.end(), dg.begin(), dg.end());
+    }
+    const std::vector<uint8_t> in = swap(out, their_len(j));
+    size_t at = 0;
+    if (coins_before(j) && j - 1 < me.batches) {
+      their_coin[j - 1] = load_block(in.data());
+      at += 16;
+    }
+    if (j >= 2 && j - 2 < peer.batches) {
+      verifier.check(lhs_pending, Answer{load_block(in.data() + at), load_block(in.data() + at + 16)}, j - 2);
+      at += 32;
     }
     if (checking) {
-      their_coin_pending = my_coin;
-      verify_pending = true;
-      verify_batch = k;
+      const std::vector<uint8_t> theirs_packed(in.begin() + (ptrdiff_t)at,
+                                               in.begin() + (ptrdiff_t)(at + (peer.message_bits(j) + 7) / 8));
+      verifier.batch(j, sh, 0, unpack_bits(theirs_packed, peer.message_bits(j)));
+      at += theirs_packed.size();
     }
-    ++batches_;
-  }
-  // The last answers and the opened outputs' MAC digests.
-  std::vector<uint8_t> out = pending;
-  if (me.n) {
-    const std::array<uint8_t, 32> dg = prover.opened_digest();
-    out.insert(out.end(), dg.begin(), dg.end());
-  }
-  std::vector<uint8_t> in((verify_pending ? 32 : 0) + (peer.n ? 32 : 0));
-  party_.exchange(out.data(), out.size(), in.data(), in.size());
-  if (verify_pending) {
-    verifier.check(their_coin_pending, Answer{load_block(in.data()), load_block(in.data() + 16)}, verify_batch);
-  }
-  if (peer.n) {
-    std::array<uint8_t, 32> dg;
-    std::memcpy(dg.data(), in.data() + (verify_pending ? 32 : 0), 32);
-    if (verifier.expected_digest() != dg)
-      throw PeerDeviated("the peer opened outputs of its proof whose MACs do not hold (zero-knowledge proof)");
+    if (j == S + 1 && peer.n) {
+      std::array<uint8_t, 32> dg;
+      std::memcpy(dg.data(), in.data() + at, 32);
+      if (verifier.expected_digest() != dg)
+        throw PeerDeviated("the peer opened outputs of its proof whose MACs do not hold (zero-knowledge proof)");
+    }
+    lhs_pending = lhs_next;
+    if (j >= 1 && j - 1 < me.batches) {  // the coin for our batch j - 1 is here
+      const Answer uw = prover.answer(their_coin[j - 1], j - 1);
+      put_block(answer_out, uw.u);
+      put_block(answer_out, uw.w);
+    }
   }
   return {std::move(own), std::move(checked)};
 }

@@ -147,6 +147,7 @@ class CommContext:
     last_round_trips: int = 0  # gmw: round trips of the last run, counted by H1's channel
     last_and_layers: int = 0  # gmw: AND-layer exchanges of the last run (part of them)
     last_ots: int = 0  # gmw: random OTs each way of the last run (one per AND group and instance)
+    last_proved: int = 0  # security: malicious: AND gates H1 proved in zero knowledge (its seed)
     # --verify-inputs l2: the servers' sums are field shares mod this p (spgc.protocol.norm_proof),
     # and
     # the field circuits reconstruct them; None: ring shares, as without verification.
@@ -214,6 +215,7 @@ def _run_pair(
     assert links is not None
     before = both_counters(links)
     used = gmw_usage(links)
+    proved = int(getattr(links[0].session, "ands_proved", 0))
     triples_before = triple_usage(links)
     seconds, wire, value = two_party(links, fn_g, fn_e)
     phases = sent_by_phase(before, both_counters(links))
@@ -225,11 +227,14 @@ def _run_pair(
         ots, layers, trips = (after - was for after, was in zip(now, used, strict=True))
         phases, ots = charged_triples(phases, ots, triples_before, triple_usage(links))
         ctx.last_round_trips, ctx.last_and_layers, ctx.last_ots = trips, layers, ots
+        ctx.last_proved = int(getattr(links[0].session, "ands_proved", 0)) - proved
         phases = amortised_ot(phases, ots)
     return seconds, phases, value
 
 
-BENCH_RUN_ID = "spgc-bench-comm"  # the run its seed commitments name
+# The run its seed commitments name: as long as a daemon's (os.urandom(16).hex()), so that the
+# commitment proof costs what it costs in a run (the prefix's first block is public).
+BENCH_RUN_ID = "0" * 32
 
 # Round-trip times between the two servers for the implied round times (a data centre, a
 # region, a continent apart).
@@ -287,6 +292,7 @@ def _gmw_extra(ctx: CommContext, n: int) -> dict[str, Any]:
         "round_trips": ctx.last_round_trips,
         "and_layers": ctx.last_and_layers,
         "random_ots_per_coordinate": ctx.last_ots / n,
+        **({"proved_and_gates_per_coordinate": ctx.last_proved / n} if ctx.last_proved else {}),
     }
 
 

@@ -8,7 +8,8 @@ servers) and for audits and tests.
 
 Randomness: every random bit the sampler reads is r1 xor r2 (the circuit XORs a garbler port
 with an evaluator port). Each server expands only its own 32-byte round seed, outside the
-circuit, with ChaCha20 (RFC 8439) keyed by the seed, addressed by where the bits are used: trial
+circuit, with ChaCha8 (RFC 8439's ChaCha with 8 rounds) keyed by the seed, addressed by where
+the bits are used: trial
 t of coordinate c in stage (retry round) r reads, for its port p of P, word (t * P + p) of the
 coordinate's stream: the little-endian 64-bit word (t * P + p) mod 8 of the block with nonce
 "SPGc" || r || c mod 2^32 and counter (c >> 32) << 16 | (t * P + p) // 8 (32-bit words, little
@@ -16,10 +17,10 @@ endian), masked to the port's width (:func:`expand_seed`, :func:`stream_layout`)
 coordinate's noise depends only on the two seeds and its own index, never on which other
 coordinates share its batch: a batch split into ranges (lanes, worker pairs) releases exactly
 the same vector. Given both seeds the noise is reproducible (:func:`sample_noise_plain`); given
-one, the other is ChaCha20's stream under an unknown key, so the XOR is uniform to that party.
-ChaCha20 rather than AES because a server proves its expansion in zero knowledge under
-``security: malicious`` (:mod:`spgc.privacy.seed_proof`): its 32-bit additions cost about 20
-AND gates a stream bit, against about 55 for AES-256.
+one, the other is ChaCha8's stream under an unknown key, so the XOR is uniform to that party.
+ChaCha rather than AES because a server proves its expansion in zero knowledge under
+``security: malicious`` (:mod:`spgc.privacy.seed_proof`): ChaCha8's 32-bit additions cost
+about 9 AND gates a stream bit, against about 55 for AES-256.
 :func:`sample_discrete_gaussian` draws both seeds from the OS CSPRNG.
 
 Spare trials (``spares_every`` m > 0, the gmw backend's sampling, :data:`SPARES_EVERY`): in the
@@ -59,6 +60,7 @@ __all__ = [
     "SPARES_EVERY",
     "SPARE_GROUP",
     "SPARE_STAGE",
+    "STREAM_ROUNDS",
     "RoundResult",
     "SamplerStats",
     "StreamLayout",
@@ -78,7 +80,12 @@ __all__ = [
 
 SEED_BYTES = 32
 _STREAM_TAG = int.from_bytes(b"SPGc", "little")  # the first nonce word of every stream block
-_BLOCK_WORDS = 8  # 64-bit words in a ChaCha20 block
+_BLOCK_WORDS = 8  # 64-bit words in a ChaCha block
+#: The seed stream is ChaCha8: the best published attacks on ChaCha reach 7 rounds (none on
+#: 8), ChaCha8 is the generator of Go's runtime and math/rand/v2 and of rand_chacha's
+#: ChaCha8Rng (Aumasson, "Too Much Crypto", 2019, argues 8 rounds suffice), and a proved round
+#: costs about 500 AND gates (ChaCha20, as RFC 8439 has it, would cost 2.3x the proof).
+STREAM_ROUNDS = 8
 MAX_COORDINATE = 1 << 48  # coordinate indices fit the nonce's 32 bits and the counter's top 16
 #: The stage field of spare trials' PRF addresses (real stages count from 0 up to MAX_ROUNDS).
 SPARE_STAGE = (1 << 32) - 1
@@ -106,11 +113,11 @@ def check_seed(seed: bytes | bytearray | memoryview) -> bytes:
 
 @dataclass(frozen=True)
 class StreamLayout:
-    """Where a run's random input ports read a party's seed stream (ChaCha20 under the seed):
+    """Where a run's random input ports read a party's seed stream (ChaCha8 under the seed):
     ``counters`` and ``nonces`` name the key-stream blocks it takes, and the 64-bit word of
     port ``k`` at instance ``i`` is word ``word[k][i]`` (0..7) of block ``block[k][i]``."""
 
-    counters: np.ndarray  # (blocks,) uint64: ChaCha20's 32-bit block counter
+    counters: np.ndarray  # (blocks,) uint64: ChaCha's 32-bit block counter
     nonces: np.ndarray  # (blocks, 3) uint64: its three 32-bit nonce words
     block: np.ndarray  # (ports, instances) int64
     word: np.ndarray  # (ports, instances) int64
@@ -173,7 +180,9 @@ def read_stream(
     seed = check_seed(seed)
     if len(widths) != layout.block.shape[0]:
         raise ValueError(f"{len(widths)} port widths for a layout of {layout.block.shape[0]} ports")
-    stream = garbled_core.chacha20_blocks(seed, layout.counters, layout.nonces).view("<u8")
+    stream = garbled_core.chacha_blocks(
+        seed, layout.counters, layout.nonces, STREAM_ROUNDS
+    ).view("<u8")
     out = {}
     for k, w in enumerate(widths):
         col = stream[layout.block[k], layout.word[k]].astype(np.uint64)

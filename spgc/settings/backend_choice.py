@@ -142,30 +142,38 @@ MALICIOUS_COSTS_COMMAND = (
     "4000|8000 --backend gc|gmw --security malicious --json"
 )
 
-#: Under ``security: malicious`` (the authenticated engines, docs/MALICIOUS.md), measured in
-#: one run each, 2026-12-05 21:05-21:07 UTC. The engine counts the round trips as on gmw (an
-#: exchange, half a round trip) on both. They grow with the run: the triples are made in chunks
-#: of TripleFactory::kLeakyChunk (2^19) leaky triples, one exchange a chunk (a chunk's
-#: corrections ride with the next one's first message), and silent OT's iterations add theirs
-#: (4,000 to 8,000 coordinates: 62 to 132 on gc, 212 to 275 on gmw; with three exchanges a
-#: chunk of 2^18, 176 to 398 and 326 to 541). The bytes and CPU
-#: charge each run the triples it used at the stock's average cost; they grow slowly with the
-#: run too (more batches, each bucketed at a higher rho: 136,764 B a coordinate on gc at 2,000,
-#: 153,323 at 8,000), so the rows are those of the larger run.
+#: Under ``security: malicious`` (the authenticated engines, docs/MALICIOUS.md). The engine
+#: counts the round trips as on gmw (an exchange, half a round trip) on both. They grow with the
+#: run: the triples are made in chunks of TripleFactory::kLeakyChunk (2^19) leaky triples, one
+#: exchange a chunk (a chunk's corrections ride with the next one's first message), the seed
+#: proofs take one exchange a batch of 2^20 proved AND gates (about 190 coordinates: a ChaCha8
+#: block of 4,448 AND gates, 1.25 blocks a coordinate with the spare trials), and silent OT's
+#: iterations add theirs. The bytes and CPU charge each run the triples it used at the stock's
+#: average cost; they grow slowly with the run too (more batches, each bucketed at a higher
+#: rho), so the rows are those of the larger run. The round rows were measured with the seed
+#: proofs, 2026-12-06 02:09-02:11 UTC (4,000 to 8,000 coordinates: 95 to 189 round trips on
+#: gc, 242 to 335 on gmw; 155,034.2 and 75,646.1 B a coordinate at 8,000; CPU the bench's
+#: seconds_per_step over d = 28,938). gc's fixed count, 13, is its round's at d = 62 (``spgc
+#: bench comm --dataset cancer --modes spgc --backend gc --security malicious``: 13 at every
+#: epsilon), its growth (189 - 13) / 8,000. Before the proofs (2026-12-05 21:05-21:07): 62 to
+#: 132 and 212 to 275 round trips, 153,322 and 73,934 B a coordinate.
 #: gmw has its default depth only (no bound): at 28 and 48 layers its triples' round trips
 #: stay while the bytes and CPU grow (2,000 coordinates: 150,240 and 73,979 B a coordinate
 #: against 57,376, 196 and 136 round trips against 205).
 MALICIOUS_GMW_DEPTH_COSTS: dict[int, BackendCost] = {
-    UNBOUNDED_TRIAL_DEPTH: BackendCost(149, 73934.3, 2098.7e-6, GMW_EXCHANGE_SHARE, 0.0158),
+    UNBOUNDED_TRIAL_DEPTH: BackendCost(149, 75646.1, 1949.6e-6, GMW_EXCHANGE_SHARE, 0.0233),
 }
-#: Mode spgc's round under ``security: malicious``: authenticated garbling (one fused run, 7
-#: round trips besides its triples') and authenticated GMW.
+#: Mode spgc's round under ``security: malicious``: authenticated garbling (one fused run and
+#: the seed proofs, 13 round trips besides its triples' and the proofs' batches) and
+#: authenticated GMW.
 MALICIOUS_ROUND_COSTS: dict[str, BackendCost] = {
-    "gc": BackendCost(7, 153322.4, 2369.4e-6, GMW_EXCHANGE_SHARE, 0.0156),
+    "gc": BackendCost(13, 155034.2, 2121.1e-6, GMW_EXCHANGE_SHARE, 0.0220),
     "gmw": MALICIOUS_GMW_DEPTH_COSTS[UNBOUNDED_TRIAL_DEPTH],
 }
-#: Mode preprocessed's production under ``security: malicious``, per noise sample; the round
-#: trips are the round circuit's, as in :data:`NOISE_COSTS`.
+#: Mode preprocessed's production under ``security: malicious``, per noise sample (its seeds
+#: are not proved: the same rows as before the proofs, 2026-12-05, and the same bytes at
+#: 8,000 samples on 2026-12-06); the round trips are the round circuit's, as in
+#: :data:`NOISE_COSTS`.
 MALICIOUS_NOISE_COSTS: dict[str, BackendCost] = {
     "gc": BackendCost(7, 140579.1, 2104.9e-6, GMW_EXCHANGE_SHARE, 0.0156),
     "gmw": BackendCost(149, 67314.9, 1926.9e-6, GMW_EXCHANGE_SHARE, 0.0158),

@@ -340,9 +340,12 @@ def test_security_malicious_rows_run_authenticated_gmw(capsys) -> None:
     # At least the U blocks (9 bytes each way) of 3 leaky triples per AND gate, though the
     # measured run made none of its triples itself (the stock did).
     assert row["phase_bytes_per_coordinate"]["tables"] > 3 * 18 * ands
-    # 3 COTs each way per leaky triple, 3 leaky triples per AND gate, and one per input bit
-    # (the trials' random bits and the shares: under a COT per AND gate here).
-    assert 9 * ands <= row["random_ots_per_coordinate"] <= 11 * ands
+    # 3 COTs each way per leaky triple, 3 leaky triples per AND gate, one per input bit (the
+    # shares and masks), and one per AND gate of the seed proofs (the trials' random bits are
+    # the proved stream: a ChaCha8 block, about 4,500 AND gates, per coordinate and stage).
+    proved = row["proved_and_gates_per_coordinate"]
+    assert 6000 <= proved <= 3 * 6600  # a block or two a coordinate, and the commitment
+    assert 9 * ands + proved <= row["random_ots_per_coordinate"] <= 11 * ands + 1.05 * proved
 
 
 def test_security_malicious_rows_run_authenticated_garbling(capsys) -> None:
@@ -353,13 +356,15 @@ def test_security_malicious_rows_run_authenticated_garbling(capsys) -> None:
     assert "(security: malicious, authenticated garbling)" in err
     ands = row["and_gates_per_coordinate"]
     assert row["phase_bytes_per_coordinate"]["tables"] > (3 * 18 + AUTH_TABLE_BYTES) * ands
-    assert 9 * ands <= row["random_ots_per_coordinate"] <= 12 * ands
+    proved = row["proved_and_gates_per_coordinate"]  # the seed proofs, as on gmw
+    assert 9 * ands + proved <= row["random_ots_per_coordinate"] <= 12 * ands + 1.05 * proved
     # The round is fused as on gmw (one trial run with spares, then the exchange): per engine
     # run its header, the input masks (2), the gates' openings (1), the check and the outputs,
     # a run per sampler stage (almost always one), plus a silent-OT iteration's turns when one
-    # starts inside the round.
+    # starts inside the round, and the seed proofs': the commitment's 3 exchanges, and a
+    # stage's blocks in a batch or two (one exchange each) and 2.
     assert row["and_layers"] == row["rounds"]
-    assert row["round_trips"] <= 7 * row["rounds"] + 12
+    assert row["round_trips"] <= 7 * row["rounds"] + 12 + 3 + 4 * row["rounds"]
 
 
 def test_security_malicious_is_refused_where_there_is_no_variant() -> None:

@@ -18,7 +18,7 @@ from helpers import Background
 
 from garbled_core import _core
 from garbled_core.circuit import CircuitBuilder
-from garbled_core.crypto_circuits import chacha20_block, sha256_words
+from garbled_core.crypto_circuits import chacha_block, sha256_words
 
 PREFIX = b"spgc.test.seed-commitment\x00run-7\x00" + (3).to_bytes(8, "big")
 
@@ -46,7 +46,7 @@ def expansion_circuit():
     seed = [b.input(f"seed{k}", "carried", 64) for k in range(4)]
     counter = b.input("counter", "evaluator", 32)
     nonce = [b.input(f"nonce{k}", "evaluator", 32) for k in range(3)]
-    words = chacha20_block(
+    words = chacha_block(
         b, [p[32 * i : 32 * i + 32] for p in seed for i in range(2)], counter, nonce
     )
     for k in range(8):
@@ -339,3 +339,30 @@ def test_bad_statements_are_refused_in_one_line(two_party):
             tp.garbler_channel, True, [None], [{"circuit": PRODUCT, "n": 1, "values": [[1], [2]],
                                                 "broadcast": [False, False]}],
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("rounds", [12, 20])
+def test_the_chacha_kernel_and_circuit_agree(rounds):
+    """The kernel the servers expand their seeds with (chacha_blocks) and the circuit they
+    prove (chacha_block) give the same blocks; at 20 rounds both are RFC 8439's ChaCha20."""
+    key = os.urandom(32)
+    counters = np.array([0, 1, 65537], dtype=np.uint64)
+    nonces = np.array([[1, 2, 3], [4, 5, 6], [0xFFFFFFFF, 0, 7]], dtype=np.uint64)
+    kernel = _core.chacha_blocks(key, counters, nonces, rounds)
+    b = CircuitBuilder(f"test-chacha{rounds}")
+    k = [b.input(f"k{i}", "evaluator", 32) for i in range(8)]
+    c = b.input("c", "evaluator", 32)
+    n = [b.input(f"n{i}", "evaluator", 32) for i in range(3)]
+    for i, w in enumerate(chacha_block(b, k, c, n, rounds)):
+        b.output(f"w{i}", w, "both")
+    circuit = b.description().build()
+    words = np.frombuffer(key, dtype="<u4").astype(np.uint64)
+    inputs = {f"k{i}": np.full(3, words[i], dtype=np.uint64) for i in range(8)}
+    inputs["c"] = counters
+    inputs.update({f"n{i}": np.ascontiguousarray(nonces[:, i]) for i in range(3)})
+    out = circuit.evaluate(inputs, 3)
+    assert np.array_equal(np.stack([out[f"w{i}"] for i in range(16)], axis=1), kernel)
+    if rounds == 20:
+        nonce = b"".join(int(v).to_bytes(4, "little") for v in nonces[2])
+        rfc = Cipher(algorithms.ChaCha20(key, (65537).to_bytes(4, "little") + nonce), None)
+        assert kernel[2].astype("<u4").tobytes() == rfc.encryptor().update(bytes(64))

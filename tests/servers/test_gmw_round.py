@@ -145,7 +145,7 @@ def test_a_gmw_round_is_one_trial_run_and_one_exchange(two_party):
     # Stage 1: six coordinates and these seeds leave one coordinate over after stage 0.
     sums = sums_for(ring_bits, 0, 9)[:6]  # edge values of the ring
     a1, a2 = shares_of(sums, ring_bits, 10)
-    s1, s2 = hashlib.sha256(b"a39").digest(), hashlib.sha256(b"b39").digest()
+    s1, s2 = hashlib.sha256(b"a8").digest(), hashlib.sha256(b"b8").digest()
     yg, ye, cg, ce = run_both(lg, le, a1, a2, s1, s2, sigma, ring_bits, "spgc")
     assert cg["rounds"] == 2 and cg["trials_per_round"] == [8, 1]
     ref = aggregate_plain(

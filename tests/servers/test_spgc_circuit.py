@@ -12,7 +12,7 @@ from helpers import Background
 
 from garbled_core import DEFAULT_CHUNK, and_table_bytes
 from garbled_core.discrete_gaussian import build_trial_circuit, derive_params
-from spgc.privacy.noise import expand_seed, sample_noise_plain
+from spgc.privacy.noise import STREAM_ROUNDS, expand_seed, sample_noise_plain
 from spgc.servers import gc_party, spgc_circuit
 from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
 
@@ -113,6 +113,30 @@ def test_noise_reproducible_from_both_seeds_only():
     assert np.mean(z == other) < 0.01
 
 
+def _chacha_reference(key: bytes, counter: int, nonce: bytes, rounds: int) -> bytes:
+    """ChaCha's block function written out from RFC 8439 2.3 (``rounds`` rounds)."""
+    mask = 0xFFFFFFFF
+
+    def words(raw: bytes) -> list[int]:
+        return [int.from_bytes(raw[i : i + 4], "little") for i in range(0, len(raw), 4)]
+
+    state = [0x61707865, 0x3320646E, 0x79622D32, 0x6B206574, *words(key), counter, *words(nonce)]
+    x = list(state)
+
+    def quarter(a: int, b: int, c: int, d: int) -> None:
+        for p, q, r, shift in ((a, b, d, 16), (c, d, b, 12), (a, b, d, 8), (c, d, b, 7)):
+            x[p] = (x[p] + x[q]) & mask
+            v = x[r] ^ x[p]
+            x[r] = ((v << shift) | (v >> (32 - shift))) & mask
+
+    for _ in range(rounds // 2):
+        for column in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)):
+            quarter(*column)
+        for diagonal in ((0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):
+            quarter(*diagonal)
+    return b"".join(((v + w) & mask).to_bytes(4, "little") for v, w in zip(x, state, strict=True))
+
+
 def test_seed_expansion_layout():
     seed = bytes(range(32))
     ports = expand_seed(seed, 3, (64, 5), 10, "g")
@@ -121,14 +145,20 @@ def test_seed_expansion_layout():
     again = expand_seed(seed, 3, (64, 5, 64), 10, "g")  # more ports: a longer, same-prefix stream
     assert np.array_equal(again["g0"], ports["g0"])
     assert not np.array_equal(expand_seed(seed, 4, (64,), 10, "g")["g0"], ports["g0"])
-    # ChaCha20 keyed by the seed, nonce "SPGc" || stage || coordinate's low 32 bits, counter
+    # ChaCha8 keyed by the seed, nonce "SPGc" || stage || coordinate's low 32 bits, counter
     # (coordinate >> 32) << 16 | block, all little endian; word k of a coordinate's stream is
-    # 64-bit word k % 8 of block k // 8.
-    def block(stage: int, coord: int, index: int) -> bytes:
-        counter = ((coord >> 32) << 16 | index).to_bytes(4, "little")
+    # 64-bit word k % 8 of block k // 8. The reference: RFC 8439's block function in Python,
+    # checked at its 20 rounds against the cryptography package's ChaCha20.
+    def block(stage: int, coord: int, index: int, rounds: int = STREAM_ROUNDS) -> bytes:
+        counter = (coord >> 32) << 16 | index
         nonce = b"SPGc" + stage.to_bytes(4, "little") + (coord & 0xFFFFFFFF).to_bytes(4, "little")
-        stream = Cipher(algorithms.ChaCha20(seed, counter + nonce), None).encryptor()
-        return stream.update(bytes(64))
+        return _chacha_reference(seed, counter, nonce, rounds)
+
+    counter20 = ((7 >> 32) << 16).to_bytes(4, "little")
+    nonce7 = b"SPGc" + (3).to_bytes(4, "little") + (7).to_bytes(4, "little")
+    rfc = Cipher(algorithms.ChaCha20(seed, counter20 + nonce7), None).encryptor()
+    assert block(3, 7, 0, rounds=20) == rfc.update(bytes(64))
+    assert STREAM_ROUNDS == 8  # the stream's rounds, as its docs say
 
     assert int(ports["g0"][7]) == int.from_bytes(block(3, 7, 0)[:8], "little")
     assert int(ports["g1"][7]) == int.from_bytes(block(3, 7, 0)[8:16], "little") & 31

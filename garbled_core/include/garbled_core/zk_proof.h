@@ -32,9 +32,11 @@
 // by the random element.
 //
 // Both parties prove at once (each is the other's verifier): one random share gives P's bit
-// and MAC for its own proof and V's key for the peer's. A batch is two exchanges (the
-// corrections, then the coins); the answers ride with the next batch and the last with the
-// opened outputs' digests.
+// and MAC for its own proof and V's key for the peer's. Message j carries the coin for the
+// peer's batch j - 1 (drawn once that batch is in), the answer to the coin for one's batch
+// j - 2 and one's batch j; the first also states both statements (a digest), the last the
+// opened outputs' digests: B batches take B + 2 exchanges, and the prover holds two batches'
+// A0 and A1 at a time.
 #pragma once
 
 #include <array>
@@ -92,8 +94,8 @@ struct ProofCheat {
 
 class ZkProofs {
  public:
-  // AND gates (over all instances) a batch checks at once: the prover keeps 32 bytes and the
-  // verifier 16 bytes for each until the coin comes.
+  // AND gates (over all instances) a batch checks at once: the prover keeps 32 bytes for each
+  // until the coin comes (two batches at a time), the verifier 16 bytes (one batch).
   static constexpr size_t kAndsPerBatch = size_t(1) << 20;
 
   explicit ZkProofs(AuthParty& party) : party_(party) {}
