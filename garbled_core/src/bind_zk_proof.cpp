@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,34 +23,6 @@ using namespace pybind11::literals;
 
 namespace {
 
-// {"circuit": Circuit, "n": int, "values": [[int]] per input port, "broadcast": [bool],
-// "carried": [None or (step, output port)] per input port} or None. A carried port reads the
-// kept output of an earlier step of the same side (`results`).
-gc::ProofStatement statement(const py::object& spec, std::shared_ptr<gc::Circuit>& hold,
-                             const std::vector<gc::ProofResult>& results) {
-  gc::ProofStatement st;
-  if (spec.is_none()) return st;
-  py::dict d = spec.cast<py::dict>();
-  hold = d["circuit"].cast<std::shared_ptr<gc::Circuit>>();
-  st.circuit = hold.get();
-  st.n = d["n"].cast<size_t>();
-  st.values = d["values"].cast<std::vector<std::vector<uint64_t>>>();
-  st.broadcast = d["broadcast"].cast<std::vector<bool>>();
-  if (d.contains("carried")) {
-    for (const py::handle& ref : d["carried"].cast<py::list>()) {
-      if (ref.is_none()) {
-        st.carried.push_back(nullptr);
-        continue;
-      }
-      const auto [step, port] = ref.cast<std::pair<size_t, size_t>>();
-      if (step >= results.size() || port >= results[step].kept.size())
-        throw py::value_error("a carried port names a step or output that is not there");
-      st.carried.push_back(&results[step].kept[port]);
-    }
-  }
-  return st;
-}
-
 using U64In = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
 
 std::vector<uint64_t> u64_values(const py::handle& h) {
@@ -57,10 +30,11 @@ std::vector<uint64_t> u64_values(const py::handle& h) {
   return std::vector<uint64_t>(a.data(), a.data() + a.size());
 }
 
-// The same dict as the test hook's, with numpy or list values, and carried ports named as
-// (ProofResult, output port index) pairs.
-gc::ProofStatement session_statement(const py::object& spec, std::shared_ptr<gc::Circuit>& hold,
-                                     std::vector<std::shared_ptr<gc::ProofResult>>& held) {
+// {"circuit": Circuit, "n": int, "values": per input port (numpy or a list), "broadcast":
+// [bool], "carried": [None or a reference] per input port} or None; `resolve` turns a
+// reference into the kept shares it names.
+gc::ProofStatement parse_statement(const py::object& spec, std::shared_ptr<gc::Circuit>& hold,
+                                   const std::function<const gc::AuthShares*(const py::handle&)>& resolve) {
   gc::ProofStatement st;
   if (spec.is_none()) return st;
   py::dict d = spec.cast<py::dict>();
@@ -69,22 +43,35 @@ gc::ProofStatement session_statement(const py::object& spec, std::shared_ptr<gc:
   st.n = d["n"].cast<size_t>();
   for (const py::handle& v : d["values"].cast<py::list>()) st.values.push_back(u64_values(v));
   st.broadcast = d["broadcast"].cast<std::vector<bool>>();
-  if (d.contains("carried")) {
-    for (const py::handle& ref : d["carried"].cast<py::list>()) {
-      if (ref.is_none()) {
-        st.carried.push_back(nullptr);
-        continue;
-      }
-      py::tuple t = ref.cast<py::tuple>();
-      auto r = t[0].cast<std::shared_ptr<gc::ProofResult>>();
-      const size_t port = t[1].cast<size_t>();
-      if (port >= r->kept.size() || r->kept[port].size() == 0)
-        throw py::value_error("a carried port names an output the proof did not keep");
-      held.push_back(r);
-      st.carried.push_back(&r->kept[port]);
-    }
-  }
+  if (d.contains("carried"))
+    for (const py::handle& ref : d["carried"].cast<py::list>())
+      st.carried.push_back(ref.is_none() ? nullptr : resolve(ref));
   return st;
+}
+
+// The test hook's references: (step, output port) of an earlier step on the same side.
+gc::ProofStatement statement(const py::object& spec, std::shared_ptr<gc::Circuit>& hold,
+                             const std::vector<gc::ProofResult>& results) {
+  return parse_statement(spec, hold, [&](const py::handle& ref) {
+    const auto [step, port] = ref.cast<std::pair<size_t, size_t>>();
+    if (step >= results.size() || port >= results[step].kept.size())
+      throw py::value_error("a carried port names a step or output that is not there");
+    return &results[step].kept[port];
+  });
+}
+
+// AuthSession.prove's references: (ProofResult, output port), held while the proof runs.
+gc::ProofStatement session_statement(const py::object& spec, std::shared_ptr<gc::Circuit>& hold,
+                                     std::vector<std::shared_ptr<gc::ProofResult>>& held) {
+  return parse_statement(spec, hold, [&](const py::handle& ref) {
+    py::tuple t = ref.cast<py::tuple>();
+    auto r = t[0].cast<std::shared_ptr<gc::ProofResult>>();
+    const size_t port = t[1].cast<size_t>();
+    if (port >= r->kept.size() || r->kept[port].size() == 0)
+      throw py::value_error("a carried port names an output the proof did not keep");
+    held.push_back(r);
+    return &r->kept[port];
+  });
 }
 
 gc::block block_arg(const py::object& o, const char* what) {

@@ -167,25 +167,30 @@ std::vector<size_t> zero_sum_subset(const block* chi, size_t m) {
   return {};
 }
 
+// A result's opened values and kept shares, zero, sized for the statement.
+void size_result(const Shape& s, ProofResult& res) {
+  if (!s.c) return;
+  res.opened.resize(s.c->outputs().size());
+  res.kept.resize(s.c->outputs().size());
+  for (size_t o = 0; o < s.c->outputs().size(); ++o) {
+    const OutputPort& out = s.c->outputs()[o];
+    if (out.reveal == Reveal::Both) res.opened[o].assign(s.n, 0);
+    if (out.reveal == Reveal::Keep) {
+      const size_t m = out.wires.size() * s.n;
+      res.kept[o].bits.assign(m, 0);
+      res.kept[o].macs.resize(m);
+      res.kept[o].keys.resize(m);
+    }
+  }
+}
+
 // The prover's side of one statement.
 class Prover {
  public:
   // and_base: AND gates this party proved in earlier runs (a cheat's index counts them).
   Prover(const Shape& s, ProofResult& res, const ProofCheat& cheat, size_t and_base)
       : s_(s), res_(res), cheat_(cheat), bc_macs_(s.broadcast_bits), next_and_(and_base) {
-    if (!s.c) return;
-    res.opened.resize(s.c->outputs().size());
-    res.kept.resize(s.c->outputs().size());
-    for (size_t o = 0; o < s.c->outputs().size(); ++o) {
-      const OutputPort& out = s.c->outputs()[o];
-      if (out.reveal == Reveal::Both) res.opened[o].assign(s.n, 0);
-      if (out.reveal == Reveal::Keep) {
-        const size_t m = out.wires.size() * s.n;
-        res.kept[o].bits.assign(m, 0);
-        res.kept[o].macs.resize(m);
-        res.kept[o].keys.resize(m);
-      }
-    }
+    size_result(s, res);
   }
 
   // Batch k's corrections (unpacked bits); `shares` from position `pos`. `flip` (a forger's
@@ -368,19 +373,7 @@ class Verifier {
  public:
   Verifier(const Shape& s, ProofResult& res, block delta)
       : s_(s), res_(res), delta_(delta), bc_keys_(s.broadcast_bits) {
-    if (!s.c) return;
-    res.opened.resize(s.c->outputs().size());
-    res.kept.resize(s.c->outputs().size());
-    for (size_t o = 0; o < s.c->outputs().size(); ++o) {
-      const OutputPort& out = s.c->outputs()[o];
-      if (out.reveal == Reveal::Both) res.opened[o].assign(s.n, 0);
-      if (out.reveal == Reveal::Keep) {
-        const size_t m = out.wires.size() * s.n;
-        res.kept[o].bits.assign(m, 0);
-        res.kept[o].macs.resize(m);
-        res.kept[o].keys.resize(m);
-      }
-    }
+    size_result(s, res);
   }
 
   void batch(size_t k, const AuthShares& sh, size_t pos, const std::vector<uint8_t>& msg) {

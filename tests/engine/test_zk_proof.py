@@ -209,14 +209,40 @@ def product_steps(values, n):
 PRODUCT = product_circuit()
 
 
-def prove_product(two_party, n=4, **kw):
-    rng = np.random.default_rng(5)
-    x = [int(v) for v in rng.integers(0, 1 << 16, n)]
-    y = [int(v) for v in rng.integers(0, 1 << 16, n)]
+def prove_product(two_party, **kw):
+    x, y = product_values()
     h1, h2 = run_pair(
-        two_party, product_steps((x, y), n), [None], product_steps(None, n), [None], **kw
+        two_party, product_steps((x, y), 4), [None], product_steps(None, 4), [None], **kw
     )
     return [a * b for a, b in zip(x, y, strict=True)], h1, h2
+
+
+def product_values(seed: int = 5) -> tuple[list[int], list[int]]:
+    rng = np.random.default_rng(seed)
+    return (
+        [int(v) for v in rng.integers(0, 1 << 16, 4)],
+        [int(v) for v in rng.integers(0, 1 << 16, 4)],
+    )
+
+
+def cheat_with_the_verifiers_delta(two_party, cheat: str, index: int, x=None, y=None):
+    """The control of a check on Delta: H1 cheats with `offset` = H2's true Delta (H2 made to
+    use that Delta), as a cheater who had learnt it would. Returns (H1's, H2's) results."""
+    delta = bytearray(os.urandom(16))
+    delta[0] |= 1
+    if x is None:
+        x, y = product_values()
+    tp = two_party()
+    cheater = Background(
+        lambda: _core._zk_proof_session(
+            tp.garbler_channel, True, product_steps((x, y), 4), [None],
+            cheat=cheat, index=index, offset=bytes(delta),
+        )
+    )  # fmt: skip
+    honest = _core._zk_proof_session(
+        tp.evaluator_channel, False, [None], product_steps(None, 4), delta=bytes(delta)
+    )
+    return cheater.result(), honest
 
 
 def test_an_honest_product_opens_to_its_value(two_party):
@@ -232,45 +258,18 @@ def test_a_wrong_and_gate_is_caught_and_passes_only_with_the_verifiers_delta(two
     its answer, is accepted: the check on Delta is what stops it."""
     _, _, caught = prove_product(two_party, cheat="flip_and", index=index)
     assert caught["caught"] and "zero-knowledge proof" in caught["message"]
-    delta = bytearray(os.urandom(16))
-    delta[0] |= 1
-    tp = two_party()
-    rng = np.random.default_rng(5)
-    x = [int(v) for v in rng.integers(0, 1 << 16, 4)]
-    y = [int(v) for v in rng.integers(0, 1 << 16, 4)]
-    cheater = Background(
-        lambda: _core._zk_proof_session(
-            tp.garbler_channel, True, product_steps((x, y), 4), [None],
-            cheat="flip_and", index=index, offset=bytes(delta),
-        )
-    )  # fmt: skip
-    honest = _core._zk_proof_session(
-        tp.evaluator_channel, False, [None], product_steps(None, 4), delta=bytes(delta)
-    )
-    cheater.result()
+    cheater, honest = cheat_with_the_verifiers_delta(two_party, "flip_and", index)
     assert not honest["caught"]
-    assert honest["checked_opened"][0][0] == cheater.value["own_opened"][0][0]
+    assert honest["checked_opened"][0][0] == cheater["own_opened"][0][0]
 
 
 def test_a_flipped_and_gate_changes_the_statement(two_party):
     """The cheat of the test above is a real one: with the check passed (the control), the
     opened product is not x * y for some AND gates flipped."""
-    delta = bytearray(os.urandom(16))
-    delta[0] |= 1
     wrong = 0
+    x, y = [40000, 3, 5, 7], [50000, 11, 13, 17]
     for index in range(0, 4 * PRODUCT.and_count, 97):
-        tp = two_party()
-        x, y = [40000, 3, 5, 7], [50000, 11, 13, 17]
-        cheater = Background(
-            lambda tp=tp, index=index, x=x, y=y: _core._zk_proof_session(
-                tp.garbler_channel, True, product_steps((x, y), 4), [None],
-                cheat="flip_and", index=index, offset=bytes(delta),
-            )
-        )  # fmt: skip
-        honest = _core._zk_proof_session(
-            tp.evaluator_channel, False, [None], product_steps(None, 4), delta=bytes(delta)
-        )
-        cheater.result()
+        _, honest = cheat_with_the_verifiers_delta(two_party, "flip_and", index, x, y)
         assert not honest["caught"]
         wrong += honest["checked_opened"][0][0] != [a * b for a, b in zip(x, y, strict=True)]
     assert wrong > 0
@@ -279,22 +278,7 @@ def test_a_flipped_and_gate_changes_the_statement(two_party):
 def test_a_wrong_opened_bit_is_caught_and_passes_only_with_the_verifiers_delta(two_party):
     want, _, caught = prove_product(two_party, cheat="flip_opened", index=33)
     assert caught["caught"] and "opened outputs" in caught["message"]
-    delta = bytearray(os.urandom(16))
-    delta[0] |= 1
-    tp = two_party()
-    rng = np.random.default_rng(5)
-    x = [int(v) for v in rng.integers(0, 1 << 16, 4)]
-    y = [int(v) for v in rng.integers(0, 1 << 16, 4)]
-    cheater = Background(
-        lambda: _core._zk_proof_session(
-            tp.garbler_channel, True, product_steps((x, y), 4), [None],
-            cheat="flip_opened", index=33, offset=bytes(delta),
-        )
-    )  # fmt: skip
-    honest = _core._zk_proof_session(
-        tp.evaluator_channel, False, [None], product_steps(None, 4), delta=bytes(delta)
-    )
-    cheater.result()
+    _, honest = cheat_with_the_verifiers_delta(two_party, "flip_opened", 33)
     assert not honest["caught"]
     # bit 33 is bit 8 of instance 1: the opened bits go bit by bit, each over the instances
     assert honest["checked_opened"][0][0] != want
