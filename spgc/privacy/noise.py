@@ -145,12 +145,20 @@ def stream_layout(
     nonces[:, 0] = _STREAM_TAG
     nonces[:, 1] = stage
     nonces[:, 2] = np.repeat(idx & 0xFFFFFFFF, blocks).astype(np.uint64)
-    # word t * ports + k of coordinate row r: block r * blocks + that // 8, word that % 8
-    k = np.arange(words, dtype=np.int64).reshape(trials, ports)
-    row = np.arange(n, dtype=np.int64)[:, None, None]
-    block = (row * blocks + k[None] // _BLOCK_WORDS).reshape(n * trials, ports).T
-    word = np.broadcast_to(k[None] % _BLOCK_WORDS, (n, trials, ports)).reshape(n * trials, ports).T
-    return StreamLayout(counters, nonces, np.ascontiguousarray(block), np.ascontiguousarray(word))
+    # word t * ports + k of coordinate row r (instance r * trials + t): block r * blocks +
+    # that // 8, word that % 8. Port by port: (ports, instances) without temporaries of that size.
+    first_block = np.repeat(np.arange(n, dtype=np.int64) * blocks, trials)
+    position = np.tile(np.arange(trials, dtype=np.int64) * ports, n)  # t * ports per instance
+    block = np.empty((ports, n * trials), dtype=np.int64)
+    word = np.empty((ports, n * trials), dtype=np.int64)
+    for k in range(ports):
+        if trials == 1:  # one word a port: constants
+            block[k] = first_block + k // _BLOCK_WORDS
+            word[k] = k % _BLOCK_WORDS
+        else:
+            np.add(first_block, (position + k) // _BLOCK_WORDS, out=block[k])
+            np.remainder(position + k, _BLOCK_WORDS, out=word[k])
+    return StreamLayout(counters, nonces, block, word)
 
 
 def segments_layout(
