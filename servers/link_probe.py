@@ -33,7 +33,7 @@ from spgc.settings.backend_choice import (
     candidates,
     choose_backend,
 )
-from spgc.wire import PROTOCOL_VERSION, peer_pb2
+from spgc.wire import PEER_PROTOCOL_VERSION, peer_pb2
 from spgc.wire.errors import FailedPreconditionError
 from spgc.wire.transport import split_host_port
 
@@ -143,7 +143,7 @@ class BackendSelection:
         if not self._backend_undecided():
             return
         probe = peer_pb2.PeerHello(
-            protocol_version=PROTOCOL_VERSION,
+            protocol_version=PEER_PROTOCOL_VERSION,
             role=self.cfg.role,
             config=self.plan.training_config(self.state.run_id or ""),
             link_probe=True,
@@ -205,7 +205,7 @@ class BackendSelection:
             thread.daemon = True
             thread.start()
         return peer_pb2.PeerHello(
-            protocol_version=PROTOCOL_VERSION, role=self.cfg.role, config=config
+            protocol_version=PEER_PROTOCOL_VERSION, role=self.cfg.role, config=config
         )
 
     def _dial_link_probe(self) -> None:

@@ -49,7 +49,7 @@ from spgc.servers.pool_sync import (
 )
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import (
-    PROTOCOL_VERSION,
+    PEER_PROTOCOL_VERSION,
     peer_pb2,
     peer_pb2_grpc,
     provider_set_digest,
@@ -274,8 +274,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     ) -> peer_pb2.PeerHello:
         self._check_caller(context, request.role)
         self._refuse_if_aborted()
-        if request.protocol_version != PROTOCOL_VERSION:
-            raise FailedPreconditionError(f"protocol version {request.protocol_version}")
+        if request.protocol_version != PEER_PROTOCOL_VERSION:
+            raise FailedPreconditionError(
+                f"the peer speaks the servers' protocol version {request.protocol_version}, this "
+                f"server {PEER_PROTOCOL_VERSION} (spgc {__version__}): run the same spgc "
+                "release on both servers"
+            )
         if request.link_probe:  # pairs nothing: see servers/link_probe.py
             if self.on_link_probe is None:
                 raise FailedPreconditionError("this server takes no link probe")
@@ -344,7 +348,7 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 self.state.run_id,
             )
             answer = peer_pb2.PeerHello(
-                protocol_version=PROTOCOL_VERSION,
+                protocol_version=PEER_PROTOCOL_VERSION,
                 software_version=f"spgc {__version__}",
                 role=self.state.role,
                 config=self.state.config,

@@ -28,7 +28,7 @@ from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.peer import config_differences
 from spgc.servers.pool_sync import NoiseProducer
 from spgc.servers.state import RPC_SLACK
-from spgc.wire import PROTOCOL_VERSION, peer_pb2, peer_pb2_grpc
+from spgc.wire import PEER_PROTOCOL_VERSION, peer_pb2, peer_pb2_grpc
 from spgc.wire.errors import is_unavailable
 from spgc.wire.transport import make_channel
 
@@ -46,7 +46,7 @@ class PairedSessions:
         # UNAVAILABLE, as by H2, and never learn of a run that may not take place.
         config = self.plan.training_config(run_id)
         hello = peer_pb2.PeerHello(
-            protocol_version=PROTOCOL_VERSION,
+            protocol_version=PEER_PROTOCOL_VERSION,
             software_version=f"spgc {__version__}",
             role=self.cfg.role,
             config=config,

@@ -40,8 +40,14 @@ from spgc.wire.digests import (
     vector_sha256,
 )
 
-#: Version of the protocol in these modules (HelloRequest/ServerInfo/PeerHello.protocol_version).
+#: Version of the providers' protocol (HelloRequest/ServerInfo.protocol_version).
 PROTOCOL_VERSION = 1
+#: Version of the two servers' protocol (PeerHello.protocol_version: the Peer service and the
+#: data link). 2: Peer.AgreeProviders streams pages (spgc.wire.pages), the round seeds expand
+#: with ChaCha8 and, under security: malicious, the servers prove them (spgc.privacy.seed_proof).
+#: Servers of different versions refuse to pair, naming both, where they would otherwise fail
+#: at their first round or replay each other's noise wrongly in an audit.
+PEER_PROTOCOL_VERSION = 2
 
 #: Fully qualified service names (for health checks and logs).
 AGGREGATOR_SERVICE = aggregation_pb2.DESCRIPTOR.services_by_name["Aggregator"].full_name
@@ -49,6 +55,7 @@ PEER_SERVICE = peer_pb2.DESCRIPTOR.services_by_name["Peer"].full_name
 
 __all__ = [
     "AGGREGATOR_SERVICE",
+    "PEER_PROTOCOL_VERSION",
     "PEER_SERVICE",
     "PROTOCOL_VERSION",
     "SEED_COMMITMENT_SCHEME",

@@ -29,7 +29,7 @@ from spgc.settings.backend_choice import (
     candidates,
     choose_backend,
 )
-from spgc.wire import PROTOCOL_VERSION, peer_pb2
+from spgc.wire import PEER_PROTOCOL_VERSION, peer_pb2
 from spgc.wire.errors import FailedPreconditionError
 
 __all__ = ["pki"]  # the module-scoped PKI fixture of test_server_daemon
@@ -178,7 +178,7 @@ def test_h2_checks_the_trial_depth_h1_chose_with_gmw(pki, tmp_path):
             config = d2.plan.training_config("run")
             config.backend, config.trial_depth = "gmw", depth
             return peer_pb2.PeerHello(
-                protocol_version=PROTOCOL_VERSION, role=1, config=config,
+                protocol_version=PEER_PROTOCOL_VERSION, role=1, config=config,
                 link_rtt_seconds=link.rtt_seconds, link_bytes_per_second=link.bytes_per_second,
             )  # fmt: skip
 

@@ -25,7 +25,7 @@ from spgc.privacy.ledger_format import abort_line
 from spgc.privacy.ledger_verify import verify_ledger
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import check_privacy, describe_plan
-from spgc.servers import coordinator
+from spgc.servers import coordinator, sessions
 from spgc.servers.errors import PeerDeviatedError
 from spgc.servers.gc_party import PartyLink, aggregate_plain
 from spgc.servers.intake import ShareIntake
@@ -35,6 +35,7 @@ from spgc.servers.state import ServerState
 from spgc.settings.config import ServerConfig
 from spgc.settings.plan import make_plan
 from spgc.settings.provider_config import ProviderConfig
+from spgc.wire import PEER_PROTOCOL_VERSION
 from spgc.wire import aggregation_pb2 as pb
 
 MALICIOUS = {"backend": "gmw", "security": "malicious"}
@@ -95,6 +96,27 @@ def test_servers_with_different_levels_refuse_to_pair(pki: Path, tmp_path: Path)
         named = "security (h1 'malicious', h2 'semi-honest')"
         assert "the other server refused to pair" in str(d1.error)
         assert named in str(d1.error) and named in str(d2.state.failure)
+        assert d1.state.releases == d2.state.releases == 0
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_servers_of_different_peer_protocol_versions_refuse_to_pair(
+    pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An H1 of the servers' protocol version 1 (before AgreeProviders streamed pages and the
+    seeds were ChaCha8, proved under malicious) is refused at the Handshake, both versions
+    named, before any round: an old and a new release would otherwise fail at their first
+    round, or replay each other's noise wrongly in an audit."""
+    d1, d2 = bind_pair(pki, tmp_path)
+    monkeypatch.setattr(sessions, "PEER_PROTOCOL_VERSION", 1)  # what H1 sends
+    try:
+        d2.start()
+        d1.start()
+        assert d1.wait(30)
+        said = f"the servers' protocol version 1, this server {PEER_PROTOCOL_VERSION}"
+        assert said in str(d1.error) and "run the same spgc release on both" in str(d1.error)
         assert d1.state.releases == d2.state.releases == 0
     finally:
         d1.stop()
