@@ -653,10 +653,16 @@ def _aggregate_on_link(
         }
 
     info: dict[str, Any] = {"rounds": 0, "trials": 0}
-    if mode == "spgc" and link.fused_rounds and width is not None and width <= 64 and n:
+    fused = mode == "spgc" and link.fused_rounds and width is not None and width <= 64
+    if fused and n:
         assert params is not None and seed is not None
         args = (role, link, n, inputs, seed, params, width, ring_bits, schedule, on_stage)
         return _aggregate_fused(*args, first_coordinate, field_inputs, seed_binding)
+    if seed_binding is not None and n and not fused:  # never a round without its proofs
+        raise ValueError(
+            f"seed proofs run in mode spgc's fused round, whose outputs fit 64 bits; this round "
+            f"is mode {mode} with {width}-bit outputs"
+        )
     if mode == "only-mpc":
         circuit = reconstruct_circuit(ring_bits, arithmetic=link.arithmetic, field=field_inputs)
         if n:

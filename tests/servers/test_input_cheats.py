@@ -291,3 +291,16 @@ def test_a_server_that_enters_other_proved_bits_than_its_ports_is_caught(
         else:
             assert not isinstance(second, Exception), second
             assert [int(v) for v in first[0]] == [int(v) for v in second[0]]
+
+
+def test_a_round_that_cannot_prove_its_seeds_is_refused_not_run_unbound(two_party):
+    """Seed proofs run in mode spgc's fused round; asked of another round, the server refuses
+    before a byte instead of running it without them."""
+    lg, _ = _malicious_links(two_party, "gmw")
+    c1 = seed_commitment("run-d", 1, 1, os.urandom(32))
+    binding = _bindings("run-d", 1, c1, seed_commitment("run-d", 1, 2, os.urandom(32)))[0]
+    shares = np.zeros(4, dtype=np.uint64)
+    before = lg.counters()
+    with pytest.raises(ValueError, match="seed proofs run in mode spgc's fused round"):
+        run_aggregate("garbler", lg, shares, None, None, 16, "only-mpc", seed_binding=binding)
+    assert lg.counters() == before  # nothing sent
