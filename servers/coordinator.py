@@ -263,7 +263,8 @@ def seed_binding(state: ServerState, t: int) -> SeedBinding | None:
         return None
     peer = pb.SERVER_ROLE_H2 if state.role == pb.SERVER_ROLE_H1 else pb.SERVER_ROLE_H1
     record = state.history.get(t)
-    theirs = None if record is None else record.seed_commitments.get("h2" if peer == 2 else "h1")
+    name = "h2" if peer == pb.SERVER_ROLE_H2 else "h1"
+    theirs = None if record is None else record.seed_commitments.get(name)
     if theirs is None:  # the co-signed release carries both: no round gets here without them
         raise RuntimeError(f"round {t}: no seed commitment of the peer recorded for its proof")
     return SeedBinding(state.run_id, t, state.role, peer, theirs)

@@ -193,10 +193,11 @@ class Prover {
     size_result(s, res);
   }
 
-  // Batch k's corrections (unpacked bits); `shares` from position `pos`. `flip` (a forger's
-  // set, indices of the batch's AND gates) may be empty.
-  std::vector<uint8_t> batch(size_t k, const AuthShares& sh, size_t pos, const std::vector<size_t>& flip) {
+  // Batch k's corrections (unpacked bits) from the batch's random shares `sh`, read in order.
+  // `flip` (a forger's set, indices of the batch's AND gates) may be empty.
+  std::vector<uint8_t> batch(size_t k, const AuthShares& sh, const std::vector<size_t>& flip) {
     const Circuit& c = *s_.c;
+    size_t pos = 0;
     const ProofStatement& st = *s_.st;
     const size_t cn = s_.instances(k), base = k * s_.per_batch;
     std::vector<uint8_t> msg;
@@ -376,7 +377,8 @@ class Verifier {
     size_result(s, res);
   }
 
-  void batch(size_t k, const AuthShares& sh, size_t pos, const std::vector<uint8_t>& msg) {
+  void batch(size_t k, const AuthShares& sh, const std::vector<uint8_t>& msg) {
+    size_t pos = 0;
     const Circuit& c = *s_.c;
     const ProofStatement& st = *s_.st;
     const size_t cn = s_.instances(k), base = k * s_.per_batch;
@@ -594,7 +596,7 @@ std::pair<ProofResult, ProofResult> ZkProofs::run(const ProofStatement& mine, co
       std::vector<size_t> forged;
       if (cheat_.kind == ProofCheat::Kind::ForgeWithEarlyCoin)  // without the coin: a guess
         forged = prover.forge(coin_first_ ? their_coin[j] : random_block(), j);
-      const std::vector<uint8_t> packed = pack_bits(prover.batch(j, sh, 0, forged));
+      const std::vector<uint8_t> packed = pack_bits(prover.batch(j, sh, forged));
       out.insert(out.end(), packed.begin(), packed.end());
       ands_proved_ += me.instances(j) * me.ands;
       ++batches_;
@@ -616,7 +618,7 @@ std::pair<ProofResult, ProofResult> ZkProofs::run(const ProofStatement& mine, co
     if (checking) {
       const std::vector<uint8_t> theirs_packed(in.begin() + (ptrdiff_t)at,
                                                in.begin() + (ptrdiff_t)(at + (peer.message_bits(j) + 7) / 8));
-      verifier.batch(j, sh, 0, unpack_bits(theirs_packed, peer.message_bits(j)));
+      verifier.batch(j, sh, unpack_bits(theirs_packed, peer.message_bits(j)));
       at += theirs_packed.size();
     }
     if (j == S + 1 && peer.n) {

@@ -9,18 +9,17 @@ servers) and for audits and tests.
 Randomness: every random bit the sampler reads is r1 xor r2 (the circuit XORs a garbler port
 with an evaluator port). Each server expands only its own 32-byte round seed, outside the
 circuit, with ChaCha8 (RFC 8439's ChaCha with 8 rounds) keyed by the seed, addressed by where
-the bits are used: trial
-t of coordinate c in stage (retry round) r reads, for its port p of P, word (t * P + p) of the
-coordinate's stream: the little-endian 64-bit word (t * P + p) mod 8 of the block with nonce
-"SPGc" || r || c mod 2^32 and counter (c >> 32) << 16 | (t * P + p) // 8 (32-bit words, little
-endian), masked to the port's width (:func:`expand_seed`, :func:`stream_layout`). So a
-coordinate's noise depends only on the two seeds and its own index, never on which other
-coordinates share its batch: a batch split into ranges (lanes, worker pairs) releases exactly
-the same vector. Given both seeds the noise is reproducible (:func:`sample_noise_plain`); given
-one, the other is ChaCha8's stream under an unknown key, so the XOR is uniform to that party.
-ChaCha rather than AES because a server proves its expansion in zero knowledge under
-``security: malicious`` (:mod:`spgc.privacy.seed_proof`): ChaCha8's 32-bit additions cost
-about 9 AND gates a stream bit, against about 55 for AES-256.
+the bits are used: trial t of coordinate c in stage (retry round) r reads, for its port p of P,
+word (t * P + p) of the coordinate's stream: the little-endian 64-bit word (t * P + p) mod 8 of
+the block with nonce "SPGc" || r || c mod 2^32 and counter (c >> 32) << 16 | (t * P + p) // 8
+(32-bit words, little endian), masked to the port's width (:func:`expand_seed`,
+:func:`stream_layout`). So a coordinate's noise depends only on the two seeds and its own index,
+never on which other coordinates share its batch: a batch split into ranges (lanes, worker
+pairs) releases exactly the same vector. Given both seeds the noise is reproducible
+(:func:`sample_noise_plain`); given one, the other is ChaCha8's stream under an unknown key, so
+the XOR is uniform to that party. ChaCha rather than AES because a server proves its expansion
+in zero knowledge under ``security: malicious`` (:mod:`spgc.privacy.seed_proof`): ChaCha8's
+32-bit additions cost about 9 AND gates a stream bit, against about 55 for AES-256.
 :func:`sample_discrete_gaussian` draws both seeds from the OS CSPRNG.
 
 Spare trials (``spares_every`` m > 0, the gmw backend's sampling, :data:`SPARES_EVERY`): in the
@@ -210,7 +209,6 @@ def expand_seed(
     (an index array, or n for coordinates 0..n-1) in one stage: ``{prefix}k`` -> uint64 array,
     instance ``row * trials + t`` for coordinate ``coords[row]``'s trial t (the module
     docstring has the layout)."""
-    seed = check_seed(seed)
     return read_stream(seed, stream_layout(stage, len(widths), coords, trials), widths, prefix)
 
 
