@@ -189,6 +189,8 @@ void bind_zk_proof(py::module_& m) {
       c.kind = gc::ProofCheat::Kind::FlipOpened;
     } else if (cheat == "forge_with_early_coin") {
       c.kind = gc::ProofCheat::Kind::ForgeWithEarlyCoin;
+    } else if (cheat == "misstate_length") {
+      c.kind = gc::ProofCheat::Kind::MisstateLength;
     } else if (!cheat.empty()) {
       throw py::value_error("unknown proof cheat '" + cheat + "'");
     }
@@ -259,7 +261,8 @@ void bind_zk_proof(py::module_& m) {
   "private ports empty), broadcast flags and optionally carried ports ((step, output) of an "
   "earlier step's kept outputs on the same side), or None. cheat: 'flip_and' (AND gate "
   "`index`, its W moved by chi times `offset`), 'flip_opened' (opened bit `index`, its MAC "
-  "moved by `offset`) or 'forge_with_early_coin' (with coin_first on both sides). Returns "
+  "moved by `offset`), 'forge_with_early_coin' (with coin_first on both sides) or "
+  "'misstate_length' (the first message's length `index` bytes off). Returns "
   "caught / message, per step the opened outputs of both proofs, the kept outputs opened as "
   "authenticated shares (open_kept), the AND gates proved, the batches and the bytes this "
   "party sent.");

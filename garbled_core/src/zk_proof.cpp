@@ -541,9 +541,11 @@ std::pair<ProofResult, ProofResult> ZkProofs::run(const ProofStatement& mine, co
     header_pending = false;
     std::vector<uint8_t> msg(40);
     std::memcpy(msg.data(), ours.data(), 32);
-    const uint64_t len = out.size();
+    uint64_t len = out.size();
+    if (cheat_.kind == ProofCheat::Kind::MisstateLength) len += cheat_.index;  // digest still right
     std::memcpy(msg.data() + 32, &len, 8);
     msg.insert(msg.end(), out.begin(), out.end());
+    if (cheat_.kind == ProofCheat::Kind::MisstateLength) msg.resize(40 + len, 0);  // as stated
     uint8_t head[40];
     party_.exchange(msg.data(), msg.size(), head, 40);
     uint64_t heard_len = 0;

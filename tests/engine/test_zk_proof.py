@@ -350,3 +350,22 @@ def test_the_chacha_kernel_and_circuit_agree(rounds):
         nonce = b"".join(int(v).to_bytes(4, "little") for v in nonces[2])
         rfc = Cipher(algorithms.ChaCha20(key, (65537).to_bytes(4, "little") + nonce), None)
         assert kernel[2].astype("<u4").tobytes() == rfc.encryptor().update(bytes(64))
+
+
+def test_a_first_message_of_another_length_is_refused_before_it_is_read(two_party):
+    """The statements' digest is public: a prover that states it right but sends (and states) a
+    longer first message than the statements make is refused on the length, before its
+    corrections are read as anything."""
+    tp = two_party()
+    x, y = product_values()
+    side = Background(
+        lambda: _core._zk_proof_session(
+            tp.garbler_channel, True, product_steps((x, y), 4), [None],
+            cheat="misstate_length", index=16,
+        )
+    )  # fmt: skip
+    with pytest.raises(_core.ProtocolError, match="different proof statements"):
+        _core._zk_proof_session(tp.evaluator_channel, False, [None], product_steps(None, 4))
+    tp.evaluator_channel.close()
+    with pytest.raises((_core.ProtocolError, _core.ChannelError)):
+        side.result()

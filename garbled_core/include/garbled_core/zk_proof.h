@@ -85,8 +85,10 @@ struct ProofResult {
 //   ForgeWithEarlyCoin: flip a set of AND gates among the first 129 of each batch whose chi sum
 //     to zero: from the verifier's coin when it comes first (coin_first_for_test on both sides),
 //     else from a guess of it.
+//   MisstateLength: the first message states the right statements' digest (public) and a
+//     length `index` bytes off the message's (sending those extra bytes).
 struct ProofCheat {
-  enum class Kind { None, FlipAnd, FlipOpened, ForgeWithEarlyCoin };
+  enum class Kind { None, FlipAnd, FlipOpened, ForgeWithEarlyCoin, MisstateLength };
   Kind kind = Kind::None;
   size_t index = 0;
   block offset{};
