@@ -355,6 +355,7 @@ def build_trial_description(
     z_reveal: str = "keep",
     arithmetic: str = "ripple",
     layer_cost: float | None = None,
+    bound: bool = False,
 ) -> CircuitDescription:
     """The trial circuit's description (see :func:`build_trial_circuit`).
 
@@ -365,17 +366,22 @@ def build_trial_description(
     the builder's layer cost is the smallest that fits, so the AND count stays low; a given
     ``layer_cost`` is used as it is). Named with a ``-depth`` tail."""
     name = f"dgauss-trial-s{params.sigma_units:.17g}-e{params.bucket_bits}"
+    tail = "-bound" if bound else ""  # the random ports carried: proved seed streams
+
+    def make(b: CircuitBuilder) -> None:
+        _build_trial(b, params, z_reveal, bound=bound)
+
     if arithmetic == "ripple":  # the garbled circuit: its gates, name and digest as ever
-        b = CircuitBuilder(name)
-        _build_trial(b, params, z_reveal)
+        b = CircuitBuilder(name + tail)
+        make(b)
         return b.description()
     if arithmetic != "depth":
         raise ValueError(f"arithmetic must be 'ripple' or 'depth', got {arithmetic!r}")
     if layer_cost is not None:
-        b = CircuitBuilder(f"{name}-depth", "depth", layer_cost)
-        _build_trial(b, params, z_reveal)
+        b = CircuitBuilder(f"{name}-depth{tail}", "depth", layer_cost)
+        make(b)
         return b.description()
-    return _describe_shallow(f"{name}-depth", lambda b: _build_trial(b, params, z_reveal))
+    return _describe_shallow(f"{name}-depth{tail}", make)
 
 
 def describe_trial_with(
@@ -562,21 +568,28 @@ def _build_trial(
 
 
 @functools.lru_cache(maxsize=32)
-def _build_cached(params: SamplerParams, z_reveal: str, arithmetic: str) -> Any:
-    return build_trial_description(params, z_reveal=z_reveal, arithmetic=arithmetic).build()
+def _build_cached(params: SamplerParams, z_reveal: str, arithmetic: str, bound: bool) -> Any:
+    return build_trial_description(
+        params, z_reveal=z_reveal, arithmetic=arithmetic, bound=bound
+    ).build()
 
 
 def build_trial_circuit(
-    params: SamplerParams, *, z_reveal: str = "keep", arithmetic: str = "ripple"
+    params: SamplerParams,
+    *,
+    z_reveal: str = "keep",
+    arithmetic: str = "ripple",
+    bound: bool = False,
 ) -> Any:
     """Compiled trial circuit.
 
     Inputs: ports ``g0..`` (garbler) and ``e0..`` (evaluator) of widths ``params.port_widths``,
     one trial's random bits each (the circuit XORs them). Outputs: ``accept`` (1 bit, revealed
     to both) and ``z`` (``params.noise_bits``-bit two's-complement candidate, kept as labels by
-    default; ``z_reveal="both"`` for tests and plaintext audits).
+    default; ``z_reveal="both"`` for tests and plaintext audits). ``bound``: the ports are
+    carried inputs instead (each server's proved seed stream, spgc.privacy.seed_proof).
     """
-    return _build_cached(params, z_reveal, arithmetic)
+    return _build_cached(params, z_reveal, arithmetic, bound)
 
 
 def and_breakdown(params: SamplerParams) -> dict[str, int]:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 import garbled_core
+from garbled_core import ProofResult
 from garbled_core.discrete_gaussian import (
     DEFAULT_DISTANCE_LOG2,
     DEFAULT_SCHEDULE,
@@ -63,7 +64,7 @@ from spgc.protocol.modes import (
     SECURITY_NAMES,
 )
 from spgc.protocol.sharing import ring_mask
-from spgc.servers.seed_binding import bound_random_ports, prove_round_seed
+from spgc.servers.seed_binding import bound_random_ports, prove_committed_seed
 from spgc.servers.spgc_circuit import (
     check_ring_bits,
     decode_signed,
@@ -375,20 +376,34 @@ def run_sampler(
     on_round: Callable[[RoundResult], None] | None = None,
     first_coordinate: int = 0,
     arithmetic: str | None = None,
+    commitments: tuple[ProofResult, ProofResult] | None = None,
 ) -> SamplerStats:
     """Run the sampler's rounds for ``n`` coordinates (indices ``first_coordinate`` on, which
     address their randomness) on the link; ``on_round`` receives each round's accepted
     coordinates (0-based in this batch) with their kept noise (a ``Kept``) and trial indices.
-    ``arithmetic``: how the trial circuit is built (default the link's)."""
+    ``arithmetic``: how the trial circuit is built (default the link's). ``commitments``: both
+    servers' proved seeds (:func:`spgc.servers.seed_binding.prove_committed_seed`, security:
+    malicious): each stage's random ports are then the proved blocks of the two seed streams
+    (:func:`spgc.servers.seed_binding.bound_random_ports`), never bits a server enters."""
     role = _check_role(role)
     seed = check_seed(seed)
-    circuit = build_trial_circuit(params, arithmetic=arithmetic or link.arithmetic)
+    circuit = build_trial_circuit(
+        params, arithmetic=arithmetic or link.arithmetic, bound=commitments is not None
+    )
     prefix = _PORT_PREFIX[role]
     stats = SamplerStats()
 
     def run_stage(segments: list[TrialSegment]) -> tuple[np.ndarray, Any]:
-        inputs = expand_segments(seed, segments, params.port_widths, prefix, first_coordinate)
-        out = link.session.run(circuit, inputs, {}, segment_instances(segments))
+        m = segment_instances(segments)
+        if commitments is None:
+            inputs = expand_segments(seed, segments, params.port_widths, prefix, first_coordinate)
+            out = link.session.run(circuit, inputs, {}, m)
+        else:
+            layout = segments_layout(segments, len(params.port_widths), first_coordinate)
+            carried = bound_random_ports(
+                link.session, role, commitments, layout, params.port_widths
+            )
+            out = link.session.run(circuit, {}, carried, m)
         return out["accept"], out["z"]
 
     rounds = run_sampler_stages(link, n, schedule, run_stage, stats, first_coordinate)
@@ -724,7 +739,7 @@ def _aggregate_fused(
         params, ring_bits, width, field=field_inputs, max_depth=link.trial_depth, bound=bound
     )
     # Both seeds proved before any input enters a run (its commitment, then each run's blocks).
-    commitments = prove_round_seed(link.session, seed_binding, seed) if seed_binding else None
+    commitments = prove_committed_seed(link.session, seed_binding, seed) if seed_binding else None
     mask = ring_mask(width)
     nbytes = (width + 7) // 8
     prefix = _PORT_PREFIX[role]
@@ -799,12 +814,17 @@ def noise_shares_range(
     ring_bits: int,
     schedule: Sequence[int],
     field_modulus: int | None = None,
+    seed_binding: SeedBinding | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One lane of a block of preprocessed noise (:func:`servers.noise_pool.produce_noise_shares`,
     checked and seed-claimed there): samples ``first_coordinate`` on, as additive shares in
     Z_{2^L}. H1's are -r with r its fresh mask from ``os.urandom``, H2's u = z + r (the circuit
     reveals u to H2 only). ``field_modulus`` p (verified inputs): the same mod p, r uniform in
-    [0, p). Returns (shares of the range, info with the link's ``counters``)."""
+    [0, p). ``seed_binding`` (security: malicious; both servers pass one or neither): both
+    prove their block seeds first, and every trial reads the proved streams. Returns (shares of
+    the range, info with the link's ``counters``)."""
+    if seed_binding is not None and link.security != "malicious":
+        raise ValueError("seed proofs run on authenticated links only (security: malicious)")
     before = link.counters()
     gmw = hasattr(link.session, "layers_used")  # GMW and the authenticated backends count exchanges
     trips = int(link.channel.round_trips)  # counted by the engine's channel
@@ -834,12 +854,16 @@ def noise_shares_range(
             u = np.asarray(out["u"], dtype=np.uint64)
             shares[where] = u if field_modulus is not None else u & mask
 
+    # Both seeds proved before any trial runs, once for the lane's session.
+    commitments = (
+        prove_committed_seed(link.session, seed_binding, seed) if seed_binding and n else None
+    )
     info: dict[str, Any] = {"rounds": 0, "trials": 0}
     for lo, hi in range_batches(n, link.range_align):
         stats = run_sampler(
             role, link, hi - lo, seed, params, schedule,
             lambda result, lo=lo: finish(result, lo), first_coordinate + lo,
-            PRODUCTION_ARITHMETIC,
+            PRODUCTION_ARITHMETIC, commitments,
         )  # fmt: skip
         info["rounds"] = max(info["rounds"], stats.rounds)
         info["trials"] += stats.trials

@@ -20,7 +20,8 @@ Storage (:class:`NoisePool`, one directory per server, mode 0700, files 0600)::
     pool.json               file format, parameters the samples were made for (sigma, L, ...)
     block-00000007.bin      n little-endian uint64 shares; used ones overwritten with zeros
     block-00000007.sums     SHA-256 of each chunk of CHUNK_SAMPLES samples, 32 bytes a chunk
-    block-00000007.json     {"index", "block_id", "count", "chunk_samples"}: the commit record
+    block-00000007.json     {"index", "block_id", "count", "chunk_samples"}: the commit record,
+                            with both servers' "seed_commitments" under security: malicious
     cursor.json             {"block", "offset"}: the first unused sample
     consumed.log            one JSON line per consumed run of samples (round, block, offset, count)
 
@@ -62,8 +63,10 @@ import numpy as np
 from garbled_core.discrete_gaussian import DEFAULT_DISTANCE_LOG2, DEFAULT_SCHEDULE, derive_params
 from spgc.common.durable import write_atomically
 from spgc.common.lanes import lane_ranges, run_lanes
+from spgc.privacy.seed_proof import SeedBinding
 from spgc.servers.gc_party import claim_seed, merge_part_infos, resolve_lanes
 from spgc.servers.spgc_circuit import check_ring_bits, noise_share_circuit
+from spgc.wire.digests import POOL_BLOCK_ID_BYTES
 
 __all__ = [
     "BLOCK_ID_BYTES",
@@ -77,7 +80,7 @@ __all__ = [
     "reconcile",
 ]
 
-BLOCK_ID_BYTES = 16
+BLOCK_ID_BYTES = POOL_BLOCK_ID_BYTES  # H1's random id of a block
 _FORMAT = 2  # 2: per-chunk hashes in .sums, used samples zeroed (1: one hash per block)
 MAX_BLOCK_SAMPLES = 1 << 24  # 128 MiB of shares per block file
 CHUNK_SAMPLES = 1024  # samples per hashed chunk: a read checks 8 KiB pieces, not the whole block
@@ -104,6 +107,7 @@ def produce_noise_shares(
     distance_log2: float = DEFAULT_DISTANCE_LOG2,
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     field_modulus: int | None = None,
+    seed_binding: SeedBinding | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """One server's side of producing ``n`` noise samples as additive shares in Z_{2^L} (with
     ``field_modulus`` p, verified inputs: in F_p, the sums being field shares).
@@ -114,7 +118,10 @@ def produce_noise_shares(
     ``seed`` this server's fresh 32-byte sampler seed (refused if used before). Returns (shares,
     counters): H1's shares are -r mod 2^L, H2's u = z + r mod 2^L, uint64; their sum is the
     noise the plaintext sampler gives for the same two seeds, whatever the number of lanes
-    (noise is addressed by sample index).
+    (noise is addressed by sample index). ``seed_binding`` (security: malicious; both servers
+    pass one or neither): each lane first proves ``seed`` against this server's commitment and
+    checks the peer's (:class:`spgc.privacy.seed_proof.SeedProofError` on a mismatch), and
+    every trial reads the two proved seed streams.
     """
     ring_bits = check_ring_bits(ring_bits)
     if n < 0:
@@ -132,6 +139,7 @@ def produce_noise_shares(
         return lambda: lanes[i].noise_shares_range(
             role=role, n=hi - lo, first_coordinate=lo, seed=seed, params=params,
             ring_bits=ring_bits, schedule=schedule, field_modulus=field_modulus,
+            seed_binding=seed_binding,
         )  # fmt: skip
 
     parts = run_lanes(
@@ -494,9 +502,17 @@ class NoisePool:
 
     # ------------------------------------------------------------------ changes
 
-    def add_block(self, index: int, block_id: bytes, shares: np.ndarray) -> PoolBlock:
+    def add_block(
+        self,
+        index: int,
+        block_id: bytes,
+        shares: np.ndarray,
+        seed_commitments: dict[str, bytes] | None = None,
+    ) -> PoolBlock:
         """Store a produced block. Its index must come after every block held and the cursor
         (H1 numbers the blocks; after a reconciliation H2 may have skipped an orphan's index).
+        ``seed_commitments`` (security: malicious): both servers' proved seed commitments of
+        the run, by role ("h1", "h2"), kept in the block's commit record for an audit.
         The files are written without the pool's lock (a round may take samples meanwhile);
         one thread adds blocks."""
         self._check_order(index)
@@ -516,6 +532,8 @@ class NoisePool:
             "count": len(shares),
             "chunk_samples": CHUNK_SAMPLES,
         }
+        if seed_commitments:
+            meta["seed_commitments"] = {k: v.hex() for k, v in sorted(seed_commitments.items())}
         write_atomically(self._json(index), json.dumps(meta, sort_keys=True).encode())
         block = PoolBlock(index, bytes(block_id), len(shares))
         with self._lock:

@@ -42,6 +42,7 @@ from spgc.servers.noise_pool import (
 )
 from spgc.servers.norm_checks import round_coin
 from spgc.servers.pool_sync import (
+    BlockSeed,
     adopt_peer_pool,
     pool_state_message,
     produce_pool_run,
@@ -542,7 +543,14 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                         f"a noise block has a {BLOCK_ID_BYTES}-byte id and 1..{MAX_BLOCK_SAMPLES} "
                         "samples"
                     )
-                self._noise_job = _NoiseJob(block, self._own_link(), state)
+                seed = BlockSeed(state, block)
+                try:
+                    seed.bind(request)  # H1's commitment first, then this server's answered
+                except PeerMismatchError as exc:
+                    raise FailedPreconditionError(str(exc)) from None
+                if seed.proved:
+                    out.seed.CopyFrom(seed.message())
+                self._noise_job = _NoiseJob(block, self._own_link(), state, seed)
             return out
         if step != peer_pb2.NoiseBlock.STEP_FINISH:
             raise FailedPreconditionError(f"unknown noise-block step {step}")
@@ -556,7 +564,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         if job.error is not None:
             raise FailedPreconditionError(f"noise block {block.index} failed: {job.error}")
         with self._lock:
-            state.pool.add_block(block.index, bytes(block.block_id), job.shares)
+            state.pool.add_block(
+                block.index, bytes(block.block_id), job.shares, job.seed.commitments()
+            )
             state.offline_bytes += job.bytes
         return out
 
@@ -842,9 +852,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
 class _NoiseJob:
     """H2's side of producing one noise block, run in a thread while H1 garbles."""
 
-    def __init__(self, block: peer_pb2.PoolBlock, link: Any, state: ServerState) -> None:
+    def __init__(
+        self, block: peer_pb2.PoolBlock, link: Any, state: ServerState, seed: BlockSeed
+    ) -> None:
         self.block = peer_pb2.PoolBlock()
         self.block.CopyFrom(block)
+        self.seed = seed
         self.shares: Any = None
         self.bytes = 0
         self.error: BaseException | None = None
@@ -855,7 +868,9 @@ class _NoiseJob:
 
     def _run(self, link: Any, state: ServerState) -> None:
         try:
-            self.shares, _ = produce_pool_run("evaluator", state, link, self.block.count)
+            self.shares, _ = produce_pool_run(
+                "evaluator", state, link, self.block.count, self.seed
+            )
         except PeerDeviatedError as exc:  # H1 caught: nothing stored, the run aborted
             self.error = exc
         except garbled_core.ChannelError as exc:  # the link to H1 broke: H1 is gone

@@ -17,10 +17,12 @@ from typing import Any
 
 import garbled_core
 from spgc.common.progress import Progress
+from spgc.privacy.noise import SEED_BYTES
+from spgc.privacy.seed_proof import SeedBinding
 from spgc.protocol.modes import DEFAULT_SECURITY
 from spgc.servers.deviation import NOISE_PRODUCTION, abort_round
 from spgc.servers.errors import PeerMismatchError
-from spgc.servers.faults import fault_point
+from spgc.servers.faults import fault_point, swapped_seed
 from spgc.servers.noise_pool import (
     BLOCK_ID_BYTES,
     PoolBlock,
@@ -37,8 +39,8 @@ from spgc.settings.backend_choice import (
     cost_tables,
     production_costs,
 )
+from spgc.wire import POOL_SEED_COMMITMENT_SCHEME, peer_pb2, peer_pb2_grpc, pool_seed_commitment
 from spgc.wire import aggregation_pb2 as pb
-from spgc.wire import peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -221,16 +223,86 @@ class RunSizer:
         )
 
 
-def produce_pool_run(role: str, state: ServerState, link: Any, count: int) -> tuple[Any, Any]:
+class BlockSeed:
+    """This server's fresh seed for one production run of the pool, and under ``security:
+    malicious`` its commitment ("sha256-pool-v1", sent in NoiseBlock.seed) and, once the peer's
+    has come, the binding both servers prove in the run (spgc.privacy.seed_proof)."""
+
+    def __init__(self, state: ServerState, block: peer_pb2.PoolBlock) -> None:
+        self.state, self.block = state, block
+        self.seed = os.urandom(SEED_BYTES)
+        self.proved = state.plan.cfg.security == "malicious"
+        self.commitment = (
+            pool_seed_commitment(
+                state.run_id, block.index, bytes(block.block_id), state.role, self.seed
+            )
+            if self.proved
+            else b""
+        )
+        self.binding: SeedBinding | None = None
+
+    def message(self) -> peer_pb2.SeedCommitment | None:
+        """The commitment as it rides in NoiseBlock.seed (None: seeds not proved)."""
+        if not self.proved:
+            return None
+        return peer_pb2.SeedCommitment(
+            run_id=self.state.run_id, round=self.block.index, role=self.state.role,
+            scheme=POOL_SEED_COMMITMENT_SCHEME, commitment=self.commitment,
+        )  # fmt: skip
+
+    def bind(self, msg: peer_pb2.NoiseBlock) -> None:
+        """Take the peer's commitment from its NoiseBlock (PeerMismatchError when it is missing
+        or not of this block)."""
+        if not self.proved:
+            return
+        theirs = msg.seed
+        peer_role = pb.SERVER_ROLE_H2 if self.state.role == pb.SERVER_ROLE_H1 else pb.SERVER_ROLE_H1
+        if (
+            not msg.HasField("seed")
+            or theirs.round != self.block.index
+            or theirs.role != peer_role
+            or theirs.scheme != POOL_SEED_COMMITMENT_SCHEME
+            or len(theirs.commitment) != 32
+        ):
+            raise PeerMismatchError(
+                f"noise block {self.block.index}: no {POOL_SEED_COMMITMENT_SCHEME} seed "
+                "commitment of 32 bytes for this block from the other server (security: "
+                "malicious proves every production seed)"
+            )
+        self.binding = SeedBinding(
+            self.state.run_id, self.block.index, self.state.role, peer_role,
+            bytes(theirs.commitment), bytes(self.block.block_id),
+        )  # fmt: skip
+        log.info(
+            "noise block %d: seed commitments h%d %s..., h%d %s...",
+            self.block.index, self.state.role, self.commitment.hex()[:16], peer_role,
+            bytes(theirs.commitment).hex()[:16],
+        )  # fmt: skip
+
+    def commitments(self) -> dict[str, bytes] | None:
+        """Both commitments by role, for the block's commit record (None: seeds not proved)."""
+        b = self.binding
+        if b is None:
+            return None
+        return {f"h{b.role}": self.commitment, f"h{b.peer_role}": b.peer_commitment}
+
+
+def produce_pool_run(
+    role: str, state: ServerState, link: Any, count: int, seed: BlockSeed
+) -> tuple[Any, Any]:
     """This server's side (``role``) of one production run of ``count`` noise samples for its
-    pool on ``link``, from a fresh seed: (shares, info) of produce_noise_shares. A deviation
-    its engine catches aborts the run (servers.deviation: nothing of the run is stored) and
+    pool on ``link``, from its fresh block ``seed`` (proved against its commitment when the
+    seed has a binding): (shares, info) of produce_noise_shares. A deviation its engine or the
+    seed proof catches aborts the run (servers.deviation: nothing of the run is stored) and
     raises PeerDeviatedError."""
     pool = state.pool
+    if seed.proved and seed.binding is None:
+        raise ValueError("security: malicious proves every production seed: bind it first")
     try:
         made = produce_noise_shares(
-            role, link, count, pool.sigma_units, pool.ring_bits, os.urandom(32),
-            field_modulus=pool.field_modulus,
+            role, link, count, pool.sigma_units, pool.ring_bits,
+            swapped_seed(seed.seed, state.round),  # the seed, unless a test cheats
+            field_modulus=pool.field_modulus, seed_binding=seed.binding,
         )  # fmt: skip
         fault_point("pool-peer-deviated", state.round)
     except garbled_core.PeerDeviated as exc:
@@ -315,14 +387,19 @@ class NoiseProducer:
             step=peer_pb2.NoiseBlock.STEP_START,
             block=block,
         )
+        seed = BlockSeed(self.state, block)
+        if seed.proved:
+            msg.seed.CopyFrom(seed.message())
         start = time.perf_counter()
-        self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
+        answer = self.peer.ProduceNoise(msg, timeout=RPC_SLACK)
         self.sizer.observe_call(time.perf_counter() - start)
-        shares, info = produce_pool_run("garbler", self.state, self.link, count)
+        seed.bind(answer)
+        shares, info = produce_pool_run("garbler", self.state, self.link, count, seed)
         self.state.offline_bytes += info["sent"] + info["received"]
         msg.step = peer_pb2.NoiseBlock.STEP_FINISH
+        msg.ClearField("seed")
         self.peer.ProduceNoise(msg, timeout=RPC_SLACK + cfg.pool_wait)
-        self.pool.add_block(block.index, block.block_id, shares)
+        self.pool.add_block(block.index, block.block_id, shares, seed.commitments())
         seconds = time.perf_counter() - start
         self.samples_made += count
         self.seconds += seconds

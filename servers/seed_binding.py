@@ -1,6 +1,7 @@
-"""A server's side of the round seed proofs (security: malicious, spgc.privacy.seed_proof):
-the commitment once a batch, then, for every run of the round's trial circuit, the blocks its
-random ports read, whose proved words become those ports (carried inputs)."""
+"""A server's side of the seed proofs (security: malicious, spgc.privacy.seed_proof), for a
+round of mode spgc or a production run of mode preprocessed's pool: the commitment once a
+batch, then, for every run of the trial circuit, the blocks its random ports read, whose proved
+words become those ports (carried inputs)."""
 
 from __future__ import annotations
 
@@ -18,25 +19,26 @@ from spgc.privacy.seed_proof import (
     expansion_statement,
 )
 
-__all__ = ["bound_random_ports", "prove_round_seed"]
+__all__ = ["bound_random_ports", "prove_committed_seed"]
 
 _PREFIX = {"garbler": "g", "evaluator": "e"}  # the trial circuit's random ports of each server
 
 
-def prove_round_seed(
+def prove_committed_seed(
     session: Any, binding: SeedBinding, seed: bytes
 ) -> tuple[ProofResult, ProofResult]:
     """Both servers at once: this one proves that SHA-256 of the commitment's prefix and ``seed``
     is the commitment it sent, and checks the peer's proof against the commitment the peer sent
     (:class:`SeedProofError` when it opens another). Returns (own, checked) results, whose kept
     seed the expansions read."""
-    mine = commitment_statement(binding.run_id, binding.round, binding.role, seed)
-    theirs = commitment_statement(binding.run_id, binding.round, binding.peer_role, None)
+    mine = commitment_statement(binding.prefix(binding.role), seed)
+    theirs = commitment_statement(binding.prefix(binding.peer_role), None)
     own, checked = session.prove(mine, theirs)
     opened = commitment_digest(checked)
     if opened != binding.peer_commitment:
+        what = "round" if binding.block_id is None else "noise block"
         raise SeedProofError(
-            f"round {binding.round}: the peer's seed proof opens commitment {opened.hex()[:16]}..."
+            f"{what} {binding.round}: the peer's seed proof opens commitment {opened.hex()[:16]}..."
             f", not the {binding.peer_commitment.hex()[:16]}... it sent: its noise inputs are not "
             "its committed seed's"
         )

@@ -33,7 +33,7 @@ import garbled_core
 from garbled_core import Circuit, CircuitBuilder, ProofResult
 from garbled_core.crypto_circuits import chacha_block, sha256_midstate, sha256_words
 from spgc.privacy.noise import SEED_BYTES, STREAM_ROUNDS, StreamLayout
-from spgc.wire.digests import seed_commitment_prefix
+from spgc.wire.digests import pool_seed_commitment_prefix, seed_commitment_prefix
 
 __all__ = [
     "STREAM_PORTS",
@@ -57,14 +57,24 @@ class SeedProofError(garbled_core.PeerDeviated):
 
 @dataclass(frozen=True)
 class SeedBinding:
-    """What a server needs to prove its round seed and check the peer's: the run, the round,
-    both ServerRole values and the commitment the peer sent (CosignRelease)."""
+    """What a server needs to prove its seed and check the peer's: the run, the round, both
+    ServerRole values and the commitment the peer sent (with the release statement). With
+    ``block_id``, the seed of one production run of mode preprocessed's pool instead: ``round``
+    is then the block's index, and the commitments are "sha256-pool-v1"
+    (:func:`spgc.wire.pool_seed_commitment`, sent in NoiseBlock.seed)."""
 
     run_id: str
     round: int
     role: int
     peer_role: int
     peer_commitment: bytes
+    block_id: bytes | None = None
+
+    def prefix(self, role: int) -> bytes:
+        """The public bytes ``role``'s commitment hashes before its seed."""
+        if self.block_id is None:
+            return seed_commitment_prefix(self.run_id, self.round, role)
+        return pool_seed_commitment_prefix(self.run_id, self.round, self.block_id, role)
 
 
 def _le_bytes(word: Any) -> Any:
@@ -119,19 +129,17 @@ def expansion_circuit() -> Circuit:
     return b.description().build()
 
 
-def commitment_statement(
-    run_id: str, round_number: int, role: int, seed: bytes | None
-) -> dict[str, Any]:
-    """Step 1 of a server's seed proof (``role`` a ServerRole value): the prover's statement
-    with its ``seed``, or the verifier's copy (``seed`` None)."""
-    prefix = seed_commitment_prefix(run_id, round_number, role)
+def commitment_statement(prefix: bytes, seed: bytes | None) -> dict[str, Any]:
+    """Step 1 of a server's seed proof, for the commitment's public ``prefix``
+    (:meth:`SeedBinding.prefix`): the prover's statement with its ``seed``, or the verifier's
+    copy (``seed`` None)."""
     hashed, rest = _split_prefix(len(prefix))
     state = sha256_midstate(prefix[:hashed])
     tail = prefix[hashed:]
     public = [state[2 * k] | state[2 * k + 1] << 32 for k in range(4)]
     public += [int.from_bytes(tail[8 * k : 8 * k + 8], "little") for k in range(-(-rest // 8))]
     if seed is not None and len(seed) != SEED_BYTES:
-        raise ValueError(f"a round seed has {SEED_BYTES} bytes")
+        raise ValueError(f"a noise seed has {SEED_BYTES} bytes")
     private = (
         [[int.from_bytes(seed[8 * k : 8 * k + 8], "little")] for k in range(SEED_PORTS)]
         if seed is not None

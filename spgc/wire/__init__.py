@@ -32,8 +32,12 @@ from spgc.wire._generated import (
     peer_pb2_grpc,
 )
 from spgc.wire.digests import (
+    POOL_BLOCK_ID_BYTES,
+    POOL_SEED_COMMITMENT_SCHEME,
     SEED_COMMITMENT_SCHEME,
     canonical_provider_set,
+    pool_seed_commitment,
+    pool_seed_commitment_prefix,
     provider_set_digest,
     seed_commitment,
     seed_commitment_prefix,
@@ -45,9 +49,11 @@ PROTOCOL_VERSION = 1
 #: Version of the two servers' protocol (PeerHello.protocol_version: the Peer service and the
 #: data link). 2: Peer.AgreeProviders streams pages (spgc.wire.pages), the round seeds expand
 #: with ChaCha8 and, under security: malicious, the servers prove them (spgc.privacy.seed_proof).
+#: 3: under security: malicious, mode preprocessed's production runs prove their seeds too,
+#: committed in NoiseBlock.seed.
 #: Servers of different versions refuse to pair, naming both, where they would otherwise fail
 #: at their first round or replay each other's noise wrongly in an audit.
-PEER_PROTOCOL_VERSION = 2
+PEER_PROTOCOL_VERSION = 3
 
 #: Fully qualified service names (for health checks and logs).
 AGGREGATOR_SERVICE = aggregation_pb2.DESCRIPTOR.services_by_name["Aggregator"].full_name
@@ -57,6 +63,8 @@ __all__ = [
     "AGGREGATOR_SERVICE",
     "PEER_PROTOCOL_VERSION",
     "PEER_SERVICE",
+    "POOL_BLOCK_ID_BYTES",
+    "POOL_SEED_COMMITMENT_SCHEME",
     "PROTOCOL_VERSION",
     "SEED_COMMITMENT_SCHEME",
     "aggregation_pb2",
@@ -64,6 +72,8 @@ __all__ = [
     "canonical_provider_set",
     "peer_pb2",
     "peer_pb2_grpc",
+    "pool_seed_commitment",
+    "pool_seed_commitment_prefix",
     "provider_set_digest",
     "seed_commitment",
     "seed_commitment_prefix",

@@ -20,6 +20,14 @@ MIN_SEED_BYTES = 32
 
 _SEED_DOMAIN = b"spgc.v1.seed-commitment\x00"
 
+#: Scheme name carried in SeedCommitment.scheme for :func:`pool_seed_commitment`.
+POOL_SEED_COMMITMENT_SCHEME = "sha256-pool-v1"
+
+_POOL_SEED_DOMAIN = b"spgc.v1.pool-seed-commitment\x00"
+
+#: Bytes of a noise-pool block's id (H1's random id, PoolBlock.block_id).
+POOL_BLOCK_ID_BYTES = 16
+
 
 def vector_sha256(vec: np.ndarray) -> bytes:
     """SHA-256 of a 1-D vector's little-endian bytes (ModelHeader.sha256, ShareHeader.sha256).
@@ -67,6 +75,31 @@ def seed_commitment_prefix(run_id: str, round_number: int, role: int) -> bytes:
     if "\x00" in run_id:
         raise ValueError("run_id must not contain NUL")
     return _SEED_DOMAIN + run_id.encode("utf-8") + b"\x00" + struct.pack(">QB", round_number, role)
+
+
+def pool_seed_commitment_prefix(
+    run_id: str, block_index: int, block_id: bytes, role: int
+) -> bytes:
+    """The bytes a "sha256-pool-v1" commitment hashes before the seed of one production run of
+    mode preprocessed's noise pool (:func:`pool_seed_commitment`): "spgc.v1.pool-seed-commitment"
+    0x00 || run_id 0x00 || block index as 8 bytes big-endian || role || the block's 16-byte id.
+    Its own domain: a pool seed's commitment never reads as a round's."""
+    if len(block_id) != POOL_BLOCK_ID_BYTES:
+        raise ValueError(f"a pool block's id has {POOL_BLOCK_ID_BYTES} bytes, got {len(block_id)}")
+    tail = seed_commitment_prefix(run_id, block_index, role)[len(_SEED_DOMAIN) :]
+    return _POOL_SEED_DOMAIN + tail + bytes(block_id)
+
+
+def pool_seed_commitment(
+    run_id: str, block_index: int, block_id: bytes, role: int, seed: bytes
+) -> bytes:
+    """The "sha256-pool-v1" commitment of a server's seed for one noise-pool block
+    (NoiseBlock.seed): SHA-256 of :func:`pool_seed_commitment_prefix` || seed, the seed as
+    :func:`seed_commitment` takes it."""
+    if len(seed) < MIN_SEED_BYTES:
+        raise ValueError(f"seed must be at least {MIN_SEED_BYTES} bytes, got {len(seed)}")
+    prefix = pool_seed_commitment_prefix(run_id, block_index, block_id, role)
+    return hashlib.sha256(prefix + bytes(seed)).digest()
 
 
 def seed_commitment(run_id: str, round_number: int, role: int, seed: bytes) -> bytes:

@@ -88,6 +88,9 @@ def test_a_malicious_run_trains_to_its_end(tmp_path: Path, backend: str, mode: s
     done = _account(state / "h1" / "ledger.jsonl", state / "h2" / "ledger.jsonl")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count(f"mode {mode}, backend {backend}, security malicious") == 2
+    if mode == "preprocessed":  # every production seed committed (and proved) on both sides
+        for name in ("h1", "h2"):
+            assert "noise block 0: seed commitments h" in (work / f"{name}.log").read_text()
 
 
 @pytest.mark.parametrize(
@@ -187,6 +190,38 @@ def test_a_deviation_caught_in_noise_production_aborts_the_run(
     done = _account(state / catcher / "ledger.jsonl")
     assert done.returncode == 0, done.stderr
     assert "aborted at round 0: the peer deviated (check: noise production: " in done.stdout
+
+
+@pytest.mark.parametrize("backend", ["gmw", "gc"])
+def test_a_server_that_proves_another_seed_in_noise_production_is_caught(
+    tmp_path: Path, backend: str
+) -> None:
+    """Mode preprocessed under security: malicious proves every production seed too:
+    ``cheat-seed:0`` makes H1 enter, and prove, a fresh seed in the fill before round 0 instead
+    of the one whose "sha256-pool-v1" commitment it sent with the block. H2's check of the seed
+    proof catches it before the run's first trial: it stores no noise, releases nothing, and
+    its ledger ends with the abort naming noise production and the commitment check."""
+    server_cfgs, provider_cfgs = _configs(tmp_path, backend, "malicious", "preprocessed")
+    work, state = tmp_path / "work", tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
+    logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
+    cheat = {"h1": {"SPGC_FAULT_INJECT": "cheat-seed:0"}}
+    servers = _start_all("spgc.servers", server_cfgs, env, cheat)
+    providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
+    try:
+        assert _wait(servers["h2"], 240, "h2", logs) == 1
+        assert _wait(servers["h1"], 90, "h1", logs) == 1  # told at its next call
+    finally:
+        _stop([*servers.values(), *providers])
+    report = verify_ledger(state / "h2" / "ledger.jsonl")
+    assert report.abort is not None and report.abort["round"] == 0
+    assert report.abort["check"].startswith("noise production: noise block 0: ")
+    assert "not its committed seed" in report.abort["check"]
+    assert report.abort["evidence"] == "transcript"
+    assert (report.steps, report.released) == (0, 0)
+    assert not list((state / "h2").glob("**/block-*.json"))  # no noise of the run stored
+    summary = json.loads((work / "h2-summary.json").read_text())
+    assert summary["model_version"] == 0 and not summary["finished"]
 
 
 @pytest.mark.parametrize(

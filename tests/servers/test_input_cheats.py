@@ -40,8 +40,9 @@ from spgc.privacy.noise import derive_params, sample_noise_plain
 from spgc.privacy.seed_proof import SeedBinding, SeedProofError
 from spgc.servers import gc_party
 from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
+from spgc.servers.noise_pool import produce_noise_shares
 from spgc.wire import aggregation_pb2 as pb
-from spgc.wire.digests import seed_commitment
+from spgc.wire.digests import pool_seed_commitment, seed_commitment
 
 Ports = dict[str, np.ndarray]
 #: What a cheating H1 enters instead of its seed's expansion: f(honest ports, the run's
@@ -168,6 +169,14 @@ def _bindings(run_id: str, t: int, c1: bytes, c2: bytes):
     """Each server's SeedBinding: the peer's commitment as it sent it."""
     h1, h2 = pb.SERVER_ROLE_H1, pb.SERVER_ROLE_H2
     return SeedBinding(run_id, t, h1, h2, c2), SeedBinding(run_id, t, h2, h1, c1)
+
+
+def links_semi_honest(two_party):
+    tp = two_party()
+    return (
+        PartyLink.open("garbler", tp.garbler_channel, backend="gmw"),
+        PartyLink.open("evaluator", tp.evaluator_channel, backend="gmw"),
+    )
 
 
 def _malicious_links(two_party, backend: str):
@@ -304,3 +313,111 @@ def test_a_round_that_cannot_prove_its_seeds_is_refused_not_run_unbound(two_part
     with pytest.raises(ValueError, match="seed proofs run in mode spgc's fused round"):
         run_aggregate("garbler", lg, shares, None, None, 16, "only-mpc", seed_binding=binding)
     assert lg.counters() == before  # nothing sent
+
+
+# ------------------------------------------------ mode preprocessed's production, bound too
+
+
+def _pool_bindings(run_id: str, index: int, block_id: bytes, c1: bytes, c2: bytes):
+    h1, h2 = pb.SERVER_ROLE_H1, pb.SERVER_ROLE_H2
+    return (
+        SeedBinding(run_id, index, h1, h2, c2, block_id),
+        SeedBinding(run_id, index, h2, h1, c1, block_id),
+    )
+
+
+def _bound_production(lg, le, n, s1_entered, s2, bindings, sigma, ring_bits):
+    """Both servers' sides of one production run with seed proofs: H1 enters (and proves)
+    ``s1_entered``. Returns (H1's outcome, H2's outcome), each (shares, info) or the exception
+    it raised."""
+    b1, b2 = bindings
+
+    def h1():
+        return produce_noise_shares(
+            "garbler", lg, n, sigma, ring_bits, s1_entered, seed_binding=b1
+        )
+
+    side = Background(h1)
+    try:
+        h2 = produce_noise_shares("evaluator", le, n, sigma, ring_bits, s2, seed_binding=b2)
+    except Exception as exc:
+        h2 = exc
+        le.channel.close()
+    try:
+        first = side.result(timeout=300)
+    except Exception as exc:
+        first = exc
+    return first, h2
+
+
+@pytest.mark.parametrize("backend", ["gmw", "gc"])
+def test_production_with_seed_proofs_makes_the_committed_seeds_noise_and_catches_a_false_seed(
+    two_party, backend
+):
+    """Mode preprocessed's production under security: malicious: the block's shares add up to
+    exactly the plaintext sampler's noise of the two committed seeds (its trials read the
+    proved streams), and a server that proves and enters another seed than its
+    "sha256-pool-v1" commitment is caught by the other before any trial of the run."""
+    ring_bits, sigma, n = 24, 50.0, 300
+    block_id = os.urandom(16)
+    s1, s2 = os.urandom(32), os.urandom(32)
+    c1 = pool_seed_commitment("run-p", 3, block_id, 1, s1)
+    c2 = pool_seed_commitment("run-p", 3, block_id, 2, s2)
+    assert c1 != seed_commitment("run-p", 3, 1, s1)  # its own domain: never a round's
+    lg, le = _malicious_links(two_party, backend)
+    bindings = _pool_bindings("run-p", 3, block_id, c1, c2)
+    (neg_r, _), (u, _) = _bound_production(lg, le, n, s1, s2, bindings, sigma, ring_bits)
+    full = 1 << ring_bits
+    total = [(int(a) + int(b)) % full for a, b in zip(neg_r, u, strict=True)]
+    z = sample_noise_plain(s1, s2, n, sigma, spares_every=lg.spares_every)
+    assert [v - full if v >= full // 2 else v for v in total] == z.tolist()
+    assert le.session.ands_proved > 0 and lg.session.ands_proved == le.session.ands_proved
+
+    # H1 committed to s1 but proves and enters s1': H2 refuses before the run's first trial
+    s1, s2 = os.urandom(32), os.urandom(32)
+    c1 = pool_seed_commitment("run-p", 4, block_id, 1, s1)
+    c2 = pool_seed_commitment("run-p", 4, block_id, 2, s2)
+    lg, le = _malicious_links(two_party, backend)
+    runs_before = le.session.runs
+    first, caught = _bound_production(
+        lg, le, n, os.urandom(32), s2, _pool_bindings("run-p", 4, block_id, c1, c2), sigma,
+        ring_bits,
+    )  # fmt: skip
+    assert isinstance(caught, SeedProofError), caught
+    assert "noise block 4" in str(caught) and "not its committed seed" in str(caught)
+    assert le.session.runs == runs_before
+    assert isinstance(first, Exception)
+
+    # the adaptive cheat once the seed is proved: H1 binds its ports to other proved words of
+    # its own stream; H2's keys are of the layout's words, so the run's MAC check catches it
+    real = gc_party.bound_random_ports
+
+    def rebound(session, role, commitments, layout, widths):
+        if role == "garbler":
+            layout = noise.StreamLayout(
+                layout.counters, layout.nonces, layout.block, (layout.word + 1) % 8
+            )
+        return real(session, role, commitments, layout, widths)
+
+    s1, s2 = os.urandom(32), os.urandom(32)
+    c1 = pool_seed_commitment("run-p", 5, block_id, 1, s1)
+    c2 = pool_seed_commitment("run-p", 5, block_id, 2, s2)
+    lg, le = _malicious_links(two_party, backend)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gc_party, "bound_random_ports", rebound)
+        _, caught = _bound_production(
+            lg, le, n, s1, s2, _pool_bindings("run-p", 5, block_id, c1, c2), sigma, ring_bits
+        )
+    assert isinstance(caught, garbled_core.PeerDeviated), caught
+    assert not isinstance(caught, SeedProofError)  # the run's own check caught it
+
+
+def test_production_refuses_seed_proofs_on_a_link_that_cannot_check_them(two_party):
+    """A binding asked of a semi-honest link is refused before a byte, never run unbound."""
+    lg, _ = links_semi_honest(two_party)
+    c = pool_seed_commitment("run-q", 1, bytes(16), 2, os.urandom(32))
+    binding = SeedBinding("run-q", 1, 1, 2, c, bytes(16))
+    sent = lg.channel.bytes_sent
+    with pytest.raises(ValueError, match="authenticated links only"):
+        produce_noise_shares("garbler", lg, 10, 50.0, 24, os.urandom(32), seed_binding=binding)
+    assert lg.channel.bytes_sent == sent

@@ -118,7 +118,7 @@ class PoolState(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., sigma_units: _Optional[float] = ..., ring_bits: _Optional[int] = ..., cursor_block: _Optional[int] = ..., cursor_offset: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[PoolBlock, _Mapping]]] = ...) -> None: ...
 
 class NoiseBlock(_message.Message):
-    __slots__ = ("run_id", "role", "step", "block", "reason")
+    __slots__ = ("run_id", "role", "step", "block", "reason", "seed")
     class Step(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STEP_UNSPECIFIED: _ClassVar[NoiseBlock.Step]
@@ -134,12 +134,14 @@ class NoiseBlock(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     role: _aggregation_pb2.ServerRole
     step: NoiseBlock.Step
     block: PoolBlock
     reason: str
-    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    seed: SeedCommitment
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[_Union[_aggregation_pb2.ServerRole, str]] = ..., step: _Optional[_Union[NoiseBlock.Step, str]] = ..., block: _Optional[_Union[PoolBlock, _Mapping]] = ..., reason: _Optional[str] = ..., seed: _Optional[_Union[SeedCommitment, _Mapping]] = ...) -> None: ...
 
 class ProviderSet(_message.Message):
     __slots__ = ("run_id", "round", "role", "providers", "digest", "min_providers", "vector_ids", "norm_verifiers", "verify_coin", "release", "pages")
