@@ -90,7 +90,7 @@ from spgc.servers.spgc_circuit import (
 )
 from spgc.settings.config import ServerConfig
 from spgc.wire import aggregation_pb2 as pb
-from spgc.wire.digests import seed_commitment
+from spgc.wire.digests import POOL_BLOCK_ID_BYTES, pool_seed_commitment, seed_commitment
 
 __all__ = [
     "DATASETS",
@@ -296,17 +296,33 @@ def _gmw_extra(ctx: CommContext, n: int) -> dict[str, Any]:
     }
 
 
-def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
-    seeds = {"garbler": os.urandom(32), "evaluator": os.urandom(32)}  # fresh, as a round's
-    # Under security: malicious the daemons prove their seeds (spgc.privacy.seed_proof): so
-    # does the bench, against commitments made as the release makes them.
+def _seed_bindings(
+    ctx: CommContext, seeds: dict[str, bytes], block_id: bytes | None = None
+) -> dict[str, SeedBinding | None]:
+    """Under security: malicious the daemons prove their seeds (spgc.privacy.seed_proof): so
+    does the bench, against commitments made as the daemons make them (a round's, or with
+    ``block_id`` a pool block's). None for each side otherwise."""
     bindings: dict[str, SeedBinding | None] = {"garbler": None, "evaluator": None}
     assert ctx.links is not None
-    if ctx.links[0].security == "malicious":
-        roles = {"garbler": pb.SERVER_ROLE_H1, "evaluator": pb.SERVER_ROLE_H2}
-        made = {who: seed_commitment(BENCH_RUN_ID, 0, roles[who], seeds[who]) for who in seeds}
-        for who, peer in (("garbler", "evaluator"), ("evaluator", "garbler")):
-            bindings[who] = SeedBinding(BENCH_RUN_ID, 0, roles[who], roles[peer], made[peer])
+    if ctx.links[0].security != "malicious":
+        return bindings
+    roles = {"garbler": pb.SERVER_ROLE_H1, "evaluator": pb.SERVER_ROLE_H2}
+    made = {
+        who: seed_commitment(BENCH_RUN_ID, 0, roles[who], seeds[who])
+        if block_id is None
+        else pool_seed_commitment(BENCH_RUN_ID, 0, block_id, roles[who], seeds[who])
+        for who in seeds
+    }
+    for who, peer in (("garbler", "evaluator"), ("evaluator", "garbler")):
+        bindings[who] = SeedBinding(
+            BENCH_RUN_ID, 0, roles[who], roles[peer], made[peer], block_id
+        )
+    return bindings
+
+
+def _measure_spgc(ctx: CommContext, sigma: float, n: int) -> Measurement:
+    seeds = {"garbler": os.urandom(32), "evaluator": os.urandom(32)}  # fresh, as a round's
+    bindings = _seed_bindings(ctx, seeds)
 
     def party(role: str) -> Callable[[Any], Any]:
         p = ctx.field_modulus
@@ -402,9 +418,13 @@ def _measure_preprocessed(ctx: CommContext, sigma: float, n: int) -> Measurement
 
     ring = preprocessed_ring_bits(ctx, sigma)
 
+    seeds = {"garbler": os.urandom(32), "evaluator": os.urandom(32)}  # fresh, as a block's
+    bindings = _seed_bindings(ctx, seeds, bytes(POOL_BLOCK_ID_BYTES))
+
     def offline(role: str) -> Callable[[Any], Any]:
-        seed = os.urandom(32)
-        return lambda link: produce_noise_shares(role, link, n, sigma, ring, seed)
+        return lambda link: produce_noise_shares(
+            role, link, n, sigma, ring, seeds[role], seed_binding=bindings[role]
+        )
 
     pool: dict[str, Any] = {}
 
@@ -416,6 +436,7 @@ def _measure_preprocessed(ctx: CommContext, sigma: float, n: int) -> Measurement
         return go
 
     off_s, off_phases, info = _run_pair(ctx, keep("garbler"), keep("evaluator"))
+    proved = ctx.last_proved  # the online exchange below proves nothing
 
     def online(role: int, name: str) -> Callable[[Any], Any]:
         share = _random_shares(n, ring)
@@ -434,6 +455,8 @@ def _measure_preprocessed(ctx: CommContext, sigma: float, n: int) -> Measurement
         "online_bytes_per_coordinate": phases["opened"] / n,
         "online_seconds_measured": on_s,
     }
+    if proved:
+        extra["proved_and_gates_per_coordinate"] = proved / n
     return Measurement(n, phases, off_s + on_s, 0.0, extra)
 
 

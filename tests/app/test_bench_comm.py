@@ -367,6 +367,21 @@ def test_security_malicious_rows_run_authenticated_garbling(capsys) -> None:
     assert row["round_trips"] <= 7 * row["rounds"] + 12 + 3 + 4 * row["rounds"]
 
 
+def test_security_malicious_preprocessed_rows_prove_the_production_seeds(capsys) -> None:
+    """Mode preprocessed under --security malicious: the production run proves both seeds as
+    the daemons do (a pool block's commitment, then a ChaCha8 block or two a sample), and the
+    online round stays one ring element each way (16 bytes a coordinate)."""
+    rc = bench_comm.run(
+        "cancer", [8.0], modes=["preprocessed"], as_json=True, backend="gmw",
+        security="malicious", coordinates=16,
+    )  # fmt: skip
+    assert rc == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    proved = row["proved_and_gates_per_coordinate"]
+    assert 4448 <= proved <= 3 * 6600  # at least a block a sample, and the commitment
+    assert row["online_bytes_per_coordinate"] == 16  # a uint64 each way, as semi-honest
+
+
 def test_security_malicious_is_refused_where_there_is_no_variant() -> None:
     with pytest.raises(bench_comm.BenchCommError, match=r"--security malicious: .*only-mpc"):
         bench_comm.run("cancer", [8.0], modes=["only-mpc"], backend="gc", security="malicious")
