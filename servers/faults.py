@@ -23,10 +23,12 @@ value, its MAC left as it was), and the OTHER server's engine must catch it with
 ``SPGC_FAULT_INJECT=cheat-row:ROUND`` (H1 on backend gc under ``security: malicious``): from
 round ROUND on, its authenticated garbling flips the output of the first AND gate instance in
 each run's tables (``flip_row``: all four rows, their MACs left as they were), which H2's engine
-must catch when it decrypts the row. ``SPGC_FAULT_INJECT=cheat-seed:ROUND`` (mode spgc under
-``security: malicious``): from round ROUND on, this server enters and proves a fresh seed, not
-the one whose commitment it sent with the release (``swapped_seed``), which the other server's
-check of the seed proof must catch (spgc.privacy.seed_proof).
+must catch when it decrypts the row. ``SPGC_FAULT_INJECT=cheat-seed:ROUND`` (under ``security:
+malicious``): from round ROUND on, this server enters and proves a fresh seed, not the one
+whose commitment it sent (``swapped_seed``): in mode spgc a round's, sent with the release; in
+mode preprocessed that of each production run made while the run is at that round or later
+(the fill before round 0 is at round 0), sent with the block. The other server's check of the
+seed proof must catch it (spgc.privacy.seed_proof).
 
 ``SPGC_REVEAL_TAP=FILE`` appends one JSON line per reveal to FILE (``server``, ``round``,
 ``sha256`` of the released values, and in mode preprocessed ``pool``: where the release's
@@ -137,9 +139,9 @@ def arm_cheat(link: Any, round_number: int) -> None:
 
 
 def swapped_seed(seed: bytes | None, round_number: int) -> bytes | None:
-    """The seed this server enters in round ``round_number``: ``seed``, or a fresh one from the
-    round ``SPGC_FAULT_INJECT=cheat-seed:ROUND`` names on (the commitment it sent is of
-    ``seed``)."""
+    """The seed this server enters in round ``round_number`` (or in a production run made
+    while the run is at that round): ``seed``, or a fresh one from the round
+    ``SPGC_FAULT_INJECT=cheat-seed:ROUND`` names on (the commitment it sent is of ``seed``)."""
     if seed is None or not os.environ.get(_FAULT_ENV):
         return seed
     planned = planned_fault()

@@ -170,13 +170,16 @@ MALICIOUS_ROUND_COSTS: dict[str, BackendCost] = {
     "gc": BackendCost(13, 155034.2, 2121.1e-6, GMW_EXCHANGE_SHARE, 0.0220),
     "gmw": MALICIOUS_GMW_DEPTH_COSTS[UNBOUNDED_TRIAL_DEPTH],
 }
-#: Mode preprocessed's production under ``security: malicious``, per noise sample (its seeds
-#: are not proved: the same rows as before the proofs, 2026-12-05, and the same bytes at
-#: 8,000 samples on 2026-12-06); the round trips are the round circuit's, as in
-#: :data:`NOISE_COSTS`.
+#: Mode preprocessed's production under ``security: malicious``, per noise sample, with its
+#: seed proofs (a pool block's commitment, then the ChaCha8 blocks its trials read: 5,563
+#: proved AND gates a sample at 8,000), measured 2026-12-06 03:47-03:56 UTC at 8,000 samples:
+#: gc 142,878.0 B and 3,487.5 / 3,644.7 us (2,604.3 without the proofs, the bench's seeds
+#: unbound by a script, in the same minutes), gmw 69,613.8 B and 3,069.5 / 3,152.5 / 2,744.1 us
+#: (67,902.0 B and 2,457.8 / 2,391.6 us without); CPU the mean. The round trips are the round
+#: circuit's with its proofs (:data:`MALICIOUS_ROUND_COSTS`), as in :data:`NOISE_COSTS`.
 MALICIOUS_NOISE_COSTS: dict[str, BackendCost] = {
-    "gc": BackendCost(7, 140579.1, 2104.9e-6, GMW_EXCHANGE_SHARE, 0.0156),
-    "gmw": BackendCost(149, 67314.9, 1926.9e-6, GMW_EXCHANGE_SHARE, 0.0158),
+    "gc": BackendCost(13, 142878.0, 3566.1e-6, GMW_EXCHANGE_SHARE, 0.0220),
+    "gmw": BackendCost(149, 69613.8, 2988.7e-6, GMW_EXCHANGE_SHARE, 0.0233),
 }
 
 

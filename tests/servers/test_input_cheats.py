@@ -1,13 +1,14 @@
 """Issue 46, item 5: a server whose inputs differ from what it committed (docs/MALICIOUS.md,
 "Inputs bound to commitments").
 
-With seed proofs (what the daemons run under security: malicious, mode spgc), a server that
-proves and enters another seed than the one it committed is caught before the round's runs, and
-one that binds its ports to other proved bits than the layout's is caught by the run's MAC
-check (the tests at the end).
+With seed proofs (what the daemons run under security: malicious, in mode spgc's rounds and
+mode preprocessed's production), a server that proves and enters another seed than the one it
+committed is caught before the run's trials, and one that binds its ports to other proved bits
+than the layout's is caught by the run's MAC check (the tests at the end).
 
-Without them (the runs below, and mode preprocessed's production), what such a server can do
-is pinned down, through the authenticated engines on both backends:
+Without them (the runs below), what such a server could do is pinned down, through the
+authenticated engines on both backends: the proofs add evidence, and privacy never depended
+on them:
 
 - trial bits that are not the expansion of its committed seed (zeros, ones, another seed, or
   the expansion of a seed it guesses the other server holds, chosen to cancel it): the noise
