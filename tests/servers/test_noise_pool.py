@@ -288,6 +288,17 @@ def test_block_files_hold_per_chunk_hashes(tmp_path):
     assert pool.available == 4000
 
 
+def test_a_blocks_commit_record_keeps_both_seed_commitments(tmp_path):
+    """security: malicious: the two proved seed commitments of the run that made a block stay
+    in its commit record (for an audit), and the pool reopens with them."""
+    pool = NoisePool(tmp_path / "p", "h1", 50.0, 24)
+    commitments = {"h1": bytes(range(32)), "h2": bytes(range(32, 64))}
+    pool.add_block(0, b"\x07" * 16, np.arange(1, 11, dtype=np.uint64), commitments)
+    meta = json.loads((tmp_path / "p" / "block-00000000.json").read_text())
+    assert meta["seed_commitments"] == {k: v.hex() for k, v in commitments.items()}
+    assert NoisePool(tmp_path / "p", "h1", 50.0, 24).available == 10
+
+
 def test_take_zeroes_the_used_samples_on_disk(tmp_path):
     pool, d = big_pool(tmp_path)
     original = samples(d / "block-00000000.bin").copy()
