@@ -561,6 +561,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         if job.thread.is_alive():
             raise FailedPreconditionError(f"noise block {block.index} is still being produced")
         self._noise_job = None
+        if isinstance(job.error, PeerDeviatedError):
+            self._refuse_if_aborted()  # H1 hears the abort in this answer: no wait for a call
         if job.error is not None:
             raise FailedPreconditionError(f"noise block {block.index} failed: {job.error}")
         with self._lock:

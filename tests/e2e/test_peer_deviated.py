@@ -222,6 +222,10 @@ def test_a_server_that_proves_another_seed_in_noise_production_is_caught(
     assert not list((state / "h2").glob("**/block-*.json"))  # no noise of the run stored
     summary = json.loads((work / "h2-summary.json").read_text())
     assert summary["model_version"] == 0 and not summary["finished"]
+    # H1 heard why in the answer to its block's end: H2 did not wait for another call
+    failure = json.loads((work / "h1-summary.json").read_text())["failure"]
+    assert "h2 aborted the run: its engine caught this server deviating" in failure
+    assert "did not call again" not in (work / "h2.log").read_text()
 
 
 @pytest.mark.parametrize(

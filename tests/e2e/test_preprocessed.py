@@ -153,9 +153,9 @@ def stored(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, int], np.ndarray]
     blocks: dict[tuple[str, int], np.ndarray] = {}
     real = noise_pool.NoisePool.add_block
 
-    def recording(self, index, block_id, shares):
+    def recording(self, index, block_id, shares, *rest):
         blocks[(self.role, index)] = np.array(shares, dtype=np.uint64)
-        return real(self, index, block_id, shares)
+        return real(self, index, block_id, shares, *rest)
 
     monkeypatch.setattr(noise_pool.NoisePool, "add_block", recording)
     return blocks
