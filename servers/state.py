@@ -124,6 +124,9 @@ class ServerState(RoundPhases, LedgerState, StateCheckpoints):
         self.offline_bytes = 0  # preprocessed: bytes this server moved producing noise shares
         self.checkpoint_dir: Path | None = None  # where save_checkpoint writes (state_dir)
         self.checkpointed = False  # a checkpoint of this run was written or restored
+        # The last ended round the checkpoint's history file holds: a save appends the later
+        # ones only (servers.checkpoint), so a long run's checkpoint stays O(1) a round.
+        self.history_saved_through = -1
         self._export_lock = threading.Lock()  # one export at a time into the cached module
         self._export_module: nn.Module | None = None
         self.declined: dict[str, str] = {}  # provider -> why it refused the plan

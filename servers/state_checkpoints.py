@@ -185,14 +185,15 @@ class StateCheckpoints:
                         "t": adam["t"],
                         "beta_pows": list(adam["beta_pows"]),
                     },
-                    # copies: an ended round's record is not changed later, but its lists are
-                    # written after the lock is released
-                    "history": [
-                        {**round_summary(r), "received": list(r.received), "agreed": list(r.agreed)}
-                        for r in self.history.values()
-                        if r.phase in ENDED_PHASES
-                    ],
                 }
+                # Only the rounds ended since the last save go to the history file (copies:
+                # an ended round's record is not changed later, but its lists are written
+                # after the lock is released).
+                new_history = [
+                    {**round_summary(r), "received": list(r.received), "agreed": list(r.agreed)}
+                    for r in sorted(self.history.values(), key=lambda r: r.round)
+                    if r.phase in ENDED_PHASES and r.round > self.history_saved_through
+                ]
                 # params are replaced, never mutated; Adam's m and v are copies
                 arrays = {"params": self.params, "adam_m": adam["m"], "adam_v": adam["v"]}
                 ended = self.round - 1
@@ -202,9 +203,14 @@ class StateCheckpoints:
                 record,
                 arrays,
                 before_commit=lambda: fault_point("during-checkpoint", ended),
+                new_history=new_history,
             )
             with self.cond:
                 self.checkpointed = True
+                if new_history:
+                    self.history_saved_through = max(
+                        self.history_saved_through, new_history[-1]["round"]
+                    )
         self._write_model(*snapshot)
 
     def restore(self, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -278,6 +284,11 @@ class StateCheckpoints:
                     noisy_count=h.get("noisy_count"),
                 )
                 self.history[rec.round] = rec
+            # What the checkpoint's history holds: the next save appends after it. An older
+            # checkpoint (its history inline) gets all of it written to the file then.
+            self.history_saved_through = (
+                max(self.history, default=-1) if "history_file" in record else -1
+            )
             self.finished = self._should_stop()
             if self.finished:
                 self.phase = pb.ROUND_PHASE_FINISHED

@@ -28,7 +28,13 @@ import yaml
 
 from spgc.app.demo import DemoOptions, write_configs
 from spgc.privacy.ledger_verify import verify_ledger
-from spgc.servers.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, step_back
+from spgc.servers.checkpoint import (
+    CheckpointError,
+    history_file_name,
+    load_checkpoint,
+    save_checkpoint,
+    step_back,
+)
 from spgc.servers.faults import FAULT_POINTS
 
 ROUND = 1  # the round the fault hits, mostly (round 0 has completed on both servers by then)
@@ -277,3 +283,82 @@ def test_checkpoints_keep_the_previous_one_to_step_back_to(tmp_path: Path) -> No
 
 def _interrupt() -> None:
     raise KeyboardInterrupt
+
+
+def test_the_checkpoints_history_is_appended_not_rewritten(tmp_path: Path) -> None:
+    """The round history (with each round's providers) goes to a file of its own, a round's
+    line appended once: checkpoint.json stays the same size however long the run. A crash
+    after the append and before the commit, and a step back, leave lines that no committed
+    checkpoint covers: never read, and cut off by the next save. A history cut short or
+    edited is refused."""
+
+    def entry(t: int) -> dict:
+        return {"round": t, "received": [f"p{i}" for i in range(50)], "agreed": ["p1"]}
+
+    def save(t: int, rounds: list[int], **kw) -> None:
+        record = {"round": t, "version": t, "run_id": "run-h"}
+        save_checkpoint(
+            tmp_path, record, {"params": np.full(3, float(t))},
+            new_history=[entry(r) for r in rounds], **kw,
+        )  # fmt: skip
+
+    save(1, [0])
+    sizes = []
+    for t in range(2, 12):
+        save(t, [t - 1])
+        sizes.append((tmp_path / "checkpoint.json").stat().st_size)
+        current, _ = load_checkpoint(tmp_path)
+        assert [h["round"] for h in current["history"]] == list(range(t))
+        assert "history" not in json.loads((tmp_path / "checkpoint.json").read_text())
+    assert max(sizes) - min(sizes) < 8  # digits of the counts only: not the history
+    history = tmp_path / history_file_name("run-h")
+    assert len(history.read_bytes().splitlines()) == 11
+    previous, _ = load_checkpoint(tmp_path, previous=True)
+    assert [h["round"] for h in previous["history"]] == list(range(10))
+
+    # a step back: the current checkpoint's lines past the previous one's are not read ...
+    step_back(tmp_path)
+    assert [h["round"] for h in load_checkpoint(tmp_path)[0]["history"]] == list(range(10))
+    # ... and the next save cuts them off before it appends
+    save(11, [10, 11], before_commit=None)
+    assert len(history.read_bytes().splitlines()) == 12
+    assert [h["round"] for h in load_checkpoint(tmp_path)[0]["history"]] == list(range(12))
+    # a crash between the append and the commit: round 12's line is on disk, not committed
+    with pytest.raises(KeyboardInterrupt):
+        save(12, [12], before_commit=_interrupt)
+    assert len(history.read_bytes().splitlines()) == 13
+    assert [h["round"] for h in load_checkpoint(tmp_path)[0]["history"]] == list(range(12))
+    save(12, [12])  # cut off and appended again, once
+    assert len(history.read_bytes().splitlines()) == 13
+    assert [h["round"] for h in load_checkpoint(tmp_path)[0]["history"]] == list(range(13))
+
+    # damage: a line edited, or the file cut short
+    good = history.read_bytes()
+    history.write_bytes(good.replace(b'"p1"]', b'"p2"]', 1))
+    with pytest.raises(CheckpointError, match="damaged or cut short"):
+        load_checkpoint(tmp_path)
+    history.write_bytes(good[:-10])
+    with pytest.raises(CheckpointError, match="damaged or cut short"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="shorter than its checkpoint says"):
+        save(13, [13])
+    history.write_bytes(good)
+    assert [h["round"] for h in load_checkpoint(tmp_path)[0]["history"]] == list(range(13))
+
+
+def test_a_checkpoint_with_its_history_inline_still_loads(tmp_path: Path) -> None:
+    """Checkpoints written before the history file held their history in checkpoint.json:
+    they load as they are, and the next save writes the whole history to the file."""
+    save_checkpoint(tmp_path, {"round": 1, "version": 1, "run_id": "old"}, {"params": np.ones(2)})
+    path = tmp_path / "checkpoint.json"
+    record = json.loads(path.read_text())
+    for key in ("history_file", "history_lines", "history_bytes", "history_sha256"):
+        record.pop(key)
+    record["history"] = [{"round": 0, "received": ["a"], "agreed": ["a"]}]
+    path.write_text(json.dumps(record))
+    assert load_checkpoint(tmp_path)[0]["history"] == record["history"]
+    save_checkpoint(
+        tmp_path, {"round": 2, "version": 2, "run_id": "old"}, {"params": np.ones(2)},
+        new_history=[*record["history"], {"round": 1, "received": [], "agreed": []}],
+    )  # fmt: skip
+    assert [h["round"] for h in load_checkpoint(tmp_path)[0]["history"]] == [0, 1]

@@ -21,7 +21,7 @@ from spgc.learning.models import resolve_model, trainable_mask
 from spgc.privacy.ledger_verify import verify_ledger
 from spgc.protocol.certs import make_dev_pki
 from spgc.protocol.sharing import share
-from spgc.servers.checkpoint import CheckpointError
+from spgc.servers.checkpoint import CheckpointError, history_file_name
 from spgc.servers.daemon import (
     FINISHED_GRACE,
     MAX_LOSSES_WITHOUT_PROGRESS,
@@ -275,7 +275,11 @@ def test_only_mpc_exact_sum_dropouts_and_bad_submissions(pki, tmp_path, caplog):
         expected += ["checkpoint.prev.json", "ledger-signing.key"]
         expected.insert(0, "audit.jsonl")
         expected += ["ledger.jsonl", "model.json", "model.safetensors", "models"]
-        assert left == expected, left
+        # and the run's history, one file appended a round at a time (servers.checkpoint)
+        assert [n for n in left if n.startswith("history-")] == [
+            history_file_name(d1.state.run_id if sub == "s1" else d2.state.run_id)
+        ]
+        assert [n for n in left if not n.startswith("history-")] == expected, left
         # only-mpc: two releases of the noise-free sum, in the ledger, with no epsilon
         report = verify_ledger(tmp_path / sub / "ledger.jsonl")
         assert (report.steps, report.released, report.epsilon) == (2, 2, None)
