@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -40,9 +41,12 @@ from spgc.privacy import noise
 from spgc.privacy.noise import derive_params, sample_noise_plain
 from spgc.privacy.seed_proof import SeedBinding, SeedProofError
 from spgc.servers import gc_party
+from spgc.servers.errors import PeerMismatchError
 from spgc.servers.gc_party import PartyLink, aggregate_plain, run_aggregate
 from spgc.servers.noise_pool import produce_noise_shares
+from spgc.servers.pool_sync import BlockSeed
 from spgc.wire import aggregation_pb2 as pb
+from spgc.wire import peer_pb2
 from spgc.wire.digests import pool_seed_commitment, seed_commitment
 
 Ports = dict[str, np.ndarray]
@@ -422,3 +426,41 @@ def test_production_refuses_seed_proofs_on_a_link_that_cannot_check_them(two_par
     with pytest.raises(ValueError, match="authenticated links only"):
         produce_noise_shares("garbler", lg, 10, 50.0, 24, os.urandom(32), seed_binding=binding)
     assert lg.channel.bytes_sent == sent
+
+
+def test_a_block_without_the_peers_seed_commitment_is_refused():
+    """Under security: malicious each server needs the other's commitment for the block before
+    the run: none, one of another block, role or scheme, or not 32 bytes, is refused in one
+    line (the run never starts unbound)."""
+    state = SimpleNamespace(
+        plan=SimpleNamespace(cfg=SimpleNamespace(security="malicious")),
+        run_id="run-s", role=pb.SERVER_ROLE_H1,
+    )  # fmt: skip
+    block = peer_pb2.PoolBlock(index=3, block_id=bytes(16), count=10)
+    mine = BlockSeed(state, block)
+    assert mine.proved and len(mine.commitment) == 32
+    assert mine.commitment == pool_seed_commitment("run-s", 3, bytes(16), 1, mine.seed)
+
+    def answer(**changes) -> peer_pb2.NoiseBlock:
+        fields = {"run_id": "run-s", "round": 3, "role": pb.SERVER_ROLE_H2}
+        fields.update(scheme="sha256-pool-v1", commitment=bytes(32))
+        fields.update(changes)
+        return peer_pb2.NoiseBlock(block=block, seed=peer_pb2.SeedCommitment(**fields))
+
+    for bad in (
+        peer_pb2.NoiseBlock(block=block),  # none
+        answer(round=4),
+        answer(role=pb.SERVER_ROLE_H1),
+        answer(scheme="sha256-v1"),  # a round's commitment
+        answer(commitment=bytes(31)),
+    ):
+        with pytest.raises(PeerMismatchError, match="no sha256-pool-v1 seed commitment"):
+            BlockSeed(state, block).bind(bad)
+    mine.bind(answer())
+    assert mine.binding == SeedBinding("run-s", 3, 1, 2, bytes(32), bytes(16))
+    assert mine.commitments() == {"h1": mine.commitment, "h2": bytes(32)}
+    # semi-honest: no commitment made, none asked for
+    state.plan.cfg.security = "semi-honest"
+    plain = BlockSeed(state, block)
+    plain.bind(peer_pb2.NoiseBlock(block=block))
+    assert plain.message() is None and plain.commitments() is None
