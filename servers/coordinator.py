@@ -76,6 +76,7 @@ from spgc.servers.norm_checks import (
 )
 from spgc.servers.pool_sync import NoiseProducer, slice_message
 from spgc.servers.round_phases import RoundRecord
+from spgc.servers.seed_binding import checked_peer_commitment
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.wire import (
     SEED_COMMITMENT_SCHEME,
@@ -563,18 +564,9 @@ def seed_commitment_message(run_id: str, t: int, role: int, commitment: bytes) -
 def checked_seed_commitment(msg: peer_pb2.ReleaseStatement, t: int) -> bytes:
     """The other server's 32-byte seed commitment of round t from its release statement
     (PeerMismatchError when it is missing, of another round or scheme, or not 32 bytes)."""
-    seed = msg.seed
-    if (
-        not msg.HasField("seed")
-        or seed.round != t
-        or seed.scheme != SEED_COMMITMENT_SCHEME
-        or len(seed.commitment) != 32
-    ):
-        raise PeerMismatchError(
-            f"round {t}: no {SEED_COMMITMENT_SCHEME} seed commitment of 32 bytes for this round "
-            "with the release statement"
-        )
-    return bytes(seed.commitment)
+    return checked_peer_commitment(
+        msg, t, SEED_COMMITMENT_SCHEME, "for this round with the release statement"
+    )
 
 
 class H1Driver(_RoundLoop):

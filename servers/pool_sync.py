@@ -31,6 +31,7 @@ from spgc.servers.noise_pool import (
     produce_noise_shares,
     reconcile,
 )
+from spgc.servers.seed_binding import checked_peer_commitment
 from spgc.servers.state import RPC_SLACK, ServerState
 from spgc.settings.backend_choice import (
     CALLS_PER_RUN,
@@ -255,28 +256,20 @@ class BlockSeed:
         or not of this block)."""
         if not self.proved:
             return
-        theirs = msg.seed
         peer_role = pb.SERVER_ROLE_H2 if self.state.role == pb.SERVER_ROLE_H1 else pb.SERVER_ROLE_H1
-        if (
-            not msg.HasField("seed")
-            or theirs.round != self.block.index
-            or theirs.role != peer_role
-            or theirs.scheme != POOL_SEED_COMMITMENT_SCHEME
-            or len(theirs.commitment) != 32
-        ):
-            raise PeerMismatchError(
-                f"noise block {self.block.index}: no {POOL_SEED_COMMITMENT_SCHEME} seed "
-                "commitment of 32 bytes for this block from the other server (security: "
-                "malicious proves every production seed)"
-            )
+        theirs = checked_peer_commitment(
+            msg, self.block.index, POOL_SEED_COMMITMENT_SCHEME,
+            "for this block from the other server (security: malicious proves every production "
+            "seed)", peer_role,
+        )  # fmt: skip
         self.binding = SeedBinding(
-            self.state.run_id, self.block.index, self.state.role, peer_role,
-            bytes(theirs.commitment), bytes(self.block.block_id),
+            self.state.run_id, self.block.index, self.state.role, peer_role, theirs,
+            bytes(self.block.block_id),
         )  # fmt: skip
         log.info(
             "noise block %d: seed commitments h%d %s..., h%d %s...",
             self.block.index, self.state.role, self.commitment.hex()[:16], peer_role,
-            bytes(theirs.commitment).hex()[:16],
+            theirs.hex()[:16],
         )  # fmt: skip
 
     def commitments(self) -> dict[str, bytes] | None:

@@ -18,10 +18,33 @@ from spgc.privacy.seed_proof import (
     commitment_statement,
     expansion_statement,
 )
+from spgc.servers.errors import PeerMismatchError
 
-__all__ = ["bound_random_ports", "prove_committed_seed"]
+__all__ = ["bound_random_ports", "checked_peer_commitment", "prove_committed_seed"]
 
 _PREFIX = {"garbler": "g", "evaluator": "e"}  # the trial circuit's random ports of each server
+
+
+def checked_peer_commitment(
+    holder: Any, number: int, scheme: str, where: str, role: int | None = None
+) -> bytes:
+    """The other server's 32-byte seed commitment in ``holder.seed`` (a ReleaseStatement, or a
+    NoiseBlock with ``number`` its block's index), refused with PeerMismatchError when it is
+    missing, of another round (block), ``scheme`` or ``role``, or not 32 bytes; ``where`` ends
+    the refusal ("for this round with the release statement")."""
+    seed = holder.seed
+    if (
+        not holder.HasField("seed")
+        or seed.round != number
+        or seed.scheme != scheme
+        or (role is not None and seed.role != role)
+        or len(seed.commitment) != 32
+    ):
+        what = "noise block" if role is not None else "round"
+        raise PeerMismatchError(
+            f"{what} {number}: no {scheme} seed commitment of 32 bytes {where}"
+        )
+    return bytes(seed.commitment)
 
 
 def prove_committed_seed(

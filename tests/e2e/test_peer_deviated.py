@@ -192,6 +192,25 @@ def test_a_deviation_caught_in_noise_production_aborts_the_run(
     assert "aborted at round 0: the peer deviated (check: noise production: " in done.stdout
 
 
+def _run_with_h1_cheating(
+    tmp_path: Path, backend: str, mode: str, fault: str
+) -> tuple[Path, Path]:
+    """A malicious run whose H1 cheats at ``fault`` (SPGC_FAULT_INJECT): H2 must catch it and
+    stop, and H1, told, stop too. Returns (work, state) directories."""
+    server_cfgs, provider_cfgs = _configs(tmp_path, backend, "malicious", mode)
+    work, state = tmp_path / "work", tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
+    logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
+    servers = _start_all("spgc.servers", server_cfgs, env, {"h1": {"SPGC_FAULT_INJECT": fault}})
+    providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
+    try:
+        assert _wait(servers["h2"], 240, "h2", logs) == 1
+        assert _wait(servers["h1"], 90, "h1", logs) == 1  # told at its next call
+    finally:
+        _stop([*servers.values(), *providers])
+    return work, state
+
+
 @pytest.mark.parametrize("backend", ["gmw", "gc"])
 def test_a_server_that_proves_another_seed_in_noise_production_is_caught(
     tmp_path: Path, backend: str
@@ -201,18 +220,7 @@ def test_a_server_that_proves_another_seed_in_noise_production_is_caught(
     of the one whose "sha256-pool-v1" commitment it sent with the block. H2's check of the seed
     proof catches it before the run's first trial: it stores no noise, releases nothing, and
     its ledger ends with the abort naming noise production and the commitment check."""
-    server_cfgs, provider_cfgs = _configs(tmp_path, backend, "malicious", "preprocessed")
-    work, state = tmp_path / "work", tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
-    logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
-    cheat = {"h1": {"SPGC_FAULT_INJECT": "cheat-seed:0"}}
-    servers = _start_all("spgc.servers", server_cfgs, env, cheat)
-    providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
-    try:
-        assert _wait(servers["h2"], 240, "h2", logs) == 1
-        assert _wait(servers["h1"], 90, "h1", logs) == 1  # told at its next call
-    finally:
-        _stop([*servers.values(), *providers])
+    work, state = _run_with_h1_cheating(tmp_path, backend, "preprocessed", "cheat-seed:0")
     report = verify_ledger(state / "h2" / "ledger.jsonl")
     assert report.abort is not None and report.abort["round"] == 0
     assert report.abort["check"].startswith("noise production: noise block 0: ")
@@ -249,18 +257,7 @@ def test_a_real_cheater_is_caught_by_the_other_servers_engine(
     of the round is released, keeps the transcript's digest and ends its ledger with the
     abort. ``cheat-seed:1`` makes H1 enter, and prove, a fresh seed in round 1 instead of the
     one it committed to: H2's check of the seed proof catches it before the round's run."""
-    server_cfgs, provider_cfgs = _configs(tmp_path, backend, "malicious")
-    work, state = tmp_path / "work", tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if k != "SPGC_FAULT_INJECT"}
-    logs = [work / f"{c.stem}.log" for c in server_cfgs + provider_cfgs]
-    cheat = {"h1": {"SPGC_FAULT_INJECT": f"{point}:{ROUND}"}}
-    servers = _start_all("spgc.servers", server_cfgs, env, cheat)
-    providers = list(_start_all("spgc.providers", provider_cfgs, env, {}).values())
-    try:
-        assert _wait(servers["h2"], 240, "h2", logs) == 1
-        assert _wait(servers["h1"], 90, "h1", logs) == 1  # told at its next call
-    finally:
-        _stop([*servers.values(), *providers])
+    work, state = _run_with_h1_cheating(tmp_path, backend, "spgc", f"{point}:{ROUND}")
     failure = json.loads((work / "h1-summary.json").read_text())["failure"]
     heard = "h2 aborted the run: its engine caught this server deviating: aborted at round 1"
     assert heard in failure

@@ -202,17 +202,28 @@ def _bound_round(lg, le, a1, a2, s1_entered, s2, bindings, sigma, ring_bits):
             "garbler", lg, a1, s1_entered, sigma, ring_bits, "spgc", seed_binding=b1
         )
 
+    return _both_sides(
+        h1,
+        lambda: run_aggregate("evaluator", le, a2, s2, sigma, ring_bits, "spgc", seed_binding=b2),
+        le,
+    )
+
+
+def _both_sides(h1, h2, le):
+    """H1's side in a thread, H2's here: (H1's outcome, H2's outcome), each the result or the
+    exception it raised. H2's link is closed when H2 fails: the cheater may wait for a run
+    that never comes."""
     side = Background(h1)
     try:
-        h2 = run_aggregate("evaluator", le, a2, s2, sigma, ring_bits, "spgc", seed_binding=b2)
+        second = h2()
     except Exception as exc:
-        h2 = exc
-        le.channel.close()  # the cheater may wait for a run that never comes
+        second = exc
+        le.channel.close()
     try:
         first = side.result(timeout=300)
     except Exception as exc:
         first = exc
-    return first, h2
+    return first, second
 
 
 @pytest.mark.parametrize("backend", ["gmw", "gc"])
@@ -225,14 +236,6 @@ def test_with_seed_proofs_the_release_is_the_committed_seeds_and_a_false_seed_is
     ring_bits, sigma = 16, 1000.0
     sums = sums_for(ring_bits, 30, 21)
     a1, a2 = shares_of(sums, ring_bits, 22)
-
-    def links():
-        tp = two_party()
-        lg = PartyLink.open("garbler", tp.garbler_channel, backend=backend, security="malicious")
-        le = PartyLink.open(
-            "evaluator", tp.evaluator_channel, backend=backend, security="malicious"
-        )
-        return lg, le
 
     s1, s2 = os.urandom(32), os.urandom(32)
     c1, c2 = seed_commitment("run-b", 4, 1, s1), seed_commitment("run-b", 4, 2, s2)
@@ -342,17 +345,13 @@ def _bound_production(lg, le, n, s1_entered, s2, bindings, sigma, ring_bits):
             "garbler", lg, n, sigma, ring_bits, s1_entered, seed_binding=b1
         )
 
-    side = Background(h1)
-    try:
-        h2 = produce_noise_shares("evaluator", le, n, sigma, ring_bits, s2, seed_binding=b2)
-    except Exception as exc:
-        h2 = exc
-        le.channel.close()
-    try:
-        first = side.result(timeout=300)
-    except Exception as exc:
-        first = exc
-    return first, h2
+    return _both_sides(
+        h1,
+        lambda: produce_noise_shares(
+            "evaluator", le, n, sigma, ring_bits, s2, seed_binding=b2
+        ),
+        le,
+    )
 
 
 @pytest.mark.parametrize("backend", ["gmw", "gc"])
