@@ -64,7 +64,7 @@ from spgc.learning.data import DATA_ERRORS
 from spgc.learning.gradients import check_model_on_data
 from spgc.privacy.feature_stats import Standardization, StatsRelease
 from spgc.privacy.ledger_format import LedgerError
-from spgc.privacy.ledger_verify import LedgerReport, verify_ledger
+from spgc.privacy.ledger_verify import LedgerReport, LedgerVerifier
 from spgc.protocol.encoding import FixedPointConfig, default_rounding_rng
 from spgc.providers.batches import Batches
 from spgc.providers.data_budget import ProviderBudget
@@ -230,6 +230,8 @@ class ProviderClient(RoundFollower, Batches, Training):
         # Each server's ledger lines seen so far, by (server, run): a round fetches only the
         # new ones, which must chain to these.
         self._ledgers: dict[tuple[str, str], list[bytes]] = {}
+        # (server, run) -> its ledger's verifier and the lines fed to it so far
+        self._verifiers: dict[tuple[str, str], tuple[LedgerVerifier, int]] = {}
 
     def __enter__(self) -> ProviderClient:
         return self
@@ -540,8 +542,12 @@ class ProviderClient(RoundFollower, Batches, Training):
             lines = self._fetch_ledger(server)
             if not lines:
                 continue
+            # Each line is checked once: the fetch only ever appends what the server added.
+            verifier, fed = self._verifiers.get((server.name, tc.run_id), (LedgerVerifier(), 0))
             try:
-                found = verify_ledger(lines)
+                verifier.feed(lines[fed:])
+                self._verifiers[(server.name, tc.run_id)] = (verifier, len(lines))
+                found = verifier.report()
             except LedgerError as exc:
                 msg = f"{server.name}'s privacy ledger does not verify: {exc}"
                 raise ProviderRefusal(msg) from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,17 +99,6 @@ class LedgerReport:
         }
 
 
-def _entries(lines: list[bytes]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
-    for number, raw in enumerate(lines, start=1):
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            raise LedgerError(f"line {number}: not JSON") from None
-        if not isinstance(entry, dict):
-            raise LedgerError(f"line {number}: not a JSON object")
-        yield number, raw, entry
-
-
 def verify_ledger(
     source: Path | str | list[bytes], expected_keys: Mapping[str, str] | None = None
 ) -> LedgerReport:
@@ -117,47 +106,83 @@ def verify_ledger(
     LedgerError naming the line on a broken chain, a bad signature, a header whose keys are not
     ``expected_keys`` (role -> hex public key, each pinned to its role: the header's own key to
     its ``server``, its peer's to ``peer``), a recorded epsilon below the re-accounted one (an
-    under-count), or above it (release entries missing)."""
+    under-count), or above it (release entries missing). :class:`LedgerVerifier` does the same
+    a few lines at a time."""
     if isinstance(source, list):
-        lines = [line for line in source if line.strip()]
+        lines = source
     else:
         try:
             lines = read_ledger_lines(Path(source))
         except OSError as exc:
             raise LedgerError(f"cannot read the ledger: {exc}") from None
-    if not lines:
-        raise LedgerError("the ledger is empty")
-    header: dict[str, Any] = {}
-    public: Ed25519PublicKey | None = None
-    prev: bytes | None = None
-    steps = released = samples = stats_releases = 0
-    recorded: float | None = None
-    recorded_line = 0  # the last release entry's line
-    rounds: dict[int, int] = {}  # release index -> its round
-    clip_norms: list[float] = []
-    seen_released: set[int] = set()
-    heads: list[str] = []  # the co-signed head after 0, 1, ... release entries
-    closed_line = 0
-    abort: dict[str, Any] | None = None  # the abort entry (nothing may follow it either)
-    abort_line = 0
-    for number, raw, entry in _entries(lines):
-        want = None if prev is None else _sha256(prev)
+    verifier = LedgerVerifier(expected_keys)
+    verifier.feed(lines)
+    return verifier.report()
+
+
+class LedgerVerifier:
+    """:func:`verify_ledger` for a ledger read as it grows (a provider fetching the servers'
+    ledgers a round at a time): :meth:`feed` checks the lines after those fed before, each
+    line once; :meth:`report` checks the whole so far (the re-accounted epsilon) and reports
+    it. A line that fails leaves the verifier refusing every later call."""
+
+    def __init__(self, expected_keys: Mapping[str, str] | None = None) -> None:
+        self.expected_keys = expected_keys
+        self.lines = 0  # lines checked so far
+        self._failed: LedgerError | None = None
+        self._header: dict[str, Any] = {}
+        self._public: Ed25519PublicKey | None = None
+        self._prev: bytes | None = None
+        self._steps = self._released = self._samples = self._stats_releases = 0
+        self._recorded: float | None = None
+        self._recorded_line = 0  # the last release entry's line
+        self._rounds: dict[int, int] = {}  # release index -> its round
+        self._clip_norms: list[float] = []
+        self._seen_released: set[int] = set()
+        self._heads: list[str] = []  # the co-signed head after 0, 1, ... release entries
+        self._closed_line = 0
+        self._abort: dict[str, Any] | None = None  # the abort entry (nothing may follow it)
+        self._abort_line = 0
+
+    def feed(self, lines: list[bytes]) -> None:
+        """Check ``lines``, the ledger's next ones (blank ones skipped): LedgerError naming the
+        line (numbered from the ledger's first) on the first that fails."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            for raw in lines:
+                if raw.strip():
+                    self._check_line(self.lines + 1, raw)
+                    self.lines += 1
+        except LedgerError as exc:
+            self._failed = exc
+            raise
+
+    def _check_line(self, number: int, raw: bytes) -> None:
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            raise LedgerError(f"line {number}: not JSON") from None
+        if not isinstance(entry, dict):
+            raise LedgerError(f"line {number}: not a JSON object")
+        want = None if self._prev is None else _sha256(self._prev)
         if entry.get("prev") != want:
             raise LedgerError(f"line {number}: broken chain (prev does not hash line {number - 1})")
-        if closed_line:
+        if self._closed_line:
             raise LedgerError(
-                f"line {number}: follows the closing entry (line {closed_line}): a closed "
+                f"line {number}: follows the closing entry (line {self._closed_line}): a closed "
                 "run's ledger holds nothing after it"
             )
-        if abort_line:
+        if self._abort_line:
             raise LedgerError(
-                f"line {number}: follows the abort entry (line {abort_line}): an aborted "
+                f"line {number}: follows the abort entry (line {self._abort_line}): an aborted "
                 "run's ledger holds nothing after it"
             )
         if number == 1:
-            public = _check_header(entry, expected_keys)
-            header = entry
-            heads.append(plan_digest(header))
+            self._public = _check_header(entry, self.expected_keys)
+            self._header = entry
+            self._heads.append(plan_digest(entry))
+        public, header = self._public, self._header
         assert public is not None
         unsigned = {k: v for k, v in entry.items() if k != "sig"}
         try:
@@ -167,11 +192,12 @@ def verify_ledger(
         if canonical(entry) != raw:
             raise LedgerError(f"line {number}: not in canonical form")
         kind = entry.get("kind")
+        steps = self._steps
         if kind == "release":
             if not _is_int(entry.get("index")) or entry["index"] != steps:
                 raise LedgerError(f"line {number}: release index {entry.get('index')}, "
                                   f"expected {steps}")  # fmt: skip
-            _check_cosigned(number, entry, header, heads[-1])
+            _check_cosigned(number, entry, header, self._heads[-1])
             count = entry.get("noise_samples")
             if not _is_int(count) or count < 0 or not _is_int(entry.get("round")):
                 raise LedgerError(f"line {number}: round and noise_samples must be integers >= 0")
@@ -180,95 +206,105 @@ def verify_ledger(
                 isinstance(after, (int, float)) and not isinstance(after, bool) and after >= 0
             ):
                 raise LedgerError(f"line {number}: epsilon_after must be a number >= 0 or null")
-            if recorded_line and _above(recorded, after):
+            if self._recorded_line and _above(self._recorded, after):
                 raise LedgerError(
-                    f"line {number}: epsilon_after {after} is below the previous entry's {recorded}"
+                    f"line {number}: epsilon_after {after} is below the previous entry's "
+                    f"{self._recorded}"
                 )
             if _is_feature_stats(number, entry, header, steps):
-                stats_releases += 1
+                self._stats_releases += 1
             else:
-                clip_norms.append(_release_clip_norm(number, entry, header["clip"]))
-            rounds[steps] = entry["round"]
-            steps += 1
-            samples += count
-            recorded, recorded_line = after, number
-            heads.append(chain_after(entry))
+                self._clip_norms.append(_release_clip_norm(number, entry, header["clip"]))
+            self._rounds[steps] = entry["round"]
+            self._steps += 1
+            self._samples += count
+            self._recorded, self._recorded_line = after, number
+            self._heads.append(chain_after(entry))
         elif kind == "close":
-            _check_cosigned(number, entry, header, heads[-1])
+            _check_cosigned(number, entry, header, self._heads[-1])
             if entry.get("releases") != steps:
                 raise LedgerError(
                     f"line {number}: the closing entry counts {entry.get('releases')!r} "
                     f"releases, the ledger holds {steps}"
                 )
-            closed_line = number
+            self._closed_line = number
         elif kind == "abort":
-            abort = _check_abort(number, entry, header, rounds.get(steps - 1))
-            abort_line = number
+            self._abort = _check_abort(number, entry, header, self._rounds.get(steps - 1))
+            self._abort_line = number
         elif kind == "released":
             index = entry.get("index")
-            if not _is_int(index) or index not in rounds:
+            if not _is_int(index) or index not in self._rounds:
                 raise LedgerError(f"line {number}: released index {index!r} has no release entry "
                                   "before it")  # fmt: skip
-            if index in seen_released:
+            if index in self._seen_released:
                 raise LedgerError(f"line {number}: a second released line for index {index}")
-            if entry.get("round") != rounds[index]:
+            if entry.get("round") != self._rounds[index]:
                 raise LedgerError(
                     f"line {number}: round {entry.get('round')!r}, but release {index} was "
-                    f"for round {rounds[index]}"
+                    f"for round {self._rounds[index]}"
                 )
-            seen_released.add(index)
-            released += 1
+            self._seen_released.add(index)
+            self._released += 1
         elif number != 1:
             raise LedgerError(f"line {number}: unknown kind {kind!r}")
-        prev = raw
-    epsilon = _reaccount(header, steps - stats_releases, stats_releases)
-    # A recorded null with noise is an infinite epsilon (JSON has no Infinity).
-    if epsilon is not None and steps and _above(epsilon, recorded, EPSILON_TOLERANCE):
-        raise LedgerError(
-            f"line {recorded_line}: the {steps} release entries re-account to epsilon "
-            f"{epsilon:.6g}, above the recorded {recorded}"
+        self._prev = raw
+
+    def report(self) -> LedgerReport:
+        """The ledger fed so far, its epsilon re-accounted from its release entries
+        (LedgerError when it is empty, or the recorded epsilon is not the re-accounted one)."""
+        if self._failed is not None:
+            raise self._failed
+        if not self.lines:
+            raise LedgerError("the ledger is empty")
+        header, steps, recorded = self._header, self._steps, self._recorded
+        epsilon = _reaccount(header, steps - self._stats_releases, self._stats_releases)
+        # A recorded null with noise is an infinite epsilon (JSON has no Infinity).
+        if epsilon is not None and steps and _above(epsilon, recorded, EPSILON_TOLERANCE):
+            raise LedgerError(
+                f"line {self._recorded_line}: the {steps} release entries re-account to epsilon "
+                f"{epsilon:.6g}, above the recorded {recorded}"
+            )
+        if epsilon is not None and steps and _above(recorded, epsilon, EPSILON_TOLERANCE):
+            # The server counts every release it made: a recorded figure above what the
+            # entries give means release entries are missing (a cut-off ledger continued).
+            raise LedgerError(
+                f"line {self._recorded_line}: the server recorded epsilon {recorded} after its "
+                f"releases, but the {steps} release entries here re-account to only "
+                f"{epsilon:.6g}: entries are missing"
+            )
+        delta_reported = None
+        if epsilon is not None and math.isfinite(epsilon):
+            capped = capped_poisson(header.get("sampling") or {}, header["max_batch_size"])
+            delta_reported = reported_delta(
+                float(header["delta"]), epsilon, self._samples, steps if capped else 0
+            )
+        return LedgerReport(
+            run_id=str(header.get("run_id", "")),
+            server=str(header.get("server", "")),
+            public_key=str(header.get("public_key", "")),
+            peer_public_key=header.get("peer_public_key"),
+            steps=steps,
+            released=self._released,
+            epsilon=epsilon,
+            epsilon_recorded=recorded,
+            delta=header.get("delta") if epsilon is not None else None,
+            noise_samples=self._samples,
+            delta_reported=delta_reported,
+            cosigned=header.get("peer_public_key") is not None,
+            keys_pinned=self.expected_keys is not None,
+            clip=header.get("clip"),
+            clip_norms=list(self._clip_norms),
+            backend=str(header["backend"]),
+            verify_inputs=str(header["verify_inputs"]),
+            adjacency=None if epsilon is None else _adjacency(header),
+            head=self._heads[-1],
+            closed=bool(self._closed_line),
+            heads=list(self._heads),
+            feature_stats_releases=self._stats_releases,
+            noise_floor=_floor_report(header, steps),
+            security=str(header.get("security", DEFAULT_SECURITY)),
+            abort=self._abort,
         )
-    if epsilon is not None and steps and _above(recorded, epsilon, EPSILON_TOLERANCE):
-        # The server counts every release it made: a recorded figure above what the entries
-        # give means release entries are missing (a cut-off ledger that was continued).
-        raise LedgerError(
-            f"line {recorded_line}: the server recorded epsilon {recorded} after its releases, "
-            f"but the {steps} release entries here re-account to only {epsilon:.6g}: entries "
-            "are missing"
-        )
-    delta_reported = None
-    if epsilon is not None and math.isfinite(epsilon):
-        capped = capped_poisson(header.get("sampling") or {}, header["max_batch_size"])
-        delta_reported = reported_delta(
-            float(header["delta"]), epsilon, samples, steps if capped else 0
-        )
-    return LedgerReport(
-        run_id=str(header.get("run_id", "")),
-        server=str(header.get("server", "")),
-        public_key=str(header.get("public_key", "")),
-        peer_public_key=header.get("peer_public_key"),
-        steps=steps,
-        released=released,
-        epsilon=epsilon,
-        epsilon_recorded=recorded,
-        delta=header.get("delta") if epsilon is not None else None,
-        noise_samples=samples,
-        delta_reported=delta_reported,
-        cosigned=header.get("peer_public_key") is not None,
-        keys_pinned=expected_keys is not None,
-        clip=header.get("clip"),
-        clip_norms=clip_norms,
-        backend=str(header["backend"]),
-        verify_inputs=str(header["verify_inputs"]),
-        adjacency=None if epsilon is None else _adjacency(header),
-        head=heads[-1],
-        closed=bool(closed_line),
-        heads=heads,
-        feature_stats_releases=stats_releases,
-        noise_floor=_floor_report(header, steps),
-        security=str(header.get("security", DEFAULT_SECURITY)),
-        abort=abort,
-    )
 
 
 def _check_abort(

@@ -31,7 +31,7 @@ from spgc.privacy.ledger_format import (
     public_key_hex,
     statement_bytes,
 )
-from spgc.privacy.ledger_verify import LedgerReport, verify_ledger
+from spgc.privacy.ledger_verify import LedgerReport, LedgerVerifier, verify_ledger
 
 # The other server, whose key co-signs every release entry of a two-server run.
 PEER = Ed25519PrivateKey.generate()
@@ -269,6 +269,33 @@ def test_tampered_number_names_its_line(ledger_path):
     _write(ledger_path, lines)
     with pytest.raises(LedgerError, match=r"^line 4: bad signature"):
         verify_ledger(ledger_path)
+
+
+def test_a_ledger_fed_a_few_lines_at_a_time_verifies_as_the_whole(ledger_path):
+    """LedgerVerifier (what a provider runs on ledgers fetched a round at a time) checks each
+    line once as it comes: fed in pieces, its report after every piece is verify_ledger's of
+    the lines so far, and at the end the whole ledger's. A line that fails is named by its
+    number in the ledger, and the verifier refuses every call after it."""
+    lines = _lines(ledger_path)
+    verifier = LedgerVerifier()
+    with pytest.raises(LedgerError, match="the ledger is empty"):
+        verifier.report()
+    for at in range(0, len(lines), 3):
+        verifier.feed(lines[at : at + 3])
+        assert verifier.lines == min(at + 3, len(lines))
+        assert verifier.report() == verify_ledger(lines[: at + 3])
+    assert verifier.report() == verify_ledger(ledger_path)
+
+    entry = json.loads(lines[5])
+    entry["noise_samples"] -= 1
+    tampered = [*lines[:5], canonical(entry), *lines[6:]]
+    verifier = LedgerVerifier()
+    verifier.feed(tampered[:4])
+    with pytest.raises(LedgerError, match=r"^line 6: bad signature"):
+        verifier.feed(tampered[4:])
+    for call in (lambda: verifier.feed([]), verifier.report):
+        with pytest.raises(LedgerError, match=r"^line 6: bad signature"):
+            call()
 
 
 def test_deleted_line_breaks_the_chain_at_the_next(ledger_path):
