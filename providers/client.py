@@ -553,7 +553,7 @@ class ProviderClient(RoundFollower, Batches, Training):
                 raise ProviderRefusal(msg) from None
             if found.run_id != tc.run_id:
                 raise ProviderRefusal(f"{server.name}'s ledger is of run {found.run_id}")
-            verified.append(lines)
+            verified.append(verifier.release_rounds)
             if report is None or found.steps > report.steps:
                 report = found
         if self.budget is not None:

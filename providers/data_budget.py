@@ -18,7 +18,6 @@ Every refusal is a :class:`ProviderRefusal` that names the figures and the file.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -141,12 +140,13 @@ class ProviderBudget:
                 "leaving the run"
             )
 
-    def after_ledgers(self, ledgers: list[list[bytes]]) -> None:
+    def after_ledgers(self, ledgers: list[list[int]]) -> None:
         """Record the most release entries a verified ledger holds at rounds this provider
-        submitted to (every entry counts: a round run again has two)."""
+        submitted to (every entry counts: a round run again has two); ``ledgers``: each
+        verified ledger's release rounds (LedgerVerifier.release_rounds)."""
         try:
             mine = set(self.budget.rounds_submitted(self.run_id))
-            most = max((_releases_at(lines, mine) for lines in ledgers), default=0)
+            most = max((sum(r in mine for r in rounds) for rounds in ledgers), default=0)
             if most:
                 self.budget.record_ledger(self.run_id, most)
         except BudgetError as exc:
@@ -190,11 +190,3 @@ class ProviderBudget:
             raise ProviderRefusal(str(exc)) from None
 
 
-def _releases_at(lines: list[bytes], rounds: set[int]) -> int:
-    """Release entries of a (verified) ledger whose round is in ``rounds``."""
-    count = 0
-    for raw in lines:
-        entry = json.loads(raw)
-        if entry.get("kind") == "release" and entry.get("round") in rounds:
-            count += 1
-    return count

@@ -144,6 +144,11 @@ class LedgerVerifier:
         self._abort: dict[str, Any] | None = None  # the abort entry (nothing may follow it)
         self._abort_line = 0
 
+    @property
+    def release_rounds(self) -> list[int]:
+        """The round of each release entry checked so far, in the ledger's order."""
+        return list(self._rounds.values())
+
     def feed(self, lines: list[bytes]) -> None:
         """Check ``lines``, the ledger's next ones (blank ones skipped): LedgerError naming the
         line (numbered from the ledger's first) on the first that fails."""
