@@ -37,6 +37,7 @@ from spgc.privacy.accounting import PrivacyAccountant
 
 __all__ = [
     "DEFAULT_SCALE",
+    "MAX_FEATURES",
     "MAX_SCALE_RATIO",
     "FeatureRanges",
     "Standardization",
@@ -52,6 +53,12 @@ __all__ = [
 #: Fixed-point units per unit of a value mapped onto [0, 1]: 2^16 keeps the rounding error
 #: (half a unit per example) far below any noise the release carries.
 DEFAULT_SCALE = 1 << 16
+
+#: The most features a plan may standardize: their ranges (the plan) and released statistics
+#: (each round's info) travel as four 8-byte numbers a feature in one message to a provider
+#: (ServerInfo), which must stay within gRPC's message limit (spgc.wire.transport: 1 MiB and
+#: 64 KiB): 16,384 features take 512 KiB of it, leaving room for the rest of the plan.
+MAX_FEATURES = 16_384
 
 #: Columns whose scales differ by more than this factor get a warning without standardize.
 MAX_SCALE_RATIO = 100.0
@@ -71,6 +78,14 @@ class FeatureRanges:
 
     lo: np.ndarray
     hi: np.ndarray
+
+    def __post_init__(self) -> None:
+        if len(self.lo) > MAX_FEATURES:  # declared, or a test set's columns
+            raise ValueError(
+                f"standardize with {len(self.lo):,} features: at most {MAX_FEATURES:,} are "
+                "supported (the ranges and the released statistics travel in one message to "
+                "each provider); standardize the columns before the run instead"
+            )
 
     @classmethod
     def from_pairs(

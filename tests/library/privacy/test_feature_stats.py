@@ -17,6 +17,7 @@ from spgc.privacy.accounting import (
     epsilon_for,
 )
 from spgc.privacy.feature_stats import (
+    MAX_FEATURES,
     FeatureRanges,
     Standardization,
     StatsRelease,
@@ -27,6 +28,8 @@ from spgc.privacy.feature_stats import (
     scale_warning,
     sensitivity_units,
 )
+from spgc.wire import aggregation_pb2 as pb
+from spgc.wire.transport import DEFAULT_MAX_MESSAGE_BYTES
 
 RANGES = FeatureRanges.from_pairs([[18, 90], [50, 400], [0, 1]])
 
@@ -101,6 +104,23 @@ def test_statistics_round_trip_as_stored_with_the_model():
     assert np.array_equal(again.mean, stats.mean) and np.array_equal(again.std, stats.std)
     with pytest.raises(ValueError, match="std > 0"):
         Standardization.from_dict({"feature_mean": [0.0], "feature_std": [0.0]})
+
+
+def test_more_features_than_one_message_carries_are_refused_in_one_line():
+    """The ranges and the released statistics travel to each provider in one ServerInfo: at
+    MAX_FEATURES it stays within the message limit with room to spare; one more feature is
+    refused when the plan is read, naming the limit, never a failure at a provider's call."""
+    n = MAX_FEATURES
+    info = pb.ServerInfo(
+        config=pb.TrainingConfig(feature_lo=[-1.5] * n, feature_hi=[2.5] * n),
+        round=pb.RoundInfo(feature_mean=[0.25] * n, feature_std=[0.75] * n),
+    )
+    assert info.ByteSize() < 0.6 * DEFAULT_MAX_MESSAGE_BYTES
+    assert FeatureRanges.from_pairs([[0, 1]] * n).features == n
+    with pytest.raises(ValueError, match=r"standardize with 16,385 features: at most 16,384"):
+        FeatureRanges.from_pairs([[0, 1]] * (n + 1))
+    with pytest.raises(ValueError, match=r"standardize with 16,385 features"):  # a test set's
+        FeatureRanges(np.zeros(n + 1), np.ones(n + 1))
 
 
 def test_bad_ranges_name_the_pair():
