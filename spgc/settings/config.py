@@ -29,6 +29,7 @@ from spgc.learning.losses import DEFAULT_LOSS, TASKS, task_loss_problem
 from spgc.learning.models import MODEL_INPUT_SHAPES, MODEL_NAMES
 from spgc.learning.optim import SERVER_OPTIMIZERS
 from spgc.privacy.accounting import ACCOUNTANTS, UNITS, check_schedule
+from spgc.privacy.feature_stats import MAX_FEATURES
 from spgc.protocol.modes import (
     ADAPTIVE_CLIP_MODES,
     BACKEND_MODES,
@@ -565,7 +566,8 @@ class ServerConfig(_Schema):
         None,
         description="with standardize: each feature's [lo, hi] in column order, values clipped "
         "to it before the release (public bounds, not read from the providers' data), or "
-        "test_data: the servers' test set's minimum and maximum per feature",
+        "test_data: the servers' test set's minimum and maximum per feature; at most "
+        f"{MAX_FEATURES:,} features",
     )
     standardize_epsilon: float = Field(
         0.5,
