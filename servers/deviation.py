@@ -19,7 +19,14 @@ from typing import Any
 from spgc.privacy.ledger_format import LedgerError, abort_line
 from spgc.servers.errors import PeerDeviatedError
 
-__all__ = ["NOISE_PRODUCTION", "abort_round", "evidence_of", "peer_aborted", "peer_notice"]
+__all__ = [
+    "NOISE_PRODUCTION",
+    "abort_round",
+    "evidence_of",
+    "is_peer_notice",
+    "peer_aborted",
+    "peer_notice",
+]
 
 #: ``during`` of an abort caught while making mode preprocessed's noise pool.
 NOISE_PRODUCTION = "noise production"
@@ -71,10 +78,20 @@ def abort_round(
     return PeerDeviatedError(message)
 
 
+_NOTICE = " aborted the run: its engine caught this server deviating: "
+
+
 def peer_notice(role_name: str, aborted: str) -> str:
     """What the server that aborted (``role_name``) tells the other, whose messages failed the
     check: ``aborted`` is its abort line."""
-    return f"{role_name} aborted the run: its engine caught this server deviating: {aborted}"
+    return f"{role_name}{_NOTICE}{aborted}"
+
+
+def is_peer_notice(text: str) -> bool:
+    """Whether a refusal's ``text`` is :func:`peer_notice`'s: the peer aborted the run on
+    this server's messages (a refusal to say so, not a configuration that differs)."""
+    head, found, _ = text.partition(_NOTICE)
+    return bool(found) and head in ("h1", "h2")
 
 
 def peer_aborted(state: Any, t: int, notice: str) -> str:

@@ -23,6 +23,7 @@ from spgc.common.progress import terminal_logging
 from spgc.privacy.ledger_format import LedgerError
 from spgc.servers.checkpoint import CheckpointError
 from spgc.servers.coordinator import H1Driver
+from spgc.servers.deviation import is_peer_notice
 from spgc.servers.errors import PeerLost, PeerMismatchError, describe_error
 from spgc.servers.ledger_state import release_counts_problem
 from spgc.servers.peer import config_differences
@@ -97,8 +98,10 @@ class PairedSessions:
                 return stub.Handshake(hello, timeout=10)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # H2 compared and refused
-                    msg = f"the other server refused to pair: {exc.details()}"
-                    raise PeerMismatchError(msg) from None
+                    said = exc.details() or ""
+                    if not is_peer_notice(said):  # H2's abort notice says it all as it is
+                        said = f"the other server refused to pair: {said}"
+                    raise PeerMismatchError(said) from None
                 if not is_unavailable(exc) or self.stop_event.is_set():
                     raise PeerMismatchError(self._handshake_refusal(exc)) from None
                 if time.monotonic() > deadline:

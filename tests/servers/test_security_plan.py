@@ -26,6 +26,7 @@ from spgc.privacy.ledger_verify import verify_ledger
 from spgc.providers.errors import ProviderRefusal
 from spgc.providers.plan_checks import check_privacy, describe_plan
 from spgc.servers import coordinator, sessions
+from spgc.servers.deviation import is_peer_notice, peer_notice
 from spgc.servers.errors import PeerDeviatedError
 from spgc.servers.gc_party import PartyLink, aggregate_plain
 from spgc.servers.intake import ShareIntake
@@ -237,3 +238,12 @@ def test_a_provider_sees_the_level_and_may_require_malicious():
         check_privacy(semi, wants)
     check_privacy(malicious, wants)
     check_privacy(semi, ProviderConfig(**base))  # the default takes either
+
+
+def test_an_abort_notice_is_told_apart_from_a_refusal_to_pair():
+    """H1 that re-pairs after H2 aborted the run on its messages fails with H2's notice as it
+    is; any other refusal of the Handshake reads as one."""
+    notice = peer_notice("h2", "aborted at round 3: the peer deviated (check: ...)")
+    assert is_peer_notice(notice)
+    assert not is_peer_notice("training configurations differ in: security")
+    assert not is_peer_notice(f"training configurations differ in: {notice}")
